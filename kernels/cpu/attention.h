@@ -1,0 +1,32 @@
+// Causal grouped-query attention in FP32 (scores, softmax and sums), one sequence at a time.
+// Query head h reads KV head h / (n_heads / n_kv_heads).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+// Plain truth over contiguous tensors: q/out [n_q, n_heads, d], k/v [n_k, n_kv_heads, d].
+// Query i sits at position q_pos0 + i and sees keys 0 .. q_pos0 + i (n_k >= q_pos0 + n_q).
+void attention_ref(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t n_k,
+                   int64_t n_heads, int64_t n_kv_heads, int64_t d, int64_t q_pos0, float scale);
+
+// The engine's attention over one sequence's KV cache. Layout of k and v:
+// [n_kv_heads][capacity][row_stride] elements of kv_dtype; position p lives in slot p % capacity.
+struct CachedAttention {
+    const float* q = nullptr;  // [n_q, n_heads, head_dim]
+    float* out = nullptr;      // [n_q, n_heads, head_dim]
+    int64_t n_q = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+    int64_t q_pos0 = 0;  // query i attends to positions [0, q_pos0 + i]
+    const void* k = nullptr;
+    const void* v = nullptr;
+    DType kv_dtype = DType::F32;
+    int64_t capacity = 0, row_stride = 0;
+    float scale = 1.0f;
+};
+
+void attention_cached(const CachedAttention& a);
+
+}  // namespace shardlm

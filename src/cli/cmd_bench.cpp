@@ -1,0 +1,152 @@
+// shardlm bench: llama-bench-style prefill (ppL) and decode (tgN) timings with achieved
+// bandwidth against the measured copy bandwidth, as a markdown table or JSON lines.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/membw.h"
+#include "kernels/cpu/matmul.h"
+#include "runtime/session.h"
+
+#ifndef SHARDLM_GIT_COMMIT
+#define SHARDLM_GIT_COMMIT "unknown"
+#endif
+
+namespace shardlm {
+
+namespace {
+
+struct Stats {
+    double mean = 0, stddev = 0;
+};
+
+Stats stats(const std::vector<double>& v) {
+    Stats s;
+    for (double x : v) s.mean += x;
+    s.mean /= double(v.size());
+    for (double x : v) s.stddev += (x - s.mean) * (x - s.mean);
+    s.stddev = v.size() > 1 ? std::sqrt(s.stddev / double(v.size() - 1)) : 0.0;
+    return s;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int cmd_bench(const Args& args) {
+    po::options_description d("bench options");
+    std::string model, weights, kv;
+    int64_t batch = 1, prompt_len = 512, gen = 128, reps = 3;
+    int threads = 0;
+    d.add_options()
+        ("help", "show this help")
+        ("model", po::value(&model)->required(), "checkpoint folder (shardlm make-model writes synthetic ones)")
+        ("batch", po::value(&batch)->default_value(1), "sequences per step")
+        ("prompt-len", po::value(&prompt_len)->default_value(512), "prefill tokens per sequence (ppL)")
+        ("gen", po::value(&gen)->default_value(128), "decode steps (tgN)")
+        (",r", po::value(&reps)->default_value(3), "repeats")
+        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16")
+        ("kv", po::value(&kv)->default_value("auto"), "auto|fp32|fp16|bf16")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
+        ("json", "one JSON object per line instead of a markdown table");
+    po::variables_map vm;
+    if (!parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]")) return 0;
+    if (batch < 1 || prompt_len < 1 || gen < 1 || reps < 1) fail("--batch, --prompt-len, --gen and -r must be >= 1");
+    set_threads(threads);
+
+    SessionOptions so;
+    so.model_dir = model;
+    so.weights = parse_weight_format(weights);
+    so.kv = parse_kv_format(kv);
+    so.ctx = prompt_len + gen;
+    so.max_batch = batch;
+    so.prefill_chunk = prompt_len * batch;  // pp is one step, as llama-bench measures it
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    Engine& e = *s->engine;
+    const ModelConfig& c = s->cfg;
+    const double peak = measure_copy_gbps();
+
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < prompt_len; ++i) prompts[size_t(b)].push_back(int32_t((b * 1000003 + i * 7919 + 11) % c.vocab));
+    std::vector<float> logits(static_cast<size_t>(batch * c.vocab));
+    auto prefill = [&]() {
+        std::vector<SeqChunk> ch;
+        for (int64_t b = 0; b < batch; ++b) ch.push_back({b, prompts[size_t(b)].data(), prompt_len, 0, true});
+        e.forward(ch, logits.data());
+    };
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    double checksum = 0;
+    std::vector<double> pp_ms, tg_ms;
+    for (int64_t r = 0; r < reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        prefill();
+        pp_ms.push_back(ms_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        for (int64_t step = 0; step < gen; ++step) {
+            std::vector<SeqChunk> ch;
+            for (int64_t b = 0; b < batch; ++b) {
+                next[size_t(b)] = int32_t((step * 31 + b) % c.vocab);  // fixed inputs: timing, not quality
+                ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
+            }
+            e.forward(ch, logits.data());
+        }
+        tg_ms.push_back(ms_since(t0));
+        checksum = 0;
+        for (float v : logits) checksum += double(v);
+    }
+    // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
+    const double kv_row = double(2 * c.n_layers * c.n_kv_heads * c.head_dim) * double(dtype_size(kv_dtype(so.kv)));
+    const double avg_pos = double(prompt_len) + double(gen - 1) / 2.0 + 1.0;
+    const double step_bytes = double(s->weights.bytes) + kv_row * avg_pos * double(batch);
+
+    struct Row { std::string test; Stats st; double tokens, gbps; };
+    const Stats pp = stats(pp_ms), tg = stats(tg_ms);
+    std::vector<Row> rows = {
+        {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},
+        {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9},
+    };
+    const std::string wname = weight_format_name(so.weights), kvname = dtype_name(kv_dtype(so.kv));
+    if (vm.count("json")) {
+        for (const Row& r : rows) {
+            nlohmann::ordered_json j;
+            j["test"] = r.test;
+            j["batch"] = batch;
+            j["tp"] = comm.size();
+            j["device"] = std::string("cpu(") + matmul_isa() + ")";
+            j["weights"] = wname;
+            j["kv"] = kvname;
+            j["avg_ms"] = r.st.mean;
+            j["stddev_ms"] = r.st.stddev;
+            j["tokens_per_s"] = r.tokens;
+            j["gbps"] = r.gbps;
+            j["peak_gbps"] = peak;
+            j["memory"] = {{"weights_bytes", s->weights.bytes}, {"kv_cache_bytes", e.kv_bytes()},
+                           {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", peak_rss_bytes()}};
+            j["logits_checksum"] = checksum;
+            j["build_commit"] = SHARDLM_GIT_COMMIT;
+            std::cout << j.dump() << "\n";
+        }
+    } else {
+        std::printf("| model | test | batch | weights | kv | ms | tokens/s | GB/s (peak %.1f) |\n", peak);
+        std::printf("|---|---|---:|---|---|---:|---:|---:|\n");
+        for (const Row& r : rows)
+            std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %s |\n", arch_name(c.arch), r.test.c_str(),
+                        (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, r.tokens,
+                        r.gbps > 0 ? std::to_string(r.gbps).substr(0, 5).c_str() : "-");
+        std::printf("\nbuild %s, cpu(%s), logits checksum %.6e\n", SHARDLM_GIT_COMMIT, matmul_isa(), checksum);
+    }
+    return 0;
+}
+
+}  // namespace shardlm

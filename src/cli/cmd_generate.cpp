@@ -1,0 +1,132 @@
+// shardlm generate: prompts in, tokens out (ids until the tokenizer lands), JSON on request.
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+
+namespace shardlm {
+
+int cmd_generate(const Args& args) {
+    po::options_description d("generate options");
+    std::string model, prompt_ids, weights, kv, device, dump_logits;
+    int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40;
+    float temperature = 0.8f, top_p = 0.95f;
+    uint64_t seed = 0;
+    int threads = 0;
+    d.add_options()
+        ("help", "show this help")
+        ("model", po::value(&model)->required(), "Hugging Face checkpoint folder (config.json + safetensors)")
+        ("prompt", po::value<std::string>(), "prompt text (needs the tokenizer)")
+        ("prompt-file", po::value<std::string>(), "file with one prompt per line (needs the tokenizer)")
+        ("chat", "apply the model's chat template (needs the tokenizer)")
+        ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
+        ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
+        ("temperature", po::value(&temperature)->default_value(0.8f), "0 is greedy")
+        ("top-k", po::value(&top_k)->default_value(40), "keep the k most likely tokens (0: all)")
+        ("top-p", po::value(&top_p)->default_value(0.95f), "nucleus sampling mass (1: off)")
+        ("seed", po::value(&seed)->default_value(0), "sampling seed")
+        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16 (auto: as in the checkpoint)")
+        ("kv", po::value(&kv)->default_value("auto"), "KV cache precision auto|fp32|fp16|bf16 (auto: fp32)")
+        ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
+        ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
+        ("device", po::value(&device)->default_value("auto"), "auto|cpu|cuda")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
+        ("json", "print one JSON object with results, timings and memory")
+        ("dump-logits", po::value(&dump_logits), "write the logits at each prompt's last position to FILE");
+    po::variables_map vm;
+    if (!parse_args(args, d, vm, "usage: shardlm generate --model DIR --prompt-ids IDS [flags]")) return 0;
+    if (vm.count("prompt") || vm.count("prompt-file") || vm.count("chat"))
+        fail("--prompt/--prompt-file/--chat need tokenizer support, which this build does not have yet; use --prompt-ids");
+    if (!vm.count("prompt-ids")) fail("--prompt-ids is required");
+    if (device == "cuda") fail("--device cuda: the CUDA engine is not available in this build; use --device cpu");
+    if (device != "auto" && device != "cpu") fail("--device: unknown device \"", device, "\" (auto, cpu, cuda)");
+    if (max_new < 1) fail("--max-new-tokens must be at least 1");
+    if (chunk < 1) fail("--prefill-chunk must be at least 1");
+    if (ctx < 0) fail("--ctx must be >= 0");
+    set_threads(threads);
+    const bool json_out = vm.count("json") > 0;
+
+    const auto prompts = parse_prompt_ids(prompt_ids);
+    SessionOptions so;
+    so.model_dir = model;
+    so.weights = parse_weight_format(weights);
+    so.kv = parse_kv_format(kv);
+    so.max_batch = int64_t(prompts.size());
+    so.prefill_chunk = chunk;
+    int64_t longest = 0;
+    for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
+    so.ctx = ctx > 0 ? ctx : longest + max_new;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    for (size_t i = 0; i < prompts.size(); ++i)
+        for (int32_t id : prompts[i])
+            if (id >= s->cfg.vocab)
+                fail("--prompt-ids: prompt ", i, " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+
+    GenerateOptions go;
+    go.max_new_tokens = max_new;
+    go.prefill_chunk = chunk;
+    go.sampler.temperature = temperature;
+    go.sampler.top_k = top_k;
+    go.sampler.top_p = top_p;
+    go.sampler.seed = seed;
+    go.keep_prompt_logits = !dump_logits.empty();
+    const GenerateResult r = generate(*s->engine, prompts, go);
+
+    if (!dump_logits.empty()) {
+        std::ofstream f(dump_logits);
+        if (!f) fail("--dump-logits: cannot write ", dump_logits);
+        nlohmann::json arr = nlohmann::json::array();
+        for (const auto& q : r.seqs) arr.push_back(q.prompt_logits);
+        f << arr.dump() << "\n";
+        if (!f) fail("--dump-logits: write to ", dump_logits, " failed");
+    }
+
+    const auto& t = r.timings;
+    const double decode_per_tok = t.decode_steps ? t.decode_ms / double(t.decode_steps) : 0.0;
+    if (json_out) {
+        nlohmann::ordered_json j;
+        j["results"] = nlohmann::json::array();
+        for (const auto& q : r.seqs) {
+            nlohmann::ordered_json e;
+            e["prompt_tokens"] = q.prompt.size();
+            e["tokens"] = q.tokens;
+            e["text"] = nullptr;  // no tokenizer yet: ids only
+            e["stop_reason"] = q.stop_reason;
+            j["results"].push_back(e);
+        }
+        j["timings"] = {{"load_ms", s->load_ms},
+                        {"prefill_ms", t.prefill_ms},
+                        {"decode_ms_per_token", decode_per_tok},
+                        {"prefill_tokens_per_s", t.prefill_ms > 0 ? 1000.0 * double(t.prefill_tokens) / t.prefill_ms : 0.0},
+                        {"decode_tokens_per_s", t.decode_ms > 0 ? 1000.0 * double(t.decode_tokens) / t.decode_ms : 0.0}};
+        j["memory"] = {{"weights_bytes", s->weights.bytes},
+                       {"kv_cache_bytes", s->engine->kv_bytes()},
+                       {"workspace_bytes", s->engine->workspace_bytes()},
+                       {"peak_bytes", peak_rss_bytes()}};
+        j["tp"] = comm.size();
+        j["device"] = "cpu";
+        j["weights"] = weight_format_name(so.weights);
+        j["kv"] = dtype_name(kv_dtype(so.kv));
+        std::cout << j.dump() << std::endl;
+    } else {
+        for (size_t i = 0; i < r.seqs.size(); ++i) {
+            std::cout << "[" << i << "]";
+            for (int32_t id : r.seqs[i].tokens) std::cout << ' ' << id;
+            std::cout << "  (" << r.seqs[i].stop_reason << ")\n";
+        }
+        std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
+                  << decode_per_tok << " ms/token over " << t.decode_steps << " steps\n";
+    }
+    return 0;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,27 @@
+// Command-line helpers shared by the subcommands.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+namespace po = boost::program_options;
+
+// Parses `args` against `desc`; throws Error with the flag named for unknown or bad options.
+// Returns false when --help was given (usage already printed).
+bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
+                po::variables_map& vm, const std::string& usage);
+
+// "1,2,3;4,5" -> {{1,2,3},{4,5}}; throws Error naming --prompt-ids on malformed input.
+std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s);
+
+// Sets the CPU thread count (0 keeps the default: one per core).
+void set_threads(int threads);
+
+// Peak resident memory of this process in bytes.
+size_t peak_rss_bytes();
+
+}  // namespace shardlm

@@ -1,0 +1,46 @@
+// Owning, 128-byte-aligned host buffer (RAII). 128 bytes covers AVX-512 lines and matches the
+// KV-cache row alignment of the design.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <utility>
+
+namespace shardlm {
+
+constexpr size_t kAlign = 128;
+
+inline size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+
+class Buffer {
+public:
+    Buffer() = default;
+    explicit Buffer(size_t bytes) : size_(bytes) {
+        if (bytes == 0) return;
+        data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, align_up(bytes)));
+        if (!data_) throw std::bad_alloc();
+    }
+    ~Buffer() { std::free(data_); }
+    Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    Buffer& operator=(Buffer&& o) noexcept {
+        std::swap(data_, o.data_);
+        std::swap(size_, o.size_);
+        return *this;
+    }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+
+    uint8_t* data() { return data_; }
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    template <typename T> T* as() { return reinterpret_cast<T*>(data_); }
+    template <typename T> const T* as() const { return reinterpret_cast<const T*>(data_); }
+
+private:
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,32 @@
+// A Hugging Face checkpoint folder: config.json plus model.safetensors, or shards listed by
+// model.safetensors.index.json ({"weight_map": {tensor name: file name}}).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace shardlm {
+
+class Checkpoint {
+public:
+    explicit Checkpoint(const std::string& dir);  // maps every file; throws Error
+
+    const std::string& dir() const { return dir_; }
+    // The tensor or nullptr.
+    const TensorInfo* find(const std::string& name) const;
+    // The tensor, or an Error naming it and the checkpoint folder.
+    const TensorInfo& get(const std::string& name) const;
+    size_t file_count() const { return files_.size(); }
+    size_t total_bytes() const;
+
+private:
+    std::string dir_;
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
+    std::map<std::string, const TensorInfo*> index_;
+};
+
+}  // namespace shardlm

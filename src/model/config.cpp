@@ -1,0 +1,182 @@
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mmap_file.h"
+
+namespace shardlm {
+
+using nlohmann::json;
+
+const char* arch_name(Arch a) {
+    switch (a) {
+        case Arch::Llama: return "LlamaForCausalLM";
+        case Arch::Mistral: return "MistralForCausalLM";
+        case Arch::Qwen2: return "Qwen2ForCausalLM";
+        case Arch::Qwen3: return "Qwen3ForCausalLM";
+    }
+    return "?";
+}
+
+namespace {
+
+struct Reader {
+    const json& j;
+    const std::string& origin;
+
+    bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+
+    int64_t integer(const char* key) const {
+        if (!has(key)) fail(origin, ": missing key \"", key, "\"");
+        return integer_of(j[key], key);
+    }
+    int64_t integer_or(const char* key, int64_t dflt) const {
+        return has(key) ? integer_of(j[key], key) : dflt;
+    }
+    int64_t integer_of(const json& v, const char* key) const {
+        if (!v.is_number_integer()) fail(origin, ": key \"", key, "\" must be an integer, got ", v.dump());
+        return v.get<int64_t>();
+    }
+    double number_or(const json& obj, const char* key, double dflt) const {
+        if (!obj.contains(key) || obj[key].is_null()) return dflt;
+        if (!obj[key].is_number()) fail(origin, ": key \"", key, "\" must be a number, got ", obj[key].dump());
+        return obj[key].get<double>();
+    }
+    bool boolean_or(const char* key, bool dflt) const {
+        if (!has(key)) return dflt;
+        if (!j[key].is_boolean()) fail(origin, ": key \"", key, "\" must be true or false");
+        return j[key].get<bool>();
+    }
+    int64_t positive(const char* key) const {
+        const int64_t v = integer(key);
+        if (v <= 0) fail(origin, ": key \"", key, "\" must be positive, got ", v);
+        return v;
+    }
+};
+
+// rope_scaling (older transformers) or rope_parameters (newer: also carries rope_theta).
+void parse_rope(const json& j, const Reader& r, ModelConfig& c) {
+    c.rope_theta = float(r.number_or(j, "rope_theta", 10000.0));
+    const char* key = nullptr;
+    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) key = "rope_parameters";
+    else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) key = "rope_scaling";
+    if (!key) return;
+    const json& rs = j[key];
+    if (!rs.is_object()) fail(r.origin, ": \"", key, "\" must be an object");
+    c.rope_theta = float(r.number_or(rs, "rope_theta", c.rope_theta));
+    std::string type = "default";
+    if (rs.contains("rope_type") && rs["rope_type"].is_string()) type = rs["rope_type"].get<std::string>();
+    else if (rs.contains("type") && rs["type"].is_string()) type = rs["type"].get<std::string>();
+    if (type == "default") return;
+    if (type != "llama3")
+        fail(r.origin, ": ", key, " type \"", type, "\" is not supported (supported: default, llama3)");
+    c.rope.kind = RopeScaling::Kind::Llama3;
+    c.rope.factor = float(r.number_or(rs, "factor", 8.0));
+    c.rope.low_freq_factor = float(r.number_or(rs, "low_freq_factor", 1.0));
+    c.rope.high_freq_factor = float(r.number_or(rs, "high_freq_factor", 4.0));
+    c.rope.original_max_position = int64_t(r.number_or(rs, "original_max_position_embeddings", 8192));
+    if (c.rope.factor <= 0 || c.rope.high_freq_factor <= c.rope.low_freq_factor || c.rope.original_max_position <= 0)
+        fail(r.origin, ": ", key, " has invalid llama3 parameters");
+}
+
+DType parse_torch_dtype(const json& j, const std::string& origin) {
+    const char* key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
+    if (!j.contains(key) || !j[key].is_string()) return DType::F32;
+    const std::string s = j[key].get<std::string>();
+    if (s == "float32") return DType::F32;
+    if (s == "float16") return DType::F16;
+    if (s == "bfloat16") return DType::BF16;
+    fail(origin, ": torch_dtype \"", s, "\" is not supported (float32, float16, bfloat16)");
+}
+
+}  // namespace
+
+ModelConfig parse_config(const std::string& text, const std::string& origin) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception& e) {
+        fail(origin, ": malformed JSON: ", e.what());
+    }
+    if (!j.is_object()) fail(origin, ": expected a JSON object");
+    const Reader r{j, origin};
+    ModelConfig c;
+
+    if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+        !j["architectures"][0].is_string())
+        fail(origin, ": missing \"architectures\" list");
+    const std::string arch = j["architectures"][0].get<std::string>();
+    if (arch == "LlamaForCausalLM") c.arch = Arch::Llama;
+    else if (arch == "MistralForCausalLM") c.arch = Arch::Mistral;
+    else if (arch == "Qwen2ForCausalLM") c.arch = Arch::Qwen2;
+    else if (arch == "Qwen3ForCausalLM") c.arch = Arch::Qwen3;
+    else fail(origin, ": unknown architecture \"", arch,
+              "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+
+    c.hidden = r.positive("hidden_size");
+    c.n_layers = r.positive("num_hidden_layers");
+    c.n_heads = r.positive("num_attention_heads");
+    c.n_kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : c.n_heads;
+    c.head_dim = r.has("head_dim") ? r.positive("head_dim") : c.hidden / c.n_heads;
+    c.intermediate = r.positive("intermediate_size");
+    c.vocab = r.positive("vocab_size");
+    c.max_position = r.integer_or("max_position_embeddings", 0);
+    if (!r.has("head_dim") && c.hidden % c.n_heads != 0)
+        fail(origin, ": hidden_size ", c.hidden, " is not a multiple of num_attention_heads ", c.n_heads);
+    if (c.n_heads % c.n_kv_heads != 0)
+        fail(origin, ": num_attention_heads ", c.n_heads, " is not a multiple of num_key_value_heads ", c.n_kv_heads);
+    if (c.head_dim % 2 != 0) fail(origin, ": head_dim ", c.head_dim, " must be even for RoPE");
+
+    c.rms_eps = float(r.number_or(j, "rms_norm_eps", 1e-6));
+    if (!(c.rms_eps > 0)) fail(origin, ": rms_norm_eps must be positive");
+    parse_rope(j, r, c);
+    if (!(c.rope_theta > 0)) fail(origin, ": rope_theta must be positive");
+
+    if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+        fail(origin, ": hidden_act ", j["hidden_act"].dump(), " is not supported (silu)");
+    if (j.contains("partial_rotary_factor") && r.number_or(j, "partial_rotary_factor", 1.0) != 1.0)
+        fail(origin, ": partial_rotary_factor other than 1 is not supported");
+
+    c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
+    // Qwen2 configs carry no attention_bias key: its q/k/v biases come with the architecture.
+    c.qkv_bias = c.arch == Arch::Qwen2 ? true : r.boolean_or("attention_bias", false);
+    c.qk_norm = c.arch == Arch::Qwen3;
+
+    // Sliding-window attention only matters for contexts longer than the window; the engine
+    // refuses such contexts rather than silently attending to everything.
+    const bool use_sw = c.arch == Arch::Mistral || r.boolean_or("use_sliding_window", false);
+    if (use_sw && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+
+    c.bos_id = r.integer_or("bos_token_id", -1);
+    if (r.has("eos_token_id")) {
+        const json& e = j["eos_token_id"];
+        if (e.is_array()) {
+            for (const auto& v : e) c.eos_ids.push_back(r.integer_of(v, "eos_token_id"));
+        } else {
+            c.eos_ids.push_back(r.integer_of(e, "eos_token_id"));
+        }
+    }
+    c.torch_dtype = parse_torch_dtype(j, origin);
+    return c;
+}
+
+ModelConfig load_config(const std::string& model_dir) {
+    const std::string path = model_dir + "/config.json";
+    if (!file_exists(path)) fail(path, ": not found (is --model a Hugging Face checkpoint folder?)");
+    return parse_config(read_text_file(path), path);
+}
+
+int64_t parameter_count(const ModelConfig& c) {
+    const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+    int64_t layer = c.hidden * q + 2 * c.hidden * kv + q * c.hidden  // q, k, v, o
+                    + 3 * c.hidden * c.intermediate                    // gate, up, down
+                    + 2 * c.hidden;                                    // two norms
+    if (c.qkv_bias) layer += q + 2 * kv;
+    if (c.qk_norm) layer += 2 * c.head_dim;
+    int64_t total = c.n_layers * layer + c.vocab * c.hidden + c.hidden;
+    if (!c.tie_embeddings) total += c.vocab * c.hidden;
+    return total;
+}
+
+}  // namespace shardlm

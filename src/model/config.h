@@ -1,0 +1,55 @@
+// config.json of a Hugging Face Llama-family checkpoint -> ModelConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
+
+const char* arch_name(Arch a);  // the HF class name, e.g. "Qwen3ForCausalLM"
+
+// RoPE frequency plan. `llama3` rescales the inverse frequencies by wavelength band
+// (HF's _compute_llama3_parameters); `none` is the plain 1/theta^(2i/d).
+struct RopeScaling {
+    enum class Kind { None, Llama3 } kind = Kind::None;
+    float factor = 1.0f;
+    float low_freq_factor = 1.0f;
+    float high_freq_factor = 4.0f;
+    int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+    Arch arch = Arch::Llama;
+    int64_t hidden = 0;        // hidden_size
+    int64_t n_layers = 0;      // num_hidden_layers
+    int64_t n_heads = 0;       // num_attention_heads
+    int64_t n_kv_heads = 0;    // num_key_value_heads (defaults to n_heads)
+    int64_t head_dim = 0;      // head_dim (defaults to hidden / n_heads)
+    int64_t intermediate = 0;  // intermediate_size
+    int64_t vocab = 0;         // vocab_size
+    int64_t max_position = 0;  // max_position_embeddings (0 when absent)
+    int64_t sliding_window = 0;  // 0: full attention
+    float rms_eps = 1e-6f;
+    float rope_theta = 10000.0f;
+    RopeScaling rope;
+    bool tie_embeddings = false;
+    bool qkv_bias = false;  // Qwen2 always; others from attention_bias
+    bool qk_norm = false;   // Qwen3: per-head RMSNorm on q and k before RoPE
+    std::vector<int64_t> eos_ids;
+    int64_t bos_id = -1;
+    DType torch_dtype = DType::F32;
+};
+
+// Parses the JSON text of config.json; `origin` names the file in errors.
+ModelConfig parse_config(const std::string& json_text, const std::string& origin);
+ModelConfig load_config(const std::string& model_dir);
+
+// Number of parameters the checkpoint holds (embedding counted once when tied).
+int64_t parameter_count(const ModelConfig& c);
+
+}  // namespace shardlm

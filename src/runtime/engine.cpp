@@ -1,0 +1,171 @@
+#include "runtime/engine.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+
+namespace shardlm {
+
+namespace {
+KVCacheShape cache_shape(const ModelConfig& c, const EngineOptions& o) {
+    KVCacheShape s;
+    s.n_layers = c.n_layers;
+    s.n_slots = o.max_batch;
+    s.capacity = o.ctx;
+    s.n_kv_heads = c.n_kv_heads;
+    s.head_dim = c.head_dim;
+    s.dtype = o.kv;
+    return s;
+}
+}  // namespace
+
+Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
+    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, opt)) {
+    SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
+    RopeParams rp;
+    rp.head_dim = cfg.head_dim;
+    rp.theta = cfg.rope_theta;
+    rp.llama3 = cfg.rope.kind == RopeScaling::Kind::Llama3;
+    rp.factor = cfg.rope.factor;
+    rp.low_freq_factor = cfg.rope.low_freq_factor;
+    rp.high_freq_factor = cfg.rope.high_freq_factor;
+    rp.original_max_position = cfg.rope.original_max_position;
+    inv_freq_ = rope_inv_freq(rp);
+
+    const size_t T = size_t(opt.max_step_tokens);
+    auto alloc = [&](Buffer& b, int64_t width) {
+        b = Buffer(T * size_t(width) * sizeof(float));
+        ws_bytes_ += b.size();
+    };
+    const int64_t q_dim = cfg.n_heads * cfg.head_dim, kv_dim = cfg.n_kv_heads * cfg.head_dim;
+    alloc(x_, cfg.hidden);
+    alloc(h_, cfg.hidden);
+    alloc(q_, q_dim);
+    alloc(k_, kv_dim);
+    alloc(v_, kv_dim);
+    alloc(attn_, q_dim);
+    alloc(o_, cfg.hidden);
+    alloc(gate_, cfg.intermediate);
+    alloc(up_, cfg.intermediate);
+    last_ = Buffer(size_t(opt.max_batch) * size_t(cfg.hidden) * sizeof(float));
+    ws_bytes_ += last_.size();
+    tok_pos_.resize(T);
+}
+
+void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
+                             int64_t T) {
+    const ModelConfig& c = cfg_;
+    const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+    float* h = h_.as<float>();
+    float* q = q_.as<float>();
+    float* k = k_.as<float>();
+    float* v = v_.as<float>();
+
+    rmsnorm_ref(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
+    matmul(h, T, L.q.w, L.q.bias_ptr(), q);
+    matmul(h, T, L.k.w, L.k.bias_ptr(), k);
+    matmul(h, T, L.v.w, L.v.bias_ptr(), v);
+    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
+        rmsnorm_ref(q, L.q_norm.data(), q, T * c.n_heads, hd, c.rms_eps);
+        rmsnorm_ref(k, L.k_norm.data(), k, T * c.n_kv_heads, hd, c.rms_eps);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        rope_ref(q + t * q_dim, c.n_heads, hd, tok_pos_[size_t(t)], inv_freq_.data());
+        rope_ref(k + t * kv_dim, c.n_kv_heads, hd, tok_pos_[size_t(t)], inv_freq_.data());
+    }
+    // Keys and values go into the cache first; attention then reads only the cache, so a chunk
+    // sees its own tokens and everything cached before it through one path.
+    int64_t row = 0;
+    for (const SeqChunk& ch : chunks) {
+        for (int64_t i = 0; i < ch.n; ++i)
+            kv_.write(layer, ch.slot, ch.pos + i, k + (row + i) * kv_dim, v + (row + i) * kv_dim);
+        CachedAttention a;
+        a.q = q + row * q_dim;
+        a.out = attn_.as<float>() + row * q_dim;
+        a.n_q = ch.n;
+        a.n_heads = c.n_heads;
+        a.n_kv_heads = c.n_kv_heads;
+        a.head_dim = hd;
+        a.q_pos0 = ch.pos;
+        a.k = kv_.k(layer, ch.slot);
+        a.v = kv_.v(layer, ch.slot);
+        a.kv_dtype = kv_.shape().dtype;
+        a.capacity = kv_.shape().capacity;
+        a.row_stride = kv_.row_stride();
+        a.scale = 1.0f / std::sqrt(float(hd));
+        attention_cached(a);
+        row += ch.n;
+    }
+    float* o = o_.as<float>();
+    matmul(attn_.as<float>(), T, L.o.w, nullptr, o);
+    comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
+    float* x = x_.as<float>();
+    for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
+}
+
+void Engine::mlp_block(const LayerWeights& L, int64_t T) {
+    const ModelConfig& c = cfg_;
+    float* h = h_.as<float>();
+    rmsnorm_ref(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
+    float* g = gate_.as<float>();
+    float* u = up_.as<float>();
+    matmul(h, T, L.gate.w, nullptr, g);
+    matmul(h, T, L.up.w, nullptr, u);
+    silu_mul_ref(g, u, g, T * c.intermediate);
+    float* o = o_.as<float>();
+    matmul(g, T, L.down.w, nullptr, o);
+    comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
+    float* x = x_.as<float>();
+    for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
+}
+
+void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    const ModelConfig& c = cfg_;
+    int64_t T = 0, n_logits = 0;
+    for (const SeqChunk& ch : chunks) {
+        SHARDLM_CHECK(ch.n > 0 && ch.slot >= 0 && ch.slot < opt_.max_batch);
+        SHARDLM_CHECK(ch.pos >= 0 && ch.pos + ch.n <= opt_.ctx, "positions ", ch.pos, "+", ch.n,
+                      " exceed the KV cache capacity ", opt_.ctx);
+        for (int64_t i = 0; i < ch.n; ++i) {
+            const int32_t id = ch.tokens[i];
+            if (id < 0 || id >= c.vocab) fail("token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
+        }
+        T += ch.n;
+        n_logits += ch.want_logits ? 1 : 0;
+    }
+    SHARDLM_CHECK(T <= opt_.max_step_tokens, "step of ", T, " tokens exceeds the workspace of ", opt_.max_step_tokens);
+    SHARDLM_CHECK(n_logits <= opt_.max_batch);
+
+    int64_t row = 0;
+    for (const SeqChunk& ch : chunks) {
+        embedding_ref(w_.embed, ch.tokens, ch.n, x_.as<float>() + row * c.hidden);
+        for (int64_t i = 0; i < ch.n; ++i) tok_pos_[size_t(row + i)] = ch.pos + i;
+        row += ch.n;
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+        attention_block(w_.layers[size_t(l)], l, chunks, T);
+        mlp_block(w_.layers[size_t(l)], T);
+    }
+    // Final norm and lm_head only on the rows whose logits are wanted.
+    float* last = last_.as<float>();
+    int64_t n = 0;
+    row = 0;
+    for (const SeqChunk& ch : chunks) {
+        row += ch.n;
+        if (!ch.want_logits) continue;
+        rmsnorm_ref(x_.as<float>() + (row - 1) * c.hidden, w_.final_norm.data(), last + n * c.hidden, 1,
+                    c.hidden, c.rms_eps);
+        ++n;
+    }
+    if (n > 0) matmul(last, n, w_.lm_head, nullptr, logits);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,122 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+namespace {
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                        const GenerateOptions& opt, const TokenCallback& on_token) {
+    const ModelConfig& cfg = engine.config();
+    const int64_t ctx = engine.options().ctx;
+    const size_t B = prompts.size();
+    if (B == 0) fail("no prompt given");
+    if (int64_t(B) > engine.options().max_batch) fail("batch of ", B, " exceeds the engine's ", engine.options().max_batch, " slots");
+    if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
+    if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
+    for (size_t s = 0; s < B; ++s) {
+        const int64_t n = int64_t(prompts[s].size());
+        if (n == 0) fail("prompt ", s, " is empty");
+        if (n + opt.max_new_tokens > ctx)
+            fail("prompt ", s, " has ", n, " tokens; with --max-new-tokens ", opt.max_new_tokens,
+                 " it needs a context of ", n + opt.max_new_tokens, " but --ctx is ", ctx);
+    }
+    const int64_t vocab = cfg.vocab;
+    GenerateResult res;
+    res.seqs.resize(B);
+    std::vector<Sampler> samplers;
+    for (size_t s = 0; s < B; ++s) {
+        res.seqs[s].prompt = prompts[s];
+        samplers.emplace_back(opt.sampler, s);
+    }
+    std::vector<float> logits(B * size_t(vocab));
+    auto is_eos = [&](int32_t id) { return std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end(); };
+    // Appends a sampled token; returns whether the sequence goes on.
+    auto accept = [&](size_t s, const float* lg) {
+        SequenceResult& r = res.seqs[s];
+        const int32_t id = samplers[s].sample(lg, vocab);
+        r.tokens.push_back(id);
+        if (on_token) on_token(s, id);
+        if (is_eos(id)) r.stop_reason = "eos";
+        else if (int64_t(r.tokens.size()) >= opt.max_new_tokens) r.stop_reason = "length";
+        return r.stop_reason.empty();
+    };
+
+    // Prefill: pack chunks of consecutive prompt tokens, several sequences per step, at most
+    // prefill_chunk tokens per step. Logits only at each prompt's last token.
+    const double t0 = now_ms();
+    std::vector<int64_t> done(B, 0);
+    std::vector<SeqChunk> chunks;
+    std::vector<size_t> chunk_seq;
+    size_t next = 0;
+    while (next < B) {
+        chunks.clear();
+        chunk_seq.clear();
+        int64_t budget = opt.prefill_chunk;
+        while (next < B && budget > 0) {
+            const int64_t len = int64_t(prompts[next].size());
+            const int64_t n = std::min(budget, len - done[next]);
+            SeqChunk ch;
+            ch.slot = int64_t(next);
+            ch.tokens = prompts[next].data() + done[next];
+            ch.n = n;
+            ch.pos = done[next];
+            done[next] += n;
+            ch.want_logits = done[next] == len;
+            chunks.push_back(ch);
+            chunk_seq.push_back(next);
+            budget -= n;
+            if (done[next] == len) ++next;
+        }
+        engine.forward(chunks, logits.data());
+        size_t li = 0;
+        for (size_t c = 0; c < chunks.size(); ++c) {
+            if (!chunks[c].want_logits) continue;
+            const size_t s = chunk_seq[c];
+            const float* lg = logits.data() + li++ * size_t(vocab);
+            if (opt.keep_prompt_logits) res.seqs[s].prompt_logits.assign(lg, lg + vocab);
+            accept(s, lg);
+        }
+        res.timings.prefill_tokens += opt.prefill_chunk - budget;
+    }
+    const double t1 = now_ms();
+    res.timings.prefill_ms = t1 - t0;
+
+    // Decode: one token per live sequence per step.
+    std::vector<int32_t> last(B);
+    for (;;) {
+        chunks.clear();
+        chunk_seq.clear();
+        for (size_t s = 0; s < B; ++s) {
+            SequenceResult& r = res.seqs[s];
+            if (!r.stop_reason.empty()) continue;
+            last[s] = r.tokens.back();
+            SeqChunk ch;
+            ch.slot = int64_t(s);
+            ch.tokens = &last[s];
+            ch.n = 1;
+            ch.pos = int64_t(r.prompt.size() + r.tokens.size()) - 1;
+            ch.want_logits = true;
+            chunks.push_back(ch);
+            chunk_seq.push_back(s);
+        }
+        if (chunks.empty()) break;
+        engine.forward(chunks, logits.data());
+        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], logits.data() + c * size_t(vocab));
+        res.timings.decode_steps += 1;
+        res.timings.decode_tokens += int64_t(chunks.size());
+    }
+    res.timings.decode_ms = now_ms() - t1;
+    return res;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,45 @@
+// The generation loop: chunked prefill of every prompt, then batched decode steps until each
+// sequence stops on an end-of-sequence id or after max_new_tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace shardlm {
+
+struct GenerateOptions {
+    int64_t max_new_tokens = 64;
+    int64_t prefill_chunk = 256;  // at most this many prompt tokens per forward step
+    SamplerOptions sampler;
+    bool keep_prompt_logits = false;  // keep the logits at each prompt's last position
+};
+
+struct SequenceResult {
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
+    std::string stop_reason;      // "eos" or "length"
+    std::vector<float> prompt_logits;  // when asked
+};
+
+struct GenerateTimings {
+    double prefill_ms = 0, decode_ms = 0;
+    int64_t prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
+};
+
+struct GenerateResult {
+    std::vector<SequenceResult> seqs;
+    GenerateTimings timings;
+};
+
+// Called after each step with (sequence index, new token); for streaming.
+using TokenCallback = std::function<void(size_t, int32_t)>;
+
+GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                        const GenerateOptions& opt, const TokenCallback& on_token = nullptr);
+
+}  // namespace shardlm

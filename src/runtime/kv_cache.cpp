@@ -1,0 +1,65 @@
+#include "runtime/kv_cache.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+KVFormat parse_kv_format(const std::string& s) {
+    if (s == "auto") return KVFormat::Auto;
+    if (s == "fp32" || s == "f32") return KVFormat::F32;
+    if (s == "fp16" || s == "f16") return KVFormat::F16;
+    if (s == "bf16") return KVFormat::BF16;
+    fail("--kv: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16)");
+}
+
+DType kv_dtype(KVFormat f) {
+    switch (f) {
+        case KVFormat::F16: return DType::F16;
+        case KVFormat::BF16: return DType::BF16;
+        default: return DType::F32;
+    }
+}
+
+KVCache::KVCache(const KVCacheShape& s) : s_(s) {
+    const size_t es = dtype_size(s.dtype);
+    row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);
+    block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;
+    buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
+    std::memset(buf_.data(), 0, buf_.size());  // touch now: the cache is reserved, not lazily faulted
+}
+
+void* KVCache::block(int64_t layer, int64_t slot, int kv) {
+    SHARDLM_CHECK(layer >= 0 && layer < s_.n_layers && slot >= 0 && slot < s_.n_slots);
+    return buf_.data() + block_bytes_ * size_t((layer * s_.n_slots + slot) * 2 + kv);
+}
+
+void KVCache::write(int64_t layer, int64_t slot, int64_t pos, const float* key, const float* value) {
+    const int64_t row = pos % s_.capacity;
+    for (int kv = 0; kv < 2; ++kv) {
+        const float* src = kv == 0 ? key : value;
+        uint8_t* base = static_cast<uint8_t*>(block(layer, slot, kv));
+        for (int64_t h = 0; h < s_.n_kv_heads; ++h) {
+            const float* x = src + h * s_.head_dim;
+            const size_t off = size_t((h * s_.capacity + row) * row_stride_);
+            switch (s_.dtype) {
+                case DType::F16: {
+                    uint16_t* d = reinterpret_cast<uint16_t*>(base) + off;
+                    for (int64_t c = 0; c < s_.head_dim; ++c) d[c] = f32_to_f16(x[c]);
+                    break;
+                }
+                case DType::BF16: {
+                    uint16_t* d = reinterpret_cast<uint16_t*>(base) + off;
+                    for (int64_t c = 0; c < s_.head_dim; ++c) d[c] = f32_to_bf16(x[c]);
+                    break;
+                }
+                default:
+                    std::memcpy(reinterpret_cast<float*>(base) + off, x, size_t(s_.head_dim) * 4);
+                    break;
+            }
+        }
+    }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,47 @@
+// Preallocated KV cache: for each layer and batch slot, keys and values of this rank's KV heads.
+// Layout of one (layer, slot, K or V) block: [n_kv_heads][capacity][row_stride] where a row holds
+// head_dim values padded to a multiple of 128 bytes. Position p of a sequence lives in row
+// p % capacity (ring buffer); the engine refuses positions beyond capacity unless told to slide.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/buffer.h"
+#include "core/dtype.h"
+
+namespace shardlm {
+
+enum class KVFormat { Auto, F32, F16, BF16 };
+KVFormat parse_kv_format(const std::string& s);  // throws Error naming --kv
+DType kv_dtype(KVFormat f);                      // Auto -> F32 on the CPU
+
+struct KVCacheShape {
+    int64_t n_layers = 0, n_slots = 0, capacity = 0, n_kv_heads = 0, head_dim = 0;
+    DType dtype = DType::F32;
+};
+
+class KVCache {
+public:
+    explicit KVCache(const KVCacheShape& s);
+
+    const KVCacheShape& shape() const { return s_; }
+    int64_t row_stride() const { return row_stride_; }  // elements
+    size_t bytes() const { return buf_.size(); }
+
+    // Base of the [n_kv_heads][capacity][row_stride] block.
+    void* k(int64_t layer, int64_t slot) { return block(layer, slot, 0); }
+    void* v(int64_t layer, int64_t slot) { return block(layer, slot, 1); }
+
+    // Stores one token's keys and values ([n_kv_heads * head_dim] each) at position `pos`.
+    void write(int64_t layer, int64_t slot, int64_t pos, const float* key, const float* value);
+
+private:
+    void* block(int64_t layer, int64_t slot, int kv);
+    KVCacheShape s_;
+    int64_t row_stride_ = 0;
+    size_t block_bytes_ = 0;
+    Buffer buf_;
+};
+
+}  // namespace shardlm

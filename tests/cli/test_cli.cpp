@@ -1,0 +1,109 @@
+// The shardlm binary end to end: output contracts and one-line errors for bad input.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+#include "model/synthetic.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+const std::string kBin = SHARDLM_BIN;
+
+// Runs shardlm with `args`, expects failure with one "shardlm: error:" line containing `needle`.
+void expect_error(const std::string& args, const std::string& needle) {
+    const CommandResult r = run_command(kBin + " " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(r.err.rfind("shardlm: error: ", 0), 0u) << args << "\nstderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\nstderr: " << r.err;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
+}
+
+class Cli : public ::testing::Test {
+protected:
+    void SetUp() override { write_synthetic_checkpoint(dir_.path(), tiny_config(Arch::Qwen2), {DType::BF16, 1, 4}); }
+    TempDir dir_;
+};
+
+}  // namespace
+
+TEST(CliBasics, VersionAndHelp) {
+    const CommandResult v = run_command(kBin + " --version");
+    EXPECT_EQ(v.exit_code, 0);
+    EXPECT_NE(v.out.find("backends: cpu("), std::string::npos) << v.out;
+    const CommandResult h = run_command(kBin + " generate --help");
+    EXPECT_EQ(h.exit_code, 0);
+    EXPECT_NE(h.out.find("--prompt-ids"), std::string::npos);
+    expect_error("frobnicate", "unknown subcommand");
+}
+
+TEST_F(Cli, GenerateJsonContract) {
+    const std::string logits = dir_.file("logits.json");
+    const CommandResult r = run_command(kBin + " generate --model " + dir_.path() +
+                                        " --prompt-ids '5,6,7;9' --max-new-tokens 4 --temperature 0 --json --dump-logits " + logits);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);  // stdout holds exactly one JSON object
+    ASSERT_EQ(j["results"].size(), 2u);
+    EXPECT_EQ(j["results"][0]["prompt_tokens"], 3);
+    EXPECT_EQ(j["results"][1]["prompt_tokens"], 1);
+    for (const auto& res : j["results"]) {
+        const size_t n = res["tokens"].size();
+        EXPECT_TRUE((res["stop_reason"] == "length" && n == 4) || (res["stop_reason"] == "eos" && n <= 4)) << res.dump();
+    }
+    for (const char* k : {"load_ms", "prefill_ms", "decode_ms_per_token", "prefill_tokens_per_s", "decode_tokens_per_s"})
+        EXPECT_TRUE(j["timings"].contains(k)) << k;
+    for (const char* k : {"weights_bytes", "kv_cache_bytes", "workspace_bytes", "peak_bytes"})
+        EXPECT_GT(j["memory"][k].get<double>(), 0) << k;
+    EXPECT_EQ(j["tp"], 1);
+    EXPECT_EQ(j["device"], "cpu");
+    const auto lg = nlohmann::json::parse(read_file(logits));
+    ASSERT_EQ(lg.size(), 2u);
+    EXPECT_EQ(lg[0].size(), 384u);
+    // Greedy output repeats exactly.
+    const CommandResult again = run_command(kBin + " generate --model " + dir_.path() +
+                                            " --prompt-ids '5,6,7;9' --max-new-tokens 4 --temperature 0 --json");
+    EXPECT_EQ(nlohmann::json::parse(again.out)["results"], j["results"]);
+}
+
+TEST_F(Cli, InfoDescribesTheModel) {
+    const CommandResult r = run_command(kBin + " info --model " + dir_.path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos);
+    EXPECT_NE(r.out.find("parameters"), std::string::npos);
+}
+
+TEST_F(Cli, BadInputGivesOneLineErrors) {
+    const std::string m = " --model " + dir_.path();
+    expect_error("generate --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir/config.json");
+    expect_error("generate" + m + " --prompt-ids '1,2,99999'", "outside the vocabulary");
+    expect_error("generate" + m + " --prompt-ids '1,2;;3'", "prompt 1 is empty");
+    expect_error("generate" + m + " --prompt-ids ''", "empty");
+    expect_error("generate" + m + " --prompt-ids 'a,b'", "--prompt-ids");
+    expect_error("generate" + m + " --prompt-ids 1,2,3 --ctx 4 --max-new-tokens 8", "--ctx");
+    expect_error("generate" + m + " --prompt hello", "tokenizer");
+    expect_error("generate" + m + " --prompt-ids 1 --weights int3", "--weights");
+    expect_error("generate" + m + " --prompt-ids 1 --kv int3", "--kv");
+    expect_error("generate" + m + " --prompt-ids 1 --bogus-flag", "bogus-flag");
+    expect_error("generate" + m + " --prompt-ids 1 --top-p 0", "--top-p");
+    expect_error("generate" + m, "--prompt-ids");
+    expect_error("generate" + m + " --prompt-ids 1 --max-new-tokens 0", "--max-new-tokens");
+}
+
+TEST_F(Cli, BrokenCheckpointsAreNamed) {
+    const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
+    const std::string cfg = read_file(dir_.file("config.json"));
+    write_file(dir_.file("config.json"), "{\"architectures\": [");
+    expect_error("generate" + m, "config.json: malformed JSON");
+    write_file(dir_.file("config.json"), "{\"architectures\": [\"BertModel\"]}");
+    expect_error("generate" + m, "unknown architecture \"BertModel\"");
+    write_file(dir_.file("config.json"), cfg);
+    const std::string st = read_file(dir_.file("model.safetensors"));
+    write_file(dir_.file("model.safetensors"), st.substr(0, st.size() / 2));
+    expect_error("generate" + m, "model.safetensors: tensor");
+    write_file(dir_.file("model.safetensors"), st.substr(0, 100));
+    expect_error("generate" + m, "larger than the file");
+}

@@ -1,0 +1,55 @@
+// shardlm against an independent NumPy implementation of the Hugging Face forward pass
+// (tests/reference/hf_forward.py): same greedy tokens, last-prompt logits within 0.01.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+#include "model/synthetic.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+bool have_numpy() { return run_command("/usr/bin/python3 -c 'import numpy'").exit_code == 0; }
+
+void compare(const ModelConfig& cfg, const SyntheticOptions& so, const std::string& weights) {
+    if (!have_numpy()) GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (apt-get install python3-numpy)";
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, so);
+    const std::string ids = "5,17,99,3,250,8,42,7,300,11,64,2;9,9,120,33";
+    const std::string logits = d.file("logits.json");
+    const CommandResult ours = run_command(std::string(SHARDLM_BIN) + " generate --model " + d.path() +
+                                           " --prompt-ids '" + ids + "' --max-new-tokens 8 --temperature 0 --kv fp32"
+                                           " --weights " + weights + " --json --dump-logits " + logits);
+    ASSERT_EQ(ours.exit_code, 0) << ours.err;
+    const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
+                                          d.path() + " --prompt-ids '" + ids + "' --max-new-tokens 8");
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    const auto a = nlohmann::json::parse(ours.out), b = nlohmann::json::parse(ref.out);
+    const auto la = nlohmann::json::parse(read_file(logits));
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(a["results"][i]["tokens"], b["results"][i]["tokens"]) << "prompt " << i;
+        const auto x = la[i].get<std::vector<float>>(), y = b["results"][i]["last_logits"].get<std::vector<float>>();
+        EXPECT_LT(max_abs_diff(x, y), 0.01) << "prompt " << i;
+    }
+}
+
+ModelConfig llama3_scaled() {
+    ModelConfig c = tiny_config(Arch::Llama);
+    c.rope.kind = RopeScaling::Kind::Llama3;
+    c.rope.factor = 8;
+    c.rope.original_max_position = 64;
+    c.rope_theta = 500000;
+    return c;
+}
+
+}  // namespace
+
+TEST(Reference, LlamaF32) { compare(tiny_config(Arch::Llama), {DType::F32, 1, 21}, "auto"); }
+TEST(Reference, LlamaScaledRopeBF16Sharded) { compare(llama3_scaled(), {DType::BF16, 2, 22}, "auto"); }
+TEST(Reference, MistralF16) { compare(tiny_config(Arch::Mistral), {DType::F16, 1, 23}, "auto"); }
+TEST(Reference, Qwen2BF16) { compare(tiny_config(Arch::Qwen2), {DType::BF16, 1, 24}, "auto"); }
+TEST(Reference, Qwen3F16Sharded) { compare(tiny_config(Arch::Qwen3), {DType::F16, 3, 25}, "fp32"); }
+TEST(Reference, Qwen3Synthetic) { compare(synthetic_config("tiny"), {DType::BF16, 1, 26}, "auto"); }

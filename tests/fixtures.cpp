@@ -1,0 +1,92 @@
+#include "fixtures.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/communicator.h"
+
+namespace shardlm::test {
+
+TempDir::TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/shardlm-test-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+    const std::string cmd = "rm -rf '" + path_ + "'";
+    if (std::system(cmd.c_str()) != 0) {}
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
+                          int64_t prefill_chunk, WeightFormat wf, KVFormat kv) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.weights = wf;
+    so.kv = kv;
+    so.max_batch = int64_t(prompts.size());
+    so.prefill_chunk = prefill_chunk;
+    int64_t longest = 0;
+    for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
+    so.ctx = longest + max_new;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = max_new;
+    go.prefill_chunk = prefill_chunk;
+    go.sampler.temperature = 0.0f;
+    go.keep_prompt_logits = true;
+    return generate(*s->engine, prompts, go);
+}
+
+std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed) {
+    std::vector<int32_t> p;
+    uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int64_t i = 0; i < n; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p.push_back(int32_t(3 + (x >> 33) % uint64_t(vocab - 3)));
+    }
+    return p;
+}
+
+CommandResult run_command(const std::string& cmdline) {
+    TempDir tmp;
+    const std::string out = tmp.file("out"), err = tmp.file("err");
+    const std::string full = cmdline + " >'" + out + "' 2>'" + err + "'";
+    const int status = std::system(full.c_str());
+    CommandResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
+    float m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+}  // namespace shardlm::test

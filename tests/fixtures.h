@@ -1,0 +1,50 @@
+// Shared test helpers: temporary folders, tiny checkpoints, running the engine and the binary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/synthetic.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+
+namespace shardlm::test {
+
+// A fresh folder under $TMPDIR, removed with its contents when the object goes away.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::string& path() const { return path_; }
+    std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+private:
+    std::string path_;
+};
+
+void write_file(const std::string& path, const std::string& bytes);
+std::string read_file(const std::string& path);
+
+// Greedy generation through a fresh session; returns the result with prompt logits kept.
+GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
+                          int64_t max_new, int64_t prefill_chunk = 256, WeightFormat wf = WeightFormat::Auto,
+                          KVFormat kv = KVFormat::F32);
+
+// Deterministic pseudo-random prompt of length n over [3, vocab).
+std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed);
+
+struct CommandResult {
+    int exit_code = -1;
+    std::string out, err;
+};
+// Runs a shell command line, capturing stdout and stderr.
+CommandResult run_command(const std::string& cmdline);
+
+// Largest |a - b| over two equally long vectors.
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace shardlm::test

@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/matmul.h"
+
+using namespace shardlm;
+
+namespace {
+
+struct Mat {
+    std::vector<float> f32;
+    std::vector<uint16_t> h16;
+    WeightView view(DType dt, int64_t rows, int64_t cols) {
+        if (dt == DType::F32) return {dt, f32.data(), rows, cols};
+        h16.resize(f32.size());
+        for (size_t i = 0; i < f32.size(); ++i) h16[i] = dt == DType::F16 ? f32_to_f16(f32[i]) : f32_to_bf16(f32[i]);
+        return {dt, h16.data(), rows, cols};
+    }
+};
+
+std::vector<float> randv(size_t n, uint32_t seed) {
+    std::vector<float> v(n);
+    uint32_t s = seed * 2654435761u + 1;
+    for (auto& x : v) {
+        s = s * 1664525u + 1013904223u;
+        x = float(int32_t(s >> 8) % 2001 - 1000) / 1000.0f;
+    }
+    return v;
+}
+
+}  // namespace
+
+TEST(Matmul, ReferenceClosedForm) {
+    // W = [[1, 2], [3, 4], [5, 6]], x = [[1, 1], [2, -1]] -> y = x W^T + b
+    std::vector<float> w = {1, 2, 3, 4, 5, 6}, x = {1, 1, 2, -1}, b = {0.5f, 0, -1}, y(6);
+    matmul_ref(x.data(), 2, {DType::F32, w.data(), 3, 2}, b.data(), y.data());
+    const std::vector<float> want = {3.5f, 7, 10, 0.5f, 2, 3};
+    EXPECT_EQ(y, want);
+}
+
+TEST(Matmul, OptimisedMatchesReferenceOnAwkwardShapes) {
+    const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 33, 17}, {4, 64, 64}, {5, 100, 31},
+                                 {9, 129, 65}, {70, 40, 257}, {1, 2048, 300}};
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+        for (const auto& s : shapes) {
+            const int64_t n = s[0], rows = s[1], cols = s[2];
+            Mat m{randv(size_t(rows * cols), uint32_t(rows + cols)), {}};
+            const WeightView w = m.view(dt, rows, cols);
+            const auto x = randv(size_t(n * cols), 7);
+            const auto bias = randv(size_t(rows), 9);
+            std::vector<float> ref(static_cast<size_t>(n * rows)), got(size_t(n * rows));
+            matmul_ref(x.data(), n, w, bias.data(), ref.data());
+            matmul(x.data(), n, w, bias.data(), got.data());
+            for (size_t i = 0; i < ref.size(); ++i)
+                ASSERT_NEAR(got[i], ref[i], 1e-5 + 1e-5 * std::fabs(ref[i]) + 2e-6 * double(cols))
+                    << dtype_name(dt) << " n=" << n << " rows=" << rows << " cols=" << cols << " i=" << i;
+        }
+    }
+}
+
+TEST(Matmul, ReportsItsIsa) {
+    const std::string isa = matmul_isa();
+    EXPECT_TRUE(isa == "avx2" || isa == "scalar") << isa;
+}

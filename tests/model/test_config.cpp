@@ -1,0 +1,104 @@
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/synthetic.h"
+
+using namespace shardlm;
+
+namespace {
+std::string with(const std::string& extra) {
+    return R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100)" + extra + "}";
+}
+void expect_error(const std::string& json, const std::string& needle) {
+    try {
+        parse_config(json, "cfg/config.json");
+        FAIL() << "expected an error containing " << needle;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("cfg/config.json"), std::string::npos) << e.what();
+    }
+}
+}  // namespace
+
+TEST(Config, LlamaDefaults) {
+    const ModelConfig c = parse_config(with(""), "x");
+    EXPECT_EQ(c.arch, Arch::Llama);
+    EXPECT_EQ(c.n_kv_heads, 4);
+    EXPECT_EQ(c.head_dim, 16);
+    EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
+    EXPECT_FALSE(c.tie_embeddings);
+    EXPECT_FALSE(c.qkv_bias);
+    EXPECT_EQ(c.rope.kind, RopeScaling::Kind::None);
+}
+
+TEST(Config, Qwen2HasBiasWithoutKey) {
+    std::string j = with(R"(, "num_key_value_heads": 2, "eos_token_id": [7, 8], "tie_word_embeddings": true)");
+    j.replace(j.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
+    const ModelConfig c = parse_config(j, "x");
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_TRUE(c.tie_embeddings);
+    EXPECT_EQ(c.eos_ids, (std::vector<int64_t>{7, 8}));
+    EXPECT_EQ(c.n_kv_heads, 2);
+}
+
+TEST(Config, Qwen3HeadDimAndQkNorm) {
+    std::string j = with(R"(, "head_dim": 32, "attention_bias": false, "head_dim_unused": null)");
+    j.replace(j.find("LlamaForCausalLM"), 16, "Qwen3ForCausalLM");
+    const ModelConfig c = parse_config(j, "x");
+    EXPECT_EQ(c.head_dim, 32);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_FALSE(c.qkv_bias);
+}
+
+TEST(Config, RopeScalingLlama3AndRopeParameters) {
+    const ModelConfig a = parse_config(with(R"(, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+        "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"), "x");
+    EXPECT_EQ(a.rope.kind, RopeScaling::Kind::Llama3);
+    EXPECT_FLOAT_EQ(a.rope.factor, 32.0f);
+    EXPECT_FLOAT_EQ(a.rope_theta, 500000.0f);
+    const ModelConfig b = parse_config(with(R"(, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+        "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"), "x");
+    EXPECT_EQ(b.rope.kind, RopeScaling::Kind::Llama3);
+    EXPECT_FLOAT_EQ(b.rope.factor, 8.0f);
+    EXPECT_FLOAT_EQ(b.rope_theta, 500000.0f);
+    const ModelConfig d = parse_config(with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"), "x");
+    EXPECT_EQ(d.rope.kind, RopeScaling::Kind::None);
+    EXPECT_FLOAT_EQ(d.rope_theta, 1000000.0f);
+}
+
+TEST(Config, Errors) {
+    expect_error("{", "malformed JSON");
+    expect_error("[]", "JSON object");
+    expect_error(R"({"hidden_size": 1})", "architectures");
+    std::string j = with("");
+    j.replace(j.find("LlamaForCausalLM"), 16, "GPT2LMHeadModel_");
+    expect_error(j, "unknown architecture");
+    expect_error(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})", "num_hidden_layers");
+    expect_error(with(R"(, "num_key_value_heads": 3)"), "num_key_value_heads");
+    expect_error(with(R"(, "rope_scaling": {"type": "yarn", "factor": 4.0})"), "yarn");
+    expect_error(with(R"(, "hidden_act": "gelu")"), "hidden_act");
+    expect_error(with(R"(, "torch_dtype": "int4")"), "torch_dtype");
+    expect_error(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "hidden_size");
+    expect_error(with(R"(, "rms_norm_eps": -1)"), "rms_norm_eps");
+}
+
+TEST(Config, SyntheticConfigRoundTrips) {
+    for (Arch a : {Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3}) {
+        const ModelConfig c = tiny_config(a);
+        const ModelConfig r = parse_config(config_json(c), "x");
+        EXPECT_EQ(r.arch, c.arch);
+        EXPECT_EQ(r.hidden, c.hidden);
+        EXPECT_EQ(r.head_dim, c.head_dim);
+        EXPECT_EQ(r.qkv_bias, c.qkv_bias);
+        EXPECT_EQ(r.tie_embeddings, c.tie_embeddings);
+        EXPECT_EQ(parameter_count(r), parameter_count(c));
+    }
+    const ModelConfig l = parse_config(config_json(synthetic_config("llama3.2-1b")), "x");
+    EXPECT_EQ(l.rope.kind, RopeScaling::Kind::Llama3);
+    // Qwen3-1.7B by hand: 28 layers of (q 2048x2048, k/v 1024x2048, o 2048x2048, 3 MLP 6144x2048,
+    // 2 norms of 2048, q/k norms of 128) + tied 151936x2048 embedding + final norm.
+    const int64_t layer = 2048LL * 2048 * 2 + 1024LL * 2048 * 2 + 3LL * 6144 * 2048 + 2 * 2048 + 2 * 128;
+    EXPECT_EQ(parameter_count(synthetic_config("qwen3-1.7b")), 28 * layer + 151936LL * 2048 + 2048);
+}

@@ -1,0 +1,140 @@
+// Model invariants on tiny random checkpoints of every architecture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "fixtures.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+struct Case {
+    const char* name;
+    Arch arch;
+    DType dtype;
+    int shards;
+    bool llama3;
+};
+
+const Case kCases[] = {
+    {"llama_f32", Arch::Llama, DType::F32, 1, false},
+    {"llama3_scaled_bf16_sharded", Arch::Llama, DType::BF16, 2, true},
+    {"mistral_f16", Arch::Mistral, DType::F16, 1, false},
+    {"qwen2_bf16", Arch::Qwen2, DType::BF16, 1, false},
+    {"qwen3_f16_sharded", Arch::Qwen3, DType::F16, 3, false},
+};
+
+class EngineInvariants : public ::testing::TestWithParam<Case> {
+protected:
+    void SetUp() override {
+        const Case& c = GetParam();
+        cfg_ = tiny_config(c.arch);
+        if (c.llama3) {
+            cfg_.rope.kind = RopeScaling::Kind::Llama3;
+            cfg_.rope.factor = 8;
+            cfg_.rope.original_max_position = 64;  // short, so all three bands appear at head_dim 16
+            cfg_.rope_theta = 500000;
+        }
+        write_synthetic_checkpoint(dir_.path(), cfg_, {c.dtype, c.shards, 11});
+    }
+    TempDir dir_;
+    ModelConfig cfg_;
+};
+}  // namespace
+
+TEST_P(EngineInvariants, CachedDecodeEqualsFullRecompute) {
+    const auto prompt = make_prompt(9, cfg_.vocab, 1);
+    const int64_t steps = 6, V = cfg_.vocab;
+    SessionOptions so;
+    so.model_dir = dir_.path();
+    so.ctx = 32;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    // Cached: prefill, then one token per step.
+    std::vector<float> lg(static_cast<size_t>(V));
+    s->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, lg.data());
+    std::vector<int32_t> seq = prompt;
+    std::vector<std::vector<float>> cached;
+    for (int64_t i = 0; i < steps; ++i) {
+        seq.push_back(argmax(lg.data(), V));
+        s->engine->forward({{0, &seq.back(), 1, int64_t(seq.size()) - 1, true}}, lg.data());
+        cached.push_back(lg);
+    }
+    // Recompute: the whole sequence from scratch in one step each time.
+    for (int64_t i = 0; i < steps; ++i) {
+        const int64_t n = int64_t(prompt.size()) + i + 1;
+        s->engine->forward({{0, seq.data(), n, 0, true}}, lg.data());
+        EXPECT_LT(max_abs_diff(lg, cached[size_t(i)]), 1e-4) << "step " << i;
+        EXPECT_EQ(argmax(lg.data(), V), argmax(cached[size_t(i)].data(), V));
+    }
+}
+
+TEST_P(EngineInvariants, BatchEqualsEachAlone) {
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(5, cfg_.vocab, 2), make_prompt(13, cfg_.vocab, 3),
+                                                       make_prompt(1, cfg_.vocab, 4)};
+    const GenerateResult batch = run_greedy(dir_.path(), prompts, 7);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const GenerateResult alone = run_greedy(dir_.path(), {prompts[i]}, 7);
+        EXPECT_EQ(batch.seqs[i].tokens, alone.seqs[0].tokens) << "prompt " << i;
+        EXPECT_LT(max_abs_diff(batch.seqs[i].prompt_logits, alone.seqs[0].prompt_logits), 1e-4);
+    }
+}
+
+TEST_P(EngineInvariants, ChunkedPrefillEqualsOneShot) {
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(40, cfg_.vocab, 5), make_prompt(17, cfg_.vocab, 6)};
+    const GenerateResult one = run_greedy(dir_.path(), prompts, 5, 256);
+    for (int64_t chunk : {1, 7, 256}) {
+        const GenerateResult ch = run_greedy(dir_.path(), prompts, 5, chunk);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_EQ(ch.seqs[i].tokens, one.seqs[i].tokens) << "chunk " << chunk;
+            EXPECT_LT(max_abs_diff(ch.seqs[i].prompt_logits, one.seqs[i].prompt_logits), 1e-4) << "chunk " << chunk;
+        }
+    }
+}
+
+TEST_P(EngineInvariants, ReducedPrecisionStaysClose) {
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(12, cfg_.vocab, 7)};
+    const GenerateResult ref = run_greedy(dir_.path(), prompts, 1, 256, WeightFormat::F32, KVFormat::F32);
+    const GenerateResult kv16 = run_greedy(dir_.path(), prompts, 1, 256, WeightFormat::F32, KVFormat::F16);
+    const GenerateResult w16 = run_greedy(dir_.path(), prompts, 1, 256, WeightFormat::F16, KVFormat::BF16);
+    // Logits here have a standard deviation of a few units.
+    EXPECT_LT(max_abs_diff(ref.seqs[0].prompt_logits, kv16.seqs[0].prompt_logits), 0.02);
+    EXPECT_LT(max_abs_diff(ref.seqs[0].prompt_logits, w16.seqs[0].prompt_logits), 0.3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, EngineInvariants, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Engine, LogitsAreNotDegenerate) {
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Qwen3), {DType::F32, 1, 2});
+    const GenerateResult r = run_greedy(d.path(), {make_prompt(6, 384, 9)}, 1);
+    double mean = 0, var = 0;
+    const auto& lg = r.seqs[0].prompt_logits;
+    for (float v : lg) mean += v;
+    mean /= double(lg.size());
+    for (float v : lg) var += (v - mean) * (v - mean);
+    EXPECT_GT(std::sqrt(var / double(lg.size())), 1.0);  // greedy is well conditioned
+}
+
+TEST(Engine, ContextAndIdErrors) {
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Llama), {DType::F32, 1, 2});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 8;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 4;
+    EXPECT_THROW(generate(*s->engine, {make_prompt(5, 384, 1)}, go), Error);  // 5 + 4 > 8
+    EXPECT_THROW(generate(*s->engine, {{}}, go), Error);                       // empty prompt
+    EXPECT_THROW(generate(*s->engine, {{1, 2, 400}}, go), Error);              // id >= vocab
+    EXPECT_NO_THROW(generate(*s->engine, {make_prompt(4, 384, 1)}, go));
+    so.ctx = 1 << 20;
+    EXPECT_THROW(open_session(so, comm), Error);  // beyond max_position_embeddings
+}

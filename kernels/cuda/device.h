@@ -1,0 +1,14 @@
+// What CUDA devices this process can use.
+#pragma once
+
+#include <string>
+
+namespace shardlm {
+
+// Number of devices a context can be created on; 0 without a driver or a GPU (never throws).
+int cuda_usable_device_count();
+
+// "NVIDIA H200 (sm_90, 139.8 GiB)" for device `index`.
+std::string cuda_device_description(int index);
+
+}  // namespace shardlm

@@ -3,6 +3,19 @@ find_package(OpenMP REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 
+# MPI: AUTO uses it when found (libopenmpi-dev); the single-rank build needs none.
+set(SHARDLM_WITH_MPI OFF)
+if(NOT SHARDLM_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    set(SHARDLM_WITH_MPI ON)
+    find_program(SHARDLM_MPIEXEC NAMES mpirun mpiexec)
+  elseif(SHARDLM_MPI STREQUAL "ON")
+    message(FATAL_ERROR "SHARDLM_MPI=ON but MPI was not found")
+  endif()
+endif()
+message(STATUS "shardlm: MPI ${SHARDLM_WITH_MPI}")
+
 # CUDA: AUTO builds the CUDA parts whenever nvcc is found, so CI compiles them even without a GPU.
 set(SHARDLM_WITH_CUDA OFF)
 if(NOT SHARDLM_CUDA STREQUAL "OFF")

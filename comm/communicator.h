@@ -1,10 +1,12 @@
 // How the ranks of a tensor-parallel job talk. The engine calls these at the points the design
-// names (all-reduce after the row-parallel o_proj and down_proj); it never knows which backend
-// runs underneath. A single process is the degenerate world of one rank, with no MPI at all.
+// names (all-reduce after the row-parallel o_proj and down_proj, all-gather of vocab-parallel
+// logits); it never knows which backend runs underneath. A single process is the degenerate world
+// of one rank, with no MPI at all.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace shardlm {
@@ -15,14 +17,15 @@ public:
     virtual int rank() const = 0;
     virtual int size() const = 0;
     virtual const char* backend() const = 0;
-    // In-place sum over all ranks of n floats.
+    // In-place sum over all ranks of n floats (host memory).
     virtual void all_reduce_sum(float* data, size_t n) = 0;
-    // Every rank contributes `n` floats; `out` receives size() * n floats in rank order.
-    virtual void all_gather(const float* in, size_t n, float* out) = 0;
+    // Every rank contributes `bytes` bytes; `out` receives size() * bytes bytes in rank order.
+    virtual void all_gather(const void* in, size_t bytes, void* out) = 0;
     // Copies `bytes` bytes from `root` to every rank.
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
     virtual void barrier() = 0;
-    // Ends the whole job from any rank with a non-zero code; used when this rank has failed.
+    // Ends the whole job from any rank with a non-zero code; for failures in the middle of
+    // collectives, where the other ranks cannot be told any other way.
     [[noreturn]] virtual void abort(int code) = 0;
 };
 
@@ -33,10 +36,17 @@ public:
     int size() const override { return 1; }
     const char* backend() const override { return "single"; }
     void all_reduce_sum(float*, size_t) override {}
-    void all_gather(const float* in, size_t n, float* out) override;
+    void all_gather(const void* in, size_t bytes, void* out) override;
     void broadcast(void*, size_t, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int code) override;
 };
+
+// The communicator this process should use: MPI when it was started by mpirun (and the build has
+// MPI), otherwise a single rank. Initialises MPI when needed; the object finalises it.
+std::unique_ptr<Communicator> make_communicator(int* argc, char*** argv);
+
+// Whether the environment says this process is one of several started by mpirun/srun.
+bool launched_by_mpi();
 
 }  // namespace shardlm

@@ -5,10 +5,16 @@
 
 namespace shardlm {
 
-void SingleRank::all_gather(const float* in, size_t n, float* out) {
-    if (in != out) std::memmove(out, in, n * sizeof(float));
+void SingleRank::all_gather(const void* in, size_t bytes, void* out) {
+    if (in != out) std::memmove(out, in, bytes);
 }
 
 void SingleRank::abort(int code) { std::_Exit(code); }
+
+bool launched_by_mpi() {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+        if (std::getenv(v)) return true;
+    return false;
+}
 
 }  // namespace shardlm

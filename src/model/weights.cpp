@@ -51,35 +51,48 @@ public:
         return t;
     }
 
-    std::vector<float> vector(const std::string& name, int64_t n) {
-        const TensorInfo& t = tensor(name, {n});
+    // Elements [begin, begin + n) of a vector of `full` elements, as f32.
+    std::vector<float> vector(const std::string& name, int64_t full, int64_t begin = 0, int64_t n = -1) {
+        const TensorInfo& t = tensor(name, {full});
+        if (n < 0) n = full;
         std::vector<float> v(static_cast<size_t>(n));
-        for (size_t i = 0; i < v.size(); ++i) v[i] = element_f32(t, i);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = element_f32(t, size_t(begin) + i);
         out_.bytes += v.size() * 4;
         return v;
     }
 
-    WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+    // The block [row0, row0 + nrows) x [col0, col0 + ncols) of a [rows, cols] matrix. A block of
+    // whole rows in the target dtype is a view into the map (zero copy); anything else (a column
+    // slice for row-parallel layers, a dtype conversion) is copied, reading only the block's bytes.
+    WeightView matrix(const std::string& name, int64_t rows, int64_t cols, int64_t row0 = 0, int64_t nrows = -1,
+                      int64_t col0 = 0, int64_t ncols = -1) {
         const TensorInfo& t = tensor(name, {rows, cols});
+        if (nrows < 0) nrows = rows;
+        if (ncols < 0) ncols = cols;
         DType want = t.dtype;
         if (fmt_ == WeightFormat::F32) want = DType::F32;
         if (fmt_ == WeightFormat::F16) want = DType::F16;
         if (fmt_ == WeightFormat::BF16) want = DType::BF16;
-        const size_t n = size_t(rows * cols);
-        WeightView v{want, t.data, rows, cols};
+        const size_t es = dtype_size(t.dtype), n = size_t(nrows * ncols);
+        const uint8_t* first = t.data + size_t(row0 * cols + col0) * es;
+        WeightView v{want, first, nrows, ncols};
         out_.bytes += n * dtype_size(want);
-        const bool aligned = reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0;
-        if (want == t.dtype && aligned) return v;  // zero copy from the map
+        const bool aligned = reinterpret_cast<uintptr_t>(first) % es == 0;
+        if (want == t.dtype && aligned && ncols == cols) return v;
         Buffer b(n * dtype_size(want));
-        if (want == t.dtype) {
-            std::memcpy(b.data(), t.data, t.nbytes);  // only realigning
-        } else {
-            for (size_t i = 0; i < n; ++i) {
-                const float f = element_f32(t, i);
+        for (int64_t r = 0; r < nrows; ++r) {
+            const uint8_t* src = first + size_t(r * cols) * es;
+            uint8_t* dst = b.data() + size_t(r * ncols) * dtype_size(want);
+            if (want == t.dtype) {
+                std::memcpy(dst, src, size_t(ncols) * es);
+                continue;
+            }
+            for (int64_t i = 0; i < ncols; ++i) {
+                const float f = element_f32(t, size_t((row0 + r) * cols + col0 + i));
                 switch (want) {
-                    case DType::F32: b.as<float>()[i] = f; break;
-                    case DType::F16: b.as<uint16_t>()[i] = f32_to_f16(f); break;
-                    default: b.as<uint16_t>()[i] = f32_to_bf16(f); break;
+                    case DType::F32: reinterpret_cast<float*>(dst)[i] = f; break;
+                    case DType::F16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_f16(f); break;
+                    default: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(f); break;
                 }
             }
         }
@@ -88,10 +101,18 @@ public:
         return v;
     }
 
-    Linear linear(const std::string& prefix, int64_t out, int64_t in, bool bias) {
+    // Column-parallel: output rows [row0, row0 + nrows) and their bias entries.
+    Linear column_parallel(const std::string& prefix, int64_t out, int64_t in, bool bias, int64_t row0, int64_t nrows) {
         Linear l;
-        l.w = matrix(prefix + ".weight", out, in);
-        if (bias) l.bias = vector(prefix + ".bias", out);
+        l.w = matrix(prefix + ".weight", out, in, row0, nrows);
+        if (bias) l.bias = vector(prefix + ".bias", out, row0, nrows);
+        return l;
+    }
+
+    // Row-parallel: input columns [col0, col0 + ncols); the partial sums are all-reduced.
+    Linear row_parallel(const std::string& prefix, int64_t out, int64_t in, int64_t col0, int64_t ncols) {
+        Linear l;
+        l.w = matrix(prefix + ".weight", out, in, 0, out, col0, ncols);
         return l;
     }
 
@@ -103,32 +124,34 @@ private:
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, WeightFormat fmt) {
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, WeightFormat fmt, const ShardPlan& p) {
     ModelWeights w;
+    w.plan = p;
     Loader ld(ckpt, fmt, w);
-    const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
-    w.embed = ld.matrix("model.embed_tokens.weight", c.vocab, c.hidden);
+    const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+    const int64_t q0 = p.q_head0 * hd, nq = p.n_q_heads * hd, kv0 = p.kv_head0 * hd, nkv = p.n_kv_heads * hd;
+    w.embed = ld.matrix("model.embed_tokens.weight", c.vocab, c.hidden, p.vocab0, p.n_vocab);
     for (int64_t i = 0; i < c.n_layers; ++i) {
-        const std::string p = "model.layers." + std::to_string(i);
+        const std::string pre = "model.layers." + std::to_string(i);
         LayerWeights L;
-        L.input_norm = ld.vector(p + ".input_layernorm.weight", c.hidden);
-        L.post_attn_norm = ld.vector(p + ".post_attention_layernorm.weight", c.hidden);
-        L.q = ld.linear(p + ".self_attn.q_proj", q_dim, c.hidden, c.qkv_bias);
-        L.k = ld.linear(p + ".self_attn.k_proj", kv_dim, c.hidden, c.qkv_bias);
-        L.v = ld.linear(p + ".self_attn.v_proj", kv_dim, c.hidden, c.qkv_bias);
-        L.o = ld.linear(p + ".self_attn.o_proj", c.hidden, q_dim, false);
+        L.input_norm = ld.vector(pre + ".input_layernorm.weight", c.hidden);
+        L.post_attn_norm = ld.vector(pre + ".post_attention_layernorm.weight", c.hidden);
+        L.q = ld.column_parallel(pre + ".self_attn.q_proj", q_dim, c.hidden, c.qkv_bias, q0, nq);
+        L.k = ld.column_parallel(pre + ".self_attn.k_proj", kv_dim, c.hidden, c.qkv_bias, kv0, nkv);
+        L.v = ld.column_parallel(pre + ".self_attn.v_proj", kv_dim, c.hidden, c.qkv_bias, kv0, nkv);
+        L.o = ld.row_parallel(pre + ".self_attn.o_proj", c.hidden, q_dim, q0, nq);
         if (c.qk_norm) {
-            L.q_norm = ld.vector(p + ".self_attn.q_norm.weight", c.head_dim);
-            L.k_norm = ld.vector(p + ".self_attn.k_norm.weight", c.head_dim);
+            L.q_norm = ld.vector(pre + ".self_attn.q_norm.weight", hd);
+            L.k_norm = ld.vector(pre + ".self_attn.k_norm.weight", hd);
         }
-        L.gate = ld.linear(p + ".mlp.gate_proj", c.intermediate, c.hidden, false);
-        L.up = ld.linear(p + ".mlp.up_proj", c.intermediate, c.hidden, false);
-        L.down = ld.linear(p + ".mlp.down_proj", c.hidden, c.intermediate, false);
+        L.gate = ld.column_parallel(pre + ".mlp.gate_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
+        L.up = ld.column_parallel(pre + ".mlp.up_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
+        L.down = ld.row_parallel(pre + ".mlp.down_proj", c.hidden, c.intermediate, p.inter0, p.n_inter);
         w.layers.push_back(std::move(L));
     }
     w.final_norm = ld.vector("model.norm.weight", c.hidden);
     // Some tied checkpoints still ship lm_head.weight; tying means the embedding is the truth.
-    w.lm_head = c.tie_embeddings ? w.embed : ld.matrix("lm_head.weight", c.vocab, c.hidden);
+    w.lm_head = c.tie_embeddings ? w.embed : ld.matrix("lm_head.weight", c.vocab, c.hidden, p.vocab0, p.n_vocab);
     return w;
 }
 

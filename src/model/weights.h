@@ -11,6 +11,7 @@
 #include "kernels/cpu/weights_view.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/shard.h"
 
 namespace shardlm {
 
@@ -33,17 +34,21 @@ struct LayerWeights {
     Linear gate, up, down;                          // gate/up [inter, hidden], down [hidden, inter]
 };
 
+// Shapes below are this rank's slices (see model/shard.h); with one rank, the whole model.
 struct ModelWeights {
-    WeightView embed;    // [vocab, hidden]
-    WeightView lm_head;  // [vocab, hidden]; the embedding itself when tied
+    ShardPlan plan;
+    WeightView embed;    // [n_vocab, hidden]: vocabulary rows vocab0 ..
+    WeightView lm_head;  // [n_vocab, hidden]; the embedding itself when tied
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
     size_t bytes = 0;         // bytes of all matrices and vectors as held (mapped + owned)
     std::vector<Buffer> owned;  // converted or realigned matrices
 };
 
-// Validates every tensor's presence, dtype and shape against the config and builds the views.
-// `ckpt` must outlive the result (views point into its maps).
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, WeightFormat fmt);
+// Validates every tensor's presence, dtype and shape against the config and builds the views of
+// this rank's slices, reading only their bytes. `ckpt` must outlive the result (views point into
+// its maps).
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, WeightFormat fmt,
+                          const ShardPlan& plan);
 
 }  // namespace shardlm

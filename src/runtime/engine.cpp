@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -14,12 +15,12 @@
 namespace shardlm {
 
 namespace {
-KVCacheShape cache_shape(const ModelConfig& c, const EngineOptions& o) {
+KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineOptions& o) {
     KVCacheShape s;
     s.n_layers = c.n_layers;
     s.n_slots = o.max_batch;
     s.capacity = o.ctx;
-    s.n_kv_heads = c.n_kv_heads;
+    s.n_kv_heads = p.n_kv_heads;
     s.head_dim = c.head_dim;
     s.dtype = o.kv;
     return s;
@@ -27,7 +28,7 @@ KVCacheShape cache_shape(const ModelConfig& c, const EngineOptions& o) {
 }  // namespace
 
 Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
-    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, opt)) {
+    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, w.plan, opt)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     RopeParams rp;
     rp.head_dim = cfg.head_dim;
@@ -44,7 +45,8 @@ Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm
         b = Buffer(T * size_t(width) * sizeof(float));
         ws_bytes_ += b.size();
     };
-    const int64_t q_dim = cfg.n_heads * cfg.head_dim, kv_dim = cfg.n_kv_heads * cfg.head_dim;
+    const ShardPlan& p = w.plan;
+    const int64_t q_dim = p.n_q_heads * cfg.head_dim, kv_dim = p.n_kv_heads * cfg.head_dim;
     alloc(x_, cfg.hidden);
     alloc(h_, cfg.hidden);
     alloc(q_, q_dim);
@@ -52,17 +54,21 @@ Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm
     alloc(v_, kv_dim);
     alloc(attn_, q_dim);
     alloc(o_, cfg.hidden);
-    alloc(gate_, cfg.intermediate);
-    alloc(up_, cfg.intermediate);
+    alloc(gate_, p.n_inter);
+    alloc(up_, p.n_inter);
     last_ = Buffer(size_t(opt.max_batch) * size_t(cfg.hidden) * sizeof(float));
     ws_bytes_ += last_.size();
+    local_logits_.resize(size_t(opt.max_batch * p.vocab_per_rank));
+    gathered_.resize(size_t(p.tp) * local_logits_.size());
+    ws_bytes_ += (local_logits_.size() + gathered_.size()) * sizeof(float);
     tok_pos_.resize(T);
 }
 
 void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
                              int64_t T) {
     const ModelConfig& c = cfg_;
-    const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+    const ShardPlan& p = w_.plan;
+    const int64_t hd = c.head_dim, nh = p.n_q_heads, nkv = p.n_kv_heads, q_dim = nh * hd, kv_dim = nkv * hd;
     float* h = h_.as<float>();
     float* q = q_.as<float>();
     float* k = k_.as<float>();
@@ -73,13 +79,13 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
     matmul(h, T, L.k.w, L.k.bias_ptr(), k);
     matmul(h, T, L.v.w, L.v.bias_ptr(), v);
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
-        rmsnorm_ref(q, L.q_norm.data(), q, T * c.n_heads, hd, c.rms_eps);
-        rmsnorm_ref(k, L.k_norm.data(), k, T * c.n_kv_heads, hd, c.rms_eps);
+        rmsnorm_ref(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
+        rmsnorm_ref(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-        rope_ref(q + t * q_dim, c.n_heads, hd, tok_pos_[size_t(t)], inv_freq_.data());
-        rope_ref(k + t * kv_dim, c.n_kv_heads, hd, tok_pos_[size_t(t)], inv_freq_.data());
+        rope_ref(q + t * q_dim, nh, hd, tok_pos_[size_t(t)], inv_freq_.data());
+        rope_ref(k + t * kv_dim, nkv, hd, tok_pos_[size_t(t)], inv_freq_.data());
     }
     // Keys and values go into the cache first; attention then reads only the cache, so a chunk
     // sees its own tokens and everything cached before it through one path.
@@ -91,8 +97,10 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
         a.q = q + row * q_dim;
         a.out = attn_.as<float>() + row * q_dim;
         a.n_q = ch.n;
-        a.n_heads = c.n_heads;
-        a.n_kv_heads = c.n_kv_heads;
+        // Local head counts: with split KV heads the group size is unchanged; with replicated ones
+        // this rank holds one KV head that all its query heads read.
+        a.n_heads = nh;
+        a.n_kv_heads = nkv;
         a.head_dim = hd;
         a.q_pos0 = ch.pos;
         a.k = kv_.k(layer, ch.slot);
@@ -119,7 +127,7 @@ void Engine::mlp_block(const LayerWeights& L, int64_t T) {
     float* u = up_.as<float>();
     matmul(h, T, L.gate.w, nullptr, g);
     matmul(h, T, L.up.w, nullptr, u);
-    silu_mul_ref(g, u, g, T * c.intermediate);
+    silu_mul_ref(g, u, g, T * w_.plan.n_inter);
     float* o = o_.as<float>();
     matmul(g, T, L.down.w, nullptr, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
@@ -144,12 +152,22 @@ void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     SHARDLM_CHECK(T <= opt_.max_step_tokens, "step of ", T, " tokens exceeds the workspace of ", opt_.max_step_tokens);
     SHARDLM_CHECK(n_logits <= opt_.max_batch);
 
+    // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
+    // and the all-reduce assembles the full rows.
+    const ShardPlan& p = w_.plan;
     int64_t row = 0;
+    float* x = x_.as<float>();
     for (const SeqChunk& ch : chunks) {
-        embedding_ref(w_.embed, ch.tokens, ch.n, x_.as<float>() + row * c.hidden);
-        for (int64_t i = 0; i < ch.n; ++i) tok_pos_[size_t(row + i)] = ch.pos + i;
+        for (int64_t i = 0; i < ch.n; ++i) {
+            const int32_t local = ch.tokens[i] - int32_t(p.vocab0);
+            float* xr = x + (row + i) * c.hidden;
+            if (local >= 0 && local < p.n_vocab) embedding_ref(w_.embed, &local, 1, xr);
+            else std::fill(xr, xr + c.hidden, 0.0f);
+            tok_pos_[size_t(row + i)] = ch.pos + i;
+        }
         row += ch.n;
     }
+    if (p.tp > 1) comm_.all_reduce_sum(x, size_t(T * c.hidden));
     for (int64_t l = 0; l < c.n_layers; ++l) {
         attention_block(w_.layers[size_t(l)], l, chunks, T);
         mlp_block(w_.layers[size_t(l)], T);
@@ -165,7 +183,33 @@ void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
                     c.hidden, c.rms_eps);
         ++n;
     }
-    if (n > 0) matmul(last, n, w_.lm_head, nullptr, logits);
+    if (n == 0) return;
+    if (p.tp == 1) {
+        matmul(last, n, w_.lm_head, nullptr, logits);
+        return;
+    }
+    // Vocab-parallel lm_head: every rank computes its vocabulary slice, padded to vocab_per_rank
+    // so the all-gather has equal parts, then the slices are laid side by side per row.
+    const int64_t vpr = p.vocab_per_rank;
+    float* local = local_logits_.data();
+    if (p.n_vocab > 0) {
+        float* tmp = gathered_.data();  // scratch until the gather below
+        matmul(last, n, w_.lm_head, nullptr, tmp);
+        for (int64_t i = 0; i < n; ++i) {
+            std::copy(tmp + i * p.n_vocab, tmp + (i + 1) * p.n_vocab, local + i * vpr);
+            std::fill(local + i * vpr + p.n_vocab, local + (i + 1) * vpr, 0.0f);
+        }
+    } else {
+        std::fill(local, local + n * vpr, 0.0f);
+    }
+    comm_.all_gather(local, size_t(n * vpr) * sizeof(float), gathered_.data());
+    for (int64_t i = 0; i < n; ++i)
+        for (int r = 0; r < p.tp; ++r) {
+            const int64_t v0 = r * vpr, nv = std::min(vpr, c.vocab - v0);
+            if (nv <= 0) continue;
+            const float* src = gathered_.data() + (int64_t(r) * n + i) * vpr;
+            std::copy(src, src + nv, logits + i * c.vocab + v0);
+        }
 }
 
 }  // namespace shardlm

@@ -2,6 +2,8 @@
 // One call runs a "step": chunks of several sequences, each chunk a run of consecutive tokens
 // that attends to everything its sequence has cached so far. Prefill is a few large chunks,
 // decode is one token per sequence; both are the same code.
+// Under tensor parallelism each rank runs this on its slice of the weights (ModelWeights::plan)
+// and the Communicator joins the partial results.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,7 @@ private:
     std::vector<int64_t> tok_pos_;  // position of each row of the step
     // Workspace, [max_step_tokens, width] each.
     Buffer x_, h_, q_, k_, v_, attn_, o_, gate_, up_, last_;
+    std::vector<float> local_logits_, gathered_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
     size_t ws_bytes_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "model/checkpoint.h"
 #include "model/safetensors_writer.h"
 #include "model/synthetic.h"
+#include "model/shard.h"
 #include "model/weights.h"
 
 using namespace shardlm;
@@ -30,7 +31,7 @@ std::string load_error(const std::string& dir) {
     try {
         const ModelConfig c = load_config(dir);
         Checkpoint ck(dir);
-        load_weights(ck, c, WeightFormat::Auto);
+        load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
     } catch (const Error& e) {
         return e.what();
     }
@@ -45,14 +46,14 @@ TEST(Weights, LoadsEveryArchitectureZeroCopy) {
         const ModelConfig c = tiny_config(a);
         write_synthetic_checkpoint(d.path(), c, {DType::BF16, 1, 3});
         Checkpoint ck(d.path());
-        const ModelWeights w = load_weights(ck, load_config(d.path()), WeightFormat::Auto);
+        const ModelWeights w = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
         EXPECT_TRUE(w.owned.empty()) << arch_name(a);  // bf16 kept as mapped
         EXPECT_EQ(w.layers.size(), size_t(c.n_layers));
         EXPECT_EQ(w.layers[0].q.bias.empty(), !c.qkv_bias);
         EXPECT_EQ(w.layers[0].q_norm.empty(), !c.qk_norm);
         EXPECT_EQ(w.lm_head.data == w.embed.data, c.tie_embeddings);
         EXPECT_EQ(w.embed.dtype, DType::BF16);
-        const ModelWeights f = load_weights(ck, load_config(d.path()), WeightFormat::F32);
+        const ModelWeights f = load_weights(ck, c, WeightFormat::F32, plan_shard(c, 0, 1));
         EXPECT_EQ(f.embed.dtype, DType::F32);
         EXPECT_FALSE(f.owned.empty());
     }
@@ -97,4 +98,64 @@ TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {
     const TensorInfo& y = cb.get("model.layers.1.mlp.down_proj.weight");
     ASSERT_EQ(x.nbytes, y.nbytes);
     EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0);
+}
+
+TEST(Shard, PlansSplitAndReplicatedKvHeads) {
+    ModelConfig c = tiny_config(Arch::Llama);  // 4 heads, 2 KV heads, intermediate 160
+    ShardPlan p = plan_shard(c, 1, 2);
+    EXPECT_EQ(p.q_head0, 2);
+    EXPECT_EQ(p.n_q_heads, 2);
+    EXPECT_EQ(p.kv_head0, 1);  // split: 2 % 2 == 0
+    EXPECT_EQ(p.n_kv_heads, 1);
+    EXPECT_EQ(p.inter0, 80);
+    p = plan_shard(c, 3, 4);  // replicated: 4 % 2 == 0, ranks 2 and 3 share KV head 1
+    EXPECT_EQ(p.q_head0, 3);
+    EXPECT_EQ(p.kv_head0, 1);
+    EXPECT_EQ(p.n_kv_heads, 1);
+    EXPECT_EQ(p.vocab_per_rank, 96);
+    EXPECT_EQ(p.vocab0 + p.n_vocab, c.vocab);
+    c.vocab = 385;  // uneven vocabulary: the last rank holds fewer rows
+    p = plan_shard(c, 3, 4);
+    EXPECT_EQ(p.vocab_per_rank, 97);
+    EXPECT_EQ(p.n_vocab, 385 - 3 * 97);
+    EXPECT_THROW(plan_shard(c, 0, 3), Error);  // 3 divides neither 4 heads nor 2 KV heads
+    c.n_heads = 6;
+    c.n_kv_heads = 6;
+    c.intermediate = 160;
+    try {
+        plan_shard(c, 0, 3);  // heads fine, intermediate 160 % 3 != 0
+        FAIL();
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("intermediate_size"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Shard, SlicesReassembleTheFullMatrices) {
+    TempDir d;
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    write_synthetic_checkpoint(d.path(), c, {DType::F32, 1, 8});
+    Checkpoint ck(d.path());
+    const ModelWeights full = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
+    size_t bytes = 0;
+    for (int r = 0; r < 2; ++r) {
+        const ModelWeights w = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, r, 2));
+        bytes += w.bytes;
+        const auto& L = w.layers[1];
+        const auto& F = full.layers[1];
+        const float* fq = static_cast<const float*>(F.q.w.data);
+        const float* q = static_cast<const float*>(L.q.w.data);
+        // q rows: this rank's heads
+        for (int64_t i = 0; i < L.q.w.rows * c.hidden; ++i)
+            ASSERT_EQ(q[i], fq[r * L.q.w.rows * c.hidden + i]);
+        EXPECT_EQ(L.q.bias[0], F.q.bias[size_t(r * L.q.w.rows)]);
+        // down columns: this rank's intermediate slice, every output row
+        const float* fd = static_cast<const float*>(F.down.w.data);
+        const float* dn = static_cast<const float*>(L.down.w.data);
+        for (int64_t row = 0; row < c.hidden; ++row)
+            for (int64_t j = 0; j < L.down.w.cols; ++j)
+                ASSERT_EQ(dn[row * L.down.w.cols + j], fd[row * c.intermediate + r * L.down.w.cols + j]);
+    }
+    // Each rank holds its slice; only the replicated norms are counted twice.
+    const size_t norms = size_t(c.n_layers * 2 * c.hidden + c.hidden) * 4;
+    EXPECT_EQ(bytes, full.bytes + norms);
 }

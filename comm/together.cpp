@@ -18,7 +18,7 @@ void run_together(Communicator& comm, const std::function<void()>& phase) {
         err = e.what();
     }
     if (comm.size() == 1) {
-        if (!err.empty()) throw Error(err);
+        if (!err.empty()) throw AgreedError(err);
         return;
     }
     const int32_t failed = err.empty() ? 0 : 1;
@@ -33,7 +33,7 @@ void run_together(Communicator& comm, const std::function<void()>& phase) {
     std::string msg(len, '\0');
     if (comm.rank() == first) msg = err;
     comm.broadcast(msg.data(), len, first);
-    throw Error(cat("rank ", first, ": ", msg));
+    throw AgreedError(cat("rank ", first, ": ", msg));
 }
 
 void check_same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what) {

@@ -9,8 +9,14 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 
 namespace shardlm {
+
+// An error every rank holds (thrown by run_together); printed once, by rank 0.
+struct AgreedError : Error {
+    using Error::Error;
+};
 
 void run_together(Communicator& comm, const std::function<void()>& phase);
 

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/communicator.h"
+#include "comm/together.h"
 #include "core/error.h"
 #include "core/membw.h"
 #include "kernels/cpu/matmul.h"
@@ -42,7 +43,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int cmd_bench(const Args& args) {
+int cmd_bench(const Args& args, Communicator& comm) {
     po::options_description d("bench options");
     std::string model, weights, kv;
     int64_t batch = 1, prompt_len = 512, gen = 128, reps = 3;
@@ -59,9 +60,15 @@ int cmd_bench(const Args& args) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
         ("json", "one JSON object per line instead of a markdown table");
     po::variables_map vm;
-    if (!parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]")) return 0;
-    if (batch < 1 || prompt_len < 1 || gen < 1 || reps < 1) fail("--batch, --prompt-len, --gen and -r must be >= 1");
-    set_threads(threads);
+    const bool root = comm.rank() == 0;
+    bool help = false;
+    run_together(comm, [&] {
+        help = !parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]", root);
+        if (help) return;
+        if (batch < 1 || prompt_len < 1 || gen < 1 || reps < 1) fail("--batch, --prompt-len, --gen and -r must be >= 1");
+        set_threads(threads);
+    });
+    if (help) return 0;
 
     SessionOptions so;
     so.model_dir = model;
@@ -70,11 +77,11 @@ int cmd_bench(const Args& args) {
     so.ctx = prompt_len + gen;
     so.max_batch = batch;
     so.prefill_chunk = prompt_len * batch;  // pp is one step, as llama-bench measures it
-    SingleRank comm;
-    auto s = open_session(so, comm);
+    std::unique_ptr<Session> s;
+    run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;
     const ModelConfig& c = s->cfg;
-    const double peak = measure_copy_gbps();
+    const double peak = measure_copy_gbps();  // per rank: ranks on one machine share it
 
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b)
@@ -111,6 +118,7 @@ int cmd_bench(const Args& args) {
     const double step_bytes = double(s->weights.bytes) + kv_row * avg_pos * double(batch);
 
     struct Row { std::string test; Stats st; double tokens, gbps; };
+    if (!root) return 0;
     const Stats pp = stats(pp_ms), tg = stats(tg_ms);
     std::vector<Row> rows = {
         {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},

@@ -8,19 +8,56 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/communicator.h"
+#include "comm/together.h"
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "model/synthetic.h"
 #include "runtime/session.h"
+
+#ifndef SHARDLM_GIT_COMMIT
+#define SHARDLM_GIT_COMMIT "unknown"
+#endif
+// What "the same build" means across ranks.
+#define SHARDLM_BUILD_ID SHARDLM_GIT_COMMIT
 
 namespace shardlm {
 
-int cmd_generate(const Args& args) {
+namespace {
+
+// Rank 0's prompts to every rank: [count, len_0, ids_0..., len_1, ids_1...] as int32.
+void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {
+    if (comm.size() == 1) return;
+    std::vector<int32_t> flat;
+    if (comm.rank() == 0) {
+        flat.push_back(int32_t(prompts.size()));
+        for (const auto& p : prompts) {
+            flat.push_back(int32_t(p.size()));
+            flat.insert(flat.end(), p.begin(), p.end());
+        }
+    }
+    uint64_t n = flat.size();
+    comm.broadcast(&n, sizeof n, 0);
+    flat.resize(n);
+    comm.broadcast(flat.data(), n * sizeof(int32_t), 0);
+    if (comm.rank() == 0) return;
+    prompts.assign(size_t(flat[0]), {});
+    size_t at = 1;
+    for (auto& p : prompts) {
+        const size_t len = size_t(flat[at++]);
+        p.assign(flat.begin() + long(at), flat.begin() + long(at + len));
+        at += len;
+    }
+}
+
+}  // namespace
+
+int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
     std::string model, prompt_ids, weights, kv, device, dump_logits;
     int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40;
     float temperature = 0.8f, top_p = 0.95f;
     uint64_t seed = 0;
-    int threads = 0;
+    int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "Hugging Face checkpoint folder (config.json + safetensors)")
@@ -38,23 +75,45 @@ int cmd_generate(const Args& args) {
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("device", po::value(&device)->default_value("auto"), "auto|cpu|cuda")
-        ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
+        ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
         ("dump-logits", po::value(&dump_logits), "write the logits at each prompt's last position to FILE");
     po::variables_map vm;
-    if (!parse_args(args, d, vm, "usage: shardlm generate --model DIR --prompt-ids IDS [flags]")) return 0;
-    if (vm.count("prompt") || vm.count("prompt-file") || vm.count("chat"))
-        fail("--prompt/--prompt-file/--chat need tokenizer support, which this build does not have yet; use --prompt-ids");
-    if (!vm.count("prompt-ids")) fail("--prompt-ids is required");
-    if (device == "cuda") fail("--device cuda: the CUDA engine is not available in this build; use --device cpu");
-    if (device != "auto" && device != "cpu") fail("--device: unknown device \"", device, "\" (auto, cpu, cuda)");
-    if (max_new < 1) fail("--max-new-tokens must be at least 1");
-    if (chunk < 1) fail("--prefill-chunk must be at least 1");
-    if (ctx < 0) fail("--ctx must be >= 0");
-    set_threads(threads);
+    const bool root = comm.rank() == 0;
+    bool help = false;
+    std::vector<std::vector<int32_t>> prompts;
+    GenerateOptions go;
+    // Phase 1, no collectives inside: flags and the request (rank 0 reads it).
+    run_together(comm, [&] {
+        help = !parse_args(args, d, vm, "usage: shardlm generate --model DIR --prompt-ids IDS [flags]", root);
+        if (help) return;
+        if (vm.count("prompt") || vm.count("prompt-file") || vm.count("chat"))
+            fail("--prompt/--prompt-file/--chat need tokenizer support, which this build does not have yet; use --prompt-ids");
+        if (!vm.count("prompt-ids")) fail("--prompt-ids is required");
+        if (device == "cuda") fail("--device cuda: the CUDA engine is not available in this build; use --device cpu");
+        if (device != "auto" && device != "cpu") fail("--device: unknown device \"", device, "\" (auto, cpu, cuda)");
+        if (max_new < 1) fail("--max-new-tokens must be at least 1");
+        if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        if (ctx < 0) fail("--ctx must be >= 0");
+        if (tp < 0 || (tp > 0 && tp != comm.size()))
+            fail("--tp ", tp, " differs from the ", comm.size(), " ranks started (mpirun -np ", comm.size(), ")");
+        set_threads(threads);
+        go.max_new_tokens = max_new;
+        go.prefill_chunk = chunk;
+        go.sampler.temperature = temperature;
+        go.sampler.top_k = top_k;
+        go.sampler.top_p = top_p;
+        go.sampler.seed = seed;
+        go.keep_prompt_logits = !dump_logits.empty();
+        Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
+        (void)check;
+        if (root) prompts = parse_prompt_ids(prompt_ids);
+    });
+    if (help) return 0;
     const bool json_out = vm.count("json") > 0;
+    broadcast_prompts(comm, prompts);
 
-    const auto prompts = parse_prompt_ids(prompt_ids);
     SessionOptions so;
     so.model_dir = model;
     so.weights = parse_weight_format(weights);
@@ -64,22 +123,26 @@ int cmd_generate(const Args& args) {
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
     so.ctx = ctx > 0 ? ctx : longest + max_new;
-    SingleRank comm;
-    auto s = open_session(so, comm);
-    for (size_t i = 0; i < prompts.size(); ++i)
-        for (int32_t id : prompts[i])
-            if (id >= s->cfg.vocab)
-                fail("--prompt-ids: prompt ", i, " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+    std::unique_ptr<Session> s;
+    // Phase 2: every rank loads its shard.
+    run_together(comm, [&] {
+        maybe_inject_failure(comm, "load");
+        s = open_session(so, comm);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            for (int32_t id : prompts[i])
+                if (id >= s->cfg.vocab)
+                    fail("--prompt-ids: prompt ", i, " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+    });
+    // Phase 3: the ranks must be running the same request on the same model with the same build.
+    run_together(comm, [&] {
+        std::string who = SHARDLM_BUILD_ID;
+        for (const auto& a : args) who += '\0' + a;
+        who += '\0' + config_json(s->cfg) + std::to_string(s->ckpt->total_bytes());
+        check_same_on_all_ranks(comm, who, "flags, model or build");
+    });
 
-    GenerateOptions go;
-    go.max_new_tokens = max_new;
-    go.prefill_chunk = chunk;
-    go.sampler.temperature = temperature;
-    go.sampler.top_k = top_k;
-    go.sampler.top_p = top_p;
-    go.sampler.seed = seed;
-    go.keep_prompt_logits = !dump_logits.empty();
     const GenerateResult r = generate(*s->engine, prompts, go);
+    if (!root) return 0;
 
     if (!dump_logits.empty()) {
         std::ofstream f(dump_logits);
@@ -89,7 +152,6 @@ int cmd_generate(const Args& args) {
         f << arr.dump() << "\n";
         if (!f) fail("--dump-logits: write to ", dump_logits, " failed");
     }
-
     const auto& t = r.timings;
     const double decode_per_tok = t.decode_steps ? t.decode_ms / double(t.decode_steps) : 0.0;
     if (json_out) {

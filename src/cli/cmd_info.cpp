@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/shard.h"
 
 namespace shardlm {
 
@@ -22,9 +23,11 @@ std::string gib(double bytes) {
 int cmd_info(const Args& args) {
     po::options_description d("info options");
     std::string model;
-    d.add_options()("help", "show this help")("model", po::value(&model)->required(), "checkpoint folder");
+    int tp = 1;
+    d.add_options()("help", "show this help")("model", po::value(&model)->required(), "checkpoint folder")
+        ("tp", po::value(&tp)->default_value(1), "tensor-parallel size: print each rank's share");
     po::variables_map vm;
-    if (!parse_args(args, d, vm, "usage: shardlm info --model DIR")) return 0;
+    if (!parse_args(args, d, vm, "usage: shardlm info --model DIR [--tp N]")) return 0;
     const ModelConfig c = load_config(model);
     const Checkpoint ck(model);
     const int64_t params = parameter_count(c);
@@ -44,6 +47,18 @@ int cmd_info(const Args& args) {
               << "weights fp16/bf16 " << gib(double(params) * 2) << "\n";
     const double kv_tok = double(2 * c.n_layers * c.n_kv_heads * c.head_dim);
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
+    if (tp > 1) {
+        std::cout << "\ntensor parallel " << tp << " (each rank):\n";
+        for (int r = 0; r < tp; ++r) {
+            const ShardPlan p = plan_shard(c, r, tp);
+            const int64_t n = shard_parameter_count(c, p);
+            std::cout << "  rank " << r << "  q heads " << p.q_head0 << ".." << p.q_head0 + p.n_q_heads - 1 << ", kv heads "
+                      << p.kv_head0 << ".." << p.kv_head0 + p.n_kv_heads - 1 << ", vocab " << p.vocab0 << ".."
+                      << p.vocab0 + p.n_vocab - 1 << ": " << n << " parameters, " << gib(double(n) * 2)
+                      << " fp16/bf16, kv cache/token " << double(2 * c.n_layers * p.n_kv_heads * c.head_dim) * 2 / 1024
+                      << " KiB fp16\n";
+        }
+    }
     return 0;
 }
 

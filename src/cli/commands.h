@@ -1,17 +1,22 @@
 // The shardlm subcommands. Each takes the arguments after its name and returns the exit code;
-// errors are thrown as shardlm::Error and printed by main.
+// errors are thrown as shardlm::Error and printed by main. Errors that every rank agreed on
+// (comm/together.h) are printed once, by rank 0.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+
 namespace shardlm {
 
 using Args = std::vector<std::string>;
 
-int cmd_generate(const Args& args);
+// Under mpirun every rank runs the same subcommand with the same arguments; only rank 0 prints.
+int cmd_generate(const Args& args, Communicator& comm);
 int cmd_info(const Args& args);
-int cmd_bench(const Args& args);
+int cmd_bench(const Args& args, Communicator& comm);
 int cmd_make_model(const Args& args);
+int cmd_tokenize(const Args& args);
 
 }  // namespace shardlm

@@ -1,9 +1,12 @@
 // The shardlm executable: subcommand dispatch, --version, and the one place errors are printed.
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
+#include "comm/together.h"
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
 
@@ -20,10 +23,11 @@ const char* kUsage =
     "usage: shardlm SUBCOMMAND [flags]   (shardlm SUBCOMMAND --help for its flags)\n"
     "\n"
     "subcommands:\n"
-    "  generate     generate tokens from prompts\n"
-    "  info         describe a checkpoint: shapes, parameters, bytes\n"
+    "  generate     generate tokens from prompts (under mpirun -np N: tensor parallel over N ranks)\n"
+    "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
     "  make-model   write a random-weight checkpoint of a built-in shape\n"
+    "  tokenize     text -> token ids with the model's tokenizer.json\n"
     "\n"
     "  --version    version, git commit and compiled-in backends\n";
 
@@ -32,7 +36,26 @@ std::string backends() {
 #ifdef SHARDLM_CUDA_ARCHS
     b += " cuda(" SHARDLM_CUDA_ARCHS ")";
 #endif
+#ifdef SHARDLM_HAVE_MPI
+    b += " mpi";
+#endif
     return b;
+}
+
+std::string one_line(std::string msg) {
+    for (char& ch : msg)
+        if (ch == '\n') ch = ' ';
+    return msg;
+}
+
+int dispatch(const std::string& cmd, const std::vector<std::string>& args, shardlm::Communicator& comm) {
+    if (cmd == "generate") return shardlm::cmd_generate(args, comm);
+    if (cmd == "bench") return shardlm::cmd_bench(args, comm);
+    if (comm.size() > 1) shardlm::fail("\"", cmd, "\" runs on a single rank; start it without mpirun");
+    if (cmd == "info") return shardlm::cmd_info(args);
+    if (cmd == "make-model") return shardlm::cmd_make_model(args);
+    if (cmd == "tokenize") return shardlm::cmd_tokenize(args);
+    shardlm::fail("unknown subcommand \"", cmd, "\" (shardlm --help lists them)");
 }
 
 }  // namespace
@@ -48,22 +71,29 @@ int main(int argc, char** argv) {
                   << "backends: " << backends() << "\n";
         return 0;
     }
+    std::unique_ptr<shardlm::Communicator> comm;
+    try {
+        comm = shardlm::make_communicator(&argc, &argv);
+    } catch (const std::exception& e) {
+        std::cerr << "shardlm: error: " << one_line(e.what()) << "\n";
+        return 1;
+    }
     const std::string cmd = args[0];
     args.erase(args.begin());
     try {
-        if (cmd == "generate") return shardlm::cmd_generate(args);
-        if (cmd == "info") return shardlm::cmd_info(args);
-        if (cmd == "bench") return shardlm::cmd_bench(args);
-        if (cmd == "make-model") return shardlm::cmd_make_model(args);
-        std::cerr << "shardlm: error: unknown subcommand \"" << cmd << "\" (shardlm --help lists them)\n";
-        return 2;
-    } catch (const std::bad_alloc&) {
-        std::cerr << "shardlm: error: out of memory\n";
+        return dispatch(cmd, args, *comm);
+    } catch (const shardlm::AgreedError& e) {
+        // Every rank holds this error; one line from rank 0, then all ranks exit normally.
+        if (comm->rank() == 0) std::cerr << "shardlm: error: " << one_line(e.what()) << "\n";
+        return 1;
     } catch (const std::exception& e) {
-        std::string msg = e.what();
-        for (char& ch : msg)
-            if (ch == '\n') ch = ' ';  // one line, always
-        std::cerr << "shardlm: error: " << msg << "\n";
+        const std::string what = dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
+        if (comm->size() == 1) {
+            std::cerr << "shardlm: error: " << one_line(what) << "\n";
+            return 1;
+        }
+        // Only this rank failed, possibly while the others wait in a collective: end the job.
+        std::cerr << "shardlm: error: rank " << comm->rank() << ": " << one_line(what) << std::endl;
+        comm->abort(1);
     }
-    return 1;
 }

@@ -13,11 +13,11 @@
 namespace shardlm {
 
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
-                po::variables_map& vm, const std::string& usage) {
+                po::variables_map& vm, const std::string& usage, bool print) {
     try {
         po::store(po::command_line_parser(args).options(desc).run(), vm);
         if (vm.count("help")) {
-            std::cout << usage << "\n\n" << desc << "\n";
+            if (print) std::cout << usage << "\n\n" << desc << "\n";
             return false;
         }
         po::notify(vm);

@@ -11,9 +11,9 @@ namespace shardlm {
 namespace po = boost::program_options;
 
 // Parses `args` against `desc`; throws Error with the flag named for unknown or bad options.
-// Returns false when --help was given (usage already printed).
+// Returns false when --help was given (usage printed when `print` is set).
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
-                po::variables_map& vm, const std::string& usage);
+                po::variables_map& vm, const std::string& usage, bool print = true);
 
 // "1,2,3;4,5" -> {{1,2,3},{4,5}}; throws Error naming --prompt-ids on malformed input.
 std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s);

@@ -31,3 +31,19 @@ ShardPlan plan_shard(const ModelConfig& c, int rank, int tp) {
 }
 
 }  // namespace shardlm
+
+namespace shardlm {
+
+int64_t shard_parameter_count(const ModelConfig& c, const ShardPlan& p) {
+    const int64_t q = p.n_q_heads * c.head_dim, kv = p.n_kv_heads * c.head_dim;
+    int64_t layer = c.hidden * q + 2 * c.hidden * kv + q * c.hidden  // q, k, v, o slices
+                    + 3 * c.hidden * p.n_inter                          // gate, up, down slices
+                    + 2 * c.hidden;                                     // replicated norms
+    if (c.qkv_bias) layer += q + 2 * kv;
+    if (c.qk_norm) layer += 2 * c.head_dim;
+    int64_t total = c.n_layers * layer + p.n_vocab * c.hidden + c.hidden;
+    if (!c.tie_embeddings) total += p.n_vocab * c.hidden;
+    return total;
+}
+
+}  // namespace shardlm

@@ -28,4 +28,7 @@ struct ShardPlan {
 // Throws Error naming the dimension when `tp` cannot split the model.
 ShardPlan plan_shard(const ModelConfig& c, int rank, int tp);
 
+// Parameters one rank holds under `p` (replicated norms counted on every rank).
+int64_t shard_parameter_count(const ModelConfig& c, const ShardPlan& p);
+
 }  // namespace shardlm

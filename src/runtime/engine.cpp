@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/together.h"
 #include "core/error.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -136,6 +137,7 @@ void Engine::mlp_block(const LayerWeights& L, int64_t T) {
 }
 
 void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    maybe_inject_failure(comm_, "forward");
     const ModelConfig& c = cfg_;
     int64_t T = 0, n_logits = 0;
     for (const SeqChunk& ch : chunks) {

@@ -1,6 +1,8 @@
 // The shardlm binary end to end: output contracts and one-line errors for bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
@@ -107,3 +109,47 @@ TEST_F(Cli, BrokenCheckpointsAreNamed) {
     write_file(dir_.file("model.safetensors"), st.substr(0, 100));
     expect_error("generate" + m, "larger than the file");
 }
+
+#ifdef SHARDLM_MPIEXEC
+// The binary under mpirun: same tokens as one rank, and a failing rank ends the whole job fast.
+namespace {
+std::string mpirun(int np, const std::string& env = "") {
+    return std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " + std::to_string(np) +
+           " -x OMP_NUM_THREADS=1 " + env + " " + kBin;
+}
+}  // namespace
+
+TEST_F(Cli, MpirunGivesTheSameTokens) {
+    const std::string args = " generate --model " + dir_.path() + " --prompt-ids '5,6,7;9' --max-new-tokens 6 --temperature 0 --json";
+    const CommandResult one = run_command(kBin + args);
+    const CommandResult two = run_command(mpirun(2) + args + " --tp 2");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    ASSERT_EQ(two.exit_code, 0) << two.err;
+    const auto a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(two.out);  // rank 0 alone prints
+    EXPECT_EQ(a["results"], b["results"]);
+    EXPECT_EQ(b["tp"], 2);
+    EXPECT_LT(b["memory"]["weights_bytes"].get<double>(), 0.6 * a["memory"]["weights_bytes"].get<double>());
+}
+
+TEST_F(Cli, FailingRankEndsTheJob) {
+    for (const char* phase : {"load", "forward"}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const CommandResult r = run_command(mpirun(2, std::string("-x SHARDLM_FAIL_RANK=1 -x SHARDLM_FAIL_PHASE=") + phase) +
+                                            " generate --model " + dir_.path() + " --prompt-ids 1,2,3 --max-new-tokens 4");
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_NE(r.exit_code, 0) << phase;
+        EXPECT_LT(s, 10.0) << phase;
+        EXPECT_NE(r.err.find("shardlm: error: rank 1: injected failure at phase " + std::string(phase)), std::string::npos)
+            << r.err;
+    }
+}
+
+TEST_F(Cli, MpirunBadTensorParallelSize) {
+    const CommandResult r = run_command(mpirun(3) + " generate --model " + dir_.path() + " --prompt-ids 1,2");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("does not divide the 4 attention heads"), std::string::npos) << r.err;
+    const CommandResult t = run_command(mpirun(2) + " generate --model " + dir_.path() + " --prompt-ids 1,2 --tp 4");
+    EXPECT_NE(t.exit_code, 0);
+    EXPECT_NE(t.err.find("--tp 4 differs from the 2 ranks"), std::string::npos) << t.err;
+}
+#endif

@@ -158,4 +158,7 @@ TEST(Shard, SlicesReassembleTheFullMatrices) {
     // Each rank holds its slice; only the replicated norms are counted twice.
     const size_t norms = size_t(c.n_layers * 2 * c.hidden + c.hidden) * 4;
     EXPECT_EQ(bytes, full.bytes + norms);
+    EXPECT_EQ(shard_parameter_count(c, plan_shard(c, 0, 1)), parameter_count(c));
+    EXPECT_EQ(size_t(shard_parameter_count(c, plan_shard(c, 0, 2)) + shard_parameter_count(c, plan_shard(c, 1, 2))) * 4,
+              bytes);
 }

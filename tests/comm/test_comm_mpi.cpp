@@ -1,0 +1,55 @@
+// Collectives in closed form: rank i contributes i + 1. Run under mpirun -np 2 and -np 4.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "comm/together.h"
+#include "core/error.h"
+#include "mpi_world.h"
+
+using namespace shardlm;
+using shardlm::test::world;
+
+TEST(Mpi, AllReduceSum) {
+    MpiComm& c = world();
+    const int n = c.size();
+    std::vector<float> v(1000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(c.rank() + 1) * float(i);
+    c.all_reduce_sum(v.data(), v.size());
+    const float ranks = float(n * (n + 1) / 2);  // sum of (i + 1)
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], ranks * float(i));
+}
+
+TEST(Mpi, AllGatherAndBroadcast) {
+    MpiComm& c = world();
+    const int32_t mine[2] = {c.rank() + 1, -(c.rank() + 1)};
+    std::vector<int32_t> all(size_t(2 * c.size()));
+    c.all_gather(mine, sizeof mine, all.data());
+    for (int r = 0; r < c.size(); ++r) {
+        EXPECT_EQ(all[size_t(2 * r)], r + 1);
+        EXPECT_EQ(all[size_t(2 * r + 1)], -(r + 1));
+    }
+    int64_t x = c.rank() == c.size() - 1 ? 4242 : 0;
+    c.broadcast(&x, sizeof x, c.size() - 1);
+    EXPECT_EQ(x, 4242);
+}
+
+TEST(Mpi, RunTogetherReportsTheFailingRankEverywhere) {
+    MpiComm& c = world();
+    const int bad = c.size() - 1;
+    try {
+        run_together(c, [&] {
+            if (c.rank() == bad) fail("shard file broken on this rank");
+        });
+        FAIL() << "every rank must throw";
+    } catch (const AgreedError& e) {
+        EXPECT_EQ(std::string(e.what()), "rank " + std::to_string(bad) + ": shard file broken on this rank");
+    }
+    EXPECT_NO_THROW(run_together(c, [] {}));
+}
+
+TEST(Mpi, CheckSameOnAllRanks) {
+    MpiComm& c = world();
+    EXPECT_NO_THROW(check_same_on_all_ranks(c, "same", "x"));
+    EXPECT_THROW(check_same_on_all_ranks(c, c.rank() == 0 ? "a" : "b", "the model"), Error);
+}

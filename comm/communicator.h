@@ -1,4 +1,6 @@
-// How the ranks of a tensor-parallel job talk. The engine calls these at the points the design
+// How the ranks of a tensor-parallel job talk. The host backends (single rank, MPI) work on host
+// memory and return when the data is there; the NCCL backend (comm/nccl_comm.h) works on device
+// memory, ordered on its CUDA stream. The engine calls these at the points the design
 // names (all-reduce after the row-parallel o_proj and down_proj, all-gather of vocab-parallel
 // logits); it never knows which backend runs underneath. A single process is the degenerate world
 // of one rank, with no MPI at all.
@@ -9,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace shardlm {
 
 class Communicator {
@@ -17,8 +21,9 @@ public:
     virtual int rank() const = 0;
     virtual int size() const = 0;
     virtual const char* backend() const = 0;
-    // In-place sum over all ranks of n floats (host memory).
-    virtual void all_reduce_sum(float* data, size_t n) = 0;
+    // In-place sum over all ranks of n elements of `dt` (f32, f16 or bf16).
+    virtual void all_reduce_sum(void* data, size_t n, DType dt) = 0;
+    void all_reduce_sum(float* data, size_t n) { all_reduce_sum(data, n, DType::F32); }
     // Every rank contributes `bytes` bytes; `out` receives size() * bytes bytes in rank order.
     virtual void all_gather(const void* in, size_t bytes, void* out) = 0;
     // Copies `bytes` bytes from `root` to every rank.
@@ -35,7 +40,8 @@ public:
     int rank() const override { return 0; }
     int size() const override { return 1; }
     const char* backend() const override { return "single"; }
-    void all_reduce_sum(float*, size_t) override {}
+    using Communicator::all_reduce_sum;
+    void all_reduce_sum(void*, size_t, DType) override {}
     void all_gather(const void* in, size_t bytes, void* out) override;
     void broadcast(void*, size_t, int) override {}
     void barrier() override {}

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <vector>
 
 namespace shardlm {
 
@@ -34,12 +35,25 @@ MpiComm::~MpiComm() {
     if (owns_init_) MPI_Finalize();  // no check: destructors must not throw
 }
 
-void MpiComm::all_reduce_sum(float* data, size_t n) {
+void MpiComm::all_reduce_sum(void* data, size_t n, DType dt) {
+    std::vector<float> wide;
+    float* f = static_cast<float*>(data);
+    if (dt != DType::F32) {
+        // MPI has no 16-bit float sum: reduce in f32 and round back once.
+        SHARDLM_CHECK(dt == DType::F16 || dt == DType::BF16, "all_reduce of ", dtype_name(dt));
+        const uint16_t* h = static_cast<const uint16_t*>(data);
+        wide.resize(n);
+        for (size_t i = 0; i < n; ++i) wide[i] = dt == DType::F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        f = wide.data();
+    }
     // MPI counts are int: reduce in pieces for very large buffers.
     for (size_t off = 0; off < n; off += size_t(INT_MAX)) {
         const int cnt = int(std::min(n - off, size_t(INT_MAX)));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f + off, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     }
+    if (dt == DType::F32) return;
+    uint16_t* h = static_cast<uint16_t*>(data);
+    for (size_t i = 0; i < n; ++i) h[i] = dt == DType::F16 ? f32_to_f16(wide[i]) : f32_to_bf16(wide[i]);
 }
 
 void MpiComm::all_gather(const void* in, size_t bytes, void* out) {

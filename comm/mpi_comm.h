@@ -31,7 +31,8 @@ public:
     // Rank within this node (MPI_COMM_TYPE_SHARED split): selects the GPU.
     int local_rank() const { return local_rank_; }
 
-    void all_reduce_sum(float* data, size_t n) override;
+    using Communicator::all_reduce_sum;
+    void all_reduce_sum(void* data, size_t n, DType dt) override;
     void all_gather(const void* in, size_t bytes, void* out) override;
     void broadcast(void* data, size_t bytes, int root) override;
     void barrier() override;

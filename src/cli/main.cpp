@@ -25,6 +25,7 @@ const char* kUsage =
     "subcommands:\n"
     "  generate     generate tokens from prompts (under mpirun -np N: tensor parallel over N ranks)\n"
     "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
+    "  perplexity   teacher-forced perplexity of a token file; compare two precisions\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
     "  make-model   write a random-weight checkpoint of a built-in shape\n"
     "  tokenize     text -> token ids with the model's tokenizer.json\n"
@@ -51,6 +52,7 @@ std::string one_line(std::string msg) {
 int dispatch(const std::string& cmd, const std::vector<std::string>& args, shardlm::Communicator& comm) {
     if (cmd == "generate") return shardlm::cmd_generate(args, comm);
     if (cmd == "bench") return shardlm::cmd_bench(args, comm);
+    if (cmd == "perplexity") return shardlm::cmd_perplexity(args, comm);
     if (comm.size() > 1) shardlm::fail("\"", cmd, "\" runs on a single rank; start it without mpirun");
     if (cmd == "info") return shardlm::cmd_info(args);
     if (cmd == "make-model") return shardlm::cmd_make_model(args);

@@ -35,6 +35,7 @@ template <typename... Args>
 }  // namespace shardlm
 
 // Internal invariants: reports the failing statement and file:line. Never compiled out.
+// The optional detail must begin with a string literal: SHARDLM_CHECK(n < cap, "n ", n, " > ", cap).
 #define SHARDLM_CHECK_GEN(what, ok, stmt, detail) \
     do {                                                                                 \
         if (!(ok)) ::shardlm::check_failed(what, stmt, __FILE__, __LINE__, detail);      \

@@ -57,9 +57,10 @@ Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm
     alloc(o_, cfg.hidden);
     alloc(gate_, p.n_inter);
     alloc(up_, p.n_inter);
-    last_ = Buffer(size_t(opt.max_batch) * size_t(cfg.hidden) * sizeof(float));
+    if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
+    last_ = Buffer(size_t(opt_.max_logit_rows) * size_t(cfg.hidden) * sizeof(float));
     ws_bytes_ += last_.size();
-    local_logits_.resize(size_t(opt.max_batch * p.vocab_per_rank));
+    local_logits_.resize(size_t(opt_.max_logit_rows * p.vocab_per_rank));
     gathered_.resize(size_t(p.tp) * local_logits_.size());
     ws_bytes_ += (local_logits_.size() + gathered_.size()) * sizeof(float);
     tok_pos_.resize(T);
@@ -149,10 +150,10 @@ void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
             if (id < 0 || id >= c.vocab) fail("token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
         }
         T += ch.n;
-        n_logits += ch.want_logits ? 1 : 0;
+        n_logits += ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
     }
     SHARDLM_CHECK(T <= opt_.max_step_tokens, "step of ", T, " tokens exceeds the workspace of ", opt_.max_step_tokens);
-    SHARDLM_CHECK(n_logits <= opt_.max_batch);
+    SHARDLM_CHECK(n_logits <= opt_.max_logit_rows, "logit rows ", n_logits, " exceed the workspace of ", opt_.max_logit_rows);
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
     // and the all-reduce assembles the full rows.
@@ -180,10 +181,10 @@ void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     row = 0;
     for (const SeqChunk& ch : chunks) {
         row += ch.n;
-        if (!ch.want_logits) continue;
-        rmsnorm_ref(x_.as<float>() + (row - 1) * c.hidden, w_.final_norm.data(), last + n * c.hidden, 1,
+        const int64_t rows = ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
+        rmsnorm_ref(x_.as<float>() + (row - rows) * c.hidden, w_.final_norm.data(), last + n * c.hidden, rows,
                     c.hidden, c.rms_eps);
-        ++n;
+        n += rows;
     }
     if (n == 0) return;
     if (p.tp == 1) {

@@ -21,6 +21,7 @@ struct EngineOptions {
     int64_t max_batch = 1;       // KV-cache slots
     int64_t ctx = 0;             // positions per slot
     int64_t max_step_tokens = 256;  // workspace rows: the largest chunk sum one step may hold
+    int64_t max_logit_rows = 0;     // logit rows one step may produce (0: max_batch)
     DType kv = DType::F32;
 };
 
@@ -30,13 +31,15 @@ struct SeqChunk {
     int64_t n = 0;                 // tokens in this chunk
     int64_t pos = 0;               // position of tokens[0]; everything before is cached
     bool want_logits = false;      // produce logits at the chunk's last token
+    bool all_logits = false;       // produce logits at every token of the chunk (perplexity)
 };
 
 class Engine {
 public:
     Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt);
 
-    // Runs the chunks; `logits` receives [number of chunks with want_logits, vocab] in order.
+    // Runs the chunks; `logits` receives, chunk by chunk in order, n rows for an all_logits chunk
+    // and one row for a want_logits chunk: [rows, vocab].
     void forward(const std::vector<SeqChunk>& chunks, float* logits);
 
     const ModelConfig& config() const { return cfg_; }

@@ -25,6 +25,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.ctx = opt.ctx;
     eo.max_step_tokens = std::max(opt.prefill_chunk, opt.max_batch);
     eo.kv = kv_dtype(opt.kv);
+    eo.max_logit_rows = opt.max_logit_rows;
     s->engine = std::make_unique<Engine>(s->cfg, s->weights, comm, eo);
     s->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;

@@ -21,6 +21,7 @@ struct SessionOptions {
     int64_t ctx = 0;            // KV positions per sequence (required > 0)
     int64_t max_batch = 1;
     int64_t prefill_chunk = 256;
+    int64_t max_logit_rows = 0;  // 0: max_batch (perplexity needs a chunk's worth)
 };
 
 struct Session {

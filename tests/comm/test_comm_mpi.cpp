@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "comm/together.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "mpi_world.h"
 
@@ -52,4 +53,20 @@ TEST(Mpi, CheckSameOnAllRanks) {
     MpiComm& c = world();
     EXPECT_NO_THROW(check_same_on_all_ranks(c, "same", "x"));
     EXPECT_THROW(check_same_on_all_ranks(c, c.rank() == 0 ? "a" : "b", "the model"), Error);
+}
+
+TEST(Mpi, AllReduceHalfPrecision) {
+    MpiComm& c = world();
+    std::vector<uint16_t> h(64), b(64);
+    for (size_t i = 0; i < h.size(); ++i) {
+        h[i] = f32_to_f16(float(c.rank() + 1) * 0.5f * float(i));
+        b[i] = f32_to_bf16(float(c.rank() + 1) * 0.25f * float(i));
+    }
+    c.all_reduce_sum(h.data(), h.size(), DType::F16);
+    c.all_reduce_sum(b.data(), b.size(), DType::BF16);
+    const float ranks = float(c.size() * (c.size() + 1) / 2);
+    for (size_t i = 0; i < h.size(); ++i) {
+        EXPECT_EQ(f16_to_f32(h[i]), f16_to_f32(f32_to_f16(ranks * 0.5f * float(i))));
+        EXPECT_EQ(bf16_to_f32(b[i]), bf16_to_f32(f32_to_bf16(ranks * 0.25f * float(i))));
+    }
 }

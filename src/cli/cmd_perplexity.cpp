@@ -1,0 +1,135 @@
+// shardlm perplexity: teacher-forced NLL of a token file in windows of --ctx, and with
+// --compare-weights/--compare-kv the distance of this precision from a reference precision.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/together.h"
+#include "core/error.h"
+#include "core/mmap_file.h"
+#include "runtime/perplexity.h"
+#include "runtime/session.h"
+
+namespace shardlm {
+
+namespace {
+
+// Token ids separated by whitespace or commas.
+std::vector<int32_t> read_ids_file(const std::string& path) {
+    std::string text = read_text_file(path);
+    for (char& ch : text)
+        if (ch == ',') ch = ' ';
+    std::istringstream in(text);
+    std::vector<int32_t> ids;
+    std::string tok;
+    while (in >> tok) {
+        if (tok.size() > 9 || tok.find_first_not_of("0123456789") != std::string::npos)
+            fail(path, ": \"", tok.substr(0, 16), "\" is not a token id");
+        ids.push_back(int32_t(std::stol(tok)));
+    }
+    return ids;
+}
+
+}  // namespace
+
+int cmd_perplexity(const Args& args, Communicator& comm) {
+    po::options_description d("perplexity options");
+    std::string model, ids_file, weights, kv, cmp_weights, cmp_kv;
+    int64_t ctx = 512, chunk = 64;
+    int threads = 0;
+    d.add_options()
+        ("help", "show this help")
+        ("model", po::value(&model)->required(), "checkpoint folder")
+        ("ids-file", po::value(&ids_file), "token ids separated by spaces, commas or newlines")
+        ("ctx", po::value(&ctx)->default_value(512), "tokens per window")
+        ("prefill-chunk", po::value(&chunk)->default_value(64), "tokens per forward step")
+        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16")
+        ("kv", po::value(&kv)->default_value("auto"), "auto|fp32|fp16|bf16")
+        ("compare-weights", po::value(&cmp_weights), "reference weights precision to compare against")
+        ("compare-kv", po::value(&cmp_kv), "reference KV precision to compare against")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
+        ("json", "print one JSON object");
+    po::variables_map vm;
+    const bool root = comm.rank() == 0;
+    bool help = false;
+    std::vector<int32_t> tokens;
+    run_together(comm, [&] {
+        help = !parse_args(args, d, vm, "usage: shardlm perplexity --model DIR --ids-file F [--ctx N]", root);
+        if (help) return;
+        if (!vm.count("ids-file")) fail("--ids-file is required (text files need the tokenizer)");
+        if (ctx < 2) fail("--ctx must be at least 2");
+        if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        set_threads(threads);
+        if (root) tokens = read_ids_file(ids_file);
+    });
+    if (help) return 0;
+    uint64_t n = tokens.size();
+    comm.broadcast(&n, sizeof n, 0);
+    tokens.resize(n);
+    comm.broadcast(tokens.data(), n * sizeof(int32_t), 0);
+    const bool compare = vm.count("compare-weights") || vm.count("compare-kv");
+
+    auto options = [&](const std::string& w, const std::string& k) {
+        SessionOptions so;
+        so.model_dir = model;
+        so.weights = parse_weight_format(w);
+        so.kv = parse_kv_format(k);
+        so.ctx = ctx;
+        so.prefill_chunk = chunk;
+        so.max_logit_rows = chunk;
+        return so;
+    };
+    std::unique_ptr<Session> s, ref;
+    run_together(comm, [&] {
+        s = open_session(options(weights, kv), comm);
+        for (int32_t id : tokens)
+            if (id < 0 || id >= s->cfg.vocab) fail(ids_file, ": token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+        if (tokens.size() < 2) fail(ids_file, ": needs at least 2 tokens");
+        if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : weights,
+                                                vm.count("compare-kv") ? cmp_kv : kv), comm);
+    });
+    PerplexityOptions po;
+    po.ctx = ctx;
+    po.chunk = chunk;
+    LogitComparison c;
+    if (compare) c = compare_logits(*ref->engine, *s->engine, tokens, po);
+    else c.cand = perplexity(*s->engine, tokens, po);
+    if (!root) return 0;
+    const PerplexityResult& r = c.cand;
+    const double tps = r.ms > 0 ? 1000.0 * double(r.scored) / r.ms : 0.0;
+    if (vm.count("json")) {
+        nlohmann::ordered_json j;
+        j["tokens"] = tokens.size();
+        j["scored"] = r.scored;
+        j["ctx"] = ctx;
+        j["nll"] = r.nll_sum / double(r.scored);
+        j["perplexity"] = r.perplexity();
+        j["tokens_per_s"] = tps;
+        j["weights"] = weights;
+        j["kv"] = kv;
+        j["tp"] = comm.size();
+        if (compare) {
+            j["reference"] = {{"weights", vm.count("compare-weights") ? cmp_weights : weights},
+                              {"kv", vm.count("compare-kv") ? cmp_kv : kv},
+                              {"perplexity", c.ref.perplexity()}};
+            j["mean_kl"] = c.mean_kl();
+            j["top1_agreement"] = c.top1();
+            j["max_abs_logit_error"] = c.max_abs_err;
+        }
+        std::cout << j.dump() << std::endl;
+    } else {
+        std::printf("perplexity %.4f (nll %.5f) over %lld scored tokens, ctx %lld, %.1f tokens/s\n", r.perplexity(),
+                    r.nll_sum / double(r.scored), (long long)r.scored, (long long)ctx, tps);
+        if (compare)
+            std::printf("reference perplexity %.4f; mean KL %.3e, top-1 agreement %.4f, max |logit error| %.4f\n",
+                        c.ref.perplexity(), c.mean_kl(), c.top1(), c.max_abs_err);
+    }
+    return 0;
+}
+
+}  // namespace shardlm

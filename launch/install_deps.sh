@@ -5,7 +5,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
-      libopenmpi-dev openmpi-bin python3 python3-numpy)
+      libopenmpi-dev openmpi-bin python3 python3-numpy
+      libpcre2-dev libicu-dev)  # tokenizer: split regexes (PCRE2), Unicode normalization (ICU)
 
 missing=()
 for p in "${pkgs[@]}"; do

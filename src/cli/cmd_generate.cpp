@@ -1,4 +1,6 @@
-// shardlm generate: prompts in, tokens out (ids until the tokenizer lands), JSON on request.
+// shardlm generate: prompts (text or ids) in, text and tokens out, JSON on request.
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -13,6 +15,8 @@
 #include "runtime/generate.h"
 #include "model/synthetic.h"
 #include "runtime/session.h"
+#include "tokenizer/prompts.h"
+#include "tokenizer/tokenizer.h"
 
 #ifndef SHARDLM_GIT_COMMIT
 #define SHARDLM_GIT_COMMIT "unknown"
@@ -53,7 +57,8 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, weights, kv, device, dump_logits;
+    std::string model, prompt_ids, device, dump_logits;
+    PrecisionFlags prec;
     int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40;
     float temperature = 0.8f, top_p = 0.95f;
     uint64_t seed = 0;
@@ -61,17 +66,16 @@ int cmd_generate(const Args& args, Communicator& comm) {
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "Hugging Face checkpoint folder (config.json + safetensors)")
-        ("prompt", po::value<std::string>(), "prompt text (needs the tokenizer)")
-        ("prompt-file", po::value<std::string>(), "file with one prompt per line (needs the tokenizer)")
-        ("chat", "apply the model's chat template (needs the tokenizer)")
+        ("prompt", po::value<std::string>(), "prompt text (encoded with the model's tokenizer.json)")
+        ("prompt-file", po::value<std::string>(), "file with one prompt per line (a batch)")
+        ("chat", "wrap each text prompt in the model's chat template (tokenizer_config.json)")
+        ("system", po::value<std::string>(), "system message for --chat")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
         ("temperature", po::value(&temperature)->default_value(0.8f), "0 is greedy")
         ("top-k", po::value(&top_k)->default_value(40), "keep the k most likely tokens (0: all)")
         ("top-p", po::value(&top_p)->default_value(0.95f), "nucleus sampling mass (1: off)")
         ("seed", po::value(&seed)->default_value(0), "sampling seed")
-        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16 (auto: as in the checkpoint)")
-        ("kv", po::value(&kv)->default_value("auto"), "KV cache precision auto|fp32|fp16|bf16 (auto: fp32)")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("device", po::value(&device)->default_value("auto"), "auto|cpu|cuda")
@@ -79,18 +83,23 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
         ("dump-logits", po::value(&dump_logits), "write the logits at each prompt's last position to FILE");
+    add_precision_options(d, prec);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
     std::vector<std::vector<int32_t>> prompts;
+    std::unique_ptr<Tokenizer> tok;  // rank 0, text prompts (loaded only when needed)
     GenerateOptions go;
     // Phase 1, no collectives inside: flags and the request (rank 0 reads it).
     run_together(comm, [&] {
-        help = !parse_args(args, d, vm, "usage: shardlm generate --model DIR --prompt-ids IDS [flags]", root);
+        help = !parse_args(args, d, vm, "usage: shardlm generate --model DIR (--prompt TEXT | --prompt-file F | --prompt-ids IDS) [--chat [--system TEXT]] [flags]", root);
         if (help) return;
-        if (vm.count("prompt") || vm.count("prompt-file") || vm.count("chat"))
-            fail("--prompt/--prompt-file/--chat need tokenizer support, which this build does not have yet; use --prompt-ids");
-        if (!vm.count("prompt-ids")) fail("--prompt-ids is required");
+        const size_t sources = vm.count("prompt") + vm.count("prompt-file") + vm.count("prompt-ids");
+        if (sources == 0) fail("a prompt is required: --prompt TEXT, --prompt-file F or --prompt-ids IDS");
+        if (sources > 1) fail("--prompt, --prompt-file and --prompt-ids exclude each other");
+        if (vm.count("prompt-ids") && (vm.count("chat") || vm.count("system")))
+            fail("--chat/--system apply to text prompts (--prompt, --prompt-file), not to --prompt-ids");
+        if (vm.count("system") && !vm.count("chat")) fail("--system needs --chat");
         if (device == "cuda") fail("--device cuda: the CUDA engine is not available in this build; use --device cpu");
         if (device != "auto" && device != "cpu") fail("--device: unknown device \"", device, "\" (auto, cpu, cuda)");
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
@@ -108,7 +117,20 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.keep_prompt_logits = !dump_logits.empty();
         Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
         (void)check;
-        if (root) prompts = parse_prompt_ids(prompt_ids);
+        if (!root) return;
+        if (vm.count("prompt-ids")) {
+            prompts = parse_prompt_ids(prompt_ids);
+            return;
+        }
+        // Text prompts: rank 0 tokenizes and the ids travel like --prompt-ids.
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        const std::vector<TextPrompt> texts = vm.count("prompt")
+            ? std::vector<TextPrompt>{{vm["prompt"].as<std::string>(), "--prompt"}}
+            : read_prompt_file(vm["prompt-file"].as<std::string>());
+        ChatOptions chat;
+        chat.chat = vm.count("chat") > 0;
+        if (vm.count("system")) chat.system = vm["system"].as<std::string>();
+        prompts = encode_prompts(*tok, texts, chat);
     });
     if (help) return 0;
     const bool json_out = vm.count("json") > 0;
@@ -116,8 +138,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
 
     SessionOptions so;
     so.model_dir = model;
-    so.weights = parse_weight_format(weights);
-    so.kv = parse_kv_format(kv);
+    apply_precision(prec, so);
     so.max_batch = int64_t(prompts.size());
     so.prefill_chunk = chunk;
     int64_t longest = 0;
@@ -131,7 +152,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         for (size_t i = 0; i < prompts.size(); ++i)
             for (int32_t id : prompts[i])
                 if (id >= s->cfg.vocab)
-                    fail("--prompt-ids: prompt ", i, " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+                    fail(vm.count("prompt-ids") ? "--prompt-ids: " : "tokenizer and model disagree: ", "prompt ", i,
+                         " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.
     run_together(comm, [&] {
@@ -141,8 +163,30 @@ int cmd_generate(const Args& args, Communicator& comm) {
         check_same_on_all_ranks(comm, who, "flags, model or build");
     });
 
-    const GenerateResult r = generate(*s->engine, prompts, go);
+    // One text prompt, stdout a terminal, no --json: the text is printed as it forms, never a
+    // broken character (the stopping EOS is not printed).
+    const bool text_prompts = vm.count("prompt-ids") == 0;
+    const bool stream = root && text_prompts && !json_out && prompts.size() == 1 && ::isatty(STDOUT_FILENO);
+    std::unique_ptr<StreamDecoder> streamer;
+    TokenCallback on_token;
+    if (stream) {
+        streamer = std::make_unique<StreamDecoder>(*tok);
+        on_token = [&](size_t, int32_t id) {
+            const auto& eos = s->cfg.eos_ids;
+            if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end() || id < 0 || id >= tok->vocab_size()) return;
+            std::cout << streamer->push(id) << std::flush;
+        };
+    }
+    const GenerateResult r = generate(*s->engine, prompts, go, on_token);
     if (!root) return 0;
+    // With --prompt-ids the text is given too when the folder has a tokenizer that loads; its
+    // absence (or an unsupported one) leaves "text" null as before.
+    if (!tok && Tokenizer::exists(model)) {
+        try {
+            tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        } catch (const Error&) {
+        }
+    }
 
     if (!dump_logits.empty()) {
         std::ofstream f(dump_logits);
@@ -161,7 +205,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
             nlohmann::ordered_json e;
             e["prompt_tokens"] = q.prompt.size();
             e["tokens"] = q.tokens;
-            e["text"] = nullptr;  // no tokenizer yet: ids only
+            // Generated tokens without the stopping EOS; null when there is no tokenizer.
+            e["text"] = tok ? nlohmann::json(generated_text(*tok, q.tokens, q.stop_reason == "eos")) : nlohmann::json();
             e["stop_reason"] = q.stop_reason;
             j["results"].push_back(e);
         }
@@ -176,9 +221,23 @@ int cmd_generate(const Args& args, Communicator& comm) {
                        {"peak_bytes", peak_rss_bytes()}};
         j["tp"] = comm.size();
         j["device"] = "cpu";
-        j["weights"] = weight_format_name(so.weights);
-        j["kv"] = dtype_name(kv_dtype(so.kv));
+        j["weights"] = weight_format_name(s->weights.format);
+        j["kv"] = kv_name(kv_dtype(so.kv));
         std::cout << j.dump() << std::endl;
+    } else if (text_prompts) {
+        if (stream) {
+            std::cout << streamer->finish() << std::endl;
+        } else {
+            for (size_t i = 0; i < r.seqs.size(); ++i) {
+                if (r.seqs.size() > 1) std::cout << "[" << i << "] ";
+                std::cout << generated_text(*tok, r.seqs[i].tokens, r.seqs[i].stop_reason == "eos") << "\n";
+            }
+        }
+        for (size_t i = 0; i < r.seqs.size(); ++i)
+            std::cerr << "[" << i << "] " << r.seqs[i].prompt.size() << " prompt tokens, " << r.seqs[i].tokens.size()
+                      << " generated, stop: " << r.seqs[i].stop_reason << "\n";
+        std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
+                  << decode_per_tok << " ms/token over " << t.decode_steps << " steps\n";
     } else {
         for (size_t i = 0; i < r.seqs.size(); ++i) {
             std::cout << "[" << i << "]";

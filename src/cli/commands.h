@@ -17,6 +17,7 @@ int cmd_generate(const Args& args, Communicator& comm);
 int cmd_info(const Args& args);
 int cmd_bench(const Args& args, Communicator& comm);
 int cmd_make_model(const Args& args);
+int cmd_quantize(const Args& args);
 int cmd_perplexity(const Args& args, Communicator& comm);
 int cmd_tokenize(const Args& args);
 

@@ -27,6 +27,7 @@ const char* kUsage =
     "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
     "  perplexity   teacher-forced perplexity of a token file; compare two precisions\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
+    "  quantize     write a pre-quantized INT8 checkpoint\n"
     "  make-model   write a random-weight checkpoint of a built-in shape\n"
     "  tokenize     text -> token ids with the model's tokenizer.json\n"
     "\n"
@@ -53,11 +54,16 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args, shard
     if (cmd == "generate") return shardlm::cmd_generate(args, comm);
     if (cmd == "bench") return shardlm::cmd_bench(args, comm);
     if (cmd == "perplexity") return shardlm::cmd_perplexity(args, comm);
-    if (comm.size() > 1) shardlm::fail("\"", cmd, "\" runs on a single rank; start it without mpirun");
+    // Every rank sees the same command line, so these errors are the same on every rank.
+    using shardlm::AgreedError;
+    using shardlm::cat;
+    if (cmd != "info" && cmd != "make-model" && cmd != "quantize" && cmd != "tokenize")
+        throw AgreedError(cat("unknown subcommand \"", cmd, "\" (shardlm --help lists them)"));
+    if (comm.size() > 1) throw AgreedError(cat("\"", cmd, "\" runs on a single rank; start it without mpirun"));
     if (cmd == "info") return shardlm::cmd_info(args);
-    if (cmd == "make-model") return shardlm::cmd_make_model(args);
+    if (cmd == "quantize") return shardlm::cmd_quantize(args);
     if (cmd == "tokenize") return shardlm::cmd_tokenize(args);
-    shardlm::fail("unknown subcommand \"", cmd, "\" (shardlm --help lists them)");
+    return shardlm::cmd_make_model(args);
 }
 
 }  // namespace

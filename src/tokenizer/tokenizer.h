@@ -1,0 +1,100 @@
+// The tokenizer of a Hugging Face model folder: tokenizer.json (+ tokenizer_config.json) ->
+// text <-> ids, with the model's special tokens and chat template.
+//
+//   Tokenizer tok = Tokenizer::load(dir);
+//   std::vector<int32_t> ids = tok.encode("Hello");             // BOS/EOS as the files say
+//   std::string text = tok.decode(ids);                         // exact inverse for valid text
+//   std::string prompt = tok.apply_chat_template(system, user); // then encode(prompt, {false})
+//   StreamDecoder s(tok); for (id : generated) std::cout << s.push(id); std::cout << s.finish();
+//
+// Encoding follows HF tokenizers: added tokens are cut out first, each remaining section is
+// normalized, pre-tokenized into words and encoded word by word by the BPE model (cached), then the
+// post-processor adds BOS/EOS. Supported: BPE models (byte-level as in GPT-2/Llama 3/Qwen, and
+// SentencePiece-style with byte fallback as in Llama 2/Mistral); anything else is a clear error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/utf8.h"
+
+namespace shardlm {
+
+struct EncodeOptions {
+    bool add_special_tokens = true;  // the post-processor's BOS/EOS (not special tokens in the text)
+};
+
+struct DecodeOptions {
+    // Drop special tokens (added tokens marked special, and additional_special_tokens). The HF
+    // default, and ours, is to keep them.
+    bool skip_special_tokens = false;
+    // transformers' clean_up_tokenization; unset: as tokenizer_config.json says (absent: off).
+    std::optional<bool> clean_up_spaces;
+};
+
+class Tokenizer {
+public:
+    // Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Errors name the file.
+    static Tokenizer load(const std::string& dir);
+    // The same from the files' contents (`config_json` may be empty); the names are for messages.
+    static Tokenizer from_json_text(const std::string& tokenizer_json, const std::string& config_json,
+                                    const std::string& where = "tokenizer.json",
+                                    const std::string& config_where = "tokenizer_config.json");
+    static bool exists(const std::string& dir);  // DIR/tokenizer.json is there
+
+    Tokenizer(Tokenizer&&) noexcept;
+    Tokenizer& operator=(Tokenizer&&) noexcept;
+    ~Tokenizer();
+
+    // `text` must be valid UTF-8 (an error names the offending byte offset).
+    std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opt = {}) const;
+    // Ids outside [0, vocab_size()) are an error.
+    std::string decode(const std::vector<int32_t>& ids, const DecodeOptions& opt = {}) const;
+
+    int32_t vocab_size() const;                          // 1 + the largest id, added tokens included
+    int32_t token_to_id(std::string_view token) const;   // -1 when there is no such token
+    std::string id_to_token(int32_t id) const;           // as spelled in tokenizer.json
+    bool is_special(int32_t id) const;
+    int32_t bos_id() const;  // -1 when the model has none
+    int32_t eos_id() const;
+
+    // Chat: the tokenizer_config.json template rendered for [system], user with the assistant
+    // prompt opened. Errors when there is no template or it is not a recognised family.
+    bool has_chat_template() const;
+    std::string apply_chat_template(const std::optional<std::string>& system, const std::string& user) const;
+    std::string chat_family() const;  // e.g. "chatml"
+
+private:
+    Tokenizer();
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    friend class StreamDecoder;
+};
+
+// Incremental decoding of generated ids: push() returns the text that became final with this id
+// (possibly empty), never a partial UTF-8 character; finish() returns the rest. The concatenation
+// of everything returned equals decode() of all the ids with the same options.
+class StreamDecoder {
+public:
+    explicit StreamDecoder(const Tokenizer& tok, const DecodeOptions& opt = {});
+    std::string push(int32_t id);
+    std::string finish();
+
+private:
+    std::string strip_stage(std::string text, bool last);
+    std::string clean_stage(std::string text, bool last);
+    const Tokenizer* tok_;
+    DecodeOptions opt_;
+    bool clean_ = false;
+    bool first_ = true;
+    Utf8Decoder utf8_;         // holds an incomplete character back
+    int strip_left_ = 0;       // leading strip characters still to drop
+    std::string held_strip_;   // a trailing run of strip characters (may be dropped at the end)
+    std::string held_clean_;   // text the clean-up may still change
+};
+
+}  // namespace shardlm

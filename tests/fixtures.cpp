@@ -43,7 +43,7 @@ GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<
                           int64_t prefill_chunk, WeightFormat wf, KVFormat kv) {
     SessionOptions so;
     so.model_dir = dir;
-    so.weights = wf;
+    so.load.format = wf;
     so.kv = kv;
     so.max_batch = int64_t(prompts.size());
     so.prefill_chunk = prefill_chunk;

@@ -1,70 +1,99 @@
+// attention_cached: the work split (one query x one KV head, i.e. all query heads of a GQA group,
+// so each cache row is read once per group), f32 softmax, and the scalar inner loops. The
+// vectorised inner loops are in attention_avx2.cpp.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_kernels.h"
 
 namespace shardlm {
 namespace {
 
-// One cache row (head_dim values) as f32.
-inline void load_row(const void* base, DType dt, int64_t offset, int64_t d, float* out) {
-    switch (dt) {
-        case DType::F16: {
-            const uint16_t* p = static_cast<const uint16_t*>(base) + offset;
-            for (int64_t c = 0; c < d; ++c) out[c] = f16_to_f32(p[c]);
-            return;
-        }
-        case DType::BF16: {
-            const uint16_t* p = static_cast<const uint16_t*>(base) + offset;
-            for (int64_t c = 0; c < d; ++c) out[c] = bf16_to_f32(p[c]);
-            return;
-        }
-        default: {
-            const float* p = static_cast<const float*>(base) + offset;
-            for (int64_t c = 0; c < d; ++c) out[c] = p[c];
-            return;
-        }
+inline float cache_value(const KvRows& kv, int64_t j, int64_t c) {
+    const int64_t slot = j % kv.capacity, off = slot * kv.row_stride + c;
+    switch (kv.dtype) {
+        case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(kv.base)[off]);
+        case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(kv.base)[off]);
+        case DType::I8: return float(static_cast<const int8_t*>(kv.base)[off]) * kv.scales[slot];
+        default: return static_cast<const float*>(kv.base)[off];
     }
+}
+
+void scores_scalar(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s,
+                   int64_t ld) {
+    for (int64_t g = 0; g < nq; ++g)
+        for (int64_t j = 0; j < n_keys; ++j) {
+            float acc = 0;
+            for (int64_t c = 0; c < d; ++c) acc += q[g * d + c] * cache_value(k, j, c);
+            s[g * ld + j] = acc * scale;
+        }
+}
+
+float softmax_scalar(float* p, int64_t n) {
+    float mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j]);
+    for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+    return sum;
+}
+
+void values_scalar(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc) {
+    std::fill(acc, acc + nq * d, 0.0f);
+    for (int64_t j = 0; j < n_keys; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+            const float x = cache_value(v, j, c);
+            for (int64_t g = 0; g < nq; ++g) acc[g * d + c] += p[g * ld + j] * x;
+        }
 }
 
 }  // namespace
 
 void attention_cached(const CachedAttention& a) {
-    const int64_t d = a.head_dim;
-    const int64_t group = a.n_heads / a.n_kv_heads;
-    const int64_t work = a.n_q * a.n_heads;
-    const int64_t max_keys = a.q_pos0 + a.n_q;
-#pragma omp parallel
+    SHARDLM_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.capacity > 0, "attention: bad head counts");
+    SHARDLM_CHECK(a.kv_dtype != DType::I8 || (a.k_scales && a.v_scales), "attention: INT8 KV cache needs scales");
+    const int64_t d = a.head_dim, group = a.n_heads / a.n_kv_heads;
+    const int64_t work = a.n_q * a.n_kv_heads, ld = a.q_pos0 + a.n_q;
+    const size_t es = dtype_size(a.kv_dtype);
+    const bool vec = cpu_isa_resolve(a.isa) != CpuIsa::Scalar;  // any vector variant implies AVX2
+    (void)vec;
+#pragma omp parallel if (work > 1)
     {
-        std::vector<float> scores(static_cast<size_t>(max_keys)), row(static_cast<size_t>(d)), acc(static_cast<size_t>(d));
+        std::vector<float> scores(size_t(group * ld)), acc(size_t(group * d)), sums(static_cast<size_t>(group));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < work; ++w) {
-            const int64_t i = w / a.n_heads, h = w % a.n_heads, kh = h / group;
-            const int64_t last = a.q_pos0 + i;
-            const float* qi = a.q + (i * a.n_heads + h) * d;
-            const int64_t head_base = kh * a.capacity * a.row_stride;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= last; ++j) {
-                load_row(a.k, a.kv_dtype, head_base + (j % a.capacity) * a.row_stride, d, row.data());
-                float s = 0;
-#pragma omp simd reduction(+ : s)
-                for (int64_t c = 0; c < d; ++c) s += qi[c] * row[size_t(c)];
-                s *= a.scale;
-                scores[size_t(j)] = s;
-                mx = std::max(mx, s);
+            const int64_t i = w / a.n_kv_heads, kh = w % a.n_kv_heads, n_keys = a.q_pos0 + i + 1;
+            const size_t head_off = size_t(kh * a.capacity * a.row_stride) * es;
+            KvRows K, V;
+            K.base = static_cast<const uint8_t*>(a.k) + head_off;
+            V.base = static_cast<const uint8_t*>(a.v) + head_off;
+            K.dtype = V.dtype = a.kv_dtype;
+            K.capacity = V.capacity = a.capacity;
+            K.row_stride = V.row_stride = a.row_stride;
+            if (a.kv_dtype == DType::I8) {
+                K.scales = a.k_scales + kh * a.capacity;
+                V.scales = a.v_scales + kh * a.capacity;
             }
-            float sum = 0;
-            for (int64_t j = 0; j <= last; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t j = 0; j <= last; ++j) {
-                load_row(a.v, a.kv_dtype, head_base + (j % a.capacity) * a.row_stride, d, row.data());
-                const float p = scores[size_t(j)];
-#pragma omp simd
-                for (int64_t c = 0; c < d; ++c) acc[size_t(c)] += p * row[size_t(c)];
+            const float* q = a.q + (i * a.n_heads + kh * group) * d;  // the group's heads are adjacent
+            float* s = scores.data();
+#if defined(SHARDLM_HAVE_AVX2)
+            if (vec) {
+                attn_scores_avx2(q, group, d, K, n_keys, a.scale, s, ld);
+                for (int64_t g = 0; g < group; ++g) sums[size_t(g)] = attn_softmax_avx2(s + g * ld, n_keys);
+                attn_values_avx2(s, group, ld, V, n_keys, d, acc.data());
+            } else
+#endif
+            {
+                scores_scalar(q, group, d, K, n_keys, a.scale, s, ld);
+                for (int64_t g = 0; g < group; ++g) sums[size_t(g)] = softmax_scalar(s + g * ld, n_keys);
+                values_scalar(s, group, ld, V, n_keys, d, acc.data());
             }
-            float* o = a.out + (i * a.n_heads + h) * d;
-            const float inv = 1.0f / sum;
-            for (int64_t c = 0; c < d; ++c) o[c] = acc[size_t(c)] * inv;
+            for (int64_t g = 0; g < group; ++g) {
+                float* o = a.out + (i * a.n_heads + kh * group + g) * d;
+                const float inv = 1.0f / sums[size_t(g)];
+                for (int64_t c = 0; c < d; ++c) o[c] = acc[size_t(g * d + c)] * inv;
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace shardlm {
 
@@ -15,6 +16,8 @@ void attention_ref(const float* q, const float* k, const float* v, float* out, i
 
 // The engine's attention over one sequence's KV cache. Layout of k and v:
 // [n_kv_heads][capacity][row_stride] elements of kv_dtype; position p lives in slot p % capacity.
+// kv_dtype I8: symmetric INT8 rows (quantize_row_int8 in quantize.h) with one scale per
+// (KV head, slot): K[h][s][c] = k[h][s][c] * k_scales[h * capacity + s], likewise V.
 struct CachedAttention {
     const float* q = nullptr;  // [n_q, n_heads, head_dim]
     float* out = nullptr;      // [n_q, n_heads, head_dim]
@@ -22,9 +25,12 @@ struct CachedAttention {
     int64_t q_pos0 = 0;  // query i attends to positions [0, q_pos0 + i]
     const void* k = nullptr;
     const void* v = nullptr;
-    DType kv_dtype = DType::F32;
+    DType kv_dtype = DType::F32;  // F32, F16, BF16 or I8
     int64_t capacity = 0, row_stride = 0;
     float scale = 1.0f;
+    const float* k_scales = nullptr;  // I8 only: [n_kv_heads][capacity]
+    const float* v_scales = nullptr;  // I8 only: [n_kv_heads][capacity]
+    CpuIsa isa = CpuIsa::Auto;        // tests pin a variant; the AVX-512 variant runs the AVX2 loops
 };
 
 void attention_cached(const CachedAttention& a);

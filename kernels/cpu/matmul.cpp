@@ -1,74 +1,197 @@
-#include <algorithm>
+// matmul / matmul_w8a8: argument checks, the threading over output rows, the scalar variant and the
+// choice of vectorised variant. The vectorised inner loops live in matmul_avx2.cpp/matmul_avx512.cpp.
+#include <omp.h>
 
-#include "kernels/cpu/dot_tile.h"
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_kernels.h"
 
 namespace shardlm {
+namespace {
 
-void dot_tile_scalar(const float* x, int64_t xs, int nt, const void* w, DType wt, int64_t cols, float* out) {
-    for (int t = 0; t < nt; ++t) out[t] = 0.0f;
-    for (int64_t i = 0; i < cols; ++i) {
-        float wi;
-        switch (wt) {
-            case DType::F16: wi = f16_to_f32(static_cast<const uint16_t*>(w)[i]); break;
-            case DType::BF16: wi = bf16_to_f32(static_cast<const uint16_t*>(w)[i]); break;
-            default: wi = static_cast<const float*>(w)[i]; break;
+// Threads take contiguous ranges of 32-row blocks (the panel height of the GEMM kernels); tiny
+// problems stay on one thread, where a fork/join would cost more than the work.
+// Memory-bound decode (n <= kGemvMaxN) instead hands out ~8 chunks per thread dynamically: a thread
+// slowed by anything else on its core (another process, an interrupt) no longer holds up the whole
+// step, at the price of one prefetch restart per chunk.
+constexpr int64_t kRowAlign = 32;
+constexpr int64_t kParallelMinMacs = int64_t(1) << 15;
+
+template <class F>
+void for_row_ranges(int64_t rows, int64_t n, int64_t macs, F fn) {
+    const int64_t blocks = (rows + kRowAlign - 1) / kRowAlign;
+#pragma omp parallel if (macs >= kParallelMinMacs)
+    {
+        const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        if (n <= kGemvMaxN && nth > 1) {
+            const int64_t per = std::max<int64_t>(1, blocks / (nth * 8)), chunks = (blocks + per - 1) / per;
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t c = 0; c < chunks; ++c)
+                fn(c * per * kRowAlign, std::min(rows, (c + 1) * per * kRowAlign));
+        } else {
+            const int64_t b0 = blocks * tid / nth, b1 = blocks * (tid + 1) / nth;
+            const int64_t r0 = b0 * kRowAlign, r1 = std::min(rows, b1 * kRowAlign);
+            if (r0 < r1) fn(r0, r1);
         }
-        for (int t = 0; t < nt; ++t) out[t] += x[t * xs + i] * wi;
     }
 }
 
-namespace {
+// Scalar variant: one dequantized weight row at a time, f32 accumulation.
+void matmul_rows_scalar(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
+                        int64_t r1) {
+    std::vector<float> row(size_t(w.cols));
+    for (int64_t r = r0; r < r1; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        for (int64_t t = 0; t < n; ++t) {
+            const float* xt = x + t * w.cols;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < w.cols; ++i) acc += xt[i] * row[size_t(i)];
+            y[t * w.rows + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
 
-struct Dispatch {
-    DotTileFn fn;
-    const char* name;
+void w8a8_rows_scalar(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, int64_t r0,
+                      int64_t r1) {
+    const int64_t cols = w.cols, ga = a.group_size, gw = w.group_size, g = std::min(ga, gw);
+    const int8_t* wq = static_cast<const int8_t*>(w.data);
+    for (int64_t r = r0; r < r1; ++r) {
+        const int8_t* wr = wq + r * cols;
+        for (int64_t t = 0; t < a.n; ++t) {
+            const int8_t* xt = a.q + t * cols;
+            float acc = 0.0f;
+            for (int64_t k0 = 0; k0 < cols; k0 += g) {
+                int64_t dot = 0;
+                for (int64_t k = k0; k < k0 + g; ++k) dot += int32_t(xt[k]) * int32_t(wr[k]);
+                acc += float(dot) * (a.scales[t * (cols / ga) + k0 / ga] * w.scales[r * (cols / gw) + k0 / gw]);
+            }
+            y[t * w.rows + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+void check_w8a8(const QuantizedActs& a, const WeightView& w) {
+    check_weight_view(w);
+    SHARDLM_CHECK(w.dtype == DType::I8, "matmul_w8a8 needs I8 weights, got ", dtype_name(w.dtype));
+    SHARDLM_CHECK(a.cols == w.cols, "matmul_w8a8: activations have ", a.cols, " columns, weights ", w.cols);
+    SHARDLM_CHECK(a.group_size > 0 && a.cols % a.group_size == 0 &&
+                      (a.group_size % w.group_size == 0 || w.group_size % a.group_size == 0),
+                  "matmul_w8a8: activation group ", a.group_size, " and weight group ", w.group_size,
+                  " must divide one another and the row length");
+    SHARDLM_CHECK(a.n == 0 || (a.q && a.scales), "matmul_w8a8: activations not set");
+}
+
+// Builds the W8A8Prep view (see matmul_kernels.h) into `store`.
+struct PrepStore {
+    std::vector<int8_t> q;
+    std::vector<float> scales;
+    std::vector<int32_t> sums;
 };
 
-Dispatch pick() {
-#if defined(SHARDLM_HAVE_AVX2)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return {dot_tile_avx2, "avx2"};
-#endif
-    return {dot_tile_scalar, "scalar"};
+W8A8Prep prepare(const QuantizedActs& a, const WeightView& w, PrepStore& st) {
+    W8A8Prep p;
+    p.n = a.n;
+    p.cols = a.cols;
+    p.gw = w.group_size;
+    p.ge = std::min(a.group_size, w.group_size);
+    p.ge4 = (p.ge + 3) / 4 * 4;
+    p.ng = a.cols / p.ge;
+    p.kp = p.ng * p.ge4;
+    p.seg_len = std::min<int64_t>(p.ge4, 1024);
+    p.segs = (p.ge4 + p.seg_len - 1) / p.seg_len;
+    const int64_t n = a.n, cols = a.cols, ga = a.group_size;
+    if (p.ge4 != p.ge) st.q.assign(size_t(n * p.kp), 0);
+    st.scales.resize(size_t(n * p.ng));
+    st.sums.resize(size_t(n * p.ng * p.segs));
+#pragma omp parallel for schedule(static) if (n * cols >= (int64_t(1) << 16))
+    for (int64_t t = 0; t < n; ++t) {
+        const int8_t* src = a.q + t * cols;
+        int8_t* dst = p.ge4 != p.ge ? st.q.data() + t * p.kp : nullptr;
+        for (int64_t e = 0; e < p.ng; ++e) {
+            const int8_t* ge_src = src + e * p.ge;
+            if (dst) std::copy(ge_src, ge_src + p.ge, dst + e * p.ge4);
+            st.scales[size_t(t * p.ng + e)] = a.scales[t * (cols / ga) + e * p.ge / ga];
+            for (int64_t s = 0; s < p.segs; ++s) {
+                const int64_t k0 = s * p.seg_len, k1 = std::min(p.ge, k0 + p.seg_len);
+                int32_t sum = 0;
+                for (int64_t k = k0; k < k1; ++k) sum += ge_src[k];
+                st.sums[size_t((t * p.ng + e) * p.segs + s)] = sum;
+            }
+        }
+    }
+    p.q = p.ge4 != p.ge ? st.q.data() : a.q;
+    p.scales = st.scales.data();
+    p.seg_sums = st.sums.data();
+    return p;
 }
-
-// Resolved once; the CPU does not change under us.
-const Dispatch& dispatch() {
-    static const Dispatch d = pick();
-    return d;
-}
-
-// Blocking: a block of kRowBlock weight rows stays in L1/L2 while kTokBlock activation rows stream
-// past it, so prefill reads each weight n/kTokBlock times instead of n/kTile times.
-constexpr int64_t kRowBlock = 16;
-constexpr int64_t kTokBlock = 64;
 
 }  // namespace
 
-const char* matmul_isa() { return dispatch().name; }
+const char* matmul_isa() { return cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)); }
 
 void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y) {
-    const DotTileFn fn = dispatch().fn;
-    const size_t esize = dtype_size(w.dtype);
-    const int64_t row_blocks = (w.rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static)
-    for (int64_t rb = 0; rb < row_blocks; ++rb) {
-        const int64_t r0 = rb * kRowBlock, r1 = std::min(w.rows, r0 + kRowBlock);
-        for (int64_t t0 = 0; t0 < n; t0 += kTokBlock) {
-            const int64_t t1 = std::min(n, t0 + kTokBlock);
-            for (int64_t r = r0; r < r1; ++r) {
-                const void* wr = static_cast<const uint8_t*>(w.data) + size_t(r * w.cols) * esize;
-                const float b = bias ? bias[r] : 0.0f;
-                for (int64_t t = t0; t < t1; t += kTile) {
-                    const int nt = int(std::min<int64_t>(kTile, t1 - t));
-                    float out[kTile];
-                    fn(x + t * w.cols, w.cols, nt, wr, w.dtype, w.cols, out);
-                    for (int k = 0; k < nt; ++k) y[(t + k) * w.rows + r] = out[k] + b;
-                }
-            }
-        }
+    matmul(x, n, w, bias, y, CpuIsa::Auto);
+}
+
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+    check_weight_view(w);
+    if (n <= 0 || w.rows == 0) return;
+    if (w.cols == 0) {
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+        return;
+    }
+    const int64_t macs = n * w.rows * w.cols;
+    switch (cpu_isa_resolve(isa)) {
+#if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Avx512:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx512(x, n, w, bias, y, r0, r1); });
+            return;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+        case CpuIsa::Avx2:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx2(x, n, w, bias, y, r0, r1); });
+            return;
+#endif
+        default:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_scalar(x, n, w, bias, y, r0, r1); });
+            return;
+    }
+}
+
+void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+    check_w8a8(a, w);
+    if (a.n <= 0 || w.rows == 0) return;
+    if (w.cols == 0) {
+        for (int64_t t = 0; t < a.n; ++t)
+            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+        return;
+    }
+    const int64_t macs = a.n * w.rows * w.cols;
+    const CpuIsa chosen = cpu_isa_resolve(isa);
+    if (chosen == CpuIsa::Scalar) {
+        for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
+        return;
+    }
+    PrepStore store;
+    const W8A8Prep p = prepare(a, w, store);
+    switch (chosen) {
+#if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Avx512:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx512(p, w, bias, y, r0, r1); });
+            return;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+        case CpuIsa::Avx2:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx2(p, w, bias, y, r0, r1); });
+            return;
+#endif
+        default:
+            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
+            return;
     }
 }
 

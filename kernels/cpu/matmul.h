@@ -1,17 +1,34 @@
-// Linear layer y = x * W^T (+ b): x [n, cols] f32, W [rows, cols] (f32/f16/bf16), y [n, rows] f32.
-// matmul_ref is the plain truth; matmul is the threaded, vectorised one the engine uses.
+// Linear layer y = x * W^T (+ b): x [n, cols] f32, W [rows, cols], y [n, rows] f32 (row-major).
+//
+// W may be f32/f16/bf16, or I8 with per-group scales (W8A16: weights dequantized in the inner loop,
+// activations and accumulation stay f32). W8A8 takes INT8 activations too: INT32 dot products per
+// group, then * act_scale * weight_scale, summed over groups in f32.
+//
+// *_ref are the plain truths; the others are threaded (OpenMP over output rows) and vectorised, the
+// variant picked at run time (cpu_isa.h) unless one is named.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/weights_view.h"
 
 namespace shardlm {
 
 void matmul_ref(const float* x, int64_t n, const WeightView& w, const float* bias, float* y);
 void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y);
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa);
 
-// Which vectorised inner loop `matmul` picked on this CPU ("avx2", "scalar").
+// y [a.n, w.rows] = sum over groups of (INT32 dot of a.q and w's int8) * a_scale * w_scale, + bias.
+// w must be I8 with w.cols == a.cols; the two group sizes must divide one another (the dot runs
+// over the smaller groups). Integer sums are exact (the kernels flush INT32 partial sums to f32 at
+// least every 1024 products).
+void matmul_w8a8_ref(const QuantizedActs& a, const WeightView& w, const float* bias, float* y);
+void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y,
+                 CpuIsa isa = CpuIsa::Auto);
+
+// Which variant `matmul` uses on this CPU ("avx512", "avx2", "scalar").
 const char* matmul_isa();
 
 }  // namespace shardlm

@@ -1,9 +1,22 @@
-#include "kernels/cpu/matmul.h"
-
 #include <cstring>
 #include <vector>
 
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+
 namespace shardlm {
+
+void check_weight_view(const WeightView& w) {
+    SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0 && (w.data || w.rows * w.cols == 0), "empty weight view");
+    if (w.dtype == DType::I8) {
+        SHARDLM_CHECK(w.scales || w.rows * w.cols == 0, "I8 weights need scales");
+        SHARDLM_CHECK(w.group_size > 0 && w.cols % w.group_size == 0, "I8 group size ", w.group_size,
+                      " must divide cols ", w.cols);
+    } else {
+        SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16,
+                      "matmul weights must be f32/f16/bf16/i8, not ", dtype_name(w.dtype));
+    }
+}
 
 void weight_row_to_f32(const WeightView& w, int64_t r, float* out) {
     const int64_t c = w.cols;
@@ -21,18 +34,46 @@ void weight_row_to_f32(const WeightView& w, int64_t r, float* out) {
             for (int64_t i = 0; i < c; ++i) out[i] = bf16_to_f32(p[i]);
             return;
         }
+        case DType::I8: {
+            const int8_t* p = static_cast<const int8_t*>(w.data) + r * c;
+            const float* s = w.scales + r * w.n_groups();
+            for (int64_t i = 0; i < c; ++i) out[i] = float(p[i]) * s[i / w.group_size];
+            return;
+        }
         default:
             break;
     }
 }
 
 void matmul_ref(const float* x, int64_t n, const WeightView& w, const float* bias, float* y) {
+    check_weight_view(w);
     std::vector<float> row(static_cast<size_t>(w.cols));
     for (int64_t r = 0; r < w.rows; ++r) {
         weight_row_to_f32(w, r, row.data());
         for (int64_t t = 0; t < n; ++t) {
             double acc = 0;  // double: the reference should not have its own rounding story
             for (int64_t i = 0; i < w.cols; ++i) acc += double(x[t * w.cols + i]) * row[i];
+            y[t * w.rows + r] = float(acc) + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+void matmul_w8a8_ref(const QuantizedActs& a, const WeightView& w, const float* bias, float* y) {
+    check_weight_view(w);
+    SHARDLM_CHECK(w.dtype == DType::I8 && a.cols == w.cols, "w8a8: I8 weights with cols == activation cols");
+    const int64_t ga = a.group_size, gw = w.group_size;
+    SHARDLM_CHECK(ga > 0 && a.cols % ga == 0 && (ga % gw == 0 || gw % ga == 0),
+                  "w8a8: activation group ", ga, " and weight group ", gw, " must divide one another");
+    const int64_t g = std::min(ga, gw), cols = w.cols;
+    const int8_t* wq = static_cast<const int8_t*>(w.data);
+    for (int64_t t = 0; t < a.n; ++t) {
+        for (int64_t r = 0; r < w.rows; ++r) {
+            double acc = 0;
+            for (int64_t k0 = 0; k0 < cols; k0 += g) {
+                int64_t dot = 0;  // exact
+                for (int64_t k = k0; k < k0 + g; ++k) dot += int64_t(a.q[t * cols + k]) * wq[r * cols + k];
+                acc += double(dot) * a.scales[t * (cols / ga) + k0 / ga] * w.scales[r * (cols / gw) + k0 / gw];
+            }
             y[t * w.rows + r] = float(acc) + (bias ? bias[r] : 0.0f);
         }
     }

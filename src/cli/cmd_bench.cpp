@@ -2,6 +2,9 @@
 // bandwidth against the measured copy bandwidth, as a markdown table or JSON lines.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+
+#include <sys/stat.h>
 #include <cstdio>
 #include <iostream>
 
@@ -13,7 +16,9 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "core/membw.h"
+#include "core/mmap_file.h"
 #include "kernels/cpu/matmul.h"
+#include "model/synthetic.h"
 #include "runtime/session.h"
 
 #ifndef SHARDLM_GIT_COMMIT
@@ -45,20 +50,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 int cmd_bench(const Args& args, Communicator& comm) {
     po::options_description d("bench options");
-    std::string model, weights, kv;
+    std::string model, synthetic;
+    PrecisionFlags prec;
     int64_t batch = 1, prompt_len = 512, gen = 128, reps = 3;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
-        ("model", po::value(&model)->required(), "checkpoint folder (shardlm make-model writes synthetic ones)")
+        ("model", po::value(&model), "checkpoint folder")
+        ("synthetic", po::value(&synthetic), "built-in shape with random BF16 weights (qwen3-1.7b, smollm2-1.7b, "
+                                             "llama3.2-1b, tiny), written once under $SHARDLM_CACHE or /tmp/shardlm-cache")
         ("batch", po::value(&batch)->default_value(1), "sequences per step")
         ("prompt-len", po::value(&prompt_len)->default_value(512), "prefill tokens per sequence (ppL)")
         ("gen", po::value(&gen)->default_value(128), "decode steps (tgN)")
         (",r", po::value(&reps)->default_value(3), "repeats")
-        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16")
-        ("kv", po::value(&kv)->default_value("auto"), "auto|fp32|fp16|bf16")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
+        ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("json", "one JSON object per line instead of a markdown table");
+    add_precision_options(d, prec);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
@@ -66,17 +74,32 @@ int cmd_bench(const Args& args, Communicator& comm) {
         help = !parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]", root);
         if (help) return;
         if (batch < 1 || prompt_len < 1 || gen < 1 || reps < 1) fail("--batch, --prompt-len, --gen and -r must be >= 1");
+        if (model.empty() == synthetic.empty()) fail("give one of --model DIR or --synthetic NAME");
+        if (!synthetic.empty()) {
+            const ModelConfig cfg = synthetic_config(synthetic);  // validates the name
+            const char* cache = std::getenv("SHARDLM_CACHE");
+            const std::string base = cache && *cache ? cache : "/tmp/shardlm-cache";
+            ::mkdir(base.c_str(), 0755);
+            model = base + "/" + synthetic + "-bf16";
+            // Rank 0 writes it (the ranks share the file system of one node); the others wait below.
+            if (root && !file_exists(model + "/config.json")) {
+                write_synthetic_checkpoint(model + ".tmp", cfg, {DType::BF16, 4, 1});
+                if (std::rename((model + ".tmp").c_str(), model.c_str()) != 0) fail(model, ": cannot create");
+            }
+        }
         set_threads(threads);
     });
     if (help) return 0;
+    comm.barrier();  // a synthetic checkpoint is complete before anyone maps it
 
     SessionOptions so;
     so.model_dir = model;
-    so.weights = parse_weight_format(weights);
-    so.kv = parse_kv_format(kv);
+    apply_precision(prec, so);
     so.ctx = prompt_len + gen;
     so.max_batch = batch;
-    so.prefill_chunk = prompt_len * batch;  // pp is one step, as llama-bench measures it
+    const bool no_cache = vm.count("no-kv-cache") > 0;
+    // pp is one step, as llama-bench measures it; without the cache a decode step is a whole prefill.
+    so.prefill_chunk = (no_cache ? prompt_len + gen : prompt_len) * batch;
     std::unique_ptr<Session> s;
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;
@@ -95,6 +118,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
     std::vector<int32_t> next(static_cast<size_t>(batch));
     double checksum = 0;
     std::vector<double> pp_ms, tg_ms;
+    prefill();  // warm-up, not timed: page faults, thread start-up, caches
     for (int64_t r = 0; r < reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         prefill();
@@ -104,18 +128,29 @@ int cmd_bench(const Args& args, Communicator& comm) {
             std::vector<SeqChunk> ch;
             for (int64_t b = 0; b < batch; ++b) {
                 next[size_t(b)] = int32_t((step * 31 + b) % c.vocab);  // fixed inputs: timing, not quality
-                ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
+                if (!no_cache) {
+                    ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
+                    continue;
+                }
+                auto& seq = prompts[size_t(b)];
+                seq.push_back(next[size_t(b)]);
+                ch.push_back({b, seq.data(), int64_t(seq.size()), 0, true});
             }
             e.forward(ch, logits.data());
         }
+        for (auto& p : prompts) p.resize(size_t(prompt_len));
         tg_ms.push_back(ms_since(t0));
         checksum = 0;
         for (float v : logits) checksum += double(v);
     }
     // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
-    const double kv_row = double(2 * c.n_layers * c.n_kv_heads * c.head_dim) * double(dtype_size(kv_dtype(so.kv)));
+    const ShardPlan& plan = s->weights.plan;
+    const DType kvt = kv_dtype(so.kv);
+    const double kv_row = double(2 * c.n_layers * plan.n_kv_heads) *
+                          (double(c.head_dim * int64_t(dtype_size(kvt))) + (kvt == DType::I8 ? 4.0 : 0.0));
     const double avg_pos = double(prompt_len) + double(gen - 1) / 2.0 + 1.0;
-    const double step_bytes = double(s->weights.bytes) + kv_row * avg_pos * double(batch);
+    // (Without the cache a step reads the weights once too, but does prompt-length times the work.)
+    const double step_bytes = double(s->weights.bytes) + (no_cache ? 0.0 : kv_row * avg_pos * double(batch));
 
     struct Row { std::string test; Stats st; double tokens, gbps; };
     if (!root) return 0;
@@ -124,11 +159,12 @@ int cmd_bench(const Args& args, Communicator& comm) {
         {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},
         {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9},
     };
-    const std::string wname = weight_format_name(so.weights), kvname = dtype_name(kv_dtype(so.kv));
+    const std::string wname = weight_format_name(s->weights.format), kvname = kv_name(kv_dtype(so.kv));
     if (vm.count("json")) {
         for (const Row& r : rows) {
             nlohmann::ordered_json j;
             j["test"] = r.test;
+            j["kv_cache"] = !no_cache;
             j["batch"] = batch;
             j["tp"] = comm.size();
             j["device"] = std::string("cpu(") + matmul_isa() + ")";

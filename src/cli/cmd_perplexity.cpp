@@ -14,6 +14,7 @@
 #include "core/mmap_file.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
+#include "tokenizer/tokenizer.h"
 
 namespace shardlm {
 
@@ -39,46 +40,56 @@ std::vector<int32_t> read_ids_file(const std::string& path) {
 
 int cmd_perplexity(const Args& args, Communicator& comm) {
     po::options_description d("perplexity options");
-    std::string model, ids_file, weights, kv, cmp_weights, cmp_kv;
+    std::string model, ids_file, text_file, cmp_weights, cmp_kv;
+    PrecisionFlags prec;
     int64_t ctx = 512, chunk = 64;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "checkpoint folder")
+        ("text-file", po::value(&text_file), "UTF-8 text, encoded with the model's tokenizer.json")
         ("ids-file", po::value(&ids_file), "token ids separated by spaces, commas or newlines")
         ("ctx", po::value(&ctx)->default_value(512), "tokens per window")
         ("prefill-chunk", po::value(&chunk)->default_value(64), "tokens per forward step")
-        ("weights", po::value(&weights)->default_value("auto"), "auto|fp32|fp16|bf16")
-        ("kv", po::value(&kv)->default_value("auto"), "auto|fp32|fp16|bf16")
         ("compare-weights", po::value(&cmp_weights), "reference weights precision to compare against")
         ("compare-kv", po::value(&cmp_kv), "reference KV precision to compare against")
+        ("per-layer", "with an INT8 --weights: quantize one layer at a time and report each one's distance "
+                      "from the reference (per-layer sensitivity, to choose --keep-fp16)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("json", "print one JSON object");
+    add_precision_options(d, prec);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
     std::vector<int32_t> tokens;
     run_together(comm, [&] {
-        help = !parse_args(args, d, vm, "usage: shardlm perplexity --model DIR --ids-file F [--ctx N]", root);
+        help = !parse_args(args, d, vm, "usage: shardlm perplexity --model DIR (--text-file F | --ids-file F) [--ctx N]", root);
         if (help) return;
-        if (!vm.count("ids-file")) fail("--ids-file is required (text files need the tokenizer)");
+        if (vm.count("ids-file") == vm.count("text-file")) fail("give one of --text-file or --ids-file");
         if (ctx < 2) fail("--ctx must be at least 2");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         set_threads(threads);
-        if (root) tokens = read_ids_file(ids_file);
+        if (root && !ids_file.empty()) tokens = read_ids_file(ids_file);
+        if (root && !text_file.empty()) tokens = Tokenizer::load(model).encode(read_text_file(text_file));
     });
     if (help) return 0;
     uint64_t n = tokens.size();
     comm.broadcast(&n, sizeof n, 0);
     tokens.resize(n);
     comm.broadcast(tokens.data(), n * sizeof(int32_t), 0);
-    const bool compare = vm.count("compare-weights") || vm.count("compare-kv");
+    const bool per_layer = vm.count("per-layer") > 0;
+    const bool compare = per_layer || vm.count("compare-weights") || vm.count("compare-kv");
+    if (per_layer && !is_int8(parse_weight_format(prec.weights)))
+        throw AgreedError("--per-layer needs --weights int8 or w8a8");
 
     auto options = [&](const std::string& w, const std::string& k) {
         SessionOptions so;
         so.model_dir = model;
-        so.weights = parse_weight_format(w);
-        so.kv = parse_kv_format(k);
+        PrecisionFlags f = prec;
+        f.weights = w;
+        f.kv = k;
+        if (!is_int8(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;  // reference: plain floats
+        apply_precision(f, so);
         so.ctx = ctx;
         so.prefill_chunk = chunk;
         so.max_logit_rows = chunk;
@@ -86,16 +97,51 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     };
     std::unique_ptr<Session> s, ref;
     run_together(comm, [&] {
-        s = open_session(options(weights, kv), comm);
+        s = open_session(options(prec.weights, prec.kv), comm);
         for (int32_t id : tokens)
-            if (id < 0 || id >= s->cfg.vocab) fail(ids_file, ": token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
-        if (tokens.size() < 2) fail(ids_file, ": needs at least 2 tokens");
-        if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : weights,
-                                                vm.count("compare-kv") ? cmp_kv : kv), comm);
+            if (id < 0 || id >= s->cfg.vocab) fail(ids_file.empty() ? text_file : ids_file, ": token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+        if (tokens.size() < 2) fail(ids_file.empty() ? text_file : ids_file, ": needs at least 2 tokens");
+        if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : per_layer ? "fp32" : prec.weights,
+                                                vm.count("compare-kv") ? cmp_kv : prec.kv), comm);
     });
     PerplexityOptions po;
     po.ctx = ctx;
     po.chunk = chunk;
+    if (per_layer) {
+        // Layer by layer: everything but one layer's Linear tensors kept unquantized (a negative
+        // lookahead over the HF names), the rest of the flags as given.
+        struct Row { std::string what; LogitComparison c; };
+        std::vector<Row> rows;
+        std::vector<std::string> targets;
+        for (int64_t l = 0; l < ref->cfg.n_layers; ++l) targets.push_back("model\\.layers\\." + std::to_string(l) + "\\.");
+        targets.push_back("lm_head\\.|model\\.embed_tokens\\.");  // tied: the embedding is lm_head
+        for (size_t i = 0; i < targets.size(); ++i) {
+            std::unique_ptr<Session> one;
+            run_together(comm, [&] {
+                SessionOptions so = options(prec.weights, prec.kv);
+                so.load.keep_fp16 = "^(?!" + targets[i] + ")" + (prec.keep_fp16.empty() ? "" : "|" + prec.keep_fp16);
+                one = open_session(so, comm);
+            });
+            rows.push_back({i + 1 < targets.size() ? "layer " + std::to_string(i) : "lm_head",
+                            compare_logits(*ref->engine, *one->engine, tokens, po)});
+        }
+        if (!root) return 0;
+        if (vm.count("json")) {
+            nlohmann::ordered_json j = nlohmann::ordered_json::array();
+            for (const Row& r : rows)
+                j.push_back({{"quantized", r.what}, {"mean_kl", r.c.mean_kl()}, {"top1_agreement", r.c.top1()},
+                             {"max_abs_logit_error", r.c.max_abs_err}, {"perplexity", r.c.cand.perplexity()}});
+            std::cout << j.dump() << std::endl;
+        } else {
+            std::printf("| quantized alone | mean KL | top-1 agreement | max logit error | perplexity |\n|---|---:|---:|---:|---:|\n");
+            for (const Row& r : rows)
+                std::printf("| %s | %.3e | %.4f | %.4f | %.4f |\n", r.what.c_str(), r.c.mean_kl(), r.c.top1(),
+                            r.c.max_abs_err, r.c.cand.perplexity());
+            std::printf("reference (%s weights, %s kv) perplexity %.4f\n", (vm.count("compare-weights") ? cmp_weights : std::string("fp32")).c_str(),
+                        (vm.count("compare-kv") ? cmp_kv : prec.kv).c_str(), rows.empty() ? 0.0 : rows[0].c.ref.perplexity());
+        }
+        return 0;
+    }
     LogitComparison c;
     if (compare) c = compare_logits(*ref->engine, *s->engine, tokens, po);
     else c.cand = perplexity(*s->engine, tokens, po);
@@ -110,12 +156,12 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         j["nll"] = r.nll_sum / double(r.scored);
         j["perplexity"] = r.perplexity();
         j["tokens_per_s"] = tps;
-        j["weights"] = weights;
-        j["kv"] = kv;
+        j["weights"] = prec.weights;
+        j["kv"] = prec.kv;
         j["tp"] = comm.size();
         if (compare) {
-            j["reference"] = {{"weights", vm.count("compare-weights") ? cmp_weights : weights},
-                              {"kv", vm.count("compare-kv") ? cmp_kv : kv},
+            j["reference"] = {{"weights", vm.count("compare-weights") ? cmp_weights : prec.weights},
+                              {"kv", vm.count("compare-kv") ? cmp_kv : prec.kv},
                               {"perplexity", c.ref.perplexity()}};
             j["mean_kl"] = c.mean_kl();
             j["top1_agreement"] = c.top1();

@@ -48,6 +48,25 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s) {
     return out;
 }
 
+void add_precision_options(po::options_description& d, PrecisionFlags& f) {
+    d.add_options()
+        ("weights", po::value(&f.weights)->default_value("auto"),
+         "auto|fp32|fp16|bf16|int8|w8a8 (auto: as stored; int8: INT8 weights; w8a8: also INT8 activations)")
+        ("kv", po::value(&f.kv)->default_value("auto"), "KV cache auto|fp32|fp16|bf16|int8 (auto: fp32)")
+        ("group-size", po::value(&f.group_size)->default_value(0), "INT8 scale per group of G inputs (0: per output channel)")
+        ("keep-fp16", po::value(&f.keep_fp16), "INT8: keep Linear tensors whose HF name matches this regex in FP16/BF16");
+}
+
+void apply_precision(const PrecisionFlags& f, SessionOptions& so) {
+    so.load.format = parse_weight_format(f.weights);
+    so.load.group_size = f.group_size;
+    so.load.keep_fp16 = f.keep_fp16;
+    so.kv = parse_kv_format(f.kv);
+    if (f.group_size < 0) fail("--group-size must be >= 0");
+    if ((f.group_size > 0 || !f.keep_fp16.empty()) && !is_int8(so.load.format) && so.load.format != WeightFormat::Auto)
+        fail("--group-size and --keep-fp16 apply to --weights int8 or w8a8");
+}
+
 void set_threads(int threads) {
     if (threads < 0) fail("--threads must be >= 0");
 #ifdef _OPENMP

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/session.h"
+
 namespace shardlm {
 
 namespace po = boost::program_options;
@@ -17,6 +19,15 @@ bool parse_args(const std::vector<std::string>& args, const po::options_descript
 
 // "1,2,3;4,5" -> {{1,2,3},{4,5}}; throws Error naming --prompt-ids on malformed input.
 std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s);
+
+// The precision flags shared by generate, bench and perplexity.
+struct PrecisionFlags {
+    std::string weights = "auto", kv = "auto", keep_fp16;
+    int64_t group_size = 0;
+};
+void add_precision_options(po::options_description& d, PrecisionFlags& f);
+// Into the session's options (throws Error naming the flag on a bad value).
+void apply_precision(const PrecisionFlags& f, SessionOptions& so);
 
 // Sets the CPU thread count (0 keeps the default: one per core).
 void set_threads(int threads);

@@ -44,6 +44,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     }
     for (const auto& f : files_) {
         for (const auto& kv : f->tensors()) {
+            if (kv.first.rfind("__pad_", 0) == 0) continue;  // alignment padding (safetensors_writer.h)
             auto ins = index_.emplace(kv.first, &kv.second);
             if (!ins.second)
                 fail(dir, ": tensor ", kv.first, " appears in both ", ins.first->second->file, " and ", f->path());

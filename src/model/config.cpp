@@ -158,6 +158,21 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
         }
     }
     c.torch_dtype = parse_torch_dtype(j, origin);
+    if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+        const json& q = j["quantization_config"];
+        if (!q.is_object()) fail(origin, ": quantization_config must be an object");
+        const std::string method = q.value("quant_method", std::string("?"));
+        if (method != "shardlm")
+            fail(origin, ": quantization_config quant_method \"", method,
+                 "\" is not supported (only checkpoints written by `shardlm quantize` load pre-quantized)");
+        c.quant.present = true;
+        c.quant.format = q.value("format", std::string());
+        if (c.quant.format != "int8" && c.quant.format != "w8a8")
+            fail(origin, ": quantization_config format \"", c.quant.format, "\" is not int8 or w8a8");
+        c.quant.group_size = int64_t(r.number_or(q, "group_size", 0));
+        if (c.quant.group_size < 0 || (c.quant.group_size > 0 && c.hidden % c.quant.group_size != 0))
+            fail(origin, ": quantization_config group_size ", c.quant.group_size, " does not divide hidden_size");
+    }
     return c;
 }
 

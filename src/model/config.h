@@ -23,6 +23,14 @@ struct RopeScaling {
     int64_t original_max_position = 8192;
 };
 
+// quantization_config of a checkpoint written by `shardlm quantize` (other tools' configs are
+// refused with an error naming them).
+struct QuantConfig {
+    bool present = false;
+    std::string format;       // "int8" or "w8a8"
+    int64_t group_size = 0;   // 0: one scale per output channel
+};
+
 struct ModelConfig {
     Arch arch = Arch::Llama;
     int64_t hidden = 0;        // hidden_size
@@ -43,6 +51,7 @@ struct ModelConfig {
     std::vector<int64_t> eos_ids;
     int64_t bos_id = -1;
     DType torch_dtype = DType::F32;
+    QuantConfig quant;
 };
 
 // Parses the JSON text of config.json; `origin` names the file in errors.

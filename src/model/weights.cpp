@@ -1,6 +1,9 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <regex>
 
 #include "core/error.h"
 
@@ -11,7 +14,9 @@ WeightFormat parse_weight_format(const std::string& s) {
     if (s == "fp32" || s == "f32") return WeightFormat::F32;
     if (s == "fp16" || s == "f16") return WeightFormat::F16;
     if (s == "bf16") return WeightFormat::BF16;
-    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16)");
+    if (s == "int8") return WeightFormat::Int8;
+    if (s == "w8a8") return WeightFormat::W8A8;
+    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8, w8a8)");
 }
 
 const char* weight_format_name(WeightFormat f) {
@@ -20,6 +25,8 @@ const char* weight_format_name(WeightFormat f) {
         case WeightFormat::F32: return "fp32";
         case WeightFormat::F16: return "fp16";
         case WeightFormat::BF16: return "bf16";
+        case WeightFormat::Int8: return "int8";
+        case WeightFormat::W8A8: return "w8a8";
     }
     return "?";
 }
@@ -35,14 +42,60 @@ float element_f32(const TensorInfo& t, size_t i) {
     }
 }
 
+void store(DType dt, uint8_t* dst, int64_t i, float f) {
+    switch (dt) {
+        case DType::F32: reinterpret_cast<float*>(dst)[i] = f; break;
+        case DType::F16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_f16(f); break;
+        default: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(f); break;
+    }
+}
+
+// A block [row0, row0 + nrows) x [col0, col0 + ncols) of a matrix, in checkpoint coordinates.
+struct Block {
+    int64_t rows, cols;  // the full matrix
+    int64_t row0 = 0, nrows = -1, col0 = 0, ncols = -1;
+};
+
 class Loader {
 public:
-    Loader(const Checkpoint& ckpt, WeightFormat fmt, ModelWeights& out) : ckpt_(ckpt), fmt_(fmt), out_(out) {}
+    Loader(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt, ModelWeights& out)
+        : ckpt_(ckpt), cfg_(cfg), opt_(opt), out_(out) {
+        if (!opt.keep_fp16.empty()) {
+            try {
+                keep_ = std::regex(opt.keep_fp16, std::regex::ECMAScript);
+            } catch (const std::regex_error& e) {
+                fail("--keep-fp16: invalid regex \"", opt.keep_fp16, "\": ", e.what());
+            }
+        }
+        if (cfg.quant.present) {
+            if (opt.format != WeightFormat::Auto && !is_int8(opt.format))
+                fail(ckpt.dir(), ": the checkpoint is pre-quantized (", cfg.quant.format, "); use --weights auto, int8 or w8a8");
+            if (opt.group_size != 0 && opt.group_size != cfg.quant.group_size)
+                fail("--group-size ", opt.group_size, " differs from the pre-quantized checkpoint's ", cfg.quant.group_size);
+            out.format = opt.format == WeightFormat::Auto
+                             ? (cfg.quant.format == "w8a8" ? WeightFormat::W8A8 : WeightFormat::Int8)
+                             : opt.format;
+            out.group_size = cfg.quant.group_size;
+        } else {
+            out.format = opt.format;
+            out.group_size = opt.group_size;
+            if (opt.group_size < 0) fail("--group-size must be >= 0");
+            if (is_int8(opt.format) && opt.group_size > 0 &&
+                (cfg.hidden % opt.group_size != 0 || cfg.intermediate % opt.group_size != 0 ||
+                 (cfg.n_heads * cfg.head_dim) % opt.group_size != 0))
+                fail("--group-size ", opt.group_size, " does not divide the input dimensions (hidden_size ", cfg.hidden,
+                     ", intermediate_size ", cfg.intermediate, ", heads x head_dim ", cfg.n_heads * cfg.head_dim, ")");
+        }
+    }
 
-    const TensorInfo& tensor(const std::string& name, std::vector<int64_t> shape) {
+    const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape,
+                             std::initializer_list<DType> dtypes = {DType::F32, DType::F16, DType::BF16}) {
         const TensorInfo& t = ckpt_.get(name);
-        if (!t.dtype_known || !(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16))
-            fail(t.file, ": tensor ", name, " has dtype ", t.dtype_str, " (expected F32, F16 or BF16)");
+        if (!t.dtype_known || std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
+            std::string want;
+            for (DType d : dtypes) want += std::string(want.empty() ? "" : ", ") + dtype_name(d);
+            fail(t.file, ": tensor ", name, " has dtype ", t.dtype_str, " (expected ", want, ")");
+        }
         if (t.shape != shape) {
             TensorInfo want;
             want.shape = shape;
@@ -61,50 +114,136 @@ public:
         return v;
     }
 
-    // The block [row0, row0 + nrows) x [col0, col0 + ncols) of a [rows, cols] matrix. A block of
-    // whole rows in the target dtype is a view into the map (zero copy); anything else (a column
-    // slice for row-parallel layers, a dtype conversion) is copied, reading only the block's bytes.
-    WeightView matrix(const std::string& name, int64_t rows, int64_t cols, int64_t row0 = 0, int64_t nrows = -1,
-                      int64_t col0 = 0, int64_t ncols = -1) {
-        const TensorInfo& t = tensor(name, {rows, cols});
-        if (nrows < 0) nrows = rows;
-        if (ncols < 0) ncols = cols;
-        DType want = t.dtype;
-        if (fmt_ == WeightFormat::F32) want = DType::F32;
-        if (fmt_ == WeightFormat::F16) want = DType::F16;
-        if (fmt_ == WeightFormat::BF16) want = DType::BF16;
-        const size_t es = dtype_size(t.dtype), n = size_t(nrows * ncols);
-        const uint8_t* first = t.data + size_t(row0 * cols + col0) * es;
-        WeightView v{want, first, nrows, ncols};
+    // A float matrix block in `want` (or the checkpoint's dtype when Auto). A block of whole rows
+    // in the checkpoint's dtype is a view into the map (zero copy); anything else (a column slice
+    // for row-parallel layers, a conversion) is copied, reading only the block's bytes.
+    WeightView float_matrix(const std::string& name, Block b, DType want) {
+        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const size_t es = dtype_size(t.dtype), n = size_t(b.nrows * b.ncols);
+        const uint8_t* first = t.data + size_t(b.row0 * b.cols + b.col0) * es;
+        WeightView v{want, first, b.nrows, b.ncols};
         out_.bytes += n * dtype_size(want);
-        const bool aligned = reinterpret_cast<uintptr_t>(first) % es == 0;
-        if (want == t.dtype && aligned && ncols == cols) return v;
-        Buffer b(n * dtype_size(want));
-        for (int64_t r = 0; r < nrows; ++r) {
-            const uint8_t* src = first + size_t(r * cols) * es;
-            uint8_t* dst = b.data() + size_t(r * ncols) * dtype_size(want);
+        if (want == t.dtype && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
+        Buffer buf(n * dtype_size(want));
+        for (int64_t r = 0; r < b.nrows; ++r) {
+            uint8_t* dst = buf.data() + size_t(r * b.ncols) * dtype_size(want);
             if (want == t.dtype) {
-                std::memcpy(dst, src, size_t(ncols) * es);
+                std::memcpy(dst, first + size_t(r * b.cols) * es, size_t(b.ncols) * es);
                 continue;
             }
-            for (int64_t i = 0; i < ncols; ++i) {
-                const float f = element_f32(t, size_t((row0 + r) * cols + col0 + i));
-                switch (want) {
-                    case DType::F32: reinterpret_cast<float*>(dst)[i] = f; break;
-                    case DType::F16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_f16(f); break;
-                    default: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(f); break;
-                }
+            for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, element_f32(t, size_t((b.row0 + r) * b.cols + b.col0 + i)));
+        }
+        v.data = buf.data();
+        out_.owned.push_back(std::move(buf));
+        return v;
+    }
+
+    // Symmetric INT8 of a block: scale = max|w| / 127 per row and group of group_size input
+    // columns (the whole row when 0), q = round-to-nearest-even(w * 127 / max). Scales are taken
+    // over the whole group even when the block holds part of a row (per-channel, row-parallel), so
+    // every tensor-parallel size quantizes identically.
+    WeightView quantize(const std::string& name, Block b) {
+        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const int64_t g = out_.group_size > 0 ? out_.group_size : b.cols;
+        if (g != b.cols && (b.col0 % g != 0 || b.ncols % g != 0)) fail(name, ": --group-size ", g, " does not align with the tensor-parallel split");
+        const int64_t view_group = g == b.cols ? b.ncols : g;
+        const int64_t groups = b.ncols / view_group;
+        Buffer q(size_t(b.nrows * b.ncols)), sc(size_t(b.nrows * groups) * sizeof(float));
+        std::vector<float> row(static_cast<size_t>(b.cols));
+        for (int64_t r = 0; r < b.nrows; ++r) {
+            const size_t base = size_t((b.row0 + r) * b.cols);
+            // Only the columns this block needs (all of them when the scale spans the row).
+            const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
+            for (int64_t c = c0; c < c1; ++c) row[size_t(c)] = element_f32(t, base + size_t(c));
+            for (int64_t k = 0; k < groups; ++k) {
+                const int64_t s0 = g == b.cols ? 0 : b.col0 + k * g, s1 = g == b.cols ? b.cols : s0 + g;
+                float amax = 0.0f;
+                for (int64_t c = s0; c < s1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
+                const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+                sc.as<float>()[r * groups + k] = amax / 127.0f;
+                const int64_t q0 = g == b.cols ? b.col0 : s0, q1 = g == b.cols ? b.col0 + b.ncols : s1;
+                int8_t* dst = reinterpret_cast<int8_t*>(q.data()) + r * b.ncols + (q0 - b.col0);
+                for (int64_t c = q0; c < q1; ++c)
+                    dst[c - q0] = int8_t(std::clamp(std::nearbyint(row[size_t(c)] * inv), -127.0f, 127.0f));
             }
         }
-        v.data = b.data();
-        out_.owned.push_back(std::move(b));
+        WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
+        v.scales = sc.as<float>();
+        v.group_size = view_group;
+        out_.bytes += q.size() + sc.size();
+        out_.owned.push_back(std::move(q));
+        out_.owned.push_back(std::move(sc));
         return v;
+    }
+
+    // A block of a pre-quantized tensor: int8 `name` and f32 `name_scale` [rows, groups].
+    WeightView prequantized(const std::string& name, Block b) {
+        const int64_t g = cfg_.quant.group_size > 0 ? cfg_.quant.group_size : b.cols;
+        const int64_t groups = b.cols / g;
+        const TensorInfo& t = tensor(name, {b.rows, b.cols}, {DType::I8});
+        const TensorInfo& s = tensor(name + "_scale", {b.rows, groups}, {DType::F32});
+        if (g != b.cols && (b.col0 % g != 0 || b.ncols % g != 0))
+            fail(name, ": group size ", g, " does not align with the tensor-parallel split");
+        const int64_t vg = g == b.cols ? b.ncols : g, vgroups = b.ncols / vg;
+        WeightView v{DType::I8, t.data + size_t(b.row0 * b.cols + b.col0), b.nrows, b.ncols};
+        v.group_size = vg;
+        const float* sc = reinterpret_cast<const float*>(s.data) + b.row0 * groups + (g == b.cols ? 0 : b.col0 / g);
+        const bool scales_contiguous = reinterpret_cast<uintptr_t>(s.data) % 4 == 0 && vgroups == groups;
+        if (b.ncols != b.cols) {  // column slice: copy this rank's int8 columns
+            Buffer q(size_t(b.nrows * b.ncols));
+            for (int64_t r = 0; r < b.nrows; ++r)
+                std::memcpy(q.data() + r * b.ncols, t.data + size_t((b.row0 + r) * b.cols + b.col0), size_t(b.ncols));
+            v.data = q.data();
+            out_.owned.push_back(std::move(q));
+        }
+        if (scales_contiguous) {
+            v.scales = sc;
+        } else {
+            Buffer c(size_t(b.nrows * vgroups) * sizeof(float));
+            for (int64_t r = 0; r < b.nrows; ++r)
+                std::memcpy(c.as<float>() + r * vgroups, reinterpret_cast<const uint8_t*>(sc) + size_t(r * groups) * 4,
+                            size_t(vgroups) * 4);
+            v.scales = c.as<float>();
+            out_.owned.push_back(std::move(c));
+        }
+        out_.bytes += size_t(b.nrows * b.ncols) + size_t(b.nrows * vgroups) * 4;
+        return v;
+    }
+
+    bool kept(const std::string& name) const {
+        return !opt_.keep_fp16.empty() && std::regex_search(name, keep_);
+    }
+
+    // The dtype a float (not quantized) matrix is held in.
+    DType float_dtype(const TensorInfo& t, bool keep16) const {
+        if (keep16) return t.dtype == DType::F32 ? DType::BF16 : t.dtype;
+        switch (out_.format) {
+            case WeightFormat::F32: return DType::F32;
+            case WeightFormat::F16: return DType::F16;
+            case WeightFormat::BF16: return DType::BF16;
+            default: return t.dtype;
+        }
+    }
+
+    // A Linear layer's matrix, in the format the options ask for.
+    WeightView linear_matrix(const std::string& name, Block b) {
+        if (b.nrows < 0) b.nrows = b.rows;
+        if (b.ncols < 0) b.ncols = b.cols;
+        const TensorInfo& t = ckpt_.get(name);
+        if (cfg_.quant.present) {
+            // Pre-quantized: INT8 tensors come with their scales; float ones were kept on purpose.
+            if (t.dtype_known && t.dtype == DType::I8) return prequantized(name, b);
+            return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
+        }
+        if (is_int8(out_.format) && !kept(name)) return quantize(name, b);
+        return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_int8(out_.format)));
     }
 
     // Column-parallel: output rows [row0, row0 + nrows) and their bias entries.
     Linear column_parallel(const std::string& prefix, int64_t out, int64_t in, bool bias, int64_t row0, int64_t nrows) {
         Linear l;
-        l.w = matrix(prefix + ".weight", out, in, row0, nrows);
+        l.name = prefix + ".weight";
+        l.w = linear_matrix(l.name, {out, in, row0, nrows, 0, in});
         if (bias) l.bias = vector(prefix + ".bias", out, row0, nrows);
         return l;
     }
@@ -112,25 +251,27 @@ public:
     // Row-parallel: input columns [col0, col0 + ncols); the partial sums are all-reduced.
     Linear row_parallel(const std::string& prefix, int64_t out, int64_t in, int64_t col0, int64_t ncols) {
         Linear l;
-        l.w = matrix(prefix + ".weight", out, in, 0, out, col0, ncols);
+        l.name = prefix + ".weight";
+        l.w = linear_matrix(l.name, {out, in, 0, out, col0, ncols});
         return l;
     }
 
 private:
     const Checkpoint& ckpt_;
-    WeightFormat fmt_;
+    const ModelConfig& cfg_;
+    const LoadOptions& opt_;
     ModelWeights& out_;
+    std::regex keep_;
 };
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, WeightFormat fmt, const ShardPlan& p) {
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const LoadOptions& opt, const ShardPlan& p) {
     ModelWeights w;
     w.plan = p;
-    Loader ld(ckpt, fmt, w);
+    Loader ld(ckpt, c, opt, w);
     const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
     const int64_t q0 = p.q_head0 * hd, nq = p.n_q_heads * hd, kv0 = p.kv_head0 * hd, nkv = p.n_kv_heads * hd;
-    w.embed = ld.matrix("model.embed_tokens.weight", c.vocab, c.hidden, p.vocab0, p.n_vocab);
     for (int64_t i = 0; i < c.n_layers; ++i) {
         const std::string pre = "model.layers." + std::to_string(i);
         LayerWeights L;
@@ -150,8 +291,24 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, WeightFo
         w.layers.push_back(std::move(L));
     }
     w.final_norm = ld.vector("model.norm.weight", c.hidden);
-    // Some tied checkpoints still ship lm_head.weight; tying means the embedding is the truth.
-    w.lm_head = c.tie_embeddings ? w.embed : ld.matrix("lm_head.weight", c.vocab, c.hidden, p.vocab0, p.n_vocab);
+    // lm_head is a Linear layer: quantized in the INT8 formats unless --keep-fp16 matches it. With
+    // tied embeddings it is the embedding matrix (some tied checkpoints still ship an lm_head.weight;
+    // tying means the embedding is the truth), and the lookup reads the same rows, dequantized.
+    // An untied embedding is not a Linear layer and stays in its float format.
+    const Block vocab_rows{c.vocab, c.hidden, p.vocab0, p.n_vocab, 0, c.hidden};
+    if (c.tie_embeddings) {
+        const std::string name = "model.embed_tokens.weight";
+        const bool keep = ld.kept("lm_head.weight") || ld.kept(name);
+        if (keep && !c.quant.present)
+            w.lm_head = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), is_int8(w.format)));
+        else
+            w.lm_head = ld.linear_matrix(name, vocab_rows);
+        w.embed = w.lm_head;
+    } else {
+        const std::string name = "model.embed_tokens.weight";
+        w.embed = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), false));
+        w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows);
+    }
     return w;
 }
 

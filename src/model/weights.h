@@ -15,13 +15,26 @@
 
 namespace shardlm {
 
-// What precision to keep Linear/embedding matrices in. Auto keeps each tensor's checkpoint dtype.
-enum class WeightFormat { Auto, F32, F16, BF16 };
+// What precision to keep Linear/embedding matrices in. Auto keeps each tensor's checkpoint dtype
+// (or a pre-quantized checkpoint's format). Int8 is W8A16: INT8 weights with f32 activations;
+// W8A8 also quantizes activations per token and accumulates in INT32.
+enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8 };
 
 WeightFormat parse_weight_format(const std::string& s);  // throws Error naming --weights
 const char* weight_format_name(WeightFormat f);
+inline bool is_int8(WeightFormat f) { return f == WeightFormat::Int8 || f == WeightFormat::W8A8; }
+
+struct LoadOptions {
+    WeightFormat format = WeightFormat::Auto;
+    // INT8 only: scales per group of this many input columns (0: one per output channel).
+    int64_t group_size = 0;
+    // INT8 only: Linear tensors whose HF name matches (std::regex_search, ECMAScript) stay 16-bit
+    // (the checkpoint's FP16/BF16, or BF16 from an FP32 checkpoint). Norms are never quantized.
+    std::string keep_fp16;
+};
 
 struct Linear {
+    std::string name;  // HF tensor name of the weight, e.g. "model.layers.0.mlp.up_proj.weight"
     WeightView w;  // [out, in]
     std::vector<float> bias;  // empty when the layer has none
     const float* bias_ptr() const { return bias.empty() ? nullptr : bias.data(); }
@@ -41,14 +54,16 @@ struct ModelWeights {
     WeightView lm_head;  // [n_vocab, hidden]; the embedding itself when tied
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
-    size_t bytes = 0;         // bytes of all matrices and vectors as held (mapped + owned)
+    WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8 for pre-quantized checkpoints)
+    int64_t group_size = 0;                    // INT8 formats
+    size_t bytes = 0;         // bytes of all matrices and vectors as held (mapped + owned), scales included
     std::vector<Buffer> owned;  // converted or realigned matrices
 };
 
 // Validates every tensor's presence, dtype and shape against the config and builds the views of
 // this rank's slices, reading only their bytes. `ckpt` must outlive the result (views point into
 // its maps).
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, WeightFormat fmt,
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt,
                           const ShardPlan& plan);
 
 }  // namespace shardlm

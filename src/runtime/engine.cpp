@@ -64,6 +64,27 @@ Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm
     gathered_.resize(size_t(p.tp) * local_logits_.size());
     ws_bytes_ += (local_logits_.size() + gathered_.size()) * sizeof(float);
     tok_pos_.resize(T);
+    if (w.format == WeightFormat::W8A8) {
+        const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter});
+        act_q_.resize(T * size_t(widest));
+        act_scales_.resize(T * size_t(widest));  // at most one scale per element
+        ws_bytes_ += act_q_.size() + act_scales_.size() * sizeof(float);
+    }
+}
+
+const QuantizedActs* Engine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
+    if (w_.format != WeightFormat::W8A8) return nullptr;
+    // Per token, or per group when the weights have finer groups (the kernel needs one group
+    // size to divide the other).
+    const int64_t g = group > 0 && group < cols ? group : cols;
+    quantize_acts_int8(x, T, cols, g, act_q_.data(), act_scales_.data());
+    acts_ = QuantizedActs{act_q_.data(), act_scales_.data(), T, cols, g};
+    return &acts_;
+}
+
+void Engine::linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y) {
+    if (qx && l.w.dtype == DType::I8) matmul_w8a8(*qx, l.w, l.bias_ptr(), y);
+    else matmul(x, T, l.w, l.bias_ptr(), y);
 }
 
 void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
@@ -77,9 +98,10 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
     float* v = v_.as<float>();
 
     rmsnorm_ref(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
-    matmul(h, T, L.q.w, L.q.bias_ptr(), q);
-    matmul(h, T, L.k.w, L.k.bias_ptr(), k);
-    matmul(h, T, L.v.w, L.v.bias_ptr(), v);
+    const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
+    linear(L.q, h, qh, T, q);
+    linear(L.k, h, qh, T, k);
+    linear(L.v, h, qh, T, v);
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_ref(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
         rmsnorm_ref(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
@@ -111,11 +133,13 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
         a.capacity = kv_.shape().capacity;
         a.row_stride = kv_.row_stride();
         a.scale = 1.0f / std::sqrt(float(hd));
+        a.k_scales = kv_.k_scales(layer, ch.slot);
+        a.v_scales = kv_.v_scales(layer, ch.slot);
         attention_cached(a);
         row += ch.n;
     }
     float* o = o_.as<float>();
-    matmul(attn_.as<float>(), T, L.o.w, nullptr, o);
+    linear(L.o, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     float* x = x_.as<float>();
     for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
@@ -127,11 +151,12 @@ void Engine::mlp_block(const LayerWeights& L, int64_t T) {
     rmsnorm_ref(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
     float* g = gate_.as<float>();
     float* u = up_.as<float>();
-    matmul(h, T, L.gate.w, nullptr, g);
-    matmul(h, T, L.up.w, nullptr, u);
+    const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
+    linear(L.gate, h, qh, T, g);
+    linear(L.up, h, qh, T, u);
     silu_mul_ref(g, u, g, T * w_.plan.n_inter);
     float* o = o_.as<float>();
-    matmul(g, T, L.down.w, nullptr, o);
+    linear(L.down, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     float* x = x_.as<float>();
     for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];

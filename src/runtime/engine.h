@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "core/buffer.h"
+#include "kernels/cpu/quantize.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/kv_cache.h"
@@ -50,6 +51,10 @@ public:
 private:
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
     void mlp_block(const LayerWeights& L, int64_t T);
+    // y = x * W^T (+ b). W8A8: x is quantized per token once (quantize_input) and reused by every
+    // INT8 layer reading the same x; layers kept in 16 bits read x as floats.
+    const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
+    void linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y);
 
     const ModelConfig& cfg_;
     const ModelWeights& w_;
@@ -60,7 +65,11 @@ private:
     std::vector<int64_t> tok_pos_;  // position of each row of the step
     // Workspace, [max_step_tokens, width] each.
     Buffer x_, h_, q_, k_, v_, attn_, o_, gate_, up_, last_;
-    std::vector<float> local_logits_, gathered_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
+    std::vector<float> local_logits_, gathered_;
+    // W8A8 activations: int8 [max_step_tokens, widest input] and their scales.
+    std::vector<int8_t> act_q_;
+    std::vector<float> act_scales_;
+    QuantizedActs acts_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
     size_t ws_bytes_ = 0;
 };
 

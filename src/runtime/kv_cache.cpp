@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/quantize.h"
 
 namespace shardlm {
 
@@ -11,14 +12,25 @@ KVFormat parse_kv_format(const std::string& s) {
     if (s == "fp32" || s == "f32") return KVFormat::F32;
     if (s == "fp16" || s == "f16") return KVFormat::F16;
     if (s == "bf16") return KVFormat::BF16;
-    fail("--kv: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16)");
+    if (s == "int8") return KVFormat::Int8;
+    fail("--kv: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8)");
 }
 
 DType kv_dtype(KVFormat f) {
     switch (f) {
         case KVFormat::F16: return DType::F16;
         case KVFormat::BF16: return DType::BF16;
+        case KVFormat::Int8: return DType::I8;
         default: return DType::F32;
+    }
+}
+
+const char* kv_name(DType t) {
+    switch (t) {
+        case DType::F16: return "fp16";
+        case DType::BF16: return "bf16";
+        case DType::I8: return "int8";
+        default: return "fp32";
     }
 }
 
@@ -28,6 +40,15 @@ KVCache::KVCache(const KVCacheShape& s) : s_(s) {
     block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;
     buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
     std::memset(buf_.data(), 0, buf_.size());  // touch now: the cache is reserved, not lazily faulted
+    if (s.dtype == DType::I8) {
+        scales_ = Buffer(size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity) * sizeof(float));
+        std::memset(scales_.data(), 0, scales_.size());
+    }
+}
+
+float* KVCache::scales(int64_t layer, int64_t slot, int kv) {
+    if (s_.dtype != DType::I8) return nullptr;
+    return scales_.as<float>() + ((layer * s_.n_slots + slot) * 2 + kv) * s_.n_kv_heads * s_.capacity;
 }
 
 void* KVCache::block(int64_t layer, int64_t slot, int kv) {
@@ -54,6 +75,10 @@ void KVCache::write(int64_t layer, int64_t slot, int64_t pos, const float* key, 
                     for (int64_t c = 0; c < s_.head_dim; ++c) d[c] = f32_to_bf16(x[c]);
                     break;
                 }
+                case DType::I8:
+                    scales(layer, slot, kv)[h * s_.capacity + row] =
+                        quantize_row_int8(x, s_.head_dim, reinterpret_cast<int8_t*>(base) + off);
+                    break;
                 default:
                     std::memcpy(reinterpret_cast<float*>(base) + off, x, size_t(s_.head_dim) * 4);
                     break;

@@ -2,6 +2,8 @@
 // Layout of one (layer, slot, K or V) block: [n_kv_heads][capacity][row_stride] where a row holds
 // head_dim values padded to a multiple of 128 bytes. Position p of a sequence lives in row
 // p % capacity (ring buffer); the engine refuses positions beyond capacity unless told to slide.
+// INT8 rows are quantized after RoPE with one symmetric scale per (token, KV head), kept in
+// [n_kv_heads][capacity] f32 arrays beside each block.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +14,10 @@
 
 namespace shardlm {
 
-enum class KVFormat { Auto, F32, F16, BF16 };
+enum class KVFormat { Auto, F32, F16, BF16, Int8 };
 KVFormat parse_kv_format(const std::string& s);  // throws Error naming --kv
 DType kv_dtype(KVFormat f);                      // Auto -> F32 on the CPU
+const char* kv_name(DType t);                    // as the --kv flag spells it: "fp32", "int8", ...
 
 struct KVCacheShape {
     int64_t n_layers = 0, n_slots = 0, capacity = 0, n_kv_heads = 0, head_dim = 0;
@@ -27,21 +30,26 @@ public:
 
     const KVCacheShape& shape() const { return s_; }
     int64_t row_stride() const { return row_stride_; }  // elements
-    size_t bytes() const { return buf_.size(); }
+    size_t bytes() const { return buf_.size() + scales_.size(); }
 
     // Base of the [n_kv_heads][capacity][row_stride] block.
     void* k(int64_t layer, int64_t slot) { return block(layer, slot, 0); }
     void* v(int64_t layer, int64_t slot) { return block(layer, slot, 1); }
+    // INT8 only: [n_kv_heads][capacity] scales of the block; nullptr otherwise.
+    const float* k_scales(int64_t layer, int64_t slot) { return scales(layer, slot, 0); }
+    const float* v_scales(int64_t layer, int64_t slot) { return scales(layer, slot, 1); }
 
     // Stores one token's keys and values ([n_kv_heads * head_dim] each) at position `pos`.
     void write(int64_t layer, int64_t slot, int64_t pos, const float* key, const float* value);
 
 private:
     void* block(int64_t layer, int64_t slot, int kv);
+    float* scales(int64_t layer, int64_t slot, int kv);
     KVCacheShape s_;
     int64_t row_stride_ = 0;
     size_t block_bytes_ = 0;
     Buffer buf_;
+    Buffer scales_;  // INT8: [layer][slot][k|v][n_kv_heads][capacity]
 };
 
 }  // namespace shardlm

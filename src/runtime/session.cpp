@@ -19,7 +19,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         fail("--ctx ", opt.ctx, " exceeds the model's sliding_window ", c.sliding_window,
              "; sliding-window attention is not implemented, use --ctx <= ", c.sliding_window);
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
-    s->weights = load_weights(*s->ckpt, c, opt.weights, plan_shard(c, comm.rank(), comm.size()));
+    s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo;
     eo.max_batch = opt.max_batch;
     eo.ctx = opt.ctx;

@@ -16,7 +16,7 @@ namespace shardlm {
 
 struct SessionOptions {
     std::string model_dir;
-    WeightFormat weights = WeightFormat::Auto;
+    LoadOptions load;  // weight format, INT8 group size, --keep-fp16
     KVFormat kv = KVFormat::Auto;
     int64_t ctx = 0;            // KV positions per sequence (required > 0)
     int64_t max_batch = 1;

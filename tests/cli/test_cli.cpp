@@ -153,3 +153,29 @@ TEST_F(Cli, MpirunBadTensorParallelSize) {
     EXPECT_NE(t.err.find("--tp 4 differs from the 2 ranks"), std::string::npos) << t.err;
 }
 #endif
+
+TEST_F(Cli, PerplexityAndPerLayerSensitivity) {
+    std::string ids;
+    for (const int32_t id : make_prompt(80, 384, 7)) ids += std::to_string(id) + (ids.size() % 3 ? "," : "\n");
+    write_file(dir_.file("ids.txt"), ids);
+    const std::string base = kBin + " perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --ctx 32";
+    const CommandResult p = run_command(base + " --json");
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    const auto j = nlohmann::json::parse(p.out);
+    EXPECT_EQ(j["scored"], 80 - 3);  // windows of 32, 32, 16: each scores all but its first token
+    EXPECT_GT(j["perplexity"].get<double>(), 1.0);
+    const CommandResult c = run_command(base + " --weights int8 --kv int8 --compare-weights fp32 --compare-kv fp32 --json");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    const auto k = nlohmann::json::parse(c.out);
+    EXPECT_GT(k["mean_kl"].get<double>(), 0.0);
+    EXPECT_GT(k["top1_agreement"].get<double>(), 0.9);
+    const CommandResult l = run_command(base + " --weights int8 --per-layer --json");
+    ASSERT_EQ(l.exit_code, 0) << l.err;
+    const auto rows = nlohmann::json::parse(l.out);
+    ASSERT_EQ(rows.size(), 3u);  // 2 layers and lm_head
+    EXPECT_EQ(rows[2]["quantized"], "lm_head");
+    for (const auto& r : rows) EXPECT_GT(r["mean_kl"].get<double>(), 0.0) << r.dump();
+    expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --per-layer", "--per-layer needs");
+    write_file(dir_.file("bad.txt"), "1 2 x3");
+    expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("bad.txt"), "is not a token id");
+}

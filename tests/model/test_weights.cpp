@@ -31,7 +31,7 @@ std::string load_error(const std::string& dir) {
     try {
         const ModelConfig c = load_config(dir);
         Checkpoint ck(dir);
-        load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
+        load_weights(ck, c, LoadOptions{}, plan_shard(c, 0, 1));
     } catch (const Error& e) {
         return e.what();
     }
@@ -46,14 +46,14 @@ TEST(Weights, LoadsEveryArchitectureZeroCopy) {
         const ModelConfig c = tiny_config(a);
         write_synthetic_checkpoint(d.path(), c, {DType::BF16, 1, 3});
         Checkpoint ck(d.path());
-        const ModelWeights w = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
+        const ModelWeights w = load_weights(ck, c, LoadOptions{}, plan_shard(c, 0, 1));
         EXPECT_TRUE(w.owned.empty()) << arch_name(a);  // bf16 kept as mapped
         EXPECT_EQ(w.layers.size(), size_t(c.n_layers));
         EXPECT_EQ(w.layers[0].q.bias.empty(), !c.qkv_bias);
         EXPECT_EQ(w.layers[0].q_norm.empty(), !c.qk_norm);
         EXPECT_EQ(w.lm_head.data == w.embed.data, c.tie_embeddings);
         EXPECT_EQ(w.embed.dtype, DType::BF16);
-        const ModelWeights f = load_weights(ck, c, WeightFormat::F32, plan_shard(c, 0, 1));
+        const ModelWeights f = load_weights(ck, c, LoadOptions{WeightFormat::F32, 0, ""}, plan_shard(c, 0, 1));
         EXPECT_EQ(f.embed.dtype, DType::F32);
         EXPECT_FALSE(f.owned.empty());
     }
@@ -135,10 +135,10 @@ TEST(Shard, SlicesReassembleTheFullMatrices) {
     const ModelConfig c = tiny_config(Arch::Qwen2);
     write_synthetic_checkpoint(d.path(), c, {DType::F32, 1, 8});
     Checkpoint ck(d.path());
-    const ModelWeights full = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, 0, 1));
+    const ModelWeights full = load_weights(ck, c, LoadOptions{}, plan_shard(c, 0, 1));
     size_t bytes = 0;
     for (int r = 0; r < 2; ++r) {
-        const ModelWeights w = load_weights(ck, c, WeightFormat::Auto, plan_shard(c, r, 2));
+        const ModelWeights w = load_weights(ck, c, LoadOptions{}, plan_shard(c, r, 2));
         bytes += w.bytes;
         const auto& L = w.layers[1];
         const auto& F = full.layers[1];

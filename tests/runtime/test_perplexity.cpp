@@ -17,7 +17,7 @@ std::unique_ptr<Session> session(const std::string& dir, int64_t ctx, int64_t ch
     so.ctx = ctx;
     so.prefill_chunk = chunk;
     so.max_logit_rows = chunk;
-    so.weights = wf;
+    so.load.format = wf;
     return open_session(so, comm);
 }
 

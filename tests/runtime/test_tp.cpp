@@ -18,10 +18,12 @@ struct Run {
     size_t weight_bytes = 0;
 };
 
-Run run(const std::string& dir, Communicator& comm, const std::vector<std::vector<int32_t>>& prompts, KVFormat kv) {
+Run run(const std::string& dir, Communicator& comm, const std::vector<std::vector<int32_t>>& prompts, KVFormat kv,
+        const LoadOptions& lo) {
     SessionOptions so;
     so.model_dir = dir;
     so.kv = kv;
+    so.load = lo;
     so.max_batch = int64_t(prompts.size());
     so.ctx = 64;
     so.prefill_chunk = 16;  // chunked prefill under TP too
@@ -34,13 +36,13 @@ Run run(const std::string& dir, Communicator& comm, const std::vector<std::vecto
     return {generate(*s->engine, prompts, go), s->weights.bytes};
 }
 
-void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32) {
+void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32, const LoadOptions& lo = {}) {
     TempDir d;  // every rank writes its own identical copy
     write_synthetic_checkpoint(d.path(), cfg, {dt, 2, 31});
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(23, cfg.vocab, 1), make_prompt(5, cfg.vocab, 2)};
     SingleRank one;
-    const Run ref = run(d.path(), one, prompts, kv);
-    const Run tp = run(d.path(), world(), prompts, kv);
+    const Run ref = run(d.path(), one, prompts, kv, lo);
+    const Run tp = run(d.path(), world(), prompts, kv, lo);
     for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(tp.result.seqs[i].tokens, ref.result.seqs[i].tokens) << "prompt " << i;
         const auto& a = tp.result.seqs[i].prompt_logits;
@@ -67,4 +69,11 @@ TEST(TensorParallel, ReplicatedKvHeads) {
     c.n_kv_heads = 1;
     c.vocab = 387;  // not a multiple of the rank count: uneven vocabulary slices
     compare_tp(c, DType::F32);
+}
+
+// INT8 weights are quantized identically for every TP size (scales over whole rows or groups), so
+// TP=N INT8 equals TP=1 INT8 up to the order of the all-reduce sums.
+TEST(TensorParallel, Int8WeightsAndKv) {
+    compare_tp(tiny_config(Arch::Qwen3), DType::BF16, KVFormat::Int8, {WeightFormat::Int8, 0, ""});
+    compare_tp(tiny_config(Arch::Llama), DType::F32, KVFormat::Int8, {WeightFormat::Int8, 8, ""});  // 8 | 160/4
 }

@@ -1,0 +1,27 @@
+// Internal to kernels/cpu: the inner loops of attention_cached, per variant.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+// The cache rows of one KV head: row of position j at base + (j % capacity) * row_stride elements;
+// I8 rows are scaled by scales[j % capacity].
+struct KvRows {
+    const void* base = nullptr;
+    DType dtype = DType::F32;
+    const float* scales = nullptr;
+    int64_t capacity = 0, row_stride = 0;
+};
+
+// scores[g * ld + j] = scale * q_g . K_j for g < nq (q_g = q + g * d), j < n_keys.
+void attn_scores_avx2(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale,
+                      float* scores, int64_t ld);
+// p[g * ld + j] = exp(p[g * ld + j] - max_j), returns the sum (one head, n values).
+float attn_softmax_avx2(float* p, int64_t n);
+// acc[g * d + c] = sum_j p[g * ld + j] * V_j[c] for g < nq.
+void attn_values_avx2(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc);
+
+}  // namespace shardlm

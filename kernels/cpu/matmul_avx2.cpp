@@ -1,0 +1,421 @@
+// AVX2 + FMA + F16C kernels of matmul and matmul_w8a8; this file alone is compiled with those -m
+// flags and is only called after a run-time CPU check (cpu_isa.cpp). Same structure as
+// matmul_avx512.cpp with 8-wide vectors and 16 registers: GEMV along k for decode, a [KC][16]
+// f32 panel x 6-token tile for prefill, and for W8A8 [quad][8 rows][4 bytes] panels multiplied with
+// the sign trick (maddubs(|w|, sign(a, w)) then madd by ones: no VNNI needed, no 16-bit overflow
+// because |w|, |a| <= 127 gives pair sums <= 2 * 127 * 127 < 32767).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/buffer.h"
+#include "kernels/cpu/matmul_kernels.h"
+
+namespace shardlm {
+namespace {
+
+uint8_t* scratch(size_t bytes) {
+    thread_local Buffer buf;
+    if (buf.size() < bytes) buf = Buffer(bytes);
+    return buf.data();
+}
+
+template <DType DT>
+constexpr size_t elem_size() {
+    return DT == DType::F32 ? 4 : DT == DType::I8 ? 1 : 2;
+}
+
+template <DType DT>
+inline float load1(const void* p, int64_t i) {
+    if constexpr (DT == DType::F32) return static_cast<const float*>(p)[i];
+    else if constexpr (DT == DType::F16) return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    else if constexpr (DT == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    else return float(static_cast<const int8_t*>(p)[i]);
+}
+
+// 8 consecutive weights from element i of a row, as f32.
+template <DType DT>
+inline __m256 load8(const void* p, int64_t i) {
+    if constexpr (DT == DType::F32) {
+        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+    } else if constexpr (DT == DType::F16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    } else if constexpr (DT == DType::BF16) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    }
+}
+
+// The first `len` (< 8) of them, the rest zero.
+template <DType DT>
+inline __m256 load8_part(const void* p, int64_t i, int64_t len) {
+    alignas(32) float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t l = 0; l < len; ++l) v[l] = load1<DT>(p, i + l);
+    return _mm256_load_ps(v);
+}
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+inline __m256i lane_mask(int64_t n) {  // lanes < n all ones
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// In-place 8x8 transpose of 32-bit values.
+inline void transpose8(__m256 (&r)[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {  // u[4i + j]: rows 4i..4i+3 at columns j (low half) and j + 4 (high)
+        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; ++j) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV (see matmul_avx512.cpp): R rows x T tokens, vectors along k; tails of each group or row
+// are finished in scalar code.
+
+template <DType DT, int R, int T, bool SCALED>
+inline __attribute__((always_inline)) void gemv_step(const uint8_t* const (&wr)[R], const float* x, int64_t cols,
+                                                     int64_t k, const __m256 (&sc)[R], __m256 (&acc)[R][T],
+                                                     const uint8_t* pf) {
+    if (pf)  // a later tile of R contiguous rows into L2 (see matmul_avx512.cpp)
+        for (size_t o = 0; o < R * 8 * elem_size<DT>(); o += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(k) * R * elem_size<DT>() + o), _MM_HINT_T1);
+    __m256 xv[T];
+    SHARDLM_UNROLL for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x + t * cols + k);
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        __m256 wv = load8<DT>(wr[i], k);
+        if (SCALED) wv = _mm256_mul_ps(wv, sc[i]);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+    }
+}
+
+template <DType DT, int R, int T>
+void gemv_tile(const float* x, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + size_t((r + i) * cols) * elem_size<DT>();
+    __m256 acc[R][T], sc[R];
+    float tail[R][T] = {};
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        sc[i] = _mm256_set1_ps(1.0f);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_ps();
+    }
+    const bool grouped = DT == DType::I8 && w.group_size < cols;
+    const int64_t g_len = grouped ? w.group_size : cols, ng = cols / g_len;
+    for (int64_t g = 0; g < ng; ++g) {
+        float s[R];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+            s[i] = grouped ? w.scales[(r + i) * ng + g] : 1.0f;
+            sc[i] = _mm256_set1_ps(s[i]);
+        }
+        int64_t k = g * g_len;
+        const int64_t end = k + g_len;
+        if (grouped)
+            for (; k + 8 <= end; k += 8) gemv_step<DT, R, T, true>(wr, x, cols, k, sc, acc, pf);
+        else
+            for (; k + 8 <= end; k += 8) gemv_step<DT, R, T, false>(wr, x, cols, k, sc, acc, pf);
+        for (; k < end; ++k)
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const float wv = load1<DT>(wr[i], k) * s[i];
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) tail[i][t] += wv * x[t * cols + k];
+            }
+    }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float post = DT == DType::I8 && !grouped ? w.scales[r + i] : 1.0f;
+        const float b = bias ? bias[r + i] : 0.0f;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) y[t * w.rows + r + i] = (hsum(acc[i][t]) + tail[i][t]) * post + b;
+    }
+}
+
+template <DType DT, int T>
+void gemv_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T <= 2 ? 4 : 2;  // 16 ymm registers: R*T accumulators + T activations + R scales
+    constexpr int64_t kAhead = 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+        const uint8_t* pf = r + (kAhead + 1) * R <= r1 ? base + size_t((r + kAhead * R) * w.cols) * elem_size<DT>() : nullptr;
+        gemv_tile<DT, R, T>(x, w, r, bias, y, pf);
+    }
+    for (; r < r1; ++r) gemv_tile<DT, 1, T>(x, w, r, bias, y, nullptr);
+}
+
+template <DType DT>
+void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    switch (n) {
+        case 1: gemv_rows<DT, 1>(x, w, bias, y, r0, r1); break;
+        case 2: gemv_rows<DT, 2>(x, w, bias, y, r0, r1); break;
+        case 3: gemv_rows<DT, 3>(x, w, bias, y, r0, r1); break;
+        default: gemv_rows<DT, 4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM for f32 activations: panel [KC][16] f32, x block [n_tiles][KC][NR].
+
+constexpr int MR = 16;
+constexpr int NR = 6;
+constexpr int64_t KC = 256;
+
+template <DType DT>
+void pack_f32(const WeightView& w, int64_t rb, int64_t nr, int64_t k0, int64_t kc, float* panel) {
+    const int64_t cols = w.cols, ng = w.n_groups(), g_len = w.group_size;
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 8 * h, 0, 8);
+        for (int64_t kk = 0; kk < kc; kk += 8) {
+            const int64_t len = std::min<int64_t>(8, kc - kk);
+            __m256 v[8];
+            for (int i = 0; i < 8; ++i) {
+                if (i >= vr) {
+                    v[i] = _mm256_setzero_ps();
+                    continue;
+                }
+                const int64_t row = rb + 8 * h + i;
+                const void* src = static_cast<const uint8_t*>(w.data) + size_t(row * cols) * elem_size<DT>();
+                v[i] = len == 8 ? load8<DT>(src, k0 + kk) : load8_part<DT>(src, k0 + kk, len);
+                if constexpr (DT == DType::I8) {
+                    const float* s = w.scales + row * ng;
+                    if (g_len % 8 == 0) {
+                        v[i] = _mm256_mul_ps(v[i], _mm256_set1_ps(s[(k0 + kk) / g_len]));
+                    } else {
+                        alignas(32) float sv[8];
+                        for (int l = 0; l < 8; ++l) sv[l] = s[std::min(k0 + kk + l, cols - 1) / g_len];
+                        v[i] = _mm256_mul_ps(v[i], _mm256_load_ps(sv));
+                    }
+                }
+            }
+            transpose8(v);
+            for (int64_t j = 0; j < len; ++j) _mm256_store_ps(panel + (kk + j) * MR + 8 * h, v[j]);
+        }
+    }
+}
+
+template <int N>
+void kernel_f32(const float* panel, const float* xp, int64_t kc, float* y, int64_t ys, __m256i m0, __m256i m1,
+                const float* bias, bool first) {
+    __m256 acc[N][2];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; ++k) {
+        const __m256 w0 = _mm256_load_ps(panel + k * MR), w1 = _mm256_load_ps(panel + k * MR + 8);
+        SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+            const __m256 b = _mm256_set1_ps(xp[k * NR + t]);
+            acc[t][0] = _mm256_fmadd_ps(w0, b, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, b, acc[t][1]);
+        }
+    }
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        float* yt = y + t * ys;
+        __m256 c0, c1;
+        if (first) {
+            c0 = bias ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();
+            c1 = bias ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();
+        } else {
+            c0 = _mm256_maskload_ps(yt, m0);
+            c1 = _mm256_maskload_ps(yt + 8, m1);
+        }
+        _mm256_maskstore_ps(yt, m0, _mm256_add_ps(acc[t][0], c0));
+        _mm256_maskstore_ps(yt + 8, m1, _mm256_add_ps(acc[t][1], c1));
+    }
+}
+
+using KernelF32 = void (*)(const float*, const float*, int64_t, float*, int64_t, __m256i, __m256i, const float*, bool);
+constexpr KernelF32 kKernelsF32[NR + 1] = {nullptr,       kernel_f32<1>, kernel_f32<2>, kernel_f32<3>,
+                                           kernel_f32<4>, kernel_f32<5>, kernel_f32<6>};
+
+// Store masks of the two 8-row halves of a block of nr <= 16 rows.
+struct RowMasks {
+    __m256i first, second;
+};
+inline RowMasks row_masks(int64_t nr) { return {lane_mask(nr), lane_mask(nr - 8)}; }
+
+template <DType DT>
+void gemm_rows(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    // x is packed once per call as [tile][cols][NR]; then each 32-row block runs over all k-blocks
+    // with its y tile ([n][32], L1/L2-resident) accumulated in place. (k-blocks outermost would
+    // stream all of y through the caches once per k-block, each kernel call stalling on it.)
+    const int64_t cols = w.cols, tiles = (n + NR - 1) / NR;
+    uint8_t* mem = scratch(size_t(KC * MR) * 4 + size_t(tiles * cols * NR) * 4);
+    float* panel = reinterpret_cast<float*>(mem);
+    float* xp = panel + KC * MR;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+        float* dst = xp + tile * cols * NR;
+        const int64_t t0 = tile * NR, nt = std::min<int64_t>(NR, n - t0);
+        for (int64_t k = 0; k < cols; ++k)
+            for (int64_t t = 0; t < NR; ++t) dst[k * NR + t] = t < nt ? x[(t0 + t) * cols + k] : 0.0f;
+    }
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        const auto masks = row_masks(nr);
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            const int64_t kc = std::min(KC, cols - k0);
+            pack_f32<DT>(w, rb, nr, k0, kc, panel);
+            for (int64_t tile = 0; tile < tiles; ++tile) {
+                const int64_t t0 = tile * NR, nt = std::min<int64_t>(NR, n - t0);
+                kKernelsF32[nt](panel, xp + (tile * cols + k0) * NR, kc, y + t0 * w.rows + rb, w.rows, masks.first,
+                                masks.second, bias ? bias + rb : nullptr, k0 == 0);
+            }
+        }
+    }
+}
+
+template <DType DT>
+void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (n <= kGemvMaxN)
+        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
+    else
+        gemm_rows<DT>(x, n, w, bias, y, r0, r1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// W8A8: panel for 8 rows: internal group e, quad q: 32 bytes [8 rows x 4 bytes] at (e * Q + q) * 32;
+// wsc[e][8] the rows' weight scales. Signed x signed, so no offset correction is needed.
+
+constexpr int MR8 = 8;
+constexpr int NR8 = 4;
+
+void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc) {
+    const int64_t cols = w.cols, ge = a.ge, q_per = a.ge4 / 4, ngw = cols / w.group_size;
+    const int8_t* wq = static_cast<const int8_t*>(w.data);
+    for (int64_t e = 0; e < a.ng; ++e) {
+        for (int64_t c = 0; c < ge; c += 32) {
+            const int64_t len = std::min<int64_t>(32, ge - c);
+            __m256 v[8];
+            for (int i = 0; i < 8; ++i) {
+                const int8_t* src = wq + (rb + i) * cols + e * ge + c;
+                if (i >= nr) {
+                    v[i] = _mm256_setzero_ps();
+                } else if (len == 32) {
+                    v[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+                } else {
+                    alignas(32) int8_t b[32] = {};
+                    std::memcpy(b, src, size_t(len));
+                    v[i] = _mm256_load_ps(reinterpret_cast<const float*>(b));
+                }
+            }
+            transpose8(v);  // v[j] = quad j of each of the 8 rows
+            const int64_t nq = (len + 3) / 4;
+            for (int64_t j = 0; j < nq; ++j) _mm256_store_ps(reinterpret_cast<float*>(panel + (e * q_per + c / 4 + j) * 32), v[j]);
+        }
+        for (int i = 0; i < 8; ++i) wsc[e * MR8 + i] = i < nr ? w.scales[(rb + i) * ngw + e * ge / w.group_size] : 0.0f;
+    }
+}
+
+template <int N>
+void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int64_t t0, float* y, int64_t ys,
+                 __m256i m, const float* bias) {
+    const int64_t q_per = a.ge4 / 4, seg_q = a.seg_len / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 facc[N];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) facc[t] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < a.ng; ++e) {
+        const uint8_t* pe = panel + e * q_per * 32;
+        const __m256 sw = _mm256_load_ps(wsc + e * MR8);
+        for (int64_t s = 0; s < a.segs; ++s) {
+            const int64_t q0 = s * seg_q, q1 = std::min(q_per, q0 + seg_q);
+            __m256i acc[N];
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_si256();
+            for (int64_t q = q0; q < q1; ++q) {
+                const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(pe + q * 32));
+                const __m256i aw = _mm256_abs_epi8(wv);
+                SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                    int32_t quad;
+                    std::memcpy(&quad, a.q + (t0 + t) * a.kp + e * a.ge4 + 4 * q, 4);
+                    const __m256i sa = _mm256_sign_epi8(_mm256_set1_epi32(quad), wv);
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones));
+                }
+            }
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m256 sa = _mm256_set1_ps(a.scales[(t0 + t) * a.ng + e]);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_mul_ps(sw, sa), facc[t]);
+            }
+        }
+    }
+    const __m256 b = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) _mm256_maskstore_ps(y + t * ys, m, _mm256_add_ps(facc[t], b));
+}
+
+using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, int64_t, float*, int64_t, __m256i, const float*);
+constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr, kernel_w8a8<1>, kernel_w8a8<2>, kernel_w8a8<3>, kernel_w8a8<4>};
+
+}  // namespace
+
+void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales) {
+    const int64_t ng = cols / g;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t e = 0; e < ng; ++e) {
+            const float* p = x + t * cols + e * g;
+            int8_t* d = q + t * cols + e * g;
+            __m256 m = _mm256_setzero_ps();
+            int64_t k = 0;
+            for (; k + 8 <= g; k += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p + k)), m);
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, m);
+            float amax = 0.0f;
+            for (float l : lanes) amax = std::max(amax, l);
+            for (; k < g; ++k) amax = std::max(amax, std::fabs(p[k]));
+            scales[t * ng + e] = amax / 127.0f;
+            const float inv_s = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const __m256 inv = _mm256_set1_ps(inv_s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+            for (k = 0; k + 8 <= g; k += 8) {
+                const __m256 v = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_loadu_ps(p + k), inv), hi), lo);
+                const __m256i i32 = _mm256_cvtps_epi32(v);  // round to nearest even
+                const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+                _mm_storel_epi64(reinterpret_cast<__m128i*>(d + k), _mm_packs_epi16(i16, i16));
+            }
+            for (; k < g; ++k) {
+                float v = p[k] * inv_s;
+                v = v < 127.0f ? v : 127.0f;
+                v = v > -127.0f ? v : -127.0f;
+                d[k] = int8_t(_mm_cvtss_si32(_mm_set_ss(v)));
+            }
+        }
+}
+
+void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
+                      int64_t r1) {
+    switch (w.dtype) {
+        case DType::F16: matmul_rows_dt<DType::F16>(x, n, w, bias, y, r0, r1); break;
+        case DType::BF16: matmul_rows_dt<DType::BF16>(x, n, w, bias, y, r0, r1); break;
+        case DType::I8: matmul_rows_dt<DType::I8>(x, n, w, bias, y, r0, r1); break;
+        default: matmul_rows_dt<DType::F32>(x, n, w, bias, y, r0, r1); break;
+    }
+}
+
+void w8a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    const size_t panel_bytes = size_t(a.kp) * MR8;
+    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR8) * 4);
+    uint8_t* panel = mem;
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    for (int64_t rb = r0; rb < r1; rb += MR8) {
+        const int64_t nr = std::min<int64_t>(MR8, r1 - rb);
+        pack_w8a8(a, w, rb, nr, panel, wsc);
+        const __m256i m = lane_mask(nr);
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
+            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
+            kKernelsW8A8[nt](a, panel, wsc, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
+        }
+    }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,513 @@
+// AVX-512 (F/DQ/BW/VL) + VNNI + FMA + F16C kernels of matmul and matmul_w8a8. This file alone is
+// compiled with those -m flags and is only called after a run-time CPU check (cpu_isa.cpp).
+//
+// Three kernels, all over the rows [r0, r1) one thread owns:
+//  - GEMV (n <= kGemvMaxN, decode): R weight rows x n tokens of accumulators, vectors along k, the
+//    weights read straight from the row-major matrix once (memory-bound by design). INT8 weights
+//    are widened to f32 and scaled in registers, per group.
+//  - GEMM (larger n, prefill): a 32-row x KC panel of weights is dequantized/transposed into
+//    [KC][32] f32 (L1-resident) and swept by a 32-row x 12-token register tile; x is packed per
+//    k-block as [KC][12] so each broadcast is one load at a fixed offset.
+//  - W8A8 GEMM: a 32-row panel of int8 weights is repacked as VNNI quads [quad][32 rows][4 bytes]
+//    (u8 = w + 128) and swept by vpdpbusd with 4-byte activation broadcasts, 8 tokens at a time.
+//  - W8A8 GEMV (decode, groups a multiple of 64): vpdpbusd along k on the row-major weights.
+// Also quantize_acts_avx512 (the activation quantizer of quantize.h, vectorised).
+//
+// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "core/buffer.h"
+#include "kernels/cpu/matmul_kernels.h"
+
+namespace shardlm {
+namespace {
+
+// Per-thread scratch (128-byte aligned), grown on demand and kept between calls.
+uint8_t* scratch(size_t bytes) {
+    thread_local Buffer buf;
+    if (buf.size() < bytes) buf = Buffer(bytes);
+    return buf.data();
+}
+
+inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
+inline __mmask64 mask64(int64_t len) { return len >= 64 ? ~__mmask64(0) : (__mmask64(1) << len) - 1; }
+
+// 16 consecutive weights from element i of a row, as f32 (the masked form reads only `m` lanes).
+template <DType DT>
+inline __m512 load16(const void* p, int64_t i) {
+    if constexpr (DT == DType::F32) {
+        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+    } else if constexpr (DT == DType::F16) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+    } else if constexpr (DT == DType::BF16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    }
+}
+
+template <DType DT>
+inline __m512 load16m(const void* p, int64_t i, __mmask16 m) {
+    if constexpr (DT == DType::F32) {
+        return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    } else if constexpr (DT == DType::F16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    } else if constexpr (DT == DType::BF16) {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+        const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(p) + i);
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    }
+}
+
+template <DType DT>
+constexpr size_t elem_size() {
+    return DT == DType::F32 ? 4 : DT == DType::I8 ? 1 : 2;
+}
+
+// acc += u8(a) . s8(b) per 32-bit lane (4 products each). GCC 12 wraps the intrinsic in register
+// copies of the accumulator on every use (two extra moves per vpdpbusd in the GEMM loop); the same
+// instruction as inline asm keeps the accumulator in place.
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+#else
+    return _mm512_dpbusd_epi32(acc, a, b);
+#endif
+}
+
+// In-place transpose of a 16x16 block of 32-bit values: r[i] lane j <-> r[j] lane i.
+// Stages: 32-bit then 64-bit interleaves inside 128-bit lanes, then two 128-bit lane shuffles.
+inline void transpose16(__m512 (&r)[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // u[4i + j], 128-bit lane c: rows 4i..4i+3 at column 4c + j
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int j = 0; j < 4; ++j) {
+        const __m512 ab_lo = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), ab_hi = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+        const __m512 cd_lo = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44), cd_hi = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+        r[0 + j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+        r[4 + j] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+        r[8 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV: y[t, r] = sum_k x[t, k] * W[r, k] for T <= 4 tokens and R rows at a time. acc[i][t] keeps
+// 16 partial sums (lane = k mod 16), reduced once at the end of the row.
+
+template <DType DT, int R, int T, bool SCALED, bool TAIL>
+inline __attribute__((always_inline)) void gemv_step(const uint8_t* const (&wr)[R], const float* x, int64_t cols,
+                                                     int64_t k, __mmask16 m, const __m512 (&sc)[R],
+                                                     __m512 (&acc)[R][T], const uint8_t* pf) {
+    // A later tile (R contiguous rows) streams into L2 while this one is summed, R * 16 elements per
+    // step: the R interleaved row streams alone leave the hardware prefetchers well short of the
+    // copy bandwidth (measured ~55% -> ~75% of a one-stream read, one thread).
+    if (pf)
+        for (size_t o = 0; o < R * 16 * elem_size<DT>(); o += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(k) * R * elem_size<DT>() + o), _MM_HINT_T1);
+    __m512 xv[T];
+    SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+        xv[t] = TAIL ? _mm512_maskz_loadu_ps(m, x + t * cols + k) : _mm512_loadu_ps(x + t * cols + k);
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        __m512 wv = TAIL ? load16m<DT>(wr[i], k, m) : load16<DT>(wr[i], k);
+        if (SCALED) wv = _mm512_mul_ps(wv, sc[i]);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_fmadd_ps(wv, xv[t], acc[i][t]);
+    }
+}
+
+template <DType DT, int R, int T>
+void gemv_tile(const float* x, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + size_t((r + i) * cols) * elem_size<DT>();
+    __m512 acc[R][T], sc[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        sc[i] = _mm512_set1_ps(1.0f);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_ps();
+    }
+    const bool grouped = DT == DType::I8 && w.group_size < cols;
+    if (grouped) {  // dequantize each 16-wide chunk with its group's scale (any group size)
+        const int64_t g_len = w.group_size, ng = cols / g_len;
+        for (int64_t g = 0; g < ng; ++g) {
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) sc[i] = _mm512_set1_ps(w.scales[(r + i) * ng + g]);
+            int64_t k = g * g_len;
+            const int64_t end = k + g_len;
+            for (; k + 16 <= end; k += 16) gemv_step<DT, R, T, true, false>(wr, x, cols, k, 0, sc, acc, pf);
+            if (k < end) gemv_step<DT, R, T, true, true>(wr, x, cols, k, mask16(end - k), sc, acc, nullptr);
+        }
+    } else {  // f32/f16/bf16, or one scale per row applied after the sum
+        int64_t k = 0;
+        for (; k + 16 <= cols; k += 16) gemv_step<DT, R, T, false, false>(wr, x, cols, k, 0, sc, acc, pf);
+        if (k < cols) gemv_step<DT, R, T, false, true>(wr, x, cols, k, mask16(cols - k), sc, acc, nullptr);
+    }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float post = DT == DType::I8 && !grouped ? w.scales[r + i] : 1.0f;
+        const float b = bias ? bias[r + i] : 0.0f;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) y[t * w.rows + r + i] = _mm512_reduce_add_ps(acc[i][t]) * post + b;
+    }
+}
+
+template <DType DT, int T>
+void gemv_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T <= 2 ? 8 : 4;  // more rows in flight when few tokens share each load
+    constexpr int64_t kAhead = 2;      // tiles between the one summed and the one prefetched
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const size_t tile_bytes = size_t(R * w.cols) * elem_size<DT>();
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+        const uint8_t* next = r + (kAhead + 1) * R <= r1 ? base + size_t(r * w.cols) * elem_size<DT>() + kAhead * tile_bytes : nullptr;
+        gemv_tile<DT, R, T>(x, w, r, bias, y, next);
+    }
+    for (; r < r1; ++r) gemv_tile<DT, 1, T>(x, w, r, bias, y, nullptr);
+}
+
+template <DType DT>
+void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    switch (n) {
+        case 1: gemv_rows<DT, 1>(x, w, bias, y, r0, r1); break;
+        case 2: gemv_rows<DT, 2>(x, w, bias, y, r0, r1); break;
+        case 3: gemv_rows<DT, 3>(x, w, bias, y, r0, r1); break;
+        default: gemv_rows<DT, 4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM for f32 activations: panel [KC][32] f32, x block [n_tiles][KC][NR], y += panel^T x.
+
+constexpr int MR = 32;
+constexpr int NR = 12;
+constexpr int64_t KC = 256;
+
+// Rows rb .. rb + nr (nr <= 32) of W, columns k0 .. k0 + kc, dequantized into panel[k][0..32)
+// (rows past nr are zero).
+template <DType DT>
+void pack_f32(const WeightView& w, int64_t rb, int64_t nr, int64_t k0, int64_t kc, float* panel) {
+    const int64_t cols = w.cols;
+    const int64_t ng = w.n_groups(), g_len = w.group_size;
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
+        for (int64_t kk = 0; kk < kc; kk += 16) {
+            const int64_t len = std::min<int64_t>(16, kc - kk);
+            __m512 v[16];
+            for (int i = 0; i < 16; ++i) {
+                if (i >= vr) {
+                    v[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                const int64_t row = rb + 16 * h + i;
+                const void* src = static_cast<const uint8_t*>(w.data) + size_t(row * cols) * elem_size<DT>();
+                v[i] = len == 16 ? load16<DT>(src, k0 + kk) : load16m<DT>(src, k0 + kk, mask16(len));
+                if constexpr (DT == DType::I8) {
+                    const float* s = w.scales + row * ng;
+                    if (g_len % 16 == 0) {  // the 16 values share one group (k0 is a multiple of 16)
+                        v[i] = _mm512_mul_ps(v[i], _mm512_set1_ps(s[(k0 + kk) / g_len]));
+                    } else {
+                        alignas(64) float sv[16];
+                        for (int l = 0; l < 16; ++l) sv[l] = s[std::min(k0 + kk + l, cols - 1) / g_len];
+                        v[i] = _mm512_mul_ps(v[i], _mm512_load_ps(sv));
+                    }
+                }
+            }
+            transpose16(v);
+            for (int64_t j = 0; j < len; ++j) _mm512_store_ps(panel + (kk + j) * MR + 16 * h, v[j]);
+        }
+    }
+}
+
+// y[t, 0..32) (+)= sum_k panel[k][.] * xp[k][t] for t < N; `first` starts from the bias.
+template <int N>
+void kernel_f32(const float* panel, const float* xp, int64_t kc, float* y, int64_t ys, __mmask16 m0, __mmask16 m1,
+                const float* bias, bool first) {
+    __m512 acc[N][2];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; ++k) {
+        const __m512 w0 = _mm512_load_ps(panel + k * MR), w1 = _mm512_load_ps(panel + k * MR + 16);
+        SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+            const __m512 b = _mm512_set1_ps(xp[k * NR + t]);
+            acc[t][0] = _mm512_fmadd_ps(w0, b, acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(w1, b, acc[t][1]);
+        }
+    }
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        float* yt = y + t * ys;
+        __m512 c0, c1;
+        if (first) {
+            c0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+            c1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+        } else {
+            c0 = _mm512_maskz_loadu_ps(m0, yt);
+            c1 = _mm512_maskz_loadu_ps(m1, yt + 16);
+        }
+        _mm512_mask_storeu_ps(yt, m0, _mm512_add_ps(acc[t][0], c0));
+        _mm512_mask_storeu_ps(yt + 16, m1, _mm512_add_ps(acc[t][1], c1));
+    }
+}
+
+using KernelF32 = void (*)(const float*, const float*, int64_t, float*, int64_t, __mmask16, __mmask16, const float*, bool);
+constexpr KernelF32 kKernelsF32[NR + 1] = {nullptr,        kernel_f32<1>, kernel_f32<2>,  kernel_f32<3>, kernel_f32<4>,
+                                           kernel_f32<5>,  kernel_f32<6>, kernel_f32<7>,  kernel_f32<8>, kernel_f32<9>,
+                                           kernel_f32<10>, kernel_f32<11>, kernel_f32<12>};
+
+// Store masks of the two 16-row halves of a block of nr <= 32 rows.
+inline std::pair<__mmask16, __mmask16> row_masks(int64_t nr) {
+    return {mask16(nr), mask16(std::max<int64_t>(0, nr - 16))};
+}
+
+template <DType DT>
+void gemm_rows(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    // x is packed once per call as [tile][cols][NR]; then each 32-row block runs over all k-blocks
+    // with its y tile ([n][32], L1/L2-resident) accumulated in place. (k-blocks outermost would
+    // stream all of y through the caches once per k-block, each kernel call stalling on it.)
+    const int64_t cols = w.cols, tiles = (n + NR - 1) / NR;
+    uint8_t* mem = scratch(size_t(KC * MR) * 4 + size_t(tiles * cols * NR) * 4);
+    float* panel = reinterpret_cast<float*>(mem);
+    float* xp = panel + KC * MR;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+        float* dst = xp + tile * cols * NR;
+        const int64_t t0 = tile * NR, nt = std::min<int64_t>(NR, n - t0);
+        for (int64_t k = 0; k < cols; ++k)
+            for (int64_t t = 0; t < NR; ++t) dst[k * NR + t] = t < nt ? x[(t0 + t) * cols + k] : 0.0f;
+    }
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        const auto masks = row_masks(nr);
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            const int64_t kc = std::min(KC, cols - k0);
+            pack_f32<DT>(w, rb, nr, k0, kc, panel);
+            for (int64_t tile = 0; tile < tiles; ++tile) {
+                const int64_t t0 = tile * NR, nt = std::min<int64_t>(NR, n - t0);
+                kKernelsF32[nt](panel, xp + (tile * cols + k0) * NR, kc, y + t0 * w.rows + rb, w.rows, masks.first,
+                                masks.second, bias ? bias + rb : nullptr, k0 == 0);
+            }
+        }
+    }
+}
+
+template <DType DT>
+void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (n <= kGemvMaxN)
+        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
+    else
+        gemm_rows<DT>(x, n, w, bias, y, r0, r1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// W8A8. vpdpbusd multiplies unsigned by signed bytes, so the panel holds u8 = w + 128 (w xor 0x80)
+// and the activations stay signed: sum (w + 128) a = sum w a + 128 sum a, and each segment's
+// accumulator starts at -128 * (sum of its activations) (W8A8Prep::seg_sums). Panel layout for a
+// 32-row block: internal group e, quad q: 128 bytes [rows 0..16 x 4 bytes][rows 16..32 x 4 bytes]
+// at ((e * Q + q) * 2 + half) * 64, Q = ge4 / 4; wsc[e][32] holds the rows' weight scales.
+
+constexpr int NR8 = 8;
+
+void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc) {
+    const int64_t cols = w.cols, ge = a.ge, q_per = a.ge4 / 4, ngw = cols / w.group_size;
+    const int8_t* wq = static_cast<const int8_t*>(w.data);
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
+        for (int64_t e = 0; e < a.ng; ++e) {
+            for (int64_t c = 0; c < ge; c += 64) {
+                const int64_t len = std::min<int64_t>(64, ge - c);
+                const __mmask64 m = mask64(len);
+                __m512 v[16];
+                for (int i = 0; i < 16; ++i)
+                    v[i] = i < vr ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, wq + (rb + 16 * h + i) * cols + e * ge + c))
+                                  : _mm512_setzero_ps();
+                transpose16(v);  // v[j] = quad j (4 bytes) of each of the 16 rows
+                const int64_t nq = (len + 3) / 4;
+                for (int64_t j = 0; j < nq; ++j)
+                    _mm512_store_si512(panel + ((e * q_per + c / 4 + j) * 2 + h) * 64,
+                                       _mm512_xor_si512(_mm512_castps_si512(v[j]), flip));
+            }
+            for (int i = 0; i < 16; ++i)
+                wsc[e * MR + 16 * h + i] = i < vr ? w.scales[(rb + 16 * h + i) * ngw + e * ge / w.group_size] : 0.0f;
+        }
+    }
+}
+
+template <int N>
+void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int64_t t0, float* y, int64_t ys,
+                 __mmask16 m0, __mmask16 m1, const float* bias) {
+    const int64_t q_per = a.ge4 / 4, seg_q = a.seg_len / 4;
+    // f32 sums live in L1, touched once per segment; the registers hold only INT32 accumulators.
+    alignas(64) float facc[N][MR];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm512_store_ps(facc[t], _mm512_setzero_ps());
+        _mm512_store_ps(facc[t] + 16, _mm512_setzero_ps());
+    }
+    const int8_t* xq[N];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) xq[t] = a.q + (t0 + t) * a.kp;
+    for (int64_t e = 0; e < a.ng; ++e) {
+        const uint8_t* pe = panel + e * q_per * 128;
+        for (int64_t s = 0; s < a.segs; ++s) {
+            const int64_t q0 = s * seg_q, q1 = std::min(q_per, q0 + seg_q);
+            __m512i acc[N][2];
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t)
+                acc[t][0] = acc[t][1] = _mm512_set1_epi32(-128 * a.seg_sums[((t0 + t) * a.ng + e) * a.segs + s]);
+            for (int64_t q = q0; q < q1; ++q) {
+                const __m512i w0 = _mm512_load_si512(pe + q * 128), w1 = _mm512_load_si512(pe + q * 128 + 64);
+                SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                    int32_t quad;
+                    std::memcpy(&quad, xq[t] + e * a.ge4 + 4 * q, 4);
+                    const __m512i b = _mm512_set1_epi32(quad);
+                    acc[t][0] = dpbusd(acc[t][0], w0, b);
+                    acc[t][1] = dpbusd(acc[t][1], w1, b);
+                }
+            }
+            const __m512 sw0 = _mm512_load_ps(wsc + e * MR), sw1 = _mm512_load_ps(wsc + e * MR + 16);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m512 sa = _mm512_set1_ps(a.scales[(t0 + t) * a.ng + e]);
+                _mm512_store_ps(facc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][0]), _mm512_mul_ps(sw0, sa), _mm512_load_ps(facc[t])));
+                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][1]), _mm512_mul_ps(sw1, sa), _mm512_load_ps(facc[t] + 16)));
+            }
+        }
+    }
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc[t]), b0));
+        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc[t] + 16), b1));
+    }
+}
+
+using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, int64_t, float*, int64_t, __mmask16,
+                            __mmask16, const float*);
+constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr,        kernel_w8a8<1>, kernel_w8a8<2>,
+                                              kernel_w8a8<3>, kernel_w8a8<4>, kernel_w8a8<5>,
+                                              kernel_w8a8<6>, kernel_w8a8<7>, kernel_w8a8<8>};
+
+// W8A8 GEMV (n <= kGemvMaxN, internal groups a multiple of 64): no repacking. R rows x T tokens of
+// INT32 accumulators along k over one segment (lanes = k mod 64 in quads); the weights are flipped
+// to u8 in registers, and at the end of each segment the lanes are summed in INT32 (exact) before
+// the -128 * sum(a) fix and the f32 scaling, exactly as in the packed kernel.
+template <int R, int T>
+void w8a8_gemv_tile(const W8A8Prep& a, const WeightView& w, int64_t r, const float* bias, float* y, const int8_t* pf) {
+    const int64_t cols = w.cols, ngw = cols / w.group_size;
+    const int8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const int8_t*>(w.data) + (r + i) * cols;
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    float out[R][T] = {};
+    for (int64_t e = 0; e < a.ng; ++e) {
+        float sw[R];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) sw[i] = w.scales[(r + i) * ngw + e * a.ge / w.group_size];
+        for (int64_t s = 0; s < a.segs; ++s) {
+            const int64_t k0 = e * a.ge + s * a.seg_len, k1 = std::min(k0 + a.seg_len, (e + 1) * a.ge);
+            __m512i acc[R][T];
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i)
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_si512();
+            for (int64_t k = k0; k < k1; k += 64) {
+                __m512i xa[T];
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) xa[t] = _mm512_loadu_si512(a.q + t * a.kp + k);
+                if (pf)  // as in gemv_step: a later tile of R rows into L2, R * 64 bytes per step
+                    SHARDLM_UNROLL for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(pf + k * R + 64 * i), _MM_HINT_T1);
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                    const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(wr[i] + k), flip);
+                    SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = dpbusd(acc[i][t], wv, xa[t]);
+                }
+            }
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                const float sa = a.scales[t * a.ng + e];
+                const int32_t fix = -128 * a.seg_sums[(t * a.ng + e) * a.segs + s];
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i)
+                    out[i][t] += float(_mm512_reduce_add_epi32(acc[i][t]) + fix) * (sw[i] * sa);
+            }
+        }
+    }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i)
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) y[t * w.rows + r + i] = out[i][t] + (bias ? bias[r + i] : 0.0f);
+}
+
+template <int T>
+void w8a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T == 1 ? 8 : T == 2 ? 4 : 2;  // R * T <= 8: GCC spills beyond that
+    constexpr int64_t kAhead = 2;
+    const int8_t* base = static_cast<const int8_t*>(w.data);
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        w8a8_gemv_tile<R, T>(a, w, r, bias, y, r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * w.cols : nullptr);
+    for (; r < r1; ++r) w8a8_gemv_tile<1, T>(a, w, r, bias, y, nullptr);
+}
+
+}  // namespace
+
+void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales) {
+    const int64_t ng = cols / g;
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t e = 0; e < ng; ++e) {
+            const float* p = x + t * cols + e * g;
+            int8_t* d = q + t * cols + e * g;
+            __m512 m = _mm512_setzero_ps();
+            for (int64_t k = 0; k < g; k += 16)  // max(|x|, m): a NaN lane keeps m, as std::max does
+                m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(mask16(g - k), p + k)), m);
+            const float amax = _mm512_reduce_max_ps(m);
+            scales[t * ng + e] = amax / 127.0f;
+            const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+            for (int64_t k = 0; k < g; k += 16) {
+                const __mmask16 mk = mask16(g - k);
+                __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p + k), inv);
+                v = _mm512_max_ps(_mm512_min_ps(v, hi), lo);  // min(NaN, 127) = 127, as the scalar clamp
+                _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_cvtps_epi32(v));  // round to nearest even
+            }
+        }
+}
+
+void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
+                        int64_t r1) {
+    switch (w.dtype) {
+        case DType::F16: matmul_rows_dt<DType::F16>(x, n, w, bias, y, r0, r1); break;
+        case DType::BF16: matmul_rows_dt<DType::BF16>(x, n, w, bias, y, r0, r1); break;
+        case DType::I8: matmul_rows_dt<DType::I8>(x, n, w, bias, y, r0, r1); break;
+        default: matmul_rows_dt<DType::F32>(x, n, w, bias, y, r0, r1); break;
+    }
+}
+
+void w8a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (a.n <= kGemvMaxN && a.ge % 64 == 0) {
+        switch (a.n) {
+            case 1: w8a8_gemv_rows<1>(a, w, bias, y, r0, r1); return;
+            case 2: w8a8_gemv_rows<2>(a, w, bias, y, r0, r1); return;
+            case 3: w8a8_gemv_rows<3>(a, w, bias, y, r0, r1); return;
+            default: w8a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
+        }
+    }
+    const size_t panel_bytes = size_t(a.kp) * MR;  // kp bytes per row
+    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR) * 4);
+    uint8_t* panel = mem;
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        pack_w8a8(a, w, rb, nr, panel, wsc);
+        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
+            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
+            kKernelsW8A8[nt](a, panel, wsc, t0, y + t0 * w.rows + rb, w.rows, m0, m1, bias ? bias + rb : nullptr);
+        }
+    }
+}
+
+}  // namespace shardlm

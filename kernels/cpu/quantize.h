@@ -1,0 +1,53 @@
+// Symmetric INT8 quantization of weights, activations and KV-cache rows.
+//
+// One group of values x[0..g) gets scale = max|x| / 127 and q[i] = clamp(rne(x[i] * inv), -127, 127)
+// with inv = 127 / max|x| (0 when the group is all zeros: scale 0, q 0, never NaN). rne is
+// round-to-nearest-even, so |x[i] - q[i] * scale| <= scale / 2 (+ float rounding). -128 is never
+// produced, which the VNNI kernels rely on (|q| <= 127 keeps INT32 sums of 127*127 products exact).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/weights_view.h"
+
+namespace shardlm {
+
+// Quantizes x[0..d) into q, returns its scale. Used for one (token, head) row of the INT8 KV cache.
+float quantize_row_int8(const float* x, int64_t d, int8_t* q);
+
+// Weights [rows, cols] of src (f32/f16/bf16) -> q int8 [rows, cols], scales f32 [rows, cols / group_size].
+// group_size must divide cols (group_size == cols: per output channel).
+void quantize_weights_int8_ref(const WeightView& src, int64_t group_size, int8_t* q, float* scales);
+// The same results, threaded over rows (for the loader).
+void quantize_weights_int8(const WeightView& src, int64_t group_size, int8_t* q, float* scales);
+
+// The I8 view of what quantize_weights_int8 wrote.
+inline WeightView int8_weight_view(const int8_t* q, const float* scales, int64_t rows, int64_t cols,
+                                   int64_t group_size) {
+    WeightView w;
+    w.dtype = DType::I8;
+    w.data = q;
+    w.rows = rows;
+    w.cols = cols;
+    w.scales = scales;
+    w.group_size = group_size;
+    return w;
+}
+
+// Dynamically quantized activations for W8A8: q int8 [n, cols], scales f32 [n, cols / group_size],
+// x[t, c] ~= q[t, c] * scales[t, c / group_size]. group_size == cols: one scale per token.
+struct QuantizedActs {
+    const int8_t* q = nullptr;
+    const float* scales = nullptr;
+    int64_t n = 0, cols = 0, group_size = 0;
+};
+
+// x f32 [n, cols] -> q, scales as above (one symmetric scale per token per group).
+void quantize_acts_int8_ref(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales);
+// The same results (bit for bit), threaded over tokens and vectorised (what the engine calls before
+// matmul_w8a8); `isa` pins a variant for tests.
+void quantize_acts_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
+                        CpuIsa isa = CpuIsa::Auto);
+
+}  // namespace shardlm

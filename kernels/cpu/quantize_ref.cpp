@@ -1,0 +1,109 @@
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/quantize.h"
+
+namespace shardlm {
+namespace {
+
+// The one definition of symmetric INT8 rounding (see quantize.h); every quantizer calls it so the
+// threaded versions give bit-identical results.
+float quantize_group(const float* x, int64_t g, int8_t* q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // Clamp, then round to nearest even by adding and removing 1.5 * 2^23 (exact for |v| <= 2^22 in
+    // the default rounding mode; unlike a libm call it vectorises). A NaN input clamps to 127.
+    const float magic = 12582912.0f;
+    for (int64_t i = 0; i < g; ++i) {
+        float v = x[i] * inv;
+        v = v < 127.0f ? v : 127.0f;
+        v = v > -127.0f ? v : -127.0f;
+        q[i] = int8_t(int32_t((v + magic) - magic));
+    }
+    return scale;
+}
+
+void check_groups(int64_t cols, int64_t group_size) {
+    SHARDLM_CHECK(group_size > 0 && cols % group_size == 0, "int8 group size ", group_size,
+                  " must divide the row length ", cols);
+}
+
+void quantize_weight_rows(const WeightView& src, int64_t group_size, int8_t* q, float* scales, int64_t r0,
+                          int64_t r1, std::vector<float>& row) {
+    const int64_t cols = src.cols, ng = cols / group_size;
+    row.resize(size_t(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+        weight_row_to_f32(src, r, row.data());
+        for (int64_t g = 0; g < ng; ++g)
+            scales[r * ng + g] = quantize_group(row.data() + g * group_size, group_size, q + r * cols + g * group_size);
+    }
+}
+
+}  // namespace
+
+float quantize_row_int8(const float* x, int64_t d, int8_t* q) { return quantize_group(x, d, q); }
+
+void quantize_weights_int8_ref(const WeightView& src, int64_t group_size, int8_t* q, float* scales) {
+    SHARDLM_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16,
+                  "int8 quantization reads f32/f16/bf16 weights, not ", dtype_name(src.dtype));
+    check_groups(src.cols, group_size);
+    std::vector<float> row;
+    quantize_weight_rows(src, group_size, q, scales, 0, src.rows, row);
+}
+
+void quantize_weights_int8(const WeightView& src, int64_t group_size, int8_t* q, float* scales) {
+    SHARDLM_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16,
+                  "int8 quantization reads f32/f16/bf16 weights, not ", dtype_name(src.dtype));
+    check_groups(src.cols, group_size);
+    const int64_t block = 64;
+    const int64_t blocks = (src.rows + block - 1) / block;
+#pragma omp parallel
+    {
+        std::vector<float> row;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b)
+            quantize_weight_rows(src, group_size, q, scales, b * block, std::min(src.rows, (b + 1) * block), row);
+    }
+}
+
+void quantize_acts_int8_ref(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales) {
+    check_groups(cols, group_size);
+    const int64_t ng = cols / group_size;
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t g = 0; g < ng; ++g)
+            scales[t * ng + g] = quantize_group(x + t * cols + g * group_size, group_size, q + t * cols + g * group_size);
+}
+
+void quantize_acts_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
+                        CpuIsa isa) {
+    check_groups(cols, group_size);
+    const int64_t ng = cols / group_size;
+    const CpuIsa chosen = cpu_isa_resolve(isa);
+#pragma omp parallel if (n * cols >= (int64_t(1) << 16))
+    {
+        const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
+        switch (chosen) {
+#if defined(SHARDLM_HAVE_AVX512)
+            case CpuIsa::Avx512: quantize_acts_avx512(x, t0, t1, cols, group_size, q, scales); break;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+            case CpuIsa::Avx2: quantize_acts_avx2(x, t0, t1, cols, group_size, q, scales); break;
+#endif
+            default:
+                for (int64_t t = t0; t < t1; ++t)
+                    for (int64_t g = 0; g < ng; ++g)
+                        scales[t * ng + g] = quantize_group(x + t * cols + g * group_size, group_size,
+                                                            q + t * cols + g * group_size);
+                break;
+        }
+    }
+}
+
+}  // namespace shardlm

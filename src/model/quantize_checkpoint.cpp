@@ -1,0 +1,137 @@
+#include "model/quantize_checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mmap_file.h"
+#include "model/checkpoint.h"
+#include "model/safetensors_writer.h"
+#include "model/shard.h"
+
+namespace shardlm {
+
+namespace {
+
+std::string st_dtype(DType t) {
+    switch (t) {
+        case DType::F16: return "F16";
+        case DType::BF16: return "BF16";
+        case DType::I8: return "I8";
+        default: return "F32";
+    }
+}
+
+TensorToWrite copy_tensor(const TensorInfo& t) {
+    return {t.name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
+}
+
+}  // namespace
+
+void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {
+    if (!is_int8(opt.format)) fail("--weights: quantize writes int8 or w8a8, not ", weight_format_name(opt.format));
+    const ModelConfig cfg = load_config(src);
+    if (cfg.quant.present) fail(src, ": already pre-quantized");
+    const Checkpoint ck(src);
+    const ModelWeights w = load_weights(ck, cfg, opt, plan_shard(cfg, 0, 1));
+    if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) fail(out, ": cannot create: ", std::strerror(errno));
+    if (file_exists(out + "/config.json") && out != src) {
+        // refuse to mix with an older checkpoint's shards
+        fail(out, ": already holds a checkpoint; choose an empty folder");
+    }
+
+    // The quantized views by name; every other tensor is copied from the source.
+    std::map<std::string, WeightView> quantized;
+    auto note = [&](const Linear& l) {
+        if (l.w.dtype == DType::I8) quantized[l.name] = l.w;
+    };
+    for (const auto& L : w.layers)
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) note(*l);
+    if (w.lm_head.dtype == DType::I8)
+        quantized[cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"] = w.lm_head;
+
+    // Tensors in checkpoint order (sorted by name within each source file), grouped into shards.
+    std::vector<std::vector<TensorToWrite>> files(1);
+    size_t in_file = 0;
+    auto add = [&](TensorToWrite t) {
+        if (in_file > 0 && in_file + t.bytes.size() > shard_bytes) {
+            files.emplace_back();
+            in_file = 0;
+        }
+        in_file += t.bytes.size();
+        files.back().push_back(std::move(t));
+    };
+    std::vector<std::string> names;
+    {
+        // Every tensor the source holds (pads of an earlier quantize excluded).
+        const std::string idx = src + "/model.safetensors.index.json";
+        if (file_exists(idx)) {
+            const auto j = nlohmann::json::parse(read_text_file(idx));
+            for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.push_back(it.key());
+        } else {
+            SafetensorsFile f(src + "/model.safetensors");
+            for (const auto& kv : f.tensors()) names.push_back(kv.first);
+        }
+    }
+    for (const auto& name : names) {
+        if (name.rfind("__pad_", 0) == 0) continue;
+        if (cfg.tie_embeddings && name == "lm_head.weight") continue;  // the embedding is the truth
+        auto q = quantized.find(name);
+        if (q == quantized.end()) {
+            add(copy_tensor(ck.get(name)));
+            continue;
+        }
+        const WeightView& v = q->second;
+        const int64_t groups = v.cols / v.group_size;
+        const int8_t* qd = static_cast<const int8_t*>(v.data);
+        add({name, "I8", {v.rows, v.cols}, std::vector<uint8_t>(qd, qd + v.rows * v.cols)});
+        const uint8_t* sd = reinterpret_cast<const uint8_t*>(v.scales);
+        add({name + "_scale", "F32", {v.rows, groups}, std::vector<uint8_t>(sd, sd + size_t(v.rows * groups) * 4)});
+    }
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"quantized_by", "shardlm"}};
+    index["weight_map"] = nlohmann::ordered_json::object();
+    for (size_t i = 0; i < files.size(); ++i) {
+        char fname[64];
+        std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
+        const std::string name = files.size() == 1 ? "model.safetensors" : fname;
+        write_safetensors(out + "/" + name, files[i], /*align_tensors=*/true);
+        for (const auto& t : files[i]) index["weight_map"][t.name] = name;
+    }
+    if (files.size() > 1) {
+        std::ofstream f(out + "/model.safetensors.index.json");
+        f << index.dump(2) << "\n";
+        if (!f) fail(out, ": cannot write model.safetensors.index.json");
+    }
+
+    auto j = nlohmann::ordered_json::parse(read_text_file(src + "/config.json"));
+    j["quantization_config"] = {{"quant_method", "shardlm"},
+                                {"format", weight_format_name(opt.format)},
+                                {"group_size", opt.group_size},
+                                {"keep_fp16", opt.keep_fp16}};
+    {
+        std::ofstream f(out + "/config.json");
+        f << j.dump(2) << "\n";
+        if (!f) fail(out, ": cannot write config.json");
+    }
+    // Side files (tokenizer, generation config, ...): everything but weights, index and config.
+    if (DIR* d = ::opendir(src.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+            const std::string n = e->d_name;
+            const bool weights = n.size() > 12 && n.substr(n.size() - 12) == ".safetensors";
+            if (n == "." || n == ".." || weights || n == "config.json" || n == "model.safetensors.index.json") continue;
+            if (!file_exists(src + "/" + n)) continue;
+            std::ofstream f(out + "/" + n, std::ios::binary);
+            f << read_text_file(src + "/" + n);
+        }
+        ::closedir(d);
+    }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,22 @@
+// `shardlm quantize`: a pre-quantized copy of a checkpoint that loads without re-quantizing.
+// Layout (see README "Pre-quantized checkpoints"): every quantized Linear tensor NAME becomes
+//   NAME        I8  [out, in]
+//   NAME_scale  F32 [out, in / group_size]   (one column when per output channel)
+// with W = NAME * NAME_scale per group; every other tensor (norms, biases, an untied embedding,
+// --keep-fp16 matches) is copied unchanged. config.json gains
+//   "quantization_config": {"quant_method": "shardlm", "format": "int8"|"w8a8", "group_size": G}
+// Tensor data starts on 128-byte boundaries so every rank maps its slices without copies.
+#pragma once
+
+#include <string>
+
+#include "model/weights.h"
+
+namespace shardlm {
+
+// Quantizes exactly as loading with `opt` does (the same code), then writes out_dir with about
+// `shard_bytes` per safetensors file. Tokenizer and other side files are copied.
+void write_quantized_checkpoint(const std::string& src_dir, const std::string& out_dir, const LoadOptions& opt,
+                                size_t shard_bytes = size_t(2) << 30);
+
+}  // namespace shardlm

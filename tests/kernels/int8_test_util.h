@@ -1,0 +1,51 @@
+// Helpers shared by the INT8 kernel tests: deterministic random data and quantized matrices.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/quantize.h"
+
+namespace shardlm::test {
+
+// Uniform-ish values in [-amp, amp], deterministic per seed.
+inline std::vector<float> rand_vec(size_t n, uint32_t seed, float amp = 1.0f) {
+    std::vector<float> v(n);
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (auto& x : v) {
+        s = s * 1664525u + 1013904223u;
+        x = amp * float(int32_t(s >> 8) % 20001 - 10000) / 10000.0f;
+    }
+    return v;
+}
+
+// A weight matrix quantized to INT8, plus its f32 source.
+struct QuantMat {
+    std::vector<float> f32;
+    std::vector<int8_t> q;
+    std::vector<float> scales;
+    int64_t rows = 0, cols = 0, group = 0;
+    WeightView view() const { return int8_weight_view(q.data(), scales.data(), rows, cols, group); }
+};
+
+inline QuantMat make_quant_mat(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+    QuantMat m;
+    m.rows = rows;
+    m.cols = cols;
+    m.group = group;
+    m.f32 = rand_vec(size_t(rows * cols), seed);
+    m.q.resize(m.f32.size());
+    m.scales.resize(size_t(rows * (cols / group)));
+    WeightView src;
+    src.dtype = DType::F32;
+    src.data = m.f32.data();
+    src.rows = rows;
+    src.cols = cols;
+    quantize_weights_int8(src, group, m.q.data(), m.scales.data());
+    return m;
+}
+
+constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
+
+}  // namespace shardlm::test

@@ -1,0 +1,260 @@
+// matmul with INT8 weights (W8A16) and matmul_w8a8: closed forms of the references, then every
+// CPU variant against the reference on awkward shapes, group sizes and token counts.
+//
+// Tolerances. f32 sums of K products in any order and blocking differ from an exact sum by at
+// most K * u * sum_k |x_k w_k| (u = 2^-24, the classic worst-case bound), so each output gets
+// |got - ref| <= (K + 8) * u * (sum_k |x_k w_k| + |b|) + 1e-7: 8 more roundings for scales and
+// bias, and a floor for outputs that cancel to ~0. For W8A8 the INT32 dots are exact and only
+// the per-segment f32 steps round: (segments + 4) * u * (sum_k |qa qw| sa sw + |b|).
+// A wrong scale, a dropped group or a misplaced row moves outputs by O(1) relative to these sums,
+// far outside the bounds (WrongScaleIsCaught checks this).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "tests/kernels/int8_test_util.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+const int64_t kTokens[] = {1, 2, 3, 4, 5, 17, 64, 100};
+
+// Largest |got - ref| / bound over all outputs (<= 1 passes).
+double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* bias, const std::vector<float>& got,
+                   const std::vector<float>& ref) {
+    std::vector<float> row(size_t(w.cols));
+    double worst = 0;
+    for (int64_t r = 0; r < w.rows; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        for (int64_t t = 0; t < n; ++t) {
+            double abs_dot = 0;
+            for (int64_t k = 0; k < w.cols; ++k) abs_dot += std::fabs(double(x[t * w.cols + k]) * row[size_t(k)]);
+            const double b = bias ? std::fabs(bias[r]) : 0.0;
+            const double bound = double(w.cols + 8) * kU * (abs_dot + b) + 1e-7;
+            const size_t i = size_t(t * w.rows + r);
+            worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
+        }
+    }
+    return worst;
+}
+
+double worst_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, const std::vector<float>& got,
+                  const std::vector<float>& ref) {
+    const int64_t g = std::min(a.group_size, w.group_size), cols = w.cols;
+    const int64_t segs = (cols / g) * ((g + 1023) / 1024);
+    const int8_t* wq = static_cast<const int8_t*>(w.data);
+    double worst = 0;
+    for (int64_t r = 0; r < w.rows; ++r)
+        for (int64_t t = 0; t < a.n; ++t) {
+            double abs_sum = 0;
+            for (int64_t k = 0; k < cols; ++k)
+                abs_sum += std::fabs(double(a.q[t * cols + k]) * wq[r * cols + k]) *
+                           a.scales[t * (cols / a.group_size) + k / a.group_size] *
+                           w.scales[r * (cols / w.group_size) + k / w.group_size];
+            const double bound = double(segs + 4) * kU * (abs_sum + (bias ? std::fabs(bias[r]) : 0.0)) + 1e-7;
+            const size_t i = size_t(t * w.rows + r);
+            worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
+        }
+    return worst;
+}
+
+struct Acts {
+    std::vector<float> f32, scales;
+    std::vector<int8_t> q;
+    QuantizedActs view;
+};
+
+Acts make_acts(int64_t n, int64_t cols, int64_t group, uint32_t seed) {
+    Acts a;
+    a.f32 = rand_vec(size_t(n * cols), seed, 2.0f);
+    a.q.resize(a.f32.size());
+    a.scales.resize(size_t(n * (cols / group)));
+    quantize_acts_int8(a.f32.data(), n, cols, group, a.q.data(), a.scales.data());
+    a.view.q = a.q.data();
+    a.view.scales = a.scales.data();
+    a.view.n = n;
+    a.view.cols = cols;
+    a.view.group_size = group;
+    return a;
+}
+
+}  // namespace
+
+TEST(MatmulInt8, ReferenceClosedFormW8A16) {
+    // q = [[1, 2, 3, 4], [-1, 0, 1, 127]], groups of 2 with scales [[0.5, 2], [1, 0.25]], x = ones:
+    // y0 = (1 + 2) * 0.5 + (3 + 4) * 2 = 15.5, y1 = -1 * 1 + 128 * 0.25 = 31; bias [1, -1].
+    const int8_t q[] = {1, 2, 3, 4, -1, 0, 1, 127};
+    const float s[] = {0.5f, 2, 1, 0.25f}, x[] = {1, 1, 1, 1}, b[] = {1, -1};
+    float y[2];
+    matmul_ref(x, 1, int8_weight_view(q, s, 2, 4, 2), b, y);
+    EXPECT_EQ(y[0], 16.5f);
+    EXPECT_EQ(y[1], 30.0f);
+}
+
+TEST(MatmulInt8, ReferenceClosedFormW8A8) {
+    // Same weights; activations q = [2, -1, 0, 3] with per-token scale 0.5 and weight groups of 2:
+    // row 0: (2 - 2) * 0.5 * 0.5 + (0 + 12) * 0.5 * 2 = 12; row 1: (-2 + 0) * 0.5 + (0 + 381) * 0.5 * 0.25.
+    const int8_t wq[] = {1, 2, 3, 4, -1, 0, 1, 127}, aq[] = {2, -1, 0, 3};
+    const float ws[] = {0.5f, 2, 1, 0.25f}, as[] = {0.5f};
+    QuantizedActs a;
+    a.q = aq;
+    a.scales = as;
+    a.n = 1;
+    a.cols = 4;
+    a.group_size = 4;
+    float y[2];
+    matmul_w8a8_ref(a, int8_weight_view(wq, ws, 2, 4, 2), nullptr, y);
+    EXPECT_EQ(y[0], 12.0f);
+    EXPECT_EQ(y[1], -1.0f + 381 * 0.125f);
+    for (CpuIsa isa : cpu_isas_available()) {
+        float z[2];
+        matmul_w8a8(a, int8_weight_view(wq, ws, 2, 4, 2), nullptr, z, isa);
+        EXPECT_EQ(z[0], y[0]) << cpu_isa_name(isa);
+        EXPECT_EQ(z[1], y[1]) << cpu_isa_name(isa);
+    }
+}
+
+TEST(MatmulInt8, EveryVariantMatchesReferenceW8A16) {
+    // rows, cols, group: odd sizes, per-channel (group == cols), groups of 32/64/128 and groups that
+    // are not multiples of the vector width (6, 24, 3).
+    const int64_t shapes[][3] = {{1, 1, 1},    {7, 3, 3},       {33, 64, 32},  {31, 100, 100}, {65, 96, 32},
+                                 {40, 257, 257}, {100, 384, 128}, {17, 192, 64}, {9, 18, 6},     {5, 72, 24},
+                                 {3, 2048, 2048}};
+    for (const auto& s : shapes) {
+        const int64_t rows = s[0], cols = s[1], group = s[2];
+        const QuantMat m = make_quant_mat(rows, cols, group, uint32_t(rows * 31 + cols));
+        const WeightView w = m.view();
+        const auto bias = rand_vec(size_t(rows), 3);
+        for (int64_t n : kTokens) {
+            const auto x = rand_vec(size_t(n * cols), uint32_t(n + 11), 2.0f);
+            std::vector<float> ref(size_t(n * rows)), got(ref.size());
+            matmul_ref(x.data(), n, w, bias.data(), ref.data());
+            for (CpuIsa isa : cpu_isas_available()) {
+                std::fill(got.begin(), got.end(), NAN);
+                matmul(x.data(), n, w, bias.data(), got.data(), isa);
+                ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref), 1.0)
+                    << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols << " group=" << group;
+            }
+        }
+    }
+}
+
+TEST(MatmulInt8, EveryVariantMatchesReferenceFloatWeights) {
+    const int64_t shapes[][2] = {{1, 1}, {7, 3}, {33, 17}, {64, 64}, {100, 31}, {129, 65}, {40, 257}, {37, 600}};
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+        for (const auto& s : shapes) {
+            const int64_t rows = s[0], cols = s[1];
+            std::vector<float> wf = rand_vec(size_t(rows * cols), uint32_t(rows + cols));
+            std::vector<uint16_t> h(wf.size());
+            for (size_t i = 0; i < wf.size(); ++i) h[i] = dt == DType::F16 ? f32_to_f16(wf[i]) : f32_to_bf16(wf[i]);
+            WeightView w;
+            w.dtype = dt;
+            w.data = dt == DType::F32 ? static_cast<const void*>(wf.data()) : h.data();
+            w.rows = rows;
+            w.cols = cols;
+            for (int64_t n : kTokens) {
+                const auto x = rand_vec(size_t(n * cols), 7);
+                std::vector<float> ref(size_t(n * rows)), got(ref.size());
+                matmul_ref(x.data(), n, w, nullptr, ref.data());
+                for (CpuIsa isa : cpu_isas_available()) {
+                    std::fill(got.begin(), got.end(), NAN);
+                    matmul(x.data(), n, w, nullptr, got.data(), isa);
+                    ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref), 1.0)
+                        << dtype_name(dt) << " " << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols;
+                }
+            }
+        }
+    }
+}
+
+TEST(MatmulInt8, EveryVariantMatchesReferenceW8A8) {
+    // rows, cols, activation group, weight group: per token x per channel, per-token acts with grouped
+    // weights and the reverse, odd cols (padding of VNNI quads), a group of 6 (not a multiple of 4),
+    // and groups longer than one 1024-value INT32 segment.
+    const int64_t shapes[][4] = {{1, 4, 4, 4},         {7, 12, 12, 12},     {33, 64, 64, 32},    {33, 64, 32, 64},
+                                 {31, 100, 100, 100},  {40, 37, 37, 37},    {17, 18, 18, 6},     {100, 384, 384, 128},
+                                 {65, 256, 128, 256},  {9, 2500, 2500, 2500}, {3, 96, 32, 32},   {50, 2048, 2048, 2048}};
+    for (const auto& s : shapes) {
+        const int64_t rows = s[0], cols = s[1], ga = s[2], gw = s[3];
+        const QuantMat m = make_quant_mat(rows, cols, gw, uint32_t(rows * 7 + cols));
+        const WeightView w = m.view();
+        const auto bias = rand_vec(size_t(rows), 4);
+        for (int64_t n : kTokens) {
+            const Acts a = make_acts(n, cols, ga, uint32_t(n * 3 + 1));
+            std::vector<float> ref(size_t(n * rows)), got(ref.size());
+            matmul_w8a8_ref(a.view, w, bias.data(), ref.data());
+            for (CpuIsa isa : cpu_isas_available()) {
+                std::fill(got.begin(), got.end(), NAN);
+                matmul_w8a8(a.view, w, bias.data(), got.data(), isa);
+                ASSERT_LE(worst_w8a8(a.view, w, bias.data(), got, ref), 1.0)
+                    << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols << " ga=" << ga << " gw=" << gw;
+            }
+        }
+    }
+}
+
+TEST(MatmulInt8, W8A8IsCloseToFloat) {
+    // x w - (qa sa)(qw sw) = x dw + dx w - dx dw with |dw| <= sw / 2, |dx| <= sa / 2 per element, so
+    // |y_f32 - y_w8a8| <= sum_k |x| sw/2 + sa/2 |w| + sa sw / 4 (+ f32 rounding of both sides).
+    const int64_t n = 5, rows = 48, cols = 256;
+    for (int64_t group : {int64_t(64), cols}) {
+        const QuantMat m = make_quant_mat(rows, cols, group, 21);
+        const Acts a = make_acts(n, cols, group, 22);
+        WeightView wf;
+        wf.data = m.f32.data();
+        wf.rows = rows;
+        wf.cols = cols;
+        std::vector<float> yf(size_t(n * rows)), yq(yf.size());
+        matmul_ref(a.f32.data(), n, wf, nullptr, yf.data());
+        matmul_w8a8(a.view, m.view(), nullptr, yq.data());
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t r = 0; r < rows; ++r) {
+                double bound = 0, abs_dot = 0;
+                for (int64_t k = 0; k < cols; ++k) {
+                    const double sa = a.scales[size_t(t * (cols / group) + k / group)];
+                    const double sw = m.scales[size_t(r * (cols / group) + k / group)];
+                    const double x = a.f32[size_t(t * cols + k)], w = m.f32[size_t(r * cols + k)];
+                    bound += std::fabs(x) * sw / 2 + sa / 2 * std::fabs(w) + sa * sw / 4;
+                    abs_dot += std::fabs(x * w);
+                }
+                bound += 2 * double(cols + 8) * kU * abs_dot + 1e-6;
+                const size_t i = size_t(t * rows + r);
+                ASSERT_LE(std::fabs(double(yf[i]) - yq[i]), bound) << "group " << group << " t " << t << " r " << r;
+            }
+    }
+}
+
+TEST(MatmulInt8, WrongScaleIsCaught) {
+    // The comparison must fail when one scale is off by 1%: guards against tolerances too loose to
+    // see a scale/group indexing bug.
+    const int64_t n = 4, rows = 8, cols = 128, group = 32;
+    QuantMat m = make_quant_mat(rows, cols, group, 3);
+    const auto x = rand_vec(size_t(n * cols), 9);
+    std::vector<float> ref(size_t(n * rows)), got(ref.size());
+    matmul_ref(x.data(), n, m.view(), nullptr, ref.data());
+    const Acts a = make_acts(n, cols, cols, 5);
+    std::vector<float> ref8(ref.size()), got8(ref.size());
+    matmul_w8a8_ref(a.view, m.view(), nullptr, ref8.data());
+    m.scales[5] *= 1.01f;  // row 1, group 1
+    for (CpuIsa isa : cpu_isas_available()) {
+        matmul(x.data(), n, m.view(), nullptr, got.data(), isa);
+        EXPECT_GT(worst_w8a16(x.data(), n, m.view(), nullptr, got, ref), 1.0) << cpu_isa_name(isa);
+        matmul_w8a8(a.view, m.view(), nullptr, got8.data(), isa);
+        EXPECT_GT(worst_w8a8(a.view, m.view(), nullptr, got8, ref8), 1.0) << cpu_isa_name(isa);
+    }
+}
+
+TEST(MatmulInt8, VariantsAreListedAndResolved) {
+    const auto& v = cpu_isas_available();
+    ASSERT_FALSE(v.empty());
+    EXPECT_EQ(v.front(), CpuIsa::Scalar);
+    EXPECT_NE(std::find(v.begin(), v.end(), cpu_isa_resolve(CpuIsa::Auto)), v.end());
+    EXPECT_EQ(std::string(matmul_isa()), cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)));
+    EXPECT_ANY_THROW(matmul_w8a8(QuantizedActs{}, WeightView{}, nullptr, nullptr));  // F32 weights
+}

@@ -1,0 +1,60 @@
+// Accuracy on real weights: the shipped KJV model (launch/models/kjv-small) on its held-out text,
+// FP32 against BF16, INT8 weights, W8A8, the INT8 KV cache and tensor parallelism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+
+using namespace shardlm::test;
+
+namespace {
+
+const std::string kModel = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+
+class ShippedModel : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        // A third of the held-out text (~12k tokens) keeps the suite quick and the estimate stable.
+        dir_ = new TempDir();
+        const std::string text = read_file(kModel + "/heldout.txt");
+        write_file(dir_->file("heldout.txt"), text.substr(0, text.size() / 3));
+    }
+    static void TearDownTestSuite() { delete dir_; }
+
+    static double ppl(const std::string& flags, const std::string& launcher = "") {
+        const CommandResult r = run_command(launcher + SHARDLM_BIN " perplexity --model " + kModel + " --text-file " +
+                                            dir_->file("heldout.txt") + " --ctx 256 --prefill-chunk 256 --json " + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        if (r.exit_code != 0) return NAN;
+        return nlohmann::json::parse(r.out)["perplexity"].get<double>();
+    }
+    static TempDir* dir_;
+};
+TempDir* ShippedModel::dir_ = nullptr;
+
+}  // namespace
+
+TEST_F(ShippedModel, QuantizationCostsLittlePerplexity) {
+    const double fp32 = ppl("--weights fp32 --kv fp32");
+    EXPECT_GT(fp32, 20.0);  // a trained model, not noise (held-out perplexity ~60 at 3M parameters)
+    EXPECT_LT(fp32, 100.0);
+    auto rel = [&](double p) { return (p - fp32) / fp32; };
+    EXPECT_LE(std::fabs(rel(ppl("--weights bf16 --kv fp32"))), 0.01);
+    EXPECT_LE(rel(ppl("--weights int8 --kv fp32")), 0.01);
+    EXPECT_LE(rel(ppl("--weights w8a8 --kv fp32")), 0.03);
+    EXPECT_LE(rel(ppl("--weights fp32 --kv int8")), 0.01);
+    EXPECT_LE(rel(ppl("--weights int8 --kv int8")), 0.02);
+}
+
+#ifdef SHARDLM_MPIEXEC
+TEST_F(ShippedModel, TensorParallelEqualsOneRank) {
+    const std::string mpirun = std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
+    for (const char* flags : {"--weights fp32 --kv fp32", "--weights int8 --kv int8"}) {
+        const double one = ppl(flags), two = ppl(flags, mpirun);
+        EXPECT_NEAR(two, one, 1e-4 * one) << flags;
+    }
+}
+#endif

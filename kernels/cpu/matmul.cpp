@@ -173,7 +173,7 @@ void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias,
     const int64_t macs = a.n * w.rows * w.cols;
     const CpuIsa chosen = cpu_isa_resolve(isa);
     if (chosen == CpuIsa::Scalar) {
-        for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
+        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
         return;
     }
     PrepStore store;
@@ -181,16 +181,16 @@ void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias,
     switch (chosen) {
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx512(p, w, bias, y, r0, r1); });
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx512(p, w, bias, y, r0, r1); });
             return;
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
         case CpuIsa::Avx2:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx2(p, w, bias, y, r0, r1); });
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx2(p, w, bias, y, r0, r1); });
             return;
 #endif
         default:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
             return;
     }
 }

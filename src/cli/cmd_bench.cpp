@@ -152,7 +152,21 @@ int cmd_bench(const Args& args, Communicator& comm) {
     // (Without the cache a step reads the weights once too, but does prompt-length times the work.)
     const double step_bytes = double(s->weights.bytes) + (no_cache ? 0.0 : kv_row * avg_pos * double(batch));
 
+    // Bytes each rank sends into collectives per decode step: an all-reduce of the hidden states
+    // after the embedding, o_proj and down_proj (f32), and the all-gather of the logit slices.
+    const double comm_step = comm.size() == 1 ? 0.0
+        : double(batch) * 4.0 * (double(c.hidden) * double(1 + 2 * c.n_layers) + double(plan.vocab_per_rank));
     struct Row { std::string test; Stats st; double tokens, gbps; };
+    // All-reduce latency at the size the engine uses in decode (batch x hidden floats).
+    double allreduce_us = 0;
+    if (comm.size() > 1) {
+        std::vector<float> buf(size_t(batch * c.hidden), 1.0f);
+        const int iters = 200;
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) comm.all_reduce_sum(buf.data(), buf.size());
+        allreduce_us = ms_since(t0) * 1000.0 / iters;
+    }
     if (!root) return 0;
     const Stats pp = stats(pp_ms), tg = stats(tg_ms);
     std::vector<Row> rows = {
@@ -167,6 +181,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
             j["kv_cache"] = !no_cache;
             j["batch"] = batch;
             j["tp"] = comm.size();
+            j["comm_bytes_per_step"] = comm_step;
+            j["allreduce_us"] = allreduce_us;
+            j["allreduces_per_step"] = comm.size() == 1 ? 0 : 1 + 2 * c.n_layers;
             j["device"] = std::string("cpu(") + matmul_isa() + ")";
             j["weights"] = wname;
             j["kv"] = kvname;

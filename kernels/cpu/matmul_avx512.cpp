@@ -278,6 +278,12 @@ inline std::pair<__mmask16, __mmask16> row_masks(int64_t nr) {
 
 template <DType DT>
 void gemm_rows(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int64_t kTokBlock = 256;  // bounds the packed x (256 x cols f32) and the y tiles
+    if (n > kTokBlock) {
+        for (int64_t t0 = 0; t0 < n; t0 += kTokBlock)
+            gemm_rows<DT>(x + t0 * w.cols, std::min(kTokBlock, n - t0), w, bias, y + t0 * w.rows, r0, r1);
+        return;
+    }
     // x is packed once per call as [tile][cols][NR]; then each 32-row block runs over all k-blocks
     // with its y tile ([n][32], L1/L2-resident) accumulated in place. (k-blocks outermost would
     // stream all of y through the caches once per k-block, each kernel call stalling on it.)
@@ -443,7 +449,7 @@ void w8a8_gemv_tile(const W8A8Prep& a, const WeightView& w, int64_t r, const flo
 
 template <int T>
 void w8a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    constexpr int R = T == 1 ? 8 : T == 2 ? 4 : 2;  // R * T <= 8: GCC spills beyond that
+    constexpr int R = T == 1 ? 8 : 4;
     constexpr int64_t kAhead = 2;
     const int8_t* base = static_cast<const int8_t*>(w.data);
     int64_t r = r0;

@@ -199,6 +199,30 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceW8A8) {
     }
 }
 
+TEST(MatmulInt8, LongPrefillIsBlocked) {
+    // More tokens than one GEMM token block (256), INT8 groups and bf16 weights.
+    const int64_t n = 300, rows = 45, cols = 160;
+    const QuantMat m = make_quant_mat(rows, cols, 32, 77);
+    std::vector<uint16_t> h(m.f32.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(m.f32[i]);
+    WeightView wb;
+    wb.dtype = DType::BF16;
+    wb.data = h.data();
+    wb.rows = rows;
+    wb.cols = cols;
+    const auto x = rand_vec(size_t(n * cols), 78);
+    const auto bias = rand_vec(size_t(rows), 79);
+    for (const WeightView& w : {m.view(), wb}) {
+        std::vector<float> ref(size_t(n * rows)), got(ref.size());
+        matmul_ref(x.data(), n, w, bias.data(), ref.data());
+        for (CpuIsa isa : cpu_isas_available()) {
+            std::fill(got.begin(), got.end(), NAN);
+            matmul(x.data(), n, w, bias.data(), got.data(), isa);
+            ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref), 1.0) << dtype_name(w.dtype) << " " << cpu_isa_name(isa);
+        }
+    }
+}
+
 TEST(MatmulInt8, W8A8IsCloseToFloat) {
     // x w - (qa sa)(qw sw) = x dw + dx w - dx dw with |dw| <= sw / 2, |dx| <= sa / 2 per element, so
     // |y_f32 - y_w8a8| <= sum_k |x| sw/2 + sa/2 |w| + sa sw / 4 (+ f32 rounding of both sides).

@@ -29,7 +29,8 @@ rows = {r["test"].rstrip("0123456789"): r for r in map(json.loads, sys.stdin)}
 pp, tg = rows["pp"], rows["tg"]
 m = pp["memory"]
 mem = (m["weights_bytes"] + m["kv_cache_bytes"] + m["workspace_bytes"]) / 1e9
-print(f"| {name} | {mem:.2f} | {pp[\"avg_ms\"]:.0f} | {tg[\"avg_ms\"] / int(sys.argv[2]):.1f} | {tg[\"device\"]} |")
+ms_pp, ms_tok, dev = pp["avg_ms"], tg["avg_ms"] / int(sys.argv[2]), tg["device"]
+print(f"| {name} | {mem:.2f} | {ms_pp:.0f} | {ms_tok:.1f} | {dev} |")
 ' "$name" "$gen"
 }
 echo "# $(date -u +%Y-%m-%d), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) threads, $("$bin" --version | head -1)"

@@ -21,9 +21,7 @@
 #include "model/synthetic.h"
 #include "runtime/session.h"
 
-#ifndef SHARDLM_GIT_COMMIT
-#define SHARDLM_GIT_COMMIT "unknown"
-#endif
+#include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 
 namespace shardlm {
 

@@ -18,9 +18,7 @@
 #include "tokenizer/prompts.h"
 #include "tokenizer/tokenizer.h"
 
-#ifndef SHARDLM_GIT_COMMIT
-#define SHARDLM_GIT_COMMIT "unknown"
-#endif
+#include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 // What "the same build" means across ranks.
 #define SHARDLM_BUILD_ID SHARDLM_GIT_COMMIT
 

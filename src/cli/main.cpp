@@ -13,9 +13,7 @@
 #ifndef SHARDLM_VERSION
 #define SHARDLM_VERSION "0.0.0"
 #endif
-#ifndef SHARDLM_GIT_COMMIT
-#define SHARDLM_GIT_COMMIT "unknown"
-#endif
+#include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 
 namespace {
 

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <gtest/gtest.h>
+
 #include "comm/communicator.h"
 
 namespace shardlm::test {
@@ -80,6 +82,15 @@ CommandResult run_command(const std::string& cmdline) {
     r.out = read_file(out);
     r.err = read_file(err);
     return r;
+}
+
+void expect_cli_error(const std::string& args, const std::string& needle) {
+    const CommandResult r = run_command(std::string(SHARDLM_BIN) + " " + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(r.err.rfind("shardlm: error: ", 0), 0u) << args << "\nstderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\nstderr: " << r.err;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

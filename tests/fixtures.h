@@ -44,6 +44,10 @@ struct CommandResult {
 // Runs a shell command line, capturing stdout and stderr.
 CommandResult run_command(const std::string& cmdline);
 
+// Runs the shardlm binary with `args` and expects the CLI's error contract: non-zero exit (not a
+// crash), exactly one stderr line "shardlm: error: ..." containing `needle`. GoogleTest assertions.
+void expect_cli_error(const std::string& args, const std::string& needle);
+
 // Largest |a - b| over two equally long vectors.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 

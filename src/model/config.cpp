@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/mmap_file.h"
+#include "model/shard.h"
 
 namespace shardlm {
 
@@ -182,16 +183,6 @@ ModelConfig load_config(const std::string& model_dir) {
     return parse_config(read_text_file(path), path);
 }
 
-int64_t parameter_count(const ModelConfig& c) {
-    const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
-    int64_t layer = c.hidden * q + 2 * c.hidden * kv + q * c.hidden  // q, k, v, o
-                    + 3 * c.hidden * c.intermediate                    // gate, up, down
-                    + 2 * c.hidden;                                    // two norms
-    if (c.qkv_bias) layer += q + 2 * kv;
-    if (c.qk_norm) layer += 2 * c.head_dim;
-    int64_t total = c.n_layers * layer + c.vocab * c.hidden + c.hidden;
-    if (!c.tie_embeddings) total += c.vocab * c.hidden;
-    return total;
-}
+int64_t parameter_count(const ModelConfig& c) { return shard_parameter_count(c, plan_shard(c, 0, 1)); }
 
 }  // namespace shardlm

@@ -16,14 +16,7 @@ namespace {
 const std::string kBin = SHARDLM_BIN;
 
 // Runs shardlm with `args`, expects failure with one "shardlm: error:" line containing `needle`.
-void expect_error(const std::string& args, const std::string& needle) {
-    const CommandResult r = run_command(kBin + " " + args);
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_EQ(r.err.rfind("shardlm: error: ", 0), 0u) << args << "\nstderr: " << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\nstderr: " << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\nstderr: " << r.err;
-    EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
-}
+void expect_error(const std::string& args, const std::string& needle) { expect_cli_error(args, needle); }
 
 class Cli : public ::testing::Test {
 protected:

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -171,4 +172,31 @@ TEST_F(Cli, PerplexityAndPerLayerSensitivity) {
     expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --per-layer", "--per-layer needs");
     write_file(dir_.file("bad.txt"), "1 2 x3");
     expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("bad.txt"), "is not a token id");
+}
+
+TEST_F(Cli, BenchJsonRowsCarryEveryField) {
+    const std::string cmd = kBin + " bench --model " + dir_.path() + " --batch 2 --prompt-len 16 --gen 4 -r 2 --json";
+    const CommandResult a = run_command(cmd), b = run_command(cmd + " --weights int8 --kv int8");
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    std::vector<nlohmann::json> rows;
+    std::istringstream in(a.out);
+    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0]["test"], "pp16");
+    EXPECT_EQ(rows[1]["test"], "tg4");
+    for (const auto& r : rows) {
+        for (const char* k : {"batch", "tp", "device", "weights", "kv", "avg_ms", "stddev_ms", "tokens_per_s", "gbps",
+                              "peak_gbps", "memory", "logits_checksum", "build_commit"})
+            EXPECT_TRUE(r.contains(k)) << k;
+        EXPECT_GT(r["peak_gbps"].get<double>(), 0.0);
+        EXPECT_EQ(r["batch"], 2);
+    }
+    EXPECT_GT(rows[1]["gbps"].get<double>(), 0.0);
+    // Same inputs, same logits: the checksum repeats exactly across runs, and INT8 moves it.
+    const CommandResult again = run_command(cmd);
+    const auto first = nlohmann::json::parse(a.out.substr(0, a.out.find('\n')));
+    const auto second = nlohmann::json::parse(again.out.substr(0, again.out.find('\n')));
+    EXPECT_EQ(first["logits_checksum"], second["logits_checksum"]);
+    EXPECT_NE(first["logits_checksum"], nlohmann::json::parse(b.out.substr(0, b.out.find('\n')))["logits_checksum"]);
 }

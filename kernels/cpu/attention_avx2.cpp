@@ -7,44 +7,12 @@
 #include <cmath>
 
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace shardlm {
 namespace {
 
-template <DType DT>
-constexpr size_t elem_size() {
-    return DT == DType::F32 ? 4 : DT == DType::I8 ? 1 : 2;
-}
 
-template <DType DT>
-inline float load1(const void* p, int64_t i) {
-    if constexpr (DT == DType::F32) return static_cast<const float*>(p)[i];
-    else if constexpr (DT == DType::F16) return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    else if constexpr (DT == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    else return float(static_cast<const int8_t*>(p)[i]);
-}
-
-template <DType DT>
-inline __m256 load8(const void* p, int64_t i) {
-    if constexpr (DT == DType::F32) {
-        return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-    } else if constexpr (DT == DType::F16) {
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
-    } else if constexpr (DT == DType::BF16) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i));
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    }
-}
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 inline const void* row_ptr(const KvRows& kv, int64_t slot) {
     return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);

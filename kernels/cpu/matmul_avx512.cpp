@@ -26,6 +26,7 @@
 
 #include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace shardlm {
 namespace {
@@ -69,11 +70,6 @@ inline __m512 load16m(const void* p, int64_t i, __mmask16 m) {
         const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(p) + i);
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
     }
-}
-
-template <DType DT>
-constexpr size_t elem_size() {
-    return DT == DType::F32 ? 4 : DT == DType::I8 ? 1 : 2;
 }
 
 // acc += u8(a) . s8(b) per 32-bit lane (4 products each). GCC 12 wraps the intrinsic in register

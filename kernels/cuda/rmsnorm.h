@@ -1,4 +1,4 @@
-// RMSNorm on the GPU, FP32 math: y = x / sqrt(mean(x^2) + eps) * w over `rows` rows of `dim`.
+// RMSNorm on the GPU, FP32 math: y = x / sqrt(mean(x^2) + eps) * w over rows of `dim`.
 // Same contract as rmsnorm_ref in kernels/cpu/rmsnorm.h; pointers are device memory.
 #pragma once
 
@@ -10,5 +10,15 @@ namespace shardlm {
 
 void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                   cudaStream_t stream);
+
+// The residual step of a decoder layer fused with the next norm: x += delta (skipped when delta
+// is null), then y = rmsnorm(x) * w, over `rows` rows of `dim`. x is updated in place.
+void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
+                      float eps, cudaStream_t stream);
+
+// The final norm on the rows whose logits are wanted: y[i] = rmsnorm(x[r] + delta[r]) * w with
+// r = rows[i] (device array of n row indexes; delta may be null). x is not modified.
+void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, int64_t n, const float* w,
+                       float* y, int64_t dim, float eps, cudaStream_t stream);
 
 }  // namespace shardlm

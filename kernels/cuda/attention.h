@@ -1,0 +1,43 @@
+// Causal grouped-query attention over the device KV cache (kernels/cuda/kv_layout.h), FP32 math
+// (scores, softmax, sums). Query head h reads KV head h / (n_heads / n_kv_heads). The step's
+// keys and values are already in the cache (rope_kv_cuda), so a chunk attends to its own tokens
+// and to everything cached before it through one path. Same results as attention_cached in
+// kernels/cpu/attention.h, chunk by chunk.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/kv_layout.h"
+
+namespace shardlm {
+
+// Flash: FlashAttention-2 style tiles of queries against tiles of keys in shared memory with an
+// online softmax for chunks of several tokens, and split-KV for one-token (decode) chunks: the
+// keys are cut into up to n_splits ranges processed by separate blocks, then merged.
+// Naive: one block per (query, head) making three plain passes over the keys (max, sum,
+// weighted values); the fallback and the baseline.
+enum class AttentionKind { Flash, Naive };
+
+struct AttentionCuda {
+    const float* q = nullptr;  // [T, n_heads * head_dim]
+    float* out = nullptr;      // [T, n_heads * head_dim]
+    const AttnChunk* chunks = nullptr;  // device [n_chunks]
+    int64_t n_chunks = 0;
+    int64_t max_chunk_n = 0;  // largest chunk n (host-known; sizes the grid)
+    int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+    float scale = 1.0f;
+    DeviceKVLayer kv;
+    // Split-KV partial results; attention_scratch_bytes() of them. The grid depends only on
+    // n_chunks, max_chunk_n and kv.capacity, never on positions, so a captured graph stays valid
+    // as the sequences grow.
+    void* scratch = nullptr;
+};
+
+size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity);
+
+void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t stream);
+
+}  // namespace shardlm

@@ -1,0 +1,19 @@
+// Decode-time matrix-vector products on the GPU: y[n, rows] = x[n, cols] * W^T (+ bias) for a
+// handful of token rows (n <= kGemvMaxTokens) in one pass over the weights, which is what bounds
+// a decode step: every weight byte is read once per step whatever n is. x, y, bias are f32 device
+// memory; W is F32/F16/BF16 or I8 (dequantized in registers, per channel or per group).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/matrix.h"
+
+namespace shardlm {
+
+constexpr int64_t kGemvMaxTokens = 8;
+
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream);
+
+}  // namespace shardlm

@@ -10,4 +10,8 @@ namespace shardlm {
 
 void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
+// The same after a fused gate/up projection: gate_up is [T, 2 * inter] with each token's gate
+// columns then its up columns; out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i], [T, inter].
+void silu_mul_rows_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, cudaStream_t stream);
+
 }  // namespace shardlm

@@ -29,11 +29,22 @@ std::string cuda_device_description(int index) {
     return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " + mem + ")";
 }
 
+double cuda_peak_gbps() {
+    int dev = 0, khz = 0, bits = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev));
+    return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9;
+}
+
 void cuda_after_launch(cudaStream_t stream, const char* kernel) {
     const cudaError_t e = cudaGetLastError();
     SHARDLM_CHECK_GEN("CUDA launch", e == cudaSuccess, kernel, cudaGetErrorString(e));
     const char* sync = std::getenv("SHARDLM_DEBUG_SYNC");
-    if (sync && sync[0] == '1') {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    // A stream being captured into a graph cannot be synchronised; the replay is checked instead.
+    if (sync && sync[0] == '1' && capturing == cudaStreamCaptureStatusNone) {
         const cudaError_t s = cudaStreamSynchronize(stream);
         SHARDLM_CHECK_GEN("CUDA kernel", s == cudaSuccess, kernel, cudaGetErrorString(s));
     }

@@ -11,4 +11,8 @@ int cuda_usable_device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB)" for device `index`.
 std::string cuda_device_description(int index);
 
+// Theoretical memory bandwidth of the current device in GB/s: 2 (double data rate) x memory
+// clock x bus width, from the device's attributes (e.g. about 4900 for an H200).
+double cuda_peak_gbps();
+
 }  // namespace shardlm

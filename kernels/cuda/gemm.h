@@ -19,7 +19,7 @@ namespace shardlm {
 class CublasGemm {
 public:
     // Scratch for the largest product the engine will ask for: max_tokens rows of at most
-    // max_cols inputs, and I8 weights of at most max_weight_elems elements.
+    // max_cols inputs; I8 weights are dequantized max_weight_elems elements (whole rows) at a time.
     CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols, int64_t max_weight_elems);
     ~CublasGemm();
     CublasGemm(const CublasGemm&) = delete;

@@ -13,9 +13,14 @@
 namespace shardlm {
 
 struct RopeKVParams {
-    float* q = nullptr;        // [T, n_heads * head_dim], rotated in place
+    float* q = nullptr;        // [T, n_heads * head_dim], rotated in place (or into q_out)
     float* k = nullptr;        // [T, n_kv_heads * head_dim], normed and rotated in place
     const float* v = nullptr;  // [T, n_kv_heads * head_dim]
+    // Elements from one token's row to the next in q, k and v; 0: each tensor is packed. A fused
+    // QKV projection writes [T, q | k | v] rows, so q, k, v point into one row at their offsets
+    // and row_stride is the fused width.
+    int64_t row_stride = 0;
+    float* q_out = nullptr;    // [T, n_heads * head_dim] packed rotated q; null: q in place
     int64_t T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
     const int32_t* pos = nullptr;   // [T] position of each row
     const int32_t* slot = nullptr;  // [T] KV-cache slot of each row

@@ -1,37 +1,107 @@
-// rmsnorm_cuda against the CPU reference on awkward shapes; skips where no GPU is usable.
+// rmsnorm_cuda, add_rmsnorm_cuda and rmsnorm_rows_cuda against rmsnorm_ref on awkward shapes;
+// skips where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/rmsnorm.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/int8_test_util.h"
 
 using namespace shardlm;
+using shardlm::test::DeviceBuffer;
+
+namespace {
+
+constexpr float kEps = 1e-6f;
+const int64_t kShapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {2, 255}, {7, 2048}, {1, 5000}, {64, 129}, {3, 8192}};
+
+std::vector<float> norm_weights(int64_t dim) {
+    std::vector<float> w(static_cast<size_t>(dim));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.01f * float(i % 17);
+    return w;
+}
+
+// FP32 block reduction against the reference's double sum, and rsqrtf (2 ulp): a few 1e-6 relative.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, int64_t dim, const char* what) {
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], ref[i], 1e-5 + 1e-5 * std::fabs(ref[i]))
+            << what << " dim " << dim << " row " << int64_t(i) / dim << " col " << int64_t(i) % dim;
+}
+
+}  // namespace
 
 TEST(RmsNormCuda, MatchesReference) {
     if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
-    const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {2, 255}, {7, 2048}, {1, 5000}, {64, 129}};
-    for (const auto& s : shapes) {
+    for (const auto& s : kShapes) {
         const int64_t rows = s[0], dim = s[1];
-        std::vector<float> x(size_t(rows * dim)), w(static_cast<size_t>(dim)), ref(x.size()), got(x.size());
+        std::vector<float> x(size_t(rows * dim)), ref(x.size());
         for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.37f) * 3.0f;
-        for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.01f * float(i % 17);
-        rmsnorm_ref(x.data(), w.data(), ref.data(), rows, dim, 1e-6f);
-        float *dx, *dw, *dy;
-        CUDA_CHECK(cudaMalloc(&dx, x.size() * 4));
-        CUDA_CHECK(cudaMalloc(&dw, w.size() * 4));
-        CUDA_CHECK(cudaMalloc(&dy, x.size() * 4));
-        CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-        rmsnorm_cuda(dx, dw, dy, rows, dim, 1e-6f, nullptr);
-        CUDA_CHECK(cudaMemcpy(got.data(), dy, x.size() * 4, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaFree(dx));
-        CUDA_CHECK(cudaFree(dw));
-        CUDA_CHECK(cudaFree(dy));
-        for (size_t i = 0; i < got.size(); ++i)
-            ASSERT_NEAR(got[i], ref[i], 1e-5 + 1e-5 * std::fabs(ref[i])) << rows << "x" << dim << " at " << i;
+        const std::vector<float> w = norm_weights(dim);
+        rmsnorm_ref(x.data(), w.data(), ref.data(), rows, dim, kEps);
+        DeviceBuffer<float> dx(x), dw(w), dy(x.size());
+        rmsnorm_cuda(dx.get(), dw.get(), dy.get(), rows, dim, kEps, nullptr);
+        expect_close(dy.download(), ref, dim, "rmsnorm");
+        // In place, as the reference allows.
+        rmsnorm_cuda(dx.get(), dw.get(), dx.get(), rows, dim, kEps, nullptr);
+        expect_close(dx.download(), ref, dim, "rmsnorm in place");
+    }
+}
+
+TEST(RmsNormCuda, AddRmsNormUpdatesResidualAndNorms) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    for (const auto& s : kShapes) {
+        const int64_t rows = s[0], dim = s[1];
+        const std::vector<float> x = test::rand_vec(size_t(rows * dim), uint32_t(dim), 4.0f);
+        const std::vector<float> delta = test::rand_vec(x.size(), uint32_t(dim + 1), 2.0f);
+        const std::vector<float> w = norm_weights(dim);
+        for (const bool with_delta : {true, false}) {
+            std::vector<float> sum = x, ref(x.size());
+            if (with_delta)
+                for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
+            rmsnorm_ref(sum.data(), w.data(), ref.data(), rows, dim, kEps);
+            DeviceBuffer<float> dx(x), dd(delta), dw(w), dy(x.size());
+            add_rmsnorm_cuda(dx.get(), with_delta ? dd.get() : nullptr, dw.get(), dy.get(), rows, dim, kEps, nullptr);
+            // One float addition per element: the residual must be exact.
+            const std::vector<float> got_x = dx.download();
+            for (size_t i = 0; i < sum.size(); ++i)
+                ASSERT_EQ(got_x[i], sum[i]) << "residual dim " << dim << " delta " << with_delta << " at " << i;
+            expect_close(dy.download(), ref, dim, with_delta ? "add_rmsnorm" : "add_rmsnorm without delta");
+        }
+    }
+}
+
+TEST(RmsNormCuda, RowsGathersAndLeavesXAlone) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    for (const auto& s : kShapes) {
+        const int64_t rows = s[0], dim = s[1];
+        const std::vector<float> x = test::rand_vec(size_t(rows * dim), uint32_t(3 * dim), 4.0f);
+        const std::vector<float> delta = test::rand_vec(x.size(), uint32_t(3 * dim + 1), 2.0f);
+        const std::vector<float> w = norm_weights(dim);
+        // Last row first, then every other row, then the last row again (a repeat).
+        std::vector<int32_t> idx = {int32_t(rows - 1)};
+        for (int64_t r = 0; r < rows; r += 2) idx.push_back(int32_t(r));
+        idx.push_back(int32_t(rows - 1));
+        const int64_t n = int64_t(idx.size());
+        for (const bool with_delta : {true, false}) {
+            std::vector<float> picked(size_t(n * dim)), ref(picked.size());
+            for (int64_t b = 0; b < n; ++b)
+                for (int64_t i = 0; i < dim; ++i) {
+                    const size_t src = size_t(idx[size_t(b)] * dim + i);
+                    picked[size_t(b * dim + i)] = with_delta ? x[src] + delta[src] : x[src];
+                }
+            rmsnorm_ref(picked.data(), w.data(), ref.data(), n, dim, kEps);
+            DeviceBuffer<float> dx(x), dd(delta), dw(w), dy(picked.size());
+            DeviceBuffer<int32_t> di(idx);
+            rmsnorm_rows_cuda(dx.get(), with_delta ? dd.get() : nullptr, di.get(), n, dw.get(), dy.get(), dim, kEps,
+                              nullptr);
+            expect_close(dy.download(), ref, dim, with_delta ? "rmsnorm_rows" : "rmsnorm_rows without delta");
+            EXPECT_EQ(dx.download(), x) << "rmsnorm_rows must not modify x";
+        }
     }
 }

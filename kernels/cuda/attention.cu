@@ -1,0 +1,679 @@
+// attention_cuda: causal GQA over the device KV cache, FP32 math. Three kernels share one staging
+// routine that dequantizes 16-byte pieces of cache rows (F32/F16/BF16/I8) into f32 shared tiles:
+//   flash_prefill_kernel  FlashAttention-2 style; a block owns 32 (query, head) rows of one chunk
+//                         and one KV head (every query head of the group shares the K/V tiles).
+//   flash_decode_kernel   split-KV for one-token chunks; partials merged by flash_merge_kernel.
+//   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
+// Cache row addresses: block (slot, kv head) = (slot * n_kv_heads + kvh) * capacity rows; position
+// p lives in row p % capacity; a row is row_stride * dtype_size bytes, a multiple of 16 (128 by
+// contract), so a 16-byte load that starts before head_dim stays inside the row. Columns at or
+// beyond head_dim (the padding, possibly garbage) and rows past the causal end are never used:
+// they are staged as zeros (selected, not multiplied, so NaN garbage cannot leak).
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace shardlm {
+namespace {
+
+// Split-KV plan, a function of the capacity alone: a captured graph stays valid as sequences grow.
+constexpr int64_t kMinKeysPerSplit = 64, kMaxSplits = 32, kDecodeTile = 32;
+
+struct SplitPlan {
+    int n_splits, keys_per_split;
+};
+
+SplitPlan split_plan(int64_t capacity) {
+    int64_t n = (capacity + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+    n = n < 1 ? 1 : (n > kMaxSplits ? kMaxSplits : n);
+    int64_t per = (capacity + n - 1) / n;
+    per = (per + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+    n = (capacity + per - 1) / per;
+    return {int(n < 1 ? 1 : n), int(per)};
+}
+
+// What the kernels need, flattened from AttentionCuda (passed by value as a kernel parameter).
+struct Args {
+    const float* q;    // [T, n_heads * head_dim]
+    float* out;        // [T, n_heads * head_dim]
+    const AttnChunk* chunks;
+    const uint8_t* k;  // [n_slots][n_kv_heads][capacity] rows of row_bytes
+    const uint8_t* v;
+    const float* k_scales;  // I8: [n_slots][n_kv_heads][capacity]
+    const float* v_scales;
+    DType dtype;
+    int n_heads, n_kv_heads, group, head_dim;
+    int64_t capacity, row_bytes;
+    float scale;
+    // Split-KV partials: record ((chunk * n_heads + h) * n_splits + split) is
+    // [m, l, acc[head_dim]] (head_dim + 2 floats): running max, sum of exp, unnormalised output.
+    float* partials;
+    int n_splits, keys_per_split;
+};
+
+__device__ __forceinline__ int64_t cache_row(const Args& a, int64_t block, int p) {
+    return block + (p < a.capacity ? int64_t(p) : int64_t(p) % a.capacity);
+}
+
+// Writes e floats (x masked to columns < head_dim) at dst, 16-byte aligned.
+template <int E>
+__device__ __forceinline__ void store_masked(float* dst, const float (&x)[E], int col0, int head_dim) {
+#pragma unroll
+    for (int i = 0; i < E; i += 4) {
+        float4 o;
+        o.x = col0 + i + 0 < head_dim ? x[i + 0] : 0.0f;
+        o.y = col0 + i + 1 < head_dim ? x[i + 1] : 0.0f;
+        o.z = col0 + i + 2 < head_dim ? x[i + 2] : 0.0f;
+        o.w = col0 + i + 3 < head_dim ? x[i + 3] : 0.0f;
+        *reinterpret_cast<float4*>(dst + i) = o;
+    }
+}
+
+__device__ __forceinline__ void store_zeros(float* dst, int e) {
+    for (int i = 0; i < e; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+__device__ __forceinline__ int chunk_elems(DType t) { return t == DType::F32 ? 4 : (t == DType::I8 ? 16 : 8); }
+
+// Dequantizes the 16-byte piece c of a cache row (elements c*E .. c*E+E-1, E = 16 / dtype size)
+// into dst. I8 values are float(q) * scale, as on the CPU.
+__device__ __forceinline__ void stage_piece(const uint8_t* row, float scale, DType t, int c, int head_dim,
+                                            float* dst) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + int64_t(c) * 16);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    switch (t) {
+        case DType::F32: {
+            const float x[4] = {__uint_as_float(w[0]), __uint_as_float(w[1]), __uint_as_float(w[2]),
+                                __uint_as_float(w[3])};
+            store_masked<4>(dst, x, c * 4, head_dim);
+            break;
+        }
+        case DType::F16: {
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                __half2 h;
+                memcpy(&h, &w[i], 4);
+                const float2 f = __half22float2(h);  // low half = first element
+                x[2 * i] = f.x;
+                x[2 * i + 1] = f.y;
+            }
+            store_masked<8>(dst, x, c * 8, head_dim);
+            break;
+        }
+        case DType::BF16: {
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                x[2 * i] = __uint_as_float(w[i] << 16);
+                x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            }
+            store_masked<8>(dst, x, c * 8, head_dim);
+            break;
+        }
+        default: {  // I8
+            float x[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) x[i] = float(int8_t(uint8_t(w[i / 4] >> (8 * (i % 4))))) * scale;
+            store_masked<16>(dst, x, c * 16, head_dim);
+            break;
+        }
+    }
+}
+
+// Stages cache positions [p0, p0 + rows) of one (slot, KV head) block into s[rows][DP + 4] as f32;
+// positions >= p_end and columns >= head_dim become zeros. All NT threads take part.
+template <int DP, int NT>
+__device__ __forceinline__ void stage_tile(const Args& a, const uint8_t* base, const float* scales, int64_t block,
+                                           int p0, int rows, int p_end, float* s) {
+    const int e = chunk_elems(a.dtype), pieces = DP / e;  // pieces per staged row (a power of two)
+#pragma unroll 4
+    for (int w = threadIdx.x; w < rows * pieces; w += NT) {
+        const int r = w / pieces, c = w - r * pieces, p = p0 + r;
+        float* dst = s + r * (DP + 4) + c * e;
+        if (p < p_end && c * e < a.head_dim) {
+            const int64_t row = cache_row(a, block, p);
+            stage_piece(base + row * a.row_bytes, scales ? scales[row] : 1.0f, a.dtype, c, a.head_dim, dst);
+        } else {
+            store_zeros(dst, e);
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_max(float x, int width) {
+    for (int off = width / 2; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x, int width) {
+    for (int off = width / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float s) {
+    s = fmaf(a.x, b.x, s);
+    s = fmaf(a.y, b.y, s);
+    s = fmaf(a.z, b.z, s);
+    return fmaf(a.w, b.w, s);
+}
+
+__device__ __forceinline__ float get(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// The exp reference of an online-softmax row: a row that has seen only masked keys keeps
+// m = -inf, and exp(-inf - -inf) would be NaN; 0 makes every exp of it 0 instead.
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill. Block (tile, kv head, chunk); 256 threads; the block's 32 rows are the chunk's
+// (query i, group head g) pairs r = i * group + g, r in [tile * 32, tile * 32 + 32). Thread
+// (ti = tid / 16, tj = tid % 16) owns rows 2ti and 2ti+1: their scores at keys tj + 16u of each
+// key tile and their outputs at columns tj*4 + 64u .. +3. Per key tile of BK keys:
+//   stage K, V  ->  S = Q K^T (registers)  ->  mask, online softmax, P to shared  ->  O += P V.
+// Shared: Q [32][DP+4], K and V [BK][DP+4], P [32][BK+4] f32 (the +4 keeps 16-byte rows and
+// spreads rows over banks). Cost ~4 * rows * keys * DP flops on the FP32 pipes: expect a few
+// TFLOP/s (~10-25% of the H200's 67 TFLOP/s FP32 peak), i.e. a 2k-token prefill of 32 heads x 128
+// in roughly 3-6 ms per layer; tensor cores would be the next step.
+template <int DP, int BK>
+__global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
+    constexpr int NT = 256, BQ = 32, LD = DP + 4, LDP = BK + 4, NU = BK / 16, NV = DP / 64;
+    extern __shared__ float4 smem4[];
+    float* sQ = reinterpret_cast<float*>(smem4);
+    float* sK = sQ + BQ * LD;
+    float* sV = sK + BK * LD;
+    float* sP = sV + BK * LD;
+
+    const AttnChunk ch = a.chunks[blockIdx.z];
+    const int kvh = blockIdx.y, rows_total = ch.n * a.group;
+    const int r0 = int(gridDim.x - 1 - blockIdx.x) * BQ;  // the longest tiles first
+    if (r0 >= rows_total) return;                          // whole block: before any barrier
+    const int tid = threadIdx.x, ti = tid >> 4, tj = tid & 15;
+    const int kv_end = ch.pos0 + (min(rows_total, r0 + BQ) - 1) / a.group + 1;  // keys [0, kv_end)
+
+    for (int w = tid; w < BQ * (DP / 2); w += NT) {
+        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2, rr = r0 + r;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (rr < rows_total && c < a.head_dim) {
+            const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim + c);
+        }
+        *reinterpret_cast<float2*>(sQ + r * LD + c) = x;
+    }
+    int qpos[2];  // rows past the chunk act as its last query (zero q, never written)
+    for (int t = 0; t < 2; ++t) qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][NV][4] = {};
+    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
+    for (int p0 = 0; p0 < kv_end; p0 += BK) {
+        stage_tile<DP, NT>(a, a.k, a.k_scales, block, p0, BK, kv_end, sK);
+        stage_tile<DP, NT>(a, a.v, a.v_scales, block, p0, BK, kv_end, sV);
+        __syncthreads();
+
+        float s[2][NU] = {};
+#pragma unroll 4
+        for (int c = 0; c < DP; c += 4) {
+            const float4 q0 = *reinterpret_cast<const float4*>(sQ + (2 * ti) * LD + c);
+            const float4 q1 = *reinterpret_cast<const float4*>(sQ + (2 * ti + 1) * LD + c);
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const float4 kk = *reinterpret_cast<const float4*>(sK + (tj + 16 * u) * LD + c);
+                s[0][u] = dot4(q0, kk, s[0][u]);
+                s[1][u] = dot4(q1, kk, s[1][u]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                s[t][u] = p0 + tj + 16 * u <= qpos[t] ? s[t][u] * a.scale : -INFINITY;
+                mx = fmaxf(mx, s[t][u]);
+            }
+            mx = warp_max(mx, 16);  // the 16 lanes of a half-warp share the row
+            const float m_new = fmaxf(m[t], mx), ref = safe_max(m_new), alpha = expf(m[t] - ref);
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const float e = expf(s[t][u] - ref);
+                sP[(2 * ti + t) * LDP + tj + 16 * u] = e;
+                sum += e;
+            }
+            l[t] = l[t] * alpha + warp_sum(sum, 16);
+            m[t] = m_new;
+#pragma unroll
+            for (int u = 0; u < NV; ++u)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[t][u][e] *= alpha;
+        }
+        __syncwarp();  // rows 2ti, 2ti+1 of P are written and read by the same half-warp
+
+#pragma unroll 2
+        for (int j = 0; j < BK; j += 4) {
+            const float4 pa = *reinterpret_cast<const float4*>(sP + (2 * ti) * LDP + j);
+            const float4 pb = *reinterpret_cast<const float4*>(sP + (2 * ti + 1) * LDP + j);
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const float x0 = get(pa, jj), x1 = get(pb, jj);
+#pragma unroll
+                for (int u = 0; u < NV; ++u) {
+                    const float4 vv = *reinterpret_cast<const float4*>(sV + (j + jj) * LD + tj * 4 + 64 * u);
+                    acc[0][u][0] = fmaf(x0, vv.x, acc[0][u][0]);
+                    acc[0][u][1] = fmaf(x0, vv.y, acc[0][u][1]);
+                    acc[0][u][2] = fmaf(x0, vv.z, acc[0][u][2]);
+                    acc[0][u][3] = fmaf(x0, vv.w, acc[0][u][3]);
+                    acc[1][u][0] = fmaf(x1, vv.x, acc[1][u][0]);
+                    acc[1][u][1] = fmaf(x1, vv.y, acc[1][u][1]);
+                    acc[1][u][2] = fmaf(x1, vv.z, acc[1][u][2]);
+                    acc[1][u][3] = fmaf(x1, vv.w, acc[1][u][3]);
+                }
+            }
+        }
+        __syncthreads();  // K, V, P are restaged next iteration
+    }
+
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const int rr = r0 + 2 * ti + t;
+        if (rr >= rows_total) continue;
+        const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+        float* o = a.out + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim;
+        const float inv = 1.0f / l[t];  // l >= 1: the row's maximum contributes exp(0)
+#pragma unroll
+        for (int u = 0; u < NV; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const int c = tj * 4 + 64 * u + e;  // even, so c < head_dim implies c + 1 < head_dim
+                if (c < a.head_dim)
+                    *reinterpret_cast<float2*>(o + c) = make_float2(acc[t][u][e] * inv, acc[t][u][e + 1] * inv);
+            }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode (one-token chunks), split-KV. Block (split, kv head x head subgroup, chunk); 128 threads;
+// GB query heads of one KV group (GB = group rounded up to a power of two, at most 8; larger
+// groups take several subgroups). The split covers keys [split * keys_per_split, +keys_per_split)
+// cut at the query's position; an empty split writes the partial m = -inf, l = 0. Per tile of 32
+// keys: stage K, V; warp w dots dims [w DP/4, (w+1) DP/4) of key `lane` with every head; warp
+// (g mod 4) sums the four partials of head g, masks, updates m, l and writes P; then thread
+// (gh = tid / (DP/4), cq = tid % (DP/4)) accumulates columns 4cq..4cq+3 of heads gh + NG k (GB >=
+// NG) or, for fewer heads, of head gh % GB over keys j = gh / GB (mod NG / GB), summed at the end.
+// Memory-bound: each cache row is read once per (split, KV group); ~43 KB shared at DP = 128
+// keeps ~5 blocks per SM resident to cover load latency.
+template <int DP, int GB>
+__global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
+    constexpr int NT = 128, BK = int(kDecodeTile), LD = DP + 4, LDP = BK + 1, NQ = DP / 4, NG = NT / NQ;
+    constexpr int HPT = GB >= NG ? GB / NG : 1;  // heads per thread in P V
+    constexpr int NS = GB >= NG ? 1 : NG / GB;   // key subsets in P V
+    static_assert(BK == 32, "one key per lane");
+    extern __shared__ float4 smem4[];
+    float* sK = reinterpret_cast<float*>(smem4);
+    float* sV = sK + BK * LD;
+    float* sQ = sV + BK * LD;         // [GB][DP]
+    float* sPart = sQ + GB * DP;      // [4][GB][BK]
+    float* sP = sPart + 4 * GB * BK;  // [GB][BK + 1]
+    float* sM = sP + GB * LDP;        // [GB] running max, sum, last rescale
+    float* sL = sM + GB;
+    float* sAlpha = sL + GB;
+
+    const AttnChunk ch = a.chunks[blockIdx.z];
+    if (ch.n < 1) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kvh = blockIdx.y / n_sub, g0 = int(blockIdx.y % n_sub) * GB;
+    const int n_g = min(GB, a.group - g0), h0 = kvh * a.group + g0;
+    const int kv_len = ch.pos0 + 1;
+    const int k_begin = int(blockIdx.x) * a.keys_per_split, k_end = min(k_begin + a.keys_per_split, kv_len);
+    const int64_t rec0 = (int64_t(blockIdx.z) * a.n_heads + h0) * a.n_splits + blockIdx.x;  // head g: + g n_splits
+    const int64_t rec_size = a.head_dim + 2;
+    if (k_begin >= k_end) {  // whole block: before any barrier
+        if (tid < n_g) {
+            float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
+            rec[0] = -INFINITY;
+            rec[1] = 0.0f;
+        }
+        return;
+    }
+
+    for (int w = tid; w < GB * (DP / 2); w += NT) {
+        const int g = w / (DP / 2), c = (w % (DP / 2)) * 2;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (g < n_g && c < a.head_dim)
+            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim + c);
+        *reinterpret_cast<float2*>(sQ + g * DP + c) = x;
+    }
+    if (tid < GB) {
+        sM[tid] = -INFINITY;
+        sL[tid] = 0.0f;
+    }
+
+    const int cq = tid % NQ, gh = tid / NQ;
+    int heads[HPT];
+#pragma unroll
+    for (int k = 0; k < HPT; ++k) heads[k] = GB >= NG ? gh + NG * k : gh % GB;
+    const int j_first = GB >= NG ? 0 : gh / GB;
+    float acc[HPT][4] = {};
+    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
+
+    for (int p0 = k_begin; p0 < k_end; p0 += BK) {
+        stage_tile<DP, NT>(a, a.k, a.k_scales, block, p0, BK, k_end, sK);
+        stage_tile<DP, NT>(a, a.v, a.v_scales, block, p0, BK, k_end, sV);
+        __syncthreads();
+
+        float s[GB] = {};
+        const float* kr = sK + lane * LD + warp * (DP / 4);
+#pragma unroll 4
+        for (int c = 0; c < DP / 4; c += 4) {
+            const float4 kk = *reinterpret_cast<const float4*>(kr + c);
+#pragma unroll
+            for (int g = 0; g < GB; ++g)
+                s[g] = dot4(*reinterpret_cast<const float4*>(sQ + g * DP + warp * (DP / 4) + c), kk, s[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < GB; ++g) sPart[(warp * GB + g) * BK + lane] = s[g];
+        __syncthreads();
+
+        for (int g = warp; g < GB; g += 4) {
+            float x = sPart[g * BK + lane] + sPart[(GB + g) * BK + lane] + sPart[(2 * GB + g) * BK + lane] +
+                      sPart[(3 * GB + g) * BK + lane];
+            x = p0 + lane < k_end ? x * a.scale : -INFINITY;
+            const float m_old = sM[g], m_new = fmaxf(m_old, warp_max(x, 32)), ref = safe_max(m_new);
+            const float e = expf(x - ref), sum = warp_sum(e, 32), alpha = expf(m_old - ref);
+            sP[g * LDP + lane] = e;
+            __syncwarp();  // every lane has read sM[g]
+            if (lane == 0) {
+                sM[g] = m_new;
+                sL[g] = sL[g] * alpha + sum;
+                sAlpha[g] = alpha;
+            }
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int k = 0; k < HPT; ++k) {
+            const float alpha = sAlpha[heads[k]];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[k][e] *= alpha;
+        }
+        for (int j = j_first; j < BK; j += NS) {
+            const float4 vv = *reinterpret_cast<const float4*>(sV + j * LD + cq * 4);
+#pragma unroll
+            for (int k = 0; k < HPT; ++k) {
+                const float p = sP[heads[k] * LDP + j];
+                acc[k][0] = fmaf(p, vv.x, acc[k][0]);
+                acc[k][1] = fmaf(p, vv.y, acc[k][1]);
+                acc[k][2] = fmaf(p, vv.z, acc[k][2]);
+                acc[k][3] = fmaf(p, vv.w, acc[k][3]);
+            }
+        }
+        __syncthreads();  // K, V, P, sAlpha are rewritten next iteration
+    }
+
+    if constexpr (NS > 1) {  // sum the key subsets of each head; sK is free now
+        float* red = sK;     // [NG][DP], NG * DP = 4 NT <= BK * LD
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[gh * DP + cq * 4 + e] = acc[0][e];
+        __syncthreads();
+        if (gh < GB)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = 0.0f;
+                for (int t = 0; t < NS; ++t) x += red[(gh + GB * t) * DP + cq * 4 + e];
+                acc[0][e] = x;
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < HPT; ++k) {
+        const int g = heads[k];
+        if (g >= n_g || (NS > 1 && gh >= GB)) continue;
+        float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size + 2;
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const int c = cq * 4 + e;
+            if (c < a.head_dim) *reinterpret_cast<float2*>(rec + c) = make_float2(acc[k][e], acc[k][e + 1]);
+        }
+    }
+    if (tid < n_g) {
+        float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
+        rec[0] = sM[tid];
+        rec[1] = sL[tid];
+    }
+}
+
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. Empty splits (m = -inf)
+// are skipped: their acc was never written. Block (head, chunk), 128 threads over columns.
+__global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
+    const AttnChunk ch = a.chunks[blockIdx.y];
+    if (ch.n < 1) return;
+    const int h = blockIdx.x;
+    const int64_t rec_size = a.head_dim + 2;
+    const float* recs = a.partials + (int64_t(blockIdx.y) * a.n_heads + h) * a.n_splits * rec_size;
+    __shared__ float weight[kMaxSplits];
+    __shared__ float inv_l;
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY, l = 0.0f;
+        for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, recs[s * rec_size]);
+        for (int s = 0; s < a.n_splits; ++s) {
+            const float m = recs[s * rec_size];
+            weight[s] = m == -INFINITY ? 0.0f : expf(m - mx);
+            if (weight[s] != 0.0f) l += recs[s * rec_size + 1] * weight[s];
+        }
+        inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
+    }
+    __syncthreads();
+    float* o = a.out + (int64_t(ch.row0) * a.n_heads + h) * a.head_dim;
+    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
+        float x = 0.0f;
+        for (int s = 0; s < a.n_splits; ++s)
+            if (weight[s] != 0.0f) x = fmaf(recs[s * rec_size + 2 + c], weight[s], x);
+        o[c] = x * inv_l;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Naive: block (query i, head, chunk), 128 threads. Pass 1: max score; pass 2: sum of exp;
+// pass 3: for each run of 128 keys the threads recompute their key's weight into shared memory,
+// then each thread accumulates its columns. No scratch; any chunk shape; head_dim <= 256.
+constexpr int kNaiveThreads = 128, kMaxHeadDim = 256;
+
+__device__ __forceinline__ float cache_elem(const uint8_t* row, int c, DType t, float scale) {
+    switch (t) {
+        case DType::F32: return reinterpret_cast<const float*>(row)[c];
+        case DType::F16: return __half2float(reinterpret_cast<const __half*>(row)[c]);
+        case DType::BF16: return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(row)[c]) << 16);
+        default: return float(reinterpret_cast<const int8_t*>(row)[c]) * scale;
+    }
+}
+
+__device__ __forceinline__ float naive_score(const Args& a, const float* sq, int64_t block, int j) {
+    const int64_t row = cache_row(a, block, j);
+    const uint8_t* kr = a.k + row * a.row_bytes;
+    const float ks = a.k_scales ? a.k_scales[row] : 1.0f;
+    float s = 0.0f;
+    for (int c = 0; c < a.head_dim; ++c) s = fmaf(sq[c], cache_elem(kr, c, a.dtype, ks), s);
+    return s * a.scale;
+}
+
+template <bool IsMax>
+__device__ float block_reduce(float x, float* red) {
+    x = IsMax ? warp_max(x, 32) : warp_sum(x, 32);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < kNaiveThreads / 32; ++w) r = IsMax ? fmaxf(r, red[w]) : r + red[w];
+    __syncthreads();  // red is reused by the next reduction
+    return r;
+}
+
+__global__ void __launch_bounds__(kNaiveThreads) naive_kernel(Args a) {
+    const AttnChunk ch = a.chunks[blockIdx.z];
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    if (i >= ch.n) return;  // whole block
+    __shared__ float sq[kMaxHeadDim], sp[kNaiveThreads], red[kNaiveThreads / 32];
+    const float* q = a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim;
+    for (int c = tid; c < a.head_dim; c += kNaiveThreads) sq[c] = q[c];
+    __syncthreads();
+    const int n_keys = ch.pos0 + i + 1;
+    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + h / a.group) * a.capacity;
+
+    float mx = -INFINITY;
+    for (int j = tid; j < n_keys; j += kNaiveThreads) mx = fmaxf(mx, naive_score(a, sq, block, j));
+    mx = block_reduce<true>(mx, red);
+    float sum = 0.0f;
+    for (int j = tid; j < n_keys; j += kNaiveThreads) sum += expf(naive_score(a, sq, block, j) - mx);
+    sum = block_reduce<false>(sum, red);
+
+    float acc[kMaxHeadDim / kNaiveThreads] = {};
+    for (int j0 = 0; j0 < n_keys; j0 += kNaiveThreads) {
+        const int j = j0 + tid;
+        sp[tid] = j < n_keys ? expf(naive_score(a, sq, block, j) - mx) : 0.0f;
+        __syncthreads();
+        const int n = min(kNaiveThreads, n_keys - j0);
+        for (int jj = 0; jj < n; ++jj) {
+            const int64_t row = cache_row(a, block, j0 + jj);
+            const uint8_t* vr = a.v + row * a.row_bytes;
+            const float vs = a.v_scales ? a.v_scales[row] : 1.0f;
+#pragma unroll
+            for (int t = 0; t < kMaxHeadDim / kNaiveThreads; ++t) {
+                const int c = tid + t * kNaiveThreads;
+                if (c < a.head_dim) acc[t] = fmaf(sp[jj], cache_elem(vr, c, a.dtype, vs), acc[t]);
+            }
+        }
+        __syncthreads();  // sp is rewritten by the next run
+    }
+    float* o = a.out + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim;
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int t = 0; t < kMaxHeadDim / kNaiveThreads; ++t) {
+        const int c = tid + t * kNaiveThreads;
+        if (c < a.head_dim) o[c] = acc[t] * inv;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+// Opts a kernel into more than 48 KB of dynamic shared memory, once per device (`done` holds one
+// bit per device and belongs to the caller's instantiation; every kernel here has the same type).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
+    if (bytes <= 48 * 1024) return;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (done.load() & bit) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    done.fetch_or(bit);
+}
+
+template <int DP>
+void launch_prefill(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    constexpr int BK = DP >= 256 ? 32 : 64, BQ = 32;
+    const size_t smem = size_t(BQ * (DP + 4) + 2 * BK * (DP + 4) + BQ * (BK + 4)) * sizeof(float);
+    auto kernel = flash_prefill_kernel<DP, BK>;
+    static std::atomic<uint64_t> smem_done{0};
+    allow_smem(kernel, smem, smem_done);
+    const int64_t tiles = (a.max_chunk_n * args.group + BQ - 1) / BQ;
+    SHARDLM_CHECK(tiles < (int64_t(1) << 31), "attention: chunk of ", a.max_chunk_n, " tokens is too long");
+    const dim3 grid(unsigned(tiles), unsigned(a.n_kv_heads), unsigned(a.n_chunks));
+    kernel<<<grid, 256, smem, stream>>>(args);
+    cuda_after_launch(stream, "flash_prefill_kernel");
+}
+
+template <int DP, int GB>
+void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    constexpr int BK = int(kDecodeTile);
+    const size_t smem = size_t(2 * BK * (DP + 4) + GB * DP + 4 * GB * BK + GB * (BK + 1) + 3 * GB) * sizeof(float);
+    auto kernel = flash_decode_kernel<DP, GB>;
+    static std::atomic<uint64_t> smem_done{0};
+    allow_smem(kernel, smem, smem_done);
+    const int n_sub = (args.group + GB - 1) / GB;
+    const int64_t ys = a.n_kv_heads * n_sub;
+    SHARDLM_CHECK(ys <= 65535, "attention: too many heads for the decode grid");
+    kernel<<<dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), 128, smem, stream>>>(args, n_sub);
+    cuda_after_launch(stream, "flash_decode_kernel");
+    flash_merge_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_chunks)), 128, 0, stream>>>(args);
+    cuda_after_launch(stream, "flash_merge_kernel");
+}
+
+template <int DP>
+void launch_decode_dp(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    if (args.group == 1) launch_decode<DP, 1>(args, a, stream);
+    else if (args.group == 2) launch_decode<DP, 2>(args, a, stream);
+    else if (args.group <= 4) launch_decode<DP, 4>(args, a, stream);
+    else launch_decode<DP, 8>(args, a, stream);
+}
+
+}  // namespace
+
+size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity) {
+    return size_t(max_chunks * n_heads * split_plan(capacity).n_splits * (head_dim + 2)) * sizeof(float);
+}
+
+void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t stream) {
+    if (a.n_chunks == 0 || a.max_chunk_n == 0) return;
+    const DeviceKVLayer& kv = a.kv;
+    SHARDLM_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "attention: ", a.n_heads, " heads over ",
+                  a.n_kv_heads, " KV heads");
+    SHARDLM_CHECK(a.head_dim >= 2 && a.head_dim <= kMaxHeadDim && a.head_dim % 2 == 0, "attention: head_dim ",
+                  a.head_dim, " (even, at most 256)");
+    SHARDLM_CHECK(kv.dtype == DType::F32 || kv.dtype == DType::F16 || kv.dtype == DType::BF16 ||
+                      kv.dtype == DType::I8,
+                  "attention: KV cache dtype ", dtype_name(kv.dtype));
+    SHARDLM_CHECK(kv.dtype != DType::I8 || (kv.k_scales && kv.v_scales), "attention: INT8 KV cache needs scales");
+    SHARDLM_CHECK(kv.n_kv_heads == a.n_kv_heads && kv.capacity > 0 && kv.capacity < (int64_t(1) << 31),
+                  "attention: KV layer shape");
+    const int64_t row_bytes = kv.row_stride * int64_t(dtype_size(kv.dtype));
+    SHARDLM_CHECK(kv.row_stride >= a.head_dim && row_bytes % 16 == 0, "attention: KV row stride ", kv.row_stride);
+    SHARDLM_CHECK(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.q) % 8 == 0 && reinterpret_cast<uintptr_t>(a.out) % 8 == 0,
+                  "attention: misaligned q, out or KV cache");
+    SHARDLM_CHECK(a.n_chunks <= 65535 && a.n_heads <= 65535 && a.max_chunk_n < (int64_t(1) << 31),
+                  "attention: ", a.n_chunks, " chunks x ", a.n_heads, " heads exceed the grid");
+
+    const SplitPlan plan = split_plan(kv.capacity);
+    Args args{};
+    args.q = a.q;
+    args.out = a.out;
+    args.chunks = a.chunks;
+    args.k = static_cast<const uint8_t*>(kv.k);
+    args.v = static_cast<const uint8_t*>(kv.v);
+    args.k_scales = kv.dtype == DType::I8 ? kv.k_scales : nullptr;
+    args.v_scales = kv.dtype == DType::I8 ? kv.v_scales : nullptr;
+    args.dtype = kv.dtype;
+    args.n_heads = int(a.n_heads);
+    args.n_kv_heads = int(a.n_kv_heads);
+    args.group = int(a.n_heads / a.n_kv_heads);
+    args.head_dim = int(a.head_dim);
+    args.capacity = kv.capacity;
+    args.row_bytes = row_bytes;
+    args.scale = a.scale;
+    args.partials = static_cast<float*>(a.scratch);
+    args.n_splits = plan.n_splits;
+    args.keys_per_split = plan.keys_per_split;
+
+    if (kind == AttentionKind::Naive) {
+        naive_kernel<<<dim3(unsigned(a.max_chunk_n), unsigned(a.n_heads), unsigned(a.n_chunks)), kNaiveThreads, 0,
+                       stream>>>(args);
+        cuda_after_launch(stream, "naive_kernel");
+        return;
+    }
+    const int dp = a.head_dim <= 64 ? 64 : (a.head_dim <= 128 ? 128 : 256);
+    if (a.max_chunk_n == 1) {
+        SHARDLM_CHECK(a.scratch && reinterpret_cast<uintptr_t>(a.scratch) % 8 == 0,
+                      "attention: decode needs attention_scratch_bytes() of scratch");
+        if (dp == 64) launch_decode_dp<64>(args, a, stream);
+        else if (dp == 128) launch_decode_dp<128>(args, a, stream);
+        else launch_decode_dp<256>(args, a, stream);
+    } else {
+        if (dp == 64) launch_prefill<64>(args, a, stream);
+        else if (dp == 128) launch_prefill<128>(args, a, stream);
+        else launch_prefill<256>(args, a, stream);
+    }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,179 @@
+// Prefill products through cuBLAS. Row-major y[T, rows] = x[T, cols] * W^T in cuBLAS's
+// column-major terms: W row-major [rows, cols] is column-major A [cols, rows] (lda = cols), x is
+// B [cols, T] (ldb = cols) and y is C [rows, T] (ldc = rows), so C = A^T * B with OP_T, OP_N,
+// m = rows, n = T, k = cols.
+//
+// Everything runs on the handle's stream with a workspace we own, so a product can be captured
+// in a CUDA graph (no allocation, no synchronisation inside run()).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/cublas_check.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;                  // grid-stride loops cover the rest
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
+unsigned blocks_for(int64_t count) {
+    return unsigned(std::max<int64_t>(1, std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks)));
+}
+
+__device__ __forceinline__ void store_as(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// out[i] = x[i] rounded to the weights' 16-bit type, for i < count.
+template <typename H>
+__global__ void convert_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t count) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) store_as(out + i, x[i]);
+}
+
+// out[r, c] = f16(q[r, c] * scales[r, c / group_size]); a block per row, grid-stride over rows.
+__global__ void dequant_i8_kernel(const int8_t* __restrict__ q, const float* __restrict__ scales,
+                                  __half* __restrict__ out, int64_t rows, int cols, int group_size) {
+    const int groups = cols / group_size;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int8_t* qr = q + r * cols;
+        const float* sr = scales + r * groups;
+        __half* o = out + r * cols;
+        for (int c = int(threadIdx.x); c < cols; c += kThreads)
+            o[c] = __float2half_rn(float(qr[c]) * sr[c / group_size]);
+    }
+}
+
+// y[t, r] += bias[r].
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t T, int64_t rows) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y)
+        for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride)
+            y[t * rows + r] += bias[r];
+}
+
+void add_bias(float* y, const float* bias, int64_t T, int64_t rows, cudaStream_t stream) {
+    const dim3 grid(blocks_for(rows), unsigned(std::min<int64_t>(T, 65535)));
+    add_bias_kernel<<<grid, kThreads, 0, stream>>>(y, bias, T, rows);
+    cuda_after_launch(stream, "add_bias_kernel");
+}
+
+template <typename H>
+void convert_x(const float* x, void* out, int64_t count, cudaStream_t stream) {
+    convert_kernel<H><<<blocks_for(count), kThreads, 0, stream>>>(x, static_cast<H*>(out), count);
+    cuda_after_launch(stream, "convert_kernel");
+}
+
+// Frees what a (possibly half-built) CublasGemm holds; never throws.
+void release(cublasContext*& handle, void*& x_half, void*& w_half, void*& workspace) noexcept {
+    if (handle) cublasDestroy(handle);
+    if (x_half) cudaFree(x_half);
+    if (w_half) cudaFree(w_half);
+    if (workspace) cudaFree(workspace);
+    handle = nullptr;
+    x_half = w_half = workspace = nullptr;
+}
+
+}  // namespace
+
+CublasGemm::CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols, int64_t max_weight_elems)
+    : stream_(stream), max_tokens_(max_tokens), max_cols_(max_cols), max_weight_elems_(max_weight_elems) {
+    SHARDLM_CHECK(max_tokens >= 0 && max_cols >= 0 && max_weight_elems >= 0, "CublasGemm: negative size");
+    SHARDLM_CHECK(max_cols == 0 || max_tokens <= (INT64_MAX / 2) / max_cols, "CublasGemm: scratch size overflows");
+    SHARDLM_CHECK(max_weight_elems <= INT64_MAX / 2, "CublasGemm: scratch size overflows");
+    const size_t x_bytes = size_t(max_tokens * max_cols) * 2, w_bytes = size_t(max_weight_elems) * 2;
+    try {
+        CUBLAS_CHECK(cublasCreate(&handle_));
+        // SetStream resets the handle to cuBLAS's own workspace pool, so the workspace comes after.
+        CUBLAS_CHECK(cublasSetStream(handle_, stream_));
+        CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+        CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes));
+        // No TF32: F32 products stay comparable with the CPU backend.
+        CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+        if (x_bytes) CUDA_CHECK(cudaMalloc(&x_half_, x_bytes));
+        if (w_bytes) CUDA_CHECK(cudaMalloc(&w_half_, w_bytes));
+    } catch (...) {
+        release(handle_, x_half_, w_half_, workspace_);
+        throw;
+    }
+    scratch_bytes_ = kWorkspaceBytes + x_bytes + w_bytes;
+}
+
+CublasGemm::~CublasGemm() { release(handle_, x_half_, w_half_, workspace_); }
+
+void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const float* bias, float* y) {
+    const int64_t rows = w.rows, cols = w.cols;
+    SHARDLM_CHECK(T >= 0 && T <= max_tokens_, "CublasGemm: ", T, " tokens, scratch is for ", max_tokens_);
+    SHARDLM_CHECK(rows >= 0 && cols >= 0 && rows <= INT_MAX && cols <= INT_MAX && T <= INT_MAX,
+                  "CublasGemm: shape ", rows, "x", cols, " out of cuBLAS's range");
+    const bool half_x = w.dtype != DType::F32;
+    if (half_x) SHARDLM_CHECK(cols <= max_cols_, "CublasGemm: ", cols, " columns, scratch is for ", max_cols_);
+    if (w.dtype == DType::I8) {
+        SHARDLM_CHECK(w.scales && w.group_size > 0 && cols % w.group_size == 0,
+                      "CublasGemm: I8 weights need scales and a group size dividing cols (", w.group_size, ", ", cols,
+                      ")");
+        SHARDLM_CHECK(cols <= max_weight_elems_, "CublasGemm: I8 rows of ", cols,
+                      " elements, dequantization scratch is for ", max_weight_elems_);
+    } else {
+        SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16,
+                      "CublasGemm: weights must be f32/f16/bf16/i8, not ", dtype_name(w.dtype));
+    }
+    if (T == 0 || rows == 0) return;
+    SHARDLM_CHECK(x && y && (w.data || cols == 0), "CublasGemm: null pointer");
+    if (cols == 0) {  // an empty sum; cuBLAS may return early without writing C when k == 0
+        CUDA_CHECK(cudaMemsetAsync(y, 0, size_t(T * rows) * sizeof(float), stream_));
+        if (bias) add_bias(y, bias, T, rows, stream_);
+        return;
+    }
+
+    const int m = int(rows), n = int(T), k = int(cols);
+    const float one = 1.0f, zero = 0.0f;
+    const void* a = w.data;
+    cudaDataType_t ab_type = CUDA_R_16F;
+    switch (w.dtype) {
+        case DType::F32:
+            CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, static_cast<const float*>(a), k,
+                                     x, k, &zero, y, m));
+            break;
+        case DType::F16:
+            convert_x<__half>(x, x_half_, T * cols, stream_);
+            break;
+        case DType::BF16:
+            convert_x<__nv_bfloat16>(x, x_half_, T * cols, stream_);
+            ab_type = CUDA_R_16BF;
+            break;
+        case DType::I8: {
+            // Blocks of rows small enough for the scratch: dequantize, then their slice of y
+            // (rows r0.. of the column-major C, leading dimension `rows`).
+            convert_x<__half>(x, x_half_, T * cols, stream_);
+            const int64_t block = std::min<int64_t>(rows, max_weight_elems_ / cols);
+            for (int64_t r0 = 0; r0 < rows; r0 += block) {
+                const int64_t nr = std::min(block, rows - r0);
+                dequant_i8_kernel<<<unsigned(std::min<int64_t>(nr, kMaxBlocks)), kThreads, 0, stream_>>>(
+                    static_cast<const int8_t*>(a) + r0 * cols, w.scales + r0 * (cols / w.group_size),
+                    static_cast<__half*>(w_half_), nr, k, int(w.group_size));
+                cuda_after_launch(stream_, "dequant_i8_kernel");
+                CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, w_half_, CUDA_R_16F, k,
+                                          x_half_, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
+            }
+            if (bias) add_bias(y, bias, T, rows, stream_);
+            return;
+        }
+        default:
+            break;
+    }
+    if (half_x)
+        CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, ab_type, k, x_half_, ab_type, k,
+                                  &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) add_bias(y, bias, T, rows, stream_);
+}
+
+}  // namespace shardlm

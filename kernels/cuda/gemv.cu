@@ -1,0 +1,376 @@
+// Decode GEMV: y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n <= 8, W read once.
+//
+// Vector path (16-byte aligned W and x, row pitch a multiple of 16 bytes, I8 groups a multiple
+// of 16 columns). A block of 8 warps owns 4 * R rows: each warp is 4 groups of 8 lanes, group g
+// owns R rows, and the block's 64 lanes of a row walk it in 16-byte chunks,
+//
+//   chunk k of a row (bytes [16k, 16k + 16)) -> warp (k / 8) % 8, lane k % 8 of each group,
+//
+// so one warp load fetches four whole 128-byte segments (one per group) and a block step reads
+// 1 KB of each of its rows. Why this should stream at HBM speed:
+// - weights move only in 128-bit loads (4 f32, 8 f16/bf16, 16 i8), predicated in straight-line
+//   code so R * U of them are in flight per lane (VecConfig), with L1::no_allocate so the
+//   stream does not evict x. Tens of KB in flight per SM, above the ~25 KB that Little's law asks
+//   of 4.3 TB/s at ~700 ns loaded latency over 132 SMs.
+// - x (f32, n * cols * 4 bytes, at most 192 KB) is read through L1 with float4 loads rather than
+//   staged in shared memory: staging would need up to 192 KB per block (one block per SM, and a
+//   bubble before the first weight load) and every block would copy it again. The 4 groups of a
+//   warp read the same x addresses (a broadcast) and one x load feeds R rows, so L1 serves
+//   n * 4 / (4 * R * sizeof(w)) bytes per weight byte, at most 4 (i8, n = 8), against ~8x the
+//   SM's share of HBM bandwidth.
+// - I8 dequantizes in registers: (byte ^ 0x80) becomes the mantissa of 2^23 by one PRMT, one FADD
+//   of -(2^23 + 128) gives the integer exactly; a chunk's 16 products are summed, then scaled once
+//   (a chunk never straddles a group). f16 -> f32 is exact, bf16 -> f32 a shift or a mask.
+// - per weight a lane spends n FMAs plus ~1-2 instructions (conversion, loads), so up to n = 4
+//   memory sets the pace. At n = 8 the FP32 FMA rate caps I8 near 70% of HBM bandwidth on H200
+//   (8 FMAs per byte); f16 at n = 8 needs ~70% of the issue rate.
+// Sums: shuffles within a group, then the 8 warps through shared memory, in a fixed order
+// (results are the same run to run).
+//
+// Scalar path (anything else: odd cols, misaligned pointers, odd I8 groups): one warp per row,
+// lanes stride over columns. Plainly right, not fast; the shapes of real models never take it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLanesPerRow = 8;                        // one 128-byte segment per group and load
+constexpr int kGroups = 32 / kLanesPerRow;             // row groups per warp
+constexpr int kChunksPerStep = kWarps * kLanesPerRow;  // 16-byte chunks of a row per block step
+constexpr int kMaxTokens = int(kGemvMaxTokens);
+
+enum class WKind { F32, F16, BF16, I8 };
+
+// Columns in one 16-byte chunk of weights.
+template <WKind K>
+constexpr int chunk_cols() {
+    return K == WKind::F32 ? 4 : K == WKind::I8 ? 16 : 8;
+}
+
+struct GemvArgs {
+    const char* w;          // [rows, cols] row-major, row pitch row_bytes
+    const float* scales;    // I8: [rows, groups]
+    const float* x;         // [n, cols]
+    const float* bias;      // [rows] or null
+    float* y;               // [n, rows]
+    int64_t rows, cols, row_bytes;
+    int n;
+    int chunks;             // 16-byte chunks per row (vector path)
+    int64_t groups;         // I8 scales per row
+    int group_chunks;       // I8 chunks per group (vector path)
+    int group_shift;        // chunk -> group: k >> shift when >= 0 (31: one group), else k / group_chunks
+    int64_t group_size;     // I8 columns per group (scalar path)
+};
+
+// 16 bytes of weights when `pred`, else zeros. Streamed (read once, so they should not evict x
+// from L1) and predicated inside one asm statement: straight-line code lets all U * R loads of a
+// step issue before the first use instead of each waiting in a branch of its own.
+__device__ __forceinline__ uint4 load_weights_if(const char* p, bool pred) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
+        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "l"(p), "r"(int(pred)));
+    return v;
+}
+
+__device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(bits), "half2 is 4 bytes");
+    memcpy(&h, &bits, sizeof(bits));
+    return __half22float2(h);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
+}
+
+// Columns [4q, 4q + 4) of a 16-byte chunk as floats (q < chunk_cols<K>() / 4): one float4 of x
+// meets these four weights.
+template <WKind K>
+__device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]) {
+    if constexpr (K == WKind::F32) {
+        f[0] = __uint_as_float(v.x);
+        f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z);
+        f[3] = __uint_as_float(v.w);
+    } else if constexpr (K == WKind::F16) {
+        const float2 lo = f16x2_to_f32(word_of(v, 2 * q)), hi = f16x2_to_f32(word_of(v, 2 * q + 1));
+        f[0] = lo.x;  // little-endian: the low half is the lower column
+        f[1] = lo.y;
+        f[2] = hi.x;
+        f[3] = hi.y;
+    } else if constexpr (K == WKind::BF16) {
+        const uint32_t lo = word_of(v, 2 * q), hi = word_of(v, 2 * q + 1);
+        f[0] = __uint_as_float(lo << 16);
+        f[1] = __uint_as_float(lo & 0xffff0000u);
+        f[2] = __uint_as_float(hi << 16);
+        f[3] = __uint_as_float(hi & 0xffff0000u);
+    } else {
+        // int8 b -> float: bits 0x4B0000uu with uu = b + 128 is 2^23 + b + 128, exactly.
+        const uint32_t u = word_of(v, q) ^ 0x80808080u;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            f[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
+    }
+}
+
+// R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
+// U chunks per row in flight per lane.
+template <WKind K, int N, int R, int U, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
+    constexpr int C = chunk_cols<K>();
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
+    const int64_t tile_row0 = int64_t(blockIdx.x) * (kGroups * R);
+
+    const char* wrow[R];
+    const float* srow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int64_t row = tile_row0 + g * R + r;
+        if (row >= a.rows) row = a.rows - 1;  // tail tile: read a valid row, store nothing
+        wrow[r] = a.w + row * a.row_bytes;
+        srow[r] = K == WKind::I8 ? a.scales + row * a.groups : nullptr;
+    }
+    int xoff[N];  // row t of x (n * cols < 2^31, checked); rows past n - 1 repeat the last one
+#pragma unroll
+    for (int t = 0; t < N; ++t) xoff[t] = (t < a.n ? t : a.n - 1) * int(a.cols);
+
+    float acc[R][N];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
+
+    for (int k0 = warp * kLanesPerRow + lig; k0 < a.chunks; k0 += U * kChunksPerStep) {
+        // All loads of the step first, so U * R of them are in flight together.
+        uint4 raw[U][R];
+        float scale[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = k0 + u * kChunksPerStep;
+            const int kc = min(k, a.chunks - 1);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < a.chunks);
+                if constexpr (K == WKind::I8) {
+                    const int gidx = a.group_shift >= 0 ? (kc >> a.group_shift) : kc / a.group_chunks;
+                    scale[u][r] = __ldg(srow[r] + gidx);
+                }
+            }
+        }
+        // Unconditional arithmetic (a chunk past the row has zero weights and reads the row's
+        // last x chunk): a guarded use would let the compiler sink each load into its guard and
+        // serialise them. Four columns at a time: one float4 of x per token row feeds R rows.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float* xk = a.x + int64_t(min(k0 + u * kChunksPerStep, a.chunks - 1)) * C;
+            float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
+#pragma unroll
+            for (int q = 0; q < C / 4; ++q) {
+                float wf[R][4];
+#pragma unroll
+                for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
+#pragma unroll
+                for (int t = 0; t < N; ++t) {
+                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t]) + q);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
+                        if (K == WKind::I8 && q == 0) s = 0.0f;
+                        s = fmaf(wf[r][0], xv.x, s);
+                        s = fmaf(wf[r][1], xv.y, s);
+                        s = fmaf(wf[r][2], xv.z, s);
+                        s = fmaf(wf[r][3], xv.w, s);
+                    }
+                }
+            }
+            if constexpr (K == WKind::I8) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int t = 0; t < N; ++t) acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
+            }
+        }
+    }
+
+    // Sum over the 8 lanes of a group (xor 4, 2, 1 stays inside the group), then over the warps.
+    __shared__ float partial[kWarps][kGroups * R][N];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lig == 0) partial[warp][g * R + r][t] = v;
+        }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < kGroups * R * N; i += kThreads) {
+        const int slot = i / N, t = i % N;
+        const int64_t row = tile_row0 + slot;
+        if (row >= a.rows || t >= a.n) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
+        if (a.bias) s += a.bias[row];
+        a.y[int64_t(t) * a.rows + row] = s;
+    }
+}
+
+__device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
+    const int64_t i = row * a.cols + c;
+    switch (kind) {
+        case WKind::F32:
+            return reinterpret_cast<const float*>(a.w)[i];
+        case WKind::F16:
+            return __half2float(reinterpret_cast<const __half*>(a.w)[i]);
+        case WKind::BF16:
+            return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.w)[i]);
+        default:
+            return float(reinterpret_cast<const int8_t*>(a.w)[i]) * a.scales[row * a.groups + c / a.group_size];
+    }
+}
+
+// Any shape and alignment: one warp per row, lanes stride over the columns.
+__global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a, const WKind kind) {
+    const int lane = int(threadIdx.x) & 31;
+    const int64_t row = int64_t(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
+    if (row >= a.rows) return;  // whole warps only: the shuffles below stay full-warp
+    float acc[kMaxTokens];
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) acc[t] = 0.0f;
+    for (int64_t c = lane; c < a.cols; c += 32) {
+        const float wv = load_weight(kind, a, row, c);
+#pragma unroll
+        for (int t = 0; t < kMaxTokens; ++t)
+            if (t < a.n) acc[t] = fmaf(wv, a.x[int64_t(t) * a.cols + c], acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+        float v = acc[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && t < a.n) a.y[int64_t(t) * a.rows + row] = v + (a.bias ? a.bias[row] : 0.0f);
+    }
+}
+
+WKind kind_of(DType t) {
+    switch (t) {
+        case DType::F32: return WKind::F32;
+        case DType::F16: return WKind::F16;
+        case DType::BF16: return WKind::BF16;
+        case DType::I8: return WKind::I8;
+        default: fail("gemv_cuda: weights must be f32/f16/bf16/i8, not ", dtype_name(t));
+    }
+}
+
+// Rows per group R, 16-byte chunks in flight per row U, and the register budget per thread
+// (65536 / (256 * MinBlocks)), chosen so the compiler neither spills nor starves the loads:
+// n <= 2 runs 32 warps per SM with 128 (I8: 64) bytes of weights in flight per lane, ~64-128 KB
+// per SM; n >= 4 shares each x load between two rows (L1 traffic) and needs the registers of 2
+// blocks per SM for the accumulators, 16 warps with 32-64 bytes in flight per lane, where the
+// FMAs rather than the memory set the pace.
+// I8 at n <= 2 keeps 128 bytes in flight per lane like f16 (3 blocks per SM for the registers):
+// on the H200 the first version with 64 bytes reached only 25% of HBM bandwidth on the Qwen3
+// shapes, f16 with 128 bytes 53-62%; a decode-sized matrix is only 1-2 rounds of loads per lane,
+// so what is in flight per round sets the time.
+template <WKind K, int N>
+struct VecConfig {
+    static constexpr int R = N >= 4 ? 2 : 1;
+    static constexpr int U = K == WKind::I8 ? (N <= 2 ? 8 : N == 4 ? 4 : 1) : (N <= 2 ? 8 : N == 4 ? 4 : 2);
+    static constexpr int MinBlocks = N >= 4 ? 2 : K == WKind::I8 ? 3 : 4;  // I8: 85 registers for U = 8 without spills
+};
+
+template <WKind K, int N>
+void launch_vec(const GemvArgs& a, cudaStream_t stream) {
+    using Cfg = VecConfig<K, N>;
+    constexpr int R = Cfg::R;
+    const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
+    SHARDLM_CHECK(tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
+    gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks><<<unsigned(tiles), kThreads, 0, stream>>>(a);
+    cuda_after_launch(stream, "gemv_vec_kernel");
+}
+
+template <WKind K>
+void launch_vec_tokens(const GemvArgs& a, cudaStream_t stream) {
+    // n is rounded up to 1, 2, 4 or 8 (the batch buckets of the decode graphs); extra rows of x
+    // repeat the last one and are not stored.
+    if (a.n == 1) return launch_vec<K, 1>(a, stream);
+    if (a.n == 2) return launch_vec<K, 2>(a, stream);
+    if (a.n <= 4) return launch_vec<K, 4>(a, stream);
+    return launch_vec<K, 8>(a, stream);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream) {
+    SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
+    SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
+    const WKind kind = kind_of(w.dtype);
+    if (kind == WKind::I8)
+        SHARDLM_CHECK(w.scales && w.group_size > 0 && w.cols % w.group_size == 0,
+                      "gemv_cuda: I8 weights need scales and a group size dividing cols (", w.group_size, ", ",
+                      w.cols, ")");
+    if (n == 0 || w.rows == 0) return;
+    SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
+
+    GemvArgs a{};
+    a.w = static_cast<const char*>(w.data);
+    a.scales = w.scales;
+    a.x = x;
+    a.bias = bias;
+    a.y = y;
+    a.rows = w.rows;
+    a.cols = w.cols;
+    a.n = int(n);
+    a.row_bytes = w.cols * int64_t(dtype_size(w.dtype));
+    if (kind == WKind::I8) {
+        a.group_size = w.group_size;
+        a.groups = w.cols / w.group_size;
+    }
+
+    const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : 8;
+    const bool vec = aligned16(w.data) && aligned16(x) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
+                     (kind != WKind::I8 || w.group_size % 16 == 0);
+    if (!vec) {
+        const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
+        SHARDLM_CHECK(blocks <= INT_MAX, "gemv_cuda: ", w.rows, " rows is too many");
+        gemv_scalar_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a, kind);
+        cuda_after_launch(stream, "gemv_scalar_kernel");
+        return;
+    }
+    a.chunks = int(a.cols / chunk_c);
+    if (kind == WKind::I8) {
+        a.group_chunks = int(w.group_size / 16);
+        a.group_shift = -1;
+        if (w.group_size == w.cols) {
+            a.group_shift = 31;  // one group per row: every chunk (< 2^31) maps to group 0
+        } else if ((a.group_chunks & (a.group_chunks - 1)) == 0) {
+            a.group_shift = 0;
+            while ((1 << a.group_shift) < a.group_chunks) ++a.group_shift;
+        }
+    }
+    switch (kind) {
+        case WKind::F32: return launch_vec_tokens<WKind::F32>(a, stream);
+        case WKind::F16: return launch_vec_tokens<WKind::F16>(a, stream);
+        case WKind::BF16: return launch_vec_tokens<WKind::BF16>(a, stream);
+        case WKind::I8: return launch_vec_tokens<WKind::I8>(a, stream);
+    }
+}
+
+}  // namespace shardlm

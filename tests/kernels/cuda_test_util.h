@@ -1,0 +1,46 @@
+// Helpers shared by the CUDA kernel tests: an RAII device buffer with host copies in and out.
+// Copies use cudaMemcpy on the legacy default stream, so a download waits for the kernels the
+// launchers queued on stream 0 and reports their asynchronous faults.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace shardlm::test {
+
+template <typename T>
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(size_t n) : n_(n) {
+        if (n_ > 0) CUDA_CHECK(cudaMalloc(&p_, n_ * sizeof(T)));
+    }
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() {
+        if (p_) cudaFree(p_);  // no throw from a destructor
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    T* get() const { return p_; }
+    size_t size() const { return n_; }
+
+    void upload(const std::vector<T>& host) {
+        SHARDLM_CHECK(host.size() == n_, "upload of ", host.size(), " elements into ", n_);
+        if (n_ > 0) CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<T> download() const {
+        std::vector<T> host(n_);
+        if (n_ > 0) CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+
+private:
+    T* p_ = nullptr;
+    size_t n_ = 0;
+};
+
+}  // namespace shardlm::test

@@ -1,0 +1,322 @@
+// attention_cuda (Flash and Naive) against attention_cached over the same cache contents: GQA
+// ratios 1..12, head dims 2..256, every cache dtype, prefill chunks over an existing prefix mixed
+// with decode chunks, decode-only batches (split-KV), and a CUDA Graph captured once and replayed
+// as the sequences grow. Every cache byte the kernels must not read (rows past a sequence, the
+// row padding, unused scales) and the scratch are NaN, so a stray read shows. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "runtime/kv_cache.h"
+
+using namespace shardlm;
+
+namespace {
+
+std::vector<float> randv(size_t n, uint32_t seed) {
+    std::vector<float> v(n);
+    uint32_t s = seed * 2654435761u + 7;
+    for (auto& x : v) {
+        s = s * 1664525u + 1013904223u;
+        x = float(int32_t(s >> 8) % 2001 - 1000) / 500.0f;
+    }
+    return v;
+}
+
+class DevMem {
+public:
+    explicit DevMem(size_t bytes, int fill = 0xff) {
+        CUDA_CHECK(cudaMalloc(&p_, bytes ? bytes : 1));
+        CUDA_CHECK(cudaMemset(p_, fill, bytes ? bytes : 1));
+    }
+    ~DevMem() { cudaFree(p_); }
+    DevMem(const DevMem&) = delete;
+    DevMem& operator=(const DevMem&) = delete;
+    template <typename T>
+    T* as() const { return static_cast<T*>(p_); }
+
+private:
+    void* p_ = nullptr;
+};
+
+struct Heads {
+    int64_t n_heads, n_kv, head_dim, capacity;
+};
+
+// Random keys and values for positions [0, lens[s]) of each slot, in a CPU KVCache and in its
+// device copy ([n_slots][n_kv][capacity][row_stride], one CPU block per slot).
+struct Cache {
+    Cache(const Heads& h, DType dt, const std::vector<int>& lens)
+        : heads(h), cpu(KVCacheShape{1, int64_t(lens.size()), h.capacity, h.n_kv, h.head_dim, dt}),
+          es(dtype_size(dt)),
+          block_bytes(size_t(h.n_kv * h.capacity * cpu.row_stride()) * es),
+          dk(block_bytes * lens.size()), dv(block_bytes * lens.size()),
+          dks(size_t(h.n_kv * h.capacity) * lens.size() * 4), dvs(size_t(h.n_kv * h.capacity) * lens.size() * 4) {
+        for (size_t s = 0; s < lens.size(); ++s)
+            for (int p = 0; p < lens[s]; ++p) {
+                const auto k = randv(size_t(h.n_kv * h.head_dim), uint32_t(1000 + 7919 * s + 3 * p));
+                const auto v = randv(size_t(h.n_kv * h.head_dim), uint32_t(5000 + 7919 * s + 3 * p));
+                cpu.write(0, int64_t(s), p, k.data(), v.data());
+            }
+        const size_t row_bytes = size_t(cpu.row_stride()) * es;
+        for (size_t s = 0; s < lens.size(); ++s)
+            for (int64_t kh = 0; kh < h.n_kv; ++kh) {
+                const size_t head_off = size_t(kh * h.capacity) * row_bytes, dst = s * block_bytes + head_off;
+                if (lens[s] == 0) continue;
+                // Only head_dim values per row: the padding stays NaN.
+                CUDA_CHECK(cudaMemcpy2D(dk.as<uint8_t>() + dst, row_bytes,
+                                        static_cast<uint8_t*>(cpu.k(0, int64_t(s))) + head_off, row_bytes,
+                                        size_t(h.head_dim) * es, size_t(lens[s]), cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy2D(dv.as<uint8_t>() + dst, row_bytes,
+                                        static_cast<uint8_t*>(cpu.v(0, int64_t(s))) + head_off, row_bytes,
+                                        size_t(h.head_dim) * es, size_t(lens[s]), cudaMemcpyHostToDevice));
+                if (dt == DType::I8) {
+                    const size_t so = size_t((int64_t(s) * h.n_kv + kh) * h.capacity);
+                    CUDA_CHECK(cudaMemcpy(dks.as<float>() + so, cpu.k_scales(0, int64_t(s)) + kh * h.capacity,
+                                          size_t(lens[s]) * 4, cudaMemcpyHostToDevice));
+                    CUDA_CHECK(cudaMemcpy(dvs.as<float>() + so, cpu.v_scales(0, int64_t(s)) + kh * h.capacity,
+                                          size_t(lens[s]) * 4, cudaMemcpyHostToDevice));
+                }
+            }
+        layer.k = dk.as<void>();
+        layer.v = dv.as<void>();
+        layer.k_scales = dt == DType::I8 ? dks.as<float>() : nullptr;
+        layer.v_scales = dt == DType::I8 ? dvs.as<float>() : nullptr;
+        layer.dtype = dt;
+        layer.n_slots = int64_t(lens.size());
+        layer.n_kv_heads = h.n_kv;
+        layer.capacity = h.capacity;
+        layer.row_stride = cpu.row_stride();
+    }
+
+    // attention_cached over each chunk into want (rows outside chunks untouched).
+    void expected(const std::vector<float>& q, const std::vector<AttnChunk>& chunks, float scale,
+                  std::vector<float>& want) {
+        const int64_t width = heads.n_heads * heads.head_dim;
+        for (const AttnChunk& c : chunks) {
+            if (c.n < 1) continue;
+            CachedAttention a;
+            a.q = q.data() + c.row0 * width;
+            a.out = want.data() + c.row0 * width;
+            a.n_q = c.n;
+            a.n_heads = heads.n_heads;
+            a.n_kv_heads = heads.n_kv;
+            a.head_dim = heads.head_dim;
+            a.q_pos0 = c.pos0;
+            a.k = cpu.k(0, c.slot);
+            a.v = cpu.v(0, c.slot);
+            a.kv_dtype = cpu.shape().dtype;
+            a.capacity = heads.capacity;
+            a.row_stride = cpu.row_stride();
+            a.scale = scale;
+            a.k_scales = cpu.k_scales(0, c.slot);
+            a.v_scales = cpu.v_scales(0, c.slot);
+            attention_cached(a);
+        }
+    }
+
+    Heads heads;
+    KVCache cpu;
+    size_t es, block_bytes;
+    DevMem dk, dv, dks, dvs;
+    DeviceKVLayer layer;
+};
+
+struct ChunkSpec {
+    int slot, pos0, n;
+};
+
+struct Case {
+    const char* name;
+    Heads heads;
+    std::vector<ChunkSpec> chunks;  // one slot per distinct `slot`; a slot's length = max pos0 + n
+};
+
+// Lays the chunks out with one unused row before each (it must stay NaN).
+std::vector<AttnChunk> layout(const std::vector<ChunkSpec>& specs, int64_t& rows, std::vector<int>& lens) {
+    std::vector<AttnChunk> chunks;
+    rows = 0;
+    for (const ChunkSpec& s : specs) {
+        rows += 1;
+        chunks.push_back(AttnChunk{s.slot, s.pos0, s.n, int32_t(rows)});
+        rows += s.n;
+        if (int(lens.size()) <= s.slot) lens.resize(size_t(s.slot + 1), 0);
+        lens[size_t(s.slot)] = std::max(lens[size_t(s.slot)], s.pos0 + s.n);
+    }
+    return chunks;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
+                  const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(want[i])) {
+            ASSERT_TRUE(std::isnan(got[i])) << what << ": wrote outside the chunks at " << i;
+            continue;
+        }
+        ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
+    }
+}
+
+AttentionCuda make_args(const Cache& cache, const float* dq, float* dout, const AttnChunk* dchunks,
+                        const std::vector<AttnChunk>& chunks, void* scratch, float scale) {
+    AttentionCuda a;
+    a.q = dq;
+    a.out = dout;
+    a.chunks = dchunks;
+    a.n_chunks = int64_t(chunks.size());
+    for (const AttnChunk& c : chunks) a.max_chunk_n = std::max<int64_t>(a.max_chunk_n, c.n);
+    a.n_heads = cache.heads.n_heads;
+    a.n_kv_heads = cache.heads.n_kv;
+    a.head_dim = cache.heads.head_dim;
+    a.scale = scale;
+    a.kv = cache.layer;
+    a.scratch = scratch;
+    return a;
+}
+
+double atol_for(DType dt) { return dt == DType::F32 ? 2e-5 : 4e-5; }
+
+void run_case(const Case& c, DType dt) {
+    const Heads& h = c.heads;
+    int64_t rows = 0;
+    std::vector<int> lens;
+    const std::vector<AttnChunk> chunks = layout(c.chunks, rows, lens);
+    Cache cache(h, dt, lens);
+    const int64_t width = h.n_heads * h.head_dim;
+    const auto q = randv(size_t(rows * width), 77);
+    const float scale = 1.0f / std::sqrt(float(h.head_dim));
+    std::vector<float> want(q.size(), NAN), got(q.size());
+    cache.expected(q, chunks, scale, want);
+
+    DevMem dq(q.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
+    DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity));
+    CUDA_CHECK(cudaMemcpy(dq.as<float>(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
+                          cudaMemcpyHostToDevice));
+    const AttentionCuda a =
+        make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks, scratch.as<void>(), scale);
+    for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::Naive}) {
+        CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
+        attention_cuda(a, kind, nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(got.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
+        expect_close(got, want, atol_for(dt), 1e-4,
+                     std::string(c.name) + " " + dtype_name(dt) + (kind == AttentionKind::Flash ? " flash" : " naive"));
+    }
+}
+
+const DType kDtypes[] = {DType::F32, DType::F16, DType::BF16, DType::I8};
+
+bool have_gpu() { return cuda_usable_device_count() > 0; }
+
+}  // namespace
+
+// Chunks of several tokens: the FlashAttention-2 kernel (decode chunks of the same batch ride along).
+TEST(AttentionCuda, PrefillMatchesCached) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const Case cases[] = {
+        {"mha d64", {4, 4, 64, 2048}, {{0, 0, 17}, {1, 128, 1}, {2, 0, 1}, {3, 583, 17}, {4, 1999, 1}}},
+        {"gqa4 d32", {8, 2, 32, 640}, {{0, 0, 129}, {1, 16, 1}, {2, 471, 129}}},
+        {"gqa4 d80", {12, 3, 80, 1024}, {{0, 0, 600}, {1, 599, 1}, {2, 16, 1}}},
+        {"gqa8 d128", {32, 4, 128, 2048}, {{0, 1871, 129}, {1, 0, 17}, {2, 1999, 1}}},
+        {"gqa2 d128", {16, 8, 128, 256}, {{0, 0, 2}, {1, 100, 29}}},
+        {"gqa3 d64", {6, 2, 64, 256}, {{0, 0, 1}, {1, 128, 1}, {2, 100, 29}}},
+        {"gqa12 d64", {24, 2, 64, 256}, {{0, 200, 3}, {1, 0, 17}}},
+        {"mqa8 d256", {8, 1, 256, 640}, {{0, 0, 17}, {1, 599, 1}, {2, 500, 100}}},
+        {"d2", {2, 1, 2, 64}, {{0, 0, 3}, {1, 10, 5}}},
+    };
+    for (const Case& c : cases)
+        for (DType dt : kDtypes) run_case(c, dt);
+}
+
+// One-token chunks only: the split-KV kernel and its merge (and Naive on the same batch).
+TEST(AttentionCuda, DecodeMatchesCached) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const Case cases[] = {
+        {"mha d64", {4, 4, 64, 2048}, {{0, 0, 1}, {1, 16, 1}, {2, 128, 1}, {3, 599, 1}, {4, 1999, 1}}},
+        {"gqa2 d128", {16, 8, 128, 2048}, {{0, 0, 1}, {1, 16, 1}, {2, 128, 1}, {3, 599, 1}, {4, 1999, 1}}},
+        {"gqa4 d32", {8, 2, 32, 600}, {{0, 599, 1}, {1, 0, 1}, {2, 63, 1}, {3, 64, 1}}},
+        {"gqa8 d128", {32, 4, 128, 2000}, {{0, 1999, 1}, {1, 599, 1}, {2, 0, 1}, {3, 128, 1}}},
+        {"gqa4 d80", {12, 3, 80, 1024}, {{0, 599, 1}, {1, 16, 1}}},
+        {"gqa3 d64", {6, 2, 64, 256}, {{0, 255, 1}, {1, 31, 1}}},
+        {"gqa12 d64", {24, 2, 64, 256}, {{0, 200, 1}, {1, 16, 1}}},
+        {"mqa8 d256", {8, 1, 256, 640}, {{0, 599, 1}, {1, 16, 1}}},
+        {"gqa2 d256", {4, 2, 256, 129}, {{0, 128, 1}, {1, 0, 1}}},
+        {"d2 cap1", {2, 1, 2, 1}, {{0, 0, 1}}},
+    };
+    for (const Case& c : cases)
+        for (DType dt : kDtypes) run_case(c, dt);
+}
+
+// A decode step captured once and replayed while the sequences grow (new chunk positions written
+// between replays), with an idle batch entry (n = 0): the grids depend only on the capacity.
+TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const Heads h{8, 2, 128, 1024};
+    const std::vector<int> lens = {700, 300, 0};
+    const int steps = 3;
+    for (DType dt : {DType::F16, DType::I8}) {
+        Cache cache(h, dt, lens);
+        const int64_t width = h.n_heads * h.head_dim, rows = 4;
+        const auto q = randv(size_t(rows * width), 99);
+        const float scale = 1.0f / std::sqrt(float(h.head_dim));
+        std::vector<AttnChunk> chunks = {{0, 0, 1, 0}, {1, 0, 1, 2}, {2, 0, 0, 3}};
+        DevMem dq(q.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
+        DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity));
+        CUDA_CHECK(cudaMemcpy(dq.as<float>(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+        for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::Naive}) {
+            cudaStream_t stream;
+            CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+            const AttentionCuda a = make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks,
+                                              scratch.as<void>(), scale);
+            CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
+                                  cudaMemcpyHostToDevice));
+            attention_cuda(a, kind, stream);  // eager first: any one-time set-up happens outside the capture
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+            attention_cuda(a, kind, stream);
+            CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            for (int step = 0; step < steps; ++step) {
+                chunks[0].pos0 = 63 + 300 * step;  // 64, 364, 664 keys: across split boundaries
+                chunks[1].pos0 = 5 + 140 * step;
+                CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
+                                      cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
+                CUDA_CHECK(cudaGraphLaunch(exec, stream));
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                std::vector<float> want(q.size(), NAN), got(q.size());
+                cache.expected(q, chunks, scale, want);
+                CUDA_CHECK(cudaMemcpy(got.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
+                expect_close(got, want, atol_for(dt), 1e-4,
+                             std::string("graph step ") + std::to_string(step) + " " + dtype_name(dt) +
+                                 (kind == AttentionKind::Flash ? " flash" : " naive"));
+            }
+            CUDA_CHECK(cudaGraphExecDestroy(exec));
+            CUDA_CHECK(cudaGraphDestroy(graph));
+            CUDA_CHECK(cudaStreamDestroy(stream));
+        }
+    }
+}
+
+// The scratch size follows the capacity only and covers every split's [m, l, acc] record.
+TEST(AttentionCuda, ScratchBytes) {
+    EXPECT_EQ(attention_scratch_bytes(0, 8, 128, 4096), 0u);
+    const size_t one = attention_scratch_bytes(1, 1, 128, 4096);
+    EXPECT_GT(one, 0u);
+    EXPECT_EQ(attention_scratch_bytes(3, 5, 128, 4096), 15 * one);
+    EXPECT_EQ(one % (130 * sizeof(float)), 0u);
+    EXPECT_LE(attention_scratch_bytes(1, 1, 128, 1 << 20), 32 * 130 * sizeof(float));  // at most 32 splits
+}

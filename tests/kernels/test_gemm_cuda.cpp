@@ -1,0 +1,284 @@
+// CublasGemm against the CPU reference (matmul_ref) on awkward shapes, every weight dtype, token
+// counts 1..257, bias on and off, I8 group sizes; one captured in a CUDA graph. Skips where no
+// GPU is usable.
+//
+// Tolerance. matmul_ref sums in double (the exact dot rounded once). Each output gets
+//   |got - ref| <= (h * sum_k |x_k w_k|) + 4 (K + 16) u (sum_k |x_k w_k| + |b|) + 1e-5
+// with u = 2^-24 and h the relative rounding of the 16-bit copies the product runs on: 0 for F32
+// (SGEMM in full FP32, no TF32), 2^-11 for F16 (x rounded to f16), 2^-8 for BF16, 2 * 2^-11 for
+// I8 (x and the dequantized weights rounded to f16). The accumulation term allows tensor cores'
+// FP32 accumulators twice the rounding of a plain f32 sum. A wrong row, group or transposition
+// moves outputs by O(1) against these sums.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/int8_test_util.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+constexpr int64_t kMaxT = 257;
+constexpr int64_t kMaxCols = 6144;
+constexpr int64_t kMaxWeights = 2048 * 6144;
+
+// A weight matrix in host memory in its storage dtype (I8: quantized with its scales).
+struct HostMat {
+    DType dtype = DType::F32;
+    int64_t rows = 0, cols = 0, group = 0;
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+    WeightView view() const {
+        WeightView v;
+        v.dtype = dtype;
+        v.data = bytes.data();
+        v.rows = rows;
+        v.cols = cols;
+        if (dtype == DType::I8) {
+            v.scales = scales.data();
+            v.group_size = group;
+        }
+        return v;
+    }
+};
+
+HostMat make_mat(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+    HostMat m;
+    m.dtype = dtype;
+    m.rows = rows;
+    m.cols = cols;
+    m.group = group;
+    const size_t count = size_t(rows * cols);
+    if (dtype == DType::I8) {
+        QuantMat q = make_quant_mat(rows, cols, group, seed);
+        m.bytes.resize(count);
+        std::memcpy(m.bytes.data(), q.q.data(), count);
+        m.scales = q.scales;
+        return m;
+    }
+    const std::vector<float> v = rand_vec(count, seed);
+    m.bytes.resize(count * dtype_size(dtype));
+    for (size_t i = 0; i < count; ++i) {
+        if (dtype == DType::F32) {
+            std::memcpy(m.bytes.data() + 4 * i, &v[i], 4);
+        } else {
+            const uint16_t h = dtype == DType::F16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+            std::memcpy(m.bytes.data() + 2 * i, &h, 2);
+        }
+    }
+    return m;
+}
+
+double half_rounding(DType t) {
+    switch (t) {
+        case DType::F16: return 1.0 / 2048;
+        case DType::BF16: return 1.0 / 256;
+        case DType::I8: return 2.0 / 2048;
+        default: return 0.0;
+    }
+}
+
+// Inputs, references for T token rows (row t of y depends only on row t of x, so the first rows
+// serve every smaller T) and each output's bound without its bias term.
+struct Case {
+    HostMat m;
+    int64_t T = 0;
+    std::vector<float> x, bias, y, y_bias;
+    std::vector<double> bound;  // [T, rows]
+    std::vector<double> bias_bound;  // [rows]
+};
+
+Case make_case(HostMat m, int64_t T, uint32_t seed) {
+    Case c;
+    c.T = T;
+    const int64_t R = m.rows, K = m.cols;
+    c.x = rand_vec(size_t(T * K), seed, 2.0f);
+    c.bias = rand_vec(size_t(R), seed + 1, 0.5f);
+    c.y.resize(size_t(T * R));
+    c.y_bias.resize(c.y.size());
+    c.bound.resize(c.y.size());
+    c.bias_bound.resize(size_t(R));
+    const WeightView w = m.view();
+    matmul_ref(c.x.data(), T, w, nullptr, c.y.data());
+    matmul_ref(c.x.data(), T, w, c.bias.data(), c.y_bias.data());
+    const double acc = 4.0 * double(K + 16) * kU, h = half_rounding(m.dtype);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < R; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        c.bias_bound[size_t(r)] = acc * std::fabs(c.bias[size_t(r)]);
+        for (int64_t t = 0; t < T; ++t) {
+            double abs_dot = 0;
+            for (int64_t k = 0; k < K; ++k) abs_dot += std::fabs(double(c.x[size_t(t * K + k)]) * row[size_t(k)]);
+            c.bound[size_t(t * R + r)] = (h + acc) * abs_dot + 1e-5;
+        }
+    }
+    c.m = std::move(m);
+    return c;
+}
+
+struct DeviceCase {
+    DeviceBuffer<uint8_t> w;
+    DeviceBuffer<float> scales, x, bias, y;
+    DeviceMatrix dm;
+    explicit DeviceCase(const Case& c) : w(c.m.bytes), scales(c.m.scales), x(c.x), bias(c.bias), y(c.y.size()) {
+        dm.dtype = c.m.dtype;
+        dm.data = w.get();
+        dm.rows = c.m.rows;
+        dm.cols = c.m.cols;
+        if (c.m.dtype == DType::I8) {
+            dm.scales = scales.get();
+            dm.group_size = c.m.group;
+        }
+    }
+};
+
+std::string describe(const HostMat& m) {
+    std::string s = std::string(dtype_name(m.dtype)) + " " + std::to_string(m.rows) + "x" + std::to_string(m.cols);
+    if (m.dtype == DType::I8) s += " group " + std::to_string(m.group);
+    return s;
+}
+
+// got is y as downloaded; its first T token rows are checked (with or without bias).
+void expect_close(const Case& c, int64_t T, bool with_bias, const std::vector<float>& got) {
+    const int64_t R = c.m.rows;
+    const std::vector<float>& want = with_bias ? c.y_bias : c.y;
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < R; ++r) {
+            const size_t i = size_t(t * R + r);
+            const double bound = c.bound[i] + (with_bias ? c.bias_bound[size_t(r)] : 0.0);
+            ASSERT_NEAR(got[i], want[i], bound) << "token " << t << " output " << r;
+        }
+}
+
+void check_gemm(CublasGemm& gemm, const Case& c) {
+    DeviceCase d(c);
+    for (int64_t T : {int64_t(1), int64_t(5), int64_t(64), c.T}) {
+        if (T > c.T) continue;
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            SCOPED_TRACE(describe(c.m) + " T=" + std::to_string(T) + (with_bias ? " bias" : ""));
+            CUDA_CHECK(cudaMemset(d.y.get(), 0xff, d.y.size() * 4));
+            gemm.run(d.dm, d.x.get(), T, with_bias ? d.bias.get() : nullptr, d.y.get());
+            CUDA_CHECK(cudaDeviceSynchronize());
+            expect_close(c, T, with_bias != 0, d.y.download());
+            if (::testing::Test::HasFatalFailure()) return;
+        }
+    }
+}
+
+const std::pair<int64_t, int64_t> kShapes[] = {{1, 1},     {7, 33},   {100, 255}, {255, 100},
+                                               {1000, 64}, {33, 1000}, {64, 2048}, {3, 7}};
+
+bool have_gpu() { return cuda_usable_device_count() > 0; }
+
+}  // namespace
+
+TEST(GemmCuda, FloatWeightsMatchReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    CublasGemm gemm(nullptr, kMaxT, kMaxCols, kMaxWeights);
+    uint32_t seed = 1;
+    for (DType dt : {DType::F32, DType::F16, DType::BF16})
+        for (const auto& s : kShapes) {
+            check_gemm(gemm, make_case(make_mat(dt, s.first, s.second, 0, seed), kMaxT, seed + 1000));
+            ++seed;
+            if (HasFatalFailure()) return;
+        }
+}
+
+TEST(GemmCuda, Int8WeightsMatchReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    CublasGemm gemm(nullptr, kMaxT, kMaxCols, kMaxWeights);
+    uint32_t seed = 100;
+    for (const auto& s : kShapes)
+        for (int64_t group : {int64_t(0), int64_t(32), int64_t(64), int64_t(128), int64_t(11)}) {
+            if (group == 0) group = s.second;  // one group per row
+            else if (group >= s.second || s.second % group != 0) continue;
+            check_gemm(gemm, make_case(make_mat(DType::I8, s.first, s.second, group, seed), kMaxT, seed + 1000));
+            ++seed;
+            if (HasFatalFailure()) return;
+        }
+}
+
+TEST(GemmCuda, Int8WeightsDequantizedInRowBlocks) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    // Scratch for three rows of the widest matrix: every shape runs in several blocks, the last
+    // one partial.
+    CublasGemm gemm(nullptr, kMaxT, kMaxCols, 3 * kMaxCols);
+    uint32_t seed = 400;
+    for (const auto& s : kShapes) {
+        check_gemm(gemm, make_case(make_mat(DType::I8, s.first, s.second, s.second, seed), kMaxT, seed + 1000));
+        ++seed;
+        if (HasFatalFailure()) return;
+    }
+}
+
+TEST(GemmCuda, QwenSizedMatrices) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    CublasGemm gemm(nullptr, kMaxT, kMaxCols, kMaxWeights);
+    // down_proj of Qwen3-1.7B, a few tokens (the CPU reference is the slow side).
+    check_gemm(gemm, make_case(make_mat(DType::F16, 2048, 6144, 0, 11), 16, 21));
+    if (HasFatalFailure()) return;
+    check_gemm(gemm, make_case(make_mat(DType::I8, 2048, 6144, 128, 12), 16, 22));
+    if (HasFatalFailure()) return;
+    check_gemm(gemm, make_case(make_mat(DType::F32, 2048, 6144, 0, 13), 16, 23));
+}
+
+TEST(GemmCuda, RejectsWhatTheScratchCannotHold) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    CublasGemm gemm(nullptr, 4, 64, 64 * 8);
+    EXPECT_GE(gemm.scratch_bytes(), size_t(4 * 64 * 2 + 64 * 8 * 2));
+    const Case c = make_case(make_mat(DType::I8, 16, 64, 64, 5), 5, 6);
+    DeviceCase d(c);
+    EXPECT_THROW(gemm.run(d.dm, d.x.get(), 5, nullptr, d.y.get()), Error);  // T > 4
+    check_gemm(gemm, make_case(make_mat(DType::I8, 16, 64, 64, 5), 4, 6));  // 16 x 64 weights: two blocks of 8 rows
+    if (HasFatalFailure()) return;
+    DeviceMatrix bad = d.dm;
+    bad.group_size = 5;
+    EXPECT_THROW(gemm.run(bad, d.x.get(), 1, nullptr, d.y.get()), Error);
+    bad.dtype = DType::I32;
+    EXPECT_THROW(gemm.run(bad, d.x.get(), 1, nullptr, d.y.get()), Error);
+}
+
+TEST(GemmCuda, CapturedInAGraph) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    {
+        CublasGemm gemm(stream, 64, 2048, 1000 * 2048);
+        const Case f16 = make_case(make_mat(DType::F16, 1000, 2048, 0, 40), 64, 41);
+        const Case i8 = make_case(make_mat(DType::I8, 1000, 2048, 128, 42), 64, 43);
+        DeviceCase a(f16), b(i8);
+        // One eager run first, as the engine's first step would be: cuBLAS and lazily loaded
+        // kernels initialise outside the capture. Thread-local mode, as frameworks capture cuBLAS.
+        gemm.run(a.dm, a.x.get(), 64, a.bias.get(), a.y.get());
+        gemm.run(b.dm, b.x.get(), 64, b.bias.get(), b.y.get());
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaMemsetAsync(a.y.get(), 0, a.y.size() * 4, stream));
+        CUDA_CHECK(cudaMemsetAsync(b.y.get(), 0, b.y.size() * 4, stream));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        gemm.run(a.dm, a.x.get(), 64, a.bias.get(), a.y.get());
+        gemm.run(b.dm, b.x.get(), 64, b.bias.get(), b.y.get());
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        expect_close(f16, 64, true, a.y.download());
+        expect_close(i8, 64, true, b.y.download());
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}

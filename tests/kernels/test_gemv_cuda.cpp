@@ -1,0 +1,281 @@
+// gemv_cuda against the CPU reference (matmul_ref) on awkward shapes: every weight dtype, 1..8
+// token rows, bias on and off, I8 group sizes, and pointers or pitches that force the scalar path.
+// Skips where no GPU is usable (the argument checks run everywhere).
+//
+// Tolerance. matmul_ref sums in double: it is the exact dot rounded once. f32 sums of K products
+// in any order and blocking are within K * u * sum_k |x_k w_k| of exact (u = 2^-24); I8 adds a
+// rounding or two per term (the reference's q * scale, the kernel's per-chunk scale), so each
+// output gets |got - ref| <= (K + 8) * u * (sum_k |x_k w_k| + |b|) + 1e-6. A wrong row, chunk,
+// group or scale moves an output by O(1) against these sums, far outside the bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemv.h"
+#include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/int8_test_util.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+constexpr int64_t kN = kGemvMaxTokens;
+constexpr uint32_t kUntouched = 0xffffffffu;  // a NaN the kernel must never write
+
+// A weight matrix in host memory in its storage dtype (I8: quantized with its scales).
+struct HostMat {
+    DType dtype = DType::F32;
+    int64_t rows = 0, cols = 0, group = 0;
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+    WeightView view() const {
+        WeightView v;
+        v.dtype = dtype;
+        v.data = bytes.data();
+        v.rows = rows;
+        v.cols = cols;
+        if (dtype == DType::I8) {
+            v.scales = scales.data();
+            v.group_size = group;
+        }
+        return v;
+    }
+};
+
+HostMat make_mat(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+    HostMat m;
+    m.dtype = dtype;
+    m.rows = rows;
+    m.cols = cols;
+    m.group = group;
+    const size_t count = size_t(rows * cols);
+    if (dtype == DType::I8) {
+        QuantMat q = make_quant_mat(rows, cols, group, seed);
+        m.bytes.resize(count);
+        std::memcpy(m.bytes.data(), q.q.data(), count);
+        m.scales = q.scales;
+        return m;
+    }
+    const std::vector<float> v = rand_vec(count, seed);
+    m.bytes.resize(count * dtype_size(dtype));
+    for (size_t i = 0; i < count; ++i) {
+        if (dtype == DType::F32) {
+            std::memcpy(m.bytes.data() + 4 * i, &v[i], 4);
+        } else {
+            const uint16_t h = dtype == DType::F16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+            std::memcpy(m.bytes.data() + 2 * i, &h, 2);
+        }
+    }
+    return m;
+}
+
+std::string describe(const HostMat& m) {
+    std::string s = std::string(dtype_name(m.dtype)) + " " + std::to_string(m.rows) + "x" + std::to_string(m.cols);
+    if (m.dtype == DType::I8) s += " group " + std::to_string(m.group);
+    return s;
+}
+
+// The references for kN token rows (row t of y depends only on row t of x, so the first n rows
+// serve every n) and each output's error bound without its bias term.
+struct Reference {
+    std::vector<float> x, bias, y, y_bias;
+    std::vector<double> bound;  // [kN, rows]
+};
+
+Reference make_reference(const HostMat& m, uint32_t seed) {
+    Reference ref;
+    const int64_t R = m.rows, K = m.cols;
+    ref.x = rand_vec(size_t(kN * K), seed, 2.0f);
+    ref.bias = rand_vec(size_t(R), seed + 1, 0.5f);
+    ref.y.resize(size_t(kN * R));
+    ref.y_bias.resize(ref.y.size());
+    ref.bound.resize(ref.y.size());
+    const WeightView w = m.view();
+    matmul_ref(ref.x.data(), kN, w, nullptr, ref.y.data());
+    matmul_ref(ref.x.data(), kN, w, ref.bias.data(), ref.y_bias.data());
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < R; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        for (int64_t t = 0; t < kN; ++t) {
+            double abs_dot = 0;
+            for (int64_t k = 0; k < K; ++k) abs_dot += std::fabs(double(ref.x[size_t(t * K + k)]) * row[size_t(k)]);
+            ref.bound[size_t(t * R + r)] = double(K + 8) * kU * abs_dot;
+        }
+    }
+    return ref;
+}
+
+// Runs gemv_cuda for n = 1..8, without and with bias, and compares with the reference. w_offset
+// (bytes) and x_offset (floats) move the device pointers off 16-byte alignment.
+void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7) {
+    const Reference ref = make_reference(m, seed);
+    const int64_t R = m.rows, K = m.cols;
+    DeviceBuffer<uint8_t> dw(m.bytes.size() + 64);
+    DeviceBuffer<float> ds(m.scales), dx(ref.x.size() + 8), db(ref.bias), dy(ref.y.size());
+    uint8_t* w_dev = dw.get() + w_offset;
+    float* x_dev = dx.get() + x_offset;
+    CUDA_CHECK(cudaMemcpy(w_dev, m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(x_dev, ref.x.data(), ref.x.size() * 4, cudaMemcpyHostToDevice));
+    DeviceMatrix dm;
+    dm.dtype = m.dtype;
+    dm.data = w_dev;
+    dm.rows = R;
+    dm.cols = K;
+    if (m.dtype == DType::I8) {
+        dm.scales = ds.get();
+        dm.group_size = m.group;
+    }
+    for (int64_t n = 1; n <= kN; ++n)
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            SCOPED_TRACE(describe(m) + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
+                         " w_offset=" + std::to_string(w_offset) + " x_offset=" + std::to_string(x_offset));
+            CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
+            gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr);
+            const std::vector<float> got = dy.download();
+            const std::vector<float>& want = with_bias ? ref.y_bias : ref.y;
+            for (int64_t t = 0; t < kN; ++t)
+                for (int64_t r = 0; r < R; ++r) {
+                    const size_t i = size_t(t * R + r);
+                    if (t >= n) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &got[i], 4);
+                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << r;
+                        continue;
+                    }
+                    const double b = with_bias ? std::fabs(ref.bias[size_t(r)]) * (K + 8) * kU : 0.0;
+                    ASSERT_NEAR(got[i], want[i], ref.bound[i] + b + 1e-6) << "token " << t << " output " << r;
+                }
+        }
+}
+
+const int64_t kRows[] = {1, 7, 33, 100, 255, 1000};
+const int64_t kCols[] = {1, 7, 8, 16, 33, 48, 100, 192, 255, 256, 1000, 2048};
+
+bool have_gpu() { return cuda_usable_device_count() > 0; }
+
+}  // namespace
+
+TEST(GemvCuda, FloatWeightsMatchReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 1;
+    for (DType dt : {DType::F32, DType::F16, DType::BF16})
+        for (int64_t rows : kRows)
+            for (int64_t cols : kCols) {
+                check_gemv(make_mat(dt, rows, cols, 0, seed++));
+                if (HasFatalFailure()) return;
+            }
+}
+
+TEST(GemvCuda, Int8WeightsMatchReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 100;
+    for (int64_t rows : kRows)
+        for (int64_t cols : kCols)
+            for (int64_t group : {int64_t(0), int64_t(16), int64_t(32), int64_t(48), int64_t(64), int64_t(128),
+                                  int64_t(11), int64_t(25)}) {
+                // 0: one group per row. 48: 3 chunks per group (a division, not a shift). 11, 25:
+                // groups that are no multiple of 16 (scalar path), on a few shapes.
+                if (group == 0) group = cols;
+                else if (group >= cols || cols % group != 0) continue;
+                if ((group == 11 || group == 25) && rows > 100) continue;
+                check_gemv(make_mat(DType::I8, rows, cols, group, seed++));
+                if (HasFatalFailure()) return;
+            }
+}
+
+TEST(GemvCuda, QwenSizedMatrices) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    // down_proj of Qwen3-1.7B: the largest x (8 x 6144 floats) and the longest rows.
+    check_gemv(make_mat(DType::F16, 2048, 6144, 0, 11));
+    if (HasFatalFailure()) return;
+    check_gemv(make_mat(DType::BF16, 2048, 6144, 0, 12));
+    if (HasFatalFailure()) return;
+    check_gemv(make_mat(DType::I8, 2048, 6144, 6144, 13));
+    if (HasFatalFailure()) return;
+    check_gemv(make_mat(DType::I8, 2048, 6144, 128, 14));
+}
+
+TEST(GemvCuda, MisalignedPointersTakeTheScalarPath) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 200;
+    for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8})
+        for (const auto& s : {std::pair<int64_t, int64_t>{33, 256}, {100, 1024}, {7, 2048}}) {
+            const HostMat m = make_mat(dt, s.first, s.second, dt == DType::I8 ? 64 : 0, seed++);
+            check_gemv(m, dtype_size(dt), 0);  // weights one element off
+            if (HasFatalFailure()) return;
+            check_gemv(m, 0, 1);  // x one float off
+            if (HasFatalFailure()) return;
+        }
+}
+
+TEST(GemvCuda, CapturedInAGraph) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const HostMat m = make_mat(DType::I8, 1000, 2048, 128, 300);
+    const Reference ref = make_reference(m, 301);
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> ds(m.scales), dx(ref.x), db(ref.bias), dy(ref.y.size());
+    DeviceMatrix dm;
+    dm.dtype = DType::I8;
+    dm.data = dw.get();
+    dm.scales = ds.get();
+    dm.rows = m.rows;
+    dm.cols = m.cols;
+    dm.group_size = m.group;
+
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // One eager run first (lazily loaded kernels load outside the capture), then y is cleared so
+    // only the graph's work is checked.
+    gemv_cuda(dm, dx.get(), kN, db.get(), dy.get(), stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemsetAsync(dy.get(), 0, dy.size() * 4, stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    gemv_cuda(dm, dx.get(), kN, db.get(), dy.get(), stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> got = dy.download();
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double b = std::fabs(ref.bias[i % size_t(m.rows)]) * (m.cols + 8) * kU;
+        ASSERT_NEAR(got[i], ref.y_bias[i], ref.bound[i] + b + 1e-6) << "at " << i;
+    }
+}
+
+// Argument checks happen before any CUDA call, so they run without a GPU.
+TEST(GemvCuda, RejectsBadArguments) {
+    DeviceMatrix w;
+    w.dtype = DType::F16;
+    w.rows = 4;
+    w.cols = 16;
+    float* fake = reinterpret_cast<float*>(uintptr_t(256));  // never dereferenced: each call throws first
+    w.data = fake;
+    EXPECT_THROW(gemv_cuda(w, fake, kGemvMaxTokens + 1, nullptr, fake, nullptr), Error);
+    EXPECT_THROW(gemv_cuda(w, fake, -1, nullptr, fake, nullptr), Error);
+    w.dtype = DType::I32;
+    EXPECT_THROW(gemv_cuda(w, fake, 1, nullptr, fake, nullptr), Error);
+    w.dtype = DType::I8;
+    w.group_size = 16;
+    EXPECT_THROW(gemv_cuda(w, fake, 1, nullptr, fake, nullptr), Error);  // no scales
+    w.scales = fake;
+    w.group_size = 5;
+    EXPECT_THROW(gemv_cuda(w, fake, 1, nullptr, fake, nullptr), Error);  // 5 does not divide 16
+    w.group_size = 0;
+    EXPECT_THROW(gemv_cuda(w, fake, 1, nullptr, fake, nullptr), Error);
+    w.group_size = 16;
+    EXPECT_NO_THROW(gemv_cuda(w, fake, 0, nullptr, fake, nullptr));  // n = 0: nothing to do, no launch
+}

@@ -30,6 +30,7 @@ public:
     const char* backend() const override { return "mpi"; }
     // Rank within this node (MPI_COMM_TYPE_SHARED split): selects the GPU.
     int local_rank() const { return local_rank_; }
+    int local_size() const { return local_size_; }  // ranks on this node
 
     using Communicator::all_reduce_sum;
     void all_reduce_sum(void* data, size_t n, DType dt) override;
@@ -40,7 +41,7 @@ public:
 
 private:
     bool owns_init_ = false;
-    int rank_ = 0, size_ = 1, local_rank_ = 0;
+    int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
 }  // namespace shardlm

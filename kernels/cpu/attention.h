@@ -35,4 +35,11 @@ struct CachedAttention {
 
 void attention_cached(const CachedAttention& a);
 
+// The same contract and results, FlashAttention-style: a block of queries of one KV head's group
+// (all its query heads) against tiles of keys dequantized once to f32, with an online softmax
+// (running max m and sum l per row; the accumulator rescaled by e^(m_old - m_new) per tile), so
+// no score row as long as the context is ever materialised. Pays in prefill, where one tile
+// serves many queries; in decode it reads the cache as attention_cached does.
+void attention_cached_flash(const CachedAttention& a);
+
 }  // namespace shardlm

@@ -1,5 +1,6 @@
 // shardlm bench: llama-bench-style prefill (ppL) and decode (tgN) timings with achieved
 // bandwidth against the measured copy bandwidth, as a markdown table or JSON lines.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +23,10 @@
 #include "runtime/session.h"
 
 #include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
+#ifdef SHARDLM_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
+#endif
 
 namespace shardlm {
 
@@ -40,6 +45,25 @@ Stats stats(const std::vector<double>& v) {
     return s;
 }
 
+// The current GPU's theoretical memory bandwidth, and the device memory in use (0 without CUDA).
+double device_peak_gbps() {
+#ifdef SHARDLM_HAVE_CUDA
+    return cuda_peak_gbps();
+#else
+    return 0.0;
+#endif
+}
+
+size_t device_used_bytes() {
+#ifdef SHARDLM_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    device_memory_info(&free_b, &total_b);
+    return total_b - free_b;
+#else
+    return 0;
+#endif
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -50,14 +74,17 @@ int cmd_bench(const Args& args, Communicator& comm) {
     po::options_description d("bench options");
     std::string model, synthetic;
     PrecisionFlags prec;
-    int64_t batch = 1, prompt_len = 512, gen = 128, reps = 3;
+    BackendFlags backend;
+    std::string batch_list = "1";
+    std::vector<int64_t> batches;
+    int64_t prompt_len = 512, gen = 128, reps = 3;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model), "checkpoint folder")
         ("synthetic", po::value(&synthetic), "built-in shape with random BF16 weights (qwen3-1.7b, smollm2-1.7b, "
                                              "llama3.2-1b, tiny), written once under $SHARDLM_CACHE or /tmp/shardlm-cache")
-        ("batch", po::value(&batch)->default_value(1), "sequences per step")
+        ("batch", po::value(&batch_list)->default_value("1"), "sequences per step; a list (1,4) runs each on one loaded model")
         ("prompt-len", po::value(&prompt_len)->default_value(512), "prefill tokens per sequence (ppL)")
         ("gen", po::value(&gen)->default_value(128), "decode steps (tgN)")
         (",r", po::value(&reps)->default_value(3), "repeats")
@@ -65,13 +92,19 @@ int cmd_bench(const Args& args, Communicator& comm) {
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("json", "one JSON object per line instead of a markdown table");
     add_precision_options(d, prec);
+    add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]", root);
         if (help) return;
-        if (batch < 1 || prompt_len < 1 || gen < 1 || reps < 1) fail("--batch, --prompt-len, --gen and -r must be >= 1");
+        for (const auto& ids : parse_prompt_ids(batch_list))  // "1,4" reads like one id list
+            for (int32_t b : ids) batches.push_back(b);
+        if (batches.size() != 1 && batch_list.find(';') != std::string::npos) fail("--batch: a list like 1,4");
+        if (prompt_len < 1 || gen < 1 || reps < 1) fail("--prompt-len, --gen and -r must be >= 1");
+        for (int64_t b : batches)
+            if (b < 1) fail("--batch must be >= 1");
         if (model.empty() == synthetic.empty()) fail("give one of --model DIR or --synthetic NAME");
         if (!synthetic.empty()) {
             const ModelConfig cfg = synthetic_config(synthetic);  // validates the name
@@ -93,118 +126,145 @@ int cmd_bench(const Args& args, Communicator& comm) {
     SessionOptions so;
     so.model_dir = model;
     apply_precision(prec, so);
+    apply_backend(backend, so);
     so.ctx = prompt_len + gen;
-    so.max_batch = batch;
+    const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+    so.max_batch = max_batch;
     const bool no_cache = vm.count("no-kv-cache") > 0;
     // pp is one step, as llama-bench measures it; without the cache a decode step is a whole prefill.
-    so.prefill_chunk = (no_cache ? prompt_len + gen : prompt_len) * batch;
+    so.prefill_chunk = (no_cache ? prompt_len + gen : prompt_len) * max_batch;
     std::unique_ptr<Session> s;
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;
     const ModelConfig& c = s->cfg;
-    const double peak = measure_copy_gbps();  // per rank: ranks on one machine share it
-
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-    for (int64_t b = 0; b < batch; ++b)
-        for (int64_t i = 0; i < prompt_len; ++i) prompts[size_t(b)].push_back(int32_t((b * 1000003 + i * 7919 + 11) % c.vocab));
-    std::vector<float> logits(static_cast<size_t>(batch * c.vocab));
-    auto prefill = [&]() {
-        std::vector<SeqChunk> ch;
-        for (int64_t b = 0; b < batch; ++b) ch.push_back({b, prompts[size_t(b)].data(), prompt_len, 0, true});
-        e.forward(ch, logits.data());
-    };
-    std::vector<int32_t> next(static_cast<size_t>(batch));
-    double checksum = 0;
-    std::vector<double> pp_ms, tg_ms;
-    prefill();  // warm-up, not timed: page faults, thread start-up, caches
-    for (int64_t r = 0; r < reps; ++r) {
-        auto t0 = std::chrono::steady_clock::now();
-        prefill();
-        pp_ms.push_back(ms_since(t0));
-        t0 = std::chrono::steady_clock::now();
-        for (int64_t step = 0; step < gen; ++step) {
-            std::vector<SeqChunk> ch;
-            for (int64_t b = 0; b < batch; ++b) {
-                next[size_t(b)] = int32_t((step * 31 + b) % c.vocab);  // fixed inputs: timing, not quality
-                if (!no_cache) {
-                    ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
-                    continue;
-                }
-                auto& seq = prompts[size_t(b)];
-                seq.push_back(next[size_t(b)]);
-                ch.push_back({b, seq.data(), int64_t(seq.size()), 0, true});
-            }
-            e.forward(ch, logits.data());
-        }
-        for (auto& p : prompts) p.resize(size_t(prompt_len));
-        tg_ms.push_back(ms_since(t0));
-        checksum = 0;
-        for (float v : logits) checksum += double(v);
-    }
-    // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
-    const ShardPlan& plan = s->weights.plan;
-    const DType kvt = kv_dtype(so.kv);
-    const double kv_row = double(2 * c.n_layers * plan.n_kv_heads) *
-                          (double(c.head_dim * int64_t(dtype_size(kvt))) + (kvt == DType::I8 ? 4.0 : 0.0));
-    const double avg_pos = double(prompt_len) + double(gen - 1) / 2.0 + 1.0;
-    // (Without the cache a step reads the weights once too, but does prompt-length times the work.)
-    const double step_bytes = double(s->weights.bytes) + (no_cache ? 0.0 : kv_row * avg_pos * double(batch));
-
-    // Bytes each rank sends into collectives per decode step: an all-reduce of the hidden states
-    // after the embedding, o_proj and down_proj (f32), and the all-gather of the logit slices.
-    const double comm_step = comm.size() == 1 ? 0.0
-        : double(batch) * 4.0 * (double(c.hidden) * double(1 + 2 * c.n_layers) + double(plan.vocab_per_rank));
-    struct Row { std::string test; Stats st; double tokens, gbps; };
-    // All-reduce latency at the size the engine uses in decode (batch x hidden floats).
-    double allreduce_us = 0;
-    if (comm.size() > 1) {
-        std::vector<float> buf(size_t(batch * c.hidden), 1.0f);
-        const int iters = 200;
-        comm.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) comm.all_reduce_sum(buf.data(), buf.size());
-        allreduce_us = ms_since(t0) * 1000.0 / iters;
-    }
-    if (!root) return 0;
-    const Stats pp = stats(pp_ms), tg = stats(tg_ms);
-    std::vector<Row> rows = {
-        {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},
-        {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9},
-    };
-    const std::string wname = weight_format_name(s->weights.format), kvname = kv_name(kv_dtype(so.kv));
-    if (vm.count("json")) {
-        for (const Row& r : rows) {
-            nlohmann::ordered_json j;
-            j["test"] = r.test;
-            j["kv_cache"] = !no_cache;
-            j["batch"] = batch;
-            j["tp"] = comm.size();
-            j["comm_bytes_per_step"] = comm_step;
-            j["allreduce_us"] = allreduce_us;
-            j["allreduces_per_step"] = comm.size() == 1 ? 0 : 1 + 2 * c.n_layers;
-            j["device"] = std::string("cpu(") + matmul_isa() + ")";
-            j["weights"] = wname;
-            j["kv"] = kvname;
-            j["avg_ms"] = r.st.mean;
-            j["stddev_ms"] = r.st.stddev;
-            j["tokens_per_s"] = r.tokens;
-            j["gbps"] = r.gbps;
-            j["peak_gbps"] = peak;
-            j["memory"] = {{"weights_bytes", s->weights.bytes}, {"kv_cache_bytes", e.kv_bytes()},
-                           {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", peak_rss_bytes()}};
-            j["logits_checksum"] = checksum;
-            j["build_commit"] = SHARDLM_GIT_COMMIT;
-            std::cout << j.dump() << "\n";
-        }
-    } else {
+    const bool cuda = e.device().rfind("cuda", 0) == 0;
+    // The bandwidth roofline: the GPU's theoretical HBM bandwidth, or on the CPU a measured copy
+    // bandwidth (per rank: ranks on one machine share it).
+    const double peak = cuda ? device_peak_gbps() : measure_copy_gbps();
+    const std::string wname = weight_format_name(s->weights.format), kvname = kv_name(e.options().kv);
+    const bool json = vm.count("json") > 0;
+    if (root && !json) {
         std::printf("| model | test | batch | weights | kv | ms | tokens/s | GB/s (peak %.1f) |\n", peak);
         std::printf("|---|---|---:|---|---|---:|---:|---:|\n");
-        for (const Row& r : rows)
-            std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %s |\n", arch_name(c.arch), r.test.c_str(),
-                        (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, r.tokens,
-                        r.gbps > 0 ? std::to_string(r.gbps).substr(0, 5).c_str() : "-");
-        std::printf("\nbuild %s, cpu(%s), logits checksum %.6e\n", SHARDLM_GIT_COMMIT, matmul_isa(), checksum);
     }
+    double last_checksum = 0;
+    for (const int64_t batch : batches) {
+        std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t i = 0; i < prompt_len; ++i) prompts[size_t(b)].push_back(int32_t((b * 1000003 + i * 7919 + 11) % c.vocab));
+        std::vector<float> logits(static_cast<size_t>(batch * c.vocab));
+        auto prefill = [&]() {
+            std::vector<SeqChunk> ch;
+            for (int64_t b = 0; b < batch; ++b) ch.push_back({b, prompts[size_t(b)].data(), prompt_len, 0, true});
+            e.forward(ch, logits.data());
+        };
+        std::vector<int32_t> next(static_cast<size_t>(batch));
+        double checksum = 0;
+        std::vector<double> pp_ms, tg_ms;
+        prefill();  // warm-up, not timed: page faults, thread start-up, caches
+        if (!no_cache) {
+            // Two decode steps too: the CUDA engine runs a batch size's first decode step eagerly
+            // and captures its graph on the second.
+            for (int64_t step = 0; step < 2 && step < gen; ++step) {
+                std::vector<SeqChunk> ch;
+                for (int64_t b = 0; b < batch; ++b) {
+                    next[size_t(b)] = int32_t(b % c.vocab);
+                    ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
+                }
+                e.forward(ch, logits.data());
+            }
+        }
+        for (int64_t r = 0; r < reps; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            prefill();
+            pp_ms.push_back(ms_since(t0));
+            t0 = std::chrono::steady_clock::now();
+            for (int64_t step = 0; step < gen; ++step) {
+                std::vector<SeqChunk> ch;
+                for (int64_t b = 0; b < batch; ++b) {
+                    next[size_t(b)] = int32_t((step * 31 + b) % c.vocab);  // fixed inputs: timing, not quality
+                    if (!no_cache) {
+                        ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
+                        continue;
+                    }
+                    auto& seq = prompts[size_t(b)];
+                    seq.push_back(next[size_t(b)]);
+                    ch.push_back({b, seq.data(), int64_t(seq.size()), 0, true});
+                }
+                e.forward(ch, logits.data());
+            }
+            for (auto& p : prompts) p.resize(size_t(prompt_len));
+            tg_ms.push_back(ms_since(t0));
+            checksum = 0;
+            for (float v : logits) checksum += double(v);
+        }
+        // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
+        const ShardPlan& plan = s->weights.plan;
+        const DType kvt = e.options().kv;
+        const double kv_row = double(2 * c.n_layers * plan.n_kv_heads) *
+                              (double(c.head_dim * int64_t(dtype_size(kvt))) + (kvt == DType::I8 ? 4.0 : 0.0));
+        const double avg_pos = double(prompt_len) + double(gen - 1) / 2.0 + 1.0;
+        // (Without the cache a step reads the weights once too, but does prompt-length times the work.)
+        const double step_bytes = double(e.weight_bytes()) + (no_cache ? 0.0 : kv_row * avg_pos * double(batch));
+
+        // Bytes each rank sends into collectives per decode step: an all-reduce of the hidden states
+        // after the embedding, o_proj and down_proj (f32), and the all-gather of the logit slices.
+        const double comm_step = comm.size() == 1 ? 0.0
+            : double(batch) * 4.0 * (double(c.hidden) * double(1 + 2 * c.n_layers) + double(plan.vocab_per_rank));
+        struct Row { std::string test; Stats st; double tokens, gbps; };
+        // All-reduce latency at the size the engine uses in decode (batch x hidden floats).
+        double allreduce_us = 0;
+        if (comm.size() > 1) {
+            std::vector<float> buf(size_t(batch * c.hidden), 1.0f);
+            const int iters = 200;
+            comm.barrier();
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < iters; ++i) comm.all_reduce_sum(buf.data(), buf.size());
+            allreduce_us = ms_since(t0) * 1000.0 / iters;
+        }
+        if (!root) continue;
+        const Stats pp = stats(pp_ms), tg = stats(tg_ms);
+        std::vector<Row> rows = {
+            {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},
+            {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9},
+        };
+        if (json) {
+            for (const Row& r : rows) {
+                nlohmann::ordered_json j;
+                j["test"] = r.test;
+                j["kv_cache"] = !no_cache;
+                j["batch"] = batch;
+                j["tp"] = comm.size();
+                j["comm_bytes_per_step"] = comm_step;
+                j["allreduce_us"] = allreduce_us;
+                j["allreduces_per_step"] = comm.size() == 1 ? 0 : 1 + 2 * c.n_layers;
+                j["device"] = e.device();
+                j["attention"] = backend.attention;
+                j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
+                j["weights"] = wname;
+                j["kv"] = kvname;
+                j["avg_ms"] = r.st.mean;
+                j["stddev_ms"] = r.st.stddev;
+                j["tokens_per_s"] = r.tokens;
+                j["gbps"] = r.gbps;
+                j["peak_gbps"] = peak;
+                j["memory"] = {{"weights_bytes", e.weight_bytes()}, {"kv_cache_bytes", e.kv_bytes()},
+                               {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", cuda ? device_used_bytes() : peak_rss_bytes()}};
+                j["logits_checksum"] = checksum;
+                j["build_commit"] = SHARDLM_GIT_COMMIT;
+                std::cout << j.dump() << "\n";
+            }
+        } else {
+            for (const Row& r : rows)
+                std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %s |\n", arch_name(c.arch), r.test.c_str(),
+                            (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, r.tokens,
+                            r.gbps > 0 ? std::to_string(r.gbps).substr(0, 5).c_str() : "-");
+        }
+        std::fflush(stdout);
+        if (!json) last_checksum = checksum;
+    }
+    if (root && !json)
+        std::printf("\nbuild %s, %s, logits checksum %.6e\n", SHARDLM_GIT_COMMIT, e.device().c_str(), last_checksum);
     return 0;
 }
 

@@ -55,7 +55,8 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, device, dump_logits;
+    std::string model, prompt_ids, dump_logits;
+    BackendFlags backend;
     PrecisionFlags prec;
     int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40;
     float temperature = 0.8f, top_p = 0.95f;
@@ -76,12 +77,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("seed", po::value(&seed)->default_value(0), "sampling seed")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
-        ("device", po::value(&device)->default_value("auto"), "auto|cpu|cuda")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
         ("dump-logits", po::value(&dump_logits), "write the logits at each prompt's last position to FILE");
     add_precision_options(d, prec);
+    add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
@@ -98,8 +99,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-ids") && (vm.count("chat") || vm.count("system")))
             fail("--chat/--system apply to text prompts (--prompt, --prompt-file), not to --prompt-ids");
         if (vm.count("system") && !vm.count("chat")) fail("--system needs --chat");
-        if (device == "cuda") fail("--device cuda: the CUDA engine is not available in this build; use --device cpu");
-        if (device != "auto" && device != "cpu") fail("--device: unknown device \"", device, "\" (auto, cpu, cuda)");
+        SessionOptions check_flags;
+        apply_backend(backend, check_flags);  // validates --device and --attention on every rank
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         if (ctx < 0) fail("--ctx must be >= 0");
@@ -137,6 +138,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     SessionOptions so;
     so.model_dir = model;
     apply_precision(prec, so);
+    apply_backend(backend, so);
     so.max_batch = int64_t(prompts.size());
     so.prefill_chunk = chunk;
     int64_t longest = 0;
@@ -213,14 +215,14 @@ int cmd_generate(const Args& args, Communicator& comm) {
                         {"decode_ms_per_token", decode_per_tok},
                         {"prefill_tokens_per_s", t.prefill_ms > 0 ? 1000.0 * double(t.prefill_tokens) / t.prefill_ms : 0.0},
                         {"decode_tokens_per_s", t.decode_ms > 0 ? 1000.0 * double(t.decode_tokens) / t.decode_ms : 0.0}};
-        j["memory"] = {{"weights_bytes", s->weights.bytes},
+        j["memory"] = {{"weights_bytes", s->engine->weight_bytes()},
                        {"kv_cache_bytes", s->engine->kv_bytes()},
                        {"workspace_bytes", s->engine->workspace_bytes()},
                        {"peak_bytes", peak_rss_bytes()}};
         j["tp"] = comm.size();
-        j["device"] = "cpu";
+        j["device"] = s->engine->device().rfind("cuda", 0) == 0 ? "cuda" : "cpu";
         j["weights"] = weight_format_name(s->weights.format);
-        j["kv"] = kv_name(kv_dtype(so.kv));
+        j["kv"] = kv_name(s->engine->options().kv);
         std::cout << j.dump() << std::endl;
     } else if (text_prompts) {
         if (stream) {

@@ -42,6 +42,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     po::options_description d("perplexity options");
     std::string model, ids_file, text_file, cmp_weights, cmp_kv;
     PrecisionFlags prec;
+    BackendFlags backend;
     int64_t ctx = 512, chunk = 64;
     int threads = 0;
     d.add_options()
@@ -58,6 +59,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("json", "print one JSON object");
     add_precision_options(d, prec);
+    add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
@@ -90,6 +92,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         f.kv = k;
         if (!is_int8(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;  // reference: plain floats
         apply_precision(f, so);
+        apply_backend(backend, so);
         so.ctx = ctx;
         so.prefill_chunk = chunk;
         so.max_logit_rows = chunk;

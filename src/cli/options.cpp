@@ -67,6 +67,20 @@ void apply_precision(const PrecisionFlags& f, SessionOptions& so) {
         fail("--group-size and --keep-fp16 apply to --weights int8 or w8a8");
 }
 
+void add_backend_options(po::options_description& d, BackendFlags& f) {
+    d.add_options()
+        ("device", po::value(&f.device)->default_value("auto"), "auto|cpu|cuda (auto: CUDA when every rank of the node has a GPU)")
+        ("attention", po::value(&f.attention)->default_value("flash"),
+         "flash|naive (flash: tiled kernel with online softmax, split-KV decode on the GPU; naive: plain passes)")
+        ("no-cuda-graph", po::bool_switch(&f.no_cuda_graph), "CUDA: run decode steps eagerly instead of replaying captured graphs");
+}
+
+void apply_backend(const BackendFlags& f, SessionOptions& so) {
+    so.device = parse_device(f.device);
+    so.attention = parse_attention(f.attention);
+    so.cuda_graphs = !f.no_cuda_graph;
+}
+
 void set_threads(int threads) {
     if (threads < 0) fail("--threads must be >= 0");
 #ifdef _OPENMP

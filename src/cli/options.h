@@ -29,6 +29,14 @@ void add_precision_options(po::options_description& d, PrecisionFlags& f);
 // Into the session's options (throws Error naming the flag on a bad value).
 void apply_precision(const PrecisionFlags& f, SessionOptions& so);
 
+// Where and how the engine runs, shared by generate, bench and perplexity.
+struct BackendFlags {
+    std::string device = "auto", attention = "flash";
+    bool no_cuda_graph = false;
+};
+void add_backend_options(po::options_description& d, BackendFlags& f);
+void apply_backend(const BackendFlags& f, SessionOptions& so);  // throws Error naming the flag
+
 // Sets the CPU thread count (0 keeps the default: one per core).
 void set_threads(int threads);
 

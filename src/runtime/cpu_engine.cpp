@@ -1,4 +1,4 @@
-#include "runtime/engine.h"
+#include "runtime/cpu_engine.h"
 
 #include <cmath>
 #include <algorithm>
@@ -28,7 +28,7 @@ KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineO
 }
 }  // namespace
 
-Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
+CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
     : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, w.plan, opt)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     RopeParams rp;
@@ -72,7 +72,9 @@ Engine::Engine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm
     }
 }
 
-const QuantizedActs* Engine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
+std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
+
+const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
     if (w_.format != WeightFormat::W8A8) return nullptr;
     // Per token, or per group when the weights have finer groups (the kernel needs one group
     // size to divide the other).
@@ -82,12 +84,12 @@ const QuantizedActs* Engine::quantize_input(const float* x, int64_t T, int64_t c
     return &acts_;
 }
 
-void Engine::linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y) {
+void CpuEngine::linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y) {
     if (qx && l.w.dtype == DType::I8) matmul_w8a8(*qx, l.w, l.bias_ptr(), y);
     else matmul(x, T, l.w, l.bias_ptr(), y);
 }
 
-void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
+void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
                              int64_t T) {
     const ModelConfig& c = cfg_;
     const ShardPlan& p = w_.plan;
@@ -135,7 +137,9 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
         a.scale = 1.0f / std::sqrt(float(hd));
         a.k_scales = kv_.k_scales(layer, ch.slot);
         a.v_scales = kv_.v_scales(layer, ch.slot);
-        attention_cached(a);
+        // Flash: tiles of keys reused by a block of queries (prefill); naive: one query at a time.
+        if (opt_.attention == AttentionImpl::Flash) attention_cached_flash(a);
+        else attention_cached(a);
         row += ch.n;
     }
     float* o = o_.as<float>();
@@ -145,7 +149,7 @@ void Engine::attention_block(const LayerWeights& L, int64_t layer, const std::ve
     for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
 }
 
-void Engine::mlp_block(const LayerWeights& L, int64_t T) {
+void CpuEngine::mlp_block(const LayerWeights& L, int64_t T) {
     const ModelConfig& c = cfg_;
     float* h = h_.as<float>();
     rmsnorm_ref(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
@@ -162,23 +166,11 @@ void Engine::mlp_block(const LayerWeights& L, int64_t T) {
     for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
 }
 
-void Engine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     maybe_inject_failure(comm_, "forward");
     const ModelConfig& c = cfg_;
-    int64_t T = 0, n_logits = 0;
-    for (const SeqChunk& ch : chunks) {
-        SHARDLM_CHECK(ch.n > 0 && ch.slot >= 0 && ch.slot < opt_.max_batch);
-        SHARDLM_CHECK(ch.pos >= 0 && ch.pos + ch.n <= opt_.ctx, "positions ", ch.pos, "+", ch.n,
-                      " exceed the KV cache capacity ", opt_.ctx);
-        for (int64_t i = 0; i < ch.n; ++i) {
-            const int32_t id = ch.tokens[i];
-            if (id < 0 || id >= c.vocab) fail("token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
-        }
-        T += ch.n;
-        n_logits += ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
-    }
-    SHARDLM_CHECK(T <= opt_.max_step_tokens, "step of ", T, " tokens exceeds the workspace of ", opt_.max_step_tokens);
-    SHARDLM_CHECK(n_logits <= opt_.max_logit_rows, "logit rows ", n_logits, " exceed the workspace of ", opt_.max_logit_rows);
+    const StepShape shape = check_step(c, opt_, chunks);
+    const int64_t T = shape.tokens;
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
     // and the all-reduce assembles the full rows.

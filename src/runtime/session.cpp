@@ -4,8 +4,60 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "runtime/cpu_engine.h"
+#ifdef SHARDLM_HAVE_CUDA
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "runtime/cuda_engine.h"
+#endif
+#ifdef SHARDLM_HAVE_MPI
+#include "comm/mpi_comm.h"
+#endif
+#ifdef SHARDLM_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
 
 namespace shardlm {
+
+Device parse_device(const std::string& s) {
+    if (s == "auto") return Device::Auto;
+    if (s == "cpu") return Device::Cpu;
+    if (s == "cuda" || s == "gpu") return Device::Cuda;
+    fail("--device: unknown device \"", s, "\" (auto, cpu, cuda)");
+}
+
+namespace {
+
+// Ranks of this node (one GPU each under TP).
+int ranks_on_node(Communicator& comm) {
+#ifdef SHARDLM_HAVE_MPI
+    if (auto* mpi = dynamic_cast<MpiComm*>(&comm)) return mpi->local_size();
+#endif
+    (void)comm;
+    return 1;
+}
+
+Device resolve_device(Device want, Communicator& comm) {
+#ifdef SHARDLM_HAVE_CUDA
+    if (want == Device::Cpu) return Device::Cpu;
+    const int gpus = cuda_usable_device_count();
+    const int local = ranks_on_node(comm);
+    if (want == Device::Auto) return gpus >= local && gpus > 0 ? Device::Cuda : Device::Cpu;
+    if (gpus == 0)
+        fail("--device cuda: no usable CUDA device on rank ", comm.rank(),
+             " (no GPU, or a driver older than this build's CUDA runtime); use --device cpu");
+    if (local > gpus)
+        fail("--device cuda: ", local, " ranks on rank ", comm.rank(), "'s node but only ", gpus,
+             " CUDA devices; start at most one rank per GPU");
+    return Device::Cuda;
+#else
+    if (want == Device::Cuda) fail("--device cuda: this build has no CUDA backend (rebuild where nvcc is installed)");
+    (void)comm;
+    return Device::Cpu;
+#endif
+}
+
+}  // namespace
 
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -18,6 +70,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     if (c.sliding_window > 0 && opt.ctx > c.sliding_window)
         fail("--ctx ", opt.ctx, " exceeds the model's sliding_window ", c.sliding_window,
              "; sliding-window attention is not implemented, use --ctx <= ", c.sliding_window);
+    const Device device = resolve_device(opt.device, comm);
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo;
@@ -26,7 +79,46 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.max_step_tokens = std::max(opt.prefill_chunk, opt.max_batch);
     eo.kv = kv_dtype(opt.kv);
     eo.max_logit_rows = opt.max_logit_rows;
-    s->engine = std::make_unique<Engine>(s->cfg, s->weights, comm, eo);
+    eo.attention = opt.attention;
+    eo.cuda_graphs = opt.cuda_graphs;
+    if (device == Device::Cpu) {
+        s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
+    } else {
+#ifdef SHARDLM_HAVE_CUDA
+        // KV auto on the GPU: FP32 for FP32 checkpoints (exact comparisons), FP16 otherwise.
+        if (opt.kv == KVFormat::Auto) eo.kv = s->weights.embed.dtype == DType::F32 ? DType::F32 : DType::F16;
+        Communicator* data = &comm;
+        cudaStream_t stream = nullptr;
+        std::function<void()> wait;
+        if (comm.size() > 1) {
+#ifdef SHARDLM_HAVE_NCCL
+            auto* mpi = dynamic_cast<MpiComm*>(&comm);
+            SHARDLM_CHECK(mpi, "tensor parallelism on GPUs needs the MPI communicator");
+            auto nccl = std::make_unique<NcclComm>(*mpi);  // selects this node-local rank's GPU
+            NcclComm* raw = nccl.get();
+            stream = raw->stream();
+            wait = [raw] { raw->synchronize(); };
+            data = raw;
+            s->data_comm = std::move(nccl);
+#else
+            fail("--device cuda with ", comm.size(), " ranks needs NCCL, which this build lacks");
+#endif
+        } else {
+            CUDA_CHECK(cudaSetDevice(0));
+        }
+        s->engine = std::make_unique<CudaEngine>(s->cfg, s->weights, *data, stream, wait, eo);
+        // The GPU holds the weights now: drop the host copies (quantized or converted buffers),
+        // keeping the plan and format the reports print.
+        ModelWeights kept;
+        kept.plan = s->weights.plan;
+        kept.format = s->weights.format;
+        kept.group_size = s->weights.group_size;
+        kept.bytes = s->weights.bytes;
+        s->weights = std::move(kept);
+#else
+        fail("--device cuda: this build has no CUDA backend");
+#endif
+    }
     s->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
 }

@@ -14,6 +14,10 @@
 
 namespace shardlm {
 
+// --device: Auto picks CUDA when this build has it and every rank of the node gets its own GPU.
+enum class Device { Auto, Cpu, Cuda };
+Device parse_device(const std::string& s);  // throws Error naming --device
+
 struct SessionOptions {
     std::string model_dir;
     LoadOptions load;  // weight format, INT8 group size, --keep-fp16
@@ -22,12 +26,16 @@ struct SessionOptions {
     int64_t max_batch = 1;
     int64_t prefill_chunk = 256;
     int64_t max_logit_rows = 0;  // 0: max_batch (perplexity needs a chunk's worth)
+    Device device = Device::Cpu;  // the CLI defaults to auto; library users choose
+    AttentionImpl attention = AttentionImpl::Flash;
+    bool cuda_graphs = true;
 };
 
 struct Session {
     ModelConfig cfg;
     std::unique_ptr<Checkpoint> ckpt;
-    ModelWeights weights;
+    ModelWeights weights;  // on CUDA only the plan, format and byte count stay after the upload
+    std::unique_ptr<Communicator> data_comm;  // NCCL under TP on GPUs (declared before the engine that uses it)
     std::unique_ptr<Engine> engine;
     double load_ms = 0;
 };

@@ -96,6 +96,36 @@ TEST_P(EngineInvariants, ChunkedPrefillEqualsOneShot) {
     }
 }
 
+TEST_P(EngineInvariants, FlashAndNaiveAttentionAgree) {
+    // A prompt longer than one flash tile of keys, prefilled in chunks that attend to a cached
+    // prefix, then decode steps: the two CPU attention paths on the same cache.
+    const auto prompt = make_prompt(150, cfg_.vocab, 8);
+    const int64_t V = cfg_.vocab;
+    std::vector<std::vector<float>> out[2];
+    for (int k = 0; k < 2; ++k) {
+        SessionOptions so;
+        so.model_dir = dir_.path();
+        so.ctx = 160;
+        so.prefill_chunk = 70;
+        so.attention = k == 0 ? AttentionImpl::Flash : AttentionImpl::Naive;
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        std::vector<float> lg(static_cast<size_t>(V));
+        for (int64_t at = 0; at < 150; at += 70) {
+            const int64_t n = std::min<int64_t>(70, 150 - at);
+            s->engine->forward({{0, prompt.data() + at, n, at, true}}, lg.data());
+            out[k].push_back(lg);
+        }
+        for (int64_t i = 0; i < 5; ++i) {
+            const int32_t t = prompt[size_t(i)];
+            s->engine->forward({{0, &t, 1, 150 + i, true}}, lg.data());
+            out[k].push_back(lg);
+        }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    for (size_t i = 0; i < out[0].size(); ++i) EXPECT_LT(max_abs_diff(out[0][i], out[1][i]), 1e-4) << "step " << i;
+}
+
 TEST_P(EngineInvariants, ReducedPrecisionStaysClose) {
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(12, cfg_.vocab, 7)};
     const GenerateResult ref = run_greedy(dir_.path(), prompts, 1, 256, WeightFormat::F32, KVFormat::F32);

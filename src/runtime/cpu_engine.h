@@ -1,0 +1,53 @@
+// The forward pass on the CPU: FP32 activations, the kernels of kernels/cpu (vectorised where the
+// machine allows), the KV cache in host memory. Under tensor parallelism each rank runs this on
+// its slice of the weights (ModelWeights::plan) and the Communicator joins the partial results.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kernels/cpu/quantize.h"
+#include "runtime/engine.h"
+#include "runtime/kv_cache.h"
+
+namespace shardlm {
+
+class CpuEngine final : public Engine {
+public:
+    CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt);
+
+    void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
+    const ModelConfig& config() const override { return cfg_; }
+    const EngineOptions& options() const override { return opt_; }
+    size_t weight_bytes() const override { return w_.bytes; }
+    size_t kv_bytes() const override { return kv_.bytes(); }
+    size_t workspace_bytes() const override { return ws_bytes_; }
+    std::string device() const override;
+
+private:
+    void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
+    void mlp_block(const LayerWeights& L, int64_t T);
+    // y = x * W^T (+ b). W8A8: x is quantized per token once (quantize_input) and reused by every
+    // INT8 layer reading the same x; layers kept in 16 bits read x as floats.
+    const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
+    void linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y);
+
+    const ModelConfig& cfg_;
+    const ModelWeights& w_;
+    Communicator& comm_;
+    EngineOptions opt_;
+    KVCache kv_;
+    std::vector<float> inv_freq_;
+    std::vector<int64_t> tok_pos_;  // position of each row of the step
+    // Workspace, [max_step_tokens, width] each.
+    Buffer x_, h_, q_, k_, v_, attn_, o_, gate_, up_, last_;
+    std::vector<float> local_logits_, gathered_;
+    // W8A8 activations: int8 [max_step_tokens, widest input] and their scales.
+    std::vector<int8_t> act_q_;
+    std::vector<float> act_scales_;
+    QuantizedActs acts_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
+    size_t ws_bytes_ = 0;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,528 @@
+#include "runtime/cuda_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "comm/together.h"
+#include "core/error.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope_kv.h"
+
+namespace shardlm {
+
+namespace {
+
+size_t matrix_bytes(const WeightView& w) { return size_t(w.rows * w.cols) * dtype_size(w.dtype); }
+size_t scale_count(const WeightView& w) { return w.dtype == DType::I8 ? size_t(w.rows * w.n_groups()) : 0; }
+
+// Whether Linear layers reading the same input can be one matrix of stacked rows: same element
+// type, columns and INT8 groups, and biases on all or none.
+bool fusable(std::initializer_list<const Linear*> ls) {
+    const Linear& a = **ls.begin();
+    for (const Linear* l : ls)
+        if (l->w.dtype != a.w.dtype || l->w.cols != a.w.cols || l->bias.empty() != a.bias.empty() ||
+            (a.w.dtype == DType::I8 && l->w.group_size != a.w.group_size))
+            return false;
+    return true;
+}
+
+// The view of the stacked matrix (shape and format only; the rows come from the parts on upload).
+WeightView stacked(std::initializer_list<const Linear*> ls) {
+    WeightView v = (*ls.begin())->w;
+    v.rows = 0;
+    for (const Linear* l : ls) v.rows += l->w.rows;
+    return v;
+}
+
+double gib(size_t b) { return double(b) / (1024.0 * 1024.0 * 1024.0); }
+
+// Host -> device copies through two pinned staging buffers, so reading the next piece from the
+// memory map overlaps the previous piece's transfer. Prints progress on a terminal (rank 0).
+class Uploader {
+public:
+    Uploader(cudaStream_t s, size_t total, bool progress) : s_(s), total_(total), progress_(progress) {
+        for (auto& b : stage_) b = PinnedBuffer(kStage);
+    }
+    void copy(void* dst, const void* src, size_t bytes) {
+        const char* from = static_cast<const char*>(src);
+        char* to = static_cast<char*>(dst);
+        while (bytes > 0) {
+            const size_t n = std::min(bytes, kStage);
+            CUDA_CHECK(cudaEventSynchronize(done_[cur_].get()));  // this stage's last copy is over
+            std::memcpy(stage_[cur_].get(), from, n);
+            CUDA_CHECK(cudaMemcpyAsync(to, stage_[cur_].get(), n, cudaMemcpyHostToDevice, s_));
+            CUDA_CHECK(cudaEventRecord(done_[cur_].get(), s_));
+            cur_ ^= 1;
+            from += n;
+            to += n;
+            bytes -= n;
+            sent_ += n;
+            report(false);
+        }
+    }
+    void finish() {
+        CUDA_CHECK(cudaStreamSynchronize(s_));
+        report(true);
+    }
+
+private:
+    void report(bool last) {
+        if (!progress_ || total_ == 0) return;
+        const int pct = int(100.0 * double(sent_) / double(total_));
+        if (pct == last_pct_ && !last) return;
+        last_pct_ = pct;
+        std::fprintf(stderr, "\ruploading weights %3d%% (%.2f / %.2f GiB)%s", pct, gib(sent_), gib(total_), last ? "\n" : "");
+        std::fflush(stderr);
+    }
+    static constexpr size_t kStage = size_t(32) << 20;
+    cudaStream_t s_;
+    PinnedBuffer stage_[2];
+    CudaEvent done_[2];
+    int cur_ = 0;
+    size_t total_ = 0, sent_ = 0;
+    bool progress_ = false;
+    int last_pct_ = -1;
+};
+
+}  // namespace
+
+CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, cudaStream_t stream,
+                       std::function<void()> wait, const EngineOptions& opt)
+    : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
+    SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
+    if (w.format == WeightFormat::W8A8)
+        fail("--weights w8a8: the CUDA engine has no INT8-activation path yet; use --weights int8 (W8A16) or --device cpu");
+    SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
+    if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
+    if (!stream) {
+        own_stream_ = std::make_unique<CudaStream>();
+        stream_ = own_stream_->get();
+    } else {
+        stream_ = stream;
+    }
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    device_name_ = "cuda:" + std::to_string(dev) + " " + cuda_device_description(dev);
+
+    // Sizing pass, then the one allocation (with a clear error when it cannot fit).
+    DeviceArena sizing;
+    layout(sizing, w);
+    const int64_t widest = std::max({cfg.hidden, plan_.n_q_heads * cfg.head_dim, plan_.n_inter});
+    // cuBLAS prefill dequantizes INT8 matrices into an F16 scratch, a block of whole rows at a time:
+    // the largest stacked matrix (fused ones included), but at most 32 M elements.
+    int64_t largest = 0;
+    auto consider = [&](const WeightView& v) {
+        if (v.dtype == DType::I8) largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, 32 << 20)));
+    };
+    consider(w.lm_head);
+    for (const LayerWeights& L : w.layers) {
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) consider(l->w);
+        consider(stacked({&L.q, &L.k, &L.v}));
+        consider(stacked({&L.gate, &L.up}));
+    }
+    size_t free_b = 0, total_b = 0;
+    device_memory_info(&free_b, &total_b);
+    const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest) * 2 + (size_t(32) << 20);
+    const size_t need = sizing.used() + gemm_guess;
+    if (need > free_b)
+        fail("the model does not fit on ", device_name_, " (rank ", comm.rank(), "): it needs ", gib(need),
+             " GiB (weights ", gib(weight_bytes_), ", KV cache ", gib(kv_bytes_), ", workspace ",
+             gib(ws_bytes_ + gemm_guess), ") and ", gib(free_b), " GiB are free; lower --ctx or --batch, use "
+             "--weights int8 / --kv int8, or add ranks");
+    arena_ = DeviceArena(sizing.used());
+    weight_bytes_ = kv_bytes_ = ws_bytes_ = 0;
+    layout(arena_, w);
+    gemm_ = std::make_unique<CublasGemm>(stream_, std::max(opt.max_step_tokens, opt_.max_logit_rows), widest, largest);
+    ws_bytes_ += gemm_->scratch_bytes();
+    meta_host_ = PinnedBuffer(meta_bytes_);
+    const int64_t L = opt_.max_logit_rows;
+    logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
+    upload(w);
+}
+
+CudaEngine::~CudaEngine() {
+    // Graphs and buffers free themselves; make sure nothing still runs on memory about to go.
+    if (stream_) cudaStreamSynchronize(stream_);
+}
+
+void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
+    const ModelConfig& c = cfg_;
+    const int64_t hd = c.head_dim, q_dim = plan_.n_q_heads * hd, kv_dim = plan_.n_kv_heads * hd;
+    size_t mark = a.used();
+    auto floats = [&](size_t n) { return a.take_n<float>(n); };
+    auto matrix = [&](const WeightView& v) {
+        DeviceMatrix m;
+        m.dtype = v.dtype;
+        m.rows = v.rows;
+        m.cols = v.cols;
+        m.group_size = v.dtype == DType::I8 ? v.group_size : 0;
+        m.data = a.take(matrix_bytes(v));
+        if (v.dtype == DType::I8) m.scales = floats(scale_count(v));
+        return m;
+    };
+    auto linear = [&](const Linear& l) {
+        CudaLinear d;
+        d.w = matrix(l.w);
+        d.bias = l.bias.empty() ? nullptr : floats(l.bias.size());
+        return d;
+    };
+    auto fused = [&](std::initializer_list<const Linear*> ls) {
+        CudaLinear d;
+        const WeightView v = stacked(ls);
+        d.w = matrix(v);
+        d.bias = (*ls.begin())->bias.empty() ? nullptr : floats(size_t(v.rows));
+        return d;
+    };
+    // Weights.
+    embed_ = matrix(w.embed);
+    lm_head_ = w.lm_head.data == w.embed.data ? embed_ : matrix(w.lm_head);  // tied: one copy
+    final_norm_ = floats(w.final_norm.size());
+    layers_.assign(w.layers.size(), CudaLayer{});
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        const LayerWeights& L = w.layers[i];
+        CudaLayer& d = layers_[i];
+        d.input_norm = floats(L.input_norm.size());
+        d.post_attn_norm = floats(L.post_attn_norm.size());
+        d.q_norm = L.q_norm.empty() ? nullptr : floats(L.q_norm.size());
+        d.k_norm = L.k_norm.empty() ? nullptr : floats(L.k_norm.size());
+        if (fusable({&L.q, &L.k, &L.v})) {
+            d.qkv = fused({&L.q, &L.k, &L.v});
+        } else {
+            d.q = linear(L.q);
+            d.k = linear(L.k);
+            d.v = linear(L.v);
+        }
+        d.o = linear(L.o);
+        if (fusable({&L.gate, &L.up})) {
+            d.gate_up = fused({&L.gate, &L.up});
+        } else {
+            d.gate = linear(L.gate);
+            d.up = linear(L.up);
+        }
+        d.down = linear(L.down);
+    }
+    inv_freq_ = floats(size_t(hd / 2));
+    weight_bytes_ += a.used() - mark;
+
+    // KV cache: per layer K and V [max_batch][n_kv_heads][ctx][row_stride], rows 128-byte aligned.
+    mark = a.used();
+    const size_t es = dtype_size(opt_.kv);
+    const int64_t row_stride = int64_t(((size_t(hd) * es + 127) / 128) * 128 / es);
+    const size_t rows = size_t(opt_.max_batch * plan_.n_kv_heads * opt_.ctx);
+    kv_.assign(size_t(c.n_layers), DeviceKVLayer{});
+    for (DeviceKVLayer& kv : kv_) {
+        kv.dtype = opt_.kv;
+        kv.n_slots = opt_.max_batch;
+        kv.n_kv_heads = plan_.n_kv_heads;
+        kv.capacity = opt_.ctx;
+        kv.row_stride = row_stride;
+        kv.k = a.take(rows * size_t(row_stride) * es);
+        kv.v = a.take(rows * size_t(row_stride) * es);
+        if (opt_.kv == DType::I8) {
+            kv.k_scales = floats(rows);
+            kv.v_scales = floats(rows);
+        }
+    }
+    kv_bytes_ += a.used() - mark;
+
+    // Workspace.
+    mark = a.used();
+    const size_t T = size_t(opt_.max_step_tokens), L = size_t(opt_.max_logit_rows);
+    x_ = floats(T * size_t(c.hidden));
+    h_ = floats(T * size_t(c.hidden));
+    q_ = floats(T * size_t(q_dim));
+    k_ = floats(T * size_t(kv_dim));
+    v_ = floats(T * size_t(kv_dim));
+    attn_ = floats(T * size_t(q_dim));
+    delta_ = floats(T * size_t(c.hidden));
+    gate_ = floats(T * size_t(plan_.n_inter));
+    up_ = floats(T * size_t(plan_.n_inter));
+    qkv_ = floats(T * size_t(q_dim + 2 * kv_dim));
+    gate_up_ = floats(T * size_t(2 * plan_.n_inter));
+    last_ = floats(L * size_t(c.hidden));
+    local_ = floats(L * size_t(std::max<int64_t>(plan_.n_vocab, 1)));
+    if (plan_.tp > 1) {
+        padded_ = floats(L * size_t(plan_.vocab_per_rank));
+        gathered_ = floats(size_t(plan_.tp) * L * size_t(plan_.vocab_per_rank));
+    }
+    attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, opt_.ctx));
+    meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
+    meta_ = static_cast<int32_t*>(a.take(meta_bytes_));
+    ws_bytes_ += a.used() - mark;
+}
+
+void CudaEngine::upload(const ModelWeights& w) {
+    const bool progress = comm_.rank() == 0 && isatty(2);
+    Uploader up(stream_, weight_bytes_, progress);
+    auto vec = [&](const float* dst, const std::vector<float>& src) {
+        if (!src.empty()) up.copy(const_cast<float*>(dst), src.data(), src.size() * sizeof(float));
+    };
+    auto matrix = [&](const DeviceMatrix& d, const WeightView& v) {
+        up.copy(const_cast<void*>(d.data), v.data, matrix_bytes(v));
+        if (v.dtype == DType::I8) up.copy(const_cast<float*>(d.scales), v.scales, scale_count(v) * sizeof(float));
+    };
+    auto linear = [&](const CudaLinear& d, const Linear& l) {
+        matrix(d.w, l.w);
+        if (d.bias) vec(d.bias, l.bias);
+    };
+    // The parts' rows one after the other; INT8 scales and biases follow their rows.
+    auto fused = [&](const CudaLinear& d, std::initializer_list<const Linear*> ls) {
+        int64_t row = 0;
+        for (const Linear* l : ls) {
+            const WeightView& v = l->w;
+            up.copy(static_cast<char*>(const_cast<void*>(d.w.data)) + size_t(row * v.cols) * dtype_size(v.dtype), v.data,
+                    matrix_bytes(v));
+            if (v.dtype == DType::I8)
+                up.copy(const_cast<float*>(d.w.scales) + row * v.n_groups(), v.scales, scale_count(v) * sizeof(float));
+            if (d.bias) up.copy(const_cast<float*>(d.bias) + row, l->bias.data(), l->bias.size() * sizeof(float));
+            row += v.rows;
+        }
+    };
+    matrix(embed_, w.embed);
+    if (lm_head_.data != embed_.data) matrix(lm_head_, w.lm_head);
+    vec(final_norm_, w.final_norm);
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        const LayerWeights& L = w.layers[i];
+        const CudaLayer& d = layers_[i];
+        vec(d.input_norm, L.input_norm);
+        vec(d.post_attn_norm, L.post_attn_norm);
+        if (d.q_norm) vec(d.q_norm, L.q_norm);
+        if (d.k_norm) vec(d.k_norm, L.k_norm);
+        if (d.qkv.w.data) {
+            fused(d.qkv, {&L.q, &L.k, &L.v});
+        } else {
+            linear(d.q, L.q);
+            linear(d.k, L.k);
+            linear(d.v, L.v);
+        }
+        linear(d.o, L.o);
+        if (d.gate_up.w.data) {
+            fused(d.gate_up, {&L.gate, &L.up});
+        } else {
+            linear(d.gate, L.gate);
+            linear(d.up, L.up);
+        }
+        linear(d.down, L.down);
+    }
+    RopeParams rp;
+    rp.head_dim = cfg_.head_dim;
+    rp.theta = cfg_.rope_theta;
+    rp.llama3 = cfg_.rope.kind == RopeScaling::Kind::Llama3;
+    rp.factor = cfg_.rope.factor;
+    rp.low_freq_factor = cfg_.rope.low_freq_factor;
+    rp.high_freq_factor = cfg_.rope.high_freq_factor;
+    rp.original_max_position = cfg_.rope.original_max_position;
+    vec(inv_freq_, rope_inv_freq(rp));
+    up.finish();
+    // The padding columns of the all-gather parts stay zero for the whole session.
+    if (padded_)
+        CUDA_CHECK(cudaMemsetAsync(padded_, 0, size_t(opt_.max_logit_rows * plan_.vocab_per_rank) * sizeof(float), stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaEngine::collective(std::function<void()> op) {
+    if (recording_) recording_->cut(std::move(op));
+    else op();
+}
+
+void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y) {
+    // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
+    if (T <= kGemvMaxTokens) gemv_cuda(l.w, x, T, l.bias, y, stream_);
+    else gemm_->run(l.w, x, T, l.bias, y);
+}
+
+void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits) {
+    const ModelConfig& c = cfg_;
+    const int64_t hd = c.head_dim, nh = plan_.n_q_heads, nkv = plan_.n_kv_heads;
+    const int64_t Tm = opt_.max_step_tokens;
+    const int32_t* ids = meta_;
+    const int32_t* pos = meta_ + Tm;
+    const int32_t* slot = meta_ + 2 * Tm;
+    const int32_t* logit_rows = meta_ + 3 * Tm;
+    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(meta_ + 3 * Tm + opt_.max_logit_rows);
+    cudaStream_t s = stream_;
+    const size_t act = size_t(T * c.hidden);
+
+    // Vocab-parallel embedding: each rank fills the rows it holds, the all-reduce the rest.
+    embedding_cuda(embed_, ids, T, plan_.vocab0, x_, s);
+    if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        const CudaLayer& L = layers_[l];
+        // The previous layer's MLP output joins the residual stream here, fused with the norm.
+        add_rmsnorm_cuda(x_, l == 0 ? nullptr : delta_, L.input_norm, h_, T, c.hidden, c.rms_eps, s);
+        RopeKVParams rp;
+        if (L.qkv.w.data) {
+            // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
+            const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
+            linear(L.qkv, h_, T, qkv_);
+            rp.q = qkv_;
+            rp.k = qkv_ + q_dim;
+            rp.v = qkv_ + q_dim + kv_dim;
+            rp.row_stride = q_dim + 2 * kv_dim;
+            rp.q_out = q_;
+        } else {
+            linear(L.q, h_, T, q_);
+            linear(L.k, h_, T, k_);
+            linear(L.v, h_, T, v_);
+            rp.q = q_;
+            rp.k = k_;
+            rp.v = v_;
+        }
+        rp.T = T;
+        rp.n_heads = nh;
+        rp.n_kv_heads = nkv;
+        rp.head_dim = hd;
+        rp.pos = pos;
+        rp.slot = slot;
+        rp.inv_freq = inv_freq_;
+        rp.q_norm = L.q_norm;
+        rp.k_norm = L.k_norm;
+        rp.eps = c.rms_eps;
+        rp.kv = kv_[l];
+        rope_kv_cuda(rp, s);
+        AttentionCuda a;
+        a.q = q_;
+        a.out = attn_;
+        a.chunks = chunks;
+        a.n_chunks = n_chunks;
+        a.max_chunk_n = max_n;
+        a.n_heads = nh;
+        a.n_kv_heads = nkv;
+        a.head_dim = hd;
+        a.scale = 1.0f / std::sqrt(float(hd));
+        a.kv = kv_[l];
+        a.scratch = attn_scratch_;
+        attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
+        linear(L.o, attn_, T, delta_);
+        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
+        add_rmsnorm_cuda(x_, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
+        if (L.gate_up.w.data) {
+            linear(L.gate_up, h_, T, gate_up_);
+            silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+        } else {
+            linear(L.gate, h_, T, gate_);
+            linear(L.up, h_, T, up_);
+            silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
+        }
+        linear(L.down, gate_, T, delta_);
+        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
+    }
+    // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
+    rmsnorm_rows_cuda(x_, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
+                      c.rms_eps, s);
+    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_);
+    if (plan_.tp > 1) {
+        // Vocab-parallel lm_head: slices padded to vocab_per_rank so the all-gather parts are equal.
+        const int64_t vpr = plan_.vocab_per_rank;
+        if (plan_.n_vocab > 0)
+            CUDA_CHECK(cudaMemcpy2DAsync(padded_, size_t(vpr) * sizeof(float), local_, size_t(plan_.n_vocab) * sizeof(float),
+                                         size_t(plan_.n_vocab) * sizeof(float), size_t(n_logits), cudaMemcpyDeviceToDevice, s));
+        const size_t bytes = size_t(n_logits * vpr) * sizeof(float);
+        collective([this, bytes] { comm_.all_gather(padded_, bytes, gathered_); });
+    }
+}
+
+void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    maybe_inject_failure(comm_, "forward");
+    const ModelConfig& c = cfg_;
+    const StepShape shape = check_step(c, opt_, chunks);
+    const int64_t T = shape.tokens, n = shape.logit_rows;
+    if (T == 0) return;
+    SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
+                  " chunks exceeds the engine's ", opt_.max_batch, " slots");
+
+    // The step's tables, at fixed offsets of one pinned block (see meta_host_).
+    const int64_t Tm = opt_.max_step_tokens;
+    int32_t* ids = meta_host_.as<int32_t>();
+    int32_t* pos = ids + Tm;
+    int32_t* slot = ids + 2 * Tm;
+    int32_t* logit_rows = ids + 3 * Tm;
+    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 3 * Tm + opt_.max_logit_rows);
+    int64_t row = 0, r = 0, max_n = 0;
+    bool decode = true;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+        const SeqChunk& ch = chunks[i];
+        table[i] = AttnChunk{int32_t(ch.slot), int32_t(ch.pos), int32_t(ch.n), int32_t(row)};
+        for (int64_t j = 0; j < ch.n; ++j) {
+            ids[row + j] = ch.tokens[j];
+            pos[row + j] = int32_t(ch.pos + j);
+            slot[row + j] = int32_t(ch.slot);
+        }
+        if (ch.all_logits)
+            for (int64_t j = 0; j < ch.n; ++j) logit_rows[r++] = int32_t(row + j);
+        else if (ch.want_logits)
+            logit_rows[r++] = int32_t(row + ch.n - 1);
+        row += ch.n;
+        max_n = std::max(max_n, ch.n);
+        decode = decode && ch.n == 1 && ch.want_logits && !ch.all_logits;
+    }
+    const int64_t B = int64_t(chunks.size());
+
+    // The first decode step of a batch size runs eagerly: it loads the kernels' modules and lets
+    // cuBLAS initialise outside any capture. From the second on, the step is captured once and
+    // replayed. Capture records, it does not run, so the tables are copied afterwards.
+    const bool replay = decode && opt_.cuda_graphs && !eager_once_.insert(B).second;
+    if (replay) {
+        std::unique_ptr<SegmentedGraph>& g = graphs_[B];
+        if (!g) {
+            g = std::make_unique<SegmentedGraph>();
+            recording_ = g.get();
+            try {
+                g->begin(stream_);
+                run_step(T, B, 1, n);
+                g->end();
+            } catch (...) {
+                g->abandon();
+                recording_ = nullptr;
+                graphs_.erase(B);
+                throw;
+            }
+            recording_ = nullptr;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
+        graphs_[B]->replay(stream_);
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
+        run_step(T, B, max_n, n);
+    }
+
+    if (n == 0) {
+        if (wait_) wait_();
+        else CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return;
+    }
+    const int tp = plan_.tp;
+    const int64_t vpr = plan_.vocab_per_rank;
+    float* host = logits_host_.as<float>();
+    if (tp == 1) {
+        CUDA_CHECK(cudaMemcpyAsync(host, local_, size_t(n * c.vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(host, gathered_, size_t(tp * n * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    if (wait_) wait_();
+    else CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (tp == 1) {
+        std::memcpy(logits, host, size_t(n * c.vocab) * sizeof(float));
+        return;
+    }
+    // [tp][n][vpr] -> [n][vocab]: rank r's slice holds vocabulary ids r*vpr ...
+    for (int64_t i = 0; i < n; ++i)
+        for (int rk = 0; rk < tp; ++rk) {
+            const int64_t v0 = rk * vpr, nv = std::min(vpr, c.vocab - v0);
+            if (nv <= 0) continue;
+            const float* src = host + (int64_t(rk) * n + i) * vpr;
+            std::copy(src, src + nv, logits + i * c.vocab + v0);
+        }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,116 @@
+// The forward pass on one GPU: the CPU engine's math (runtime/cpu_engine.h) with the kernels of
+// kernels/cuda, FP32 activations and residual stream, weights as loaded (F32/F16/BF16/INT8).
+// Memory is one arena per rank laid out up front: weights, the KV cache and every workspace
+// buffer, so a step allocates nothing and a captured decode graph stays valid for the session.
+//
+// A step: the host writes the step's small tables (ids, positions, slots, chunks, logit rows) into
+// pinned memory and copies them to fixed device addresses; the kernels read them there. Decode
+// steps (one token per sequence) are replayed from CUDA Graphs captured once per batch size, cut
+// at each collective (runtime/cuda_graph.h); prefill and mixed steps run the same kernels eagerly.
+// Under tensor parallelism the collectives are NCCL's on the engine's stream (comm/nccl_comm.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_layout.h"
+#include "kernels/cuda/matrix.h"
+#include "runtime/cuda_graph.h"
+#include "runtime/engine.h"
+
+namespace shardlm {
+
+struct CudaLinear {
+    DeviceMatrix w;  // [out, in]
+    const float* bias = nullptr;
+};
+
+struct CudaLayer {
+    const float* input_norm = nullptr;
+    const float* post_attn_norm = nullptr;
+    const float* q_norm = nullptr;  // Qwen3 only
+    const float* k_norm = nullptr;
+    // q/k/v and gate/up are fused into one matrix each ([q | k | v] and [gate | up] rows) when
+    // their formats agree: one pass and one launch instead of three and two. Otherwise the
+    // fused member is empty and the separate ones are used.
+    CudaLinear qkv, gate_up;
+    CudaLinear q, k, v, o, gate, up, down;
+};
+
+class CudaEngine final : public Engine {
+public:
+    // `comm` is this rank's data plane: SingleRank for one GPU, NcclComm (device buffers, ordered
+    // on `stream`) under tensor parallelism. `stream` is where all work goes (null: the engine
+    // makes its own). `wait` blocks until the stream is done and reports asynchronous failures
+    // (NcclComm::synchronize under TP; null: cudaStreamSynchronize). The current device must be
+    // set by the caller. `w` is only read during construction.
+    CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, cudaStream_t stream,
+               std::function<void()> wait, const EngineOptions& opt);
+    ~CudaEngine() override;
+
+    void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
+    const ModelConfig& config() const override { return cfg_; }
+    const EngineOptions& options() const override { return opt_; }
+    size_t weight_bytes() const override { return weight_bytes_; }
+    size_t kv_bytes() const override { return kv_bytes_; }
+    size_t workspace_bytes() const override { return ws_bytes_; }
+    std::string device() const override { return device_name_; }
+    // Decode graphs captured so far (one per batch size seen); tests and bench report it.
+    size_t graphs_captured() const { return graphs_.size(); }
+
+private:
+    void layout(DeviceArena& a, const ModelWeights& w);
+    void upload(const ModelWeights& w);
+    void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits);
+    void collective(std::function<void()> op);
+    void linear(const CudaLinear& l, const float* x, int64_t T, float* y);
+
+    const ModelConfig& cfg_;
+    ShardPlan plan_;
+    Communicator& comm_;
+    EngineOptions opt_;
+    std::unique_ptr<CudaStream> own_stream_;
+    cudaStream_t stream_ = nullptr;
+    std::function<void()> wait_;
+    std::string device_name_;
+
+    DeviceArena arena_;
+    std::unique_ptr<CublasGemm> gemm_;
+    size_t weight_bytes_ = 0, kv_bytes_ = 0, ws_bytes_ = 0;
+
+    // Weights (device pointers into arena_).
+    DeviceMatrix embed_, lm_head_;
+    const float* final_norm_ = nullptr;
+    std::vector<CudaLayer> layers_;
+    std::vector<DeviceKVLayer> kv_;
+    float* inv_freq_ = nullptr;  // [head_dim / 2]
+
+    // Workspace, [max_step_tokens, width] f32 each unless noted.
+    float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
+    float *delta_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
+    float *qkv_ = nullptr, *gate_up_ = nullptr;  // fused projections' outputs, [T, q+2kv] and [T, 2*inter]
+    float* last_ = nullptr;      // [max_logit_rows, hidden]
+    float* local_ = nullptr;     // [max_logit_rows, n_vocab]: this rank's lm_head rows
+    float* padded_ = nullptr;    // [max_logit_rows, vocab_per_rank] (TP > 1: equal all-gather parts)
+    float* gathered_ = nullptr;  // [tp, max_logit_rows, vocab_per_rank]
+    void* attn_scratch_ = nullptr;
+    int32_t* meta_ = nullptr;  // device copy of meta_host_
+    PinnedBuffer meta_host_;   // ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
+    PinnedBuffer logits_host_;
+    size_t meta_bytes_ = 0;
+
+    std::map<int64_t, std::unique_ptr<SegmentedGraph>> graphs_;  // decode step by batch size
+    std::set<int64_t> eager_once_;  // batch sizes whose first decode step ran eagerly
+    SegmentedGraph* recording_ = nullptr;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,33 @@
+#include "runtime/engine.h"
+
+#include "core/error.h"
+
+namespace shardlm {
+
+AttentionImpl parse_attention(const std::string& s) {
+    if (s == "flash") return AttentionImpl::Flash;
+    if (s == "naive") return AttentionImpl::Naive;
+    fail("--attention: unknown kind \"", s, "\" (flash, naive)");
+}
+
+StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks) {
+    StepShape s;
+    for (const SeqChunk& ch : chunks) {
+        SHARDLM_CHECK(ch.n > 0 && ch.slot >= 0 && ch.slot < opt.max_batch);
+        SHARDLM_CHECK(ch.pos >= 0 && ch.pos + ch.n <= opt.ctx, "positions ", ch.pos, "+", ch.n,
+                      " exceed the KV cache capacity ", opt.ctx);
+        for (int64_t i = 0; i < ch.n; ++i) {
+            const int32_t id = ch.tokens[i];
+            if (id < 0 || id >= c.vocab) fail("token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
+        }
+        s.tokens += ch.n;
+        s.logit_rows += ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
+    }
+    SHARDLM_CHECK(s.tokens <= opt.max_step_tokens, "step of ", s.tokens, " tokens exceeds the workspace of ",
+                  opt.max_step_tokens);
+    SHARDLM_CHECK(s.logit_rows <= opt.max_logit_rows, "logit rows ", s.logit_rows, " exceed the workspace of ",
+                  opt.max_logit_rows);
+    return s;
+}
+
+}  // namespace shardlm

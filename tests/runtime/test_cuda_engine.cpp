@@ -1,0 +1,237 @@
+// The CUDA engine against the CPU engine on tiny random checkpoints of every architecture
+// (ggml's test-backend-ops idea on whole models): same prompts, same weights, logits compared
+// step by step and greedy tokens required equal. Skips where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "fixtures.h"
+#include "kernels/cuda/device.h"
+#include "runtime/cuda_engine.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device"
+
+struct Trace {
+    std::vector<std::vector<float>> logits;  // one [B, vocab] block per step
+    std::vector<std::vector<int32_t>> tokens;  // greedy tokens per sequence
+};
+
+struct RunOptions {
+    Device device = Device::Cpu;
+    WeightFormat weights = WeightFormat::Auto;
+    KVFormat kv = KVFormat::F32;
+    int64_t prefill_chunk = 256;
+    AttentionImpl attention = AttentionImpl::Flash;
+    bool graphs = true;
+    int64_t steps = 6;
+};
+
+// Prefill every prompt (in chunks), then `steps` greedy decode steps for the whole batch.
+Trace trace(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, const RunOptions& o) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.device = o.device;
+    so.load.format = o.weights;
+    so.kv = o.kv;
+    so.max_batch = int64_t(prompts.size());
+    so.ctx = 96;
+    so.prefill_chunk = o.prefill_chunk;
+    so.attention = o.attention;
+    so.cuda_graphs = o.graphs;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    Engine& e = *s->engine;
+    const int64_t V = e.config().vocab, B = int64_t(prompts.size());
+    Trace r;
+    r.tokens.resize(prompts.size());
+    std::vector<float> row(static_cast<size_t>(V));
+    // Prefill, one sequence at a time in chunks, keeping the logits of its last position.
+    std::vector<float> first(static_cast<size_t>(B * V));
+    for (int64_t b = 0; b < B; ++b) {
+        const auto& p = prompts[size_t(b)];
+        for (int64_t at = 0; at < int64_t(p.size()); at += o.prefill_chunk) {
+            const int64_t n = std::min<int64_t>(o.prefill_chunk, int64_t(p.size()) - at);
+            const bool last = at + n == int64_t(p.size());
+            e.forward({{b, p.data() + at, n, at, last}}, row.data());
+            if (last) std::copy(row.begin(), row.end(), first.begin() + b * V);
+        }
+    }
+    r.logits.push_back(first);
+    auto argmax = [&](const float* x) { return int32_t(std::max_element(x, x + V) - x); };
+    // Decode inputs are fixed (teacher forcing), not each engine's own picks: one near-tie picked
+    // differently would otherwise send the two runs down different sequences.
+    std::vector<std::vector<int32_t>> forced;
+    for (int64_t b = 0; b < B; ++b) forced.push_back(make_prompt(o.steps, V, 100 + uint64_t(b)));
+    for (int64_t b = 0; b < B; ++b) r.tokens[size_t(b)].push_back(argmax(first.data() + b * V));
+    std::vector<float> step(static_cast<size_t>(B * V));
+    for (int64_t t = 0; t < o.steps; ++t) {
+        std::vector<SeqChunk> ch;
+        for (int64_t b = 0; b < B; ++b)
+            ch.push_back({b, &forced[size_t(b)][size_t(t)], 1, int64_t(prompts[size_t(b)].size()) + t, true});
+        e.forward(ch, step.data());
+        r.logits.push_back(step);
+        for (int64_t b = 0; b < B; ++b) r.tokens[size_t(b)].push_back(argmax(step.data() + b * V));
+    }
+    return r;
+}
+
+float max_diff(const Trace& a, const Trace& b) {
+    float m = 0;
+    for (size_t i = 0; i < a.logits.size() && i < b.logits.size(); ++i) m = std::max(m, max_abs_diff(a.logits[i], b.logits[i]));
+    return a.logits.size() == b.logits.size() ? m : INFINITY;
+}
+
+float max_abs(const Trace& a) {
+    float m = 0;
+    for (const auto& l : a.logits)
+        for (float v : l) m = std::max(m, std::fabs(v));
+    return m;
+}
+
+struct Case {
+    const char* name;
+    Arch arch;
+    DType dtype;
+};
+
+const Case kCases[] = {
+    {"llama_f32", Arch::Llama, DType::F32},
+    {"mistral_f16", Arch::Mistral, DType::F16},
+    {"qwen2_f32", Arch::Qwen2, DType::F32},
+    {"qwen3_f32", Arch::Qwen3, DType::F32},
+    {"qwen3_bf16", Arch::Qwen3, DType::BF16},
+};
+
+class CudaVsCpu : public ::testing::TestWithParam<Case> {
+protected:
+    void SetUp() override {
+        cfg_ = tiny_config(GetParam().arch);
+        write_synthetic_checkpoint(dir_.path(), cfg_, {GetParam().dtype, 1, 23});
+        // Three sequences of different lengths: variable lengths in one decode batch.
+        prompts_ = {make_prompt(11, cfg_.vocab, 1), make_prompt(3, cfg_.vocab, 2), make_prompt(29, cfg_.vocab, 3)};
+    }
+    float tolerance() const { return GetParam().dtype == DType::BF16 ? 1e-2f : 2e-3f; }
+    TempDir dir_;
+    ModelConfig cfg_;
+    std::vector<std::vector<int32_t>> prompts_;
+};
+
+}  // namespace
+
+TEST_P(CudaVsCpu, SameLogitsAndGreedyTokens) {
+    SKIP_WITHOUT_GPU();
+    RunOptions cpu, gpu;
+    gpu.device = Device::Cuda;
+    const Trace a = trace(dir_.path(), prompts_, cpu), b = trace(dir_.path(), prompts_, gpu);
+    // Same weights and FP32 activations on both: only summation order differs, except that the
+    // cuBLAS prefill of 16-bit weights rounds its inputs to the weights' type (bf16: 8 bits).
+    EXPECT_LT(max_diff(a, b), tolerance() * std::max(1.0f, max_abs(a)));
+    EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST_P(CudaVsCpu, ChunkedPrefillAndNaiveAttentionAgree) {
+    SKIP_WITHOUT_GPU();
+    RunOptions one, chunked, naive;
+    one.device = chunked.device = naive.device = Device::Cuda;
+    chunked.prefill_chunk = 4;  // chunks that attend to a cached prefix, and some n <= 8 (GEMV path)
+    naive.attention = AttentionImpl::Naive;
+    const Trace a = trace(dir_.path(), prompts_, one), b = trace(dir_.path(), prompts_, chunked),
+              c = trace(dir_.path(), prompts_, naive);
+    EXPECT_LT(max_diff(a, b), tolerance() * std::max(1.0f, max_abs(a)));
+    EXPECT_LT(max_diff(a, c), tolerance() * std::max(1.0f, max_abs(a)));
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.tokens, c.tokens);
+}
+
+TEST_P(CudaVsCpu, GraphsReplayExactlyWhatEagerRuns) {
+    SKIP_WITHOUT_GPU();
+    RunOptions graphs, eager;
+    graphs.device = eager.device = Device::Cuda;
+    eager.graphs = false;
+    const Trace a = trace(dir_.path(), prompts_, graphs), b = trace(dir_.path(), prompts_, eager);
+    // The same kernels with the same launch shapes: bit for bit.
+    EXPECT_EQ(max_diff(a, b), 0.0f);
+    EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST_P(CudaVsCpu, Int8WeightsAndCacheMatchTheCpuInt8) {
+    SKIP_WITHOUT_GPU();
+    for (KVFormat kv : {KVFormat::F16, KVFormat::Int8}) {
+        RunOptions cpu, gpu;
+        cpu.weights = gpu.weights = WeightFormat::Int8;
+        cpu.kv = gpu.kv = kv;
+        gpu.device = Device::Cuda;
+        const Trace a = trace(dir_.path(), prompts_, cpu), b = trace(dir_.path(), prompts_, gpu);
+        // The same INT8 weights and cache format on both sides; an INT8 cache row may round a tie
+        // the other way, so the bound is looser than for float caches.
+        EXPECT_LT(max_diff(a, b), (kv == KVFormat::Int8 ? 2e-2f : 2e-3f) * std::max(1.0f, max_abs(a)))
+            << "kv " << int(kv);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CudaEngine, RefusesWhatItCannotRun) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 5});
+    SessionOptions so;
+    so.model_dir = dir.path();
+    so.device = Device::Cuda;
+    so.ctx = 16;
+    so.max_batch = 2;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    std::vector<float> lg(static_cast<size_t>(3 * cfg.vocab));
+    const int32_t t[3] = {3, 4, 5};
+    // Three sequences on two slots, and positions past the cache.
+    EXPECT_THROW(s->engine->forward({{0, t, 1, 0, true}, {1, t + 1, 1, 0, true}, {1, t + 2, 1, 1, true}}, lg.data()),
+                 Error);
+    EXPECT_THROW(s->engine->forward({{0, t, 3, 15, true}}, lg.data()), Error);
+    so.load.format = WeightFormat::W8A8;
+    EXPECT_THROW(open_session(so, comm), Error);
+}
+
+TEST(CudaEngine, TooLargeForTheDeviceSaysHowMuch) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 5});
+    SessionOptions so;
+    so.model_dir = dir.path();
+    so.device = Device::Cuda;
+    so.ctx = cfg.max_position;
+    so.max_batch = 100000;  // a KV cache of terabytes
+    SingleRank comm;
+    try {
+        open_session(so, comm);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("GiB are free"), std::string::npos) << e.what();
+    }
+}
+
+TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 9});
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 11; ++i) prompts.push_back(make_prompt(2 + i, cfg.vocab, 40 + uint64_t(i)));
+    RunOptions cpu, gpu;
+    gpu.device = Device::Cuda;
+    const Trace a = trace(dir.path(), prompts, cpu), b = trace(dir.path(), prompts, gpu);
+    EXPECT_LT(max_diff(a, b), 2e-3f * std::max(1.0f, max_abs(a)));
+    EXPECT_EQ(a.tokens, b.tokens);
+}

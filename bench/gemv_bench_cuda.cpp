@@ -1,0 +1,226 @@
+// The decode and prefill matrix products on the shapes of Qwen3-1.7B.
+//
+//   gemv_bench_cuda [reps]      (default 20)
+//
+// gemv_cuda: n = 1, 4, 8 token rows, f16 and i8 weights (per channel and groups of 128). Each
+// call reads a different copy of the matrix, cycling through at least 512 MB, so the weights come
+// from HBM, not from the L2 (50-60 MB). Time per call is the median over `reps` replays of a CUDA
+// graph of back-to-back calls (as decode runs); GB/s counts weights + scales + x + y once.
+// It is compared with a measured device-to-device cudaMemcpy (read + write counted) and with the
+// device's theoretical peak (2 transfers per memory clock times the bus width).
+//
+// CublasGemm: T = 512 and 2048 tokens, f16 and i8 weights (i8 includes its dequantization pass),
+// TFLOP/s = 2 * T * rows * cols / time.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+
+using namespace shardlm;
+
+namespace {
+
+struct Shape {
+    const char* name;
+    int64_t rows, cols;
+};
+
+const Shape kShapes[] = {{"q_proj/o_proj", 2048, 2048},
+                         {"k_proj/v_proj", 1024, 2048},
+                         {"gate/up_proj", 6144, 2048},
+                         {"down_proj", 2048, 6144},
+                         {"lm_head", 151936, 2048}};
+
+struct Weights {
+    DType dtype;
+    int64_t group;  // I8: 0 = one scale per row
+    const char* name;
+};
+
+const Weights kWeights[] = {{DType::F16, 0, "f16"}, {DType::I8, 0, "i8"}, {DType::I8, 128, "i8-g128"}};
+
+constexpr size_t kColdBytes = size_t(512) << 20;  // weights cycled per measurement, ~8x the L2
+
+struct DevBuf {
+    void* p = nullptr;
+    explicit DevBuf(size_t bytes) {
+        CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+        CUDA_CHECK(cudaMemset(p, 0x3c, bytes));  // f16 ~1.06, i8 60, f32 ~0.0115: finite, not zero
+    }
+    ~DevBuf() { cudaFree(p); }
+    DevBuf(const DevBuf&) = delete;
+    DevBuf& operator=(const DevBuf&) = delete;
+};
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Milliseconds per call of launch(i), i = 0, 1, ...: median over `batches` batches of
+// `per_batch` back-to-back calls, after one batch of warm-up.
+template <typename Launch>
+double time_ms(Launch&& launch, int per_batch, int batches, cudaStream_t stream) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < per_batch; ++i) launch(i);
+    std::vector<double> ms;
+    for (int b = 0; b < batches; ++b) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < per_batch; ++i) launch(i);
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(double(t) / per_batch);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    return median(ms);
+}
+
+// The same for a batch replayed as one CUDA graph, as decode runs it: back-to-back launches from
+// the host would time the launch overhead (~2-3 us) instead of a ~1-us kernel.
+template <typename Launch>
+double time_graph_ms(Launch&& launch, int per_batch, int batches, cudaStream_t stream) {
+    launch(0);  // eager first: lazily loaded kernels load outside the capture
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < per_batch; ++i) launch(i);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms =
+        time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, 1, batches, stream) / per_batch;
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return ms;
+}
+
+// Device-to-device copy of 1 GiB, read + write counted, in GB/s.
+double copy_gbps(cudaStream_t stream, int reps) {
+    const size_t bytes = size_t(1) << 30;
+    DevBuf a(bytes), b(bytes);
+    const double ms = time_ms(
+        [&](int) { CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, stream)); }, 4, reps, stream);
+    return 2.0 * double(bytes) / (ms * 1e6);
+}
+
+double peak_gbps(int dev) {
+    int clock_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    return 2.0 * double(clock_khz) * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
+void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
+    std::printf("\n## gemv_cuda (decode), weights cycled through >= %zu MB\n\n", kColdBytes >> 20);
+    std::printf("| shape | rows x cols | weights | n | us | GB/s | %% of copy | %% of peak |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (const Shape& s : kShapes)
+        for (const Weights& wt : kWeights) {
+            const int64_t group = wt.group ? wt.group : s.cols;
+            const size_t w_bytes = size_t(s.rows * s.cols) * dtype_size(wt.dtype);
+            const size_t s_bytes = wt.dtype == DType::I8 ? size_t(s.rows * (s.cols / group)) * 4 : 0;
+            const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
+            std::vector<std::unique_ptr<DevBuf>> mats;
+            for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
+            DevBuf x(size_t(kGemvMaxTokens * s.cols) * 4), y(size_t(kGemvMaxTokens * s.rows) * 4);
+            for (int64_t n : {int64_t(1), int64_t(4), int64_t(8)}) {
+                const double ms = time_graph_ms(
+                    [&](int i) {
+                        const DevBuf* m = mats[size_t(i % copies)].get();
+                        DeviceMatrix w;
+                        w.dtype = wt.dtype;
+                        w.data = m->p;
+                        w.rows = s.rows;
+                        w.cols = s.cols;
+                        if (wt.dtype == DType::I8) {
+                            w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m->p) + w_bytes);
+                            w.group_size = group;
+                        }
+                        gemv_cuda(w, static_cast<const float*>(x.p), n, nullptr, static_cast<float*>(y.p), stream);
+                    },
+                    std::max(copies, 32), reps, stream);
+                const double bytes = double(w_bytes + s_bytes) + 4.0 * double(n) * double(s.cols + s.rows);
+                const double gbps = bytes / (ms * 1e6);
+                std::printf("| %s | %lldx%lld | %s | %lld | %.1f | %.0f | %.1f | %.1f |\n", s.name, (long long)s.rows,
+                            (long long)s.cols, wt.name, (long long)n, ms * 1e3, gbps, 100.0 * gbps / copy,
+                            peak > 0 ? 100.0 * gbps / peak : 0.0);
+                std::fflush(stdout);
+            }
+        }
+}
+
+void bench_gemm(cudaStream_t stream, int reps) {
+    const int64_t max_t = 2048, max_cols = 6144, max_w = 151936 * 2048;
+    CublasGemm gemm(stream, max_t, max_cols, max_w);
+    std::printf("\n## CublasGemm (prefill), scratch %.0f MB\n\n", double(gemm.scratch_bytes()) / (1 << 20));
+    std::printf("| shape | rows x cols | weights | T | ms | TFLOP/s |\n|---|---|---|---|---|---|\n");
+    DevBuf x(size_t(max_t * max_cols) * 4), y(size_t(max_t * 151936) * 4);
+    for (const Shape& s : kShapes)
+        for (const Weights& wt : {kWeights[0], kWeights[1]}) {
+            const size_t w_bytes = size_t(s.rows * s.cols) * dtype_size(wt.dtype);
+            DevBuf m(w_bytes + (wt.dtype == DType::I8 ? size_t(s.rows) * 4 : 0));
+            DeviceMatrix w;
+            w.dtype = wt.dtype;
+            w.data = m.p;
+            w.rows = s.rows;
+            w.cols = s.cols;
+            if (wt.dtype == DType::I8) {
+                w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m.p) + w_bytes);
+                w.group_size = s.cols;
+            }
+            for (int64_t T : {int64_t(512), int64_t(2048)}) {
+                const double ms = time_ms(
+                    [&](int) { gemm.run(w, static_cast<const float*>(x.p), T, nullptr, static_cast<float*>(y.p)); }, 2,
+                    std::max(3, reps / 4), stream);
+                const double tflops = 2.0 * double(T) * double(s.rows) * double(s.cols) / (ms * 1e9);
+                std::printf("| %s | %lldx%lld | %s | %lld | %.3f | %.1f |\n", s.name, (long long)s.rows,
+                            (long long)s.cols, wt.name, (long long)T, ms, tflops);
+                std::fflush(stdout);
+            }
+        }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (cuda_usable_device_count() == 0) {
+        std::fprintf(stderr, "gemv_bench_cuda: no usable CUDA device; nothing to measure\n");
+        return 1;
+    }
+    const int reps = argc > 1 ? std::max(3, std::atoi(argv[1])) : 20;
+    try {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        const double copy = copy_gbps(stream, reps), peak = peak_gbps(dev);
+        std::printf("# %s\n\ndevice-to-device copy: %.0f GB/s (read + write); theoretical peak: %.0f GB/s\n",
+                    cuda_device_description(dev).c_str(), copy, peak);
+        bench_gemv(stream, reps, copy, peak);
+        bench_gemm(stream, reps);
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "gemv_bench_cuda: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

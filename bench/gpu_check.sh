@@ -1,0 +1,444 @@
+#!/usr/bin/env bash
+# The GPU check of a lent GPU machine (issue 6): in under 8 minutes on one H200 it unpacks the bundle
+# made by bench/gpu_pack.sh, runs every GPU test binary, compares GPU and CPU greedy tokens, runs
+# compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
+# weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
+# off), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench
+# and the mission table, and writes under $OUT:
+#   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
+#   gpu_check.jsonl      every step's status, every benchmark row (shardlm bench --json rows, tagged)
+#   gpu_check.log        every step's log, cut to its first 100 and last 200 lines
+#   gpu_check_logs.tar.gz  the full logs and the gtest JSON files
+#
+#   bench/gpu_check.sh [--pack DIR|TARBALL] [--out DIR] [--budget SECONDS]     on the GPU machine
+#   bench/gpu_check.sh --dry-run [--pack DIR|TARBALL] [--out DIR]               here, without a GPU
+#   --only REGEX runs only the steps whose names match, besides env, version, prepare and models
+#   (e.g. --only 'bench-b1|torch' for a short rerun).
+#
+# Every step has its own time limit and log, a failing step does not stop the others, and steps
+# that would start after --budget seconds (default 450) are reported as skipped; the exit status is 0
+# only when no step failed. --dry-run uses build/'s binaries (or the bundle with --pack), tiny
+# shapes and --device cpu, so that every step's plumbing runs here; steps that need a GPU report
+# "skip: no GPU". Flags that the binaries do not know make their steps fail, never silently vanish.
+# Expected on one H200, in seconds: setup, env and version 10; each test binary 10-60; models and
+# tokens 10; each sanitizer run 30-60; prepare (3.4 GB checkpoint, in the background during the tests)
+# 30-60; each of the 13 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
+# Run through the device tool, from the repository root:
+#   run(command="bench/gpu_check.sh", carry=["build-gpu/gpu-pack.tar.xz"], timeout_s=540)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+dry=0
+pack=""
+out=${OUT:-}
+budget=${GPU_CHECK_BUDGET:-450}
+only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1; shift ;;
+    --pack) pack=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: $0 [--dry-run] [--pack DIR|TARBALL] [--out DIR] [--budget SECONDS] [--only REGEX]" >&2; exit 2 ;;
+  esac
+done
+if [ "$dry" = 0 ] && [ -z "$pack" ]; then
+  if [ -d build-gpu/pack/bin ]; then pack=build-gpu/pack; else pack=build-gpu/gpu-pack.tar.xz; fi
+fi
+[ -n "$out" ] || out=$root/build/gpu_check_out
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -f "$out/gpu_check.jsonl" "$out/gpu_check.md" "$out/gpu_check.log" "$out/gpu_check_logs.tar.gz"
+work=$(mktemp -d /tmp/gpu_check.XXXXXX)
+mkdir -p "$work/logs" "$work/bin"
+t_start=$(date +%s)
+jsonl=$out/gpu_check.jsonl
+: > "$jsonl"
+
+# Shapes: the issue's on the GPU; tiny and quick on the CPU.
+if [ "$dry" = 1 ]; then
+  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1
+else
+  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3
+fi
+export SHARDLM_CACHE=${SHARDLM_CACHE:-/tmp/shardlm-cache}
+export OMP_WAIT_POLICY=passive
+PY=$(command -v /usr/bin/python3 || command -v python3)  # helpers: standard library only (not a slow pyenv shim)
+# PyTorch's python: the GPU image's venv, else the first python here that imports torch.
+PYT=python3
+for p in /opt/torch/.venv/bin/python3 python3 /usr/bin/python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then PYT=$p; break; fi
+done
+
+record() {  # NAME STATUS SECONDS NOTE
+  "$PY" "$root/bench/gpu_report.py" status "$jsonl" "$1" "$2" "$3" "$4"
+  printf '   %-4s %6.1fs  %s\n' "$2" "$3" "$4"
+  [ "$2" = fail ] && echo "$1" >> "$work/failed"
+  return 0
+}
+
+# step NAME LIMIT FUNCTION ARGS...: the function runs in its own bash under `timeout`, its output in
+# logs/NAME.log. Exit 0: pass (note: its last "note: " line); 77: skip (reason: its "skip: " line).
+step() {
+  local name=$1 limit=$2
+  shift 2
+  if [ -n "$only" ] && ! [[ $name =~ ^(env|version|prepare|models)$ || $name =~ $only ]]; then
+    record "$name" skip 0 "not selected (--only $only)" > /dev/null
+    return 0
+  fi
+  local left=$((budget - ($(date +%s) - t_start) - 15))
+  if [ "$left" -lt 5 ]; then
+    echo "== $name"
+    record "$name" skip 0 "not started: the ${budget} s budget is spent"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local log=$work/logs/$name.log t0 rc status note secs
+  echo "== $name (limit ${limit} s)"
+  t0=$(date +%s.%N)
+  timeout -k 5 "$limit" bash -c '"$@"' _ "$@" > "$log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  case $rc in
+    0) status=pass; note=$(sed -n 's/^note: //p' "$log" | tail -n 1) ;;
+    77) status=skip; note=$(sed -n 's/^skip: //p' "$log" | tail -n 1) ;;
+    124|137) status=fail; note="timed out after ${limit} s; last line: $(grep -v '^$' "$log" | tail -n 1 | cut -c1-200)" ;;
+    *) status=fail; note="exit $rc: $(grep -v '^$' "$log" | tail -n 1 | cut -c1-300)" ;;
+  esac
+  record "$name" "$status" "$secs" "$note"
+}
+
+# ---------------------------------------------------------------- setup (in this shell)
+echo "== setup"
+setup_t0=$(date +%s.%N)
+setup_note=""
+setup_fail=""
+unpack() {  # TARBALL -> build-gpu/pack
+  local dest=$root/build-gpu
+  mkdir -p "$dest"
+  rm -rf "$dest/pack"
+  tar -C "$dest" -xJf "$1" 2>/dev/null ||
+    "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$dest"
+}
+if [ -n "$pack" ]; then
+  case "$pack" in
+    *.tar.xz|*.txz|*.tar.gz|*.tgz)
+      if [ -f "$pack" ]; then unpack "$pack" && pack=$root/build-gpu/pack; else setup_fail="no bundle at $pack (run bench/gpu_pack.sh here and carry it)"; fi ;;
+  esac
+  [ -d "$pack/bin" ] || setup_fail=${setup_fail:-"no bundle at $pack"}
+  [ -d "$pack" ] && pack=$(cd "$pack" && pwd)
+fi
+
+# Directories holding a library: the loader cache, the usual CUDA and driver folders, python's wheels.
+lib_dirs_candidates() {
+  ldconfig -p 2>/dev/null | awk '/x86-64/ { sub(/\/[^\/]*$/, "", $NF); print $NF }' | sort -u
+  local d
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 \
+           /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
+           /usr/local/cuda-13*/targets/x86_64-linux/lib /usr/local/cuda-*/lib64; do
+    [ -d "$d" ] && echo "$d"
+  done
+  for p in "$PYT" python3; do
+    command -v "$p" >/dev/null || continue
+    for sp in $("$p" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+      for d in "$sp"/nvidia/cu13/lib "$sp"/nvidia/*/lib "$sp"/torch/lib; do [ -d "$d" ] && echo "$d"; done
+    done
+  done
+}
+mapfile -t cand < <(lib_dirs_candidates)
+find_lib() { local d; for d in "${cand[@]}"; do [ -e "$d/$1" ] && { echo "$d"; return 0; }; done; return 1; }
+cuda_dirs=()
+missing_libs=()
+needed="libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13"
+if [ -n "$pack" ] && [ -f "$pack/pack.env" ]; then
+  # shellcheck disable=SC1091
+  . "$pack/pack.env"
+  needed="libcuda.so.1 ${PACK_CUDA_NEEDED:-}"
+fi
+for l in $needed; do
+  if ! find_lib "$l" >/dev/null; then  # last resort: a bounded search of the usual roots
+    f=$(timeout 20 find /usr /opt /lib /lib64 -maxdepth 7 -name "$l" 2>/dev/null | head -n 1)
+    [ -n "$f" ] && cand+=("$(dirname "$f")")
+  fi
+  if d=$(find_lib "$l"); then
+    [[ " ${cuda_dirs[*]} " == *" $d "* ]] || cuda_dirs+=("$d")
+  else
+    missing_libs+=("$l")
+  fi
+done
+# libcudart: the bundle's copy when the machine has none.
+if [ -n "$pack" ] && [[ " ${missing_libs[*]} " == *" libcudart.so"* ]] && ls "$pack"/cuda/libcudart.so* >/dev/null 2>&1; then
+  cuda_dirs+=("$pack/cuda")
+  setup_note+="libcudart from the bundle; "
+fi
+cuda_path=$(IFS=:; echo "${cuda_dirs[*]}")
+[ ${#missing_libs[@]} -gt 0 ] && setup_note+="not found: ${missing_libs[*]}; "
+
+# The loader: the machine's own when its glibc is at least the bundle's, else the bundled one.
+sys_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+mode=native
+if [ -n "$pack" ]; then
+  newest=$(printf '%s\n%s\n' "${sys_glibc:-0}" "${PACK_GLIBC:-99}" | sort -V | tail -n 1)
+  if [ "$newest" = "${sys_glibc:-0}" ]; then mode=system; else mode=bundled; fi
+  mode=${GPU_CHECK_LOADER:-$mode}
+fi
+wrap() {  # NAME REAL_PATH: $work/bin/NAME runs it with the bundle's libraries
+  local w=$work/bin/$1
+  {
+    echo '#!/bin/sh'
+    echo "# gpu_check wrapper ($mode)"
+    case $mode in
+      native) echo "exec '$2' \"\$@\"" ;;
+      system) echo "LD_LIBRARY_PATH='$pack/lib${cuda_path:+:$cuda_path}'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+              echo 'export LD_LIBRARY_PATH'
+              echo "exec '$2' \"\$@\"" ;;
+      bundled) echo "exec '$pack/glibc/ld-linux-x86-64.so.2' --library-path '$pack/glibc:$pack/lib${cuda_path:+:$cuda_path}' '$2' \"\$@\"" ;;
+    esac
+  } > "$w"
+  chmod +x "$w"
+}
+if [ -n "$pack" ] && [ -d "$pack/bin" ]; then
+  for b in "$pack"/bin/*; do wrap "$(basename "$b")" "$b"; done
+elif [ -z "$pack" ]; then
+  [ -x build/shardlm ] && wrap shardlm "$root/build/shardlm"
+  while read -r b; do wrap "$(basename "$b")" "$root/$b"; done < <(
+    find build -maxdepth 3 -type f -perm -u+x \( -name '*cuda*' -o -name '*gpu*' \) ! -name '*.so' ! -name '*.a' \
+      ! -path '*/CMakeFiles/*' 2>/dev/null | sort)
+fi
+[ -x "$work/bin/shardlm" ] || setup_fail=${setup_fail:-"no shardlm binary (build/ or the bundle)"}
+
+# The test binaries spawn the shardlm compiled into them (SHARDLM_BIN) and read files under the
+# source folder compiled into them (SHARDLM_SOURCE_DIR): make both paths work on this machine.
+if [ -n "$pack" ] && [ -n "${PACK_SOURCE_DIR:-}" ]; then
+  if [ "$(readlink -f "$PACK_SOURCE_DIR" 2>/dev/null)" != "$root" ]; then
+    if [ ! -e "$PACK_SOURCE_DIR" ]; then
+      mkdir -p "$(dirname "$PACK_SOURCE_DIR")" && ln -s "$root" "$PACK_SOURCE_DIR" &&
+        setup_note+="linked $PACK_SOURCE_DIR -> $root; "
+    else
+      setup_note+="$PACK_SOURCE_DIR is another folder: tests reading source files may fail; "
+    fi
+  fi
+  target=$PACK_SHARDLM_BIN
+  if [ -e "$target" ] && ! grep -q 'gpu_check wrapper' "$target" 2>/dev/null; then
+    setup_note+="$target is a real binary: tests spawn it; "
+  elif mkdir -p "$(dirname "$target")" 2>/dev/null && cp "$work/bin/shardlm" "$target"; then
+    setup_note+="wrapper at $target; "
+  else
+    setup_note+="cannot write $target: tests that spawn shardlm fail; "
+  fi
+fi
+export SHARDLM_BIN=$work/bin/shardlm SHARDLM_SOURCE_DIR=$root  # for tests that read them at run time
+BIN=$work/bin
+setup_secs=$(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+setup_note+="loader $mode (glibc here ${sys_glibc:-?}, bundle ${PACK_GLIBC:--}); CUDA libraries from ${cuda_path:-nowhere}"
+if [ -n "$setup_fail" ]; then record setup fail "$setup_secs" "$setup_fail; $setup_note"; else record setup pass "$setup_secs" "$setup_note"; fi
+export root work out jsonl dry DEV SYN PL GEN REPS PY PYT BIN pack mode
+
+# ---------------------------------------------------------------- step bodies (exported)
+skip() { echo "skip: $*"; exit 77; }
+have_gpu() { [ "$dry" = 0 ]; }
+
+s_env() {
+  date -u
+  uname -a
+  echo "glibc: $(getconf GNU_LIBC_VERSION)"
+  [ -f "$pack/pack.env" ] && cat "$pack/pack.env"
+  echo "wrappers:"; head -n 5 "$BIN/shardlm"
+  echo "python: $PYT $("$PYT" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1)"
+  local smi
+  smi=$(command -v nvidia-smi || ls /usr/local/nvidia/bin/nvidia-smi 2>/dev/null)
+  if [ -z "$smi" ]; then
+    have_gpu && { echo "no nvidia-smi"; exit 1; }
+    skip "no GPU (no nvidia-smi)"
+  fi
+  "$smi" || exit 1
+  "$smi" --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+  echo "note: $("$smi" --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
+}
+
+s_version() {
+  local v missing="" sub flag
+  v=$("$BIN/shardlm" --version) || exit 1
+  echo "$v"
+  for sub in bench generate; do
+    "$BIN/shardlm" "$sub" --help > "$work/help_$sub.txt" 2>&1 || true
+    cat "$work/help_$sub.txt"
+    for flag in --device --no-cuda-graph --attention; do
+      grep -q -- "$flag" "$work/help_$sub.txt" || missing+=" $sub $flag,"
+    done
+  done
+  if have_gpu && ! grep -q 'cuda(' <<<"$v"; then missing+=" the CUDA backend,"; fi
+  [ -z "$missing" ] || { echo "missing:${missing%,}"; exit 1; }
+  echo "note: $(tr '\n' ' ' <<<"$v")"
+}
+
+s_test() {  # BINARY
+  local b=$1 rc
+  "$BIN/$b" --gtest_color=no --gtest_output="json:$work/logs/$b.json"
+  rc=$?
+  [ -f "$work/logs/$b.json" ] || { echo "no gtest JSON (exit $rc)"; exit 1; }
+  local summary
+  summary=$("$PY" "$root/bench/gpu_report.py" gtest "$jsonl" "$b" "$work/logs/$b.json" "$([ "$dry" = 0 ] && echo 1 || echo 0)") || rc=1
+  echo "$summary"
+  echo "note: $summary"
+  exit $rc
+}
+
+s_models() {  # the small checkpoints of the tokens and sanitizer steps
+  "$BIN/shardlm" make-model --preset tiny-qwen3 --dtype fp32 --out "$work/tiny32" &&
+    "$BIN/shardlm" make-model --preset tiny-qwen3 --dtype bf16 --out "$work/tiny16" &&
+    echo "note: tiny-qwen3 fp32 and bf16 checkpoints"
+}
+
+s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and fp16, graphs on and off
+  local w g rc=0 args
+  [ -f "$work/tiny32/config.json" ] || { echo "no model (models step failed)"; exit 1; }
+  for w in fp32 fp16; do
+    args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --max-new-tokens 16 --temperature 0
+          --weights "$w" --kv "$w" --json)
+    "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_$w.json" || { rc=1; continue; }
+    for g in "" --no-cuda-graph; do
+      echo "-- $w ${g:-graphs} on $DEV"
+      "$BIN/shardlm" "${args[@]}" --device "$DEV" $g > "$work/tok_dev_$w$g.json" &&
+        "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_$w.json" "$work/tok_dev_$w$g.json" || rc=1
+    done
+  done
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off)"
+  exit $rc
+}
+
+s_sanitize() {  # EXTRA FLAGS...: memcheck on a short generation (batch of 2 of different lengths)
+  local args=(generate --model "$work/tiny16" --prompt-ids "1,2,3;4,5,6,7,8" --max-new-tokens 8 --temperature 0
+              --device "$DEV" "$@")
+  [ -f "$work/tiny16/config.json" ] || { echo "no model (models step failed)"; exit 1; }
+  if ! have_gpu; then
+    "$BIN/shardlm" "${args[@]}" || exit 1  # the plumbing, without the sanitizer
+    skip "no GPU (the same generate ran on the CPU)"
+  fi
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer \
+       /opt/nvidia/*/compute-sanitizer /opt/nvidia/*/*/compute-sanitizer 2>/dev/null | head -n 1)
+  [ -n "$cs" ] || { echo "compute-sanitizer not found"; exit 1; }
+  "$cs" --version | tail -n 1
+  "$cs" --tool memcheck --error-exitcode 99 --target-processes all "$BIN/shardlm" "${args[@]}"
+  local rc=$?
+  [ $rc = 0 ] && echo "note: memcheck clean ($*)"
+  exit $rc
+}
+
+s_prepare() {  # the synthetic checkpoint bench --synthetic uses (written once; 3.4 GB for qwen3-1.7b)
+  local dir=$SHARDLM_CACHE/$SYN-bf16
+  if [ -f "$dir/config.json" ]; then echo "note: $dir exists"; exit 0; fi
+  mkdir -p "$SHARDLM_CACHE"
+  rm -rf "$dir.tmp"
+  "$BIN/shardlm" make-model --preset "$SYN" --dtype bf16 --shards 4 --seed 1 --out "$dir.tmp" && mv "$dir.tmp" "$dir" &&
+    echo "note: wrote $dir ($(du -sh "$dir" | cut -f1))"
+}
+
+s_bench() {  # NAME BATCH WEIGHTS KV GRAPHS(1|0) [EXTRA...]
+  local name=$1 b=$2 w=$3 kv=$4 g=$5
+  shift 5
+  local flags=(--batch "$b" --weights "$w" --kv "$kv")
+  [ "$g" = 0 ] && flags+=(--no-cuda-graph)
+  flags+=("$@")
+  echo "shardlm bench --synthetic $SYN --device $DEV --prompt-len $PL --gen $GEN -r $REPS --json ${flags[*]}"
+  "$BIN/shardlm" bench --synthetic "$SYN" --device "$DEV" --prompt-len "$PL" --gen "$GEN" -r "$REPS" --json "${flags[@]}" \
+    > "$work/logs/$name.rows" || exit 1
+  cat "$work/logs/$name.rows"
+  "$PY" "$root/bench/gpu_report.py" rows "$jsonl" "$name" shardlm "$g" "${flags[*]}" < "$work/logs/$name.rows" || exit 1
+  echo "note: $("$PY" -c '
+import json, sys
+rows = {r["test"][:2]: r for r in map(json.loads, open(sys.argv[1]))}
+pp, tg = rows["pp"], rows["tg"]
+print("prefill %.1f ms, decode %.3f ms/token, %.0f GB/s" % (pp["avg_ms"], tg["avg_ms"] / int(tg["test"][2:]), tg["gbps"]))
+' "$work/logs/$name.rows")"
+}
+
+s_torch() {
+  local args=(--batch 1,4 --prompt-len "$PL" --gen "$GEN" -r "$REPS")
+  have_gpu || args+=(--device cpu --shape tiny --graphs off)
+  echo "$PYT bench/torch_baseline.py ${args[*]}"
+  PYTHONUNBUFFERED=1 "$PYT" "$root/bench/torch_baseline.py" "${args[@]}" > "$work/logs/torch.rows" || exit 1
+  cat "$work/logs/torch.rows"
+  if grep -q '"skipped"' "$work/logs/torch.rows"; then
+    have_gpu && { echo "PyTorch is missing on the GPU machine"; exit 1; }
+    skip "$(sed -n 's/.*"skipped": "\(.*\)"}/\1/p' "$work/logs/torch.rows")"
+  fi
+  "$PY" "$root/bench/gpu_report.py" rows "$jsonl" torch torch 1 "${args[*]}" < "$work/logs/torch.rows" || exit 1
+  echo "note: $(grep -c . "$work/logs/torch.rows") rows"
+}
+
+s_gemv() {
+  [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary (target not built)"
+  have_gpu || { "$BIN/gemv_bench_cuda" --help || true; skip "no GPU"; }
+  "$BIN/gemv_bench_cuda" 20 | tee "$work/logs/gemv.out"
+  local rc=${PIPESTATUS[0]}
+  echo "note: $(grep -v '^$' "$work/logs/gemv.out" | tail -n 1 | cut -c1-200)"
+  exit "$rc"
+}
+
+s_mission() {
+  if ! grep -q 'SHARDLM_BIN' "$root/bench/mission_table.sh"; then
+    echo "bench/mission_table.sh runs launch/build.sh and build/shardlm: it needs a SHARDLM_BIN override to run the bundle"
+    exit 1
+  fi
+  SHARDLM_BIN=$BIN/shardlm "$root/bench/mission_table.sh" --synthetic "$SYN" --device "$DEV" | tee "$work/logs/mission.md"
+  local rc=${PIPESTATUS[0]}
+  echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
+  exit "$rc"
+}
+export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_torch s_gemv s_mission
+
+# ---------------------------------------------------------------- the steps
+step env 30 s_env
+step version 30 s_version
+# The 3.4 GB synthetic checkpoint is written on the CPU while the GPU runs the tests.
+step prepare 240 s_prepare > "$work/prepare.out" 2>&1 &
+prepare_pid=$!
+for t in $(cd "$BIN" && ls | grep -E '^test_' | sort); do
+  step "$t" 150 s_test "$t"
+done
+step models 60 s_models
+step tokens 90 s_tokens
+wait "$prepare_pid"
+cat "$work/prepare.out"
+# Batch 1 and 4 on one loaded model per precision (--batch 1,4): the loads, not the runs, cost.
+for prec in "fp16 fp16" "int8 fp16" "int8 int8"; do
+  set -- $prec
+  step "bench-$1-$2-graph" 90 s_bench "bench-$1-$2-g1" 1,4 "$1" "$2" 1
+done
+step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
+step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --attention naive
+step torch 120 s_torch
+step sanitize-graph 90 s_sanitize --kv int8
+step gemv 60 s_gemv
+step mission 120 s_mission
+step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
+
+# ---------------------------------------------------------------- report
+{
+  echo "# shardlm GPU check, $(date -u +%Y-%m-%d\ %H:%M) UTC"
+  echo
+  smi=$(command -v nvidia-smi || ls /usr/local/nvidia/bin/nvidia-smi 2>/dev/null)
+  gpu=$([ -n "$smi" ] && "$smi" --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)
+  echo "- machine: ${gpu:-no GPU}$([ "$dry" = 1 ] && echo ' (DRY RUN: CPU binaries, tiny shapes)'), $(nproc) cores, glibc ${sys_glibc:-?}"
+  echo "- build: $("$BIN/shardlm" --version 2>/dev/null | tr '\n' ' ')${PACK_COMMIT:+(bundle $PACK_COMMIT, built $PACK_BUILT, CUDA $PACK_CUDA, $PACK_ARCH)}"
+  echo "- shape: --synthetic $SYN, prompt $PL, gen $GEN, -r $REPS; loader $mode; $(($(date +%s) - t_start)) s in all"
+} > "$work/header.md"
+"$PY" "$root/bench/gpu_report.py" table "$jsonl" "$work/header.md" > "$out/gpu_check.md"
+for f in gemv.out mission.md; do
+  [ -s "$work/logs/$f" ] || continue
+  { echo; echo "## ${f%.*}"; echo; [ "$f" = gemv.out ] && echo '```'; cat "$work/logs/$f"; [ "$f" = gemv.out ] && echo '```'; } >> "$out/gpu_check.md"
+done
+for f in $(ls -tr "$work/logs"/*.log); do
+  echo "=============== $(basename "$f" .log)"
+  if [ "$(wc -l < "$f")" -gt 300 ]; then head -n 100 "$f"; echo "[... cut: logs tarball ...]"; tail -n 200 "$f"; else cat "$f"; fi
+done > "$out/gpu_check.log"
+tar -C "$work" -czf "$out/gpu_check_logs.tar.gz" logs
+echo
+cat "$out/gpu_check.md"
+failed=$(cat "$work/failed" 2>/dev/null | tr '\n' ' ')
+rm -rf "$work"
+[ -z "$failed" ] || { echo "gpu_check: failed: $failed" >&2; exit 1; }

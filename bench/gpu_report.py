@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Helpers of bench/gpu_check.sh (standard library only).
+
+    gpu_report.py status JSONL STEP STATUS SECONDS NOTE      append one step's status line
+    gpu_report.py rows JSONL STEP ENGINE GRAPHS FLAGS < rows  append bench rows, tagged with the step
+    gpu_report.py gtest JSONL STEP FILE.json GPU(0|1)         append a gtest summary; exit 1 on failures
+                                                            (or, with GPU=1, when every test skipped)
+    gpu_report.py tokens A.json B.json                        exit 1 unless both --json outputs' tokens match
+    gpu_report.py table JSONL [HEADER_FILE]                   the markdown report on stdout
+
+The markdown table has one line per benchmark run (its pp and tg rows merged): test, batch, weights,
+kv, graphs, prefill ms, decode ms/token, GB/s, fraction of peak, memory, and for shardlm rows the
+ratio of its times to PyTorch's at the same batch and graph mode (< 1: shardlm is faster).
+"""
+import json
+import sys
+
+
+def append(path, obj):
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+def cmd_status(path, step, status, seconds, note):
+    append(path, {"step": step, "status": status, "seconds": round(float(seconds), 1), "note": note})
+
+
+def cmd_rows(path, step, engine, graphs, flags):
+    n = 0
+    for line in sys.stdin:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if "skipped" in r:
+            continue
+        r.setdefault("engine", engine)
+        # The row's own graph field wins over what the flags say.
+        for k in ("cuda_graph", "cuda_graphs", "graphs"):
+            if k in r:
+                r["graphs"] = bool(r[k])
+                break
+        else:
+            r["graphs"] = graphs == "1"
+        r["step"], r["flags"] = step, flags
+        append(path, r)
+        n += 1
+    if n == 0:
+        print("gpu_report: no JSON rows on stdin", file=sys.stderr)
+        sys.exit(1)
+
+
+def cmd_gtest(path, step, file, gpu):
+    j = json.load(open(file))
+    tests = failures = skipped = 0
+    failed = []
+    for suite in j.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            tests += 1
+            if t.get("failures"):
+                failures += 1
+                failed.append(f'{suite["name"]}.{t["name"]}')
+            elif t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
+                skipped += 1
+    append(path, {"step": step, "gtest": {"tests": tests, "failures": failures, "skipped": skipped,
+                                          "failed": failed[:20]}})
+    print(f"{tests} tests, {failures} failed, {skipped} skipped")
+    if failures:
+        sys.exit(1)
+    if gpu == "1" and tests and skipped == tests:
+        print("every test skipped on a machine with a GPU", file=sys.stderr)
+        sys.exit(1)
+
+
+def cmd_tokens(a, b):
+    ta = [r["tokens"] for r in json.load(open(a))["results"]]
+    tb = [r["tokens"] for r in json.load(open(b))["results"]]
+    print("A:", ta)
+    print("B:", tb)
+    if ta != tb:
+        print("tokens differ", file=sys.stderr)
+        sys.exit(1)
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def cmd_table(path, header=None):
+    lines = [json.loads(l) for l in open(path) if l.strip()]
+    out = []
+    if header:
+        out.append(open(header).read().rstrip() + "\n")
+    # Benchmark runs: merge the pp and tg rows of one step.
+    runs, order = {}, []
+    for r in lines:
+        if "test" not in r or "avg_ms" not in r:
+            continue
+        key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
+               r.get("attention", "-"))
+        if key not in runs:
+            runs[key] = {"r": r}
+            order.append(key)
+        kind = r["test"].rstrip("0123456789")
+        runs[key][kind] = r
+    order.sort(key=lambda k: k[1] != "shardlm")  # shardlm rows first, then PyTorch's
+    torch = {}
+    for k in order:
+        run = runs[k]
+        if k[1] == "torch" and "pp" in run and "tg" in run:
+            torch[(k[2], k[5])] = run
+    if order:
+        out.append("| engine | test | batch | weights | kv | graphs | attention | prefill ms | decode ms/token | GB/s | "
+                   "fraction of peak | memory GB (weights+kv+workspace) | peak GB | prefill x torch | decode x torch |")
+        out.append("|---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for k in order:
+            run = runs[k]
+            pp, tg, r = run.get("pp"), run.get("tg"), run["r"]
+            pre = pp["avg_ms"] if pp else None
+            dec = tg["avg_ms"] / int(tg["test"][2:]) if tg else None
+            gbps = tg.get("gbps") if tg else None
+            peak = (tg or r).get("peak_gbps") or None
+            frac = gbps / peak if gbps and peak else None
+            m = r.get("memory", {})
+            mem = sum(m.get(x, 0) for x in ("weights_bytes", "kv_cache_bytes", "workspace_bytes")) / 1e9 if m else None
+            peak_mem = m.get("peak_bytes", 0) / 1e9 if m else None
+            test = "/".join(x["test"] for x in (pp, tg) if x)
+            rp = rd = None
+            t = torch.get((k[2], k[5]))
+            if k[1] != "torch" and t:
+                if pre is not None:
+                    rp = pre / t["pp"]["avg_ms"]
+                if dec is not None:
+                    rd = dec / (t["tg"]["avg_ms"] / int(t["tg"]["test"][2:]))
+            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {fmt(pre, ".1f")} | '
+                       f'{fmt(dec, ".3f")} | {fmt(gbps, ".0f")} | {fmt(frac, ".2f")} | {fmt(mem, ".2f")} | '
+                       f'{fmt(peak_mem, ".2f")} | {fmt(rp, ".2f")} | {fmt(rd, ".2f")} |')
+        peaks = sorted({round(runs[k]["r"].get("peak_gbps") or 0) for k in order} - {0})
+        out.append(f"\nGB/s: bytes one decode step reads (weights + KV up to the mean position) / decode time; "
+                   f"peak: the measured copy bandwidth of each engine's row ({', '.join(map(str, peaks)) or '-'} GB/s). "
+                   f"x torch: shardlm time / PyTorch FP16 time at the same batch and graph mode.\n")
+    # Tests
+    gt = [r for r in lines if "gtest" in r]
+    if gt:
+        out.append("| test binary | tests | failed | skipped |")
+        out.append("|---|---:|---:|---:|")
+        for r in gt:
+            g = r["gtest"]
+            out.append(f'| {r["step"]} | {g["tests"]} | {g["failures"]} | {g["skipped"]} |')
+            for f in g["failed"]:
+                out.append(f"|   failed: {f} | | | |")
+        out.append("")
+    # Steps
+    st = [r for r in lines if "status" in r]
+    out.append("| step | status | seconds | note |")
+    out.append("|---|---|---:|---|")
+    for r in st:
+        note = str(r["note"]).replace("|", "/").replace("\n", " ")
+        out.append(f'| {r["step"]} | {r["status"]} | {r["seconds"]} | {note} |')
+    n_fail = sum(r["status"] == "fail" for r in st)
+    n_skip = sum(r["status"] == "skip" for r in st)
+    out.append(f"\n{len(st) - n_fail - n_skip} passed, {n_fail} failed, {n_skip} skipped")
+    print("\n".join(out))
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"status": cmd_status, "rows": cmd_rows, "gtest": cmd_gtest, "tokens": cmd_tokens, "table": cmd_table}[cmd](*args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -137,8 +137,9 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
         a.scale = 1.0f / std::sqrt(float(hd));
         a.k_scales = kv_.k_scales(layer, ch.slot);
         a.v_scales = kv_.v_scales(layer, ch.slot);
-        // Flash: tiles of keys reused by a block of queries (prefill); naive: one query at a time.
-        if (opt_.attention == AttentionImpl::Flash) attention_cached_flash(a);
+        // Flash: tiles of keys reused by a block of queries, which pays in prefill; a one-token
+        // decode chunk has no block to reuse them, and the per-query kernel is faster there.
+        if (opt_.attention == AttentionImpl::Flash && ch.n > 1) attention_cached_flash(a);
         else attention_cached(a);
         row += ch.n;
     }

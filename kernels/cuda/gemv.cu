@@ -283,15 +283,16 @@ WKind kind_of(DType t) {
 // per SM; n >= 4 shares each x load between two rows (L1 traffic) and needs the registers of 2
 // blocks per SM for the accumulators, 16 warps with 32-64 bytes in flight per lane, where the
 // FMAs rather than the memory set the pace.
-// I8 at n <= 2 keeps 128 bytes in flight per lane like f16 (3 blocks per SM for the registers):
-// on the H200 the first version with 64 bytes reached only 25% of HBM bandwidth on the Qwen3
-// shapes, f16 with 128 bytes 53-62%; a decode-sized matrix is only 1-2 rounds of loads per lane,
-// so what is in flight per round sets the time.
+// Measured on the H200 (bench/gemv_bench_cuda, n = 1): f16 reaches 53-62% of the theoretical
+// HBM bandwidth on the Qwen3 MLP shapes and 78% on lm_head, I8 only 18-25%. Giving I8 f16's 128
+// bytes in flight per lane (U = 8, 3 blocks per SM for the registers) made it slower, not faster
+// (down_proj 10.6 -> 14.3 us), so I8 is not bound by what is in flight: its int8 -> float
+// conversion and 4x x-traffic per weight byte are the next suspects (see the project notes).
 template <WKind K, int N>
 struct VecConfig {
     static constexpr int R = N >= 4 ? 2 : 1;
-    static constexpr int U = K == WKind::I8 ? (N <= 2 ? 8 : N == 4 ? 4 : 1) : (N <= 2 ? 8 : N == 4 ? 4 : 2);
-    static constexpr int MinBlocks = N >= 4 ? 2 : K == WKind::I8 ? 3 : 4;  // I8: 85 registers for U = 8 without spills
+    static constexpr int U = K == WKind::I8 ? (N <= 2 ? 4 : N == 4 ? 2 : 1) : (N <= 2 ? 8 : N == 4 ? 4 : 2);
+    static constexpr int MinBlocks = N >= 4 ? 2 : 4;
 };
 
 template <WKind K, int N>

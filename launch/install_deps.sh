@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
       libopenmpi-dev openmpi-bin python3 python3-numpy
-      libpcre2-dev libicu-dev)  # tokenizer: split regexes (PCRE2), Unicode normalization (ICU)
+      libpcre2-dev libicu-dev    # tokenizer: split regexes (PCRE2), Unicode normalization (ICU)
+      gnuplot-nox)               # bench/scaling.sh's plot
 
 missing=()
 for p in "${pkgs[@]}"; do

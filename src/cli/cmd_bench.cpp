@@ -99,9 +99,14 @@ int cmd_bench(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm bench --model DIR [--batch B] [--prompt-len L] [--gen N] [-r R]", root);
         if (help) return;
-        for (const auto& ids : parse_prompt_ids(batch_list))  // "1,4" reads like one id list
-            for (int32_t b : ids) batches.push_back(b);
-        if (batches.size() != 1 && batch_list.find(';') != std::string::npos) fail("--batch: a list like 1,4");
+        for (size_t at = 0; at <= batch_list.size();) {  // "1,4"
+            const size_t end = std::min(batch_list.find(',', at), batch_list.size());
+            const std::string item = batch_list.substr(at, end - at);
+            if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos)
+                fail("--batch: expected sizes like 1 or 1,4, not \"", batch_list, "\"");
+            batches.push_back(std::stoll(item));
+            at = end + 1;
+        }
         if (prompt_len < 1 || gen < 1 || reps < 1) fail("--prompt-len, --gen and -r must be >= 1");
         for (int64_t b : batches)
             if (b < 1) fail("--batch must be >= 1");

@@ -199,4 +199,18 @@ TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     const auto second = nlohmann::json::parse(again.out.substr(0, again.out.find('\n')));
     EXPECT_EQ(first["logits_checksum"], second["logits_checksum"]);
     EXPECT_NE(first["logits_checksum"], nlohmann::json::parse(b.out.substr(0, b.out.find('\n')))["logits_checksum"]);
+    // Eager decode steps give the graphs' logits (on the CUDA engine; the CPU ignores the flag).
+    const CommandResult eager = run_command(cmd + " --no-cuda-graph");
+    ASSERT_EQ(eager.exit_code, 0) << eager.err;
+    EXPECT_EQ(first["logits_checksum"], nlohmann::json::parse(eager.out.substr(0, eager.out.find('\n')))["logits_checksum"]);
+    // A list of batch sizes runs each on the one loaded model, in order.
+    const std::string list = kBin + " bench --model " + dir_.path() + " --batch 1,2 --prompt-len 8 --gen 2 -r 1 --json";
+    const CommandResult l = run_command(list);
+    ASSERT_EQ(l.exit_code, 0) << l.err;
+    std::vector<int> batches;
+    std::istringstream lin(l.out);
+    for (std::string line; std::getline(lin, line);) batches.push_back(nlohmann::json::parse(line)["batch"].get<int>());
+    EXPECT_EQ(batches, (std::vector<int>{1, 1, 2, 2}));
+    expect_error("bench --model " + dir_.path() + " --batch 1,0", "--batch must be >= 1");
+    expect_error("bench --model " + dir_.path() + " --batch 1,x", "--batch: expected sizes");
 }

@@ -55,7 +55,6 @@ void attention_cached(const CachedAttention& a) {
     SHARDLM_CHECK(a.kv_dtype != DType::I8 || (a.k_scales && a.v_scales), "attention: INT8 KV cache needs scales");
     const int64_t d = a.head_dim, group = a.n_heads / a.n_kv_heads;
     const int64_t work = a.n_q * a.n_kv_heads, ld = a.q_pos0 + a.n_q;
-    const size_t es = dtype_size(a.kv_dtype);
     const bool vec = cpu_isa_resolve(a.isa) != CpuIsa::Scalar;  // any vector variant implies AVX2
     (void)vec;
 #pragma omp parallel if (work > 1)
@@ -64,17 +63,7 @@ void attention_cached(const CachedAttention& a) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < work; ++w) {
             const int64_t i = w / a.n_kv_heads, kh = w % a.n_kv_heads, n_keys = a.q_pos0 + i + 1;
-            const size_t head_off = size_t(kh * a.capacity * a.row_stride) * es;
-            KvRows K, V;
-            K.base = static_cast<const uint8_t*>(a.k) + head_off;
-            V.base = static_cast<const uint8_t*>(a.v) + head_off;
-            K.dtype = V.dtype = a.kv_dtype;
-            K.capacity = V.capacity = a.capacity;
-            K.row_stride = V.row_stride = a.row_stride;
-            if (a.kv_dtype == DType::I8) {
-                K.scales = a.k_scales + kh * a.capacity;
-                V.scales = a.v_scales + kh * a.capacity;
-            }
+            const KvRows K = kv_rows(a, kh, false), V = kv_rows(a, kh, true);
             const float* q = a.q + (i * a.n_heads + kh * group) * d;  // the group's heads are adjacent
             float* s = scores.data();
 #if defined(SHARDLM_HAVE_AVX2)

@@ -243,7 +243,6 @@ void attention_cached_flash(const CachedAttention& a) {
     const int64_t d = a.head_dim, group = a.n_heads / a.n_kv_heads;
     const int64_t block = std::max<int64_t>(1, kRowsPerBlock / group);  // queries per work item
     const int64_t n_blocks = (a.n_q + block - 1) / block, work = n_blocks * a.n_kv_heads;
-    const size_t es = dtype_size(a.kv_dtype);
     const CpuIsa isa = cpu_isa_resolve(a.isa);
 #pragma omp parallel if (work > 1)
     {
@@ -254,17 +253,7 @@ void attention_cached_flash(const CachedAttention& a) {
         for (int64_t w = 0; w < work; ++w) {
             const int64_t b = n_blocks - 1 - w / a.n_kv_heads, kh = w % a.n_kv_heads;
             const int64_t i0 = b * block, nq = std::min(block, a.n_q - i0), rows = nq * group;
-            const size_t head_off = size_t(kh * a.capacity * a.row_stride) * es;
-            KvRows K, V;
-            K.base = static_cast<const uint8_t*>(a.k) + head_off;
-            V.base = static_cast<const uint8_t*>(a.v) + head_off;
-            K.dtype = V.dtype = a.kv_dtype;
-            K.capacity = V.capacity = a.capacity;
-            K.row_stride = V.row_stride = a.row_stride;
-            if (a.kv_dtype == DType::I8) {
-                K.scales = a.k_scales + kh * a.capacity;
-                V.scales = a.v_scales + kh * a.capacity;
-            }
+            const KvRows K = kv_rows(a, kh, false), V = kv_rows(a, kh, true);
             for (int64_t i = 0; i < nq; ++i) {  // the group's heads are adjacent: group * d floats
                 const float* src = a.q + ((i0 + i) * a.n_heads + kh * group) * d;
                 for (int64_t e = 0; e < group * d; ++e) t.q[size_t(i * group * d + e)] = src[e] * a.scale;

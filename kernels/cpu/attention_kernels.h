@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cpu/attention.h"
 
 namespace shardlm {
 
@@ -15,6 +16,17 @@ struct KvRows {
     const float* scales = nullptr;
     int64_t capacity = 0, row_stride = 0;
 };
+
+// The keys (values = false) or values of KV head kh of a's cache.
+inline KvRows kv_rows(const CachedAttention& a, int64_t kh, bool values) {
+    KvRows r;
+    r.base = static_cast<const uint8_t*>(values ? a.v : a.k) + size_t(kh * a.capacity * a.row_stride) * dtype_size(a.kv_dtype);
+    r.dtype = a.kv_dtype;
+    r.capacity = a.capacity;
+    r.row_stride = a.row_stride;
+    if (a.kv_dtype == DType::I8) r.scales = (values ? a.v_scales : a.k_scales) + kh * a.capacity;
+    return r;
+}
 
 // scores[g * ld + j] = scale * q_g . K_j for g < nq (q_g = q + g * d), j < n_keys.
 void attn_scores_avx2(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale,

@@ -31,15 +31,7 @@ KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineO
 CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
     : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, w.plan, opt)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
-    RopeParams rp;
-    rp.head_dim = cfg.head_dim;
-    rp.theta = cfg.rope_theta;
-    rp.llama3 = cfg.rope.kind == RopeScaling::Kind::Llama3;
-    rp.factor = cfg.rope.factor;
-    rp.low_freq_factor = cfg.rope.low_freq_factor;
-    rp.high_freq_factor = cfg.rope.high_freq_factor;
-    rp.original_max_position = cfg.rope.original_max_position;
-    inv_freq_ = rope_inv_freq(rp);
+    inv_freq_ = rope_inv_freq(rope_params(cfg));
 
     const size_t T = size_t(opt.max_step_tokens);
     auto alloc = [&](Buffer& b, int64_t width) {

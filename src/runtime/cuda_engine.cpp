@@ -314,15 +314,7 @@ void CudaEngine::upload(const ModelWeights& w) {
         }
         linear(d.down, L.down);
     }
-    RopeParams rp;
-    rp.head_dim = cfg_.head_dim;
-    rp.theta = cfg_.rope_theta;
-    rp.llama3 = cfg_.rope.kind == RopeScaling::Kind::Llama3;
-    rp.factor = cfg_.rope.factor;
-    rp.low_freq_factor = cfg_.rope.low_freq_factor;
-    rp.high_freq_factor = cfg_.rope.high_freq_factor;
-    rp.original_max_position = cfg_.rope.original_max_position;
-    vec(inv_freq_, rope_inv_freq(rp));
+    vec(inv_freq_, rope_inv_freq(rope_params(cfg_)));
     up.finish();
     // The padding columns of the all-gather parts stay zero for the whole session.
     if (padded_)

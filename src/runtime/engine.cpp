@@ -10,6 +10,18 @@ AttentionImpl parse_attention(const std::string& s) {
     fail("--attention: unknown kind \"", s, "\" (flash, naive)");
 }
 
+RopeParams rope_params(const ModelConfig& c) {
+    RopeParams rp;
+    rp.head_dim = c.head_dim;
+    rp.theta = c.rope_theta;
+    rp.llama3 = c.rope.kind == RopeScaling::Kind::Llama3;
+    rp.factor = c.rope.factor;
+    rp.low_freq_factor = c.rope.low_freq_factor;
+    rp.high_freq_factor = c.rope.high_freq_factor;
+    rp.original_max_position = c.rope.original_max_position;
+    return rp;
+}
+
 StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks) {
     StepShape s;
     for (const SeqChunk& ch : chunks) {

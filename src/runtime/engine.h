@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -54,6 +55,9 @@ public:
     virtual size_t workspace_bytes() const = 0;
     virtual std::string device() const = 0;      // "cpu(avx512)", "cuda:0 NVIDIA H200", ...
 };
+
+// The rotary embedding of a model's config (theta, llama3 rescaling) as the kernels take it.
+RopeParams rope_params(const ModelConfig& c);
 
 // What every backend checks before a step: chunk bounds, positions within the cache, ids within
 // the vocabulary, and the workspace limits. Returns the step's token rows and logit rows.

@@ -21,6 +21,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemv.h"
 #include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/host_matrix.h"
 #include "tests/kernels/int8_test_util.h"
 
 using namespace shardlm;
@@ -30,53 +31,6 @@ namespace {
 
 constexpr int64_t kN = kGemvMaxTokens;
 constexpr uint32_t kUntouched = 0xffffffffu;  // a NaN the kernel must never write
-
-// A weight matrix in host memory in its storage dtype (I8: quantized with its scales).
-struct HostMat {
-    DType dtype = DType::F32;
-    int64_t rows = 0, cols = 0, group = 0;
-    std::vector<uint8_t> bytes;
-    std::vector<float> scales;
-    WeightView view() const {
-        WeightView v;
-        v.dtype = dtype;
-        v.data = bytes.data();
-        v.rows = rows;
-        v.cols = cols;
-        if (dtype == DType::I8) {
-            v.scales = scales.data();
-            v.group_size = group;
-        }
-        return v;
-    }
-};
-
-HostMat make_mat(DType dtype, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
-    HostMat m;
-    m.dtype = dtype;
-    m.rows = rows;
-    m.cols = cols;
-    m.group = group;
-    const size_t count = size_t(rows * cols);
-    if (dtype == DType::I8) {
-        QuantMat q = make_quant_mat(rows, cols, group, seed);
-        m.bytes.resize(count);
-        std::memcpy(m.bytes.data(), q.q.data(), count);
-        m.scales = q.scales;
-        return m;
-    }
-    const std::vector<float> v = rand_vec(count, seed);
-    m.bytes.resize(count * dtype_size(dtype));
-    for (size_t i = 0; i < count; ++i) {
-        if (dtype == DType::F32) {
-            std::memcpy(m.bytes.data() + 4 * i, &v[i], 4);
-        } else {
-            const uint16_t h = dtype == DType::F16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
-            std::memcpy(m.bytes.data() + 2 * i, &h, 2);
-        }
-    }
-    return m;
-}
 
 std::string describe(const HostMat& m) {
     std::string s = std::string(dtype_name(m.dtype)) + " " + std::to_string(m.rows) + "x" + std::to_string(m.cols);

@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/shard.h"
+#include "runtime/kv_cache.h"
 
 namespace shardlm {
 
@@ -22,12 +23,19 @@ std::string gib(double bytes) {
 
 int cmd_info(const Args& args) {
     po::options_description d("info options");
-    std::string model;
+    std::string model, kv = "fp16";
     int tp = 1;
+    int64_t ctx = 4096, batch = 1;
     d.add_options()("help", "show this help")("model", po::value(&model)->required(), "checkpoint folder")
-        ("tp", po::value(&tp)->default_value(1), "tensor-parallel size: print each rank's share");
+        ("tp", po::value(&tp)->default_value(1), "tensor-parallel size: print each rank's share")
+        ("ctx", po::value(&ctx)->default_value(4096), "KV positions per sequence, for the memory plan")
+        ("batch", po::value(&batch)->default_value(1), "sequences, for the memory plan")
+        ("kv", po::value(&kv)->default_value("fp16"), "KV-cache precision of the plan: fp32|fp16|bf16|int8");
     po::variables_map vm;
-    if (!parse_args(args, d, vm, "usage: shardlm info --model DIR [--tp N]")) return 0;
+    if (!parse_args(args, d, vm, "usage: shardlm info --model DIR [--tp N] [--ctx N] [--batch B] [--kv F]")) return 0;
+    if (tp < 1) fail("--tp must be >= 1");
+    if (ctx < 1 || batch < 1) fail("--ctx and --batch must be >= 1");
+    const DType kv_type = kv_dtype(parse_kv_format(kv == "auto" ? "fp16" : kv));
     const ModelConfig c = load_config(model);
     const Checkpoint ck(model);
     const int64_t params = parameter_count(c);
@@ -47,17 +55,29 @@ int cmd_info(const Args& args) {
               << "weights fp16/bf16 " << gib(double(params) * 2) << "\n";
     const double kv_tok = double(2 * c.n_layers * c.n_kv_heads * c.head_dim);
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
-    if (tp > 1) {
-        std::cout << "\ntensor parallel " << tp << " (each rank):\n";
-        for (int r = 0; r < tp; ++r) {
-            const ShardPlan p = plan_shard(c, r, tp);
-            const int64_t n = shard_parameter_count(c, p);
-            std::cout << "  rank " << r << "  q heads " << p.q_head0 << ".." << p.q_head0 + p.n_q_heads - 1 << ", kv heads "
-                      << p.kv_head0 << ".." << p.kv_head0 + p.n_kv_heads - 1 << ", vocab " << p.vocab0 << ".."
-                      << p.vocab0 + p.n_vocab - 1 << ": " << n << " parameters, " << gib(double(n) * 2)
-                      << " fp16/bf16, kv cache/token " << double(2 * c.n_layers * p.n_kv_heads * c.head_dim) * 2 / 1024
-                      << " KiB fp16\n";
-        }
+    // The memory plan of each rank: its weights in 16 bits and in INT8 (one f32 scale per output
+    // row), and the KV cache preallocated for --batch sequences of --ctx positions.
+    std::cout << "\nmemory plan per rank: batch " << batch << " x ctx " << ctx << ", KV " << kv_name(kv_type)
+              << " (workspace comes on top: a few activation rows per token of a step)\n";
+    for (int r = 0; r < tp; ++r) {
+        const ShardPlan p = plan_shard(c, r, tp);
+        const int64_t n = shard_parameter_count(c, p);
+        const int64_t q_dim = p.n_q_heads * c.head_dim, kv_dim = p.n_kv_heads * c.head_dim;
+        // INT8: every Linear and lm_head (the tied embedding with it); an untied embedding stays 16-bit.
+        const int64_t scale_rows = c.n_layers * (q_dim + 2 * kv_dim + c.hidden + 2 * p.n_inter + c.hidden) + p.n_vocab;
+        const int64_t untied_embed = c.tie_embeddings ? 0 : p.n_vocab * c.hidden;
+        KVCacheShape ks;
+        ks.n_layers = c.n_layers;
+        ks.n_slots = batch;
+        ks.capacity = ctx;
+        ks.n_kv_heads = p.n_kv_heads;
+        ks.head_dim = c.head_dim;
+        ks.dtype = kv_type;
+        std::cout << "  rank " << r << "  q heads " << p.q_head0 << ".." << p.q_head0 + p.n_q_heads - 1 << ", kv heads "
+                  << p.kv_head0 << ".." << p.kv_head0 + p.n_kv_heads - 1 << ", vocab " << p.vocab0 << ".."
+                  << p.vocab0 + p.n_vocab - 1 << ": " << n << " parameters; weights " << gib(double(n) * 2)
+                  << " fp16/bf16, " << gib(double(n) + double(untied_embed) + 4.0 * double(scale_rows)) << " int8; KV cache "
+                  << gib(double(kv_cache_bytes(ks))) << "\n";
     }
     return 0;
 }

@@ -34,6 +34,12 @@ const char* kv_name(DType t) {
     }
 }
 
+size_t kv_cache_bytes(const KVCacheShape& s) {
+    const size_t es = dtype_size(s.dtype);
+    const size_t rows = size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity);
+    return rows * align_up(size_t(s.head_dim) * es) + (s.dtype == DType::I8 ? rows * sizeof(float) : 0);
+}
+
 KVCache::KVCache(const KVCacheShape& s) : s_(s) {
     const size_t es = dtype_size(s.dtype);
     row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);

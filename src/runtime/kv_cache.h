@@ -24,6 +24,10 @@ struct KVCacheShape {
     DType dtype = DType::F32;
 };
 
+// Bytes of a cache of this shape: 128-byte aligned rows, plus the f32 scales of an INT8 cache (the
+// CPU cache and the CUDA engine's use the same rows). For plans (`shardlm info`) and the cache itself.
+size_t kv_cache_bytes(const KVCacheShape& s);
+
 class KVCache {
 public:
     explicit KVCache(const KVCacheShape& s);

@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <iomanip>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
+#include "model/shard.h"
 #include "model/synthetic.h"
+#include "runtime/kv_cache.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -70,6 +73,26 @@ TEST_F(Cli, InfoDescribesTheModel) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("Qwen2ForCausalLM"), std::string::npos);
     EXPECT_NE(r.out.find("parameters"), std::string::npos);
+}
+
+TEST_F(Cli, InfoPrintsEachRanksMemoryPlan) {
+    const CommandResult r = run_command(kBin + " info --model " + dir_.path() + " --tp 2 --batch 64 --ctx 32768 --kv int8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // Each rank holds one of the two KV heads: its INT8 cache for 64 x 32768 positions.
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    KVCacheShape ks;
+    ks.n_layers = c.n_layers;
+    ks.n_slots = 64;
+    ks.capacity = 32768;
+    ks.n_kv_heads = plan_shard(c, 1, 2).n_kv_heads;
+    ks.head_dim = c.head_dim;
+    ks.dtype = DType::I8;
+    EXPECT_NE(r.out.find("rank 1  q heads"), std::string::npos) << r.out;
+    std::ostringstream kv;
+    kv << "KV cache " << std::fixed << std::setprecision(3) << double(kv_cache_bytes(ks)) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+    EXPECT_GT(kv_cache_bytes(ks), size_t(1) << 30);  // a figure the plan prints with its digits
+    EXPECT_NE(r.out.find(kv.str()), std::string::npos) << r.out;
+    expect_error("info --model " + dir_.path() + " --kv int9", "--kv: unknown format");
 }
 
 TEST_F(Cli, BadInputGivesOneLineErrors) {

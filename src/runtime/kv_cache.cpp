@@ -50,6 +50,7 @@ KVCache::KVCache(const KVCacheShape& s) : s_(s) {
         scales_ = Buffer(size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity) * sizeof(float));
         std::memset(scales_.data(), 0, scales_.size());
     }
+    SHARDLM_CHECK(bytes() == kv_cache_bytes(s), "KV cache plan and allocation disagree");
 }
 
 float* KVCache::scales(int64_t layer, int64_t slot, int kv) {

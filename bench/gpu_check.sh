@@ -3,8 +3,9 @@
 # made by bench/gpu_pack.sh, runs every GPU test binary, compares GPU and CPU greedy tokens, runs
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
-# off), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench
-# and the mission table, and writes under $OUT:
+# off), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# the mission table and, last and where the runtime allows it, Nsight Compute's counters of the
+# decode GEMV (ncu-gemv), and writes under $OUT:
 #   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
 #   gpu_check.jsonl      every step's status, every benchmark row (shardlm bench --json rows, tagged)
 #   gpu_check.log        every step's log, cut to its first 100 and last 200 lines
@@ -379,6 +380,26 @@ s_gemv() {
   exit "$rc"
 }
 
+s_ncu() {  # hardware counters of the INT8 and f16 decode GEMV (where the runtime lets ncu read them)
+  [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary"
+  have_gpu || skip "no GPU"
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || skip "ncu not found"
+  # The first launches of each gemv_vec_kernel variant: the 2048x2048 shapes at n = 1 (f16, i8).
+  "$ncu" --clock-control none --kernel-name regex:gemv_vec_kernel --launch-count 6 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats "$BIN/gemv_bench_cuda" 3 > "$work/logs/ncu.out" 2>&1
+  local rc=$?
+  if grep -qE "ERR_NVGPUCTRPERM|not supported|No kernels were profiled" "$work/logs/ncu.out"; then
+    tail -n 5 "$work/logs/ncu.out"
+    skip "ncu cannot read the counters here"
+  fi
+  cat "$work/logs/ncu.out"
+  [ $rc = 0 ] && echo "note: ncu sections of $(grep -c '  gemv_vec_kernel' "$work/logs/ncu.out") gemv launches in logs/ncu.out"
+  exit $rc
+}
+
 s_mission() {
   if ! grep -q 'SHARDLM_BIN' "$root/bench/mission_table.sh"; then
     echo "bench/mission_table.sh runs launch/build.sh and build/shardlm: it needs a SHARDLM_BIN override to run the bundle"
@@ -389,7 +410,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_torch s_gemv s_mission
+export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_torch s_gemv s_ncu s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -416,6 +437,7 @@ step sanitize-graph 90 s_sanitize --kv int8
 step gemv 60 s_gemv
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
+step ncu-gemv 90 s_ncu
 
 # ---------------------------------------------------------------- report
 {
@@ -428,9 +450,9 @@ step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
   echo "- shape: --synthetic $SYN, prompt $PL, gen $GEN, -r $REPS; loader $mode; $(($(date +%s) - t_start)) s in all"
 } > "$work/header.md"
 "$PY" "$root/bench/gpu_report.py" table "$jsonl" "$work/header.md" > "$out/gpu_check.md"
-for f in gemv.out mission.md; do
+for f in gemv.out mission.md ncu.out; do
   [ -s "$work/logs/$f" ] || continue
-  { echo; echo "## ${f%.*}"; echo; [ "$f" = gemv.out ] && echo '```'; cat "$work/logs/$f"; [ "$f" = gemv.out ] && echo '```'; } >> "$out/gpu_check.md"
+  { echo; echo "## ${f%.*}"; echo; [ "$f" != mission.md ] && echo '```'; cat "$work/logs/$f"; [ "$f" != mission.md ] && echo '```'; } >> "$out/gpu_check.md"
 done
 for f in $(ls -tr "$work/logs"/*.log); do
   echo "=============== $(basename "$f" .log)"

@@ -40,14 +40,18 @@ double cuda_peak_gbps() {
 void cuda_after_launch(cudaStream_t stream, const char* kernel) {
     const cudaError_t e = cudaGetLastError();
     SHARDLM_CHECK_GEN("CUDA launch", e == cudaSuccess, kernel, cudaGetErrorString(e));
-    const char* sync = std::getenv("SHARDLM_DEBUG_SYNC");
+    // Read once: this runs after every launch of every step (eager decode runs ~200 per step).
+    static const bool debug_sync = [] {
+        const char* v = std::getenv("SHARDLM_DEBUG_SYNC");
+        return v && v[0] == '1';
+    }();
+    if (!debug_sync) return;
+    // A stream being captured into a graph cannot be synchronised; the replay is checked instead.
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    // A stream being captured into a graph cannot be synchronised; the replay is checked instead.
-    if (sync && sync[0] == '1' && capturing == cudaStreamCaptureStatusNone) {
-        const cudaError_t s = cudaStreamSynchronize(stream);
-        SHARDLM_CHECK_GEN("CUDA kernel", s == cudaSuccess, kernel, cudaGetErrorString(s));
-    }
+    if (capturing != cudaStreamCaptureStatusNone) return;
+    const cudaError_t s = cudaStreamSynchronize(stream);
+    SHARDLM_CHECK_GEN("CUDA kernel", s == cudaSuccess, kernel, cudaGetErrorString(s));
 }
 
 }  // namespace shardlm

@@ -8,55 +8,13 @@
 #include "core/buffer.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/quantize.h"
+#include "tests/kernels/attention_cache_util.h"
 #include "tests/kernels/int8_test_util.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
 
 namespace {
-
-// A KV cache block [n_kv][cap][stride] of one dtype filled with k/v [n_k][n_kv][d], plus the values
-// as the cache holds them (rounded/quantized) in the contiguous layout attention_ref reads.
-struct Cache {
-    Buffer k, v;
-    std::vector<float> k_scales, v_scales, k_back, v_back;
-};
-
-Cache fill_cache(DType dt, const std::vector<float>& k, const std::vector<float>& v, int64_t n_k, int64_t n_kv,
-                 int64_t d, int64_t cap, int64_t stride) {
-    Cache c;
-    const size_t es = dtype_size(dt);
-    c.k = Buffer(size_t(n_kv * cap * stride) * es);
-    c.v = Buffer(size_t(n_kv * cap * stride) * es);
-    c.k_scales.assign(size_t(n_kv * cap), 0.0f);
-    c.v_scales.assign(size_t(n_kv * cap), 0.0f);
-    c.k_back.resize(k.size());
-    c.v_back.resize(v.size());
-    for (int kv = 0; kv < 2; ++kv) {
-        const std::vector<float>& src = kv ? v : k;
-        std::vector<float>& back = kv ? c.v_back : c.k_back;
-        uint8_t* base = (kv ? c.v : c.k).data();
-        float* scales = (kv ? c.v_scales : c.k_scales).data();
-        for (int64_t j = 0; j < n_k; ++j)
-            for (int64_t h = 0; h < n_kv; ++h) {
-                const float* x = src.data() + (j * n_kv + h) * d;
-                float* b = back.data() + (j * n_kv + h) * d;
-                const size_t row = size_t((h * cap + j % cap) * stride);
-                if (dt == DType::I8) {
-                    int8_t* q = reinterpret_cast<int8_t*>(base) + row;
-                    const float s = scales[h * cap + j % cap] = quantize_row_int8(x, d, q);
-                    for (int64_t e = 0; e < d; ++e) b[e] = float(q[e]) * s;
-                } else {
-                    for (int64_t e = 0; e < d; ++e) {
-                        if (dt == DType::F32) { reinterpret_cast<float*>(base)[row + size_t(e)] = x[e]; b[e] = x[e]; }
-                        else if (dt == DType::F16) { const uint16_t hv = f32_to_f16(x[e]); reinterpret_cast<uint16_t*>(base)[row + size_t(e)] = hv; b[e] = f16_to_f32(hv); }
-                        else { const uint16_t hv = f32_to_bf16(x[e]); reinterpret_cast<uint16_t*>(base)[row + size_t(e)] = hv; b[e] = bf16_to_f32(hv); }
-                    }
-                }
-            }
-    }
-    return c;
-}
 
 CachedAttention make_args(const std::vector<float>& q, std::vector<float>& out, const Cache& c, DType dt, int64_t n_q,
                           int64_t n_heads, int64_t n_kv, int64_t d, int64_t q0, int64_t cap, int64_t stride, float scale) {

@@ -180,14 +180,22 @@ TEST_P(CudaVsCpu, Int8WeightsAndCacheMatchTheCpuInt8) {
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(CudaEngine, RefusesWhatItCannotRun) {
-    SKIP_WITHOUT_GPU();
-    TempDir dir;
-    const ModelConfig cfg = tiny_config(Arch::Llama);
+namespace {
+// A tiny FP32 Llama written into `dir`, and CUDA session options for it.
+SessionOptions tiny_cuda_model(const TempDir& dir, const ModelConfig& cfg) {
     write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 5});
     SessionOptions so;
     so.model_dir = dir.path();
     so.device = Device::Cuda;
+    return so;
+}
+}  // namespace
+
+TEST(CudaEngine, RefusesWhatItCannotRun) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
     so.ctx = 16;
     so.max_batch = 2;
     SingleRank comm;
@@ -206,10 +214,7 @@ TEST(CudaEngine, TooLargeForTheDeviceSaysHowMuch) {
     SKIP_WITHOUT_GPU();
     TempDir dir;
     const ModelConfig cfg = tiny_config(Arch::Llama);
-    write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 5});
-    SessionOptions so;
-    so.model_dir = dir.path();
-    so.device = Device::Cuda;
+    SessionOptions so = tiny_cuda_model(dir, cfg);
     so.ctx = cfg.max_position;
     so.max_batch = 100000;  // a KV cache of terabytes
     SingleRank comm;

@@ -163,7 +163,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
             for (int64_t b = 0; b < batch; ++b) ch.push_back({b, prompts[size_t(b)].data(), prompt_len, 0, true});
             e.forward(ch, logits.data());
         };
-        std::vector<int32_t> next(static_cast<size_t>(batch));
+        std::vector<int32_t> next(static_cast<size_t>(batch)), best_id(static_cast<size_t>(batch));
+        std::vector<float> best_val(static_cast<size_t>(batch));
         double checksum = 0;
         std::vector<double> pp_ms, tg_ms;
         prefill();  // warm-up, not timed: page faults, thread start-up, caches
@@ -176,7 +177,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     next[size_t(b)] = int32_t(b % c.vocab);
                     ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
                 }
-                e.forward(ch, logits.data());
+                e.forward_top(ch, 1, best_val.data(), best_id.data());
             }
         }
         for (int64_t r = 0; r < reps; ++r) {
@@ -196,12 +197,14 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     seq.push_back(next[size_t(b)]);
                     ch.push_back({b, seq.data(), int64_t(seq.size()), 0, true});
                 }
-                e.forward(ch, logits.data());
+                // As generate decodes greedily: only each row's best candidate comes back.
+                e.forward_top(ch, 1, best_val.data(), best_id.data());
             }
             for (auto& p : prompts) p.resize(size_t(prompt_len));
             tg_ms.push_back(ms_since(t0));
-            checksum = 0;
+            checksum = 0;  // the last prefill's logits, and the last decode step's best ones
             for (float v : logits) checksum += double(v);
+            for (float v : best_val) checksum += double(v);
         }
         // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
         const ShardPlan& plan = s->weights.plan;

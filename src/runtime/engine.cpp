@@ -1,6 +1,9 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "kernels/cpu/topk.h"
 
 namespace shardlm {
 
@@ -8,6 +11,15 @@ AttentionImpl parse_attention(const std::string& s) {
     if (s == "flash") return AttentionImpl::Flash;
     if (s == "naive") return AttentionImpl::Naive;
     fail("--attention: unknown kind \"", s, "\" (flash, naive)");
+}
+
+void Engine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {
+    const int64_t vocab = config().vocab;
+    SHARDLM_CHECK(k >= 1 && k <= std::min(vocab, kMaxTopCandidates), "forward_top: ", k, " candidates of ", vocab);
+    const StepShape shape = check_step(config(), options(), chunks);
+    std::vector<float> logits(size_t(shape.logit_rows * vocab));
+    forward(chunks, logits.data());
+    for (int64_t r = 0; r < shape.logit_rows; ++r) topk_ref(logits.data() + r * vocab, vocab, k, vals + r * k, ids + r * k);
 }
 
 RopeParams rope_params(const ModelConfig& c) {

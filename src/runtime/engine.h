@@ -42,12 +42,21 @@ struct SeqChunk {
     bool all_logits = false;       // produce logits at every token of the chunk (perplexity)
 };
 
+// The most candidates per row Engine::forward_top hands back (the GPU selection's limit).
+constexpr int64_t kMaxTopCandidates = 1024;
+
 class Engine {
 public:
     virtual ~Engine() = default;
     // Runs the chunks; `logits` receives, chunk by chunk in order, n rows for an all_logits chunk
     // and one row for a want_logits chunk: [rows, vocab].
     virtual void forward(const std::vector<SeqChunk>& chunks, float* logits) = 0;
+    // Runs the chunks like forward() but hands back only each logits row's first k candidates in
+    // the sampler's ranking (runtime/sampler.h): vals and ids [rows, k], 1 <= k <= min(vocab,
+    // kMaxTopCandidates). What a sampler with top-k (or greedy) reads, without moving the
+    // vocabulary: the CUDA engine selects on the device (and merges the ranks' candidates under
+    // tensor parallelism); this default ranks forward()'s rows on the host.
+    virtual void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids);
     virtual const ModelConfig& config() const = 0;
     virtual const EngineOptions& options() const = 0;
     virtual size_t weight_bytes() const = 0;     // as held by this rank's engine

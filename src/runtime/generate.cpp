@@ -38,12 +38,28 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         res.seqs[s].prompt = prompts[s];
         samplers.emplace_back(opt.sampler, s);
     }
-    std::vector<float> logits(B * size_t(vocab));
+    // Samplers with top-k (or greedy) read only each row's first k ranked candidates: the engine
+    // hands back just those (on the GPU it selects them there instead of copying the vocabulary).
+    const int64_t k = sampler_candidates(opt.sampler, vocab);
+    const bool top = k > 0 && k <= kMaxTopCandidates;
+    std::vector<float> logits, vals;
+    std::vector<int32_t> ids;
+    if (top) {
+        vals.resize(B * size_t(k));
+        ids.resize(vals.size());
+    }
+    if (!top || opt.keep_prompt_logits) logits.resize(B * size_t(vocab));
+    // Runs a step; rows of logits (or candidates) in chunk order.
+    auto step = [&](const std::vector<SeqChunk>& chunks, bool full) {
+        if (top && !full) engine.forward_top(chunks, k, vals.data(), ids.data());
+        else engine.forward(chunks, logits.data());
+    };
     auto is_eos = [&](int32_t id) { return std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end(); };
-    // Appends a sampled token; returns whether the sequence goes on.
-    auto accept = [&](size_t s, const float* lg) {
+    // Appends the token sampled from row `row` of the step; returns whether the sequence goes on.
+    auto accept = [&](size_t s, size_t row, bool full) {
         SequenceResult& r = res.seqs[s];
-        const int32_t id = samplers[s].sample(lg, vocab);
+        const int32_t id = top && !full ? samplers[s].sample_top(vals.data() + row * size_t(k), ids.data() + row * size_t(k), k)
+                                        : samplers[s].sample(logits.data() + row * size_t(vocab), vocab);
         r.tokens.push_back(id);
         if (on_token) on_token(s, id);
         if (is_eos(id)) r.stop_reason = "eos";
@@ -77,14 +93,16 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             budget -= n;
             if (done[next] == len) ++next;
         }
-        engine.forward(chunks, logits.data());
+        step(chunks, opt.keep_prompt_logits);
         size_t li = 0;
         for (size_t c = 0; c < chunks.size(); ++c) {
             if (!chunks[c].want_logits) continue;
             const size_t s = chunk_seq[c];
-            const float* lg = logits.data() + li++ * size_t(vocab);
-            if (opt.keep_prompt_logits) res.seqs[s].prompt_logits.assign(lg, lg + vocab);
-            accept(s, lg);
+            if (opt.keep_prompt_logits) {
+                const float* lg = logits.data() + li * size_t(vocab);
+                res.seqs[s].prompt_logits.assign(lg, lg + vocab);
+            }
+            accept(s, li++, opt.keep_prompt_logits);
         }
         res.timings.prefill_tokens += opt.prefill_chunk - budget;
     }
@@ -110,8 +128,8 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             chunk_seq.push_back(s);
         }
         if (chunks.empty()) break;
-        engine.forward(chunks, logits.data());
-        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], logits.data() + c * size_t(vocab));
+        step(chunks, false);
+        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], c, false);
         res.timings.decode_steps += 1;
         res.timings.decode_tokens += int64_t(chunks.size());
     }

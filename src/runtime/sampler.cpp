@@ -4,14 +4,20 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/cpu/topk.h"
 
 namespace shardlm {
 
 int32_t argmax(const float* logits, int64_t n) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; ++i)
-        if (logits[i] > logits[best]) best = i;
+        if (topk_before(logits[i], int32_t(i), logits[best], int32_t(best))) best = i;
     return int32_t(best);
+}
+
+int64_t sampler_candidates(const SamplerOptions& opt, int64_t vocab) {
+    if (opt.temperature == 0.0f) return 1;
+    return opt.top_k > 0 ? std::min(opt.top_k, vocab) : 0;
 }
 
 Sampler::Sampler(const SamplerOptions& opt, uint64_t stream)
@@ -33,34 +39,46 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
     if (opt_.temperature == 0.0f) return argmax(logits, vocab);
     cand_.resize(size_t(vocab));
     for (int64_t i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i], int32_t(i)};
-    // Highest logits first, ties by lower id, so the order (and the draw) is deterministic.
-    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-    size_t keep = cand_.size();
-    if (opt_.top_k > 0 && size_t(opt_.top_k) < keep) {
-        keep = size_t(opt_.top_k);
-        std::partial_sort(cand_.begin(), cand_.begin() + long(keep), cand_.end(), by_logit);
+    auto ranked = [](const auto& a, const auto& b) { return topk_before(a.first, a.second, b.first, b.second); };
+    const size_t keep = size_t(sampler_candidates(opt_, vocab));
+    if (keep > 0 && keep < cand_.size()) {
+        std::partial_sort(cand_.begin(), cand_.begin() + long(keep), cand_.end(), ranked);
+        cand_.resize(keep);
     } else {
-        std::sort(cand_.begin(), cand_.end(), by_logit);
+        std::sort(cand_.begin(), cand_.end(), ranked);
     }
-    cand_.resize(keep);
+    return draw();
+}
+
+int32_t Sampler::sample_top(const float* vals, const int32_t* ids, int64_t k) {
+    SHARDLM_CHECK(k > 0, "sample_top: no candidates");
+    if (opt_.temperature == 0.0f) return ids[0];
+    SHARDLM_CHECK(opt_.top_k > 0, "sample_top: top-k sampling needs the whole row (--top-k 0)");
+    cand_.resize(size_t(std::min(k, opt_.top_k)));
+    for (size_t i = 0; i < cand_.size(); ++i) cand_[i] = {vals[i], ids[i]};
+    return draw();
+}
+
+int32_t Sampler::draw() {
+    const size_t keep = cand_.size();
     const double mx = cand_[0].first;
-    std::vector<double> p(keep);
+    p_.resize(keep);
     double sum = 0;
-    for (size_t i = 0; i < keep; ++i) sum += (p[i] = std::exp((double(cand_[i].first) - mx) / opt_.temperature));
+    for (size_t i = 0; i < keep; ++i) sum += (p_[i] = std::exp((double(cand_[i].first) - mx) / opt_.temperature));
     // Nucleus: the smallest prefix whose probability mass reaches top_p.
     size_t n = keep;
     if (opt_.top_p < 1.0f) {
         double cum = 0;
         for (size_t i = 0; i < keep; ++i) {
-            cum += p[i] / sum;
+            cum += p_[i] / sum;
             if (cum >= opt_.top_p) { n = i + 1; break; }
         }
     }
     double mass = 0;
-    for (size_t i = 0; i < n; ++i) mass += p[i];
+    for (size_t i = 0; i < n; ++i) mass += p_[i];
     double r = uniform() * mass;
     for (size_t i = 0; i < n; ++i) {
-        r -= p[i];
+        r -= p_[i];
         if (r < 0) return cand_[i].second;
     }
     return cand_[n - 1].second;

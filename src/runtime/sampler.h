@@ -1,6 +1,12 @@
 // Token choice from logits: greedy at temperature 0, else temperature, top-k, then top-p
 // (nucleus) and a draw from a seeded generator. Each sequence owns its generator so a batch
 // samples exactly what its sequences would sample alone.
+//
+// Logits are ranked by value, highest first, ties by the lower id, NaN below every number
+// (kernels/cpu/topk.h: topk_before). A sampler with top_k > 0 (or greedy) only ever looks at the
+// first top_k (or 1) of that ranking, so it can draw from those candidates alone, as an engine
+// that selects them on the GPU hands them over (Engine::forward_top): sample_top() then picks
+// exactly what sample() picks from the full row.
 #pragma once
 
 #include <cstdint>
@@ -15,19 +21,29 @@ struct SamplerOptions {
     uint64_t seed = 0;
 };
 
-// Index of the largest value; the lowest index among ties.
+// Index of the largest value; the lowest index among ties; NaN is never taken over a number
+// (an all-NaN row gives 0). The first entry of the top-k ranking.
 int32_t argmax(const float* logits, int64_t n);
+
+// How many ranked candidates per row a sampler with these options reads: 1 when greedy, top_k
+// (at most the vocabulary), or 0 when it needs the whole row (no top-k limit).
+int64_t sampler_candidates(const SamplerOptions& opt, int64_t vocab);
 
 class Sampler {
 public:
     Sampler(const SamplerOptions& opt, uint64_t stream);  // stream: the sequence's index
     int32_t sample(const float* logits, int64_t vocab);
+    // The same choice from the row's first k ranked candidates (values and ids in ranking order),
+    // k >= sampler_candidates(opt, vocab) > 0 (the caller's duty: fewer would change the draw).
+    int32_t sample_top(const float* vals, const int32_t* ids, int64_t k);
 
 private:
+    int32_t draw();    // from cand_ (ranked, already cut to top_k)
     double uniform();  // [0, 1), from splitmix64: fully specified, same on every platform
     SamplerOptions opt_;
     uint64_t state_;
     std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<double> p_;
 };
 
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/topk.h"
 #include "runtime/sampler.h"
 
 using namespace shardlm;
@@ -67,4 +68,54 @@ TEST(Sampler, BadOptions) {
     o.top_p = 1;
     o.temperature = -1;
     EXPECT_THROW(Sampler(o, 0), Error);
+}
+
+TEST(Sampler, ArgmaxNeverTakesNaNOverANumber) {
+    const float nan = std::nanf("");
+    const std::vector<float> a = {nan, 1, 3, 3}, b = {nan, nan}, c = {-INFINITY, nan, -INFINITY};
+    EXPECT_EQ(argmax(a.data(), 4), 2);
+    EXPECT_EQ(argmax(b.data(), 2), 0);
+    EXPECT_EQ(argmax(c.data(), 3), 0);
+}
+
+TEST(Sampler, CandidatesNeeded) {
+    SamplerOptions o;
+    o.temperature = 0;
+    EXPECT_EQ(sampler_candidates(o, 100), 1);
+    o.temperature = 0.7f;
+    o.top_k = 40;
+    EXPECT_EQ(sampler_candidates(o, 100), 40);
+    EXPECT_EQ(sampler_candidates(o, 30), 30);
+    o.top_k = 0;
+    EXPECT_EQ(sampler_candidates(o, 100), 0);
+}
+
+// Drawing from the first k ranked candidates picks exactly what drawing from the full row picks,
+// draw after draw (the generators stay in step), with ties straddling the k-th place and NaN.
+TEST(Sampler, TopCandidatesDrawWhatTheFullRowDraws) {
+    const int64_t V = 300;
+    uint64_t z = 12345;
+    auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
+    struct Opt { float t; int64_t k; float p; };
+    for (const Opt o : {Opt{0, 0, 1}, Opt{1, 1, 1}, Opt{0.8f, 40, 0.95f}, Opt{1.5f, 7, 1}, Opt{0.5f, 299, 0.9f},
+                        Opt{1, 400, 0.5f}}) {
+        SamplerOptions so;
+        so.temperature = o.t;
+        so.top_k = o.k;
+        so.top_p = o.p;
+        so.seed = 9;
+        Sampler full(so, 2), top(so, 2);
+        const int64_t k = sampler_candidates(so, V);
+        ASSERT_GT(k, 0);
+        for (int draw = 0; draw < 200; ++draw) {
+            std::vector<float> lg(static_cast<size_t>(V));
+            for (auto& v : lg) v = float(next() % 64) / 8.0f;  // many ties
+            if (draw % 7 == 0) lg[size_t(next() % V)] = std::nanf("");
+            std::vector<float> vals(static_cast<size_t>(k));
+            std::vector<int32_t> ids(static_cast<size_t>(k));
+            topk_ref(lg.data(), V, k, vals.data(), ids.data());
+            ASSERT_EQ(full.sample(lg.data(), V), top.sample_top(vals.data(), ids.data(), k))
+                << "t " << o.t << " k " << o.k << " p " << o.p << " draw " << draw;
+        }
+    }
 }

@@ -2,7 +2,9 @@
 //
 //   gemv_bench_cuda [reps]      (default 20)
 //
-// gemv_cuda: n = 1, 4, 8 token rows, f16 and i8 weights (per channel and groups of 128). Each
+// gemv_cuda: n = 1, 4, 8 token rows, f16 and i8 weights (per channel and groups of 128), in the
+// natural and the interleaved column order (kernels/cuda/interleave.h; the timing does not depend
+// on the values, so the flag is set on constant data), and gemv_w8a8_cuda (int8 activations). Each
 // call reads a different copy of the matrix, cycling through at least 512 MB, so the weights come
 // from HBM, not from the L2 (50-60 MB). Time per call is the median over `reps` replays of a CUDA
 // graph of back-to-back calls (as decode runs); GB/s counts weights + scales + x + y once.
@@ -26,6 +28,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/w8a8.h"
 
 using namespace shardlm;
 
@@ -46,9 +49,17 @@ struct Weights {
     DType dtype;
     int64_t group;  // I8: 0 = one scale per row
     const char* name;
+    bool interleaved = false;
+    bool w8a8 = false;  // gemv_w8a8_cuda: int8 activations, one scale per token
 };
 
-const Weights kWeights[] = {{DType::F16, 0, "f16"}, {DType::I8, 0, "i8"}, {DType::I8, 128, "i8-g128"}};
+const Weights kWeights[] = {{DType::F16, 0, "f16"},
+                            {DType::F16, 0, "f16-interleaved", true},
+                            {DType::I8, 0, "i8"},
+                            {DType::I8, 0, "i8-interleaved", true},
+                            {DType::I8, 128, "i8-g128"},
+                            {DType::I8, 128, "i8-g128-interleaved", true},
+                            {DType::I8, 0, "w8a8", false, true}};
 
 constexpr size_t kColdBytes = size_t(512) << 20;  // weights cycled per measurement, ~8x the L2
 
@@ -142,6 +153,7 @@ void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
             std::vector<std::unique_ptr<DevBuf>> mats;
             for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
             DevBuf x(size_t(kGemvMaxTokens * s.cols) * 4), y(size_t(kGemvMaxTokens * s.rows) * 4);
+            DevBuf xq(size_t(kGemvMaxTokens * s.cols)), xs(size_t(kGemvMaxTokens) * 4);  // w8a8's int8 x
             for (int64_t n : {int64_t(1), int64_t(4), int64_t(8)}) {
                 const double ms = time_graph_ms(
                     [&](int i) {
@@ -155,10 +167,18 @@ void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
                             w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m->p) + w_bytes);
                             w.group_size = group;
                         }
+                        w.interleaved = wt.interleaved;
+                        if (wt.w8a8) {
+                            const DeviceActs a{static_cast<const int8_t*>(xq.p), static_cast<const float*>(xs.p), n,
+                                               s.cols, s.cols};
+                            gemv_w8a8_cuda(w, a, nullptr, static_cast<float*>(y.p), stream);
+                            return;
+                        }
                         gemv_cuda(w, static_cast<const float*>(x.p), n, nullptr, static_cast<float*>(y.p), stream);
                     },
                     std::max(copies, 32), reps, stream);
-                const double bytes = double(w_bytes + s_bytes) + 4.0 * double(n) * double(s.cols + s.rows);
+                const double x_bytes = wt.w8a8 ? double(n) * double(s.cols + 4) : 4.0 * double(n) * double(s.cols);
+                const double bytes = double(w_bytes + s_bytes) + x_bytes + 4.0 * double(n) * double(s.rows);
                 const double gbps = bytes / (ms * 1e6);
                 std::printf("| %s | %lldx%lld | %s | %lld | %.1f | %.0f | %.1f | %.1f |\n", s.name, (long long)s.rows,
                             (long long)s.cols, wt.name, (long long)n, ms * 1e3, gbps, 100.0 * gbps / copy,
@@ -175,7 +195,7 @@ void bench_gemm(cudaStream_t stream, int reps) {
     std::printf("| shape | rows x cols | weights | T | ms | TFLOP/s |\n|---|---|---|---|---|---|\n");
     DevBuf x(size_t(max_t * max_cols) * 4), y(size_t(max_t * 151936) * 4);
     for (const Shape& s : kShapes)
-        for (const Weights& wt : {kWeights[0], kWeights[1]}) {
+        for (const Weights& wt : {kWeights[0], kWeights[2]}) {
             const size_t w_bytes = size_t(s.rows * s.cols) * dtype_size(wt.dtype);
             DevBuf m(w_bytes + (wt.dtype == DType::I8 ? size_t(s.rows) * 4 : 0));
             DeviceMatrix w;

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
@@ -16,6 +17,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 
 // Element i is read and written by the same thread, so out may alias gate (no __restrict__ there).
 __global__ void silu_mul_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = silu_mul(gate[i], up[i]);
@@ -24,6 +27,8 @@ __global__ void silu_mul_kernel(const float* gate, const float* __restrict__ up,
 // The same over float4 when gate, up and out are all 16-byte aligned: n / 4 vectors, then the
 // n % 4 tail elements by the first threads of the grid.
 __global__ void silu_mul_vec4_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const int64_t n4 = n / 4;
@@ -40,6 +45,8 @@ __global__ void silu_mul_vec4_kernel(const float* gate, const float* __restrict_
 
 // One token row per blockIdx.y, columns strided over x: reads gate and up halves of the row.
 __global__ void silu_mul_rows_kernel(const float* __restrict__ gu, int64_t inter, float* __restrict__ out) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t t = blockIdx.y;
     const float* g = gu + t * 2 * inter;
     float* o = out + t * inter;
@@ -57,18 +64,20 @@ void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cu
     const int64_t work = vec ? (n + 3) / 4 : n;
     const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, kMaxBlocks);
     if (vec)
-        silu_mul_vec4_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(gate, up, out, n);
+        launch_kernel("silu_mul_vec4_kernel", silu_mul_vec4_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                      gate, up, out, n);
     else
-        silu_mul_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(gate, up, out, n);
-    cuda_after_launch(stream, "silu_mul_kernel");
+        launch_kernel("silu_mul_kernel", silu_mul_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                      gate, up, out, n);
 }
 
 void silu_mul_rows_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, cudaStream_t stream) {
     if (T <= 0 || inter <= 0) return;
     SHARDLM_CHECK(T <= 65535, "silu_mul_rows_cuda: ", T, " rows exceed one grid's y dimension");
     const int64_t blocks = std::min<int64_t>((inter + kThreads - 1) / kThreads, 1024);
-    silu_mul_rows_kernel<<<dim3(unsigned(blocks), unsigned(T)), kThreads, 0, stream>>>(gate_up, inter, out);
-    cuda_after_launch(stream, "silu_mul_rows_kernel");
+    launch_kernel("silu_mul_rows_kernel", silu_mul_rows_kernel,
+                  dim3(unsigned(blocks), unsigned(T)), dim3(kThreads), 0, stream,
+                  gate_up, inter, out);
 }
 
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
@@ -28,7 +29,10 @@ __device__ __forceinline__ void take(float& v, int& i, float cv, int ci) {
 
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ logits, int vocab,
-                                                                 int32_t* __restrict__ out) {
+                                                                 int32_t id_offset, float* __restrict__ vals,
+                                                                 int32_t* __restrict__ ids) {
+    pdl_wait();
+    pdl_launch_dependents();
     const float* row = logits + int64_t(blockIdx.x) * vocab;
     float v = -INFINITY;
     int i = INT_MAX;
@@ -66,25 +70,31 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
             const int oi = __shfl_xor_sync(kFull, i, off);
             take(v, i, ov, oi);
         }
-        // As the CPU sampler's scan (best starts at 0 and moves only on ">"): a NaN at index 0 is
-        // kept, and an all-NaN row gives 0.
-        if (lane == 0) out[blockIdx.x] = (isnan(row[0]) || i == INT_MAX) ? 0 : i;
+        // An all-NaN row leaves the start untouched: index 0 (NaN ties go to the lowest index).
+        if (lane == 0) {
+            if (i == INT_MAX) i = 0;
+            ids[blockIdx.x] = i + id_offset;
+            if (vals) vals[blockIdx.x] = row[i];
+        }
     }
 }
 
 }  // namespace
 
-void argmax_rows_cuda(const float* logits, int64_t rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
+void argmax_rows_cuda(const float* logits, int64_t rows, int64_t vocab, int32_t id_offset, float* vals,
+                      int32_t* ids, cudaStream_t stream) {
     if (rows == 0) return;
     SHARDLM_CHECK(rows > 0 && rows <= INT_MAX, "argmax_rows_cuda: ", rows, " rows do not fit one grid");
-    SHARDLM_CHECK(vocab > 0 && vocab <= INT_MAX - kThreads, "argmax_rows_cuda: vocabulary of ", vocab);
+    SHARDLM_CHECK(vocab > 0 && vocab <= INT_MAX - kThreads && id_offset >= 0 && id_offset <= INT_MAX - vocab,
+                  "argmax_rows_cuda: vocabulary of ", vocab, " from id ", id_offset);
     // Rows are 16-byte aligned when the base is and a row is a whole number of float4.
     const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
     if (vec)
-        argmax_rows_kernel<true><<<unsigned(rows), kThreads, 0, stream>>>(logits, int(vocab), out);
+        launch_kernel("argmax_rows_kernel", argmax_rows_kernel<true>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                      logits, int(vocab), id_offset, vals, ids);
     else
-        argmax_rows_kernel<false><<<unsigned(rows), kThreads, 0, stream>>>(logits, int(vocab), out);
-    cuda_after_launch(stream, "argmax_rows_kernel");
+        launch_kernel("argmax_rows_kernel", argmax_rows_kernel<false>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                      logits, int(vocab), id_offset, vals, ids);
 }
 
 }  // namespace shardlm

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
@@ -181,6 +182,8 @@ __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0
 // in roughly 3-6 ms per layer; tensor cores would be the next step.
 template <int DP, int BK>
 __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
+    pdl_wait();
+    pdl_launch_dependents();
     constexpr int NT = 256, BQ = 32, LD = DP + 4, LDP = BK + 4, NU = BK / 16, NV = DP / 64;
     extern __shared__ float4 smem4[];
     float* sQ = reinterpret_cast<float*>(smem4);
@@ -307,6 +310,8 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
 // keeps ~5 blocks per SM resident to cover load latency.
 template <int DP, int GB>
 __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
+    pdl_wait();
+    pdl_launch_dependents();
     constexpr int NT = 128, BK = int(kDecodeTile), LD = DP + 4, LDP = BK + 1, NQ = DP / 4, NG = NT / NQ;
     constexpr int HPT = GB >= NG ? GB / NG : 1;  // heads per thread in P V
     constexpr int NS = GB >= NG ? 1 : NG / GB;   // key subsets in P V
@@ -447,6 +452,8 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
 // out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. Empty splits (m = -inf)
 // are skipped: their acc was never written. Block (head, chunk), 128 threads over columns.
 __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
+    pdl_wait();
+    pdl_launch_dependents();
     const AttnChunk ch = a.chunks[blockIdx.y];
     if (ch.n < 1) return;
     const int h = blockIdx.x;
@@ -510,6 +517,8 @@ __device__ float block_reduce(float x, float* red) {
 }
 
 __global__ void __launch_bounds__(kNaiveThreads) naive_kernel(Args a) {
+    pdl_wait();
+    pdl_launch_dependents();
     const AttnChunk ch = a.chunks[blockIdx.z];
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     if (i >= ch.n) return;  // whole block
@@ -580,8 +589,7 @@ void launch_prefill(const Args& args, const AttentionCuda& a, cudaStream_t strea
     const int64_t tiles = (a.max_chunk_n * args.group + BQ - 1) / BQ;
     SHARDLM_CHECK(tiles < (int64_t(1) << 31), "attention: chunk of ", a.max_chunk_n, " tokens is too long");
     const dim3 grid(unsigned(tiles), unsigned(a.n_kv_heads), unsigned(a.n_chunks));
-    kernel<<<grid, 256, smem, stream>>>(args);
-    cuda_after_launch(stream, "flash_prefill_kernel");
+    launch_kernel("flash_prefill_kernel", kernel, grid, dim3(256), smem, stream, args);
 }
 
 template <int DP, int GB>
@@ -594,10 +602,12 @@ void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream
     const int n_sub = (args.group + GB - 1) / GB;
     const int64_t ys = a.n_kv_heads * n_sub;
     SHARDLM_CHECK(ys <= 65535, "attention: too many heads for the decode grid");
-    kernel<<<dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), 128, smem, stream>>>(args, n_sub);
-    cuda_after_launch(stream, "flash_decode_kernel");
-    flash_merge_kernel<<<dim3(unsigned(a.n_heads), unsigned(a.n_chunks)), 128, 0, stream>>>(args);
-    cuda_after_launch(stream, "flash_merge_kernel");
+    launch_kernel("flash_decode_kernel", kernel,
+                  dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), dim3(128), smem, stream,
+                  args, n_sub);
+    launch_kernel("flash_merge_kernel", flash_merge_kernel,
+                  dim3(unsigned(a.n_heads), unsigned(a.n_chunks)), dim3(128), 0, stream,
+                  args);
 }
 
 template <int DP>
@@ -657,9 +667,8 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     args.keys_per_split = plan.keys_per_split;
 
     if (kind == AttentionKind::Naive) {
-        naive_kernel<<<dim3(unsigned(a.max_chunk_n), unsigned(a.n_heads), unsigned(a.n_chunks)), kNaiveThreads, 0,
-                       stream>>>(args);
-        cuda_after_launch(stream, "naive_kernel");
+        const dim3 grid(unsigned(a.max_chunk_n), unsigned(a.n_heads), unsigned(a.n_chunks));
+        launch_kernel("naive_kernel", naive_kernel, grid, dim3(kNaiveThreads), 0, stream, args);
         return;
     }
     const int dp = a.head_dim <= 64 ? 64 : (a.head_dim <= 128 ? 128 : 256);

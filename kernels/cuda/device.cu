@@ -37,6 +37,22 @@ double cuda_peak_gbps() {
     return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9;
 }
 
+bool pdl_enabled() {
+    // Read once per process: every rank drives one device, and this runs at every launch.
+    static const bool on = [] {
+        const char* v = std::getenv("SHARDLM_PDL");
+        if (v && v[0] == '0') return false;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return major >= 9;
+    }();
+    return on;
+}
+
 void cuda_after_launch(cudaStream_t stream, const char* kernel) {
     const cudaError_t e = cudaGetLastError();
     SHARDLM_CHECK_GEN("CUDA launch", e == cudaSuccess, kernel, cudaGetErrorString(e));

@@ -15,4 +15,8 @@ std::string cuda_device_description(int index);
 // clock x bus width, from the device's attributes (e.g. about 4900 for an H200).
 double cuda_peak_gbps();
 
+// Whether kernels launch with programmatic dependent launch (kernels/cuda/launch.h): the current
+// device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
+bool pdl_enabled();
+
 }  // namespace shardlm

@@ -5,7 +5,9 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/interleave.h"
 
 namespace shardlm {
 namespace {
@@ -16,7 +18,8 @@ constexpr int kThreads = 256;
 // straight load (+ convert) with no per-element branch.
 template <DType D>
 __device__ __forceinline__ float table_at(const DeviceMatrix& t, int64_t r, int64_t c) {
-    const int64_t i = r * t.cols + c;
+    // A tied table is also lm_head, which may be stored in the GEMV's interleaved order.
+    const int64_t i = r * t.cols + (t.interleaved ? interleaved_col(c, interleave_chunk_cols(D)) : c);
     if constexpr (D == DType::F32) {
         return static_cast<const float*>(t.data)[i];
     } else if constexpr (D == DType::F16) {
@@ -36,6 +39,8 @@ __device__ __forceinline__ float table_at(const DeviceMatrix& t, int64_t r, int6
 template <DType D>
 __global__ void embedding_kernel(DeviceMatrix t, const int32_t* __restrict__ ids, int64_t vocab0,
                                  float* __restrict__ out) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t r = int64_t(ids[blockIdx.x]) - vocab0;
     float* o = out + int64_t(blockIdx.x) * t.cols;
     if (r >= 0 && r < t.rows) {
@@ -55,16 +60,16 @@ void embedding_cuda(const DeviceMatrix& table, const int32_t* ids, int64_t n, in
         SHARDLM_CHECK(table.scales && table.group_size > 0 && table.cols % table.group_size == 0,
                       "embedding_cuda: int8 table needs scales and a group size dividing ", table.cols);
     const dim3 grid(static_cast<unsigned>(n));
+    auto run = [&](auto kernel) {
+        launch_kernel("embedding_kernel", kernel, grid, dim3(kThreads), 0, stream, table, ids, vocab0, out);
+    };
     switch (table.dtype) {
-        case DType::F32: embedding_kernel<DType::F32><<<grid, kThreads, 0, stream>>>(table, ids, vocab0, out); break;
-        case DType::F16: embedding_kernel<DType::F16><<<grid, kThreads, 0, stream>>>(table, ids, vocab0, out); break;
-        case DType::BF16:
-            embedding_kernel<DType::BF16><<<grid, kThreads, 0, stream>>>(table, ids, vocab0, out);
-            break;
-        case DType::I8: embedding_kernel<DType::I8><<<grid, kThreads, 0, stream>>>(table, ids, vocab0, out); break;
+        case DType::F32: run(embedding_kernel<DType::F32>); break;
+        case DType::F16: run(embedding_kernel<DType::F16>); break;
+        case DType::BF16: run(embedding_kernel<DType::BF16>); break;
+        case DType::I8: run(embedding_kernel<DType::I8>); break;
         default: fail("embedding_cuda: unsupported table dtype ", dtype_name(table.dtype));
     }
-    cuda_after_launch(stream, "embedding_kernel");
 }
 
 }  // namespace shardlm

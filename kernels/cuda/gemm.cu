@@ -16,6 +16,7 @@
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/interleave.h"
 
 namespace shardlm {
 namespace {
@@ -31,23 +32,32 @@ unsigned blocks_for(int64_t count) {
 __device__ __forceinline__ void store_as(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// out[i] = x[i] rounded to the weights' 16-bit type, for i < count.
+// out[i] = x[i] rounded to the weights' 16-bit type, for i < count; with interleaved weights
+// (interleave_c = their chunk columns, else 0) each row's columns go where the weights keep theirs,
+// so the product over the columns is the same.
 template <typename H>
-__global__ void convert_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t count) {
+__global__ void convert_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t count, int64_t cols,
+                               int interleave_c) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) store_as(out + i, x[i]);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const int64_t o = interleave_c ? (i / cols) * cols + interleaved_col(i % cols, interleave_c) : i;
+        store_as(out + o, x[i]);
+    }
 }
 
-// out[r, c] = f16(q[r, c] * scales[r, c / group_size]); a block per row, grid-stride over rows.
+// out[r, c] = f16(q[r, c] * scales[r, c / group_size]) in the natural column order (q may be
+// interleaved: interleave_c as above); a block per row, grid-stride over rows.
 __global__ void dequant_i8_kernel(const int8_t* __restrict__ q, const float* __restrict__ scales,
-                                  __half* __restrict__ out, int64_t rows, int cols, int group_size) {
+                                  __half* __restrict__ out, int64_t rows, int cols, int group_size, int interleave_c) {
     const int groups = cols / group_size;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int8_t* qr = q + r * cols;
         const float* sr = scales + r * groups;
         __half* o = out + r * cols;
-        for (int c = int(threadIdx.x); c < cols; c += kThreads)
-            o[c] = __float2half_rn(float(qr[c]) * sr[c / group_size]);
+        for (int c = int(threadIdx.x); c < cols; c += kThreads) {
+            const int64_t src = interleave_c ? interleaved_col(c, interleave_c) : c;
+            o[c] = __float2half_rn(float(qr[src]) * sr[c / group_size]);
+        }
     }
 }
 
@@ -66,8 +76,8 @@ void add_bias(float* y, const float* bias, int64_t T, int64_t rows, cudaStream_t
 }
 
 template <typename H>
-void convert_x(const float* x, void* out, int64_t count, cudaStream_t stream) {
-    convert_kernel<H><<<blocks_for(count), kThreads, 0, stream>>>(x, static_cast<H*>(out), count);
+void convert_x(const float* x, void* out, int64_t count, int64_t cols, int interleave_c, cudaStream_t stream) {
+    convert_kernel<H><<<blocks_for(count), kThreads, 0, stream>>>(x, static_cast<H*>(out), count, cols, interleave_c);
     cuda_after_launch(stream, "convert_kernel");
 }
 
@@ -134,6 +144,9 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
     }
 
     const int m = int(rows), n = int(T), k = int(cols);
+    const int ic = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
+    SHARDLM_CHECK(!w.interleaved || (ic > 0 && cols % (8 * ic) == 0), "CublasGemm: interleaved ", dtype_name(w.dtype),
+                  " weights of ", cols, " columns");
     const float one = 1.0f, zero = 0.0f;
     const void* a = w.data;
     cudaDataType_t ab_type = CUDA_R_16F;
@@ -143,22 +156,22 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
                                      x, k, &zero, y, m));
             break;
         case DType::F16:
-            convert_x<__half>(x, x_half_, T * cols, stream_);
+            convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
             break;
         case DType::BF16:
-            convert_x<__nv_bfloat16>(x, x_half_, T * cols, stream_);
+            convert_x<__nv_bfloat16>(x, x_half_, T * cols, cols, ic, stream_);
             ab_type = CUDA_R_16BF;
             break;
         case DType::I8: {
             // Blocks of rows small enough for the scratch: dequantize, then their slice of y
             // (rows r0.. of the column-major C, leading dimension `rows`).
-            convert_x<__half>(x, x_half_, T * cols, stream_);
+            convert_x<__half>(x, x_half_, T * cols, cols, 0, stream_);  // dequantization restores the order
             const int64_t block = std::min<int64_t>(rows, max_weight_elems_ / cols);
             for (int64_t r0 = 0; r0 < rows; r0 += block) {
                 const int64_t nr = std::min(block, rows - r0);
                 dequant_i8_kernel<<<unsigned(std::min<int64_t>(nr, kMaxBlocks)), kThreads, 0, stream_>>>(
                     static_cast<const int8_t*>(a) + r0 * cols, w.scales + r0 * (cols / w.group_size),
-                    static_cast<__half*>(w_half_), nr, k, int(w.group_size));
+                    static_cast<__half*>(w_half_), nr, k, int(w.group_size), ic);
                 cuda_after_launch(stream_, "dequant_i8_kernel");
                 CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, w_half_, CUDA_R_16F, k,
                                           x_half_, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,

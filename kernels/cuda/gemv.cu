@@ -39,6 +39,8 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/interleave.h"
+#include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
@@ -71,14 +73,20 @@ struct GemvArgs {
     int group_chunks;       // I8 chunks per group (vector path)
     int group_shift;        // chunk -> group: k >> shift when >= 0 (31: one group), else k / group_chunks
     int64_t group_size;     // I8 columns per group (scalar path)
+    // Where a lane's x starts and how far apart its float4s are (vector path), in floats: chunk k
+    // reads x[(k / 8) * 8C + (k % 8) * lane_stride + q * quad_stride ..] for its quad q. Natural
+    // order: (C, 4); interleaved (interleave.h): (4, 32).
+    int lane_stride, quad_stride;
+    int interleave_c;       // scalar path: C when the weights are interleaved, else 0
 };
 
 // 16 bytes of weights when `pred`, else zeros. Streamed (read once, so they should not evict x
 // from L1) and predicated inside one asm statement: straight-line code lets all U * R loads of a
-// step issue before the first use instead of each waiting in a branch of its own.
+// step issue before the first use instead of each waiting in a branch of its own. Volatile so the
+// first step's loads stay ahead of pdl_wait() (also volatile asm).
 __device__ __forceinline__ uint4 load_weights_if(const char* p, bool pred) {
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
         "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
         : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
         : "l"(p), "r"(int(pred)));
@@ -126,6 +134,26 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
     }
 }
 
+// All U * R weight chunks of one step (and their I8 scales), issued together so they are in
+// flight at once; chunks past the row read as zeros.
+template <WKind K, int R, int U>
+__device__ __forceinline__ void load_step(const GemvArgs& a, const char* (&wrow)[R], const float* (&srow)[R], int k0,
+                                          uint4 (&raw)[U][R], float (&scale)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * kChunksPerStep;
+        const int kc = min(k, a.chunks - 1);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < a.chunks);
+            if constexpr (K == WKind::I8) {
+                const int gidx = a.group_shift >= 0 ? (kc >> a.group_shift) : kc / a.group_chunks;
+                scale[u][r] = __ldg(srow[r] + gidx);
+            }
+        }
+    }
+}
+
 // R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
 // U chunks per row in flight per lane.
 template <WKind K, int N, int R, int U, int MinBlocks>
@@ -154,29 +182,23 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
         for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
 
-    for (int k0 = warp * kLanesPerRow + lig; k0 < a.chunks; k0 += U * kChunksPerStep) {
-        // All loads of the step first, so U * R of them are in flight together.
-        uint4 raw[U][R];
-        float scale[U][R];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = k0 + u * kChunksPerStep;
-            const int kc = min(k, a.chunks - 1);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < a.chunks);
-                if constexpr (K == WKind::I8) {
-                    const int gidx = a.group_shift >= 0 ? (kc >> a.group_shift) : kc / a.group_chunks;
-                    scale[u][r] = __ldg(srow[r] + gidx);
-                }
-            }
-        }
+    // The first step's weights are loaded before pdl_wait(): they never change during a session,
+    // so under PDL (kernels/cuda/launch.h) they stream in while the kernel ahead (the norm that
+    // writes x) finishes. x is read only after the wait.
+    uint4 raw[U][R];
+    float scale[U][R];
+    int k0 = warp * kLanesPerRow + lig;
+    load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
+    pdl_wait();
+    pdl_launch_dependents();
+    while (k0 < a.chunks) {
         // Unconditional arithmetic (a chunk past the row has zero weights and reads the row's
         // last x chunk): a guarded use would let the compiler sink each load into its guard and
         // serialise them. Four columns at a time: one float4 of x per token row feeds R rows.
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const float* xk = a.x + int64_t(min(k0 + u * kChunksPerStep, a.chunks - 1)) * C;
+            const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
+            const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
             float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
 #pragma unroll
             for (int q = 0; q < C / 4; ++q) {
@@ -185,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
                 for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
 #pragma unroll
                 for (int t = 0; t < N; ++t) {
-                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t]) + q);
+                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
@@ -204,6 +226,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
                     for (int t = 0; t < N; ++t) acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
             }
         }
+        k0 += U * kChunksPerStep;
+        if (k0 < a.chunks) load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
     }
 
     // Sum over the 8 lanes of a group (xor 4, 2, 1 stays inside the group), then over the warps.
@@ -231,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 }
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
-    const int64_t i = row * a.cols + c;
+    const int64_t i = row * a.cols + (a.interleave_c ? interleaved_col(c, a.interleave_c) : c);
     switch (kind) {
         case WKind::F32:
             return reinterpret_cast<const float*>(a.w)[i];
@@ -248,6 +272,8 @@ __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int6
 __global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a, const WKind kind) {
     const int lane = int(threadIdx.x) & 31;
     const int64_t row = int64_t(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
+    pdl_wait();
+    pdl_launch_dependents();
     if (row >= a.rows) return;  // whole warps only: the shuffles below stay full-warp
     float acc[kMaxTokens];
 #pragma unroll
@@ -264,6 +290,25 @@ __global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a,
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
         if (lane == 0 && t < a.n) a.y[int64_t(t) * a.rows + row] = v + (a.bias ? a.bias[row] : 0.0f);
+    }
+}
+
+// Row blockIdx.x of w (row_bytes each) rewritten in place in the interleaved order (interleave.h),
+// through a shared-memory copy of the row. Q is one quad of columns: 4 bytes of I8, 8 of F16/BF16.
+// Runs once per matrix at load time.
+template <typename Q>
+__global__ void interleave_kernel(char* w, int64_t row_bytes, int C) {
+    extern __shared__ __align__(16) unsigned char row_copy[];
+    Q* row = reinterpret_cast<Q*>(w + int64_t(blockIdx.x) * row_bytes);
+    Q* natural = reinterpret_cast<Q*>(row_copy);
+    const int quads = int(row_bytes / int64_t(sizeof(Q)));
+    for (int i = int(threadIdx.x); i < quads; i += int(blockDim.x)) natural[i] = row[i];
+    __syncthreads();
+    // Stored quad j * (C/4) + q of a block of 2C quads holds natural quad 8q + j (column 32q + 4j).
+    const int block_quads = 2 * C, chunk_quads = C / 4;
+    for (int d = int(threadIdx.x); d < quads; d += int(blockDim.x)) {
+        const int b = d / block_quads, r = d % block_quads, j = r / chunk_quads, q = r % chunk_quads;
+        row[d] = natural[b * block_quads + 8 * q + j];
     }
 }
 
@@ -301,8 +346,9 @@ void launch_vec(const GemvArgs& a, cudaStream_t stream) {
     constexpr int R = Cfg::R;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
-    gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks><<<unsigned(tiles), kThreads, 0, stream>>>(a);
-    cuda_after_launch(stream, "gemv_vec_kernel");
+    launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks>,
+                  dim3(unsigned(tiles)), dim3(kThreads),
+                  0, stream, a);
 }
 
 template <WKind K>
@@ -340,6 +386,9 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
     a.cols = w.cols;
     a.n = int(n);
     a.row_bytes = w.cols * int64_t(dtype_size(w.dtype));
+    a.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
+    SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % (8 * a.interleave_c) == 0),
+                  "gemv_cuda: interleaved ", dtype_name(w.dtype), " weights of ", w.cols, " columns");
     if (kind == WKind::I8) {
         a.group_size = w.group_size;
         a.groups = w.cols / w.group_size;
@@ -351,11 +400,13 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
     if (!vec) {
         const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
         SHARDLM_CHECK(blocks <= INT_MAX, "gemv_cuda: ", w.rows, " rows is too many");
-        gemv_scalar_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a, kind);
-        cuda_after_launch(stream, "gemv_scalar_kernel");
+        launch_kernel("gemv_scalar_kernel", gemv_scalar_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
+                      a, kind);
         return;
     }
     a.chunks = int(a.cols / chunk_c);
+    a.lane_stride = w.interleaved ? 4 : int(chunk_c);
+    a.quad_stride = w.interleaved ? 32 : 4;
     if (kind == WKind::I8) {
         a.group_chunks = int(w.group_size / 16);
         a.group_shift = -1;
@@ -372,6 +423,24 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
         case WKind::BF16: return launch_vec_tokens<WKind::BF16>(a, stream);
         case WKind::I8: return launch_vec_tokens<WKind::I8>(a, stream);
     }
+}
+
+bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {
+    if (w.interleaved) return true;
+    const int C = interleave_chunk_cols(w.dtype);
+    const int64_t row_bytes = w.cols * int64_t(dtype_size(w.dtype));
+    if (C == 0 || w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !aligned16(w.data) ||
+        row_bytes > 48 * 1024)
+        return false;
+    if (w.dtype == DType::I8 && (w.group_size <= 0 || w.group_size % (8 * C) != 0)) return false;
+    char* data = static_cast<char*>(const_cast<void*>(w.data));
+    if (w.dtype == DType::I8)
+        interleave_kernel<uint32_t><<<unsigned(w.rows), kThreads, size_t(row_bytes), stream>>>(data, row_bytes, C);
+    else
+        interleave_kernel<uint2><<<unsigned(w.rows), kThreads, size_t(row_bytes), stream>>>(data, row_bytes, C);
+    cuda_after_launch(stream, "interleave_kernel");
+    w.interleaved = true;
+    return true;
 }
 
 }  // namespace shardlm

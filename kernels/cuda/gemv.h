@@ -16,4 +16,10 @@ constexpr int64_t kGemvMaxTokens = 8;
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream);
 
+// Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
+// sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8
+// groups) a multiple of 8 chunks, rows of at most 48 KB. Returns whether it did; a matrix it
+// leaves alone keeps working in the natural order.
+bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream);
+
 }  // namespace shardlm

@@ -15,6 +15,9 @@ struct DeviceMatrix {
     const float* scales = nullptr;  // I8 only
     int64_t rows = 0, cols = 0;
     int64_t group_size = 0;  // I8 only; divides cols
+    // Columns stored in the decode GEMV's interleaved order (kernels/cuda/interleave.h); every
+    // kernel that reads weights honours it.
+    bool interleaved = false;
 };
 
 }  // namespace shardlm

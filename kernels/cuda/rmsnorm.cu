@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/rmsnorm.h"
 
 namespace shardlm {
@@ -31,6 +32,8 @@ __device__ float block_inv_rms(float ss, int64_t dim, float eps) {
 // passes, so in-place use (y == x, as rmsnorm_ref allows) and aliasing of y with delta are safe:
 // no element is read by one thread after another wrote it. Hence no __restrict__ on x/y/delta.
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* y, int64_t dim, float eps) {
+    pdl_wait();
+    pdl_launch_dependents();
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     float ss = 0.0f;
@@ -43,6 +46,8 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, floa
 // same thread just wrote.
 __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* __restrict__ w, float* y,
                                    int64_t dim, float eps) {
+    pdl_wait();
+    pdl_launch_dependents();
     float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     float ss = 0.0f;
@@ -65,6 +70,8 @@ __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* __
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ x, const float* __restrict__ delta,
                                     const int32_t* __restrict__ rows, const float* __restrict__ w,
                                     float* __restrict__ y, int64_t dim, float eps) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int64_t r = rows[blockIdx.x];
     const float* xr = x + r * dim;
     const float* dr = delta ? delta + r * dim : nullptr;
@@ -91,24 +98,23 @@ void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_
                   cudaStream_t stream) {
     if (rows == 0) return;
     check_rows(rows, "rmsnorm_cuda");
-    rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, y, dim, eps);
-    cuda_after_launch(stream, "rmsnorm_kernel");
+    launch_kernel("rmsnorm_kernel", rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, w, y, dim, eps);
 }
 
 void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
                       float eps, cudaStream_t stream) {
     if (rows == 0) return;
     check_rows(rows, "add_rmsnorm_cuda");
-    add_rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, delta, w, y, dim, eps);
-    cuda_after_launch(stream, "add_rmsnorm_kernel");
+    launch_kernel("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
+                  x, delta, w, y, dim, eps);
 }
 
 void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, int64_t n, const float* w,
                        float* y, int64_t dim, float eps, cudaStream_t stream) {
     if (n == 0) return;
     check_rows(n, "rmsnorm_rows_cuda");
-    rmsnorm_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, delta, rows, w, y, dim, eps);
-    cuda_after_launch(stream, "rmsnorm_rows_kernel");
+    launch_kernel("rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(unsigned(n)), dim3(kThreads), 0, stream,
+                  x, delta, rows, w, y, dim, eps);
 }
 
 }  // namespace shardlm

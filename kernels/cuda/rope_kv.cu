@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/rope_kv.h"
 
 namespace shardlm {
@@ -163,6 +164,8 @@ __device__ __forceinline__ void store_cache_row(const HeadRegs& r, void* cache, 
 
 template <DType D>
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKVParams p) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int64_t heads = p.n_heads + p.n_kv_heads;
     const int64_t task = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -213,13 +216,16 @@ void rope_kv_cuda(const RopeKVParams& p, cudaStream_t stream) {
     SHARDLM_CHECK(blocks > 0 && blocks <= INT_MAX, "rope_kv_cuda: ", warps, " heads do not fit one grid");
     const dim3 grid(static_cast<unsigned>(blocks));
     switch (p.kv.dtype) {
-        case DType::F32: rope_kv_kernel<DType::F32><<<grid, kThreads, 0, stream>>>(p); break;
-        case DType::F16: rope_kv_kernel<DType::F16><<<grid, kThreads, 0, stream>>>(p); break;
-        case DType::BF16: rope_kv_kernel<DType::BF16><<<grid, kThreads, 0, stream>>>(p); break;
-        case DType::I8: rope_kv_kernel<DType::I8><<<grid, kThreads, 0, stream>>>(p); break;
+        case DType::F32: launch_kernel("rope_kv_kernel", rope_kv_kernel<DType::F32>, grid, dim3(kThreads), 0, stream,
+                                       p); break;
+        case DType::F16: launch_kernel("rope_kv_kernel", rope_kv_kernel<DType::F16>, grid, dim3(kThreads), 0, stream,
+                                       p); break;
+        case DType::BF16: launch_kernel("rope_kv_kernel", rope_kv_kernel<DType::BF16>, grid, dim3(kThreads), 0, stream,
+                                        p); break;
+        case DType::I8: launch_kernel("rope_kv_kernel", rope_kv_kernel<DType::I8>, grid, dim3(kThreads), 0, stream,
+                                      p); break;
         default: fail("rope_kv_cuda: unsupported KV cache dtype ", dtype_name(p.kv.dtype));
     }
-    cuda_after_launch(stream, "rope_kv_kernel");
 }
 
 }  // namespace shardlm

@@ -54,6 +54,15 @@ double device_peak_gbps() {
 #endif
 }
 
+// Whether CUDA kernels launch with programmatic dependent launch (kernels/cuda/launch.h).
+bool device_pdl() {
+#ifdef SHARDLM_HAVE_CUDA
+    return pdl_enabled();
+#else
+    return false;
+#endif
+}
+
 size_t device_used_bytes() {
 #ifdef SHARDLM_HAVE_CUDA
     size_t free_b = 0, total_b = 0;
@@ -249,6 +258,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["device"] = e.device();
                 j["attention"] = backend.attention;
                 j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
+                j["pdl"] = cuda && device_pdl();
                 j["weights"] = wname;
                 j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;

@@ -10,13 +10,17 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/topk.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/argmax.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
+#include "kernels/cuda/topk.h"
+#include "kernels/cuda/w8a8.h"
 
 namespace shardlm {
 
@@ -100,8 +104,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
                        std::function<void()> wait, const EngineOptions& opt)
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
-    if (w.format == WeightFormat::W8A8)
-        fail("--weights w8a8: the CUDA engine has no INT8-activation path yet; use --weights int8 (W8A16) or --device cpu");
+    w8a8_ = w.format == WeightFormat::W8A8;
     SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     if (!stream) {
@@ -132,7 +135,17 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     }
     size_t free_b = 0, total_b = 0;
     device_memory_info(&free_b, &total_b);
-    const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest) * 2 + (size_t(32) << 20);
+    // W8A8 prefill keeps one dot group's INT32 products of the widest INT8 matrix (lm_head stays
+    // W8A16, as on the CPU).
+    int64_t int8_rows = 0;
+    if (w8a8_)
+        for (const LayerWeights& L : w.layers) {
+            int8_rows = std::max({int8_rows, stacked({&L.q, &L.k, &L.v}).rows, stacked({&L.gate, &L.up}).rows, L.o.w.rows,
+                                  L.down.w.rows});
+        }
+    const int64_t gemm_rows = std::max(opt.max_step_tokens, opt_.max_logit_rows);
+    const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest) * 2 + (size_t(32) << 20) +
+                              size_t(gemm_rows * int8_rows) * sizeof(int32_t);
     const size_t need = sizing.used() + gemm_guess;
     if (need > free_b)
         fail("the model does not fit on ", device_name_, " (rank ", comm.rank(), "): it needs ", gib(need),
@@ -142,11 +155,16 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     arena_ = DeviceArena(sizing.used());
     weight_bytes_ = kv_bytes_ = ws_bytes_ = 0;
     layout(arena_, w);
-    gemm_ = std::make_unique<CublasGemm>(stream_, std::max(opt.max_step_tokens, opt_.max_logit_rows), widest, largest);
+    gemm_ = std::make_unique<CublasGemm>(stream_, gemm_rows, widest, largest);
     ws_bytes_ += gemm_->scratch_bytes();
+    if (w8a8_) {
+        int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows);
+        ws_bytes_ += int8_gemm_->scratch_bytes();
+    }
     meta_host_ = PinnedBuffer(meta_bytes_);
     const int64_t L = opt_.max_logit_rows;
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
+    top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
     upload(w);
 }
 
@@ -250,11 +268,22 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     qkv_ = floats(T * size_t(q_dim + 2 * kv_dim));
     gate_up_ = floats(T * size_t(2 * plan_.n_inter));
     last_ = floats(L * size_t(c.hidden));
+    if (w8a8_) {  // W8A8: a layer input quantized per token (and group): int8 values, f32 scales
+        const size_t widest = size_t(std::max({c.hidden, q_dim, plan_.n_inter}));
+        act_q_ = static_cast<int8_t*>(a.take(T * widest));
+        act_scales_ = floats(T * widest);  // at most one scale per element
+    }
     local_ = floats(L * size_t(std::max<int64_t>(plan_.n_vocab, 1)));
     if (plan_.tp > 1) {
         padded_ = floats(L * size_t(plan_.vocab_per_rank));
         gathered_ = floats(size_t(plan_.tp) * L * size_t(plan_.vocab_per_rank));
     }
+    // Candidates of forward_top: [vals | ids] halves of [max_logit_rows, kMaxTopCandidates] each,
+    // per rank, and the selection's scratch.
+    const size_t top_bytes = 2 * L * size_t(kMaxTopCandidates) * sizeof(float);
+    top_ = a.take(top_bytes);
+    if (plan_.tp > 1) top_gathered_ = a.take(size_t(plan_.tp) * top_bytes);
+    topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
     attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, opt_.ctx));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
     meta_ = static_cast<int32_t*>(a.take(meta_bytes_));
@@ -316,6 +345,17 @@ void CudaEngine::upload(const ModelWeights& w) {
     }
     vec(inv_freq_, rope_inv_freq(rope_params(cfg_)));
     up.finish();
+    // The decode GEMV's column order (kernels/cuda/interleave.h: its x loads coalesce) wherever
+    // the shape allows; every kernel reading weights honours the flag. W8A8's INT8 GEMV reads x as
+    // int8, already contiguous per lane, so its matrices keep the natural order; lm_head (and a
+    // tied embedding) always goes through the W8A16 GEMV.
+    if (!w8a8_)
+        for (CudaLayer& d : layers_)
+            for (CudaLinear* l : {&d.qkv, &d.gate_up, &d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})
+                if (l->w.data) gemv_interleave_cuda(l->w, stream_);
+    const bool tied = lm_head_.data == embed_.data;
+    gemv_interleave_cuda(lm_head_, stream_);
+    if (tied) embed_.interleaved = lm_head_.interleaved;
     // The padding columns of the all-gather parts stay zero for the whole session.
     if (padded_)
         CUDA_CHECK(cudaMemsetAsync(padded_, 0, size_t(opt_.max_logit_rows * plan_.vocab_per_rank) * sizeof(float), stream_));
@@ -327,7 +367,17 @@ void CudaEngine::collective(std::function<void()> op) {
     else op();
 }
 
-void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y) {
+void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts) {
+    if (w8a8_ && int8_acts && l.w.dtype == DType::I8) {
+        // W8A8: the input quantized per token, or per group when the weights have finer groups
+        // (as the CPU engine's quantize_input), then INT32 dot products.
+        const int64_t cols = l.w.cols, g = l.w.group_size > 0 && l.w.group_size < cols ? l.w.group_size : cols;
+        quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
+        const DeviceActs a{act_q_, act_scales_, T, cols, g};
+        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_);
+        else int8_gemm_->run(l.w, a, l.bias, y);
+        return;
+    }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
     if (T <= kGemvMaxTokens) gemv_cuda(l.w, x, T, l.bias, y, stream_);
     else gemm_->run(l.w, x, T, l.bias, y);
@@ -412,24 +462,17 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
     rmsnorm_rows_cuda(x_, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
                       c.rms_eps, s);
-    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_);
-    if (plan_.tp > 1) {
-        // Vocab-parallel lm_head: slices padded to vocab_per_rank so the all-gather parts are equal.
-        const int64_t vpr = plan_.vocab_per_rank;
-        if (plan_.n_vocab > 0)
-            CUDA_CHECK(cudaMemcpy2DAsync(padded_, size_t(vpr) * sizeof(float), local_, size_t(plan_.n_vocab) * sizeof(float),
-                                         size_t(plan_.n_vocab) * sizeof(float), size_t(n_logits), cudaMemcpyDeviceToDevice, s));
-        const size_t bytes = size_t(n_logits * vpr) * sizeof(float);
-        collective([this, bytes] { comm_.all_gather(padded_, bytes, gathered_); });
-    }
+    // (lm_head stays W8A16 under w8a8, as on the CPU.)
+    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_, false);
+    // Under tensor parallelism each rank now holds its vocabulary slice's logits; forward() gathers
+    // them, forward_top() only each slice's candidates.
 }
 
-void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
     maybe_inject_failure(comm_, "forward");
-    const ModelConfig& c = cfg_;
-    const StepShape shape = check_step(c, opt_, chunks);
+    const StepShape shape = check_step(cfg_, opt_, chunks);
     const int64_t T = shape.tokens, n = shape.logit_rows;
-    if (T == 0) return;
+    if (T == 0) return 0;
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
                   " chunks exceeds the engine's ", opt_.max_batch, " slots");
 
@@ -487,22 +530,32 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
         CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
         run_step(T, B, max_n, n);
     }
+    return n;
+}
 
-    if (n == 0) {
-        if (wait_) wait_();
-        else CUDA_CHECK(cudaStreamSynchronize(stream_));
-        return;
-    }
+void CudaEngine::wait() {
+    if (wait_) wait_();
+    else CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    const ModelConfig& c = cfg_;
+    const int64_t n = launch(chunks);
+    if (n == 0) return wait();
     const int tp = plan_.tp;
     const int64_t vpr = plan_.vocab_per_rank;
     float* host = logits_host_.as<float>();
     if (tp == 1) {
         CUDA_CHECK(cudaMemcpyAsync(host, local_, size_t(n * c.vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     } else {
+        // Vocab-parallel lm_head: slices padded to vocab_per_rank so the all-gather parts are equal.
+        if (plan_.n_vocab > 0)
+            CUDA_CHECK(cudaMemcpy2DAsync(padded_, size_t(vpr) * sizeof(float), local_, size_t(plan_.n_vocab) * sizeof(float),
+                                         size_t(plan_.n_vocab) * sizeof(float), size_t(n), cudaMemcpyDeviceToDevice, stream_));
+        comm_.all_gather(padded_, size_t(n * vpr) * sizeof(float), gathered_);
         CUDA_CHECK(cudaMemcpyAsync(host, gathered_, size_t(tp * n * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
-    if (wait_) wait_();
-    else CUDA_CHECK(cudaStreamSynchronize(stream_));
+    wait();
     if (tp == 1) {
         std::memcpy(logits, host, size_t(n * c.vocab) * sizeof(float));
         return;
@@ -515,6 +568,57 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
             const float* src = host + (int64_t(rk) * n + i) * vpr;
             std::copy(src, src + nv, logits + i * c.vocab + v0);
         }
+}
+
+static_assert(kTopKMax == kMaxTopCandidates, "the engine hands back what the GPU selection can select");
+
+void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {
+    const ModelConfig& c = cfg_;
+    SHARDLM_CHECK(k >= 1 && k <= std::min(c.vocab, kMaxTopCandidates), "forward_top: ", k, " candidates of ", c.vocab);
+    const int64_t n = launch(chunks);
+    if (n == 0) return wait();
+    // Each rank ranks its own vocabulary slice: its first min(k, slice) candidates per row, packed
+    // [n][kr] into the vals and ids halves of top_ (ids already global). The global first k are
+    // among the union of the slices' first k, so merging those gives exactly the full ranking's.
+    const int tp = plan_.tp;
+    auto slice = [&](int rk) { return std::clamp<int64_t>(c.vocab - rk * plan_.vocab_per_rank, 0, plan_.vocab_per_rank); };
+    const int64_t kr = std::min(k, plan_.n_vocab);
+    const size_t part = size_t(opt_.max_logit_rows * kMaxTopCandidates);  // elements of one half
+    float* dv = reinterpret_cast<float*>(top_);
+    int32_t* di = reinterpret_cast<int32_t*>(top_) + part;
+    if (kr == 1)
+        argmax_rows_cuda(local_, n, plan_.n_vocab, int32_t(plan_.vocab0), dv, di, stream_);
+    else if (kr > 1)
+        topk_rows_cuda(local_, n, plan_.n_vocab, kr, int32_t(plan_.vocab0), dv, di, topk_scratch_, stream_);
+    const size_t part_bytes = 2 * part * sizeof(float);
+    char* host = top_host_.as<char>();
+    if (tp == 1) {  // just the rows asked for
+        CUDA_CHECK(cudaMemcpyAsync(host, dv, size_t(n * kr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(host + part * sizeof(float), di, size_t(n * kr) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+    } else {
+        comm_.all_gather(top_, part_bytes, top_gathered_);
+        CUDA_CHECK(cudaMemcpyAsync(host, top_gathered_, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+    wait();
+    std::vector<std::pair<float, int32_t>> cand;
+    for (int64_t i = 0; i < n; ++i) {
+        cand.clear();
+        for (int rk = 0; rk < tp; ++rk) {
+            const int64_t m = std::min(k, slice(rk));
+            const float* rv = reinterpret_cast<const float*>(host + size_t(rk) * part_bytes) + i * m;
+            const int32_t* ri = reinterpret_cast<const int32_t*>(host + size_t(rk) * part_bytes) + part + i * m;
+            for (int64_t j = 0; j < m; ++j) cand.emplace_back(rv[j], ri[j]);
+        }
+        if (tp > 1)
+            std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [](const auto& a, const auto& b) {
+                return topk_before(a.first, a.second, b.first, b.second);
+            });
+        for (int64_t j = 0; j < k; ++j) {
+            vals[i * k + j] = cand[size_t(j)].first;
+            ids[i * k + j] = cand[size_t(j)].second;
+        }
+    }
 }
 
 }  // namespace shardlm

@@ -24,6 +24,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_layout.h"
 #include "kernels/cuda/matrix.h"
+#include "kernels/cuda/w8a8.h"
 #include "runtime/cuda_graph.h"
 #include "runtime/engine.h"
 
@@ -58,6 +59,7 @@ public:
     ~CudaEngine() override;
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
+    void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return weight_bytes_; }
@@ -70,9 +72,13 @@ public:
 private:
     void layout(DeviceArena& a, const ModelWeights& w);
     void upload(const ModelWeights& w);
+    int64_t launch(const std::vector<SeqChunk>& chunks);  // queues a step; returns its logit rows
+    void wait();                                           // until the stream is done
     void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits);
     void collective(std::function<void()> op);
-    void linear(const CudaLinear& l, const float* x, int64_t T, float* y);
+    // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
+    // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU).
+    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true);
 
     const ModelConfig& cfg_;
     ShardPlan plan_;
@@ -85,6 +91,8 @@ private:
 
     DeviceArena arena_;
     std::unique_ptr<CublasGemm> gemm_;
+    std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill
+    bool w8a8_ = false;
     size_t weight_bytes_ = 0, kv_bytes_ = 0, ws_bytes_ = 0;
 
     // Weights (device pointers into arena_).
@@ -102,10 +110,16 @@ private:
     float* local_ = nullptr;     // [max_logit_rows, n_vocab]: this rank's lm_head rows
     float* padded_ = nullptr;    // [max_logit_rows, vocab_per_rank] (TP > 1: equal all-gather parts)
     float* gathered_ = nullptr;  // [tp, max_logit_rows, vocab_per_rank]
+    int8_t* act_q_ = nullptr;       // W8A8: the quantized layer input, [max_step_tokens, widest]
+    float* act_scales_ = nullptr;   // and its scales
+    void* top_ = nullptr;           // forward_top: [vals | ids], each [max_logit_rows, kMaxTopCandidates]
+    void* top_gathered_ = nullptr;  // [tp] of top_ (TP > 1)
+    void* topk_scratch_ = nullptr;
     void* attn_scratch_ = nullptr;
     int32_t* meta_ = nullptr;  // device copy of meta_host_
     PinnedBuffer meta_host_;   // ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
     PinnedBuffer logits_host_;
+    PinnedBuffer top_host_;  // [tp] of top_
     size_t meta_bytes_ = 0;
 
     std::map<int64_t, std::unique_ptr<SegmentedGraph>> graphs_;  // decode step by batch size

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -26,11 +27,17 @@ void check_rows(const std::vector<float>& logits, int64_t rows, int64_t vocab, i
     std::copy(logits.begin(), logits.end(), padded.begin() + offset);
     DeviceBuffer<float> dl(padded);
     DeviceBuffer<int32_t> dout(std::vector<int32_t>(size_t(rows), -7));
-    argmax_rows_cuda(dl.get() + offset, rows, vocab, dout.get(), nullptr);
+    DeviceBuffer<float> dval(std::vector<float>(size_t(rows), -7.0f));
+    const int32_t id_offset = offset == 0 ? 0 : 1000;
+    argmax_rows_cuda(dl.get() + offset, rows, vocab, id_offset, dval.get(), dout.get(), nullptr);
     const std::vector<int32_t> got = dout.download();
-    for (int64_t r = 0; r < rows; ++r)
-        ASSERT_EQ(got[size_t(r)], argmax(logits.data() + r * vocab, vocab))
-            << rows << "x" << vocab << " offset " << offset << " row " << r;
+    const std::vector<float> got_val = dval.download();
+    for (int64_t r = 0; r < rows; ++r) {
+        const int32_t want = argmax(logits.data() + r * vocab, vocab);
+        ASSERT_EQ(got[size_t(r)], want + id_offset) << rows << "x" << vocab << " offset " << offset << " row " << r;
+        const float want_val = logits[size_t(r * vocab + want)];
+        ASSERT_TRUE(std::memcmp(&got_val[size_t(r)], &want_val, sizeof(float)) == 0) << "value of row " << r;
+    }
 }
 
 }  // namespace
@@ -56,8 +63,8 @@ TEST(ArgmaxCuda, MatchesSamplerArgmax) {
 
 TEST(ArgmaxCuda, SpecialValues) {
     if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
-    // NaN is never greater: a NaN at index 0 is kept (the CPU scan starts there), anywhere else it
-    // is skipped; an all-NaN row gives 0; -inf ties go to the first; -0 and +0 are equal.
+    // NaN is never taken over a number, wherever it stands; an all-NaN row gives 0; -inf ties go
+    // to the first; -0 and +0 are equal.
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
     const int64_t vocab = 8;
     const std::vector<std::vector<float>> rows = {
@@ -66,7 +73,7 @@ TEST(ArgmaxCuda, SpecialValues) {
         {-inf, nan, -inf, -inf, -inf, -inf, -inf, -inf}, {-0.0f, 0.0f, -1, -1, -1, -1, -1, -1},
         {1, 2, 3, inf, 4, inf, nan, 5},       {-3, -2, -1, -1, -5, -6, -7, -2},
     };
-    const std::vector<int32_t> expected = {0, 3, 0, 0, 0, 0, 3, 2};
+    const std::vector<int32_t> expected = {7, 3, 0, 0, 0, 0, 3, 2};
     std::vector<float> logits;
     for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
     for (size_t r = 0; r < rows.size(); ++r) ASSERT_EQ(argmax(rows[r].data(), vocab), expected[r]) << "CPU row " << r;

@@ -11,6 +11,7 @@
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemv.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/int8_test_util.h"
 
@@ -53,7 +54,8 @@ HostTable make_table(DType dtype, const std::vector<float>& src, int64_t rows, i
     return t;
 }
 
-void check_embedding(DType dtype, const Case& c) {
+// interleave: the table stored in the decode GEMV's column order first (a tied lm_head's).
+void check_embedding(DType dtype, const Case& c, bool interleave = false) {
     const std::vector<float> src = test::rand_vec(size_t(c.rows * c.cols), uint32_t(c.rows + 7 * c.cols), 2.0f);
     const HostTable t = make_table(dtype, src, c.rows, c.cols, c.group);
 
@@ -88,11 +90,13 @@ void check_embedding(DType dtype, const Case& c) {
     m.rows = c.rows;
     m.cols = c.cols;
     m.group_size = t.group;
+    if (interleave) ASSERT_TRUE(gemv_interleave_cuda(m, nullptr));
     embedding_cuda(m, d_ids.get(), c.n, c.vocab0, d_out.get(), nullptr);
     const std::vector<float> got = d_out.download();
     // A gather and an exact conversion (I8: one product q * scale): bit-identical to the reference.
     for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_EQ(got[i], ref[i]) << dtype_name(dtype) << " " << c.rows << "x" << c.cols << " group " << c.group
+        ASSERT_EQ(got[i], ref[i]) << dtype_name(dtype) << (interleave ? " interleaved " : " ") << c.rows << "x" << c.cols
+                                  << " group " << c.group
                                   << " token " << int64_t(i) / c.cols << " col " << int64_t(i) % c.cols;
 }
 
@@ -123,4 +127,11 @@ TEST(EmbeddingCuda, RowsOfOtherRanksAreZero) {
     m.cols = 2;
     embedding_cuda(m, d_ids.get(), 4, 10, d_out.get(), nullptr);
     EXPECT_EQ(d_out.download(), (std::vector<float>{0, 0, 1, 2, 7, 8, 0, 0}));
+}
+
+TEST(EmbeddingCuda, InterleavedTablesReadInNaturalOrder) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    const Case cases[] = {{300, 2048, 128, 64, 0}, {50, 256, 256, 17, 100}};
+    for (const DType dtype : {DType::F16, DType::BF16, DType::I8})
+        for (const Case& c : cases) check_embedding(dtype, c, true);
 }

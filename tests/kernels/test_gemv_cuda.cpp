@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -20,6 +21,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/interleave.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/host_matrix.h"
 #include "tests/kernels/int8_test_util.h"
@@ -70,7 +72,8 @@ Reference make_reference(const HostMat& m, uint32_t seed) {
 
 // Runs gemv_cuda for n = 1..8, without and with bias, and compares with the reference. w_offset
 // (bytes) and x_offset (floats) move the device pointers off 16-byte alignment.
-void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7) {
+// interleave: rewrite the device copy into the interleaved column order first (interleave.h).
+void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7, bool interleave = false) {
     const Reference ref = make_reference(m, seed);
     const int64_t R = m.rows, K = m.cols;
     DeviceBuffer<uint8_t> dw(m.bytes.size() + 64);
@@ -88,9 +91,10 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
         dm.scales = ds.get();
         dm.group_size = m.group;
     }
+    if (interleave) ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
-            SCOPED_TRACE(describe(m) + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
+            SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
                          " w_offset=" + std::to_string(w_offset) + " x_offset=" + std::to_string(x_offset));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
             gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr);
@@ -169,6 +173,61 @@ TEST(GemvCuda, MisalignedPointersTakeTheScalarPath) {
             check_gemv(m, 0, 1);  // x one float off
             if (HasFatalFailure()) return;
         }
+}
+
+TEST(GemvCuda, InterleavedColumnOrderIsAPermutationOfEachBlock) {
+    // Host side of interleave.h, no GPU needed: each 8C-column block maps onto itself one to one.
+    for (DType dt : {DType::I8, DType::F16, DType::BF16}) {
+        const int C = interleave_chunk_cols(dt);
+        std::vector<int> hits(size_t(3 * 8 * C), 0);
+        for (int64_t c = 0; c < 3 * 8 * C; ++c) {
+            const int64_t s = interleaved_col(c, C);
+            ASSERT_EQ(s / (8 * C), c / (8 * C)) << dtype_name(dt) << " column " << c;
+            hits[size_t(s)]++;
+        }
+        for (int h : hits) ASSERT_EQ(h, 1) << dtype_name(dt);
+        // Lane j's quad q holds columns 32q + 4j ..: the 8 lanes' q-th float4s of x are contiguous.
+        for (int j = 0; j < 8; ++j)
+            for (int q = 0; q < C / 4; ++q) ASSERT_EQ(interleaved_col(32 * q + 4 * j, C), j * C + 4 * q);
+    }
+    EXPECT_EQ(interleave_chunk_cols(DType::F32), 0);
+}
+
+TEST(GemvCuda, InterleavedWeightsMatchReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 400;
+    for (DType dt : {DType::F16, DType::BF16, DType::I8})
+        for (const auto& s : {std::pair<int64_t, int64_t>{1, 128}, {7, 256}, {33, 1024}, {100, 2048}, {255, 384}}) {
+            for (int64_t group : {int64_t(0), int64_t(128), int64_t(256)}) {
+                if (dt != DType::I8 && group != 0) continue;
+                if (group > s.second || (group && s.second % group)) continue;
+                const HostMat m = make_mat(dt, s.first, s.second, dt == DType::I8 ? (group ? group : s.second) : 0, seed++);
+                check_gemv(m, 0, 0, seed, true);
+                if (HasFatalFailure()) return;
+                check_gemv(m, 0, 1, seed, true);  // x one float off: the scalar path reads the same order
+                if (HasFatalFailure()) return;
+            }
+        }
+    check_gemv(make_mat(DType::I8, 2048, 6144, 128, 430), 0, 0, 431, true);
+}
+
+TEST(GemvCuda, InterleaveLeavesShapesItCannotTake) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    DeviceBuffer<uint8_t> buf(size_t(64) << 10);
+    DeviceBuffer<float> scales(size_t(1024));
+    DeviceMatrix m;
+    m.data = buf.get();
+    m.rows = 4;
+    for (const auto& c : {std::tuple<DType, int64_t, int64_t>{DType::F32, 256, 0}, {DType::F16, 100, 0},
+                          {DType::I8, 192, 192}, {DType::I8, 256, 64}, {DType::F16, 32768, 0}}) {
+        m.dtype = std::get<0>(c);
+        m.cols = std::get<1>(c);
+        m.group_size = std::get<2>(c);
+        m.scales = m.dtype == DType::I8 ? scales.get() : nullptr;
+        m.interleaved = false;
+        EXPECT_FALSE(gemv_interleave_cuda(m, nullptr)) << dtype_name(m.dtype) << " " << m.cols;
+        EXPECT_FALSE(m.interleaved);
+    }
 }
 
 TEST(GemvCuda, CapturedInAGraph) {

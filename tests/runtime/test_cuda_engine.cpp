@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
 #include "runtime/cuda_engine.h"
 
@@ -177,6 +178,21 @@ TEST_P(CudaVsCpu, Int8WeightsAndCacheMatchTheCpuInt8) {
     }
 }
 
+TEST_P(CudaVsCpu, W8A8MatchesTheCpuW8A8) {
+    SKIP_WITHOUT_GPU();
+    RunOptions cpu, gpu, chunked;
+    cpu.weights = gpu.weights = chunked.weights = WeightFormat::W8A8;
+    gpu.device = chunked.device = Device::Cuda;
+    chunked.prefill_chunk = 4;  // prefill chunks through the W8A8 GEMV as well as the INT8 GEMM
+    const Trace a = trace(dir_.path(), prompts_, cpu), b = trace(dir_.path(), prompts_, gpu),
+                c = trace(dir_.path(), prompts_, chunked);
+    // The same quantized activations and INT32 dot products on both sides; only the f32 scaling
+    // and summation order differ, but a quantization step of a later layer's input may round the
+    // other way, hence the INT8 bound.
+    EXPECT_LT(max_diff(a, b), 2e-2f * std::max(1.0f, max_abs(a)));
+    EXPECT_LT(max_diff(a, c), 2e-2f * std::max(1.0f, max_abs(a)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -206,8 +222,6 @@ TEST(CudaEngine, RefusesWhatItCannotRun) {
     EXPECT_THROW(s->engine->forward({{0, t, 1, 0, true}, {1, t + 1, 1, 0, true}, {1, t + 2, 1, 1, true}}, lg.data()),
                  Error);
     EXPECT_THROW(s->engine->forward({{0, t, 3, 15, true}}, lg.data()), Error);
-    so.load.format = WeightFormat::W8A8;
-    EXPECT_THROW(open_session(so, comm), Error);
 }
 
 TEST(CudaEngine, TooLargeForTheDeviceSaysHowMuch) {
@@ -239,4 +253,48 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
     const Trace a = trace(dir.path(), prompts, cpu), b = trace(dir.path(), prompts, gpu);
     EXPECT_LT(max_diff(a, b), 2e-3f * std::max(1.0f, max_abs(a)));
     EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    so.ctx = 32;
+    so.max_batch = 3;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    Engine& e = *s->engine;
+    const int64_t V = cfg.vocab, B = 3;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < B; ++b) prompts.push_back(make_prompt(5 + 3 * b, V, 70 + uint64_t(b)));
+    std::vector<float> logits(size_t(B * V)), vals(size_t(B * V));
+    std::vector<int32_t> ids(size_t(B * V));
+    // Each step runs twice on the same positions (the cache rows are rewritten with the same
+    // values): once for the full logits, once for the candidates, prefill and decode (eager,
+    // captured and replayed graphs), k from greedy to the whole vocabulary.
+    const int64_t ks[] = {1, 2, 40, std::min<int64_t>(V, kMaxTopCandidates)};
+    for (int64_t t = 0; t < 5; ++t) {
+        std::vector<SeqChunk> ch;
+        std::vector<int32_t> tok(static_cast<size_t>(B));
+        for (int64_t b = 0; b < B; ++b) {
+            const auto& p = prompts[size_t(b)];
+            tok[size_t(b)] = int32_t((t * 13 + b) % V);
+            if (t == 0) ch.push_back({b, p.data(), int64_t(p.size()), 0, true});
+            else ch.push_back({b, &tok[size_t(b)], 1, int64_t(p.size()) + t - 1, true});
+        }
+        const int64_t k = ks[size_t(t) % 4];
+        e.forward(ch, logits.data());
+        e.forward_top(ch, k, vals.data(), ids.data());
+        for (int64_t b = 0; b < B; ++b) {
+            std::vector<float> want_v(static_cast<size_t>(k));
+            std::vector<int32_t> want_i(static_cast<size_t>(k));
+            topk_ref(logits.data() + b * V, V, k, want_v.data(), want_i.data());
+            for (int64_t j = 0; j < k; ++j) {
+                ASSERT_EQ(ids[size_t(b * k + j)], want_i[size_t(j)]) << "step " << t << " row " << b << " k " << k << " #" << j;
+                ASSERT_EQ(vals[size_t(b * k + j)], want_v[size_t(j)]) << "step " << t << " row " << b << " #" << j;
+            }
+        }
+    }
+    EXPECT_THROW(e.forward_top({{0, prompts[0].data(), 1, 0, true}}, 0, vals.data(), ids.data()), Error);
 }

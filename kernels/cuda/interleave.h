@@ -1,0 +1,40 @@
+// The interleaved column order of decode weights (DeviceMatrix::interleaved).
+//
+// The decode GEMV (gemv.cu) has groups of 8 lanes each read one 128-byte segment of a row: lane j
+// takes the 16-byte chunk j, C columns (C = 16 for I8, 8 for F16/BF16). In the natural order those
+// C columns are consecutive, so lane j needs x[C*j .. C*j + C): as float4 loads, the 8 lanes of a
+// load sit 4*C bytes apart and touch 4 (I8) or 2 (F16) 128-byte lines of x where one would do,
+// and L1 spends most of its time on x, not on the weights (4 wavefronts of x per weight wavefront
+// for I8). Interleaved, quad q (4 columns) of lane j's chunk holds natural columns
+// 32q + 4j .. 32q + 4j + 3 of the 8C-column block, so the 8 lanes' q-th float4 loads of x are one
+// contiguous 128-byte line. Within each 8C-column block:
+//
+//   stored column j*C + 4q + i  holds  natural column 32q + 4j + i     (j < 8, q < C/4, i < 4)
+//
+// Columns never leave their 8C-column block, so an INT8 group of a multiple of 8C columns keeps its
+// columns (and its scale). The engine interleaves F16/BF16/I8 matrices after upload when the shape
+// allows (gemv_interleave_cuda in gemv.h); the GEMV, the prefill GEMM's conversions and the
+// embedding lookup read either order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace shardlm {
+
+// Columns of one lane's 16-byte chunk: the C above (0 for types that are never interleaved).
+__host__ __device__ constexpr int interleave_chunk_cols(DType t) {
+    return t == DType::I8 ? 16 : (t == DType::F16 || t == DType::BF16) ? 8 : 0;
+}
+
+// Where natural column c is stored (C = interleave_chunk_cols of the matrix).
+__host__ __device__ inline int64_t interleaved_col(int64_t c, int C) {
+    const int64_t block = c / (8 * C), within = c % (8 * C);
+    const int64_t q = within / 32, j = (within % 32) / 4, i = within % 4;
+    return block * (8 * C) + j * C + 4 * q + i;
+}
+
+}  // namespace shardlm

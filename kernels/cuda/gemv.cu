@@ -39,18 +39,14 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/gemv_tile.h"
 #include "kernels/cuda/interleave.h"
 #include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kLanesPerRow = 8;                        // one 128-byte segment per group and load
-constexpr int kGroups = 32 / kLanesPerRow;             // row groups per warp
-constexpr int kChunksPerStep = kWarps * kLanesPerRow;  // 16-byte chunks of a row per block step
-constexpr int kMaxTokens = int(kGemvMaxTokens);
+using namespace gemv_tile;
 
 enum class WKind { F32, F16, BF16, I8 };
 
@@ -79,19 +75,6 @@ struct GemvArgs {
     int lane_stride, quad_stride;
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
 };
-
-// 16 bytes of weights when `pred`, else zeros. Streamed (read once, so they should not evict x
-// from L1) and predicated inside one asm statement: straight-line code lets all U * R loads of a
-// step issue before the first use instead of each waiting in a branch of its own. Volatile so the
-// first step's loads stay ahead of pdl_wait() (also volatile asm).
-__device__ __forceinline__ uint4 load_weights_if(const char* p, bool pred) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
-        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "l"(p), "r"(int(pred)));
-    return v;
-}
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
     __half2 h;
@@ -230,28 +213,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
         if (k0 < a.chunks) load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
     }
 
-    // Sum over the 8 lanes of a group (xor 4, 2, 1 stays inside the group), then over the warps.
-    __shared__ float partial[kWarps][kGroups * R][N];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < N; ++t) {
-            float v = acc[r][t];
-#pragma unroll
-            for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lig == 0) partial[warp][g * R + r][t] = v;
-        }
-    __syncthreads();
-    for (int i = int(threadIdx.x); i < kGroups * R * N; i += kThreads) {
-        const int slot = i / N, t = i % N;
-        const int64_t row = tile_row0 + slot;
-        if (row >= a.rows || t >= a.n) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
-        if (a.bias) s += a.bias[row];
-        a.y[int64_t(t) * a.rows + row] = s;
-    }
+    reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y);
 }
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {

@@ -42,17 +42,13 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/gemv_tile.h"
 #include "kernels/cuda/w8a8.h"
 
 namespace shardlm {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kLanesPerRow = 8;
-constexpr int kGroups = 32 / kLanesPerRow;
-constexpr int kChunksPerStep = kWarps * kLanesPerRow;
-constexpr int kMaxTokens = int(kGemvMaxTokens);
+using namespace gemv_tile;
 constexpr int64_t kMaxBlocks = 4096;
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // as gemm.cu
 constexpr int64_t kMaxExactGroup = INT32_MAX / (127 * 127);
@@ -151,16 +147,6 @@ __device__ __forceinline__ int group_of(int k, int shift, int group_chunks) {
     return shift >= 0 ? (k >> shift) : k / group_chunks;
 }
 
-// 16 bytes of weights when `pred`, else zeros; streamed past L1 (see gemv.cu).
-__device__ __forceinline__ uint4 load_weights_if(const int8_t* p, bool pred) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
-        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "l"(p), "r"(int(pred)));
-    return v;
-}
-
 // Signed INT8 dot of two 16-byte chunks, added to c.
 __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
     c = __dp4a(int(w.x), int(x.x), c);
@@ -252,28 +238,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
         }
     }
 
-    // Sum over the 8 lanes of a group, then over the warps, in a fixed order.
-    __shared__ float partial[kWarps][kGroups * R][N];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < N; ++t) {
-            float v = acc[r][t];
-#pragma unroll
-            for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lig == 0) partial[warp][g * R + r][t] = v;
-        }
-    __syncthreads();
-    for (int i = int(threadIdx.x); i < kGroups * R * N; i += kThreads) {
-        const int slot = i / N, t = i % N;
-        const int64_t row = tile_row0 + slot;
-        if (row >= a.rows || t >= a.n) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
-        if (a.bias) s += a.bias[row];
-        a.y[int64_t(t) * a.rows + row] = s;
-    }
+    reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y);
 }
 
 // Any shape and alignment: a warp per row; each lane's INT32 dot over its columns of a dot group

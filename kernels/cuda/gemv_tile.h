@@ -1,0 +1,69 @@
+// The tile both decode GEMVs share (gemv.cu: f32 activations; w8a8.cu: int8 activations), device
+// code for .cu files only. A block of 8 warps owns kGroups * R rows: each warp is kGroups groups of
+// kLanesPerRow lanes, group g owns R rows, and the block's 64 lanes of a row walk it in 16-byte
+// chunks (chunk k -> warp (k / 8) % 8, lane k % 8 of each group), so one warp load fetches four
+// whole 128-byte segments, one per group. gemv.cu's header says why this streams weights well.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/gemv.h"
+
+namespace shardlm::gemv_tile {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLanesPerRow = 8;                        // one 128-byte segment per group and load
+constexpr int kGroups = 32 / kLanesPerRow;             // row groups per warp
+constexpr int kChunksPerStep = kWarps * kLanesPerRow;  // 16-byte chunks of a row per block step
+constexpr int kMaxTokens = int(kGemvMaxTokens);
+
+// 16 bytes of weights when `pred`, else zeros. Streamed (read once, so they should not evict the
+// activations from L1) and predicated inside one asm statement: straight-line code lets all loads
+// of a step issue before the first use instead of each waiting in a branch of its own. Volatile so
+// loads placed ahead of pdl_wait() (launch.h, also volatile asm) stay there.
+__device__ __forceinline__ uint4 load_weights_if(const void* p, bool pred) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
+        "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "l"(p), "r"(int(pred)));
+    return v;
+}
+
+// The block's outputs: acc[r][t] of each lane summed over the 8 lanes of its group (xor 4, 2, 1
+// stays inside the group), then over the warps through shared memory in a fixed order (results
+// repeat run to run); y[t, row] = sum (+ bias[row]) for the tile's rows below `rows` and t < n.
+// Every thread of the block must call it.
+template <int R, int N>
+__device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t tile_row0, int64_t rows, int n,
+                                             const float* bias, float* y) {
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
+    __shared__ float partial[kWarps][kGroups * R][N];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lig == 0) partial[warp][g * R + r][t] = v;
+        }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < kGroups * R * N; i += kThreads) {
+        const int slot = i / N, t = i % N;
+        const int64_t row = tile_row0 + slot;
+        if (row >= rows || t >= n) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
+        if (bias) s += bias[row];
+        y[int64_t(t) * rows + row] = s;
+    }
+}
+
+}  // namespace shardlm::gemv_tile

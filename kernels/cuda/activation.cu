@@ -11,10 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;  // enough to fill any GPU; the loops are grid-strided
 
-// silu_mul_ref's float operations: g / (1 + exp(-g)) * up, with the precise expf (not __expf) so
-// the result tracks the CPU's std::exp to a few ulp. Large negative g gives exp = inf and -0.
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 // Element i is read and written by the same thread, so out may alias gate (no __restrict__ there).
 __global__ void silu_mul_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
     pdl_wait();

@@ -8,6 +8,13 @@
 
 namespace shardlm {
 
+#ifdef __CUDACC__
+// silu_mul_ref's float operations: g / (1 + exp(-g)) * up, with the precise expf (not __expf) so
+// the result tracks the CPU's std::exp to a few ulp. Large negative g gives exp = inf and -0.
+// Shared by the SwiGLU kernels and the decode GEMV's fused SwiGLU epilogue (gemv.h).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+#endif
+
 void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
 // The same after a fused gate/up projection: gate_up is [T, 2 * inter] with each token's gate

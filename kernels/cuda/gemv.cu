@@ -74,6 +74,7 @@ struct GemvArgs {
     // order: (C, 4); interleaved (interleave.h): (4, 32).
     int lane_stride, quad_stride;
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
+    int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
 };
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
@@ -144,14 +145,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     constexpr int C = chunk_cols<K>();
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
-    const int64_t tile_row0 = int64_t(blockIdx.x) * (kGroups * R);
-
     const char* wrow[R];
     const float* srow[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        int64_t row = tile_row0 + g * R + r;
-        if (row >= a.rows) row = a.rows - 1;  // tail tile: read a valid row, store nothing
+        const int64_t row = tile_row<R>(blockIdx.x, g, r, a.rows, a.swiglu_half);
         wrow[r] = a.w + row * a.row_bytes;
         srow[r] = K == WKind::I8 ? a.scales + row * a.groups : nullptr;
     }
@@ -213,7 +211,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
         if (k0 < a.chunks) load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
     }
 
-    reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y);
+    const int64_t tile_row0 = int64_t(blockIdx.x) * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
+    reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
 }
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
@@ -306,7 +305,9 @@ template <WKind K, int N>
 void launch_vec(const GemvArgs& a, cudaStream_t stream) {
     using Cfg = VecConfig<K, N>;
     constexpr int R = Cfg::R;
-    const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
+    const int64_t per_tile = a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R;  // outputs per block
+    const int64_t out_rows = a.swiglu_half > 0 ? a.swiglu_half : a.rows;
+    const int64_t tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
     launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks>,
                   dim3(unsigned(tiles)), dim3(kThreads),
@@ -327,7 +328,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream) {
+namespace {
+
+// gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
+// would need the scalar path.
+bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
+              cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -335,7 +341,7 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
         SHARDLM_CHECK(w.scales && w.group_size > 0 && w.cols % w.group_size == 0,
                       "gemv_cuda: I8 weights need scales and a group size dividing cols (", w.group_size, ", ",
                       w.cols, ")");
-    if (n == 0 || w.rows == 0) return;
+    if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
 
     GemvArgs a{};
@@ -347,6 +353,7 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
     a.rows = w.rows;
     a.cols = w.cols;
     a.n = int(n);
+    a.swiglu_half = swiglu_half;
     a.row_bytes = w.cols * int64_t(dtype_size(w.dtype));
     a.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
     SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % (8 * a.interleave_c) == 0),
@@ -360,11 +367,12 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
     const bool vec = aligned16(w.data) && aligned16(x) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
                      (kind != WKind::I8 || w.group_size % 16 == 0);
     if (!vec) {
+        if (swiglu_half > 0) return false;
         const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
         SHARDLM_CHECK(blocks <= INT_MAX, "gemv_cuda: ", w.rows, " rows is too many");
         launch_kernel("gemv_scalar_kernel", gemv_scalar_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
                       a, kind);
-        return;
+        return true;
     }
     a.chunks = int(a.cols / chunk_c);
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
@@ -380,11 +388,25 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
         }
     }
     switch (kind) {
-        case WKind::F32: return launch_vec_tokens<WKind::F32>(a, stream);
-        case WKind::F16: return launch_vec_tokens<WKind::F16>(a, stream);
-        case WKind::BF16: return launch_vec_tokens<WKind::BF16>(a, stream);
-        case WKind::I8: return launch_vec_tokens<WKind::I8>(a, stream);
+        case WKind::F32: launch_vec_tokens<WKind::F32>(a, stream); break;
+        case WKind::F16: launch_vec_tokens<WKind::F16>(a, stream); break;
+        case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, stream); break;
+        case WKind::I8: launch_vec_tokens<WKind::I8>(a, stream); break;
     }
+    return true;
+}
+
+}  // namespace
+
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream) {
+    run_gemv(w, x, n, bias, y, 0, stream);
+}
+
+bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
+                      cudaStream_t stream) {
+    SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
+    if (w.rows == 0) return true;
+    return run_gemv(w, x, n, bias, y, w.rows / 2, stream);
 }
 
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {

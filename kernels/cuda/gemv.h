@@ -16,6 +16,14 @@ constexpr int64_t kGemvMaxTokens = 8;
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream);
 
+// The MLP's first half in one pass: w is gate_proj's rows stacked on up_proj's ([2 * inter, cols],
+// bias likewise), y[n, inter] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), the SwiGLU applied
+// in the GEMV's epilogue instead of a second kernel over [n, 2 * inter]. Returns false, having done
+// nothing, for shapes or pointers the vector path does not take (the caller then runs gemv_cuda
+// and silu_mul_rows_cuda).
+bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
+                      cudaStream_t stream);
+
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8
 // groups) a multiple of 8 chunks, rows of at most 48 KB. Returns whether it did; a matrix it

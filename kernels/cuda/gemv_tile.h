@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/gemv.h"
 
 namespace shardlm::gemv_tile {
@@ -37,10 +38,12 @@ __device__ __forceinline__ uint4 load_weights_if(const void* p, bool pred) {
 // The block's outputs: acc[r][t] of each lane summed over the 8 lanes of its group (xor 4, 2, 1
 // stays inside the group), then over the warps through shared memory in a fixed order (results
 // repeat run to run); y[t, row] = sum (+ bias[row]) for the tile's rows below `rows` and t < n.
+// With swiglu_half > 0 the tile is SwiGLU's (tile_swiglu_row): groups 0-1 hold gate rows j0 + s,
+// groups 2-3 the up rows half + j0 + s, and y[t, j0 + s] = silu(gate) * up, y [n, half].
 // Every thread of the block must call it.
 template <int R, int N>
 __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t tile_row0, int64_t rows, int n,
-                                             const float* bias, float* y) {
+                                             const float* bias, float* y, int64_t swiglu_half = 0) {
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     __shared__ float partial[kWarps][kGroups * R][N];
@@ -54,6 +57,26 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
             if (lig == 0) partial[warp][g * R + r][t] = v;
         }
     __syncthreads();
+    if (swiglu_half > 0) {
+        constexpr int S = kGroups / 2 * R;  // gate slots; the up slots follow
+        for (int i = int(threadIdx.x); i < S * N; i += kThreads) {
+            const int slot = i / N, t = i % N;
+            const int64_t j = tile_row0 + slot;
+            if (j >= swiglu_half || t >= n) continue;
+            float gate = 0.0f, up = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) {
+                gate += partial[w][slot][t];
+                up += partial[w][S + slot][t];
+            }
+            if (bias) {
+                gate += bias[j];
+                up += bias[swiglu_half + j];
+            }
+            y[int64_t(t) * swiglu_half + j] = silu_mul(gate, up);
+        }
+        return;
+    }
     for (int i = int(threadIdx.x); i < kGroups * R * N; i += kThreads) {
         const int slot = i / N, t = i % N;
         const int64_t row = tile_row0 + slot;
@@ -64,6 +87,18 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
         if (bias) s += bias[row];
         y[int64_t(t) * rows + row] = s;
     }
+}
+
+// The matrix row group g's r-th row stands for in tile `tile`: kGroups * R consecutive rows, or
+// for SwiGLU (half > 0: gate rows then up rows, `half` each) gate rows j0.. for groups 0-1 and
+// the same up rows for groups 2-3, j0 = tile * kGroups / 2 * R. Rows past the end read the last
+// valid one (their results are never stored).
+template <int R>
+__device__ __forceinline__ int64_t tile_row(int64_t tile, int g, int r, int64_t rows, int64_t half) {
+    if (half <= 0) return min(tile * (kGroups * R) + g * R + r, rows - 1);
+    const int h = g / (kGroups / 2);  // 0: gate, 1: up
+    const int64_t j = min(tile * (kGroups / 2 * R) + (g % (kGroups / 2)) * R + r, half - 1);
+    return h * half + j;
 }
 
 }  // namespace shardlm::gemv_tile

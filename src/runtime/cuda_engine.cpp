@@ -449,8 +449,13 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
         add_rmsnorm_cuda(x_, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
         if (L.gate_up.w.data) {
-            linear(L.gate_up, h_, T, gate_up_);
-            silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+            // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
+            const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
+                               gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s);
+            if (!fused) {
+                linear(L.gate_up, h_, T, gate_up_);
+                silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+            }
         } else {
             linear(L.gate, h_, T, gate_);
             linear(L.up, h_, T, up_);

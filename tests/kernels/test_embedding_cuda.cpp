@@ -90,7 +90,9 @@ void check_embedding(DType dtype, const Case& c, bool interleave = false) {
     m.rows = c.rows;
     m.cols = c.cols;
     m.group_size = t.group;
-    if (interleave) ASSERT_TRUE(gemv_interleave_cuda(m, nullptr));
+    if (interleave) {
+        ASSERT_TRUE(gemv_interleave_cuda(m, nullptr));
+    }
     embedding_cuda(m, d_ids.get(), c.n, c.vocab0, d_out.get(), nullptr);
     const std::vector<float> got = d_out.download();
     // A gather and an exact conversion (I8: one product q * scale): bit-identical to the reference.

@@ -119,7 +119,9 @@ void expect_close(const Case& c, int64_t T, bool with_bias, const std::vector<fl
 
 void check_gemm(CublasGemm& gemm, const Case& c, bool interleave = false) {
     DeviceCase d(c);
-    if (interleave) ASSERT_TRUE(gemv_interleave_cuda(d.dm, nullptr)) << describe(c.m);
+    if (interleave) {
+        ASSERT_TRUE(gemv_interleave_cuda(d.dm, nullptr)) << describe(c.m);
+    }
     for (int64_t T : {int64_t(1), int64_t(5), int64_t(64), c.T}) {
         if (T > c.T) continue;
         for (int with_bias = 0; with_bias < 2; ++with_bias) {

@@ -91,7 +91,9 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
         dm.scales = ds.get();
         dm.group_size = m.group;
     }
-    if (interleave) ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
+    if (interleave) {
+        ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
+    }
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
@@ -228,6 +230,90 @@ TEST(GemvCuda, InterleaveLeavesShapesItCannotTake) {
         EXPECT_FALSE(gemv_interleave_cuda(m, nullptr)) << dtype_name(m.dtype) << " " << m.cols;
         EXPECT_FALSE(m.interleaved);
     }
+}
+
+namespace {
+
+// gemv_swiglu_cuda on the stacked [gate; up] matrix m (2 * inter rows) against matmul_ref of the
+// whole matrix and SwiGLU in double. Bound: the GEMV's bound on gate (bg) and up (bu) carried
+// through silu(g) * u (|silu'| < 1.1), plus a few f32 roundings of the epilogue itself.
+void check_swiglu(const HostMat& m, bool interleave, uint32_t seed) {
+    const int64_t R = m.rows, K = m.cols, H = R / 2;
+    const Reference ref = make_reference(m, seed);
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> ds(m.scales), dx(ref.x), db(ref.bias), dy(size_t(kN * H));
+    DeviceMatrix dm;
+    dm.dtype = m.dtype;
+    dm.data = dw.get();
+    dm.rows = R;
+    dm.cols = K;
+    if (m.dtype == DType::I8) {
+        dm.scales = ds.get();
+        dm.group_size = m.group;
+    }
+    if (interleave) {
+        ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
+    }
+    for (int64_t n = 1; n <= kN; ++n)
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
+                         (with_bias ? " bias" : ""));
+            CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
+            ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr));
+            const std::vector<float> got = dy.download();
+            const std::vector<float>& y = with_bias ? ref.y_bias : ref.y;
+            for (int64_t t = 0; t < kN; ++t)
+                for (int64_t j = 0; j < H; ++j) {
+                    const size_t i = size_t(t * H + j);
+                    if (t >= n) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &got[i], 4);
+                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << j;
+                        continue;
+                    }
+                    const size_t gi = size_t(t * R + j), ui = size_t(t * R + H + j);
+                    const double g = y[gi], u = y[ui];
+                    const double bias_b = with_bias ? (K + 8) * kU : 0.0;
+                    const double bg = ref.bound[gi] + bias_b * std::fabs(ref.bias[size_t(j)]) + 1e-6;
+                    const double bu = ref.bound[ui] + bias_b * std::fabs(ref.bias[size_t(H + j)]) + 1e-6;
+                    const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+                    const double bound =
+                        1.1 * bg * (std::fabs(u) + bu) + std::fabs(silu) * bu + 8 * kU * std::fabs(want) + 1e-6;
+                    ASSERT_NEAR(got[i], want, bound) << "token " << t << " output " << j;
+                }
+        }
+}
+
+}  // namespace
+
+TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 600;
+    for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8})
+        for (const auto& s : {std::pair<int64_t, int64_t>{1, 16}, {7, 256}, {33, 1024}, {100, 128}, {1000, 2048}}) {
+            const int64_t group = dt == DType::I8 ? (s.second >= 128 ? 128 : s.second) : 0;
+            const HostMat m = make_mat(dt, 2 * s.first, s.second, group, seed++);
+            check_swiglu(m, false, seed);
+            if (HasFatalFailure()) return;
+            if (dt != DType::F32 && s.second % 128 == 0) check_swiglu(m, true, seed);
+            if (HasFatalFailure()) return;
+        }
+}
+
+TEST(GemvCuda, SwiGLUDeclinesWhatTheVectorPathCannotTake) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const HostMat m = make_mat(DType::F16, 64, 100, 0, 700);  // 100 f16 columns: 200-byte rows
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> dx(size_t(100 * kN)), dy(std::vector<float>(size_t(32 * kN), 7.0f));
+    DeviceMatrix dm;
+    dm.dtype = DType::F16;
+    dm.data = dw.get();
+    dm.rows = 64;
+    dm.cols = 100;
+    EXPECT_FALSE(gemv_swiglu_cuda(dm, dx.get(), 1, nullptr, dy.get(), nullptr));
+    for (float v : dy.download()) ASSERT_EQ(v, 7.0f);
+    dm.rows = 63;
+    EXPECT_THROW(gemv_swiglu_cuda(dm, dx.get(), 1, nullptr, dy.get(), nullptr), Error);
 }
 
 TEST(GemvCuda, CapturedInAGraph) {

@@ -311,7 +311,8 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
 }
 
 s_sanitize() {  # EXTRA FLAGS...: memcheck on a short generation (batch of 2 of different lengths)
-  local args=(generate --model "$work/tiny16" --prompt-ids "1,2,3;4,5,6,7,8" --max-new-tokens 8 --temperature 0
+  # Sampled (the default temperature 0.8, top-k 40): the GPU top-k selection runs too.
+  local args=(generate --model "$work/tiny16" --prompt-ids "1,2,3;4,5,6,7,8" --max-new-tokens 8 --seed 3
               --device "$DEV" "$@")
   [ -f "$work/tiny16/config.json" ] || { echo "no model (models step failed)"; exit 1; }
   if ! have_gpu; then
@@ -355,6 +356,10 @@ rows = {r["test"][:2]: r for r in map(json.loads, open(sys.argv[1]))}
 pp, tg = rows["pp"], rows["tg"]
 print("prefill %.1f ms, decode %.3f ms/token, %.0f GB/s" % (pp["avg_ms"], tg["avg_ms"] / int(tg["test"][2:]), tg["gbps"]))
 ' "$work/logs/$name.rows")"
+}
+
+s_bench_nopdl() {  # s_bench without programmatic dependent launch: the A/B of kernels/cuda/launch.h
+  SHARDLM_PDL=0 s_bench "$@"
 }
 
 s_torch() {
@@ -410,7 +415,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_torch s_gemv s_ncu s_mission
+export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -430,10 +435,13 @@ for prec in "fp16 fp16" "int8 fp16" "int8 int8"; do
   set -- $prec
   step "bench-$1-$2-graph" 90 s_bench "bench-$1-$2-g1" 1,4 "$1" "$2" 1
 done
+step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
+step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
+step sanitize-graph 90 s_sanitize --kv int8
+step sanitize-w8a8 90 s_sanitize --weights w8a8
 step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --attention naive
 step torch 120 s_torch
-step sanitize-graph 90 s_sanitize --kv int8
 step gemv 60 s_gemv
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph

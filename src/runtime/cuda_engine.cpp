@@ -10,7 +10,6 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "kernels/cpu/rope.h"
-#include "kernels/cpu/topk.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/cuda_check.h"
@@ -606,23 +605,15 @@ void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, flo
         CUDA_CHECK(cudaMemcpyAsync(host, top_gathered_, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
     }
     wait();
-    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<CandidateList> parts(static_cast<size_t>(tp));
     for (int64_t i = 0; i < n; ++i) {
-        cand.clear();
         for (int rk = 0; rk < tp; ++rk) {
             const int64_t m = std::min(k, slice(rk));
-            const float* rv = reinterpret_cast<const float*>(host + size_t(rk) * part_bytes) + i * m;
-            const int32_t* ri = reinterpret_cast<const int32_t*>(host + size_t(rk) * part_bytes) + part + i * m;
-            for (int64_t j = 0; j < m; ++j) cand.emplace_back(rv[j], ri[j]);
+            const char* base = host + size_t(rk) * part_bytes;
+            parts[size_t(rk)] = {reinterpret_cast<const float*>(base) + i * m,
+                                 reinterpret_cast<const int32_t*>(base) + part + i * m, m};
         }
-        if (tp > 1)
-            std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [](const auto& a, const auto& b) {
-                return topk_before(a.first, a.second, b.first, b.second);
-            });
-        for (int64_t j = 0; j < k; ++j) {
-            vals[i * k + j] = cand[size_t(j)].first;
-            ids[i * k + j] = cand[size_t(j)].second;
-        }
+        merge_candidates(parts, k, vals + i * k, ids + i * k);
     }
 }
 

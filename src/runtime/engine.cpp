@@ -22,6 +22,19 @@ void Engine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* 
     for (int64_t r = 0; r < shape.logit_rows; ++r) topk_ref(logits.data() + r * vocab, vocab, k, vals + r * k, ids + r * k);
 }
 
+void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float* vals, int32_t* ids) {
+    std::vector<std::pair<float, int32_t>> cand;
+    for (const CandidateList& p : parts)
+        for (int64_t j = 0; j < p.n; ++j) cand.emplace_back(p.vals[j], p.ids[j]);
+    SHARDLM_CHECK(k >= 0 && k <= int64_t(cand.size()), "merge_candidates: ", k, " of ", cand.size(), " candidates");
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
+                      [](const auto& a, const auto& b) { return topk_before(a.first, a.second, b.first, b.second); });
+    for (int64_t j = 0; j < k; ++j) {
+        vals[j] = cand[size_t(j)].first;
+        ids[j] = cand[size_t(j)].second;
+    }
+}
+
 RopeParams rope_params(const ModelConfig& c) {
     RopeParams rp;
     rp.head_dim = c.head_dim;

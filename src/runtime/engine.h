@@ -65,6 +65,18 @@ public:
     virtual std::string device() const = 0;      // "cpu(avx512)", "cuda:0 NVIDIA H200", ...
 };
 
+// One rank's ranked candidates of a logits row: its vocabulary slice's first n in the sampler's
+// ranking (values, global ids).
+struct CandidateList {
+    const float* vals = nullptr;
+    const int32_t* ids = nullptr;
+    int64_t n = 0;
+};
+// The row's first k candidates merged from the ranks' lists (vocab-parallel lm_head). Exact when
+// each list holds min(k, its slice) candidates: an element among the row's first k has fewer than
+// k elements ranked before it, so fewer than k in its own slice. Needs k <= the lists' total.
+void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float* vals, int32_t* ids);
+
 // The rotary embedding of a model's config (theta, llama3 rescaling) as the kernels take it.
 RopeParams rope_params(const ModelConfig& c);
 

@@ -28,6 +28,7 @@ Device parse_device(const std::string& s) {
 
 namespace {
 
+#ifdef SHARDLM_HAVE_CUDA
 // Ranks of this node (one GPU each under TP).
 int ranks_on_node(Communicator& comm) {
 #ifdef SHARDLM_HAVE_MPI
@@ -36,6 +37,7 @@ int ranks_on_node(Communicator& comm) {
     (void)comm;
     return 1;
 }
+#endif
 
 Device resolve_device(Device want, Communicator& comm) {
 #ifdef SHARDLM_HAVE_CUDA

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/topk.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 
 using namespace shardlm;
@@ -118,4 +119,45 @@ TEST(Sampler, TopCandidatesDrawWhatTheFullRowDraws) {
                 << "t " << o.t << " k " << o.k << " p " << o.p << " draw " << draw;
         }
     }
+}
+
+// The vocab-parallel merge (runtime/engine.h): each rank's first min(k, slice) candidates of its
+// slice, merged, are the whole row's first k, for slices of every size (empty ones included),
+// ties across ranks and NaN.
+TEST(Sampler, MergedRankCandidatesAreTheRowsFirstK) {
+    uint64_t z = 77;
+    auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
+    for (const int64_t V : {int64_t(1), int64_t(5), int64_t(37), int64_t(300)})
+        for (const int tp : {1, 2, 3, 4, 8})
+            for (const int64_t k : {int64_t(1), int64_t(2), int64_t(7), int64_t(40), V}) {
+                if (k > V) continue;
+                std::vector<float> row(static_cast<size_t>(V));
+                for (auto& v : row) v = float(next() % 16) / 4.0f;  // ties everywhere
+                if (V > 3) row[size_t(next() % V)] = std::nanf("");
+                const int64_t vpr = (V + tp - 1) / tp;
+                std::vector<std::vector<float>> pv(static_cast<size_t>(tp));
+                std::vector<std::vector<int32_t>> pi(static_cast<size_t>(tp));
+                std::vector<CandidateList> parts;
+                for (int r = 0; r < tp; ++r) {
+                    const int64_t v0 = std::min<int64_t>(V, r * vpr), slice = std::min(vpr, V - v0);
+                    const int64_t m = std::min(k, slice);
+                    pv[size_t(r)].resize(size_t(m));
+                    pi[size_t(r)].resize(size_t(m));
+                    if (m > 0) {
+                        topk_ref(row.data() + v0, slice, m, pv[size_t(r)].data(), pi[size_t(r)].data());
+                        for (auto& id : pi[size_t(r)]) id += int32_t(v0);
+                    }
+                    parts.push_back({pv[size_t(r)].data(), pi[size_t(r)].data(), m});
+                }
+                std::vector<float> got_v(static_cast<size_t>(k)), want_v(static_cast<size_t>(k));
+                std::vector<int32_t> got_i(static_cast<size_t>(k)), want_i(static_cast<size_t>(k));
+                merge_candidates(parts, k, got_v.data(), got_i.data());
+                topk_ref(row.data(), V, k, want_v.data(), want_i.data());
+                ASSERT_EQ(got_i, want_i) << "V " << V << " tp " << tp << " k " << k;
+            }
+    const float v = 1.0f;
+    const int32_t id = 0;
+    float out_v;
+    int32_t out_i;
+    EXPECT_THROW(merge_candidates({{&v, &id, 1}}, 2, &out_v, &out_i), Error);
 }

@@ -435,14 +435,16 @@ for prec in "fp16 fp16" "int8 fp16" "int8 int8"; do
   set -- $prec
   step "bench-$1-$2-graph" 90 s_bench "bench-$1-$2-g1" 1,4 "$1" "$2" 1
 done
+# Most wanted first: a --budget run stops starting steps when its time is spent (rerun the rest
+# with --only).
 step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
-step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
+step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
-step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --attention naive
+step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
 step torch 120 s_torch
-step gemv 60 s_gemv
+step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --attention naive
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
 step ncu-gemv 90 s_ncu

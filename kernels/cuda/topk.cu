@@ -96,10 +96,17 @@ __device__ void block_select(const Src& src, int count, int k, SelectShared& sh,
                     const int i = base + u * kThreads + tid;
                     key[u] = i < count ? src.key(i) : 0;
                 }
+                // Warp-aggregated counts: logits bunch into a few bins (the first pass sees little
+                // more than sign and exponent), and 32 lanes adding 1 to one shared word serialise;
+                // one add of the group's size per distinct bin does not. `base` and `u` are
+                // uniform over the block, so every lane takes part in the match.
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
                     const int i = base + u * kThreads + tid;
-                    if (i < count && (key[u] & mask) == prefix) atomicAdd(&sh.hist[(key[u] >> shift) & 0xffu], 1u);
+                    const bool take = i < count && (key[u] & mask) == prefix;
+                    const unsigned bin = take ? (key[u] >> shift) & 0xffu : 0x100u;
+                    const unsigned peers = __match_any_sync(kFull, bin);
+                    if (take && __ffs(peers) - 1 == lane) atomicAdd(&sh.hist[bin], unsigned(__popc(peers)));
                 }
             }
             __syncthreads();

@@ -11,6 +11,8 @@
 // It is compared with a measured device-to-device cudaMemcpy (read + write counted) and with the
 // device's theoretical peak (2 transfers per memory clock times the bus width).
 //
+// gate/up + SwiGLU: the two-kernel decode MLP half against gemv_swiglu_cuda's fused epilogue.
+//
 // CublasGemm: T = 512 and 2048 tokens, f16 and i8 weights (i8 includes its dequantization pass),
 // TFLOP/s = 2 * T * rows * cols / time.
 #include <cuda_runtime.h>
@@ -21,10 +23,12 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
@@ -188,6 +192,54 @@ void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
         }
 }
 
+// The decode MLP's first half of Qwen3-1.7B ([gate; up] = 12288 x 2048): the GEMV into [n, 12288]
+// followed by silu_mul_rows_cuda, against gemv_swiglu_cuda (SwiGLU in the GEMV's epilogue).
+void bench_swiglu(cudaStream_t stream, int reps) {
+    const int64_t inter = 6144, cols = 2048;
+    std::printf("\n## gate/up + SwiGLU (decode): two kernels vs the fused epilogue\n\n");
+    std::printf("| weights | n | gemv + silu_mul_rows us | gemv_swiglu us |\n|---|---|---|---|\n");
+    for (const Weights& wt : {kWeights[1], kWeights[3]}) {  // the interleaved f16 and i8 the engine runs
+        const size_t w_bytes = size_t(2 * inter * cols) * dtype_size(wt.dtype);
+        const size_t s_bytes = wt.dtype == DType::I8 ? size_t(2 * inter) * 4 : 0;
+        const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
+        std::vector<std::unique_ptr<DevBuf>> mats;
+        for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
+        DevBuf x(size_t(kGemvMaxTokens * cols) * 4), gu(size_t(kGemvMaxTokens * 2 * inter) * 4),
+            y(size_t(kGemvMaxTokens * inter) * 4);
+        auto matrix = [&](int i) {
+            const DevBuf* m = mats[size_t(i % copies)].get();
+            DeviceMatrix w;
+            w.dtype = wt.dtype;
+            w.data = m->p;
+            w.rows = 2 * inter;
+            w.cols = cols;
+            if (wt.dtype == DType::I8) {
+                w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m->p) + w_bytes);
+                w.group_size = cols;
+            }
+            w.interleaved = wt.interleaved;
+            return w;
+        };
+        for (int64_t n : {int64_t(1), int64_t(4), int64_t(8)}) {
+            const float* xp = static_cast<const float*>(x.p);
+            const double two = time_graph_ms(
+                [&](int i) {
+                    gemv_cuda(matrix(i), xp, n, nullptr, static_cast<float*>(gu.p), stream);
+                    silu_mul_rows_cuda(static_cast<const float*>(gu.p), n, inter, static_cast<float*>(y.p), stream);
+                },
+                std::max(copies, 32), reps, stream);
+            const double fused = time_graph_ms(
+                [&](int i) {
+                    if (!gemv_swiglu_cuda(matrix(i), xp, n, nullptr, static_cast<float*>(y.p), stream))
+                        throw std::runtime_error("gemv_swiglu_cuda declined the Qwen3 shape");
+                },
+                std::max(copies, 32), reps, stream);
+            std::printf("| %s | %lld | %.1f | %.1f |\n", wt.name, (long long)n, two * 1e3, fused * 1e3);
+            std::fflush(stdout);
+        }
+    }
+}
+
 void bench_gemm(cudaStream_t stream, int reps) {
     const int64_t max_t = 2048, max_cols = 6144, max_w = 151936 * 2048;
     CublasGemm gemm(stream, max_t, max_cols, max_w);
@@ -236,6 +288,7 @@ int main(int argc, char** argv) {
         std::printf("# %s\n\ndevice-to-device copy: %.0f GB/s (read + write); theoretical peak: %.0f GB/s\n",
                     cuda_device_description(dev).c_str(), copy, peak);
         bench_gemv(stream, reps, copy, peak);
+        bench_swiglu(stream, reps);
         bench_gemm(stream, reps);
         CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {

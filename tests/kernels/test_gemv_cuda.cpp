@@ -40,6 +40,24 @@ std::string describe(const HostMat& m) {
     return s;
 }
 
+// The DeviceMatrix of m's bytes at w (device), I8 scales at scales, in the interleaved column
+// order first when asked (gemv_interleave_cuda rewrites the device copy).
+DeviceMatrix device_matrix(const HostMat& m, void* w, const float* scales, bool interleave) {
+    DeviceMatrix dm;
+    dm.dtype = m.dtype;
+    dm.data = w;
+    dm.rows = m.rows;
+    dm.cols = m.cols;
+    if (m.dtype == DType::I8) {
+        dm.scales = scales;
+        dm.group_size = m.group;
+    }
+    if (interleave) {
+        EXPECT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
+    }
+    return dm;
+}
+
 // The references for kN token rows (row t of y depends only on row t of x, so the first n rows
 // serve every n) and each output's error bound without its bias term.
 struct Reference {
@@ -82,22 +100,13 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
     float* x_dev = dx.get() + x_offset;
     CUDA_CHECK(cudaMemcpy(w_dev, m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(x_dev, ref.x.data(), ref.x.size() * 4, cudaMemcpyHostToDevice));
-    DeviceMatrix dm;
-    dm.dtype = m.dtype;
-    dm.data = w_dev;
-    dm.rows = R;
-    dm.cols = K;
-    if (m.dtype == DType::I8) {
-        dm.scales = ds.get();
-        dm.group_size = m.group;
-    }
-    if (interleave) {
-        ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
-    }
+    const DeviceMatrix dm = device_matrix(m, w_dev, ds.get(), interleave);
+    if (::testing::Test::HasFailure()) return;
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
-            SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
-                         " w_offset=" + std::to_string(w_offset) + " x_offset=" + std::to_string(x_offset));
+            SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
+                         (with_bias ? " bias" : "") + " w_offset=" + std::to_string(w_offset) +
+                         " x_offset=" + std::to_string(x_offset));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
             gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr);
             const std::vector<float> got = dy.download();
@@ -242,18 +251,8 @@ void check_swiglu(const HostMat& m, bool interleave, uint32_t seed) {
     const Reference ref = make_reference(m, seed);
     DeviceBuffer<uint8_t> dw(m.bytes);
     DeviceBuffer<float> ds(m.scales), dx(ref.x), db(ref.bias), dy(size_t(kN * H));
-    DeviceMatrix dm;
-    dm.dtype = m.dtype;
-    dm.data = dw.get();
-    dm.rows = R;
-    dm.cols = K;
-    if (m.dtype == DType::I8) {
-        dm.scales = ds.get();
-        dm.group_size = m.group;
-    }
-    if (interleave) {
-        ASSERT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
-    }
+    const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), interleave);
+    if (::testing::Test::HasFailure()) return;
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
@@ -322,13 +321,7 @@ TEST(GemvCuda, CapturedInAGraph) {
     const Reference ref = make_reference(m, 301);
     DeviceBuffer<uint8_t> dw(m.bytes);
     DeviceBuffer<float> ds(m.scales), dx(ref.x), db(ref.bias), dy(ref.y.size());
-    DeviceMatrix dm;
-    dm.dtype = DType::I8;
-    dm.data = dw.get();
-    dm.scales = ds.get();
-    dm.rows = m.rows;
-    dm.cols = m.cols;
-    dm.group_size = m.group;
+    const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), false);
 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

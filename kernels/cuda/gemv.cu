@@ -118,26 +118,6 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
     }
 }
 
-// All U * R weight chunks of one step (and their I8 scales), issued together so they are in
-// flight at once; chunks past the row read as zeros.
-template <WKind K, int R, int U>
-__device__ __forceinline__ void load_step(const GemvArgs& a, const char* (&wrow)[R], const float* (&srow)[R], int k0,
-                                          uint4 (&raw)[U][R], float (&scale)[U][R]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = k0 + u * kChunksPerStep;
-        const int kc = min(k, a.chunks - 1);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < a.chunks);
-            if constexpr (K == WKind::I8) {
-                const int gidx = a.group_shift >= 0 ? (kc >> a.group_shift) : kc / a.group_chunks;
-                scale[u][r] = __ldg(srow[r] + gidx);
-            }
-        }
-    }
-}
-
 // R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
 // U chunks per row in flight per lane.
 template <WKind K, int N, int R, int U, int MinBlocks>
@@ -169,7 +149,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     uint4 raw[U][R];
     float scale[U][R];
     int k0 = warp * kLanesPerRow + lig;
-    load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
+    constexpr bool kScaled = K == WKind::I8;
+    load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
     pdl_wait();
     pdl_launch_dependents();
     while (k0 < a.chunks) {
@@ -208,7 +189,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
             }
         }
         k0 += U * kChunksPerStep;
-        if (k0 < a.chunks) load_step<K, R, U>(a, wrow, srow, k0, raw, scale);
+        if (k0 < a.chunks)
+            load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
     }
 
     const int64_t tile_row0 = int64_t(blockIdx.x) * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
@@ -245,13 +227,7 @@ __global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a,
         for (int t = 0; t < kMaxTokens; ++t)
             if (t < a.n) acc[t] = fmaf(wv, a.x[int64_t(t) * a.cols + c], acc[t]);
     }
-#pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-        float v = acc[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && t < a.n) a.y[int64_t(t) * a.rows + row] = v + (a.bias ? a.bias[row] : 0.0f);
-    }
+    warp_row_store(acc, row, a.rows, a.n, a.bias, a.y);
 }
 
 // Row blockIdx.x of w (row_bytes each) rewritten in place in the interleaved order (interleave.h),
@@ -378,14 +354,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
     a.quad_stride = w.interleaved ? 32 : 4;
     if (kind == WKind::I8) {
-        a.group_chunks = int(w.group_size / 16);
-        a.group_shift = -1;
-        if (w.group_size == w.cols) {
-            a.group_shift = 31;  // one group per row: every chunk (< 2^31) maps to group 0
-        } else if ((a.group_chunks & (a.group_chunks - 1)) == 0) {
-            a.group_shift = 0;
-            while ((1 << a.group_shift) < a.group_chunks) ++a.group_shift;
-        }
+        chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
     }
     switch (kind) {
         case WKind::F32: launch_vec_tokens<WKind::F32>(a, stream); break;

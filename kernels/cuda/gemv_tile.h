@@ -35,6 +35,42 @@ __device__ __forceinline__ uint4 load_weights_if(const void* p, bool pred) {
     return v;
 }
 
+// Chunk k's group for groups of group_chunks chunks: k >> shift when shift >= 0 (31: one group per
+// row), else a division. chunk_groups() sets both for a group of `group` columns (a multiple of
+// 16) in rows of `cols`.
+__device__ __forceinline__ int group_of(int k, int shift, int group_chunks) {
+    return shift >= 0 ? (k >> shift) : k / group_chunks;
+}
+
+inline void chunk_groups(int64_t group, int64_t cols, int& shift, int& group_chunks) {
+    group_chunks = int(group / 16);
+    shift = -1;
+    if (group == cols) {
+        shift = 31;  // chunk indices are < 2^31: every chunk maps to group 0
+    } else if ((group_chunks & (group_chunks - 1)) == 0) {
+        shift = 0;
+        while ((1 << shift) < group_chunks) ++shift;
+    }
+}
+
+// All U * R weight chunks of the step at chunk k0 (rows wrow, `chunks` chunks each), issued
+// together so they are in flight at once; chunks past the row read as zeros. Scaled: also each
+// chunk's group scale from srow (group_of above).
+template <int R, int U, bool Scaled, class W>
+__device__ __forceinline__ void load_step(W* const (&wrow)[R], const float* const (&srow)[R], int k0, int chunks,
+                                          int shift, int group_chunks, uint4 (&raw)[U][R], float (&scale)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * kChunksPerStep;
+        const int kc = min(k, chunks - 1);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < chunks);
+            if constexpr (Scaled) scale[u][r] = __ldg(srow[r] + group_of(kc, shift, group_chunks));
+        }
+    }
+}
+
 // The block's outputs: acc[r][t] of each lane summed over the 8 lanes of its group (xor 4, 2, 1
 // stays inside the group), then over the warps through shared memory in a fixed order (results
 // repeat run to run); y[t, row] = sum (+ bias[row]) for the tile's rows below `rows` and t < n.
@@ -86,6 +122,20 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
         for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
         if (bias) s += bias[row];
         y[int64_t(t) * rows + row] = s;
+    }
+}
+
+// The scalar paths' output (a warp per row, each lane a partial sum per token): summed over the
+// warp, y[t, row] = sum (+ bias[row]) for t < n. Every lane of the warp must call it.
+__device__ __forceinline__ void warp_row_store(const float (&acc)[kMaxTokens], int64_t row, int64_t rows, int n,
+                                               const float* bias, float* y) {
+    const int lane = int(threadIdx.x) & 31;
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+        float v = acc[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && t < n) y[int64_t(t) * rows + row] = v + (bias ? bias[row] : 0.0f);
     }
 }
 

@@ -143,10 +143,6 @@ struct W8A8Args {
     int wshift, ashift, wgroup_chunks, agroup_chunks;
 };
 
-__device__ __forceinline__ int group_of(int k, int shift, int group_chunks) {
-    return shift >= 0 ? (k >> shift) : k / group_chunks;
-}
-
 // Signed INT8 dot of two 16-byte chunks, added to c.
 __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
     c = __dp4a(int(w.x), int(x.x), c);
@@ -169,8 +165,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
     const float* srow[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        int64_t row = tile_row0 + g * R + r;
-        if (row >= a.rows) row = a.rows - 1;  // tail tile: read a valid row, store nothing
+        const int64_t row = tile_row<R>(blockIdx.x, g, r, a.rows, 0);
         wrow[r] = a.w + row * a.cols;
         srow[r] = a.wscales + row * a.wgroups;
     }
@@ -196,16 +191,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
     for (int k0 = warp * kLanesPerRow + lig; k0 < a.chunks; k0 += U * kChunksPerStep) {
         uint4 raw[U][R];
         float wsc[U][R];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = k0 + u * kChunksPerStep;
-            const int kc = min(k, a.chunks - 1);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                raw[u][r] = load_weights_if(wrow[r] + int64_t(kc) * 16, k < a.chunks);
-                if constexpr (!OneGroup) wsc[u][r] = __ldg(srow[r] + group_of(kc, a.wshift, a.wgroup_chunks));
-            }
-        }
+        load_step<R, U, !OneGroup>(wrow, srow, k0, a.chunks, a.wshift, a.wgroup_chunks, raw, wsc);
         // Unconditional arithmetic: a chunk past the row has zero weights (a zero dot) and reads
         // the row's last chunk of q, so the loads above never sink into a branch.
 #pragma unroll
@@ -268,13 +254,7 @@ __global__ void __launch_bounds__(kThreads) gemv_w8a8_scalar_kernel(const W8A8Ar
         for (int t = 0; t < kMaxTokens; ++t)
             if (t < a.n) acc[t] = fmaf(float(dot[t]), ws * a.ascales[t * a.agroups + k0 / a.agroup], acc[t]);
     }
-#pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-        float v = acc[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && t < a.n) a.y[int64_t(t) * a.rows + row] = v + (a.bias ? a.bias[row] : 0.0f);
-    }
+    warp_row_store(acc, row, a.rows, a.n, a.bias, a.y);
 }
 
 // Rows per group R, chunks in flight per row U and the register budget (65536 / (256 * MinBlocks))
@@ -312,18 +292,6 @@ void launch_scalar(const W8A8Args& a, cudaStream_t stream) {
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
     launch_kernel("gemv_w8a8_scalar_kernel", gemv_w8a8_scalar_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
                   a);
-}
-
-// chunk -> group mapping of a group of `group` columns (a multiple of 16) in rows of `cols`.
-void chunk_groups(int64_t group, int64_t cols, int& shift, int& group_chunks) {
-    group_chunks = int(group / 16);
-    shift = -1;
-    if (group == cols) {
-        shift = 31;  // chunk indices are < 2^31: every chunk maps to group 0
-    } else if ((group_chunks & (group_chunks - 1)) == 0) {
-        shift = 0;
-        while ((1 << shift) < group_chunks) ++shift;
-    }
 }
 
 // The checks of the CPU's matmul_w8a8 (kernels/cpu/matmul.cpp), naming `fn`.

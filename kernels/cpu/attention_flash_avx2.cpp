@@ -151,13 +151,6 @@ inline __m256 exp_nonpos(__m256 x) {
     return _mm256_mul_ps(e, _mm256_castsi256_ps(two_n));
 }
 
-inline float hmax(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
-
 }  // namespace
 
 void flash_load_tile_avx2(const KvRows& k, const KvRows& v, int64_t j0, int64_t n, int64_t d, float* kt, int64_t ldk,

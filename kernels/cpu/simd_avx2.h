@@ -51,5 +51,12 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+inline float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -55,7 +55,7 @@ TEST(ArgmaxCuda, MatchesSamplerArgmax) {
             float* row = logits.data() + r * vocab;
             const int64_t spots[] = {vocab - 1, vocab / 2 + 1, (r * 977) % vocab, vocab - 2, 4 * 1024 % vocab};
             for (int64_t j = 0; j < 5 - (r % 3); ++j)
-                if (spots[j] >= 0) row[spots[j]] = 50.0f;
+                if (spots[j] >= 0 && spots[j] < vocab) row[spots[j]] = 50.0f;  // vocab 1: vocab / 2 + 1 is past the row
         }
         for (const int64_t offset : {0, 1}) check_rows(logits, rows, vocab, offset);
     }

@@ -8,7 +8,8 @@
 
 namespace shardlm {
 
-#ifdef __CUDACC__
+// Device code: nvcc's, or the CPU emulator's that compiles the .cu files as C++ (tests/cuda_emu).
+#if defined(__CUDACC__) || defined(SHARDLM_CUDA_EMU)
 // silu_mul_ref's float operations: g / (1 + exp(-g)) * up, with the precise expf (not __expf) so
 // the result tracks the CPU's std::exp to a few ulp. Large negative g gives exp = inf and -0.
 // Shared by the SwiGLU kernels and the decode GEMV's fused SwiGLU epilogue (gemv.h).

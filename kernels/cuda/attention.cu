@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
     pdl_wait();
     pdl_launch_dependents();
     constexpr int NT = 256, BQ = 32, LD = DP + 4, LDP = BK + 4, NU = BK / 16, NV = DP / 64;
-    extern __shared__ float4 smem4[];
+    SHARDLM_DYNAMIC_SMEM(float4, smem4);  // extern __shared__ (launch.h)
     float* sQ = reinterpret_cast<float*>(smem4);
     float* sK = sQ + BQ * LD;
     float* sV = sK + BK * LD;
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     constexpr int HPT = GB >= NG ? GB / NG : 1;  // heads per thread in P V
     constexpr int NS = GB >= NG ? 1 : NG / GB;   // key subsets in P V
     static_assert(BK == 32, "one key per lane");
-    extern __shared__ float4 smem4[];
+    SHARDLM_DYNAMIC_SMEM(float4, smem4);  // extern __shared__ (launch.h)
     float* sK = reinterpret_cast<float*>(smem4);
     float* sV = sK + BK * LD;
     float* sQ = sV + BK * LD;         // [GB][DP]

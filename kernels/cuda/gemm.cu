@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/interleave.h"
+#include "kernels/cuda/launch.h"
 
 namespace shardlm {
 namespace {
@@ -71,14 +72,13 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
 
 void add_bias(float* y, const float* bias, int64_t T, int64_t rows, cudaStream_t stream) {
     const dim3 grid(blocks_for(rows), unsigned(std::min<int64_t>(T, 65535)));
-    add_bias_kernel<<<grid, kThreads, 0, stream>>>(y, bias, T, rows);
-    cuda_after_launch(stream, "add_bias_kernel");
+    launch_plain("add_bias_kernel", add_bias_kernel, grid, dim3(kThreads), 0, stream, y, bias, T, rows);
 }
 
 template <typename H>
 void convert_x(const float* x, void* out, int64_t count, int64_t cols, int interleave_c, cudaStream_t stream) {
-    convert_kernel<H><<<blocks_for(count), kThreads, 0, stream>>>(x, static_cast<H*>(out), count, cols, interleave_c);
-    cuda_after_launch(stream, "convert_kernel");
+    launch_plain("convert_kernel", convert_kernel<H>, dim3(blocks_for(count)), dim3(kThreads), 0, stream, x,
+                 static_cast<H*>(out), count, cols, interleave_c);
 }
 
 // Frees what a (possibly half-built) CublasGemm holds; never throws.
@@ -169,10 +169,10 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
             const int64_t block = std::min<int64_t>(rows, max_weight_elems_ / cols);
             for (int64_t r0 = 0; r0 < rows; r0 += block) {
                 const int64_t nr = std::min(block, rows - r0);
-                dequant_i8_kernel<<<unsigned(std::min<int64_t>(nr, kMaxBlocks)), kThreads, 0, stream_>>>(
-                    static_cast<const int8_t*>(a) + r0 * cols, w.scales + r0 * (cols / w.group_size),
-                    static_cast<__half*>(w_half_), nr, k, int(w.group_size), ic);
-                cuda_after_launch(stream_, "dequant_i8_kernel");
+                launch_plain("dequant_i8_kernel", dequant_i8_kernel, dim3(unsigned(std::min<int64_t>(nr, kMaxBlocks))),
+                             dim3(kThreads), 0, stream_, static_cast<const int8_t*>(a) + r0 * cols,
+                             w.scales + r0 * (cols / w.group_size), static_cast<__half*>(w_half_), nr, k,
+                             int(w.group_size), ic);
                 CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, w_half_, CUDA_R_16F, k,
                                           x_half_, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a,
 // Runs once per matrix at load time.
 template <typename Q>
 __global__ void interleave_kernel(char* w, int64_t row_bytes, int C) {
-    extern __shared__ __align__(16) unsigned char row_copy[];
+    SHARDLM_DYNAMIC_SMEM(unsigned char, row_copy);  // extern __shared__ (launch.h)
     Q* row = reinterpret_cast<Q*>(w + int64_t(blockIdx.x) * row_bytes);
     Q* natural = reinterpret_cast<Q*>(row_copy);
     const int quads = int(row_bytes / int64_t(sizeof(Q)));
@@ -388,10 +388,11 @@ bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {
     if (w.dtype == DType::I8 && (w.group_size <= 0 || w.group_size % (8 * C) != 0)) return false;
     char* data = static_cast<char*>(const_cast<void*>(w.data));
     if (w.dtype == DType::I8)
-        interleave_kernel<uint32_t><<<unsigned(w.rows), kThreads, size_t(row_bytes), stream>>>(data, row_bytes, C);
+        launch_plain("interleave_kernel", interleave_kernel<uint32_t>, dim3(unsigned(w.rows)), dim3(kThreads),
+                     size_t(row_bytes), stream, data, row_bytes, C);
     else
-        interleave_kernel<uint2><<<unsigned(w.rows), kThreads, size_t(row_bytes), stream>>>(data, row_bytes, C);
-    cuda_after_launch(stream, "interleave_kernel");
+        launch_plain("interleave_kernel", interleave_kernel<uint2>, dim3(unsigned(w.rows)), dim3(kThreads),
+                     size_t(row_bytes), stream, data, row_bytes, C);
     w.interleaved = true;
     return true;
 }

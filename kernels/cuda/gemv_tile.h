@@ -27,11 +27,16 @@ constexpr int kMaxTokens = int(kGemvMaxTokens);
 // loads placed ahead of pdl_wait() (launch.h, also volatile asm) stay there.
 __device__ __forceinline__ uint4 load_weights_if(const void* p, bool pred) {
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
+#ifdef SHARDLM_CUDA_EMU
+    // The CPU emulator (tests/cuda_emu) has no PTX: the same predicated, 16-byte aligned load.
+    if (pred) v = __ldg(static_cast<const uint4*>(p));
+#else
     asm volatile(
         "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
         "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
         : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
         : "l"(p), "r"(int(pred)));
+#endif
     return v;
 }
 

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/topk.h"
 
 namespace shardlm {
@@ -297,9 +298,8 @@ void topk_rows_cuda(const float* x, int64_t rows, int64_t n, int64_t k, int32_t 
     SHARDLM_CHECK(x && vals && ids, "topk_rows_cuda: null x, vals or ids");
     const Plan p = make_plan(n, k);
     if (p.segs == 1) {
-        topk_merge_kernel<true><<<unsigned(rows), kMergeThreads, 0, stream>>>(x, int(n), nullptr, nullptr, 0, int(k),
-                                                                               id_offset, vals, ids);
-        cuda_after_launch(stream, "topk_merge_kernel");
+        launch_plain("topk_merge_kernel", topk_merge_kernel<true>, dim3(unsigned(rows)), dim3(kMergeThreads), 0,
+                     stream, x, int(n), nullptr, nullptr, 0, int(k), id_offset, vals, ids);
         return;
     }
     SHARDLM_CHECK(scratch && reinterpret_cast<uintptr_t>(scratch) % 4 == 0, "topk_rows_cuda: scratch of ",
@@ -307,12 +307,11 @@ void topk_rows_cuda(const float* x, int64_t rows, int64_t n, int64_t k, int32_t 
     SHARDLM_CHECK(rows * p.segs <= INT_MAX, "topk_rows_cuda: ", rows, " x ", p.segs, " segments do not fit one grid");
     uint32_t* cand_keys = static_cast<uint32_t*>(scratch);
     int32_t* cand_ids = reinterpret_cast<int32_t*>(cand_keys + rows * p.cands);
-    topk_segments_kernel<<<unsigned(rows * p.segs), kSegmentThreads, 0, stream>>>(
-        x, int(n), int(p.seg_len), int(p.segs), int(k), int(p.per_seg), int(p.cands), cand_keys, cand_ids);
-    cuda_after_launch(stream, "topk_segments_kernel");
-    topk_merge_kernel<false><<<unsigned(rows), kMergeThreads, 0, stream>>>(x, int(n), cand_keys, cand_ids, int(p.cands),
-                                                                            int(k), id_offset, vals, ids);
-    cuda_after_launch(stream, "topk_merge_kernel");
+    launch_plain("topk_segments_kernel", topk_segments_kernel, dim3(unsigned(rows * p.segs)), dim3(kSegmentThreads),
+                 0, stream, x, int(n), int(p.seg_len), int(p.segs), int(k), int(p.per_seg), int(p.cands), cand_keys,
+                 cand_ids);
+    launch_plain("topk_merge_kernel", topk_merge_kernel<false>, dim3(unsigned(rows)), dim3(kMergeThreads), 0, stream,
+                 x, int(n), cand_keys, cand_ids, int(p.cands), int(k), id_offset, vals, ids);
 }
 
 }  // namespace shardlm

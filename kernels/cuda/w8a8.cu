@@ -450,10 +450,9 @@ void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float
         CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(g), &one, wq + k0, CUDA_R_8I,
                                   int(cols), a.q + k0, CUDA_R_8I, int(cols), &zero, dots_, CUDA_R_32I, int(rows),
                                   CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
-        w8a8_epilogue_kernel<<<grid, kThreads, 0, stream_>>>(dots_, a.scales, cols / a.group_size, k0 / a.group_size,
-                                                             w.scales, cols / w.group_size, k0 / w.group_size, bias, y,
-                                                             T, rows, k0 == 0, k0 + g == cols);
-        cuda_after_launch(stream_, "w8a8_epilogue_kernel");
+        launch_plain("w8a8_epilogue_kernel", w8a8_epilogue_kernel, grid, dim3(kThreads), 0, stream_, dots_, a.scales,
+                     cols / a.group_size, k0 / a.group_size, w.scales, cols / w.group_size, k0 / w.group_size, bias, y,
+                     T, rows, k0 == 0, k0 + g == cols);
     }
 }
 

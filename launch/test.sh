@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # All tests: installs what is missing, builds (with CUDA when nvcc is there), runs every test,
 # then rebuilds the parser and tokenizer tests under AddressSanitizer + UndefinedBehaviorSanitizer
-# and runs them.
+# and runs them, then builds the CUDA kernels and engine for the CPU CUDA emulator (tests/cuda_emu,
+# when the CUDA headers are there) and runs their GPU tests on it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/launch/install_deps.sh"
@@ -18,4 +19,21 @@ asan="$root/build-asan"
 cmake --build "$asan" -j "$(nproc)" --target test_core test_model test_tokenizer
 (cd "$asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L parser -j "$(nproc)")
 ASAN_OPTIONS=detect_leaks=1 "$asan/tests/tokenizer/test_tokenizer" --gtest_brief=1
+
+# The GPU tests without a GPU: kernels/cuda/*.cu compiled as C++ and run by the emulator, in both
+# schedule orders (CTest label cuda_emu). Needs only the CUDA headers (cuda_runtime.h, cublas_v2.h).
+emu="$root/build-emu"
+if [ -f /usr/local/cuda/include/cuda_runtime.h ] || command -v nvcc >/dev/null; then
+  echo "== CUDA tests on the CPU CUDA emulator ($emu)"
+  [ -f "$emu/build.ninja" ] || cmake -S "$root" -B "$emu" -G Ninja -DSHARDLM_CUDA=OFF -DSHARDLM_CUDA_EMU=ON \
+    -DSHARDLM_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$emu" -j "$(nproc)" --target test_kernels_cuda test_cuda_engine test_cuda_emu
+  if ! (cd "$emu" && OMP_WAIT_POLICY=passive ctest --output-on-failure -L cuda_emu -j "$(nproc)" --timeout 900); then
+    echo "shardlm: the CUDA tests above failed on the CPU CUDA emulator (tests/cuda_emu, $emu), not on a GPU;" \
+         "SHARDLM_EMU_ORDER=reverse reruns a binary in the reversed schedule" >&2
+    exit 1
+  fi
+else
+  echo "== CUDA emulator tests skipped: no CUDA headers (/usr/local/cuda/include)"
+fi
 echo "== all tests passed"

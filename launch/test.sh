@@ -26,8 +26,11 @@ emu="$root/build-emu"
 if [ -f /usr/local/cuda/include/cuda_runtime.h ] || command -v nvcc >/dev/null; then
   echo "== CUDA tests on the CPU CUDA emulator ($emu)"
   [ -f "$emu/build.ninja" ] || cmake -S "$root" -B "$emu" -G Ninja -DSHARDLM_CUDA=OFF -DSHARDLM_CUDA_EMU=ON \
-    -DSHARDLM_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build "$emu" -j "$(nproc)" --target test_kernels_cuda test_cuda_engine test_cuda_emu
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  targets=(test_kernels_cuda test_cuda_engine test_cuda_emu)
+  # The CUDA engine under tensor parallelism (MPI as its data plane on the emulator), where MPI is.
+  ninja -C "$emu" -t targets all | grep '^test_tp_cuda:' >/dev/null && targets+=(test_tp_cuda)
+  cmake --build "$emu" -j "$(nproc)" --target "${targets[@]}"
   if ! (cd "$emu" && OMP_WAIT_POLICY=passive ctest --output-on-failure -L cuda_emu -j "$(nproc)" --timeout 900); then
     echo "shardlm: the CUDA tests above failed on the CPU CUDA emulator (tests/cuda_emu, $emu), not on a GPU;" \
          "SHARDLM_EMU_ORDER=reverse reruns a binary in the reversed schedule" >&2

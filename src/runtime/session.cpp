@@ -102,6 +102,11 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
             wait = [raw] { raw->synchronize(); };
             data = raw;
             s->data_comm = std::move(nccl);
+#elif defined(SHARDLM_CUDA_EMU)
+            // The CPU CUDA emulator (tests/cuda_emu): "device" memory is host memory, so the host
+            // communicator is the data plane and the CUDA engine's tensor parallelism runs under
+            // mpirun on CPU ranks. A test build only: the real one has NCCL or refuses.
+            CUDA_CHECK(cudaSetDevice(0));
 #else
             fail("--device cuda with ", comm.size(), " ranks needs NCCL, which this build lacks");
 #endif

@@ -240,21 +240,48 @@ using namespace shardlm_emu;
 
 // ---- Device and errors.
 
+namespace {
+
+// SHARDLM_EMU_DEVICES=N (1..64, default 1) emulated devices, all backed by this process's memory:
+// a tensor-parallel test under mpirun gives each rank of the node "its own GPU" (the session's
+// one-rank-per-GPU check) while the ranks' data plane is the MPI communicator on host memory.
+int device_count() {
+    static const int n = [] {
+        const char* e = std::getenv("SHARDLM_EMU_DEVICES");
+        if (!e || !*e) return 1;
+        char* end = nullptr;
+        const long v = std::strtol(e, &end, 10);
+        if (*end != '\0' || v < 1 || v > 64) {
+            std::fprintf(stderr, "shardlm CUDA emulator: SHARDLM_EMU_DEVICES=%s is not a count in 1..64\n", e);
+            std::abort();
+        }
+        return int(v);
+    }();
+    return n;
+}
+int current_device = 0;
+
+}  // namespace
+
 cudaError_t cudaGetDeviceCount(int* count) {
     announce();
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
-    if (device != 0) return fail(cudaErrorInvalidDevice);
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
     std::memset(p, 0, sizeof *p);
     std::snprintf(p->name, sizeof p->name, "shardlm CUDA emulator");
     p->totalGlobalMem = kDeviceBytes;
@@ -281,7 +308,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-    if (device != 0) return fail(cudaErrorInvalidDevice);
+    if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
     switch (attr) {
         case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
         case cudaDevAttrComputeCapabilityMinor: *value = 0; break;

@@ -1,5 +1,7 @@
 // Tensor parallelism against one rank: every rank also runs the whole model alone (SingleRank)
-// and compares. Run under mpirun -np 2 and -np 4.
+// and compares. Run under mpirun -np 2 and -np 4. Built with SHARDLM_TP_ON_CUDA (the CUDA
+// emulator's build, tests/cuda_emu) both runs use the CUDA engine, the MPI communicator carrying
+// its collectives: the GPU engine's sharding, graph segments and candidate merge on CPU ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +29,9 @@ Run run(const std::string& dir, Communicator& comm, const std::vector<std::vecto
     so.max_batch = int64_t(prompts.size());
     so.ctx = 64;
     so.prefill_chunk = 16;  // chunked prefill under TP too
+#ifdef SHARDLM_TP_ON_CUDA
+    so.device = Device::Cuda;
+#endif
     auto s = open_session(so, comm);
     GenerateOptions go;
     go.max_new_tokens = 10;
@@ -43,6 +48,16 @@ void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32, c
     SingleRank one;
     const Run ref = run(d.path(), one, prompts, kv, lo);
     const Run tp = run(d.path(), world(), prompts, kv, lo);
+#ifdef SHARDLM_TP_ON_CUDA
+    // Unless everything is FP32, the GPU's prefill GEMMs round x to F16/BF16 (kernels/cuda/gemm.h;
+    // INT8 weights are dequantized to F16) and its cache stores 16-bit or INT8 values, so the
+    // all-reduce's other summation order upstream flips an occasional 16-bit rounding that the
+    // CPU's FP32 arithmetic absorbs: measured up to 1.7e-4 of the largest logit.
+    const bool fp32 = dt == DType::F32 && kv == KVFormat::F32 && !is_int8(lo.format);
+    const double tol = fp32 ? 1e-4 : 5e-4;
+#else
+    const double tol = 1e-4;
+#endif
     for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(tp.result.seqs[i].tokens, ref.result.seqs[i].tokens) << "prompt " << i;
         const auto& a = tp.result.seqs[i].prompt_logits;
@@ -50,7 +65,7 @@ void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32, c
         ASSERT_EQ(a.size(), b.size());
         float scale = 0;
         for (float v : b) scale = std::max(scale, std::fabs(v));
-        EXPECT_LT(max_abs_diff(a, b), 1e-4 * scale) << "prompt " << i;
+        EXPECT_LT(max_abs_diff(a, b), tol * scale) << "prompt " << i;
     }
     // Per-rank weights: about 1/N of the whole (norms are replicated, so a little more).
     const double ratio = double(tp.weight_bytes) / double(ref.weight_bytes);

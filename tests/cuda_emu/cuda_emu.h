@@ -115,54 +115,29 @@ unsigned __match_any_sync(unsigned mask, T value, shardlm_emu::Site site = SHARD
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
-template <typename T>
-T atomicAdd(T* p, T v) {
+// One read-modify-write, the old value returned, as every atomic does.
+template <typename T, typename F>
+T atomic_rmw(T* p, F f) {
     const T old = *p;
-    *p = old + v;
+    *p = f(old);
     return old;
 }
 template <typename T>
-T atomicSub(T* p, T v) {
-    const T old = *p;
-    *p = old - v;
-    return old;
-}
+T atomicAdd(T* p, T v) { return atomic_rmw(p, [v](T o) { return o + v; }); }
 template <typename T>
-T atomicMax(T* p, T v) {
-    const T old = *p;
-    *p = old < v ? v : old;
-    return old;
-}
+T atomicSub(T* p, T v) { return atomic_rmw(p, [v](T o) { return o - v; }); }
 template <typename T>
-T atomicMin(T* p, T v) {
-    const T old = *p;
-    *p = v < old ? v : old;
-    return old;
-}
+T atomicMax(T* p, T v) { return atomic_rmw(p, [v](T o) { return o < v ? v : o; }); }
 template <typename T>
-T atomicOr(T* p, T v) {
-    const T old = *p;
-    *p = old | v;
-    return old;
-}
+T atomicMin(T* p, T v) { return atomic_rmw(p, [v](T o) { return v < o ? v : o; }); }
 template <typename T>
-T atomicAnd(T* p, T v) {
-    const T old = *p;
-    *p = old & v;
-    return old;
-}
+T atomicOr(T* p, T v) { return atomic_rmw(p, [v](T o) { return o | v; }); }
 template <typename T>
-T atomicExch(T* p, T v) {
-    const T old = *p;
-    *p = v;
-    return old;
-}
+T atomicAnd(T* p, T v) { return atomic_rmw(p, [v](T o) { return o & v; }); }
 template <typename T>
-T atomicCAS(T* p, T compare, T v) {
-    const T old = *p;
-    if (old == compare) *p = v;
-    return old;
-}
+T atomicExch(T* p, T v) { return atomic_rmw(p, [v](T) { return v; }); }
+template <typename T>
+T atomicCAS(T* p, T compare, T v) { return atomic_rmw(p, [compare, v](T o) { return o == compare ? v : o; }); }
 
 // ---- Loads. __ldg is an ordinary load; like the device's vector loads it must be aligned to
 // its type (a float4 or uint4 at a 16-byte boundary), which x86 would not check.

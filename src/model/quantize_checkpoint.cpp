@@ -19,15 +19,6 @@ namespace shardlm {
 
 namespace {
 
-std::string st_dtype(DType t) {
-    switch (t) {
-        case DType::F16: return "F16";
-        case DType::BF16: return "BF16";
-        case DType::I8: return "I8";
-        default: return "F32";
-    }
-}
-
 TensorToWrite copy_tensor(const TensorInfo& t) {
     return {t.name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
 }

@@ -401,8 +401,31 @@ s_ncu() {  # hardware counters of the INT8 and f16 decode GEMV (where the runtim
     skip "ncu cannot read the counters here"
   fi
   cat "$work/logs/ncu.out"
-  [ $rc = 0 ] && echo "note: ncu sections of $(grep -c '  gemv_vec_kernel' "$work/logs/ncu.out") gemv launches in logs/ncu.out"
+  [ $rc = 0 ] && echo "note: ncu sections of $(grep -c 'gemv_vec_kernel<' "$work/logs/ncu.out") gemv launches in logs/ncu.out"
   exit $rc
+}
+
+s_ncu_step() {  # NAME FLAGS...: each kernel's time in one decode step (ncu, kernels run one at a time)
+  local name=$1
+  shift
+  have_gpu || skip "no GPU"
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || skip "ncu not found"
+  # Warm-up prefill and decode step, then the timed prefill and decode step (--gen 1 -r 1): ~1100
+  # launches. Eager (no graphs), so every kernel is a stream launch; caches are not flushed.
+  "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --launch-count 4000 "$BIN/shardlm" bench --synthetic "$SYN" --device "$DEV" --prompt-len "$PL" --gen 1 -r 1 \
+    --batch 1 --no-cuda-graph "$@" > "$work/logs/$name.csv" 2> "$work/logs/$name.err"
+  local rc=$?
+  tail -n 5 "$work/logs/$name.err"
+  if grep -qE "ERR_NVGPUCTRPERM|not supported|No kernels were profiled" "$work/logs/$name.csv" "$work/logs/$name.err"; then
+    skip "ncu cannot read the counters here"
+  fi
+  [ $rc = 0 ] || exit $rc
+  "$PY" "$root/bench/gpu_report.py" kernels "$work/logs/$name.csv" > "$work/logs/$name.md" || exit 1
+  { echo "### decode step, batch 1, $*"; echo; cat "$work/logs/$name.md"; echo; } | tee -a "$work/logs/kernels.md"
+  echo "note: $(grep -m1 '^total:' "$work/logs/$name.md")"
 }
 
 s_mission() {
@@ -415,7 +438,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_mission
+export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -448,6 +471,8 @@ step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --att
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
 step ncu-gemv 90 s_ncu
+step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
+step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16
 
 # ---------------------------------------------------------------- report
 {
@@ -460,9 +485,9 @@ step ncu-gemv 90 s_ncu
   echo "- shape: --synthetic $SYN, prompt $PL, gen $GEN, -r $REPS; loader $mode; $(($(date +%s) - t_start)) s in all"
 } > "$work/header.md"
 "$PY" "$root/bench/gpu_report.py" table "$jsonl" "$work/header.md" > "$out/gpu_check.md"
-for f in gemv.out mission.md ncu.out; do
+for f in gemv.out mission.md kernels.md ncu.out; do
   [ -s "$work/logs/$f" ] || continue
-  { echo; echo "## ${f%.*}"; echo; [ "$f" != mission.md ] && echo '```'; cat "$work/logs/$f"; [ "$f" != mission.md ] && echo '```'; } >> "$out/gpu_check.md"
+  { echo; echo "## ${f%.*}"; echo; [ "${f%.md}" = "$f" ] && echo '```'; cat "$work/logs/$f"; [ "${f%.md}" = "$f" ] && echo '```'; } >> "$out/gpu_check.md"
 done
 for f in $(ls -tr "$work/logs"/*.log); do
   echo "=============== $(basename "$f" .log)"

@@ -7,6 +7,8 @@
                                                             (or, with GPU=1, when every test skipped)
     gpu_report.py tokens A.json B.json                        exit 1 unless both --json outputs' tokens match
     gpu_report.py table JSONL [HEADER_FILE]                   the markdown report on stdout
+    gpu_report.py kernels NCU.csv                             per-kernel times of the last decode step
+                                                            in an `ncu --csv --metrics gpu__time_duration.sum` log
 
 The markdown table has one line per benchmark run (its pp and tg rows merged): test, batch, weights,
 kv, graphs, prefill ms, decode ms/token, GB/s, fraction of peak, memory, and for shardlm rows the
@@ -164,12 +166,83 @@ def cmd_table(path, header=None):
     print("\n".join(out))
 
 
+def short_kernel(name):
+    """`void shardlm::<unnamed>::gemv_vec_kernel<3, 1, 1, 4, 4>(shardlm::<unnamed>::GemvArgs)` (or with
+    `(anonymous namespace)` and enum casts `(WKind)3`) -> `gemv_vec_kernel<3, 1, 1, 4, 4>`."""
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    if name.startswith("void "):
+        name = name[5:]
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # the parameter list: the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    name = name[:cut]
+    while "(" in name and ")" in name:  # enum casts inside template arguments: (WKind)3 -> 3
+        a = name.index("(")
+        b = name.index(")", a)
+        name = name[:a] + name[b + 1:]
+    head, lt, tail = name.partition("<")  # drop namespaces before the template arguments
+    return head.split("::")[-1] + lt + tail
+
+
+def cmd_kernels(path):
+    """The kernels of the last complete decode step: from an embedding launch to the argmax/top-k
+    after it, with no prefill attention in between. One row per kernel variant and grid."""
+    import csv
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        print("gpu_report kernels: no ncu CSV header in " + path, file=sys.stderr)
+        sys.exit(1)
+    launches = {}
+    for r in csv.DictReader(lines[start:]):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = r.get("Metric Unit", "nsecond")
+        ns = float(r["Metric Value"].replace(",", "")) * {"nsecond": 1, "usecond": 1e3, "msecond": 1e6}.get(unit, 1)
+        launches[int(r["ID"])] = (short_kernel(r["Kernel Name"]), r.get("Grid Size", ""), r.get("Block Size", ""), ns)
+    seq = [launches[i] for i in sorted(launches)]
+    starts = [i for i, k in enumerate(seq) if k[0].startswith("embedding_kernel")]
+    step = None
+    for a in reversed(starts):
+        end = next((j for j in range(a + 1, len(seq)) if seq[j][0].startswith(("argmax", "topk"))), None)
+        if end is None:
+            continue
+        names = [k[0] for k in seq[a:end + 1]]
+        if any("prefill" in n or "gemm" in n.lower() or "xmma" in n or "cutlass" in n for n in names):
+            continue
+        step = seq[a:end + 1]
+        break
+    if step is None:
+        print("gpu_report kernels: no complete decode step (embedding ... argmax) in " + path, file=sys.stderr)
+        sys.exit(1)
+    rows = {}
+    for name, grid, block, ns in step:
+        r = rows.setdefault((name, grid, block), [0, 0.0])
+        r[0] += 1
+        r[1] += ns
+    total = sum(k[3] for k in step)
+    print("| kernel | grid | block | launches | total us | us each | share |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for (name, grid, block), (n, ns) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print("| %s | %s | %s | %d | %.1f | %.2f | %.1f%% |" % (name, grid, block, n, ns / 1e3, ns / 1e3 / n, 100 * ns / total))
+    print()
+    print("total: %d launches, %.3f ms of kernel time (each kernel alone, as ncu runs them)" % (len(step), total / 1e6))
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"status": cmd_status, "rows": cmd_rows, "gtest": cmd_gtest, "tokens": cmd_tokens, "table": cmd_table}[cmd](*args)
+    {"status": cmd_status, "rows": cmd_rows, "gtest": cmd_gtest, "tokens": cmd_tokens, "table": cmd_table,
+     "kernels": cmd_kernels}[cmd](*args)
     return 0
 
 

@@ -1,4 +1,5 @@
 #include <climits>
+#include <cstdint>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -88,6 +89,94 @@ __global__ void rmsnorm_rows_kernel(const float* __restrict__ x, const float* __
     }
 }
 
+// The vector path of all three norms, for rows of dim % 4 == 0 floats (at most 4 * kThreads * V)
+// at 16-byte aligned addresses: row b reads x[r] (+ delta[r]) with r = rows ? rows[b] : b, writes
+// the sum back to x[r] when write_x, and y[b] = rmsnorm(sum) * w. Each thread holds its V float4s
+// of the row in registers: all its loads are issued before the first use, so a row costs one
+// memory latency instead of one per element (the scalar kernels above cannot batch their loads:
+// x, delta and y may alias, so every load waits for the store before it), and the second pass
+// reads registers. w is constant during a session: loaded before pdl_wait(), under the previous
+// kernel's tail.
+struct NormArgs {
+    float* x;
+    const float* delta;
+    const int32_t* rows;
+    const float* w;
+    float* y;
+    int64_t dim;
+    float eps;
+    bool write_x;
+};
+
+template <int V>
+__global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
+    const int n4 = int(a.dim / 4);
+    float4 wv[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        wv[k] = i < n4 ? __ldg(reinterpret_cast<const float4*>(a.w) + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t r = a.rows ? int64_t(a.rows[blockIdx.x]) : int64_t(blockIdx.x);
+    float4* xr = reinterpret_cast<float4*>(a.x + r * a.dim);
+    const float4* dr = a.delta ? reinterpret_cast<const float4*>(a.delta + r * a.dim) : nullptr;
+    float4 v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        v[k] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (dr) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int i = int(threadIdx.x) + k * kThreads;
+            if (i < n4) {
+                const float4 d = dr[i];
+                v[k].x += d.x;
+                v[k].y += d.y;
+                v[k].z += d.z;
+                v[k].w += d.w;
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    if (a.write_x) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int i = int(threadIdx.x) + k * kThreads;
+            if (i < n4) xr[i] = v[k];
+        }
+    }
+    const float inv = block_inv_rms(ss, a.dim, a.eps);
+    float4* yr = reinterpret_cast<float4*>(a.y + int64_t(blockIdx.x) * a.dim);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        if (i < n4)
+            yr[i] = make_float4((v[k].x * inv) * wv[k].x, (v[k].y * inv) * wv[k].y, (v[k].z * inv) * wv[k].z,
+                                (v[k].w * inv) * wv[k].w);
+    }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Launches the vector path when the row fits it (see norm_vec_kernel); false: use the scalar one.
+bool launch_norm_vec(const NormArgs& a, int64_t n_rows, cudaStream_t stream) {
+    if (a.dim % 4 != 0 || a.dim > int64_t(4) * kThreads * 8) return false;
+    if (!aligned16(a.x) || !aligned16(a.delta) || !aligned16(a.w) || !aligned16(a.y)) return false;
+    const int64_t per_thread = (a.dim / 4 + kThreads - 1) / kThreads;  // float4s per thread
+    const dim3 grid{unsigned(n_rows)}, block{unsigned(kThreads)};
+    if (per_thread <= 1) launch_kernel("norm_vec_kernel", norm_vec_kernel<1>, grid, block, 0, stream, a);
+    else if (per_thread <= 2) launch_kernel("norm_vec_kernel", norm_vec_kernel<2>, grid, block, 0, stream, a);
+    else if (per_thread <= 4) launch_kernel("norm_vec_kernel", norm_vec_kernel<4>, grid, block, 0, stream, a);
+    else launch_kernel("norm_vec_kernel", norm_vec_kernel<8>, grid, block, 0, stream, a);
+    return true;
+}
+
 void check_rows(int64_t rows, const char* who) {
     SHARDLM_CHECK(rows > 0 && rows <= INT_MAX, "rows of ", who, ": ", rows, " do not fit one grid");
 }
@@ -98,6 +187,8 @@ void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_
                   cudaStream_t stream) {
     if (rows == 0) return;
     check_rows(rows, "rmsnorm_cuda");
+    if (launch_norm_vec(NormArgs{const_cast<float*>(x), nullptr, nullptr, w, y, dim, eps, false}, rows, stream))
+        return;
     launch_kernel("rmsnorm_kernel", rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, w, y, dim, eps);
 }
 
@@ -105,6 +196,7 @@ void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, in
                       float eps, cudaStream_t stream) {
     if (rows == 0) return;
     check_rows(rows, "add_rmsnorm_cuda");
+    if (launch_norm_vec(NormArgs{x, delta, nullptr, w, y, dim, eps, true}, rows, stream)) return;
     launch_kernel("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
                   x, delta, w, y, dim, eps);
 }
@@ -113,6 +205,8 @@ void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, 
                        float* y, int64_t dim, float eps, cudaStream_t stream) {
     if (n == 0) return;
     check_rows(n, "rmsnorm_rows_cuda");
+    // (x is only read: the const_cast never writes through it, write_x is false.)
+    if (launch_norm_vec(NormArgs{const_cast<float*>(x), delta, rows, w, y, dim, eps, false}, n, stream)) return;
     launch_kernel("rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(unsigned(n)), dim3(kThreads), 0, stream,
                   x, delta, rows, w, y, dim, eps);
 }

@@ -18,7 +18,9 @@ using shardlm::test::DeviceBuffer;
 namespace {
 
 constexpr float kEps = 1e-6f;
-const int64_t kShapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {2, 255}, {7, 2048}, {1, 5000}, {64, 129}, {3, 8192}};
+// Vector path (dim % 4 == 0, <= 8192): 4 ... 8192 with full and partial float4s per thread; the rest scalar.
+const int64_t kShapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {2, 255}, {2, 4}, {3, 1028}, {7, 2048}, {2, 4100},
+                              {1, 5000}, {64, 129}, {3, 8192}, {1, 8196}};
 
 std::vector<float> norm_weights(int64_t dim) {
     std::vector<float> w(static_cast<size_t>(dim));

@@ -60,34 +60,32 @@ __device__ __forceinline__ void store_head(const HeadRegs& r, float* x, int lane
     }
 }
 
-// Per-head RMSNorm, rmsnorm_ref's float operations: (x * inv) * w, inv = rsqrt(mean(x^2) + eps).
-__device__ __forceinline__ void norm_head(HeadRegs& r, const float* __restrict__ w, int lane, int half,
-                                          float eps) {
+// Per-head RMSNorm, rmsnorm_ref's float operations: (x * inv) * w, inv = rsqrt(mean(x^2) + eps);
+// w holds the norm weights as load_head holds a head.
+__device__ __forceinline__ void norm_head(HeadRegs& r, const HeadRegs& w, int half, float eps) {
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxPairs; ++j) ss += r.a[j] * r.a[j] + r.b[j] * r.b[j];
     const float inv = rsqrtf(warp_sum(ss) / float(2 * half) + eps);
 #pragma unroll
     for (int j = 0; j < kMaxPairs; ++j) {
-        const int i = lane + 32 * j;
-        if (i < half) {
-            r.a[j] = (r.a[j] * inv) * w[i];
-            r.b[j] = (r.b[j] * inv) * w[i + half];
-        }
+        r.a[j] = (r.a[j] * inv) * w.a[j];
+        r.b[j] = (r.b[j] * inv) * w.b[j];
     }
 }
 
-// Rotate-half RoPE as rope_ref: angle = float(pos) * inv_freq[i] in FP32, precise sincosf, and
-// the products rounded separately (__fmul_rn/__fadd_rn keep nvcc from contracting them into FMAs)
-// so the result tracks the CPU's a*c - b*s to within the cos/sin difference.
-__device__ __forceinline__ void rope_head(HeadRegs& r, const float* __restrict__ inv_freq, float fpos, int lane,
+// Rotate-half RoPE as rope_ref: angle = float(pos) * inv_freq[i] in FP32 (freq[j] = inv_freq[i],
+// i = lane + 32 j), precise sincosf, and the products rounded separately (__fmul_rn/__fadd_rn keep
+// nvcc from contracting them into FMAs) so the result tracks the CPU's a*c - b*s to within the
+// cos/sin difference.
+__device__ __forceinline__ void rope_head(HeadRegs& r, const float (&freq)[kMaxPairs], float fpos, int lane,
                                           int half) {
 #pragma unroll
     for (int j = 0; j < kMaxPairs; ++j) {
         const int i = lane + 32 * j;
         if (i < half) {
             float s, c;
-            sincosf(fpos * inv_freq[i], &s, &c);
+            sincosf(fpos * freq[j], &s, &c);
             const float a = r.a[j], b = r.b[j];
             r.a[j] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
             r.b[j] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
@@ -162,25 +160,34 @@ __device__ __forceinline__ void store_cache_row(const HeadRegs& r, void* cache, 
     }
 }
 
+// The loads are ordered for latency: the session constants (inv_freq, the q/k norm weights) before
+// pdl_wait(), under the previous kernel's tail; a KV warp loads its k and v heads together, before
+// its first store (the compiler cannot move a load above a store that may alias it).
 template <DType D>
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKVParams p) {
-    pdl_wait();
-    pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int64_t heads = p.n_heads + p.n_kv_heads;
     const int64_t task = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (task >= p.T * heads) return;  // uniform per warp: the shuffles below see full warps
     const int64_t t = task / heads, h = task % heads;
     const int half = int(p.head_dim / 2);
+    const bool is_q = h < p.n_heads;
+    float freq[kMaxPairs];
+#pragma unroll
+    for (int j = 0; j < kMaxPairs; ++j) freq[j] = lane + 32 * j < half ? p.inv_freq[lane + 32 * j] : 0.0f;
+    const float* norm_w = is_q ? p.q_norm : p.k_norm;
+    const HeadRegs w = norm_w ? load_head(norm_w, lane, half) : HeadRegs{};
+    pdl_wait();
+    pdl_launch_dependents();
     const float fpos = float(p.pos[t]);
 
     const int64_t q_row = p.row_stride ? p.row_stride : p.n_heads * p.head_dim;
     const int64_t kv_row = p.row_stride ? p.row_stride : p.n_kv_heads * p.head_dim;
-    if (h < p.n_heads) {
+    if (is_q) {
         float* x = p.q + t * q_row + h * p.head_dim;
         HeadRegs r = load_head(x, lane, half);
-        if (p.q_norm) norm_head(r, p.q_norm, lane, half, p.eps);
-        rope_head(r, p.inv_freq, fpos, lane, half);
+        if (norm_w) norm_head(r, w, half, p.eps);
+        rope_head(r, freq, fpos, lane, half);
         store_head(r, p.q_out ? p.q_out + (t * p.n_heads + h) * p.head_dim : x, lane, half);
         return;
     }
@@ -188,15 +195,14 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKVParams p) {
     const int64_t kh = h - p.n_heads;
     float* x = p.k + t * kv_row + kh * p.head_dim;
     HeadRegs r = load_head(x, lane, half);
-    if (p.k_norm) norm_head(r, p.k_norm, lane, half, p.eps);
-    rope_head(r, p.inv_freq, fpos, lane, half);
-    store_head(r, x, lane, half);
-
+    const HeadRegs v = load_head(p.v + t * kv_row + kh * p.head_dim, lane, half);
     // K/V are [n_slots][n_kv_heads][capacity][row_stride]; position pos lives in row pos % capacity.
     const int64_t cache_row = (int64_t(p.slot[t]) * p.kv.n_kv_heads + kh) * p.kv.capacity +
                               int64_t(p.pos[t]) % p.kv.capacity;
+    if (norm_w) norm_head(r, w, half, p.eps);
+    rope_head(r, freq, fpos, lane, half);
+    store_head(r, x, lane, half);
     store_cache_row<D>(r, p.kv.k, p.kv.k_scales, cache_row, p.kv.row_stride, lane, half);
-    const HeadRegs v = load_head(p.v + t * kv_row + kh * p.head_dim, lane, half);
     store_cache_row<D>(v, p.kv.v, p.kv.v_scales, cache_row, p.kv.row_stride, lane, half);
 }
 

@@ -385,6 +385,33 @@ s_gemv() {
   exit "$rc"
 }
 
+s_gemv_r() {  # the decode GEMV with its rows per group forced to 1, 2 and 4 (SHARDLM_GEMV_R), n <= 2
+  [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary (target not built)"
+  have_gpu || skip "no GPU"
+  local r
+  for r in 1 2 4; do
+    SHARDLM_GEMV_R=$r "$BIN/gemv_bench_cuda" 20 > "$work/logs/gemv-r$r.out" || exit 1
+  done
+  # | shape | rows x cols | weights | n | us | GB/s | ...: one line per (shape, weights, n <= 2)
+  awk -F'|' '
+    FNR == 1 { r++ }
+    /^## / { sect = $0 }
+    sect ~ /gemv_cuda/ && NF > 8 && $5 + 0 >= 1 && $5 + 0 <= 2 && $4 !~ /w8a8/ {
+      k = $2 "|" $3 "|" $4 "|" $5; if (!(k in seen)) { seen[k] = 1; keys[++n] = k }
+      us[k, r] = $6 + 0; gb[k, r] = $7 + 0
+    }
+    END {
+      print "| shape | rows x cols | weights | n | R=1 us (GB/s) | R=2 us (GB/s) | R=4 us (GB/s) |"
+      print "|---|---|---|---|---:|---:|---:|"
+      for (i = 1; i <= n; i++) {
+        k = keys[i]; line = "|" k "|"
+        for (j = 1; j <= 3; j++) line = line sprintf(" %.1f (%d) |", us[k, j], gb[k, j])
+        print line
+      }
+    }' "$work/logs/gemv-r1.out" "$work/logs/gemv-r2.out" "$work/logs/gemv-r4.out" | tee "$work/logs/gemv-r.md"
+  echo "note: $(grep -c '^| [a-z]' "$work/logs/gemv-r.md") shapes x weights x n compared"
+}
+
 s_ncu() {  # hardware counters of the INT8 and f16 decode GEMV (where the runtime lets ncu read them)
   [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary"
   have_gpu || skip "no GPU"
@@ -438,7 +465,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_mission
+export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -471,6 +498,7 @@ step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --att
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
 step ncu-gemv 90 s_ncu
+step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16
 
@@ -485,7 +513,7 @@ step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16
   echo "- shape: --synthetic $SYN, prompt $PL, gen $GEN, -r $REPS; loader $mode; $(($(date +%s) - t_start)) s in all"
 } > "$work/header.md"
 "$PY" "$root/bench/gpu_report.py" table "$jsonl" "$work/header.md" > "$out/gpu_check.md"
-for f in gemv.out mission.md kernels.md ncu.out; do
+for f in gemv.out gemv-r.md mission.md kernels.md ncu.out; do
   [ -s "$work/logs/$f" ] || continue
   { echo; echo "## ${f%.*}"; echo; [ "${f%.md}" = "$f" ] && echo '```'; cat "$work/logs/$f"; [ "${f%.md}" = "$f" ] && echo '```'; } >> "$out/gpu_check.md"
 done

@@ -34,6 +34,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -260,27 +261,33 @@ WKind kind_of(DType t) {
 }
 
 // Rows per group R, 16-byte chunks in flight per row U, and the register budget per thread
-// (65536 / (256 * MinBlocks)), chosen so the compiler neither spills nor starves the loads:
-// n <= 2 runs 32 warps per SM with 128 (I8: 64) bytes of weights in flight per lane, ~64-128 KB
-// per SM; n >= 4 shares each x load between two rows (L1 traffic) and needs the registers of 2
-// blocks per SM for the accumulators, 16 warps with 32-64 bytes in flight per lane, where the
-// FMAs rather than the memory set the pace.
-// Measured on the H200 (bench/gemv_bench_cuda, n = 1): f16 reaches 53-62% of the theoretical
-// HBM bandwidth on the Qwen3 MLP shapes and 78% on lm_head, I8 only 18-25%. Giving I8 f16's 128
-// bytes in flight per lane (U = 8, 3 blocks per SM for the registers) made it slower, not faster
-// (down_proj 10.6 -> 14.3 us), so I8 is not bound by what is in flight: its int8 -> float
-// conversion and 4x x-traffic per weight byte are the next suspects (see the project notes).
-template <WKind K, int N>
+// (65536 / (256 * MinBlocks)), chosen so the compiler neither spills nor starves the loads.
+// n >= 4 shares each x load between two rows (L1 traffic) and needs the registers of 2 blocks
+// per SM for the accumulators: 16 warps with 32-64 bytes in flight per lane, where the FMAs
+// rather than the memory set the pace.
+// n <= 2 is the decode step of one or two sequences, where the weights' bytes set the pace; what
+// counts is the bytes a lane has in flight, R * min(U, chunks it owns per row) * 16. A lane owns
+// ceil(chunks / 64) chunks of a row: a 2048-column row is 2 chunks of I8 or 4 of f16. With R = 1
+// such rows leave only 32-64 bytes in flight per lane whatever U is, and each block streams just
+// 8-16 KB before its reduction: the H200 measured I8 at 18-25% of HBM bandwidth and the f16
+// 2048-column shapes at 35-55%, while lm_head-sized f16 work reached 79%. So rows_per_group()
+// picks R = 4, 2 or 1 to bring every lane near 128 bytes in flight (R * U = 8 chunks), which also
+// shares each x load among R rows. H200, n = 1, interleaved weights, R = 1 -> the rule's R
+// (bench/gpu_check.sh gemv-r, which times all three): I8 lm_head 173.5 -> 89.5 us (R = 4: 3491
+// GB/s, 72% of the theoretical 4814), gate/up 8.5 -> 6.5 us, 2048x2048 3.1 -> 2.7 us; f16
+// lm_head 164.1 -> 136.6 us (R = 2: 95%), gate/up 9.3 -> 8.0 us. The rule's R was the fastest of
+// the three or within 0.3 us of it on every Qwen3-1.7B shape (down_proj's 6144 columns keep R = 1).
+template <WKind K, int N, int R>
 struct VecConfig {
-    static constexpr int R = N >= 4 ? 2 : 1;
-    static constexpr int U = K == WKind::I8 ? (N <= 2 ? 4 : N == 4 ? 2 : 1) : (N <= 2 ? 8 : N == 4 ? 4 : 2);
-    static constexpr int MinBlocks = N >= 4 ? 2 : 4;
+    static_assert(N >= 4 ? R == 2 : (R == 1 || R == 2 || R == 4), "rows per group");
+    static constexpr int U = N >= 4 ? (K == WKind::I8 ? (N == 4 ? 2 : 1) : (N == 4 ? 4 : 2))
+                                    : (K == WKind::I8 && R == 1 ? 4 : 8 / R);
+    static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : (R == 2 ? 3 : 4);
 };
 
-template <WKind K, int N>
+template <WKind K, int N, int R>
 void launch_vec(const GemvArgs& a, cudaStream_t stream) {
-    using Cfg = VecConfig<K, N>;
-    constexpr int R = Cfg::R;
+    using Cfg = VecConfig<K, N, R>;
     const int64_t per_tile = a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R;  // outputs per block
     const int64_t out_rows = a.swiglu_half > 0 ? a.swiglu_half : a.rows;
     const int64_t tiles = (out_rows + per_tile - 1) / per_tile;
@@ -290,14 +297,35 @@ void launch_vec(const GemvArgs& a, cudaStream_t stream) {
                   0, stream, a);
 }
 
+// R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them. SHARDLM_GEMV_R
+// = 1, 2 or 4 forces it (read once per process), for the A/B runs of bench/gemv_bench_cuda.
+int rows_per_group(int chunks) {
+    static const int forced = [] {
+        const char* v = std::getenv("SHARDLM_GEMV_R");
+        const int r = v ? std::atoi(v) : 0;
+        return r == 1 || r == 2 || r == 4 ? r : 0;
+    }();
+    if (forced) return forced;
+    const int lane_chunks = (chunks + kChunksPerStep - 1) / kChunksPerStep;
+    return lane_chunks <= 2 ? 4 : lane_chunks <= 4 ? 2 : 1;
+}
+
+template <WKind K, int N>
+void launch_vec_r(const GemvArgs& a, cudaStream_t stream) {
+    const int r = rows_per_group(a.chunks);
+    if (r == 4) return launch_vec<K, N, 4>(a, stream);
+    if (r == 2) return launch_vec<K, N, 2>(a, stream);
+    return launch_vec<K, N, 1>(a, stream);
+}
+
 template <WKind K>
 void launch_vec_tokens(const GemvArgs& a, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8 (the batch buckets of the decode graphs); extra rows of x
     // repeat the last one and are not stored.
-    if (a.n == 1) return launch_vec<K, 1>(a, stream);
-    if (a.n == 2) return launch_vec<K, 2>(a, stream);
-    if (a.n <= 4) return launch_vec<K, 4>(a, stream);
-    return launch_vec<K, 8>(a, stream);
+    if (a.n == 1) return launch_vec_r<K, 1>(a, stream);
+    if (a.n == 2) return launch_vec_r<K, 2>(a, stream);
+    if (a.n <= 4) return launch_vec<K, 4, 2>(a, stream);
+    return launch_vec<K, 8, 2>(a, stream);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -4,8 +4,9 @@
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
-# the mission table and, last and where the runtime allows it, Nsight Compute's counters of the
-# decode GEMV (ncu-gemv), and writes under $OUT:
+# the mission table, the GEMV with each rows-per-group choice (gemv-r) and, last and where the
+# runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
+# in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
 #   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
 #   gpu_check.jsonl      every step's status, every benchmark row (shardlm bench --json rows, tagged)
 #   gpu_check.log        every step's log, cut to its first 100 and last 200 lines
@@ -432,7 +433,7 @@ s_ncu() {  # hardware counters of the INT8 and f16 decode GEMV (where the runtim
   exit $rc
 }
 
-s_ncu_step() {  # NAME FLAGS...: each kernel's time in one decode step (ncu, kernels run one at a time)
+s_ncu_step() {  # NAME FLAGS...: each kernel's time in one decode step and one prefill (ncu, one kernel at a time)
   local name=$1
   shift
   have_gpu || skip "no GPU"
@@ -451,7 +452,7 @@ s_ncu_step() {  # NAME FLAGS...: each kernel's time in one decode step (ncu, ker
   fi
   [ $rc = 0 ] || exit $rc
   "$PY" "$root/bench/gpu_report.py" kernels "$work/logs/$name.csv" > "$work/logs/$name.md" || exit 1
-  { echo "### decode step, batch 1, $*"; echo; cat "$work/logs/$name.md"; echo; } | tee -a "$work/logs/kernels.md"
+  { echo "### batch 1, prompt $PL, $*"; echo; cat "$work/logs/$name.md"; echo; } | tee -a "$work/logs/kernels.md"
   echo "note: $(grep -m1 '^total:' "$work/logs/$name.md")"
 }
 

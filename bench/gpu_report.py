@@ -191,8 +191,8 @@ def short_kernel(name):
 
 
 def cmd_kernels(path):
-    """The kernels of the last complete decode step: from an embedding launch to the argmax/top-k
-    after it, with no prefill attention in between. One row per kernel variant and grid."""
+    """The kernels of the last complete decode step and of the last complete prefill (a pass
+    with prefill attention), one row per kernel variant and grid."""
     import csv
     with open(path) as f:
         lines = f.read().splitlines()
@@ -209,31 +209,51 @@ def cmd_kernels(path):
         launches[int(r["ID"])] = (short_kernel(r["Kernel Name"]), r.get("Grid Size", ""), r.get("Block Size", ""), ns)
     seq = [launches[i] for i in sorted(launches)]
     starts = [i for i, k in enumerate(seq) if k[0].startswith("embedding_kernel")]
-    step = None
-    for a in reversed(starts):
-        end = next((j for j in range(a + 1, len(seq)) if seq[j][0].startswith(("argmax", "topk"))), None)
-        if end is None:
-            continue
-        names = [k[0] for k in seq[a:end + 1]]
-        if any("prefill" in n or "gemm" in n.lower() or "xmma" in n or "cutlass" in n for n in names):
-            continue
-        step = seq[a:end + 1]
-        break
-    if step is None:
+
+    def last_step(prefill):
+        # A forward pass runs from its embedding launch to the next one; a decode step is complete
+        # with its argmax/top-k, a prefill (whose logits go to the host) when another pass follows.
+        for i in reversed(range(len(starts))):
+            a = starts[i]
+            end = starts[i + 1] if i + 1 < len(starts) else len(seq)
+            names = [k[0] for k in seq[a:end]]
+            if any("prefill" in n for n in names) != prefill:
+                continue
+            if prefill and end == len(seq):
+                continue
+            if not prefill:
+                last = next((j for j in range(len(names)) if names[j].startswith(("argmax", "topk"))), None)
+                if last is None:
+                    continue
+                end = a + last + 1
+            return seq[a:end]
+        return None
+
+    decode = last_step(False)
+    if decode is None:
         print("gpu_report kernels: no complete decode step (embedding ... argmax) in " + path, file=sys.stderr)
         sys.exit(1)
-    rows = {}
-    for name, grid, block, ns in step:
-        r = rows.setdefault((name, grid, block), [0, 0.0])
-        r[0] += 1
-        r[1] += ns
-    total = sum(k[3] for k in step)
-    print("| kernel | grid | block | launches | total us | us each | share |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    for (name, grid, block), (n, ns) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        print("| %s | %s | %s | %d | %.1f | %.2f | %.1f%% |" % (name, grid, block, n, ns / 1e3, ns / 1e3 / n, 100 * ns / total))
-    print()
-    print("total: %d launches, %.3f ms of kernel time (each kernel alone, as ncu runs them)" % (len(step), total / 1e6))
+    totals = []
+    for title, step in (("decode step", decode), ("prefill", last_step(True))):
+        if step is None:
+            continue
+        rows = {}
+        for name, grid, block, ns in step:
+            r = rows.setdefault((name, grid, block), [0, 0.0])
+            r[0] += 1
+            r[1] += ns
+        total = sum(k[3] for k in step)
+        totals.append("%s %.3f ms in %d launches" % (title, total / 1e6, len(step)))
+        print("%s:\n" % title)
+        print("| kernel | grid | block | launches | total us | us each | share |")
+        print("|---|---|---|---:|---:|---:|---:|")
+        for (name, grid, block), (n, ns) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+            if title == "prefill" and 100 * ns / total < 0.5:
+                continue  # (prefill: the small ones left out)
+            print("| %s | %s | %s | %d | %.1f | %.2f | %.1f%% |" % (name, grid, block, n, ns / 1e3, ns / 1e3 / n,
+                                                                    100 * ns / total))
+        print()
+    print("total: " + "; ".join(totals) + " of kernel time (each kernel alone, as ncu runs them)")
 
 
 def main():

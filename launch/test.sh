@@ -36,28 +36,30 @@ if [ -f /usr/local/cuda/include/cuda_runtime.h ] || command -v nvcc >/dev/null; 
          "SHARDLM_EMU_ORDER=reverse reruns a binary in the reversed schedule" >&2
     exit 1
   fi
-  # The kernel tests once more under ASan + UBSan (forward order; ~5 min on 2 cores, one gtest shard
-  # per core): device allocations are exact-size heap blocks there, so any kernel's out-of-bounds
-  # access of device memory is reported.
+  # The kernel and engine tests once more under ASan + UBSan (forward order; ~6 min on 2 cores,
+  # one gtest shard per core): device allocations are exact-size heap blocks there, so any kernel's
+  # out-of-bounds access of device memory is reported, also where the engine sizes the buffers.
   emu_asan="$root/build-emu-asan"
-  echo "== CUDA kernel tests on the emulator under ASan/UBSan ($emu_asan)"
+  echo "== CUDA kernel and engine tests on the emulator under ASan/UBSan ($emu_asan)"
   [ -f "$emu_asan/build.ninja" ] || cmake -S "$root" -B "$emu_asan" -G Ninja -DSHARDLM_CUDA=OFF -DSHARDLM_CUDA_EMU=ON \
     -DSHARDLM_MPI=OFF -DSHARDLM_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build "$emu_asan" -j "$(nproc)" --target test_kernels_cuda
+  cmake --build "$emu_asan" -j "$(nproc)" --target test_kernels_cuda test_cuda_engine
   shards=$(nproc)
-  pids=()
-  for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
-      "$emu_asan/tests/test_kernels_cuda" --gtest_brief=1 >"$emu_asan/shard$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for ((i = 0; i < shards; ++i)); do
-    if ! wait "${pids[$i]}"; then
-      cat "$emu_asan/shard$i.log" >&2
-      echo "shardlm: CUDA kernel tests failed under ASan/UBSan on the CPU CUDA emulator ($emu_asan, shard $i of $shards)" >&2
-      exit 1
-    fi
-    tail -n 1 "$emu_asan/shard$i.log"
+  for bin in test_kernels_cuda test_cuda_engine; do
+    pids=()
+    for ((i = 0; i < shards; ++i)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 \
+        "$emu_asan/tests/$bin" --gtest_brief=1 >"$emu_asan/$bin.shard$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for ((i = 0; i < shards; ++i)); do
+      if ! wait "${pids[$i]}"; then
+        cat "$emu_asan/$bin.shard$i.log" >&2
+        echo "shardlm: $bin failed under ASan/UBSan on the CPU CUDA emulator ($emu_asan, shard $i of $shards)" >&2
+        exit 1
+      fi
+      tail -n 1 "$emu_asan/$bin.shard$i.log"
+    done
   done
 else
   echo "== CUDA emulator tests skipped: no CUDA headers (/usr/local/cuda/include)"

@@ -386,7 +386,7 @@ s_gemv() {
   exit "$rc"
 }
 
-s_gemv_r() {  # the decode GEMV with its rows per group forced to 1, 2 and 4 (SHARDLM_GEMV_R), n <= 2
+s_gemv_r() {  # the decode GEMVs (W8A16 and W8A8) with their rows per group forced to 1, 2 and 4 (SHARDLM_GEMV_R), n <= 2
   [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary (target not built)"
   have_gpu || skip "no GPU"
   local r
@@ -397,7 +397,7 @@ s_gemv_r() {  # the decode GEMV with its rows per group forced to 1, 2 and 4 (SH
   awk -F'|' '
     FNR == 1 { r++ }
     /^## / { sect = $0 }
-    sect ~ /gemv_cuda/ && NF > 8 && $5 + 0 >= 1 && $5 + 0 <= 2 && $4 !~ /w8a8/ {
+    sect ~ /gemv_cuda/ && NF > 8 && $5 + 0 >= 1 && $5 + 0 <= 2 {
       k = $2 "|" $3 "|" $4 "|" $5; if (!(k in seen)) { seen[k] = 1; keys[++n] = k }
       us[k, r] = $6 + 0; gb[k, r] = $7 + 0
     }

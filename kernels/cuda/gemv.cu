@@ -297,15 +297,10 @@ void launch_vec(const GemvArgs& a, cudaStream_t stream) {
                   0, stream, a);
 }
 
-// R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them. SHARDLM_GEMV_R
-// = 1, 2 or 4 forces it (read once per process), for the A/B runs of bench/gemv_bench_cuda.
+// R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them, unless
+// SHARDLM_GEMV_R forces it (gemv_forced_rows_per_group in gemv.h).
 int rows_per_group(int chunks) {
-    static const int forced = [] {
-        const char* v = std::getenv("SHARDLM_GEMV_R");
-        const int r = v ? std::atoi(v) : 0;
-        return r == 1 || r == 2 || r == 4 ? r : 0;
-    }();
-    if (forced) return forced;
+    if (const int forced = gemv_forced_rows_per_group()) return forced;
     const int lane_chunks = (chunks + kChunksPerStep - 1) / kChunksPerStep;
     return lane_chunks <= 2 ? 4 : lane_chunks <= 4 ? 2 : 1;
 }
@@ -404,6 +399,15 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
     return run_gemv(w, x, n, bias, y, w.rows / 2, stream);
+}
+
+int gemv_forced_rows_per_group() {
+    static const int forced = [] {
+        const char* v = std::getenv("SHARDLM_GEMV_R");
+        const int r = v ? std::atoi(v) : 0;
+        return r == 1 || r == 2 || r == 4 ? r : 0;
+    }();
+    return forced;
 }
 
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {

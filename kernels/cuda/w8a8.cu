@@ -258,33 +258,44 @@ __global__ void __launch_bounds__(kThreads) gemv_w8a8_scalar_kernel(const W8A8Ar
 }
 
 // Rows per group R, chunks in flight per row U and the register budget (65536 / (256 * MinBlocks))
-// as for gemv.cu's f16 path, whose per-chunk work is as light: n <= 2 keeps 128 bytes of weights
-// in flight per lane (grouped: with their scales, which need 3 blocks' registers, not 4, to
-// stay out of local memory); n >= 4 shares each q load between two rows and needs the registers
-// of 2 blocks per SM for the accumulators. Untuned on hardware.
-template <int N, bool OneGroup>
+// as for gemv.cu's f16 path, whose per-chunk work is as light: n <= 2 asks for 128 bytes of
+// weights in flight per lane (R * U = 8 chunks; grouped: with their scales, which need 3 blocks'
+// registers, not 4, to stay out of local memory); n >= 4 shares each q load between two rows and
+// needs the registers of 2 blocks per SM for the accumulators. n <= 2 uses R = 1 unless
+// SHARDLM_GEMV_R forces 2 or 4: gemv.cu measured R = 4 much faster for I8 rows of 2048 columns
+// (a lane owns only 2 of their chunks, so U alone cannot fill the 8), but W8A8 has not been
+// measured that way yet (bench/gpu_check.sh gemv-r times it).
+template <int N, bool OneGroup, int R>
 struct VecConfig {
-    static constexpr int R = N >= 4 ? 2 : 1;
-    static constexpr int U = N <= 2 ? 8 : N == 4 ? 4 : 2;
-    static constexpr int MinBlocks = N >= 4 ? 2 : OneGroup ? 4 : 3;
+    static_assert(N >= 4 ? R == 2 : (R == 1 || R == 2 || R == 4), "rows per group");
+    static constexpr int U = N <= 2 ? 8 / R : N == 4 ? 4 : 2;
+    static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : (R == 2 || !OneGroup) ? 3 : 4;
 };
 
-template <int N, bool OneGroup>
+template <int N, bool OneGroup, int R>
 void launch_vec(const W8A8Args& a, cudaStream_t stream) {
-    using Cfg = VecConfig<N, OneGroup>;
-    const int64_t tiles = (a.rows + kGroups * Cfg::R - 1) / (kGroups * Cfg::R);
+    using Cfg = VecConfig<N, OneGroup, R>;
+    const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
-    launch_kernel("gemv_w8a8_vec_kernel", gemv_w8a8_vec_kernel<N, Cfg::R, Cfg::U, Cfg::MinBlocks, OneGroup>,
+    launch_kernel("gemv_w8a8_vec_kernel", gemv_w8a8_vec_kernel<N, R, Cfg::U, Cfg::MinBlocks, OneGroup>,
                   dim3(unsigned(tiles)), dim3(kThreads), 0, stream, a);
+}
+
+template <int N, bool OneGroup>
+void launch_vec_r(const W8A8Args& a, cudaStream_t stream) {
+    const int r = gemv_forced_rows_per_group();
+    if (r == 4) return launch_vec<N, OneGroup, 4>(a, stream);
+    if (r == 2) return launch_vec<N, OneGroup, 2>(a, stream);
+    return launch_vec<N, OneGroup, 1>(a, stream);
 }
 
 template <bool OneGroup>
 void launch_vec_tokens(const W8A8Args& a, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8, like gemv_cuda (the decode graphs' batch buckets).
-    if (a.n == 1) return launch_vec<1, OneGroup>(a, stream);
-    if (a.n == 2) return launch_vec<2, OneGroup>(a, stream);
-    if (a.n <= 4) return launch_vec<4, OneGroup>(a, stream);
-    return launch_vec<8, OneGroup>(a, stream);
+    if (a.n == 1) return launch_vec_r<1, OneGroup>(a, stream);
+    if (a.n == 2) return launch_vec_r<2, OneGroup>(a, stream);
+    if (a.n <= 4) return launch_vec<4, OneGroup, 2>(a, stream);
+    return launch_vec<8, OneGroup, 2>(a, stream);
 }
 
 void launch_scalar(const W8A8Args& a, cudaStream_t stream) {

@@ -25,6 +25,7 @@ namespace {
 
 // Split-KV plan, a function of the capacity alone: a captured graph stays valid as sequences grow.
 constexpr int64_t kMinKeysPerSplit = 64, kMaxSplits = 32, kDecodeTile = 32;
+static_assert(kMaxSplits <= 32, "flash_merge_kernel gives each split a lane of one warp");
 
 struct SplitPlan {
     int n_splits, keys_per_split;
@@ -461,22 +462,30 @@ __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
     const float* recs = a.partials + (int64_t(blockIdx.y) * a.n_heads + h) * a.n_splits * rec_size;
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_l;
-    if (threadIdx.x == 0) {
-        float mx = -INFINITY, l = 0.0f;
-        for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, recs[s * rec_size]);
-        for (int s = 0; s < a.n_splits; ++s) {
-            const float m = recs[s * rec_size];
-            weight[s] = m == -INFINITY ? 0.0f : expf(m - mx);
-            if (weight[s] != 0.0f) l += recs[s * rec_size + 1] * weight[s];
-        }
-        inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
+    // Warp 0, lane s: split s's weight and share of l, every split's m and l loaded at once (a
+    // serial walk over the splits waited for each load in turn). n_splits <= kMaxSplits = 32;
+    // every split wrote m and l (an empty one -inf and 0).
+    if (threadIdx.x < 32) {
+        const int s = int(threadIdx.x);
+        const float m = s < a.n_splits ? recs[s * rec_size] : -INFINITY;
+        const float ls = s < a.n_splits ? recs[s * rec_size + 1] : 0.0f;
+        const float mx = warp_max(m, 32);  // every lane: a shuffle
+        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+        const float l = warp_sum(w * ls, 32);
+        weight[s] = w;
+        if (s == 0) inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
     }
     __syncthreads();
     float* o = a.out + (int64_t(ch.row0) * a.n_heads + h) * a.head_dim;
     for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
         float x = 0.0f;
-        for (int s = 0; s < a.n_splits; ++s)
-            if (weight[s] != 0.0f) x = fmaf(recs[s * rec_size + 2 + c], weight[s], x);
+        // Loads outside any branch, so they issue together; an empty split's acc (never written)
+        // is read but dropped by the select.
+#pragma unroll 8
+        for (int s = 0; s < a.n_splits; ++s) {
+            const float v = recs[s * rec_size + 2 + c];
+            x = weight[s] != 0.0f ? fmaf(v, weight[s], x) : x;
+        }
         o[c] = x * inv_l;
     }
 }

@@ -487,21 +487,22 @@ for prec in "fp16 fp16" "int8 fp16" "int8 int8"; do
   step "bench-$1-$2-graph" 90 s_bench "bench-$1-$2-g1" 1,4 "$1" "$2" 1
 done
 # Most wanted first: a --budget run stops starting steps when its time is spent (rerun the rest
-# with --only).
-step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
+# with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
+# little from run to run (PyTorch, naive attention, the mission table).
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8
+step gemv-r 90 s_gemv_r
+step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
+step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
+step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16
 step torch 120 s_torch
 step bench-b4-fp16-naive-attention 60 s_bench bench-b4-naive 4 fp16 fp16 1 --attention naive
 step mission 120 s_mission
 step sanitize-nograph 90 s_sanitize --weights int8 --no-cuda-graph
 step ncu-gemv 90 s_ncu
-step gemv-r 90 s_gemv_r
-step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
-step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16
 
 # ---------------------------------------------------------------- report
 {

@@ -204,8 +204,12 @@ def cmd_kernels(path):
     for r in csv.DictReader(lines[start:]):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        unit = r.get("Metric Unit", "nsecond")
-        ns = float(r["Metric Value"].replace(",", "")) * {"nsecond": 1, "usecond": 1e3, "msecond": 1e6}.get(unit, 1)
+        unit = r.get("Metric Unit", "ns")
+        scale = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(unit)
+        if scale is None:
+            print("gpu_report kernels: unknown time unit %r in %s" % (unit, path), file=sys.stderr)
+            sys.exit(1)
+        ns = float(r["Metric Value"].replace(",", "")) * scale
         launches[int(r["ID"])] = (short_kernel(r["Kernel Name"]), r.get("Grid Size", ""), r.get("Block Size", ""), ns)
     seq = [launches[i] for i in sorted(launches)]
     starts = [i for i, k in enumerate(seq) if k[0].startswith("embedding_kernel")]

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""bench/gpu_report.py's parsers, on fixtures in ncu's and shardlm's real formats (CTest: bench)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPORT = os.path.join(HERE, "..", "..", "bench", "gpu_report.py")
+sys.path.insert(0, os.path.dirname(REPORT))
+import gpu_report  # noqa: E402
+
+
+def run(*args):
+    return subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True)
+
+
+def write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
+class ShortKernel(unittest.TestCase):
+    def test_names(self):
+        s = gpu_report.short_kernel
+        self.assertEqual(s("void shardlm::<unnamed>::gemv_vec_kernel<3, 1, 4, 2, 2>(shardlm::<unnamed>::GemvArgs)"),
+                         "gemv_vec_kernel<3, 1, 4, 2, 2>")
+        self.assertEqual(s("void shardlm::(anonymous namespace)::gemv_vec_kernel<(shardlm::(anonymous namespace)::WKind)3,"
+                           " 1, 1, 8, 4>(shardlm::(anonymous namespace)::GemvArgs)"), "gemv_vec_kernel<3, 1, 1, 8, 4>")
+        self.assertEqual(s("shardlm::<unnamed>::dequant_i8_kernel(const signed char *, const float *, __half *, long)"),
+                         "dequant_i8_kernel")
+        self.assertEqual(s("nvjet_sm90_hss_128x64_64x8_1x2_h_bz_TNT"), "nvjet_sm90_hss_128x64_64x8_1x2_h_bz_TNT")
+
+
+class Kernels(unittest.TestCase):
+    def test_last_complete_decode_step_and_prefill(self):
+        r = run("kernels", os.path.join(HERE, "ncu_step.csv"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        decode, _, prefill = r.stdout.partition("prefill:")
+        # The timed decode step (the warm-up's gemv ran 9 us, the cut-off pass's 99 us): two
+        # launches of one variant and grid merged into one row.
+        self.assertIn("| gemv_vec_kernel<3, 1, 4, 2, 2> | (256, 1, 1) | (256, 1, 1) | 2 | 10.0 | 5.00 |", decode)
+        self.assertIn("| norm_vec_kernel<2> | (1, 1, 1) | (256, 1, 1) | 1 | 2.5 | 2.50 |", decode)
+        self.assertNotIn("prefill_kernel", decode)
+        # The timed prefill (followed by a decode step), its "us" row scaled to ns.
+        self.assertIn("| dequant_i8_kernel | (4096, 1, 1) | (256, 1, 1) | 1 | 40.0 | 40.00 |", prefill)
+        self.assertIn("| flash_prefill_kernel<128, 64> | (32, 8, 1) | (256, 1, 1) | 1 | 112.0 |", prefill)
+        self.assertIn("total: decode step 0.044 ms in 6 launches; prefill 0.160 ms in 3 launches", r.stdout)
+
+    def test_errors_name_the_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            empty = os.path.join(d, "empty.csv")
+            write_text(empty, "==PROF== nothing profiled\n")
+            r = run("kernels", empty)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("no ncu CSV header in " + empty, r.stderr)
+            lines = read_text(os.path.join(HERE, "ncu_step.csv")).splitlines()
+            prefill_only = os.path.join(d, "prefill.csv")
+            write_text(prefill_only, "\n".join(lines[:8]) + "\n")  # setup and the first prefill
+            r = run("kernels", prefill_only)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("no complete decode step", r.stderr)
+            bad_unit = os.path.join(d, "unit.csv")
+            write_text(bad_unit, "\n".join(lines).replace('"ns","6,000"', '"furlong","6,000"') + "\n")
+            r = run("kernels", bad_unit)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("unknown time unit 'furlong'", r.stderr)
+
+
+class Tokens(unittest.TestCase):
+    def test_equal_and_different(self):
+        with tempfile.TemporaryDirectory() as d:
+            def write(name, toks):
+                p = os.path.join(d, name)
+                write_text(p, json.dumps({"results": [{"tokens": t} for t in toks]}))
+                return p
+            a = write("a.json", [[1, 2, 3], [4]])
+            self.assertEqual(run("tokens", a, write("b.json", [[1, 2, 3], [4]])).returncode, 0)
+            r = run("tokens", a, write("c.json", [[1, 2, 9], [4]]))
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("tokens differ", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -404,8 +405,11 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
 int gemv_forced_rows_per_group() {
     static const int forced = [] {
         const char* v = std::getenv("SHARDLM_GEMV_R");
-        const int r = v ? std::atoi(v) : 0;
-        return r == 1 || r == 2 || r == 4 ? r : 0;
+        if (!v || !*v) return 0;
+        const std::string s(v);
+        SHARDLM_CHECK(s == "1" || s == "2" || s == "4", "SHARDLM_GEMV_R=", s,
+                      ": the decode GEMV's rows per group must be 1, 2 or 4 (or unset)");
+        return std::atoi(v);
     }();
     return forced;
 }

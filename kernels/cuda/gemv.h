@@ -30,10 +30,10 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
 // leaves alone keeps working in the natural order.
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream);
 
-// SHARDLM_GEMV_R = 1, 2 or 4 (read once per process; 0 when unset or other): the rows per lane
-// group that the decode GEMVs (this one and gemv_w8a8_cuda) use for 1-2 token rows, forced for
-// the A/B runs of bench/gemv_bench_cuda (bench/gpu_check.sh gemv-r). Unset, gemv_cuda picks by
-// row length and gemv_w8a8_cuda uses 1.
+// SHARDLM_GEMV_R = 1, 2 or 4 (read once per process; 0 when unset, any other value an error):
+// the rows per lane group that the decode GEMVs (this one and gemv_w8a8_cuda) use for 1-2 token
+// rows, forced for the A/B runs of bench/gemv_bench_cuda (bench/gpu_check.sh gemv-r). Unset,
+// gemv_cuda picks by row length and gemv_w8a8_cuda uses 1.
 int gemv_forced_rows_per_group();
 
 }  // namespace shardlm

@@ -413,12 +413,15 @@ s_gemv_r() {  # the decode GEMVs (W8A16 and W8A8) with their rows per group forc
   echo "note: $(grep -c '^| [a-z]' "$work/logs/gemv-r.md") shapes x weights x n compared"
 }
 
+find_ncu() {  # Nsight Compute's CLI: on PATH or in the usual install folders
+  command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 | grep .
+}
+
 s_ncu() {  # hardware counters of the INT8 and f16 decode GEMV (where the runtime lets ncu read them)
   [ -x "$BIN/gemv_bench_cuda" ] || skip "no gemv_bench_cuda binary"
   have_gpu || skip "no GPU"
   local ncu
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-  [ -n "$ncu" ] || skip "ncu not found"
+  ncu=$(find_ncu) || skip "ncu not found"
   # The first launches of each gemv_vec_kernel variant: the 2048x2048 shapes at n = 1 (f16, i8).
   "$ncu" --clock-control none --kernel-name regex:gemv_vec_kernel --launch-count 6 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -438,8 +441,7 @@ s_ncu_step() {  # NAME FLAGS...: each kernel's time in one decode step and one p
   shift
   have_gpu || skip "no GPU"
   local ncu
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-  [ -n "$ncu" ] || skip "ncu not found"
+  ncu=$(find_ncu) || skip "ncu not found"
   # Warm-up prefill and decode step, then the timed prefill and decode step (--gen 1 -r 1): ~1100
   # launches. Eager (no graphs), so every kernel is a stream launch; caches are not flushed.
   "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
@@ -466,7 +468,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env

@@ -1,14 +1,15 @@
-// attention_cuda: causal GQA over the device KV cache, FP32 math. Three kernels share one staging
-// routine that dequantizes 16-byte pieces of cache rows (F32/F16/BF16/I8) into f32 shared tiles:
+// attention_cuda: causal GQA over the device KV cache (F32/F16/BF16/I8 rows), FP32 math:
 //   flash_prefill_kernel  FlashAttention-2 style; a block owns 32 (query, head) rows of one chunk
-//                         and one KV head (every query head of the group shares the K/V tiles).
-//   flash_decode_kernel   split-KV for one-token chunks; partials merged by flash_merge_kernel.
+//                         and one KV head (every query head of the group shares the K/V tiles,
+//                         staged as f32 in shared memory 16 bytes of a row at a time).
+//   flash_decode_kernel   split-KV for one-token chunks, K/V pieces dequantized in registers;
+//                         partials merged by flash_merge_kernel.
 //   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
 // Cache row addresses: block (slot, kv head) = (slot * n_kv_heads + kvh) * capacity rows; position
 // p lives in row p % capacity; a row is row_stride * dtype_size bytes, a multiple of 16 (128 by
 // contract), so a 16-byte load that starts before head_dim stays inside the row. Columns at or
 // beyond head_dim (the padding, possibly garbage) and rows past the causal end are never used:
-// they are staged as zeros (selected, not multiplied, so NaN garbage cannot leak).
+// they become zeros (selected, not multiplied, so NaN garbage cannot leak).
 #include <cuda_fp16.h>
 
 #include <atomic>
@@ -24,7 +25,9 @@ namespace shardlm {
 namespace {
 
 // Split-KV plan, a function of the capacity alone: a captured graph stays valid as sequences grow.
-constexpr int64_t kMinKeysPerSplit = 64, kMaxSplits = 32, kDecodeTile = 32;
+// Short splits give a batch-1 decode enough blocks (8 KV heads x 20 splits at a 640 capacity);
+// 32 keys is one round of the decode kernel at head_dim 128 (INT8 and 16-bit caches).
+constexpr int64_t kMinKeysPerSplit = 32, kMaxSplits = 32, kSplitAlign = 16;
 static_assert(kMaxSplits <= 32, "flash_merge_kernel gives each split a lane of one warp");
 
 struct SplitPlan {
@@ -35,7 +38,7 @@ SplitPlan split_plan(int64_t capacity) {
     int64_t n = (capacity + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
     n = n < 1 ? 1 : (n > kMaxSplits ? kMaxSplits : n);
     int64_t per = (capacity + n - 1) / n;
-    per = (per + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+    per = (per + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
     n = (capacity + per - 1) / per;
     return {int(n < 1 ? 1 : n), int(per)};
 }
@@ -299,44 +302,121 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode (one-token chunks), split-KV. Block (split, kv head x head subgroup, chunk); 128 threads;
-// GB query heads of one KV group (GB = group rounded up to a power of two, at most 8; larger
-// groups take several subgroups). The split covers keys [split * keys_per_split, +keys_per_split)
-// cut at the query's position; an empty split writes the partial m = -inf, l = 0. Per tile of 32
-// keys: stage K, V; warp w dots dims [w DP/4, (w+1) DP/4) of key `lane` with every head; warp
-// (g mod 4) sums the four partials of head g, masks, updates m, l and writes P; then thread
-// (gh = tid / (DP/4), cq = tid % (DP/4)) accumulates columns 4cq..4cq+3 of heads gh + NG k (GB >=
-// NG) or, for fewer heads, of head gh % GB over keys j = gh / GB (mod NG / GB), summed at the end.
-// Memory-bound: each cache row is read once per (split, KV group); ~43 KB shared at DP = 128
-// keeps ~5 blocks per SM resident to cover load latency.
-template <int DP, int GB>
-__global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
-    pdl_wait();
-    pdl_launch_dependents();
-    constexpr int NT = 128, BK = int(kDecodeTile), LD = DP + 4, LDP = BK + 1, NQ = DP / 4, NG = NT / NQ;
-    constexpr int HPT = GB >= NG ? GB / NG : 1;  // heads per thread in P V
-    constexpr int NS = GB >= NG ? 1 : NG / GB;   // key subsets in P V
-    static_assert(BK == 32, "one key per lane");
-    SHARDLM_DYNAMIC_SMEM(float4, smem4);  // extern __shared__ (launch.h)
-    float* sK = reinterpret_cast<float*>(smem4);
-    float* sV = sK + BK * LD;
-    float* sQ = sV + BK * LD;         // [GB][DP]
-    float* sPart = sQ + GB * DP;      // [4][GB][BK]
-    float* sP = sPart + 4 * GB * BK;  // [GB][BK + 1]
-    float* sM = sP + GB * LDP;        // [GB] running max, sum, last rescale
-    float* sL = sM + GB;
-    float* sAlpha = sL + GB;
+// Decode (one-token chunks), split-KV, registers only. Block (split, KV head x head subgroup,
+// chunk); 128 threads; GB query heads of one KV group (1, 2 or 4; a larger group takes several
+// subgroups, which re-read the group's rows from L2). A cache row is cut into PR = DP/16 pieces of
+// 16 elements; thread t owns piece c = t % PR of the rows r = t / PR + KP j (KP = 128 / PR rows
+// per pass) and keeps its query pieces, its K/V pieces and its 16 output columns per head in
+// registers. Per round of KR = NR * KP keys (NR passes, at most 32 registers of raw K/V):
+//   load K, V and scales of every pass at once -> 16-element dots, summed over the PR lanes of a
+//   row by shuffles -> round max over the block (one barrier, double-buffered) -> rescale, P V.
+// At the end the rows' partial outputs are summed (shuffles, then the four warps through shared
+// memory) into the split's record. One global round trip per round, where staging tiles in
+// shared memory cost a K/V load, then scores, softmax and P V phases with a barrier each.
+// The first round's rows other than the newest position were written by earlier steps, so they
+// are loaded before pdl_wait(): that latency overlaps the tail of the kernel before (rope_kv,
+// which writes q and the newest row). Every kernel waits before it lets the next one start, so
+// when this block runs, everything older than that kernel has completed.
+constexpr int kv_bytes(DType t) { return t == DType::F32 ? 4 : (t == DType::I8 ? 1 : 2); }
 
+// 16 consecutive elements of a cache row as S 16-byte words (S = the element size).
+template <DType KT>
+struct Piece {
+    uint4 w[kv_bytes(KT)];
+};
+
+// One key's pieces and scales (1 for the float dtypes). Zeros unless loaded.
+template <DType KT>
+struct KeyPieces {
+    Piece<KT> k, v;
+    float ks, vs;
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4& w, int i) {
+    return i == 0 ? w.x : (i == 1 ? w.y : (i == 2 ? w.z : w.w));
+}
+
+// Piece c (elements 16c .. 16c+15) of the rows of position `key`. A 16-byte word that starts at or
+// past head_dim is not read (one that starts before it stays inside the 16-byte-multiple row).
+template <DType KT>
+__device__ __forceinline__ void load_key(const Args& a, int64_t block, int key, int c, KeyPieces<KT>& kp) {
+    constexpr int S = kv_bytes(KT), EW = 16 / S;
+    const int64_t row = cache_row(a, block, key);
+    const uint4* kr = reinterpret_cast<const uint4*>(a.k + row * a.row_bytes) + c * S;
+    const uint4* vr = reinterpret_cast<const uint4*>(a.v + row * a.row_bytes) + c * S;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        const bool in = c * 16 + s * EW < a.head_dim;
+        kp.k.w[s] = in ? __ldg(kr + s) : make_uint4(0, 0, 0, 0);
+        kp.v.w[s] = in ? __ldg(vr + s) : make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (KT == DType::I8) {
+        kp.ks = __ldg(a.k_scales + row);
+        kp.vs = __ldg(a.v_scales + row);
+    }
+}
+
+template <DType KT>
+__device__ __forceinline__ KeyPieces<KT> no_key() {
+    KeyPieces<KT> kp;
+#pragma unroll
+    for (int s = 0; s < kv_bytes(KT); ++s) kp.k.w[s] = kp.v.w[s] = make_uint4(0, 0, 0, 0);
+    kp.ks = kp.vs = 1.0f;
+    return kp;
+}
+
+// The piece as floats; I8 values are float(q) * scale, as on the CPU.
+template <DType KT>
+__device__ __forceinline__ void piece_floats(const Piece<KT>& p, float scale, float (&x)[16]) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        if constexpr (KT == DType::F32) {
+            x[i] = __uint_as_float(word_of(p.w[i / 4], i % 4));
+        } else if constexpr (KT == DType::F16) {
+            const uint32_t u = word_of(p.w[i / 8], (i / 2) % 4);
+            x[i] = __half2float(__ushort_as_half(uint16_t(i % 2 ? u >> 16 : u & 0xffffu)));  // low half first
+        } else if constexpr (KT == DType::BF16) {
+            const uint32_t u = word_of(p.w[i / 8], (i / 2) % 4);
+            x[i] = __uint_as_float(i % 2 ? u & 0xffff0000u : u << 16);
+        } else {
+            x[i] = float(int8_t(uint8_t(word_of(p.w[0], i / 4) >> (8 * (i % 4))))) * scale;
+        }
+    }
+}
+
+template <int DP, int GB, DType KT>
+__global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
+    constexpr int NT = 128, NW = NT / 32, PR = DP / 16, KP = NT / PR;
+    constexpr int NR = KT == DType::F32 ? 1 : (32 / KP < 4 / kv_bytes(KT) ? 32 / KP : 4 / kv_bytes(KT));
+    constexpr int KR = NR * KP;
+    static_assert(PR >= 4 && PR <= 16 && NR >= 1, "DP is 64, 128 or 256");
+    __shared__ float s_max[2][NW][GB];
+    __shared__ float s_l[NW][GB];
+    __shared__ __align__(16) float s_red[NW][GB][DP];
+
+    // The chunk table is written before the step starts (see above).
     const AttnChunk ch = a.chunks[blockIdx.z];
-    if (ch.n < 1) return;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, c = tid % PR, r = tid / PR;
     const int kvh = blockIdx.y / n_sub, g0 = int(blockIdx.y % n_sub) * GB;
     const int n_g = min(GB, a.group - g0), h0 = kvh * a.group + g0;
-    const int kv_len = ch.pos0 + 1;
+    const int kv_len = ch.pos0 + 1, newest = ch.pos0;
     const int k_begin = int(blockIdx.x) * a.keys_per_split, k_end = min(k_begin + a.keys_per_split, kv_len);
+    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
+    const bool active = ch.n >= 1 && k_begin < k_end;  // uniform over the block
+
+    KeyPieces<KT> kv[NR];
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        kv[j] = no_key<KT>();
+        const int key = k_begin + j * KP + r;
+        if (active && key < k_end && key != newest) load_key(a, block, key, c, kv[j]);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    if (ch.n < 1) return;
     const int64_t rec0 = (int64_t(blockIdx.z) * a.n_heads + h0) * a.n_splits + blockIdx.x;  // head g: + g n_splits
     const int64_t rec_size = a.head_dim + 2;
-    if (k_begin >= k_end) {  // whole block: before any barrier
+    if (!active) {  // an empty split (whole block, before any barrier)
         if (tid < n_g) {
             float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
             rec[0] = -INFINITY;
@@ -344,109 +424,147 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
         }
         return;
     }
-
-    for (int w = tid; w < GB * (DP / 2); w += NT) {
-        const int g = w / (DP / 2), c = (w % (DP / 2)) * 2;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (g < n_g && c < a.head_dim)
-            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim + c);
-        *reinterpret_cast<float2*>(sQ + g * DP + c) = x;
-    }
-    if (tid < GB) {
-        sM[tid] = -INFINITY;
-        sL[tid] = 0.0f;
-    }
-
-    const int cq = tid % NQ, gh = tid / NQ;
-    int heads[HPT];
 #pragma unroll
-    for (int k = 0; k < HPT; ++k) heads[k] = GB >= NG ? gh + NG * k : gh % GB;
-    const int j_first = GB >= NG ? 0 : gh / GB;
-    float acc[HPT][4] = {};
-    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
+    for (int j = 0; j < NR; ++j)
+        if (k_begin + j * KP + r == newest) load_key(a, block, newest, c, kv[j]);
 
-    for (int p0 = k_begin; p0 < k_end; p0 += BK) {
-        stage_tile<DP, NT>(a, a.k, a.k_scales, block, p0, BK, k_end, sK);
-        stage_tile<DP, NT>(a, a.v, a.v_scales, block, p0, BK, k_end, sV);
-        __syncthreads();
-
-        float s[GB] = {};
-        const float* kr = sK + lane * LD + warp * (DP / 4);
-#pragma unroll 4
-        for (int c = 0; c < DP / 4; c += 4) {
-            const float4 kk = *reinterpret_cast<const float4*>(kr + c);
+    // This thread's query pieces (zeros past head_dim and for heads past the group).
+    float q[GB][16];
 #pragma unroll
-            for (int g = 0; g < GB; ++g)
-                s[g] = dot4(*reinterpret_cast<const float4*>(sQ + g * DP + warp * (DP / 4) + c), kk, s[g]);
+    for (int g = 0; g < GB; ++g) {
+        const float* qr = a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+            const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
+            const float2 x = g < n_g && col < a.head_dim ? *reinterpret_cast<const float2*>(qr + col)
+                                                         : make_float2(0.0f, 0.0f);
+            q[g][i] = x.x;
+            q[g][i + 1] = x.y;
         }
-#pragma unroll
-        for (int g = 0; g < GB; ++g) sPart[(warp * GB + g) * BK + lane] = s[g];
-        __syncthreads();
+    }
 
-        for (int g = warp; g < GB; g += 4) {
-            float x = sPart[g * BK + lane] + sPart[(GB + g) * BK + lane] + sPart[(2 * GB + g) * BK + lane] +
-                      sPart[(3 * GB + g) * BK + lane];
-            x = p0 + lane < k_end ? x * a.scale : -INFINITY;
-            const float m_old = sM[g], m_new = fmaxf(m_old, warp_max(x, 32)), ref = safe_max(m_new);
-            const float e = expf(x - ref), sum = warp_sum(e, 32), alpha = expf(m_old - ref);
-            sP[g * LDP + lane] = e;
-            __syncwarp();  // every lane has read sM[g]
-            if (lane == 0) {
-                sM[g] = m_new;
-                sL[g] = sL[g] * alpha + sum;
-                sAlpha[g] = alpha;
+    float m_run[GB], l_run[GB], acc[GB][16];
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        m_run[g] = -INFINITY;
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[g][i] = 0.0f;
+    }
+    int parity = 0;
+    for (int p0 = k_begin; p0 < k_end; p0 += KR) {
+        if (p0 != k_begin) {
+#pragma unroll
+            for (int j = 0; j < NR; ++j) {
+                kv[j] = no_key<KT>();
+                const int key = p0 + j * KP + r;
+                if (key < k_end) load_key(a, block, key, c, kv[j]);
             }
         }
-        __syncthreads();
-
+        float s[NR][GB];
 #pragma unroll
-        for (int k = 0; k < HPT; ++k) {
-            const float alpha = sAlpha[heads[k]];
+        for (int j = 0; j < NR; ++j) {
+            float x[16];
+            piece_floats(kv[j].k, kv[j].ks, x);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[k][e] *= alpha;
-        }
-        for (int j = j_first; j < BK; j += NS) {
-            const float4 vv = *reinterpret_cast<const float4*>(sV + j * LD + cq * 4);
+            for (int g = 0; g < GB; ++g) s[j][g] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < HPT; ++k) {
-                const float p = sP[heads[k] * LDP + j];
-                acc[k][0] = fmaf(p, vv.x, acc[k][0]);
-                acc[k][1] = fmaf(p, vv.y, acc[k][1]);
-                acc[k][2] = fmaf(p, vv.z, acc[k][2]);
-                acc[k][3] = fmaf(p, vv.w, acc[k][3]);
+            for (int i = 0; i < 16; ++i) {
+                // Selected, not multiplied: padding past head_dim may hold NaN.
+                const float xi = c * 16 + i < a.head_dim ? x[i] : 0.0f;
+#pragma unroll
+                for (int g = 0; g < GB; ++g) s[j][g] = fmaf(q[g][i], xi, s[j][g]);
             }
         }
-        __syncthreads();  // K, V, P, sAlpha are rewritten next iteration
+        float mr[GB];
+#pragma unroll
+        for (int g = 0; g < GB; ++g) {
+            mr[g] = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NR; ++j) {
+                float x = s[j][g];
+#pragma unroll
+                for (int off = 1; off < PR; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+                x = p0 + j * KP + r < k_end ? x * a.scale : -INFINITY;
+                s[j][g] = x;
+                mr[g] = fmaxf(mr[g], x);
+            }
+#pragma unroll
+            for (int off = PR; off < 32; off <<= 1) mr[g] = fmaxf(mr[g], __shfl_xor_sync(0xffffffffu, mr[g], off));
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int g = 0; g < GB; ++g) s_max[parity][warp][g] = mr[g];
+        __syncthreads();  // double-buffered: round n + 2 rewrites this buffer only after every warp
+                          // has passed round n + 1's barrier, hence finished reading it
+        float ref[GB];
+#pragma unroll
+        for (int g = 0; g < GB; ++g) {
+            float m_new = m_run[g];
+#pragma unroll
+            for (int w = 0; w < NW; ++w) m_new = fmaxf(m_new, s_max[parity][w][g]);
+            ref[g] = safe_max(m_new);
+            const float alpha = expf(m_run[g] - ref[g]);
+            m_run[g] = m_new;
+            l_run[g] *= alpha;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc[g][i] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            float x[16];
+            piece_floats(kv[j].v, kv[j].vs, x);  // padding columns only reach output columns never stored
+#pragma unroll
+            for (int g = 0; g < GB; ++g) {
+                const float p = expf(s[j][g] - ref[g]);  // a masked key: exp(-inf) = 0, its V is zeros
+                l_run[g] += p;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) acc[g][i] = fmaf(p, x[i], acc[g][i]);
+            }
+        }
+        parity ^= 1;
     }
 
-    if constexpr (NS > 1) {  // sum the key subsets of each head; sK is free now
-        float* red = sK;     // [NG][DP], NG * DP = 4 NT <= BK * LD
+    // Sum over the rows: the lanes of a warp holding the same piece (xor PR .. 16), then the warps.
+    // Every lane of a row counted that row's keys in l_run, so l sums one lane per row.
 #pragma unroll
-        for (int e = 0; e < 4; ++e) red[gh * DP + cq * 4 + e] = acc[0][e];
-        __syncthreads();
-        if (gh < GB)
+    for (int g = 0; g < GB; ++g) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = 0.0f;
-                for (int t = 0; t < NS; ++t) x += red[(gh + GB * t) * DP + cq * 4 + e];
-                acc[0][e] = x;
-            }
-    }
+        for (int off = PR; off < 32; off <<= 1) {
+            l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], off);
 #pragma unroll
-    for (int k = 0; k < HPT; ++k) {
-        const int g = heads[k];
-        if (g >= n_g || (NS > 1 && gh >= GB)) continue;
-        float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size + 2;
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            const int c = cq * 4 + e;
-            if (c < a.head_dim) *reinterpret_cast<float2*>(rec + c) = make_float2(acc[k][e], acc[k][e + 1]);
+            for (int i = 0; i < 16; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
         }
     }
-    if (tid < n_g) {
-        float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
-        rec[0] = sM[tid];
-        rec[1] = sL[tid];
+    if (lane < PR) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g)
+#pragma unroll
+            for (int i = 0; i < 16; i += 4)
+                *reinterpret_cast<float4*>(&s_red[warp][g][c * 16 + i]) =
+                    make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < GB; ++g) s_l[warp][g] = l_run[g];
+    __syncthreads();
+    for (int o = tid; o < GB * DP; o += NT) {
+        const int g = o / DP, col = o % DP;
+        if (g >= n_g || col >= a.head_dim) continue;
+        float x = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) x += s_red[w][g][col];
+        a.partials[(rec0 + int64_t(g) * a.n_splits) * rec_size + 2 + col] = x;
+    }
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        if (tid != g || g >= n_g) continue;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) l += s_l[w][g];
+        float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size;
+        rec[0] = m_run[g];  // the same in every thread: every round took the block's max
+        rec[1] = l;
     }
 }
 
@@ -601,30 +719,35 @@ void launch_prefill(const Args& args, const AttentionCuda& a, cudaStream_t strea
     launch_kernel("flash_prefill_kernel", kernel, grid, dim3(256), smem, stream, args);
 }
 
-template <int DP, int GB>
+template <int DP, int GB, DType KT>
 void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
-    constexpr int BK = int(kDecodeTile);
-    const size_t smem = size_t(2 * BK * (DP + 4) + GB * DP + 4 * GB * BK + GB * (BK + 1) + 3 * GB) * sizeof(float);
-    auto kernel = flash_decode_kernel<DP, GB>;
-    static std::atomic<uint64_t> smem_done{0};
-    allow_smem(kernel, smem, smem_done);
     const int n_sub = (args.group + GB - 1) / GB;
     const int64_t ys = a.n_kv_heads * n_sub;
     SHARDLM_CHECK(ys <= 65535, "attention: too many heads for the decode grid");
-    launch_kernel("flash_decode_kernel", kernel,
-                  dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), dim3(128), smem, stream,
-                  args, n_sub);
-    launch_kernel("flash_merge_kernel", flash_merge_kernel,
-                  dim3(unsigned(a.n_heads), unsigned(a.n_chunks)), dim3(128), 0, stream,
-                  args);
+    launch_kernel("flash_decode_kernel", flash_decode_kernel<DP, GB, KT>,
+                  dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), dim3(128), 0, stream, args,
+                  n_sub);
+    launch_kernel("flash_merge_kernel", flash_merge_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_chunks)),
+                  dim3(128), 0, stream, args);
+}
+
+// GB = query heads per block: the whole group up to 4 (registers: 32 per head for q and the
+// output); larger groups are cut into subgroups of 4.
+template <int DP, DType KT>
+void launch_decode_gb(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    if (args.group == 1) launch_decode<DP, 1, KT>(args, a, stream);
+    else if (args.group == 2) launch_decode<DP, 2, KT>(args, a, stream);
+    else launch_decode<DP, 4, KT>(args, a, stream);
 }
 
 template <int DP>
 void launch_decode_dp(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
-    if (args.group == 1) launch_decode<DP, 1>(args, a, stream);
-    else if (args.group == 2) launch_decode<DP, 2>(args, a, stream);
-    else if (args.group <= 4) launch_decode<DP, 4>(args, a, stream);
-    else launch_decode<DP, 8>(args, a, stream);
+    switch (args.dtype) {
+        case DType::F32: launch_decode_gb<DP, DType::F32>(args, a, stream); break;
+        case DType::F16: launch_decode_gb<DP, DType::F16>(args, a, stream); break;
+        case DType::BF16: launch_decode_gb<DP, DType::BF16>(args, a, stream); break;
+        default: launch_decode_gb<DP, DType::I8>(args, a, stream); break;
+    }
 }
 
 }  // namespace

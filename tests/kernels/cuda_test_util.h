@@ -31,6 +31,10 @@ public:
     void upload(const std::vector<T>& host) {
         SHARDLM_CHECK(host.size() == n_, "upload of ", host.size(), " elements into ", n_);
         if (n_ > 0) CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+        // From pageable memory cudaMemcpy returns once the data is staged, possibly before the DMA
+        // lands, and work on a non-blocking stream does not wait for it: a graph replayed right
+        // after read half-old inputs once on the H200 (TopKCuda.GraphReplayFollowsInputs).
+        CUDA_CHECK(cudaDeviceSynchronize());
     }
     std::vector<T> download() const {
         std::vector<T> host(n_);

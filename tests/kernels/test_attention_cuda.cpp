@@ -281,6 +281,7 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
                                               scratch.as<void>(), scale);
             CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
                                   cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaDeviceSynchronize());  // the copy above lands before `stream` reads it
             attention_cuda(a, kind, stream);  // eager first: any one-time set-up happens outside the capture
             CUDA_CHECK(cudaStreamSynchronize(stream));
             cudaGraph_t graph;
@@ -295,6 +296,9 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
                 CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
                                       cudaMemcpyHostToDevice));
                 CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
+                // The copy and the memset run on the legacy stream, which `stream` (non-blocking)
+                // does not wait for: finish them before the replay reads the table and writes out.
+                CUDA_CHECK(cudaDeviceSynchronize());
                 CUDA_CHECK(cudaGraphLaunch(exec, stream));
                 CUDA_CHECK(cudaStreamSynchronize(stream));
                 std::vector<float> want(q.size(), NAN), got(q.size());

@@ -371,3 +371,121 @@ TEST(GemvCuda, RejectsBadArguments) {
     w.group_size = 16;
     EXPECT_NO_THROW(gemv_cuda(w, fake, 0, nullptr, fake, nullptr));  // n = 0: nothing to do, no launch
 }
+
+namespace {
+
+// gemv_norm_cuda: y = W (rmsnorm(resid + delta) * nw) [SwiGLU'd when swiglu] against matmul_ref of
+// the normalised rows computed here as the norm kernel does (f32 r = resid + delta, then
+// (r * inv) * nw). The kernel sums W (r * nw) and scales by inv once, a different association:
+// the bound is the GEMV's on h plus a few roundings of each term, and for SwiGLU the same carried
+// through silu(g) * u as in check_swiglu. resid_out must hold r bit for bit, rows past n untouched.
+void check_norm(const HostMat& m, bool interleave, bool swiglu, uint32_t seed) {
+    const int64_t R = m.rows, K = m.cols, H = swiglu ? R / 2 : R;
+    const float eps = 1e-6f;
+    const std::vector<float> resid = rand_vec(size_t(kN * K), seed, 3.0f), delta = rand_vec(size_t(kN * K), seed + 1);
+    const std::vector<float> nw = rand_vec(size_t(K), seed + 2, 1.5f), bias = rand_vec(size_t(R), seed + 3, 0.5f);
+    std::vector<float> r(resid.size()), h(resid.size());
+    for (int64_t t = 0; t < kN; ++t) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; ++k) {
+            const size_t i = size_t(t * K + k);
+            r[i] = resid[i] + delta[i];
+            ss += double(r[i]) * r[i];
+        }
+        const float inv = float(1.0 / std::sqrt(ss / double(K) + eps));
+        for (int64_t k = 0; k < K; ++k) h[size_t(t * K + k)] = (r[size_t(t * K + k)] * inv) * nw[size_t(k)];
+    }
+    const WeightView wv = m.view();
+    std::vector<float> y(size_t(kN * R)), wrow(static_cast<size_t>(K));
+    matmul_ref(h.data(), kN, wv, bias.data(), y.data());
+    std::vector<double> bound(y.size());
+    for (int64_t row = 0; row < R; ++row) {
+        weight_row_to_f32(wv, row, wrow.data());
+        for (int64_t t = 0; t < kN; ++t) {
+            double abs_dot = std::fabs(bias[size_t(row)]);
+            for (int64_t k = 0; k < K; ++k) abs_dot += std::fabs(double(h[size_t(t * K + k)]) * wrow[size_t(k)]);
+            bound[size_t(t * R + row)] = double(K + 16) * kU * abs_dot + 1e-6;
+        }
+    }
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> ds(m.scales), dr(resid), dd(delta), dnw(nw), db(bias), dy(size_t(kN * H)), dout(resid.size());
+    const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), interleave);
+    if (::testing::Test::HasFailure()) return;
+    for (int64_t n = 1; n <= kN; ++n) {
+        SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + (swiglu ? " swiglu" : "") +
+                     " n=" + std::to_string(n));
+        CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
+        CUDA_CHECK(cudaMemset(dout.get(), 0xff, dout.size() * 4));
+        const GemvNorm norm{dr.get(), dd.get(), dnw.get(), dout.get(), eps};
+        ASSERT_TRUE(gemv_norm_cuda(dm, norm, n, db.get(), dy.get(), swiglu, nullptr));
+        const std::vector<float> got = dy.download(), out = dout.download();
+        for (size_t i = 0; i < out.size(); ++i) {
+            uint32_t a, b;
+            std::memcpy(&a, &out[i], 4);
+            std::memcpy(&b, &r[i], 4);
+            ASSERT_EQ(a, int64_t(i) < n * K ? b : kUntouched) << "resid_out at " << i;
+        }
+        for (int64_t t = 0; t < kN; ++t)
+            for (int64_t j = 0; j < H; ++j) {
+                const size_t i = size_t(t * H + j);
+                if (t >= n) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &got[i], 4);
+                    ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << j;
+                    continue;
+                }
+                if (!swiglu) {
+                    ASSERT_NEAR(got[i], y[size_t(t * R + j)], bound[size_t(t * R + j)]) << "token " << t << " row " << j;
+                    continue;
+                }
+                const size_t gi = size_t(t * R + j), ui = size_t(t * R + H + j);
+                const double g = y[gi], u = y[ui], bg = bound[gi], bu = bound[ui];
+                const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+                const double b = 1.1 * bg * (std::fabs(u) + bu) + std::fabs(silu) * bu + 8 * kU * std::fabs(want) + 1e-6;
+                ASSERT_NEAR(got[i], want, b) << "token " << t << " output " << j;
+            }
+    }
+}
+
+}  // namespace
+
+// The decode norm folded into the projection after it, plain and SwiGLU, natural and interleaved
+// column order, 1..8 token rows.
+TEST(GemvCuda, NormFusedIntoTheGemvMatchesReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 900;
+    for (DType dt : {DType::F16, DType::BF16, DType::I8})
+        for (const auto& s : {std::pair<int64_t, int64_t>{6, 16}, {66, 256}, {200, 1024}, {64, 2048}}) {
+            const int64_t group = dt == DType::I8 ? (s.second >= 128 ? 128 : s.second) : 0;
+            const HostMat m = make_mat(dt, s.first, s.second, group, seed++);
+            for (bool swiglu : {false, true}) {
+                check_norm(m, false, swiglu, seed);
+                if (HasFatalFailure()) return;
+                if (s.second % 128 == 0) check_norm(m, true, swiglu, seed);
+                if (HasFatalFailure()) return;
+            }
+        }
+}
+
+// Where the fused path does not apply it declines without writing anything: F32 weights, a
+// misaligned input; and resid_out may not alias the input it is computed from.
+TEST(GemvCuda, NormFusedDeclinesWhatItCannotTake) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const HostMat m = make_mat(DType::F32, 8, 64, 0, 950);
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> dr(std::vector<float>(size_t(64 * 2 + 4), 1.0f)), dd(size_t(64 * 2)),
+        dnw(std::vector<float>(64, 1.0f)), dy(std::vector<float>(16, 7.0f)), dout(std::vector<float>(128, 7.0f));
+    DeviceMatrix dm = device_matrix(m, dw.get(), nullptr, false);
+    EXPECT_FALSE(gemv_norm_cuda(dm, GemvNorm{dr.get(), dd.get(), dnw.get(), dout.get(), 1e-6f}, 2, nullptr, dy.get(),
+                                false, nullptr));
+    const HostMat m16 = make_mat(DType::F16, 8, 64, 0, 951);
+    DeviceBuffer<uint8_t> dw16(m16.bytes);
+    dm = device_matrix(m16, dw16.get(), nullptr, false);
+    EXPECT_FALSE(gemv_norm_cuda(dm, GemvNorm{dr.get() + 1, dd.get(), dnw.get(), dout.get(), 1e-6f}, 2, nullptr,
+                                dy.get(), false, nullptr));
+    for (float v : dy.download()) ASSERT_EQ(v, 7.0f);
+    for (float v : dout.download()) ASSERT_EQ(v, 7.0f);
+    EXPECT_THROW(gemv_norm_cuda(dm, GemvNorm{dr.get(), dd.get(), dnw.get(), dr.get(), 1e-6f}, 2, nullptr, dy.get(),
+                                false, nullptr),
+                 Error);
+}

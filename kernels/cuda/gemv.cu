@@ -77,12 +77,6 @@ struct GemvArgs {
     int lane_stride, quad_stride;
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
-    // Fused RMSNorm (kNorm kernels, gemv_norm_cuda): x is the residual stream, the GEMV's input is
-    // rmsnorm(x + norm_delta) * norm_w, and x + norm_delta is written to norm_resid_out.
-    const float* norm_w;
-    const float* norm_delta;
-    float* norm_resid_out;
-    float norm_eps;
 };
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
@@ -126,48 +120,9 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
     }
 }
 
-// kNorm prologue: 1 / rms of each token row of r = x + norm_delta (the norm kernel's formula,
-// rsqrt(mean(r^2) + eps)), every block over the whole row (8 KB per token at 2048 columns, from
-// L2, while the block's first weights are still on their way from HBM). Each block also writes
-// its share of r to norm_resid_out: runs of 256 float4s dealt round-robin over the blocks.
-// Every thread of the block must call it.
-template <int N>
-__device__ __forceinline__ void norm_prologue(const GemvArgs& a, float (&inv)[N]) {
-    __shared__ float part[kWarps][N];
-    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    const int cols4 = int(a.cols / 4);
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-        float ss = 0.0f;
-        if (t < a.n) {
-            const float4* xr = reinterpret_cast<const float4*>(a.x + int64_t(t) * a.cols);
-            const float4* dr = reinterpret_cast<const float4*>(a.norm_delta + int64_t(t) * a.cols);
-            float4* out = reinterpret_cast<float4*>(a.norm_resid_out + int64_t(t) * a.cols);
-            for (int i = tid; i < cols4; i += kThreads) {
-                const float4 x = xr[i], d = dr[i];
-                const float4 r = make_float4(x.x + d.x, x.y + d.y, x.z + d.z, x.w + d.w);
-                ss += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
-                if ((i / kThreads) % int(gridDim.x) == int(blockIdx.x)) out[i] = r;
-            }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        if (lane == 0) part[warp][t] = ss;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) total += part[w][t];
-        inv[t] = t < a.n ? rsqrtf(total / float(a.cols) + a.norm_eps) : 0.0f;  // rows past n: never stored
-    }
-}
-
 // R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
-// U chunks per row in flight per lane; kNorm: the input is rmsnorm(x + norm_delta) * norm_w
-// (norm_prologue, then each x float4 becomes (x + delta) * w, and the sums are scaled by 1 / rms).
-template <WKind K, int N, int R, int U, int MinBlocks, bool kNorm>
+// U chunks per row in flight per lane.
+template <WKind K, int N, int R, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
     constexpr int C = chunk_cols<K>();
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
@@ -200,8 +155,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
     pdl_wait();
     pdl_launch_dependents();
-    float inv_rms[N];
-    if constexpr (kNorm) norm_prologue<N>(a, inv_rms);
     while (k0 < a.chunks) {
         // Unconditional arithmetic (a chunk past the row has zero weights and reads the row's
         // last x chunk): a guarded use would let the compiler sink each load into its guard and
@@ -209,25 +162,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
-            const int64_t col0 = int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
-            const float* xk = a.x + col0;
+            const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
             float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
 #pragma unroll
             for (int q = 0; q < C / 4; ++q) {
                 float wf[R][4];
 #pragma unroll
                 for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
-                float4 nw;  // kNorm: the norm's weights of these four columns, the same for every token row
-                if constexpr (kNorm) nw = __ldg(reinterpret_cast<const float4*>(a.norm_w + col0 + q * a.quad_stride));
 #pragma unroll
                 for (int t = 0; t < N; ++t) {
-                    float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
-                    if constexpr (kNorm) {
-                        const float4 d =
-                            __ldg(reinterpret_cast<const float4*>(a.norm_delta + col0 + xoff[t] + q * a.quad_stride));
-                        xv = make_float4((xv.x + d.x) * nw.x, (xv.y + d.y) * nw.y, (xv.z + d.z) * nw.z,
-                                         (xv.w + d.w) * nw.w);
-                    }
+                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
@@ -251,12 +195,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
             load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
     }
 
-    if constexpr (kNorm) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int t = 0; t < N; ++t) acc[r][t] *= inv_rms[t];
-    }
     const int64_t tile_row0 = int64_t(blockIdx.x) * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
     reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
 }
@@ -348,14 +286,14 @@ struct VecConfig {
     static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : (R == 2 ? 3 : 4);
 };
 
-template <WKind K, int N, int R, bool kNorm>
+template <WKind K, int N, int R>
 void launch_vec(const GemvArgs& a, cudaStream_t stream) {
     using Cfg = VecConfig<K, N, R>;
     const int64_t per_tile = a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R;  // outputs per block
     const int64_t out_rows = a.swiglu_half > 0 ? a.swiglu_half : a.rows;
     const int64_t tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
-    launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, kNorm>,
+    launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks>,
                   dim3(unsigned(tiles)), dim3(kThreads),
                   0, stream, a);
 }
@@ -368,22 +306,22 @@ int rows_per_group(int chunks) {
     return lane_chunks <= 2 ? 4 : lane_chunks <= 4 ? 2 : 1;
 }
 
-template <WKind K, int N, bool kNorm>
+template <WKind K, int N>
 void launch_vec_r(const GemvArgs& a, cudaStream_t stream) {
     const int r = rows_per_group(a.chunks);
-    if (r == 4) return launch_vec<K, N, 4, kNorm>(a, stream);
-    if (r == 2) return launch_vec<K, N, 2, kNorm>(a, stream);
-    return launch_vec<K, N, 1, kNorm>(a, stream);
+    if (r == 4) return launch_vec<K, N, 4>(a, stream);
+    if (r == 2) return launch_vec<K, N, 2>(a, stream);
+    return launch_vec<K, N, 1>(a, stream);
 }
 
-template <WKind K, bool kNorm>
+template <WKind K>
 void launch_vec_tokens(const GemvArgs& a, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8 (the batch buckets of the decode graphs); extra rows of x
     // repeat the last one and are not stored.
-    if (a.n == 1) return launch_vec_r<K, 1, kNorm>(a, stream);
-    if (a.n == 2) return launch_vec_r<K, 2, kNorm>(a, stream);
-    if (a.n <= 4) return launch_vec<K, 4, 2, kNorm>(a, stream);
-    return launch_vec<K, 8, 2, kNorm>(a, stream);
+    if (a.n == 1) return launch_vec_r<K, 1>(a, stream);
+    if (a.n == 2) return launch_vec_r<K, 2>(a, stream);
+    if (a.n <= 4) return launch_vec<K, 4, 2>(a, stream);
+    return launch_vec<K, 8, 2>(a, stream);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -392,11 +330,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 namespace {
 
-// gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda, with norm gemv_norm_cuda; false (and
-// nothing launched) when SwiGLU or the norm would need the scalar path (or, for the norm, F32
-// weights, which only tests and reference runs use).
+// gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
+// would need the scalar path.
 bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
-              const GemvNorm* norm, cudaStream_t stream) {
+              cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -429,18 +366,6 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : 8;
     const bool vec = aligned16(w.data) && aligned16(x) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
                      (kind != WKind::I8 || w.group_size % 16 == 0);
-    if (norm) {
-        SHARDLM_CHECK(norm->w && norm->delta && norm->resid_out, "gemv_norm_cuda: null norm weights, delta or output");
-        SHARDLM_CHECK(norm->resid_out != x && norm->resid_out != norm->delta,
-                      "gemv_norm_cuda: resid_out must be a buffer of its own (every block reads resid and delta)");
-        if (!vec || kind == WKind::F32 || !aligned16(norm->w) || !aligned16(norm->delta) ||
-            !aligned16(norm->resid_out))
-            return false;
-        a.norm_w = norm->w;
-        a.norm_delta = norm->delta;
-        a.norm_resid_out = norm->resid_out;
-        a.norm_eps = norm->eps;
-    }
     if (!vec) {
         if (swiglu_half > 0) return false;
         const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
@@ -455,19 +380,11 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     if (kind == WKind::I8) {
         chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
     }
-    if (norm) {
-        switch (kind) {
-            case WKind::F16: launch_vec_tokens<WKind::F16, true>(a, stream); break;
-            case WKind::BF16: launch_vec_tokens<WKind::BF16, true>(a, stream); break;
-            default: launch_vec_tokens<WKind::I8, true>(a, stream); break;
-        }
-        return true;
-    }
     switch (kind) {
-        case WKind::F32: launch_vec_tokens<WKind::F32, false>(a, stream); break;
-        case WKind::F16: launch_vec_tokens<WKind::F16, false>(a, stream); break;
-        case WKind::BF16: launch_vec_tokens<WKind::BF16, false>(a, stream); break;
-        case WKind::I8: launch_vec_tokens<WKind::I8, false>(a, stream); break;
+        case WKind::F32: launch_vec_tokens<WKind::F32>(a, stream); break;
+        case WKind::F16: launch_vec_tokens<WKind::F16>(a, stream); break;
+        case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, stream); break;
+        case WKind::I8: launch_vec_tokens<WKind::I8>(a, stream); break;
     }
     return true;
 }
@@ -475,21 +392,14 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 }  // namespace
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream) {
-    run_gemv(w, x, n, bias, y, 0, nullptr, stream);
-}
-
-bool gemv_norm_cuda(const DeviceMatrix& w, const GemvNorm& norm, int64_t n, const float* bias, float* y, bool swiglu,
-                    cudaStream_t stream) {
-    SHARDLM_CHECK(!swiglu || w.rows % 2 == 0, "gemv_norm_cuda: ", w.rows, " rows are not gate and up halves");
-    if (w.rows == 0) return true;
-    return run_gemv(w, norm.resid, n, bias, y, swiglu ? w.rows / 2 : 0, &norm, stream);
+    run_gemv(w, x, n, bias, y, 0, stream);
 }
 
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
                       cudaStream_t stream) {
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
-    return run_gemv(w, x, n, bias, y, w.rows / 2, nullptr, stream);
+    return run_gemv(w, x, n, bias, y, w.rows / 2, stream);
 }
 
 int gemv_forced_rows_per_group() {

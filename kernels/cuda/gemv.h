@@ -24,25 +24,6 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
                       cudaStream_t stream);
 
-// The norm before a projection, fused into it (decode): the GEMV's input is
-// rmsnorm(resid + delta) * w (RMSNorm as rmsnorm_cuda: rsqrt(mean(r^2) + eps)), never written
-// out; resid + delta, the next residual stream, goes to resid_out (a buffer other than resid:
-// every block reads all of resid). Each block sums the squares of the whole row itself, so the
-// norm costs no launch of its own. [n, cols] f32, norm weights [cols], all 16-byte aligned.
-struct GemvNorm {
-    const float* resid = nullptr;
-    const float* delta = nullptr;
-    const float* w = nullptr;
-    float* resid_out = nullptr;
-    float eps = 0.0f;
-};
-
-// gemv_cuda (swiglu: gemv_swiglu_cuda) of that input. Returns false, having done nothing, where
-// the vector path does not take the shape or pointers or the weights are F32: the caller then
-// runs add_rmsnorm_cuda and the plain GEMV.
-bool gemv_norm_cuda(const DeviceMatrix& w, const GemvNorm& norm, int64_t n, const float* bias, float* y, bool swiglu,
-                    cudaStream_t stream);
-
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8
 // groups) a multiple of 8 chunks, rows of at most 48 KB. Returns whether it did; a matrix it

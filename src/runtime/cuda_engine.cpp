@@ -257,7 +257,6 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     mark = a.used();
     const size_t T = size_t(opt_.max_step_tokens), L = size_t(opt_.max_logit_rows);
     x_ = floats(T * size_t(c.hidden));
-    x2_ = floats(std::min(T, size_t(kGemvMaxTokens)) * size_t(c.hidden));
     h_ = floats(T * size_t(c.hidden));
     q_ = floats(T * size_t(q_dim));
     k_ = floats(T * size_t(kv_dim));
@@ -384,15 +383,6 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
     else gemm_->run(l.w, x, T, l.bias, y);
 }
 
-bool CudaEngine::norm_into(const CudaLinear& l, const float* norm_w, int64_t T, float*& resid, float* y, bool swiglu) {
-    if (T > kGemvMaxTokens || (w8a8_ && l.w.dtype == DType::I8)) return false;  // W8A8 quantizes h_ instead
-    float* next = resid == x_ ? x2_ : x_;
-    if (!gemv_norm_cuda(l.w, GemvNorm{resid, delta_, norm_w, next, cfg_.rms_eps}, T, l.bias, y, swiglu, stream_))
-        return false;
-    resid = next;
-    return true;
-}
-
 void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits) {
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim, nh = plan_.n_q_heads, nkv = plan_.n_kv_heads;
@@ -408,19 +398,15 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // Vocab-parallel embedding: each rank fills the rows it holds, the all-reduce the rest.
     embedding_cuda(embed_, ids, T, plan_.vocab0, x_, s);
     if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });
-    // The residual stream: x_, or when decoding alternately x_ and x2_ (norm_into).
-    float* resid = x_;
     for (size_t l = 0; l < layers_.size(); ++l) {
         const CudaLayer& L = layers_[l];
-        // The previous layer's MLP output joins the residual stream here, with the norm: in the
-        // q/k/v GEMV when decoding, else in the norm kernel.
-        const bool qkv_normed = l > 0 && L.qkv.w.data && norm_into(L.qkv, L.input_norm, T, resid, qkv_, false);
-        if (!qkv_normed) add_rmsnorm_cuda(resid, l == 0 ? nullptr : delta_, L.input_norm, h_, T, c.hidden, c.rms_eps, s);
+        // The previous layer's MLP output joins the residual stream here, fused with the norm.
+        add_rmsnorm_cuda(x_, l == 0 ? nullptr : delta_, L.input_norm, h_, T, c.hidden, c.rms_eps, s);
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            if (!qkv_normed) linear(L.qkv, h_, T, qkv_);
+            linear(L.qkv, h_, T, qkv_);
             rp.q = qkv_;
             rp.k = qkv_ + q_dim;
             rp.v = qkv_ + q_dim + kv_dim;
@@ -462,29 +448,25 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
-        // Decode: the norm, the gate/up GEMV and SwiGLU in one kernel (norm_into); else the norm,
-        // then SwiGLU in the GEMV's epilogue, or the projection and SwiGLU apart.
-        const bool mlp_normed = L.gate_up.w.data && norm_into(L.gate_up, L.post_attn_norm, T, resid, gate_, true);
-        if (!mlp_normed) {
-            add_rmsnorm_cuda(resid, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
-            if (L.gate_up.w.data) {
-                const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
-                                   gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s);
-                if (!fused) {
-                    linear(L.gate_up, h_, T, gate_up_);
-                    silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
-                }
-            } else {
-                linear(L.gate, h_, T, gate_);
-                linear(L.up, h_, T, up_);
-                silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
+        add_rmsnorm_cuda(x_, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
+        if (L.gate_up.w.data) {
+            // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
+            const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
+                               gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s);
+            if (!fused) {
+                linear(L.gate_up, h_, T, gate_up_);
+                silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
             }
+        } else {
+            linear(L.gate, h_, T, gate_);
+            linear(L.up, h_, T, up_);
+            silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
         }
         linear(L.down, gate_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
-    rmsnorm_rows_cuda(resid, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
+    rmsnorm_rows_cuda(x_, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
                       c.rms_eps, s);
     // (lm_head stays W8A16 under w8a8, as on the CPU.)
     if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_, false);

@@ -79,10 +79,6 @@ private:
     // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
     // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU).
     void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true);
-    // Decode: rmsnorm(*resid + delta_) * norm_w into the GEMV of l (SwiGLU's when swiglu), the
-    // updated stream written to the pair's other buffer, which *resid then points to. False (and
-    // nothing done) where that path does not apply: run add_rmsnorm_cuda and the plain projection.
-    bool norm_into(const CudaLinear& l, const float* norm_w, int64_t T, float*& resid, float* y, bool swiglu);
 
     const ModelConfig& cfg_;
     ShardPlan plan_;
@@ -108,7 +104,6 @@ private:
 
     // Workspace, [max_step_tokens, width] f32 each unless noted.
     float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
-    float* x2_ = nullptr;  // [kGemvMaxTokens, hidden]: the residual stream's other buffer (norm_into)
     float *delta_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
     float *qkv_ = nullptr, *gate_up_ = nullptr;  // fused projections' outputs, [T, q+2kv] and [T, 2*inter]
     float* last_ = nullptr;      // [max_logit_rows, hidden]

@@ -3,7 +3,7 @@
 //                         and one KV head (every query head of the group shares the K/V tiles,
 //                         staged as f32 in shared memory 16 bytes of a row at a time).
 //   flash_decode_kernel   split-KV for one-token chunks, K/V pieces dequantized in registers;
-//                         the last block of each head group to finish merges the splits.
+//                         partials merged by flash_merge_kernel.
 //   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
 // Cache row addresses: block (slot, kv head) = (slot * n_kv_heads + kvh) * capacity rows; position
 // p lives in row p % capacity; a row is row_stride * dtype_size bytes, a multiple of 16 (128 by
@@ -28,7 +28,7 @@ namespace {
 // Short splits give a batch-1 decode enough blocks (8 KV heads x 20 splits at a 640 capacity);
 // 32 keys is one round of the decode kernel at head_dim 128 (INT8 and 16-bit caches).
 constexpr int64_t kMinKeysPerSplit = 32, kMaxSplits = 32, kSplitAlign = 16;
-static_assert(kMaxSplits <= 32, "the split merge gives each split a lane of one warp");
+static_assert(kMaxSplits <= 32, "flash_merge_kernel gives each split a lane of one warp");
 
 struct SplitPlan {
     int n_splits, keys_per_split;
@@ -59,7 +59,6 @@ struct Args {
     // Split-KV partials: record ((chunk * n_heads + h) * n_splits + split) is
     // [m, l, acc[head_dim]] (head_dim + 2 floats): running max, sum of exp, unnormalised output.
     float* partials;
-    unsigned* counters;  // [chunk][n_heads]: blocks of (chunk, blockIdx.y) done; zero between launches
     int n_splits, keys_per_split;
 };
 
@@ -417,201 +416,195 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     if (ch.n < 1) return;
     const int64_t rec0 = (int64_t(blockIdx.z) * a.n_heads + h0) * a.n_splits + blockIdx.x;  // head g: + g n_splits
     const int64_t rec_size = a.head_dim + 2;
-    if (!active) {  // an empty split: a record that weighs nothing
+    if (!active) {  // an empty split (whole block, before any barrier)
         if (tid < n_g) {
             float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
             rec[0] = -INFINITY;
             rec[1] = 0.0f;
         }
-    } else {  // (active is uniform over the block: the barriers inside are reached by all)
+        return;
+    }
 #pragma unroll
-        for (int j = 0; j < NR; ++j)
-            if (k_begin + j * KP + r == newest) load_key(a, block, newest, c, kv[j]);
+    for (int j = 0; j < NR; ++j)
+        if (k_begin + j * KP + r == newest) load_key(a, block, newest, c, kv[j]);
 
-        // This thread's query pieces (zeros past head_dim and for heads past the group).
-        float q[GB][16];
+    // This thread's query pieces (zeros past head_dim and for heads past the group).
+    float q[GB][16];
 #pragma unroll
-        for (int g = 0; g < GB; ++g) {
-            const float* qr = a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
+    for (int g = 0; g < GB; ++g) {
+        const float* qr = a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
 #pragma unroll
-            for (int i = 0; i < 16; i += 2) {
-                const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
-                const float2 x = g < n_g && col < a.head_dim ? *reinterpret_cast<const float2*>(qr + col)
-                                                             : make_float2(0.0f, 0.0f);
-                q[g][i] = x.x;
-                q[g][i + 1] = x.y;
-            }
+        for (int i = 0; i < 16; i += 2) {
+            const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
+            const float2 x = g < n_g && col < a.head_dim ? *reinterpret_cast<const float2*>(qr + col)
+                                                         : make_float2(0.0f, 0.0f);
+            q[g][i] = x.x;
+            q[g][i + 1] = x.y;
         }
+    }
 
-        float m_run[GB], l_run[GB], acc[GB][16];
+    float m_run[GB], l_run[GB], acc[GB][16];
 #pragma unroll
-        for (int g = 0; g < GB; ++g) {
-            m_run[g] = -INFINITY;
-            l_run[g] = 0.0f;
+    for (int g = 0; g < GB; ++g) {
+        m_run[g] = -INFINITY;
+        l_run[g] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 16; ++i) acc[g][i] = 0.0f;
-        }
-        int parity = 0;
-        for (int p0 = k_begin; p0 < k_end; p0 += KR) {
-            if (p0 != k_begin) {
-#pragma unroll
-                for (int j = 0; j < NR; ++j) {
-                    kv[j] = no_key<KT>();
-                    const int key = p0 + j * KP + r;
-                    if (key < k_end) load_key(a, block, key, c, kv[j]);
-                }
-            }
-            float s[NR][GB];
+        for (int i = 0; i < 16; ++i) acc[g][i] = 0.0f;
+    }
+    int parity = 0;
+    for (int p0 = k_begin; p0 < k_end; p0 += KR) {
+        if (p0 != k_begin) {
 #pragma unroll
             for (int j = 0; j < NR; ++j) {
-                float x[16];
-                piece_floats(kv[j].k, kv[j].ks, x);
-#pragma unroll
-                for (int g = 0; g < GB; ++g) s[j][g] = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    // Selected, not multiplied: padding past head_dim may hold NaN.
-                    const float xi = c * 16 + i < a.head_dim ? x[i] : 0.0f;
-#pragma unroll
-                    for (int g = 0; g < GB; ++g) s[j][g] = fmaf(q[g][i], xi, s[j][g]);
-                }
+                kv[j] = no_key<KT>();
+                const int key = p0 + j * KP + r;
+                if (key < k_end) load_key(a, block, key, c, kv[j]);
             }
-            float mr[GB];
-#pragma unroll
-            for (int g = 0; g < GB; ++g) {
-                mr[g] = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < NR; ++j) {
-                    float x = s[j][g];
-#pragma unroll
-                    for (int off = 1; off < PR; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-                    x = p0 + j * KP + r < k_end ? x * a.scale : -INFINITY;
-                    s[j][g] = x;
-                    mr[g] = fmaxf(mr[g], x);
-                }
-#pragma unroll
-                for (int off = PR; off < 32; off <<= 1) mr[g] = fmaxf(mr[g], __shfl_xor_sync(0xffffffffu, mr[g], off));
-            }
-            if (lane == 0)
-#pragma unroll
-                for (int g = 0; g < GB; ++g) s_max[parity][warp][g] = mr[g];
-            __syncthreads();  // double-buffered: round n + 2 rewrites this buffer only after every warp
-                              // has passed round n + 1's barrier, hence finished reading it
-            float ref[GB];
-#pragma unroll
-            for (int g = 0; g < GB; ++g) {
-                float m_new = m_run[g];
-#pragma unroll
-                for (int w = 0; w < NW; ++w) m_new = fmaxf(m_new, s_max[parity][w][g]);
-                ref[g] = safe_max(m_new);
-                const float alpha = expf(m_run[g] - ref[g]);
-                m_run[g] = m_new;
-                l_run[g] *= alpha;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) acc[g][i] *= alpha;
-            }
-#pragma unroll
-            for (int j = 0; j < NR; ++j) {
-                float x[16];
-                piece_floats(kv[j].v, kv[j].vs, x);  // padding columns only reach output columns never stored
-#pragma unroll
-                for (int g = 0; g < GB; ++g) {
-                    const float p = expf(s[j][g] - ref[g]);  // a masked key: exp(-inf) = 0, its V is zeros
-                    l_run[g] += p;
-#pragma unroll
-                    for (int i = 0; i < 16; ++i) acc[g][i] = fmaf(p, x[i], acc[g][i]);
-                }
-            }
-            parity ^= 1;
         }
-
-        // Sum over the rows: the lanes of a warp holding the same piece (xor PR .. 16), then the warps.
-        // Every lane of a row counted that row's keys in l_run, so l sums one lane per row.
+        float s[NR][GB];
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            float x[16];
+            piece_floats(kv[j].k, kv[j].ks, x);
+#pragma unroll
+            for (int g = 0; g < GB; ++g) s[j][g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                // Selected, not multiplied: padding past head_dim may hold NaN.
+                const float xi = c * 16 + i < a.head_dim ? x[i] : 0.0f;
+#pragma unroll
+                for (int g = 0; g < GB; ++g) s[j][g] = fmaf(q[g][i], xi, s[j][g]);
+            }
+        }
+        float mr[GB];
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
+            mr[g] = -INFINITY;
 #pragma unroll
-            for (int off = PR; off < 32; off <<= 1) {
-                l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], off);
+            for (int j = 0; j < NR; ++j) {
+                float x = s[j][g];
 #pragma unroll
-                for (int i = 0; i < 16; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
+                for (int off = 1; off < PR; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+                x = p0 + j * KP + r < k_end ? x * a.scale : -INFINITY;
+                s[j][g] = x;
+                mr[g] = fmaxf(mr[g], x);
             }
-        }
-        if (lane < PR) {
 #pragma unroll
-            for (int g = 0; g < GB; ++g)
-#pragma unroll
-                for (int i = 0; i < 16; i += 4)
-                    *reinterpret_cast<float4*>(&s_red[warp][g][c * 16 + i]) =
-                        make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
+            for (int off = PR; off < 32; off <<= 1) mr[g] = fmaxf(mr[g], __shfl_xor_sync(0xffffffffu, mr[g], off));
         }
         if (lane == 0)
 #pragma unroll
-            for (int g = 0; g < GB; ++g) s_l[warp][g] = l_run[g];
-        __syncthreads();
-        for (int o = tid; o < GB * DP; o += NT) {
-            const int g = o / DP, col = o % DP;
-            if (g >= n_g || col >= a.head_dim) continue;
-            float x = 0.0f;
-#pragma unroll
-            for (int w = 0; w < NW; ++w) x += s_red[w][g][col];
-            a.partials[(rec0 + int64_t(g) * a.n_splits) * rec_size + 2 + col] = x;
-        }
+            for (int g = 0; g < GB; ++g) s_max[parity][warp][g] = mr[g];
+        __syncthreads();  // double-buffered: round n + 2 rewrites this buffer only after every warp
+                          // has passed round n + 1's barrier, hence finished reading it
+        float ref[GB];
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
-            if (tid != g || g >= n_g) continue;
-            float l = 0.0f;
+            float m_new = m_run[g];
 #pragma unroll
-            for (int w = 0; w < NW; ++w) l += s_l[w][g];
-            float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size;
-            rec[0] = m_run[g];  // the same in every thread: every round took the block's max
-            rec[1] = l;
+            for (int w = 0; w < NW; ++w) m_new = fmaxf(m_new, s_max[parity][w][g]);
+            ref[g] = safe_max(m_new);
+            const float alpha = expf(m_run[g] - ref[g]);
+            m_run[g] = m_new;
+            l_run[g] *= alpha;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc[g][i] *= alpha;
         }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            float x[16];
+            piece_floats(kv[j].v, kv[j].vs, x);  // padding columns only reach output columns never stored
+#pragma unroll
+            for (int g = 0; g < GB; ++g) {
+                const float p = expf(s[j][g] - ref[g]);  // a masked key: exp(-inf) = 0, its V is zeros
+                l_run[g] += p;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) acc[g][i] = fmaf(p, x[i], acc[g][i]);
+            }
+        }
+        parity ^= 1;
     }
 
-    // The last block of a (chunk, head subgroup) to finish merges every split's record (the
-    // threadFenceReduction pattern of the CUDA programming guide): each thread's record stores
-    // are made visible device-wide before its block counts itself in, so the block that counts
-    // last sees all records. Saves the separate merge kernel's launch and wait.
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        unsigned* count = a.counters + int64_t(blockIdx.z) * a.n_heads + blockIdx.y;
-        s_last = atomicAdd(count, 1u) == gridDim.x - 1;
-        if (s_last) atomicExch(count, 0u);  // every split has counted: zero for the next launch
+    // Sum over the rows: the lanes of a warp holding the same piece (xor PR .. 16), then the warps.
+    // Every lane of a row counted that row's keys in l_run, so l sums one lane per row.
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+#pragma unroll
+        for (int off = PR; off < 32; off <<= 1) {
+            l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], off);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
+        }
     }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // Merge: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s; an empty split
-    // (m = -inf) weighs 0 and its acc (never written) is dropped by a select. Warp g < n_g: head
-    // g's split weights, lane s for split s (n_splits <= 32), every m and l loaded at once.
-    // Records are read through L2 (__ldcg): other blocks wrote them.
-    __shared__ float s_w[GB][kMaxSplits];
-    __shared__ float s_inv[GB];
-    const int64_t head_rec0 = (int64_t(blockIdx.z) * a.n_heads + h0) * a.n_splits;  // head g: + g n_splits
-    if (warp < n_g) {
-        const float* recs = a.partials + (head_rec0 + int64_t(warp) * a.n_splits) * rec_size;
-        const float m = lane < a.n_splits ? __ldcg(recs + lane * rec_size) : -INFINITY;
-        const float ls = lane < a.n_splits ? __ldcg(recs + lane * rec_size + 1) : 0.0f;
-        const float mx = warp_max(m, 32);
-        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
-        const float l = warp_sum(w * ls, 32);
-        s_w[warp][lane] = w;
-        if (lane == 0) s_inv[warp] = 1.0f / l;  // split 0 holds key 0, so l >= 1
+    if (lane < PR) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g)
+#pragma unroll
+            for (int i = 0; i < 16; i += 4)
+                *reinterpret_cast<float4*>(&s_red[warp][g][c * 16 + i]) =
+                    make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
     }
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < GB; ++g) s_l[warp][g] = l_run[g];
     __syncthreads();
     for (int o = tid; o < GB * DP; o += NT) {
         const int g = o / DP, col = o % DP;
         if (g >= n_g || col >= a.head_dim) continue;
-        const float* recs = a.partials + (head_rec0 + int64_t(g) * a.n_splits) * rec_size + 2 + col;
         float x = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) x += s_red[w][g][col];
+        a.partials[(rec0 + int64_t(g) * a.n_splits) * rec_size + 2 + col] = x;
+    }
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        if (tid != g || g >= n_g) continue;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) l += s_l[w][g];
+        float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size;
+        rec[0] = m_run[g];  // the same in every thread: every round took the block's max
+        rec[1] = l;
+    }
+}
+
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. Empty splits (m = -inf)
+// are skipped: their acc was never written. Block (head, chunk), 128 threads over columns.
+__global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const AttnChunk ch = a.chunks[blockIdx.y];
+    if (ch.n < 1) return;
+    const int h = blockIdx.x;
+    const int64_t rec_size = a.head_dim + 2;
+    const float* recs = a.partials + (int64_t(blockIdx.y) * a.n_heads + h) * a.n_splits * rec_size;
+    __shared__ float weight[kMaxSplits];
+    __shared__ float inv_l;
+    // Warp 0, lane s: split s's weight and share of l, every split's m and l loaded at once (a
+    // serial walk over the splits waited for each load in turn). n_splits <= kMaxSplits = 32;
+    // every split wrote m and l (an empty one -inf and 0).
+    if (threadIdx.x < 32) {
+        const int s = int(threadIdx.x);
+        const float m = s < a.n_splits ? recs[s * rec_size] : -INFINITY;
+        const float ls = s < a.n_splits ? recs[s * rec_size + 1] : 0.0f;
+        const float mx = warp_max(m, 32);  // every lane: a shuffle
+        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+        const float l = warp_sum(w * ls, 32);
+        weight[s] = w;
+        if (s == 0) inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
+    }
+    __syncthreads();
+    float* o = a.out + (int64_t(ch.row0) * a.n_heads + h) * a.head_dim;
+    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
+        float x = 0.0f;
+        // Loads outside any branch, so they issue together; an empty split's acc (never written)
+        // is read but dropped by the select.
 #pragma unroll 8
-        for (int sp = 0; sp < a.n_splits; ++sp) {
-            const float v = __ldcg(recs + sp * rec_size);  // outside the select: the loads issue together
-            x = s_w[g][sp] != 0.0f ? fmaf(v, s_w[g][sp], x) : x;
+        for (int s = 0; s < a.n_splits; ++s) {
+            const float v = recs[s * rec_size + 2 + c];
+            x = weight[s] != 0.0f ? fmaf(v, weight[s], x) : x;
         }
-        a.out[(int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim + col] = x * s_inv[g];
+        o[c] = x * inv_l;
     }
 }
 
@@ -734,6 +727,8 @@ void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream
     launch_kernel("flash_decode_kernel", flash_decode_kernel<DP, GB, KT>,
                   dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), dim3(128), 0, stream, args,
                   n_sub);
+    launch_kernel("flash_merge_kernel", flash_merge_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_chunks)),
+                  dim3(128), 0, stream, args);
 }
 
 // GB = query heads per block: the whole group up to 4 (registers: 32 per head for q and the
@@ -757,25 +752,8 @@ void launch_decode_dp(const Args& args, const AttentionCuda& a, cudaStream_t str
 
 }  // namespace
 
-// Scratch layout: the arrival counters ([max_chunks][n_heads] unsigned, padded to 16 bytes), then
-// the split records.
-static size_t counter_bytes(int64_t max_chunks, int64_t n_heads) {
-    return (size_t(max_chunks * n_heads) * sizeof(unsigned) + 15) / 16 * 16;
-}
-
 size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity) {
-    SHARDLM_CHECK(max_chunks >= 0 && n_heads >= 0 && head_dim >= 0 && capacity >= 1, "attention_scratch_bytes: ",
-                  max_chunks, " chunks, ", n_heads, " heads, head_dim ", head_dim, ", capacity ", capacity);
-    if (max_chunks == 0 || n_heads == 0) return 0;
-    return counter_bytes(max_chunks, n_heads) +
-           size_t(max_chunks * n_heads * split_plan(capacity).n_splits * (head_dim + 2)) * sizeof(float);
-}
-
-void attention_scratch_init(void* scratch, int64_t max_chunks, int64_t n_heads, cudaStream_t stream) {
-    const size_t bytes = max_chunks > 0 && n_heads > 0 ? counter_bytes(max_chunks, n_heads) : 0;
-    if (bytes == 0) return;
-    SHARDLM_CHECK(scratch, "attention_scratch_init: no scratch");
-    CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream));
+    return size_t(max_chunks * n_heads * split_plan(capacity).n_splits * (head_dim + 2)) * sizeof(float);
 }
 
 void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t stream) {
@@ -816,8 +794,7 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     args.capacity = kv.capacity;
     args.row_bytes = row_bytes;
     args.scale = a.scale;
-    args.counters = static_cast<unsigned*>(a.scratch);
-    args.partials = reinterpret_cast<float*>(static_cast<char*>(a.scratch) + counter_bytes(a.max_chunks, a.n_heads));
+    args.partials = static_cast<float*>(a.scratch);
     args.n_splits = plan.n_splits;
     args.keys_per_split = plan.keys_per_split;
 
@@ -828,10 +805,8 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     }
     const int dp = a.head_dim <= 64 ? 64 : (a.head_dim <= 128 ? 128 : 256);
     if (a.max_chunk_n == 1) {
-        SHARDLM_CHECK(a.scratch && reinterpret_cast<uintptr_t>(a.scratch) % 16 == 0,
-                      "attention: decode needs attention_scratch_bytes() of scratch, 16-byte aligned");
-        SHARDLM_CHECK(a.n_chunks <= a.max_chunks, "attention: ", a.n_chunks, " chunks in a scratch sized for ",
-                      a.max_chunks);
+        SHARDLM_CHECK(a.scratch && reinterpret_cast<uintptr_t>(a.scratch) % 8 == 0,
+                      "attention: decode needs attention_scratch_bytes() of scratch");
         if (dp == 64) launch_decode_dp<64>(args, a, stream);
         else if (dp == 128) launch_decode_dp<128>(args, a, stream);
         else launch_decode_dp<256>(args, a, stream);

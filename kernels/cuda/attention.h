@@ -30,18 +30,13 @@ struct AttentionCuda {
     int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
     float scale = 1.0f;
     DeviceKVLayer kv;
-    // Split-KV scratch: attention_scratch_bytes(max_chunks, ...) of it, 16-byte aligned, set up
-    // once by attention_scratch_init (n_chunks <= max_chunks). The grid depends only on n_chunks,
-    // max_chunk_n and kv.capacity, never on positions, so a captured graph stays valid as the
-    // sequences grow.
+    // Split-KV partial results; attention_scratch_bytes() of them. The grid depends only on
+    // n_chunks, max_chunk_n and kv.capacity, never on positions, so a captured graph stays valid
+    // as the sequences grow.
     void* scratch = nullptr;
-    int64_t max_chunks = 0;
 };
 
-// The split records plus one arrival counter per (chunk, head), which the decode kernel leaves
-// zero after every launch: attention_scratch_init zeroes them once, before the first decode.
 size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity);
-void attention_scratch_init(void* scratch, int64_t max_chunks, int64_t n_heads, cudaStream_t stream);
 
 void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t stream);
 

@@ -165,7 +165,6 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
     upload(w);
-    attention_scratch_init(attn_scratch_, opt_.max_batch, plan_.n_q_heads, stream_);
 }
 
 CudaEngine::~CudaEngine() {
@@ -444,7 +443,6 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.scale = 1.0f / std::sqrt(float(hd));
         a.kv = kv_[l];
         a.scratch = attn_scratch_;
-        a.max_chunks = opt_.max_batch;
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj

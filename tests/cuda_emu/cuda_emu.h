@@ -149,12 +149,6 @@ T __ldg(const T* p) {
     return *p;
 }
 
-// __ldcg (through L2, past L1) is the same ordinary load here: the emulator has no caches.
-template <typename T>
-T __ldcg(const T* p) {
-    return __ldg(p);
-}
-
 // ---- Integer and bit intrinsics.
 inline float __uint_as_float(unsigned u) { return shardlm_emu::from_bits<float>(u); }
 inline unsigned __float_as_uint(float f) { return unsigned(shardlm_emu::to_bits(f)); }

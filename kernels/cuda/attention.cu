@@ -569,42 +569,46 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
 }
 
 // out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. Empty splits (m = -inf)
-// are skipped: their acc was never written. Block (head, chunk), 128 threads over columns.
+// weigh 0: their acc was never written and is dropped by a select. Block (head, chunk), 128
+// threads; thread t owns columns t and t + 128 (head_dim <= 256). One global round trip: every
+// thread loads its columns of every split while warp 0 loads each split's m and l (lane s: split
+// s; n_splits <= kMaxSplits = 32), rather than weights first and columns after.
 __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
+    const AttnChunk ch = a.chunks[blockIdx.y];  // written before the step (see flash_decode_kernel)
     pdl_wait();
     pdl_launch_dependents();
-    const AttnChunk ch = a.chunks[blockIdx.y];
     if (ch.n < 1) return;
-    const int h = blockIdx.x;
+    const int h = blockIdx.x, tid = int(threadIdx.x);
     const int64_t rec_size = a.head_dim + 2;
     const float* recs = a.partials + (int64_t(blockIdx.y) * a.n_heads + h) * a.n_splits * rec_size;
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_l;
-    // Warp 0, lane s: split s's weight and share of l, every split's m and l loaded at once (a
-    // serial walk over the splits waited for each load in turn). n_splits <= kMaxSplits = 32;
-    // every split wrote m and l (an empty one -inf and 0).
-    if (threadIdx.x < 32) {
-        const int s = int(threadIdx.x);
-        const float m = s < a.n_splits ? recs[s * rec_size] : -INFINITY;
-        const float ls = s < a.n_splits ? recs[s * rec_size + 1] : 0.0f;
+    float v[2][kMaxSplits];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int c = tid + 128 * k;
+#pragma unroll
+        for (int sp = 0; sp < kMaxSplits; ++sp)
+            v[k][sp] = sp < a.n_splits && c < a.head_dim ? recs[sp * rec_size + 2 + c] : 0.0f;
+    }
+    if (tid < 32) {
+        const float m = tid < a.n_splits ? recs[tid * rec_size] : -INFINITY;
+        const float ls = tid < a.n_splits ? recs[tid * rec_size + 1] : 0.0f;
         const float mx = warp_max(m, 32);  // every lane: a shuffle
         const float w = m == -INFINITY ? 0.0f : expf(m - mx);
         const float l = warp_sum(w * ls, 32);
-        weight[s] = w;
-        if (s == 0) inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
+        weight[tid] = w;
+        if (tid == 0) inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
     }
     __syncthreads();
     float* o = a.out + (int64_t(ch.row0) * a.n_heads + h) * a.head_dim;
-    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int c = tid + 128 * k;
         float x = 0.0f;
-        // Loads outside any branch, so they issue together; an empty split's acc (never written)
-        // is read but dropped by the select.
-#pragma unroll 8
-        for (int s = 0; s < a.n_splits; ++s) {
-            const float v = recs[s * rec_size + 2 + c];
-            x = weight[s] != 0.0f ? fmaf(v, weight[s], x) : x;
-        }
-        o[c] = x * inv_l;
+#pragma unroll
+        for (int sp = 0; sp < kMaxSplits; ++sp) x = weight[sp] != 0.0f ? fmaf(v[k][sp], weight[sp], x) : x;
+        if (c < a.head_dim) o[c] = x * inv_l;
     }
 }
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -50,13 +51,12 @@ __global__ void silu_mul_rows_kernel(const float* __restrict__ gu, int64_t inter
         o[i] = silu_mul(g[i], g[inter + i]);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
 void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    const bool vec = aligned16(gate) && aligned16(up) && aligned16(out);
+    const bool vec = is_aligned(gate, 16) && is_aligned(up, 16) && is_aligned(out, 16);
     const int64_t work = vec ? (n + 3) / 4 : n;
     const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, kMaxBlocks);
     if (vec)

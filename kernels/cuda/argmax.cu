@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -88,7 +89,7 @@ void argmax_rows_cuda(const float* logits, int64_t rows, int64_t vocab, int32_t 
     SHARDLM_CHECK(vocab > 0 && vocab <= INT_MAX - kThreads && id_offset >= 0 && id_offset <= INT_MAX - vocab,
                   "argmax_rows_cuda: vocabulary of ", vocab, " from id ", id_offset);
     // Rows are 16-byte aligned when the base is and a row is a whole number of float4.
-    const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    const bool vec = vocab % 4 == 0 && is_aligned(logits, 16);
     if (vec)
         launch_kernel("argmax_rows_kernel", argmax_rows_kernel<true>, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
                       logits, int(vocab), id_offset, vals, ids);

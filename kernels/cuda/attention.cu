@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -775,8 +776,7 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
                   "attention: KV layer shape");
     const int64_t row_bytes = kv.row_stride * int64_t(dtype_size(kv.dtype));
     SHARDLM_CHECK(kv.row_stride >= a.head_dim && row_bytes % 16 == 0, "attention: KV row stride ", kv.row_stride);
-    SHARDLM_CHECK(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.q) % 8 == 0 && reinterpret_cast<uintptr_t>(a.out) % 8 == 0,
+    SHARDLM_CHECK(is_aligned(kv.k, 16) && is_aligned(kv.v, 16) && is_aligned(a.q, 8) && is_aligned(a.out, 8),
                   "attention: misaligned q, out or KV cache");
     SHARDLM_CHECK(a.n_chunks <= 65535 && a.n_heads <= 65535 && a.max_chunk_n < (int64_t(1) << 31),
                   "attention: ", a.n_chunks, " chunks x ", a.n_heads, " heads exceed the grid");
@@ -809,7 +809,7 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     }
     const int dp = a.head_dim <= 64 ? 64 : (a.head_dim <= 128 ? 128 : 256);
     if (a.max_chunk_n == 1) {
-        SHARDLM_CHECK(a.scratch && reinterpret_cast<uintptr_t>(a.scratch) % 8 == 0,
+        SHARDLM_CHECK(a.scratch && is_aligned(a.scratch, 8),
                       "attention: decode needs attention_scratch_bytes() of scratch");
         if (dp == 64) launch_decode_dp<64>(args, a, stream);
         else if (dp == 128) launch_decode_dp<128>(args, a, stream);

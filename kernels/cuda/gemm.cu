@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
@@ -119,7 +120,6 @@ __global__ void dequant_i8_vec_kernel(const int8_t* __restrict__ q, const float*
     }
 }
 
-bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
 // y[t, r] += bias[r].
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t T, int64_t rows) {
@@ -136,7 +136,7 @@ void add_bias(float* y, const float* bias, int64_t T, int64_t rows, cudaStream_t
 
 template <typename H>
 void convert_x(const float* x, void* out, int64_t count, int64_t cols, int interleave_c, cudaStream_t stream) {
-    if (cols % 4 == 0 && aligned(x, 16) && aligned(out, 8)) {
+    if (cols % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 8)) {
         launch_plain("convert_vec_kernel", convert_vec_kernel<H>, dim3(blocks_for(count / 4)), dim3(kThreads), 0,
                      stream, x, static_cast<H*>(out), count / 4, cols / 4, interleave_c);
         return;
@@ -148,7 +148,7 @@ void convert_x(const float* x, void* out, int64_t count, int64_t cols, int inter
 // Rows [0, rows) of I8 weights q (scales per row and group) into out as f16, in their stored order.
 void dequant_i8(const int8_t* q, const float* scales, __half* out, int64_t rows, int64_t cols, int64_t group_size,
                 cudaStream_t stream) {
-    if (cols % 16 == 0 && group_size % 16 == 0 && aligned(q, 16) && aligned(out, 16)) {
+    if (cols % 16 == 0 && group_size % 16 == 0 && is_aligned(q, 16) && is_aligned(out, 16)) {
         const int64_t chunks = rows * (cols / 16);
         launch_plain("dequant_i8_vec_kernel", dequant_i8_vec_kernel, dim3(blocks_for(chunks)), dim3(kThreads), 0,
                      stream, q, scales, out, chunks, int(cols / 16), int(group_size / 16));

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gemv_tile.h"
@@ -324,7 +325,6 @@ void launch_vec_tokens(const GemvArgs& a, cudaStream_t stream) {
     return launch_vec<K, 8, 2>(a, stream);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -364,7 +364,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     }
 
     const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : 8;
-    const bool vec = aligned16(w.data) && aligned16(x) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
+    const bool vec = is_aligned(w.data, 16) && is_aligned(x, 16) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
                      (kind != WKind::I8 || w.group_size % 16 == 0);
     if (!vec) {
         if (swiglu_half > 0) return false;
@@ -418,7 +418,7 @@ bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {
     if (w.interleaved) return true;
     const int C = interleave_chunk_cols(w.dtype);
     const int64_t row_bytes = w.cols * int64_t(dtype_size(w.dtype));
-    if (C == 0 || w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !aligned16(w.data) ||
+    if (C == 0 || w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !is_aligned(w.data, 16) ||
         row_bytes > 48 * 1024)
         return false;
     if (w.dtype == DType::I8 && (w.group_size <= 0 || w.group_size % (8 * C) != 0)) return false;

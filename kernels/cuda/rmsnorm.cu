@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -162,12 +163,11 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
     }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Launches the vector path when the row fits it (see norm_vec_kernel); false: use the scalar one.
 bool launch_norm_vec(const NormArgs& a, int64_t n_rows, cudaStream_t stream) {
     if (a.dim % 4 != 0 || a.dim > int64_t(4) * kThreads * 8) return false;
-    if (!aligned16(a.x) || !aligned16(a.delta) || !aligned16(a.w) || !aligned16(a.y)) return false;
+    if (!is_aligned(a.x, 16) || !is_aligned(a.delta, 16) || !is_aligned(a.w, 16) || !is_aligned(a.y, 16)) return false;
     const int64_t per_thread = (a.dim / 4 + kThreads - 1) / kThreads;  // float4s per thread
     const dim3 grid{unsigned(n_rows)}, block{unsigned(kThreads)};
     if (per_thread <= 1) launch_kernel("norm_vec_kernel", norm_vec_kernel<1>, grid, block, 0, stream, a);

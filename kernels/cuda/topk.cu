@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/topk.h"
@@ -302,7 +303,7 @@ void topk_rows_cuda(const float* x, int64_t rows, int64_t n, int64_t k, int32_t 
                      stream, x, int(n), nullptr, nullptr, 0, int(k), id_offset, vals, ids);
         return;
     }
-    SHARDLM_CHECK(scratch && reinterpret_cast<uintptr_t>(scratch) % 4 == 0, "topk_rows_cuda: scratch of ",
+    SHARDLM_CHECK(scratch && is_aligned(scratch, 4), "topk_rows_cuda: scratch of ",
                   topk_scratch_bytes(rows, n, k), " bytes, 4-byte aligned, needed");
     SHARDLM_CHECK(rows * p.segs <= INT_MAX, "topk_rows_cuda: ", rows, " x ", p.segs, " segments do not fit one grid");
     uint32_t* cand_keys = static_cast<uint32_t*>(scratch);

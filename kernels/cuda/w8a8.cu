@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -53,8 +54,6 @@ constexpr int64_t kMaxBlocks = 4096;
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // as gemm.cu
 constexpr int64_t kMaxExactGroup = INT32_MAX / (127 * 127);
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 
 // ---- Quantization ----
 
@@ -378,7 +377,7 @@ void quantize_acts_cuda(const float* x, int64_t n, int64_t cols, int64_t group_s
     if (n == 0 || cols == 0) return;
     SHARDLM_CHECK(x && q && scales, "quantize_acts_cuda: null pointer");
     const int64_t segments = n * (cols / group_size);
-    const bool vec = aligned16(x) && aligned4(q) && group_size % 4 == 0;
+    const bool vec = is_aligned(x, 16) && is_aligned(q, 4) && group_size % 4 == 0;
     // A block per segment from 1024 columns (4 floats per thread and more), else a warp.
     if (group_size >= 1024) {
         if (vec) return launch_quantize<kThreads, true>(x, segments, group_size, q, scales, stream);
@@ -396,8 +395,8 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
     SHARDLM_CHECK(w.data && w.scales && a.q && a.scales && y, "gemv_w8a8_cuda: null pointer");
 
     W8A8Args p = make_args(w, a, bias, y);
-    const bool vec = w.cols > 0 && w.cols % 16 == 0 && p.dgroup % 16 == 0 && aligned16(w.data) && aligned16(a.q) &&
-                     a.n * w.cols <= INT_MAX;
+    const bool vec = w.cols > 0 && w.cols % 16 == 0 && p.dgroup % 16 == 0 && is_aligned(w.data, 16) &&
+                     is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
     p.chunks = int(w.cols / 16);
     chunk_groups(w.group_size, w.cols, p.wshift, p.wgroup_chunks);
@@ -438,8 +437,8 @@ void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float
     SHARDLM_CHECK(w.data && w.scales && a.q && a.scales && y, "CublasInt8Gemm: null pointer");
 
     const int64_t g = std::min(w.group_size, a.group_size);
-    const bool imma = cols > 0 && rows % 4 == 0 && cols % 16 == 0 && g % 16 == 0 && aligned16(w.data) &&
-                      aligned16(a.q);
+    const bool imma = cols > 0 && rows % 4 == 0 && cols % 16 == 0 && g % 16 == 0 && is_aligned(w.data, 16) &&
+                      is_aligned(a.q, 16);
     if (!imma) {
         // The scalar GEMV kernel, kMaxTokens tokens at a time (y's rows keep their pitch).
         for (int64_t t0 = 0; t0 < T; t0 += kMaxTokens) {

@@ -13,6 +13,9 @@
 // first read of anything an earlier kernel wrote and before the first write of anything an
 // earlier kernel reads. Every such kernel waits, so the guarantee is transitive: when kernel C
 // passes its wait, B has completed, and B could not complete before its own wait saw A complete.
+// Each also waits before it signals, so a kernel's blocks start only once the kernel two back
+// has completed: data older than the kernel just before (weights, an earlier step's KV rows, the
+// step's tables copied in before it) may be read before the wait (the decode GEMV and attention do).
 // (Kernels launched the plain way, launch_plain below, cuBLAS's and memcpys included, keep full
 // serialisation.)
 // Without PDL (older GPUs, SHARDLM_PDL=0 for A/B measurements) both calls are no-ops.

@@ -21,6 +21,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/words.h"
 
 namespace shardlm {
 namespace {
@@ -332,10 +333,6 @@ struct KeyPieces {
     Piece<KT> k, v;
     float ks, vs;
 };
-
-__device__ __forceinline__ uint32_t word_of(const uint4& w, int i) {
-    return i == 0 ? w.x : (i == 1 ? w.y : (i == 2 ? w.z : w.w));
-}
 
 // Piece c (elements 16c .. 16c+15) of the rows of position `key`. A 16-byte word that starts at or
 // past head_dim is not read (one that starts before it stays inside the 16-byte-multiple row).

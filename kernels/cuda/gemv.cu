@@ -45,6 +45,7 @@
 #include "kernels/cuda/gemv_tile.h"
 #include "kernels/cuda/interleave.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/words.h"
 
 namespace shardlm {
 namespace {
@@ -85,10 +86,6 @@ __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
     static_assert(sizeof(h) == sizeof(bits), "half2 is 4 bytes");
     memcpy(&h, &bits, sizeof(bits));
     return __half22float2(h);
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
 }
 
 // Columns [4q, 4q + 4) of a 16-byte chunk as floats (q < chunk_cols<K>() / 4): one float4 of x

@@ -13,6 +13,8 @@
 //
 // gate/up + SwiGLU: the two-kernel decode MLP half against gemv_swiglu_cuda's fused epilogue.
 //
+// Grids: gemv_cuda with a block per row tile against its persistent grid, both in one run.
+//
 // CublasGemm: T = 512 and 2048 tokens, f16 and i8 weights (i8 includes its dequantization pass),
 // TFLOP/s = 2 * T * rows * cols / time.
 #include <cuda_runtime.h>
@@ -144,6 +146,22 @@ double peak_gbps(int dev) {
     return 2.0 * double(clock_khz) * 1e3 * (bus_bits / 8.0) / 1e9;
 }
 
+// The DeviceMatrix of weights (rows x cols of wt.dtype) at m.p, I8 scales (one per `group`
+// columns) right after them.
+DeviceMatrix matrix_at(const DevBuf& m, const Weights& wt, int64_t rows, int64_t cols, int64_t group) {
+    DeviceMatrix w;
+    w.dtype = wt.dtype;
+    w.data = m.p;
+    w.rows = rows;
+    w.cols = cols;
+    if (wt.dtype == DType::I8) {
+        w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m.p) + size_t(rows * cols));
+        w.group_size = group;
+    }
+    w.interleaved = wt.interleaved;
+    return w;
+}
+
 void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
     std::printf("\n## gemv_cuda (decode), weights cycled through >= %zu MB\n\n", kColdBytes >> 20);
     std::printf("| shape | rows x cols | weights | n | us | GB/s | %% of copy | %% of peak |\n");
@@ -161,17 +179,7 @@ void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
             for (int64_t n : {int64_t(1), int64_t(4), int64_t(8)}) {
                 const double ms = time_graph_ms(
                     [&](int i) {
-                        const DevBuf* m = mats[size_t(i % copies)].get();
-                        DeviceMatrix w;
-                        w.dtype = wt.dtype;
-                        w.data = m->p;
-                        w.rows = s.rows;
-                        w.cols = s.cols;
-                        if (wt.dtype == DType::I8) {
-                            w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m->p) + w_bytes);
-                            w.group_size = group;
-                        }
-                        w.interleaved = wt.interleaved;
+                        const DeviceMatrix w = matrix_at(*mats[size_t(i % copies)], wt, s.rows, s.cols, group);
                         if (wt.w8a8) {
                             const DeviceActs a{static_cast<const int8_t*>(xq.p), static_cast<const float*>(xs.p), n,
                                                s.cols, s.cols};
@@ -206,20 +214,7 @@ void bench_swiglu(cudaStream_t stream, int reps) {
         for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
         DevBuf x(size_t(kGemvMaxTokens * cols) * 4), gu(size_t(kGemvMaxTokens * 2 * inter) * 4),
             y(size_t(kGemvMaxTokens * inter) * 4);
-        auto matrix = [&](int i) {
-            const DevBuf* m = mats[size_t(i % copies)].get();
-            DeviceMatrix w;
-            w.dtype = wt.dtype;
-            w.data = m->p;
-            w.rows = 2 * inter;
-            w.cols = cols;
-            if (wt.dtype == DType::I8) {
-                w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m->p) + w_bytes);
-                w.group_size = cols;
-            }
-            w.interleaved = wt.interleaved;
-            return w;
-        };
+        auto matrix = [&](int i) { return matrix_at(*mats[size_t(i % copies)], wt, 2 * inter, cols, cols); };
         for (int64_t n : {int64_t(1), int64_t(4), int64_t(8)}) {
             const float* xp = static_cast<const float*>(x.p);
             const double two = time_graph_ms(
@@ -238,6 +233,50 @@ void bench_swiglu(cudaStream_t stream, int reps) {
             std::fflush(stdout);
         }
     }
+}
+
+// The two grids of gemv_cuda's vector path (gemv.h GemvGrid) in one run, on the interleaved f16
+// and i8 weights the engine decodes with: a block per row tile, or the persistent grid of
+// resident blocks looping over tiles. gate/up + SwiGLU is the fused epilogue's [gate; up] matrix.
+void bench_grid(cudaStream_t stream, int reps, double copy) {
+    std::printf("\n## gemv_cuda grids: a block per tile vs persistent (weights cycled, graph replay)\n\n");
+    std::printf("| shape | rows x cols | weights | n | tiles us | persistent us | persistent %% of copy | "
+                "tiles / persistent |\n|---|---|---|---|---|---|---|---|\n");
+    struct GridShape {
+        Shape shape;
+        bool swiglu;
+    };
+    const GridShape shapes[] = {{kShapes[0], false}, {kShapes[1], false}, {{"gate/up + SwiGLU", 12288, 2048}, true},
+                                {kShapes[3], false}, {kShapes[4], false}};
+    for (const GridShape& gs : shapes)
+        for (const Weights& wt : {kWeights[1], kWeights[3]}) {
+            const Shape& s = gs.shape;
+            const size_t w_bytes = size_t(s.rows * s.cols) * dtype_size(wt.dtype);
+            const size_t s_bytes = wt.dtype == DType::I8 ? size_t(s.rows) * 4 : 0;
+            const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
+            std::vector<std::unique_ptr<DevBuf>> mats;
+            for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
+            DevBuf x(size_t(kGemvMaxTokens * s.cols) * 4), y(size_t(kGemvMaxTokens * s.rows) * 4);
+            for (int64_t n : {int64_t(1), int64_t(2), int64_t(4)}) {
+                double ms[2];
+                for (GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent})
+                    ms[grid == GemvGrid::Persistent] = time_graph_ms(
+                        [&](int i) {
+                            const DeviceMatrix w = matrix_at(*mats[size_t(i % copies)], wt, s.rows, s.cols, s.cols);
+                            const float* xp = static_cast<const float*>(x.p);
+                            float* yp = static_cast<float*>(y.p);
+                            if (!gs.swiglu) gemv_cuda(w, xp, n, nullptr, yp, stream, grid);
+                            else if (!gemv_swiglu_cuda(w, xp, n, nullptr, yp, stream, grid))
+                                throw std::runtime_error("gemv_swiglu_cuda declined the Qwen3 shape");
+                        },
+                        std::max(copies, 32), reps, stream);
+                const double bytes = double(w_bytes + s_bytes) + 4.0 * double(n) * double(s.cols + s.rows);
+                std::printf("| %s | %lldx%lld | %s | %lld | %.1f | %.1f | %.1f | %.2f |\n", s.name, (long long)s.rows,
+                            (long long)s.cols, wt.name, (long long)n, ms[0] * 1e3, ms[1] * 1e3,
+                            100.0 * bytes / (ms[1] * 1e6) / copy, ms[0] / ms[1]);
+                std::fflush(stdout);
+            }
+        }
 }
 
 void bench_gemm(cudaStream_t stream, int reps) {
@@ -289,6 +328,7 @@ int main(int argc, char** argv) {
                     cuda_device_description(dev).c_str(), copy, peak);
         bench_gemv(stream, reps, copy, peak);
         bench_swiglu(stream, reps);
+        bench_grid(stream, reps, copy);
         bench_gemm(stream, reps);
         CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {

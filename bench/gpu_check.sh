@@ -363,6 +363,10 @@ s_bench_nopdl() {  # s_bench without programmatic dependent launch: the A/B of k
   SHARDLM_PDL=0 s_bench "$@"
 }
 
+s_bench_persistent() {  # s_bench with the decode GEMVs on their persistent grid (kernels/cuda/gemv.h GemvGrid)
+  SHARDLM_GEMV_GRID=persistent s_bench "$@"
+}
+
 s_torch() {
   local args=(--batch 1,4 --prompt-len "$PL" --gen "$GEN" -r "$REPS")
   have_gpu || args+=(--device cpu --shape tiny --graphs off)
@@ -468,7 +472,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_persistent s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -492,6 +496,9 @@ done
 # with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
 # little from run to run (PyTorch, naive attention, the mission table).
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
+# The A/B of the GEMV grids on whole decode steps (the gemv step times them one matrix at a time).
+step bench-fp16-fp16-graph-persistent 90 s_bench_persistent bench-fp16-fp16-g1-persistent 1,4 fp16 fp16 1
+step bench-int8-int8-graph-persistent 90 s_bench_persistent bench-int8-int8-g1-persistent 1,4 int8 int8 1
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8
 step gemv-r 90 s_gemv_r

@@ -79,6 +79,7 @@ struct GemvArgs {
     int lane_stride, quad_stride;
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
+    int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
 };
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
@@ -119,82 +120,101 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
 }
 
 // R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
-// U chunks per row in flight per lane.
-template <WKind K, int N, int R, int U, int MinBlocks>
+// U chunks per row in flight per lane. Block b computes row tile b; on a persistent grid (GemvGrid)
+// also tiles b + gridDim.x, b + 2 * gridDim.x, ..., each tile's first weights loaded before the
+// previous tile's reduction, so the SM's loads stay in flight across tiles instead of pausing for
+// the reduction, the block's exit and the next block's start. (A template parameter: the one-tile
+// kernels keep the registers they had without the loop.)
+template <WKind K, int N, int R, int U, int MinBlocks, bool Persistent>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
     constexpr int C = chunk_cols<K>();
+    constexpr bool kScaled = K == WKind::I8;
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
+    const int k_first = warp * kLanesPerRow + lig;  // the lane's first chunk of each row
     const char* wrow[R];
     const float* srow[R];
+    auto point_at = [&](int64_t tile) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int64_t row = tile_row<R>(blockIdx.x, g, r, a.rows, a.swiglu_half);
-        wrow[r] = a.w + row * a.row_bytes;
-        srow[r] = K == WKind::I8 ? a.scales + row * a.groups : nullptr;
-    }
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = tile_row<R>(tile, g, r, a.rows, a.swiglu_half);
+            wrow[r] = a.w + row * a.row_bytes;
+            srow[r] = kScaled ? a.scales + row * a.groups : nullptr;
+        }
+    };
     int xoff[N];  // row t of x (n * cols < 2^31, checked); rows past n - 1 repeat the last one
 #pragma unroll
     for (int t = 0; t < N; ++t) xoff[t] = (t < a.n ? t : a.n - 1) * int(a.cols);
-
-    float acc[R][N];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
 
     // The first step's weights are loaded before pdl_wait(): they never change during a session,
     // so under PDL (kernels/cuda/launch.h) they stream in while the kernel ahead (the norm that
     // writes x) finishes. x is read only after the wait.
     uint4 raw[U][R];
     float scale[U][R];
-    int k0 = warp * kLanesPerRow + lig;
-    constexpr bool kScaled = K == WKind::I8;
-    load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+    int64_t tile = blockIdx.x;
+    point_at(tile);
+    load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
     pdl_wait();
     pdl_launch_dependents();
-    while (k0 < a.chunks) {
-        // Unconditional arithmetic (a chunk past the row has zero weights and reads the row's
-        // last x chunk): a guarded use would let the compiler sink each load into its guard and
-        // serialise them. Four columns at a time: one float4 of x per token row feeds R rows.
+    for (;;) {
+        float acc[R][N];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
-            const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
-            float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int q = 0; q < C / 4; ++q) {
-                float wf[R][4];
+            for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
+        int k0 = k_first;
+        while (k0 < a.chunks) {
+            // Unconditional arithmetic (a chunk past the row has zero weights and reads the row's
+            // last x chunk): a guarded use would let the compiler sink each load into its guard and
+            // serialise them. Four columns at a time: one float4 of x per token row feeds R rows.
 #pragma unroll
-                for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
+            for (int u = 0; u < U; ++u) {
+                const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
+                const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
+                float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
 #pragma unroll
-                for (int t = 0; t < N; ++t) {
-                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
+                for (int q = 0; q < C / 4; ++q) {
+                    float wf[R][4];
 #pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
-                        if (K == WKind::I8 && q == 0) s = 0.0f;
-                        s = fmaf(wf[r][0], xv.x, s);
-                        s = fmaf(wf[r][1], xv.y, s);
-                        s = fmaf(wf[r][2], xv.z, s);
-                        s = fmaf(wf[r][3], xv.w, s);
+                    for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
+#pragma unroll
+                    for (int t = 0; t < N; ++t) {
+                        const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
+                            if (K == WKind::I8 && q == 0) s = 0.0f;
+                            s = fmaf(wf[r][0], xv.x, s);
+                            s = fmaf(wf[r][1], xv.y, s);
+                            s = fmaf(wf[r][2], xv.z, s);
+                            s = fmaf(wf[r][3], xv.w, s);
+                        }
                     }
                 }
-            }
-            if constexpr (K == WKind::I8) {
+                if constexpr (K == WKind::I8) {
 #pragma unroll
-                for (int r = 0; r < R; ++r)
+                    for (int r = 0; r < R; ++r)
 #pragma unroll
-                    for (int t = 0; t < N; ++t) acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
+                        for (int t = 0; t < N; ++t) acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
+                }
             }
+            k0 += U * kChunksPerStep;
+            if (k0 < a.chunks)
+                load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
         }
-        k0 += U * kChunksPerStep;
-        if (k0 < a.chunks)
-            load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+        const int64_t next = tile + gridDim.x;
+        if (Persistent && next < a.tiles) {  // in flight during the reduction below
+            point_at(next);
+            load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+        }
+        const int64_t tile_row0 = tile * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
+        reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
+        if (!Persistent || next >= a.tiles) break;
+        // The next reduction rewrites the shared partial sums this one read. (The emulator cannot
+        // show this barrier missing: its shuffles end a sweep of the block, as a barrier would.)
+        __syncthreads();
+        tile = next;
     }
-
-    const int64_t tile_row0 = int64_t(blockIdx.x) * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
-    reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
 }
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
@@ -284,16 +304,42 @@ struct VecConfig {
     static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : (R == 2 ? 3 : 4);
 };
 
+// How many blocks of `kernel` (kThreads each, static shared memory only) one SM holds at once.
+int resident_blocks_per_sm(const void* kernel) {
+    int blocks = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+    return blocks > 0 ? blocks : 1;
+}
+
+// The persistent grid for `tiles` tiles: no more blocks than the GPU holds at once, spread so
+// that every block gets the same number of tiles give or take one (no last round of a few blocks).
+int64_t persistent_blocks(int64_t tiles, int per_sm) {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t resident = int64_t(sms) * per_sm;
+    const int64_t rounds = (tiles + resident - 1) / resident;
+    return (tiles + rounds - 1) / rounds;
+}
+
 template <WKind K, int N, int R>
-void launch_vec(const GemvArgs& a, cudaStream_t stream) {
+void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     using Cfg = VecConfig<K, N, R>;
-    const int64_t per_tile = a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R;  // outputs per block
+    GemvArgs a = args;
+    const int64_t per_tile = a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R;  // outputs per tile
     const int64_t out_rows = a.swiglu_half > 0 ? a.swiglu_half : a.rows;
-    const int64_t tiles = (out_rows + per_tile - 1) / per_tile;
-    SHARDLM_CHECK(tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
-    launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks>,
-                  dim3(unsigned(tiles)), dim3(kThreads),
-                  0, stream, a);
+    a.tiles = (out_rows + per_tile - 1) / per_tile;
+    SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
+    if (grid == GemvGrid::PerTile) {
+        launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
+                      dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
+        return;
+    }
+    const auto kernel = gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, true>;
+    // A property of the compiled kernel, asked once (the query is not free on every launch).
+    static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
+    launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(persistent_blocks(a.tiles, per_sm))), dim3(kThreads), 0,
+                  stream, a);
 }
 
 // R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them, unless
@@ -305,21 +351,21 @@ int rows_per_group(int chunks) {
 }
 
 template <WKind K, int N>
-void launch_vec_r(const GemvArgs& a, cudaStream_t stream) {
+void launch_vec_r(const GemvArgs& a, GemvGrid grid, cudaStream_t stream) {
     const int r = rows_per_group(a.chunks);
-    if (r == 4) return launch_vec<K, N, 4>(a, stream);
-    if (r == 2) return launch_vec<K, N, 2>(a, stream);
-    return launch_vec<K, N, 1>(a, stream);
+    if (r == 4) return launch_vec<K, N, 4>(a, grid, stream);
+    if (r == 2) return launch_vec<K, N, 2>(a, grid, stream);
+    return launch_vec<K, N, 1>(a, grid, stream);
 }
 
 template <WKind K>
-void launch_vec_tokens(const GemvArgs& a, cudaStream_t stream) {
+void launch_vec_tokens(const GemvArgs& a, GemvGrid grid, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8 (the batch buckets of the decode graphs); extra rows of x
     // repeat the last one and are not stored.
-    if (a.n == 1) return launch_vec_r<K, 1>(a, stream);
-    if (a.n == 2) return launch_vec_r<K, 2>(a, stream);
-    if (a.n <= 4) return launch_vec<K, 4, 2>(a, stream);
-    return launch_vec<K, 8, 2>(a, stream);
+    if (a.n == 1) return launch_vec_r<K, 1>(a, grid, stream);
+    if (a.n == 2) return launch_vec_r<K, 2>(a, grid, stream);
+    if (a.n <= 4) return launch_vec<K, 4, 2>(a, grid, stream);
+    return launch_vec<K, 8, 2>(a, grid, stream);
 }
 
 
@@ -330,7 +376,7 @@ namespace {
 // gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
 // would need the scalar path.
 bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
-              cudaStream_t stream) {
+              GemvGrid grid, cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -378,25 +424,38 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
         chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
     }
     switch (kind) {
-        case WKind::F32: launch_vec_tokens<WKind::F32>(a, stream); break;
-        case WKind::F16: launch_vec_tokens<WKind::F16>(a, stream); break;
-        case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, stream); break;
-        case WKind::I8: launch_vec_tokens<WKind::I8>(a, stream); break;
+        case WKind::F32: launch_vec_tokens<WKind::F32>(a, grid, stream); break;
+        case WKind::F16: launch_vec_tokens<WKind::F16>(a, grid, stream); break;
+        case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, grid, stream); break;
+        case WKind::I8: launch_vec_tokens<WKind::I8>(a, grid, stream); break;
     }
     return true;
 }
 
 }  // namespace
 
-void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream) {
-    run_gemv(w, x, n, bias, y, 0, stream);
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
+               GemvGrid grid) {
+    run_gemv(w, x, n, bias, y, 0, grid, stream);
 }
 
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, GemvGrid grid) {
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
-    return run_gemv(w, x, n, bias, y, w.rows / 2, stream);
+    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, stream);
+}
+
+GemvGrid gemv_default_grid() {
+    static const GemvGrid grid = [] {
+        const char* v = std::getenv("SHARDLM_GEMV_GRID");
+        if (!v || !*v) return GemvGrid::PerTile;
+        const std::string s(v);
+        SHARDLM_CHECK(s == "tiles" || s == "persistent", "SHARDLM_GEMV_GRID=", s,
+                      ": the decode GEMV's grid must be tiles or persistent (or unset)");
+        return s == "tiles" ? GemvGrid::PerTile : GemvGrid::Persistent;
+    }();
+    return grid;
 }
 
 int gemv_forced_rows_per_group() {

@@ -14,7 +14,18 @@ namespace shardlm {
 
 constexpr int64_t kGemvMaxTokens = 8;
 
-void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream);
+// How the vector path's row tiles meet blocks. PerTile: a block per tile, each making one or a few
+// rounds of loads and leaving. Persistent: only as many blocks as the GPU holds at once, each
+// looping over tiles with the next tile's weights in flight during this one's reduction.
+enum class GemvGrid { PerTile, Persistent };
+
+// SHARDLM_GEMV_GRID = tiles | persistent (read once per process; unset: tiles), so that whole
+// decode runs can be compared (bench/gpu_check.sh). PerTile stays the default until the H200
+// has timed both.
+GemvGrid gemv_default_grid();
+
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
+               GemvGrid grid = gemv_default_grid());
 
 // The MLP's first half in one pass: w is gate_proj's rows stacked on up_proj's ([2 * inter, cols],
 // bias likewise), y[n, inter] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), the SwiGLU applied
@@ -22,7 +33,7 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 // nothing, for shapes or pointers the vector path does not take (the caller then runs gemv_cuda
 // and silu_mul_rows_cuda).
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream);
+                      cudaStream_t stream, GemvGrid grid = gemv_default_grid());
 
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8

@@ -26,6 +26,7 @@
 #ifdef SHARDLM_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/gemv.h"
 #endif
 
 namespace shardlm {
@@ -60,6 +61,15 @@ bool device_pdl() {
     return pdl_enabled();
 #else
     return false;
+#endif
+}
+
+// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
+const char* device_gemv_grid() {
+#ifdef SHARDLM_HAVE_CUDA
+    return gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles";
+#else
+    return "-";
 #endif
 }
 
@@ -259,6 +269,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["attention"] = backend.attention;
                 j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
                 j["pdl"] = cuda && device_pdl();
+                j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
                 j["weights"] = wname;
                 j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;

@@ -227,8 +227,15 @@ std::common_type_t<A, B> max(A a, B b) {
     else return C(a) < C(b) ? C(b) : C(a);
 }
 
-// ---- Host API that cuda_runtime.h offers in C++ only to nvcc: the typed cudaFuncSetAttribute.
+// ---- Host API that cuda_runtime.h offers in C++ only to nvcc: the typed cudaFuncSetAttribute and
+// occupancy query.
 template <typename T>
 cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
     return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
+template <typename T>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, T* func, int block_size,
+                                                          size_t dynamic_smem) {
+    return ::cudaOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks, reinterpret_cast<const void*>(func),
+                                                           block_size, dynamic_smem);
 }

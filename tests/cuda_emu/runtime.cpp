@@ -365,6 +365,17 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     return fail(cudaErrorNotSupported);
 }
 
+// The emulator has no register file or shared-memory carveout to model: one block of any kernel
+// per SM, so a grid sized by occupancy (gemv_cuda's persistent grid) is as small as it gets here
+// and its blocks loop over the most work.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const void* func, int block_size,
+                                                          size_t dynamic_smem) {
+    if (!func) return fail(cudaErrorInvalidDeviceFunction);
+    if (block_size <= 0 || block_size > 1024 || dynamic_smem > max_dynamic_smem(func)) return fail(cudaErrorInvalidValue);
+    *num_blocks = 1;
+    return cudaSuccess;
+}
+
 // Untyped launches cannot be emulated (the argument types are gone): kernels/cuda/launch.h calls
 // shardlm_emu::launch instead.
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {

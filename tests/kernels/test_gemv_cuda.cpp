@@ -91,7 +91,9 @@ Reference make_reference(const HostMat& m, uint32_t seed) {
 // Runs gemv_cuda for n = 1..8, without and with bias, and compares with the reference. w_offset
 // (bytes) and x_offset (floats) move the device pointers off 16-byte alignment.
 // interleave: rewrite the device copy into the interleaved column order first (interleave.h).
-void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7, bool interleave = false) {
+// grid: how gemv_cuda's row tiles meet blocks (gemv.h).
+void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7, bool interleave = false,
+                GemvGrid grid = GemvGrid::PerTile) {
     const Reference ref = make_reference(m, seed);
     const int64_t R = m.rows, K = m.cols;
     DeviceBuffer<uint8_t> dw(m.bytes.size() + 64);
@@ -106,9 +108,10 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
                          (with_bias ? " bias" : "") + " w_offset=" + std::to_string(w_offset) +
-                         " x_offset=" + std::to_string(x_offset));
+                         " x_offset=" + std::to_string(x_offset) +
+                         (grid == GemvGrid::Persistent ? " persistent grid" : ""));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
-            gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr);
+            gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid);
             const std::vector<float> got = dy.download();
             const std::vector<float>& want = with_bias ? ref.y_bias : ref.y;
             for (int64_t t = 0; t < kN; ++t)
@@ -246,7 +249,7 @@ namespace {
 // gemv_swiglu_cuda on the stacked [gate; up] matrix m (2 * inter rows) against matmul_ref of the
 // whole matrix and SwiGLU in double. Bound: the GEMV's bound on gate (bg) and up (bu) carried
 // through silu(g) * u (|silu'| < 1.1), plus a few f32 roundings of the epilogue itself.
-void check_swiglu(const HostMat& m, bool interleave, uint32_t seed) {
+void check_swiglu(const HostMat& m, bool interleave, uint32_t seed, GemvGrid grid = GemvGrid::PerTile) {
     const int64_t R = m.rows, K = m.cols, H = R / 2;
     const Reference ref = make_reference(m, seed);
     DeviceBuffer<uint8_t> dw(m.bytes);
@@ -256,9 +259,9 @@ void check_swiglu(const HostMat& m, bool interleave, uint32_t seed) {
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
-                         (with_bias ? " bias" : ""));
+                         (with_bias ? " bias" : "") + (grid == GemvGrid::Persistent ? " persistent grid" : ""));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
-            ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr));
+            ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid));
             const std::vector<float> got = dy.download();
             const std::vector<float>& y = with_bias ? ref.y_bias : ref.y;
             for (int64_t t = 0; t < kN; ++t)
@@ -297,6 +300,46 @@ TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
             if (dt != DType::F32 && s.second % 128 == 0) check_swiglu(m, true, seed);
             if (HasFatalFailure()) return;
         }
+}
+
+// The persistent grid (a block loops over tiles, the next tile's weights loaded before this one's
+// reduction) against the reference, on shapes with many more tiles than resident blocks (the
+// emulator holds one block per SM, 8 SMs: up to 64 tiles per block here) and tile counts that do
+// not divide evenly; then bit for bit against the grid of one block per tile, since each tile's
+// sums are formed in the same order whichever block computes them.
+TEST(GemvCuda, PersistentGridMatchesReferenceAndPerTile) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    struct Case {
+        DType dtype;
+        int64_t rows, cols, group;
+        bool interleave;
+    };
+    const Case cases[] = {{DType::F32, 1000, 192, 0, false},   {DType::F16, 255, 2048, 0, false},
+                          {DType::F16, 1000, 256, 0, true},    {DType::BF16, 100, 1000, 0, false},
+                          {DType::I8, 1000, 2048, 128, true},  {DType::I8, 2048, 6144, 6144, true},
+                          {DType::I8, 777, 384, 48, false}};
+    uint32_t seed = 900;
+    for (const Case& c : cases) {
+        const HostMat m = make_mat(c.dtype, c.rows, c.cols, c.group, seed++);
+        check_gemv(m, 0, 0, seed, c.interleave, GemvGrid::Persistent);
+        if (HasFatalFailure()) return;
+        DeviceBuffer<uint8_t> dw(m.bytes);
+        DeviceBuffer<float> ds(m.scales), dx(rand_vec(size_t(kN * c.cols), seed, 2.0f)), dy(size_t(kN * c.rows));
+        const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), c.interleave);
+        for (int64_t n = 1; n <= kN; ++n) {
+            gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, GemvGrid::PerTile);
+            const std::vector<float> per_tile = dy.download();
+            gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, GemvGrid::Persistent);
+            const std::vector<float> persistent = dy.download();
+            ASSERT_EQ(std::memcmp(per_tile.data(), persistent.data(), size_t(n * c.rows) * 4), 0)
+                << describe(m) << " n=" << n;
+        }
+    }
+    for (DType dt : {DType::F16, DType::I8}) {
+        const HostMat m = make_mat(dt, 2 * 1000, 2048, dt == DType::I8 ? 128 : 0, seed++);
+        check_swiglu(m, true, seed, GemvGrid::Persistent);
+        if (HasFatalFailure()) return;
+    }
 }
 
 TEST(GemvCuda, SwiGLUDeclinesWhatTheVectorPathCannotTake) {

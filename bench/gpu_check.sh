@@ -363,8 +363,11 @@ s_bench_nopdl() {  # s_bench without programmatic dependent launch: the A/B of k
   SHARDLM_PDL=0 s_bench "$@"
 }
 
-s_bench_persistent() {  # s_bench with the decode GEMVs on their persistent grid (kernels/cuda/gemv.h GemvGrid)
-  SHARDLM_GEMV_GRID=persistent s_bench "$@"
+s_bench_with() {  # "VAR=VALUE ..." then s_bench's arguments: the A/B runs of the decode tuning variables
+  local vars=$1
+  shift
+  echo "with $vars"
+  env $vars bash -c 's_bench "$@"' s_bench "$@"
 }
 
 s_torch() {
@@ -472,7 +475,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_persistent s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -496,14 +499,22 @@ done
 # with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
 # little from run to run (PyTorch, naive attention, the mission table).
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
-# The A/B of the GEMV grids on whole decode steps (the gemv step times them one matrix at a time).
-step bench-fp16-fp16-graph-persistent 90 s_bench_persistent bench-fp16-fp16-g1-persistent 1,4 fp16 fp16 1
-step bench-int8-int8-graph-persistent 90 s_bench_persistent bench-int8-int8-g1-persistent 1,4 int8 int8 1
+# Candidates not yet on by default, on whole decode steps: the GEMVs' persistent grid
+# (kernels/cuda/gemv.h; the gemv step also times it one matrix at a time), the next matrix
+# prefetched into L2 (kernels/cuda/l2_prefetch.h), and both. Compare with the rows above.
+for prec in "int8 int8" "fp16 fp16"; do
+  set -- $prec
+  step "bench-$1-$2-graph-persistent" 90 s_bench_with SHARDLM_GEMV_GRID=persistent "bench-$1-$2-g1-persistent" 1,4 "$1" "$2" 1
+  step "bench-$1-$2-graph-prefetch" 90 s_bench_with SHARDLM_L2_PREFETCH=1 "bench-$1-$2-g1-prefetch" 1,4 "$1" "$2" 1
+  step "bench-$1-$2-graph-persistent-prefetch" 90 s_bench_with "SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1" \
+    "bench-$1-$2-g1-persistent-prefetch" 1,4 "$1" "$2" 1
+done
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
+step sanitize-persistent-prefetch 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
 step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16

@@ -100,7 +100,8 @@ def cmd_table(path, header=None):
             continue
         pdl = r.get("pdl")
         key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
-               r.get("attention", "-"), "-" if pdl is None else ("on" if pdl else "off"), r.get("gemv_grid", "-"))
+               r.get("attention", "-"), "-" if pdl is None else ("on" if pdl else "off"), r.get("gemv_grid", "-"),
+               {True: "on", False: "off"}.get(r.get("l2_prefetch"), "-"))
         if key not in runs:
             runs[key] = {"r": r}
             order.append(key)
@@ -113,9 +114,9 @@ def cmd_table(path, header=None):
         if k[1] == "torch" and "pp" in run and "tg" in run:
             torch[(k[2], k[5])] = run
     if order:
-        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | prefill ms | decode ms/token | GB/s | "
+        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | l2 prefetch | prefill ms | decode ms/token | GB/s | "
                    "fraction of peak | memory GB (weights+kv+workspace) | peak GB | prefill x torch | decode x torch |")
-        out.append("|---|---|---:|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("|---|---|---:|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for k in order:
             run = runs[k]
             pp, tg, r = run.get("pp"), run.get("tg"), run["r"]
@@ -135,7 +136,7 @@ def cmd_table(path, header=None):
                     rp = pre / t["pp"]["avg_ms"]
                 if dec is not None:
                     rd = dec / (t["tg"]["avg_ms"] / int(t["tg"]["test"][2:]))
-            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {fmt(pre, ".1f")} | '
+            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {k[9]} | {fmt(pre, ".1f")} | '
                        f'{fmt(dec, ".3f")} | {fmt(gbps, ".0f")} | {fmt(frac, ".2f")} | {fmt(mem, ".2f")} | '
                        f'{fmt(peak_mem, ".2f")} | {fmt(rp, ".2f")} | {fmt(rd, ".2f")} |')
         peaks = sorted({round(runs[k]["r"].get("peak_gbps") or 0) for k in order} - {0})

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 
@@ -51,6 +52,23 @@ bool pdl_enabled() {
         return major >= 9;
     }();
     return on;
+}
+bool l2_prefetch_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("SHARDLM_L2_PREFETCH");
+        if (!v || !*v) return false;
+        const std::string s(v);
+        SHARDLM_CHECK(s == "0" || s == "1", "SHARDLM_L2_PREFETCH=", s, ": must be 0 or 1 (or unset)");
+        return s == "1";
+    }();
+    return on;
+}
+
+int64_t cuda_l2_bytes() {
+    int dev = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
+    return bytes;
 }
 
 void cuda_after_launch(cudaStream_t stream, const char* kernel) {

@@ -1,6 +1,7 @@
 // What CUDA devices this process can use.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace shardlm {
@@ -18,5 +19,13 @@ double cuda_peak_gbps();
 // Whether kernels launch with programmatic dependent launch (kernels/cuda/launch.h): the current
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
+
+// Whether the decode step prefetches each GEMV's successor matrix into L2 (l2_prefetch.h):
+// SHARDLM_L2_PREFETCH=1 (0 or unset: off, the default until the H200 has timed it; any other
+// value is an error), read once per process.
+bool l2_prefetch_enabled();
+
+// The current device's L2 cache size in bytes.
+int64_t cuda_l2_bytes();
 
 }  // namespace shardlm

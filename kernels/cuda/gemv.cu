@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -80,6 +81,9 @@ struct GemvArgs {
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
     int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
+    // The next matrix (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
+    L2Prefetch next_w, next_s;
+    int prefetch_parts;
 };
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
@@ -151,6 +155,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     // writes x) finishes. x is read only after the wait.
     uint4 raw[U][R];
     float scale[U][R];
+    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts) {  // constant too; the first wave's blocks
+        l2_prefetch_part(a.next_w, blockIdx.x, a.prefetch_parts);
+        l2_prefetch_part(a.next_s, blockIdx.x, a.prefetch_parts);
+    }
     int64_t tile = blockIdx.x;
     point_at(tile);
     load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
@@ -311,13 +319,24 @@ int resident_blocks_per_sm(const void* kernel) {
     return blocks > 0 ? blocks : 1;
 }
 
-// The persistent grid for `tiles` tiles: no more blocks than the GPU holds at once, spread so
-// that every block gets the same number of tiles give or take one (no last round of a few blocks).
-int64_t persistent_blocks(int64_t tiles, int per_sm) {
+int sm_count() {
     int dev = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int64_t resident = int64_t(sms) * per_sm;
+    return sms;
+}
+
+// How many blocks issue the next matrix's prefetch (GemvArgs::prefetch_parts): one per SM at most,
+// so that all of them are in the first wave; 0 when there is nothing to prefetch.
+int prefetch_parts(const GemvArgs& a, int64_t blocks) {
+    if (a.next_w.bytes == 0 && a.next_s.bytes == 0) return 0;
+    return int(std::min<int64_t>(blocks, sm_count()));
+}
+
+// The persistent grid for `tiles` tiles: no more blocks than the GPU holds at once, spread so
+// that every block gets the same number of tiles give or take one (no last round of a few blocks).
+int64_t persistent_blocks(int64_t tiles, int per_sm) {
+    const int64_t resident = int64_t(sm_count()) * per_sm;
     const int64_t rounds = (tiles + resident - 1) / resident;
     return (tiles + rounds - 1) / rounds;
 }
@@ -331,6 +350,7 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     a.tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
     if (grid == GemvGrid::PerTile) {
+        a.prefetch_parts = prefetch_parts(a, a.tiles);
         launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
                       dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
         return;
@@ -338,8 +358,9 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     const auto kernel = gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, true>;
     // A property of the compiled kernel, asked once (the query is not free on every launch).
     static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
-    launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(persistent_blocks(a.tiles, per_sm))), dim3(kThreads), 0,
-                  stream, a);
+    const int64_t blocks = persistent_blocks(a.tiles, per_sm);
+    a.prefetch_parts = prefetch_parts(a, blocks);
+    launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 
 // R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them, unless
@@ -376,7 +397,7 @@ namespace {
 // gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
 // would need the scalar path.
 bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
-              GemvGrid grid, cudaStream_t stream) {
+              GemvGrid grid, const GemvNext& next, cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -417,6 +438,8 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       a, kind);
         return true;
     }
+    a.next_w = next.weights;
+    a.next_s = next.scales;
     a.chunks = int(a.cols / chunk_c);
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
     a.quad_stride = w.interleaved ? 32 : 4;
@@ -434,16 +457,25 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 
 }  // namespace
 
+GemvNext gemv_next(const DeviceMatrix& next, int64_t cap) {
+    GemvNext g;
+    if (!next.data || next.rows <= 0 || next.cols <= 0) return g;
+    g.weights = l2_prefetch_range(next.data, next.rows * next.cols * int64_t(dtype_size(next.dtype)), cap);
+    if (next.dtype == DType::I8 && next.scales && next.group_size > 0)
+        g.scales = l2_prefetch_range(next.scales, next.rows * (next.cols / next.group_size) * 4, cap);
+    return g;
+}
+
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
-               GemvGrid grid) {
-    run_gemv(w, x, n, bias, y, 0, grid, stream);
+               GemvGrid grid, const GemvNext& next) {
+    run_gemv(w, x, n, bias, y, 0, grid, next, stream);
 }
 
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream, GemvGrid grid) {
+                      cudaStream_t stream, GemvGrid grid, const GemvNext& next) {
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
-    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, stream);
+    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, next, stream);
 }
 
 GemvGrid gemv_default_grid() {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/matrix.h"
 
 namespace shardlm {
@@ -24,8 +25,15 @@ enum class GemvGrid { PerTile, Persistent };
 // has timed both.
 GemvGrid gemv_default_grid();
 
+// The matrix the decode step reads next, to be prefetched into L2 while this GEMV runs
+// (l2_prefetch.h): its weights and I8 scales, each at most `cap` bytes from its start.
+struct GemvNext {
+    L2Prefetch weights, scales;
+};
+GemvNext gemv_next(const DeviceMatrix& next, int64_t cap);
+
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
-               GemvGrid grid = gemv_default_grid());
+               GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});
 
 // The MLP's first half in one pass: w is gate_proj's rows stacked on up_proj's ([2 * inter, cols],
 // bias likewise), y[n, inter] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), the SwiGLU applied
@@ -33,7 +41,7 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 // nothing, for shapes or pointers the vector path does not take (the caller then runs gemv_cuda
 // and silu_mul_rows_cuda).
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream, GemvGrid grid = gemv_default_grid());
+                      cudaStream_t stream, GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});
 
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8

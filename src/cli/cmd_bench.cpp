@@ -64,6 +64,15 @@ bool device_pdl() {
 #endif
 }
 
+// Whether the decode GEMVs prefetch their successor into L2 (SHARDLM_L2_PREFETCH).
+bool device_l2_prefetch() {
+#ifdef SHARDLM_HAVE_CUDA
+    return l2_prefetch_enabled();
+#else
+    return false;
+#endif
+}
+
 // The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
 const char* device_gemv_grid() {
 #ifdef SHARDLM_HAVE_CUDA
@@ -270,6 +279,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
                 j["pdl"] = cuda && device_pdl();
                 j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
+                j["l2_prefetch"] = cuda && device_l2_prefetch();
                 j["weights"] = wname;
                 j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;

@@ -22,6 +22,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kv_layout.h"
 #include "kernels/cuda/matrix.h"
 #include "kernels/cuda/w8a8.h"
@@ -78,7 +79,11 @@ private:
     void collective(std::function<void()> op);
     // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
     // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU).
-    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true);
+    // next: the matrix the step reads after this one, prefetched into L2 during the decode GEMV
+    // when prefetch_cap_ > 0 (kernels/cuda/l2_prefetch.h).
+    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true,
+                const DeviceMatrix* next = nullptr);
+    GemvNext next_of(const DeviceMatrix* next) const;
 
     const ModelConfig& cfg_;
     ShardPlan plan_;
@@ -93,6 +98,10 @@ private:
     std::unique_ptr<CublasGemm> gemm_;
     std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill
     bool w8a8_ = false;
+    // Bytes of each next matrix the decode GEMVs prefetch into L2: 0 (off) unless
+    // l2_prefetch_enabled(), then 3/5 of the L2, so the prefetched part and the current GEMV's
+    // stream fit together.
+    int64_t prefetch_cap_ = 0;
     size_t weight_bytes_ = 0, kv_bytes_ = 0, ws_bytes_ = 0;
 
     // Weights (device pointers into arena_).

@@ -342,6 +342,68 @@ TEST(GemvCuda, PersistentGridMatchesReferenceAndPerTile) {
     }
 }
 
+// The ranges handed to the L2 (l2_prefetch.h): inside the given bytes, 16-byte aligned at both
+// ends, capped from the start. Host code, runs everywhere.
+TEST(GemvCuda, L2PrefetchRangeIsAlignedInsideAndCapped) {
+    alignas(16) static char buf[4096];
+    const L2Prefetch whole = l2_prefetch_range(buf, 4096, int64_t(1) << 30);
+    EXPECT_EQ(whole.data, buf);
+    EXPECT_EQ(whole.bytes, 4096);
+    const L2Prefetch inner = l2_prefetch_range(buf + 3, 100, int64_t(1) << 30);  // [3, 103) -> [16, 96)
+    EXPECT_EQ(inner.data, buf + 16);
+    EXPECT_EQ(inner.bytes, 80);
+    const L2Prefetch capped = l2_prefetch_range(buf, 4096, 1000);  // 1000 rounds down to 992
+    EXPECT_EQ(capped.data, buf);
+    EXPECT_EQ(capped.bytes, 992);
+    EXPECT_EQ(l2_prefetch_range(buf + 1, 20, 4096).bytes, 0);  // no whole aligned 16 bytes inside
+    EXPECT_EQ(l2_prefetch_range(buf, 4096, 15).bytes, 0);
+    EXPECT_EQ(l2_prefetch_range(nullptr, 4096, 4096).bytes, 0);
+    // gemv_next: the weights and, for I8, the scales ([rows, cols / group] floats).
+    DeviceMatrix m;
+    m.dtype = DType::I8;
+    m.data = buf;
+    m.rows = 16;
+    m.cols = 128;
+    m.scales = reinterpret_cast<const float*>(buf + 2048);
+    m.group_size = 64;
+    const GemvNext next = gemv_next(m, 1 << 20);
+    EXPECT_EQ(next.weights.bytes, 2048);
+    EXPECT_EQ(next.scales.data, buf + 2048);
+    EXPECT_EQ(next.scales.bytes, 16 * 2 * 4);
+    EXPECT_EQ(gemv_next(DeviceMatrix{}, 1 << 20).weights.bytes, 0);
+}
+
+// Prefetching the next matrix is a hint: the same outputs bit for bit, on both grids, whole or
+// capped, with ranges that start and end off 16-byte boundaries. (On the emulator the prefetch
+// is skipped; on an sm_90 GPU this runs the bulk prefetches, and gpu_check's sanitizer step
+// checks their addresses.)
+TEST(GemvCuda, PrefetchingTheNextMatrixChangesNoResult) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const HostMat m = make_mat(DType::I8, 1000, 2048, 128, 950);
+    const HostMat next = make_mat(DType::F16, 300, 1024, 0, 951);
+    DeviceBuffer<uint8_t> dw(m.bytes), dnext(next.bytes.size() + 64);
+    DeviceBuffer<float> ds(m.scales), dx(rand_vec(size_t(kN * m.cols), 952, 2.0f)), dy(size_t(kN * m.rows));
+    CUDA_CHECK(cudaMemcpy(dnext.get() + 5, next.bytes.data(), next.bytes.size(), cudaMemcpyHostToDevice));
+    const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), true);
+    DeviceMatrix dn;
+    dn.dtype = DType::F16;
+    dn.data = dnext.get() + 5;  // off 16-byte alignment: the range is trimmed, not refused
+    dn.rows = next.rows;
+    dn.cols = next.cols;
+    const DeviceMatrix self = dm;  // the matrix being read may be its own "next" too
+    for (GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent})
+        for (int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
+            gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, grid);
+            const std::vector<float> plain = dy.download();
+            for (const GemvNext& g : {gemv_next(dn, int64_t(1) << 30), gemv_next(dn, 4096), gemv_next(self, 1 << 20)}) {
+                CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
+                gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, grid, g);
+                const std::vector<float> got = dy.download();
+                ASSERT_EQ(std::memcmp(plain.data(), got.data(), size_t(n * m.rows) * 4), 0) << "n=" << n;
+            }
+        }
+}
+
 TEST(GemvCuda, SwiGLUDeclinesWhatTheVectorPathCannotTake) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     const HostMat m = make_mat(DType::F16, 64, 100, 0, 700);  // 100 f16 columns: 200-byte rows

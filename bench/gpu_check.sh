@@ -509,12 +509,12 @@ for prec in "int8 int8" "fp16 fp16"; do
   step "bench-$1-$2-graph-persistent-prefetch" 90 s_bench_with "SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1" \
     "bench-$1-$2-g1-persistent-prefetch" 1,4 "$1" "$2" 1
 done
+step sanitize-persistent-prefetch 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
-step sanitize-persistent-prefetch 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
 step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16

@@ -218,9 +218,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
         const int64_t tile_row0 = tile * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
         reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
         if (!Persistent || next >= a.tiles) break;
-        // The next reduction rewrites the shared partial sums this one read. (The emulator cannot
-        // show this barrier missing: its shuffles end a sweep of the block, as a barrier would.)
-        __syncthreads();
+        __syncthreads();  // the next reduction rewrites the shared partial sums this one read
         tile = next;
     }
 }

@@ -6,7 +6,8 @@
 // at once, and a missing barrier shows up as a read that comes before (or after) the write it
 // needed, in one order or the other. After a sweep nobody can run: every collective whose
 // participants have all arrived completes (values deposited at arrival, results computed for
-// every lane before any lane continues), and the next sweep begins. When nothing can complete,
+// every lane before any lane continues), and the next sweep begins. In the reverse order a warp
+// collective completes as soon as its last lane arrives and the warp runs on (warp_collective). When nothing can complete,
 // the block is deadlocked (a barrier or a shuffle some thread never reaches) and the report names
 // the kernel, the block and where each thread waits.
 //
@@ -407,44 +408,53 @@ void complete_warp_group(int w, unsigned mask) {
     g.warp_waiting[size_t(w)] &= ~mask;
 }
 
+// The warp collective lane l of warp w waits at: completed (true) when every lane of its mask has
+// arrived at it; a mask naming exited lanes, or lanes meeting at different collectives, is a
+// fault. False (nothing done) while lanes of the mask are still on their way.
+bool try_complete(int w, int l) {
+    const unsigned waiting = g.warp_waiting[size_t(w)], gone = g.warp_gone[size_t(w)];
+    Fiber* lanes = &g.fibers[size_t(w) * 32];
+    const Fiber& f = lanes[l];
+    const unsigned m = f.mask;
+    char b[300];
+    if (m & gone) {
+        std::snprintf(b, sizeof b,
+                      "%s(mask 0x%08x) at %s:%d by lane %d: lanes 0x%08x of the mask have exited (or do not "
+                      "exist) and never arrive",
+                      op_name(f.op), m, short_file(f.site.file), f.site.line, l, m & gone);
+        block_fault(b);
+    }
+    bool complete = (m & ~waiting) == 0;
+    for (unsigned r = m; r && complete; r &= r - 1) complete = lanes[__builtin_ctz(r)].mask == m;
+    if (!complete) return false;
+    for (unsigned r = m; r; r &= r - 1) {
+        const int j = __builtin_ctz(r);
+        const Fiber& o = lanes[j];
+        if (o.op != f.op || o.width != f.width || (f.op == Op::MatchAny && o.arg != f.arg)) {
+            std::snprintf(b, sizeof b,
+                          "lanes of mask 0x%08x meet at different warp collectives: lane %d at %s (width %d) "
+                          "%s:%d, lane %d at %s (width %d) %s:%d",
+                          m, l, op_name(f.op), f.width, short_file(f.site.file), f.site.line, j, op_name(o.op),
+                          o.width, short_file(o.site.file), o.site.line);
+            block_fault(b);
+        }
+    }
+    complete_warp_group(w, m);
+    return true;
+}
+
 // After a sweep (no fiber runnable): completes every collective whose participants have all
 // arrived. False when none could.
 bool resolve() {
     bool progressed = false;
     const int warps = (g.threads + 31) / 32;
     for (int w = 0; w < warps; ++w) {
-        const unsigned waiting = g.warp_waiting[size_t(w)], gone = g.warp_gone[size_t(w)];
-        Fiber* lanes = &g.fibers[size_t(w) * 32];
-        for (unsigned todo = waiting; todo;) {
+        for (unsigned todo = g.warp_waiting[size_t(w)]; todo;) {
             const int l = __builtin_ctz(todo);
-            const Fiber& f = lanes[l];
-            const unsigned m = f.mask;
-            char b[300];
-            if (m & gone) {
-                std::snprintf(b, sizeof b,
-                              "%s(mask 0x%08x) at %s:%d by lane %d: lanes 0x%08x of the mask have exited (or do not "
-                              "exist) and never arrive",
-                              op_name(f.op), m, short_file(f.site.file), f.site.line, l, m & gone);
-                block_fault(b);
-            }
-            bool complete = (m & ~waiting) == 0;
-            for (unsigned r = m; r && complete; r &= r - 1) complete = lanes[__builtin_ctz(r)].mask == m;
-            todo &= complete ? ~m : ~(1u << l);
-            if (!complete) continue;
-            for (unsigned r = m; r; r &= r - 1) {
-                const int j = __builtin_ctz(r);
-                const Fiber& o = lanes[j];
-                if (o.op != f.op || o.width != f.width || (f.op == Op::MatchAny && o.arg != f.arg)) {
-                    std::snprintf(b, sizeof b,
-                                  "lanes of mask 0x%08x meet at different warp collectives: lane %d at %s (width %d) "
-                                  "%s:%d, lane %d at %s (width %d) %s:%d",
-                                  m, l, op_name(f.op), f.width, short_file(f.site.file), f.site.line, j, op_name(o.op),
-                                  o.width, short_file(o.site.file), o.site.line);
-                    block_fault(b);
-                }
-            }
-            complete_warp_group(w, m);
-            progressed = true;
+            const unsigned m = g.fibers[size_t(w) * 32 + size_t(l)].mask;
+            const bool done = try_complete(w, l);
+            todo &= done ? ~m : ~(1u << l);
+            progressed |= done;
         }
     }
     // __syncthreads: every thread that has not exited is there. A GPU of sm_70 or later lets a
@@ -559,7 +569,19 @@ uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int widt
     f.width = width;
     f.site = site;
     f.state = State::Waiting;
-    g.warp_waiting[size_t(f.index >> 5)] |= 1u << lane;
+    const int w = f.index >> 5;
+    g.warp_waiting[size_t(w)] |= 1u << lane;
+    // Reverse order is also warp-major: the last lane to arrive completes the collective at once
+    // and the warp's lanes run on (from the first in the sweep's order) to their next block-wide
+    // wait before the sweep moves to the next warp. A warp thus runs ahead of the warps below it
+    // through any number of shuffles, which is what exposes a missing __syncthreads between two
+    // uses of shared memory that only shuffles separate (the forward order, where every
+    // collective ends a sweep, moves the warps in lockstep).
+    if (g.reverse && try_complete(w, lane)) {
+        Fiber* lead = &g.fibers[size_t(w) * 32 + size_t(31 - __builtin_clz(mask))];
+        if (lead != &f) switch_context(&f, lead);  // f is Runnable: the sweep comes back to it
+        return f.result;
+    }
     yield(f);
     return f.result;
 }

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -105,6 +107,47 @@ TEST(CudaEmulator, MissingBarrierShowsInEitherOrder) {
     int stale = 0;
     for (int t = 0; t < 256; ++t) stale += got[size_t(t)] != 5000 + (t + 1) % 256;
     EXPECT_GT(stale, 0);
+}
+
+// Two rounds of a block sum through shared memory: each warp adds up its lanes by shuffles and
+// lane 0 stores the warp's sum in s[warp]; after a barrier warp 0 adds up s[]. Without the barrier
+// at the end of a round, a warp that runs on through the next round's shuffles rewrites its s[]
+// slot before warp 0 has read it.
+template <bool kEndBarrier>
+__global__ void two_round_sum_kernel(int* out) {
+    __shared__ int s[8];
+    const int t = int(threadIdx.x), warp = t >> 5, lane = t & 31, warps = int(blockDim.x) >> 5;
+    for (int round = 0; round < 2; ++round) {
+        int v = (round + 1) * 1000 + t;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) s[warp] = v;
+        __syncthreads();
+        if (t == 0) {
+            int sum = 0;
+            for (int w = 0; w < warps; ++w) sum += s[w];
+            out[round] = sum;
+        }
+        if (kEndBarrier) __syncthreads();
+    }
+}
+
+// The forward order moves the warps in lockstep (every collective ends a sweep), so it cannot
+// show the second barrier missing; the reverse order lets each warp run ahead through its
+// shuffles to its next block-wide wait, and the stale read appears.
+TEST(CudaEmulator, ReverseOrderLetsAWarpRunAheadThroughItsShuffles) {
+    const char* order = std::getenv("SHARDLM_EMU_ORDER");
+    const bool reverse = order && std::string(order) == "reverse";
+    const int want[2] = {256 * 1000 + 255 * 128, 256 * 2000 + 255 * 128};
+    Dev<int> out(2);
+    launch_plain("two_round_sum_kernel", two_round_sum_kernel<true>, dim3(1), dim3(256), 0, nullptr, out.p);
+    std::vector<int> got = out.get();
+    EXPECT_EQ(got[0], want[0]);
+    EXPECT_EQ(got[1], want[1]);
+    launch_plain("two_round_sum_kernel", two_round_sum_kernel<false>, dim3(1), dim3(256), 0, nullptr, out.p);
+    got = out.get();
+    if (reverse) EXPECT_NE(got[0], want[0]) << "the missing barrier went unnoticed";
+    else EXPECT_EQ(got[0], want[0]);
+    EXPECT_EQ(got[1], want[1]);
 }
 
 __global__ void dynamic_smem_kernel(float* out, int n) {

@@ -71,6 +71,13 @@ int64_t cuda_l2_bytes() {
     return bytes;
 }
 
+int cuda_sm_count() {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+}
+
 void cuda_after_launch(cudaStream_t stream, const char* kernel) {
     const cudaError_t e = cudaGetLastError();
     SHARDLM_CHECK_GEN("CUDA launch", e == cudaSuccess, kernel, cudaGetErrorString(e));

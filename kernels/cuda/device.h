@@ -25,7 +25,8 @@ bool pdl_enabled();
 // value is an error), read once per process.
 bool l2_prefetch_enabled();
 
-// The current device's L2 cache size in bytes.
+// The current device's L2 cache size in bytes, and its number of multiprocessors.
 int64_t cuda_l2_bytes();
+int cuda_sm_count();
 
 }  // namespace shardlm

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gemv_tile.h"
 #include "kernels/cuda/interleave.h"
@@ -317,24 +318,10 @@ int resident_blocks_per_sm(const void* kernel) {
     return blocks > 0 ? blocks : 1;
 }
 
-int sm_count() {
-    int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-}
-
-// How many blocks issue the next matrix's prefetch (GemvArgs::prefetch_parts): one per SM at most,
-// so that all of them are in the first wave; 0 when there is nothing to prefetch.
-int prefetch_parts(const GemvArgs& a, int64_t blocks) {
-    if (a.next_w.bytes == 0 && a.next_s.bytes == 0) return 0;
-    return int(std::min<int64_t>(blocks, sm_count()));
-}
-
 // The persistent grid for `tiles` tiles: no more blocks than the GPU holds at once, spread so
 // that every block gets the same number of tiles give or take one (no last round of a few blocks).
 int64_t persistent_blocks(int64_t tiles, int per_sm) {
-    const int64_t resident = int64_t(sm_count()) * per_sm;
+    const int64_t resident = int64_t(cuda_sm_count()) * per_sm;
     const int64_t rounds = (tiles + resident - 1) / resident;
     return (tiles + rounds - 1) / rounds;
 }
@@ -348,7 +335,7 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     a.tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
     if (grid == GemvGrid::PerTile) {
-        a.prefetch_parts = prefetch_parts(a, a.tiles);
+        a.prefetch_parts = gemv_prefetch_parts(GemvNext{a.next_w, a.next_s}, a.tiles);
         launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
                       dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
         return;
@@ -357,7 +344,7 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     // A property of the compiled kernel, asked once (the query is not free on every launch).
     static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
     const int64_t blocks = persistent_blocks(a.tiles, per_sm);
-    a.prefetch_parts = prefetch_parts(a, blocks);
+    a.prefetch_parts = gemv_prefetch_parts(GemvNext{a.next_w, a.next_s}, blocks);
     launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 
@@ -462,6 +449,11 @@ GemvNext gemv_next(const DeviceMatrix& next, int64_t cap) {
     if (next.dtype == DType::I8 && next.scales && next.group_size > 0)
         g.scales = l2_prefetch_range(next.scales, next.rows * (next.cols / next.group_size) * 4, cap);
     return g;
+}
+
+int gemv_prefetch_parts(const GemvNext& next, int64_t blocks) {
+    if (next.weights.bytes == 0 && next.scales.bytes == 0) return 0;
+    return int(std::min<int64_t>(blocks, cuda_sm_count()));
 }
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,

@@ -31,6 +31,9 @@ struct GemvNext {
     L2Prefetch weights, scales;
 };
 GemvNext gemv_next(const DeviceMatrix& next, int64_t cap);
+// How many blocks of a grid of `blocks` issue parts of the prefetch: one per SM at most, so that
+// all are in the first wave; 0 when `next` is empty.
+int gemv_prefetch_parts(const GemvNext& next, int64_t blocks);
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
                GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});

@@ -379,7 +379,7 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
         const int64_t cols = l.w.cols, g = l.w.group_size > 0 && l.w.group_size < cols ? l.w.group_size : cols;
         quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
         const DeviceActs a{act_q_, act_scales_, T, cols, g};
-        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_);
+        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(next));
         else int8_gemm_->run(l.w, a, l.bias, y);
         return;
     }
@@ -425,9 +425,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             rp.row_stride = q_dim + 2 * kv_dim;
             rp.q_out = q_;
         } else {
-            linear(L.q, h_, T, q_);
-            linear(L.k, h_, T, k_);
-            linear(L.v, h_, T, v_);
+            linear(L.q, h_, T, q_, true, &L.k.w);
+            linear(L.k, h_, T, k_, true, &L.v.w);
+            linear(L.v, h_, T, v_, true, &L.o.w);
             rp.q = q_;
             rp.k = k_;
             rp.v = v_;
@@ -466,12 +466,12 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
                                gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
                                                 next_of(&L.down.w));
             if (!fused) {
-                linear(L.gate_up, h_, T, gate_up_);
+                linear(L.gate_up, h_, T, gate_up_, true, &L.down.w);
                 silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
             }
         } else {
-            linear(L.gate, h_, T, gate_);
-            linear(L.up, h_, T, up_);
+            linear(L.gate, h_, T, gate_, true, &L.up.w);
+            linear(L.up, h_, T, up_, true, &L.down.w);
             silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
         }
         linear(L.down, gate_, T, delta_, true, after_down);

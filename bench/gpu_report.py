@@ -143,6 +143,7 @@ def cmd_table(path, header=None):
         out.append(f"\nGB/s: bytes one decode step reads (weights + KV up to the mean position) / decode time; "
                    f"peak: the measured copy bandwidth of each engine's row ({', '.join(map(str, peaks)) or '-'} GB/s). "
                    f"x torch: shardlm time / PyTorch FP16 time at the same batch and graph mode.\n")
+    out.extend(candidates(runs, order))
     # Tests
     gt = [r for r in lines if "gtest" in r]
     if gt:
@@ -165,6 +166,42 @@ def cmd_table(path, header=None):
     n_skip = sum(r["status"] == "skip" for r in st)
     out.append(f"\n{len(st) - n_fail - n_skip} passed, {n_fail} failed, {n_skip} skipped")
     print("\n".join(out))
+
+
+def candidates(runs, order):
+    """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
+    graphs and PDL on, flash attention, differing only in gemv_grid and l2_prefetch. Ratio < 1:
+    the candidate is faster. Empty when no candidate row ran."""
+    # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
+    cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "on", "L2 prefetch"),
+            ("persistent", "on", "both")]
+    table, seen = {}, []
+    for k in order:
+        run = runs[k]
+        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "-") or k[7] == "off" or "tg" not in run:
+            continue
+        tg = run["tg"]
+        group = (k[2], k[3], k[4])
+        if group not in table:
+            table[group] = {}
+            seen.append(group)
+        table[group][(k[8], k[9])] = tg["avg_ms"] / int(tg["test"][2:])
+    rows = [g for g in seen if len(table[g]) > 1 and ("tiles", "off") in table[g]]
+    if not rows:
+        return []
+    out = ["\nDecode candidates (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
+           "| batch | weights | kv | " + " | ".join(c[2] for c in cols) + " |",
+           "|---:|---|---|" + "---:|" * len(cols)]
+    for g in rows:
+        base = table[g][("tiles", "off")]
+        cells = []
+        for grid, pf, _ in cols:
+            v = table[g].get((grid, pf))
+            cells.append("-" if v is None else ("%.3f" % v if (grid, pf) == ("tiles", "off") else
+                                               "%.3f (%.2f)" % (v, v / base)))
+        out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
 
 
 def short_kernel(name):

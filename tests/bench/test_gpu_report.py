@@ -74,6 +74,31 @@ class Kernels(unittest.TestCase):
             self.assertIn("unknown time unit 'furlong'", r.stderr)
 
 
+class Table(unittest.TestCase):
+    def test_decode_candidates_against_the_default(self):
+        def row(step, test, ms, grid, prefetch, pdl=True):
+            return json.dumps({"test": test, "batch": 1, "weights": "int8", "kv": "int8", "graphs": True,
+                               "attention": "flash", "pdl": pdl, "gemv_grid": grid, "l2_prefetch": prefetch,
+                               "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
+        with tempfile.TemporaryDirectory() as d:
+            jsonl = os.path.join(d, "rows.jsonl")
+            write_text(jsonl, "\n".join([
+                row("base", "pp512", 9.0, "tiles", False), row("base", "tg128", 128.0, "tiles", False),
+                row("pers", "pp512", 9.0, "persistent", False), row("pers", "tg128", 96.0, "persistent", False),
+                row("both", "pp512", 9.0, "persistent", True), row("both", "tg128", 64.0, "persistent", True),
+                # PDL off is another comparison: not a candidate column.
+                row("nopdl", "pp512", 9.0, "tiles", False, pdl=False), row("nopdl", "tg128", 256.0, "tiles", False,
+                                                                            pdl=False),
+            ]) + "\n")
+            r = run("table", jsonl)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.500 (0.50) |", r.stdout)
+            # Without candidate rows there is no such table.
+            write_text(jsonl, row("base", "pp512", 9.0, "tiles", False) + "\n" +
+                       row("base", "tg128", 128.0, "tiles", False) + "\n")
+            self.assertNotIn("Decode candidates", run("table", jsonl).stdout)
+
+
 class Tokens(unittest.TestCase):
     def test_equal_and_different(self):
         with tempfile.TemporaryDirectory() as d:

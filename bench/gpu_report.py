@@ -101,7 +101,7 @@ def cmd_table(path, header=None):
         pdl = r.get("pdl")
         key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
                r.get("attention", "-"), "-" if pdl is None else ("on" if pdl else "off"), r.get("gemv_grid", "-"),
-               {True: "on", False: "off"}.get(r.get("l2_prefetch"), "-"))
+               l2_label(r.get("l2_prefetch")))
         if key not in runs:
             runs[key] = {"r": r}
             order.append(key)
@@ -168,13 +168,21 @@ def cmd_table(path, header=None):
     print("\n".join(out))
 
 
+def l2_label(v):
+    """A row's l2_prefetch (matrices prefetched ahead: 0, 1, 2; older rows: a bool) as a column."""
+    if v is None:
+        return "-"
+    return "off" if not v else str(int(v))
+
+
 def candidates(runs, order):
     """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
     graphs and PDL on, flash attention, differing only in gemv_grid and l2_prefetch. Ratio < 1:
     the candidate is faster. Empty when no candidate row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
-    cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "on", "L2 prefetch"),
-            ("persistent", "on", "both")]
+    cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "1", "L2 prefetch 1"),
+            ("tiles", "2", "L2 prefetch 2"), ("persistent", "1", "persistent + prefetch 1"),
+            ("persistent", "2", "persistent + prefetch 2")]
     table, seen = {}, []
     for k in order:
         run = runs[k]

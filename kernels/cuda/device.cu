@@ -53,15 +53,16 @@ bool pdl_enabled() {
     }();
     return on;
 }
-bool l2_prefetch_enabled() {
-    static const bool on = [] {
+int l2_prefetch_depth() {
+    static const int depth = [] {
         const char* v = std::getenv("SHARDLM_L2_PREFETCH");
-        if (!v || !*v) return false;
+        if (!v || !*v) return 0;
         const std::string s(v);
-        SHARDLM_CHECK(s == "0" || s == "1", "SHARDLM_L2_PREFETCH=", s, ": must be 0 or 1 (or unset)");
-        return s == "1";
+        SHARDLM_CHECK(s == "0" || s == "1" || s == "2", "SHARDLM_L2_PREFETCH=", s,
+                      ": the matrices to prefetch ahead must be 0, 1 or 2 (or unset)");
+        return s[0] - '0';
     }();
-    return on;
+    return depth;
 }
 
 int64_t cuda_l2_bytes() {

@@ -20,10 +20,10 @@ double cuda_peak_gbps();
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
 
-// Whether the decode step prefetches each GEMV's successor matrix into L2 (l2_prefetch.h):
-// SHARDLM_L2_PREFETCH=1 (0 or unset: off, the default until the H200 has timed it; any other
-// value is an error), read once per process.
-bool l2_prefetch_enabled();
+// How many matrices ahead each decode GEMV prefetches into L2 (l2_prefetch.h):
+// SHARDLM_L2_PREFETCH=1 (the next) or 2 (the next two); 0 or unset: none, the default until the
+// H200 has timed it. Any other value is an error. Read once per process.
+int l2_prefetch_depth();
 
 // The current device's L2 cache size in bytes, and its number of multiprocessors.
 int64_t cuda_l2_bytes();

@@ -82,8 +82,8 @@ struct GemvArgs {
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
     int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
-    // The next matrix (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
-    L2Prefetch next_w, next_s;
+    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
+    GemvNext next;
     int prefetch_parts;
 };
 
@@ -156,10 +156,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     // writes x) finishes. x is read only after the wait.
     uint4 raw[U][R];
     float scale[U][R];
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts) {  // constant too; the first wave's blocks
-        l2_prefetch_part(a.next_w, blockIdx.x, a.prefetch_parts);
-        l2_prefetch_part(a.next_s, blockIdx.x, a.prefetch_parts);
-    }
+    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant too; the first wave's blocks
+        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     int64_t tile = blockIdx.x;
     point_at(tile);
     load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
@@ -335,7 +333,7 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     a.tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
     if (grid == GemvGrid::PerTile) {
-        a.prefetch_parts = gemv_prefetch_parts(GemvNext{a.next_w, a.next_s}, a.tiles);
+        a.prefetch_parts = gemv_prefetch_parts(a.next, a.tiles);
         launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
                       dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
         return;
@@ -344,7 +342,7 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     // A property of the compiled kernel, asked once (the query is not free on every launch).
     static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
     const int64_t blocks = persistent_blocks(a.tiles, per_sm);
-    a.prefetch_parts = gemv_prefetch_parts(GemvNext{a.next_w, a.next_s}, blocks);
+    a.prefetch_parts = gemv_prefetch_parts(a.next, blocks);
     launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 
@@ -423,8 +421,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       a, kind);
         return true;
     }
-    a.next_w = next.weights;
-    a.next_s = next.scales;
+    a.next = next;
     a.chunks = int(a.cols / chunk_c);
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
     a.quad_stride = w.interleaved ? 32 : 4;
@@ -442,18 +439,28 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 
 }  // namespace
 
-GemvNext gemv_next(const DeviceMatrix& next, int64_t cap) {
+GemvNext gemv_next(const DeviceMatrix& next, int64_t cap, const DeviceMatrix* then) {
     GemvNext g;
-    if (!next.data || next.rows <= 0 || next.cols <= 0) return g;
-    g.weights = l2_prefetch_range(next.data, next.rows * next.cols * int64_t(dtype_size(next.dtype)), cap);
-    if (next.dtype == DType::I8 && next.scales && next.group_size > 0)
-        g.scales = l2_prefetch_range(next.scales, next.rows * (next.cols / next.group_size) * 4, cap);
+    int n = 0;
+    auto add = [&](const void* p, int64_t bytes) {
+        const L2Prefetch r = l2_prefetch_range(p, bytes, cap);
+        if (r.bytes == 0) return;
+        g.ranges[n++] = r;
+        cap -= r.bytes;
+    };
+    for (const DeviceMatrix* m : {&next, then}) {
+        if (!m || !m->data || m->rows <= 0 || m->cols <= 0) continue;
+        add(m->data, m->rows * m->cols * int64_t(dtype_size(m->dtype)));
+        if (m->dtype == DType::I8 && m->scales && m->group_size > 0)
+            add(m->scales, m->rows * (m->cols / m->group_size) * 4);
+    }
     return g;
 }
 
 int gemv_prefetch_parts(const GemvNext& next, int64_t blocks) {
-    if (next.weights.bytes == 0 && next.scales.bytes == 0) return 0;
-    return int(std::min<int64_t>(blocks, cuda_sm_count()));
+    for (const L2Prefetch& r : next.ranges)
+        if (r.bytes > 0) return int(std::min<int64_t>(blocks, cuda_sm_count()));
+    return 0;
 }
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,

@@ -25,12 +25,14 @@ enum class GemvGrid { PerTile, Persistent };
 // has timed both.
 GemvGrid gemv_default_grid();
 
-// The matrix the decode step reads next, to be prefetched into L2 while this GEMV runs
-// (l2_prefetch.h): its weights and I8 scales, each at most `cap` bytes from its start.
+// What the decode step reads after this GEMV, to be prefetched into L2 while it runs
+// (l2_prefetch.h): the weights and I8 scales of the next matrix and, optionally, of the one after
+// it, in that order, at most `cap` bytes in all (the first ranges first).
+constexpr int kGemvNextRanges = 4;
 struct GemvNext {
-    L2Prefetch weights, scales;
+    L2Prefetch ranges[kGemvNextRanges];
 };
-GemvNext gemv_next(const DeviceMatrix& next, int64_t cap);
+GemvNext gemv_next(const DeviceMatrix& next, int64_t cap, const DeviceMatrix* then = nullptr);
 // How many blocks of a grid of `blocks` issue parts of the prefetch: one per SM at most, so that
 // all are in the first wave; 0 when `next` is empty.
 int gemv_prefetch_parts(const GemvNext& next, int64_t blocks);

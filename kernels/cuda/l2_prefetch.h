@@ -6,12 +6,21 @@
 // L2Prefetch) has its first blocks hand them to the copy engine as bulk L2 prefetches
 // (cp.async.bulk.prefetch.L2, sm_90): the bytes stream in during this GEMV and the kernels after
 // it, and the next GEMV finds them in L2. A prefetch is only a hint: it changes no result, only
-// where the bytes come from. Older GPUs and the CPU emulator skip it.
+// where the bytes come from. Older GPUs skip it; the CPU emulator checks and counts it.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#ifdef SHARDLM_CUDA_EMU
+namespace shardlm_emu {
+// The CPU emulator (tests/cuda_emu) checks a prefetch's range (16-byte aligned, inside one device
+// allocation) and counts its bytes, where a GPU would only move them.
+void l2_prefetch(const void* p, size_t bytes);
+}  // namespace shardlm_emu
+#endif
 
 namespace shardlm {
 
@@ -35,7 +44,11 @@ inline L2Prefetch l2_prefetch_range(const void* p, int64_t bytes, int64_t cap) {
 // Part `part` of `parts` of r, split on 16-byte boundaries, prefetched by the calling thread (one
 // thread per block is enough: the copy engine does the work, the thread only issues).
 __device__ __forceinline__ void l2_prefetch_part(const L2Prefetch& r, int64_t part, int64_t parts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(SHARDLM_CUDA_EMU)
+    const int64_t units = r.bytes / 16;
+    const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+    if (u1 > u0) shardlm_emu::l2_prefetch(static_cast<const char*>(r.data) + u0 * 16, size_t(u1 - u0) * 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int64_t units = r.bytes / 16;
     const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
     const char* p = static_cast<const char*>(r.data) + u0 * 16;

@@ -140,8 +140,8 @@ struct W8A8Args {
     int64_t dgroup;          // dot group min(wgroup, agroup) (scalar path)
     // chunk k -> group: k >> shift when shift >= 0 (31: one group per row), else k / group_chunks
     int wshift, ashift, wgroup_chunks, agroup_chunks;
-    // The next matrix (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
-    L2Prefetch next_w, next_s;
+    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
+    GemvNext next;
     int prefetch_parts;
 };
 
@@ -157,10 +157,8 @@ __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
 // U chunks per row in flight per lane. OneGroup: ga == gw == cols.
 template <int N, int R, int U, int MinBlocks, bool OneGroup>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(const W8A8Args a) {
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts) {  // weights are constant: before the wait
-        l2_prefetch_part(a.next_w, blockIdx.x, a.prefetch_parts);
-        l2_prefetch_part(a.next_s, blockIdx.x, a.prefetch_parts);
-    }
+    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
+        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     pdl_wait();
     pdl_launch_dependents();
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
@@ -284,7 +282,7 @@ void launch_vec(const W8A8Args& args, cudaStream_t stream) {
     W8A8Args a = args;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
-    a.prefetch_parts = gemv_prefetch_parts(GemvNext{a.next_w, a.next_s}, tiles);
+    a.prefetch_parts = gemv_prefetch_parts(a.next, tiles);
     launch_kernel("gemv_w8a8_vec_kernel", gemv_w8a8_vec_kernel<N, R, Cfg::U, Cfg::MinBlocks, OneGroup>,
                   dim3(unsigned(tiles)), dim3(kThreads), 0, stream, a);
 }
@@ -408,8 +406,7 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
     const bool vec = w.cols > 0 && w.cols % 16 == 0 && p.dgroup % 16 == 0 && is_aligned(w.data, 16) &&
                      is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
-    p.next_w = next.weights;
-    p.next_s = next.scales;
+    p.next = next;
     p.chunks = int(w.cols / 16);
     chunk_groups(w.group_size, w.cols, p.wshift, p.wgroup_chunks);
     chunk_groups(a.group_size, a.cols, p.ashift, p.agroup_chunks);

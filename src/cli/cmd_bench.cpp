@@ -64,12 +64,12 @@ bool device_pdl() {
 #endif
 }
 
-// Whether the decode GEMVs prefetch their successor into L2 (SHARDLM_L2_PREFETCH).
-bool device_l2_prefetch() {
+// How many matrices ahead the decode GEMVs prefetch into L2 (SHARDLM_L2_PREFETCH).
+int device_l2_prefetch() {
 #ifdef SHARDLM_HAVE_CUDA
-    return l2_prefetch_enabled();
+    return l2_prefetch_depth();
 #else
-    return false;
+    return 0;
 #endif
 }
 
@@ -279,7 +279,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
                 j["pdl"] = cuda && device_pdl();
                 j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
-                j["l2_prefetch"] = cuda && device_l2_prefetch();
+                j["l2_prefetch"] = cuda ? device_l2_prefetch() : 0;
                 j["weights"] = wname;
                 j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;

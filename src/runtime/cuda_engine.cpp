@@ -115,7 +115,10 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     device_name_ = "cuda:" + std::to_string(dev) + " " + cuda_device_description(dev);
-    if (l2_prefetch_enabled()) prefetch_cap_ = cuda_l2_bytes() / 5 * 3;
+    SHARDLM_CHECK(opt.l2_prefetch >= -1 && opt.l2_prefetch <= 2, "CudaEngine: l2_prefetch ", opt.l2_prefetch,
+                  " (matrices prefetched ahead) must be 0, 1 or 2, or -1 for SHARDLM_L2_PREFETCH");
+    prefetch_depth_ = opt.l2_prefetch >= 0 ? opt.l2_prefetch : l2_prefetch_depth();
+    if (prefetch_depth_ > 0) prefetch_cap_ = cuda_l2_bytes() / 5 * 3;
 
     // Sizing pass, then the one allocation (with a clear error when it cannot fit).
     DeviceArena sizing;
@@ -166,6 +169,13 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
     upload(w);
+    for (const CudaLayer& layer : layers_) {
+        for (const CudaLinear* l : {&layer.qkv, &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate_up, &layer.gate,
+                                    &layer.up, &layer.down})
+            if (l->w.data) read_order_.push_back(&l->w);
+    }
+    if (lm_head_.data) read_order_.push_back(&lm_head_);
+    for (size_t i = 0; i < read_order_.size(); ++i) read_pos_.emplace(read_order_[i]->data, i);
 }
 
 CudaEngine::~CudaEngine() {
@@ -367,24 +377,28 @@ void CudaEngine::collective(std::function<void()> op) {
     else op();
 }
 
-GemvNext CudaEngine::next_of(const DeviceMatrix* next) const {
-    return next && prefetch_cap_ > 0 ? gemv_next(*next, prefetch_cap_) : GemvNext{};
+GemvNext CudaEngine::next_of(const DeviceMatrix& w) const {
+    if (prefetch_depth_ == 0) return {};
+    const auto it = read_pos_.find(w.data);
+    if (it == read_pos_.end() || it->second + 1 >= read_order_.size()) return {};
+    const size_t i = it->second;
+    const DeviceMatrix* then = prefetch_depth_ >= 2 && i + 2 < read_order_.size() ? read_order_[i + 2] : nullptr;
+    return gemv_next(*read_order_[i + 1], prefetch_cap_, then);
 }
 
-void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts,
-                        const DeviceMatrix* next) {
+void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts) {
     if (w8a8_ && int8_acts && l.w.dtype == DType::I8) {
         // W8A8: the input quantized per token, or per group when the weights have finer groups
         // (as the CPU engine's quantize_input), then INT32 dot products.
         const int64_t cols = l.w.cols, g = l.w.group_size > 0 && l.w.group_size < cols ? l.w.group_size : cols;
         quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
         const DeviceActs a{act_q_, act_scales_, T, cols, g};
-        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(next));
+        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
         else int8_gemm_->run(l.w, a, l.bias, y);
         return;
     }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
-    if (T <= kGemvMaxTokens) gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid(), next_of(next));
+    if (T <= kGemvMaxTokens) gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid(), next_of(l.w));
     else gemm_->run(l.w, x, T, l.bias, y);
 }
 
@@ -403,31 +417,24 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // Vocab-parallel embedding: each rank fills the rows it holds, the all-reduce the rest.
     embedding_cuda(embed_, ids, T, plan_.vocab0, x_, s);
     if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });
-    // Decode GEMVs hand the matrix after them to the L2 (prefetch_cap_): q/k/v -> o -> gate/up ->
-    // down -> the next layer's q/k/v, the last down -> lm_head.
-    auto first_of = [](const CudaLinear& fused, const CudaLinear& single) {
-        return fused.w.data ? &fused.w : &single.w;
-    };
     for (size_t l = 0; l < layers_.size(); ++l) {
         const CudaLayer& L = layers_[l];
-        const DeviceMatrix* after_down =
-            l + 1 < layers_.size() ? first_of(layers_[l + 1].qkv, layers_[l + 1].q) : &lm_head_;
         // The previous layer's MLP output joins the residual stream here, fused with the norm.
         add_rmsnorm_cuda(x_, l == 0 ? nullptr : delta_, L.input_norm, h_, T, c.hidden, c.rms_eps, s);
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            linear(L.qkv, h_, T, qkv_, true, &L.o.w);
+            linear(L.qkv, h_, T, qkv_);
             rp.q = qkv_;
             rp.k = qkv_ + q_dim;
             rp.v = qkv_ + q_dim + kv_dim;
             rp.row_stride = q_dim + 2 * kv_dim;
             rp.q_out = q_;
         } else {
-            linear(L.q, h_, T, q_, true, &L.k.w);
-            linear(L.k, h_, T, k_, true, &L.v.w);
-            linear(L.v, h_, T, v_, true, &L.o.w);
+            linear(L.q, h_, T, q_);
+            linear(L.k, h_, T, k_);
+            linear(L.v, h_, T, v_);
             rp.q = q_;
             rp.k = k_;
             rp.v = v_;
@@ -457,24 +464,24 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.kv = kv_[l];
         a.scratch = attn_scratch_;
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
-        linear(L.o, attn_, T, delta_, true, first_of(L.gate_up, L.gate));
+        linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
         add_rmsnorm_cuda(x_, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
                                gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
-                                                next_of(&L.down.w));
+                                                next_of(L.gate_up.w));
             if (!fused) {
-                linear(L.gate_up, h_, T, gate_up_, true, &L.down.w);
+                linear(L.gate_up, h_, T, gate_up_);
                 silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
             }
         } else {
-            linear(L.gate, h_, T, gate_, true, &L.up.w);
-            linear(L.up, h_, T, up_, true, &L.down.w);
+            linear(L.gate, h_, T, gate_);
+            linear(L.up, h_, T, up_);
             silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
         }
-        linear(L.down, gate_, T, delta_, true, after_down);
+        linear(L.down, gate_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,11 +80,10 @@ private:
     void collective(std::function<void()> op);
     // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
     // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU).
-    // next: the matrix the step reads after this one, prefetched into L2 during the decode GEMV
-    // when prefetch_cap_ > 0 (kernels/cuda/l2_prefetch.h).
-    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true,
-                const DeviceMatrix* next = nullptr);
-    GemvNext next_of(const DeviceMatrix* next) const;
+    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true);
+    // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
+    // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
+    GemvNext next_of(const DeviceMatrix& w) const;
 
     const ModelConfig& cfg_;
     ShardPlan plan_;
@@ -98,10 +98,14 @@ private:
     std::unique_ptr<CublasGemm> gemm_;
     std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill
     bool w8a8_ = false;
-    // Bytes of each next matrix the decode GEMVs prefetch into L2: 0 (off) unless
-    // l2_prefetch_enabled(), then 3/5 of the L2, so the prefetched part and the current GEMV's
-    // stream fit together.
+    // L2 prefetch (EngineOptions::l2_prefetch): how many matrices ahead, and at most how many bytes of
+    // them, 3/5 of the L2, so that the prefetched bytes and the current GEMV's stream fit together.
+    int prefetch_depth_ = 0;
     int64_t prefetch_cap_ = 0;
+    // The matrices of a decode step in the order the step reads them (per layer q/k/v, o,
+    // gate/up, down, fused or not; then lm_head), and each one's place by its data pointer.
+    std::vector<const DeviceMatrix*> read_order_;
+    std::unordered_map<const void*, size_t> read_pos_;
     size_t weight_bytes_ = 0, kv_bytes_ = 0, ws_bytes_ = 0;
 
     // Weights (device pointers into arena_).

@@ -83,6 +83,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.max_logit_rows = opt.max_logit_rows;
     eo.attention = opt.attention;
     eo.cuda_graphs = opt.cuda_graphs;
+    eo.l2_prefetch = opt.l2_prefetch;
     if (device == Device::Cpu) {
         s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
     } else {

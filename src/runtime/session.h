@@ -29,6 +29,7 @@ struct SessionOptions {
     Device device = Device::Cpu;  // the CLI defaults to auto; library users choose
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;
+    int l2_prefetch = -1;  // EngineOptions::l2_prefetch
 };
 
 struct Session {

@@ -83,19 +83,19 @@ class Table(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             jsonl = os.path.join(d, "rows.jsonl")
             write_text(jsonl, "\n".join([
-                row("base", "pp512", 9.0, "tiles", False), row("base", "tg128", 128.0, "tiles", False),
-                row("pers", "pp512", 9.0, "persistent", False), row("pers", "tg128", 96.0, "persistent", False),
-                row("both", "pp512", 9.0, "persistent", True), row("both", "tg128", 64.0, "persistent", True),
+                row("base", "pp512", 9.0, "tiles", 0), row("base", "tg128", 128.0, "tiles", 0),
+                row("pers", "pp512", 9.0, "persistent", 0), row("pers", "tg128", 96.0, "persistent", 0),
+                row("pf2", "pp512", 9.0, "tiles", 2), row("pf2", "tg128", 112.0, "tiles", 2),
+                row("both", "pp512", 9.0, "persistent", 1), row("both", "tg128", 64.0, "persistent", 1),
                 # PDL off is another comparison: not a candidate column.
-                row("nopdl", "pp512", 9.0, "tiles", False, pdl=False), row("nopdl", "tg128", 256.0, "tiles", False,
-                                                                            pdl=False),
+                row("nopdl", "pp512", 9.0, "tiles", 0, pdl=False), row("nopdl", "tg128", 256.0, "tiles", 0, pdl=False),
             ]) + "\n")
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.500 (0.50) |", r.stdout)
+            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.875 (0.88) | 0.500 (0.50) | - |", r.stdout)
+            self.assertIn("| int8 | int8 | on | flash | on | persistent | 1 |", r.stdout)  # the main table's columns
             # Without candidate rows there is no such table.
-            write_text(jsonl, row("base", "pp512", 9.0, "tiles", False) + "\n" +
-                       row("base", "tg128", 128.0, "tiles", False) + "\n")
+            write_text(jsonl, row("base", "pp512", 9.0, "tiles", 0) + "\n" + row("base", "tg128", 128.0, "tiles", 0) + "\n")
             self.assertNotIn("Decode candidates", run("table", jsonl).stdout)
 
 

@@ -358,7 +358,8 @@ TEST(GemvCuda, L2PrefetchRangeIsAlignedInsideAndCapped) {
     EXPECT_EQ(l2_prefetch_range(buf + 1, 20, 4096).bytes, 0);  // no whole aligned 16 bytes inside
     EXPECT_EQ(l2_prefetch_range(buf, 4096, 15).bytes, 0);
     EXPECT_EQ(l2_prefetch_range(nullptr, 4096, 4096).bytes, 0);
-    // gemv_next: the weights and, for I8, the scales ([rows, cols / group] floats).
+    // gemv_next: the weights and, for I8, the scales ([rows, cols / group] floats), then those of
+    // the matrix after it, the budget spent in that order.
     DeviceMatrix m;
     m.dtype = DType::I8;
     m.data = buf;
@@ -366,11 +367,27 @@ TEST(GemvCuda, L2PrefetchRangeIsAlignedInsideAndCapped) {
     m.cols = 128;
     m.scales = reinterpret_cast<const float*>(buf + 2048);
     m.group_size = 64;
-    const GemvNext next = gemv_next(m, 1 << 20);
-    EXPECT_EQ(next.weights.bytes, 2048);
-    EXPECT_EQ(next.scales.data, buf + 2048);
-    EXPECT_EQ(next.scales.bytes, 16 * 2 * 4);
-    EXPECT_EQ(gemv_next(DeviceMatrix{}, 1 << 20).weights.bytes, 0);
+    DeviceMatrix then;
+    then.dtype = DType::F16;
+    then.data = buf + 2560;
+    then.rows = 4;
+    then.cols = 128;  // 1024 bytes
+    const GemvNext one = gemv_next(m, 1 << 20);
+    EXPECT_EQ(one.ranges[0].data, buf);
+    EXPECT_EQ(one.ranges[0].bytes, 2048);
+    EXPECT_EQ(one.ranges[1].data, buf + 2048);
+    EXPECT_EQ(one.ranges[1].bytes, 16 * 2 * 4);
+    EXPECT_EQ(one.ranges[2].bytes, 0);
+    const GemvNext two = gemv_next(m, 1 << 20, &then);
+    EXPECT_EQ(two.ranges[2].data, buf + 2560);
+    EXPECT_EQ(two.ranges[2].bytes, 1024);
+    const GemvNext tight = gemv_next(m, 2048 + 128 + 512, &then);  // the second matrix gets what is left
+    EXPECT_EQ(tight.ranges[1].bytes, 128);
+    EXPECT_EQ(tight.ranges[2].bytes, 512);
+    EXPECT_EQ(gemv_next(m, 1000, &then).ranges[0].bytes, 992);
+    EXPECT_EQ(gemv_next(m, 1000, &then).ranges[1].bytes, 0);  // nothing left after the capped weights
+    EXPECT_EQ(gemv_next(DeviceMatrix{}, 1 << 20).ranges[0].bytes, 0);
+    EXPECT_EQ(gemv_next(DeviceMatrix{}, 1 << 20, &then).ranges[0].data, buf + 2560);
 }
 
 // Prefetching the next matrix is a hint: the same outputs bit for bit, on both grids, whole or
@@ -395,7 +412,8 @@ TEST(GemvCuda, PrefetchingTheNextMatrixChangesNoResult) {
         for (int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
             gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, grid);
             const std::vector<float> plain = dy.download();
-            for (const GemvNext& g : {gemv_next(dn, int64_t(1) << 30), gemv_next(dn, 4096), gemv_next(self, 1 << 20)}) {
+            for (const GemvNext& g : {gemv_next(dn, int64_t(1) << 30), gemv_next(dn, 4096), gemv_next(self, 1 << 20),
+                                      gemv_next(dn, int64_t(1) << 30, &self)}) {
                 CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
                 gemv_cuda(dm, dx.get(), n, nullptr, dy.get(), nullptr, grid, g);
                 const std::vector<float> got = dy.download();

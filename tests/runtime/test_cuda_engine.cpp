@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -11,6 +12,9 @@
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
 #include "runtime/cuda_engine.h"
+#ifdef SHARDLM_CUDA_EMU
+#include "tests/cuda_emu/emu.h"
+#endif
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -253,6 +257,56 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
     const Trace a = trace(dir.path(), prompts, cpu), b = trace(dir.path(), prompts, gpu);
     EXPECT_LT(max_diff(a, b), 2e-3f * std::max(1.0f, max_abs(a)));
     EXPECT_EQ(a.tokens, b.tokens);
+}
+
+// The L2 prefetch of the next matrices (EngineOptions::l2_prefetch) is a hint: the same logits bit
+// for bit with 0, 1 or 2 matrices ahead, prefill and decode, eager and replayed from graphs. On
+// the emulator, which checks every prefetched range (aligned, inside one allocation) and counts
+// its bytes: none at 0, some at 1, more at 2.
+TEST(CudaEngine, L2PrefetchChangesNoLogits) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    so.ctx = 32;
+    so.max_batch = 2;
+    const int64_t V = cfg.vocab;
+    const std::vector<int32_t> p0 = make_prompt(5, V, 81), p1 = make_prompt(3, V, 82);
+    std::vector<std::vector<float>> runs;
+    std::vector<uint64_t> bytes;
+    for (int depth : {0, 1, 2}) {
+        so.l2_prefetch = depth;
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        Engine& e = *s->engine;
+#ifdef SHARDLM_CUDA_EMU
+        const uint64_t before = shardlm_emu::l2_prefetched_bytes();
+#endif
+        std::vector<float> all, step(size_t(2 * V));
+        e.forward({{0, p0.data(), int64_t(p0.size()), 0, true}, {1, p1.data(), int64_t(p1.size()), 0, true}},
+                  step.data());
+        all.insert(all.end(), step.begin(), step.end());
+        for (int64_t t = 0; t < 4; ++t) {  // eager, captured, replayed, replayed
+            const int32_t a = int32_t((7 * t + 1) % V), b = int32_t((5 * t + 2) % V);
+            e.forward({{0, &a, 1, int64_t(p0.size()) + t, true}, {1, &b, 1, int64_t(p1.size()) + t, true}},
+                      step.data());
+            all.insert(all.end(), step.begin(), step.end());
+        }
+        runs.push_back(all);
+#ifdef SHARDLM_CUDA_EMU
+        bytes.push_back(shardlm_emu::l2_prefetched_bytes() - before);
+#endif
+    }
+    for (int depth : {1, 2})
+        EXPECT_EQ(std::memcmp(runs[0].data(), runs[size_t(depth)].data(), runs[0].size() * 4), 0) << "depth " << depth;
+#ifdef SHARDLM_CUDA_EMU
+    EXPECT_EQ(bytes[0], 0u);
+    EXPECT_GT(bytes[1], 0u);
+    EXPECT_GT(bytes[2], bytes[1]);
+#endif
+    so.l2_prefetch = 3;
+    SingleRank comm;
+    EXPECT_THROW(open_session(so, comm), Error);
 }
 
 TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {

@@ -44,14 +44,13 @@ inline L2Prefetch l2_prefetch_range(const void* p, int64_t bytes, int64_t cap) {
 // Part `part` of `parts` of r, split on 16-byte boundaries, prefetched by the calling thread (one
 // thread per block is enough: the copy engine does the work, the thread only issues).
 __device__ __forceinline__ void l2_prefetch_part(const L2Prefetch& r, int64_t part, int64_t parts) {
-#if defined(SHARDLM_CUDA_EMU)
     const int64_t units = r.bytes / 16;
     const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
-    if (u1 > u0) shardlm_emu::l2_prefetch(static_cast<const char*>(r.data) + u0 * 16, size_t(u1 - u0) * 16);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int64_t units = r.bytes / 16;
-    const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+    if (u1 <= u0) return;
     const char* p = static_cast<const char*>(r.data) + u0 * 16;
+#if defined(SHARDLM_CUDA_EMU)
+    shardlm_emu::l2_prefetch(p, size_t(u1 - u0) * 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     for (int64_t u = u0; u < u1;) {  // one instruction per 1 GiB (its size operand is 32 bits)
         const int64_t n = u1 - u < (int64_t(1) << 26) ? u1 - u : (int64_t(1) << 26);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(uint32_t(n * 16)) : "memory");
@@ -59,9 +58,7 @@ __device__ __forceinline__ void l2_prefetch_part(const L2Prefetch& r, int64_t pa
         u += n;
     }
 #else
-    (void)r;
-    (void)part;
-    (void)parts;
+    (void)p;
 #endif
 }
 

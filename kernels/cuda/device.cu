@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -53,14 +54,21 @@ bool pdl_enabled() {
     }();
     return on;
 }
+std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return "";
+    std::string list;
+    for (const char* a : allowed) {
+        if (std::strcmp(v, a) == 0) return v;
+        list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    fail(name, "=", v, ": ", what, " must be one of ", list, " (or unset)");
+}
+
 int l2_prefetch_depth() {
     static const int depth = [] {
-        const char* v = std::getenv("SHARDLM_L2_PREFETCH");
-        if (!v || !*v) return 0;
-        const std::string s(v);
-        SHARDLM_CHECK(s == "0" || s == "1" || s == "2", "SHARDLM_L2_PREFETCH=", s,
-                      ": the matrices to prefetch ahead must be 0, 1 or 2 (or unset)");
-        return s[0] - '0';
+        const std::string v = cuda_tuning_env("SHARDLM_L2_PREFETCH", {"0", "1", "2"}, "the matrices prefetched ahead");
+        return v.empty() ? 0 : v[0] - '0';
     }();
     return depth;
 }

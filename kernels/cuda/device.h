@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace shardlm {
@@ -19,6 +20,11 @@ double cuda_peak_gbps();
 // Whether kernels launch with programmatic dependent launch (kernels/cuda/launch.h): the current
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
+
+// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_L2_PREFETCH): its
+// value when set to one of `allowed`, "" when unset or empty; any other value is an error naming
+// the variable, `what` it sets and the values allowed. For A/B measurements, not for users.
+std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);
 
 // How many matrices ahead each decode GEMV prefetches into L2 (l2_prefetch.h):
 // SHARDLM_L2_PREFETCH=1 (the next) or 2 (the next two); 0 or unset: none, the default until the

@@ -476,25 +476,17 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
 }
 
 GemvGrid gemv_default_grid() {
-    static const GemvGrid grid = [] {
-        const char* v = std::getenv("SHARDLM_GEMV_GRID");
-        if (!v || !*v) return GemvGrid::PerTile;
-        const std::string s(v);
-        SHARDLM_CHECK(s == "tiles" || s == "persistent", "SHARDLM_GEMV_GRID=", s,
-                      ": the decode GEMV's grid must be tiles or persistent (or unset)");
-        return s == "tiles" ? GemvGrid::PerTile : GemvGrid::Persistent;
-    }();
+    static const GemvGrid grid =
+        cuda_tuning_env("SHARDLM_GEMV_GRID", {"tiles", "persistent"}, "the decode GEMV's grid") == "persistent"
+            ? GemvGrid::Persistent
+            : GemvGrid::PerTile;
     return grid;
 }
 
 int gemv_forced_rows_per_group() {
     static const int forced = [] {
-        const char* v = std::getenv("SHARDLM_GEMV_R");
-        if (!v || !*v) return 0;
-        const std::string s(v);
-        SHARDLM_CHECK(s == "1" || s == "2" || s == "4", "SHARDLM_GEMV_R=", s,
-                      ": the decode GEMV's rows per group must be 1, 2 or 4 (or unset)");
-        return std::atoi(v);
+        const std::string v = cuda_tuning_env("SHARDLM_GEMV_R", {"1", "2", "4"}, "the decode GEMV's rows per group");
+        return v.empty() ? 0 : v[0] - '0';
     }();
     return forced;
 }

@@ -3,7 +3,7 @@
 # made by bench/gpu_pack.sh, runs every GPU test binary, compares GPU and CPU greedy tokens, runs
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
-# off), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMV_GRID, _L2_PREFETCH, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
 # the mission table, the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
@@ -24,7 +24,7 @@
 # "skip: no GPU". Flags that the binaries do not know make their steps fail, never silently vanish.
 # Expected on one H200, in seconds: setup, env and version 10; each test binary 10-60; models and
 # tokens 10; each sanitizer run 30-60; prepare (3.4 GB checkpoint, in the background during the tests)
-# 30-60; each of the 13 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
+# 30-60; each of the 16 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
 # Run through the device tool, from the repository root:
 #   run(command="bench/gpu_check.sh", carry=["build-gpu/gpu-pack.tar.xz"], timeout_s=540)
 set -uo pipefail
@@ -499,6 +499,9 @@ done
 # with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
 # little from run to run (PyTorch, naive attention, the mission table).
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
+# Prefill attention on the FP32 pipes (SHARDLM_PREFILL_TC=0) against the default rows above, whose
+# prefill runs on tensor cores (kernels/cuda/attention.h): the report's "Prefill attention" table.
+step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "bench-int8-int8-g1-prefill-fp32" 1,4 int8 int8 1
 # Candidates not yet on by default, on whole decode steps: the GEMVs' persistent grid
 # (kernels/cuda/gemv.h; the gemv step also times it one matrix at a time), the next one or two
 # matrices prefetched into L2 (kernels/cuda/l2_prefetch.h), and the grid with the prefetch. The

@@ -144,6 +144,7 @@ def cmd_table(path, header=None):
                    f"peak: the measured copy bandwidth of each engine's row ({', '.join(map(str, peaks)) or '-'} GB/s). "
                    f"x torch: shardlm time / PyTorch FP16 time at the same batch and graph mode.\n")
     out.extend(candidates(runs, order))
+    out.extend(prefill_tc(runs, order))
     # Tests
     gt = [r for r in lines if "gtest" in r]
     if gt:
@@ -208,6 +209,33 @@ def candidates(runs, order):
             cells.append("-" if v is None else ("%.3f" % v if (grid, pf) == ("tiles", "off") else
                                                "%.3f (%.2f)" % (v, v / base)))
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def prefill_tc(runs, order):
+    """Prefill with attention on tensor cores (attention "flash") against the FP32-pipe kernel
+    ("flash-fp32", SHARDLM_PREFILL_TC=0), per (batch, weights, kv), among shardlm rows with graphs and
+    PDL on and the default decode settings. Empty when no flash-fp32 row ran."""
+    table, seen = {}, []
+    for k in order:
+        run = runs[k]
+        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash-fp32") or k[7] == "off" or \
+                k[8] not in ("tiles", "-") or k[9] != "off" or "pp" not in run:
+            continue
+        group = (k[2], k[3], k[4])
+        if group not in table:
+            table[group] = {}
+            seen.append(group)
+        table[group][k[6]] = run["pp"]["avg_ms"]
+    rows = [g for g in seen if len(table[g]) == 2]
+    if not rows:
+        return []
+    out = ["\nPrefill attention on tensor cores (prefill ms; in brackets the ratio to the FP32 kernel, < 1 is faster):\n",
+           "| batch | weights | kv | FP32 pipes | tensor cores |", "|---:|---|---|---:|---:|"]
+    for g in rows:
+        base, tc = table[g]["flash-fp32"], table[g]["flash"]
+        out.append(f"| {g[0]} | {g[1]} | {g[2]} | {base:.2f} | {tc:.2f} ({tc / base:.2f}) |")
     out.append("")
     return out
 

@@ -2,6 +2,8 @@
 //   flash_prefill_kernel  FlashAttention-2 style; a block owns 32 (query, head) rows of one chunk
 //                         and one KV head (every query head of the group shares the K/V tiles,
 //                         staged as f32 in shared memory 16 bytes of a row at a time).
+//   flash_prefill_mma_kernel  the same tiling on tensor cores (sm_80+, 16-bit and INT8 caches,
+//                         head_dim <= 128), 64 rows per block, FP32-accurate split operands.
 //   flash_decode_kernel   split-KV for one-token chunks, K/V pieces dequantized in registers;
 //                         partials merged by flash_merge_kernel.
 //   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
@@ -21,6 +23,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.h"
 #include "kernels/cuda/words.h"
 
 namespace shardlm {
@@ -300,6 +303,210 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
                 if (c < a.head_dim)
                     *reinterpret_cast<float2*>(o + c) = make_float2(acc[t][u][e] * inv, acc[t][u][e + 1] * inv);
             }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill on tensor cores (sm_80 and later; F16, BF16 and I8 caches, head_dim <= 128). Block (tile,
+// kv head, chunk) as above, but 64 rows in 4 warps of 16 (rows r = i * group + g again); per key
+// tile of 64 keys:
+//   stage K as FP16 [key][dim] and V transposed [dim][key]  ->  S = Q K^T (mma_16816, mma.h)  ->
+//   mask, online softmax on the accumulators  ->  O += P V (P's A fragments are S's registers).
+// Precision: the reference computes in FP32, and one FP16 product would keep ~3 decimal digits, so
+// each FP32 operand (q scaled by the softmax scale, and p) is split into FP16 hi + lo and multiplied
+// twice: products are exact and sums FP32, ~22 significant bits in all (the tokens match the CPU's
+// as the FP32 kernel's do). The cache side is exact in FP16: F16 is; I8 values are integers, their
+// row scales multiply S (K) and P before P V (V); BF16 converts exactly within FP16's range (beyond
+// |x| = 65504 it clamps, as q does; below 2^-14 it keeps an absolute error under 2^-25). Twice the
+// tensor work of plain FP16 is still far below what the FP32 pipes of the kernel above take.
+// Shared: Q hi, Q lo, K [64][DP+8] and V^T [DP][64+8] FP16 (the +8 puts the 8 rows a fragment load
+// touches in 8 different bank quads), and I8's row scales.
+template <int DP, DType KT>
+__device__ __forceinline__ void stage_tile_mma(const Args& a, int64_t block, int p0, int p_end, __half* sK,
+                                               __half* sVt, float* sKs, float* sVs) {
+    constexpr int NT = 128, BK = 64, E = KT == DType::I8 ? 16 : 8, PIECES = DP / E, LQ = DP + 8, LV = BK + 8;
+    // Key r of piece c: consecutive threads take consecutive keys, so that the transposed V
+    // stores of a warp fill consecutive halves of one row of V^T (the loads read 16 bytes from
+    // each of 32 rows, still whole sectors of L2).
+#pragma unroll 2
+    for (int w = threadIdx.x; w < BK * PIECES; w += NT) {
+        const int c = w / BK, r = w - c * BK, p = p0 + r;
+        uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = kr;
+        if (p < p_end && c * E < a.head_dim) {
+            const int64_t row = cache_row(a, block, p) * a.row_bytes + int64_t(c) * 16;
+            kr = *reinterpret_cast<const uint4*>(a.k + row);
+            vr = *reinterpret_cast<const uint4*>(a.v + row);
+        }
+        float kx[E], vx[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            if (KT == DType::I8) {
+                kx[e] = float(int8_t(uint8_t(word_of(kr, e / 4) >> (8 * (e % 4)))));
+                vx[e] = float(int8_t(uint8_t(word_of(vr, e / 4) >> (8 * (e % 4)))));
+            } else if (KT == DType::BF16) {
+                const int sh = e % 2 ? 0 : 16;
+                kx[e] = clamp_half(__uint_as_float((word_of(kr, e / 2) << sh) & 0xffff0000u));
+                vx[e] = clamp_half(__uint_as_float((word_of(vr, e / 2) << sh) & 0xffff0000u));
+            } else {
+                __half2 hk, hv;
+                const uint32_t wk = word_of(kr, e / 2), wv = word_of(vr, e / 2);
+                memcpy(&hk, &wk, 4);
+                memcpy(&hv, &wv, 4);
+                kx[e] = e % 2 ? __high2float(hk) : __low2float(hk);
+                vx[e] = e % 2 ? __high2float(hv) : __low2float(hv);
+            }
+            if (c * E + e >= a.head_dim) kx[e] = vx[e] = 0.0f;  // the row padding may hold anything
+        }
+#pragma unroll
+        for (int e = 0; e < E; e += 8)
+            *reinterpret_cast<uint4*>(sK + r * LQ + c * E + e) =
+                make_uint4(pack_half2(kx[e], kx[e + 1]), pack_half2(kx[e + 2], kx[e + 3]),
+                           pack_half2(kx[e + 4], kx[e + 5]), pack_half2(kx[e + 6], kx[e + 7]));
+#pragma unroll
+        for (int e = 0; e < E; ++e) sVt[(c * E + e) * LV + r] = __float2half_rn(vx[e]);
+    }
+    if (KT == DType::I8)
+        for (int r = threadIdx.x; r < BK; r += NT) {
+            const int p = p0 + r;
+            const int64_t row = p < p_end ? cache_row(a, block, p) : 0;
+            sKs[r] = p < p_end ? a.k_scales[row] : 0.0f;
+            sVs[r] = p < p_end ? a.v_scales[row] : 0.0f;
+        }
+}
+
+__device__ __forceinline__ uint32_t ld_half2(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+template <int DP, DType KT>
+__global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
+    pdl_wait();
+    pdl_launch_dependents();
+    constexpr int NT = 128, BQ = 64, BK = 64, LQ = DP + 8, LV = BK + 8, NJ = BK / 8, ND = DP / 8;
+    SHARDLM_DYNAMIC_SMEM(float4, smem4);
+    __half* sQh = reinterpret_cast<__half*>(smem4);
+    __half* sQl = sQh + BQ * LQ;
+    __half* sK = sQl + BQ * LQ;
+    __half* sVt = sK + BK * LQ;
+    float* sKs = reinterpret_cast<float*>(sVt + DP * LV);
+    float* sVs = sKs + BK;
+
+    const AttnChunk ch = a.chunks[blockIdx.z];
+    const int kvh = blockIdx.y, rows_total = ch.n * a.group;
+    const int r0 = int(gridDim.x - 1 - blockIdx.x) * BQ;  // the longest tiles first
+    if (r0 >= rows_total) return;                          // whole block: before any barrier
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int kv_end = ch.pos0 + (min(rows_total, r0 + BQ) - 1) / a.group + 1;  // keys [0, kv_end)
+
+    for (int w = tid; w < BQ * (DP / 2); w += NT) {
+        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2, rr = r0 + r;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (rr < rows_total && c < a.head_dim) {
+            const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim + c);
+        }
+        uint32_t hi, lo;
+        split_half2(clamp_half(x.x * a.scale), clamp_half(x.y * a.scale), hi, lo);
+        *reinterpret_cast<uint32_t*>(sQh + r * LQ + c) = hi;
+        *reinterpret_cast<uint32_t*>(sQl + r * LQ + c) = lo;
+    }
+    // This thread's rows are warp * 16 + g and + 8 (rows past the chunk act as its last query:
+    // zero q, never written); the warp's last query bounds the key tiles it has any work in.
+    const int wr0 = r0 + warp * 16;
+    int qpos[2];
+    for (int h = 0; h < 2; ++h) qpos[h] = ch.pos0 + min(wr0 + g + 8 * h, rows_total - 1) / a.group;
+    const int warp_last = ch.pos0 + min(wr0 + 15, rows_total - 1) / a.group;
+
+    float o[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
+    for (int p0 = 0; p0 < kv_end; p0 += BK) {
+        stage_tile_mma<DP, KT>(a, block, p0, kv_end, sK, sVt, sKs, sVs);
+        __syncthreads();
+        if (p0 <= warp_last) {  // warp-uniform: every lane takes part in the mma below
+            float s[NJ][4] = {};
+            const __half* qh = sQh + (warp * 16 + g) * LQ + 2 * t;
+            const __half* ql = sQl + (warp * 16 + g) * LQ + 2 * t;
+#pragma unroll
+            for (int kk = 0; kk < DP; kk += 16) {
+                const uint32_t ah[4] = {ld_half2(qh + kk), ld_half2(qh + 8 * LQ + kk), ld_half2(qh + kk + 8),
+                                        ld_half2(qh + 8 * LQ + kk + 8)};
+                const uint32_t al[4] = {ld_half2(ql + kk), ld_half2(ql + 8 * LQ + kk), ld_half2(ql + kk + 8),
+                                        ld_half2(ql + 8 * LQ + kk + 8)};
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const __half* kr = sK + (j * 8 + g) * LQ + kk + 2 * t;
+                    const uint32_t b[2] = {ld_half2(kr), ld_half2(kr + 8)};
+                    mma_16816(s[j], ah, b);
+                    mma_16816(s[j], al, b);
+                }
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j * 8 + 2 * t + (e & 1);
+                    float x = s[j][e];
+                    if (KT == DType::I8) x *= sKs[key];
+                    x = p0 + key <= qpos[e >> 1] ? x : -INFINITY;
+                    s[j][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            float ref[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = warp_max(mx[h], 4);  // the 4 lanes of a quad share the row
+                const float m_new = fmaxf(m[h], mx[h]);
+                ref[h] = safe_max(m_new);
+                const float alpha = expf(m[h] - ref[h]);
+                m[h] = m_new;
+                l[h] *= alpha;  // this lane's part of the row sum (the quad's parts add up at the end)
+#pragma unroll
+                for (int n = 0; n < ND; ++n) {
+                    o[n][2 * h] *= alpha;
+                    o[n][2 * h + 1] *= alpha;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float p = expf(s[j][e] - ref[e >> 1]);
+                    l[e >> 1] += p;
+                    s[j][e] = KT == DType::I8 ? clamp_half(p * sVs[j * 8 + 2 * t + (e & 1)]) : p;
+                }
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                // S's accumulators of key tiles 2kk and 2kk+1 are exactly P's A fragment of keys 16kk..16kk+15.
+                uint32_t ph[4], pl[4];
+                split_half2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+                split_half2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+                split_half2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+                split_half2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+                for (int n = 0; n < ND; ++n) {
+                    const __half* vr = sVt + (n * 8 + g) * LV + kk * 16 + 2 * t;
+                    const uint32_t b[2] = {ld_half2(vr), ld_half2(vr + 8)};
+                    mma_16816(o[n], ph, b);
+                    mma_16816(o[n], pl, b);
+                }
+            }
+        }
+        __syncthreads();  // K, V are restaged next iteration
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = warp_sum(l[h], 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int rr = wr0 + g + 8 * h;
+        if (rr >= rows_total) continue;
+        const int i = rr / a.group, head = kvh * a.group + rr % a.group;
+        float* out = a.out + (int64_t(ch.row0 + i) * a.n_heads + head) * a.head_dim;
+        const float inv = 1.0f / l[h];  // l >= 1: the row's maximum contributes exp(0)
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+            const int c = n * 8 + 2 * t;  // even, so c < head_dim implies c + 1 < head_dim
+            if (c < a.head_dim) *reinterpret_cast<float2*>(out + c) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+        }
     }
 }
 
@@ -721,6 +928,28 @@ void launch_prefill(const Args& args, const AttentionCuda& a, cudaStream_t strea
     launch_kernel("flash_prefill_kernel", kernel, grid, dim3(256), smem, stream, args);
 }
 
+template <int DP, DType KT>
+void launch_prefill_mma(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    constexpr int BQ = 64, BK = 64;
+    const size_t smem = size_t(2 * BQ * (DP + 8) + BK * (DP + 8) + DP * (BK + 8)) * sizeof(__half) + 2 * BK * sizeof(float);
+    auto kernel = flash_prefill_mma_kernel<DP, KT>;
+    static std::atomic<uint64_t> smem_done{0};
+    allow_smem(kernel, smem, smem_done);
+    const int64_t tiles = (a.max_chunk_n * args.group + BQ - 1) / BQ;
+    SHARDLM_CHECK(tiles < (int64_t(1) << 31), "attention: chunk of ", a.max_chunk_n, " tokens is too long");
+    const dim3 grid(unsigned(tiles), unsigned(a.n_kv_heads), unsigned(a.n_chunks));
+    launch_kernel("flash_prefill_mma_kernel", kernel, grid, dim3(128), smem, stream, args);
+}
+
+template <int DP>
+void launch_prefill_mma_dp(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
+    switch (args.dtype) {
+        case DType::F16: launch_prefill_mma<DP, DType::F16>(args, a, stream); break;
+        case DType::BF16: launch_prefill_mma<DP, DType::BF16>(args, a, stream); break;
+        default: launch_prefill_mma<DP, DType::I8>(args, a, stream); break;
+    }
+}
+
 template <int DP, int GB, DType KT>
 void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream) {
     const int n_sub = (args.group + GB - 1) / GB;
@@ -811,6 +1040,9 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
         if (dp == 64) launch_decode_dp<64>(args, a, stream);
         else if (dp == 128) launch_decode_dp<128>(args, a, stream);
         else launch_decode_dp<256>(args, a, stream);
+    } else if (kind == AttentionKind::Flash && dp <= 128 && kv.dtype != DType::F32 && prefill_tensor_cores()) {
+        if (dp == 64) launch_prefill_mma_dp<64>(args, a, stream);
+        else launch_prefill_mma_dp<128>(args, a, stream);
     } else {
         if (dp == 64) launch_prefill<64>(args, a, stream);
         else if (dp == 128) launch_prefill<128>(args, a, stream);

@@ -17,9 +17,12 @@ namespace shardlm {
 // Flash: FlashAttention-2 style tiles of queries against tiles of keys in shared memory with an
 // online softmax for chunks of several tokens, and split-KV for one-token (decode) chunks: the
 // keys are cut into up to n_splits ranges processed by separate blocks, then merged.
+// On sm_80 and later, Flash runs the tiles of an F16, BF16 or I8 cache with head_dim <= 128 on
+// tensor cores (prefill_tensor_cores()); FlashFp32 keeps them on the FP32 pipes, as Flash does for
+// an F32 cache, larger heads and older GPUs (same tiles, same results to FP32 rounding).
 // Naive: one block per (query, head) making three plain passes over the keys (max, sum,
 // weighted values); the fallback and the baseline.
-enum class AttentionKind { Flash, Naive };
+enum class AttentionKind { Flash, FlashFp32, Naive };
 
 struct AttentionCuda {
     const float* q = nullptr;  // [T, n_heads * head_dim]

@@ -73,6 +73,17 @@ int l2_prefetch_depth() {
     return depth;
 }
 
+bool prefill_tensor_cores() {
+    static const bool on = [] {
+        if (cuda_tuning_env("SHARDLM_PREFILL_TC", {"0", "1"}, "attention prefill on tensor cores") == "0") return false;
+        int dev = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        return major >= 8;
+    }();
+    return on;
+}
+
 int64_t cuda_l2_bytes() {
     int dev = 0, bytes = 0;
     CUDA_CHECK(cudaGetDevice(&dev));

@@ -47,19 +47,17 @@ __device__ __forceinline__ void l2_prefetch_part(const L2Prefetch& r, int64_t pa
     const int64_t units = r.bytes / 16;
     const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
     if (u1 <= u0) return;
-    const char* p = static_cast<const char*>(r.data) + u0 * 16;
 #if defined(SHARDLM_CUDA_EMU)
-    shardlm_emu::l2_prefetch(p, size_t(u1 - u0) * 16);
+    shardlm_emu::l2_prefetch(static_cast<const char*>(r.data) + u0 * 16, size_t(u1 - u0) * 16);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char* p = static_cast<const char*>(r.data) + u0 * 16;
     for (int64_t u = u0; u < u1;) {  // one instruction per 1 GiB (its size operand is 32 bits)
         const int64_t n = u1 - u < (int64_t(1) << 26) ? u1 - u : (int64_t(1) << 26);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(uint32_t(n * 16)) : "memory");
         p += n * 16;
         u += n;
     }
-#else
-    (void)p;
-#endif
+#endif  // below sm_90 there is no bulk prefetch: nothing to issue
 }
 
 }  // namespace shardlm

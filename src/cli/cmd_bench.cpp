@@ -73,6 +73,17 @@ int device_l2_prefetch() {
 #endif
 }
 
+// The attention kernels of a row: "flash-fp32" when CUDA prefill tiles stay off the tensor cores
+// (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value.
+std::string row_attention(const std::string& attention, bool cuda) {
+#ifdef SHARDLM_HAVE_CUDA
+    if (cuda && attention == "flash" && !prefill_tensor_cores()) return "flash-fp32";
+#else
+    (void)cuda;
+#endif
+    return attention;
+}
+
 // The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
 const char* device_gemv_grid() {
 #ifdef SHARDLM_HAVE_CUDA
@@ -275,7 +286,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["allreduce_us"] = allreduce_us;
                 j["allreduces_per_step"] = comm.size() == 1 ? 0 : 1 + 2 * c.n_layers;
                 j["device"] = e.device();
-                j["attention"] = backend.attention;
+                j["attention"] = row_attention(backend.attention, cuda);
                 j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
                 j["pdl"] = cuda && device_pdl();
                 j["gemv_grid"] = cuda ? device_gemv_grid() : "-";

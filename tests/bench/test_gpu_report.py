@@ -99,6 +99,27 @@ class Table(unittest.TestCase):
             self.assertNotIn("Decode candidates", run("table", jsonl).stdout)
 
 
+    def test_prefill_on_tensor_cores_against_fp32(self):
+        def row(step, test, ms, attention, kv="int8"):
+            return json.dumps({"test": test, "batch": 4, "weights": "int8", "kv": kv, "graphs": True,
+                               "attention": attention, "pdl": True, "gemv_grid": "tiles", "l2_prefetch": 0,
+                               "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
+        with tempfile.TemporaryDirectory() as d:
+            jsonl = os.path.join(d, "rows.jsonl")
+            write_text(jsonl, "\n".join([
+                row("base", "pp512", 20.0, "flash"), row("base", "tg128", 128.0, "flash"),
+                row("fp32", "pp512", 25.0, "flash-fp32"), row("fp32", "tg128", 128.0, "flash-fp32"),
+                row("f16", "pp512", 20.0, "flash", kv="fp16"),  # no FP32 row to compare with
+            ]) + "\n")
+            r = run("table", jsonl)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("| 4 | int8 | int8 | 25.00 | 20.00 (0.80) |", r.stdout)
+            self.assertNotIn("| 4 | int8 | fp16 |", r.stdout.split("Prefill attention on tensor cores")[1])
+            self.assertNotIn("Decode candidates", r.stdout)  # flash-fp32 rows are not decode candidates
+            write_text(jsonl, row("base", "pp512", 20.0, "flash") + "\n")
+            self.assertNotIn("Prefill attention on tensor cores", run("table", jsonl).stdout)
+
+
 class Tokens(unittest.TestCase):
     def test_equal_and_different(self):
         with tempfile.TemporaryDirectory() as d:

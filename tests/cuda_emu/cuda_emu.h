@@ -110,6 +110,60 @@ unsigned __match_any_sync(unsigned mask, T value, shardlm_emu::Site site = SHARD
                                                  int(sizeof(T)), 32, site));
 }
 
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, for kernels/cuda/mma.h (which runs the
+// instruction where the device has it): one warp-wide call that reads every lane's fragments by the
+// PTX ISA's layout (g = lane / 4, t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
+// a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+// d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]) and adds each lane's products to its
+// d. Products of FP16 values are exact in FP32; each sum runs in k order before it joins d.
+namespace shardlm_emu {
+
+struct MmaF16Lane : WarpCall {
+    const uint32_t* a;
+    const uint32_t* b;
+    float* d;
+};
+
+inline void mma_f16_complete(WarpCall* const* lanes) {
+    float A[16][16], B[16][8];
+    auto halves = [](uint32_t w, float& lo, float& hi) {
+        lo = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+        hi = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+    };
+    for (int l = 0; l < 32; ++l) {
+        const MmaF16Lane& m = *static_cast<const MmaF16Lane*>(lanes[l]);
+        const int g = l >> 2, t = l & 3;
+        halves(m.a[0], A[g][2 * t], A[g][2 * t + 1]);
+        halves(m.a[1], A[g + 8][2 * t], A[g + 8][2 * t + 1]);
+        halves(m.a[2], A[g][2 * t + 8], A[g][2 * t + 9]);
+        halves(m.a[3], A[g + 8][2 * t + 8], A[g + 8][2 * t + 9]);
+        halves(m.b[0], B[2 * t][g], B[2 * t + 1][g]);
+        halves(m.b[1], B[2 * t + 8][g], B[2 * t + 9][g]);
+    }
+    for (int l = 0; l < 32; ++l) {
+        const MmaF16Lane& m = *static_cast<const MmaF16Lane*>(lanes[l]);
+        const int g = l >> 2, t = l & 3;
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+            float s = 0.0f;
+            for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+            m.d[e] += s;
+        }
+    }
+}
+
+inline void mma_m16n8k16_f16_f32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                 Site site = SHARDLM_EMU_HERE) {
+    MmaF16Lane me;
+    me.fn = &mma_f16_complete;
+    me.a = a;
+    me.b = b;
+    me.d = d;
+    warp_call(&me, 0xffffffffu, site);  // .aligned: the whole warp, every lane at the same instruction
+}
+
+}  // namespace shardlm_emu
+
 // Fibers only switch at collectives, so plain read-modify-writes are atomic and every write is
 // visible to the next reader: fences have nothing to order.
 inline void __threadfence() {}

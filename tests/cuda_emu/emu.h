@@ -36,11 +36,20 @@ struct Site {
 extern uint3 g_thread_idx, g_block_idx;
 extern dim3 g_block_dim, g_grid_dim;
 
-enum class Op : uint8_t { None, SyncThreads, SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, MatchAny };
+enum class Op : uint8_t { None, SyncThreads, SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, MatchAny, Call };
 
 // Blocks the calling CUDA thread until every lane of `mask` has reached the same warp collective,
 // then returns this lane's result (raw bits): the shuffled value, the ballot, the match mask.
 uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int width, Site site);
+// A warp-synchronous instruction that combines the lanes' registers (mma.sync): each lane of
+// `mask` brings its operands in a struct that starts with a WarpCall; when the last one arrives,
+// `fn` runs once with every lane's struct (null outside the mask) while they all still wait, so it
+// can read all the inputs and write each lane's outputs. All lanes must bring the same fn.
+struct WarpCall {
+    void (*fn)(WarpCall* const* lanes);
+};
+void warp_call(WarpCall* mine, unsigned mask, Site site);
+
 // __syncthreads(): every thread of the block that has not exited.
 void sync_threads(Site site);
 

@@ -152,6 +152,7 @@ const char* op_name(Op op) {
         case Op::Any: return "__any_sync";
         case Op::All: return "__all_sync";
         case Op::MatchAny: return "__match_any_sync";
+        case Op::Call: return "a warp-synchronous instruction (mma.sync)";
         default: return "(none)";
     }
 }
@@ -364,6 +365,12 @@ int shuffle_source(Op op, int lane, int arg, int width) {
     }
 }
 
+WarpCall* first_call(WarpCall* const* calls) {
+    for (int l = 0; l < 32; ++l)
+        if (calls[l]) return calls[l];
+    return nullptr;
+}
+
 // Completes the collective of the lanes `mask` of warp `w` (all waiting at it).
 void complete_warp_group(int w, unsigned mask) {
     Fiber* lanes = &g.fibers[size_t(w) * 32];
@@ -372,11 +379,26 @@ void complete_warp_group(int w, unsigned mask) {
     unsigned ballot = 0;
     for (int l = 0; l < 32; ++l)
         if ((mask >> l) & 1u && lanes[l].value) ballot |= 1u << l;
+    if (op == Op::Call) {
+        WarpCall* calls[32] = {};
+        for (int l = 0; l < 32; ++l)
+            if ((mask >> l) & 1u) calls[l] = reinterpret_cast<WarpCall*>(uintptr_t(lanes[l].value));
+        for (int l = 0; l < 32; ++l)
+            if (calls[l] && calls[l]->fn != first_call(calls)->fn) {
+                char b[200];
+                std::snprintf(b, sizeof b, "%s at %s:%d: lane %d runs a different instruction than lane %d",
+                              op_name(op), short_file(lanes[l].site.file), lanes[l].site.line, l,
+                              __builtin_ctz(mask));
+                block_fault(b);
+            }
+        first_call(calls)->fn(calls);
+    }
     for (int l = 0; l < 32; ++l) {
         if (!((mask >> l) & 1u)) continue;
         Fiber& f = lanes[l];
         switch (op) {
-            case Op::SyncWarp: break;
+            case Op::SyncWarp:
+            case Op::Call: break;
             case Op::Ballot: f.result = ballot; break;
             case Op::Any: f.result = ballot != 0; break;
             case Op::All: f.result = ballot == mask; break;
@@ -584,6 +606,10 @@ uint64_t warp_collective(Op op, unsigned mask, uint64_t value, int arg, int widt
     }
     yield(f);
     return f.result;
+}
+
+void warp_call(WarpCall* mine, unsigned mask, Site site) {
+    warp_collective(Op::Call, mask, uint64_t(reinterpret_cast<uintptr_t>(mine)), 0, 32, site);
 }
 
 void sync_threads(Site site) {

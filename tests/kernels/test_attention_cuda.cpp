@@ -1,4 +1,4 @@
-// attention_cuda (Flash and Naive) against attention_cached over the same cache contents: GQA
+// attention_cuda (Flash, FlashFp32 and Naive) against attention_cached over the same cache contents: GQA
 // ratios 1..12, head dims 2..256, every cache dtype, prefill chunks over an existing prefix mixed
 // with decode chunks, decode-only batches (split-KV), and a CUDA Graph captured once and replayed
 // as the sequences grow. Every cache byte the kernels must not read (rows past a sequence, the
@@ -184,6 +184,15 @@ AttentionCuda make_args(const Cache& cache, const float* dq, float* dout, const 
     return a;
 }
 
+// Flash runs prefill tiles of 16-bit and INT8 caches on tensor cores where the device has them
+// (with FP32-accurate split operands, so the same bounds hold); FlashFp32 keeps them on the FP32
+// pipes. Both are checked everywhere.
+const AttentionKind kKinds[] = {AttentionKind::Flash, AttentionKind::FlashFp32, AttentionKind::Naive};
+
+const char* kind_name(AttentionKind k) {
+    return k == AttentionKind::Flash ? " flash" : (k == AttentionKind::FlashFp32 ? " flash-fp32" : " naive");
+}
+
 double atol_for(DType dt) { return dt == DType::F32 ? 2e-5 : 4e-5; }
 
 void run_case(const Case& c, DType dt) {
@@ -205,13 +214,13 @@ void run_case(const Case& c, DType dt) {
                           cudaMemcpyHostToDevice));
     const AttentionCuda a =
         make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks, scratch.as<void>(), scale);
-    for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::Naive}) {
+    for (AttentionKind kind : kKinds) {
         CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
         attention_cuda(a, kind, nullptr);
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(got.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
         expect_close(got, want, atol_for(dt), 1e-4,
-                     std::string(c.name) + " " + dtype_name(dt) + (kind == AttentionKind::Flash ? " flash" : " naive"));
+                     std::string(c.name) + " " + dtype_name(dt) + kind_name(kind));
     }
 }
 
@@ -274,7 +283,7 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
         DevMem dq(q.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
         DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity));
         CUDA_CHECK(cudaMemcpy(dq.as<float>(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-        for (AttentionKind kind : {AttentionKind::Flash, AttentionKind::Naive}) {
+        for (AttentionKind kind : kKinds) {
             cudaStream_t stream;
             CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
             const AttentionCuda a = make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks,
@@ -306,7 +315,7 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
                 CUDA_CHECK(cudaMemcpy(got.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
                 expect_close(got, want, atol_for(dt), 1e-4,
                              std::string("graph step ") + std::to_string(step) + " " + dtype_name(dt) +
-                                 (kind == AttentionKind::Flash ? " flash" : " naive"));
+                                 kind_name(kind));
             }
             CUDA_CHECK(cudaGraphExecDestroy(exec));
             CUDA_CHECK(cudaGraphDestroy(graph));

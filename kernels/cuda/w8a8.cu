@@ -159,8 +159,6 @@ template <int N, int R, int U, int MinBlocks, bool OneGroup>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(const W8A8Args a) {
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
-    pdl_wait();
-    pdl_launch_dependents();
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     const int64_t tile_row0 = int64_t(blockIdx.x) * (kGroups * R);
@@ -192,10 +190,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
             acc[r][t] = 0.0f;
         }
 
-    for (int k0 = warp * kLanesPerRow + lig; k0 < a.chunks; k0 += U * kChunksPerStep) {
-        uint4 raw[U][R];
-        float wsc[U][R];
-        load_step<R, U, !OneGroup>(wrow, srow, k0, a.chunks, a.wshift, a.wgroup_chunks, raw, wsc);
+    // The first step's weights (and scales) are loaded before pdl_wait(), as in gemv.cu: they never
+    // change, so under PDL they stream in while the kernel ahead (quantize_acts, which writes q and
+    // its scales) finishes. q and its scales are read only after the wait.
+    int k0 = warp * kLanesPerRow + lig;
+    uint4 raw[U][R];
+    float wsc[U][R];
+    load_step<R, U, !OneGroup>(wrow, srow, k0, a.chunks, a.wshift, a.wgroup_chunks, raw, wsc);
+    pdl_wait();
+    pdl_launch_dependents();
+    while (k0 < a.chunks) {
         // Unconditional arithmetic: a chunk past the row has zero weights (a zero dot) and reads
         // the row's last chunk of q, so the loads above never sink into a branch.
 #pragma unroll
@@ -218,6 +222,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
                 }
             }
         }
+        k0 += U * kChunksPerStep;
+        if (k0 < a.chunks) load_step<R, U, !OneGroup>(wrow, srow, k0, a.chunks, a.wshift, a.wgroup_chunks, raw, wsc);
     }
     if constexpr (OneGroup) {
 #pragma unroll

@@ -178,12 +178,13 @@ def l2_label(v):
 
 def candidates(runs, order):
     """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
-    graphs and PDL on, flash attention, differing only in gemv_grid and l2_prefetch. Ratio < 1:
+    graphs and PDL on, flash attention, differing only in gemv_grid (with "+mma": the tensor-core
+    GEMV for 3-8 token rows) and l2_prefetch. Ratio < 1:
     the candidate is faster. Empty when no candidate row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
     cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "1", "L2 prefetch 1"),
             ("tiles", "2", "L2 prefetch 2"), ("persistent", "1", "persistent + prefetch 1"),
-            ("persistent", "2", "persistent + prefetch 2")]
+            ("persistent", "2", "persistent + prefetch 2"), ("tiles+mma", "off", "tensor-core GEMV (b > 2)")]
     table, seen = {}, []
     for k in order:
         run = runs[k]

@@ -84,10 +84,12 @@ std::string row_attention(const std::string& attention, bool cuda) {
     return attention;
 }
 
-// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
-const char* device_gemv_grid() {
+// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID), "+mma" when 3-8 token rows of
+// INT8 weights run on tensor cores (SHARDLM_GEMV_MMA=1).
+std::string device_gemv_grid() {
 #ifdef SHARDLM_HAVE_CUDA
-    return gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles";
+    return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") +
+           (gemv_mma_enabled() ? "+mma" : "");
 #else
     return "-";
 #endif

@@ -1,0 +1,211 @@
+// The decode GEMV on tensor cores, for 3-8 token rows of x against interleaved INT8 weights
+// (gemv.h, gemv_mma_cuda). Why: with 4 or 8 token rows the vector kernel does 4-8 FP32 FMAs per
+// weight byte, plus the conversions, and its instruction issue, not HBM, bounds it (INT8 batch 4
+// decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes). An m16n8k16
+// mma does 16 x 8 x 16 of those products in one instruction.
+//
+// Mapping. A warp computes two 16-row tiles (plain: 32 consecutive rows; SwiGLU: 16 gate rows and
+// the 16 matching up rows, so the epilogue has both) against all n token rows (the mma's 8
+// columns: lane (g, t) brings token g, tokens past n repeat the last and are never stored). The 8
+// warps of a block split the columns: warp w takes the 64-column steps w, w + 8, ... and the block
+// sums the warps' tiles in shared memory at the end. In a step, lane t of a quad loads the 16-byte
+// chunk t (of the step's 4) of rows g and g + 8 of each tile: word m of a chunk holds stored
+// columns 4m .. 4m + 3, exactly the lane's A fragment of the step's m-th mma (mma.h), so the
+// weights go from the load to the tensor core with one byte permutation per pair. The interleaved
+// order (interleave.h) puts natural columns 32m + 4j .. +3 of the 128-column block in word m of
+// chunk j: the B fragment of the same mma is one float4 of x.
+// Precision: INT8 values are exact in FP16; each x value is split into FP16 hi + lo (mma.h) and
+// multiplied twice, FP32 sums: ~22 significant bits, within the vector kernel's test bounds. The
+// group scale (groups are multiples of 128 columns here) multiplies each step's sums.
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/align.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/gemv_tile.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.h"
+#include "kernels/cuda/words.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
+constexpr int kStepCols = 64;  // stored columns per step: 4 lanes x 16-byte chunks of INT8
+constexpr int kU = 2;          // steps in flight per warp: 2 x 2 tiles x 2 rows x 16 bytes per lane
+
+struct MmaArgs {
+    const int8_t* w;
+    const float* scales;  // [rows, groups]
+    const float* x;       // [n, cols], natural column order
+    const float* bias;    // [rows] or null
+    float* y;             // [n, rows] or, SwiGLU, [n, half]
+    int64_t rows, cols, groups, group_size;
+    int64_t swiglu_half;  // > 0: tile 0 gate rows j0.., tile 1 up rows half + j0..
+    int n, steps;
+    GemvNext next;
+    int prefetch_parts;
+};
+
+// Two INT8 weights (bytes 2h, 2h + 1 of w) as an FP16 pair, exactly: the byte b ^ 0x80 under
+// the FP16 exponent of 1024 is 1024 + b + 128, and subtracting 1152 leaves b.
+__device__ __forceinline__ uint32_t i8_pair_to_f16x2(uint32_t w, int h) {
+    const uint32_t biased = __byte_perm(w ^ 0x80808080u, 0x64646464u, h ? 0x4342u : 0x4140u);
+    __half2 v;
+    memcpy(&v, &biased, 4);
+    v = __hsub2(v, __floats2half2_rn(1152.0f, 1152.0f));
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+__global__ void __launch_bounds__(kMmaThreads) gemv_mma_i8_kernel(const MmaArgs a) {
+    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant: before the wait
+        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+    int64_t row[2][2];  // [tile][g, g + 8]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int64_t base = a.swiglu_half > 0 ? (r == 0 ? 0 : a.swiglu_half) + int64_t(blockIdx.x) * 16
+                                               : int64_t(blockIdx.x) * 32 + 16 * r;
+        row[r][0] = base + g;
+        row[r][1] = base + g + 8;
+    }
+    const int8_t* wr[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wr[r][h] = a.w + row[r][h] * a.cols + 16 * t;
+
+    // The first steps' weights before pdl_wait(): they never change (gemv.cu does the same).
+    uint4 raw[kU][2][2];
+    auto load = [&](int s0) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int s = s0 + u * kMmaWarps;
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepCols, s < a.steps);
+        }
+    };
+    int s0 = warp;
+    load(s0);
+    pdl_wait();
+    pdl_launch_dependents();
+
+    const float* xr = a.x + int64_t(min(g, a.n - 1)) * a.cols;
+    float acc[2][4] = {};
+    while (s0 < a.steps) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int s = s0 + u * kMmaWarps;
+            if (s >= a.steps) break;  // warp-uniform: s depends on the warp only
+            // B fragments of the step's 4 mmas: chunk j = 4 (s % 2) + t of 128-column block s / 2.
+            const float* xs = xr + int64_t(s >> 1) * 128 + 4 * (((s & 1) << 2) + t);
+            uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(xs + 32 * m));
+                split_half2(clamp_half(v.x), clamp_half(v.y), bh[m][0], bl[m][0]);
+                split_half2(clamp_half(v.z), clamp_half(v.w), bh[m][1], bl[m][1]);
+            }
+            const int64_t gi = int64_t(s) * kStepCols / a.group_size;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    const uint32_t w0 = word_of(raw[u][r][0], m), w1 = word_of(raw[u][r][1], m);
+                    const uint32_t af[4] = {i8_pair_to_f16x2(w0, 0), i8_pair_to_f16x2(w1, 0), i8_pair_to_f16x2(w0, 1),
+                                            i8_pair_to_f16x2(w1, 1)};
+                    mma_16816(d, af, bh[m]);
+                    mma_16816(d, af, bl[m]);
+                }
+                const float s_g = __ldg(a.scales + row[r][0] * a.groups + gi);
+                const float s_g8 = __ldg(a.scales + row[r][1] * a.groups + gi);
+                acc[r][0] = fmaf(d[0], s_g, acc[r][0]);
+                acc[r][1] = fmaf(d[1], s_g, acc[r][1]);
+                acc[r][2] = fmaf(d[2], s_g8, acc[r][2]);
+                acc[r][3] = fmaf(d[3], s_g8, acc[r][3]);
+            }
+        }
+        s0 += kU * kMmaWarps;
+        if (s0 < a.steps) load(s0);
+    }
+
+    // The warps' partial tiles, summed in a fixed order (results repeat run to run).
+    __shared__ float part[kMmaWarps][2][4][32];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[warp][r][e][lane] = acc[r][e];
+    __syncthreads();
+    if (warp != 0) return;
+    float sum[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = 0.0f;
+            for (int w = 0; w < kMmaWarps; ++w) v += part[w][r][e][lane];
+            sum[r][e] = v + (a.bias ? a.bias[row[r][e >> 1]] : 0.0f);
+        }
+    // Lane (g, t) holds rows g and g + 8 of each tile for tokens 2t and 2t + 1.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int tok = 2 * t + (e & 1);
+        if (tok >= a.n) continue;
+        if (a.swiglu_half > 0) {
+            a.y[int64_t(tok) * a.swiglu_half + row[0][e >> 1]] = silu_mul(sum[0][e], sum[1][e]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) a.y[int64_t(tok) * a.rows + row[r][e >> 1]] = sum[r][e];
+        }
+    }
+}
+
+}  // namespace
+
+bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
+                   int64_t swiglu_half, cudaStream_t stream, const GemvNext& next) {
+    SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_mma_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
+    const int64_t out_rows = swiglu_half > 0 ? swiglu_half : w.rows;
+    if (w.dtype != DType::I8 || !w.interleaved || n < 3 || w.cols <= 0 || w.cols % 128 != 0 || !w.scales ||
+        w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0 || out_rows <= 0 ||
+        out_rows % (swiglu_half > 0 ? 16 : 32) != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
+        !is_aligned(w.data, 16) || !is_aligned(x, 16) || n * w.cols > INT_MAX || w.cols / kStepCols > INT_MAX)
+        return false;
+    SHARDLM_CHECK(y, "gemv_mma_cuda: null output");
+    MmaArgs a{};
+    a.w = static_cast<const int8_t*>(w.data);
+    a.scales = w.scales;
+    a.x = x;
+    a.bias = bias;
+    a.y = y;
+    a.rows = w.rows;
+    a.cols = w.cols;
+    a.group_size = w.group_size;
+    a.groups = w.cols / w.group_size;
+    a.swiglu_half = swiglu_half;
+    a.n = int(n);
+    a.steps = int(w.cols / kStepCols);
+    a.next = next;
+    const int64_t blocks = out_rows / (swiglu_half > 0 ? 16 : 32);
+    SHARDLM_CHECK(blocks <= INT_MAX, "gemv_mma_cuda: ", w.rows, " rows is too many");
+    a.prefetch_parts = gemv_prefetch_parts(next, blocks);
+    launch_kernel("gemv_mma_i8_kernel", gemv_mma_i8_kernel, dim3(unsigned(blocks)), dim3(kMmaThreads), 0, stream, a);
+    return true;
+}
+
+bool gemv_mma_enabled() {
+    static const bool on = cuda_tuning_env("SHARDLM_GEMV_MMA", {"0", "1"}, "the decode GEMV on tensor cores") == "1";
+    return on;
+}
+
+}  // namespace shardlm

@@ -390,7 +390,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       w.cols, ")");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
-    if (kind == WKind::I8 && n >= 3 && gemv_mma_enabled() && gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream, next))
+    if (n >= 3 && gemv_mma_enabled() && gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream, next))
         return true;
 
     GemvArgs a{};

@@ -1,22 +1,25 @@
-// The decode GEMV on tensor cores, for 3-8 token rows of x against interleaved INT8 weights
-// (gemv.h, gemv_mma_cuda). Why: with 4 or 8 token rows the vector kernel does 4-8 FP32 FMAs per
-// weight byte, plus the conversions, and its instruction issue, not HBM, bounds it (INT8 batch 4
-// decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes). An m16n8k16
-// mma does 16 x 8 x 16 of those products in one instruction.
+// The decode GEMV on tensor cores, for 3-8 token rows of x against interleaved INT8, FP16 or BF16
+// weights (gemv.h, gemv_mma_cuda). Why: with 4 or 8 token rows the vector kernel does 2-8 FP32
+// FMAs per weight byte, plus the conversions, and its instruction issue, not HBM, bounds it (INT8
+// batch 4 decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes, FP16
+// 1.80 against 1.33). An m16n8k16 mma does 16 x 8 x 16 of those products in one instruction.
 //
 // Mapping. A warp computes two 16-row tiles (plain: 32 consecutive rows; SwiGLU: 16 gate rows and
 // the 16 matching up rows, so the epilogue has both) against all n token rows (the mma's 8
 // columns: lane (g, t) brings token g, tokens past n repeat the last and are never stored). The 8
-// warps of a block split the columns: warp w takes the 64-column steps w, w + 8, ... and the block
+// warps of a block split the columns: warp w takes the 64-byte steps w, w + 8, ... and the block
 // sums the warps' tiles in shared memory at the end. In a step, lane t of a quad loads the 16-byte
-// chunk t (of the step's 4) of rows g and g + 8 of each tile: word m of a chunk holds stored
-// columns 4m .. 4m + 3, exactly the lane's A fragment of the step's m-th mma (mma.h), so the
-// weights go from the load to the tensor core with one byte permutation per pair. The interleaved
-// order (interleave.h) puts natural columns 32m + 4j .. +3 of the 128-column block in word m of
-// chunk j: the B fragment of the same mma is one float4 of x.
-// Precision: INT8 values are exact in FP16; each x value is split into FP16 hi + lo (mma.h) and
-// multiplied twice, FP32 sums: ~22 significant bits, within the vector kernel's test bounds. The
-// group scale (groups are multiples of 128 columns here) multiplies each step's sums.
+// chunk t (of the step's 4) of rows g and g + 8 of each tile: stored columns 4m .. 4m + 3 of a
+// chunk (INT8: word m; FP16/BF16: words 2m, 2m + 1) are exactly the lane's A fragment of the
+// step's m-th mma (mma.h), so the weights go from the load to the tensor core as they are (INT8:
+// one byte permutation and HSUB2 per pair). The interleaved order (interleave.h) puts natural
+// columns 32m + 4j .. +3 of the 8C-column block in those columns of chunk j: the B fragment of
+// the same mma is one float4 of x.
+// Precision: INT8 and FP16 values are exact in FP16, BF16 ones within FP16's range (beyond 65504
+// they clamp; below 2^-14 they keep an absolute error under 2^-25); each x value is split into
+// FP16 hi + lo (mma.h) and multiplied twice, FP32 sums: ~22 significant bits, within the vector
+// kernel's test bounds. An INT8 group scale (groups of a multiple of 128 columns) multiplies each
+// step's sums.
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -28,6 +31,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gemv_tile.h"
+#include "kernels/cuda/interleave.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
 #include "kernels/cuda/words.h"
@@ -36,16 +40,16 @@ namespace shardlm {
 namespace {
 
 constexpr int kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
-constexpr int kStepCols = 64;  // stored columns per step: 4 lanes x 16-byte chunks of INT8
+constexpr int kStepBytes = 64;  // per row and step: 4 lanes x 16-byte chunks
 constexpr int kU = 2;          // steps in flight per warp: 2 x 2 tiles x 2 rows x 16 bytes per lane
 
 struct MmaArgs {
-    const int8_t* w;
-    const float* scales;  // [rows, groups]
+    const char* w;        // rows of cols * dtype size bytes
+    const float* scales;  // I8: [rows, groups]
     const float* x;       // [n, cols], natural column order
     const float* bias;    // [rows] or null
     float* y;             // [n, rows] or, SwiGLU, [n, half]
-    int64_t rows, cols, groups, group_size;
+    int64_t rows, cols, row_bytes, groups, group_size;
     int64_t swiglu_half;  // > 0: tile 0 gate rows j0.., tile 1 up rows half + j0..
     int n, steps;
     GemvNext next;
@@ -64,7 +68,25 @@ __device__ __forceinline__ uint32_t i8_pair_to_f16x2(uint32_t w, int h) {
     return r;
 }
 
-__global__ void __launch_bounds__(kMmaThreads) gemv_mma_i8_kernel(const MmaArgs a) {
+// Columns 4m .. 4m + 3 of a 16-byte chunk of W as the two A registers of one row.
+template <DType W>
+__device__ __forceinline__ void a_pairs(const uint4& c, int m, uint32_t& lo, uint32_t& hi) {
+    if constexpr (W == DType::I8) {
+        lo = i8_pair_to_f16x2(word_of(c, m), 0);
+        hi = i8_pair_to_f16x2(word_of(c, m), 1);
+    } else if constexpr (W == DType::F16) {
+        lo = word_of(c, 2 * m);
+        hi = word_of(c, 2 * m + 1);
+    } else {  // BF16 -> FP16
+        const uint32_t w0 = word_of(c, 2 * m), w1 = word_of(c, 2 * m + 1);
+        lo = pack_half2(clamp_half(__uint_as_float(w0 << 16)), clamp_half(__uint_as_float(w0 & 0xffff0000u)));
+        hi = pack_half2(clamp_half(__uint_as_float(w1 << 16)), clamp_half(__uint_as_float(w1 & 0xffff0000u)));
+    }
+}
+
+template <DType W>
+__global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) {
+    constexpr int C = W == DType::I8 ? 16 : 8, NM = C / 4;  // columns per chunk, mmas per step
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant: before the wait
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
@@ -76,11 +98,11 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_i8_kernel(const MmaArgs 
         row[r][0] = base + g;
         row[r][1] = base + g + 8;
     }
-    const int8_t* wr[2][2];
+    const char* wr[2][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wr[r][h] = a.w + row[r][h] * a.cols + 16 * t;
+        for (int h = 0; h < 2; ++h) wr[r][h] = a.w + row[r][h] * a.row_bytes + 16 * t;
 
     // The first steps' weights before pdl_wait(): they never change (gemv.cu does the same).
     uint4 raw[kU][2][2];
@@ -91,7 +113,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_i8_kernel(const MmaArgs 
 #pragma unroll
             for (int r = 0; r < 2; ++r)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepCols, s < a.steps);
+                for (int h = 0; h < 2; ++h) raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepBytes, s < a.steps);
         }
     };
     int s0 = warp;
@@ -106,33 +128,38 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_i8_kernel(const MmaArgs 
         for (int u = 0; u < kU; ++u) {
             const int s = s0 + u * kMmaWarps;
             if (s >= a.steps) break;  // warp-uniform: s depends on the warp only
-            // B fragments of the step's 4 mmas: chunk j = 4 (s % 2) + t of 128-column block s / 2.
-            const float* xs = xr + int64_t(s >> 1) * 128 + 4 * (((s & 1) << 2) + t);
-            uint32_t bh[4][2], bl[4][2];
+            // B fragments of the step's NM mmas: chunk j = 4 (s % 2) + t of 8C-column block s / 2.
+            const float* xs = xr + int64_t(s >> 1) * (8 * C) + 4 * (((s & 1) << 2) + t);
+            uint32_t bh[NM][2], bl[NM][2];
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
+            for (int m = 0; m < NM; ++m) {
                 const float4 v = __ldg(reinterpret_cast<const float4*>(xs + 32 * m));
                 split_half2(clamp_half(v.x), clamp_half(v.y), bh[m][0], bl[m][0]);
                 split_half2(clamp_half(v.z), clamp_half(v.w), bh[m][1], bl[m][1]);
             }
-            const int64_t gi = int64_t(s) * kStepCols / a.group_size;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    const uint32_t w0 = word_of(raw[u][r][0], m), w1 = word_of(raw[u][r][1], m);
-                    const uint32_t af[4] = {i8_pair_to_f16x2(w0, 0), i8_pair_to_f16x2(w1, 0), i8_pair_to_f16x2(w0, 1),
-                                            i8_pair_to_f16x2(w1, 1)};
+                for (int m = 0; m < NM; ++m) {
+                    uint32_t af[4];
+                    a_pairs<W>(raw[u][r][0], m, af[0], af[2]);  // row g
+                    a_pairs<W>(raw[u][r][1], m, af[1], af[3]);  // row g + 8
                     mma_16816(d, af, bh[m]);
                     mma_16816(d, af, bl[m]);
                 }
-                const float s_g = __ldg(a.scales + row[r][0] * a.groups + gi);
-                const float s_g8 = __ldg(a.scales + row[r][1] * a.groups + gi);
-                acc[r][0] = fmaf(d[0], s_g, acc[r][0]);
-                acc[r][1] = fmaf(d[1], s_g, acc[r][1]);
-                acc[r][2] = fmaf(d[2], s_g8, acc[r][2]);
-                acc[r][3] = fmaf(d[3], s_g8, acc[r][3]);
+                if constexpr (W == DType::I8) {
+                    const int64_t gi = int64_t(s) * (4 * C) / a.group_size;
+                    const float s_g = __ldg(a.scales + row[r][0] * a.groups + gi);
+                    const float s_g8 = __ldg(a.scales + row[r][1] * a.groups + gi);
+                    acc[r][0] = fmaf(d[0], s_g, acc[r][0]);
+                    acc[r][1] = fmaf(d[1], s_g, acc[r][1]);
+                    acc[r][2] = fmaf(d[2], s_g8, acc[r][2]);
+                    acc[r][3] = fmaf(d[3], s_g8, acc[r][3]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[r][e] += d[e];
+                }
             }
         }
         s0 += kU * kMmaWarps;
@@ -176,30 +203,37 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
                    int64_t swiglu_half, cudaStream_t stream, const GemvNext& next) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_mma_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     const int64_t out_rows = swiglu_half > 0 ? swiglu_half : w.rows;
-    if (w.dtype != DType::I8 || !w.interleaved || n < 3 || w.cols <= 0 || w.cols % 128 != 0 || !w.scales ||
-        w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0 || out_rows <= 0 ||
-        out_rows % (swiglu_half > 0 ? 16 : 32) != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
-        !is_aligned(w.data, 16) || !is_aligned(x, 16) || n * w.cols > INT_MAX || w.cols / kStepCols > INT_MAX)
+    const bool i8 = w.dtype == DType::I8;
+    const int64_t block_cols = 8 * interleave_chunk_cols(w.dtype);  // 128 (I8) or 64 (F16/BF16)
+    if (!(i8 || w.dtype == DType::F16 || w.dtype == DType::BF16) || !w.interleaved || n < 3 || w.cols <= 0 ||
+        w.cols % block_cols != 0 ||
+        (i8 && (!w.scales || w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0)) ||
+        out_rows <= 0 || out_rows % (swiglu_half > 0 ? 16 : 32) != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
+        !is_aligned(w.data, 16) || !is_aligned(x, 16) || n * w.cols > INT_MAX)
         return false;
     SHARDLM_CHECK(y, "gemv_mma_cuda: null output");
     MmaArgs a{};
-    a.w = static_cast<const int8_t*>(w.data);
+    a.w = static_cast<const char*>(w.data);
     a.scales = w.scales;
     a.x = x;
     a.bias = bias;
     a.y = y;
     a.rows = w.rows;
     a.cols = w.cols;
+    a.row_bytes = w.cols * int64_t(dtype_size(w.dtype));
     a.group_size = w.group_size;
-    a.groups = w.cols / w.group_size;
+    a.groups = i8 ? w.cols / w.group_size : 0;
     a.swiglu_half = swiglu_half;
     a.n = int(n);
-    a.steps = int(w.cols / kStepCols);
+    a.steps = int(w.cols * int64_t(dtype_size(w.dtype)) / kStepBytes);
     a.next = next;
     const int64_t blocks = out_rows / (swiglu_half > 0 ? 16 : 32);
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_mma_cuda: ", w.rows, " rows is too many");
     a.prefetch_parts = gemv_prefetch_parts(next, blocks);
-    launch_kernel("gemv_mma_i8_kernel", gemv_mma_i8_kernel, dim3(unsigned(blocks)), dim3(kMmaThreads), 0, stream, a);
+    const dim3 grid{unsigned(blocks)}, block{unsigned(kMmaThreads)};
+    if (i8) launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::I8>, grid, block, 0, stream, a);
+    else if (w.dtype == DType::F16) launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::F16>, grid, block, 0, stream, a);
+    else launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::BF16>, grid, block, 0, stream, a);
     return true;
 }
 

@@ -318,22 +318,24 @@ TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
 }
 
 // The tensor-core path (gemv_mma_cuda: mma.sync with x split into FP16 halves) within the vector
-// kernel's bounds, plain and SwiGLU, per-channel and grouped INT8 scales, rows of one and several
+// kernel's bounds, INT8, FP16 and BF16 weights, plain and SwiGLU, per-channel and grouped scales, rows of one and several
 // blocks, columns of one to 16 steps per warp; and what it declines.
 TEST(GemvCuda, TensorCorePathMatchesReference) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     uint32_t seed = 900;
-    for (const auto& s : {std::pair<int64_t, int64_t>{32, 128}, {64, 640}, {96, 2048}, {320, 256}, {32, 8192}})
-        for (const int64_t group : {int64_t(128), s.second}) {
-            const HostMat m = make_mat(DType::I8, s.first, s.second, group, seed++);
-            check_gemv(m, 0, 0, seed, true, GemvGrid::PerTile, true);
-            if (HasFatalFailure()) return;
-            const HostMat sw = make_mat(DType::I8, s.first, s.second, group, seed++);  // 16 or more per half
-            check_swiglu(sw, true, seed, GemvGrid::PerTile, true);
-            if (HasFatalFailure()) return;
-        }
-    // Declined: natural column order, rows not a multiple of 32 (16 per SwiGLU half), FP16 weights.
-    const HostMat odd = make_mat(DType::I8, 48, 256, 128, seed++), f16 = make_mat(DType::F16, 64, 256, 0, seed++);
+    for (DType dt : {DType::I8, DType::F16, DType::BF16})
+        for (const auto& s : {std::pair<int64_t, int64_t>{32, 128}, {64, 640}, {96, 2048}, {320, 256}, {32, 8192}})
+            for (const int64_t group : {int64_t(128), s.second}) {
+                if (dt != DType::I8 && group != s.second) continue;  // groups are INT8's
+                const HostMat m = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);
+                check_gemv(m, 0, 0, seed, true, GemvGrid::PerTile, true);
+                if (HasFatalFailure()) return;
+                const HostMat sw = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);  // 16+ per half
+                check_swiglu(sw, true, seed, GemvGrid::PerTile, true);
+                if (HasFatalFailure()) return;
+            }
+    // Declined: natural column order, rows not a multiple of 32 (16 per SwiGLU half), F32 weights.
+    const HostMat odd = make_mat(DType::I8, 48, 256, 128, seed++), f16 = make_mat(DType::F32, 64, 256, 0, seed++);
     DeviceBuffer<uint8_t> dw(odd.bytes), dh(f16.bytes);
     DeviceBuffer<float> ds(odd.scales), dx(size_t(kN * 256)), dy(size_t(kN * 64));
     DeviceMatrix natural = device_matrix(odd, dw.get(), ds.get(), false);
@@ -341,7 +343,7 @@ TEST(GemvCuda, TensorCorePathMatchesReference) {
     const DeviceMatrix interleaved = device_matrix(odd, dw.get(), ds.get(), true);
     EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 0, nullptr));  // 48 rows
     EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 24, nullptr));  // 24 per half
-    EXPECT_FALSE(gemv_mma_cuda(device_matrix(f16, dh.get(), nullptr, true), dx.get(), 4, nullptr, dy.get(), 0, nullptr));
+    EXPECT_FALSE(gemv_mma_cuda(device_matrix(f16, dh.get(), nullptr, false), dx.get(), 4, nullptr, dy.get(), 0, nullptr));
 }
 
 // The persistent grid (a block loops over tiles, the next tile's weights loaded before this one's

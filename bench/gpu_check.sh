@@ -25,7 +25,7 @@
 # "skip: no GPU". Flags that the binaries do not know make their steps fail, never silently vanish.
 # Expected on one H200, in seconds: setup, env and version 10; each test binary 10-60; models and
 # tokens 10; each sanitizer run 30-60; prepare (3.4 GB checkpoint, in the background during the tests)
-# 30-60; each of the 18 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
+# 30-60; each of the 19 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
 # Run through the device tool, from the repository root:
 #   run(command="bench/gpu_check.sh", carry=["build-gpu/gpu-pack.tar.xz"], timeout_s=540)
 set -uo pipefail
@@ -521,6 +521,8 @@ for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec
   step "bench-$1-$2-graph-gemv-mma" 90 s_bench_with SHARDLM_GEMV_MMA=1 "bench-$1-$2-g1-gemv-mma" 1,4 "$1" "$2" 1
 done
+# ... and at batch 1 too (=all: fewer instructions per weight byte than the vector kernel's).
+step bench-int8-int8-graph-gemv-mma-all 90 s_bench_with SHARDLM_GEMV_MMA=all "bench-int8-int8-g1-gemv-mma-all" 1,4 int8 int8 1
 step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-persistent-prefetch2 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=2 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv

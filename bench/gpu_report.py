@@ -184,7 +184,8 @@ def candidates(runs, order):
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
     cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "1", "L2 prefetch 1"),
             ("tiles", "2", "L2 prefetch 2"), ("persistent", "1", "persistent + prefetch 1"),
-            ("persistent", "2", "persistent + prefetch 2"), ("tiles+mma", "off", "tensor-core GEMV (b > 2)")]
+            ("persistent", "2", "persistent + prefetch 2"), ("tiles+mma", "off", "tensor-core GEMV (b > 2)"),
+            ("tiles+mma-all", "off", "tensor-core GEMV (all b)")]
     table, seen = {}, []
     for k in order:
         run = runs[k]

@@ -390,7 +390,8 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       w.cols, ")");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
-    if (n >= 3 && gemv_mma_enabled() && gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream, next))
+    if (gemv_mma_min_tokens() > 0 && n >= gemv_mma_min_tokens() &&
+        gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream, next))
         return true;
 
     GemvArgs a{};

@@ -1,5 +1,5 @@
-// The decode GEMV on tensor cores, for 3-8 token rows of x against interleaved INT8, FP16 or BF16
-// weights (gemv.h, gemv_mma_cuda). Why: with 4 or 8 token rows the vector kernel does 2-8 FP32
+// The decode GEMV on tensor cores, for 1-8 token rows of x against interleaved INT8, FP16 or BF16
+// weights (gemv.h, gemv_mma_cuda; SHARDLM_GEMV_MMA=1 takes it from 3 rows, =all always). Why: with 4 or 8 token rows the vector kernel does 2-8 FP32
 // FMAs per weight byte, plus the conversions, and its instruction issue, not HBM, bounds it (INT8
 // batch 4 decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes, FP16
 // 1.80 against 1.33). An m16n8k16 mma does 16 x 8 x 16 of those products in one instruction.
@@ -24,6 +24,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/activation.h"
@@ -205,7 +206,7 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
     const int64_t out_rows = swiglu_half > 0 ? swiglu_half : w.rows;
     const bool i8 = w.dtype == DType::I8;
     const int64_t block_cols = 8 * interleave_chunk_cols(w.dtype);  // 128 (I8) or 64 (F16/BF16)
-    if (!(i8 || w.dtype == DType::F16 || w.dtype == DType::BF16) || !w.interleaved || n < 3 || w.cols <= 0 ||
+    if (!(i8 || w.dtype == DType::F16 || w.dtype == DType::BF16) || !w.interleaved || n < 1 || w.cols <= 0 ||
         w.cols % block_cols != 0 ||
         (i8 && (!w.scales || w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0)) ||
         out_rows <= 0 || out_rows % (swiglu_half > 0 ? 16 : 32) != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
@@ -237,9 +238,12 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
     return true;
 }
 
-bool gemv_mma_enabled() {
-    static const bool on = cuda_tuning_env("SHARDLM_GEMV_MMA", {"0", "1"}, "the decode GEMV on tensor cores") == "1";
-    return on;
+int gemv_mma_min_tokens() {
+    static const int min_tokens = [] {
+        const std::string v = cuda_tuning_env("SHARDLM_GEMV_MMA", {"0", "1", "all"}, "the decode GEMV on tensor cores");
+        return v == "1" ? 3 : v == "all" ? 1 : 0;
+    }();
+    return min_tokens;
 }
 
 }  // namespace shardlm

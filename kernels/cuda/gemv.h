@@ -49,8 +49,8 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
                       cudaStream_t stream, GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});
 
 // The same product on tensor cores (gemv_mma.cu), for 1-8 token rows against interleaved F16,
-// BF16 or I8 weights (I8 groups a multiple of 128 columns) with rows a multiple of 32 (of 16 per
-// half under SwiGLU: swiglu_half > 0 computes gemv_swiglu_cuda's y). Returns false, having done
+// BF16 or I8 weights (I8 groups a multiple of 128 columns) with rows a multiple of 16 (per half
+// under SwiGLU: swiglu_half > 0 computes gemv_swiglu_cuda's y). Returns false, having done
 // nothing, for anything else. x is split into two FP16 halves per value, so results stay within the vector kernel's
 // bounds. gemv_cuda and gemv_swiglu_cuda take this path from gemv_mma_min_tokens() token rows.
 bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,

@@ -4,8 +4,8 @@
 // batch 4 decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes, FP16
 // 1.80 against 1.33). An m16n8k16 mma does 16 x 8 x 16 of those products in one instruction.
 //
-// Mapping. A warp computes two 16-row tiles (plain: 32 consecutive rows; SwiGLU: 16 gate rows and
-// the 16 matching up rows, so the epilogue has both) against all n token rows (the mma's 8
+// Mapping. A warp computes one or two 16-row tiles (two under SwiGLU: 16 gate rows and the 16
+// matching up rows, so the epilogue has both) against all n token rows (the mma's 8
 // columns: lane (g, t) brings token g, tokens past n repeat the last and are never stored). The 8
 // warps of a block split the columns: warp w takes the 64-byte steps w, w + 8, ... and the block
 // sums the warps' tiles in shared memory at the end. In a step, lane t of a quad loads the 16-byte
@@ -42,7 +42,6 @@ namespace {
 
 constexpr int kMmaWarps = 8, kMmaThreads = 32 * kMmaWarps;
 constexpr int kStepBytes = 64;  // per row and step: 4 lanes x 16-byte chunks
-constexpr int kU = 2;          // steps in flight per warp: 2 x 2 tiles x 2 rows x 16 bytes per lane
 
 struct MmaArgs {
     const char* w;        // rows of cols * dtype size bytes
@@ -85,34 +84,36 @@ __device__ __forceinline__ void a_pairs(const uint4& c, int m, uint32_t& lo, uin
     }
 }
 
-template <DType W>
+// RT 16-row tiles per warp (2 under SwiGLU: gate and up), U steps in flight: RT * U = 4, so that
+// a lane keeps 128 bytes of weights in flight either way.
+template <DType W, int RT, int U>
 __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) {
     constexpr int C = W == DType::I8 ? 16 : 8, NM = C / 4;  // columns per chunk, mmas per step
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant: before the wait
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-    int64_t row[2][2];  // [tile][g, g + 8]
+    int64_t row[RT][2];  // [tile][g, g + 8]
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < RT; ++r) {
         const int64_t base = a.swiglu_half > 0 ? (r == 0 ? 0 : a.swiglu_half) + int64_t(blockIdx.x) * 16
-                                               : int64_t(blockIdx.x) * 32 + 16 * r;
+                                               : int64_t(blockIdx.x) * (16 * RT) + 16 * r;
         row[r][0] = base + g;
         row[r][1] = base + g + 8;
     }
-    const char* wr[2][2];
+    const char* wr[RT][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) wr[r][h] = a.w + row[r][h] * a.row_bytes + 16 * t;
 
     // The first steps' weights before pdl_wait(): they never change (gemv.cu does the same).
-    uint4 raw[kU][2][2];
+    uint4 raw[U][RT][2];
     auto load = [&](int s0) {
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int s = s0 + u * kMmaWarps;
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
+            for (int r = 0; r < RT; ++r)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepBytes, s < a.steps);
         }
@@ -123,10 +124,10 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) 
     pdl_launch_dependents();
 
     const float* xr = a.x + int64_t(min(g, a.n - 1)) * a.cols;
-    float acc[2][4] = {};
+    float acc[RT][4] = {};
     while (s0 < a.steps) {
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int s = s0 + u * kMmaWarps;
             if (s >= a.steps) break;  // warp-uniform: s depends on the warp only
             // B fragments of the step's NM mmas: chunk j = 4 (s % 2) + t of 8C-column block s / 2.
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) 
                 split_half2(clamp_half(v.z), clamp_half(v.w), bh[m][1], bl[m][1]);
             }
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
+            for (int r = 0; r < RT; ++r) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int m = 0; m < NM; ++m) {
@@ -163,21 +164,21 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) 
                 }
             }
         }
-        s0 += kU * kMmaWarps;
+        s0 += U * kMmaWarps;
         if (s0 < a.steps) load(s0);
     }
 
     // The warps' partial tiles, summed in a fixed order (results repeat run to run).
-    __shared__ float part[kMmaWarps][2][4][32];
+    __shared__ float part[kMmaWarps][RT][4][32];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[warp][r][e][lane] = acc[r][e];
     __syncthreads();
     if (warp != 0) return;
-    float sum[2][4];
+    float sum[RT][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float v = 0.0f;
@@ -189,13 +190,22 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) 
     for (int e = 0; e < 4; ++e) {
         const int tok = 2 * t + (e & 1);
         if (tok >= a.n) continue;
-        if (a.swiglu_half > 0) {
-            a.y[int64_t(tok) * a.swiglu_half + row[0][e >> 1]] = silu_mul(sum[0][e], sum[1][e]);
-        } else {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) a.y[int64_t(tok) * a.rows + row[r][e >> 1]] = sum[r][e];
+        if constexpr (RT == 2) {
+            if (a.swiglu_half > 0) {
+                a.y[int64_t(tok) * a.swiglu_half + row[0][e >> 1]] = silu_mul(sum[0][e], sum[RT - 1][e]);
+                continue;
+            }
         }
+#pragma unroll
+        for (int r = 0; r < RT; ++r) a.y[int64_t(tok) * a.rows + row[r][e >> 1]] = sum[r][e];
     }
+}
+
+template <DType W>
+void launch_mma(const MmaArgs& a, bool two, int64_t blocks, cudaStream_t stream) {
+    const dim3 grid{unsigned(blocks)}, block{unsigned(kMmaThreads)};
+    if (two) launch_kernel("gemv_mma_kernel", gemv_mma_kernel<W, 2, 2>, grid, block, 0, stream, a);
+    else launch_kernel("gemv_mma_kernel", gemv_mma_kernel<W, 1, 4>, grid, block, 0, stream, a);
 }
 
 }  // namespace
@@ -209,7 +219,7 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
     if (!(i8 || w.dtype == DType::F16 || w.dtype == DType::BF16) || !w.interleaved || n < 1 || w.cols <= 0 ||
         w.cols % block_cols != 0 ||
         (i8 && (!w.scales || w.group_size <= 0 || w.group_size % 128 != 0 || w.cols % w.group_size != 0)) ||
-        out_rows <= 0 || out_rows % (swiglu_half > 0 ? 16 : 32) != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
+        out_rows <= 0 || out_rows % 16 != 0 || (swiglu_half > 0 && w.rows != 2 * swiglu_half) ||
         !is_aligned(w.data, 16) || !is_aligned(x, 16) || n * w.cols > INT_MAX)
         return false;
     SHARDLM_CHECK(y, "gemv_mma_cuda: null output");
@@ -228,13 +238,18 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
     a.n = int(n);
     a.steps = int(w.cols * int64_t(dtype_size(w.dtype)) / kStepBytes);
     a.next = next;
-    const int64_t blocks = out_rows / (swiglu_half > 0 ? 16 : 32);
+    // Two tiles per warp where that still gives every SM two blocks (and always under SwiGLU,
+    // whose tiles pair gate with up rows); else one, for twice the blocks (a 2048-row down_proj
+    // would fill 64 of the H200's 132 SMs with two).
+    const bool two = swiglu_half > 0 || (w.rows % 32 == 0 && w.rows / 32 >= 2 * int64_t(cuda_sm_count()));
+    const int64_t blocks = swiglu_half > 0 ? out_rows / 16 : w.rows / (two ? 32 : 16);
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_mma_cuda: ", w.rows, " rows is too many");
     a.prefetch_parts = gemv_prefetch_parts(next, blocks);
-    const dim3 grid{unsigned(blocks)}, block{unsigned(kMmaThreads)};
-    if (i8) launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::I8>, grid, block, 0, stream, a);
-    else if (w.dtype == DType::F16) launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::F16>, grid, block, 0, stream, a);
-    else launch_kernel("gemv_mma_kernel", gemv_mma_kernel<DType::BF16>, grid, block, 0, stream, a);
+    switch (w.dtype) {
+        case DType::I8: launch_mma<DType::I8>(a, two, blocks, stream); break;
+        case DType::F16: launch_mma<DType::F16>(a, two, blocks, stream); break;
+        default: launch_mma<DType::BF16>(a, two, blocks, stream); break;
+    }
     return true;
 }
 

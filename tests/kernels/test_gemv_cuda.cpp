@@ -314,32 +314,35 @@ TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
 }
 
 // The tensor-core path (gemv_mma_cuda: mma.sync with x split into FP16 halves) within the vector
-// kernel's bounds, INT8, FP16 and BF16 weights, plain and SwiGLU, per-channel and grouped scales, rows of one and several
-// blocks, columns of one to 16 steps per warp; and what it declines.
+// kernel's bounds, INT8, FP16 and BF16 weights, plain and SwiGLU, per-channel and grouped scales,
+// rows of one and several blocks of one or two tiles per warp (two from 2 blocks per SM: 512 rows
+// on the emulator's 8 SMs), columns of one to 16 steps per warp; and what it declines.
 TEST(GemvCuda, TensorCorePathMatchesReference) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     uint32_t seed = 900;
     for (DType dt : {DType::I8, DType::F16, DType::BF16})
-        for (const auto& s : {std::pair<int64_t, int64_t>{32, 128}, {64, 640}, {96, 2048}, {320, 256}, {32, 8192}})
+        for (const auto& s : {std::pair<int64_t, int64_t>{32, 128}, {64, 640}, {96, 2048}, {320, 256}, {32, 8192},
+                              {48, 128}, {1024, 128}})
             for (const int64_t group : {int64_t(128), s.second}) {
                 if (dt != DType::I8 && group != s.second) continue;  // groups are INT8's
                 const HostMat m = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);
                 check_gemv(m, 0, 0, seed, true, GemvGrid::PerTile, true);
                 if (HasFatalFailure()) return;
-                const HostMat sw = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);  // 16+ per half
+                if (s.first % 32 != 0) continue;  // SwiGLU: 16 rows per half and block
+                const HostMat sw = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);
                 check_swiglu(sw, true, seed, GemvGrid::PerTile, true);
                 if (HasFatalFailure()) return;
             }
-    // Declined: natural column order, rows not a multiple of 32 (16 per SwiGLU half), F32 weights.
-    const HostMat odd = make_mat(DType::I8, 48, 256, 128, seed++), f16 = make_mat(DType::F32, 64, 256, 0, seed++);
-    DeviceBuffer<uint8_t> dw(odd.bytes), dh(f16.bytes);
+    // Declined: natural column order, rows not a multiple of 16 (per SwiGLU half), F32 weights.
+    const HostMat odd = make_mat(DType::I8, 40, 256, 128, seed++), f32 = make_mat(DType::F32, 64, 256, 0, seed++);
+    DeviceBuffer<uint8_t> dw(odd.bytes), dh(f32.bytes);
     DeviceBuffer<float> ds(odd.scales), dx(size_t(kN * 256)), dy(size_t(kN * 64));
     DeviceMatrix natural = device_matrix(odd, dw.get(), ds.get(), false);
     EXPECT_FALSE(gemv_mma_cuda(natural, dx.get(), 4, nullptr, dy.get(), 0, nullptr));
     const DeviceMatrix interleaved = device_matrix(odd, dw.get(), ds.get(), true);
-    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 0, nullptr));  // 48 rows
-    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 24, nullptr));  // 24 per half
-    EXPECT_FALSE(gemv_mma_cuda(device_matrix(f16, dh.get(), nullptr, false), dx.get(), 4, nullptr, dy.get(), 0, nullptr));
+    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 0, nullptr));   // 40 rows
+    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 20, nullptr));  // 20 per half
+    EXPECT_FALSE(gemv_mma_cuda(device_matrix(f32, dh.get(), nullptr, false), dx.get(), 4, nullptr, dy.get(), 0, nullptr));
 }
 
 // The persistent grid (a block loops over tiles, the next tile's weights loaded before this one's

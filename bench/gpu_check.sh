@@ -523,7 +523,7 @@ for prec in "int8 int8" "fp16 fp16"; do
 done
 # ... and at batch 1 too (=all: fewer instructions per weight byte than the vector kernel's).
 step bench-int8-int8-graph-gemv-mma-all 90 s_bench_with SHARDLM_GEMV_MMA=all "bench-int8-int8-g1-gemv-mma-all" 1,4 int8 int8 1
-step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
+step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=all bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-persistent-prefetch2 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=2 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8

@@ -179,6 +179,14 @@ __device__ __forceinline__ float get(const float4& v, int i) { return i == 0 ? v
 // m = -inf, and exp(-inf - -inf) would be NaN; 0 makes every exp of it 0 instead.
 __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
 
+// Elements c, c + 1 of prefill row rr = i * group + g (query i of the chunk, head g of KV head
+// kvh's group); zeros for rows past the chunk and columns past head_dim (even, so both or neither).
+__device__ __forceinline__ float2 q_pair(const Args& a, const AttnChunk& ch, int kvh, int rr, int rows_total, int c) {
+    if (rr >= rows_total || c >= a.head_dim) return make_float2(0.0f, 0.0f);
+    const int i = rr / a.group, h = kvh * a.group + rr % a.group;
+    return *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim + c);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Prefill. Block (tile, kv head, chunk); 256 threads; the block's 32 rows are the chunk's
 // (query i, group head g) pairs r = i * group + g, r in [tile * 32, tile * 32 + 32). Thread
@@ -208,13 +216,8 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
     const int kv_end = ch.pos0 + (min(rows_total, r0 + BQ) - 1) / a.group + 1;  // keys [0, kv_end)
 
     for (int w = tid; w < BQ * (DP / 2); w += NT) {
-        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2, rr = r0 + r;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (rr < rows_total && c < a.head_dim) {
-            const int i = rr / a.group, h = kvh * a.group + rr % a.group;
-            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim + c);
-        }
-        *reinterpret_cast<float2*>(sQ + r * LD + c) = x;
+        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2;
+        *reinterpret_cast<float2*>(sQ + r * LD + c) = q_pair(a, ch, kvh, r0 + r, rows_total, c);
     }
     int qpos[2];  // rows past the chunk act as its last query (zero q, never written)
     for (int t = 0; t < 2; ++t) qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
@@ -397,12 +400,8 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
     const int kv_end = ch.pos0 + (min(rows_total, r0 + BQ) - 1) / a.group + 1;  // keys [0, kv_end)
 
     for (int w = tid; w < BQ * (DP / 2); w += NT) {
-        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2, rr = r0 + r;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (rr < rows_total && c < a.head_dim) {
-            const int i = rr / a.group, h = kvh * a.group + rr % a.group;
-            x = *reinterpret_cast<const float2*>(a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim + c);
-        }
+        const int r = w / (DP / 2), c = (w % (DP / 2)) * 2;
+        const float2 x = q_pair(a, ch, kvh, r0 + r, rows_total, c);
         uint32_t hi, lo;
         split_half2(clamp_half(x.x * a.scale), clamp_half(x.y * a.scale), hi, lo);
         *reinterpret_cast<uint32_t*>(sQh + r * LQ + c) = hi;

@@ -1,13 +1,14 @@
 // The decode GEMV on tensor cores, for 1-8 token rows of x against interleaved INT8, FP16 or BF16
-// weights (gemv.h, gemv_mma_cuda; SHARDLM_GEMV_MMA=1 takes it from 3 rows, =all always). Why: with 4 or 8 token rows the vector kernel does 2-8 FP32
-// FMAs per weight byte, plus the conversions, and its instruction issue, not HBM, bounds it (INT8
-// batch 4 decode took 1.64 ms/token on the H200 against 1.03 at batch 1 for the same bytes, FP16
-// 1.80 against 1.33). An m16n8k16 mma does 16 x 8 x 16 of those products in one instruction.
+// weights (gemv.h, gemv_mma_cuda; SHARDLM_GEMV_MMA=1 takes it from 3 rows, =all always). Why:
+// with 4 or 8 token rows the vector kernel does 2-8 FP32 FMAs per weight byte, plus the
+// conversions, and its instruction issue, not HBM, bounds it (INT8 batch 4 decode took 1.64
+// ms/token on the H200 against 1.03 at batch 1 for the same bytes, FP16 1.80 against 1.33). An
+// m16n8k16 mma does 16 x 8 x 16 of those products in one instruction.
 //
 // Mapping. A warp computes one or two 16-row tiles (two under SwiGLU: 16 gate rows and the 16
-// matching up rows, so the epilogue has both) against all n token rows (the mma's 8
-// columns: lane (g, t) brings token g, tokens past n repeat the last and are never stored). The 8
-// warps of a block split the columns: warp w takes the 64-byte steps w, w + 8, ... and the block
+// matching up rows, so the epilogue has both) against all n token rows (the mma's 8 columns: lane
+// (g, t) brings token g, tokens past n repeat the last and are never stored). The 8 warps of a
+// block split the columns: warp w takes the 64-byte steps w, w + 8, ... and the block
 // sums the warps' tiles in shared memory at the end. In a step, lane t of a quad loads the 16-byte
 // chunk t (of the step's 4) of rows g and g + 8 of each tile: stored columns 4m .. 4m + 3 of a
 // chunk (INT8: word m; FP16/BF16: words 2m, 2m + 1) are exactly the lane's A fragment of the
@@ -115,7 +116,8 @@ __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) 
 #pragma unroll
             for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepBytes, s < a.steps);
+                for (int h = 0; h < 2; ++h)
+                    raw[u][r][h] = gemv_tile::load_weights_if(wr[r][h] + int64_t(s) * kStepBytes, s < a.steps);
         }
     };
     int s0 = warp;

@@ -178,38 +178,40 @@ def l2_label(v):
 
 def candidates(runs, order):
     """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
-    graphs and PDL on, flash attention, differing only in gemv_grid (with "+mma": the tensor-core
-    GEMV for 3-8 token rows) and l2_prefetch. Ratio < 1:
-    the candidate is faster. Empty when no candidate row ran."""
+    graphs and PDL on, flash attention (with "+rope": the RoPE prologue fused into the decode
+    kernel), differing only in that, gemv_grid (with "+mma": the tensor-core GEMV for 3-8 token
+    rows) and l2_prefetch. Ratio < 1: the candidate is faster. Empty when no candidate row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
-    cols = [("tiles", "off", "default"), ("persistent", "off", "persistent grid"), ("tiles", "1", "L2 prefetch 1"),
-            ("tiles", "2", "L2 prefetch 2"), ("persistent", "1", "persistent + prefetch 1"),
-            ("persistent", "2", "persistent + prefetch 2"), ("tiles+mma", "off", "tensor-core GEMV (b > 2)"),
-            ("tiles+mma-all", "off", "tensor-core GEMV (all b)")]
+    cols = [("tiles", "off", False, "default"), ("persistent", "off", False, "persistent grid"),
+            ("tiles", "1", False, "L2 prefetch 1"), ("tiles", "2", False, "L2 prefetch 2"),
+            ("persistent", "1", False, "persistent + prefetch 1"), ("persistent", "2", False, "persistent + prefetch 2"),
+            ("tiles+mma", "off", False, "tensor-core GEMV (b > 2)"),
+            ("tiles+mma-all", "off", False, "tensor-core GEMV (all b)"), ("tiles", "off", True, "fused RoPE")]
     table, seen = {}, []
     for k in order:
         run = runs[k]
-        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "-") or k[7] == "off" or "tg" not in run:
+        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash+rope", "-") or k[7] == "off" or \
+                "tg" not in run:
             continue
         tg = run["tg"]
         group = (k[2], k[3], k[4])
         if group not in table:
             table[group] = {}
             seen.append(group)
-        table[group][(k[8], k[9])] = tg["avg_ms"] / int(tg["test"][2:])
-    rows = [g for g in seen if len(table[g]) > 1 and ("tiles", "off") in table[g]]
+        table[group][(k[8], k[9], k[6] == "flash+rope")] = tg["avg_ms"] / int(tg["test"][2:])
+    default = ("tiles", "off", False)
+    rows = [g for g in seen if len(table[g]) > 1 and default in table[g]]
     if not rows:
         return []
     out = ["\nDecode candidates (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
-           "| batch | weights | kv | " + " | ".join(c[2] for c in cols) + " |",
+           "| batch | weights | kv | " + " | ".join(c[3] for c in cols) + " |",
            "|---:|---|---|" + "---:|" * len(cols)]
     for g in rows:
-        base = table[g][("tiles", "off")]
+        base = table[g][default]
         cells = []
-        for grid, pf, _ in cols:
-            v = table[g].get((grid, pf))
-            cells.append("-" if v is None else ("%.3f" % v if (grid, pf) == ("tiles", "off") else
-                                               "%.3f (%.2f)" % (v, v / base)))
+        for c in cols:
+            v = table[g].get(c[:3])
+            cells.append("-" if v is None else ("%.3f" % v if c[:3] == default else "%.3f (%.2f)" % (v, v / base)))
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
     out.append("")
     return out

@@ -5,7 +5,8 @@
 //   flash_prefill_mma_kernel  the same tiling on tensor cores (sm_80+, 16-bit and INT8 caches,
 //                         head_dim <= 128), 64 rows per block, FP32-accurate split operands.
 //   flash_decode_kernel   split-KV for one-token chunks, K/V pieces dequantized in registers;
-//                         partials merged by flash_merge_kernel.
+//                         partials merged by flash_merge_kernel. Optionally runs the RoPE
+//                         prologue itself (AttentionCuda::rope) instead of rope_kv_cuda.
 //   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
 // Cache row addresses: block (slot, kv head) = (slot * n_kv_heads + kvh) * capacity rows; position
 // p lives in row p % capacity; a row is row_stride * dtype_size bytes, a multiple of 16 (128 by
@@ -24,6 +25,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
+#include "kernels/cuda/rope_head.h"
 #include "kernels/cuda/words.h"
 
 namespace shardlm {
@@ -65,6 +67,19 @@ struct Args {
     // [m, l, acc[head_dim]] (head_dim + 2 floats): running max, sum of exp, unnormalised output.
     float* partials;
     int n_splits, keys_per_split;
+    // Decode with the RoPE prologue fused (AttentionCuda::rope): raw q, k, v rows of the step's
+    // tokens (row t at t * q_stride / kv_stride floats), the rotation and norm constants, and the
+    // cache again, writable, for the newest k and v rows.
+    struct {
+        bool on;
+        const float *q, *k, *v;
+        int64_t q_stride, kv_stride;
+        const float *inv_freq, *q_norm, *k_norm;
+        float eps;
+        uint8_t *k_cache, *v_cache;
+        float *k_scales, *v_scales;
+        int64_t row_stride;  // elements
+    } rope;
 };
 
 __device__ __forceinline__ int64_t cache_row(const Args& a, int64_t block, int p) {
@@ -560,6 +575,26 @@ __device__ __forceinline__ void load_key(const Args& a, int64_t block, int key, 
     }
 }
 
+// The same piece of the newest rows as the fused RoPE prologue made them in shared memory (one head
+// each in the cache's format; scales[0] and scales[1] for I8).
+template <DType KT>
+__device__ __forceinline__ void load_new_key(const uint8_t* k_row, const uint8_t* v_row, const float* scales,
+                                             int head_dim, int c, KeyPieces<KT>& kp) {
+    constexpr int S = kv_bytes(KT), EW = 16 / S;
+    const uint4* kr = reinterpret_cast<const uint4*>(k_row) + c * S;
+    const uint4* vr = reinterpret_cast<const uint4*>(v_row) + c * S;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        const bool in = c * 16 + s * EW < head_dim;
+        kp.k.w[s] = in ? kr[s] : make_uint4(0, 0, 0, 0);
+        kp.v.w[s] = in ? vr[s] : make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (KT == DType::I8) {
+        kp.ks = scales[0];
+        kp.vs = scales[1];
+    }
+}
+
 template <DType KT>
 __device__ __forceinline__ KeyPieces<KT> no_key() {
     KeyPieces<KT> kp;
@@ -597,6 +632,9 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     __shared__ float s_max[2][NW][GB];
     __shared__ float s_l[NW][GB];
     __shared__ __align__(16) float s_red[NW][GB][DP];
+    __shared__ __align__(16) float s_q[GB][DP];                     // fused RoPE: rotated q heads
+    __shared__ __align__(16) uint8_t s_new[2][DP * kv_bytes(KT)];  // fused RoPE: newest K, V rows
+    __shared__ float s_new_scale[2];
 
     // The chunk table is written before the step starts (see above).
     const AttnChunk ch = a.chunks[blockIdx.z];
@@ -615,6 +653,9 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
         const int key = k_begin + j * KP + r;
         if (active && key < k_end && key != newest) load_key(a, block, key, c, kv[j]);
     }
+    const int hd2 = a.head_dim / 2;  // rope pairs (i, i + hd2)
+    rope::Angles ang{};
+    if (a.rope.on && ch.n >= 1) ang = rope::angles(a.rope.inv_freq, float(newest), lane, hd2);
     pdl_wait();
     pdl_launch_dependents();
     if (ch.n < 1) return;
@@ -628,15 +669,52 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
         }
         return;
     }
+    const bool has_newest = newest >= k_begin && newest < k_end;
+    if (a.rope.on) {
+        // The RoPE prologue (rope_kv_kernel's operations), one warp per head: the block's query
+        // heads into s_q and, in the split holding the newest position, its k (normed, rotated)
+        // and v in the cache's format into s_new; subgroup 0's block also writes them to the
+        // cache. The global rows are only written here: every block reads the newest key from
+        // its own copy in s_new, in whichever round it falls.
+        const int tasks = n_g + (has_newest ? 2 : 0);
+        for (int task = warp; task < tasks; task += NW) {
+            if (task < n_g) {
+                const float* x = a.rope.q + int64_t(ch.row0) * a.rope.q_stride + int64_t(h0 + task) * a.head_dim;
+                rope::HeadRegs h = rope::load_head(x, lane, hd2);
+                if (a.rope.q_norm) rope::norm_head(h, rope::load_head(a.rope.q_norm, lane, hd2), hd2, a.rope.eps);
+                rope::rotate(h, ang);
+                rope::store_head(h, s_q[task], lane, hd2);
+                continue;
+            }
+            const bool is_k = task == n_g;
+            const float* x = (is_k ? a.rope.k : a.rope.v) + int64_t(ch.row0) * a.rope.kv_stride +
+                             int64_t(kvh) * a.head_dim;
+            rope::HeadRegs h = rope::load_head(x, lane, hd2);
+            if (is_k) {
+                if (a.rope.k_norm) rope::norm_head(h, rope::load_head(a.rope.k_norm, lane, hd2), hd2, a.rope.eps);
+                rope::rotate(h, ang);
+            }
+            const int i = is_k ? 0 : 1;
+            rope::store_cache_row<KT>(h, s_new[i], &s_new_scale[i], 0, 0, lane, hd2);
+            if (g0 == 0)
+                rope::store_cache_row<KT>(h, is_k ? a.rope.k_cache : a.rope.v_cache,
+                                          is_k ? a.rope.k_scales : a.rope.v_scales, cache_row(a, block, newest),
+                                          a.rope.row_stride, lane, hd2);
+        }
+        __syncthreads();
+    }
 #pragma unroll
-    for (int j = 0; j < NR; ++j)
-        if (k_begin + j * KP + r == newest) load_key(a, block, newest, c, kv[j]);
+    for (int j = 0; j < NR; ++j) {
+        if (k_begin + j * KP + r != newest) continue;
+        if (a.rope.on) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
+        else load_key(a, block, newest, c, kv[j]);
+    }
 
     // This thread's query pieces (zeros past head_dim and for heads past the group).
     float q[GB][16];
 #pragma unroll
     for (int g = 0; g < GB; ++g) {
-        const float* qr = a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
+        const float* qr = a.rope.on ? s_q[g] : a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
 #pragma unroll
         for (int i = 0; i < 16; i += 2) {
             const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
@@ -662,7 +740,10 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
             for (int j = 0; j < NR; ++j) {
                 kv[j] = no_key<KT>();
                 const int key = p0 + j * KP + r;
-                if (key < k_end) load_key(a, block, key, c, kv[j]);
+                // The fused prologue's newest row: this block's own copy (another block may be the
+                // one writing it to the cache, and this kernel's loads are not ordered after that).
+                if (a.rope.on && key == newest) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
+                else if (key < k_end) load_key(a, block, key, c, kv[j]);
             }
         }
         float s[NR][GB];
@@ -1001,7 +1082,8 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
                   "attention: KV layer shape");
     const int64_t row_bytes = kv.row_stride * int64_t(dtype_size(kv.dtype));
     SHARDLM_CHECK(kv.row_stride >= a.head_dim && row_bytes % 16 == 0, "attention: KV row stride ", kv.row_stride);
-    SHARDLM_CHECK(is_aligned(kv.k, 16) && is_aligned(kv.v, 16) && is_aligned(a.q, 8) && is_aligned(a.out, 8),
+    SHARDLM_CHECK(is_aligned(kv.k, 16) && is_aligned(kv.v, 16) && (a.rope || is_aligned(a.q, 8)) &&
+                      is_aligned(a.out, 8),
                   "attention: misaligned q, out or KV cache");
     SHARDLM_CHECK(a.n_chunks <= 65535 && a.n_heads <= 65535 && a.max_chunk_n < (int64_t(1) << 31),
                   "attention: ", a.n_chunks, " chunks x ", a.n_heads, " heads exceed the grid");
@@ -1026,6 +1108,32 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     args.partials = static_cast<float*>(a.scratch);
     args.n_splits = plan.n_splits;
     args.keys_per_split = plan.keys_per_split;
+
+    if (a.rope) {
+        const RopeKVParams& r = *a.rope;
+        SHARDLM_CHECK(kind != AttentionKind::Naive && a.max_chunk_n == 1,
+                      "attention: the fused RoPE prologue is for Flash decode steps (one-token chunks)");
+        SHARDLM_CHECK(r.n_heads == a.n_heads && r.n_kv_heads == a.n_kv_heads && r.head_dim == a.head_dim &&
+                          r.kv.k == kv.k && r.kv.v == kv.v && r.kv.k_scales == kv.k_scales &&
+                          r.kv.v_scales == kv.v_scales && r.kv.row_stride == kv.row_stride,
+                      "attention: the fused RoPE parameters describe other heads or another cache");
+        SHARDLM_CHECK(r.q && r.k && r.v && r.inv_freq, "attention: the fused RoPE needs q, k, v and inv_freq");
+        args.rope.on = true;
+        args.rope.q = r.q;
+        args.rope.k = r.k;
+        args.rope.v = r.v;
+        args.rope.q_stride = r.row_stride ? r.row_stride : r.n_heads * r.head_dim;
+        args.rope.kv_stride = r.row_stride ? r.row_stride : r.n_kv_heads * r.head_dim;
+        args.rope.inv_freq = r.inv_freq;
+        args.rope.q_norm = r.q_norm;
+        args.rope.k_norm = r.k_norm;
+        args.rope.eps = r.eps;
+        args.rope.k_cache = static_cast<uint8_t*>(kv.k);
+        args.rope.v_cache = static_cast<uint8_t*>(kv.v);
+        args.rope.k_scales = kv.k_scales;
+        args.rope.v_scales = kv.v_scales;
+        args.rope.row_stride = kv.row_stride;
+    }
 
     if (kind == AttentionKind::Naive) {
         const dim3 grid(unsigned(a.max_chunk_n), unsigned(a.n_heads), unsigned(a.n_chunks));

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/kv_layout.h"
+#include "kernels/cuda/rope_kv.h"
 
 namespace shardlm {
 
@@ -37,6 +38,14 @@ struct AttentionCuda {
     // n_chunks, max_chunk_n and kv.capacity, never on positions, so a captured graph stays valid
     // as the sequences grow.
     void* scratch = nullptr;
+    // Decode steps only (every chunk one token, Flash): the RoPE prologue fused into the split-KV
+    // kernel. When set, q above is not read: each block makes its query heads from rope->q (the
+    // projection's raw output) and the block whose keys hold the newest position writes its k and
+    // v into the cache, with rope_kv_cuda(*rope)'s operations (kernels/cuda/rope_head.h), so the
+    // result is bit for bit that of rope_kv_cuda followed by attention_cuda. rope->pos and
+    // rope->slot are not read (the chunk table says the same); rope->kv must be this layer's cache.
+    // One kernel launch less per layer and step.
+    const RopeKVParams* rope = nullptr;
 };
 
 size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity);

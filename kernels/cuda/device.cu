@@ -84,6 +84,12 @@ bool prefill_tensor_cores() {
     return on;
 }
 
+bool decode_rope_fused() {
+    static const bool on =
+        cuda_tuning_env("SHARDLM_FUSED_ROPE", {"0", "1"}, "the RoPE prologue fused into decode attention") == "1";
+    return on;
+}
+
 int64_t cuda_l2_bytes() {
     int dev = 0, bytes = 0;
     CUDA_CHECK(cudaGetDevice(&dev));

@@ -22,7 +22,7 @@ double cuda_peak_gbps();
 bool pdl_enabled();
 
 // A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_L2_PREFETCH,
-// SHARDLM_PREFILL_TC): its value when set to one of `allowed`, "" when unset or empty; any other
+// SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE): its value when set to one of `allowed`, "" when unset or empty; any other
 // value is an error naming the variable, `what` it sets and the values allowed. For A/B
 // measurements, not for users.
 std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);
@@ -36,6 +36,12 @@ int l2_prefetch_depth();
 // current device is sm_80 or newer and SHARDLM_PREFILL_TC is not "0" (the A/B switch against the
 // FP32-pipe kernel; any value but 0 and 1 is an error). Read once per process.
 bool prefill_tensor_cores();
+
+// Whether decode steps fuse the RoPE prologue into the split-KV attention kernel (attention.h,
+// AttentionCuda::rope) rather than running rope_kv_cuda before it: SHARDLM_FUSED_ROPE=1; 0 or
+// unset: separate, the default until a GPU has timed it. Any other value is an error. Read once
+// per process.
+bool decode_rope_fused();
 
 // The current device's L2 cache size in bytes, and its number of multiprocessors.
 int64_t cuda_l2_bytes();

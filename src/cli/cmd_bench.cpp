@@ -74,10 +74,12 @@ int device_l2_prefetch() {
 }
 
 // The attention kernels of a row: "flash-fp32" when CUDA prefill tiles stay off the tensor cores
-// (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value.
+// (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value; "+rope" when the
+// CUDA decode kernel runs the RoPE prologue itself (SHARDLM_FUSED_ROPE=1).
 std::string row_attention(const std::string& attention, bool cuda) {
 #ifdef SHARDLM_HAVE_CUDA
-    if (cuda && attention == "flash" && !prefill_tensor_cores()) return "flash-fp32";
+    if (cuda && attention == "flash")
+        return std::string(prefill_tensor_cores() ? "flash" : "flash-fp32") + (decode_rope_fused() ? "+rope" : "");
 #else
     (void)cuda;
 #endif

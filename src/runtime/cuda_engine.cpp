@@ -119,6 +119,9 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
                   " (matrices prefetched ahead) must be 0, 1 or 2, or -1 for SHARDLM_L2_PREFETCH");
     prefetch_depth_ = opt.l2_prefetch >= 0 ? opt.l2_prefetch : l2_prefetch_depth();
     if (prefetch_depth_ > 0) prefetch_cap_ = cuda_l2_bytes() / 5 * 3;
+    SHARDLM_CHECK(opt.fused_rope >= -1 && opt.fused_rope <= 1, "CudaEngine: fused_rope ", opt.fused_rope,
+                  " must be 0 or 1, or -1 for SHARDLM_FUSED_ROPE");
+    fused_rope_ = opt.fused_rope >= 0 ? opt.fused_rope == 1 : decode_rope_fused();
 
     // Sizing pass, then the one allocation (with a clear error when it cannot fit).
     DeviceArena sizing;
@@ -450,7 +453,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         rp.k_norm = L.k_norm;
         rp.eps = c.rms_eps;
         rp.kv = kv_[l];
-        rope_kv_cuda(rp, s);
+        // Decode may leave the prologue to the attention kernel (one launch less per layer).
+        const bool fused_rope = max_n == 1 && opt_.attention != AttentionImpl::Naive && fused_rope_;
+        if (!fused_rope) rope_kv_cuda(rp, s);
         AttentionCuda a;
         a.q = q_;
         a.out = attn_;
@@ -463,6 +468,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.scale = 1.0f / std::sqrt(float(hd));
         a.kv = kv_[l];
         a.scratch = attn_scratch_;
+        a.rope = fused_rope ? &rp : nullptr;
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj

@@ -102,6 +102,7 @@ private:
     // them, 3/5 of the L2, so that the prefetched bytes and the current GEMV's stream fit together.
     int prefetch_depth_ = 0;
     int64_t prefetch_cap_ = 0;
+    bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
     // The matrices of a decode step in the order the step reads them (per layer q/k/v, o,
     // gate/up, down, fused or not; then lm_head), and each one's place by its data pointer.
     std::vector<const DeviceMatrix*> read_order_;

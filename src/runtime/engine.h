@@ -34,6 +34,10 @@ struct EngineOptions {
     // CUDA decode: how many matrices ahead each GEMV prefetches into L2 (0-2; -1: the
     // SHARDLM_L2_PREFETCH environment variable, 0 when unset). Changes no result.
     int l2_prefetch = -1;
+    // CUDA decode: the RoPE prologue run inside the split-KV attention kernel (1) or as its own
+    // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 0 when unset. Changes
+    // no result.
+    int fused_rope = -1;
 };
 
 struct SeqChunk {

@@ -30,6 +30,7 @@ struct SessionOptions {
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;
     int l2_prefetch = -1;  // EngineOptions::l2_prefetch
+    int fused_rope = -1;   // EngineOptions::fused_rope
 };
 
 struct Session {

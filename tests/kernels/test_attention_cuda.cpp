@@ -1,8 +1,9 @@
 // attention_cuda (Flash, FlashFp32 and Naive) against attention_cached over the same cache contents: GQA
 // ratios 1..12, head dims 2..256, every cache dtype, prefill chunks over an existing prefix mixed
 // with decode chunks, decode-only batches (split-KV), and a CUDA Graph captured once and replayed
-// as the sequences grow. Every cache byte the kernels must not read (rows past a sequence, the
-// row padding, unused scales) and the scratch are NaN, so a stray read shows. Skips without a GPU.
+// as the sequences grow; decode with the RoPE prologue fused against rope_kv_cuda run first. Every
+// cache byte the kernels must not read (rows past a sequence, the row padding, unused scales) and
+// the scratch are NaN, so a stray read shows. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,10 +13,12 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/rope_kv.h"
 #include "runtime/kv_cache.h"
 
 using namespace shardlm;
@@ -322,6 +325,160 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
             CUDA_CHECK(cudaStreamDestroy(stream));
         }
     }
+}
+
+// The RoPE prologue fused into the decode kernel (AttentionCuda::rope) against rope_kv_cuda run
+// first, on identical caches: the same output and the same cache bytes (rows, padding, scales), bit
+// for bit, since both run rope_head.h's operations. Raw q, k, v in one fused-QKV buffer or three
+// packed ones; with and without q/k norm; GQA groups 1-12 (subgroups: only one block may write a
+// row); the newest key at the start, in the middle and at the end of a split, and at the last row
+// of the cache; an idle batch entry.
+TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    struct FusedCase {
+        const char* name;
+        Heads heads;
+        std::vector<ChunkSpec> chunks;  // n = 1 (or 0: idle); the cache holds positions < pos0
+    };
+    const FusedCase cases[] = {
+        {"gqa2 d128", {16, 8, 128, 640}, {{0, 0, 1}, {1, 31, 1}, {2, 32, 1}, {3, 639, 1}, {4, 300, 0}}},
+        {"mha d64", {4, 4, 64, 256}, {{0, 100, 1}, {1, 255, 1}}},
+        {"gqa8 d80", {16, 2, 80, 200}, {{0, 47, 1}, {1, 5, 1}}},
+        {"gqa12 d256", {12, 1, 256, 96}, {{0, 95, 1}, {1, 64, 1}}},
+        {"gqa4 d2", {4, 1, 2, 40}, {{0, 33, 1}}},
+    };
+    for (const FusedCase& fc : cases)
+        for (DType dt : kDtypes)
+            for (const bool qkv_fused : {false, true})
+                for (const bool qk_norm : {false, true}) {
+                    const Heads& h = fc.heads;
+                    const int64_t nh = h.n_heads, nkv = h.n_kv, hd = h.head_dim;
+                    std::vector<int> lens;
+                    std::vector<AttnChunk> chunks;
+                    for (size_t i = 0; i < fc.chunks.size(); ++i) {
+                        const ChunkSpec& c = fc.chunks[i];
+                        chunks.push_back(AttnChunk{c.slot, c.pos0, c.n, int32_t(2 * i + 1)});  // a gap row before each
+                        if (int(lens.size()) <= c.slot) lens.resize(size_t(c.slot + 1), 0);
+                        lens[size_t(c.slot)] = c.pos0;
+                    }
+                    const int64_t rows = int64_t(2 * chunks.size());
+                    Cache separate(h, dt, lens), fused(h, dt, lens);
+                    const int64_t W = (nh + 2 * nkv) * hd;
+                    const auto qkv = randv(size_t(rows * W), 31);
+                    const auto q = randv(size_t(rows * nh * hd), 32), k = randv(size_t(rows * nkv * hd), 33),
+                               v = randv(size_t(rows * nkv * hd), 34);
+                    std::vector<float> norms(static_cast<size_t>(2 * hd)), inv_freq(static_cast<size_t>(hd / 2));
+                    for (int64_t i = 0; i < hd; ++i) {
+                        norms[size_t(i)] = 1.0f + 0.05f * std::sin(float(i));
+                        norms[size_t(hd + i)] = 0.8f + 0.03f * std::cos(float(i));
+                    }
+                    for (int64_t i = 0; i < hd / 2; ++i)
+                        inv_freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
+                    const auto upload = [](const std::vector<float>& x, DevMem& d) {
+                        CUDA_CHECK(cudaMemcpy(d.as<float>(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+                    };
+                    DevMem dqkv(qkv.size() * 4), dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4),
+                        dnorms(norms.size() * 4), dfreq(inv_freq.size() * 4), dqout(q.size() * 4),
+                        dchunks(chunks.size() * sizeof(AttnChunk)), dpos(chunks.size() * 4), dslot(chunks.size() * 4);
+                    upload(qkv, dqkv);
+                    upload(q, dq);
+                    upload(k, dk);
+                    upload(v, dv);
+                    upload(norms, dnorms);
+                    upload(inv_freq, dfreq);
+                    std::vector<int32_t> pos, slot;
+                    for (const AttnChunk& c : chunks) {
+                        pos.push_back(c.pos0);
+                        slot.push_back(c.slot);
+                    }
+                    CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
+                                          cudaMemcpyHostToDevice));
+                    CUDA_CHECK(cudaMemcpy(dpos.as<int32_t>(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+                    CUDA_CHECK(cudaMemcpy(dslot.as<int32_t>(), slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
+
+                    RopeKVParams rp;
+                    rp.q = qkv_fused ? dqkv.as<float>() : dq.as<float>();
+                    rp.k = qkv_fused ? dqkv.as<float>() + nh * hd : dk.as<float>();
+                    rp.v = qkv_fused ? dqkv.as<float>() + (nh + nkv) * hd : dv.as<float>();
+                    rp.row_stride = qkv_fused ? W : 0;
+                    rp.n_heads = nh;
+                    rp.n_kv_heads = nkv;
+                    rp.head_dim = hd;
+                    rp.inv_freq = dfreq.as<float>();
+                    rp.q_norm = qk_norm ? dnorms.as<float>() : nullptr;
+                    rp.k_norm = qk_norm ? dnorms.as<float>() + hd : nullptr;
+                    rp.eps = 1e-6f;
+                    const float scale = 1.0f / std::sqrt(float(hd));
+                    DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), nh, hd, h.capacity));
+                    DevMem out_sep(size_t(rows * nh * hd) * 4), out_fused(size_t(rows * nh * hd) * 4);
+
+                    // Fused first: rope_kv_cuda rotates k in place, the fused kernel leaves its input be.
+                    rp.kv = fused.layer;
+                    AttentionCuda a = make_args(fused, nullptr, out_fused.as<float>(), dchunks.as<AttnChunk>(), chunks,
+                                                scratch.as<void>(), scale);
+                    a.rope = &rp;
+                    attention_cuda(a, AttentionKind::Flash, nullptr);
+                    // Separate: rope_kv_cuda on each busy chunk's row, then the decode kernel.
+                    for (size_t i = 0; i < chunks.size(); ++i) {
+                        if (chunks[i].n < 1) continue;
+                        RopeKVParams one = rp;
+                        const int64_t row = chunks[i].row0;
+                        one.q = rp.q + row * (qkv_fused ? W : nh * hd);
+                        one.k = rp.k + row * (qkv_fused ? W : nkv * hd);
+                        one.v = rp.v + row * (qkv_fused ? W : nkv * hd);
+                        one.q_out = dqout.as<float>() + row * nh * hd;
+                        one.T = 1;
+                        one.pos = dpos.as<int32_t>() + i;
+                        one.slot = dslot.as<int32_t>() + i;
+                        one.kv = separate.layer;
+                        rope_kv_cuda(one, nullptr);
+                    }
+                    attention_cuda(make_args(separate, dqout.as<float>(), out_sep.as<float>(), dchunks.as<AttnChunk>(),
+                                             chunks, scratch.as<void>(), scale),
+                                   AttentionKind::Flash, nullptr);
+                    CUDA_CHECK(cudaDeviceSynchronize());
+
+                    const std::string what = std::string(fc.name) + " " + dtype_name(dt) +
+                                             (qkv_fused ? " qkv" : " q,k,v") + (qk_norm ? " qk-norm" : "");
+                    const auto same = [&](const DevMem& x, const DevMem& y, size_t bytes, const char* part) {
+                        std::vector<uint8_t> hx(bytes), hy(bytes);
+                        CUDA_CHECK(cudaMemcpy(hx.data(), x.as<void>(), bytes, cudaMemcpyDeviceToHost));
+                        CUDA_CHECK(cudaMemcpy(hy.data(), y.as<void>(), bytes, cudaMemcpyDeviceToHost));
+                        const auto d = std::mismatch(hx.begin(), hx.end(), hy.begin());
+                        EXPECT_TRUE(d.first == hx.end()) << what << ": " << part << " differs at byte "
+                                                         << (d.first - hx.begin());
+                    };
+                    same(out_sep, out_fused, size_t(rows * nh * hd) * 4, "attention output");
+                    const size_t cache_bytes = separate.block_bytes * lens.size();
+                    same(separate.dk, fused.dk, cache_bytes, "K cache");
+                    same(separate.dv, fused.dv, cache_bytes, "V cache");
+                    if (dt == DType::I8) {
+                        const size_t scale_bytes = size_t(nkv * h.capacity) * lens.size() * 4;
+                        same(separate.dks, fused.dks, scale_bytes, "K scales");
+                        same(separate.dvs, fused.dvs, scale_bytes, "V scales");
+                    }
+                    if (::testing::Test::HasFailure()) return;
+                }
+    // What it refuses: prefill chunks, and parameters of another layer.
+    Cache cache({4, 2, 64, 64}, DType::F16, {10});
+    DevMem dq(64 * 4 * 4), scratch(attention_scratch_bytes(1, 4, 64, 64)), dchunks(sizeof(AttnChunk));
+    const std::vector<AttnChunk> prefill = {{0, 0, 3, 0}};
+    RopeKVParams rp;
+    rp.q = rp.k = dq.as<float>();
+    rp.v = dq.as<float>();
+    rp.inv_freq = dq.as<float>();
+    rp.n_heads = 4;
+    rp.n_kv_heads = 2;
+    rp.head_dim = 64;
+    rp.kv = cache.layer;
+    AttentionCuda a =
+        make_args(cache, nullptr, dq.as<float>(), dchunks.as<AttnChunk>(), prefill, scratch.as<void>(), 1.0f);
+    a.rope = &rp;
+    EXPECT_THROW(attention_cuda(a, AttentionKind::Flash, nullptr), Error);
+    a.max_chunk_n = 1;
+    EXPECT_THROW(attention_cuda(a, AttentionKind::Naive, nullptr), Error);
+    rp.head_dim = 32;
+    EXPECT_THROW(attention_cuda(a, AttentionKind::Flash, nullptr), Error);
 }
 
 // The scratch size follows the capacity only and covers every split's [m, l, acc] record.

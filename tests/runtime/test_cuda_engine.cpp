@@ -259,6 +259,25 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
     EXPECT_EQ(a.tokens, b.tokens);
 }
 
+// Every logit of a prefill of two prompts (5 and 3 tokens) and four decode steps of both (eager,
+// captured, replayed, replayed) through a fresh session of `so`.
+std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V) {
+    const std::vector<int32_t> p0 = make_prompt(5, V, 81), p1 = make_prompt(3, V, 82);
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    Engine& e = *s->engine;
+    std::vector<float> all, step(size_t(2 * V));
+    e.forward({{0, p0.data(), int64_t(p0.size()), 0, true}, {1, p1.data(), int64_t(p1.size()), 0, true}},
+              step.data());
+    all.insert(all.end(), step.begin(), step.end());
+    for (int64_t t = 0; t < 4; ++t) {
+        const int32_t a = int32_t((7 * t + 1) % V), b = int32_t((5 * t + 2) % V);
+        e.forward({{0, &a, 1, int64_t(p0.size()) + t, true}, {1, &b, 1, int64_t(p1.size()) + t, true}}, step.data());
+        all.insert(all.end(), step.begin(), step.end());
+    }
+    return all;
+}
+
 // The L2 prefetch of the next matrices (EngineOptions::l2_prefetch) is a hint: the same logits bit
 // for bit with 0, 1 or 2 matrices ahead, prefill and decode, eager and replayed from graphs. On
 // the emulator, which checks every prefetched range (aligned, inside one allocation) and counts
@@ -270,29 +289,14 @@ TEST(CudaEngine, L2PrefetchChangesNoLogits) {
     SessionOptions so = tiny_cuda_model(dir, cfg);
     so.ctx = 32;
     so.max_batch = 2;
-    const int64_t V = cfg.vocab;
-    const std::vector<int32_t> p0 = make_prompt(5, V, 81), p1 = make_prompt(3, V, 82);
     std::vector<std::vector<float>> runs;
     std::vector<uint64_t> bytes;
     for (int depth : {0, 1, 2}) {
         so.l2_prefetch = depth;
-        SingleRank comm;
-        auto s = open_session(so, comm);
-        Engine& e = *s->engine;
 #ifdef SHARDLM_CUDA_EMU
         const uint64_t before = shardlm_emu::l2_prefetched_bytes();
 #endif
-        std::vector<float> all, step(size_t(2 * V));
-        e.forward({{0, p0.data(), int64_t(p0.size()), 0, true}, {1, p1.data(), int64_t(p1.size()), 0, true}},
-                  step.data());
-        all.insert(all.end(), step.begin(), step.end());
-        for (int64_t t = 0; t < 4; ++t) {  // eager, captured, replayed, replayed
-            const int32_t a = int32_t((7 * t + 1) % V), b = int32_t((5 * t + 2) % V);
-            e.forward({{0, &a, 1, int64_t(p0.size()) + t, true}, {1, &b, 1, int64_t(p1.size()) + t, true}},
-                      step.data());
-            all.insert(all.end(), step.begin(), step.end());
-        }
-        runs.push_back(all);
+        runs.push_back(two_sequence_logits(so, cfg.vocab));
 #ifdef SHARDLM_CUDA_EMU
         bytes.push_back(shardlm_emu::l2_prefetched_bytes() - before);
 #endif
@@ -305,6 +309,34 @@ TEST(CudaEngine, L2PrefetchChangesNoLogits) {
     EXPECT_GT(bytes[2], bytes[1]);
 #endif
     so.l2_prefetch = 3;
+    SingleRank comm;
+    EXPECT_THROW(open_session(so, comm), Error);
+}
+
+// The RoPE prologue inside the decode attention kernel (EngineOptions::fused_rope) computes what
+// rope_kv_cuda does: the same logits bit for bit, for Qwen3 (q/k norm) and Llama (plain RoPE),
+// with a float and an INT8 cache, eager and replayed from graphs.
+TEST(CudaEngine, FusedRopeChangesNoLogits) {
+    SKIP_WITHOUT_GPU();
+    for (const Arch arch : {Arch::Qwen3, Arch::Llama})
+        for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+            TempDir dir;
+            const ModelConfig cfg = tiny_config(arch);
+            SessionOptions so = tiny_cuda_model(dir, cfg);
+            so.ctx = 32;
+            so.max_batch = 2;
+            so.kv = kv;
+            so.fused_rope = 0;
+            const std::vector<float> separate = two_sequence_logits(so, cfg.vocab);
+            so.fused_rope = 1;
+            const std::vector<float> fused = two_sequence_logits(so, cfg.vocab);
+            EXPECT_EQ(std::memcmp(separate.data(), fused.data(), separate.size() * 4), 0)
+                << arch_name(arch) << " kv " << (kv == KVFormat::Int8 ? "int8" : "f32");
+        }
+    TempDir dir;
+    SessionOptions so = tiny_cuda_model(dir, tiny_config(Arch::Qwen3));
+    so.ctx = 32;
+    so.fused_rope = 2;
     SingleRank comm;
     EXPECT_THROW(open_session(so, comm), Error);
 }

@@ -3,8 +3,8 @@
 # made by bench/gpu_pack.sh, runs every GPU test binary, compares GPU and CPU greedy tokens, runs
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
-# off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _FUSED_ROPE, _GEMV_GRID, _GEMV_MMA,
-# _L2_PREFETCH, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _GEMV_GRID,
+# _GEMV_MMA, _L2_PREFETCH, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
 # the mission table, the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
@@ -25,7 +25,7 @@
 # "skip: no GPU". Flags that the binaries do not know make their steps fail, never silently vanish.
 # Expected on one H200, in seconds: setup, env and version 10; each test binary 10-60; models and
 # tokens 10; each sanitizer run 30-60; prepare (3.4 GB checkpoint, in the background during the tests)
-# 30-60; each of the 21 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
+# 30-60; each of the 22 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
 # Run through the device tool, from the repository root:
 #   run(command="bench/gpu_check.sh", carry=["build-gpu/gpu-pack.tar.xz"], timeout_s=540)
 set -uo pipefail
@@ -503,6 +503,10 @@ step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
 # Prefill attention on the FP32 pipes (SHARDLM_PREFILL_TC=0) against the default rows above, whose
 # prefill runs on tensor cores (kernels/cuda/attention.h): the report's "Prefill attention" table.
 step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "bench-int8-int8-g1-prefill-fp32" 1,4 int8 int8 1
+# INT8 prefill with each matrix dequantized on a side stream while the product before it runs
+# (SHARDLM_GEMM_STAGE=1, kernels/cuda/gemm.h): the report's "staged ahead" table against the
+# int8 rows above (the dequantization was ~18% of an INT8 pp512, session 6).
+step bench-int8-int8-graph-gemm-stage 90 s_bench_with SHARDLM_GEMM_STAGE=1 "bench-int8-int8-g1-gemm-stage" 1,4 int8 int8 1
 # The RoPE prologue inside the split-KV decode kernel (SHARDLM_FUSED_ROPE=1, kernels/cuda/attention.h):
 # one kernel less per layer and step, aimed at batch-1 latency; and under memcheck, since the
 # attention kernel then writes the newest K/V rows itself.

@@ -101,7 +101,7 @@ def cmd_table(path, header=None):
         pdl = r.get("pdl")
         key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
                r.get("attention", "-"), "-" if pdl is None else ("on" if pdl else "off"), r.get("gemv_grid", "-"),
-               l2_label(r.get("l2_prefetch")))
+               l2_label(r.get("l2_prefetch")), "on" if r.get("gemm_stage") else "off")
         if key not in runs:
             runs[key] = {"r": r}
             order.append(key)
@@ -114,9 +114,10 @@ def cmd_table(path, header=None):
         if k[1] == "torch" and "pp" in run and "tg" in run:
             torch[(k[2], k[5])] = run
     if order:
-        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | l2 prefetch | prefill ms | decode ms/token | GB/s | "
-                   "fraction of peak | memory GB (weights+kv+workspace) | peak GB | prefill x torch | decode x torch |")
-        out.append("|---|---|---:|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | l2 prefetch | gemm stage | "
+                   "prefill ms | decode ms/token | GB/s | fraction of peak | memory GB (weights+kv+workspace) | peak GB | "
+                   "prefill x torch | decode x torch |")
+        out.append("|---|---|---:|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for k in order:
             run = runs[k]
             pp, tg, r = run.get("pp"), run.get("tg"), run["r"]
@@ -136,7 +137,7 @@ def cmd_table(path, header=None):
                     rp = pre / t["pp"]["avg_ms"]
                 if dec is not None:
                     rd = dec / (t["tg"]["avg_ms"] / int(t["tg"]["test"][2:]))
-            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {k[9]} | {fmt(pre, ".1f")} | '
+            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {k[9]} | {k[10]} | {fmt(pre, ".1f")} | '
                        f'{fmt(dec, ".3f")} | {fmt(gbps, ".0f")} | {fmt(frac, ".2f")} | {fmt(mem, ".2f")} | '
                        f'{fmt(peak_mem, ".2f")} | {fmt(rp, ".2f")} | {fmt(rd, ".2f")} |')
         peaks = sorted({round(runs[k]["r"].get("peak_gbps") or 0) for k in order} - {0})
@@ -145,6 +146,7 @@ def cmd_table(path, header=None):
                    f"x torch: shardlm time / PyTorch FP16 time at the same batch and graph mode.\n")
     out.extend(candidates(runs, order))
     out.extend(prefill_tc(runs, order))
+    out.extend(prefill_staging(runs, order))
     # Tests
     gt = [r for r in lines if "gtest" in r]
     if gt:
@@ -181,7 +183,7 @@ def candidates(runs, order):
     graphs and PDL on, flash attention (with "+rope": the RoPE prologue fused into the decode
     kernel), differing only in that, gemv_grid (with "+mma": the tensor-core GEMV for 3-8 token
     rows) and l2_prefetch. Ratio < 1: the candidate is faster. Empty when no candidate row ran."""
-    # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch)
+    # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch, gemm_stage)
     cols = [("tiles", "off", False, "default"), ("persistent", "off", False, "persistent grid"),
             ("tiles", "1", False, "L2 prefetch 1"), ("tiles", "2", False, "L2 prefetch 2"),
             ("persistent", "1", False, "persistent + prefetch 1"), ("persistent", "2", False, "persistent + prefetch 2"),
@@ -191,7 +193,7 @@ def candidates(runs, order):
     for k in order:
         run = runs[k]
         if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash+rope", "-") or k[7] == "off" or \
-                "tg" not in run:
+                k[10] == "on" or "tg" not in run:
             continue
         tg = run["tg"]
         group = (k[2], k[3], k[4])
@@ -225,7 +227,7 @@ def prefill_tc(runs, order):
     for k in order:
         run = runs[k]
         if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash-fp32") or k[7] == "off" or \
-                k[8] not in ("tiles", "-") or k[9] != "off" or "pp" not in run:
+                k[8] not in ("tiles", "-") or k[9] != "off" or k[10] == "on" or "pp" not in run:
             continue
         group = (k[2], k[3], k[4])
         if group not in table:
@@ -240,6 +242,33 @@ def prefill_tc(runs, order):
     for g in rows:
         base, tc = table[g]["flash-fp32"], table[g]["flash"]
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | {base:.2f} | {tc:.2f} ({tc / base:.2f}) |")
+    out.append("")
+    return out
+
+
+def prefill_staging(runs, order):
+    """INT8 prefill with each matrix dequantized ahead on a side stream (gemm_stage on,
+    SHARDLM_GEMM_STAGE=1) against the default, per (batch, weights, kv), among shardlm rows with
+    graphs and PDL on, flash attention and the default decode settings. Empty when no staged row ran."""
+    table, seen = {}, []
+    for k in order:
+        run = runs[k]
+        if k[1] != "shardlm" or not k[5] or k[6] != "flash" or k[7] == "off" or k[8] not in ("tiles", "-") or \
+                k[9] != "off" or "pp" not in run:
+            continue
+        group = (k[2], k[3], k[4])
+        if group not in table:
+            table[group] = {}
+            seen.append(group)
+        table[group][k[10]] = run["pp"]["avg_ms"]
+    rows = [g for g in seen if len(table[g]) == 2]
+    if not rows:
+        return []
+    out = ["\nINT8 prefill with the dequantization staged ahead (prefill ms; in brackets the ratio to the default, "
+           "< 1 is faster):\n", "| batch | weights | kv | default | staged |", "|---:|---|---|---:|---:|"]
+    for g in rows:
+        base, st = table[g]["off"], table[g]["on"]
+        out.append(f"| {g[0]} | {g[1]} | {g[2]} | {base:.2f} | {st:.2f} ({st / base:.2f}) |")
     out.append("")
     return out
 

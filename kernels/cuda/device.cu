@@ -90,6 +90,12 @@ bool decode_rope_fused() {
     return on;
 }
 
+bool int8_gemm_staging() {
+    static const bool on =
+        cuda_tuning_env("SHARDLM_GEMM_STAGE", {"0", "1"}, "INT8 prefill dequantization staged ahead") == "1";
+    return on;
+}
+
 int64_t cuda_l2_bytes() {
     int dev = 0, bytes = 0;
     CUDA_CHECK(cudaGetDevice(&dev));

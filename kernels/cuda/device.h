@@ -22,7 +22,7 @@ double cuda_peak_gbps();
 bool pdl_enabled();
 
 // A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_L2_PREFETCH,
-// SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE): its value when set to one of `allowed`, "" when unset or empty; any other
+// SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
 // value is an error naming the variable, `what` it sets and the values allowed. For A/B
 // measurements, not for users.
 std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);
@@ -42,6 +42,11 @@ bool prefill_tensor_cores();
 // unset: separate, the default until a GPU has timed it. Any other value is an error. Read once
 // per process.
 bool decode_rope_fused();
+
+// Whether INT8 prefill products dequantize each matrix on a side stream while the product before
+// it runs (gemm.h CublasGemm::stage): SHARDLM_GEMM_STAGE=1; 0 or unset: each just before its own
+// product, the default until a GPU has timed it. Any other value is an error. Read once per process.
+bool int8_gemm_staging();
 
 // The current device's L2 cache size in bytes, and its number of multiprocessors.
 int64_t cuda_l2_bytes();

@@ -158,24 +158,42 @@ void dequant_i8(const int8_t* q, const float* scales, __half* out, int64_t rows,
                  dim3(kThreads), 0, stream, q, scales, out, rows, int(cols), int(group_size));
 }
 
-// Frees what a (possibly half-built) CublasGemm holds; never throws.
-void release(cublasContext*& handle, void*& x_half, void*& w_half, void*& workspace) noexcept {
-    if (handle) cublasDestroy(handle);
-    if (x_half) cudaFree(x_half);
-    if (w_half) cudaFree(w_half);
-    if (workspace) cudaFree(workspace);
-    handle = nullptr;
-    x_half = w_half = workspace = nullptr;
+bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+    return st != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace
 
-CublasGemm::CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols, int64_t max_weight_elems)
+// Frees what a (possibly half-built) CublasGemm holds; never throws.
+void CublasGemm::release() noexcept {
+    if (side_) cudaStreamSynchronize(side_);  // a staging dequantization may still write a slot
+    if (handle_) cublasDestroy(handle_);
+    if (x_half_) cudaFree(x_half_);
+    if (w_half_) cudaFree(w_half_);
+    if (workspace_) cudaFree(workspace_);
+    if (slots_[1].buf) cudaFree(slots_[1].buf);
+    for (Slot& s : slots_) {
+        if (s.ready) cudaEventDestroy(s.ready);
+        if (s.done) cudaEventDestroy(s.done);
+        s = Slot{};
+    }
+    if (side_) cudaStreamDestroy(side_);
+    handle_ = nullptr;
+    x_half_ = w_half_ = workspace_ = nullptr;
+    side_ = nullptr;
+}
+
+CublasGemm::CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols, int64_t max_weight_elems,
+                       int64_t stage_elems)
     : stream_(stream), max_tokens_(max_tokens), max_cols_(max_cols), max_weight_elems_(max_weight_elems) {
-    SHARDLM_CHECK(max_tokens >= 0 && max_cols >= 0 && max_weight_elems >= 0, "CublasGemm: negative size");
+    SHARDLM_CHECK(max_tokens >= 0 && max_cols >= 0 && max_weight_elems >= 0 && stage_elems >= 0,
+                  "CublasGemm: negative size");
     SHARDLM_CHECK(max_cols == 0 || max_tokens <= (INT64_MAX / 2) / max_cols, "CublasGemm: scratch size overflows");
-    SHARDLM_CHECK(max_weight_elems <= INT64_MAX / 2, "CublasGemm: scratch size overflows");
-    const size_t x_bytes = size_t(max_tokens * max_cols) * 2, w_bytes = size_t(max_weight_elems) * 2;
+    SHARDLM_CHECK(max_weight_elems <= INT64_MAX / 2 && stage_elems <= INT64_MAX / 2, "CublasGemm: scratch size overflows");
+    const size_t x_bytes = size_t(max_tokens * max_cols) * 2, w_bytes = size_t(max_weight_elems) * 2,
+                 stage_bytes = size_t(stage_elems) * 2;
     try {
         CUBLAS_CHECK(cublasCreate(&handle_));
         // SetStream resets the handle to cuBLAS's own workspace pool, so the workspace comes after.
@@ -186,14 +204,49 @@ CublasGemm::CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols
         CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
         if (x_bytes) CUDA_CHECK(cudaMalloc(&x_half_, x_bytes));
         if (w_bytes) CUDA_CHECK(cudaMalloc(&w_half_, w_bytes));
+        slots_[0].buf = w_half_;
+        slots_[0].elems = max_weight_elems;
+        if (stage_bytes && w_bytes) {
+            CUDA_CHECK(cudaMalloc(&slots_[1].buf, stage_bytes));
+            slots_[1].elems = stage_elems;
+            for (Slot& s : slots_) {
+                CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+                CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+            }
+            CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+        }
     } catch (...) {
-        release(handle_, x_half_, w_half_, workspace_);
+        release();
         throw;
     }
-    scratch_bytes_ = kWorkspaceBytes + x_bytes + w_bytes;
+    scratch_bytes_ = kWorkspaceBytes + x_bytes + w_bytes + (side_ ? stage_bytes : 0);
 }
 
-CublasGemm::~CublasGemm() { release(handle_, x_half_, w_half_, workspace_); }
+CublasGemm::~CublasGemm() { release(); }
+
+bool CublasGemm::stage(const DeviceMatrix& w) {
+    if (!side_ || w.dtype != DType::I8 || !w.data || !w.scales || w.rows <= 0 || w.cols <= 0 || w.group_size <= 0 ||
+        w.cols % w.group_size != 0 || capturing(stream_))
+        return false;
+    for (const Slot& s : slots_)
+        if (s.owner == w.data) return true;
+    for (Slot& s : slots_) {
+        if (s.owner || w.rows * w.cols > s.elems) continue;
+        if (s.graph) {
+            // A captured product reads this slot, and its replays are ordered only on the main
+            // stream: start after everything queued there (once; eager products record `done`).
+            CUDA_CHECK(cudaEventRecord(s.done, stream_));
+            s.graph = false;
+        }
+        CUDA_CHECK(cudaStreamWaitEvent(side_, s.done, 0));
+        dequant_i8(static_cast<const int8_t*>(w.data), w.scales, static_cast<__half*>(s.buf), w.rows, w.cols,
+                   w.group_size, side_);
+        CUDA_CHECK(cudaEventRecord(s.ready, side_));
+        s.owner = w.data;
+        return true;
+    }
+    return false;
+}
 
 void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const float* bias, float* y) {
     const int64_t rows = w.rows, cols = w.cols;
@@ -240,19 +293,41 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
             ab_type = CUDA_R_16BF;
             break;
         case DType::I8: {
-            // Blocks of rows small enough for the scratch: dequantize, then their slice of y
-            // (rows r0.. of the column-major C, leading dimension `rows`).
             // x goes into the weights' column order (dequant_i8 keeps it).
             convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
+            const bool events = side_ && !capturing(stream_);
+            for (Slot& s : slots_) {
+                if (s.owner != w.data) continue;
+                // Staged: the whole matrix is in s.buf once the side stream gets there.
+                SHARDLM_CHECK(events, "CublasGemm: a staged matrix was not run before a graph capture");
+                CUDA_CHECK(cudaStreamWaitEvent(stream_, s.ready, 0));
+                CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, s.buf, CUDA_R_16F, k,
+                                          x_half_, CUDA_R_16F, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
+                if (events) CUDA_CHECK(cudaEventRecord(s.done, stream_));
+                s.owner = nullptr;
+                if (bias) add_bias(y, bias, T, rows, stream_);
+                return;
+            }
+            // Not staged: blocks of rows small enough for slot 0, dequantized on the main stream,
+            // then their slice of y (rows r0.. of the column-major C, leading dimension `rows`).
+            Slot& s = slots_[0];
+            if (s.owner) {  // a staged matrix nobody ran: let its dequantization finish, then drop it
+                SHARDLM_CHECK(events || !side_, "CublasGemm: a staged matrix was not run before a graph capture");
+                CUDA_CHECK(cudaStreamWaitEvent(stream_, s.ready, 0));
+                s.owner = nullptr;
+            }
             const int64_t block = std::min<int64_t>(rows, max_weight_elems_ / cols);
             for (int64_t r0 = 0; r0 < rows; r0 += block) {
                 const int64_t nr = std::min(block, rows - r0);
                 dequant_i8(static_cast<const int8_t*>(a) + r0 * cols, w.scales + r0 * (cols / w.group_size),
-                           static_cast<__half*>(w_half_), nr, cols, w.group_size, stream_);
-                CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, w_half_, CUDA_R_16F, k,
+                           static_cast<__half*>(s.buf), nr, cols, w.group_size, stream_);
+                CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, s.buf, CUDA_R_16F, k,
                                           x_half_, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));
             }
+            if (events) CUDA_CHECK(cudaEventRecord(s.done, stream_));
+            else s.graph = side_ != nullptr;
             if (bias) add_bias(y, bias, T, rows, stream_);
             return;
         }

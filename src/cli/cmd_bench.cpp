@@ -73,6 +73,15 @@ int device_l2_prefetch() {
 #endif
 }
 
+// Whether INT8 prefill products dequantize the next matrix ahead (SHARDLM_GEMM_STAGE).
+bool device_gemm_staging() {
+#ifdef SHARDLM_HAVE_CUDA
+    return int8_gemm_staging();
+#else
+    return false;
+#endif
+}
+
 // The attention kernels of a row: "flash-fp32" when CUDA prefill tiles stay off the tensor cores
 // (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value; "+rope" when the
 // CUDA decode kernel runs the RoPE prologue itself (SHARDLM_FUSED_ROPE=1).
@@ -295,6 +304,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["pdl"] = cuda && device_pdl();
                 j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
                 j["l2_prefetch"] = cuda ? device_l2_prefetch() : 0;
+                j["gemm_stage"] = cuda && device_gemm_staging();
                 j["weights"] = wname;
                 j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;

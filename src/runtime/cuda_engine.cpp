@@ -122,23 +122,31 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     SHARDLM_CHECK(opt.fused_rope >= -1 && opt.fused_rope <= 1, "CudaEngine: fused_rope ", opt.fused_rope,
                   " must be 0 or 1, or -1 for SHARDLM_FUSED_ROPE");
     fused_rope_ = opt.fused_rope >= 0 ? opt.fused_rope == 1 : decode_rope_fused();
+    SHARDLM_CHECK(opt.gemm_staging >= -1 && opt.gemm_staging <= 1, "CudaEngine: gemm_staging ", opt.gemm_staging,
+                  " must be 0 or 1, or -1 for SHARDLM_GEMM_STAGE");
 
     // Sizing pass, then the one allocation (with a clear error when it cannot fit).
     DeviceArena sizing;
     layout(sizing, w);
     const int64_t widest = std::max({cfg.hidden, plan_.n_q_heads * cfg.head_dim, plan_.n_inter});
     // cuBLAS prefill dequantizes INT8 matrices into an F16 scratch, a block of whole rows at a time:
-    // the largest stacked matrix (fused ones included), but at most 32 M elements.
-    int64_t largest = 0;
-    auto consider = [&](const WeightView& v) {
-        if (v.dtype == DType::I8) largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, 32 << 20)));
+    // the largest stacked matrix (fused ones included), but at most 32 M elements. Staging
+    // (EngineOptions::gemm_staging) adds a second one for the largest layer matrix that fits whole.
+    constexpr int64_t kMaxDequant = int64_t(32) << 20;
+    int64_t largest = 0, stage_elems = 0;
+    auto consider = [&](const WeightView& v, bool layer) {
+        if (v.dtype != DType::I8) return;
+        largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, kMaxDequant)));
+        if (layer && v.rows * v.cols <= kMaxDequant) stage_elems = std::max(stage_elems, v.rows * v.cols);
     };
-    consider(w.lm_head);
+    consider(w.lm_head, false);
     for (const LayerWeights& L : w.layers) {
-        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) consider(l->w);
-        consider(stacked({&L.q, &L.k, &L.v}));
-        consider(stacked({&L.gate, &L.up}));
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) consider(l->w, true);
+        consider(stacked({&L.q, &L.k, &L.v}), true);
+        consider(stacked({&L.gate, &L.up}), true);
     }
+    staging_ = !w8a8_ && stage_elems > 0 && (opt.gemm_staging >= 0 ? opt.gemm_staging == 1 : int8_gemm_staging());
+    if (!staging_) stage_elems = 0;
     size_t free_b = 0, total_b = 0;
     device_memory_info(&free_b, &total_b);
     // W8A8 prefill keeps one dot group's INT32 products of the widest INT8 matrix (lm_head stays
@@ -150,7 +158,8 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
                                   L.down.w.rows});
         }
     const int64_t gemm_rows = std::max(opt.max_step_tokens, opt_.max_logit_rows);
-    const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest) * 2 + (size_t(32) << 20) +
+    const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest + stage_elems) * 2 +
+                              (size_t(32) << 20) +
                               size_t(gemm_rows * int8_rows) * sizeof(int32_t);
     const size_t need = sizing.used() + gemm_guess;
     if (need > free_b)
@@ -161,7 +170,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     arena_ = DeviceArena(sizing.used());
     weight_bytes_ = kv_bytes_ = ws_bytes_ = 0;
     layout(arena_, w);
-    gemm_ = std::make_unique<CublasGemm>(stream_, gemm_rows, widest, largest);
+    gemm_ = std::make_unique<CublasGemm>(stream_, gemm_rows, widest, largest, stage_elems);
     ws_bytes_ += gemm_->scratch_bytes();
     if (w8a8_) {
         int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows);
@@ -401,8 +410,18 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
         return;
     }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
-    if (T <= kGemvMaxTokens) gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid(), next_of(l.w));
-    else gemm_->run(l.w, x, T, l.bias, y);
+    if (T <= kGemvMaxTokens) {
+        gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid(), next_of(l.w));
+        return;
+    }
+    if (staging_) {
+        // The next layer matrix starts dequantizing now, beside this product (lm_head is left out:
+        // a step's few logit rows take the GEMV).
+        const auto it = read_pos_.find(l.w.data);
+        if (it != read_pos_.end() && it->second + 1 < read_order_.size() && read_order_[it->second + 1] != &lm_head_)
+            gemm_->stage(*read_order_[it->second + 1]);
+    }
+    gemm_->run(l.w, x, T, l.bias, y);
 }
 
 void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits) {
@@ -417,6 +436,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
 
+    // Prefill with staging: the first matrix starts dequantizing beside the embedding and the norm.
+    if (staging_ && T > kGemvMaxTokens && !read_order_.empty() && read_order_[0] != &lm_head_)
+        gemm_->stage(*read_order_[0]);
     // Vocab-parallel embedding: each rank fills the rows it holds, the all-reduce the rest.
     embedding_cuda(embed_, ids, T, plan_.vocab0, x_, s);
     if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });

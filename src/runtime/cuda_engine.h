@@ -103,6 +103,7 @@ private:
     int prefetch_depth_ = 0;
     int64_t prefetch_cap_ = 0;
     bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
+    bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)
     // The matrices of a decode step in the order the step reads them (per layer q/k/v, o,
     // gate/up, down, fused or not; then lm_head), and each one's place by its data pointer.
     std::vector<const DeviceMatrix*> read_order_;

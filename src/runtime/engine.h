@@ -38,6 +38,11 @@ struct EngineOptions {
     // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 0 when unset. Changes
     // no result.
     int fused_rope = -1;
+    // CUDA prefill with INT8 weights: each matrix dequantized on a side stream while the product
+    // before it runs (1), or just before its own product (0); -1: the SHARDLM_GEMM_STAGE
+    // environment variable, 0 when unset. Changes no result; costs a second dequantization
+    // scratch (the largest layer matrix in FP16).
+    int gemm_staging = -1;
 };
 
 struct SeqChunk {

@@ -85,6 +85,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.cuda_graphs = opt.cuda_graphs;
     eo.l2_prefetch = opt.l2_prefetch;
     eo.fused_rope = opt.fused_rope;
+    eo.gemm_staging = opt.gemm_staging;
     if (device == Device::Cpu) {
         s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
     } else {

@@ -31,6 +31,7 @@ struct SessionOptions {
     bool cuda_graphs = true;
     int l2_prefetch = -1;  // EngineOptions::l2_prefetch
     int fused_rope = -1;   // EngineOptions::fused_rope
+    int gemm_staging = -1;  // EngineOptions::gemm_staging
 };
 
 struct Session {

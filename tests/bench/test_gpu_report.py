@@ -96,11 +96,33 @@ class Table(unittest.TestCase):
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.875 (0.88) | 0.500 (0.50) | - | 0.625 (0.62) | - | 0.938 (0.94) |", r.stdout)
-            self.assertIn("| int8 | int8 | on | flash | on | persistent | 1 |", r.stdout)  # the main table's columns
+            self.assertIn("| int8 | int8 | on | flash | on | persistent | 1 | off |", r.stdout)  # the main table's columns
             # Without candidate rows there is no such table.
             write_text(jsonl, row("base", "pp512", 9.0, "tiles", 0) + "\n" + row("base", "tg128", 128.0, "tiles", 0) + "\n")
             self.assertNotIn("Decode candidates", run("table", jsonl).stdout)
 
+
+    def test_staged_int8_prefill_against_the_default(self):
+        def row(step, test, ms, stage, batch=4):
+            return json.dumps({"test": test, "batch": batch, "weights": "int8", "kv": "int8", "graphs": True,
+                               "attention": "flash", "pdl": True, "gemv_grid": "tiles", "l2_prefetch": 0,
+                               "gemm_stage": stage, "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0,
+                               "engine": "shardlm", "step": step})
+        with tempfile.TemporaryDirectory() as d:
+            jsonl = os.path.join(d, "rows.jsonl")
+            write_text(jsonl, "\n".join([
+                row("base", "pp512", 20.0, False), row("base", "tg128", 128.0, False),
+                row("stage", "pp512", 16.0, True), row("stage", "tg128", 128.0, True),
+                row("b1", "pp512", 9.0, False, batch=1),  # no staged row to compare with
+            ]) + "\n")
+            r = run("table", jsonl)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            staged = r.stdout.split("INT8 prefill with the dequantization staged ahead")[1]
+            self.assertIn("| 4 | int8 | int8 | 20.00 | 16.00 (0.80) |", staged)
+            self.assertNotIn("| 1 | int8 |", staged)
+            self.assertNotIn("Decode candidates", r.stdout)  # staged rows are not decode candidates
+            write_text(jsonl, row("base", "pp512", 20.0, False) + "\n")
+            self.assertNotIn("staged ahead", run("table", jsonl).stdout)
 
     def test_prefill_on_tensor_cores_against_fp32(self):
         def row(step, test, ms, attention, kv="int8"):

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -238,6 +239,91 @@ TEST(GemmCuda, CapturedInAGraph) {
         CUDA_CHECK(cudaGraphDestroy(graph));
         expect_close(f16, 64, true, a.y.download());
         expect_close(i8, 64, true, b.y.download());
+    }
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Staged INT8 products (CublasGemm::stage: dequantized ahead on a side stream) give the unstaged
+// products' bits: matrices staged into both slots and run in order, one too large for the staging
+// slot, one staged twice, a staged matrix never run (its slot taken back by an unstaged run),
+// other dtypes (not staged), and a graph capture in between (nothing staged while capturing; the
+// captured product's slot is staged into afterwards, then the graph replayed again).
+TEST(GemmCuda, StagedInt8ProductsEqualUnstaged) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    {
+        CublasGemm staged(stream, 64, 2048, 1000 * 2048, 600 * 2048), plain(stream, 64, 2048, 1000 * 2048);
+        EXPECT_EQ(staged.scratch_bytes(), plain.scratch_bytes() + size_t(600 * 2048) * 2);
+        EXPECT_FALSE(plain.stage(DeviceMatrix{}));
+        const Case cases[] = {
+            make_case(make_mat(DType::I8, 300, 2048, 128, 50), 64, 51),   // 0: A
+            make_case(make_mat(DType::I8, 1000, 2048, 64, 52), 64, 53),   // 1: B, slot 0 only
+            make_case(make_mat(DType::I8, 500, 1024, 1024, 54), 64, 55),  // 2: C, per row
+            make_case(make_mat(DType::I8, 100, 256, 32, 56), 64, 57),     // 3: D
+            make_case(make_mat(DType::F16, 200, 512, 0, 58), 64, 59),     // 4: E
+        };
+        std::vector<std::unique_ptr<DeviceCase>> d;
+        std::vector<std::vector<float>> want;
+        for (const Case& c : cases) {
+            d.push_back(std::make_unique<DeviceCase>(c));
+            plain.run(d.back()->dm, d.back()->x.get(), 64, d.back()->bias.get(), d.back()->y.get());
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            want.push_back(d.back()->y.download());
+            expect_close(c, 64, true, want.back());
+        }
+        auto run = [&](int i) {
+            CUDA_CHECK(cudaMemsetAsync(d[size_t(i)]->y.get(), 0xff, d[size_t(i)]->y.size() * 4, stream));
+            staged.run(d[size_t(i)]->dm, d[size_t(i)]->x.get(), 64, d[size_t(i)]->bias.get(), d[size_t(i)]->y.get());
+        };
+        auto check = [&](int i, const char* when) {
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            const std::vector<float> got = d[size_t(i)]->y.download();
+            EXPECT_EQ(std::memcmp(got.data(), want[size_t(i)].data(), got.size() * 4), 0)
+                << describe(cases[i].m) << " " << when;
+        };
+        auto stage = [&](int i) { return staged.stage(d[size_t(i)]->dm); };
+        EXPECT_TRUE(stage(0));   // A -> slot 0
+        EXPECT_TRUE(stage(0));   // already staged
+        EXPECT_FALSE(stage(1));  // B: slot 0 is taken, slot 1 too small
+        run(0);
+        EXPECT_TRUE(stage(1));   // B -> slot 0, once A's product has read it
+        EXPECT_TRUE(stage(2));   // C -> slot 1
+        run(1);
+        run(2);
+        check(0, "staged");
+        check(1, "staged in the slot A was read from");
+        check(2, "staged in the second slot");
+        run(3);  // unstaged
+        check(3, "unstaged");
+        EXPECT_FALSE(stage(4));  // F16: nothing to dequantize
+        run(4);
+        check(4, "f16");
+        EXPECT_TRUE(stage(0));  // never run: the unstaged D takes its slot back
+        EXPECT_TRUE(stage(2));
+        run(3);
+        run(2);
+        run(0);
+        check(3, "unstaged over a staged matrix");
+        check(2, "staged while another one waited");
+        check(0, "dropped, then unstaged");
+
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        EXPECT_FALSE(stage(3));
+        run(3);
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        EXPECT_TRUE(stage(1));  // slot 0, after the replay queued before it
+        run(1);
+        check(3, "captured");
+        check(1, "staged into a slot a graph reads");
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        check(3, "replayed after staging");
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
     }
     CUDA_CHECK(cudaStreamDestroy(stream));
 }

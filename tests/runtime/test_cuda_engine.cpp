@@ -259,10 +259,10 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
     EXPECT_EQ(a.tokens, b.tokens);
 }
 
-// Every logit of a prefill of two prompts (5 and 3 tokens) and four decode steps of both (eager,
+// Every logit of a prefill of two prompts (5 and 3 tokens unless told) and four decode steps of both (eager,
 // captured, replayed, replayed) through a fresh session of `so`.
-std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V) {
-    const std::vector<int32_t> p0 = make_prompt(5, V, 81), p1 = make_prompt(3, V, 82);
+std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int64_t len0 = 5, int64_t len1 = 3) {
+    const std::vector<int32_t> p0 = make_prompt(len0, V, 81), p1 = make_prompt(len1, V, 82);
     SingleRank comm;
     auto s = open_session(so, comm);
     Engine& e = *s->engine;
@@ -337,6 +337,32 @@ TEST(CudaEngine, FusedRopeChangesNoLogits) {
     SessionOptions so = tiny_cuda_model(dir, tiny_config(Arch::Qwen3));
     so.ctx = 32;
     so.fused_rope = 2;
+    SingleRank comm;
+    EXPECT_THROW(open_session(so, comm), Error);
+}
+
+// INT8 prefill products with each matrix dequantized ahead on a side stream
+// (EngineOptions::gemm_staging) give the same logits bit for bit as dequantizing each just before
+// its product: a 22-token prefill (cuBLAS) of Llama (separate gate/up) and Qwen3, then decode.
+TEST(CudaEngine, Int8GemmStagingChangesNoLogits) {
+    SKIP_WITHOUT_GPU();
+    for (const Arch arch : {Arch::Qwen3, Arch::Llama}) {
+        TempDir dir;
+        const ModelConfig cfg = tiny_config(arch);
+        SessionOptions so = tiny_cuda_model(dir, cfg);
+        so.ctx = 48;
+        so.max_batch = 2;
+        so.load.format = WeightFormat::Int8;
+        so.gemm_staging = 0;
+        const std::vector<float> plain = two_sequence_logits(so, cfg.vocab, 13, 9);
+        so.gemm_staging = 1;
+        const std::vector<float> staged = two_sequence_logits(so, cfg.vocab, 13, 9);
+        EXPECT_EQ(std::memcmp(plain.data(), staged.data(), plain.size() * 4), 0) << arch_name(arch);
+    }
+    TempDir dir;
+    SessionOptions so = tiny_cuda_model(dir, tiny_config(Arch::Qwen3));
+    so.ctx = 32;
+    so.gemm_staging = 3;
     SingleRank comm;
     EXPECT_THROW(open_session(so, comm), Error);
 }

@@ -219,58 +219,48 @@ def candidates(runs, order):
     return out
 
 
-def prefill_tc(runs, order):
-    """Prefill with attention on tensor cores (attention "flash") against the FP32-pipe kernel
-    ("flash-fp32", SHARDLM_PREFILL_TC=0), per (batch, weights, kv), among shardlm rows with graphs and
-    PDL on and the default decode settings. Empty when no flash-fp32 row ran."""
+def prefill_ab(runs, order, keep, variant, base, cand, title, heads):
+    """Prefill ms of a candidate variant against a base one, per (batch, weights, kv), among
+    shardlm rows with graphs and PDL on that keep(key) accepts; variant(key) names a row's variant.
+    Empty when no group ran both."""
     table, seen = {}, []
     for k in order:
         run = runs[k]
-        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash-fp32") or k[7] == "off" or \
-                k[8] not in ("tiles", "-") or k[9] != "off" or k[10] == "on" or "pp" not in run:
+        if k[1] != "shardlm" or not k[5] or k[7] == "off" or not keep(k) or "pp" not in run:
             continue
         group = (k[2], k[3], k[4])
         if group not in table:
             table[group] = {}
             seen.append(group)
-        table[group][k[6]] = run["pp"]["avg_ms"]
-    rows = [g for g in seen if len(table[g]) == 2]
+        table[group][variant(k)] = run["pp"]["avg_ms"]
+    rows = [g for g in seen if base in table[g] and cand in table[g]]
     if not rows:
         return []
-    out = ["\nPrefill attention on tensor cores (prefill ms; in brackets the ratio to the FP32 kernel, < 1 is faster):\n",
-           "| batch | weights | kv | FP32 pipes | tensor cores |", "|---:|---|---|---:|---:|"]
+    out = [f"\n{title} (prefill ms; in brackets the ratio to the {heads[0]} row, < 1 is faster):\n",
+           f"| batch | weights | kv | {heads[0]} | {heads[1]} |", "|---:|---|---|---:|---:|"]
     for g in rows:
-        base, tc = table[g]["flash-fp32"], table[g]["flash"]
-        out.append(f"| {g[0]} | {g[1]} | {g[2]} | {base:.2f} | {tc:.2f} ({tc / base:.2f}) |")
+        b, c = table[g][base], table[g][cand]
+        out.append(f"| {g[0]} | {g[1]} | {g[2]} | {b:.2f} | {c:.2f} ({c / b:.2f}) |")
     out.append("")
     return out
+
+
+def prefill_tc(runs, order):
+    """Prefill with attention on tensor cores (attention "flash") against the FP32-pipe kernel
+    ("flash-fp32", SHARDLM_PREFILL_TC=0), with the default decode and prefill settings."""
+    return prefill_ab(runs, order,
+                      lambda k: k[6] in ("flash", "flash-fp32") and k[8] in ("tiles", "-") and k[9] == "off" and
+                      k[10] != "on",
+                      lambda k: k[6], "flash-fp32", "flash", "Prefill attention on tensor cores",
+                      ("FP32 pipes", "tensor cores"))
 
 
 def prefill_staging(runs, order):
     """INT8 prefill with each matrix dequantized ahead on a side stream (gemm_stage on,
-    SHARDLM_GEMM_STAGE=1) against the default, per (batch, weights, kv), among shardlm rows with
-    graphs and PDL on, flash attention and the default decode settings. Empty when no staged row ran."""
-    table, seen = {}, []
-    for k in order:
-        run = runs[k]
-        if k[1] != "shardlm" or not k[5] or k[6] != "flash" or k[7] == "off" or k[8] not in ("tiles", "-") or \
-                k[9] != "off" or "pp" not in run:
-            continue
-        group = (k[2], k[3], k[4])
-        if group not in table:
-            table[group] = {}
-            seen.append(group)
-        table[group][k[10]] = run["pp"]["avg_ms"]
-    rows = [g for g in seen if len(table[g]) == 2]
-    if not rows:
-        return []
-    out = ["\nINT8 prefill with the dequantization staged ahead (prefill ms; in brackets the ratio to the default, "
-           "< 1 is faster):\n", "| batch | weights | kv | default | staged |", "|---:|---|---|---:|---:|"]
-    for g in rows:
-        base, st = table[g]["off"], table[g]["on"]
-        out.append(f"| {g[0]} | {g[1]} | {g[2]} | {base:.2f} | {st:.2f} ({st / base:.2f}) |")
-    out.append("")
-    return out
+    SHARDLM_GEMM_STAGE=1) against the default, with flash attention and the default decode settings."""
+    return prefill_ab(runs, order, lambda k: k[6] == "flash" and k[8] in ("tiles", "-") and k[9] == "off",
+                      lambda k: k[10], "off", "on", "INT8 prefill with the dequantization staged ahead",
+                      ("default", "staged"))
 
 
 def short_kernel(name):

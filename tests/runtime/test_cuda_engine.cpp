@@ -259,6 +259,8 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
     EXPECT_EQ(a.tokens, b.tokens);
 }
 
+namespace {
+
 // Every logit of a prefill of two prompts (5 and 3 tokens unless told) and four decode steps of both (eager,
 // captured, replayed, replayed) through a fresh session of `so`.
 std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int64_t len0 = 5, int64_t len1 = 3) {
@@ -277,6 +279,8 @@ std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int6
     }
     return all;
 }
+
+}  // namespace
 
 // The L2 prefetch of the next matrices (EngineOptions::l2_prefetch) is a hint: the same logits bit
 // for bit with 0, 1 or 2 matrices ahead, prefill and decode, eager and replayed from graphs. On
@@ -313,6 +317,24 @@ TEST(CudaEngine, L2PrefetchChangesNoLogits) {
     EXPECT_THROW(open_session(so, comm), Error);
 }
 
+namespace {
+
+// A tuning switch of SessionOptions (0: off, 1: on) that must change no result: the logits of
+// two_sequence_logits with it off and on, bit for bit; and a value out of range refused.
+void expect_switch_changes_no_logits(SessionOptions so, int SessionOptions::*sw, int64_t V, const std::string& what,
+                                     int64_t len0 = 5, int64_t len1 = 3) {
+    so.*sw = 0;
+    const std::vector<float> off = two_sequence_logits(so, V, len0, len1);
+    so.*sw = 1;
+    const std::vector<float> on = two_sequence_logits(so, V, len0, len1);
+    EXPECT_EQ(std::memcmp(off.data(), on.data(), off.size() * 4), 0) << what;
+    so.*sw = 2;
+    SingleRank comm;
+    EXPECT_THROW(open_session(so, comm), Error) << what;
+}
+
+}  // namespace
+
 // The RoPE prologue inside the decode attention kernel (EngineOptions::fused_rope) computes what
 // rope_kv_cuda does: the same logits bit for bit, for Qwen3 (q/k norm) and Llama (plain RoPE),
 // with a float and an INT8 cache, eager and replayed from graphs.
@@ -326,19 +348,9 @@ TEST(CudaEngine, FusedRopeChangesNoLogits) {
             so.ctx = 32;
             so.max_batch = 2;
             so.kv = kv;
-            so.fused_rope = 0;
-            const std::vector<float> separate = two_sequence_logits(so, cfg.vocab);
-            so.fused_rope = 1;
-            const std::vector<float> fused = two_sequence_logits(so, cfg.vocab);
-            EXPECT_EQ(std::memcmp(separate.data(), fused.data(), separate.size() * 4), 0)
-                << arch_name(arch) << " kv " << (kv == KVFormat::Int8 ? "int8" : "f32");
+            expect_switch_changes_no_logits(so, &SessionOptions::fused_rope, cfg.vocab,
+                                            std::string(arch_name(arch)) + (kv == KVFormat::Int8 ? " int8" : " f32"));
         }
-    TempDir dir;
-    SessionOptions so = tiny_cuda_model(dir, tiny_config(Arch::Qwen3));
-    so.ctx = 32;
-    so.fused_rope = 2;
-    SingleRank comm;
-    EXPECT_THROW(open_session(so, comm), Error);
 }
 
 // INT8 prefill products with each matrix dequantized ahead on a side stream
@@ -353,18 +365,8 @@ TEST(CudaEngine, Int8GemmStagingChangesNoLogits) {
         so.ctx = 48;
         so.max_batch = 2;
         so.load.format = WeightFormat::Int8;
-        so.gemm_staging = 0;
-        const std::vector<float> plain = two_sequence_logits(so, cfg.vocab, 13, 9);
-        so.gemm_staging = 1;
-        const std::vector<float> staged = two_sequence_logits(so, cfg.vocab, 13, 9);
-        EXPECT_EQ(std::memcmp(plain.data(), staged.data(), plain.size() * 4), 0) << arch_name(arch);
+        expect_switch_changes_no_logits(so, &SessionOptions::gemm_staging, cfg.vocab, arch_name(arch), 13, 9);
     }
-    TempDir dir;
-    SessionOptions so = tiny_cuda_model(dir, tiny_config(Arch::Qwen3));
-    so.ctx = 32;
-    so.gemm_staging = 3;
-    SingleRank comm;
-    EXPECT_THROW(open_session(so, comm), Error);
 }
 
 TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {

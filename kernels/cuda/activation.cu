@@ -1,10 +1,14 @@
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
-#include "kernels/cuda/align.h"
+#include "core/error.h"
+#include "kernels/cuda/act_quant.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/w8a8.h"
 
 namespace shardlm {
 namespace {
@@ -51,6 +55,65 @@ __global__ void silu_mul_rows_kernel(const float* __restrict__ gu, int64_t inter
         o[i] = silu_mul(g[i], g[inter + i]);
 }
 
+// silu_mul_rows_kernel with the row's quantization, one block of kRowThreads per token row: each
+// thread loads its V float4s of the gate and up halves at once (one memory latency per row, not
+// one per element), keeps the products in registers for the block's max |x|, then quantizes them
+// (act_quant.h, quantize_acts_kernel's operations).
+constexpr int kRowThreads = 512;
+
+template <int V>
+__global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const float* __restrict__ gu, int64_t inter,
+                                                                        float* __restrict__ out, int8_t* __restrict__ q,
+                                                                        float* __restrict__ q_scales) {
+    __shared__ float warp_max[kRowThreads / 32];
+    __shared__ float row_max;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t t = blockIdx.x;
+    const int n4 = int(inter / 4);
+    const float4* g4 = reinterpret_cast<const float4*>(gu + t * 2 * inter);
+    const float4* u4 = g4 + n4;
+    float4 g[V], u[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kRowThreads;
+        g[k] = i < n4 ? g4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        u[k] = i < n4 ? u4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float4* o4 = reinterpret_cast<float4*>(out + t * inter);
+    float amax = 0.0f;  // fmaxf ignores a NaN like the CPU's std::max(amax, |x|)
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kRowThreads;
+        g[k] = make_float4(silu_mul(g[k].x, u[k].x), silu_mul(g[k].y, u[k].y), silu_mul(g[k].z, u[k].z),
+                           silu_mul(g[k].w, u[k].w));
+        if (i < n4) {
+            o4[i] = g[k];
+            amax = fmaxf(fmaxf(amax, fabsf(g[k].x)), fmaxf(fabsf(g[k].y), fmaxf(fabsf(g[k].z), fabsf(g[k].w))));
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = warp_max[0];
+        for (int w = 1; w < kRowThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+        row_max = m;
+        q_scales[t] = quantize_act_scale(m);
+    }
+    __syncthreads();
+    const float inv = quantize_act_inv(row_max);
+    char4* q4 = reinterpret_cast<char4*>(q + t * inter);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kRowThreads;
+        if (i < n4)
+            q4[i] = make_char4(static_cast<signed char>(quantize_act(g[k].x, inv)),
+                               static_cast<signed char>(quantize_act(g[k].y, inv)),
+                               static_cast<signed char>(quantize_act(g[k].z, inv)),
+                               static_cast<signed char>(quantize_act(g[k].w, inv)));
+    }
+}
 
 }  // namespace
 
@@ -74,6 +137,28 @@ void silu_mul_rows_cuda(const float* gate_up, int64_t T, int64_t inter, float* o
     launch_kernel("silu_mul_rows_kernel", silu_mul_rows_kernel,
                   dim3(unsigned(blocks), unsigned(T)), dim3(kThreads), 0, stream,
                   gate_up, inter, out);
+}
+
+void silu_mul_rows_quantize_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, int8_t* q,
+                                 float* q_scales, cudaStream_t stream) {
+    if (T <= 0 || inter <= 0) return;
+    SHARDLM_CHECK(q && q_scales, "silu_mul_rows_quantize_cuda: null output");
+    const int64_t per_thread = (inter / 4 + kRowThreads - 1) / kRowThreads;  // float4s per thread
+    if (inter % 4 != 0 || per_thread > 16 || T > INT_MAX || !is_aligned(gate_up, 16) || !is_aligned(out, 16) ||
+        !is_aligned(q, 4)) {
+        silu_mul_rows_cuda(gate_up, T, inter, out, stream);
+        quantize_acts_cuda(out, T, inter, inter, q, q_scales, stream);
+        return;
+    }
+    const auto launch = [&](auto kernel) {
+        launch_kernel("silu_mul_quantize_kernel", kernel, dim3(unsigned(T)), dim3(kRowThreads), 0, stream, gate_up,
+                      inter, out, q, q_scales);
+    };
+    if (per_thread <= 1) launch(silu_mul_quantize_kernel<1>);
+    else if (per_thread <= 2) launch(silu_mul_quantize_kernel<2>);
+    else if (per_thread <= 4) launch(silu_mul_quantize_kernel<4>);
+    else if (per_thread <= 8) launch(silu_mul_quantize_kernel<8>);
+    else launch(silu_mul_quantize_kernel<16>);
 }
 
 }  // namespace shardlm

@@ -22,4 +22,11 @@ void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cu
 // columns then its up columns; out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i], [T, inter].
 void silu_mul_rows_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, cudaStream_t stream);
 
+// silu_mul_rows_cuda that also quantizes each output row for a W8A8 projection: q [T, inter] and
+// q_scales [T], bit for bit what quantize_acts_cuda(out, T, inter, inter, ...) writes, in the same
+// kernel where the row fits its vector path (inter % 4 == 0, at most 32768, aligned), else the two
+// kernels in turn.
+void silu_mul_rows_quantize_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, int8_t* q,
+                                 float* q_scales, cudaStream_t stream);
+
 }  // namespace shardlm

@@ -2,10 +2,12 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/act_quant.h"
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/w8a8.h"
 
 namespace shardlm {
 namespace {
@@ -107,7 +109,27 @@ struct NormArgs {
     int64_t dim;
     float eps;
     bool write_x;
+    // When set, y is also quantized per row for a W8A8 projection: q [rows, dim] and one scale
+    // per row, quantize_acts_cuda's bits (act_quant.h).
+    int8_t* q = nullptr;
+    float* q_scales = nullptr;
 };
+
+// The max over the block of each thread's value (every thread must call it; all get the result).
+__device__ float block_max(float v) {
+    __shared__ float warp_max[kThreads / 32];
+    __shared__ float all;
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = warp_max[0];
+        for (int i = 1; i < kThreads / 32; ++i) m = fmaxf(m, warp_max[i]);
+        all = m;
+    }
+    __syncthreads();
+    return all;
+}
 
 template <int V>
 __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
@@ -154,12 +176,30 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
     }
     const float inv = block_inv_rms(ss, a.dim, a.eps);
     float4* yr = reinterpret_cast<float4*>(a.y + int64_t(blockIdx.x) * a.dim);
+    float amax = 0.0f;  // fmaxf ignores a NaN like the CPU's std::max(amax, |x|)
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(threadIdx.x) + k * kThreads;
+        v[k] = make_float4((v[k].x * inv) * wv[k].x, (v[k].y * inv) * wv[k].y, (v[k].z * inv) * wv[k].z,
+                           (v[k].w * inv) * wv[k].w);
+        if (i < n4) {
+            yr[i] = v[k];
+            amax = fmaxf(fmaxf(amax, fabsf(v[k].x)), fmaxf(fabsf(v[k].y), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        }
+    }
+    if (!a.q) return;  // uniform over the grid
+    amax = block_max(amax);
+    const float qinv = quantize_act_inv(amax);
+    if (threadIdx.x == 0) a.q_scales[blockIdx.x] = quantize_act_scale(amax);
+    char4* qr = reinterpret_cast<char4*>(a.q + int64_t(blockIdx.x) * a.dim);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         const int i = int(threadIdx.x) + k * kThreads;
         if (i < n4)
-            yr[i] = make_float4((v[k].x * inv) * wv[k].x, (v[k].y * inv) * wv[k].y, (v[k].z * inv) * wv[k].z,
-                                (v[k].w * inv) * wv[k].w);
+            qr[i] = make_char4(static_cast<signed char>(quantize_act(v[k].x, qinv)),
+                               static_cast<signed char>(quantize_act(v[k].y, qinv)),
+                               static_cast<signed char>(quantize_act(v[k].z, qinv)),
+                               static_cast<signed char>(quantize_act(v[k].w, qinv)));
     }
 }
 
@@ -167,7 +207,9 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
 // Launches the vector path when the row fits it (see norm_vec_kernel); false: use the scalar one.
 bool launch_norm_vec(const NormArgs& a, int64_t n_rows, cudaStream_t stream) {
     if (a.dim % 4 != 0 || a.dim > int64_t(4) * kThreads * 8) return false;
-    if (!is_aligned(a.x, 16) || !is_aligned(a.delta, 16) || !is_aligned(a.w, 16) || !is_aligned(a.y, 16)) return false;
+    if (!is_aligned(a.x, 16) || !is_aligned(a.delta, 16) || !is_aligned(a.w, 16) || !is_aligned(a.y, 16) ||
+        !is_aligned(a.q, 4))
+        return false;
     const int64_t per_thread = (a.dim / 4 + kThreads - 1) / kThreads;  // float4s per thread
     const dim3 grid{unsigned(n_rows)}, block{unsigned(kThreads)};
     if (per_thread <= 1) launch_kernel("norm_vec_kernel", norm_vec_kernel<1>, grid, block, 0, stream, a);
@@ -199,6 +241,19 @@ void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, in
     if (launch_norm_vec(NormArgs{x, delta, nullptr, w, y, dim, eps, true}, rows, stream)) return;
     launch_kernel("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
                   x, delta, w, y, dim, eps);
+}
+
+void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
+                               float eps, int8_t* q, float* q_scales, cudaStream_t stream) {
+    if (rows == 0) return;
+    check_rows(rows, "add_rmsnorm_quantize_cuda");
+    SHARDLM_CHECK(q && q_scales, "add_rmsnorm_quantize_cuda: null output");
+    NormArgs a{x, delta, nullptr, w, y, dim, eps, true};
+    a.q = q;
+    a.q_scales = q_scales;
+    if (launch_norm_vec(a, rows, stream)) return;
+    add_rmsnorm_cuda(x, delta, w, y, rows, dim, eps, stream);
+    quantize_acts_cuda(y, rows, dim, dim, q, q_scales, stream);
 }
 
 void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, int64_t n, const float* w,

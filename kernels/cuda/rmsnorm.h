@@ -16,6 +16,12 @@ void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_
 void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
                       float eps, cudaStream_t stream);
 
+// add_rmsnorm_cuda that also quantizes y per row for a W8A8 projection: q [rows, dim] and
+// q_scales [rows], bit for bit what quantize_acts_cuda(y, rows, dim, dim, ...) writes, in the same
+// kernel where the row fits the norm's vector path (else the two kernels run in turn).
+void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
+                               float eps, int8_t* q, float* q_scales, cudaStream_t stream);
+
 // The final norm on the rows whose logits are wanted: y[i] = rmsnorm(x[r] + delta[r]) * w with
 // r = rows[i] (device array of n row indexes; delta may be null). x is not modified.
 void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, int64_t n, const float* w,

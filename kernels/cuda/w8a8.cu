@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/cuda/act_quant.h"
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
@@ -56,13 +57,6 @@ constexpr int64_t kMaxExactGroup = INT32_MAX / (127 * 127);
 
 
 // ---- Quantization ----
-
-__device__ __forceinline__ int quantize_one(float x, float inv) {
-    float v = __fmul_rn(x, inv);  // never fused with anything
-    v = v < 127.0f ? v : 127.0f;  // NaN -> 127, as on the CPU
-    v = v > -127.0f ? v : -127.0f;
-    return __float2int_rn(v);
-}
 
 // TPG threads per segment (32 or kThreads), `group` columns per segment; Vec: float4 loads and
 // char4 stores (x 16-byte and q 4-byte aligned, group % 4 == 0).
@@ -97,21 +91,21 @@ __global__ void __launch_bounds__(kThreads) quantize_acts_kernel(const float* __
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_max[w]);
     }
-    const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    if (sub == 0) scales[seg] = __fdiv_rn(amax, 127.0f);
+    const float inv = quantize_act_inv(amax);
+    if (sub == 0) scales[seg] = quantize_act_scale(amax);
 
     if constexpr (Vec) {
         const float4* x4 = reinterpret_cast<const float4*>(xs);
         char4* q4 = reinterpret_cast<char4*>(qs);
         for (int64_t i = sub; i < group / 4; i += TPG) {
             const float4 v = x4[i];
-            q4[i] = make_char4(static_cast<signed char>(quantize_one(v.x, inv)),
-                               static_cast<signed char>(quantize_one(v.y, inv)),
-                               static_cast<signed char>(quantize_one(v.z, inv)),
-                               static_cast<signed char>(quantize_one(v.w, inv)));
+            q4[i] = make_char4(static_cast<signed char>(quantize_act(v.x, inv)),
+                               static_cast<signed char>(quantize_act(v.y, inv)),
+                               static_cast<signed char>(quantize_act(v.z, inv)),
+                               static_cast<signed char>(quantize_act(v.w, inv)));
         }
     } else {
-        for (int64_t i = sub; i < group; i += TPG) qs[i] = int8_t(quantize_one(xs[i], inv));
+        for (int64_t i = sub; i < group; i += TPG) qs[i] = int8_t(quantize_act(xs[i], inv));
     }
 }
 

@@ -97,6 +97,17 @@ private:
     int last_pct_ = -1;
 };
 
+// W8A8: the group of a projection's activation scales: per token, or per group when the weights
+// have finer groups (as the CPU engine's quantize_input).
+int64_t act_group(const DeviceMatrix& w) {
+    return w.group_size > 0 && w.group_size < w.cols ? w.group_size : w.cols;
+}
+
+// Whether projection b takes the quantized input a's W8A8 path made (same dtype and grouping).
+bool same_acts(const CudaLinear& b, const CudaLinear& a) {
+    return b.w.dtype == DType::I8 && a.w.dtype == DType::I8 && act_group(b.w) == act_group(a.w);
+}
+
 }  // namespace
 
 CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, cudaStream_t stream,
@@ -398,12 +409,21 @@ GemvNext CudaEngine::next_of(const DeviceMatrix& w) const {
     return gemv_next(*read_order_[i + 1], prefetch_cap_, then);
 }
 
-void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts) {
+bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
+    const ModelConfig& c = cfg_;
+    if (w8a8_ && next.w.dtype == DType::I8 && act_group(next.w) == c.hidden) {
+        add_rmsnorm_quantize_cuda(x_, delta, w, h_, T, c.hidden, c.rms_eps, act_q_, act_scales_, stream_);
+        return true;
+    }
+    add_rmsnorm_cuda(x_, delta, w, h_, T, c.hidden, c.rms_eps, stream_);
+    return false;
+}
+
+void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts, bool acts_ready) {
     if (w8a8_ && int8_acts && l.w.dtype == DType::I8) {
-        // W8A8: the input quantized per token, or per group when the weights have finer groups
-        // (as the CPU engine's quantize_input), then INT32 dot products.
-        const int64_t cols = l.w.cols, g = l.w.group_size > 0 && l.w.group_size < cols ? l.w.group_size : cols;
-        quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
+        // W8A8: the input quantized per token or group, then INT32 dot products.
+        const int64_t cols = l.w.cols, g = act_group(l.w);
+        if (!acts_ready) quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
         const DeviceActs a{act_q_, act_scales_, T, cols, g};
         if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
         else int8_gemm_->run(l.w, a, l.bias, y);
@@ -445,21 +465,22 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     for (size_t l = 0; l < layers_.size(); ++l) {
         const CudaLayer& L = layers_[l];
         // The previous layer's MLP output joins the residual stream here, fused with the norm.
-        add_rmsnorm_cuda(x_, l == 0 ? nullptr : delta_, L.input_norm, h_, T, c.hidden, c.rms_eps, s);
+        const bool qkv_ready = norm_for(L.qkv.w.data ? L.qkv : L.q, l == 0 ? nullptr : delta_, L.input_norm, T);
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            linear(L.qkv, h_, T, qkv_);
+            linear(L.qkv, h_, T, qkv_, true, qkv_ready);
             rp.q = qkv_;
             rp.k = qkv_ + q_dim;
             rp.v = qkv_ + q_dim + kv_dim;
             rp.row_stride = q_dim + 2 * kv_dim;
             rp.q_out = q_;
         } else {
-            linear(L.q, h_, T, q_);
-            linear(L.k, h_, T, k_);
-            linear(L.v, h_, T, v_);
+            // q, k and v share one quantized input when they share its grouping (else each quantizes).
+            linear(L.q, h_, T, q_, true, qkv_ready);
+            linear(L.k, h_, T, k_, true, qkv_ready && same_acts(L.k, L.q));
+            linear(L.v, h_, T, v_, true, qkv_ready && same_acts(L.v, L.q));
             rp.q = q_;
             rp.k = k_;
             rp.v = v_;
@@ -494,22 +515,26 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
-        add_rmsnorm_cuda(x_, delta_, L.post_attn_norm, h_, T, c.hidden, c.rms_eps, s);
+        const bool mlp_ready = norm_for(L.gate_up.w.data ? L.gate_up : L.gate, delta_, L.post_attn_norm, T);
+        bool down_ready = false;
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
                                gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
                                                 next_of(L.gate_up.w));
             if (!fused) {
-                linear(L.gate_up, h_, T, gate_up_);
-                silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+                linear(L.gate_up, h_, T, gate_up_, true, mlp_ready);
+                // Under W8A8 with per-token scales for down, SwiGLU quantizes its own output.
+                down_ready = w8a8_ && L.down.w.dtype == DType::I8 && act_group(L.down.w) == plan_.n_inter;
+                if (down_ready) silu_mul_rows_quantize_cuda(gate_up_, T, plan_.n_inter, gate_, act_q_, act_scales_, s);
+                else silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
             }
         } else {
-            linear(L.gate, h_, T, gate_);
-            linear(L.up, h_, T, up_);
+            linear(L.gate, h_, T, gate_, true, mlp_ready);
+            linear(L.up, h_, T, up_, true, mlp_ready && same_acts(L.up, L.gate));
             silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
         }
-        linear(L.down, gate_, T, delta_);
+        linear(L.down, gate_, T, delta_, true, down_ready);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.

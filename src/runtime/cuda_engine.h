@@ -79,8 +79,15 @@ private:
     void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits);
     void collective(std::function<void()> op);
     // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
-    // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU).
-    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true);
+    // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU), or take the quantized
+    // x already in act_q_ / act_scales_ when acts_ready (see norm_for).
+    void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true,
+                bool acts_ready = false);
+    // The residual add and the norm into h_ before projection `next`; under W8A8, when next takes
+    // per-token activation scales, the norm also quantizes h_ into act_q_ / act_scales_ (one kernel
+    // instead of two). Returns whether it did: pass that as linear()'s acts_ready for every
+    // projection of h_.
+    bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T);
     // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
     // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
     GemvNext next_of(const DeviceMatrix& w) const;

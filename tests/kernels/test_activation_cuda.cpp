@@ -1,5 +1,6 @@
 // silu_mul_cuda against silu_mul_ref: sizes around the float4 split and the grid-stride cap,
-// aligned and misaligned pointers, in place; skips where no GPU is usable.
+// aligned and misaligned pointers, in place; the rows variant with its W8A8 quantization against
+// the two kernels it fuses; skips where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/w8a8.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/int8_test_util.h"
 
@@ -81,6 +83,31 @@ TEST(SiluMulCuda, RowsOfAFusedGateUp) {
         DeviceBuffer<float> dgu(gu), dout(ref.size());
         silu_mul_rows_cuda(dgu.get(), T, inter, dout.get(), nullptr);
         expect_close(dout.download(), ref, "rows");
+    }
+}
+
+// SwiGLU that quantizes its rows for a W8A8 projection: out, q and the scales bit for bit those of
+// silu_mul_rows_cuda followed by quantize_acts_cuda, on the vector path (1 to 16 float4s per
+// thread) and the fallback (inter % 4 != 0, rows beyond 32768); a zero row gives scale 0.
+TEST(SiluMulCuda, RowsQuantizedEqualTheTwoKernels) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    for (const int64_t inter : {int64_t(4), int64_t(100), int64_t(2052), int64_t(6144), int64_t(32768), int64_t(7),
+                                int64_t(32772)}) {
+        const int64_t T = 3;
+        std::vector<float> gu = test::rand_vec(size_t(T * 2 * inter), uint32_t(inter), 6.0f);
+        std::fill(gu.begin() + 2 * 2 * inter, gu.end(), 0.0f);  // the last row: silu(0) * 0
+        DeviceBuffer<float> dgu(gu), out(size_t(T * inter)), out2(size_t(T * inter)), sc(3), sc2(3);
+        DeviceBuffer<int8_t> q(size_t(T * inter)), q2(size_t(T * inter));
+        silu_mul_rows_quantize_cuda(dgu.get(), T, inter, out.get(), q.get(), sc.get(), nullptr);
+        silu_mul_rows_cuda(dgu.get(), T, inter, out2.get(), nullptr);
+        quantize_acts_cuda(out2.get(), T, inter, inter, q2.get(), sc2.get(), nullptr);
+        EXPECT_EQ(out.download(), out2.download()) << "inter " << inter;
+        EXPECT_EQ(q.download(), q2.download()) << "inter " << inter;
+        const std::vector<float> scales = sc.download();
+        EXPECT_EQ(scales, sc2.download()) << "inter " << inter;
+        EXPECT_GT(scales[0], 0.0f) << "inter " << inter;
+        EXPECT_EQ(scales[2], 0.0f) << "inter " << inter;
+        if (HasFailure()) return;
     }
 }
 

@@ -1,14 +1,18 @@
-// rmsnorm_cuda, add_rmsnorm_cuda and rmsnorm_rows_cuda against rmsnorm_ref on awkward shapes;
-// skips where no GPU is usable.
+// rmsnorm_cuda, add_rmsnorm_cuda and rmsnorm_rows_cuda against rmsnorm_ref on awkward shapes, and
+// add_rmsnorm_quantize_cuda against the two kernels it fuses; skips where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/w8a8.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/int8_test_util.h"
 
@@ -74,6 +78,46 @@ TEST(RmsNormCuda, AddRmsNormUpdatesResidualAndNorms) {
             for (size_t i = 0; i < sum.size(); ++i)
                 ASSERT_EQ(got_x[i], sum[i]) << "residual dim " << dim << " delta " << with_delta << " at " << i;
             expect_close(dy.download(), ref, dim, with_delta ? "add_rmsnorm" : "add_rmsnorm without delta");
+        }
+    }
+}
+
+// The norm that also quantizes its output for a W8A8 projection: x, y, q and the scales bit for
+// bit those of add_rmsnorm_cuda followed by quantize_acts_cuda (one kernel on the vector path, the
+// two in turn elsewhere), and q, scales those of quantize_acts_int8_ref on the GPU's y. A zero row
+// (scale 0, q 0) rides along.
+TEST(RmsNormCuda, AddRmsNormQuantizeEqualsTheTwoKernels) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    for (const auto& s : kShapes) {
+        const int64_t rows = s[0] + 1, dim = s[1];
+        std::vector<float> x = test::rand_vec(size_t(rows * dim), uint32_t(dim + 5), 4.0f);
+        std::fill(x.end() - dim, x.end(), 0.0f);
+        std::vector<float> delta = test::rand_vec(x.size(), uint32_t(dim + 6), 2.0f);
+        std::fill(delta.end() - dim, delta.end(), 0.0f);
+        const std::vector<float> w = norm_weights(dim);
+        for (const bool with_delta : {true, false}) {
+            const size_t n_rows = size_t(rows);
+            DeviceBuffer<float> dx(x), dx2(x), dd(delta), dw(w), dy(x.size()), dy2(x.size()), ds(n_rows), ds2(n_rows);
+            DeviceBuffer<int8_t> dq(x.size()), dq2(x.size());
+            const float* d = with_delta ? dd.get() : nullptr;
+            add_rmsnorm_quantize_cuda(dx.get(), d, dw.get(), dy.get(), rows, dim, kEps, dq.get(), ds.get(), nullptr);
+            add_rmsnorm_cuda(dx2.get(), d, dw.get(), dy2.get(), rows, dim, kEps, nullptr);
+            quantize_acts_cuda(dy2.get(), rows, dim, dim, dq2.get(), ds2.get(), nullptr);
+            const std::string what = "dim " + std::to_string(dim) + (with_delta ? " delta" : "");
+            EXPECT_EQ(dx.download(), dx2.download()) << what << ": residual";
+            const std::vector<float> y = dy.download();
+            EXPECT_EQ(y, dy2.download()) << what << ": y";
+            const std::vector<int8_t> q = dq.download();
+            const std::vector<float> sc = ds.download();
+            EXPECT_EQ(q, dq2.download()) << what << ": q";
+            EXPECT_EQ(sc, ds2.download()) << what << ": scales";
+            std::vector<int8_t> q_ref(q.size());
+            std::vector<float> s_ref(n_rows);
+            quantize_acts_int8_ref(y.data(), rows, dim, dim, q_ref.data(), s_ref.data());
+            EXPECT_EQ(q, q_ref) << what << ": q against the CPU";
+            EXPECT_EQ(sc, s_ref) << what << ": scales against the CPU";
+            EXPECT_EQ(sc.back(), 0.0f) << what << ": the zero row";
+            if (HasFailure()) return;
         }
     }
 }

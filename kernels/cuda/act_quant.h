@@ -1,0 +1,20 @@
+// One activation value quantized to INT8 the way quantize_acts_int8_ref does it (kernels/cpu/
+// quantize.h): v = x * inv (inv = 127 / amax, 0 for an all-zero group), clamped to [-127, 127]
+// (NaN -> 127, as on the CPU), rounded to nearest even. Shared by the quantize kernel (w8a8.cu)
+// and the norm that quantizes its own output (rmsnorm.cu), so both give the same bits.
+#pragma once
+
+namespace shardlm {
+
+__device__ __forceinline__ int quantize_act(float x, float inv) {
+    float v = __fmul_rn(x, inv);  // never fused with anything
+    v = v < 127.0f ? v : 127.0f;
+    v = v > -127.0f ? v : -127.0f;
+    return __float2int_rn(v);
+}
+
+// The reciprocal and the scale of a group whose max |x| is amax, as quantize_acts_int8_ref.
+__device__ __forceinline__ float quantize_act_inv(float amax) { return amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f; }
+__device__ __forceinline__ float quantize_act_scale(float amax) { return __fdiv_rn(amax, 127.0f); }
+
+}  // namespace shardlm

@@ -25,7 +25,7 @@
 # "skip: no GPU". Flags that the binaries do not know make their steps fail, never silently vanish.
 # Expected on one H200, in seconds: setup, env and version 10; each test binary 10-60; models and
 # tokens 10; each sanitizer run 30-60; prepare (3.4 GB checkpoint, in the background during the tests)
-# 30-60; each of the 22 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
+# 30-60; each of the 24 bench runs 5-10; torch 40-60; gemv 10-20; mission 20-40: 5 to 6 minutes.
 # Run through the device tool, from the repository root:
 #   run(command="bench/gpu_check.sh", carry=["build-gpu/gpu-pack.tar.xz"], timeout_s=540)
 set -uo pipefail
@@ -515,6 +515,13 @@ for prec in "int8 int8" "fp16 fp16"; do
   step "bench-$1-$2-graph-fused-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=1 "bench-$1-$2-g1-fused-rope" 1,4 "$1" "$2" 1
 done
 step sanitize-fused-rope 90 env SHARDLM_FUSED_ROPE=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
+# Every candidate at once (the staged prefill too): what the step could be if they all held up.
+for prec in "int8 int8" "fp16 fp16"; do
+  set -- $prec
+  step "bench-$1-$2-graph-all-candidates" 90 s_bench_with \
+    "SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1 SHARDLM_GEMV_MMA=1 SHARDLM_FUSED_ROPE=1 SHARDLM_GEMM_STAGE=1" \
+    "bench-$1-$2-g1-all-candidates" 1,4 "$1" "$2" 1
+done
 # Candidates not yet on by default, on whole decode steps: the GEMVs' persistent grid
 # (kernels/cuda/gemv.h; the gemv step also times it one matrix at a time), the next one or two
 # matrices prefetched into L2 (kernels/cuda/l2_prefetch.h), and the grid with the prefetch. The

@@ -182,38 +182,43 @@ def candidates(runs, order):
     """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
     graphs and PDL on, flash attention (with "+rope": the RoPE prologue fused into the decode
     kernel), differing only in that, gemv_grid (with "+mma": the tensor-core GEMV for 3-8 token
-    rows) and l2_prefetch. Ratio < 1: the candidate is faster. Empty when no candidate row ran."""
+    rows), l2_prefetch and (in the all-candidates row only) the staged prefill. Ratio < 1: the
+    candidate is faster. Empty when no candidate row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch, gemm_stage)
-    cols = [("tiles", "off", False, "default"), ("persistent", "off", False, "persistent grid"),
-            ("tiles", "1", False, "L2 prefetch 1"), ("tiles", "2", False, "L2 prefetch 2"),
-            ("persistent", "1", False, "persistent + prefetch 1"), ("persistent", "2", False, "persistent + prefetch 2"),
-            ("tiles+mma", "off", False, "tensor-core GEMV (b > 2)"),
-            ("tiles+mma-all", "off", False, "tensor-core GEMV (all b)"), ("tiles", "off", True, "fused RoPE")]
+    # column: (gemv_grid, l2_prefetch, fused RoPE, staged prefill, title)
+    cols = [("tiles", "off", False, False, "default"), ("persistent", "off", False, False, "persistent grid"),
+            ("tiles", "1", False, False, "L2 prefetch 1"), ("tiles", "2", False, False, "L2 prefetch 2"),
+            ("persistent", "1", False, False, "persistent + prefetch 1"),
+            ("persistent", "2", False, False, "persistent + prefetch 2"),
+            ("tiles+mma", "off", False, False, "tensor-core GEMV (b > 2)"),
+            ("tiles+mma-all", "off", False, False, "tensor-core GEMV (all b)"),
+            ("tiles", "off", True, False, "fused RoPE"),
+            ("persistent+mma", "1", True, True, "all: persistent, prefetch 1, mma (b > 2), fused RoPE")]
     table, seen = {}, []
     for k in order:
         run = runs[k]
         if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash+rope", "-") or k[7] == "off" or \
-                k[10] == "on" or "tg" not in run:
+                "tg" not in run:
             continue
         tg = run["tg"]
         group = (k[2], k[3], k[4])
         if group not in table:
             table[group] = {}
             seen.append(group)
-        table[group][(k[8], k[9], k[6] == "flash+rope")] = tg["avg_ms"] / int(tg["test"][2:])
-    default = ("tiles", "off", False)
-    rows = [g for g in seen if len(table[g]) > 1 and default in table[g]]
+        table[group][(k[8], k[9], k[6] == "flash+rope", k[10] == "on")] = tg["avg_ms"] / int(tg["test"][2:])
+    default = cols[0][:4]
+    rows = [g for g in seen if default in table[g] and any(c[:4] in table[g] for c in cols[1:])]
     if not rows:
         return []
     out = ["\nDecode candidates (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
-           "| batch | weights | kv | " + " | ".join(c[3] for c in cols) + " |",
+           "| batch | weights | kv | " + " | ".join(c[4] for c in cols) + " |",
            "|---:|---|---|" + "---:|" * len(cols)]
     for g in rows:
         base = table[g][default]
         cells = []
         for c in cols:
-            v = table[g].get(c[:3])
-            cells.append("-" if v is None else ("%.3f" % v if c[:3] == default else "%.3f (%.2f)" % (v, v / base)))
+            v = table[g].get(c[:4])
+            cells.append("-" if v is None else ("%.3f" % v if c[:4] == default else "%.3f (%.2f)" % (v, v / base)))
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
     out.append("")
     return out

@@ -76,9 +76,10 @@ class Kernels(unittest.TestCase):
 
 class Table(unittest.TestCase):
     def test_decode_candidates_against_the_default(self):
-        def row(step, test, ms, grid, prefetch, pdl=True, attention="flash"):
+        def row(step, test, ms, grid, prefetch, pdl=True, attention="flash", stage=False):
             return json.dumps({"test": test, "batch": 1, "weights": "int8", "kv": "int8", "graphs": True,
                                "attention": attention, "pdl": pdl, "gemv_grid": grid, "l2_prefetch": prefetch,
+                               "gemm_stage": stage,
                                "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
         with tempfile.TemporaryDirectory() as d:
             jsonl = os.path.join(d, "rows.jsonl")
@@ -90,12 +91,16 @@ class Table(unittest.TestCase):
                 row("mma", "pp512", 9.0, "tiles+mma", 0), row("mma", "tg128", 80.0, "tiles+mma", 0),
                 row("rope", "pp512", 9.0, "tiles", 0, attention="flash+rope"),
                 row("rope", "tg128", 120.0, "tiles", 0, attention="flash+rope"),
+                row("all", "pp512", 8.0, "persistent+mma", 1, attention="flash+rope", stage=True),
+                row("all", "tg128", 48.0, "persistent+mma", 1, attention="flash+rope", stage=True),
+                # The staged prefill alone is a prefill comparison: not the default's decode column.
+                row("stage", "pp512", 8.0, "tiles", 0, stage=True), row("stage", "tg128", 999.0, "tiles", 0, stage=True),
                 # PDL off is another comparison: not a candidate column.
                 row("nopdl", "pp512", 9.0, "tiles", 0, pdl=False), row("nopdl", "tg128", 256.0, "tiles", 0, pdl=False),
             ]) + "\n")
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.875 (0.88) | 0.500 (0.50) | - | 0.625 (0.62) | - | 0.938 (0.94) |", r.stdout)
+            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.875 (0.88) | 0.500 (0.50) | - | 0.625 (0.62) | - | 0.938 (0.94) | 0.375 (0.38) |", r.stdout)
             self.assertIn("| int8 | int8 | on | flash | on | persistent | 1 | off |", r.stdout)  # the main table's columns
             # Without candidate rows there is no such table.
             write_text(jsonl, row("base", "pp512", 9.0, "tiles", 0) + "\n" + row("base", "tg128", 128.0, "tiles", 0) + "\n")

@@ -3,7 +3,7 @@
 // samples exactly what its sequences would sample alone.
 //
 // Logits are ranked by value, highest first, ties by the lower id, NaN below every number
-// (kernels/cpu/topk.h: topk_before). A sampler with top_k > 0 (or greedy) only ever looks at the
+// (kernels/cpu/topk.h: topk_before); a NaN logit has probability 0. A sampler with top_k > 0 (or greedy) only ever looks at the
 // first top_k (or 1) of that ranking, so it can draw from those candidates alone, as an engine
 // that selects them on the GPU hands them over (Engine::forward_top): sample_top() then picks
 // exactly what sample() picks from the full row.
@@ -39,6 +39,8 @@ public:
 
 private:
     int32_t draw();    // from cand_ (ranked, already cut to top_k)
+    int32_t draw_unlimited(const float* logits, int64_t vocab);  // top_k 0: cand_ holds the row
+    double weight(float x, double mx) const;
     double uniform();  // [0, 1), from splitmix64: fully specified, same on every platform
     SamplerOptions opt_;
     uint64_t state_;

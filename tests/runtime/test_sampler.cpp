@@ -121,6 +121,57 @@ TEST(Sampler, TopCandidatesDrawWhatTheFullRowDraws) {
     }
 }
 
+// Without a top-k limit the row is ranked only as far as the nucleus reaches (a growing prefix):
+// the same draws as ranking the whole row (top_k = vocab), on peaked and flat rows whose nucleus
+// ends inside the first prefix of 64, inside later ones, or takes the whole row; NaN logits have
+// probability 0 on both paths (never drawn), and an all-NaN row gives the ranking's first.
+TEST(Sampler, NucleusWithoutTopKDrawsWhatTheFullRankingDraws) {
+    const int64_t V = 5000;
+    uint64_t z = 777;
+    auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
+    for (const float p : {0.3f, 0.9f, 0.999f}) {
+        for (const float spread : {0.5f, 4.0f, 40.0f}) {
+            SamplerOptions lim, all;
+            lim.temperature = all.temperature = 0.9f;
+            lim.top_p = all.top_p = p;
+            lim.top_k = 0;
+            all.top_k = V;
+            lim.seed = all.seed = 5;
+            Sampler a(lim, 1), b(all, 1);
+            for (int draw = 0; draw < 40; ++draw) {
+                std::vector<float> lg(static_cast<size_t>(V));
+                for (auto& v : lg) v = float(next() % 4096) / 4096.0f * spread;
+                for (int i = 0; i < 5; ++i) lg[size_t(next() % V)] = std::nanf("");
+                const int32_t x = a.sample(lg.data(), V);
+                ASSERT_EQ(x, b.sample(lg.data(), V)) << "p " << p << " spread " << spread << " draw " << draw;
+                ASSERT_FALSE(std::isnan(lg[size_t(x)])) << "drew a NaN logit";
+            }
+        }
+    }
+    SamplerOptions o;
+    o.temperature = 1;
+    o.top_k = 0;
+    for (const float p : {0.6f, 1.0f}) {
+        o.top_p = p;
+        Sampler s(o, 0);
+        const std::vector<float> nan_row(10, std::nanf(""));
+        EXPECT_EQ(s.sample(nan_row.data(), 10), 0);
+        std::vector<float> one_number = nan_row;
+        one_number[7] = -3.0f;
+        for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(one_number.data(), 10), 7);
+        // NaN beside numbers: the numbers keep their probabilities (not the first one alone).
+        std::vector<float> two_numbers = nan_row;
+        two_numbers[2] = two_numbers[5] = 1.0f;
+        int fives = 0;
+        for (int i = 0; i < 400; ++i) {
+            const int32_t x = s.sample(two_numbers.data(), 10);
+            ASSERT_TRUE(x == 2 || x == 5) << x;
+            fives += x == 5;
+        }
+        EXPECT_NEAR(fives / 400.0, 0.5, 0.1) << "top_p " << p;
+    }
+}
+
 // The vocab-parallel merge (runtime/engine.h): each rank's first min(k, slice) candidates of its
 // slice, merged, are the whole row's first k, for slices of every size (empty ones included),
 // ties across ranks and NaN.

@@ -9,6 +9,7 @@
 
 #include "comm/together.h"
 #include "core/error.h"
+#include "kernels/cpu/nucleus.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/argmax.h"
@@ -16,6 +17,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/nucleus.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
 #include "kernels/cuda/topk.h"
@@ -191,6 +193,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     const int64_t L = opt_.max_logit_rows;
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
+    mass_host_ = PinnedBuffer(size_t(L) * sizeof(uint64_t));
     upload(w);
     for (const CudaLayer& layer : layers_) {
         for (const CudaLinear* l : {&layer.qkv, &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate_up, &layer.gate,
@@ -316,6 +319,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     const size_t top_bytes = 2 * L * size_t(kMaxTopCandidates) * sizeof(float);
     top_ = a.take(top_bytes);
     if (plan_.tp > 1) top_gathered_ = a.take(size_t(plan_.tp) * top_bytes);
+    mass_ = static_cast<uint64_t*>(a.take(L * sizeof(uint64_t)));
     topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
     attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, opt_.ctx));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
@@ -651,6 +655,28 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
 static_assert(kTopKMax == kMaxTopCandidates, "the engine hands back what the GPU selection can select");
 
 void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {
+    top_candidates(chunks, k, vals, ids, nullptr, nullptr);
+}
+
+bool CudaEngine::forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals,
+                                 int32_t* ids, uint64_t* mass) {
+    // Under tensor parallelism a rank would need the row's global maximum before it could weigh
+    // its slice: not done, the caller moves whole rows instead.
+    if (plan_.tp != 1 || cfg_.vocab > kNucleusMaxRow) return false;
+    SHARDLM_CHECK(temperature > 0.0f, "forward_nucleus: temperature ", temperature);
+    top_candidates(chunks, k, vals, ids, &temperature, mass);
+    return true;
+}
+
+void CudaEngine::nucleus_row(int64_t row, float* logits) {
+    SHARDLM_CHECK(plan_.tp == 1 && row >= 0 && row < opt_.max_logit_rows, "nucleus_row: row ", row);
+    // The step's logits stay in local_ until the next step is launched (forward_nucleus waited).
+    CUDA_CHECK(cudaMemcpy(logits, local_ + row * cfg_.vocab, size_t(cfg_.vocab) * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+}
+
+void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
+                                const float* temperature, uint64_t* mass) {
     const ModelConfig& c = cfg_;
     SHARDLM_CHECK(k >= 1 && k <= std::min(c.vocab, kMaxTopCandidates), "forward_top: ", k, " candidates of ", c.vocab);
     const int64_t n = launch(chunks);
@@ -670,6 +696,11 @@ void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, flo
         topk_rows_cuda(local_, n, plan_.n_vocab, kr, int32_t(plan_.vocab0), dv, di, topk_scratch_, stream_);
     const size_t part_bytes = 2 * part * sizeof(float);
     char* host = top_host_.as<char>();
+    if (temperature) {  // TP = 1: each row's maximum is its first candidate
+        nucleus_mass_rows_cuda(local_, n, c.vocab, dv, kr, *temperature, mass_, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(mass_host_.get(), mass_, size_t(n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                   stream_));
+    }
     if (tp == 1) {  // just the rows asked for
         CUDA_CHECK(cudaMemcpyAsync(host, dv, size_t(n * kr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaMemcpyAsync(host + part * sizeof(float), di, size_t(n * kr) * sizeof(int32_t),
@@ -679,6 +710,7 @@ void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, flo
         CUDA_CHECK(cudaMemcpyAsync(host, top_gathered_, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
     }
     wait();
+    if (temperature) std::memcpy(mass, mass_host_.get(), size_t(n) * sizeof(uint64_t));
     std::vector<CandidateList> parts(static_cast<size_t>(tp));
     for (int64_t i = 0; i < n; ++i) {
         for (int rk = 0; rk < tp; ++rk) {

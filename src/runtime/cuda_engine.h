@@ -62,6 +62,9 @@ public:
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
     void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) override;
+    bool forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals, int32_t* ids,
+                         uint64_t* mass) override;
+    void nucleus_row(int64_t row, float* logits) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return weight_bytes_; }
@@ -91,6 +94,9 @@ private:
     // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
     // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
     GemvNext next_of(const DeviceMatrix& w) const;
+    // forward_top, and with temperature set (TP = 1 only) each row's nucleus mass into mass.
+    void top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
+                        const float* temperature, uint64_t* mass);
 
     const ModelConfig& cfg_;
     ShardPlan plan_;
@@ -142,6 +148,8 @@ private:
     PinnedBuffer meta_host_;   // ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
     PinnedBuffer logits_host_;
     PinnedBuffer top_host_;  // [tp] of top_
+    uint64_t* mass_ = nullptr;  // forward_nucleus: [max_logit_rows] total nucleus weights
+    PinnedBuffer mass_host_;
     size_t meta_bytes_ = 0;
 
     std::map<int64_t, std::unique_ptr<SegmentedGraph>> graphs_;  // decode step by batch size

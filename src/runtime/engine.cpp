@@ -13,6 +13,12 @@ AttentionImpl parse_attention(const std::string& s) {
     fail("--attention: unknown kind \"", s, "\" (flash, naive)");
 }
 
+bool Engine::forward_nucleus(const std::vector<SeqChunk>&, int64_t, float, float*, int32_t*, uint64_t*) {
+    return false;
+}
+
+void Engine::nucleus_row(int64_t, float*) { fail("nucleus_row: this engine hands back no nucleus candidates"); }
+
 void Engine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {
     const int64_t vocab = config().vocab;
     SHARDLM_CHECK(k >= 1 && k <= std::min(vocab, kMaxTopCandidates), "forward_top: ", k, " candidates of ", vocab);

@@ -40,26 +40,48 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     }
     // Samplers with top-k (or greedy) read only each row's first k ranked candidates: the engine
     // hands back just those (on the GPU it selects them there instead of copying the vocabulary).
-    const int64_t k = sampler_candidates(opt.sampler, vocab);
+    // Top-p without a top-k limit needs the row's whole mass: an engine that sums it on the GPU
+    // hands back the first kMaxTopCandidates candidates and that sum (forward_nucleus), and the
+    // rare nucleus that reaches past them takes its row after all.
+    const SamplerOptions& so = opt.sampler;
+    const bool nucleus = so.temperature > 0.0f && so.top_k == 0 && so.top_p < 1.0f;
+    const int64_t k = nucleus ? std::min(vocab, kMaxTopCandidates) : sampler_candidates(so, vocab);
     const bool top = k > 0 && k <= kMaxTopCandidates;
     std::vector<float> logits, vals;
     std::vector<int32_t> ids;
+    std::vector<uint64_t> mass(B);
     if (top) {
         vals.resize(B * size_t(k));
         ids.resize(vals.size());
     }
-    if (!top || opt.keep_prompt_logits) logits.resize(B * size_t(vocab));
-    // Runs a step; rows of logits (or candidates) in chunk order.
+    logits.resize(B * size_t(vocab));
+    // Runs a step; rows of logits (or candidates) in chunk order. Returns whether it handed back
+    // candidates.
     auto step = [&](const std::vector<SeqChunk>& chunks, bool full) {
-        if (top && !full) engine.forward_top(chunks, k, vals.data(), ids.data());
-        else engine.forward(chunks, logits.data());
+        if (top && !full && !nucleus) {
+            engine.forward_top(chunks, k, vals.data(), ids.data());
+            return true;
+        }
+        if (top && !full && engine.forward_nucleus(chunks, k, so.temperature, vals.data(), ids.data(), mass.data()))
+            return true;
+        engine.forward(chunks, logits.data());
+        return false;
     };
     auto is_eos = [&](int32_t id) { return std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end(); };
-    // Appends the token sampled from row `row` of the step; returns whether the sequence goes on.
-    auto accept = [&](size_t s, size_t row, bool full) {
+    // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
+    // whether the sequence goes on.
+    auto accept = [&](size_t s, size_t row, bool cand) {
         SequenceResult& r = res.seqs[s];
-        const int32_t id = top && !full ? samplers[s].sample_top(vals.data() + row * size_t(k), ids.data() + row * size_t(k), k)
-                                        : samplers[s].sample(logits.data() + row * size_t(vocab), vocab);
+        const float* v = vals.data() + row * size_t(k);
+        const int32_t* c = ids.data() + row * size_t(k);
+        int32_t id = -1;
+        if (cand && nucleus) id = samplers[s].sample_nucleus(v, c, k, mass[row]);
+        else if (cand) id = samplers[s].sample_top(v, c, k);
+        if (id < 0) {
+            float* lg = logits.data() + row * size_t(vocab);
+            if (cand) engine.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates
+            id = samplers[s].sample(lg, vocab);
+        }
         r.tokens.push_back(id);
         if (on_token) on_token(s, id);
         if (is_eos(id)) r.stop_reason = "eos";
@@ -93,7 +115,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             budget -= n;
             if (done[next] == len) ++next;
         }
-        step(chunks, opt.keep_prompt_logits);
+        const bool cand = step(chunks, opt.keep_prompt_logits);
         size_t li = 0;
         for (size_t c = 0; c < chunks.size(); ++c) {
             if (!chunks[c].want_logits) continue;
@@ -102,7 +124,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
                 const float* lg = logits.data() + li * size_t(vocab);
                 res.seqs[s].prompt_logits.assign(lg, lg + vocab);
             }
-            accept(s, li++, opt.keep_prompt_logits);
+            accept(s, li++, cand);
         }
         res.timings.prefill_tokens += opt.prefill_chunk - budget;
     }
@@ -128,8 +150,8 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             chunk_seq.push_back(s);
         }
         if (chunks.empty()) break;
-        step(chunks, false);
-        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], c, false);
+        const bool cand = step(chunks, false);
+        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], c, cand);
         res.timings.decode_steps += 1;
         res.timings.decode_tokens += int64_t(chunks.size());
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/cpu/nucleus.h"
 #include "kernels/cpu/topk.h"
 
 namespace shardlm {
@@ -67,19 +68,32 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
     return draw_unlimited(logits, vocab);
 }
 
+template <typename Weight>
+int32_t Sampler::draw_fixed(size_t n, Weight w) {
+    uint64_t mass = 0;
+    for (size_t i = 0; i < n; ++i) mass += w(i);
+    double r = uniform() * double(mass);
+    for (size_t i = 0; i < n; ++i) {
+        r -= double(w(i));
+        if (r < 0) return cand_[i].second;
+    }
+    return cand_[n - 1].second;
+}
+
 // No top-k limit: the nucleus needs the mass of the whole row but only the ranking of its own
 // members, so the row is ranked a growing prefix at a time (nth_element, then a sort of the new
-// part: O(V + n log n) for a nucleus of n, where sorting the row was O(V log V): 21 ms for
-// Qwen's 151936 logits). Sums run in id order (mass) and in rank order (the nucleus prefix).
+// part: O(V + n log n) for a nucleus of n, where sorting the row was O(V log V): 20 ms for
+// Qwen's 151936 logits). With top_p < 1 the weights are kernels/cpu/nucleus.h's fixed-point ones,
+// which an engine can sum on the GPU: sample_nucleus() then draws the same from candidates.
 int32_t Sampler::draw_unlimited(const float* logits, int64_t vocab) {
     const int32_t top = argmax(logits, vocab);
-    const double mx = logits[top];
-    p_.resize(size_t(vocab));  // weights by id
-    double sum = 0;
-    for (int64_t i = 0; i < vocab; ++i) sum += (p_[size_t(i)] = weight(logits[i], mx));
-    if (!(sum > 0) || !std::isfinite(sum)) return top;  // +-inf or all-NaN rows: the ranking's first
     if (opt_.top_p >= 1.0f) {
         // Everything is kept: draw in id order, no ranking needed.
+        const double mx = logits[top];
+        p_.resize(size_t(vocab));  // weights by id
+        double sum = 0;
+        for (int64_t i = 0; i < vocab; ++i) sum += (p_[size_t(i)] = weight(logits[i], mx));
+        if (!(sum > 0) || !std::isfinite(sum)) return top;  // +-inf or all-NaN rows: the ranking's first
         double r = uniform() * sum;
         int32_t last = top;
         for (int64_t i = 0; i < vocab; ++i) {
@@ -90,30 +104,43 @@ int32_t Sampler::draw_unlimited(const float* logits, int64_t vocab) {
         }
         return last;
     }
-    // Nucleus: the smallest ranked prefix whose share of the mass reaches top_p.
-    const auto w = [&](size_t i) { return p_[size_t(cand_[i].second)]; };
+    SHARDLM_CHECK(vocab <= kNucleusMaxRow, "top-p sampling without top-k: a row of ", vocab, " logits is too long");
+    const float mx = logits[top];
+    q_.resize(size_t(vocab));  // fixed-point weights by id
+    uint64_t total = 0;
+    for (int64_t i = 0; i < vocab; ++i) total += (q_[size_t(i)] = nucleus_weight(logits[i], mx, opt_.temperature));
+    if (total == 0) return top;  // a +inf or all-NaN row
+    // The nucleus: the smallest ranked prefix whose weight reaches top_p of the total.
     size_t ranked_n = 0, n = cand_.size();
-    double cum = 0;
+    uint64_t cum = 0;
     for (size_t m = std::min<size_t>(64, cand_.size()); n == cand_.size(); m = std::min(cand_.size(), m * 16)) {
         if (m < cand_.size()) std::nth_element(cand_.begin() + long(ranked_n), cand_.begin() + long(m), cand_.end(), ranked);
         std::sort(cand_.begin() + long(ranked_n), cand_.begin() + long(m), ranked);
         for (; ranked_n < m; ++ranked_n) {
-            cum += w(ranked_n) / sum;
-            if (cum >= opt_.top_p) {
+            cum += q_[size_t(cand_[ranked_n].second)];
+            if (nucleus_reached(cum, total, opt_.top_p)) {
                 n = ranked_n + 1;
                 break;
             }
         }
         if (m == cand_.size()) break;
     }
-    double mass = 0;
-    for (size_t i = 0; i < n; ++i) mass += w(i);
-    double r = uniform() * mass;
-    for (size_t i = 0; i < n; ++i) {
-        r -= w(i);
-        if (r < 0) return cand_[i].second;
+    return draw_fixed(n, [&](size_t i) { return q_[size_t(cand_[i].second)]; });
+}
+
+int32_t Sampler::sample_nucleus(const float* vals, const int32_t* ids, int64_t k, uint64_t total) {
+    SHARDLM_CHECK(k > 0 && opt_.temperature > 0.0f && opt_.top_k == 0 && opt_.top_p < 1.0f,
+                  "sample_nucleus: for top-p sampling without a top-k limit, from at least one candidate");
+    if (total == 0) return ids[0];
+    cand_.resize(size_t(k));
+    q_.resize(size_t(k));  // fixed-point weights by rank here
+    uint64_t cum = 0;
+    for (size_t i = 0; i < cand_.size(); ++i) {
+        cand_[i] = {vals[i], ids[i]};
+        cum += (q_[i] = nucleus_weight(vals[i], vals[0], opt_.temperature));
+        if (nucleus_reached(cum, total, opt_.top_p)) return draw_fixed(i + 1, [&](size_t j) { return q_[j]; });
     }
-    return cand_[n - 1].second;
+    return -1;  // the nucleus reaches past the candidates
 }
 
 int32_t Sampler::sample_top(const float* vals, const int32_t* ids, int64_t k) {

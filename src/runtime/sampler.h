@@ -9,6 +9,7 @@
 // exactly what sample() picks from the full row.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -36,16 +37,24 @@ public:
     // The same choice from the row's first k ranked candidates (values and ids in ranking order),
     // k >= sampler_candidates(opt, vocab) > 0 (the caller's duty: fewer would change the draw).
     int32_t sample_top(const float* vals, const int32_t* ids, int64_t k);
+    // Top-p without a top-k limit (temperature > 0, top_k 0, top_p < 1) from the row's first k
+    // ranked candidates and `total`, the sum of nucleus_weight() over the whole row
+    // (kernels/cpu/nucleus.h): what sample() draws from the row, or -1, drawing nothing, when the
+    // nucleus reaches past the k candidates (then sample() the row).
+    int32_t sample_nucleus(const float* vals, const int32_t* ids, int64_t k, uint64_t total);
 
 private:
     int32_t draw();    // from cand_ (ranked, already cut to top_k)
     int32_t draw_unlimited(const float* logits, int64_t vocab);  // top_k 0: cand_ holds the row
+    template <typename Weight>
+    int32_t draw_fixed(size_t n, Weight w);  // from cand_'s first n, fixed-point weights w(i)
     double weight(float x, double mx) const;
     double uniform();  // [0, 1), from splitmix64: fully specified, same on every platform
     SamplerOptions opt_;
     uint64_t state_;
     std::vector<std::pair<float, int32_t>> cand_;
     std::vector<double> p_;
+    std::vector<uint64_t> q_;
 };
 
 }  // namespace shardlm

@@ -12,6 +12,7 @@
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
 #include "runtime/cuda_engine.h"
+#include "runtime/sampler.h"
 #ifdef SHARDLM_CUDA_EMU
 #include "tests/cuda_emu/emu.h"
 #endif
@@ -411,4 +412,67 @@ TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {
         }
     }
     EXPECT_THROW(e.forward_top({{0, prompts[0].data(), 1, 0, true}}, 0, vals.data(), ids.data()), Error);
+}
+
+// Top-p without a top-k limit from the GPU's candidates and row mass (forward_nucleus): the same
+// tokens as sampling the whole rows (forward + Sampler::sample), prefill and decode (eager,
+// captured, replayed), with all candidates and with only two (the nucleus then reaches past them
+// and nucleus_row hands over the row); each step runs twice on the same positions, as above.
+TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    so.ctx = 32;
+    so.max_batch = 3;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    Engine& e = *s->engine;
+    const int64_t V = cfg.vocab, B = 3;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < B; ++b) prompts.push_back(make_prompt(4 + 2 * b, V, 90 + uint64_t(b)));
+    SamplerOptions sp;
+    sp.temperature = 1.3f;
+    sp.top_k = 0;
+    sp.top_p = 0.8f;
+    sp.seed = 11;
+    std::vector<Sampler> rows, cands;
+    for (int64_t b = 0; b < B; ++b) {
+        rows.emplace_back(sp, uint64_t(b));
+        cands.emplace_back(sp, uint64_t(b));
+    }
+    const size_t rows_v = size_t(B * V), n_v = size_t(V), n_b = size_t(B);
+    std::vector<float> logits(rows_v), vals(rows_v), row(n_v);
+    std::vector<int32_t> ids(rows_v), tok(n_b);
+    std::vector<uint64_t> mass(n_b);
+    int fell_back = 0, decided = 0;
+    for (int64_t t = 0; t < 6; ++t) {
+        std::vector<SeqChunk> ch;
+        for (int64_t b = 0; b < B; ++b) {
+            const auto& p = prompts[size_t(b)];
+            if (t == 0) ch.push_back({b, p.data(), int64_t(p.size()), 0, true});
+            else ch.push_back({b, &tok[size_t(b)], 1, int64_t(p.size()) + t - 1, true});
+        }
+        const int64_t k = t % 2 ? 2 : std::min<int64_t>(V, kMaxTopCandidates);
+        e.forward(ch, logits.data());
+        ASSERT_TRUE(e.forward_nucleus(ch, k, sp.temperature, vals.data(), ids.data(), mass.data()));
+        for (int64_t b = 0; b < B; ++b) {
+            const int32_t want = rows[size_t(b)].sample(logits.data() + b * V, V);
+            int32_t got = cands[size_t(b)].sample_nucleus(vals.data() + b * k, ids.data() + b * k, k, mass[size_t(b)]);
+            // With every token a candidate the nucleus is among them, if the mass is the row's.
+            if (k == V) ASSERT_GE(got, 0) << "step " << t << " row " << b << ": mass " << mass[size_t(b)];
+            if (got < 0) {
+                ++fell_back;
+                e.nucleus_row(b, row.data());
+                ASSERT_EQ(0, std::memcmp(row.data(), logits.data() + b * V, size_t(V) * sizeof(float)));
+                got = cands[size_t(b)].sample(row.data(), V);
+            } else {
+                ++decided;
+            }
+            ASSERT_EQ(got, want) << "step " << t << " row " << b << " k " << k;
+            tok[size_t(b)] = got;
+        }
+    }
+    EXPECT_GT(decided, 0);
+    EXPECT_GT(fell_back, 0);
 }

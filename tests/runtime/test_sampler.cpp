@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/nucleus.h"
 #include "kernels/cpu/topk.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -170,6 +171,50 @@ TEST(Sampler, NucleusWithoutTopKDrawsWhatTheFullRankingDraws) {
         }
         EXPECT_NEAR(fives / 400.0, 0.5, 0.1) << "top_p " << p;
     }
+}
+
+// Top-p without top-k from the first k ranked candidates and the row's total fixed-point weight
+// (what a GPU hands over): the same draws as from the whole row, falling back to the row (-1, no
+// draw consumed) exactly when the nucleus reaches past the candidates.
+TEST(Sampler, NucleusFromCandidatesDrawsWhatTheRowDraws) {
+    const int64_t V = 3000;
+    uint64_t z = 99;
+    auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
+    int decided = 0, fell_back = 0;
+    for (const int64_t k : {int64_t(1), int64_t(16), int64_t(1024)}) {
+        SamplerOptions o;
+        o.temperature = 0.7f;
+        o.top_k = 0;
+        o.top_p = 0.9f;
+        o.seed = 4;
+        Sampler row(o, 0), cands(o, 0);
+        for (int draw = 0; draw < 60; ++draw) {
+            std::vector<float> lg(static_cast<size_t>(V));
+            const float spread = draw % 3 == 0 ? 1.0f : 30.0f;  // flat rows and peaked ones
+            for (auto& v : lg) v = float(next() % 8192) / 8192.0f * spread;
+            if (draw % 5 == 0) lg[size_t(next() % V)] = std::nanf("");
+            std::vector<float> vals(static_cast<size_t>(k));
+            std::vector<int32_t> ids(static_cast<size_t>(k));
+            topk_ref(lg.data(), V, k, vals.data(), ids.data());
+            uint64_t total = 0;
+            for (float x : lg) total += nucleus_weight(x, vals[0], o.temperature);
+            int32_t got = cands.sample_nucleus(vals.data(), ids.data(), k, total);
+            if (got < 0) {
+                ++fell_back;
+                got = cands.sample(lg.data(), V);
+            } else {
+                ++decided;
+            }
+            ASSERT_EQ(got, row.sample(lg.data(), V)) << "k " << k << " draw " << draw;
+        }
+    }
+    EXPECT_GT(decided, 20);
+    EXPECT_GT(fell_back, 20);
+    SamplerOptions topk;
+    topk.top_k = 40;
+    const float v = 1.0f;
+    const int32_t id = 0;
+    EXPECT_THROW(Sampler(topk, 0).sample_nucleus(&v, &id, 1, 1), Error);
 }
 
 // The vocab-parallel merge (runtime/engine.h): each rank's first min(k, slice) candidates of its

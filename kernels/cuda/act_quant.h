@@ -17,4 +17,15 @@ __device__ __forceinline__ int quantize_act(float x, float inv) {
 __device__ __forceinline__ float quantize_act_inv(float amax) { return amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f; }
 __device__ __forceinline__ float quantize_act_scale(float amax) { return __fdiv_rn(amax, 127.0f); }
 
+// Four values of one group at once (float4 loads, char4 stores).
+__device__ __forceinline__ char4 quantize_act4(const float4& v, float inv) {
+    return make_char4(static_cast<signed char>(quantize_act(v.x, inv)), static_cast<signed char>(quantize_act(v.y, inv)),
+                      static_cast<signed char>(quantize_act(v.z, inv)), static_cast<signed char>(quantize_act(v.w, inv)));
+}
+
+// max(m, |v.x|, .., |v.w|); fmaxf ignores a NaN like the CPU's std::max(amax, |x|).
+__device__ __forceinline__ float abs_max4(float m, const float4& v) {
+    return fmaxf(fmaxf(m, fabsf(v.x)), fmaxf(fabsf(v.y), fmaxf(fabsf(v.z), fabsf(v.w))));
+}
+
 }  // namespace shardlm

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const fl
                            silu_mul(g[k].w, u[k].w));
         if (i < n4) {
             o4[i] = g[k];
-            amax = fmaxf(fmaxf(amax, fabsf(g[k].x)), fmaxf(fabsf(g[k].y), fmaxf(fabsf(g[k].z), fabsf(g[k].w))));
+            amax = abs_max4(amax, g[k]);
         }
     }
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
@@ -107,11 +107,7 @@ __global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const fl
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         const int i = int(threadIdx.x) + k * kRowThreads;
-        if (i < n4)
-            q4[i] = make_char4(static_cast<signed char>(quantize_act(g[k].x, inv)),
-                               static_cast<signed char>(quantize_act(g[k].y, inv)),
-                               static_cast<signed char>(quantize_act(g[k].z, inv)),
-                               static_cast<signed char>(quantize_act(g[k].w, inv)));
+        if (i < n4) q4[i] = quantize_act4(g[k], inv);
     }
 }
 

@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
                            (v[k].w * inv) * wv[k].w);
         if (i < n4) {
             yr[i] = v[k];
-            amax = fmaxf(fmaxf(amax, fabsf(v[k].x)), fmaxf(fabsf(v[k].y), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+            amax = abs_max4(amax, v[k]);
         }
     }
     if (!a.q) return;  // uniform over the grid
@@ -195,11 +195,7 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         const int i = int(threadIdx.x) + k * kThreads;
-        if (i < n4)
-            qr[i] = make_char4(static_cast<signed char>(quantize_act(v[k].x, qinv)),
-                               static_cast<signed char>(quantize_act(v[k].y, qinv)),
-                               static_cast<signed char>(quantize_act(v[k].z, qinv)),
-                               static_cast<signed char>(quantize_act(v[k].w, qinv)));
+        if (i < n4) qr[i] = quantize_act4(v[k], qinv);
     }
 }
 

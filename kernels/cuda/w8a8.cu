@@ -76,8 +76,7 @@ __global__ void __launch_bounds__(kThreads) quantize_acts_kernel(const float* __
     if constexpr (Vec) {
         const float4* x4 = reinterpret_cast<const float4*>(xs);
         for (int64_t i = sub; i < group / 4; i += TPG) {
-            const float4 v = x4[i];
-            amax = fmaxf(fmaxf(amax, fabsf(v.x)), fmaxf(fabsf(v.y), fmaxf(fabsf(v.z), fabsf(v.w))));
+            amax = abs_max4(amax, x4[i]);
         }
     } else {
         for (int64_t i = sub; i < group; i += TPG) amax = fmaxf(amax, fabsf(xs[i]));
@@ -98,11 +97,7 @@ __global__ void __launch_bounds__(kThreads) quantize_acts_kernel(const float* __
         const float4* x4 = reinterpret_cast<const float4*>(xs);
         char4* q4 = reinterpret_cast<char4*>(qs);
         for (int64_t i = sub; i < group / 4; i += TPG) {
-            const float4 v = x4[i];
-            q4[i] = make_char4(static_cast<signed char>(quantize_act(v.x, inv)),
-                               static_cast<signed char>(quantize_act(v.y, inv)),
-                               static_cast<signed char>(quantize_act(v.z, inv)),
-                               static_cast<signed char>(quantize_act(v.w, inv)));
+            q4[i] = quantize_act4(x4[i], inv);
         }
     } else {
         for (int64_t i = sub; i < group; i += TPG) qs[i] = int8_t(quantize_act(xs[i], inv));

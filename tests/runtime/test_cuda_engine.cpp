@@ -370,19 +370,48 @@ TEST(CudaEngine, Int8GemmStagingChangesNoLogits) {
     }
 }
 
+namespace {
+
+// Step t of a batch: the whole prompts at t = 0, then one token per sequence (tok[b]) at the
+// position after the last.
+std::vector<SeqChunk> step_chunks(const std::vector<std::vector<int32_t>>& prompts, const std::vector<int32_t>& tok,
+                                  int64_t t) {
+    std::vector<SeqChunk> ch;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+        const auto& p = prompts[b];
+        if (t == 0) ch.push_back({int64_t(b), p.data(), int64_t(p.size()), 0, true});
+        else ch.push_back({int64_t(b), &tok[b], 1, int64_t(p.size()) + t - 1, true});
+    }
+    return ch;
+}
+
+// A tiny Qwen3 on the GPU with three slots of 32 positions.
+struct ThreeSlots {
+    TempDir dir;
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SingleRank comm;
+    std::unique_ptr<Session> s;
+    ThreeSlots() {
+        SessionOptions so = tiny_cuda_model(dir, cfg);
+        so.ctx = 32;
+        so.max_batch = 3;
+        s = open_session(so, comm);
+    }
+    std::vector<std::vector<int32_t>> prompts(int64_t len0, int64_t step, uint64_t seed) const {
+        std::vector<std::vector<int32_t>> p;
+        for (int64_t b = 0; b < 3; ++b) p.push_back(make_prompt(len0 + step * b, cfg.vocab, seed + uint64_t(b)));
+        return p;
+    }
+};
+
+}  // namespace
+
 TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {
     SKIP_WITHOUT_GPU();
-    TempDir dir;
-    const ModelConfig cfg = tiny_config(Arch::Qwen3);
-    SessionOptions so = tiny_cuda_model(dir, cfg);
-    so.ctx = 32;
-    so.max_batch = 3;
-    SingleRank comm;
-    auto s = open_session(so, comm);
-    Engine& e = *s->engine;
-    const int64_t V = cfg.vocab, B = 3;
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t b = 0; b < B; ++b) prompts.push_back(make_prompt(5 + 3 * b, V, 70 + uint64_t(b)));
+    ThreeSlots m;
+    Engine& e = *m.s->engine;
+    const int64_t V = m.cfg.vocab, B = 3;
+    const std::vector<std::vector<int32_t>> prompts = m.prompts(5, 3, 70);
     std::vector<float> logits(size_t(B * V)), vals(size_t(B * V));
     std::vector<int32_t> ids(size_t(B * V));
     // Each step runs twice on the same positions (the cache rows are rewritten with the same
@@ -390,14 +419,9 @@ TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {
     // captured and replayed graphs), k from greedy to the whole vocabulary.
     const int64_t ks[] = {1, 2, 40, std::min<int64_t>(V, kMaxTopCandidates)};
     for (int64_t t = 0; t < 5; ++t) {
-        std::vector<SeqChunk> ch;
         std::vector<int32_t> tok(static_cast<size_t>(B));
-        for (int64_t b = 0; b < B; ++b) {
-            const auto& p = prompts[size_t(b)];
-            tok[size_t(b)] = int32_t((t * 13 + b) % V);
-            if (t == 0) ch.push_back({b, p.data(), int64_t(p.size()), 0, true});
-            else ch.push_back({b, &tok[size_t(b)], 1, int64_t(p.size()) + t - 1, true});
-        }
+        for (int64_t b = 0; b < B; ++b) tok[size_t(b)] = int32_t((t * 13 + b) % V);
+        const std::vector<SeqChunk> ch = step_chunks(prompts, tok, t);
         const int64_t k = ks[size_t(t) % 4];
         e.forward(ch, logits.data());
         e.forward_top(ch, k, vals.data(), ids.data());
@@ -420,17 +444,10 @@ TEST(CudaEngine, TopCandidatesAreTheRankedLogits) {
 // and nucleus_row hands over the row); each step runs twice on the same positions, as above.
 TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
     SKIP_WITHOUT_GPU();
-    TempDir dir;
-    const ModelConfig cfg = tiny_config(Arch::Qwen3);
-    SessionOptions so = tiny_cuda_model(dir, cfg);
-    so.ctx = 32;
-    so.max_batch = 3;
-    SingleRank comm;
-    auto s = open_session(so, comm);
-    Engine& e = *s->engine;
-    const int64_t V = cfg.vocab, B = 3;
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t b = 0; b < B; ++b) prompts.push_back(make_prompt(4 + 2 * b, V, 90 + uint64_t(b)));
+    ThreeSlots m;
+    Engine& e = *m.s->engine;
+    const int64_t V = m.cfg.vocab, B = 3;
+    const std::vector<std::vector<int32_t>> prompts = m.prompts(4, 2, 90);
     SamplerOptions sp;
     sp.temperature = 1.3f;
     sp.top_k = 0;
@@ -447,12 +464,7 @@ TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
     std::vector<uint64_t> mass(n_b);
     int fell_back = 0, decided = 0;
     for (int64_t t = 0; t < 6; ++t) {
-        std::vector<SeqChunk> ch;
-        for (int64_t b = 0; b < B; ++b) {
-            const auto& p = prompts[size_t(b)];
-            if (t == 0) ch.push_back({b, p.data(), int64_t(p.size()), 0, true});
-            else ch.push_back({b, &tok[size_t(b)], 1, int64_t(p.size()) + t - 1, true});
-        }
+        const std::vector<SeqChunk> ch = step_chunks(prompts, tok, t);
         const int64_t k = t % 2 ? 2 : std::min<int64_t>(V, kMaxTopCandidates);
         e.forward(ch, logits.data());
         ASSERT_TRUE(e.forward_nucleus(ch, k, sp.temperature, vals.data(), ids.data(), mass.data()));
@@ -460,7 +472,9 @@ TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
             const int32_t want = rows[size_t(b)].sample(logits.data() + b * V, V);
             int32_t got = cands[size_t(b)].sample_nucleus(vals.data() + b * k, ids.data() + b * k, k, mass[size_t(b)]);
             // With every token a candidate the nucleus is among them, if the mass is the row's.
-            if (k == V) ASSERT_GE(got, 0) << "step " << t << " row " << b << ": mass " << mass[size_t(b)];
+            if (k == V) {
+                ASSERT_GE(got, 0) << "step " << t << " row " << b << ": mass " << mass[size_t(b)];
+            }
             if (got < 0) {
                 ++fell_back;
                 e.nucleus_row(b, row.data());

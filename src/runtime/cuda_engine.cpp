@@ -193,7 +193,8 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     const int64_t L = opt_.max_logit_rows;
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
-    mass_host_ = PinnedBuffer(size_t(L) * sizeof(uint64_t));
+    // forward_nucleus: the ranks' row masses [tp][L], then (TP > 1) the rows' maxima [L] floats.
+    mass_host_ = PinnedBuffer(size_t(plan_.tp) * size_t(L) * sizeof(uint64_t) + size_t(L) * sizeof(float) * 2);
     upload(w);
     for (const CudaLayer& layer : layers_) {
         for (const CudaLinear* l : {&layer.qkv, &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate_up, &layer.gate,
@@ -320,6 +321,10 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     top_ = a.take(top_bytes);
     if (plan_.tp > 1) top_gathered_ = a.take(size_t(plan_.tp) * top_bytes);
     mass_ = static_cast<uint64_t*>(a.take(L * sizeof(uint64_t)));
+    if (plan_.tp > 1) {
+        mass_gathered_ = static_cast<uint64_t*>(a.take(size_t(plan_.tp) * L * sizeof(uint64_t)));
+        row_max_ = floats(L);
+    }
     topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
     attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, opt_.ctx));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
@@ -660,19 +665,33 @@ void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, flo
 
 bool CudaEngine::forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals,
                                  int32_t* ids, uint64_t* mass) {
-    // Under tensor parallelism a rank would need the row's global maximum before it could weigh
-    // its slice: not done, the caller moves whole rows instead.
-    if (plan_.tp != 1 || cfg_.vocab > kNucleusMaxRow) return false;
+    if (cfg_.vocab > kNucleusMaxRow) return false;
     SHARDLM_CHECK(temperature > 0.0f, "forward_nucleus: temperature ", temperature);
     top_candidates(chunks, k, vals, ids, &temperature, mass);
     return true;
 }
 
 void CudaEngine::nucleus_row(int64_t row, float* logits) {
-    SHARDLM_CHECK(plan_.tp == 1 && row >= 0 && row < opt_.max_logit_rows, "nucleus_row: row ", row);
+    SHARDLM_CHECK(row >= 0 && row < opt_.max_logit_rows, "nucleus_row: row ", row);
     // The step's logits stay in local_ until the next step is launched (forward_nucleus waited).
-    CUDA_CHECK(cudaMemcpy(logits, local_ + row * cfg_.vocab, size_t(cfg_.vocab) * sizeof(float),
-                          cudaMemcpyDeviceToHost));
+    // Under tensor parallelism every rank asks for the same rows (their samplers see the same
+    // candidates), so the row's slices are gathered as forward() gathers whole steps.
+    const int64_t vpr = plan_.vocab_per_rank, nv = plan_.n_vocab;
+    if (plan_.tp == 1) {
+        CUDA_CHECK(cudaMemcpy(logits, local_ + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+    if (nv > 0)
+        CUDA_CHECK(cudaMemcpyAsync(padded_, local_ + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   stream_));
+    comm_.all_gather(padded_, size_t(vpr) * sizeof(float), gathered_);
+    float* host = logits_host_.as<float>();
+    CUDA_CHECK(cudaMemcpyAsync(host, gathered_, size_t(plan_.tp * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    wait();
+    for (int rk = 0; rk < plan_.tp; ++rk) {
+        const int64_t v0 = rk * vpr, n = std::min(vpr, cfg_.vocab - v0);
+        if (n > 0) std::copy(host + rk * vpr, host + rk * vpr + n, logits + v0);
+    }
 }
 
 void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
@@ -696,7 +715,7 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
         topk_rows_cuda(local_, n, plan_.n_vocab, kr, int32_t(plan_.vocab0), dv, di, topk_scratch_, stream_);
     const size_t part_bytes = 2 * part * sizeof(float);
     char* host = top_host_.as<char>();
-    if (temperature) {  // TP = 1: each row's maximum is its first candidate
+    if (temperature && tp == 1) {  // each row's maximum is its first candidate
         nucleus_mass_rows_cuda(local_, n, c.vocab, dv, kr, *temperature, mass_, stream_);
         CUDA_CHECK(cudaMemcpyAsync(mass_host_.get(), mass_, size_t(n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                    stream_));
@@ -710,7 +729,7 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
         CUDA_CHECK(cudaMemcpyAsync(host, top_gathered_, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
     }
     wait();
-    if (temperature) std::memcpy(mass, mass_host_.get(), size_t(n) * sizeof(uint64_t));
+    if (temperature && tp == 1) std::memcpy(mass, mass_host_.get(), size_t(n) * sizeof(uint64_t));
     std::vector<CandidateList> parts(static_cast<size_t>(tp));
     for (int64_t i = 0; i < n; ++i) {
         for (int rk = 0; rk < tp; ++rk) {
@@ -720,6 +739,26 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
                                  reinterpret_cast<const int32_t*>(base) + part + i * m, m};
         }
         merge_candidates(parts, k, vals + i * k, ids + i * k);
+    }
+    if (temperature && tp > 1) {
+        // Each rank weighs its slice against the row's maximum, the first merged candidate (the
+        // same on every rank), and the ranks' integer sums are gathered and added: exact.
+        float* maxes = mass_host_.as<float>() + size_t(tp * opt_.max_logit_rows) * 2;
+        for (int64_t i = 0; i < n; ++i) maxes[i] = vals[i * k];
+        CUDA_CHECK(cudaMemcpyAsync(row_max_, maxes, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        if (plan_.n_vocab > 0)
+            nucleus_mass_rows_cuda(local_, n, plan_.n_vocab, row_max_, 1, *temperature, mass_, stream_);
+        else
+            CUDA_CHECK(cudaMemsetAsync(mass_, 0, size_t(n) * sizeof(uint64_t), stream_));
+        comm_.all_gather(mass_, size_t(n) * sizeof(uint64_t), mass_gathered_);
+        uint64_t* h = mass_host_.as<uint64_t>();
+        CUDA_CHECK(cudaMemcpyAsync(h, mass_gathered_, size_t(tp * n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                   stream_));
+        wait();
+        for (int64_t i = 0; i < n; ++i) {
+            mass[i] = 0;
+            for (int rk = 0; rk < tp; ++rk) mass[i] += h[rk * n + i];
+        }
     }
 }
 

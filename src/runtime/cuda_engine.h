@@ -94,7 +94,7 @@ private:
     // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
     // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
     GemvNext next_of(const DeviceMatrix& w) const;
-    // forward_top, and with temperature set (TP = 1 only) each row's nucleus mass into mass.
+    // forward_top, and with temperature set each row's nucleus mass into mass.
     void top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
                         const float* temperature, uint64_t* mass);
 
@@ -148,7 +148,9 @@ private:
     PinnedBuffer meta_host_;   // ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
     PinnedBuffer logits_host_;
     PinnedBuffer top_host_;  // [tp] of top_
-    uint64_t* mass_ = nullptr;  // forward_nucleus: [max_logit_rows] total nucleus weights
+    uint64_t* mass_ = nullptr;           // forward_nucleus: [max_logit_rows] total nucleus weights
+    uint64_t* mass_gathered_ = nullptr;  // [tp] of mass_ (TP > 1)
+    float* row_max_ = nullptr;           // [max_logit_rows] each row's maximum (TP > 1)
     PinnedBuffer mass_host_;
     size_t meta_bytes_ = 0;
 

@@ -72,12 +72,12 @@ public:
     // forward_top for top-p sampling without a top-k limit: also each row's total nucleus weight
     // at `temperature` (kernels/cpu/nucleus.h) in mass [rows], from which Sampler::sample_nucleus
     // draws out of the k candidates what it would draw from the row. Returns false, running
-    // nothing, where the engine cannot (this default, and the CUDA engine under tensor
-    // parallelism): then forward() the step.
+    // nothing, where the engine cannot (this default: the CPU engine has whole rows at hand):
+    // then forward() the step.
     virtual bool forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals,
                                  int32_t* ids, uint64_t* mass);
     // After forward_nucleus: the whole logits row `row` of that step ([vocab]), for a nucleus that
-    // reaches past the candidates.
+    // reaches past the candidates (a collective under tensor parallelism: every rank asks).
     virtual void nucleus_row(int64_t row, float* logits);
     virtual const ModelConfig& config() const = 0;
     virtual const EngineOptions& options() const = 0;

@@ -449,9 +449,9 @@ TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
     const int64_t V = m.cfg.vocab, B = 3;
     const std::vector<std::vector<int32_t>> prompts = m.prompts(4, 2, 90);
     SamplerOptions sp;
-    sp.temperature = 1.3f;
+    sp.temperature = 8.0f;  // the tiny model's rows are peaked: flatten them into wide nuclei
     sp.top_k = 0;
-    sp.top_p = 0.8f;
+    sp.top_p = 0.9f;
     sp.seed = 11;
     std::vector<Sampler> rows, cands;
     for (int64_t b = 0; b < B; ++b) {

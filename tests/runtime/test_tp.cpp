@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "fixtures.h"
 #include "mpi_world.h"
+#include "runtime/sampler.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -91,4 +92,63 @@ TEST(TensorParallel, ReplicatedKvHeads) {
 TEST(TensorParallel, Int8WeightsAndKv) {
     compare_tp(tiny_config(Arch::Qwen3), DType::BF16, KVFormat::Int8, {WeightFormat::Int8, 0, ""});
     compare_tp(tiny_config(Arch::Llama), DType::F32, KVFormat::Int8, {WeightFormat::Int8, 8, ""});  // 8 | 160/4
+}
+
+// Top-p without a top-k limit under tensor parallelism: on the CUDA engine each rank weighs its
+// vocabulary slice against the row's maximum and the integer masses are gathered
+// (Engine::forward_nucleus), and a nucleus wider than the candidates gathers its row
+// (nucleus_row): the draws equal those from whole rows (forward + Sampler::sample), every rank
+// alike. The CPU engine hands back no nucleus candidates (whole rows then).
+TEST(TensorParallel, NucleusFromCandidatesDrawsWhatTheRowsDraw) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.vocab = 387;  // uneven slices
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 2, 41});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.max_batch = 2;
+    so.ctx = 32;
+#ifdef SHARDLM_TP_ON_CUDA
+    so.device = Device::Cuda;
+#endif
+    auto s = open_session(so, world());
+    Engine& e = *s->engine;
+    const int64_t V = cfg.vocab;
+    SamplerOptions sp;
+    sp.temperature = 8.0f;  // the tiny model's rows are peaked: flatten them into wide nuclei
+    sp.top_k = 0;
+    sp.top_p = 0.9f;
+    Sampler rows0(sp, 0), rows1(sp, 1), cands0(sp, 0), cands1(sp, 1);
+    Sampler* rows[2] = {&rows0, &rows1};
+    Sampler* cands[2] = {&cands0, &cands1};
+    const std::vector<int32_t> p0 = make_prompt(6, V, 5), p1 = make_prompt(3, V, 6);
+    std::vector<float> logits(size_t(2 * V)), vals(size_t(2 * V)), row(static_cast<size_t>(V));
+    std::vector<int32_t> ids(size_t(2 * V)), tok = {0, 0};
+    std::vector<uint64_t> mass(2);
+    for (int64_t t = 0; t < 5; ++t) {
+        std::vector<SeqChunk> ch;
+        if (t == 0) ch = {{0, p0.data(), 6, 0, true}, {1, p1.data(), 3, 0, true}};
+        else ch = {{0, &tok[0], 1, 5 + t, true}, {1, &tok[1], 1, 2 + t, true}};
+        const int64_t k = t % 2 ? 2 : std::min<int64_t>(V, kMaxTopCandidates);
+        e.forward(ch, logits.data());
+        if (!e.forward_nucleus(ch, k, sp.temperature, vals.data(), ids.data(), mass.data())) {
+#ifdef SHARDLM_TP_ON_CUDA
+            FAIL() << "the CUDA engine hands back nucleus candidates under tensor parallelism too";
+#endif
+            return;
+        }
+        for (int64_t b = 0; b < 2; ++b) {
+            const int32_t want = rows[b]->sample(logits.data() + b * V, V);
+            int32_t got = cands[b]->sample_nucleus(vals.data() + b * k, ids.data() + b * k, k, mass[size_t(b)]);
+            if (k == V) {
+                ASSERT_GE(got, 0) << "step " << t << " row " << b << ": the nucleus lies among all candidates";
+            }
+            if (got < 0) {
+                e.nucleus_row(b, row.data());
+                got = cands[b]->sample(row.data(), V);
+            }
+            ASSERT_EQ(got, want) << "step " << t << " row " << b << " k " << k;
+            tok[size_t(b)] = got;
+        }
+    }
 }

@@ -45,7 +45,8 @@ public:
 
 private:
     int32_t draw();    // from cand_ (ranked, already cut to top_k)
-    int32_t draw_unlimited(const float* logits, int64_t vocab);  // top_k 0: cand_ holds the row
+    int32_t draw_all(const float* logits, int64_t vocab);          // no top-k, no top-p
+    int32_t draw_nucleus_row(const float* logits, int64_t vocab);  // top-p alone: cand_ holds the row
     template <typename Weight>
     int32_t draw_fixed(size_t n, Weight w);  // from cand_'s first n, fixed-point weights w(i)
     double weight(float x, double mx) const;

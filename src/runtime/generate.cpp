@@ -72,11 +72,12 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     // whether the sequence goes on.
     auto accept = [&](size_t s, size_t row, bool cand) {
         SequenceResult& r = res.seqs[s];
-        const float* v = vals.data() + row * size_t(k);
-        const int32_t* c = ids.data() + row * size_t(k);
         int32_t id = -1;
-        if (cand && nucleus) id = samplers[s].sample_nucleus(v, c, k, mass[row]);
-        else if (cand) id = samplers[s].sample_top(v, c, k);
+        if (cand) {
+            const float* v = vals.data() + row * size_t(k);
+            const int32_t* c = ids.data() + row * size_t(k);
+            id = nucleus ? samplers[s].sample_nucleus(v, c, k, mass[row]) : samplers[s].sample_top(v, c, k);
+        }
         if (id < 0) {
             float* lg = logits.data() + row * size_t(vocab);
             if (cand) engine.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates

@@ -295,7 +295,7 @@ s_models() {  # the small checkpoints of the tokens and sanitizer steps
     echo "note: tiny-qwen3 fp32 and bf16 checkpoints"
 }
 
-s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and fp16, graphs on and off
+s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and fp16, graphs on and off; top-p
   local w g rc=0 args
   [ -f "$work/tiny32/config.json" ] || { echo "no model (models step failed)"; exit 1; }
   for w in fp32 fp16; do
@@ -308,7 +308,19 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
         "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_$w.json" "$work/tok_dev_$w$g.json" || rc=1
     done
   done
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off)"
+  # Top-p alone, sampled (fp32): the GPU hands back candidates and the row's integer mass
+  # (kernels/cuda/nucleus.cu), the CPU samples whole rows; the same draws unless a logit's last-bit
+  # difference moves one across a boundary (odds ~1e-6 per token).
+  args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --max-new-tokens 16 --temperature 0.9
+        --top-k 0 --top-p 0.9 --seed 5 --weights fp32 --kv fp32 --json)
+  echo "-- fp32 top-p 0.9 without top-k, sampled, on $DEV"
+  if "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_topp.json" &&
+     "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/tok_dev_topp.json"; then
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_topp.json" "$work/tok_dev_topp.json" || rc=1
+  else
+    rc=1
+  fi
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled)"
   exit $rc
 }
 
@@ -514,7 +526,8 @@ for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec
   step "bench-$1-$2-graph-fused-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=1 "bench-$1-$2-g1-fused-rope" 1,4 "$1" "$2" 1
 done
-step sanitize-fused-rope 90 env SHARDLM_FUSED_ROPE=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
+step sanitize-fused-rope 90 env SHARDLM_FUSED_ROPE=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8 \
+  --top-k 0 --top-p 0.9  # and top-p alone: the nucleus mass kernel (kernels/cuda/nucleus.cu)
 # Every candidate at once (the staged prefill too): what the step could be if they all held up.
 for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec

@@ -28,4 +28,22 @@ __device__ __forceinline__ float abs_max4(float m, const float4& v) {
     return fmaxf(fmaxf(m, fabsf(v.x)), fmaxf(fabsf(v.y), fmaxf(fabsf(v.z), fabsf(v.w))));
 }
 
+// The max over a block of Threads threads of each thread's value, for a row's max |x| (every
+// thread must call it; all get the result).
+template <int Threads>
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float warp_max[Threads / 32];
+    __shared__ float all;
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = warp_max[0];
+        for (int i = 1; i < Threads / 32; ++i) m = fmaxf(m, warp_max[i]);
+        all = m;
+    }
+    __syncthreads();
+    return all;
+}
+
 }  // namespace shardlm

@@ -65,8 +65,6 @@ template <int V>
 __global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const float* __restrict__ gu, int64_t inter,
                                                                         float* __restrict__ out, int8_t* __restrict__ q,
                                                                         float* __restrict__ q_scales) {
-    __shared__ float warp_max[kRowThreads / 32];
-    __shared__ float row_max;
     pdl_wait();
     pdl_launch_dependents();
     const int64_t t = blockIdx.x;
@@ -92,17 +90,9 @@ __global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const fl
             amax = abs_max4(amax, g[k]);
         }
     }
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float m = warp_max[0];
-        for (int w = 1; w < kRowThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-        row_max = m;
-        q_scales[t] = quantize_act_scale(m);
-    }
-    __syncthreads();
-    const float inv = quantize_act_inv(row_max);
+    amax = block_max<kRowThreads>(amax);
+    if (threadIdx.x == 0) q_scales[t] = quantize_act_scale(amax);
+    const float inv = quantize_act_inv(amax);
     char4* q4 = reinterpret_cast<char4*>(q + t * inter);
 #pragma unroll
     for (int k = 0; k < V; ++k) {

@@ -115,22 +115,6 @@ struct NormArgs {
     float* q_scales = nullptr;
 };
 
-// The max over the block of each thread's value (every thread must call it; all get the result).
-__device__ float block_max(float v) {
-    __shared__ float warp_max[kThreads / 32];
-    __shared__ float all;
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float m = warp_max[0];
-        for (int i = 1; i < kThreads / 32; ++i) m = fmaxf(m, warp_max[i]);
-        all = m;
-    }
-    __syncthreads();
-    return all;
-}
-
 template <int V>
 __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
     const int n4 = int(a.dim / 4);
@@ -188,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
         }
     }
     if (!a.q) return;  // uniform over the grid
-    amax = block_max(amax);
+    amax = block_max<kThreads>(amax);
     const float qinv = quantize_act_inv(amax);
     if (threadIdx.x == 0) a.q_scales[blockIdx.x] = quantize_act_scale(amax);
     char4* qr = reinterpret_cast<char4*>(a.q + int64_t(blockIdx.x) * a.dim);

@@ -46,7 +46,7 @@ public:
 private:
     int32_t draw();    // from cand_ (ranked, already cut to top_k)
     int32_t draw_all(const float* logits, int64_t vocab);          // no top-k, no top-p
-    int32_t draw_nucleus_row(const float* logits, int64_t vocab);  // top-p alone: cand_ holds the row
+    int32_t draw_nucleus_row(const float* logits, int64_t vocab);  // top-p alone
     template <typename Weight>
     int32_t draw_fixed(size_t n, Weight w);  // from cand_'s first n, fixed-point weights w(i)
     double weight(float x, double mx) const;
@@ -56,6 +56,8 @@ private:
     std::vector<std::pair<float, int32_t>> cand_;
     std::vector<double> p_;
     std::vector<uint64_t> q_;
+    std::vector<uint32_t> keys_;  // draw_nucleus_row: ranking keys by id
+    std::vector<uint64_t> hist_;  // draw_nucleus_row: weight per key digit
 };
 
 }  // namespace shardlm

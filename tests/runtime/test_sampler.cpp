@@ -217,6 +217,55 @@ TEST(Sampler, NucleusFromCandidatesDrawsWhatTheRowDraws) {
     EXPECT_THROW(Sampler(topk, 0).sample_nucleus(&v, &id, 1, 1), Error);
 }
 
+// The row's nucleus found by the weighted radix select (draw_nucleus_row) is the plain walk's:
+// sample_nucleus over the whole ranking (k = the vocabulary, so it never falls back) adds ranked
+// weights until top_p of the total. Rows with nuclei of one token up to most of a 40k row (flat
+// ones pass every prefix the ranking used to grow through), keys that differ only in their low
+// bits, long runs of ties, -0 beside +0 (a tie: the lower id first), -inf and NaN.
+TEST(Sampler, NucleusRadixSelectIsTheRankedWalk) {
+    const int64_t V = 40000;
+    uint64_t z = 4242;
+    auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
+    for (const float p : {0.05f, 0.5f, 0.95f, 0.9999f}) {
+        SamplerOptions o;
+        o.temperature = 0.8f;
+        o.top_k = 0;
+        o.top_p = p;
+        o.seed = 17;
+        Sampler row(o, 3), walk(o, 3);
+        for (int draw = 0; draw < 12; ++draw) {
+            std::vector<float> lg(static_cast<size_t>(V));
+            switch (draw % 4) {
+                case 0:  // flat: the nucleus is most of the row
+                    for (auto& v : lg) v = float(next() % 1000000) * 1e-7f;
+                    break;
+                case 1:  // few levels: runs of thousands of ties
+                    for (auto& v : lg) v = float(next() % 8) * 0.25f;
+                    break;
+                case 2:  // neighbours in the float order, around zero, with -0 and +0
+                    for (auto& v : lg) {
+                        const uint32_t r = next() % 64;
+                        v = r < 2 ? (r ? 0.0f : -0.0f) : std::nextafter(0.0f, (r & 1) ? 1.0f : -1.0f) * float(r);
+                    }
+                    break;
+                default:  // peaked: one token or a few carry the mass
+                    for (auto& v : lg) v = float(next() % 4096) / 1024.0f;
+                    for (int i = 0; i < 3; ++i) lg[size_t(next() % V)] = 30.0f + float(i);
+                    break;
+            }
+            for (int i = 0; i < 4; ++i) lg[size_t(next() % V)] = std::nanf("");
+            lg[size_t(next() % V)] = -INFINITY;
+            std::vector<float> vals(static_cast<size_t>(V));
+            std::vector<int32_t> ids(static_cast<size_t>(V));
+            topk_ref(lg.data(), V, V, vals.data(), ids.data());
+            uint64_t total = 0;
+            for (float x : lg) total += nucleus_weight(x, vals[0], o.temperature);
+            ASSERT_EQ(row.sample(lg.data(), V), walk.sample_nucleus(vals.data(), ids.data(), V, total))
+                << "p " << p << " draw " << draw;
+        }
+    }
+}
+
 // The vocab-parallel merge (runtime/engine.h): each rank's first min(k, slice) candidates of its
 // slice, merged, are the whole row's first k, for slices of every size (empty ones included),
 // ties across ranks and NaN.

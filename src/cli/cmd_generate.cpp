@@ -58,7 +58,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     std::string model, prompt_ids, dump_logits;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40;
+    int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40, sinks = 4;
+    std::string overflow = "error";
     float temperature = 0.8f, top_p = 0.95f;
     uint64_t seed = 0;
     int threads = 0, tp = 0;
@@ -77,6 +78,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("seed", po::value(&seed)->default_value(0), "sampling seed")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
+        ("context-overflow", po::value(&overflow)->default_value("error"),
+         "a sequence that outgrows --ctx: error (refused up front), or slide (keep the first --sink-tokens "
+         "positions, drop the older half of the rest, go on)")
+        ("sink-tokens", po::value(&sinks)->default_value(4), "positions --context-overflow slide always keeps")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
@@ -114,6 +119,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.sampler.top_p = top_p;
         go.sampler.seed = seed;
         go.keep_prompt_logits = !dump_logits.empty();
+        if (overflow != "error" && overflow != "slide")
+            fail("--context-overflow: unknown value \"", overflow, "\" (supported: error, slide)");
+        go.slide = overflow == "slide";
+        go.sink_tokens = sinks;
         Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
         (void)check;
         if (!root) return;
@@ -198,6 +207,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
     }
     const auto& t = r.timings;
     const double decode_per_tok = t.decode_steps ? t.decode_ms / double(t.decode_steps) : 0.0;
+    auto summary = [&] {
+        std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
+                  << decode_per_tok << " ms/token over " << t.decode_steps << " steps";
+        if (t.context_shifts > 0) std::cerr << "; " << t.context_shifts << " context shifts";
+        std::cerr << "\n";
+    };
     if (json_out) {
         nlohmann::ordered_json j;
         j["results"] = nlohmann::json::array();
@@ -236,16 +251,14 @@ int cmd_generate(const Args& args, Communicator& comm) {
         for (size_t i = 0; i < r.seqs.size(); ++i)
             std::cerr << "[" << i << "] " << r.seqs[i].prompt.size() << " prompt tokens, " << r.seqs[i].tokens.size()
                       << " generated, stop: " << r.seqs[i].stop_reason << "\n";
-        std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
-                  << decode_per_tok << " ms/token over " << t.decode_steps << " steps\n";
+        summary();
     } else {
         for (size_t i = 0; i < r.seqs.size(); ++i) {
             std::cout << "[" << i << "]";
             for (int32_t id : r.seqs[i].tokens) std::cout << ' ' << id;
             std::cout << "  (" << r.seqs[i].stop_reason << ")\n";
         }
-        std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
-                  << decode_per_tok << " ms/token over " << t.decode_steps << " steps\n";
+        summary();
     }
     return 0;
 }

@@ -64,6 +64,11 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     }
 }
 
+void CpuEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {
+    check_shift(opt_, slot, keep, discard, len);
+    kv_.shift(slot, keep, discard, len, inv_freq_.data());
+}
+
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
 
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/kv_shift.h"
 #include "kernels/cuda/nucleus.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
@@ -655,6 +656,14 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
             const float* src = host + (int64_t(rk) * n + i) * vpr;
             std::copy(src, src + nv, logits + i * c.vocab + v0);
         }
+}
+
+// Eager, between steps (graphs hold positions as inputs, so none is re-captured), and waited for:
+// a shift is rare (once per half a context) and its failure should name it.
+void CudaEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {
+    check_shift(opt_, slot, keep, discard, len);
+    for (const DeviceKVLayer& kv : kv_) kv_shift_cuda(kv, slot, keep, discard, len, cfg_.head_dim, inv_freq_, stream_);
+    wait();
 }
 
 static_assert(kTopKMax == kMaxTopCandidates, "the engine hands back what the GPU selection can select");

@@ -65,6 +65,7 @@ public:
     bool forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals, int32_t* ids,
                          uint64_t* mass) override;
     void nucleus_row(int64_t row, float* logits) override;
+    void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return weight_bytes_; }

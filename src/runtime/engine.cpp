@@ -73,4 +73,10 @@ StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::
     return s;
 }
 
+void check_shift(const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard, int64_t len) {
+    SHARDLM_CHECK(slot >= 0 && slot < opt.max_batch, "KV shift: slot ", slot, " of ", opt.max_batch);
+    SHARDLM_CHECK(keep >= 0 && discard > 0 && keep + discard <= len && len <= opt.ctx, "KV shift: keep ", keep,
+                  ", discard ", discard, " of ", len, " cached positions (capacity ", opt.ctx, ")");
+}
+
 }  // namespace shardlm

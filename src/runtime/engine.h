@@ -79,6 +79,11 @@ public:
     // After forward_nucleus: the whole logits row `row` of that step ([vocab]), for a nucleus that
     // reaches past the candidates (a collective under tensor parallelism: every rank asks).
     virtual void nucleus_row(int64_t row, float* logits);
+    // Context shift of the sequence in `slot`, which has positions [0, len) cached: positions
+    // [keep + discard, len) become [keep, len - discard), their keys turned back by `discard`
+    // positions, and the discarded ones are gone; the sequence goes on at position len - discard.
+    // For --context-overflow slide (runtime/generate.h). Local to each rank (its own KV heads).
+    virtual void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) = 0;
     virtual const ModelConfig& config() const = 0;
     virtual const EngineOptions& options() const = 0;
     virtual size_t weight_bytes() const = 0;     // as held by this rank's engine
@@ -108,5 +113,7 @@ struct StepShape {
     int64_t tokens = 0, logit_rows = 0;
 };
 StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks);
+// What every backend checks before Engine::shift_kv.
+void check_shift(const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard, int64_t len);
 
 }  // namespace shardlm

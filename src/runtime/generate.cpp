@@ -26,10 +26,16 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     for (size_t s = 0; s < B; ++s) {
         const int64_t n = int64_t(prompts[s].size());
         if (n == 0) fail("prompt ", s, " is empty");
-        if (n + opt.max_new_tokens > ctx)
+        if (opt.slide && n > ctx)
+            fail("prompt ", s, " has ", n, " tokens but --ctx is ", ctx, " (--context-overflow slide slides over ",
+                 "generated tokens; the prompt must fit)");
+        if (!opt.slide && n + opt.max_new_tokens > ctx)
             fail("prompt ", s, " has ", n, " tokens; with --max-new-tokens ", opt.max_new_tokens,
-                 " it needs a context of ", n + opt.max_new_tokens, " but --ctx is ", ctx);
+                 " it needs a context of ", n + opt.max_new_tokens, " but --ctx is ", ctx,
+                 " (or --context-overflow slide)");
     }
+    if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens + 2 > ctx))
+        fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of --ctx ", ctx, " to slide over");
     const int64_t vocab = cfg.vocab;
     GenerateResult res;
     res.seqs.resize(B);
@@ -132,8 +138,10 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     const double t1 = now_ms();
     res.timings.prefill_ms = t1 - t0;
 
-    // Decode: one token per live sequence per step.
+    // Decode: one token per live sequence per step. dropped[s]: positions sequence s has shifted
+    // out of its cache (--context-overflow slide), so its next position is its length - dropped.
     std::vector<int32_t> last(B);
+    std::vector<int64_t> dropped(B, 0);
     for (;;) {
         chunks.clear();
         chunk_seq.clear();
@@ -145,7 +153,15 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             ch.slot = int64_t(s);
             ch.tokens = &last[s];
             ch.n = 1;
-            ch.pos = int64_t(r.prompt.size() + r.tokens.size()) - 1;
+            ch.pos = int64_t(r.prompt.size() + r.tokens.size()) - 1 - dropped[s];
+            if (ch.pos >= ctx) {
+                // Full: keep the sinks, drop the older half of the rest (llama.cpp's context shift).
+                const int64_t discard = (ch.pos - opt.sink_tokens) / 2;
+                engine.shift_kv(int64_t(s), opt.sink_tokens, discard, ch.pos);
+                dropped[s] += discard;
+                ch.pos -= discard;
+                res.timings.context_shifts += 1;
+            }
             ch.want_logits = true;
             chunks.push_back(ch);
             chunk_seq.push_back(s);

@@ -17,6 +17,11 @@ struct GenerateOptions {
     int64_t prefill_chunk = 256;  // at most this many prompt tokens per forward step
     SamplerOptions sampler;
     bool keep_prompt_logits = false;  // keep the logits at each prompt's last position
+    // --context-overflow slide: a sequence whose next position would pass the context keeps its
+    // first sink_tokens positions (attention sinks), drops the older half of the rest and goes on
+    // (Engine::shift_kv), as often as it needs. Off: each prompt plus max_new_tokens must fit.
+    bool slide = false;
+    int64_t sink_tokens = 4;
 };
 
 struct SequenceResult {
@@ -29,6 +34,7 @@ struct SequenceResult {
 struct GenerateTimings {
     double prefill_ms = 0, decode_ms = 0;
     int64_t prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
+    int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
 };
 
 struct GenerateResult {

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "kernels/cpu/quantize.h"
 
 namespace shardlm {
 
@@ -63,35 +62,31 @@ void* KVCache::block(int64_t layer, int64_t slot, int kv) {
     return buf_.data() + block_bytes_ * size_t((layer * s_.n_slots + slot) * 2 + kv);
 }
 
+KVSlotView KVCache::view(int64_t layer, int64_t slot) {
+    KVSlotView v;
+    v.k = block(layer, slot, 0);
+    v.v = block(layer, slot, 1);
+    v.k_scales = scales(layer, slot, 0);
+    v.v_scales = scales(layer, slot, 1);
+    v.dtype = s_.dtype;
+    v.n_kv_heads = s_.n_kv_heads;
+    v.capacity = s_.capacity;
+    v.row_stride = row_stride_;
+    v.head_dim = s_.head_dim;
+    return v;
+}
+
 void KVCache::write(int64_t layer, int64_t slot, int64_t pos, const float* key, const float* value) {
+    const KVSlotView v = view(layer, slot);
     const int64_t row = pos % s_.capacity;
-    for (int kv = 0; kv < 2; ++kv) {
-        const float* src = kv == 0 ? key : value;
-        uint8_t* base = static_cast<uint8_t*>(block(layer, slot, kv));
-        for (int64_t h = 0; h < s_.n_kv_heads; ++h) {
-            const float* x = src + h * s_.head_dim;
-            const size_t off = size_t((h * s_.capacity + row) * row_stride_);
-            switch (s_.dtype) {
-                case DType::F16: {
-                    uint16_t* d = reinterpret_cast<uint16_t*>(base) + off;
-                    for (int64_t c = 0; c < s_.head_dim; ++c) d[c] = f32_to_f16(x[c]);
-                    break;
-                }
-                case DType::BF16: {
-                    uint16_t* d = reinterpret_cast<uint16_t*>(base) + off;
-                    for (int64_t c = 0; c < s_.head_dim; ++c) d[c] = f32_to_bf16(x[c]);
-                    break;
-                }
-                case DType::I8:
-                    scales(layer, slot, kv)[h * s_.capacity + row] =
-                        quantize_row_int8(x, s_.head_dim, reinterpret_cast<int8_t*>(base) + off);
-                    break;
-                default:
-                    std::memcpy(reinterpret_cast<float*>(base) + off, x, size_t(s_.head_dim) * 4);
-                    break;
-            }
-        }
+    for (int64_t h = 0; h < s_.n_kv_heads; ++h) {
+        kv_row_store(v, 0, h, row, key + h * s_.head_dim);
+        kv_row_store(v, 1, h, row, value + h * s_.head_dim);
     }
+}
+
+void KVCache::shift(int64_t slot, int64_t keep, int64_t discard, int64_t len, const float* inv_freq) {
+    for (int64_t l = 0; l < s_.n_layers; ++l) kv_shift_ref(view(l, slot), keep, discard, len, inv_freq);
 }
 
 }  // namespace shardlm

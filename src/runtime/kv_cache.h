@@ -11,6 +11,7 @@
 
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "kernels/cpu/kv_shift.h"
 
 namespace shardlm {
 
@@ -46,7 +47,12 @@ public:
     // Stores one token's keys and values ([n_kv_heads * head_dim] each) at position `pos`.
     void write(int64_t layer, int64_t slot, int64_t pos, const float* key, const float* value);
 
+    // Context shift (--context-overflow slide) of `slot` in every layer: kv_shift_ref
+    // (kernels/cpu/kv_shift.h). Needs len <= capacity.
+    void shift(int64_t slot, int64_t keep, int64_t discard, int64_t len, const float* inv_freq);
+
 private:
+    KVSlotView view(int64_t layer, int64_t slot);
     void* block(int64_t layer, int64_t slot, int kv);
     float* scales(int64_t layer, int64_t slot, int kv);
     KVCacheShape s_;

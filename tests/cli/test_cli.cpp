@@ -112,6 +112,22 @@ TEST_F(Cli, BadInputGivesOneLineErrors) {
     expect_error("generate" + m + " --prompt-ids 1 --max-new-tokens 0", "--max-new-tokens");
 }
 
+// --context-overflow slide: generation longer than --ctx goes on through context shifts (stderr
+// counts them); bad values and sinks that leave nothing to slide over are one-line errors.
+TEST_F(Cli, ContextOverflowSlides) {
+    const std::string m = " --model " + dir_.path();
+    const CommandResult r = run_command(kBin + " generate" + m +
+                                        " --prompt-ids 5,6,7,8,9 --ctx 12 --max-new-tokens 30 --temperature 0"
+                                        " --context-overflow slide --sink-tokens 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("context shifts"), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("(length)"), std::string::npos) << r.out;  // 30 tokens in a context of 12
+    expect_error("generate" + m + " --prompt-ids 1,2,3 --ctx 8 --max-new-tokens 9", "--context-overflow slide");
+    expect_error("generate" + m + " --prompt-ids 1 --context-overflow wrap", "--context-overflow: unknown value");
+    expect_error("generate" + m + " --prompt-ids 1,2 --ctx 8 --context-overflow slide --sink-tokens 7", "--sink-tokens 7");
+    expect_error("generate" + m + " --prompt-ids 1,2,3,4,5 --ctx 4 --context-overflow slide", "the prompt must fit");
+}
+
 TEST_F(Cli, BrokenCheckpointsAreNamed) {
     const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
     const std::string cfg = read_file(dir_.file("config.json"));

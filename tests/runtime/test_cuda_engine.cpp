@@ -198,6 +198,41 @@ TEST_P(CudaVsCpu, W8A8MatchesTheCpuW8A8) {
     EXPECT_LT(max_diff(a, c), 2e-2f * std::max(1.0f, max_abs(a)));
 }
 
+// A context shift (Engine::shift_kv, kernels/cuda/kv_shift.cu) on every layer of the GPU cache
+// against the CPU engine's: the decode steps after it give the CPU's logits (keys turned back,
+// values moved, in each layer; the CPU's own shift is checked in closed form by KVShift.* and by
+// EngineInvariants.ContextShiftEqualsPrefillOfTheKeptTokens).
+TEST_P(CudaVsCpu, ContextShiftMatchesTheCpuShift) {
+    SKIP_WITHOUT_GPU();
+    const int64_t ctx = 24, V = cfg_.vocab, keep = 4, discard = 9;
+    const auto seq = make_prompt(ctx + 3, V, 21);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        std::vector<std::vector<float>> out[2];
+        for (int gpu = 0; gpu < 2; ++gpu) {
+            SessionOptions so;
+            so.model_dir = dir_.path();
+            so.ctx = ctx;
+            so.kv = kv;
+            so.device = gpu ? Device::Cuda : Device::Cpu;
+            SingleRank comm;
+            auto s = open_session(so, comm);
+            std::vector<float> lg(static_cast<size_t>(V));
+            s->engine->forward({{0, seq.data(), ctx, 0, false}}, lg.data());
+            s->engine->shift_kv(0, keep, discard, ctx);
+            for (int64_t i = 0; i < 3; ++i) {  // decode steps (graphs on the GPU) after the shift
+                s->engine->forward({{0, &seq[size_t(ctx + i)], 1, ctx - discard + i, true}}, lg.data());
+                out[gpu].push_back(lg);
+            }
+        }
+        float scale = 1.0f;
+        for (const auto& l : out[0])
+            for (float v : l) scale = std::max(scale, std::fabs(v));
+        const float tol = (kv == KVFormat::Int8 ? 2e-2f : tolerance()) * scale;
+        for (size_t i = 0; i < out[0].size(); ++i)
+            EXPECT_LT(max_abs_diff(out[0][i], out[1][i]), tol) << "kv " << int(kv) << " step " << i;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

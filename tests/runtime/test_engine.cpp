@@ -136,6 +136,44 @@ TEST_P(EngineInvariants, ReducedPrecisionStaysClose) {
     EXPECT_LT(max_abs_diff(ref.seqs[0].prompt_logits, w16.seqs[0].prompt_logits), 0.3);
 }
 
+// A context shift (Engine::shift_kv) on a one-layer model, whose keys and values depend only on
+// each token and its position: the next step's logits are those of a fresh prefill of the kept
+// tokens (the sinks, then the tokens after the discarded ones) at their new positions, with and
+// without sinks and on an INT8 cache (requantized keys: one more rounding, here up to 0.1 against
+// logits spread over several units; a wrong turn moves them by 0.5-3). (Deeper layers' keys
+// also carry what the discarded tokens contributed, so there the kernel tests' closed form and the
+// CUDA engine's agreement with this one are the checks.)
+TEST_P(EngineInvariants, ContextShiftEqualsPrefillOfTheKeptTokens) {
+    TempDir one;
+    ModelConfig c1 = cfg_;
+    c1.n_layers = 1;
+    write_synthetic_checkpoint(one.path(), c1, {GetParam().dtype, 1, 13});
+    const int64_t ctx = 24, V = c1.vocab;
+    const auto seq = make_prompt(ctx + 1, V, 12);  // ctx tokens cached, then one more
+    struct Shift { int64_t keep, discard; };
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8})
+        for (const Shift sh : {Shift{4, 9}, Shift{0, 12}, Shift{1, 1}}) {
+            SessionOptions so;
+            so.model_dir = one.path();
+            so.ctx = ctx;
+            so.kv = kv;
+            SingleRank comm;
+            auto a = open_session(so, comm), b = open_session(so, comm);
+            std::vector<float> la(static_cast<size_t>(V)), lb(la.size());
+            a->engine->forward({{0, seq.data(), ctx, 0, false}}, la.data());
+            a->engine->shift_kv(0, sh.keep, sh.discard, ctx);
+            a->engine->forward({{0, &seq[size_t(ctx)], 1, ctx - sh.discard, true}}, la.data());
+            std::vector<int32_t> kept(seq.begin(), seq.begin() + sh.keep);
+            kept.insert(kept.end(), seq.begin() + sh.keep + sh.discard, seq.end());
+            b->engine->forward({{0, kept.data(), int64_t(kept.size()), 0, true}}, lb.data());
+            EXPECT_LT(max_abs_diff(la, lb), kv == KVFormat::F32 ? 1e-4 : 0.15)
+                << "kv " << (kv == KVFormat::F32 ? "fp32" : "int8") << " keep " << sh.keep << " discard " << sh.discard;
+            EXPECT_THROW(a->engine->shift_kv(0, 4, 0, ctx), Error);      // nothing discarded
+            EXPECT_THROW(a->engine->shift_kv(0, 4, 4, ctx + 1), Error);  // past the cache
+            EXPECT_THROW(a->engine->shift_kv(1, 4, 4, ctx), Error);      // no such slot
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, EngineInvariants, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -167,4 +205,51 @@ TEST(Engine, ContextAndIdErrors) {
     EXPECT_NO_THROW(generate(*s->engine, {make_prompt(4, 384, 1)}, go));
     so.ctx = 1 << 20;
     EXPECT_THROW(open_session(so, comm), Error);  // beyond max_position_embeddings
+}
+
+// --context-overflow slide: generation goes on past the context, shifting the cache each time a
+// sequence fills it (sinks kept, the older half of the rest dropped); until the first shift it
+// generates what a context large enough generates. Without slide, or with a prompt that does not
+// fit, or sinks that leave nothing to slide over, it refuses up front.
+TEST(Engine, ContextOverflowSlides) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 5});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(6, cfg.vocab, 8), make_prompt(11, cfg.vocab, 9)};
+    const int64_t ctx = 16, max_new = 50;
+    auto gen = [&](int64_t c, bool slide, int64_t sinks) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = c;
+        so.max_batch = 2;
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        GenerateOptions go;
+        go.max_new_tokens = max_new;
+        go.sampler.temperature = 0;
+        go.slide = slide;
+        go.sink_tokens = sinks;
+        return generate(*s->engine, prompts, go);
+    };
+    const GenerateResult wide = gen(128, false, 4);
+    const GenerateResult slid = gen(ctx, true, 4);
+    EXPECT_GE(slid.timings.context_shifts, 4);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const auto& a = slid.seqs[i].tokens;
+        const auto& b = wide.seqs[i].tokens;
+        // The prefill's token and one per decode step until the position reaches ctx.
+        const size_t before_shift = size_t(ctx - int64_t(prompts[i].size()) + 1);
+        ASSERT_GE(b.size(), before_shift);
+        ASSERT_GE(a.size(), before_shift);
+        EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + long(before_shift)),
+                  std::vector<int32_t>(b.begin(), b.begin() + long(before_shift))) << "prompt " << i;
+        if (slid.seqs[i].stop_reason == "length") {
+            EXPECT_EQ(int64_t(a.size()), max_new);
+        }
+    }
+    EXPECT_THROW(gen(ctx, false, 4), Error);   // 11 + 50 > 16 without slide
+    EXPECT_THROW(gen(10, true, 4), Error);     // the prompt of 11 does not fit
+    EXPECT_THROW(gen(ctx, true, 15), Error);   // nothing left to slide over
+    EXPECT_THROW(gen(ctx, true, -1), Error);
+    EXPECT_NO_THROW(gen(ctx, true, 14));       // two positions to slide over: one dropped per shift
 }

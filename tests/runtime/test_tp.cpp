@@ -152,3 +152,39 @@ TEST(TensorParallel, NucleusFromCandidatesDrawsWhatTheRowsDraw) {
         }
     }
 }
+
+// --context-overflow slide under tensor parallelism: each rank shifts its own KV heads
+// (Engine::shift_kv) at the same steps, so generation sliding through several context shifts
+// (Qwen3: q/k norms; an INT8 cache: requantized keys) gives the tokens of one rank.
+TEST(TensorParallel, ContextShiftsGiveTheTokensOfOneRank) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 37});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(9, cfg.vocab, 3), make_prompt(4, cfg.vocab, 4)};
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        auto slide = [&](Communicator& comm) {
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.kv = kv;
+            so.max_batch = int64_t(prompts.size());
+            so.ctx = 16;
+#ifdef SHARDLM_TP_ON_CUDA
+            so.device = Device::Cuda;
+#endif
+            auto s = open_session(so, comm);
+            GenerateOptions go;
+            go.max_new_tokens = 40;
+            go.sampler.temperature = 0;
+            go.slide = true;
+            go.sink_tokens = 3;
+            return generate(*s->engine, prompts, go);
+        };
+        SingleRank one;
+        const GenerateResult ref = slide(one);
+        const GenerateResult tp = slide(world());
+        EXPECT_GE(ref.timings.context_shifts, 2);
+        EXPECT_EQ(tp.timings.context_shifts, ref.timings.context_shifts);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << " kv " << kv_name(kv_dtype(kv));
+    }
+}

@@ -320,7 +320,18 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   else
     rc=1
   fi
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled)"
+  # --context-overflow slide: 40 tokens through a context of 16, the KV cache shifted on the
+  # device (kernels/cuda/kv_shift.cu) as on the CPU.
+  args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --max-new-tokens 40 --temperature 0
+        --ctx 16 --context-overflow slide --weights fp32 --kv fp32 --json)
+  echo "-- fp32 greedy through context shifts on $DEV"
+  if "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_slide.json" &&
+     "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/tok_dev_slide.json"; then
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_slide.json" "$work/tok_dev_slide.json" || rc=1
+  else
+    rc=1
+  fi
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts)"
   exit $rc
 }
 

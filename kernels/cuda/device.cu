@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/mma_check.h"
 
 namespace shardlm {
 
@@ -79,7 +80,7 @@ bool prefill_tensor_cores() {
         int dev = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        return major >= 8;
+        return major >= 8 && mma_layout_holds();
     }();
     return on;
 }

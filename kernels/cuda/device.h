@@ -33,8 +33,10 @@ std::string cuda_tuning_env(const char* name, std::initializer_list<const char*>
 int l2_prefetch_depth();
 
 // Whether attention's prefill tiles run on tensor cores (attention.h, AttentionKind::Flash): the
-// current device is sm_80 or newer and SHARDLM_PREFILL_TC is not "0" (the A/B switch against the
-// FP32-pipe kernel; any value but 0 and 1 is an error). Read once per process.
+// current device is sm_80 or newer, its tensor cores pass mma_layout_holds() (mma_check.h), and
+// SHARDLM_PREFILL_TC is not "0" (the A/B switch against the FP32-pipe kernel; any value but 0 and
+// 1 is an error). Decided once per process, at the first call (the CUDA engine makes it when it is
+// built, outside any stream capture).
 bool prefill_tensor_cores();
 
 // Whether decode steps fuse the RoPE prologue into the split-KV attention kernel (attention.h,

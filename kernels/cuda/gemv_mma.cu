@@ -36,6 +36,7 @@
 #include "kernels/cuda/interleave.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
+#include "kernels/cuda/mma_check.h"
 #include "kernels/cuda/words.h"
 
 namespace shardlm {
@@ -258,7 +259,8 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
 int gemv_mma_min_tokens() {
     static const int min_tokens = [] {
         const std::string v = cuda_tuning_env("SHARDLM_GEMV_MMA", {"0", "1", "all"}, "the decode GEMV on tensor cores");
-        return v == "1" ? 3 : v == "all" ? 1 : 0;
+        if (v.empty() || v == "0") return 0;
+        return !mma_layout_holds() ? 0 : v == "1" ? 3 : 1;
     }();
     return min_tokens;
 }

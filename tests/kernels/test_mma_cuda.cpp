@@ -60,3 +60,10 @@ TEST(MmaCuda, FragmentLayoutGivesThePlainProduct) {
         }
     }
 }
+
+// The start-up check the tensor-core paths rely on (mma_check.h: prefill_tensor_cores() and the
+// tensor-core GEMV are off where it fails): it must hold where the layout test above passes.
+TEST(MmaCuda, StartupLayoutCheckHolds) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    EXPECT_TRUE(mma_layout_holds());
+}

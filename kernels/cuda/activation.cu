@@ -7,6 +7,7 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/half_input.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/w8a8.h"
 
@@ -101,7 +102,32 @@ __global__ void __launch_bounds__(kRowThreads) silu_mul_quantize_kernel(const fl
     }
 }
 
+// SwiGLU of a fused gate/up row straight into a prefill GEMM's 16-bit input (half_input.h): one
+// token row per blockIdx.y, float4s of the row strided over x.
+__global__ void silu_mul_rows_half_kernel(const float* __restrict__ gu, int64_t inter, HalfInput out) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t t = blockIdx.y, n4 = inter / 4;
+    const float4* g4 = reinterpret_cast<const float4*>(gu + t * 2 * inter);
+    const float4* u4 = g4 + n4;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+        const float4 g = g4[i], u = u4[i];
+        store_half_input4(out, t, inter, 4 * i,
+                          make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z), silu_mul(g.w, u.w)));
+    }
+}
+
 }  // namespace
+
+bool silu_mul_rows_half_cuda(const float* gate_up, int64_t T, int64_t inter, const HalfInput& out,
+                             cudaStream_t stream) {
+    if (T <= 0 || inter <= 0) return true;
+    if (!half_input_fits(out, inter) || !is_aligned(gate_up, 16) || T > 65535) return false;
+    const int64_t blocks = std::min<int64_t>((inter / 4 + kThreads - 1) / kThreads, 1024);
+    launch_kernel("silu_mul_rows_half_kernel", silu_mul_rows_half_kernel, dim3(unsigned(blocks), unsigned(T)),
+                  dim3(kThreads), 0, stream, gate_up, inter, out);
+    return true;
+}
 
 void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/half_input.h"
+
 namespace shardlm {
 
 // Device code: nvcc's, or the CPU emulator's that compiles the .cu files as C++ (tests/cuda_emu).
@@ -21,6 +23,12 @@ void silu_mul_cuda(const float* gate, const float* up, float* out, int64_t n, cu
 // The same after a fused gate/up projection: gate_up is [T, 2 * inter] with each token's gate
 // columns then its up columns; out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i], [T, inter].
 void silu_mul_rows_cuda(const float* gate_up, int64_t T, int64_t inter, float* out, cudaStream_t stream);
+
+// silu_mul_rows_cuda whose rows go only to a prefill GEMM's 16-bit input (half_input.h: the bits
+// CublasGemm::run would convert out to). Returns false, having done nothing, where it does not
+// apply (half_input_fits, gate_up 16-byte aligned, T <= 65535): then silu_mul_rows_cuda.
+bool silu_mul_rows_half_cuda(const float* gate_up, int64_t T, int64_t inter, const HalfInput& out,
+                             cudaStream_t stream);
 
 // silu_mul_rows_cuda that also quantizes each output row for a W8A8 projection: q [T, inter] and
 // q_scales [T], bit for bit what quantize_acts_cuda(out, T, inter, inter, ...) writes, in the same

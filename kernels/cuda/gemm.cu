@@ -266,7 +266,8 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
                       "CublasGemm: weights must be f32/f16/bf16/i8, not ", dtype_name(w.dtype));
     }
     if (T == 0 || rows == 0) return;
-    SHARDLM_CHECK(x && y && (w.data || cols == 0), "CublasGemm: null pointer");
+    SHARDLM_CHECK((x || half_x) && y && (w.data || cols == 0), "CublasGemm: null pointer");
+    const bool prepared = x == nullptr;  // the producer wrote input_for(w)
     if (cols == 0) {  // an empty sum; cuBLAS may return early without writing C when k == 0
         CUDA_CHECK(cudaMemsetAsync(y, 0, size_t(T * rows) * sizeof(float), stream_));
         if (bias) add_bias(y, bias, T, rows, stream_);
@@ -286,15 +287,15 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
                                      x, k, &zero, y, m));
             break;
         case DType::F16:
-            convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
+            if (!prepared) convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
             break;
         case DType::BF16:
-            convert_x<__nv_bfloat16>(x, x_half_, T * cols, cols, ic, stream_);
+            if (!prepared) convert_x<__nv_bfloat16>(x, x_half_, T * cols, cols, ic, stream_);
             ab_type = CUDA_R_16BF;
             break;
         case DType::I8: {
             // x goes into the weights' column order (dequant_i8 keeps it).
-            convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
+            if (!prepared) convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
             const bool events = side_ && !capturing(stream_);
             for (Slot& s : slots_) {
                 if (s.owner != w.data) continue;
@@ -338,6 +339,15 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
         CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, ab_type, k, x_half_, ab_type, k,
                                   &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (bias) add_bias(y, bias, T, rows, stream_);
+}
+
+HalfInput CublasGemm::input_for(const DeviceMatrix& w) const {
+    HalfInput h;
+    if (w.dtype == DType::F32 || !x_half_) return h;
+    h.data = x_half_;
+    h.type = w.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+    h.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
+    return h;
 }
 
 }  // namespace shardlm

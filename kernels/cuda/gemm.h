@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/half_input.h"
 #include "kernels/cuda/matrix.h"
 
 struct cublasContext;
@@ -33,7 +34,12 @@ public:
     CublasGemm(const CublasGemm&) = delete;
     CublasGemm& operator=(const CublasGemm&) = delete;
 
+    // x null: the input is already in input_for(w) (written by its producer, half_input.h) and the
+    // conversion is skipped; only for weights that take a 16-bit input (not F32).
     void run(const DeviceMatrix& w, const float* x, int64_t T, const float* bias, float* y);
+    // Where and in what form run(w, ...) takes its input as 16 bits: the scratch it converts x into,
+    // the weights' 16-bit type (F16 for I8) and their column order; data null for F32 weights.
+    HalfInput input_for(const DeviceMatrix& w) const;
     // Starts dequantizing INT8 `w` for a later run(w) on the side stream, in a free scratch slot.
     // Returns whether it did (or had): false without staging scratch, for other dtypes, for a
     // matrix larger than a free slot, and while the stream is being captured (a graph replays

@@ -5,6 +5,7 @@
 #include "kernels/cuda/act_quant.h"
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/half_input.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/w8a8.h"
@@ -113,6 +114,9 @@ struct NormArgs {
     // per row, quantize_acts_cuda's bits (act_quant.h).
     int8_t* q = nullptr;
     float* q_scales = nullptr;
+    // When half.data is set, y is also (or, with y null, only) written as a prefill GEMM's 16-bit
+    // input (half_input.h).
+    HalfInput half = {};
 };
 
 template <int V>
@@ -159,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
         }
     }
     const float inv = block_inv_rms(ss, a.dim, a.eps);
-    float4* yr = reinterpret_cast<float4*>(a.y + int64_t(blockIdx.x) * a.dim);
+    float4* yr = a.y ? reinterpret_cast<float4*>(a.y + int64_t(blockIdx.x) * a.dim) : nullptr;
     float amax = 0.0f;  // fmaxf ignores a NaN like the CPU's std::max(amax, |x|)
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -167,7 +171,8 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
         v[k] = make_float4((v[k].x * inv) * wv[k].x, (v[k].y * inv) * wv[k].y, (v[k].z * inv) * wv[k].z,
                            (v[k].w * inv) * wv[k].w);
         if (i < n4) {
-            yr[i] = v[k];
+            if (yr) yr[i] = v[k];
+            if (a.half.data) store_half_input4(a.half, blockIdx.x, a.dim, 4 * int64_t(i), v[k]);
             amax = abs_max4(amax, v[k]);
         }
     }
@@ -234,6 +239,16 @@ void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, flo
     if (launch_norm_vec(a, rows, stream)) return;
     add_rmsnorm_cuda(x, delta, w, y, rows, dim, eps, stream);
     quantize_acts_cuda(y, rows, dim, dim, q, q_scales, stream);
+}
+
+bool add_rmsnorm_half_cuda(float* x, const float* delta, const float* w, int64_t rows, int64_t dim, float eps,
+                           const HalfInput& out, cudaStream_t stream) {
+    if (rows == 0) return true;
+    check_rows(rows, "add_rmsnorm_half_cuda");
+    if (!half_input_fits(out, dim)) return false;
+    NormArgs a{x, delta, nullptr, w, nullptr, dim, eps, true};
+    a.half = out;
+    return launch_norm_vec(a, rows, stream);
 }
 
 void rmsnorm_rows_cuda(const float* x, const float* delta, const int32_t* rows, int64_t n, const float* w,

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/half_input.h"
+
 namespace shardlm {
 
 void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
@@ -21,6 +23,13 @@ void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, in
 // kernel where the row fits the norm's vector path (else the two kernels run in turn).
 void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
                                float eps, int8_t* q, float* q_scales, cudaStream_t stream);
+
+// add_rmsnorm_cuda whose normed rows go only to a prefill GEMM's 16-bit input (half_input.h: the
+// bits CublasGemm::run would convert y to), not to an f32 y. Returns false, having done nothing,
+// where its vector path does not apply (half_input_fits, dim at most 8192, 16-byte aligned rows):
+// then add_rmsnorm_cuda and the GEMM's own conversion.
+bool add_rmsnorm_half_cuda(float* x, const float* delta, const float* w, int64_t rows, int64_t dim, float eps,
+                           const HalfInput& out, cudaStream_t stream);
 
 // The final norm on the rows whose logits are wanted: y[i] = rmsnorm(x[r] + delta[r]) * w with
 // r = rows[i] (device array of n row indexes; delta may be null). x is not modified.

@@ -433,7 +433,21 @@ bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const floa
     return false;
 }
 
+HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*> ls, int64_t T) const {
+    if (T <= kGemvMaxTokens || ls.size() == 0) return {};
+    const HalfInput h = gemm_->input_for((*ls.begin())->w);
+    for (const CudaLinear* l : ls) {
+        const HalfInput o = gemm_->input_for(l->w);
+        // (W8A8 INT8 products take int8 activations, not this.)
+        if (!o.data || o.type != h.type || o.interleave_c != h.interleave_c || (w8a8_ && l->w.dtype == DType::I8))
+            return {};
+    }
+    return h;
+}
+
 void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts, bool acts_ready) {
+    // x null: a cuBLAS product whose 16-bit input its producer wrote (shared_half_input).
+    SHARDLM_CHECK(x || T > kGemvMaxTokens, "CudaEngine: a decode product without its input");
     if (w8a8_ && int8_acts && l.w.dtype == DType::I8) {
         // W8A8: the input quantized per token or group, then INT32 dot products.
         const int64_t cols = l.w.cols, g = act_group(l.w);
@@ -478,13 +492,19 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });
     for (size_t l = 0; l < layers_.size(); ++l) {
         const CudaLayer& L = layers_[l];
-        // The previous layer's MLP output joins the residual stream here, fused with the norm.
-        const bool qkv_ready = norm_for(L.qkv.w.data ? L.qkv : L.q, l == 0 ? nullptr : delta_, L.input_norm, T);
+        // The previous layer's MLP output joins the residual stream here, fused with the norm, which
+        // writes the projections' 16-bit input itself where they run on cuBLAS.
+        const float* d = l == 0 ? nullptr : delta_;
+        const HalfInput qkv_in =
+            L.qkv.w.data ? shared_half_input({&L.qkv}, T) : shared_half_input({&L.q, &L.k, &L.v}, T);
+        const bool qkv_half = qkv_in.data && add_rmsnorm_half_cuda(x_, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
+        const float* qkv_x = qkv_half ? nullptr : h_;
+        const bool qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T);
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            linear(L.qkv, h_, T, qkv_, true, qkv_ready);
+            linear(L.qkv, qkv_x, T, qkv_, true, qkv_ready);
             rp.q = qkv_;
             rp.k = qkv_ + q_dim;
             rp.v = qkv_ + q_dim + kv_dim;
@@ -492,9 +512,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             rp.q_out = q_;
         } else {
             // q, k and v share one quantized input when they share its grouping (else each quantizes).
-            linear(L.q, h_, T, q_, true, qkv_ready);
-            linear(L.k, h_, T, k_, true, qkv_ready && same_acts(L.k, L.q));
-            linear(L.v, h_, T, v_, true, qkv_ready && same_acts(L.v, L.q));
+            linear(L.q, qkv_x, T, q_, true, qkv_ready);
+            linear(L.k, qkv_x, T, k_, true, qkv_ready && same_acts(L.k, L.q));
+            linear(L.v, qkv_x, T, v_, true, qkv_ready && same_acts(L.v, L.q));
             rp.q = q_;
             rp.k = k_;
             rp.v = v_;
@@ -529,26 +549,35 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
-        const bool mlp_ready = norm_for(L.gate_up.w.data ? L.gate_up : L.gate, delta_, L.post_attn_norm, T);
+        const HalfInput mlp_in =
+            L.gate_up.w.data ? shared_half_input({&L.gate_up}, T) : shared_half_input({&L.gate, &L.up}, T);
+        const bool mlp_half =
+            mlp_in.data && add_rmsnorm_half_cuda(x_, delta_, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
+        const float* mlp_x = mlp_half ? nullptr : h_;
+        const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, delta_, L.post_attn_norm, T);
         bool down_ready = false;
+        const float* down_x = gate_;
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
                                gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
                                                 next_of(L.gate_up.w));
             if (!fused) {
-                linear(L.gate_up, h_, T, gate_up_, true, mlp_ready);
-                // Under W8A8 with per-token scales for down, SwiGLU quantizes its own output.
+                linear(L.gate_up, mlp_x, T, gate_up_, true, mlp_ready);
+                // Under W8A8 with per-token scales for down, SwiGLU quantizes its own output; before
+                // a cuBLAS product it writes the product's 16-bit input.
                 down_ready = w8a8_ && L.down.w.dtype == DType::I8 && act_group(L.down.w) == plan_.n_inter;
+                const HalfInput down_in = down_ready ? HalfInput{} : shared_half_input({&L.down}, T);
                 if (down_ready) silu_mul_rows_quantize_cuda(gate_up_, T, plan_.n_inter, gate_, act_q_, act_scales_, s);
+                else if (down_in.data && silu_mul_rows_half_cuda(gate_up_, T, plan_.n_inter, down_in, s)) down_x = nullptr;
                 else silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
             }
         } else {
-            linear(L.gate, h_, T, gate_, true, mlp_ready);
-            linear(L.up, h_, T, up_, true, mlp_ready && same_acts(L.up, L.gate));
+            linear(L.gate, mlp_x, T, gate_, true, mlp_ready);
+            linear(L.up, mlp_x, T, up_, true, mlp_ready && same_acts(L.up, L.gate));
             silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
         }
-        linear(L.down, gate_, T, delta_, true, down_ready);
+        linear(L.down, down_x, T, delta_, true, down_ready);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.

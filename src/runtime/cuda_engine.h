@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -92,6 +93,10 @@ private:
     // instead of two). Returns whether it did: pass that as linear()'s acts_ready for every
     // projection of h_.
     bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T);
+    // Steps of more than kGemvMaxTokens rows (cuBLAS products): the 16-bit input the products in
+    // `ls` share (CublasGemm::input_for), so that the kernel producing it writes it there and the
+    // products skip their conversion; data null when they take none or not the same one.
+    HalfInput shared_half_input(std::initializer_list<const CudaLinear*> ls, int64_t T) const;
     // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
     // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
     GemvNext next_of(const DeviceMatrix& w) const;

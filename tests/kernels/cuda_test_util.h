@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/interleave.h"
 
 namespace shardlm::test {
 
@@ -46,5 +48,17 @@ private:
     T* p_ = nullptr;
     size_t n_ = 0;
 };
+
+// Rows of `cols` f32 values as a prefill GEMM's 16-bit input (kernels/cuda/half_input.h): each
+// value rounded to `t` (F16 or BF16) the CPU's way, column c stored at interleaved_col(c, ic)
+// (ic 0: natural). What CublasGemm's conversion writes, bit for bit.
+inline std::vector<uint16_t> half_input_ref(const std::vector<float>& x, int64_t cols, DType t, int ic) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const int64_t r = int64_t(i) / cols, c = int64_t(i) % cols;
+        h[size_t(r * cols + (ic ? interleaved_col(c, ic) : c))] = t == DType::BF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+    }
+    return h;
+}
 
 }  // namespace shardlm::test

@@ -86,6 +86,30 @@ TEST(SiluMulCuda, RowsOfAFusedGateUp) {
     }
 }
 
+// SwiGLU writing a prefill GEMM's 16-bit input (silu_mul_rows_half_cuda): silu_mul_rows_cuda's
+// rows as the GEMM's conversion would write them (both types, natural and interleaved column
+// order), bit for bit; shapes it cannot take are handed back (false).
+TEST(SiluMulCuda, RowsHalfOutputIsTheGemmsConversion) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    struct Shape { int64_t T, inter; int ic; };
+    for (const Shape sh : {Shape{3, 36, 0}, Shape{9, 6144, 16}, Shape{2, 512, 8}, Shape{300, 256, 16}})
+        for (const DType t : {DType::F16, DType::BF16}) {
+            const int64_t T = sh.T, inter = sh.inter;
+            const std::vector<float> gu = test::rand_vec(size_t(T * 2 * inter), uint32_t(inter + 3), 6.0f);
+            DeviceBuffer<float> dgu(gu), out(size_t(T * inter));
+            DeviceBuffer<uint16_t> dh(size_t(T * inter));
+            ASSERT_TRUE(silu_mul_rows_half_cuda(dgu.get(), T, inter, {dh.get(), t, sh.ic}, nullptr));
+            silu_mul_rows_cuda(dgu.get(), T, inter, out.get(), nullptr);
+            EXPECT_EQ(dh.download(), test::half_input_ref(out.download(), inter, t, sh.ic))
+                << "inter " << inter << " " << dtype_name(t) << " ic " << sh.ic;
+            if (HasFailure()) return;
+        }
+    DeviceBuffer<float> gu(128);
+    DeviceBuffer<uint16_t> h(64);
+    EXPECT_FALSE(silu_mul_rows_half_cuda(gu.get(), 2, 30, {h.get(), DType::F16, 0}, nullptr));
+    EXPECT_FALSE(silu_mul_rows_half_cuda(gu.get() + 1, 2, 28, {h.get(), DType::F16, 0}, nullptr));  // misaligned
+}
+
 // SwiGLU that quantizes its rows for a W8A8 projection: out, q and the scales bit for bit those of
 // silu_mul_rows_cuda followed by quantize_acts_cuda, on the vector path (1 to 16 float4s per
 // thread) and the fallback (inter % 4 != 0, rows beyond 32768); a zero row gives scale 0.

@@ -122,6 +122,36 @@ TEST(RmsNormCuda, AddRmsNormQuantizeEqualsTheTwoKernels) {
     }
 }
 
+// The norm writing a prefill GEMM's 16-bit input (add_rmsnorm_half_cuda): the residual as
+// add_rmsnorm_cuda leaves it, and the normed rows as the GEMM's conversion would write them (both
+// types, natural and interleaved column order), bit for bit; shapes the vector path cannot take
+// are handed back (false) untouched.
+TEST(RmsNormCuda, HalfOutputIsTheGemmsConversion) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    struct Shape { int64_t rows, dim; int ic; };
+    for (const Shape sh : {Shape{5, 36, 0}, Shape{3, 2048, 16}, Shape{2, 1024, 8}, Shape{7, 8192, 16}, Shape{1, 128, 8}})
+        for (const DType t : {DType::F16, DType::BF16}) {
+            const int64_t rows = sh.rows, dim = sh.dim;
+            const std::vector<float> x = test::rand_vec(size_t(rows * dim), uint32_t(dim + 11), 4.0f);
+            const std::vector<float> delta = test::rand_vec(x.size(), uint32_t(dim + 12), 2.0f);
+            const std::vector<float> w = norm_weights(dim);
+            DeviceBuffer<float> dx(x), dx2(x), dd(delta), dw(w), dy(x.size());
+            DeviceBuffer<uint16_t> dh(x.size());
+            const HalfInput h{dh.get(), t, sh.ic};
+            ASSERT_TRUE(add_rmsnorm_half_cuda(dx.get(), dd.get(), dw.get(), rows, dim, kEps, h, nullptr));
+            add_rmsnorm_cuda(dx2.get(), dd.get(), dw.get(), dy.get(), rows, dim, kEps, nullptr);
+            const std::string what = "dim " + std::to_string(dim) + " " + dtype_name(t) + " ic " + std::to_string(sh.ic);
+            EXPECT_EQ(dx.download(), dx2.download()) << what << ": residual";
+            EXPECT_EQ(dh.download(), test::half_input_ref(dy.download(), dim, t, sh.ic)) << what;
+            if (HasFailure()) return;
+        }
+    DeviceBuffer<float> x(64), w(64);
+    DeviceBuffer<uint16_t> h(64);
+    EXPECT_FALSE(add_rmsnorm_half_cuda(x.get(), nullptr, w.get(), 2, 30, kEps, {h.get(), DType::F16, 0}, nullptr));
+    EXPECT_FALSE(add_rmsnorm_half_cuda(x.get(), nullptr, w.get(), 2, 32, kEps, {h.get(), DType::F16, 16}, nullptr));
+    EXPECT_FALSE(add_rmsnorm_half_cuda(x.get(), nullptr, w.get(), 2, 32, kEps, {h.get(), DType::F32, 0}, nullptr));
+}
+
 TEST(RmsNormCuda, RowsGathersAndLeavesXAlone) {
     if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
     for (const auto& s : kShapes) {

@@ -295,6 +295,16 @@ s_models() {  # the small checkpoints of the tokens and sanitizer steps
     echo "note: tiny-qwen3 fp32 and bf16 checkpoints"
 }
 
+cpu_vs_dev() {  # NAME LABEL FLAGS...: the tiny fp32 model's tokens on the CPU and on $DEV, compared
+  local name=$1 label=$2
+  shift 2
+  local args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --weights fp32 --kv fp32 --json "$@")
+  echo "-- $label on $DEV"
+  "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_$name.json" &&
+    "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/tok_dev_$name.json" &&
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_$name.json" "$work/tok_dev_$name.json"
+}
+
 s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and fp16, graphs on and off; top-p
   local w g rc=0 args
   [ -f "$work/tiny32/config.json" ] || { echo "no model (models step failed)"; exit 1; }
@@ -311,26 +321,12 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   # Top-p alone, sampled (fp32): the GPU hands back candidates and the row's integer mass
   # (kernels/cuda/nucleus.cu), the CPU samples whole rows; the same draws unless a logit's last-bit
   # difference moves one across a boundary (odds ~1e-6 per token).
-  args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --max-new-tokens 16 --temperature 0.9
-        --top-k 0 --top-p 0.9 --seed 5 --weights fp32 --kv fp32 --json)
-  echo "-- fp32 top-p 0.9 without top-k, sampled, on $DEV"
-  if "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_topp.json" &&
-     "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/tok_dev_topp.json"; then
-    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_topp.json" "$work/tok_dev_topp.json" || rc=1
-  else
-    rc=1
-  fi
+  cpu_vs_dev topp "fp32 top-p 0.9 without top-k, sampled" --max-new-tokens 16 --temperature 0.9 --top-k 0 \
+    --top-p 0.9 --seed 5 || rc=1
   # --context-overflow slide: 40 tokens through a context of 16, the KV cache shifted on the
   # device (kernels/cuda/kv_shift.cu) as on the CPU.
-  args=(generate --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10" --max-new-tokens 40 --temperature 0
-        --ctx 16 --context-overflow slide --weights fp32 --kv fp32 --json)
-  echo "-- fp32 greedy through context shifts on $DEV"
-  if "$BIN/shardlm" "${args[@]}" --device cpu > "$work/tok_cpu_slide.json" &&
-     "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/tok_dev_slide.json"; then
-    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_slide.json" "$work/tok_dev_slide.json" || rc=1
-  else
-    rc=1
-  fi
+  cpu_vs_dev slide "fp32 greedy through context shifts" --max-new-tokens 40 --temperature 0 --ctx 16 \
+    --context-overflow slide || rc=1
   [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts)"
   exit $rc
 }
@@ -499,7 +495,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env

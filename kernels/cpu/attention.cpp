@@ -13,7 +13,7 @@ namespace shardlm {
 namespace {
 
 inline float cache_value(const KvRows& kv, int64_t j, int64_t c) {
-    const int64_t slot = j % kv.capacity, off = slot * kv.row_stride + c;
+    const int64_t slot = (kv.first_slot + j) % kv.capacity, off = slot * kv.row_stride + c;
     switch (kv.dtype) {
         case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(kv.base)[off]);
         case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(kv.base)[off]);
@@ -62,8 +62,10 @@ void attention_cached(const CachedAttention& a) {
         std::vector<float> scores(size_t(group * ld)), acc(size_t(group * d)), sums(static_cast<size_t>(group));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < work; ++w) {
-            const int64_t i = w / a.n_kv_heads, kh = w % a.n_kv_heads, n_keys = a.q_pos0 + i + 1;
-            const KvRows K = kv_rows(a, kh, false), V = kv_rows(a, kh, true);
+            const int64_t i = w / a.n_kv_heads, kh = w % a.n_kv_heads, lo = window_start(a.q_pos0 + i, a.window);
+            const int64_t n_keys = a.q_pos0 + i + 1 - lo;
+            KvRows K = kv_rows(a, kh, false), V = kv_rows(a, kh, true);
+            K.first_slot = V.first_slot = lo % a.capacity;
             const float* q = a.q + (i * a.n_heads + kh * group) * d;  // the group's heads are adjacent
             float* s = scores.data();
 #if defined(SHARDLM_HAVE_AVX2)

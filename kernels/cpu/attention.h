@@ -9,10 +9,15 @@
 
 namespace shardlm {
 
+// The first key a query at position `pos` sees: 0, or under a sliding window of `window` > 0
+// positions pos - window + 1 (Hugging Face's kv_idx > q_idx - sliding_window).
+inline int64_t window_start(int64_t pos, int64_t window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+
 // Plain truth over contiguous tensors: q/out [n_q, n_heads, d], k/v [n_k, n_kv_heads, d].
-// Query i sits at position q_pos0 + i and sees keys 0 .. q_pos0 + i (n_k >= q_pos0 + n_q).
+// Query i sits at position q_pos0 + i and sees keys window_start(q_pos0 + i, window) .. q_pos0 + i
+// (n_k >= q_pos0 + n_q; window 0: all earlier keys).
 void attention_ref(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t n_k,
-                   int64_t n_heads, int64_t n_kv_heads, int64_t d, int64_t q_pos0, float scale);
+                   int64_t n_heads, int64_t n_kv_heads, int64_t d, int64_t q_pos0, float scale, int64_t window = 0);
 
 // The engine's attention over one sequence's KV cache. Layout of k and v:
 // [n_kv_heads][capacity][row_stride] elements of kv_dtype; position p lives in slot p % capacity.
@@ -22,7 +27,8 @@ struct CachedAttention {
     const float* q = nullptr;  // [n_q, n_heads, head_dim]
     float* out = nullptr;      // [n_q, n_heads, head_dim]
     int64_t n_q = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-    int64_t q_pos0 = 0;  // query i attends to positions [0, q_pos0 + i]
+    int64_t q_pos0 = 0;  // query i attends to positions [window_start(q_pos0 + i, window), q_pos0 + i]
+    int64_t window = 0;  // sliding window (0: none); the cache then holds at least the window's rows
     const void* k = nullptr;
     const void* v = nullptr;
     DType kv_dtype = DType::F32;  // F32, F16, BF16 or I8

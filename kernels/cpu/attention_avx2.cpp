@@ -21,7 +21,7 @@ inline const void* row_ptr(const KvRows& kv, int64_t slot) {
 // G query heads against every key: one pass over the cache rows.
 template <DType DT, int G>
 void scores_g(const float* q, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s, int64_t ld) {
-    int64_t slot = 0;
+    int64_t slot = k.first_slot;
     for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == k.capacity ? 0 : slot + 1) {
         const void* row = row_ptr(k, slot);
         __m256 acc[G];
@@ -50,7 +50,7 @@ void values_block(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, i
     __m256 a[G][W];
     for (int g = 0; g < G; ++g)
         for (int u = 0; u < W; ++u) a[g][u] = _mm256_setzero_ps();
-    int64_t slot = 0;
+    int64_t slot = v.first_slot;
     for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
         const void* row = row_ptr(v, slot);
         const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
@@ -72,7 +72,7 @@ void values_g(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, int64
     for (; c + 8 <= d; c += 8) values_block<DT, G, 1>(p, ld, v, n_keys, d, c, acc);
     if (c < d) {
         for (int g = 0; g < G; ++g) std::fill(acc + g * d + c, acc + g * d + d, 0.0f);
-        int64_t slot = 0;
+        int64_t slot = v.first_slot;
         for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
             const void* row = row_ptr(v, slot);
             const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;

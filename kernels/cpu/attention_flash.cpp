@@ -36,7 +36,7 @@ void flash_load_tile_avx2(const KvRows& k, const KvRows& v, int64_t j0, int64_t 
                           int64_t ldk, float* vt);
 void flash_scores_avx2(const float* q, int64_t rows, int64_t d, const float* kt, int64_t ldk, int64_t n, float* s,
                        int64_t lds);
-float flash_softmax_row_avx2(float* s, int64_t n_valid, int64_t n, float& m, float& l);
+float flash_softmax_row_avx2(float* s, int64_t v0, int64_t v1, int64_t n, float& m, float& l);
 void flash_values_avx2(const float* p, int64_t lds, int64_t rows, const float* vt, int64_t n, int64_t d,
                        const float* alpha, float* o);
 #endif
@@ -92,23 +92,32 @@ void scores_scalar(const float* q, int64_t rows, int64_t d, const float* kt, int
     }
 }
 
-// One row's online-softmax step over a tile: scores s[0 .. n_valid) become e^(s - m') and
-// s[n_valid .. round8(n)) zeros (masked keys); m and l are updated; returns a = e^(m - m').
-float softmax_row_scalar(float* s, int64_t n_valid, int64_t n, float& m, float& l) {
+// One row's online-softmax step over a tile: the scores of the keys it sees, s[v0 .. v1), become
+// e^(s - m'), the rest of s[0 .. round8(n)) zeros (keys masked causally or by the window); m and l
+// are updated; returns a = e^(m - m'). A row that sees none of the tile keeps m and l (a = 1).
+float softmax_row_scalar(float* s, int64_t v0, int64_t v1, int64_t n, float& m, float& l) {
     const int64_t np = round8(n);
-    if (n_valid == 0) {
+    if (v0 >= v1) {
         std::fill(s, s + np, 0.0f);
         return 1.0f;
     }
     float mt = m;
-    for (int64_t j = 0; j < n_valid; ++j) mt = std::max(mt, s[j]);
-    const float alpha = std::exp(m - mt);  // m = -inf before the first tile: a = 0
+    for (int64_t j = v0; j < v1; ++j) mt = std::max(mt, s[j]);
+    const float alpha = std::exp(m - mt);  // m = -inf before the row's first keys: a = 0
     float sum = 0;
-    for (int64_t j = 0; j < n_valid; ++j) sum += (s[j] = std::exp(s[j] - mt));
-    std::fill(s + n_valid, s + np, 0.0f);
+    for (int64_t j = v0; j < v1; ++j) sum += (s[j] = std::exp(s[j] - mt));
+    std::fill(s, s + v0, 0.0f);
+    std::fill(s + v1, s + np, 0.0f);
     l = l * alpha + sum;
     m = mt;
     return alpha;
+}
+
+// The keys of a tile at positions j0 .. j0 + n - 1 that the row of query position `pos` sees:
+// [v0, v1) of the tile (empty when v0 >= v1).
+inline void visible(int64_t pos, int64_t window, int64_t j0, int64_t n, int64_t& v0, int64_t& v1) {
+    v0 = std::clamp<int64_t>(window_start(pos, window) - j0, 0, n);
+    v1 = std::clamp<int64_t>(pos - j0 + 1, 0, n);
 }
 
 // o[r * d + c] = alpha[r] * o[r * d + c] + sum_{j < n} p[r * lds + j] * vt[j * d + c].
@@ -141,8 +150,9 @@ KvRows ring_segment(const KvRows& kv, int64_t j0, int64_t n, int64_t& len) {
 // copying a tile out would buy no reuse, so scores and values come straight from the cache rows
 // through attention_cached's loops (attention_kernels.h), with the same online-softmax update.
 // s: [rows][kDirectTile] scores, tmp: [rows][d] P V of one ring segment.
-void tile_direct_avx2(const float* q, int64_t rows, int64_t group, int64_t first, int64_t d, const KvRows& K,
-                      const KvRows& V, int64_t j0, int64_t n, float* s, float* m, float* l, float* tmp, float* o) {
+void tile_direct_avx2(const float* q, int64_t rows, int64_t group, int64_t first, int64_t window, int64_t d,
+                      const KvRows& K, const KvRows& V, int64_t j0, int64_t n, float* s, float* m, float* l, float* tmp,
+                      float* o) {
     int64_t len = 0;
     for (int64_t done = 0; done < n; done += len) {
         const KvRows seg = ring_segment(K, j0 + done, n - done, len);
@@ -150,8 +160,9 @@ void tile_direct_avx2(const float* q, int64_t rows, int64_t group, int64_t first
     }
     float alpha[kDirectRows];
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n_valid = std::clamp<int64_t>(first + r / group - j0 + 1, 0, n);
-        alpha[r] = flash_softmax_row_avx2(s + r * kDirectTile, n_valid, n, m[r], l[r]);
+        int64_t v0, v1;
+        visible(first + r / group, window, j0, n, v0, v1);
+        alpha[r] = flash_softmax_row_avx2(s + r * kDirectTile, v0, v1, n, m[r], l[r]);
     }
     for (int64_t done = 0; done < n; done += len) {
         const KvRows seg = ring_segment(V, j0 + done, n - done, len);
@@ -184,26 +195,28 @@ struct Scratch {
 };
 
 // One work item: `rows` = nq x group rows of KV head K/V; the block's first query sits at `first`.
-// q: [rows][d] prescaled; writes o [rows][d] = softmax(q K^T) V with the causal mask.
-void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_t last, int64_t d, const KvRows& K,
-                  const KvRows& V, CpuIsa isa) {
+// q: [rows][d] prescaled; writes o [rows][d] = softmax(q K^T) V with the causal mask (and the
+// sliding window's, window > 0: the tiles start at the first query's first key).
+void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_t last, int64_t window, int64_t d,
+                  const KvRows& K, const KvRows& V, CpuIsa isa) {
     const bool vec = isa != CpuIsa::Scalar;  // any vector variant implies AVX2
     float *q = t.q.data(), *o = t.o.data(), *kt = t.kt.data(), *vt = t.vt.data(), *s = t.s.data();
     float *m = t.m.data(), *l = t.l.data(), *alpha = t.alpha.data();
     std::fill(o, o + rows * d, 0.0f);
     std::fill(m, m + rows, -INFINITY);
     std::fill(l, l + rows, 0.0f);
-    const int64_t n_keys = last + 1;
+    const int64_t start = window_start(first, window), end = last + 1;  // keys [start, end)
 #if defined(SHARDLM_HAVE_AVX2)
     if (vec && rows < kDirectRows) {
+        const int64_t n_keys = end - start;
         const int64_t tiles = (n_keys + kDirectTile - 1) / kDirectTile, tile = (n_keys + tiles - 1) / tiles;
-        for (int64_t j0 = 0; j0 < n_keys; j0 += tile)
-            tile_direct_avx2(q, rows, group, first, d, K, V, j0, std::min(tile, n_keys - j0), s, m, l, kt, o);
+        for (int64_t j0 = start; j0 < end; j0 += tile)
+            tile_direct_avx2(q, rows, group, first, window, d, K, V, j0, std::min(tile, end - j0), s, m, l, kt, o);
         return;
     }
 #endif
-    for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
-        const int64_t n = std::min(kKeyTile, n_keys - j0);
+    for (int64_t j0 = start; j0 < end; j0 += kKeyTile) {
+        const int64_t n = std::min(kKeyTile, end - j0);
 #if defined(SHARDLM_HAVE_AVX2)
         if (vec) {
             flash_load_tile_avx2(K, V, j0, n, d, kt, kKeyTile, vt);
@@ -213,8 +226,9 @@ void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_
 #endif
                 flash_scores_avx2(q, rows, d, kt, kKeyTile, n, s, kKeyTile);
             for (int64_t r = 0; r < rows; ++r) {
-                const int64_t n_valid = std::clamp<int64_t>(first + r / group - j0 + 1, 0, n);  // causal
-                alpha[r] = flash_softmax_row_avx2(s + r * kKeyTile, n_valid, n, m[r], l[r]);
+                int64_t v0, v1;
+                visible(first + r / group, window, j0, n, v0, v1);
+                alpha[r] = flash_softmax_row_avx2(s + r * kKeyTile, v0, v1, n, m[r], l[r]);
             }
 #if defined(SHARDLM_HAVE_AVX512)
             if (isa == CpuIsa::Avx512) flash_values_avx512(s, kKeyTile, rows, vt, n, d, alpha, o);
@@ -227,8 +241,9 @@ void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_
         load_tile_scalar(K, V, j0, n, d, kt, kKeyTile, vt);
         scores_scalar(q, rows, d, kt, kKeyTile, n, s, kKeyTile);
         for (int64_t r = 0; r < rows; ++r) {
-            const int64_t n_valid = std::clamp<int64_t>(first + r / group - j0 + 1, 0, n);
-            alpha[r] = softmax_row_scalar(s + r * kKeyTile, n_valid, n, m[r], l[r]);
+            int64_t v0, v1;
+            visible(first + r / group, window, j0, n, v0, v1);
+            alpha[r] = softmax_row_scalar(s + r * kKeyTile, v0, v1, n, m[r], l[r]);
         }
         values_scalar(s, kKeyTile, rows, vt, n, d, alpha, o);
     }
@@ -259,10 +274,10 @@ void attention_cached_flash(const CachedAttention& a) {
                 for (int64_t e = 0; e < group * d; ++e) t.q[size_t(i * group * d + e)] = src[e] * a.scale;
             }
             const int64_t first = a.q_pos0 + i0;  // position of the block's first query
-            attend_block(t, rows, group, first, first + nq - 1, d, K, V, isa);
+            attend_block(t, rows, group, first, first + nq - 1, a.window, d, K, V, isa);
             for (int64_t r = 0; r < rows; ++r) {
                 float* dst = a.out + ((i0 + r / group) * a.n_heads + kh * group + r % group) * d;
-                const float inv = 1.0f / t.l[size_t(r)];  // l >= 1: every row sees at least key 0
+                const float inv = 1.0f / t.l[size_t(r)];  // l >= 1: every row sees at least itself
                 for (int64_t c = 0; c < d; ++c) dst[c] = t.o[size_t(r * d + c)] * inv;
             }
         }

@@ -172,28 +172,29 @@ void flash_scores_avx2(const float* q, int64_t rows, int64_t d, const float* kt,
     for (; r < rows; ++r) scores_rows<1, 4>(q + r * d, d, kt, ldk, np, s + r * lds, lds);
 }
 
-float flash_softmax_row_avx2(float* s, int64_t n_valid, int64_t n, float& m, float& l) {
+float flash_softmax_row_avx2(float* s, int64_t v0, int64_t v1, int64_t n, float& m, float& l) {
     const int64_t np = (n + 7) / 8 * 8;
-    if (n_valid == 0) {
+    if (v0 >= v1) {
         std::fill(s, s + np, 0.0f);
         return 1.0f;
     }
-    int64_t j = 0;
+    int64_t j = v0;
     __m256 m8 = _mm256_set1_ps(m);
-    for (; j + 8 <= n_valid; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    for (; j + 8 <= v1; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
     float mt = hmax(m8);
-    for (; j < n_valid; ++j) mt = std::max(mt, s[j]);
-    const float alpha = std::exp(m - mt);  // m = -inf before the first tile: a = 0
+    for (; j < v1; ++j) mt = std::max(mt, s[j]);
+    const float alpha = std::exp(m - mt);  // m = -inf before the row's first keys: a = 0
     const __m256 mv = _mm256_set1_ps(mt);
     __m256 sum8 = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= n_valid; j += 8) {
+    for (j = v0; j + 8 <= v1; j += 8) {
         const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, e);
         sum8 = _mm256_add_ps(sum8, e);
     }
     float sum = hsum(sum8);
-    for (; j < n_valid; ++j) sum += (s[j] = std::exp(s[j] - mt));
-    std::fill(s + n_valid, s + np, 0.0f);
+    for (; j < v1; ++j) sum += (s[j] = std::exp(s[j] - mt));
+    std::fill(s, s + v0, 0.0f);
+    std::fill(s + v1, s + np, 0.0f);
     l = l * alpha + sum;
     m = mt;
     return alpha;

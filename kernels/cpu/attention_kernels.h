@@ -9,12 +9,15 @@
 namespace shardlm {
 
 // The cache rows of one KV head: row of position j at base + (j % capacity) * row_stride elements;
-// I8 rows are scaled by scales[j % capacity].
+// I8 rows are scaled by scales[j % capacity]. The per-query loops (attn_*_avx2) walk n_keys rows
+// from slot first_slot on, wrapping at capacity: the first key a query sees need not be position 0
+// (a sliding window), and the ring may have wrapped.
 struct KvRows {
     const void* base = nullptr;
     DType dtype = DType::F32;
     const float* scales = nullptr;
     int64_t capacity = 0, row_stride = 0;
+    int64_t first_slot = 0;
 };
 
 // The keys (values = false) or values of KV head kh of a's cache.

@@ -63,6 +63,7 @@ struct Args {
     int n_heads, n_kv_heads, group, head_dim;
     int64_t capacity, row_bytes;
     float scale;
+    int window;  // sliding window (0: none): the query at p sees keys window_lo(p, window) .. p
     // Split-KV partials: record ((chunk * n_heads + h) * n_splits + split) is
     // [m, l, acc[head_dim]] (head_dim + 2 floats): running max, sum of exp, unnormalised output.
     float* partials;
@@ -81,6 +82,9 @@ struct Args {
         int64_t row_stride;  // elements
     } rope;
 };
+
+// The first key a query at position p sees (kernels/cpu/attention.h window_start).
+__device__ __forceinline__ int window_lo(int p, int window) { return window > 0 && p >= window ? p - window + 1 : 0; }
 
 __device__ __forceinline__ int64_t cache_row(const Args& a, int64_t block, int p) {
     return block + (p < a.capacity ? int64_t(p) : int64_t(p) % a.capacity);
@@ -234,12 +238,17 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
         const int r = w / (DP / 2), c = (w % (DP / 2)) * 2;
         *reinterpret_cast<float2*>(sQ + r * LD + c) = q_pair(a, ch, kvh, r0 + r, rows_total, c);
     }
-    int qpos[2];  // rows past the chunk act as its last query (zero q, never written)
-    for (int t = 0; t < 2; ++t) qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
+    int qpos[2], qlo[2];  // rows past the chunk act as its last query (zero q, never written)
+    for (int t = 0; t < 2; ++t) {
+        qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
+        qlo[t] = window_lo(qpos[t], a.window);
+    }
+    // Keys from the block's first row's first key (a sliding window skips the older tiles).
+    const int kv_begin = window_lo(ch.pos0 + r0 / a.group, a.window);
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][NV][4] = {};
     const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
-    for (int p0 = 0; p0 < kv_end; p0 += BK) {
+    for (int p0 = kv_begin; p0 < kv_end; p0 += BK) {
         stage_tile<DP, NT>(a, a.k, a.k_scales, block, p0, BK, kv_end, sK);
         stage_tile<DP, NT>(a, a.v, a.v_scales, block, p0, BK, kv_end, sV);
         __syncthreads();
@@ -261,7 +270,8 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
             float mx = -INFINITY;
 #pragma unroll
             for (int u = 0; u < NU; ++u) {
-                s[t][u] = p0 + tj + 16 * u <= qpos[t] ? s[t][u] * a.scale : -INFINITY;
+                const int key = p0 + tj + 16 * u;
+                s[t][u] = key <= qpos[t] && key >= qlo[t] ? s[t][u] * a.scale : -INFINITY;
                 mx = fmaxf(mx, s[t][u]);
             }
             mx = warp_max(mx, 16);  // the 16 lanes of a half-warp share the row
@@ -425,16 +435,22 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
     // This thread's rows are warp * 16 + g and + 8 (rows past the chunk act as its last query:
     // zero q, never written); the warp's last query bounds the key tiles it has any work in.
     const int wr0 = r0 + warp * 16;
-    int qpos[2];
-    for (int h = 0; h < 2; ++h) qpos[h] = ch.pos0 + min(wr0 + g + 8 * h, rows_total - 1) / a.group;
+    int qpos[2], qlo[2];
+    for (int h = 0; h < 2; ++h) {
+        qpos[h] = ch.pos0 + min(wr0 + g + 8 * h, rows_total - 1) / a.group;
+        qlo[h] = window_lo(qpos[h], a.window);
+    }
     const int warp_last = ch.pos0 + min(wr0 + 15, rows_total - 1) / a.group;
+    const int warp_lo = window_lo(ch.pos0 + min(wr0, rows_total - 1) / a.group, a.window);  // its first row's
+    // Keys from the block's first row's first key (a sliding window skips the older tiles).
+    const int kv_begin = window_lo(ch.pos0 + r0 / a.group, a.window);
 
     float o[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
-    for (int p0 = 0; p0 < kv_end; p0 += BK) {
+    for (int p0 = kv_begin; p0 < kv_end; p0 += BK) {
         stage_tile_mma<DP, KT>(a, block, p0, kv_end, sK, sVt, sKs, sVs);
         __syncthreads();
-        if (p0 <= warp_last) {  // warp-uniform: every lane takes part in the mma below
+        if (p0 <= warp_last && p0 + BK > warp_lo) {  // warp-uniform: every lane takes part in the mma below
             float s[NJ][4] = {};
             const __half* qh = sQh + (warp * 16 + g) * LQ + 2 * t;
             const __half* ql = sQl + (warp * 16 + g) * LQ + 2 * t;
@@ -460,7 +476,7 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
                     const int key = j * 8 + 2 * t + (e & 1);
                     float x = s[j][e];
                     if (KT == DType::I8) x *= sKs[key];
-                    x = p0 + key <= qpos[e >> 1] ? x : -INFINITY;
+                    x = p0 + key <= qpos[e >> 1] && p0 + key >= qlo[e >> 1] ? x : -INFINITY;
                     s[j][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
@@ -642,7 +658,10 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     const int kvh = blockIdx.y / n_sub, g0 = int(blockIdx.y % n_sub) * GB;
     const int n_g = min(GB, a.group - g0), h0 = kvh * a.group + g0;
     const int kv_len = ch.pos0 + 1, newest = ch.pos0;
-    const int k_begin = int(blockIdx.x) * a.keys_per_split, k_end = min(k_begin + a.keys_per_split, kv_len);
+    // Splits from the query's first key: the window's (or position 0), so that the splits of a
+    // capacity cover every key it sees.
+    const int k_begin = window_lo(newest, a.window) + int(blockIdx.x) * a.keys_per_split;
+    const int k_end = min(k_begin + a.keys_per_split, kv_len);
     const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + kvh) * a.capacity;
     const bool active = ch.n >= 1 && k_begin < k_end;  // uniform over the block
 
@@ -942,18 +961,18 @@ __global__ void __launch_bounds__(kNaiveThreads) naive_kernel(Args a) {
     const float* q = a.q + (int64_t(ch.row0 + i) * a.n_heads + h) * a.head_dim;
     for (int c = tid; c < a.head_dim; c += kNaiveThreads) sq[c] = q[c];
     __syncthreads();
-    const int n_keys = ch.pos0 + i + 1;
+    const int n_keys = ch.pos0 + i + 1, j_lo = window_lo(ch.pos0 + i, a.window);  // keys [j_lo, n_keys)
     const int64_t block = (int64_t(ch.slot) * a.n_kv_heads + h / a.group) * a.capacity;
 
     float mx = -INFINITY;
-    for (int j = tid; j < n_keys; j += kNaiveThreads) mx = fmaxf(mx, naive_score(a, sq, block, j));
+    for (int j = j_lo + tid; j < n_keys; j += kNaiveThreads) mx = fmaxf(mx, naive_score(a, sq, block, j));
     mx = block_reduce<true>(mx, red);
     float sum = 0.0f;
-    for (int j = tid; j < n_keys; j += kNaiveThreads) sum += expf(naive_score(a, sq, block, j) - mx);
+    for (int j = j_lo + tid; j < n_keys; j += kNaiveThreads) sum += expf(naive_score(a, sq, block, j) - mx);
     sum = block_reduce<false>(sum, red);
 
     float acc[kMaxHeadDim / kNaiveThreads] = {};
-    for (int j0 = 0; j0 < n_keys; j0 += kNaiveThreads) {
+    for (int j0 = j_lo; j0 < n_keys; j0 += kNaiveThreads) {
         const int j = j0 + tid;
         sp[tid] = j < n_keys ? expf(naive_score(a, sq, block, j) - mx) : 0.0f;
         __syncthreads();
@@ -1087,6 +1106,7 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
                   "attention: misaligned q, out or KV cache");
     SHARDLM_CHECK(a.n_chunks <= 65535 && a.n_heads <= 65535 && a.max_chunk_n < (int64_t(1) << 31),
                   "attention: ", a.n_chunks, " chunks x ", a.n_heads, " heads exceed the grid");
+    SHARDLM_CHECK(a.window >= 0 && a.window < (int64_t(1) << 31), "attention: window ", a.window);
 
     const SplitPlan plan = split_plan(kv.capacity);
     Args args{};
@@ -1105,6 +1125,7 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     args.capacity = kv.capacity;
     args.row_bytes = row_bytes;
     args.scale = a.scale;
+    args.window = int(a.window);
     args.partials = static_cast<float*>(a.scratch);
     args.n_splits = plan.n_splits;
     args.keys_per_split = plan.keys_per_split;

@@ -33,6 +33,9 @@ struct AttentionCuda {
     int64_t max_chunk_n = 0;  // largest chunk n (host-known; sizes the grid)
     int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
     float scale = 1.0f;
+    // Sliding window (0: none): the query at position p sees keys max(0, p - window + 1) .. p.
+    // The cache must hold all of them (kv.capacity >= window + max_chunk_n - 1 when it wraps).
+    int64_t window = 0;
     DeviceKVLayer kv;
     // Split-KV partial results; attention_scratch_bytes() of them. The grid depends only on
     // n_chunks, max_chunk_n and kv.capacity, never on positions, so a captured graph stays valid

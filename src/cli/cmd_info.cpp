@@ -1,4 +1,5 @@
 // shardlm info: what a checkpoint is and what it costs in memory.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/shard.h"
+#include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 
 namespace shardlm {
@@ -69,7 +71,11 @@ int cmd_info(const Args& args) {
         KVCacheShape ks;
         ks.n_layers = c.n_layers;
         ks.n_slots = batch;
-        ks.capacity = ctx;
+        EngineOptions eo;  // the cache generate would allocate (its default --prefill-chunk)
+        eo.ctx = ctx;
+        eo.max_batch = batch;
+        eo.max_step_tokens = std::max<int64_t>(256, batch);
+        ks.capacity = kv_capacity(c, eo);
         ks.n_kv_heads = p.n_kv_heads;
         ks.head_dim = c.head_dim;
         ks.dtype = kv_type;

@@ -144,10 +144,32 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     c.qkv_bias = c.arch == Arch::Qwen2 ? true : r.boolean_or("attention_bias", false);
     c.qk_norm = c.arch == Arch::Qwen3;
 
-    // Sliding-window attention only matters for contexts longer than the window; the engine
-    // refuses such contexts rather than silently attending to everything.
+    // Sliding-window attention, as Hugging Face reads it: Mistral on every layer; Qwen2/Qwen3 with
+    // use_sliding_window on the layers from max_window_layers on; or an explicit layer_types list,
+    // which must then be full layers followed by sliding ones (the only pattern of these families).
     const bool use_sw = c.arch == Arch::Mistral || r.boolean_or("use_sliding_window", false);
-    if (use_sw && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+    if (use_sw && r.has("sliding_window") && r.integer("sliding_window") > 0) {
+        c.sliding_window = r.integer("sliding_window");
+        if (c.arch != Arch::Mistral) c.window_from_layer = r.integer_or("max_window_layers", c.n_layers);
+        if (c.window_from_layer < 0) fail(origin, ": max_window_layers must be >= 0");
+    }
+    if (c.sliding_window > 0 && r.has("layer_types")) {
+        const json& t = j["layer_types"];
+        if (!t.is_array() || int64_t(t.size()) != c.n_layers)
+            fail(origin, ": layer_types must list the ", c.n_layers, " layers");
+        int64_t first = c.n_layers;
+        for (int64_t l = 0; l < c.n_layers; ++l) {
+            const json& e = t[size_t(l)];
+            if (!e.is_string() || (e != "sliding_attention" && e != "full_attention"))
+                fail(origin, ": layer_types[", l, "] must be \"sliding_attention\" or \"full_attention\"");
+            const bool sliding = e == "sliding_attention";
+            if (sliding && first == c.n_layers) first = l;
+            if (!sliding && first < l)
+                fail(origin, ": layer_types puts a full-attention layer (", l, ") after sliding ones; not supported");
+        }
+        c.window_from_layer = first;
+    }
+    if (c.window_from_layer >= c.n_layers) c.sliding_window = c.window_from_layer = 0;  // no layer slides
 
     c.bos_id = r.integer_or("bos_token_id", -1);
     if (r.has("eos_token_id")) {

@@ -42,6 +42,7 @@ struct ModelConfig {
     int64_t vocab = 0;         // vocab_size
     int64_t max_position = 0;  // max_position_embeddings (0 when absent)
     int64_t sliding_window = 0;  // 0: full attention
+    int64_t window_from_layer = 0;  // layers from this one on use sliding_window (Qwen2's max_window_layers)
     float rms_eps = 1e-6f;
     float rope_theta = 10000.0f;
     RopeScaling rope;
@@ -53,6 +54,11 @@ struct ModelConfig {
     DType torch_dtype = DType::F32;
     QuantConfig quant;
 };
+
+// The sliding window of layer l's attention (0: full attention).
+inline int64_t layer_window(const ModelConfig& c, int64_t l) {
+    return c.sliding_window > 0 && l >= c.window_from_layer ? c.sliding_window : 0;
+}
 
 // Parses the JSON text of config.json; `origin` names the file in errors.
 ModelConfig parse_config(const std::string& json_text, const std::string& origin);

@@ -151,7 +151,13 @@ std::string config_json(const ModelConfig& c) {
     j["hidden_act"] = "silu";
     j["tie_word_embeddings"] = c.tie_embeddings;
     if (c.arch != Arch::Qwen2) j["attention_bias"] = c.qkv_bias;  // Qwen2 configs carry no such key
-    if (c.arch == Arch::Mistral) j["sliding_window"] = nullptr;
+    if (c.arch == Arch::Mistral) {
+        j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
+    } else if (c.sliding_window > 0) {
+        j["use_sliding_window"] = true;
+        j["sliding_window"] = c.sliding_window;
+        j["max_window_layers"] = c.window_from_layer;
+    }
     j["bos_token_id"] = c.bos_id;
     if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids[0];
     else j["eos_token_id"] = c.eos_ids;

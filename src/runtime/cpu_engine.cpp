@@ -20,7 +20,7 @@ KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineO
     KVCacheShape s;
     s.n_layers = c.n_layers;
     s.n_slots = o.max_batch;
-    s.capacity = o.ctx;
+    s.capacity = kv_capacity(c, o);
     s.n_kv_heads = p.n_kv_heads;
     s.head_dim = c.head_dim;
     s.dtype = o.kv;
@@ -65,7 +65,7 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
 }
 
 void CpuEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {
-    check_shift(opt_, slot, keep, discard, len);
+    check_shift(cfg_, opt_, slot, keep, discard, len);
     kv_.shift(slot, keep, discard, len, inv_freq_.data());
 }
 
@@ -126,6 +126,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
         a.n_kv_heads = nkv;
         a.head_dim = hd;
         a.q_pos0 = ch.pos;
+        a.window = layer_window(c, layer);
         a.k = kv_.k(layer, ch.slot);
         a.v = kv_.v(layer, ch.slot);
         a.kv_dtype = kv_.shape().dtype;

@@ -278,13 +278,14 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     mark = a.used();
     const size_t es = dtype_size(opt_.kv);
     const int64_t row_stride = int64_t(((size_t(hd) * es + 127) / 128) * 128 / es);
-    const size_t rows = size_t(opt_.max_batch * plan_.n_kv_heads * opt_.ctx);
+    const int64_t capacity = kv_capacity(cfg_, opt_);  // a ring for a sliding-window model
+    const size_t rows = size_t(opt_.max_batch * plan_.n_kv_heads * capacity);
     kv_.assign(size_t(c.n_layers), DeviceKVLayer{});
     for (DeviceKVLayer& kv : kv_) {
         kv.dtype = opt_.kv;
         kv.n_slots = opt_.max_batch;
         kv.n_kv_heads = plan_.n_kv_heads;
-        kv.capacity = opt_.ctx;
+        kv.capacity = capacity;
         kv.row_stride = row_stride;
         kv.k = a.take(rows * size_t(row_stride) * es);
         kv.v = a.take(rows * size_t(row_stride) * es);
@@ -331,7 +332,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
         row_max_ = floats(L);
     }
     topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
-    attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, opt_.ctx));
+    attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, kv_capacity(cfg_, opt_)));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
     meta_ = static_cast<int32_t*>(a.take(meta_bytes_));
     ws_bytes_ += a.used() - mark;
@@ -543,6 +544,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.n_kv_heads = nkv;
         a.head_dim = hd;
         a.scale = 1.0f / std::sqrt(float(hd));
+        a.window = layer_window(c, int64_t(l));
         a.kv = kv_[l];
         a.scratch = attn_scratch_;
         a.rope = fused_rope ? &rp : nullptr;
@@ -694,7 +696,7 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
 // Eager, between steps (graphs hold positions as inputs, so none is re-captured), and waited for:
 // a shift is rare (once per half a context) and its failure should name it.
 void CudaEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {
-    check_shift(opt_, slot, keep, discard, len);
+    check_shift(cfg_, opt_, slot, keep, discard, len);
     for (const DeviceKVLayer& kv : kv_) kv_shift_cuda(kv, slot, keep, discard, len, cfg_.head_dim, inv_freq_, stream_);
     wait();
 }

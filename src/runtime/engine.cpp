@@ -73,10 +73,17 @@ StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::
     return s;
 }
 
-void check_shift(const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard, int64_t len) {
+int64_t kv_capacity(const ModelConfig& c, const EngineOptions& opt) {
+    if (c.sliding_window <= 0 || c.window_from_layer > 0) return opt.ctx;
+    return std::min(opt.ctx, c.sliding_window + opt.max_step_tokens - 1);
+}
+
+void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard,
+                 int64_t len) {
+    const int64_t cap = kv_capacity(c, opt);
     SHARDLM_CHECK(slot >= 0 && slot < opt.max_batch, "KV shift: slot ", slot, " of ", opt.max_batch);
-    SHARDLM_CHECK(keep >= 0 && discard > 0 && keep + discard <= len && len <= opt.ctx, "KV shift: keep ", keep,
-                  ", discard ", discard, " of ", len, " cached positions (capacity ", opt.ctx, ")");
+    SHARDLM_CHECK(keep >= 0 && discard > 0 && keep + discard <= len && len <= cap, "KV shift: keep ", keep,
+                  ", discard ", discard, " of ", len, " cached positions (capacity ", cap, ")");
 }
 
 }  // namespace shardlm

@@ -25,7 +25,7 @@ AttentionImpl parse_attention(const std::string& s);  // throws Error naming --a
 
 struct EngineOptions {
     int64_t max_batch = 1;       // KV-cache slots
-    int64_t ctx = 0;             // positions per slot
+    int64_t ctx = 0;             // positions per sequence (the cache holds kv_capacity() of them)
     int64_t max_step_tokens = 256;  // workspace rows: the largest chunk sum one step may hold
     int64_t max_logit_rows = 0;     // logit rows one step may produce (0: max_batch)
     DType kv = DType::F32;
@@ -113,7 +113,13 @@ struct StepShape {
     int64_t tokens = 0, logit_rows = 0;
 };
 StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks);
-// What every backend checks before Engine::shift_kv.
-void check_shift(const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard, int64_t len);
+// Positions each slot's KV cache holds. opt.ctx, except for a model whose every layer slides over
+// a window W: a ring of W + max_step_tokens - 1 rows (when shorter), the least that keeps every key
+// a chunk's queries see while the chunk writes its own rows (position p in row p % capacity).
+int64_t kv_capacity(const ModelConfig& c, const EngineOptions& opt);
+
+// What every backend checks before Engine::shift_kv (the shifted positions must all be cached).
+void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard,
+                 int64_t len);
 
 }  // namespace shardlm

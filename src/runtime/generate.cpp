@@ -36,6 +36,10 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     }
     if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens + 2 > ctx))
         fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of --ctx ", ctx, " to slide over");
+    if (opt.slide && kv_capacity(cfg, engine.options()) < ctx)
+        fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
+             " and its cache holds only the newest ", kv_capacity(cfg, engine.options()),
+             " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
     const int64_t vocab = cfg.vocab;
     GenerateResult res;
     res.seqs.resize(B);

@@ -1,7 +1,9 @@
 // Preallocated KV cache: for each layer and batch slot, keys and values of this rank's KV heads.
 // Layout of one (layer, slot, K or V) block: [n_kv_heads][capacity][row_stride] where a row holds
 // head_dim values padded to a multiple of 128 bytes. Position p of a sequence lives in row
-// p % capacity (ring buffer); the engine refuses positions beyond capacity unless told to slide.
+// p % capacity (ring buffer). The capacity is the context, except for a model that slides over a
+// window on every layer: then a ring of window + chunk - 1 rows (runtime/engine.h kv_capacity)
+// that positions wrap around; --context-overflow slide shifts a full cache (shift()).
 // INT8 rows are quantized after RoPE with one symmetric scale per (token, KV head), kept in
 // [n_kv_heads][capacity] f32 arrays beside each block.
 #pragma once

@@ -69,9 +69,6 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     if (opt.ctx < 1) fail("--ctx must be at least 1");
     if (c.max_position > 0 && opt.ctx > c.max_position)
         fail("--ctx ", opt.ctx, " exceeds the model's max_position_embeddings ", c.max_position);
-    if (c.sliding_window > 0 && opt.ctx > c.sliding_window)
-        fail("--ctx ", opt.ctx, " exceeds the model's sliding_window ", c.sliding_window,
-             "; sliding-window attention is not implemented, use --ctx <= ", c.sliding_window);
     const Device device = resolve_device(opt.device, comm);
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));

@@ -14,7 +14,8 @@ namespace {
 
 bool have_numpy() { return run_command("/usr/bin/python3 -c 'import numpy'").exit_code == 0; }
 
-void compare(const ModelConfig& cfg, const SyntheticOptions& so, const std::string& weights) {
+void compare(const ModelConfig& cfg, const SyntheticOptions& so, const std::string& weights,
+             const std::string& flags = "") {
     if (!have_numpy()) GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (apt-get install python3-numpy)";
     TempDir d;
     write_synthetic_checkpoint(d.path(), cfg, so);
@@ -22,7 +23,7 @@ void compare(const ModelConfig& cfg, const SyntheticOptions& so, const std::stri
     const std::string logits = d.file("logits.json");
     const CommandResult ours = run_command(std::string(SHARDLM_BIN) + " generate --model " + d.path() +
                                            " --prompt-ids '" + ids + "' --max-new-tokens 8 --temperature 0 --kv fp32"
-                                           " --weights " + weights + " --json --dump-logits " + logits);
+                                           " --weights " + weights + " --json --dump-logits " + logits + flags);
     ASSERT_EQ(ours.exit_code, 0) << ours.err;
     const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
                                           d.path() + " --prompt-ids '" + ids + "' --max-new-tokens 8");
@@ -53,3 +54,23 @@ TEST(Reference, MistralF16) { compare(tiny_config(Arch::Mistral), {DType::F16, 1
 TEST(Reference, Qwen2BF16) { compare(tiny_config(Arch::Qwen2), {DType::BF16, 1, 24}, "auto"); }
 TEST(Reference, Qwen3F16Sharded) { compare(tiny_config(Arch::Qwen3), {DType::F16, 3, 25}, "fp32"); }
 TEST(Reference, Qwen3Synthetic) { compare(synthetic_config("tiny"), {DType::BF16, 1, 26}, "auto"); }
+
+// Sliding-window attention: the 12-token prompt and the 8 generated tokens reach well past a
+// window of 5. Mistral slides on every layer, so its cache is a ring of window + prefill chunk - 1
+// positions: with --prefill-chunk 3 it wraps many times (7 rows for 20 positions), in prefill
+// chunks and in decode. Qwen2 with use_sliding_window slides from max_window_layers on only
+// (layer 1 of 2 here) over a cache of the whole context.
+TEST(Reference, MistralSlidingWindowRing) {
+    ModelConfig c = tiny_config(Arch::Mistral);
+    c.sliding_window = 5;
+    compare(c, {DType::F32, 1, 27}, "auto");
+    compare(c, {DType::F32, 1, 27}, "auto", " --prefill-chunk 3");
+    compare(c, {DType::BF16, 1, 28}, "auto", " --prefill-chunk 3 --attention naive");
+}
+
+TEST(Reference, Qwen2SlidingWindowFromALayer) {
+    ModelConfig c = tiny_config(Arch::Qwen2);
+    c.sliding_window = 4;
+    c.window_from_layer = 1;
+    compare(c, {DType::F32, 1, 29}, "auto", " --prefill-chunk 5");
+}

@@ -53,6 +53,7 @@ private:
 
 struct Heads {
     int64_t n_heads, n_kv, head_dim, capacity;
+    int64_t window = 0;  // sliding window (0: none); a capacity below a slot's length makes a ring
 };
 
 // Random keys and values for positions [0, lens[s]) of each slot, in a CPU KVCache and in its
@@ -75,19 +76,20 @@ struct Cache {
             for (int64_t kh = 0; kh < h.n_kv; ++kh) {
                 const size_t head_off = size_t(kh * h.capacity) * row_bytes, dst = s * block_bytes + head_off;
                 if (lens[s] == 0) continue;
+                const size_t held = size_t(std::min<int64_t>(lens[s], h.capacity));  // a ring holds the newest
                 // Only head_dim values per row: the padding stays NaN.
                 CUDA_CHECK(cudaMemcpy2D(dk.as<uint8_t>() + dst, row_bytes,
                                         static_cast<uint8_t*>(cpu.k(0, int64_t(s))) + head_off, row_bytes,
-                                        size_t(h.head_dim) * es, size_t(lens[s]), cudaMemcpyHostToDevice));
+                                        size_t(h.head_dim) * es, held, cudaMemcpyHostToDevice));
                 CUDA_CHECK(cudaMemcpy2D(dv.as<uint8_t>() + dst, row_bytes,
                                         static_cast<uint8_t*>(cpu.v(0, int64_t(s))) + head_off, row_bytes,
-                                        size_t(h.head_dim) * es, size_t(lens[s]), cudaMemcpyHostToDevice));
+                                        size_t(h.head_dim) * es, held, cudaMemcpyHostToDevice));
                 if (dt == DType::I8) {
                     const size_t so = size_t((int64_t(s) * h.n_kv + kh) * h.capacity);
                     CUDA_CHECK(cudaMemcpy(dks.as<float>() + so, cpu.k_scales(0, int64_t(s)) + kh * h.capacity,
-                                          size_t(lens[s]) * 4, cudaMemcpyHostToDevice));
+                                          held * 4, cudaMemcpyHostToDevice));
                     CUDA_CHECK(cudaMemcpy(dvs.as<float>() + so, cpu.v_scales(0, int64_t(s)) + kh * h.capacity,
-                                          size_t(lens[s]) * 4, cudaMemcpyHostToDevice));
+                                          held * 4, cudaMemcpyHostToDevice));
                 }
             }
         layer.k = dk.as<void>();
@@ -115,6 +117,7 @@ struct Cache {
             a.n_kv_heads = heads.n_kv;
             a.head_dim = heads.head_dim;
             a.q_pos0 = c.pos0;
+            a.window = heads.window;
             a.k = cpu.k(0, c.slot);
             a.v = cpu.v(0, c.slot);
             a.kv_dtype = cpu.shape().dtype;
@@ -182,6 +185,7 @@ AttentionCuda make_args(const Cache& cache, const float* dq, float* dout, const 
     a.n_kv_heads = cache.heads.n_kv;
     a.head_dim = cache.heads.head_dim;
     a.scale = scale;
+    a.window = cache.heads.window;
     a.kv = cache.layer;
     a.scratch = scratch;
     return a;
@@ -265,6 +269,23 @@ TEST(AttentionCuda, DecodeMatchesCached) {
         {"mqa8 d256", {8, 1, 256, 640}, {{0, 599, 1}, {1, 16, 1}}},
         {"gqa2 d256", {4, 2, 256, 129}, {{0, 128, 1}, {1, 0, 1}}},
         {"d2 cap1", {2, 1, 2, 1}, {{0, 0, 1}}},
+    };
+    for (const Case& c : cases)
+        for (DType dt : kDtypes) run_case(c, dt);
+}
+
+// Sliding windows (the query at p sees keys p - window + 1 .. p): prefill tiles whose first key
+// starts mid-tile and mid-ring, rows of one tile with different first keys (some see none of a
+// tile), decode splits counted from the window's start; over rings of window + chunk - 1 rows that
+// have wrapped many times, and over a cache of the whole sequence.
+TEST(AttentionCuda, SlidingWindowMatchesCached) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    const Case cases[] = {
+        {"gqa4 d128 w37 ring", {32, 8, 128, 53, 37}, {{0, 200, 17}, {1, 500, 1}, {2, 30, 5}}},
+        {"gqa2 d64 w100 ring decode", {4, 2, 64, 100, 100}, {{0, 599, 1}, {1, 99, 1}, {2, 100, 1}, {3, 5, 1}}},
+        {"mha d32 w70", {2, 2, 32, 400, 70}, {{0, 0, 300}, {1, 250, 40}}},
+        {"gqa3 d80 w1", {6, 2, 80, 64, 1}, {{0, 90, 17}, {1, 7, 1}}},
+        {"gqa12 d64 w130 ring", {24, 2, 64, 258, 130}, {{0, 700, 129}, {1, 1000, 1}}},
     };
     for (const Case& c : cases)
         for (DType dt : kDtypes) run_case(c, dt);

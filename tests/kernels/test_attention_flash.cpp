@@ -20,6 +20,7 @@ namespace {
 
 struct Shape {
     int64_t n_q, q0, d, group, n_kv = 2, cap = 0, stride = 0;  // cap/stride 0: n_k / d
+    int64_t window = 0;                                          // sliding window (0: none)
 };
 
 CachedAttention make_args(const Shape& s, const std::vector<float>& q, std::vector<float>& out, const Cache& c,
@@ -32,6 +33,7 @@ CachedAttention make_args(const Shape& s, const std::vector<float>& q, std::vect
     a.n_kv_heads = s.n_kv;
     a.head_dim = s.d;
     a.q_pos0 = s.q0;
+    a.window = s.window;
     a.k = c.k.data();
     a.v = c.v.data();
     a.kv_dtype = dt;
@@ -58,7 +60,7 @@ void check_shape(const Shape& s, uint32_t seed) {
         const Cache c = fill_cache(dt, k, v, n_k, s.n_kv, s.d, cap, stride);
         std::vector<float> want(q.size()), naive(q.size()), got(q.size());
         attention_ref(q.data(), c.k_back.data(), c.v_back.data(), want.data(), s.n_q, n_k, n_heads, s.n_kv, s.d, s.q0,
-                      1 / std::sqrt(float(s.d)));
+                      1 / std::sqrt(float(s.d)), s.window);
         for (CpuIsa isa : cpu_isas_available()) {
             std::fill(got.begin(), got.end(), NAN);
             CachedAttention a = make_args(s, q, got, c, dt);
@@ -69,7 +71,8 @@ void check_shape(const Shape& s, uint32_t seed) {
             for (size_t i = 0; i < got.size(); ++i) {
                 const auto where = [&] {
                     return testing::Message() << dtype_name(dt) << " " << cpu_isa_name(isa) << " n_q=" << s.n_q
-                                              << " q0=" << s.q0 << " d=" << s.d << " group=" << s.group << " i=" << i;
+                                              << " q0=" << s.q0 << " d=" << s.d << " group=" << s.group
+                                              << " window=" << s.window << " i=" << i;
                 };
                 ASSERT_NEAR(got[i], want[i], 3e-5 + 3e-5 * std::fabs(want[i])) << where();
                 ASSERT_NEAR(got[i], naive[i], 3e-5 + 3e-5 * std::fabs(naive[i])) << where();
@@ -135,6 +138,24 @@ TEST(AttentionFlash, OddHeadDimPaddedRowsAndWrappedRing) {
     check_shape({20, 130, 64, 2, 2, 100, 64}, 301);
     // Capacity larger than the sequence, rows padded to 128-byte alignment for f32.
     check_shape({9, 60, 40, 2, 2, 80, 64}, 302);
+}
+
+TEST(AttentionFlash, SlidingWindowOverAWrappedRing) {
+    // Query at p sees keys p - window + 1 .. p only. The ring holds window + n_q - 1 positions (what
+    // the engine keeps for a sliding-window model), far fewer than the sequence: every key a query
+    // sees is still in its slot, and the first key of a window starts anywhere in a tile and in the
+    // ring. Decode (one query: the per-query loops and the flash kernel's direct path), prefill
+    // chunks across tiles and query blocks, a window of 1 (each query sees itself), and windows
+    // longer than the sequence (no effect).
+    uint32_t seed = 400;
+    for (int64_t group : {1, 2, 4}) {
+        check_shape({1, 200, 64, group, 2, 50, 64, 50}, seed += 3);
+        check_shape({20, 130, 64, group, 2, 56, 64, 37}, seed += 3);
+        check_shape({300, 5, 16, group, 2, 369, 16, 70}, seed += 3);
+        check_shape({17, 90, 13, group, 2, 17, 16, 1}, seed += 3);
+        check_shape({9, 60, 40, group, 2, 0, 64, 500}, seed += 3);
+    }
+    check_shape({300, 700, 128, 2, 2, 427, 128, 128}, seed += 3);
 }
 
 TEST(AttentionFlash, NeedsScalesAndValidHeads) {

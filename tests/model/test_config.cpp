@@ -68,6 +68,44 @@ TEST(Config, RopeScalingLlama3AndRopeParameters) {
     EXPECT_FLOAT_EQ(d.rope_theta, 1000000.0f);
 }
 
+// Sliding windows as Hugging Face reads them: Mistral on every layer (null: none); Qwen2 only with
+// use_sliding_window, from max_window_layers on (none when that is the layer count); an explicit
+// layer_types list of full layers then sliding ones; other patterns refused.
+TEST(Config, SlidingWindows) {
+    auto arch = [](std::string j, const char* a) {
+        j.replace(j.find("LlamaForCausalLM"), 16, a);
+        return j;
+    };
+    const ModelConfig m = parse_config(arch(with(R"(, "sliding_window": 4096)"), "MistralForCausalLM"), "x");
+    EXPECT_EQ(m.sliding_window, 4096);
+    EXPECT_EQ(m.window_from_layer, 0);
+    EXPECT_EQ(layer_window(m, 0), 4096);
+    EXPECT_EQ(parse_config(arch(with(R"(, "sliding_window": null)"), "MistralForCausalLM"), "x").sliding_window, 0);
+    EXPECT_EQ(parse_config(arch(with(R"(, "sliding_window": 4096)"), "Qwen2ForCausalLM"), "x").sliding_window, 0);
+    const ModelConfig q = parse_config(arch(with(R"(, "use_sliding_window": true, "sliding_window": 512,
+        "max_window_layers": 1)"), "Qwen2ForCausalLM"), "x");
+    EXPECT_EQ(layer_window(q, 0), 0);
+    EXPECT_EQ(layer_window(q, 1), 512);
+    EXPECT_EQ(parse_config(arch(with(R"(, "use_sliding_window": true, "sliding_window": 512,
+        "max_window_layers": 2)"), "Qwen2ForCausalLM"), "x").sliding_window, 0);  // no layer slides
+    const ModelConfig t = parse_config(arch(with(R"(, "sliding_window": 64,
+        "layer_types": ["sliding_attention", "sliding_attention"])"), "MistralForCausalLM"), "x");
+    EXPECT_EQ(t.window_from_layer, 0);
+    expect_error(arch(with(R"(, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"])"),
+                      "MistralForCausalLM"), "layer_types");
+    expect_error(arch(with(R"(, "sliding_window": 64, "layer_types": ["sliding_attention"])"), "MistralForCausalLM"),
+                 "layer_types");
+    // The synthetic writer round-trips both forms.
+    for (const Arch a : {Arch::Mistral, Arch::Qwen2}) {
+        ModelConfig c = tiny_config(a);
+        c.sliding_window = 8;
+        c.window_from_layer = a == Arch::Qwen2 ? 1 : 0;
+        const ModelConfig r = parse_config(config_json(c), "x");
+        EXPECT_EQ(r.sliding_window, 8);
+        EXPECT_EQ(r.window_from_layer, c.window_from_layer);
+    }
+}
+
 TEST(Config, Errors) {
     expect_error("{", "malformed JSON");
     expect_error("[]", "JSON object");

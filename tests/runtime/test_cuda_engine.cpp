@@ -525,3 +525,38 @@ TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
     EXPECT_GT(decided, 0);
     EXPECT_GT(fell_back, 0);
 }
+
+// Sliding-window attention on the GPU against the CPU engine: Mistral slides on every layer (its
+// cache a ring of window + chunk - 1 rows, which wraps with 4-token prefill chunks and in decode),
+// Qwen2 from its second layer on (a cache of the whole context); FP32 caches (the FP32-pipe
+// prefill), FP16 and INT8 (tensor-core prefill), the naive kernel, graphs on and off.
+TEST(CudaEngine, SlidingWindowMatchesTheCpu) {
+    SKIP_WITHOUT_GPU();
+    struct Model { Arch arch; int64_t window, from; };
+    for (const Model md : {Model{Arch::Mistral, 7, 0}, Model{Arch::Qwen2, 6, 1}}) {
+        TempDir d;
+        ModelConfig cfg = tiny_config(md.arch);
+        cfg.sliding_window = md.window;
+        cfg.window_from_layer = md.from;
+        write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(11, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2),
+                                                           make_prompt(29, cfg.vocab, 3)};
+        for (const KVFormat kv : {KVFormat::F32, KVFormat::F16, KVFormat::Int8})
+            for (const int64_t chunk : {int64_t(256), int64_t(4)}) {
+                RunOptions cpu, gpu, naive, eager;
+                cpu.kv = gpu.kv = naive.kv = eager.kv = kv;
+                cpu.prefill_chunk = gpu.prefill_chunk = naive.prefill_chunk = eager.prefill_chunk = chunk;
+                gpu.device = naive.device = eager.device = Device::Cuda;
+                naive.attention = AttentionImpl::Naive;
+                eager.graphs = false;
+                const Trace a = trace(d.path(), prompts, cpu), b = trace(d.path(), prompts, gpu),
+                            c = trace(d.path(), prompts, naive), e = trace(d.path(), prompts, eager);
+                const float tol = (kv == KVFormat::Int8 ? 2e-2f : 2e-3f) * std::max(1.0f, max_abs(a));
+                const std::string what = std::string(arch_name(md.arch)) + " kv " + std::to_string(int(kv)) +
+                                         " chunk " + std::to_string(chunk);
+                EXPECT_LT(max_diff(a, b), tol) << what;
+                EXPECT_LT(max_diff(a, c), tol) << what << " naive";
+                EXPECT_EQ(max_diff(b, e), 0.0f) << what << " graphs off";
+            }
+    }
+}

@@ -253,3 +253,33 @@ TEST(Engine, ContextOverflowSlides) {
     EXPECT_THROW(gen(ctx, true, -1), Error);
     EXPECT_NO_THROW(gen(ctx, true, 14));       // two positions to slide over: one dropped per shift
 }
+
+// A model that slides on every layer keeps a ring of window + chunk - 1 positions (kv_capacity):
+// generation runs to --ctx with it, a context shift (which needs the whole context cached) is
+// refused up front, and a cache that holds the whole context still shifts.
+TEST(Engine, SlidingWindowRingRunsToTheContextAndRefusesShifts) {
+    TempDir d;
+    ModelConfig cfg = tiny_config(Arch::Mistral);
+    cfg.sliding_window = 4;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 8});
+    auto gen = [&](int64_t chunk, bool slide, int64_t max_new) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 40;
+        so.prefill_chunk = chunk;
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        EngineOptions eo = s->engine->options();
+        EXPECT_EQ(kv_capacity(s->cfg, eo), chunk == 4 ? 7 : 40);
+        GenerateOptions go;
+        go.max_new_tokens = max_new;
+        go.prefill_chunk = chunk;
+        go.sampler.temperature = 0;
+        go.slide = slide;
+        return generate(*s->engine, {make_prompt(9, cfg.vocab, 3)}, go);
+    };
+    const GenerateResult ring = gen(4, false, 31), whole = gen(256, false, 31);
+    EXPECT_EQ(ring.seqs[0].tokens, whole.seqs[0].tokens);  // the ring attends to what the full cache does
+    EXPECT_THROW(gen(4, true, 60), Error);
+    EXPECT_NO_THROW(gen(256, true, 60));
+}

@@ -79,6 +79,14 @@ TEST(TensorParallel, LlamaGqa) { compare_tp(tiny_config(Arch::Llama), DType::F32
 TEST(TensorParallel, Qwen3TiedBF16) { compare_tp(tiny_config(Arch::Qwen3), DType::BF16); }
 TEST(TensorParallel, Qwen2BiasFp16Cache) { compare_tp(tiny_config(Arch::Qwen2), DType::F16, KVFormat::F16); }
 
+// A model sliding over a window of 5 on every layer: each rank's share of the KV cache is a ring
+// of window + chunk - 1 = 20 rows that the 33 positions wrap around.
+TEST(TensorParallel, SlidingWindowRing) {
+    ModelConfig c = tiny_config(Arch::Mistral);
+    c.sliding_window = 5;
+    compare_tp(c, DType::F32);
+}
+
 TEST(TensorParallel, ReplicatedKvHeads) {
     // One KV head: with 2 or 4 ranks every rank holds a copy of it.
     ModelConfig c = tiny_config(Arch::Llama);

@@ -86,6 +86,11 @@ struct Args {
 // The first key a query at position p sees (kernels/cpu/attention.h window_start).
 __device__ __forceinline__ int window_lo(int p, int window) { return window > 0 && p >= window ? p - window + 1 : 0; }
 
+// Whether the query at position p sees key `key`: 0 <= p - key < span, span = the window or, with
+// none, INT_MAX (one unsigned comparison: a key after p wraps to a huge distance).
+__device__ __forceinline__ bool key_visible(int p, int key, unsigned span) { return unsigned(p - key) < span; }
+__device__ __forceinline__ unsigned window_span(int window) { return window > 0 ? unsigned(window) : 0x7fffffffu; }
+
 __device__ __forceinline__ int64_t cache_row(const Args& a, int64_t block, int p) {
     return block + (p < a.capacity ? int64_t(p) : int64_t(p) % a.capacity);
 }
@@ -238,11 +243,9 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
         const int r = w / (DP / 2), c = (w % (DP / 2)) * 2;
         *reinterpret_cast<float2*>(sQ + r * LD + c) = q_pair(a, ch, kvh, r0 + r, rows_total, c);
     }
-    int qpos[2], qlo[2];  // rows past the chunk act as its last query (zero q, never written)
-    for (int t = 0; t < 2; ++t) {
-        qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
-        qlo[t] = window_lo(qpos[t], a.window);
-    }
+    int qpos[2];  // rows past the chunk act as its last query (zero q, never written)
+    for (int t = 0; t < 2; ++t) qpos[t] = ch.pos0 + min(r0 + 2 * ti + t, rows_total - 1) / a.group;
+    const unsigned span = window_span(a.window);
     // Keys from the block's first row's first key (a sliding window skips the older tiles).
     const int kv_begin = window_lo(ch.pos0 + r0 / a.group, a.window);
 
@@ -270,8 +273,7 @@ __global__ void __launch_bounds__(256) flash_prefill_kernel(Args a) {
             float mx = -INFINITY;
 #pragma unroll
             for (int u = 0; u < NU; ++u) {
-                const int key = p0 + tj + 16 * u;
-                s[t][u] = key <= qpos[t] && key >= qlo[t] ? s[t][u] * a.scale : -INFINITY;
+                s[t][u] = key_visible(qpos[t], p0 + tj + 16 * u, span) ? s[t][u] * a.scale : -INFINITY;
                 mx = fmaxf(mx, s[t][u]);
             }
             mx = warp_max(mx, 16);  // the 16 lanes of a half-warp share the row
@@ -435,13 +437,11 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
     // This thread's rows are warp * 16 + g and + 8 (rows past the chunk act as its last query:
     // zero q, never written); the warp's last query bounds the key tiles it has any work in.
     const int wr0 = r0 + warp * 16;
-    int qpos[2], qlo[2];
-    for (int h = 0; h < 2; ++h) {
-        qpos[h] = ch.pos0 + min(wr0 + g + 8 * h, rows_total - 1) / a.group;
-        qlo[h] = window_lo(qpos[h], a.window);
-    }
+    int qpos[2];
+    for (int h = 0; h < 2; ++h) qpos[h] = ch.pos0 + min(wr0 + g + 8 * h, rows_total - 1) / a.group;
     const int warp_last = ch.pos0 + min(wr0 + 15, rows_total - 1) / a.group;
     const int warp_lo = window_lo(ch.pos0 + min(wr0, rows_total - 1) / a.group, a.window);  // its first row's
+    const unsigned span = window_span(a.window);
     // Keys from the block's first row's first key (a sliding window skips the older tiles).
     const int kv_begin = window_lo(ch.pos0 + r0 / a.group, a.window);
 
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
                     const int key = j * 8 + 2 * t + (e & 1);
                     float x = s[j][e];
                     if (KT == DType::I8) x *= sKs[key];
-                    x = p0 + key <= qpos[e >> 1] && p0 + key >= qlo[e >> 1] ? x : -INFINITY;
+                    x = key_visible(qpos[e >> 1], p0 + key, span) ? x : -INFINITY;
                     s[j][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }

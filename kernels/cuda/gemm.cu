@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/cublas_check.h"
@@ -48,30 +49,15 @@ __global__ void convert_kernel(const float* __restrict__ x, H* __restrict__ out,
     }
 }
 
-// Where natural column c (a multiple of 4) is stored: four consecutive natural columns stay
-// consecutive under interleaving (interleave.h). The literal chunk widths let the compiler turn
-// interleaved_col's divisions into shifts.
-__device__ __forceinline__ int64_t stored_col(int64_t c, int interleave_c) {
-    return interleave_c == 16 ? interleaved_col(c, 16) : interleave_c == 8 ? interleaved_col(c, 8) : c;
-}
-
 // convert_kernel four columns at a time (cols % 4 == 0, x 16-byte and out 8-byte aligned): one
-// float4 load and one 8-byte store per thread and step, instead of a 64-bit division per element.
-template <typename H>
-__global__ void convert_vec_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t quads,
-                                   int64_t row_quads, int interleave_c) {
+// float4 load and one 8-byte store per thread and step, instead of a 64-bit division per element;
+// the store is store_half_input4's, the same the norms and SwiGLU use when they write this input
+// themselves (half_input.h).
+__global__ void convert_vec_kernel(const float* __restrict__ x, HalfInput out, int64_t quads, int64_t row_quads) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
         const int64_t r = i / row_quads, c = (i - r * row_quads) * 4;
-        const float4 v = __ldg(reinterpret_cast<const float4*>(x) + i);
-        H h[4];
-        store_as(&h[0], v.x);
-        store_as(&h[1], v.y);
-        store_as(&h[2], v.z);
-        store_as(&h[3], v.w);
-        uint2 bits;
-        memcpy(&bits, h, sizeof(bits));
-        *reinterpret_cast<uint2*>(out + r * row_quads * 4 + stored_col(c, interleave_c)) = bits;
+        store_half_input4(out, r, row_quads * 4, c, __ldg(reinterpret_cast<const float4*>(x) + i));
     }
 }
 
@@ -137,8 +123,9 @@ void add_bias(float* y, const float* bias, int64_t T, int64_t rows, cudaStream_t
 template <typename H>
 void convert_x(const float* x, void* out, int64_t count, int64_t cols, int interleave_c, cudaStream_t stream) {
     if (cols % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 8)) {
-        launch_plain("convert_vec_kernel", convert_vec_kernel<H>, dim3(blocks_for(count / 4)), dim3(kThreads), 0,
-                     stream, x, static_cast<H*>(out), count / 4, cols / 4, interleave_c);
+        const HalfInput h{out, std::is_same_v<H, __nv_bfloat16> ? DType::BF16 : DType::F16, interleave_c};
+        launch_plain("convert_vec_kernel", convert_vec_kernel, dim3(blocks_for(count / 4)), dim3(kThreads), 0, stream,
+                     x, h, count / 4, cols / 4);
         return;
     }
     launch_plain("convert_kernel", convert_kernel<H>, dim3(blocks_for(count)), dim3(kThreads), 0, stream, x,

@@ -31,40 +31,6 @@ struct ShiftArgs {
 };
 
 template <DType D>
-__device__ __forceinline__ HeadRegs load_cache_row(const void* cache, const float* scales, int64_t row,
-                                                   int64_t row_stride, int lane, int half) {
-    HeadRegs r;
-    const float sc = D == DType::I8 ? scales[row] : 1.0f;
-#pragma unroll
-    for (int j = 0; j < rope::kMaxPairs; ++j) {
-        const int i = lane + 32 * j;
-        float a = 0.0f, b = 0.0f;
-        if (i < half) {
-            if constexpr (D == DType::I8) {
-                const int8_t* q = static_cast<const int8_t*>(cache) + row * row_stride;
-                a = float(q[i]) * sc;  // kv_row_load's float(q) * scale
-                b = float(q[i + half]) * sc;
-            } else if constexpr (D == DType::F32) {
-                const float* x = static_cast<const float*>(cache) + row * row_stride;
-                a = x[i];
-                b = x[i + half];
-            } else if constexpr (D == DType::F16) {
-                const __half* x = static_cast<const __half*>(cache) + row * row_stride;
-                a = __half2float(x[i]);
-                b = __half2float(x[i + half]);
-            } else {
-                const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(cache) + row * row_stride;
-                a = __bfloat162float(x[i]);
-                b = __bfloat162float(x[i + half]);
-            }
-        }
-        r.a[j] = a;
-        r.b[j] = b;
-    }
-    return r;
-}
-
-template <DType D>
 __global__ void __launch_bounds__(kThreads) kv_shift_kernel(ShiftArgs a) {
     const int lane = threadIdx.x & 31;
     const int64_t task = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -82,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) kv_shift_kernel(ShiftArgs a) {
         if (D == DType::I8 && lane == 0) a.kv.v_scales[dst] = a.kv.v_scales[src];
         return;
     }
-    HeadRegs r = load_cache_row<D>(a.kv.k, a.kv.k_scales, src, a.kv.row_stride, lane, a.half);
+    HeadRegs r = rope::load_cache_row<D>(a.kv.k, a.kv.k_scales, src, a.kv.row_stride, lane, a.half);
     rope::rotate(r, rope::angles(a.inv_freq, float(-a.discard), lane, a.half));
     rope::store_cache_row<D>(r, a.kv.k, a.kv.k_scales, dst, a.kv.row_stride, lane, a.half);
 }

@@ -171,4 +171,40 @@ __device__ __forceinline__ void store_cache_row(const HeadRegs& r, void* cache, 
     }
 }
 
+// The inverse of store_cache_row: row `row` of `cache` as a head in registers, decoded to f32
+// (INT8: q * scales[row]), zeros past head_dim.
+template <DType D>
+__device__ __forceinline__ HeadRegs load_cache_row(const void* cache, const float* scales, int64_t row,
+                                                   int64_t row_stride, int lane, int half) {
+    HeadRegs r;
+    const float sc = D == DType::I8 ? scales[row] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPairs; ++j) {
+        const int i = lane + 32 * j;
+        float a = 0.0f, b = 0.0f;
+        if (i < half) {
+            if constexpr (D == DType::I8) {
+                const int8_t* q = static_cast<const int8_t*>(cache) + row * row_stride;
+                a = float(q[i]) * sc;  // kv_row_load's float(q) * scale (kernels/cpu/kv_shift.h)
+                b = float(q[i + half]) * sc;
+            } else if constexpr (D == DType::F32) {
+                const float* x = static_cast<const float*>(cache) + row * row_stride;
+                a = x[i];
+                b = x[i + half];
+            } else if constexpr (D == DType::F16) {
+                const __half* x = static_cast<const __half*>(cache) + row * row_stride;
+                a = __half2float(x[i]);
+                b = __half2float(x[i + half]);
+            } else {
+                const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(cache) + row * row_stride;
+                a = __bfloat162float(x[i]);
+                b = __bfloat162float(x[i + half]);
+            }
+        }
+        r.a[j] = a;
+        r.b[j] = b;
+    }
+    return r;
+}
+
 }  // namespace shardlm::rope

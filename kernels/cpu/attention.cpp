@@ -54,7 +54,9 @@ void attention_cached(const CachedAttention& a) {
     SHARDLM_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.capacity > 0, "attention: bad head counts");
     SHARDLM_CHECK(a.kv_dtype != DType::I8 || (a.k_scales && a.v_scales), "attention: INT8 KV cache needs scales");
     const int64_t d = a.head_dim, group = a.n_heads / a.n_kv_heads;
-    const int64_t work = a.n_q * a.n_kv_heads, ld = a.q_pos0 + a.n_q;
+    // Score rows as long as the most keys one query sees: the context, or the window.
+    const int64_t work = a.n_q * a.n_kv_heads,
+                  ld = a.window > 0 ? std::min(a.window, a.q_pos0 + a.n_q) : a.q_pos0 + a.n_q;
     const bool vec = cpu_isa_resolve(a.isa) != CpuIsa::Scalar;  // any vector variant implies AVX2
     (void)vec;
 #pragma omp parallel if (work > 1)

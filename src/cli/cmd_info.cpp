@@ -10,8 +10,8 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/shard.h"
-#include "runtime/engine.h"
 #include "runtime/kv_cache.h"
+#include "runtime/session.h"
 
 namespace shardlm {
 
@@ -59,16 +59,15 @@ int cmd_info(const Args& args) {
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
     // The memory plan of each rank: its weights in 16 bits and in INT8 (one f32 scale per output
     // row), and the KV cache preallocated for --batch sequences of --ctx positions.
-    EngineOptions eo;  // the cache generate would allocate (its default --prefill-chunk)
-    eo.ctx = ctx;
-    eo.max_batch = batch;
-    eo.max_step_tokens = std::max<int64_t>(256, batch);
-    const int64_t capacity = kv_capacity(c, eo);
+    SessionOptions so;  // what generate would allocate (its default --prefill-chunk)
+    so.ctx = ctx;
+    so.max_batch = batch;
+    const int64_t capacity = kv_capacity(c, engine_options(so));
     std::cout << "\nmemory plan per rank: batch " << batch << " x ctx " << ctx << ", KV " << kv_name(kv_type)
               << " (workspace comes on top: a few activation rows per token of a step)\n";
     if (capacity < ctx)
         std::cout << "  (every layer slides over a window of " << c.sliding_window << ": the cache is a ring of "
-                  << capacity << " positions per sequence at --prefill-chunk 256)\n";
+                  << capacity << " positions per sequence at --prefill-chunk " << so.prefill_chunk << ")\n";
     for (int r = 0; r < tp; ++r) {
         const ShardPlan p = plan_shard(c, r, tp);
         const int64_t n = shard_parameter_count(c, p);

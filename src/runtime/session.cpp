@@ -61,6 +61,15 @@ Device resolve_device(Device want, Communicator& comm) {
 
 }  // namespace
 
+EngineOptions engine_options(const SessionOptions& opt) {
+    EngineOptions eo;
+    eo.max_batch = opt.max_batch;
+    eo.ctx = opt.ctx;
+    eo.max_step_tokens = std::max(opt.prefill_chunk, opt.max_batch);
+    eo.kv = kv_dtype(opt.kv);
+    return eo;
+}
+
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm) {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>();
@@ -72,11 +81,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     const Device device = resolve_device(opt.device, comm);
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
-    EngineOptions eo;
-    eo.max_batch = opt.max_batch;
-    eo.ctx = opt.ctx;
-    eo.max_step_tokens = std::max(opt.prefill_chunk, opt.max_batch);
-    eo.kv = kv_dtype(opt.kv);
+    EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = opt.max_logit_rows;
     eo.attention = opt.attention;
     eo.cuda_graphs = opt.cuda_graphs;

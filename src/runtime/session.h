@@ -43,6 +43,10 @@ struct Session {
     double load_ms = 0;
 };
 
+// The engine's sizes for these session options (batch, context, step rows, cache format); the
+// rest open_session fills in. shardlm info plans its memory with it.
+EngineOptions engine_options(const SessionOptions& opt);
+
 // Loads config and weights and checks the context against the model's limits.
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm);
 

@@ -138,6 +138,70 @@ void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* 
 }
 
 // ---------------------------------------------------------------------------------------------
+// INT4 GEMV (layout in weights_view.h): each 32-column block of a row is one 16-byte load, whose
+// four 8-column chunks are dequantized (q * scale + min, the group's) in registers.
+
+// Chunk c (0..3: columns 8c .. 8c + 8) of the 32-column block whose 16 bytes start at p, as codes.
+inline __m256 i4_chunk8(const uint8_t* p, int c) {
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * (c & 1)));
+    if (c >= 2) b = _mm_srli_epi16(b, 4);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F))));
+}
+
+template <int R, int T>
+void gemv_i4_tile(const float* x, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols, rb = cols / 2, g_len = w.group_size, ng = cols / g_len;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * rb;
+    __m256 acc[R][T];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+        __m256 sc[R], mn[R];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+            sc[i] = _mm256_set1_ps(w.scales[(r + i) * ng + g]);
+            mn[i] = _mm256_set1_ps(w.mins[(r + i) * ng + g]);
+        }
+        for (int64_t k = g * g_len; k < (g + 1) * g_len; k += 32) {
+            if (pf && k % 128 == 0)
+                for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(pf + i * rb + k / 2), _MM_HINT_T1);
+            SHARDLM_UNROLL for (int c = 0; c < 4; ++c) {
+                __m256 xv[T];
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x + t * cols + k + 8 * c);
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                    const __m256 wv = _mm256_fmadd_ps(i4_chunk8(wr[i] + k / 2, c), sc[i], mn[i]);
+                    SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+                }
+            }
+        }
+    }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float b = bias ? bias[r + i] : 0.0f;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) y[t * w.rows + r + i] = hsum(acc[i][t]) + b;
+    }
+}
+
+template <int T>
+void gemv_i4_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T <= 2 ? 4 : 2;
+    constexpr int64_t kAhead = 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t rb = w.cols / 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        gemv_i4_tile<R, T>(x, w, r, bias, y, r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * rb : nullptr);
+    for (; r < r1; ++r) gemv_i4_tile<1, T>(x, w, r, bias, y, nullptr);
+}
+
+void gemv_i4_dispatch(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    switch (n) {
+        case 1: gemv_i4_rows<1>(x, w, bias, y, r0, r1); break;
+        case 2: gemv_i4_rows<2>(x, w, bias, y, r0, r1); break;
+        case 3: gemv_i4_rows<3>(x, w, bias, y, r0, r1); break;
+        default: gemv_i4_rows<4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GEMM for f32 activations: panel [KC][16] f32, x block [n_tiles][KC][NR].
 
 constexpr int MR = 16;
@@ -147,6 +211,28 @@ constexpr int64_t KC = 256;
 template <DType DT>
 void pack_f32(const WeightView& w, int64_t rb, int64_t nr, int64_t k0, int64_t kc, float* panel) {
     const int64_t cols = w.cols, ng = w.n_groups(), g_len = w.group_size;
+    if constexpr (DT == DType::I4) {  // k0 and kc are multiples of 32 (cols is, and so is KC)
+        for (int h = 0; h < 2; ++h) {
+            const int64_t vr = std::clamp<int64_t>(nr - 8 * h, 0, 8);
+            for (int64_t kk = 0; kk < kc; kk += 8) {
+                const int64_t k = k0 + kk;
+                __m256 v[8];
+                for (int i = 0; i < 8; ++i) {
+                    if (i >= vr) {
+                        v[i] = _mm256_setzero_ps();
+                        continue;
+                    }
+                    const int64_t row = rb + 8 * h + i;
+                    const uint8_t* blk = static_cast<const uint8_t*>(w.data) + row * (cols / 2) + k / 32 * 16;
+                    v[i] = _mm256_fmadd_ps(i4_chunk8(blk, int(k % 32 / 8)), _mm256_set1_ps(w.scales[row * ng + k / g_len]),
+                                           _mm256_set1_ps(w.mins[row * ng + k / g_len]));
+                }
+                transpose8(v);
+                for (int j = 0; j < 8; ++j) _mm256_store_ps(panel + (kk + j) * MR + 8 * h, v[j]);
+            }
+        }
+        return;
+    }
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 8 * h, 0, 8);
         for (int64_t kk = 0; kk < kc; kk += 8) {
@@ -253,10 +339,12 @@ void gemm_rows(const float* x, int64_t n, const WeightView& w, const float* bias
 
 template <DType DT>
 void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (n <= kGemvMaxN)
-        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
-    else
+    if (n > kGemvMaxN)
         gemm_rows<DT>(x, n, w, bias, y, r0, r1);
+    else if constexpr (DT == DType::I4)
+        gemv_i4_dispatch(x, n, w, bias, y, r0, r1);
+    else
+        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,6 +459,7 @@ void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const floa
         case DType::F16: matmul_rows_dt<DType::F16>(x, n, w, bias, y, r0, r1); break;
         case DType::BF16: matmul_rows_dt<DType::BF16>(x, n, w, bias, y, r0, r1); break;
         case DType::I8: matmul_rows_dt<DType::I8>(x, n, w, bias, y, r0, r1); break;
+        case DType::I4: matmul_rows_dt<DType::I4>(x, n, w, bias, y, r0, r1); break;
         default: matmul_rows_dt<DType::F32>(x, n, w, bias, y, r0, r1); break;
     }
 }

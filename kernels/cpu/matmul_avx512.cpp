@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -191,6 +192,96 @@ void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* 
 }
 
 // ---------------------------------------------------------------------------------------------
+// INT4 GEMV: R rows x T tokens. Each 16-byte load is a 32-column block of a row (low nibbles the
+// first 16 columns, high nibbles the next 16). Codes are summed against x per group without their
+// scale, which is applied once per group; the mins' share, sum_g min[r, g] * sum(x in group g), is
+// added at the end from per-token group sums of x computed once per call.
+
+// Group sums of x [T][ng] into a per-thread buffer.
+const float* group_sums(const float* x, int64_t n, int64_t cols, int64_t g_len) {
+    thread_local std::vector<float> sums;
+    const int64_t ng = cols / g_len;
+    sums.assign(size_t(n * ng), 0.0f);
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t g = 0; g < ng; ++g) {
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t k = g * g_len; k < (g + 1) * g_len; k += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(x + t * cols + k));
+            sums[size_t(t * ng + g)] = _mm512_reduce_add_ps(a);
+        }
+    return sums.data();
+}
+
+// The 32 codes of the 16 bytes at p as two vectors of f32 (columns 0..15 and 16..31 of the block).
+inline void unpack32(const uint8_t* p, __m512& lo, __m512& hi) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, nib)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), nib)));
+}
+
+template <int R, int T>
+void gemv_i4_tile(const float* x, const WeightView& w, int64_t r, const float* bias, float* y, const float* xsum,
+                  const uint8_t* pf) {
+    const int64_t cols = w.cols, rb = cols / 2, g_len = w.group_size, ng = cols / g_len;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * rb;
+    __m512 acc[R][T];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+        __m512 ag[R][T];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) ag[i][t] = _mm512_setzero_ps();
+        for (int64_t k = g * g_len; k < (g + 1) * g_len; k += 32) {
+            if (pf && k % 128 == 0)  // the tile R rows on, at the same pace (R * 64 bytes per 128 columns)
+                for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(pf + i * rb + k / 2), _MM_HINT_T1);
+            __m512 x0[T], x1[T];
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                x0[t] = _mm512_loadu_ps(x + t * cols + k);
+                x1[t] = _mm512_loadu_ps(x + t * cols + k + 16);
+            }
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                __m512 lo, hi;
+                unpack32(wr[i] + k / 2, lo, hi);
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) ag[i][t] = _mm512_fmadd_ps(hi, x1[t], _mm512_fmadd_ps(lo, x0[t], ag[i][t]));
+            }
+        }
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+            const __m512 sc = _mm512_set1_ps(w.scales[(r + i) * ng + g]);
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_fmadd_ps(ag[i][t], sc, acc[i][t]);
+        }
+    }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float* mn = w.mins + (r + i) * ng;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            float m = 0.0f;
+            for (int64_t g = 0; g < ng; ++g) m += mn[g] * xsum[t * ng + g];
+            y[t * w.rows + r + i] = _mm512_reduce_add_ps(acc[i][t]) + m + (bias ? bias[r + i] : 0.0f);
+        }
+    }
+}
+
+template <int T>
+void gemv_i4_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T == 1 ? 8 : T == 2 ? 4 : 2;  // 2 * R * T accumulators + 2 * T activations <= 32
+    constexpr int64_t kAhead = 2;
+    const float* xsum = group_sums(x, T, w.cols, w.group_size);
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t rb = w.cols / 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        gemv_i4_tile<R, T>(x, w, r, bias, y, xsum, r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * rb : nullptr);
+    for (; r < r1; ++r) gemv_i4_tile<1, T>(x, w, r, bias, y, xsum, nullptr);
+}
+
+void gemv_i4_dispatch(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    switch (n) {
+        case 1: gemv_i4_rows<1>(x, w, bias, y, r0, r1); break;
+        case 2: gemv_i4_rows<2>(x, w, bias, y, r0, r1); break;
+        case 3: gemv_i4_rows<3>(x, w, bias, y, r0, r1); break;
+        default: gemv_i4_rows<4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GEMM for f32 activations: panel [KC][32] f32, x block [n_tiles][KC][NR], y += panel^T x.
 
 constexpr int MR = 32;
@@ -203,6 +294,34 @@ template <DType DT>
 void pack_f32(const WeightView& w, int64_t rb, int64_t nr, int64_t k0, int64_t kc, float* panel) {
     const int64_t cols = w.cols;
     const int64_t ng = w.n_groups(), g_len = w.group_size;
+    if constexpr (DT == DType::I4) {  // k0 and kc are multiples of 32 (cols is, and so is KC)
+        for (int h = 0; h < 2; ++h) {
+            const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
+            for (int64_t kk = 0; kk < kc; kk += 32) {
+                const int64_t k = k0 + kk;
+                __m512 lo[16], hi[16];
+                for (int i = 0; i < 16; ++i) {
+                    if (i >= vr) {
+                        lo[i] = hi[i] = _mm512_setzero_ps();
+                        continue;
+                    }
+                    const int64_t row = rb + 16 * h + i;
+                    unpack32(static_cast<const uint8_t*>(w.data) + row * (cols / 2) + k / 2, lo[i], hi[i]);
+                    const __m512 s = _mm512_set1_ps(w.scales[row * ng + k / g_len]);
+                    const __m512 m = _mm512_set1_ps(w.mins[row * ng + k / g_len]);
+                    lo[i] = _mm512_fmadd_ps(lo[i], s, m);
+                    hi[i] = _mm512_fmadd_ps(hi[i], s, m);
+                }
+                transpose16(lo);
+                transpose16(hi);
+                for (int j = 0; j < 16; ++j) {
+                    _mm512_store_ps(panel + (kk + j) * MR + 16 * h, lo[j]);
+                    _mm512_store_ps(panel + (kk + 16 + j) * MR + 16 * h, hi[j]);
+                }
+            }
+        }
+        return;
+    }
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
         for (int64_t kk = 0; kk < kc; kk += 16) {
@@ -310,10 +429,12 @@ void gemm_rows(const float* x, int64_t n, const WeightView& w, const float* bias
 
 template <DType DT>
 void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (n <= kGemvMaxN)
-        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
-    else
+    if (n > kGemvMaxN)
         gemm_rows<DT>(x, n, w, bias, y, r0, r1);
+    else if constexpr (DT == DType::I4)
+        gemv_i4_dispatch(x, n, w, bias, y, r0, r1);
+    else
+        gemv_dispatch<DT>(x, n, w, bias, y, r0, r1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -484,6 +605,7 @@ void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const fl
         case DType::F16: matmul_rows_dt<DType::F16>(x, n, w, bias, y, r0, r1); break;
         case DType::BF16: matmul_rows_dt<DType::BF16>(x, n, w, bias, y, r0, r1); break;
         case DType::I8: matmul_rows_dt<DType::I8>(x, n, w, bias, y, r0, r1); break;
+        case DType::I4: matmul_rows_dt<DType::I4>(x, n, w, bias, y, r0, r1); break;
         default: matmul_rows_dt<DType::F32>(x, n, w, bias, y, r0, r1); break;
     }
 }

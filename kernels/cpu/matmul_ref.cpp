@@ -12,9 +12,13 @@ void check_weight_view(const WeightView& w) {
         SHARDLM_CHECK(w.scales || w.rows * w.cols == 0, "I8 weights need scales");
         SHARDLM_CHECK(w.group_size > 0 && w.cols % w.group_size == 0, "I8 group size ", w.group_size,
                       " must divide cols ", w.cols);
+    } else if (w.dtype == DType::I4) {
+        SHARDLM_CHECK((w.scales && w.mins) || w.rows * w.cols == 0, "I4 weights need scales and mins");
+        SHARDLM_CHECK(w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0, "I4 group size ",
+                      w.group_size, " must be a multiple of 32 that divides cols ", w.cols);
     } else {
         SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16,
-                      "matmul weights must be f32/f16/bf16/i8, not ", dtype_name(w.dtype));
+                      "matmul weights must be f32/f16/bf16/i8/i4, not ", dtype_name(w.dtype));
     }
 }
 
@@ -38,6 +42,16 @@ void weight_row_to_f32(const WeightView& w, int64_t r, float* out) {
             const int8_t* p = static_cast<const int8_t*>(w.data) + r * c;
             const float* s = w.scales + r * w.n_groups();
             for (int64_t i = 0; i < c; ++i) out[i] = float(p[i]) * s[i / w.group_size];
+            return;
+        }
+        case DType::I4: {
+            const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * (c / 2);
+            const float* s = w.scales + r * w.n_groups();
+            const float* m = w.mins + r * w.n_groups();
+            for (int64_t i = 0; i < c; ++i) {
+                const int q = (p[int4_byte(i)] >> int4_shift(i)) & 15;
+                out[i] = float(q) * s[i / w.group_size] + m[i / w.group_size];
+            }
             return;
         }
         default:

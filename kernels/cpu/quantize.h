@@ -35,6 +35,40 @@ inline WeightView int8_weight_view(const int8_t* q, const float* scales, int64_t
     return w;
 }
 
+// Asymmetric INT4 of one group of values x[0..g) (AWQ's rounding): the range [min, max] is widened
+// to hold 0, scale = (max - min) / 15, zero = rne(-min / scale) in 0..15 and
+// q[i] = clamp(rne(x[i] / scale) + zero, 0, 15), one code per byte; x ~= (q - zero) * scale. An all-zero
+// group gets scale 0, zero 0 and q 0. A NaN value quantizes to 15.
+struct Int4Group {
+    float scale = 0.0f;
+    int zero = 0;
+    float min() const { return -float(zero) * scale; }  // x ~= q * scale + min
+};
+Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q);
+
+// Weights [rows, cols] of src (f32/f16/bf16) -> packed q [rows, cols / 2] (layout in weights_view.h),
+// scales and mins f32 [rows, cols / group_size]. group_size must be a multiple of 32 dividing cols.
+void quantize_weights_int4_ref(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
+// The same results, threaded over rows (for the loader).
+void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
+
+// Packs one row of codes (0..15, one per byte; cols a multiple of 32) into the I4 layout.
+void pack_int4_row(const uint8_t* codes, int64_t cols, uint8_t* packed);
+
+// The I4 view of what quantize_weights_int4 wrote.
+inline WeightView int4_weight_view(const uint8_t* q, const float* scales, const float* mins, int64_t rows,
+                                   int64_t cols, int64_t group_size) {
+    WeightView w;
+    w.dtype = DType::I4;
+    w.data = q;
+    w.rows = rows;
+    w.cols = cols;
+    w.scales = scales;
+    w.mins = mins;
+    w.group_size = group_size;
+    return w;
+}
+
 // Dynamically quantized activations for W8A8: q int8 [n, cols], scales f32 [n, cols / group_size],
 // x[t, c] ~= q[t, c] * scales[t, c / group_size]. group_size == cols: one scale per token.
 struct QuantizedActs {

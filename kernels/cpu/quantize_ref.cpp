@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -45,7 +46,85 @@ void quantize_weight_rows(const WeightView& src, int64_t group_size, int8_t* q, 
     }
 }
 
+void check_int4_groups(const WeightView& src, int64_t group_size) {
+    SHARDLM_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16,
+                  "int4 quantization reads f32/f16/bf16 weights, not ", dtype_name(src.dtype));
+    SHARDLM_CHECK(group_size > 0 && group_size % 32 == 0 && src.cols % group_size == 0, "int4 group size ",
+                  group_size, " must be a multiple of 32 that divides the row length ", src.cols);
+}
+
+void quantize_int4_rows(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins,
+                        int64_t r0, int64_t r1, std::vector<float>& row, std::vector<uint8_t>& codes) {
+    const int64_t cols = src.cols, ng = cols / group_size;
+    row.resize(size_t(cols));
+    codes.resize(size_t(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+        weight_row_to_f32(src, r, row.data());
+        for (int64_t g = 0; g < ng; ++g) {
+            const Int4Group p = quantize_group_int4(row.data() + g * group_size, group_size, codes.data() + g * group_size);
+            scales[r * ng + g] = p.scale;
+            mins[r * ng + g] = p.min();
+        }
+        pack_int4_row(codes.data(), cols, q + r * (cols / 2));
+    }
+}
+
 }  // namespace
+
+Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q) {
+    float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact and constant groups fit
+    for (int64_t i = 0; i < g; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+    }
+    Int4Group p;
+    p.scale = (hi - lo) / 15.0f;
+    if (!(p.scale > 0.0f)) {  // all zeros (or a range that is not finite)
+        p.scale = p.scale > 0.0f ? p.scale : 0.0f;
+        for (int64_t i = 0; i < g; ++i) q[i] = 0;
+        return p;
+    }
+    const float magic = 12582912.0f;  // round to nearest even, as quantize_group
+    float z = -lo / p.scale;
+    z = z < 15.0f ? z : 15.0f;
+    p.zero = int(int32_t((z + magic) - magic));
+    for (int64_t i = 0; i < g; ++i) {
+        float v = x[i] / p.scale;
+        v = v < 64.0f ? v : 64.0f;
+        v = v > -64.0f ? v : -64.0f;
+        int32_t c = int32_t((v + magic) - magic) + p.zero;
+        q[i] = uint8_t(c < 0 ? 0 : c > 15 ? 15 : c);
+    }
+    return p;
+}
+
+void pack_int4_row(const uint8_t* codes, int64_t cols, uint8_t* packed) {
+    SHARDLM_CHECK(cols % 32 == 0, "int4 rows are whole blocks of 32 columns, not ", cols);
+    for (int64_t b = 0; b < cols / 32; ++b)
+        for (int i = 0; i < 16; ++i)
+            packed[b * 16 + i] = uint8_t((codes[b * 32 + i] & 15) | (codes[b * 32 + 16 + i] & 15) << 4);
+}
+
+void quantize_weights_int4_ref(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins) {
+    check_int4_groups(src, group_size);
+    std::vector<float> row;
+    std::vector<uint8_t> codes;
+    quantize_int4_rows(src, group_size, q, scales, mins, 0, src.rows, row, codes);
+}
+
+void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins) {
+    check_int4_groups(src, group_size);
+    const int64_t block = 64, blocks = (src.rows + block - 1) / block;
+#pragma omp parallel
+    {
+        std::vector<float> row;
+        std::vector<uint8_t> codes;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b)
+            quantize_int4_rows(src, group_size, q, scales, mins, b * block, std::min(src.rows, (b + 1) * block), row,
+                               codes);
+    }
+}
 
 float quantize_row_int8(const float* x, int64_t d, int8_t* q) { return quantize_group(x, d, q); }
 

@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include "core/error.h"
+
 namespace shardlm {
 
 size_t dtype_size(DType t) {
@@ -9,6 +11,8 @@ size_t dtype_size(DType t) {
         case DType::BF16: return 2;
         case DType::I8: return 1;
         case DType::I32: return 4;
+        case DType::U8: return 1;
+        case DType::I4: fail("internal: i4 weights are packed two per byte; size them with weight_row_bytes");
     }
     return 0;
 }
@@ -20,6 +24,8 @@ const char* dtype_name(DType t) {
         case DType::BF16: return "bf16";
         case DType::I8: return "i8";
         case DType::I32: return "i32";
+        case DType::U8: return "u8";
+        case DType::I4: return "i4";
     }
     return "?";
 }

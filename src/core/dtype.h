@@ -7,10 +7,13 @@
 
 namespace shardlm {
 
-enum class DType : uint8_t { F32, F16, BF16, I8, I32 };
+// U8 is raw bytes on disk (a pre-quantized checkpoint's packed INT4 weights and zero points). I4 is
+// never a checkpoint dtype: it names packed 4-bit weight matrices in memory (two per byte, see
+// kernels/cpu/weights_view.h), which have no per-element size; dtype_size(I4) throws.
+enum class DType : uint8_t { F32, F16, BF16, I8, I32, U8, I4 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "f16", "bf16", "i8", "i32"
+const char* dtype_name(DType t);  // "f32", "f16", "bf16", "i8", "i32", "u8", "i4"
 
 // IEEE binary16 -> float, exact.
 inline float f16_to_f32(uint16_t h) {

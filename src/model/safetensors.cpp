@@ -39,6 +39,7 @@ bool to_dtype(const std::string& d, DType* out) {
     else if (d == "BF16") *out = DType::BF16;
     else if (d == "I8") *out = DType::I8;
     else if (d == "I32") *out = DType::I32;
+    else if (d == "U8") *out = DType::U8;
     else return false;
     return true;
 }

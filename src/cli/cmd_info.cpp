@@ -57,8 +57,8 @@ int cmd_info(const Args& args) {
               << "weights fp16/bf16 " << gib(double(params) * 2) << "\n";
     const double kv_tok = double(2 * c.n_layers * c.n_kv_heads * c.head_dim);
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
-    // The memory plan of each rank: its weights in 16 bits and in INT8 (one f32 scale per output
-    // row), and the KV cache preallocated for --batch sequences of --ctx positions.
+    // The memory plan of each rank: its weights in 16 bits, in INT8 (one f32 scale per output
+    // row) and in INT4, and the KV cache preallocated for --batch sequences of --ctx positions.
     SessionOptions so;  // what generate would allocate (its default --prefill-chunk)
     so.ctx = ctx;
     so.max_batch = batch;
@@ -75,6 +75,9 @@ int cmd_info(const Args& args) {
         // INT8: every Linear and lm_head (the tied embedding with it); an untied embedding stays 16-bit.
         const int64_t scale_rows = c.n_layers * (q_dim + 2 * kv_dim + c.hidden + 2 * p.n_inter + c.hidden) + p.n_vocab;
         const int64_t untied_embed = c.tie_embeddings ? 0 : p.n_vocab * c.hidden;
+        // INT4 (group 128): the layers' Linear matrices in 4 bits with an f32 scale and min per
+        // group; lm_head INT8 per row as above.
+        const int64_t layer_params = c.n_layers * c.hidden * (2 * q_dim + 2 * kv_dim + 3 * p.n_inter);
         KVCacheShape ks;
         ks.n_layers = c.n_layers;
         ks.n_slots = batch;
@@ -85,7 +88,10 @@ int cmd_info(const Args& args) {
         std::cout << "  rank " << r << "  q heads " << p.q_head0 << ".." << p.q_head0 + p.n_q_heads - 1 << ", kv heads "
                   << p.kv_head0 << ".." << p.kv_head0 + p.n_kv_heads - 1 << ", vocab " << p.vocab0 << ".."
                   << p.vocab0 + p.n_vocab - 1 << ": " << n << " parameters; weights " << gib(double(n) * 2)
-                  << " fp16/bf16, " << gib(double(n) + double(untied_embed) + 4.0 * double(scale_rows)) << " int8; KV cache "
+                  << " fp16/bf16, " << gib(double(n) + double(untied_embed) + 4.0 * double(scale_rows)) << " int8, "
+                  << gib(double(n - layer_params) + double(untied_embed) + 4.0 * double(p.n_vocab) +
+                         double(layer_params) * (0.5 + 8.0 / double(kInt4DefaultGroup)))
+                  << " int4; KV cache "
                   << gib(double(kv_cache_bytes(ks))) << "\n";
     }
     return 0;

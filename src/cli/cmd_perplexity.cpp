@@ -81,8 +81,8 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     comm.broadcast(tokens.data(), n * sizeof(int32_t), 0);
     const bool per_layer = vm.count("per-layer") > 0;
     const bool compare = per_layer || vm.count("compare-weights") || vm.count("compare-kv");
-    if (per_layer && !is_int8(parse_weight_format(prec.weights)))
-        throw AgreedError("--per-layer needs --weights int8 or w8a8");
+    if (per_layer && !is_quantized(parse_weight_format(prec.weights)))
+        throw AgreedError("--per-layer needs --weights int8, w8a8 or int4");
 
     auto options = [&](const std::string& w, const std::string& k) {
         SessionOptions so;
@@ -90,7 +90,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         PrecisionFlags f = prec;
         f.weights = w;
         f.kv = k;
-        if (!is_int8(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;  // reference: plain floats
+        if (!is_quantized(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;  // reference: plain floats
         apply_precision(f, so);
         apply_backend(backend, so);
         so.ctx = ctx;

@@ -16,11 +16,11 @@ int cmd_quantize(const Args& args) {
         ("help", "show this help")
         ("model", po::value(&model)->required(), "source checkpoint folder (F32/F16/BF16)")
         ("out", po::value(&out)->required(), "output folder (new or empty)")
-        ("weights", po::value(&weights)->default_value("int8"), "int8|w8a8")
-        ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel)")
+        ("weights", po::value(&weights)->default_value("int8"), "int8|w8a8|int4")
+        ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4)")
         ("keep-fp16", po::value(&keep), "keep Linear tensors whose HF name matches this regex unquantized");
     po::variables_map vm;
-    if (!parse_args(args, d, vm, "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8] [--group-size G]"))
+    if (!parse_args(args, d, vm, "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8|int4] [--group-size G]"))
         return 0;
     LoadOptions lo;
     lo.format = parse_weight_format(weights);

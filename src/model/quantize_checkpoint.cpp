@@ -26,7 +26,7 @@ TensorToWrite copy_tensor(const TensorInfo& t) {
 }  // namespace
 
 void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {
-    if (!is_int8(opt.format)) fail("--weights: quantize writes int8 or w8a8, not ", weight_format_name(opt.format));
+    if (!is_quantized(opt.format)) fail("--weights: quantize writes int8, w8a8 or int4, not ", weight_format_name(opt.format));
     const ModelConfig cfg = load_config(src);
     if (cfg.quant.present) fail(src, ": already pre-quantized");
     const Checkpoint ck(src);
@@ -40,7 +40,7 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     // The quantized views by name; every other tensor is copied from the source.
     std::map<std::string, WeightView> quantized;
     auto note = [&](const Linear& l) {
-        if (l.w.dtype == DType::I8) quantized[l.name] = l.w;
+        if (l.w.quantized()) quantized[l.name] = l.w;
     };
     for (const auto& L : w.layers)
         for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) note(*l);
@@ -80,10 +80,16 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
         }
         const WeightView& v = q->second;
         const int64_t groups = v.cols / v.group_size;
-        const int8_t* qd = static_cast<const int8_t*>(v.data);
-        add({name, "I8", {v.rows, v.cols}, std::vector<uint8_t>(qd, qd + v.rows * v.cols)});
-        const uint8_t* sd = reinterpret_cast<const uint8_t*>(v.scales);
-        add({name + "_scale", "F32", {v.rows, groups}, std::vector<uint8_t>(sd, sd + size_t(v.rows * groups) * 4)});
+        const uint8_t* qd = static_cast<const uint8_t*>(v.data);
+        const bool i4 = v.dtype == DType::I4;
+        const int64_t row_bytes = weight_row_bytes(v);
+        add({name, i4 ? "U8" : "I8", {v.rows, row_bytes}, std::vector<uint8_t>(qd, qd + v.rows * row_bytes)});
+        auto floats = [&](const std::string& n, const float* p) {
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+            add({n, "F32", {v.rows, groups}, std::vector<uint8_t>(b, b + size_t(v.rows * groups) * 4)});
+        };
+        floats(name + "_scale", v.scales);
+        if (i4) floats(name + "_min", v.mins);
     }
     nlohmann::ordered_json index;
     index["metadata"] = {{"quantized_by", "shardlm"}};
@@ -104,7 +110,7 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     auto j = nlohmann::ordered_json::parse(read_text_file(src + "/config.json"));
     j["quantization_config"] = {{"quant_method", "shardlm"},
                                 {"format", weight_format_name(opt.format)},
-                                {"group_size", opt.group_size},
+                                {"group_size", w.group_size},
                                 {"keep_fp16", opt.keep_fp16}};
     {
         std::ofstream f(out + "/config.json");

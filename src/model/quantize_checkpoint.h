@@ -2,9 +2,13 @@
 // Layout (see README "Pre-quantized checkpoints"): every quantized Linear tensor NAME becomes
 //   NAME        I8  [out, in]
 //   NAME_scale  F32 [out, in / group_size]   (one column when per output channel)
-// with W = NAME * NAME_scale per group; every other tensor (norms, biases, an untied embedding,
-// --keep-fp16 matches) is copied unchanged. config.json gains
-//   "quantization_config": {"quant_method": "shardlm", "format": "int8"|"w8a8", "group_size": G}
+// with W = NAME * NAME_scale per group, or under int4 (the layers' matrices)
+//   NAME        U8  [out, in / 2]            (packed as kernels/cpu/weights_view.h describes)
+//   NAME_scale  F32 [out, in / group_size]
+//   NAME_min    F32 [out, in / group_size]   (W = code * scale + min)
+// and the int4 vocabulary matrix as INT8 with one scale per row. Every other tensor (norms,
+// biases, an untied embedding, --keep-fp16 matches) is copied unchanged. config.json gains
+//   "quantization_config": {"quant_method": "shardlm", "format": "int8"|"w8a8"|"int4", "group_size": G}
 // Tensor data starts on 128-byte boundaries so every rank maps its slices without copies.
 #pragma once
 

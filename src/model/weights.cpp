@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "kernels/cpu/quantize.h"
 
 namespace shardlm {
 
@@ -16,7 +17,8 @@ WeightFormat parse_weight_format(const std::string& s) {
     if (s == "bf16") return WeightFormat::BF16;
     if (s == "int8") return WeightFormat::Int8;
     if (s == "w8a8") return WeightFormat::W8A8;
-    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8, w8a8)");
+    if (s == "int4") return WeightFormat::Int4;
+    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8, w8a8, int4)");
 }
 
 const char* weight_format_name(WeightFormat f) {
@@ -27,6 +29,7 @@ const char* weight_format_name(WeightFormat f) {
         case WeightFormat::BF16: return "bf16";
         case WeightFormat::Int8: return "int8";
         case WeightFormat::W8A8: return "w8a8";
+        case WeightFormat::Int4: return "int4";
     }
     return "?";
 }
@@ -68,22 +71,27 @@ public:
             }
         }
         if (cfg.quant.present) {
-            if (opt.format != WeightFormat::Auto && !is_int8(opt.format))
-                fail(ckpt.dir(), ": the checkpoint is pre-quantized (", cfg.quant.format, "); use --weights auto, int8 or w8a8");
+            const bool int4 = cfg.quant.format == "int4";
+            if (opt.format != WeightFormat::Auto && (int4 ? opt.format != WeightFormat::Int4 : !is_int8(opt.format)))
+                fail(ckpt.dir(), ": the checkpoint is pre-quantized (", cfg.quant.format, "); use --weights auto",
+                     int4 ? " or int4" : ", int8 or w8a8");
             if (opt.group_size != 0 && opt.group_size != cfg.quant.group_size)
                 fail("--group-size ", opt.group_size, " differs from the pre-quantized checkpoint's ", cfg.quant.group_size);
-            out.format = opt.format == WeightFormat::Auto
-                             ? (cfg.quant.format == "w8a8" ? WeightFormat::W8A8 : WeightFormat::Int8)
-                             : opt.format;
+            out.format = opt.format != WeightFormat::Auto ? opt.format
+                         : int4                           ? WeightFormat::Int4
+                         : cfg.quant.format == "w8a8"     ? WeightFormat::W8A8
+                                                          : WeightFormat::Int8;
             out.group_size = cfg.quant.group_size;
         } else {
             out.format = opt.format;
-            out.group_size = opt.group_size;
+            out.group_size = opt.format == WeightFormat::Int4 && opt.group_size == 0 ? kInt4DefaultGroup : opt.group_size;
             if (opt.group_size < 0) fail("--group-size must be >= 0");
-            if (is_int8(opt.format) && opt.group_size > 0 &&
-                (cfg.hidden % opt.group_size != 0 || cfg.intermediate % opt.group_size != 0 ||
-                 (cfg.n_heads * cfg.head_dim) % opt.group_size != 0))
-                fail("--group-size ", opt.group_size, " does not divide the input dimensions (hidden_size ", cfg.hidden,
+            const int64_t g = out.group_size;
+            if (opt.format == WeightFormat::Int4 && g % 32 != 0)
+                fail("--group-size ", g, ": int4 groups are a multiple of 32 columns");
+            if (is_quantized(opt.format) && g > 0 &&
+                (cfg.hidden % g != 0 || cfg.intermediate % g != 0 || (cfg.n_heads * cfg.head_dim) % g != 0))
+                fail("--group-size ", g, " does not divide the input dimensions (hidden_size ", cfg.hidden,
                      ", intermediate_size ", cfg.intermediate, ", heads x head_dim ", cfg.n_heads * cfg.head_dim, ")");
         }
     }
@@ -142,9 +150,9 @@ public:
     // columns (the whole row when 0), q = round-to-nearest-even(w * 127 / max). Scales are taken
     // over the whole group even when the block holds part of a row (per-channel, row-parallel), so
     // every tensor-parallel size quantizes identically.
-    WeightView quantize(const std::string& name, Block b) {
+    WeightView quantize(const std::string& name, Block b, int64_t group) {
         const TensorInfo& t = tensor(name, {b.rows, b.cols});
-        const int64_t g = out_.group_size > 0 ? out_.group_size : b.cols;
+        const int64_t g = group > 0 ? group : b.cols;
         if (g != b.cols && (b.col0 % g != 0 || b.ncols % g != 0)) fail(name, ": --group-size ", g, " does not align with the tensor-parallel split");
         const int64_t view_group = g == b.cols ? b.ncols : g;
         const int64_t groups = b.ncols / view_group;
@@ -176,9 +184,37 @@ public:
         return v;
     }
 
+    // Asymmetric INT4 of a block (kernels/cpu/quantize.h), groups of out_.group_size input columns
+    // (a multiple of 32). The block's columns are gathered as f32 and quantized by the threaded
+    // kernel; a column slice (row-parallel) must start and end on group boundaries, so every
+    // tensor-parallel size quantizes identically.
+    WeightView quantize4(const std::string& name, Block b) {
+        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const int64_t g = out_.group_size;
+        if (b.col0 % g != 0 || b.ncols % g != 0)
+            fail(name, ": --group-size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
+                 b.col0 + b.ncols, ")");
+        std::vector<float> f(size_t(b.nrows * b.ncols));
+        for (int64_t r = 0; r < b.nrows; ++r)
+            for (int64_t c = 0; c < b.ncols; ++c)
+                f[size_t(r * b.ncols + c)] = element_f32(t, size_t((b.row0 + r) * b.cols + b.col0 + c));
+        WeightView src{DType::F32, f.data(), b.nrows, b.ncols};
+        const int64_t groups = b.ncols / g;
+        Buffer q(size_t(b.nrows * b.ncols / 2)), sc(size_t(b.nrows * groups) * sizeof(float)),
+            mn(size_t(b.nrows * groups) * sizeof(float));
+        quantize_weights_int4(src, g, q.data(), sc.as<float>(), mn.as<float>());
+        const WeightView v = int4_weight_view(q.data(), sc.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
+        out_.bytes += q.size() + sc.size() + mn.size();
+        out_.owned.push_back(std::move(q));
+        out_.owned.push_back(std::move(sc));
+        out_.owned.push_back(std::move(mn));
+        return v;
+    }
+
     // A block of a pre-quantized tensor: int8 `name` and f32 `name_scale` [rows, groups].
     WeightView prequantized(const std::string& name, Block b) {
-        const int64_t g = cfg_.quant.group_size > 0 ? cfg_.quant.group_size : b.cols;
+        // Under int4 the INT8 tensor is the vocabulary matrix, one scale per row.
+        const int64_t g = cfg_.quant.group_size > 0 && cfg_.quant.format != "int4" ? cfg_.quant.group_size : b.cols;
         const int64_t groups = b.cols / g;
         const TensorInfo& t = tensor(name, {b.rows, b.cols}, {DType::I8});
         const TensorInfo& s = tensor(name + "_scale", {b.rows, groups}, {DType::F32});
@@ -210,6 +246,45 @@ public:
         return v;
     }
 
+    // Rows [row0, row0 + nrows) and groups [col0 / g, (col0 + ncols) / g) of an f32 [rows, groups]
+    // tensor: a view into the map when that is all of each row, else a copy.
+    const float* group_block(const TensorInfo& s, Block b, int64_t g) {
+        const int64_t groups = b.cols / g, vgroups = b.ncols / g;
+        const float* first = reinterpret_cast<const float*>(s.data) + b.row0 * groups + b.col0 / g;
+        if (vgroups == groups && reinterpret_cast<uintptr_t>(s.data) % 4 == 0) return first;
+        Buffer c(size_t(b.nrows * vgroups) * sizeof(float));
+        for (int64_t r = 0; r < b.nrows; ++r)
+            std::memcpy(c.as<float>() + r * vgroups, reinterpret_cast<const uint8_t*>(first) + size_t(r * groups) * 4,
+                        size_t(vgroups) * 4);
+        const float* p = c.as<float>();
+        out_.owned.push_back(std::move(c));
+        return p;
+    }
+
+    // A block of a pre-quantized INT4 tensor: packed u8 `name` [rows, cols / 2] with f32 `name_scale`
+    // and `name_min` [rows, cols / group_size] (layout in kernels/cpu/weights_view.h).
+    WeightView prequantized4(const std::string& name, Block b) {
+        const int64_t g = cfg_.quant.group_size, groups = b.cols / g;
+        if (b.cols % g != 0) fail(name, ": group size ", g, " does not divide its ", b.cols, " columns");
+        const TensorInfo& t = tensor(name, {b.rows, b.cols / 2}, {DType::U8});
+        const TensorInfo& s = tensor(name + "_scale", {b.rows, groups}, {DType::F32});
+        const TensorInfo& m = tensor(name + "_min", {b.rows, groups}, {DType::F32});
+        if (b.col0 % g != 0 || b.ncols % g != 0)
+            fail(name, ": group size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
+                 b.col0 + b.ncols, ")");
+        const int64_t rb = b.cols / 2, vb = b.ncols / 2;
+        const uint8_t* data = t.data + b.row0 * rb + b.col0 / 2;
+        if (vb != rb) {  // column slice: copy this rank's bytes (whole 32-column blocks)
+            Buffer q(size_t(b.nrows * vb));
+            for (int64_t r = 0; r < b.nrows; ++r) std::memcpy(q.data() + r * vb, data + r * rb, size_t(vb));
+            data = q.data();
+            out_.owned.push_back(std::move(q));
+        }
+        const WeightView v = int4_weight_view(data, group_block(s, b, g), group_block(m, b, g), b.nrows, b.ncols, g);
+        out_.bytes += size_t(b.nrows * vb) + size_t(b.nrows * (b.ncols / g)) * 8;
+        return v;
+    }
+
     bool kept(const std::string& name) const {
         return !opt_.keep_fp16.empty() && std::regex_search(name, keep_);
     }
@@ -225,18 +300,21 @@ public:
         }
     }
 
-    // A Linear layer's matrix, in the format the options ask for.
-    WeightView linear_matrix(const std::string& name, Block b) {
+    // A Linear layer's matrix, in the format the options ask for. The vocabulary matrix (`vocab`)
+    // is INT8 per output channel under int4 (see weights.h).
+    WeightView linear_matrix(const std::string& name, Block b, bool vocab = false) {
         if (b.nrows < 0) b.nrows = b.rows;
         if (b.ncols < 0) b.ncols = b.cols;
         const TensorInfo& t = ckpt_.get(name);
         if (cfg_.quant.present) {
             // Pre-quantized: INT8 tensors come with their scales; float ones were kept on purpose.
             if (t.dtype_known && t.dtype == DType::I8) return prequantized(name, b);
+            if (t.dtype_known && t.dtype == DType::U8 && cfg_.quant.format == "int4") return prequantized4(name, b);
             return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
         }
-        if (is_int8(out_.format) && !kept(name)) return quantize(name, b);
-        return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_int8(out_.format)));
+        if (out_.format == WeightFormat::Int4 && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
+        if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
+        return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_quantized(out_.format)));
     }
 
     // Column-parallel: output rows [row0, row0 + nrows) and their bias entries.
@@ -291,7 +369,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
         w.layers.push_back(std::move(L));
     }
     w.final_norm = ld.vector("model.norm.weight", c.hidden);
-    // lm_head is a Linear layer: quantized in the INT8 formats unless --keep-fp16 matches it. With
+    // lm_head is a Linear layer: quantized (INT8) in the quantized formats unless --keep-fp16 matches it. With
     // tied embeddings it is the embedding matrix (some tied checkpoints still ship an lm_head.weight;
     // tying means the embedding is the truth), and the lookup reads the same rows, dequantized.
     // An untied embedding is not a Linear layer and stays in its float format.
@@ -300,14 +378,14 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
         const std::string name = "model.embed_tokens.weight";
         const bool keep = ld.kept("lm_head.weight") || ld.kept(name);
         if (keep && !c.quant.present)
-            w.lm_head = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), is_int8(w.format)));
+            w.lm_head = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), is_quantized(w.format)));
         else
-            w.lm_head = ld.linear_matrix(name, vocab_rows);
+            w.lm_head = ld.linear_matrix(name, vocab_rows, /*vocab=*/true);
         w.embed = w.lm_head;
     } else {
         const std::string name = "model.embed_tokens.weight";
         w.embed = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), false));
-        w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows);
+        w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
     }
     return w;
 }

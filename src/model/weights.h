@@ -17,19 +17,27 @@ namespace shardlm {
 
 // What precision to keep Linear/embedding matrices in. Auto keeps each tensor's checkpoint dtype
 // (or a pre-quantized checkpoint's format). Int8 is W8A16: INT8 weights with f32 activations;
-// W8A8 also quantizes activations per token and accumulates in INT32.
-enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8 };
+// W8A8 also quantizes activations per token and accumulates in INT32. Int4 is W4A16: the layers'
+// Linear matrices in asymmetric group-wise 4-bit (AWQ's format, kernels/cpu/weights_view.h); the
+// vocabulary matrix (lm_head, and the tied embedding) stays INT8 per output channel, the layer a
+// 4-bit model is most sensitive in (AWQ keeps it 16-bit; INT8 costs it nothing measurable).
+enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8, Int4 };
 
 WeightFormat parse_weight_format(const std::string& s);  // throws Error naming --weights
 const char* weight_format_name(WeightFormat f);
 inline bool is_int8(WeightFormat f) { return f == WeightFormat::Int8 || f == WeightFormat::W8A8; }
+inline bool is_quantized(WeightFormat f) { return is_int8(f) || f == WeightFormat::Int4; }
+
+// The group size int4 uses when --group-size is 0 (AWQ's default).
+constexpr int64_t kInt4DefaultGroup = 128;
 
 struct LoadOptions {
     WeightFormat format = WeightFormat::Auto;
-    // INT8 only: scales per group of this many input columns (0: one per output channel).
+    // Quantized formats: scales per group of this many input columns (0: one per output channel
+    // for INT8, kInt4DefaultGroup for INT4).
     int64_t group_size = 0;
-    // INT8 only: Linear tensors whose HF name matches (std::regex_search, ECMAScript) stay 16-bit
-    // (the checkpoint's FP16/BF16, or BF16 from an FP32 checkpoint). Norms are never quantized.
+    // Quantized formats: Linear tensors whose HF name matches (std::regex_search, ECMAScript) stay
+    // 16-bit (the checkpoint's FP16/BF16, or BF16 from an FP32 checkpoint). Norms are never quantized.
     std::string keep_fp16;
 };
 
@@ -54,8 +62,8 @@ struct ModelWeights {
     WeightView lm_head;  // [n_vocab, hidden]; the embedding itself when tied
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
-    WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8 for pre-quantized checkpoints)
-    int64_t group_size = 0;                    // INT8 formats
+    WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8/Int4 for pre-quantized checkpoints)
+    int64_t group_size = 0;                    // quantized formats (the layers' group; see LoadOptions)
     size_t bytes = 0;         // bytes of all matrices and vectors as held (mapped + owned), scales included
     std::vector<Buffer> owned;  // converted or realigned matrices
 };

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "fixtures.h"
 #include "mpi_world.h"
 #include "runtime/sampler.h"
@@ -101,6 +102,25 @@ TEST(TensorParallel, Int8WeightsAndKv) {
     compare_tp(tiny_config(Arch::Qwen3), DType::BF16, KVFormat::Int8, {WeightFormat::Int8, 0, ""});
     compare_tp(tiny_config(Arch::Llama), DType::F32, KVFormat::Int8, {WeightFormat::Int8, 8, ""});  // 8 | 160/4
 }
+
+#ifndef SHARDLM_TP_ON_CUDA
+// INT4 groups never straddle a rank's columns (the split must fall on group boundaries), so TP=N
+// INT4 equals TP=1 INT4 up to the order of the all-reduce sums; a split inside a group is refused.
+TEST(TensorParallel, Int4Weights) {
+    ModelConfig c = tiny_config(Arch::Qwen3);
+    c.intermediate = 256;  // 256 / 4 ranks = 64 columns of down_proj each: two groups of 32
+    compare_tp(c, DType::BF16, KVFormat::Int8, {WeightFormat::Int4, 32, ""});
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Llama), {DType::F32, 1, 32});  // intermediate 160
+    try {
+        run(d.path(), world(), {{1, 2}}, KVFormat::F32, {WeightFormat::Int4, 32, ""});
+        ADD_FAILURE() << "a split of 160 / " << world().size() << " columns into groups of 32 loaded";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("_proj.weight: --group-size 32 does not align with the tensor-parallel split"),
+                  std::string::npos) << e.what();
+    }
+}
+#endif
 
 // Top-p without a top-k limit under tensor parallelism: on the CUDA engine each rank weighs its
 // vocabulary slice against the row's maximum and the integer masses are gathered

@@ -106,6 +106,53 @@ __global__ void dequant_i8_vec_kernel(const int8_t* __restrict__ q, const float*
     }
 }
 
+// out[r, c] = f16(q * scale + min) of I4 weights (weights_view.h), one element per thread and
+// step: any alignment (dequant_i4_vec_kernel is the one the engine's matrices take).
+__global__ void dequant_i4_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
+                                  const float* __restrict__ mins, __half* __restrict__ out, int64_t count, int64_t cols,
+                                  int64_t group_size) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x, groups = cols / group_size;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const int64_t r = i / cols, c = i - r * cols, g = r * groups + c / group_size;
+        const uint8_t b = q[r * (cols / 2) + (c / 32) * 16 + c % 16];
+        out[i] = __float2half_rn(fmaf(float(c % 32 >= 16 ? b >> 4 : b & 15), scales[g], mins[g]));
+    }
+}
+
+// dequant_i4_kernel a 32-column block at a time (q and out 16-byte aligned): one 16-byte load and
+// four 16-byte stores per thread and step. Byte j of the block holds column j (low nibble) and
+// column 16 + j (high nibble), so the low nibbles fill the first two stores and the high ones
+// the last two. A block never straddles a group (groups are multiples of 32 columns).
+__global__ void dequant_i4_vec_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales,
+                                      const float* __restrict__ mins, __half* __restrict__ out, int64_t chunks,
+                                      int row_chunks, int group_chunks) {
+    const int groups = row_chunks / group_chunks;
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
+        const int64_t r = i / row_chunks;
+        const int c = int(i - r * row_chunks);
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(q) + i);
+        const int64_t g = r * groups + c / group_chunks;
+        const float s = __ldg(scales + g), m = __ldg(mins + g);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        uint32_t h2[16];  // [low nibbles: columns 0..15 | high nibbles: columns 16..31] as half pairs
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                float f[4];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) f[b] = fmaf(float((words[w] >> (8 * b + 4 * hi)) & 15u), s, m);
+                const __half2 lo = __halves2half2(__float2half_rn(f[0]), __float2half_rn(f[1]));
+                const __half2 up = __halves2half2(__float2half_rn(f[2]), __float2half_rn(f[3]));
+                memcpy(&h2[8 * hi + 2 * w], &lo, 4);
+                memcpy(&h2[8 * hi + 2 * w + 1], &up, 4);
+            }
+        uint4* o = reinterpret_cast<uint4*>(out) + 4 * i;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = make_uint4(h2[4 * k], h2[4 * k + 1], h2[4 * k + 2], h2[4 * k + 3]);
+    }
+}
 
 // y[t, r] += bias[r].
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t T, int64_t rows) {
@@ -143,6 +190,38 @@ void dequant_i8(const int8_t* q, const float* scales, __half* out, int64_t rows,
     }
     launch_plain("dequant_i8_kernel", dequant_i8_kernel, dim3(unsigned(std::min<int64_t>(rows, kMaxBlocks))),
                  dim3(kThreads), 0, stream, q, scales, out, rows, int(cols), int(group_size));
+}
+
+// Rows [r0, r0 + rows) of I4 weights into out as f16.
+void dequant_i4(const DeviceMatrix& w, int64_t r0, int64_t rows, __half* out, cudaStream_t stream) {
+    const int64_t cols = w.cols, groups = cols / w.group_size;
+    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r0 * (cols / 2);
+    const float* scales = w.scales + r0 * groups;
+    const float* mins = w.mins + r0 * groups;
+    if (is_aligned(q, 16) && is_aligned(out, 16)) {
+        const int64_t chunks = rows * (cols / 32);
+        launch_plain("dequant_i4_vec_kernel", dequant_i4_vec_kernel, dim3(blocks_for(chunks)), dim3(kThreads), 0,
+                     stream, q, scales, mins, out, chunks, int(cols / 32), int(w.group_size / 32));
+        return;
+    }
+    launch_plain("dequant_i4_kernel", dequant_i4_kernel, dim3(blocks_for(rows * cols)), dim3(kThreads), 0, stream, q,
+                 scales, mins, out, rows * cols, cols, w.group_size);
+}
+
+// Rows [r0, r0 + rows) of I8 or I4 weights into out as f16, in their stored order.
+void dequant_rows(const DeviceMatrix& w, int64_t r0, int64_t rows, __half* out, cudaStream_t stream) {
+    if (w.dtype == DType::I4) return dequant_i4(w, r0, rows, out, stream);
+    dequant_i8(static_cast<const int8_t*>(w.data) + r0 * w.cols, w.scales + r0 * (w.cols / w.group_size), out, rows,
+               w.cols, w.group_size, stream);
+}
+
+// Whether w is INT8 or INT4 with what its dequantization needs.
+bool quantized_ok(const DeviceMatrix& w) {
+    if (w.dtype == DType::I8) return w.scales && w.group_size > 0 && w.cols % w.group_size == 0;
+    if (w.dtype == DType::I4)
+        return w.scales && w.mins && w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0 &&
+               !w.interleaved;
+    return false;
 }
 
 bool capturing(cudaStream_t stream) {
@@ -212,8 +291,8 @@ CublasGemm::CublasGemm(cudaStream_t stream, int64_t max_tokens, int64_t max_cols
 CublasGemm::~CublasGemm() { release(); }
 
 bool CublasGemm::stage(const DeviceMatrix& w) {
-    if (!side_ || w.dtype != DType::I8 || !w.data || !w.scales || w.rows <= 0 || w.cols <= 0 || w.group_size <= 0 ||
-        w.cols % w.group_size != 0 || capturing(stream_))
+    if (!side_ || (w.dtype != DType::I8 && w.dtype != DType::I4) || !quantized_ok(w) || !w.data || w.rows <= 0 ||
+        w.cols <= 0 || capturing(stream_))
         return false;
     for (const Slot& s : slots_)
         if (s.owner == w.data) return true;
@@ -226,8 +305,7 @@ bool CublasGemm::stage(const DeviceMatrix& w) {
             s.graph = false;
         }
         CUDA_CHECK(cudaStreamWaitEvent(side_, s.done, 0));
-        dequant_i8(static_cast<const int8_t*>(w.data), w.scales, static_cast<__half*>(s.buf), w.rows, w.cols,
-                   w.group_size, side_);
+        dequant_rows(w, 0, w.rows, static_cast<__half*>(s.buf), side_);
         CUDA_CHECK(cudaEventRecord(s.ready, side_));
         s.owner = w.data;
         return true;
@@ -242,15 +320,16 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
                   "CublasGemm: shape ", rows, "x", cols, " out of cuBLAS's range");
     const bool half_x = w.dtype != DType::F32;
     if (half_x) SHARDLM_CHECK(cols <= max_cols_, "CublasGemm: ", cols, " columns, scratch is for ", max_cols_);
-    if (w.dtype == DType::I8) {
-        SHARDLM_CHECK(w.scales && w.group_size > 0 && cols % w.group_size == 0,
-                      "CublasGemm: I8 weights need scales and a group size dividing cols (", w.group_size, ", ", cols,
-                      ")");
-        SHARDLM_CHECK(cols <= max_weight_elems_, "CublasGemm: I8 rows of ", cols,
+    const bool quantized = w.dtype == DType::I8 || w.dtype == DType::I4;
+    if (quantized) {
+        SHARDLM_CHECK(quantized_ok(w), "CublasGemm: ", dtype_name(w.dtype),
+                      " weights need scales (I4: and mins, natural column order) and a group size dividing cols (",
+                      w.group_size, ", ", cols, ")");
+        SHARDLM_CHECK(cols <= max_weight_elems_, "CublasGemm: ", dtype_name(w.dtype), " rows of ", cols,
                       " elements, dequantization scratch is for ", max_weight_elems_);
     } else {
         SHARDLM_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16,
-                      "CublasGemm: weights must be f32/f16/bf16/i8, not ", dtype_name(w.dtype));
+                      "CublasGemm: weights must be f32/f16/bf16/i8/i4, not ", dtype_name(w.dtype));
     }
     if (T == 0 || rows == 0) return;
     SHARDLM_CHECK((x || half_x) && y && (w.data || cols == 0), "CublasGemm: null pointer");
@@ -280,8 +359,9 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
             if (!prepared) convert_x<__nv_bfloat16>(x, x_half_, T * cols, cols, ic, stream_);
             ab_type = CUDA_R_16BF;
             break;
-        case DType::I8: {
-            // x goes into the weights' column order (dequant_i8 keeps it).
+        case DType::I8:
+        case DType::I4: {
+            // x goes into the weights' column order (dequant_i8 keeps it; I4 is never interleaved).
             if (!prepared) convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
             const bool events = side_ && !capturing(stream_);
             for (Slot& s : slots_) {
@@ -308,8 +388,7 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
             const int64_t block = std::min<int64_t>(rows, max_weight_elems_ / cols);
             for (int64_t r0 = 0; r0 < rows; r0 += block) {
                 const int64_t nr = std::min(block, rows - r0);
-                dequant_i8(static_cast<const int8_t*>(a) + r0 * cols, w.scales + r0 * (cols / w.group_size),
-                           static_cast<__half*>(s.buf), nr, cols, w.group_size, stream_);
+                dequant_rows(w, r0, nr, static_cast<__half*>(s.buf), stream_);
                 CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), n, k, &one, s.buf, CUDA_R_16F, k,
                                           x_half_, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));

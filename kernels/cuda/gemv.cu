@@ -24,6 +24,15 @@
 // - per weight a lane spends n FMAs plus ~1-2 instructions (conversion, loads), so up to n = 4
 //   memory sets the pace. At n = 8 the FP32 FMA rate caps I8 near 70% of HBM bandwidth on H200
 //   (8 FMAs per byte); f16 at n = 8 needs ~70% of the issue rate.
+// - I4 (W = q * scale + min per group, weights_view.h): a 16-byte chunk is exactly one 32-column
+//   block, so it never straddles a group either. Quad q of the chunk is word q & 3's low nibbles
+//   (q < 4) or high nibbles (columns 4q.. either way): one AND (and a shift) per four codes, then
+//   the I8 trick without the bias, 0x4B00000q = 2^23 + q exactly. With no more token rows than
+//   rows per group (n <= R) the chunk's sums over q * x are scaled once and the min joins as
+//   min * sum(x) (x's chunk sum, shared by the R rows): n + n/R + ~2.3 instructions per weight.
+//   With more token rows each weight is dequantized by one FMA (q * scale + min) before its n
+//   FMAs: n + ~3.3. At 4 bits per weight these kernels are near the issue limit at n = 1 where
+//   I8 is not; untimed (no GPU yet).
 // Sums: shuffles within a group, then the 8 warps through shared memory, in a fixed order
 // (results are the same run to run).
 //
@@ -54,27 +63,28 @@ namespace {
 
 using namespace gemv_tile;
 
-enum class WKind { F32, F16, BF16, I8 };
+enum class WKind { F32, F16, BF16, I8, I4 };
 
 // Columns in one 16-byte chunk of weights.
 template <WKind K>
 constexpr int chunk_cols() {
-    return K == WKind::F32 ? 4 : K == WKind::I8 ? 16 : 8;
+    return K == WKind::F32 ? 4 : K == WKind::I8 ? 16 : K == WKind::I4 ? 32 : 8;
 }
 
 struct GemvArgs {
     const char* w;          // [rows, cols] row-major, row pitch row_bytes
-    const float* scales;    // I8: [rows, groups]
+    const float* scales;    // I8, I4: [rows, groups]
+    const float* mins;      // I4: [rows, groups]
     const float* x;         // [n, cols]
     const float* bias;      // [rows] or null
     float* y;               // [n, rows]
     int64_t rows, cols, row_bytes;
     int n;
     int chunks;             // 16-byte chunks per row (vector path)
-    int64_t groups;         // I8 scales per row
-    int group_chunks;       // I8 chunks per group (vector path)
+    int64_t groups;         // I8/I4 scales per row
+    int group_chunks;       // I8/I4 chunks per group (vector path)
     int group_shift;        // chunk -> group: k >> shift when >= 0 (31: one group), else k / group_chunks
-    int64_t group_size;     // I8 columns per group (scalar path)
+    int64_t group_size;     // I8/I4 columns per group (scalar path)
     // Where a lane's x starts and how far apart its float4s are (vector path), in floats: chunk k
     // reads x[(k / 8) * 8C + (k % 8) * lane_stride + q * quad_stride ..] for its quad q. Natural
     // order: (C, 4); interleaved (interleave.h): (4, 32).
@@ -115,12 +125,37 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
         f[1] = __uint_as_float(lo & 0xffff0000u);
         f[2] = __uint_as_float(hi << 16);
         f[3] = __uint_as_float(hi & 0xffff0000u);
-    } else {
+    } else if constexpr (K == WKind::I8) {
         // int8 b -> float: bits 0x4B0000uu with uu = b + 128 is 2^23 + b + 128, exactly.
         const uint32_t u = word_of(v, q) ^ 0x80808080u;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             f[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | unsigned(j))) - 8388736.0f;
+    } else {
+        // The codes (0..15, not yet scaled): byte j of word q & 3 holds column j + 4q of the chunk
+        // in its low nibble for q < 4, column j + 4q (= 16 + j + 4(q - 4)) in its high nibble else.
+        const uint32_t w = word_of(v, q & 3);
+        const uint32_t u = (q < 4 ? w : w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            f[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | unsigned(j))) - 8388608.0f;
+    }
+}
+
+// I4: each chunk's group min (as load_step loads its scale), 0 for chunks past the row, whose
+// zero codes would otherwise dequantize to the min instead of to 0.
+template <int R, int U>
+__device__ __forceinline__ void load_mins(const float* const (&mrow)[R], int k0, int chunks, int shift,
+                                          int group_chunks, float (&mn)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * kChunksPerStep;
+        const int kc = min(k, chunks - 1);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float m = __ldg(mrow[r] + group_of(kc, shift, group_chunks));
+            mn[u][r] = k < chunks ? m : 0.0f;
+        }
     }
 }
 
@@ -133,19 +168,34 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
 template <WKind K, int N, int R, int U, int MinBlocks, bool Persistent>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
     constexpr int C = chunk_cols<K>();
-    constexpr bool kScaled = K == WKind::I8;
+    constexpr bool kI4 = K == WKind::I4;
+    constexpr bool kScaled = K == WKind::I8 || kI4;
+    // I4 with more token rows than rows per group: dequantize each weight (q * scale + min) rather
+    // than summing x per chunk for the mins (see the header).
+    constexpr bool kI4Dequant = kI4 && N > R;
+    // The chunk's sums are formed apart and scaled once (a chunk never straddles a group).
+    constexpr bool kPart = K == WKind::I8 || (kI4 && !kI4Dequant);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     const int k_first = warp * kLanesPerRow + lig;  // the lane's first chunk of each row
     const char* wrow[R];
     const float* srow[R];
+    const float* mrow[R];
     auto point_at = [&](int64_t tile) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int64_t row = tile_row<R>(tile, g, r, a.rows, a.swiglu_half);
             wrow[r] = a.w + row * a.row_bytes;
             srow[r] = kScaled ? a.scales + row * a.groups : nullptr;
+            mrow[r] = kI4 ? a.mins + row * a.groups : nullptr;
         }
+    };
+    // One step's weights, scales and (I4) mins at chunk k0.
+    uint4 raw[U][R];
+    float scale[U][R], mn[U][R];
+    auto load = [&](int k0) {
+        load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+        if constexpr (kI4) load_mins<R, U>(mrow, k0, a.chunks, a.group_shift, a.group_chunks, mn);
     };
     int xoff[N];  // row t of x (n * cols < 2^31, checked); rows past n - 1 repeat the last one
 #pragma unroll
@@ -154,13 +204,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     // The first step's weights are loaded before pdl_wait(): they never change during a session,
     // so under PDL (kernels/cuda/launch.h) they stream in while the kernel ahead (the norm that
     // writes x) finishes. x is read only after the wait.
-    uint4 raw[U][R];
-    float scale[U][R];
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant too; the first wave's blocks
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     int64_t tile = blockIdx.x;
     point_at(tile);
-    load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+    load(k_first);
     pdl_wait();
     pdl_launch_dependents();
     for (;;) {
@@ -178,19 +226,29 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
             for (int u = 0; u < U; ++u) {
                 const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
                 const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
-                float part[R][N];  // I8: the chunk's sums, scaled once (a chunk never straddles a group)
+                float part[R][N];  // kPart: the chunk's sums, scaled once
+                float xsum[N];     // I4 without kI4Dequant: the chunk's sum of x, for the mins
 #pragma unroll
                 for (int q = 0; q < C / 4; ++q) {
                     float wf[R][4];
 #pragma unroll
-                    for (int r = 0; r < R; ++r) quad_to_f32<K>(raw[u][r], q, wf[r]);
+                    for (int r = 0; r < R; ++r) {
+                        quad_to_f32<K>(raw[u][r], q, wf[r]);
+                        if constexpr (kI4Dequant)
+#pragma unroll
+                            for (int j = 0; j < 4; ++j) wf[r][j] = fmaf(wf[r][j], scale[u][r], mn[u][r]);
+                    }
 #pragma unroll
                     for (int t = 0; t < N; ++t) {
                         const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
+                        if constexpr (kI4 && !kI4Dequant) {
+                            const float s4 = (xv.x + xv.y) + (xv.z + xv.w);
+                            xsum[t] = q == 0 ? s4 : xsum[t] + s4;
+                        }
 #pragma unroll
                         for (int r = 0; r < R; ++r) {
-                            float& s = K == WKind::I8 ? part[r][t] : acc[r][t];
-                            if (K == WKind::I8 && q == 0) s = 0.0f;
+                            float& s = kPart ? part[r][t] : acc[r][t];
+                            if (kPart && q == 0) s = 0.0f;
                             s = fmaf(wf[r][0], xv.x, s);
                             s = fmaf(wf[r][1], xv.y, s);
                             s = fmaf(wf[r][2], xv.z, s);
@@ -198,21 +256,23 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
                         }
                     }
                 }
-                if constexpr (K == WKind::I8) {
+                if constexpr (kPart) {
 #pragma unroll
                     for (int r = 0; r < R; ++r)
 #pragma unroll
-                        for (int t = 0; t < N; ++t) acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
+                        for (int t = 0; t < N; ++t) {
+                            acc[r][t] = fmaf(part[r][t], scale[u][r], acc[r][t]);
+                            if constexpr (kI4) acc[r][t] = fmaf(xsum[t], mn[u][r], acc[r][t]);
+                        }
                 }
             }
             k0 += U * kChunksPerStep;
-            if (k0 < a.chunks)
-                load_step<R, U, kScaled>(wrow, srow, k0, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+            if (k0 < a.chunks) load(k0);
         }
         const int64_t next = tile + gridDim.x;
         if (Persistent && next < a.tiles) {  // in flight during the reduction below
             point_at(next);
-            load_step<R, U, kScaled>(wrow, srow, k_first, a.chunks, a.group_shift, a.group_chunks, raw, scale);
+            load(k_first);
         }
         const int64_t tile_row0 = tile * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
         reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
@@ -223,6 +283,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 }
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
+    if (kind == WKind::I4) {
+        const uint8_t b = reinterpret_cast<const uint8_t*>(a.w)[row * a.row_bytes + (c / 32) * 16 + c % 16];
+        const int64_t g = row * a.groups + c / a.group_size;
+        return float(c % 32 >= 16 ? b >> 4 : b & 15) * a.scales[g] + a.mins[g];
+    }
     const int64_t i = row * a.cols + (a.interleave_c ? interleaved_col(c, a.interleave_c) : c);
     switch (kind) {
         case WKind::F32:
@@ -280,7 +345,8 @@ WKind kind_of(DType t) {
         case DType::F16: return WKind::F16;
         case DType::BF16: return WKind::BF16;
         case DType::I8: return WKind::I8;
-        default: fail("gemv_cuda: weights must be f32/f16/bf16/i8, not ", dtype_name(t));
+        case DType::I4: return WKind::I4;
+        default: fail("gemv_cuda: weights must be f32/f16/bf16/i8/i4, not ", dtype_name(t));
     }
 }
 
@@ -304,9 +370,14 @@ WKind kind_of(DType t) {
 template <WKind K, int N, int R>
 struct VecConfig {
     static_assert(N >= 4 ? R == 2 : (R == 1 || R == 2 || R == 4), "rows per group");
-    static constexpr int U = N >= 4 ? (K == WKind::I8 ? (N == 4 ? 2 : 1) : (N == 4 ? 4 : 2))
-                                    : (K == WKind::I8 && R == 1 ? 4 : 8 / R);
-    static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : (R == 2 ? 3 : 4);
+    // I4 as I8: a chunk holds twice the columns (more work per load, so no more loads needed in
+    // flight per lane); kI4Dequant's per-weight FMAs keep the n >= 4 accumulators' budget.
+    static constexpr bool kQuant = K == WKind::I8 || K == WKind::I4;
+    static constexpr int U = N >= 4 ? (kQuant ? (N == 4 ? 2 : 1) : (N == 4 ? 4 : 2))
+                                    : (kQuant && R == 1 ? 4 : 8 / R);
+    // I4 keeps a scale and a min per chunk in flight beside its 16 bytes, and its wider chunks
+    // more partial sums: 2-3 blocks per SM (ptxas spilled at 3-4), still 32-48 KB in flight per SM.
+    static constexpr int MinBlocks = N >= 4 || R == 4 ? 2 : K == WKind::I4 ? (R == 2 ? 2 : 3) : (R == 2 ? 3 : 4);
 };
 
 // How many blocks of `kernel` (kThreads each, static shared memory only) one SM holds at once.
@@ -388,6 +459,11 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
         SHARDLM_CHECK(w.scales && w.group_size > 0 && w.cols % w.group_size == 0,
                       "gemv_cuda: I8 weights need scales and a group size dividing cols (", w.group_size, ", ",
                       w.cols, ")");
+    if (kind == WKind::I4)
+        SHARDLM_CHECK(w.scales && w.mins && w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0 &&
+                          !w.interleaved,
+                      "gemv_cuda: I4 weights need scales, mins and a group size that is a multiple of 32 dividing "
+                      "cols (", w.group_size, ", ", w.cols, "), in the natural column order");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
     if (gemv_mma_min_tokens() > 0 && n >= gemv_mma_min_tokens() &&
@@ -397,6 +473,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     GemvArgs a{};
     a.w = static_cast<const char*>(w.data);
     a.scales = w.scales;
+    a.mins = w.mins;
     a.x = x;
     a.bias = bias;
     a.y = y;
@@ -404,16 +481,16 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     a.cols = w.cols;
     a.n = int(n);
     a.swiglu_half = swiglu_half;
-    a.row_bytes = w.cols * int64_t(dtype_size(w.dtype));
+    a.row_bytes = device_row_bytes(w);
     a.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
     SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % (8 * a.interleave_c) == 0),
                   "gemv_cuda: interleaved ", dtype_name(w.dtype), " weights of ", w.cols, " columns");
-    if (kind == WKind::I8) {
+    if (kind == WKind::I8 || kind == WKind::I4) {
         a.group_size = w.group_size;
         a.groups = w.cols / w.group_size;
     }
 
-    const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : 8;
+    const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : kind == WKind::I4 ? 32 : 8;
     const bool vec = is_aligned(w.data, 16) && is_aligned(x, 16) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
                      (kind != WKind::I8 || w.group_size % 16 == 0);
     if (!vec) {
@@ -428,14 +505,15 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     a.chunks = int(a.cols / chunk_c);
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
     a.quad_stride = w.interleaved ? 32 : 4;
-    if (kind == WKind::I8) {
-        chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
-    }
+    if (kind == WKind::I8) chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
+    // chunk_groups counts 16-byte chunks of 16 one-byte columns: I4 groups and rows in bytes.
+    if (kind == WKind::I4) chunk_groups(w.group_size / 2, w.cols / 2, a.group_shift, a.group_chunks);
     switch (kind) {
         case WKind::F32: launch_vec_tokens<WKind::F32>(a, grid, stream); break;
         case WKind::F16: launch_vec_tokens<WKind::F16>(a, grid, stream); break;
         case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, grid, stream); break;
         case WKind::I8: launch_vec_tokens<WKind::I8>(a, grid, stream); break;
+        case WKind::I4: launch_vec_tokens<WKind::I4>(a, grid, stream); break;
     }
     return true;
 }
@@ -453,9 +531,11 @@ GemvNext gemv_next(const DeviceMatrix& next, int64_t cap, const DeviceMatrix* th
     };
     for (const DeviceMatrix* m : {&next, then}) {
         if (!m || !m->data || m->rows <= 0 || m->cols <= 0) continue;
-        add(m->data, m->rows * m->cols * int64_t(dtype_size(m->dtype)));
-        if (m->dtype == DType::I8 && m->scales && m->group_size > 0)
-            add(m->scales, m->rows * (m->cols / m->group_size) * 4);
+        add(m->data, m->rows * device_row_bytes(*m));
+        const bool quantized = (m->dtype == DType::I8 || m->dtype == DType::I4) && m->group_size > 0;
+        const int64_t group_bytes = quantized ? m->rows * (m->cols / m->group_size) * 4 : 0;
+        if (quantized && m->scales) add(m->scales, group_bytes);
+        if (quantized && m->dtype == DType::I4 && m->mins) add(m->mins, group_bytes);
     }
     return g;
 }
@@ -497,8 +577,9 @@ int gemv_forced_rows_per_group() {
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {
     if (w.interleaved) return true;
     const int C = interleave_chunk_cols(w.dtype);
+    if (C == 0) return false;  // F32 and I4 stay in the natural order
     const int64_t row_bytes = w.cols * int64_t(dtype_size(w.dtype));
-    if (C == 0 || w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !is_aligned(w.data, 16) ||
+    if (w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !is_aligned(w.data, 16) ||
         row_bytes > 48 * 1024)
         return false;
     if (w.dtype == DType::I8 && (w.group_size <= 0 || w.group_size % (8 * C) != 0)) return false;

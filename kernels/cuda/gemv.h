@@ -1,7 +1,8 @@
 // Decode-time matrix-vector products on the GPU: y[n, rows] = x[n, cols] * W^T (+ bias) for a
 // handful of token rows (n <= kGemvMaxTokens) in one pass over the weights, which is what bounds
 // a decode step: every weight byte is read once per step whatever n is. x, y, bias are f32 device
-// memory; W is F32/F16/BF16 or I8 (dequantized in registers, per channel or per group).
+// memory; W is F32/F16/BF16, I8 (dequantized in registers, per channel or per group) or I4
+// (asymmetric, per group: scales and mins, dequantized in registers too).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,9 +27,9 @@ enum class GemvGrid { PerTile, Persistent };
 GemvGrid gemv_default_grid();
 
 // What the decode step reads after this GEMV, to be prefetched into L2 while it runs
-// (l2_prefetch.h): the weights and I8 scales of the next matrix and, optionally, of the one after
-// it, in that order, at most `cap` bytes in all (the first ranges first).
-constexpr int kGemvNextRanges = 4;
+// (l2_prefetch.h): the weights and I8/I4 scales (and I4 mins) of the next matrix and, optionally,
+// of the one after it, in that order, at most `cap` bytes in all (the first ranges first).
+constexpr int kGemvNextRanges = 6;
 struct GemvNext {
     L2Prefetch ranges[kGemvNextRanges];
 };
@@ -65,7 +66,7 @@ int gemv_mma_min_tokens();
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8, 16-byte aligned, columns (and INT8
 // groups) a multiple of 8 chunks, rows of at most 48 KB. Returns whether it did; a matrix it
-// leaves alone keeps working in the natural order.
+// leaves alone (I4 always) keeps working in the natural order.
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream);
 
 // SHARDLM_GEMV_R = 1, 2 or 4 (read once per process; 0 when unset, any other value an error):

@@ -47,6 +47,30 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     if (w.lm_head.dtype == DType::I8)
         quantized[cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"] = w.lm_head;
 
+    // Tensors that channel scales (AWQ) changed and that are not quantized: norm weights, biases,
+    // Linear matrices kept in 16 bits. They are written as loaded, in F32.
+    std::map<std::string, TensorToWrite> rescaled;
+    auto scaled = [&](const std::string& n) { return opt.scales.in.count(n) || opt.scales.out.count(n); };
+    auto vec = [&](const std::string& n, const std::vector<float>& v) {
+        if (!scaled(n)) return;
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(v.data());
+        rescaled[n] = {n, "F32", {int64_t(v.size())}, std::vector<uint8_t>(b, b + v.size() * 4)};
+    };
+    for (int64_t i = 0; i < int64_t(w.layers.size()); ++i) {
+        const auto& L = w.layers[size_t(i)];
+        const std::string pre = "model.layers." + std::to_string(i);
+        vec(pre + ".input_layernorm.weight", L.input_norm);
+        vec(pre + ".post_attention_layernorm.weight", L.post_attn_norm);
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+            if (!l->bias.empty()) vec(l->name.substr(0, l->name.size() - 7) + ".bias", l->bias);
+            if (l->w.quantized() || !scaled(l->name)) continue;
+            TensorToWrite t{l->name, "F32", {l->w.rows, l->w.cols}, std::vector<uint8_t>(size_t(l->w.rows * l->w.cols) * 4)};
+            for (int64_t r = 0; r < l->w.rows; ++r)
+                weight_row_to_f32(l->w, r, reinterpret_cast<float*>(t.bytes.data()) + r * l->w.cols);
+            rescaled[l->name] = std::move(t);
+        }
+    }
+
     // Tensors in checkpoint order (sorted by name within each source file), grouped into shards.
     std::vector<std::vector<TensorToWrite>> files(1);
     size_t in_file = 0;
@@ -75,7 +99,8 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
         if (cfg.tie_embeddings && name == "lm_head.weight") continue;  // the embedding is the truth
         auto q = quantized.find(name);
         if (q == quantized.end()) {
-            add(copy_tensor(ck.get(name)));
+            auto r = rescaled.find(name);
+            add(r != rescaled.end() ? std::move(r->second) : copy_tensor(ck.get(name)));
             continue;
         }
         const WeightView& v = q->second;

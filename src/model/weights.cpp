@@ -71,6 +71,7 @@ public:
             }
         }
         if (cfg.quant.present) {
+            if (!opt.scales.empty()) fail(ckpt.dir(), ": channel scales (AWQ) apply to float checkpoints, not a pre-quantized one");
             const bool int4 = cfg.quant.format == "int4";
             if (opt.format != WeightFormat::Auto && (int4 ? opt.format != WeightFormat::Int4 : !is_int8(opt.format)))
                 fail(ckpt.dir(), ": the checkpoint is pre-quantized (", cfg.quant.format, "); use --weights auto",
@@ -112,12 +113,40 @@ public:
         return t;
     }
 
+    // LoadOptions::scales of a tensor [rows, cols] (a vector: rows = its length, cols = 1).
+    struct Scaling {
+        const float* in = nullptr;   // per column: multiply
+        const float* out = nullptr;  // per row: divide
+        bool any() const { return in || out; }
+    };
+    Scaling scaling(const std::string& name, int64_t rows, int64_t cols) const {
+        Scaling s;
+        auto find = [&](const std::map<std::string, std::vector<float>>& m, int64_t n, const char* what) -> const float* {
+            auto it = m.find(name);
+            if (it == m.end()) return nullptr;
+            if (int64_t(it->second.size()) != n)
+                fail(name, ": ", it->second.size(), " channel scales for its ", n, " ", what);
+            return it->second.data();
+        };
+        s.in = find(opt_.scales.in, cols, "columns");
+        s.out = find(opt_.scales.out, rows, "rows");
+        return s;
+    }
+    // Element (r, c) of a [rows, cols] tensor (full coordinates) as f32, scaled.
+    static float at(const TensorInfo& t, const Scaling& s, int64_t r, int64_t c, int64_t cols) {
+        float v = element_f32(t, size_t(r * cols + c));
+        if (s.in) v *= s.in[c];
+        if (s.out) v /= s.out[r];
+        return v;
+    }
+
     // Elements [begin, begin + n) of a vector of `full` elements, as f32.
     std::vector<float> vector(const std::string& name, int64_t full, int64_t begin = 0, int64_t n = -1) {
         const TensorInfo& t = tensor(name, {full});
+        const Scaling sc = scaling(name, full, 1);
         if (n < 0) n = full;
         std::vector<float> v(static_cast<size_t>(n));
-        for (size_t i = 0; i < v.size(); ++i) v[i] = element_f32(t, size_t(begin) + i);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = at(t, sc, begin + int64_t(i), 0, 1);
         out_.bytes += v.size() * 4;
         return v;
     }
@@ -127,19 +156,21 @@ public:
     // for row-parallel layers, a conversion) is copied, reading only the block's bytes.
     WeightView float_matrix(const std::string& name, Block b, DType want) {
         const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const Scaling sc = scaling(name, b.rows, b.cols);
         const size_t es = dtype_size(t.dtype), n = size_t(b.nrows * b.ncols);
         const uint8_t* first = t.data + size_t(b.row0 * b.cols + b.col0) * es;
         WeightView v{want, first, b.nrows, b.ncols};
         out_.bytes += n * dtype_size(want);
-        if (want == t.dtype && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
+        const bool same = want == t.dtype && !sc.any();
+        if (same && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
         Buffer buf(n * dtype_size(want));
         for (int64_t r = 0; r < b.nrows; ++r) {
             uint8_t* dst = buf.data() + size_t(r * b.ncols) * dtype_size(want);
-            if (want == t.dtype) {
+            if (same) {
                 std::memcpy(dst, first + size_t(r * b.cols) * es, size_t(b.ncols) * es);
                 continue;
             }
-            for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, element_f32(t, size_t((b.row0 + r) * b.cols + b.col0 + i)));
+            for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, at(t, sc, b.row0 + r, b.col0 + i, b.cols));
         }
         v.data = buf.data();
         out_.owned.push_back(std::move(buf));
@@ -156,13 +187,13 @@ public:
         if (g != b.cols && (b.col0 % g != 0 || b.ncols % g != 0)) fail(name, ": --group-size ", g, " does not align with the tensor-parallel split");
         const int64_t view_group = g == b.cols ? b.ncols : g;
         const int64_t groups = b.ncols / view_group;
+        const Scaling scl = scaling(name, b.rows, b.cols);
         Buffer q(size_t(b.nrows * b.ncols)), sc(size_t(b.nrows * groups) * sizeof(float));
         std::vector<float> row(static_cast<size_t>(b.cols));
         for (int64_t r = 0; r < b.nrows; ++r) {
-            const size_t base = size_t((b.row0 + r) * b.cols);
             // Only the columns this block needs (all of them when the scale spans the row).
             const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
-            for (int64_t c = c0; c < c1; ++c) row[size_t(c)] = element_f32(t, base + size_t(c));
+            for (int64_t c = c0; c < c1; ++c) row[size_t(c)] = at(t, scl, b.row0 + r, c, b.cols);
             for (int64_t k = 0; k < groups; ++k) {
                 const int64_t s0 = g == b.cols ? 0 : b.col0 + k * g, s1 = g == b.cols ? b.cols : s0 + g;
                 float amax = 0.0f;
@@ -194,10 +225,10 @@ public:
         if (b.col0 % g != 0 || b.ncols % g != 0)
             fail(name, ": --group-size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
                  b.col0 + b.ncols, ")");
+        const Scaling scl = scaling(name, b.rows, b.cols);
         std::vector<float> f(size_t(b.nrows * b.ncols));
         for (int64_t r = 0; r < b.nrows; ++r)
-            for (int64_t c = 0; c < b.ncols; ++c)
-                f[size_t(r * b.ncols + c)] = element_f32(t, size_t((b.row0 + r) * b.cols + b.col0 + c));
+            for (int64_t c = 0; c < b.ncols; ++c) f[size_t(r * b.ncols + c)] = at(t, scl, b.row0 + r, b.col0 + c, b.cols);
         WeightView src{DType::F32, f.data(), b.nrows, b.ncols};
         const int64_t groups = b.ncols / g;
         Buffer q(size_t(b.nrows * b.ncols / 2)), sc(size_t(b.nrows * groups) * sizeof(float)),

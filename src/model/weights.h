@@ -3,8 +3,10 @@
 // Norm weights and biases are always f32: they are tiny and the math on them is FP32.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -31,7 +33,21 @@ inline bool is_quantized(WeightFormat f) { return is_int8(f) || f == WeightForma
 // The group size int4 uses when --group-size is 0 (AWQ's default).
 constexpr int64_t kInt4DefaultGroup = 128;
 
+// Per-channel scaling folded into the weights as they load (AWQ; runtime/awq.h finds the scales).
+// A Linear matrix named in `in` has input column c multiplied by in[name][c]; a tensor named in
+// `out` (a norm weight, a Linear matrix's output rows, a bias) has element or row i divided by
+// out[name][i]. The scales come in pairs that cancel (a norm weight divided by what the next
+// matrices' columns are multiplied by), so the float model computes the same function; quantized,
+// the channels with large activations get finer steps. Indices are the full tensor's (any rank).
+struct ChannelScales {
+    std::map<std::string, std::vector<float>> in, out;
+    bool empty() const { return in.empty() && out.empty(); }
+};
+
 struct LoadOptions {
+    LoadOptions(WeightFormat f = WeightFormat::Auto, int64_t group = 0, std::string keep = "")
+        : format(f), group_size(group), keep_fp16(std::move(keep)) {}
+
     WeightFormat format = WeightFormat::Auto;
     // Quantized formats: scales per group of this many input columns (0: one per output channel
     // for INT8, kInt4DefaultGroup for INT4).
@@ -39,6 +55,7 @@ struct LoadOptions {
     // Quantized formats: Linear tensors whose HF name matches (std::regex_search, ECMAScript) stay
     // 16-bit (the checkpoint's FP16/BF16, or BF16 from an FP32 checkpoint). Norms are never quantized.
     std::string keep_fp16;
+    ChannelScales scales;
 };
 
 struct Linear {

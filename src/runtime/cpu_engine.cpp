@@ -97,6 +97,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     float* v = v_.as<float>();
 
     rmsnorm_ref(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
+    if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
     linear(L.q, h, qh, T, q);
     linear(L.k, h, qh, T, k);
@@ -142,22 +143,25 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
         row += ch.n;
     }
     float* o = o_.as<float>();
+    if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linear(L.o, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     float* x = x_.as<float>();
     for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
 }
 
-void CpuEngine::mlp_block(const LayerWeights& L, int64_t T) {
+void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     const ModelConfig& c = cfg_;
     float* h = h_.as<float>();
     rmsnorm_ref(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
+    if (probe_) probe_(layer, LinearInput::GateUp, h, T, c.hidden);
     float* g = gate_.as<float>();
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
     linear(L.gate, h, qh, T, g);
     linear(L.up, h, qh, T, u);
     silu_mul_ref(g, u, g, T * w_.plan.n_inter);
+    if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
     linear(L.down, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
@@ -189,7 +193,7 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     if (p.tp > 1) comm_.all_reduce_sum(x, size_t(T * c.hidden));
     for (int64_t l = 0; l < c.n_layers; ++l) {
         attention_block(w_.layers[size_t(l)], l, chunks, T);
-        mlp_block(w_.layers[size_t(l)], T);
+        mlp_block(w_.layers[size_t(l)], l, T);
     }
     // Final norm and lm_head only on the rows whose logits are wanted.
     float* last = last_.as<float>();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/buffer.h"
@@ -26,9 +27,15 @@ public:
     size_t workspace_bytes() const override { return ws_bytes_; }
     std::string device() const override;
 
+    // Calibration (runtime/awq.h): when set, called with the input rows [T, cols] of each layer's
+    // Linear groups as they are computed, before the products. Changes no result.
+    enum class LinearInput { Qkv, O, GateUp, Down };
+    using Probe = std::function<void(int64_t layer, LinearInput which, const float* x, int64_t T, int64_t cols)>;
+    void set_probe(Probe p) { probe_ = std::move(p); }
+
 private:
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
-    void mlp_block(const LayerWeights& L, int64_t T);
+    void mlp_block(const LayerWeights& L, int64_t layer, int64_t T);
     // y = x * W^T (+ b). W8A8: x is quantized per token once (quantize_input) and reused by every
     // INT8 layer reading the same x; layers kept in 16 bits read x as floats.
     const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
@@ -49,6 +56,7 @@ private:
     std::vector<float> act_scales_;
     QuantizedActs acts_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
     size_t ws_bytes_ = 0;
+    Probe probe_;
 };
 
 }  // namespace shardlm

@@ -138,7 +138,9 @@ TEST(Int4, QuantizeThenLoadEqualsQuantizeOnLoad) {
         EXPECT_EQ(t.shape, (std::vector<int64_t>{cfg.hidden, cfg.intermediate / 2}));
         EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 128, 0u);
         EXPECT_EQ(ck.get("model.embed_tokens.weight").dtype_str, "I8");  // the vocabulary matrix: INT8
-        if (!lo.keep_fp16.empty()) EXPECT_EQ(ck.get("model.layers.0.self_attn.k_proj.weight").dtype_str, "BF16");
+        if (!lo.keep_fp16.empty()) {
+            EXPECT_EQ(ck.get("model.layers.0.self_attn.k_proj.weight").dtype_str, "BF16");
+        }
         // A pre-quantized int4 checkpoint refuses another format, and a group size it was not made with.
         auto error_of = [&](const LoadOptions& o) {
             try {

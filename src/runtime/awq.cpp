@@ -1,0 +1,172 @@
+#include "runtime/awq.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quantize.h"
+#include "runtime/cpu_engine.h"
+#include "runtime/session.h"
+
+namespace shardlm {
+namespace {
+
+using Input = CpuEngine::LinearInput;
+
+// Calibration rows of one group input: every row's |x| summed per channel, and the first
+// max_rows rows kept for the loss.
+struct Acts {
+    std::vector<double> abs_sum;
+    int64_t rows = 0, cols = 0, max_rows = 0;
+    std::vector<float> kept;  // [kept_rows, cols]
+
+    void add(const float* x, int64_t T, int64_t c) {
+        if (abs_sum.empty()) abs_sum.assign(size_t(c), 0.0), cols = c;
+        for (int64_t t = 0; t < T; ++t) {
+            const float* r = x + t * c;
+            for (int64_t i = 0; i < c; ++i) abs_sum[size_t(i)] += std::fabs(r[i]);
+            if (int64_t(kept.size()) / c < max_rows) kept.insert(kept.end(), r, r + c);
+        }
+        rows += T;
+    }
+    int64_t kept_rows() const { return cols ? int64_t(kept.size()) / cols : 0; }
+};
+
+// sum over the rows of X of ||X (W - Q(W diag(s)) diag(s)^-1)^T||^2 for one matrix.
+double scaled_loss(const WeightView& w, const std::vector<float>& s, int64_t group, const Acts& a,
+                   std::vector<float>& scratch) {
+    const int64_t rows = w.rows, cols = w.cols;
+    std::vector<float>& ws = scratch;
+    ws.resize(size_t(rows * cols));
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        for (int64_t c = 0; c < cols; ++c) ws[size_t(r * cols + c)] = row[size_t(c)] * s[size_t(c)];
+    }
+    const int64_t ng = cols / group;
+    std::vector<uint8_t> q(size_t(rows * cols / 2));
+    std::vector<float> sc(size_t(rows * ng)), mn(sc.size());
+    quantize_weights_int4(WeightView{DType::F32, ws.data(), rows, cols}, group, q.data(), sc.data(), mn.data());
+    // ws := W - dequant / s (the error the layer's output sees), row by row.
+    const WeightView wq = int4_weight_view(q.data(), sc.data(), mn.data(), rows, cols, group);
+    std::vector<float> orig(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+        weight_row_to_f32(wq, r, row.data());
+        weight_row_to_f32(w, r, orig.data());
+        for (int64_t c = 0; c < cols; ++c) ws[size_t(r * cols + c)] = orig[size_t(c)] - row[size_t(c)] / s[size_t(c)];
+    }
+    const int64_t T = a.kept_rows();
+    std::vector<float> y(size_t(T * rows));
+    matmul(a.kept.data(), T, WeightView{DType::F32, ws.data(), rows, cols}, nullptr, y.data());
+    double loss = 0;
+    for (float v : y) loss += double(v) * v;
+    return loss;
+}
+
+}  // namespace
+
+ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t>& calib, const AwqOptions& opt,
+                         std::vector<AwqGroup>* report) {
+    if (calib.empty()) fail("--calib: no calibration tokens");
+    if (opt.grid < 1) fail("AWQ grid must be at least 1");
+    SessionOptions so;
+    so.model_dir = model_dir;
+    so.load.format = WeightFormat::F32;
+    so.kv = KVFormat::F32;
+    so.device = Device::Cpu;
+    SingleRank comm;
+    const ModelConfig probe_cfg = load_config(model_dir);
+    so.ctx = std::min<int64_t>(opt.ctx, probe_cfg.max_position > 0 ? probe_cfg.max_position : opt.ctx);
+    so.prefill_chunk = so.ctx;
+    so.max_logit_rows = 1;
+    auto s = open_session(so, comm);
+    const ModelConfig& c = s->cfg;
+    auto* eng = dynamic_cast<CpuEngine*>(s->engine.get());
+    SHARDLM_CHECK(eng, "AWQ calibration runs on the CPU engine");
+    for (int32_t id : calib)
+        if (id < 0 || id >= c.vocab) fail("--calib: token id ", id, " outside the vocabulary [0, ", c.vocab, ")");
+
+    // The float model over the calibration text, window by window, recording every group input.
+    std::vector<std::vector<Acts>> acts(size_t(c.n_layers), std::vector<Acts>(4));
+    for (auto& l : acts)
+        for (auto& a : l) a.max_rows = opt.max_loss_rows;
+    eng->set_probe([&](int64_t layer, Input which, const float* x, int64_t T, int64_t cols) {
+        acts[size_t(layer)][size_t(which)].add(x, T, cols);
+    });
+    std::vector<float> logits(size_t(c.vocab));
+    for (size_t w0 = 0; w0 < calib.size(); w0 += size_t(so.ctx)) {
+        SeqChunk ch;
+        ch.tokens = calib.data() + w0;
+        ch.n = std::min<int64_t>(so.ctx, int64_t(calib.size() - w0));
+        ch.pos = 0;
+        eng->forward({ch}, logits.data());
+    }
+    eng->set_probe(nullptr);
+
+    std::regex keep;
+    if (!opt.keep_fp16.empty()) keep = std::regex(opt.keep_fp16, std::regex::ECMAScript);
+    auto kept = [&](const Linear& l) { return !opt.keep_fp16.empty() && std::regex_search(l.name, keep); };
+    const bool mha = c.n_heads == c.n_kv_heads;
+
+    ChannelScales out;
+    std::vector<float> scratch;
+    for (int64_t li = 0; li < c.n_layers; ++li) {
+        const LayerWeights& L = s->weights.layers[size_t(li)];
+        const std::string pre = "model.layers." + std::to_string(li);
+        struct Group {
+            const char* which;
+            Input input;
+            std::vector<const Linear*> mats;
+            const Linear* prev;        // the Linear whose output rows take 1/s (or null)
+            std::string prev_norm;     // else the norm weight that does
+        };
+        std::vector<Group> groups = {
+            {"qkv", Input::Qkv, {&L.q, &L.k, &L.v}, nullptr, pre + ".input_layernorm.weight"},
+            {"gate_up", Input::GateUp, {&L.gate, &L.up}, nullptr, pre + ".post_attention_layernorm.weight"},
+            {"down", Input::Down, {&L.down}, &L.up, ""},
+        };
+        if (mha) groups.push_back({"o", Input::O, {&L.o}, &L.v, ""});
+        for (const Group& g : groups) {
+            bool skip = g.prev && kept(*g.prev);
+            for (const Linear* m : g.mats) skip = skip || kept(*m);
+            const Acts& a = acts[size_t(li)][size_t(g.input)];
+            const int64_t cols = g.mats[0]->w.cols;
+            if (skip || a.rows == 0 || cols % opt.group_size != 0) continue;
+            std::vector<float> mean(static_cast<size_t>(cols));
+            for (int64_t i = 0; i < cols; ++i) mean[size_t(i)] = float(a.abs_sum[size_t(i)] / double(a.rows));
+            AwqGroup best{li, g.which, 0.0f, 0.0, 0.0};
+            std::vector<float> best_s(size_t(cols), 1.0f), sv(static_cast<size_t>(cols));
+            for (int k = 0; k < opt.grid; ++k) {
+                const float alpha = float(k) / float(opt.grid);
+                float lo = INFINITY, hi = 0;
+                for (int64_t i = 0; i < cols; ++i) {
+                    sv[size_t(i)] = k == 0 ? 1.0f : std::max(std::pow(mean[size_t(i)], alpha), 1e-4f);
+                    lo = std::min(lo, sv[size_t(i)]);
+                    hi = std::max(hi, sv[size_t(i)]);
+                }
+                const float norm = std::sqrt(lo * hi);
+                if (k > 0)
+                    for (float& v : sv) v /= norm;
+                double loss = 0;
+                for (const Linear* m : g.mats) loss += scaled_loss(m->w, sv, opt.group_size, a, scratch);
+                if (k == 0) best.loss_rtn = best.loss = loss;
+                if (loss < best.loss) best.loss = loss, best.alpha = alpha, best_s = sv;
+            }
+            if (report) report->push_back(best);
+            if (best.alpha == 0.0f) continue;  // no scaling beat round-to-nearest
+            for (const Linear* m : g.mats) out.in[m->name] = best_s;
+            if (g.prev) {
+                out.out[g.prev->name] = best_s;
+                if (!g.prev->bias.empty()) out.out[g.prev->name.substr(0, g.prev->name.size() - 7) + ".bias"] = best_s;
+            } else {
+                out.out[g.prev_norm] = best_s;
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace shardlm

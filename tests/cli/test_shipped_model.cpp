@@ -1,5 +1,5 @@
 // Accuracy on real weights: the shipped KJV model (launch/models/kjv-small) on its held-out text,
-// FP32 against BF16, INT8 weights, W8A8, the INT8 KV cache and tensor parallelism.
+// FP32 against BF16, INT8 weights, W8A8, INT4 (and AWQ), the INT8 KV cache and tensor parallelism.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,10 +49,37 @@ TEST_F(ShippedModel, QuantizationCostsLittlePerplexity) {
     EXPECT_LE(rel(ppl("--weights int8 --kv int8")), 0.02);
 }
 
+// INT4 on the real weights: quantized on load (round to nearest), and written by
+// `shardlm quantize --calib` with AWQ scales calibrated on the last third of the held-out text
+// (disjoint from the third measured here), which must not do worse than rounding.
+TEST_F(ShippedModel, Int4AndAwq) {
+    const double fp32 = ppl("--weights fp32 --kv fp32");
+    const double rtn = ppl("--weights int4 --kv fp32");
+    EXPECT_LE((rtn - fp32) / fp32, 0.01);
+    EXPECT_GT(rtn, fp32);  // 4 bits do cost something
+    const std::string text = read_file(kModel + "/heldout.txt");
+    write_file(dir_->file("calib.txt"), text.substr(2 * text.size() / 3));
+    const std::string out = dir_->file("awq");
+    const CommandResult q = run_command(SHARDLM_BIN " quantize --model " + kModel + " --out " + out +
+                                        " --weights int4 --calib " + dir_->file("calib.txt"));
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    EXPECT_NE(q.err.find("awq: 2048 calibration tokens; "), std::string::npos) << q.err;
+    const CommandResult r = run_command(SHARDLM_BIN " perplexity --model " + out + " --text-file " + dir_->file("heldout.txt") +
+                                        " --ctx 256 --prefill-chunk 256 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const double awq = nlohmann::json::parse(r.out)["perplexity"].get<double>();
+    EXPECT_LT(awq, rtn) << "fp32 " << fp32 << ", int4 round-to-nearest " << rtn;
+    // --calib is for int4 only.
+    const CommandResult bad = run_command(SHARDLM_BIN " quantize --model " + kModel + " --out " + dir_->file("x") +
+                                          " --weights int8 --calib " + dir_->file("calib.txt"));
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("--calib: AWQ channel scales are searched for --weights int4"), std::string::npos) << bad.err;
+}
+
 #ifdef SHARDLM_MPIEXEC
 TEST_F(ShippedModel, TensorParallelEqualsOneRank) {
     const std::string mpirun = std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
-    for (const char* flags : {"--weights fp32 --kv fp32", "--weights int8 --kv int8"}) {
+    for (const char* flags : {"--weights fp32 --kv fp32", "--weights int8 --kv int8", "--weights int4 --kv int8"}) {
         const double one = ppl(flags), two = ppl(flags, mpirun);
         EXPECT_NEAR(two, one, 1e-4 * one) << flags;
     }

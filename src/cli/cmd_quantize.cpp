@@ -46,11 +46,14 @@ int cmd_quantize(const Args& args) {
         ao.keep_fp16 = keep;
         std::vector<AwqGroup> report;
         lo.scales = awq_scales(model, ids, ao, &report);
-        double rtn = 0, awq = 0;
+        double rtn = 0, awq = 0, cb = 0, ca = 0;
         size_t scaled = 0;
-        for (const AwqGroup& g : report) rtn += g.loss_rtn, awq += g.loss, scaled += g.alpha > 0 ? 1 : 0;
-        std::fprintf(stderr, "awq: %zu calibration tokens; %zu of %zu groups scaled; output error of the layers' products %.1f%% of round-to-nearest's\n",
-                     ids.size(), scaled, report.size(), rtn > 0 ? 100.0 * awq / rtn : 100.0);
+        for (const AwqGroup& g : report)
+            rtn += g.loss_rtn, awq += g.loss, cb += g.clip_before, ca += g.clip_after, scaled += g.alpha > 0 ? 1 : 0;
+        std::fprintf(stderr,
+                     "awq: %zu calibration tokens; %zu of %zu groups scaled; output error of the layers' products %.1f%% "
+                     "of round-to-nearest's, then clipping %.1f%% of that\n",
+                     ids.size(), scaled, report.size(), rtn > 0 ? 100.0 * awq / rtn : 100.0, cb > 0 ? 100.0 * ca / cb : 100.0);
     }
     write_quantized_checkpoint(model, out, lo);
     std::cerr << "wrote " << weights << " checkpoint to " << out << "\n";

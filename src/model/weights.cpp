@@ -229,8 +229,22 @@ public:
         std::vector<float> f(size_t(b.nrows * b.ncols));
         for (int64_t r = 0; r < b.nrows; ++r)
             for (int64_t c = 0; c < b.ncols; ++c) f[size_t(r * b.ncols + c)] = at(t, scl, b.row0 + r, b.col0 + c, b.cols);
-        WeightView src{DType::F32, f.data(), b.nrows, b.ncols};
         const int64_t groups = b.ncols / g;
+        auto clip = opt_.scales.clip.find(name);
+        if (clip != opt_.scales.clip.end()) {
+            const int64_t full_groups = b.cols / g;
+            if (int64_t(clip->second.size()) != b.rows * full_groups)
+                fail(name, ": ", clip->second.size(), " clip ratios for its ", b.rows * full_groups, " groups");
+            for (int64_t r = 0; r < b.nrows; ++r)
+                for (int64_t k = 0; k < groups; ++k) {
+                    float* w = f.data() + r * b.ncols + k * g;
+                    float amax = 0.0f;
+                    for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[i]));
+                    const float m = amax * clip->second[size_t((b.row0 + r) * full_groups + b.col0 / g + k)];
+                    for (int64_t i = 0; i < g; ++i) w[i] = std::clamp(w[i], -m, m);
+                }
+        }
+        WeightView src{DType::F32, f.data(), b.nrows, b.ncols};
         Buffer q(size_t(b.nrows * b.ncols / 2)), sc(size_t(b.nrows * groups) * sizeof(float)),
             mn(size_t(b.nrows * groups) * sizeof(float));
         quantize_weights_int4(src, g, q.data(), sc.as<float>(), mn.as<float>());

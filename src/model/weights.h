@@ -39,9 +39,14 @@ constexpr int64_t kInt4DefaultGroup = 128;
 // out[name][i]. The scales come in pairs that cancel (a norm weight divided by what the next
 // matrices' columns are multiplied by), so the float model computes the same function; quantized,
 // the channels with large activations get finer steps. Indices are the full tensor's (any rank).
+//
+// `clip` (INT4 only, AWQ's second step) is lossy: for an INT4 Linear matrix named in it, the
+// weights of row r and group k (after the scaling) are clamped to +-clip[name][r * groups + k]
+// times that group's largest |w| before quantizing, trading the few largest weights' error for
+// finer steps on the rest where that lowers the output error.
 struct ChannelScales {
-    std::map<std::string, std::vector<float>> in, out;
-    bool empty() const { return in.empty() && out.empty(); }
+    std::map<std::string, std::vector<float>> in, out, clip;
+    bool empty() const { return in.empty() && out.empty() && clip.empty(); }
 };
 
 struct LoadOptions {

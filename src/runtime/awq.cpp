@@ -66,6 +66,72 @@ double scaled_loss(const WeightView& w, const std::vector<float>& s, int64_t gro
     return loss;
 }
 
+// AWQ's clipping search for one matrix, on its columns scaled by s: per row and group, the
+// fraction of the group's max |w| to clamp to (1, 0.95, .. 0.55) whose INT4 error e (against the
+// unclipped weights) has the least e^T G e, G the group's Gram matrix of the scaled calibration
+// inputs (= the squared output error over those rows). Returns the ratios [rows * groups] and
+// adds the loss before and after to *before, *after.
+std::vector<float> search_clip(const WeightView& w, const std::vector<float>& s, int64_t group,
+                               const std::vector<std::vector<float>>& gram, double* before, double* after) {
+    const int64_t rows = w.rows, cols = w.cols, ng = cols / group;
+    std::vector<float> ratios(size_t(rows * ng), 1.0f);
+    double b = 0, a = 0;
+#pragma omp parallel reduction(+ : b, a)
+    {
+        std::vector<float> row(static_cast<size_t>(cols)), wc(static_cast<size_t>(group)), e(static_cast<size_t>(group));
+        std::vector<uint8_t> q(static_cast<size_t>(group));
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t r = 0; r < rows; ++r) {
+            weight_row_to_f32(w, r, row.data());
+            for (int64_t c = 0; c < cols; ++c) row[size_t(c)] *= s[size_t(c)];
+            for (int64_t k = 0; k < ng; ++k) {
+                const float* x = row.data() + k * group;
+                const std::vector<float>& G = gram[size_t(k)];
+                float amax = 0.0f;
+                for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(x[i]));
+                double best = -1;
+                for (int step = 0; step < 10; ++step) {
+                    const float ratio = 1.0f - 0.05f * float(step), m = amax * ratio;
+                    for (int64_t i = 0; i < group; ++i) wc[size_t(i)] = std::clamp(x[i], -m, m);
+                    const Int4Group p = quantize_group_int4(wc.data(), group, q.data());
+                    for (int64_t i = 0; i < group; ++i) e[size_t(i)] = x[i] - (float(q[size_t(i)]) * p.scale + p.min());
+                    double loss = 0;
+                    for (int64_t i = 0; i < group; ++i) {
+                        float gi = 0;  // 128-term sums: float is plenty, and vectorises
+                        const float* Gi = G.data() + i * group;
+                        for (int64_t j = 0; j < group; ++j) gi += Gi[j] * e[size_t(j)];
+                        loss += gi * e[size_t(i)];
+                    }
+                    if (step == 0) b += loss;
+                    if (best < 0 || loss < best) best = loss, ratios[size_t(r * ng + k)] = ratio;
+                }
+                a += best;
+            }
+        }
+    }
+    *before += b;
+    *after += a;
+    return ratios;
+}
+
+// Gram matrices of the calibration inputs (divided by s) per group of columns: [groups][g * g].
+std::vector<std::vector<float>> group_grams(const Acts& a, const std::vector<float>& s, int64_t group) {
+    const int64_t cols = a.cols, ng = cols / group, T = a.kept_rows();
+    std::vector<std::vector<float>> grams(size_t(ng), std::vector<float>(size_t(group * group), 0.0f));
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < ng; ++k) {
+        std::vector<double> G(size_t(group * group), 0.0);
+        std::vector<double> x(static_cast<size_t>(group));
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t i = 0; i < group; ++i) x[size_t(i)] = double(a.kept[size_t(t * cols + k * group + i)]) / s[size_t(k * group + i)];
+            for (int64_t i = 0; i < group; ++i)
+                for (int64_t j = 0; j < group; ++j) G[size_t(i * group + j)] += x[size_t(i)] * x[size_t(j)];
+        }
+        for (size_t i = 0; i < G.size(); ++i) grams[size_t(k)][i] = float(G[i]);
+    }
+    return grams;
+}
+
 }  // namespace
 
 ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t>& calib, const AwqOptions& opt,
@@ -154,6 +220,13 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
                 for (const Linear* m : g.mats) loss += scaled_loss(m->w, sv, opt.group_size, a, scratch);
                 if (k == 0) best.loss_rtn = best.loss = loss;
                 if (loss < best.loss) best.loss = loss, best.alpha = alpha, best_s = sv;
+            }
+            if (opt.clip) {
+                const auto grams = group_grams(a, best_s, opt.group_size);
+                for (const Linear* m : g.mats) {
+                    std::vector<float> r = search_clip(m->w, best_s, opt.group_size, grams, &best.clip_before, &best.clip_after);
+                    if (std::any_of(r.begin(), r.end(), [](float v) { return v < 1.0f; })) out.clip[m->name] = std::move(r);
+                }
             }
             if (report) report->push_back(best);
             if (best.alpha == 0.0f) continue;  // no scaling beat round-to-nearest

@@ -13,7 +13,9 @@
 // that max(s) * min(s) = 1, with alpha from a grid chosen per group to minimise
 // sum over the group's matrices of ||X W^T - X (Q(W diag(s)) diag(s)^-1)^T||^2 on the calibration
 // rows X. alpha = 0 is s = 1, plain round-to-nearest, so the chosen scales never do worse on that
-// loss than no scaling.
+// loss than no scaling. Then AWQ's clipping search: per row and group of the scaled weights, the
+// clamp (1 .. 0.55 of the group's max |w|) whose 4-bit error costs the least output error on the
+// calibration inputs, exactly e^T G e with G the inputs' Gram matrix over the group's columns.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ struct AwqOptions {
     int grid = 20;                           // alpha in {0, 1/grid, ..., (grid - 1)/grid}
     int64_t ctx = 256;                       // calibration tokens per forward window
     int64_t max_loss_rows = 256;             // calibration rows the loss is measured on
+    bool clip = true;                        // also search the clipping (ChannelScales::clip)
 };
 
 // One scaled group of one layer: which, the alpha chosen and the loss with it and without scaling.
@@ -38,6 +41,9 @@ struct AwqGroup {
     std::string which;  // "qkv", "o", "gate_up", "down"
     float alpha = 0;
     double loss_rtn = 0, loss = 0;
+    // The output error of the scaled weights before and after the clipping search (its own sum
+    // over the groups of columns, so without the cross-group terms of `loss`).
+    double clip_before = 0, clip_after = 0;
 };
 
 // Runs the float model of `model_dir` (CPU, FP32, one rank) over `calib` tokens and returns the

@@ -144,8 +144,16 @@ TEST(Awq, BeatsRoundToNearestWhereChannelsAreSalient) {
     std::vector<AwqGroup> report;
     const ChannelScales cs = awq_scales(d.path(), calib, ao, &report);
     ASSERT_EQ(report.size(), size_t(4 * c.n_layers));  // qkv, gate_up, down and o in every layer
-    for (const AwqGroup& g : report) EXPECT_LE(g.loss, g.loss_rtn) << g.which << " layer " << g.layer;
+    for (const AwqGroup& g : report) {
+        EXPECT_LE(g.loss, g.loss_rtn) << g.which << " layer " << g.layer;
+        EXPECT_LE(g.clip_after, g.clip_before) << g.which << " layer " << g.layer;
+    }
     EXPECT_FALSE(cs.in.empty());
+    EXPECT_FALSE(cs.clip.empty());
+    // Without the clipping search the scales alone already help; with it, more.
+    ao.clip = false;
+    const ChannelScales scales_only = awq_scales(d.path(), calib, ao);
+    EXPECT_TRUE(scales_only.clip.empty());
 
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(40, c.vocab, 11), make_prompt(64, c.vocab, 12),
                                                        make_prompt(25, c.vocab, 13)};
@@ -158,8 +166,16 @@ TEST(Awq, BeatsRoundToNearestWhereChannelsAreSalient) {
     LoadOptions awq{WeightFormat::Int4, 32, ""};
     awq.scales = cs;
     const auto got = last_logits(d.path(), awq, prompts);
-    const double e_rtn = mean_sq_diff(rtn, ref), e_awq = mean_sq_diff(got, ref);
-    EXPECT_LT(e_awq, 0.5 * e_rtn) << "mean squared logit error: awq " << e_awq << ", round-to-nearest " << e_rtn;
+    LoadOptions awq_noclip{WeightFormat::Int4, 32, ""};
+    awq_noclip.scales = scales_only;
+    const double e_rtn = mean_sq_diff(rtn, ref), e_awq = mean_sq_diff(got, ref),
+                 e_scales = mean_sq_diff(last_logits(d.path(), awq_noclip, prompts), ref);
+    EXPECT_LT(e_scales, 0.5 * e_rtn) << "mean squared logit error: scales " << e_scales << ", round-to-nearest " << e_rtn;
+    EXPECT_LT(e_awq, e_scales) << "mean squared logit error: scales and clipping " << e_awq << ", scales " << e_scales;
+    // A clip vector of the wrong length is named.
+    LoadOptions bad = awq;
+    bad.scales.clip.begin()->second.pop_back();
+    EXPECT_THROW(last_logits(d.path(), bad, prompts), Error);
 
     // Written by shardlm quantize (norms and v/up rows as loaded, F32), it loads back bit for bit.
     TempDir out;

@@ -28,16 +28,17 @@ namespace shardlm {
 
 namespace {
 
-size_t matrix_bytes(const WeightView& w) { return size_t(w.rows * w.cols) * dtype_size(w.dtype); }
-size_t scale_count(const WeightView& w) { return w.dtype == DType::I8 ? size_t(w.rows * w.n_groups()) : 0; }
+size_t matrix_bytes(const WeightView& w) { return size_t(w.rows) * size_t(weight_row_bytes(w)); }
+// INT8 and INT4 scales (and INT4 mins): one per row and group.
+size_t scale_count(const WeightView& w) { return w.quantized() ? size_t(w.rows * w.n_groups()) : 0; }
 
 // Whether Linear layers reading the same input can be one matrix of stacked rows: same element
-// type, columns and INT8 groups, and biases on all or none.
+// type, columns and INT8/INT4 groups, and biases on all or none.
 bool fusable(std::initializer_list<const Linear*> ls) {
     const Linear& a = **ls.begin();
     for (const Linear* l : ls)
         if (l->w.dtype != a.w.dtype || l->w.cols != a.w.cols || l->bias.empty() != a.bias.empty() ||
-            (a.w.dtype == DType::I8 && l->w.group_size != a.w.group_size))
+            (a.w.quantized() && l->w.group_size != a.w.group_size))
             return false;
     return true;
 }
@@ -147,13 +148,13 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     DeviceArena sizing;
     layout(sizing, w);
     const int64_t widest = std::max({cfg.hidden, plan_.n_q_heads * cfg.head_dim, plan_.n_inter});
-    // cuBLAS prefill dequantizes INT8 matrices into an F16 scratch, a block of whole rows at a time:
-    // the largest stacked matrix (fused ones included), but at most 32 M elements. Staging
+    // cuBLAS prefill dequantizes INT8 and INT4 matrices into an F16 scratch, a block of whole rows
+    // at a time: the largest stacked matrix (fused ones included), but at most 32 M elements. Staging
     // (EngineOptions::gemm_staging) adds a second one for the largest layer matrix that fits whole.
     constexpr int64_t kMaxDequant = int64_t(32) << 20;
     int64_t largest = 0, stage_elems = 0;
     auto consider = [&](const WeightView& v, bool layer) {
-        if (v.dtype != DType::I8) return;
+        if (!v.quantized()) return;
         largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, kMaxDequant)));
         if (layer && v.rows * v.cols <= kMaxDequant) stage_elems = std::max(stage_elems, v.rows * v.cols);
     };
@@ -225,9 +226,10 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
         m.dtype = v.dtype;
         m.rows = v.rows;
         m.cols = v.cols;
-        m.group_size = v.dtype == DType::I8 ? v.group_size : 0;
+        m.group_size = v.quantized() ? v.group_size : 0;
         m.data = a.take(matrix_bytes(v));
-        if (v.dtype == DType::I8) m.scales = floats(scale_count(v));
+        if (v.quantized()) m.scales = floats(scale_count(v));
+        if (v.dtype == DType::I4) m.mins = floats(scale_count(v));
         return m;
     };
     auto linear = [&](const Linear& l) {
@@ -346,21 +348,24 @@ void CudaEngine::upload(const ModelWeights& w) {
     };
     auto matrix = [&](const DeviceMatrix& d, const WeightView& v) {
         up.copy(const_cast<void*>(d.data), v.data, matrix_bytes(v));
-        if (v.dtype == DType::I8) up.copy(const_cast<float*>(d.scales), v.scales, scale_count(v) * sizeof(float));
+        if (v.quantized()) up.copy(const_cast<float*>(d.scales), v.scales, scale_count(v) * sizeof(float));
+        if (v.dtype == DType::I4) up.copy(const_cast<float*>(d.mins), v.mins, scale_count(v) * sizeof(float));
     };
     auto linear = [&](const CudaLinear& d, const Linear& l) {
         matrix(d.w, l.w);
         if (d.bias) vec(d.bias, l.bias);
     };
-    // The parts' rows one after the other; INT8 scales and biases follow their rows.
+    // The parts' rows one after the other; INT8/INT4 scales (and mins) and biases follow their rows.
     auto fused = [&](const CudaLinear& d, std::initializer_list<const Linear*> ls) {
         int64_t row = 0;
         for (const Linear* l : ls) {
             const WeightView& v = l->w;
-            up.copy(static_cast<char*>(const_cast<void*>(d.w.data)) + size_t(row * v.cols) * dtype_size(v.dtype), v.data,
+            up.copy(static_cast<char*>(const_cast<void*>(d.w.data)) + size_t(row * weight_row_bytes(v)), v.data,
                     matrix_bytes(v));
-            if (v.dtype == DType::I8)
+            if (v.quantized())
                 up.copy(const_cast<float*>(d.w.scales) + row * v.n_groups(), v.scales, scale_count(v) * sizeof(float));
+            if (v.dtype == DType::I4)
+                up.copy(const_cast<float*>(d.w.mins) + row * v.n_groups(), v.mins, scale_count(v) * sizeof(float));
             if (d.bias) up.copy(const_cast<float*>(d.bias) + row, l->bias.data(), l->bias.size() * sizeof(float));
             row += v.rows;
         }
@@ -396,7 +401,8 @@ void CudaEngine::upload(const ModelWeights& w) {
     // The decode GEMV's column order (kernels/cuda/interleave.h: its x loads coalesce) wherever
     // the shape allows; every kernel reading weights honours the flag. W8A8's INT8 GEMV reads x as
     // int8, already contiguous per lane, so its matrices keep the natural order; lm_head (and a
-    // tied embedding) always goes through the W8A16 GEMV.
+    // tied embedding) always goes through the W8A16 GEMV. INT4 matrices stay natural (the call
+    // declines them).
     if (!w8a8_)
         for (CudaLayer& d : layers_)
             for (CudaLinear* l : {&d.qkv, &d.gate_up, &d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})

@@ -1,5 +1,6 @@
 // The forward pass on one GPU: the CPU engine's math (runtime/cpu_engine.h) with the kernels of
-// kernels/cuda, FP32 activations and residual stream, weights as loaded (F32/F16/BF16/INT8).
+// kernels/cuda, FP32 activations and residual stream, weights as loaded (F32/F16/BF16/INT8, or
+// INT4 layers with an INT8 vocabulary matrix).
 // Memory is one arena per rank laid out up front: weights, the KV cache and every workspace
 // buffer, so a step allocates nothing and a captured decode graph stays valid for the session.
 //

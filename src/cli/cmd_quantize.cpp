@@ -25,7 +25,7 @@ int cmd_quantize(const Args& args) {
         ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4)")
         ("keep-fp16", po::value(&keep), "keep Linear tensors whose HF name matches this regex unquantized")
         ("calib", po::value(&calib), "int4: a text file to calibrate AWQ's activation-aware channel scales on")
-        ("calib-tokens", po::value(&calib_tokens)->default_value(2048), "int4: calibration tokens read from --calib");
+        ("calib-tokens", po::value(&calib_tokens)->default_value(8192), "int4: calibration tokens read from --calib");
     po::variables_map vm;
     if (!parse_args(args, d, vm,
                     "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8|int4] [--group-size G] "

@@ -16,19 +16,35 @@ namespace {
 
 using Input = CpuEngine::LinearInput;
 
-// Calibration rows of one group input: every row's |x| summed per channel, and the first
-// max_rows rows kept for the loss.
+// Calibration statistics of one group input: every row's |x| summed per channel, the Gram
+// matrices x^T x of every group of `group` columns over all rows (for the clipping search), and
+// the first max_rows rows kept for the scale search's loss.
 struct Acts {
     std::vector<double> abs_sum;
-    int64_t rows = 0, cols = 0, max_rows = 0;
+    std::vector<double> gram;  // [cols / group][group * group]
+    int64_t rows = 0, cols = 0, max_rows = 0, group = 0;
     std::vector<float> kept;  // [kept_rows, cols]
 
     void add(const float* x, int64_t T, int64_t c) {
-        if (abs_sum.empty()) abs_sum.assign(size_t(c), 0.0), cols = c;
+        if (abs_sum.empty()) {
+            abs_sum.assign(size_t(c), 0.0), cols = c;
+            if (c % group == 0) gram.assign(size_t(c * group), 0.0);
+        }
         for (int64_t t = 0; t < T; ++t) {
             const float* r = x + t * c;
             for (int64_t i = 0; i < c; ++i) abs_sum[size_t(i)] += std::fabs(r[i]);
             if (int64_t(kept.size()) / c < max_rows) kept.insert(kept.end(), r, r + c);
+        }
+        if (!gram.empty()) {
+#pragma omp parallel for schedule(static)
+            for (int64_t k = 0; k < c / group; ++k) {
+                double* G = gram.data() + k * group * group;
+                for (int64_t t = 0; t < T; ++t) {
+                    const float* r = x + t * c + k * group;
+                    for (int64_t i = 0; i < group; ++i)
+                        for (int64_t j = 0; j < group; ++j) G[i * group + j] += double(r[i]) * r[j];
+                }
+            }
         }
         rows += T;
     }
@@ -114,21 +130,15 @@ std::vector<float> search_clip(const WeightView& w, const std::vector<float>& s,
     return ratios;
 }
 
-// Gram matrices of the calibration inputs (divided by s) per group of columns: [groups][g * g].
+// The Gram matrices of the calibration inputs divided by s: G_ij / (s_i s_j), per column group.
 std::vector<std::vector<float>> group_grams(const Acts& a, const std::vector<float>& s, int64_t group) {
-    const int64_t cols = a.cols, ng = cols / group, T = a.kept_rows();
-    std::vector<std::vector<float>> grams(size_t(ng), std::vector<float>(size_t(group * group), 0.0f));
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < ng; ++k) {
-        std::vector<double> G(size_t(group * group), 0.0);
-        std::vector<double> x(static_cast<size_t>(group));
-        for (int64_t t = 0; t < T; ++t) {
-            for (int64_t i = 0; i < group; ++i) x[size_t(i)] = double(a.kept[size_t(t * cols + k * group + i)]) / s[size_t(k * group + i)];
-            for (int64_t i = 0; i < group; ++i)
-                for (int64_t j = 0; j < group; ++j) G[size_t(i * group + j)] += x[size_t(i)] * x[size_t(j)];
-        }
-        for (size_t i = 0; i < G.size(); ++i) grams[size_t(k)][i] = float(G[i]);
-    }
+    const int64_t ng = a.cols / group;
+    std::vector<std::vector<float>> grams(size_t(ng), std::vector<float>(size_t(group * group)));
+    for (int64_t k = 0; k < ng; ++k)
+        for (int64_t i = 0; i < group; ++i)
+            for (int64_t j = 0; j < group; ++j)
+                grams[size_t(k)][size_t(i * group + j)] =
+                    float(a.gram[size_t((k * group + i) * group + j)] / (double(s[size_t(k * group + i)]) * s[size_t(k * group + j)]));
     return grams;
 }
 
@@ -158,7 +168,7 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
     // The float model over the calibration text, window by window, recording every group input.
     std::vector<std::vector<Acts>> acts(size_t(c.n_layers), std::vector<Acts>(4));
     for (auto& l : acts)
-        for (auto& a : l) a.max_rows = opt.max_loss_rows;
+        for (auto& a : l) a.max_rows = opt.max_loss_rows, a.group = opt.group_size;
     eng->set_probe([&](int64_t layer, Input which, const float* x, int64_t T, int64_t cols) {
         acts[size_t(layer)][size_t(which)].add(x, T, cols);
     });

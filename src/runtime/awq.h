@@ -15,7 +15,8 @@
 // rows X. alpha = 0 is s = 1, plain round-to-nearest, so the chosen scales never do worse on that
 // loss than no scaling. Then AWQ's clipping search: per row and group of the scaled weights, the
 // clamp (1 .. 0.55 of the group's max |w|) whose 4-bit error costs the least output error on the
-// calibration inputs, exactly e^T G e with G the inputs' Gram matrix over the group's columns.
+// calibration inputs, exactly e^T G e with G the Gram matrix of all calibration inputs over the
+// group's columns.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ struct AwqOptions {
     std::string keep_fp16;                   // groups with a matrix kept in 16 bits are not scaled
     int grid = 20;                           // alpha in {0, 1/grid, ..., (grid - 1)/grid}
     int64_t ctx = 256;                       // calibration tokens per forward window
-    int64_t max_loss_rows = 256;             // calibration rows the loss is measured on
+    int64_t max_loss_rows = 512;             // calibration rows the scale search's loss is measured on
     bool clip = true;                        // also search the clipping (ChannelScales::clip)
 };
 

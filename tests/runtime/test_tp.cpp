@@ -55,7 +55,7 @@ void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32, c
     // INT8 weights are dequantized to F16) and its cache stores 16-bit or INT8 values, so the
     // all-reduce's other summation order upstream flips an occasional 16-bit rounding that the
     // CPU's FP32 arithmetic absorbs: measured up to 1.7e-4 of the largest logit.
-    const bool fp32 = dt == DType::F32 && kv == KVFormat::F32 && !is_int8(lo.format);
+    const bool fp32 = dt == DType::F32 && kv == KVFormat::F32 && !is_quantized(lo.format);
     const double tol = fp32 ? 1e-4 : 5e-4;
 #else
     const double tol = 1e-4;
@@ -103,7 +103,6 @@ TEST(TensorParallel, Int8WeightsAndKv) {
     compare_tp(tiny_config(Arch::Llama), DType::F32, KVFormat::Int8, {WeightFormat::Int8, 8, ""});  // 8 | 160/4
 }
 
-#ifndef SHARDLM_TP_ON_CUDA
 // INT4 groups never straddle a rank's columns (the split must fall on group boundaries), so TP=N
 // INT4 equals TP=1 INT4 up to the order of the all-reduce sums; a split inside a group is refused.
 TEST(TensorParallel, Int4Weights) {
@@ -120,7 +119,6 @@ TEST(TensorParallel, Int4Weights) {
                   std::string::npos) << e.what();
     }
 }
-#endif
 
 // Top-p without a top-k limit under tensor parallelism: on the CUDA engine each rank weighs its
 // vocabulary slice against the row's maximum and the integer masses are gathered

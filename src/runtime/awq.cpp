@@ -169,7 +169,11 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
     std::vector<std::vector<Acts>> acts(size_t(c.n_layers), std::vector<Acts>(4));
     for (auto& l : acts)
         for (auto& a : l) a.max_rows = opt.max_loss_rows, a.group = opt.group_size;
+    // o_proj is scaled only when every query head has its own KV head (see awq.h): otherwise its
+    // input is not recorded at all.
+    const bool mha = c.n_heads == c.n_kv_heads;
     eng->set_probe([&](int64_t layer, Input which, const float* x, int64_t T, int64_t cols) {
+        if (which == Input::O && !mha) return;
         acts[size_t(layer)][size_t(which)].add(x, T, cols);
     });
     std::vector<float> logits(size_t(c.vocab));
@@ -185,7 +189,6 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
     std::regex keep;
     if (!opt.keep_fp16.empty()) keep = std::regex(opt.keep_fp16, std::regex::ECMAScript);
     auto kept = [&](const Linear& l) { return !opt.keep_fp16.empty() && std::regex_search(l.name, keep); };
-    const bool mha = c.n_heads == c.n_kv_heads;
 
     ChannelScales out;
     std::vector<float> scratch;

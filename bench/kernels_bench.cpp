@@ -1,5 +1,6 @@
 // Kernel-level benchmark: every Linear layer of a Qwen3-1.7B-shaped model (hidden 2048, 28 layers,
-// 16 q / 8 kv heads of 128, intermediate 6144, tied vocab 151936) through matmul / matmul_w8a8.
+// 16 q / 8 kv heads of 128, intermediate 6144, tied vocab 151936) through matmul / matmul_w8a8 /
+// matmul_w4a8 (int4 and w4a8: 4-bit layers in groups of 128, INT8 lm_head).
 //   decode: all layers + lm_head for n = 1..4 tokens; GB/s = weight bytes (+ scales) / time,
 //           held against the measured copy bandwidth (src/core/membw.h).
 //   prefill: n tokens through all layers (+ lm_head for one token, as the engine does).
@@ -7,7 +8,7 @@
 //   g++ -O3 -std=c++17 -fopenmp -I. -Isrc bench/kernels_bench.cpp B/libshardlm_kernels_cpu.a \
 //       B/libshardlm_core.a -o B/kernels_bench
 // Run: B/kernels_bench [--isa auto|scalar|avx2|avx512] [--what decode,prefill] [--prefill-n 128]
-//                      [--formats int8,w8a8,bf16] [--reps 3]
+//                      [--formats int8,w8a8,bf16,int4,w4a8] [--reps 3]
 #include <omp.h>
 
 #include <algorithm>
@@ -66,14 +67,44 @@ struct Model {
     double bytes = 0;
 };
 
-// Random weights in the given format; INT8 per output channel (group = cols).
-Model make_model(DType dt) {
+constexpr int64_t kInt4Group = 128;
+
+// Random 4-bit codes with a scale and a min per group of 128 (as `--weights int4`).
+WeightView make_int4(Model& m, const Layer& L) {
+    const size_t n = size_t(L.rows * L.cols);
+    m.data.emplace_back(n / 2);
+    uint8_t* p = m.data.back().data();
+    for (size_t i = 0; i < n / 2; ++i) p[i] = uint8_t((i * 2654435761u) >> 13);
+    const size_t ng = size_t(L.rows * (L.cols / kInt4Group));
+    m.scales.emplace_back(ng * 8);
+    float* s = m.scales.back().as<float>();
+    for (size_t i = 0; i < ng; ++i) s[i] = 0.05f / 15, s[ng + i] = -0.025f;
+    m.bytes += double(n / 2 + ng * 8);
+    WeightView w;
+    w.dtype = DType::I4;
+    w.data = p;
+    w.rows = L.rows;
+    w.cols = L.cols;
+    w.scales = s;
+    w.mins = s + ng;
+    w.group_size = kInt4Group;
+    return w;
+}
+
+// Random weights in the given format; INT8 per output channel (group = cols). I4 makes the
+// layers 4-bit and keeps lm_head INT8, as the engine does.
+Model make_model(DType layer_dt) {
     Model m;
     std::vector<Layer> all;
     for (int l = 0; l < kLayers; ++l)
         for (const Layer& L : kLayer) all.push_back(L);
     all.push_back(kHead);
     for (const Layer& L : all) {
+        if (layer_dt == DType::I4 && &L != &all.back()) {
+            m.views.push_back(make_int4(m, L));
+            continue;
+        }
+        const DType dt = layer_dt == DType::I4 ? DType::I8 : layer_dt;
         const size_t n = size_t(L.rows * L.cols);
         m.data.emplace_back(n * dtype_size(dt));
         uint8_t* p = m.data.back().data();
@@ -119,7 +150,10 @@ void pass(const Model& m, const std::string& fmt, int64_t n, int64_t head_n, Wor
         const WeightView& v = m.views[i];
         const int64_t nt = i + 1 == m.views.size() ? head_n : n;
         if (nt == 0) continue;
-        if (fmt == "w8a8") {
+        if (fmt == "w4a8" && v.dtype == DType::I4) {
+            quantize_acts_int8(w.x.data(), nt, v.cols, kInt4Group, w.q.data(), w.s.data());
+            matmul_w4a8(QuantizedActs{w.q.data(), w.s.data(), nt, v.cols, kInt4Group}, v, nullptr, w.y.data(), isa);
+        } else if (fmt == "w8a8") {
             quantize_acts_int8(w.x.data(), nt, v.cols, v.cols, w.q.data(), w.s.data());
             QuantizedActs a;
             a.q = w.q.data();
@@ -172,9 +206,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < w.x.size(); ++i) w.x[i] = float(int(i % 17) - 8) * 0.01f;
     w.y.assign(size_t(std::max<int64_t>(prefill_n, 4) * 151936), 0.0f);
     w.q.resize(w.x.size());
-    w.s.resize(size_t(std::max<int64_t>(prefill_n, 4)));
+    w.s.resize(w.x.size() / kInt4Group);
     for (const std::string& fmt : split(formats)) {
-        const Model m = make_model(fmt == "bf16" ? DType::BF16 : DType::I8);
+        const Model m = make_model(fmt == "bf16"                     ? DType::BF16
+                                   : fmt == "int4" || fmt == "w4a8" ? DType::I4
+                                                                    : DType::I8);
         std::printf("\n## %s: %.3f GB of weights\n", fmt.c_str(), m.bytes / 1e9);
         if (what.find("decode") != std::string::npos) {
             // Rounds over n = 1..4, best of each: on a shared machine the best run is the one least

@@ -73,6 +73,42 @@ void w8a8_rows_scalar(const QuantizedActs& a, const WeightView& w, const float* 
     }
 }
 
+// W4A8 scalar: per internal group, a_scale * (w_scale * dot + w_min * sum of the activations).
+void w4a8_rows_scalar(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, int64_t r0,
+                      int64_t r1) {
+    const int64_t cols = w.cols, ga = a.group_size, gw = w.group_size, g = std::min(ga, gw);
+    const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wr = wq + r * (cols / 2);
+        for (int64_t t = 0; t < a.n; ++t) {
+            const int8_t* xt = a.q + t * cols;
+            float acc = 0.0f;
+            for (int64_t k0 = 0; k0 < cols; k0 += g) {
+                int32_t dot = 0, sum = 0;
+                for (int64_t k = k0; k < k0 + g; ++k) {
+                    dot += int32_t(xt[k]) * ((wr[int4_byte(k)] >> int4_shift(k)) & 15);
+                    sum += xt[k];
+                }
+                const int64_t wi = r * (cols / gw) + k0 / gw;
+                acc += a.scales[t * (cols / ga) + k0 / ga] * (float(dot) * w.scales[wi] + float(sum) * w.mins[wi]);
+            }
+            y[t * w.rows + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+void check_w4a8(const QuantizedActs& a, const WeightView& w) {
+    check_weight_view(w);
+    SHARDLM_CHECK(w.dtype == DType::I4, "matmul_w4a8 needs I4 weights, got ", dtype_name(w.dtype));
+    SHARDLM_CHECK(a.cols == w.cols, "matmul_w4a8: activations have ", a.cols, " columns, weights ", w.cols);
+    SHARDLM_CHECK(a.group_size > 0 && a.cols % a.group_size == 0 &&
+                      (a.group_size % w.group_size == 0 || w.group_size % a.group_size == 0) &&
+                      std::min(a.group_size, w.group_size) % 32 == 0,
+                  "matmul_w4a8: activation group ", a.group_size, " and weight group ", w.group_size,
+                  " must divide one another and the row length, the smaller a multiple of 32");
+    SHARDLM_CHECK(a.n == 0 || (a.q && a.scales), "matmul_w4a8: activations not set");
+}
+
 void check_w8a8(const QuantizedActs& a, const WeightView& w) {
     check_weight_view(w);
     SHARDLM_CHECK(w.dtype == DType::I8, "matmul_w8a8 needs I8 weights, got ", dtype_name(w.dtype));
@@ -86,10 +122,35 @@ void check_w8a8(const QuantizedActs& a, const WeightView& w) {
 
 // Builds the W8A8Prep view (see matmul_kernels.h) into `store`.
 struct PrepStore {
-    std::vector<int8_t> q;
-    std::vector<float> scales;
+    std::vector<int8_t> q, xi4;
+    std::vector<float> scales, xs;
     std::vector<int32_t> sums;
 };
+
+// W4A8's extra views: xs (act scale * group sum of q) and, for the GEMV, xi4 (matmul_kernels.h).
+void prepare_i4(const QuantizedActs& a, W8A8Prep& p, PrepStore& st) {
+    p.i4 = true;
+    st.xs.resize(size_t(p.n * p.ng));
+    for (int64_t i = 0; i < p.n * p.ng; ++i) {
+        int32_t sum = 0;
+        for (int64_t s = 0; s < p.segs; ++s) sum += p.seg_sums[i * p.segs + s];
+        st.xs[size_t(i)] = p.scales[i] * float(sum);
+    }
+    p.xs = st.xs.data();
+    if (p.n > kGemvMaxN) return;
+    st.xi4.resize(size_t(p.n * p.cols));
+    for (int64_t t = 0; t < p.n; ++t)
+        for (int64_t c0 = 0; c0 < p.cols; c0 += 128) {
+            const int64_t nb = std::min<int64_t>(4, (p.cols - c0) / 32);
+            const int8_t* src = a.q + t * p.cols + c0;
+            int8_t* dst = st.xi4.data() + t * p.cols + c0;
+            for (int64_t b = 0; b < nb; ++b) {
+                std::copy(src + 32 * b, src + 32 * b + 16, dst + 16 * b);
+                std::copy(src + 32 * b + 16, src + 32 * b + 32, dst + 16 * (nb + b));
+            }
+        }
+    p.xi4 = st.xi4.data();
+}
 
 W8A8Prep prepare(const QuantizedActs& a, const WeightView& w, PrepStore& st) {
     W8A8Prep p;
@@ -191,6 +252,40 @@ void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias,
 #endif
         default:
             for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
+            return;
+    }
+}
+
+void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+    check_w4a8(a, w);
+    if (a.n <= 0 || w.rows == 0) return;
+    if (w.cols == 0) {
+        for (int64_t t = 0; t < a.n; ++t)
+            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+        return;
+    }
+    const int64_t macs = a.n * w.rows * w.cols;
+    const CpuIsa chosen = cpu_isa_resolve(isa);
+    if (chosen == CpuIsa::Scalar) {
+        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_scalar(a, w, bias, y, r0, r1); });
+        return;
+    }
+    PrepStore store;
+    W8A8Prep p = prepare(a, w, store);
+    prepare_i4(a, p, store);
+    switch (chosen) {
+#if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Avx512:
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_avx512(p, w, bias, y, r0, r1); });
+            return;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+        case CpuIsa::Avx2:
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_avx2(p, w, bias, y, r0, r1); });
+            return;
+#endif
+        default:
+            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_scalar(a, w, bias, y, r0, r1); });
             return;
     }
 }

@@ -1,8 +1,9 @@
 // Linear layer y = x * W^T (+ b): x [n, cols] f32, W [rows, cols], y [n, rows] f32 (row-major).
 //
-// W may be f32/f16/bf16, or I8 with per-group scales (W8A16: weights dequantized in the inner loop,
-// activations and accumulation stay f32). W8A8 takes INT8 activations too: INT32 dot products per
-// group, then * act_scale * weight_scale, summed over groups in f32.
+// W may be f32/f16/bf16, I8 with per-group scales or I4 with per-group scales and mins (W8A16/W4A16:
+// weights dequantized in the inner loop, activations and accumulation stay f32). W8A8 and W4A8 take
+// INT8 activations too: INT32 dot products per group, then * act_scale * weight_scale, summed over
+// groups in f32.
 //
 // *_ref are the plain truths; the others are threaded (OpenMP over output rows) and vectorised, the
 // variant picked at run time (cpu_isa.h) unless one is named.
@@ -26,6 +27,15 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
 // least every 1024 products).
 void matmul_w8a8_ref(const QuantizedActs& a, const WeightView& w, const float* bias, float* y);
 void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y,
+                 CpuIsa isa = CpuIsa::Auto);
+
+// W4A8: I4 weights (codes q, a scale and a min per group, see weights_view.h) times INT8
+// activations: y [a.n, w.rows] = sum over groups of a_scale * (w_scale * dot(q, a) + w_min * sum(a))
+// (+ bias), i.e. the dequantized weights times the dequantized activations, with the dots exact in
+// INT32 (q in 0..15 is the unsigned operand of VNNI as it is). The two group sizes must divide one
+// another and the smaller be a multiple of 32 (a 4-bit block).
+void matmul_w4a8_ref(const QuantizedActs& a, const WeightView& w, const float* bias, float* y);
+void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y,
                  CpuIsa isa = CpuIsa::Auto);
 
 // Which variant `matmul` uses on this CPU ("avx512", "avx2", "scalar").

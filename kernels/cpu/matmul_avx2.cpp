@@ -3,7 +3,8 @@
 // matmul_avx512.cpp with 8-wide vectors and 16 registers: GEMV along k for decode, a [KC][16]
 // f32 panel x 6-token tile for prefill, and for W8A8 [quad][8 rows][4 bytes] panels multiplied with
 // the sign trick (maddubs(|w|, sign(a, w)) then madd by ones: no VNNI needed, no 16-bit overflow
-// because |w|, |a| <= 127 gives pair sums <= 2 * 127 * 127 < 32767).
+// because |w|, |a| <= 127 gives pair sums <= 2 * 127 * 127 < 32767). W4A8 unpacks the 4-bit codes
+// into the same panels and needs no sign trick (codes are unsigned, pair sums <= 2 * 15 * 127).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -354,17 +355,24 @@ void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float*
 constexpr int MR8 = 8;
 constexpr int NR8 = 4;
 
-void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc) {
+// I4 (W4A8): the panel holds the unsigned codes, unpacked from a 32-column block into column order
+// (ge is then a multiple of 32), and wmn[e][8] the rows' mins.
+template <bool I4>
+void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc, float* wmn) {
     const int64_t cols = w.cols, ge = a.ge, q_per = a.ge4 / 4, ngw = cols / w.group_size;
+    const int64_t row_bytes = weight_row_bytes(w);
     const int8_t* wq = static_cast<const int8_t*>(w.data);
     for (int64_t e = 0; e < a.ng; ++e) {
         for (int64_t c = 0; c < ge; c += 32) {
             const int64_t len = std::min<int64_t>(32, ge - c);
             __m256 v[8];
             for (int i = 0; i < 8; ++i) {
-                const int8_t* src = wq + (rb + i) * cols + e * ge + c;
+                const int8_t* src = wq + (rb + i) * row_bytes + (I4 ? (e * ge + c) / 2 : e * ge + c);
                 if (i >= nr) {
                     v[i] = _mm256_setzero_ps();
+                } else if (I4) {
+                    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)), nib = _mm_set1_epi8(0x0F);
+                    v[i] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), nib), _mm_and_si128(b, nib)));
                 } else if (len == 32) {
                     v[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
                 } else {
@@ -377,13 +385,17 @@ void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, u
             const int64_t nq = (len + 3) / 4;
             for (int64_t j = 0; j < nq; ++j) _mm256_store_ps(reinterpret_cast<float*>(panel + (e * q_per + c / 4 + j) * 32), v[j]);
         }
-        for (int i = 0; i < 8; ++i) wsc[e * MR8 + i] = i < nr ? w.scales[(rb + i) * ngw + e * ge / w.group_size] : 0.0f;
+        for (int i = 0; i < 8; ++i) {
+            const int64_t wi = (rb + i) * ngw + e * ge / w.group_size;
+            wsc[e * MR8 + i] = i < nr ? w.scales[wi] : 0.0f;
+            if constexpr (I4) wmn[e * MR8 + i] = i < nr ? w.mins[wi] : 0.0f;
+        }
     }
 }
 
-template <int N>
-void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int64_t t0, float* y, int64_t ys,
-                 __m256i m, const float* bias) {
+template <int N, bool I4>
+void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t t0, float* y,
+                 int64_t ys, __m256i m, const float* bias) {
     const int64_t q_per = a.ge4 / 4, seg_q = a.seg_len / 4;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 facc[N];
@@ -397,11 +409,13 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int6
             SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_si256();
             for (int64_t q = q0; q < q1; ++q) {
                 const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(pe + q * 32));
-                const __m256i aw = _mm256_abs_epi8(wv);
+                // maddubs multiplies unsigned by signed bytes: I4 codes are unsigned as they are;
+                // signed INT8 weights go in as |w| with w's sign moved onto the activations.
+                const __m256i aw = I4 ? wv : _mm256_abs_epi8(wv);
                 SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
                     int32_t quad;
                     std::memcpy(&quad, a.q + (t0 + t) * a.kp + e * a.ge4 + 4 * q, 4);
-                    const __m256i sa = _mm256_sign_epi8(_mm256_set1_epi32(quad), wv);
+                    const __m256i sa = I4 ? _mm256_set1_epi32(quad) : _mm256_sign_epi8(_mm256_set1_epi32(quad), wv);
                     acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones));
                 }
             }
@@ -410,13 +424,40 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int6
                 facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_mul_ps(sw, sa), facc[t]);
             }
         }
+        if constexpr (I4) {  // + min * (the group's sum of the dequantized activations)
+            const __m256 mn = _mm256_load_ps(wmn + e * MR8);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t)
+                facc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.xs[(t0 + t) * a.ng + e]), facc[t]);
+        }
     }
     const __m256 b = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
     SHARDLM_UNROLL for (int t = 0; t < N; ++t) _mm256_maskstore_ps(y + t * ys, m, _mm256_add_ps(facc[t], b));
 }
 
-using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, int64_t, float*, int64_t, __m256i, const float*);
-constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr, kernel_w8a8<1>, kernel_w8a8<2>, kernel_w8a8<3>, kernel_w8a8<4>};
+using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, const float*, int64_t, float*, int64_t,
+                            __m256i, const float*);
+template <bool I4>
+constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr, kernel_w8a8<1, I4>, kernel_w8a8<2, I4>, kernel_w8a8<3, I4>,
+                                              kernel_w8a8<4, I4>};
+
+// The packed W8A8/W4A8 product over rows [r0, r1) (every n: AVX2 has no separate GEMV for them).
+template <bool I4>
+void w8a8_packed_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    const size_t panel_bytes = size_t(a.kp) * MR8;
+    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR8) * 8);
+    uint8_t* panel = mem;
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + a.ng * MR8;
+    for (int64_t rb = r0; rb < r1; rb += MR8) {
+        const int64_t nr = std::min<int64_t>(MR8, r1 - rb);
+        pack_w8a8<I4>(a, w, rb, nr, panel, wsc, wmn);
+        const __m256i m = lane_mask(nr);
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
+            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
+            kKernelsW8A8<I4>[nt](a, panel, wsc, wmn, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
+        }
+    }
+}
 
 }  // namespace
 
@@ -465,19 +506,11 @@ void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const floa
 }
 
 void w8a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    const size_t panel_bytes = size_t(a.kp) * MR8;
-    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR8) * 4);
-    uint8_t* panel = mem;
-    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
-    for (int64_t rb = r0; rb < r1; rb += MR8) {
-        const int64_t nr = std::min<int64_t>(MR8, r1 - rb);
-        pack_w8a8(a, w, rb, nr, panel, wsc);
-        const __m256i m = lane_mask(nr);
-        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
-            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
-            kKernelsW8A8[nt](a, panel, wsc, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
-        }
-    }
+    w8a8_packed_rows<false>(a, w, bias, y, r0, r1);
+}
+
+void w4a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    w8a8_packed_rows<true>(a, w, bias, y, r0, r1);
 }
 
 }  // namespace shardlm

@@ -1,5 +1,5 @@
-// AVX-512 (F/DQ/BW/VL) + VNNI + FMA + F16C kernels of matmul and matmul_w8a8. This file alone is
-// compiled with those -m flags and is only called after a run-time CPU check (cpu_isa.cpp).
+// AVX-512 (F/DQ/BW/VL) + VNNI + FMA + F16C kernels of matmul, matmul_w8a8 and matmul_w4a8. This file
+// alone is compiled with those -m flags and is only called after a run-time CPU check (cpu_isa.cpp).
 //
 // Three kernels, all over the rows [r0, r1) one thread owns:
 //  - GEMV (n <= kGemvMaxN, decode): R weight rows x n tokens of accumulators, vectors along k, the
@@ -11,6 +11,8 @@
 //  - W8A8 GEMM: a 32-row panel of int8 weights is repacked as VNNI quads [quad][32 rows][4 bytes]
 //    (u8 = w + 128) and swept by vpdpbusd with 4-byte activation broadcasts, 8 tokens at a time.
 //  - W8A8 GEMV (decode, groups a multiple of 64): vpdpbusd along k on the row-major weights.
+//  - W4A8: the W8A8 GEMM with the 4-bit codes unpacked into its panels; and a GEMV that splits each
+//    64-byte load of codes into two vpdpbusd operands against pre-ordered activations.
 // Also quantize_acts_avx512 (the activation quantizer of quantize.h, vectorised).
 //
 // GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
@@ -446,10 +448,29 @@ void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float*
 
 constexpr int NR8 = 8;
 
-void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc) {
+// Columns [k, k + len) of an I4 row as u8 codes in column order, zero-padded to 64 (k a multiple of
+// 32, len 32 or 64).
+inline __m512i unpack_codes64(const uint8_t* row, int64_t k, int64_t len) {
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+    __m512i v = _mm512_inserti32x4(_mm512_setzero_si512(), _mm_and_si128(b0, nib), 0);
+    v = _mm512_inserti32x4(v, _mm_and_si128(_mm_srli_epi16(b0, 4), nib), 1);
+    if (len > 32) {
+        const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2 + 16));
+        v = _mm512_inserti32x4(v, _mm_and_si128(b1, nib), 2);
+        v = _mm512_inserti32x4(v, _mm_and_si128(_mm_srli_epi16(b1, 4), nib), 3);
+    }
+    return v;
+}
+
+// I8 (W8A8): the panel holds w + 128; I4 (W4A8): the codes as they are, and wmn[e][32] the mins.
+template <bool I4>
+void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel, float* wsc,
+               float* wmn) {
     const int64_t cols = w.cols, ge = a.ge, q_per = a.ge4 / 4, ngw = cols / w.group_size;
-    const int8_t* wq = static_cast<const int8_t*>(w.data);
-    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    const int64_t row_bytes = weight_row_bytes(w);
+    const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+    const __m512i flip = I4 ? _mm512_setzero_si512() : _mm512_set1_epi8(char(0x80));
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
         for (int64_t e = 0; e < a.ng; ++e) {
@@ -457,24 +478,30 @@ void pack_w8a8(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, u
                 const int64_t len = std::min<int64_t>(64, ge - c);
                 const __mmask64 m = mask64(len);
                 __m512 v[16];
-                for (int i = 0; i < 16; ++i)
-                    v[i] = i < vr ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, wq + (rb + 16 * h + i) * cols + e * ge + c))
-                                  : _mm512_setzero_ps();
+                for (int i = 0; i < 16; ++i) {
+                    const uint8_t* row = wq + (rb + 16 * h + i) * row_bytes;
+                    if (i >= vr) v[i] = _mm512_setzero_ps();
+                    else if constexpr (I4) v[i] = _mm512_castsi512_ps(unpack_codes64(row, e * ge + c, len));
+                    else v[i] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(m, row + e * ge + c));
+                }
                 transpose16(v);  // v[j] = quad j (4 bytes) of each of the 16 rows
                 const int64_t nq = (len + 3) / 4;
                 for (int64_t j = 0; j < nq; ++j)
                     _mm512_store_si512(panel + ((e * q_per + c / 4 + j) * 2 + h) * 64,
                                        _mm512_xor_si512(_mm512_castps_si512(v[j]), flip));
             }
-            for (int i = 0; i < 16; ++i)
-                wsc[e * MR + 16 * h + i] = i < vr ? w.scales[(rb + 16 * h + i) * ngw + e * ge / w.group_size] : 0.0f;
+            for (int i = 0; i < 16; ++i) {
+                const int64_t wi = (rb + 16 * h + i) * ngw + e * ge / w.group_size;
+                wsc[e * MR + 16 * h + i] = i < vr ? w.scales[wi] : 0.0f;
+                if constexpr (I4) wmn[e * MR + 16 * h + i] = i < vr ? w.mins[wi] : 0.0f;
+            }
         }
     }
 }
 
-template <int N>
-void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int64_t t0, float* y, int64_t ys,
-                 __mmask16 m0, __mmask16 m1, const float* bias) {
+template <int N, bool I4>
+void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t t0, float* y,
+                 int64_t ys, __mmask16 m0, __mmask16 m1, const float* bias) {
     const int64_t q_per = a.ge4 / 4, seg_q = a.seg_len / 4;
     // f32 sums live in L1, touched once per segment; the registers hold only INT32 accumulators.
     alignas(64) float facc[N][MR];
@@ -490,7 +517,8 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int6
             const int64_t q0 = s * seg_q, q1 = std::min(q_per, q0 + seg_q);
             __m512i acc[N][2];
             SHARDLM_UNROLL for (int t = 0; t < N; ++t)
-                acc[t][0] = acc[t][1] = _mm512_set1_epi32(-128 * a.seg_sums[((t0 + t) * a.ng + e) * a.segs + s]);
+                acc[t][0] = acc[t][1] = I4 ? _mm512_setzero_si512()
+                                           : _mm512_set1_epi32(-128 * a.seg_sums[((t0 + t) * a.ng + e) * a.segs + s]);
             for (int64_t q = q0; q < q1; ++q) {
                 const __m512i w0 = _mm512_load_si512(pe + q * 128), w1 = _mm512_load_si512(pe + q * 128 + 64);
                 SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
@@ -508,6 +536,14 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int6
                 _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][1]), _mm512_mul_ps(sw1, sa), _mm512_load_ps(facc[t] + 16)));
             }
         }
+        if constexpr (I4) {  // + min * (the group's sum of the dequantized activations)
+            const __m512 mn0 = _mm512_load_ps(wmn + e * MR), mn1 = _mm512_load_ps(wmn + e * MR + 16);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m512 xs = _mm512_set1_ps(a.xs[(t0 + t) * a.ng + e]);
+                _mm512_store_ps(facc[t], _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(facc[t])));
+                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(facc[t] + 16)));
+            }
+        }
     }
     const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
@@ -517,11 +553,32 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, int6
     }
 }
 
-using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, int64_t, float*, int64_t, __mmask16,
-                            __mmask16, const float*);
-constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr,        kernel_w8a8<1>, kernel_w8a8<2>,
-                                              kernel_w8a8<3>, kernel_w8a8<4>, kernel_w8a8<5>,
-                                              kernel_w8a8<6>, kernel_w8a8<7>, kernel_w8a8<8>};
+using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, const float*, int64_t, float*, int64_t,
+                            __mmask16, __mmask16, const float*);
+template <bool I4>
+constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr,
+                                              kernel_w8a8<1, I4>, kernel_w8a8<2, I4>, kernel_w8a8<3, I4>,
+                                              kernel_w8a8<4, I4>, kernel_w8a8<5, I4>, kernel_w8a8<6, I4>,
+                                              kernel_w8a8<7, I4>, kernel_w8a8<8, I4>};
+
+// The packed W8A8/W4A8 GEMM over rows [r0, r1).
+template <bool I4>
+void w8a8_gemm_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    const size_t panel_bytes = size_t(a.kp) * MR;  // kp bytes per row
+    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR) * 8);
+    uint8_t* panel = mem;
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + a.ng * MR;
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        pack_w8a8<I4>(a, w, rb, nr, panel, wsc, wmn);
+        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
+            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
+            kKernelsW8A8<I4>[nt](a, panel, wsc, wmn, t0, y + t0 * w.rows + rb, w.rows, m0, m1, bias ? bias + rb : nullptr);
+        }
+    }
+}
 
 // W8A8 GEMV (n <= kGemvMaxN, internal groups a multiple of 64): no repacking. R rows x T tokens of
 // INT32 accumulators along k over one segment (lanes = k mod 64 in quads); the weights are flipped
@@ -575,6 +632,102 @@ void w8a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, f
     for (; r < r1; ++r) w8a8_gemv_tile<1, T>(a, w, r, bias, y, nullptr);
 }
 
+// W4A8 GEMV (n <= kGemvMaxN): one 64-byte load holds 128 columns of a row (four 32-column
+// blocks); an and and a shift split it into the low-half and high-half codes, each one vpdpbusd
+// against the activations laid out in that order (W8A8Prep::xi4), so lane j of the INT32 sum
+// belongs to block j / 4. Groups a multiple of 128 sum in INT32 over the whole group and scale
+// once; smaller groups scale each chunk's lanes by their block's group (a permuted vector).
+template <int R, int T>
+void w4a8_gemv_tile(const W8A8Prep& a, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols, rb = cols / 2, gw = w.group_size, ngw = cols / gw, ge = a.ge;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * rb;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[R][T];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_ps();
+    if (ge % 128 == 0) {
+        for (int64_t e = 0; e < a.ng; ++e) {
+            __m512i ia[R][T];
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i)
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) ia[i][t] = _mm512_setzero_si512();
+            for (int64_t k = e * ge; k < (e + 1) * ge; k += 128) {
+                if (pf)  // the tile kAhead tiles on, at the same pace (R * 64 bytes per 128 columns)
+                    SHARDLM_UNROLL for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(pf + i * rb + k / 2), _MM_HINT_T1);
+                __m512i xl[T], xh[T];
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                    xl[t] = _mm512_loadu_si512(a.xi4 + t * cols + k);
+                    xh[t] = _mm512_loadu_si512(a.xi4 + t * cols + k + 64);
+                }
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                    const __m512i wv = _mm512_loadu_si512(wr[i] + k / 2);
+                    const __m512i lo = _mm512_and_si512(wv, nib), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
+                    SHARDLM_UNROLL for (int t = 0; t < T; ++t) ia[i][t] = dpbusd(dpbusd(ia[i][t], lo, xl[t]), hi, xh[t]);
+                }
+            }
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const float sw = w.scales[(r + i) * ngw + e * ge / gw];
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+                    acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i][t]), _mm512_set1_ps(sw * a.scales[t * a.ng + e]), acc[i][t]);
+            }
+        }
+    } else {
+        const __m512i lane_block = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        for (int64_t k = 0; k < cols; k += 128) {
+            const int64_t nb = std::min<int64_t>(4, (cols - k) / 32);
+            const __mmask64 m = mask64(16 * nb);
+            __m512i xl[T], xh[T];
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                xl[t] = _mm512_maskz_loadu_epi8(m, a.xi4 + t * cols + k);
+                xh[t] = _mm512_maskz_loadu_epi8(m, a.xi4 + t * cols + k + 16 * nb);
+            }
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const __m512i wv = _mm512_maskz_loadu_epi8(m, wr[i] + k / 2);
+                const __m512i lo = _mm512_and_si512(wv, nib), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib);
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                    alignas(16) float s4[4] = {};
+                    for (int64_t b = 0; b < nb; ++b) {
+                        const int64_t e = (k + 32 * b) / ge;
+                        s4[b] = w.scales[(r + i) * ngw + e * ge / gw] * a.scales[t * a.ng + e];
+                    }
+                    const __m512 sv = _mm512_permutexvar_ps(lane_block, _mm512_castps128_ps512(_mm_load_ps(s4)));
+                    const __m512i d = dpbusd(dpbusd(_mm512_setzero_si512(), lo, xl[t]), hi, xh[t]);
+                    acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv, acc[i][t]);
+                }
+            }
+        }
+    }
+    // + sum over groups of min * (sum of the dequantized activations), then one reduction.
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float* mn = w.mins + (r + i) * ngw;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            const float* xs = a.xs + t * a.ng;
+            if (ge == gw) {
+                for (int64_t e = 0; e < a.ng; e += 16) {
+                    const __mmask16 me = mask16(a.ng - e);
+                    acc[i][t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(me, mn + e), _mm512_maskz_loadu_ps(me, xs + e), acc[i][t]);
+                }
+                y[t * w.rows + r + i] = _mm512_reduce_add_ps(acc[i][t]) + (bias ? bias[r + i] : 0.0f);
+            } else {
+                float s = 0.0f;
+                for (int64_t e = 0; e < a.ng; ++e) s += mn[e * ge / gw] * xs[e];
+                y[t * w.rows + r + i] = _mm512_reduce_add_ps(acc[i][t]) + s + (bias ? bias[r + i] : 0.0f);
+            }
+        }
+    }
+}
+
+template <int T>
+void w4a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T == 1 ? 8 : T == 2 ? 4 : 2;  // 2 * R * T accumulators + 2 * T activations <= 32
+    constexpr int64_t kAhead = 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t rb = w.cols / 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        w4a8_gemv_tile<R, T>(a, w, r, bias, y, r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * rb : nullptr);
+    for (; r < r1; ++r) w4a8_gemv_tile<1, T>(a, w, r, bias, y, nullptr);
+}
+
 }  // namespace
 
 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales) {
@@ -619,19 +772,19 @@ void w8a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias,
             default: w8a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
         }
     }
-    const size_t panel_bytes = size_t(a.kp) * MR;  // kp bytes per row
-    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR) * 4);
-    uint8_t* panel = mem;
-    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
-    for (int64_t rb = r0; rb < r1; rb += MR) {
-        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
-        pack_w8a8(a, w, rb, nr, panel, wsc);
-        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
-        for (int64_t t0 = 0; t0 < a.n; t0 += NR8) {
-            const int64_t nt = std::min<int64_t>(NR8, a.n - t0);
-            kKernelsW8A8[nt](a, panel, wsc, t0, y + t0 * w.rows + rb, w.rows, m0, m1, bias ? bias + rb : nullptr);
+    w8a8_gemm_rows<false>(a, w, bias, y, r0, r1);
+}
+
+void w4a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (a.n <= kGemvMaxN && a.xi4) {
+        switch (a.n) {
+            case 1: w4a8_gemv_rows<1>(a, w, bias, y, r0, r1); return;
+            case 2: w4a8_gemv_rows<2>(a, w, bias, y, r0, r1); return;
+            case 3: w4a8_gemv_rows<3>(a, w, bias, y, r0, r1); return;
+            default: w4a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
         }
     }
+    w8a8_gemm_rows<true>(a, w, bias, y, r0, r1);
 }
 
 }  // namespace shardlm

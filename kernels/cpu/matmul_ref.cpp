@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -88,6 +89,26 @@ void matmul_w8a8_ref(const QuantizedActs& a, const WeightView& w, const float* b
                 for (int64_t k = k0; k < k0 + g; ++k) dot += int64_t(a.q[t * cols + k]) * wq[r * cols + k];
                 acc += double(dot) * a.scales[t * (cols / ga) + k0 / ga] * w.scales[r * (cols / gw) + k0 / gw];
             }
+            y[t * w.rows + r] = float(acc) + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+void matmul_w4a8_ref(const QuantizedActs& a, const WeightView& w, const float* bias, float* y) {
+    check_weight_view(w);
+    SHARDLM_CHECK(w.dtype == DType::I4 && a.cols == w.cols, "w4a8: I4 weights with cols == activation cols");
+    const int64_t ga = a.group_size, gw = w.group_size, cols = w.cols;
+    SHARDLM_CHECK(ga > 0 && cols % ga == 0 && (ga % gw == 0 || gw % ga == 0) && std::min(ga, gw) % 32 == 0,
+                  "w4a8: activation group ", ga, " and weight group ", gw,
+                  " must divide one another, the smaller a multiple of 32");
+    // The plain definition: the dequantized weights times the dequantized activations, in double.
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+        weight_row_to_f32(w, r, row.data());
+        for (int64_t t = 0; t < a.n; ++t) {
+            double acc = 0;
+            for (int64_t k = 0; k < cols; ++k)
+                acc += double(row[size_t(k)]) * (double(a.q[t * cols + k]) * a.scales[t * (cols / ga) + k / ga]);
             y[t * w.rows + r] = float(acc) + (bias ? bias[r] : 0.0f);
         }
     }

@@ -91,7 +91,7 @@ int cmd_info(const Args& args) {
                   << " fp16/bf16, " << gib(double(n) + double(untied_embed) + 4.0 * double(scale_rows)) << " int8, "
                   << gib(double(n - layer_params) + double(untied_embed) + 4.0 * double(p.n_vocab) +
                          double(layer_params) * (0.5 + 8.0 / double(kInt4DefaultGroup)))
-                  << " int4; KV cache "
+                  << " int4/w4a8; KV cache "
                   << gib(double(kv_cache_bytes(ks))) << "\n";
     }
     return 0;

@@ -82,7 +82,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     const bool per_layer = vm.count("per-layer") > 0;
     const bool compare = per_layer || vm.count("compare-weights") || vm.count("compare-kv");
     if (per_layer && !is_quantized(parse_weight_format(prec.weights)))
-        throw AgreedError("--per-layer needs --weights int8, w8a8 or int4");
+        throw AgreedError("--per-layer needs --weights int8, w8a8, int4 or w4a8");
 
     auto options = [&](const std::string& w, const std::string& k) {
         SessionOptions so;

@@ -21,14 +21,14 @@ int cmd_quantize(const Args& args) {
         ("help", "show this help")
         ("model", po::value(&model)->required(), "source checkpoint folder (F32/F16/BF16)")
         ("out", po::value(&out)->required(), "output folder (new or empty)")
-        ("weights", po::value(&weights)->default_value("int8"), "int8|w8a8|int4")
-        ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4)")
+        ("weights", po::value(&weights)->default_value("int8"), "int8|w8a8|int4|w4a8")
+        ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4/w4a8)")
         ("keep-fp16", po::value(&keep), "keep Linear tensors whose HF name matches this regex unquantized")
-        ("calib", po::value(&calib), "int4: a text file to calibrate AWQ's activation-aware channel scales on")
-        ("calib-tokens", po::value(&calib_tokens)->default_value(8192), "int4: calibration tokens read from --calib");
+        ("calib", po::value(&calib), "int4/w4a8: a text file to calibrate AWQ's activation-aware channel scales on")
+        ("calib-tokens", po::value(&calib_tokens)->default_value(8192), "int4/w4a8: calibration tokens read from --calib");
     po::variables_map vm;
     if (!parse_args(args, d, vm,
-                    "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8|int4] [--group-size G] "
+                    "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8|int4|w4a8] [--group-size G] "
                     "[--calib FILE]"))
         return 0;
     LoadOptions lo;
@@ -36,7 +36,7 @@ int cmd_quantize(const Args& args) {
     lo.group_size = group;
     lo.keep_fp16 = keep;
     if (!calib.empty()) {
-        if (lo.format != WeightFormat::Int4) fail("--calib: AWQ channel scales are searched for --weights int4");
+        if (!is_int4(lo.format)) fail("--calib: AWQ channel scales are searched for --weights int4 or w4a8");
         if (calib_tokens < 1) fail("--calib-tokens must be at least 1");
         std::vector<int32_t> ids = Tokenizer::load(model).encode(read_text_file(calib));
         if (ids.size() < 2) fail(calib, ": fewer than 2 tokens to calibrate on");

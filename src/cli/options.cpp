@@ -51,11 +51,11 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s) {
 void add_precision_options(po::options_description& d, PrecisionFlags& f) {
     d.add_options()
         ("weights", po::value(&f.weights)->default_value("auto"),
-         "auto|fp32|fp16|bf16|int8|w8a8|int4 (auto: as stored; int8: INT8 weights; w8a8: also INT8 activations; "
-         "int4: AWQ-style 4-bit layer weights, INT8 lm_head)")
+         "auto|fp32|fp16|bf16|int8|w8a8|int4|w4a8 (auto: as stored; int8: INT8 weights; w8a8: also INT8 activations; "
+         "int4: AWQ-style 4-bit layer weights, INT8 lm_head; w4a8: int4 with INT8 activations, CPU only)")
         ("kv", po::value(&f.kv)->default_value("auto"), "KV cache auto|fp32|fp16|bf16|int8 (auto: fp32)")
-        ("group-size", po::value(&f.group_size)->default_value(0), "quantization scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4)")
-        ("keep-fp16", po::value(&f.keep_fp16), "int8/w8a8/int4: keep Linear tensors whose HF name matches this regex in FP16/BF16");
+        ("group-size", po::value(&f.group_size)->default_value(0), "quantization scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4/w4a8)")
+        ("keep-fp16", po::value(&f.keep_fp16), "int8/w8a8/int4/w4a8: keep Linear tensors whose HF name matches this regex in FP16/BF16");
 }
 
 void apply_precision(const PrecisionFlags& f, SessionOptions& so) {
@@ -65,7 +65,7 @@ void apply_precision(const PrecisionFlags& f, SessionOptions& so) {
     so.kv = parse_kv_format(f.kv);
     if (f.group_size < 0) fail("--group-size must be >= 0");
     if ((f.group_size > 0 || !f.keep_fp16.empty()) && !is_quantized(so.load.format) && so.load.format != WeightFormat::Auto)
-        fail("--group-size and --keep-fp16 apply to --weights int8, w8a8 or int4");
+        fail("--group-size and --keep-fp16 apply to --weights int8, w8a8, int4 or w4a8");
 }
 
 void add_backend_options(po::options_description& d, BackendFlags& f) {

@@ -190,13 +190,14 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
                  "\" is not supported (only checkpoints written by `shardlm quantize` load pre-quantized)");
         c.quant.present = true;
         c.quant.format = q.value("format", std::string());
-        if (c.quant.format != "int8" && c.quant.format != "w8a8" && c.quant.format != "int4")
-            fail(origin, ": quantization_config format \"", c.quant.format, "\" is not int8, w8a8 or int4");
+        if (c.quant.format != "int8" && c.quant.format != "w8a8" && c.quant.format != "int4" && c.quant.format != "w4a8")
+            fail(origin, ": quantization_config format \"", c.quant.format, "\" is not int8, w8a8, int4 or w4a8");
         c.quant.group_size = int64_t(r.number_or(q, "group_size", 0));
         if (c.quant.group_size < 0 || (c.quant.group_size > 0 && c.hidden % c.quant.group_size != 0))
             fail(origin, ": quantization_config group_size ", c.quant.group_size, " does not divide hidden_size");
-        if (c.quant.format == "int4" && (c.quant.group_size <= 0 || c.quant.group_size % 32 != 0))
-            fail(origin, ": quantization_config group_size ", c.quant.group_size, " of an int4 checkpoint is not a multiple of 32");
+        if ((c.quant.format == "int4" || c.quant.format == "w4a8") && (c.quant.group_size <= 0 || c.quant.group_size % 32 != 0))
+            fail(origin, ": quantization_config group_size ", c.quant.group_size, " of an ", c.quant.format,
+                 " checkpoint is not a multiple of 32");
     }
     return c;
 }

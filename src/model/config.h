@@ -27,7 +27,7 @@ struct RopeScaling {
 // refused with an error naming them).
 struct QuantConfig {
     bool present = false;
-    std::string format;       // "int8", "w8a8" or "int4"
+    std::string format;       // "int8", "w8a8", "int4" or "w4a8"
     int64_t group_size = 0;   // 0: one scale per output channel (int8/w8a8); int4: the layers' group
 };
 

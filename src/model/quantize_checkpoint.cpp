@@ -26,7 +26,7 @@ TensorToWrite copy_tensor(const TensorInfo& t) {
 }  // namespace
 
 void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {
-    if (!is_quantized(opt.format)) fail("--weights: quantize writes int8, w8a8 or int4, not ", weight_format_name(opt.format));
+    if (!is_quantized(opt.format)) fail("--weights: quantize writes int8, w8a8, int4 or w4a8, not ", weight_format_name(opt.format));
     const ModelConfig cfg = load_config(src);
     if (cfg.quant.present) fail(src, ": already pre-quantized");
     const Checkpoint ck(src);

@@ -18,7 +18,8 @@ WeightFormat parse_weight_format(const std::string& s) {
     if (s == "int8") return WeightFormat::Int8;
     if (s == "w8a8") return WeightFormat::W8A8;
     if (s == "int4") return WeightFormat::Int4;
-    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8, w8a8, int4)");
+    if (s == "w4a8") return WeightFormat::W4A8;
+    fail("--weights: unknown format \"", s, "\" (supported: auto, fp32, fp16, bf16, int8, w8a8, int4, w4a8)");
 }
 
 const char* weight_format_name(WeightFormat f) {
@@ -30,6 +31,7 @@ const char* weight_format_name(WeightFormat f) {
         case WeightFormat::Int8: return "int8";
         case WeightFormat::W8A8: return "w8a8";
         case WeightFormat::Int4: return "int4";
+        case WeightFormat::W4A8: return "w4a8";
     }
     return "?";
 }
@@ -72,24 +74,25 @@ public:
         }
         if (cfg.quant.present) {
             if (!opt.scales.empty()) fail(ckpt.dir(), ": channel scales (AWQ) apply to float checkpoints, not a pre-quantized one");
-            const bool int4 = cfg.quant.format == "int4";
-            if (opt.format != WeightFormat::Auto && (int4 ? opt.format != WeightFormat::Int4 : !is_int8(opt.format)))
+            const bool int4 = cfg.quant.format == "int4" || cfg.quant.format == "w4a8";
+            if (opt.format != WeightFormat::Auto && (int4 ? !is_int4(opt.format) : !is_int8(opt.format)))
                 fail(ckpt.dir(), ": the checkpoint is pre-quantized (", cfg.quant.format, "); use --weights auto",
-                     int4 ? " or int4" : ", int8 or w8a8");
+                     int4 ? ", int4 or w4a8" : ", int8 or w8a8");
             if (opt.group_size != 0 && opt.group_size != cfg.quant.group_size)
                 fail("--group-size ", opt.group_size, " differs from the pre-quantized checkpoint's ", cfg.quant.group_size);
             out.format = opt.format != WeightFormat::Auto ? opt.format
+                         : cfg.quant.format == "w4a8"     ? WeightFormat::W4A8
                          : int4                           ? WeightFormat::Int4
                          : cfg.quant.format == "w8a8"     ? WeightFormat::W8A8
                                                           : WeightFormat::Int8;
             out.group_size = cfg.quant.group_size;
         } else {
             out.format = opt.format;
-            out.group_size = opt.format == WeightFormat::Int4 && opt.group_size == 0 ? kInt4DefaultGroup : opt.group_size;
+            out.group_size = is_int4(opt.format) && opt.group_size == 0 ? kInt4DefaultGroup : opt.group_size;
             if (opt.group_size < 0) fail("--group-size must be >= 0");
             const int64_t g = out.group_size;
-            if (opt.format == WeightFormat::Int4 && g % 32 != 0)
-                fail("--group-size ", g, ": int4 groups are a multiple of 32 columns");
+            if (is_int4(opt.format) && g % 32 != 0)
+                fail("--group-size ", g, ": ", weight_format_name(opt.format), " groups are a multiple of 32 columns");
             if (is_quantized(opt.format) && g > 0 &&
                 (cfg.hidden % g != 0 || cfg.intermediate % g != 0 || (cfg.n_heads * cfg.head_dim) % g != 0))
                 fail("--group-size ", g, " does not divide the input dimensions (hidden_size ", cfg.hidden,
@@ -259,7 +262,7 @@ public:
     // A block of a pre-quantized tensor: int8 `name` and f32 `name_scale` [rows, groups].
     WeightView prequantized(const std::string& name, Block b) {
         // Under int4 the INT8 tensor is the vocabulary matrix, one scale per row.
-        const int64_t g = cfg_.quant.group_size > 0 && cfg_.quant.format != "int4" ? cfg_.quant.group_size : b.cols;
+        const int64_t g = cfg_.quant.group_size > 0 && !is_int4(out_.format) ? cfg_.quant.group_size : b.cols;
         const int64_t groups = b.cols / g;
         const TensorInfo& t = tensor(name, {b.rows, b.cols}, {DType::I8});
         const TensorInfo& s = tensor(name + "_scale", {b.rows, groups}, {DType::F32});
@@ -354,10 +357,10 @@ public:
         if (cfg_.quant.present) {
             // Pre-quantized: INT8 tensors come with their scales; float ones were kept on purpose.
             if (t.dtype_known && t.dtype == DType::I8) return prequantized(name, b);
-            if (t.dtype_known && t.dtype == DType::U8 && cfg_.quant.format == "int4") return prequantized4(name, b);
+            if (t.dtype_known && t.dtype == DType::U8 && is_int4(out_.format)) return prequantized4(name, b);
             return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
         }
-        if (out_.format == WeightFormat::Int4 && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
+        if (is_int4(out_.format) && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
         if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
         return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_quantized(out_.format)));
     }

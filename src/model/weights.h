@@ -23,12 +23,17 @@ namespace shardlm {
 // Linear matrices in asymmetric group-wise 4-bit (AWQ's format, kernels/cpu/weights_view.h); the
 // vocabulary matrix (lm_head, and the tied embedding) stays INT8 per output channel, the layer a
 // 4-bit model is most sensitive in (AWQ keeps it 16-bit; INT8 costs it nothing measurable).
-enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8, Int4 };
+// W4A8 holds the same weights as Int4 and also quantizes the layers' activations to INT8 per group
+// of the weights' group size (CPU only: the 4-bit codes are VNNI's unsigned operand as they are).
+enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8, Int4, W4A8 };
 
 WeightFormat parse_weight_format(const std::string& s);  // throws Error naming --weights
 const char* weight_format_name(WeightFormat f);
 inline bool is_int8(WeightFormat f) { return f == WeightFormat::Int8 || f == WeightFormat::W8A8; }
-inline bool is_quantized(WeightFormat f) { return is_int8(f) || f == WeightFormat::Int4; }
+inline bool is_int4(WeightFormat f) { return f == WeightFormat::Int4 || f == WeightFormat::W4A8; }
+inline bool is_quantized(WeightFormat f) { return is_int8(f) || is_int4(f); }
+// Whether the layers' activations are quantized to INT8 too (W8A8, W4A8).
+inline bool quantizes_acts(WeightFormat f) { return f == WeightFormat::W8A8 || f == WeightFormat::W4A8; }
 
 // The group size int4 uses when --group-size is 0 (AWQ's default).
 constexpr int64_t kInt4DefaultGroup = 128;
@@ -84,7 +89,7 @@ struct ModelWeights {
     WeightView lm_head;  // [n_vocab, hidden]; the embedding itself when tied
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
-    WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8/Int4 for pre-quantized checkpoints)
+    WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8/Int4/W4A8 for pre-quantized checkpoints)
     int64_t group_size = 0;                    // quantized formats (the layers' group; see LoadOptions)
     size_t bytes = 0;         // bytes of all matrices and vectors as held (mapped + owned), scales included
     std::vector<Buffer> owned;  // converted or realigned matrices

@@ -56,7 +56,7 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     gathered_.resize(size_t(p.tp) * local_logits_.size());
     ws_bytes_ += (local_logits_.size() + gathered_.size()) * sizeof(float);
     tok_pos_.resize(T);
-    if (w.format == WeightFormat::W8A8) {
+    if (quantizes_acts(w.format)) {
         const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter});
         act_q_.resize(T * size_t(widest));
         act_scales_.resize(T * size_t(widest));  // at most one scale per element
@@ -72,9 +72,9 @@ void CpuEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t le
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
 
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
-    if (w_.format != WeightFormat::W8A8) return nullptr;
+    if (!quantizes_acts(w_.format)) return nullptr;
     // Per token, or per group when the weights have finer groups (the kernel needs one group
-    // size to divide the other).
+    // size to divide the other; W4A8's weights always have groups, so its activations do too).
     const int64_t g = group > 0 && group < cols ? group : cols;
     quantize_acts_int8(x, T, cols, g, act_q_.data(), act_scales_.data());
     acts_ = QuantizedActs{act_q_.data(), act_scales_.data(), T, cols, g};
@@ -83,6 +83,7 @@ const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_
 
 void CpuEngine::linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y) {
     if (qx && l.w.dtype == DType::I8) matmul_w8a8(*qx, l.w, l.bias_ptr(), y);
+    else if (qx && l.w.dtype == DType::I4) matmul_w4a8(*qx, l.w, l.bias_ptr(), y);
     else matmul(x, T, l.w, l.bias_ptr(), y);
 }
 

@@ -36,8 +36,8 @@ public:
 private:
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
     void mlp_block(const LayerWeights& L, int64_t layer, int64_t T);
-    // y = x * W^T (+ b). W8A8: x is quantized per token once (quantize_input) and reused by every
-    // INT8 layer reading the same x; layers kept in 16 bits read x as floats.
+    // y = x * W^T (+ b). W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and
+    // reused by every INT8/INT4 layer reading the same x; layers kept in 16 bits read x as floats.
     const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
     void linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y);
 

@@ -119,6 +119,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     w8a8_ = w.format == WeightFormat::W8A8;
+    SHARDLM_CHECK(w.format != WeightFormat::W4A8, "CudaEngine: w4a8 has no CUDA kernels (use int4)");
     SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     if (!stream) {

@@ -79,6 +79,11 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     if (c.max_position > 0 && opt.ctx > c.max_position)
         fail("--ctx ", opt.ctx, " exceeds the model's max_position_embeddings ", c.max_position);
     const Device device = resolve_device(opt.device, comm);
+    const bool w4a8 = opt.load.format == WeightFormat::W4A8 ||
+                      (opt.load.format == WeightFormat::Auto && c.quant.present && c.quant.format == "w4a8");
+    if (w4a8 && device != Device::Cpu)
+        fail("--weights w4a8 runs on the CPU backend only (--device cpu); on a GPU, --weights int4 runs the same ",
+             "4-bit weights with 16-bit activations");
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo = engine_options(opt);

@@ -300,6 +300,14 @@ TEST(CudaEngine, RefusesWhatItCannotRun) {
     EXPECT_THROW(s->engine->forward({{0, t, 1, 0, true}, {1, t + 1, 1, 0, true}, {1, t + 2, 1, 1, true}}, lg.data()),
                  Error);
     EXPECT_THROW(s->engine->forward({{0, t, 3, 15, true}}, lg.data()), Error);
+    // W4A8 has CPU kernels only: refused on the GPU, naming the flag and the alternative.
+    so.load = LoadOptions(WeightFormat::W4A8, 32);
+    try {
+        open_session(so, comm);
+        ADD_FAILURE() << "--weights w4a8 opened on the GPU";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--weights w4a8 runs on the CPU backend only"), std::string::npos) << e.what();
+    }
 }
 
 TEST(CudaEngine, TooLargeForTheDeviceSaysHowMuch) {

@@ -120,6 +120,16 @@ TEST(TensorParallel, Int4Weights) {
     }
 }
 
+#ifndef SHARDLM_TP_ON_CUDA
+// W4A8 (CPU only): the activations are quantized per group of the weights, and groups never
+// straddle a rank's columns, so each rank quantizes exactly the groups TP=1 does.
+TEST(TensorParallel, W4A8) {
+    ModelConfig c = tiny_config(Arch::Qwen3);
+    c.intermediate = 256;
+    compare_tp(c, DType::BF16, KVFormat::Int8, {WeightFormat::W4A8, 32, ""});
+}
+#endif
+
 // Top-p without a top-k limit under tensor parallelism: on the CUDA engine each rank weighs its
 // vocabulary slice against the row's maximum and the integer masses are gathered
 // (Engine::forward_nucleus), and a nucleus wider than the candidates gathers its row

@@ -189,6 +189,43 @@ W8A8Prep prepare(const QuantizedActs& a, const WeightView& w, PrepStore& st) {
     return p;
 }
 
+// matmul_w8a8 / matmul_w4a8 once their arguments are checked: the threading and the variant,
+// by the weights' dtype (I8 or I4).
+void int8_acts_product(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+    if (a.n <= 0 || w.rows == 0) return;
+    if (w.cols == 0) {
+        for (int64_t t = 0; t < a.n; ++t)
+            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+        return;
+    }
+    const bool i4 = w.dtype == DType::I4;
+    const int64_t macs = a.n * w.rows * w.cols;
+    const CpuIsa chosen = cpu_isa_resolve(isa);
+    if (chosen == CpuIsa::Scalar) {
+        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) {
+            if (i4) w4a8_rows_scalar(a, w, bias, y, r0, r1);
+            else w8a8_rows_scalar(a, w, bias, y, r0, r1);
+        });
+        return;
+    }
+    PrepStore store;
+    W8A8Prep p = prepare(a, w, store);
+    if (i4) prepare_i4(a, p, store);
+    using Rows = void (*)(const W8A8Prep&, const WeightView&, const float*, float*, int64_t, int64_t);
+    Rows rows = nullptr;
+    switch (chosen) {
+#if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Avx512: rows = i4 ? w4a8_rows_avx512 : w8a8_rows_avx512; break;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+        case CpuIsa::Avx2: rows = i4 ? w4a8_rows_avx2 : w8a8_rows_avx2; break;
+#endif
+        default: break;
+    }
+    SHARDLM_CHECK(rows, "matmul: no ", cpu_isa_name(chosen), " kernel in this build");
+    for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { rows(p, w, bias, y, r0, r1); });
+}
+
 }  // namespace
 
 const char* matmul_isa() { return cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)); }
@@ -225,69 +262,12 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
 
 void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
     check_w8a8(a, w);
-    if (a.n <= 0 || w.rows == 0) return;
-    if (w.cols == 0) {
-        for (int64_t t = 0; t < a.n; ++t)
-            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
-        return;
-    }
-    const int64_t macs = a.n * w.rows * w.cols;
-    const CpuIsa chosen = cpu_isa_resolve(isa);
-    if (chosen == CpuIsa::Scalar) {
-        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
-        return;
-    }
-    PrepStore store;
-    const W8A8Prep p = prepare(a, w, store);
-    switch (chosen) {
-#if defined(SHARDLM_HAVE_AVX512)
-        case CpuIsa::Avx512:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx512(p, w, bias, y, r0, r1); });
-            return;
-#endif
-#if defined(SHARDLM_HAVE_AVX2)
-        case CpuIsa::Avx2:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_avx2(p, w, bias, y, r0, r1); });
-            return;
-#endif
-        default:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w8a8_rows_scalar(a, w, bias, y, r0, r1); });
-            return;
-    }
+    int8_acts_product(a, w, bias, y, isa);
 }
 
 void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
     check_w4a8(a, w);
-    if (a.n <= 0 || w.rows == 0) return;
-    if (w.cols == 0) {
-        for (int64_t t = 0; t < a.n; ++t)
-            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
-        return;
-    }
-    const int64_t macs = a.n * w.rows * w.cols;
-    const CpuIsa chosen = cpu_isa_resolve(isa);
-    if (chosen == CpuIsa::Scalar) {
-        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_scalar(a, w, bias, y, r0, r1); });
-        return;
-    }
-    PrepStore store;
-    W8A8Prep p = prepare(a, w, store);
-    prepare_i4(a, p, store);
-    switch (chosen) {
-#if defined(SHARDLM_HAVE_AVX512)
-        case CpuIsa::Avx512:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_avx512(p, w, bias, y, r0, r1); });
-            return;
-#endif
-#if defined(SHARDLM_HAVE_AVX2)
-        case CpuIsa::Avx2:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_avx2(p, w, bias, y, r0, r1); });
-            return;
-#endif
-        default:
-            for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { w4a8_rows_scalar(a, w, bias, y, r0, r1); });
-            return;
-    }
+    int8_acts_product(a, w, bias, y, isa);
 }
 
 }  // namespace shardlm

@@ -19,31 +19,12 @@ using namespace shardlm::test;
 
 namespace {
 
-struct Int4Mat {
-    std::vector<float> f32, scales, mins;
-    std::vector<uint8_t> q;
-    int64_t rows = 0, cols = 0, group = 0;
-    WeightView view() const { return int4_weight_view(q.data(), scales.data(), mins.data(), rows, cols, group); }
-};
-
 WeightView f32_view(const float* data, int64_t rows, int64_t cols) {
     WeightView v;
     v.data = data;
     v.rows = rows;
     v.cols = cols;
     return v;
-}
-
-Int4Mat make_int4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
-    Int4Mat m;
-    m.rows = rows, m.cols = cols, m.group = group;
-    m.f32 = rand_vec(size_t(rows * cols), seed);
-    for (size_t i = 0; i < m.f32.size(); i += 7) m.f32[i] += 0.5f;  // skewed groups: zero points away from 8
-    m.q.resize(size_t(rows * cols / 2));
-    m.scales.resize(size_t(rows * (cols / group)));
-    m.mins.resize(m.scales.size());
-    quantize_weights_int4(f32_view(m.f32.data(), rows, cols), group, m.q.data(), m.scales.data(), m.mins.data());
-    return m;
 }
 
 }  // namespace

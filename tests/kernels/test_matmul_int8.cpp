@@ -64,25 +64,6 @@ double worst_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias
     return worst;
 }
 
-struct Acts {
-    std::vector<float> f32, scales;
-    std::vector<int8_t> q;
-    QuantizedActs view;
-};
-
-Acts make_acts(int64_t n, int64_t cols, int64_t group, uint32_t seed) {
-    Acts a;
-    a.f32 = rand_vec(size_t(n * cols), seed, 2.0f);
-    a.q.resize(a.f32.size());
-    a.scales.resize(size_t(n * (cols / group)));
-    quantize_acts_int8(a.f32.data(), n, cols, group, a.q.data(), a.scales.data());
-    a.view.q = a.q.data();
-    a.view.scales = a.scales.data();
-    a.view.n = n;
-    a.view.cols = cols;
-    a.view.group_size = group;
-    return a;
-}
 
 }  // namespace
 

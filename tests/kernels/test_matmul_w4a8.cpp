@@ -19,45 +19,6 @@ using namespace shardlm::test;
 
 namespace {
 
-struct Int4Mat {
-    std::vector<float> f32, scales, mins;
-    std::vector<uint8_t> q;
-    int64_t rows = 0, cols = 0, group = 0;
-    WeightView view() const { return int4_weight_view(q.data(), scales.data(), mins.data(), rows, cols, group); }
-};
-
-Int4Mat make_int4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
-    Int4Mat m;
-    m.rows = rows, m.cols = cols, m.group = group;
-    m.f32 = rand_vec(size_t(rows * cols), seed);
-    for (size_t i = 0; i < m.f32.size(); i += 7) m.f32[i] += 0.5f;  // skewed groups: zero points away from 8
-    m.q.resize(size_t(rows * cols / 2));
-    m.scales.resize(size_t(rows * (cols / group)));
-    m.mins.resize(m.scales.size());
-    WeightView src;
-    src.data = m.f32.data();
-    src.rows = rows;
-    src.cols = cols;
-    quantize_weights_int4(src, group, m.q.data(), m.scales.data(), m.mins.data());
-    return m;
-}
-
-struct Acts {
-    std::vector<float> f32, scales;
-    std::vector<int8_t> q;
-    QuantizedActs view;
-};
-
-Acts make_acts(int64_t n, int64_t cols, int64_t group, uint32_t seed) {
-    Acts a;
-    a.f32 = rand_vec(size_t(n * cols), seed, 2.0f);
-    a.q.resize(a.f32.size());
-    a.scales.resize(size_t(n * (cols / group)));
-    quantize_acts_int8(a.f32.data(), n, cols, group, a.q.data(), a.scales.data());
-    a.view = QuantizedActs{a.q.data(), a.scales.data(), n, cols, group};
-    return a;
-}
-
 // Largest |got - ref| / bound over all outputs (<= 1 passes).
 double worst_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, const std::vector<float>& got,
                   const std::vector<float>& ref) {

@@ -79,7 +79,7 @@ Weights make_weights(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
 }
 
 // x [n, cols] and the CPU's quantization of it.
-struct Acts {
+struct RampActs {
     int64_t n = 0, cols = 0, group = 0;
     std::vector<float> x;
     std::vector<int8_t> q;
@@ -87,8 +87,8 @@ struct Acts {
     QuantizedActs view() const { return QuantizedActs{q.data(), scales.data(), n, cols, group}; }
 };
 
-Acts make_acts(int64_t n, int64_t cols, int64_t group, uint32_t seed) {
-    Acts a;
+RampActs make_ramp_acts(int64_t n, int64_t cols, int64_t group, uint32_t seed) {
+    RampActs a;
     a.n = n;
     a.cols = cols;
     a.group = group;
@@ -106,7 +106,7 @@ struct Expected {
     std::vector<double> bound;   // [n, rows]
 };
 
-Expected make_expected(const Weights& w, const Acts& a, uint32_t seed) {
+Expected make_expected(const Weights& w, const RampActs& a, uint32_t seed) {
     Expected e;
     e.k = w.cols;
     const int64_t R = w.rows, K = w.cols, ga = a.group, gw = w.group, g = std::min(ga, gw);
@@ -136,7 +136,7 @@ struct DeviceCase {
     DeviceBuffer<float> wscales, ascales, bias, y;
     DeviceMatrix dm;
     DeviceActs da;
-    DeviceCase(const Weights& hw, const Acts& ha, const Expected& e, size_t w_offset = 0, size_t q_offset = 0)
+    DeviceCase(const Weights& hw, const RampActs& ha, const Expected& e, size_t w_offset = 0, size_t q_offset = 0)
         : w(hw.q.size() + 64), q(ha.q.size() + 64), wscales(hw.scales), ascales(ha.scales), bias(e.bias),
           y(e.y.size()) {
         CUDA_CHECK(cudaMemcpy(w.get() + w_offset, hw.q.data(), hw.q.size(), cudaMemcpyHostToDevice));
@@ -155,7 +155,7 @@ struct DeviceCase {
     }
 };
 
-std::string describe(const Weights& w, const Acts& a) {
+std::string describe(const Weights& w, const RampActs& a) {
     return std::to_string(w.rows) + "x" + std::to_string(w.cols) + " wgroup " + std::to_string(w.group) +
            " agroup " + std::to_string(a.group);
 }
@@ -181,7 +181,7 @@ void expect_close(const Expected& e, int64_t rows, int64_t n, bool with_bias, co
 void check_gemv(int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, uint32_t seed, size_t w_offset = 0,
                 size_t q_offset = 0) {
     const Weights w = make_weights(rows, cols, wgroup, seed);
-    const Acts a = make_acts(kGemvMaxTokens, cols, agroup, seed + 1);
+    const RampActs a = make_ramp_acts(kGemvMaxTokens, cols, agroup, seed + 1);
     const Expected e = make_expected(w, a, seed + 2);
     DeviceCase d(w, a, e, w_offset, q_offset);
     for (int64_t n = 1; n <= kGemvMaxTokens; ++n)
@@ -201,7 +201,7 @@ void check_gemv(int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, uint
 void check_gemm(CublasInt8Gemm& gemm, int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, int64_t max_t,
                 uint32_t seed, size_t w_offset = 0, size_t q_offset = 0) {
     const Weights w = make_weights(rows, cols, wgroup, seed);
-    const Acts a = make_acts(max_t, cols, agroup, seed + 1);
+    const RampActs a = make_ramp_acts(max_t, cols, agroup, seed + 1);
     const Expected e = make_expected(w, a, seed + 2);
     DeviceCase d(w, a, e, w_offset, q_offset);
     for (int64_t T : {int64_t(1), int64_t(9), int64_t(17), int64_t(256)}) {
@@ -326,7 +326,7 @@ TEST(W8A8Cuda, GemvMatchesReference) {
 TEST(W8A8Cuda, GemvPrefetchingTheNextMatrixChangesNoResult) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     const Weights w = make_weights(256, 2048, 2048, 800);
-    const Acts a = make_acts(kGemvMaxTokens, 2048, 2048, 801);
+    const RampActs a = make_ramp_acts(kGemvMaxTokens, 2048, 2048, 801);
     const Expected e = make_expected(w, a, 802);
     DeviceCase d(w, a, e);
     DeviceBuffer<uint8_t> other(size_t(1) << 16);
@@ -392,7 +392,7 @@ TEST(W8A8Cuda, GemmRejectsWhatTheScratchCannotHold) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     CublasInt8Gemm gemm(nullptr, 4, 64);
     const Weights w = make_weights(64, 128, 128, 1);
-    const Acts a = make_acts(5, 128, 128, 2);
+    const RampActs a = make_ramp_acts(5, 128, 128, 2);
     const Expected e = make_expected(w, a, 3);
     DeviceCase d(w, a, e);
     EXPECT_THROW(gemm.run(d.dm, d.da, nullptr, d.y.get()), Error);  // 5 tokens > 4
@@ -412,7 +412,7 @@ TEST(W8A8Cuda, CapturedInAGraph) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     const int64_t T = 64, rows = 256, cols = 2048, group = 128;
     const Weights w = make_weights(rows, cols, group, 700);
-    const Acts a = make_acts(T, cols, group, 701);
+    const RampActs a = make_ramp_acts(T, cols, group, 701);
     const Expected e = make_expected(w, a, 702);
     DeviceCase d(w, a, e);
     DeviceBuffer<float> dx(a.x), ds(a.scales.size()), dy_gemv(size_t(kGemvMaxTokens * rows));

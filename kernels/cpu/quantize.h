@@ -15,6 +15,9 @@ namespace shardlm {
 
 // Quantizes x[0..d) into q, returns its scale. Used for one (token, head) row of the INT8 KV cache.
 float quantize_row_int8(const float* x, int64_t d, int8_t* q);
+// The same rounding of x[0..n) against a given max |x| (the loader's per-channel scale over a whole
+// row of which a tensor-parallel rank keeps a slice): q = rne(clamp(x * 127 / amax)).
+void quantize_int8_amax(const float* x, int64_t n, float amax, int8_t* q);
 
 // Weights [rows, cols] of src (f32/f16/bf16) -> q int8 [rows, cols], scales f32 [rows, cols / group_size].
 // group_size must divide cols (group_size == cols: per output channel).

@@ -13,21 +13,24 @@ namespace {
 
 // The one definition of symmetric INT8 rounding (see quantize.h); every quantizer calls it so the
 // threaded versions give bit-identical results.
-float quantize_group(const float* x, int64_t g, int8_t* q) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax / 127.0f;
+void round_int8(const float* x, int64_t n, float amax, int8_t* q) {
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     // Clamp, then round to nearest even by adding and removing 1.5 * 2^23 (exact for |v| <= 2^22 in
     // the default rounding mode; unlike a libm call it vectorises). A NaN input clamps to 127.
     const float magic = 12582912.0f;
-    for (int64_t i = 0; i < g; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
         float v = x[i] * inv;
         v = v < 127.0f ? v : 127.0f;
         v = v > -127.0f ? v : -127.0f;
         q[i] = int8_t(int32_t((v + magic) - magic));
     }
-    return scale;
+}
+
+float quantize_group(const float* x, int64_t g, int8_t* q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
+    round_int8(x, g, amax, q);
+    return amax / 127.0f;
 }
 
 void check_groups(int64_t cols, int64_t group_size) {
@@ -72,28 +75,48 @@ void quantize_int4_rows(const WeightView& src, int64_t group_size, uint8_t* q, f
 }  // namespace
 
 Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q) {
-    float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact and constant groups fit
-    for (int64_t i = 0; i < g; ++i) {
-        lo = std::min(lo, x[i]);
-        hi = std::max(hi, x[i]);
+    // The range always holds 0, so zero is exact and constant groups fit. Eight running minima
+    // and maxima (lane-wise selects, which vectorise; a min reduction does not without fast-math),
+    // folded at the end: the same values as one running pair.
+    float lo8[8] = {}, hi8[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= g; i += 8)
+        for (int j = 0; j < 8; ++j) {
+            lo8[j] = x[i + j] < lo8[j] ? x[i + j] : lo8[j];
+            hi8[j] = x[i + j] > hi8[j] ? x[i + j] : hi8[j];
+        }
+    float lo = 0.0f, hi = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+        lo = lo8[j] < lo ? lo8[j] : lo;
+        hi = hi8[j] > hi ? hi8[j] : hi;
+    }
+    for (; i < g; ++i) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
     }
     Int4Group p;
     p.scale = (hi - lo) / 15.0f;
     if (!(p.scale > 0.0f)) {  // all zeros (or a range that is not finite)
         p.scale = p.scale > 0.0f ? p.scale : 0.0f;
-        for (int64_t i = 0; i < g; ++i) q[i] = 0;
+        for (int64_t k = 0; k < g; ++k) q[k] = 0;
         return p;
     }
     const float magic = 12582912.0f;  // round to nearest even, as quantize_group
     float z = -lo / p.scale;
     z = z < 15.0f ? z : 15.0f;
     p.zero = int(int32_t((z + magic) - magic));
-    for (int64_t i = 0; i < g; ++i) {
-        float v = x[i] / p.scale;
+    // rne(x / scale) + zero clamped to 0..15, all in f32 (small integers are exact there); locals,
+    // not p's members, so that the stores through q (a char type, which may alias) do not force
+    // reloads.
+    const float scale = p.scale, zero = float(p.zero);
+    for (int64_t k = 0; k < g; ++k) {
+        float v = x[k] / scale;
         v = v < 64.0f ? v : 64.0f;
         v = v > -64.0f ? v : -64.0f;
-        int32_t c = int32_t((v + magic) - magic) + p.zero;
-        q[i] = uint8_t(c < 0 ? 0 : c > 15 ? 15 : c);
+        float c = ((v + magic) - magic) + zero;
+        c = c < 15.0f ? c : 15.0f;
+        c = c > 0.0f ? c : 0.0f;
+        q[k] = uint8_t(int32_t(c));
     }
     return p;
 }
@@ -127,6 +150,8 @@ void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q
 }
 
 float quantize_row_int8(const float* x, int64_t d, int8_t* q) { return quantize_group(x, d, q); }
+
+void quantize_int8_amax(const float* x, int64_t n, float amax, int8_t* q) { round_int8(x, n, amax, q); }
 
 void quantize_weights_int8_ref(const WeightView& src, int64_t group_size, int8_t* q, float* scales) {
     SHARDLM_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16,

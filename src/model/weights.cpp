@@ -143,6 +143,28 @@ public:
         return v;
     }
 
+    // Columns [c0, c1) of row r of a [rows, cols] f32/f16/bf16 tensor as f32, scaled as `at` does,
+    // into out[0..c1 - c0): one dtype switch per row, so the loops vectorise (the loader's
+    // conversions run at memory speed, threaded over rows; it never throws).
+    static void row_f32(const TensorInfo& t, const Scaling& s, int64_t r, int64_t c0, int64_t c1, int64_t cols,
+                        float* out) {
+        const size_t first = size_t(r * cols + c0), n = size_t(c1 - c0);
+        if (t.dtype == DType::F32) {
+            std::memcpy(out, t.data + first * 4, n * 4);
+        } else {
+            const uint8_t* p = t.data + first * 2;
+            for (size_t i = 0; i < n; ++i) {
+                uint16_t h;
+                std::memcpy(&h, p + 2 * i, 2);
+                out[i] = t.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+            }
+        }
+        if (s.in)
+            for (size_t i = 0; i < n; ++i) out[i] *= s.in[c0 + int64_t(i)];
+        if (s.out)
+            for (size_t i = 0; i < n; ++i) out[i] /= s.out[r];
+    }
+
     // Elements [begin, begin + n) of a vector of `full` elements, as f32.
     std::vector<float> vector(const std::string& name, int64_t full, int64_t begin = 0, int64_t n = -1) {
         const TensorInfo& t = tensor(name, {full});
@@ -167,13 +189,22 @@ public:
         const bool same = want == t.dtype && !sc.any();
         if (same && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
         Buffer buf(n * dtype_size(want));
-        for (int64_t r = 0; r < b.nrows; ++r) {
-            uint8_t* dst = buf.data() + size_t(r * b.ncols) * dtype_size(want);
-            if (same) {
-                std::memcpy(dst, first + size_t(r * b.cols) * es, size_t(b.ncols) * es);
-                continue;
+        const size_t ws = dtype_size(want);
+#pragma omp parallel
+        {
+            std::vector<float> row(static_cast<size_t>(b.ncols));
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < b.nrows; ++r) {
+                uint8_t* dst = buf.data() + size_t(r * b.ncols) * ws;
+                if (same) {
+                    std::memcpy(dst, first + size_t(r * b.cols) * es, size_t(b.ncols) * es);
+                    continue;
+                }
+                row_f32(t, sc, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, row.data());
+                if (want == DType::F32) std::memcpy(dst, row.data(), row.size() * 4);
+                else
+                    for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, row[size_t(i)]);
             }
-            for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, at(t, sc, b.row0 + r, b.col0 + i, b.cols));
         }
         v.data = buf.data();
         out_.owned.push_back(std::move(buf));
@@ -192,21 +223,23 @@ public:
         const int64_t groups = b.ncols / view_group;
         const Scaling scl = scaling(name, b.rows, b.cols);
         Buffer q(size_t(b.nrows * b.ncols)), sc(size_t(b.nrows * groups) * sizeof(float));
-        std::vector<float> row(static_cast<size_t>(b.cols));
-        for (int64_t r = 0; r < b.nrows; ++r) {
-            // Only the columns this block needs (all of them when the scale spans the row).
-            const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
-            for (int64_t c = c0; c < c1; ++c) row[size_t(c)] = at(t, scl, b.row0 + r, c, b.cols);
-            for (int64_t k = 0; k < groups; ++k) {
-                const int64_t s0 = g == b.cols ? 0 : b.col0 + k * g, s1 = g == b.cols ? b.cols : s0 + g;
-                float amax = 0.0f;
-                for (int64_t c = s0; c < s1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
-                const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-                sc.as<float>()[r * groups + k] = amax / 127.0f;
-                const int64_t q0 = g == b.cols ? b.col0 : s0, q1 = g == b.cols ? b.col0 + b.ncols : s1;
-                int8_t* dst = reinterpret_cast<int8_t*>(q.data()) + r * b.ncols + (q0 - b.col0);
-                for (int64_t c = q0; c < q1; ++c)
-                    dst[c - q0] = int8_t(std::clamp(std::nearbyint(row[size_t(c)] * inv), -127.0f, 127.0f));
+        // Only the columns this block needs (all of them when the scale spans the row).
+        const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
+#pragma omp parallel
+        {
+            std::vector<float> row(static_cast<size_t>(b.cols));
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < b.nrows; ++r) {
+                row_f32(t, scl, b.row0 + r, c0, c1, b.cols, row.data() + c0);
+                for (int64_t k = 0; k < groups; ++k) {
+                    const int64_t s0 = g == b.cols ? 0 : b.col0 + k * g, s1 = g == b.cols ? b.cols : s0 + g;
+                    float amax = 0.0f;
+                    for (int64_t c = s0; c < s1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
+                    sc.as<float>()[r * groups + k] = amax / 127.0f;
+                    const int64_t q0 = g == b.cols ? b.col0 : s0, q1 = g == b.cols ? b.col0 + b.ncols : s1;
+                    quantize_int8_amax(row.data() + q0, q1 - q0, amax,
+                                       reinterpret_cast<int8_t*>(q.data()) + r * b.ncols + (q0 - b.col0));
+                }
             }
         }
         WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
@@ -230,14 +263,16 @@ public:
                  b.col0 + b.ncols, ")");
         const Scaling scl = scaling(name, b.rows, b.cols);
         std::vector<float> f(size_t(b.nrows * b.ncols));
+#pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < b.nrows; ++r)
-            for (int64_t c = 0; c < b.ncols; ++c) f[size_t(r * b.ncols + c)] = at(t, scl, b.row0 + r, b.col0 + c, b.cols);
+            row_f32(t, scl, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, f.data() + r * b.ncols);
         const int64_t groups = b.ncols / g;
         auto clip = opt_.scales.clip.find(name);
         if (clip != opt_.scales.clip.end()) {
             const int64_t full_groups = b.cols / g;
             if (int64_t(clip->second.size()) != b.rows * full_groups)
                 fail(name, ": ", clip->second.size(), " clip ratios for its ", b.rows * full_groups, " groups");
+#pragma omp parallel for schedule(static)
             for (int64_t r = 0; r < b.nrows; ++r)
                 for (int64_t k = 0; k < groups; ++k) {
                     float* w = f.data() + r * b.ncols + k * g;

@@ -4,7 +4,8 @@
 // f32 panel x 6-token tile for prefill, and for W8A8 [quad][8 rows][4 bytes] panels multiplied with
 // the sign trick (maddubs(|w|, sign(a, w)) then madd by ones: no VNNI needed, no 16-bit overflow
 // because |w|, |a| <= 127 gives pair sums <= 2 * 127 * 127 < 32767). W4A8 unpacks the 4-bit codes
-// into the same panels and needs no sign trick (codes are unsigned, pair sums <= 2 * 15 * 127).
+// into the same panels and needs no sign trick (codes are unsigned, pair sums <= 2 * 15 * 127);
+// its decode GEMV (groups a multiple of 128) reads the row-major codes directly.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -440,7 +441,7 @@ template <bool I4>
 constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr, kernel_w8a8<1, I4>, kernel_w8a8<2, I4>, kernel_w8a8<3, I4>,
                                               kernel_w8a8<4, I4>};
 
-// The packed W8A8/W4A8 product over rows [r0, r1) (every n: AVX2 has no separate GEMV for them).
+// The packed W8A8/W4A8 product over rows [r0, r1) (every n for W8A8; W4A8 decode has a GEMV below).
 template <bool I4>
 void w8a8_packed_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
     const size_t panel_bytes = size_t(a.kp) * MR8;
@@ -457,6 +458,70 @@ void w8a8_packed_rows(const W8A8Prep& a, const WeightView& w, const float* bias,
             kKernelsW8A8<I4>[nt](a, panel, wsc, wmn, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
         }
     }
+}
+
+// W4A8 GEMV (n <= kGemvMaxN, groups a multiple of 128): two 32-byte loads hold 128 columns of a
+// row; an and and a shift split them into low-half and high-half codes, multiplied with maddubs
+// against the activations in W8A8Prep::xi4's order. The four 16-bit pair sums of a chunk stay
+// below 4 * 2 * 15 * 127 = 15240, so they add in 16 bits before one madd widens them to INT32.
+template <int R, int T>
+void w4a8_gemv_tile(const W8A8Prep& a, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols, rb = cols / 2, gw = w.group_size, ngw = cols / gw, ge = a.ge;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * rb;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[R][T];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < a.ng; ++e) {
+        __m256i ia[R][T];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i)
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t) ia[i][t] = _mm256_setzero_si256();
+        for (int64_t k = e * ge; k < (e + 1) * ge; k += 128) {
+            if (pf)  // the tile kAhead tiles on, at the same pace (R * 64 bytes per 128 columns)
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(pf + i * rb + k / 2), _MM_HINT_T1);
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k / 2));
+                const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k / 2 + 32));
+                const __m256i lo0 = _mm256_and_si256(w0, nib), hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), nib);
+                const __m256i lo1 = _mm256_and_si256(w1, nib), hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), nib);
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+                    const __m256i* xt = reinterpret_cast<const __m256i*>(a.xi4 + t * cols + k);
+                    const __m256i s = _mm256_add_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo0, _mm256_loadu_si256(xt)),
+                                         _mm256_maddubs_epi16(lo1, _mm256_loadu_si256(xt + 1))),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(hi0, _mm256_loadu_si256(xt + 2)),
+                                         _mm256_maddubs_epi16(hi1, _mm256_loadu_si256(xt + 3))));
+                    ia[i][t] = _mm256_add_epi32(ia[i][t], _mm256_madd_epi16(s, ones));
+                }
+            }
+        }
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+            const float sw = w.scales[(r + i) * ngw + e * ge / gw];
+            SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i][t]), _mm256_set1_ps(sw * a.scales[t * a.ng + e]), acc[i][t]);
+        }
+    }
+    // + sum over groups of min * (sum of the dequantized activations).
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float* mn = w.mins + (r + i) * ngw;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            float m = 0.0f;
+            for (int64_t e = 0; e < a.ng; ++e) m += mn[e * ge / gw] * a.xs[t * a.ng + e];
+            y[t * w.rows + r + i] = hsum(acc[i][t]) + m + (bias ? bias[r + i] : 0.0f);
+        }
+    }
+}
+
+template <int T>
+void w4a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = T == 1 ? 4 : T == 2 ? 2 : 1;  // 2 * R * T accumulators + the unpacked codes <= 16
+    constexpr int64_t kAhead = 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t rb = w.cols / 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        w4a8_gemv_tile<R, T>(a, w, r, bias, y, r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * rb : nullptr);
+    for (; r < r1; ++r) w4a8_gemv_tile<1, T>(a, w, r, bias, y, nullptr);
 }
 
 }  // namespace
@@ -510,6 +575,14 @@ void w8a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, f
 }
 
 void w4a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (a.n <= kGemvMaxN && a.xi4 && a.ge % 128 == 0) {
+        switch (a.n) {
+            case 1: w4a8_gemv_rows<1>(a, w, bias, y, r0, r1); return;
+            case 2: w4a8_gemv_rows<2>(a, w, bias, y, r0, r1); return;
+            case 3: w4a8_gemv_rows<3>(a, w, bias, y, r0, r1); return;
+            default: w4a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
+        }
+    }
     w8a8_packed_rows<true>(a, w, bias, y, r0, r1);
 }
 

@@ -50,5 +50,7 @@ void expect_cli_error(const std::string& args, const std::string& needle);
 
 // Largest |a - b| over two equally long vectors.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+// Cosine similarity of two rows of logits (in double).
+double cosine(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace shardlm::test

@@ -84,12 +84,6 @@ void write_dequantized(const std::string& src, const std::string& out, const Loa
 LoadOptions int4(int64_t group = 32, const std::string& keep = "") { return {WeightFormat::Int4, group, keep}; }
 LoadOptions w4a8(int64_t group = 32, const std::string& keep = "") { return {WeightFormat::W4A8, group, keep}; }
 
-double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-    double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
-    return ab / std::sqrt(aa * bb);
-}
-
 class Int4Model : public ::testing::TestWithParam<Arch> {};
 
 }  // namespace

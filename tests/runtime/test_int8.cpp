@@ -45,12 +45,6 @@ Logits run(const std::string& dir, const LoadOptions& lo, KVFormat kv, const std
     return out;
 }
 
-double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-    double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
-    return ab / std::sqrt(aa * bb);
-}
-
 LoadOptions fmt(WeightFormat f, int64_t group = 0, const std::string& keep = "") { return {f, group, keep}; }
 
 class Int8Model : public ::testing::TestWithParam<Arch> {

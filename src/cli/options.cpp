@@ -15,7 +15,13 @@ namespace shardlm {
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
                 po::variables_map& vm, const std::string& usage, bool print) {
     try {
-        po::store(po::command_line_parser(args).options(desc).run(), vm);
+        const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+        // A word that belongs to no flag (e.g. `--prompt hello world` unquoted) would otherwise be
+        // dropped without a word.
+        for (const auto& o : parsed.options)
+            if (o.position_key >= 0 && !o.value.empty())
+                fail("unexpected argument \"", o.value.front(), "\" (every value follows its --flag; quote values with spaces)");
+        po::store(parsed, vm);
         if (vm.count("help")) {
             if (print) std::cout << usage << "\n\n" << desc << "\n";
             return false;

@@ -110,6 +110,9 @@ TEST_F(Cli, BadInputGivesOneLineErrors) {
     expect_error("generate" + m + " --prompt-ids 1 --top-p 0", "--top-p");
     expect_error("generate" + m, "--prompt-ids");
     expect_error("generate" + m + " --prompt-ids 1 --max-new-tokens 0", "--max-new-tokens");
+    // A stray word (an unquoted prompt's second word) is refused, not dropped.
+    expect_error("generate" + m + " --prompt-ids 1 7", "unexpected argument \"7\"");
+    expect_error("info" + m + " extra", "unexpected argument \"extra\"");
 }
 
 // --context-overflow slide: generation longer than --ctx goes on through context shifts (stderr

@@ -89,7 +89,10 @@ void apply_backend(const BackendFlags& f, SessionOptions& so) {
 }
 
 void set_threads(int threads) {
-    if (threads < 0) fail("--threads must be >= 0");
+    // Far more threads than any machine has cores only thrashes, and tens of thousands of them
+    // crash the OpenMP runtime when it cannot create them.
+    constexpr int kMaxThreads = 1024;
+    if (threads < 0 || threads > kMaxThreads) fail("--threads ", threads, " must be in [0, ", kMaxThreads, "]");
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif

@@ -113,6 +113,8 @@ TEST_F(Cli, BadInputGivesOneLineErrors) {
     // A stray word (an unquoted prompt's second word) is refused, not dropped.
     expect_error("generate" + m + " --prompt-ids 1 7", "unexpected argument \"7\"");
     expect_error("info" + m + " extra", "unexpected argument \"extra\"");
+    // Tens of thousands of OpenMP threads crashed the process (SIGSEGV).
+    expect_error("generate" + m + " --prompt-ids 1 --threads 100000", "--threads 100000 must be in [0, 1024]");
 }
 
 // --context-overflow slide: generation longer than --ctx goes on through context shifts (stderr

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -152,11 +153,23 @@ int cmd_generate(const Args& args, Communicator& comm) {
     so.prefill_chunk = chunk;
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
-    so.ctx = ctx > 0 ? ctx : longest + max_new;
+    // --ctx 0: the longest prompt + --max-new-tokens (saturating: a huge --max-new-tokens must not wrap).
+    const bool auto_ctx = ctx == 0;
+    so.ctx = !auto_ctx ? ctx : max_new > std::numeric_limits<int64_t>::max() - longest ? std::numeric_limits<int64_t>::max()
+                                                                                        : longest + max_new;
     std::unique_ptr<Session> s;
     // Phase 2: every rank loads its shard.
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
+        if (auto_ctx) {  // open_session would blame a --ctx that was never given
+            const int64_t max_pos = load_config(model).max_position;
+            if (max_pos > 0 && longest > max_pos)
+                fail("the longest prompt has ", longest, " tokens, more than the model's max_position_embeddings ", max_pos);
+            if (max_pos > 0 && so.ctx > max_pos)
+                fail("the longest prompt (", longest, " tokens) with --max-new-tokens ", max_new,
+                     " needs more than the model's max_position_embeddings ", max_pos,
+                     " positions (lower --max-new-tokens, or set --ctx with --context-overflow slide)");
+        }
         s = open_session(so, comm);
         for (size_t i = 0; i < prompts.size(); ++i)
             for (int32_t id : prompts[i])

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/error.h"
 
 namespace shardlm {
 
 namespace {
+int64_t saturating_add(int64_t a, int64_t b) {  // a, b >= 0
+    return b > std::numeric_limits<int64_t>::max() - a ? std::numeric_limits<int64_t>::max() : a + b;
+}
 double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
@@ -29,12 +33,12 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         if (opt.slide && n > ctx)
             fail("prompt ", s, " has ", n, " tokens but --ctx is ", ctx, " (--context-overflow slide slides over ",
                  "generated tokens; the prompt must fit)");
-        if (!opt.slide && n + opt.max_new_tokens > ctx)
+        if (!opt.slide && opt.max_new_tokens > ctx - n)  // n + max_new_tokens may overflow
             fail("prompt ", s, " has ", n, " tokens; with --max-new-tokens ", opt.max_new_tokens,
-                 " it needs a context of ", n + opt.max_new_tokens, " but --ctx is ", ctx,
+                 " it needs a context of ", saturating_add(n, opt.max_new_tokens), " but --ctx is ", ctx,
                  " (or --context-overflow slide)");
     }
-    if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens + 2 > ctx))
+    if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens > ctx - 2))
         fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of --ctx ", ctx, " to slide over");
     if (opt.slide && kv_capacity(cfg, engine.options()) < ctx)
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,

@@ -131,6 +131,13 @@ TEST_F(Cli, ContextOverflowSlides) {
     expect_error("generate" + m + " --prompt-ids 1 --context-overflow wrap", "--context-overflow: unknown value");
     expect_error("generate" + m + " --prompt-ids 1,2 --ctx 8 --context-overflow slide --sink-tokens 7", "--sink-tokens 7");
     expect_error("generate" + m + " --prompt-ids 1,2,3,4,5 --ctx 4 --context-overflow slide", "the prompt must fit");
+    // Sums that overflowed int64: a silent context shift without slide (it ran forever), an
+    // internal check failure, and an auto-sized --ctx blamed for a --max-new-tokens that does not fit.
+    const std::string huge = " 9223372036854775807";
+    expect_error("generate" + m + " --prompt-ids 1,2 --ctx 10 --max-new-tokens" + huge, "it needs a context of");
+    expect_error("generate" + m + " --prompt-ids 1,2 --ctx 10 --context-overflow slide --sink-tokens" + huge, "--sink-tokens");
+    expect_error("generate" + m + " --prompt-ids 1,2 --max-new-tokens" + huge, "--max-new-tokens" + huge + " needs more than");
+    expect_error("generate" + m + " --prompt-ids 1,2 --max-new-tokens 99999999", "max_position_embeddings");
 }
 
 TEST_F(Cli, BrokenCheckpointsAreNamed) {

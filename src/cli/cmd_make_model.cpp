@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "model/synthetic.h"
 
 namespace shardlm {
@@ -36,6 +37,9 @@ int cmd_make_model(const Args& args) {
     else if (dtype == "bf16") o.dtype = DType::BF16;
     else fail("--dtype: unknown \"", dtype, "\" (fp32, fp16, bf16)");
     if (shards < 1) fail("--shards must be at least 1");
+    for (const char* f : {"/config.json", "/model.safetensors", "/model.safetensors.index.json"})
+        if (file_exists(out + f))  // random weights over a real checkpoint would be silent garbage
+            fail("--out ", out, " already holds a checkpoint (", f + 1, "); choose a new or empty folder");
     o.shards = shards;
     o.seed = seed;
     write_synthetic_checkpoint(out, c, o);

@@ -140,6 +140,13 @@ TEST_F(Cli, ContextOverflowSlides) {
     expect_error("generate" + m + " --prompt-ids 1,2 --max-new-tokens 99999999", "max_position_embeddings");
 }
 
+// make-model into a folder that holds a checkpoint overwrote it with random weights, exit 0.
+TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
+    const std::string cfg = read_file(dir_.file("config.json"));
+    expect_error("make-model --preset tiny --out " + dir_.path(), "already holds a checkpoint (config.json)");
+    EXPECT_EQ(read_file(dir_.file("config.json")), cfg);
+}
+
 TEST_F(Cli, BrokenCheckpointsAreNamed) {
     const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
     const std::string cfg = read_file(dir_.file("config.json"));

@@ -32,8 +32,8 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     const Checkpoint ck(src);
     const ModelWeights w = load_weights(ck, cfg, opt, plan_shard(cfg, 0, 1));
     if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) fail(out, ": cannot create: ", std::strerror(errno));
-    if (file_exists(out + "/config.json") && out != src) {
-        // refuse to mix with an older checkpoint's shards
+    if (file_exists(out + "/config.json")) {
+        // refuse to mix with an older checkpoint's shards, or to overwrite the source (--out = --model)
         fail(out, ": already holds a checkpoint; choose an empty folder");
     }
 

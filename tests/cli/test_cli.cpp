@@ -147,6 +147,14 @@ TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
     EXPECT_EQ(read_file(dir_.file("config.json")), cfg);
 }
 
+// quantize --out equal to --model rewrote the source checkpoint in place, exit 0.
+TEST_F(Cli, QuantizeRefusesToOverwriteItsSource) {
+    const std::string st = read_file(dir_.file("model.safetensors"));
+    expect_error("quantize --model " + dir_.path() + " --out " + dir_.path() + " --weights int8", "already holds a checkpoint");
+    expect_error("quantize --model " + dir_.path() + " --out " + dir_.path() + "/. --weights int8", "already holds a checkpoint");
+    EXPECT_EQ(read_file(dir_.file("model.safetensors")), st);
+}
+
 TEST_F(Cli, BrokenCheckpointsAreNamed) {
     const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
     const std::string cfg = read_file(dir_.file("config.json"));

@@ -72,7 +72,26 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         set_threads(threads);
         if (root && !ids_file.empty()) tokens = read_ids_file(ids_file);
-        if (root && !text_file.empty()) tokens = Tokenizer::load(model).encode(read_text_file(text_file));
+        // The reference precisions are checked here, under their own flag names, before any load.
+        auto as_flag = [](const char* flag, const char* shared, const auto& parse) {
+            try {
+                parse();
+            } catch (const Error& e) {
+                const std::string m = e.what();
+                fail(m.rfind(shared, 0) == 0 ? flag + m.substr(std::string(shared).size()) : m);
+            }
+        };
+        if (vm.count("compare-weights")) as_flag("--compare-weights", "--weights", [&] { parse_weight_format(cmp_weights); });
+        if (vm.count("compare-kv")) as_flag("--compare-kv", "--kv", [&] { parse_kv_format(cmp_kv); });
+        if (root && !text_file.empty()) {
+            const Tokenizer tok = Tokenizer::load(model);
+            const std::string text = read_text_file(text_file);
+            try {
+                tokens = tok.encode(text);
+            } catch (const Error& e) {
+                fail(text_file, ": ", e.what());  // e.g. invalid UTF-8, which the encoder reports without the file
+            }
+        }
     });
     if (help) return 0;
     uint64_t n = tokens.size();

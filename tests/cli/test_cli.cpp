@@ -238,6 +238,15 @@ TEST_F(Cli, PerplexityAndPerLayerSensitivity) {
     expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --per-layer", "--per-layer needs");
     write_file(dir_.file("bad.txt"), "1 2 x3");
     expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("bad.txt"), "is not a token id");
+    // The reference precisions are named by their own flags (they said --weights/--kv).
+    expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --compare-weights int3",
+                 "--compare-weights: unknown format \"int3\"");
+    expect_error("perplexity --model " + dir_.path() + " --ids-file " + dir_.file("ids.txt") + " --compare-kv int3",
+                 "--compare-kv: unknown format \"int3\"");
+    // Text that does not encode names the --text-file (the shipped model has a tokenizer).
+    write_file(dir_.file("latin1.txt"), "caf\xe9\n");
+    expect_error("perplexity --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --text-file " + dir_.file("latin1.txt"),
+                 dir_.file("latin1.txt") + ": text is not valid UTF-8");
 }
 
 TEST_F(Cli, BenchJsonRowsCarryEveryField) {

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -123,6 +125,7 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     c.intermediate = r.positive("intermediate_size");
     c.vocab = r.positive("vocab_size");
     c.max_position = r.integer_or("max_position_embeddings", 0);
+    if (c.max_position < 0) fail(origin, ": max_position_embeddings must be >= 0, got ", c.max_position);
     if (!r.has("head_dim") && c.hidden % c.n_heads != 0)
         fail(origin, ": hidden_size ", c.hidden, " is not a multiple of num_attention_heads ", c.n_heads);
     if (c.n_heads % c.n_kv_heads != 0)
@@ -130,9 +133,10 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     if (c.head_dim % 2 != 0) fail(origin, ": head_dim ", c.head_dim, " must be even for RoPE");
 
     c.rms_eps = float(r.number_or(j, "rms_norm_eps", 1e-6));
-    if (!(c.rms_eps > 0)) fail(origin, ": rms_norm_eps must be positive");
+    // As floats: 1e300 is inf, which would silently zero every normalized activation.
+    if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps)) fail(origin, ": rms_norm_eps must be positive and finite in float32");
     parse_rope(j, r, c);
-    if (!(c.rope_theta > 0)) fail(origin, ": rope_theta must be positive");
+    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) fail(origin, ": rope_theta must be positive and finite in float32");
 
     if (j.contains("hidden_act") && j["hidden_act"] != "silu")
         fail(origin, ": hidden_act ", j["hidden_act"].dump(), " is not supported (silu)");

@@ -120,6 +120,11 @@ TEST(Config, Errors) {
     expect_error(with(R"(, "torch_dtype": "int4")"), "torch_dtype");
     expect_error(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "hidden_size");
     expect_error(with(R"(, "rms_norm_eps": -1)"), "rms_norm_eps");
+    // Values that do not fit a float became inf and silently ruined every activation.
+    expect_error(with(R"(, "rms_norm_eps": 1e300)"), "rms_norm_eps must be positive and finite");
+    expect_error(with(R"(, "rope_theta": 1e300)"), "rope_theta must be positive and finite");
+    expect_error(with(R"(, "rope_theta": -5)"), "rope_theta");
+    expect_error(with(R"(, "max_position_embeddings": -1)"), "max_position_embeddings must be >= 0");
 }
 
 TEST(Config, SyntheticConfigRoundTrips) {

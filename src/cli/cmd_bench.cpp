@@ -160,6 +160,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
             at = end + 1;
         }
         if (prompt_len < 1 || gen < 1 || reps < 1) fail("--prompt-len, --gen and -r must be >= 1");
+        SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
+        apply_precision(prec, check_flags);
+        apply_backend(backend, check_flags);
         for (int64_t b : batches)
             if (b < 1) fail("--batch must be >= 1");
         if (model.empty() == synthetic.empty()) fail("give one of --model DIR or --synthetic NAME");

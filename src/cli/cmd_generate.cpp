@@ -107,6 +107,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("system") && !vm.count("chat")) fail("--system needs --chat");
         SessionOptions check_flags;
         apply_backend(backend, check_flags);  // validates --device and --attention on every rank
+        apply_precision(prec, check_flags);   // and --weights, --kv, --group-size, --keep-fp16
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         if (ctx < 0) fail("--ctx must be >= 0");

@@ -70,6 +70,9 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         if (vm.count("ids-file") == vm.count("text-file")) fail("give one of --text-file or --ids-file");
         if (ctx < 2) fail("--ctx must be at least 2");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
+        apply_precision(prec, check_flags);
+        apply_backend(backend, check_flags);
         set_threads(threads);
         if (root && !ids_file.empty()) tokens = read_ids_file(ids_file);
         // The reference precisions are checked here, under their own flag names, before any load.

@@ -212,6 +212,21 @@ TEST_F(Cli, MpirunBadTensorParallelSize) {
     EXPECT_NE(t.exit_code, 0);
     EXPECT_NE(t.err.find("--tp 4 differs from the 2 ranks"), std::string::npos) << t.err;
 }
+
+// A bad precision flag was found by every rank apart, after the prompts went round: each printed its
+// own error and the job was aborted. It is now one error, from rank 0, in every subcommand.
+TEST_F(Cli, MpirunBadPrecisionFlagIsOneError) {
+    for (const std::string cmd : {" generate --prompt-ids 1,2 --weights int3", " bench --prompt-len 4 --gen 2 --kv int3",
+                                  " perplexity --ids-file /dev/null --per-layer --weights int3"}) {
+        const CommandResult r = run_command(mpirun(2) + cmd + " --model " + dir_.path());
+        EXPECT_NE(r.exit_code, 0) << cmd;
+        size_t errors = 0;
+        for (size_t at = r.err.find("shardlm: error:"); at != std::string::npos; at = r.err.find("shardlm: error:", at + 1))
+            ++errors;
+        EXPECT_EQ(errors, 1u) << cmd << "\n" << r.err;
+        EXPECT_NE(r.err.find("unknown format \"int3\""), std::string::npos) << cmd << "\n" << r.err;
+    }
+}
 #endif
 
 TEST_F(Cli, PerplexityAndPerLayerSensitivity) {

@@ -221,7 +221,7 @@ void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_
         if (vec) {
             flash_load_tile_avx2(K, V, j0, n, d, kt, kKeyTile, vt);
 #if defined(SHARDLM_HAVE_AVX512)
-            if (isa == CpuIsa::Avx512) flash_scores_avx512(q, rows, d, kt, kKeyTile, n, s, kKeyTile);
+            if (cpu_isa_avx512(isa)) flash_scores_avx512(q, rows, d, kt, kKeyTile, n, s, kKeyTile);
             else
 #endif
                 flash_scores_avx2(q, rows, d, kt, kKeyTile, n, s, kKeyTile);
@@ -231,7 +231,7 @@ void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_
                 alpha[r] = flash_softmax_row_avx2(s + r * kKeyTile, v0, v1, n, m[r], l[r]);
             }
 #if defined(SHARDLM_HAVE_AVX512)
-            if (isa == CpuIsa::Avx512) flash_values_avx512(s, kKeyTile, rows, vt, n, d, alpha, o);
+            if (cpu_isa_avx512(isa)) flash_values_avx512(s, kKeyTile, rows, vt, n, d, alpha, o);
             else
 #endif
                 flash_values_avx2(s, kKeyTile, rows, vt, n, d, alpha, o);

@@ -3,6 +3,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(SHARDLM_HAVE_AMX)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "core/error.h"
 
 namespace shardlm {
@@ -13,11 +19,29 @@ const char* cpu_isa_name(CpuIsa isa) {
         case CpuIsa::Scalar: return "scalar";
         case CpuIsa::Avx2: return "avx2";
         case CpuIsa::Avx512: return "avx512";
+        case CpuIsa::Amx: return "amx";
     }
     return "?";
 }
 
 namespace {
+
+#if defined(SHARDLM_HAVE_AMX)
+// AMX needs the CPU's AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24, 25), the OS saving tile
+// state (XCR0 bits 17, 18) and, on Linux, this process's permission to use the 8 KB tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM; granted per process, before any thread uses a tile).
+bool amx_usable() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    __get_cpuid(1, &a, &b, &c, &d);
+    if (!(c & (1u << 27))) return false;  // OSXSAVE: xgetbv is there
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
 
 std::vector<CpuIsa> detect() {
     std::vector<CpuIsa> v = {CpuIsa::Scalar};
@@ -31,6 +55,9 @@ std::vector<CpuIsa> detect() {
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512vnni"))
         v.push_back(CpuIsa::Avx512);
+#if defined(SHARDLM_HAVE_AMX)
+    if (v.back() == CpuIsa::Avx512 && amx_usable()) v.push_back(CpuIsa::Amx);
+#endif
 #endif
 #endif
     return v;

@@ -13,9 +13,14 @@ enum class CpuIsa : uint8_t {
     Scalar,  // plain C++, any CPU
     Avx2,    // AVX2 + FMA + F16C (Haswell, Zen 1+)
     Avx512,  // AVX-512 F/DQ/BW/VL + VNNI + FMA + F16C (Ice Lake / Cascade Lake, Zen 4+)
+    Amx,     // Avx512 + AMX-TILE/INT8 with the OS's permission (Sapphire Rapids+): the INT8-activation
+             // GEMMs (W8A8/W4A8 prefill) on tiles, everything else as Avx512
 };
 
-const char* cpu_isa_name(CpuIsa isa);  // "auto", "scalar", "avx2", "avx512"
+// Whether a concrete variant runs the AVX-512 kernels (Amx is a superset of Avx512).
+inline bool cpu_isa_avx512(CpuIsa isa) { return isa == CpuIsa::Avx512 || isa == CpuIsa::Amx; }
+
+const char* cpu_isa_name(CpuIsa isa);  // "auto", "scalar", "avx2", "avx512", "amx"
 
 // Variants this build and this CPU can run, Scalar first.
 const std::vector<CpuIsa>& cpu_isas_available();

@@ -122,7 +122,7 @@ void check_w8a8(const QuantizedActs& a, const WeightView& w) {
 
 // Builds the W8A8Prep view (see matmul_kernels.h) into `store`.
 struct PrepStore {
-    std::vector<int8_t> q, xi4;
+    std::vector<int8_t> q, xi4, qt;
     std::vector<float> scales, xs;
     std::vector<int32_t> sums;
 };
@@ -150,6 +150,18 @@ void prepare_i4(const QuantizedActs& a, W8A8Prep& p, PrepStore& st) {
             }
         }
     p.xi4 = st.xi4.data();
+}
+
+// The AMX GEMM's activations in tile order (W8A8Prep::qt): a copy of 64-byte pieces.
+void prepare_amx(W8A8Prep& p, PrepStore& st) {
+    const int64_t blocks = (p.n + 31) / 32, steps = p.kp / 64;
+    st.qt.assign(size_t(blocks * steps * 32 * 64), 0);
+#pragma omp parallel for schedule(static) if (p.n * p.kp >= (int64_t(1) << 16))
+    for (int64_t t = 0; t < p.n; ++t)
+        for (int64_t s = 0; s < steps; ++s)
+            std::copy(p.q + t * p.kp + s * 64, p.q + t * p.kp + s * 64 + 64,
+                      st.qt.data() + (((t / 32) * steps + s) * 32 + t % 32) * 64);
+    p.qt = st.qt.data();
 }
 
 W8A8Prep prepare(const QuantizedActs& a, const WeightView& w, PrepStore& st) {
@@ -211,11 +223,15 @@ void int8_acts_product(const QuantizedActs& a, const WeightView& w, const float*
     PrepStore store;
     W8A8Prep p = prepare(a, w, store);
     if (i4) prepare_i4(a, p, store);
+    if (chosen == CpuIsa::Amx && amx_tiles_usable(p)) prepare_amx(p, store);
     using Rows = void (*)(const W8A8Prep&, const WeightView&, const float*, float*, int64_t, int64_t);
     Rows rows = nullptr;
     switch (chosen) {
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512: rows = i4 ? w4a8_rows_avx512 : w8a8_rows_avx512; break;
+#endif
+#if defined(SHARDLM_HAVE_AMX)
+        case CpuIsa::Amx: rows = int8_acts_rows_amx; break;
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
         case CpuIsa::Avx2: rows = i4 ? w4a8_rows_avx2 : w8a8_rows_avx2; break;
@@ -245,6 +261,7 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
     const int64_t macs = n * w.rows * w.cols;
     switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Amx:  // f32 activations: no INT8 tiles to use
         case CpuIsa::Avx512:
             for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx512(x, n, w, bias, y, r0, r1); });
             return;

@@ -561,6 +561,16 @@ constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr,
                                               kernel_w8a8<4, I4>, kernel_w8a8<5, I4>, kernel_w8a8<6, I4>,
                                               kernel_w8a8<7, I4>, kernel_w8a8<8, I4>};
 
+}  // namespace
+
+void pack_w8a8_panel_avx512(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel,
+                            float* wsc, float* wmn) {
+    if (a.i4) pack_w8a8<true>(a, w, rb, nr, panel, wsc, wmn);
+    else pack_w8a8<false>(a, w, rb, nr, panel, wsc, wmn);
+}
+
+namespace {
+
 // The packed W8A8/W4A8 GEMM over rows [r0, r1).
 template <bool I4>
 void w8a8_gemm_rows(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {

@@ -38,7 +38,15 @@ struct W8A8Prep {
     // per chunk of 128 columns (the last may hold fewer 32-column blocks, nb), the low halves
     // (columns 0..15) of its nb blocks, then their high halves (16..31). [n][cols]
     const int8_t* xi4 = nullptr;
+    // The AMX GEMM's activations (amx_tiles_usable): q in tile order, [n / 32 rounded up][kp / 64][32][64],
+    // so that the two A tiles of one 32-token block and 64 columns are one contiguous 2 KB (rows past
+    // n zero).
+    const int8_t* qt = nullptr;
 };
+
+// Whether the AMX variant runs this product on tiles (else on the AVX-512 kernels): prefill sizes,
+// internal groups a whole number of 64-column tile rows.
+inline bool amx_tiles_usable(const W8A8Prep& a) { return a.n > kGemvMaxN && a.ge4 % 64 == 0; }
 
 // Rows [r0, r1) of y [n, w.rows] (all n tokens). Called by each thread on its own row range.
 void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
@@ -47,6 +55,17 @@ void w8a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, f
 void w8a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 void w4a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 void w4a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
+
+// The W8A8/W4A8 GEMM's weight panel (matmul_avx512.cpp), for the AMX kernel: rows [rb, rb + nr) of w,
+// nr <= 32, as VNNI quads of 16 rows, quad q of internal group e at panel + (e * ge4 / 4 + q) * 128:
+// 64 bytes for rows 0..15 (4 bytes each), then 64 for rows 16..31; I8 weights stored as u8 = w + 128,
+// I4 codes as they are; rows past nr zero. wsc[e][32] (and for I4 wmn[e][32]) the rows' weight
+// scales (mins) of internal group e. panel holds kp * 32 bytes, 64-byte aligned.
+void pack_w8a8_panel_avx512(const W8A8Prep& a, const WeightView& w, int64_t rb, int64_t nr, uint8_t* panel,
+                            float* wsc, float* wmn);
+// matmul_w8a8 and matmul_w4a8 (by a.i4) with AMX-INT8 tiles for the GEMM when a.ge4 is a multiple of
+// 64; the GEMV and other group sizes run the AVX-512 kernels. The same bits as the AVX-512 variant.
+void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

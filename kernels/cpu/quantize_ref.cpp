@@ -195,6 +195,7 @@ void quantize_acts_int8(const float* x, int64_t n, int64_t cols, int64_t group_s
         const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
         switch (chosen) {
 #if defined(SHARDLM_HAVE_AVX512)
+            case CpuIsa::Amx:
             case CpuIsa::Avx512: quantize_acts_avx512(x, t0, t1, cols, group_size, q, scales); break;
 #endif
 #if defined(SHARDLM_HAVE_AVX2)

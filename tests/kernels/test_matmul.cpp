@@ -63,5 +63,5 @@ TEST(Matmul, OptimisedMatchesReferenceOnAwkwardShapes) {
 
 TEST(Matmul, ReportsItsIsa) {
     const std::string isa = matmul_isa();
-    EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
+    EXPECT_TRUE(isa == "amx" || isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
 }

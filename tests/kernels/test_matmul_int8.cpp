@@ -263,3 +263,40 @@ TEST(MatmulInt8, VariantsAreListedAndResolved) {
     EXPECT_EQ(std::string(matmul_isa()), cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)));
     EXPECT_ANY_THROW(matmul_w8a8(QuantizedActs{}, WeightView{}, nullptr, nullptr));  // F32 weights
 }
+
+// The AMX tiles' GEMM against the AVX-512 kernel it stands in for, which it must match bit for bit:
+// token counts around its 32-token blocks (the last one zero-padded), rows around its 32-row panels,
+// per-channel and grouped scales, rows longer than one 1024-value INT32 segment (1088: a 64-value
+// last segment), with and without bias; I8 (w + 128 panels) and I4 (codes and mins).
+TEST(MatmulAmx, SameBitsAsAvx512) {
+    const auto& v = cpu_isas_available();
+    if (std::find(v.begin(), v.end(), CpuIsa::Amx) == v.end()) GTEST_SKIP() << "no AMX on this CPU/build";
+    const int64_t shapes[][4] = {{7, 64, 64, 64},      {33, 128, 128, 64},  {70, 256, 128, 128},
+                                 {32, 1088, 1088, 1088}, {45, 2112, 2112, 2112}, {40, 2048, 64, 128}};
+    const int64_t tokens[] = {5, 31, 32, 33, 64, 100};
+    for (const auto& s : shapes) {
+        const int64_t rows = s[0], cols = s[1], ga = s[2], gw = s[3];
+        const QuantMat m8 = make_quant_mat(rows, cols, gw, uint32_t(rows + cols));
+        const Int4Mat m4 = make_int4(rows, cols, gw, uint32_t(rows * 3 + cols));
+        const auto bias = rand_vec(size_t(rows), 9);
+        for (int64_t n : tokens) {
+            const Acts a = make_acts(n, cols, ga, uint32_t(n * 5 + 2));
+            for (bool i4 : {false, true}) {
+                for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+                    std::vector<float> want(size_t(n * rows)), got(want.size(), NAN);
+                    if (i4) {
+                        matmul_w4a8(a.view, m4.view(), b, want.data(), CpuIsa::Avx512);
+                        matmul_w4a8(a.view, m4.view(), b, got.data(), CpuIsa::Amx);
+                    } else {
+                        matmul_w8a8(a.view, m8.view(), b, want.data(), CpuIsa::Avx512);
+                        matmul_w8a8(a.view, m8.view(), b, got.data(), CpuIsa::Amx);
+                    }
+                    for (size_t i = 0; i < want.size(); ++i)
+                        ASSERT_EQ(got[i], want[i]) << (i4 ? "w4a8" : "w8a8") << " n=" << n << " rows=" << rows
+                                                   << " cols=" << cols << " ga=" << ga << " gw=" << gw
+                                                   << (b ? " bias" : "") << " at " << i;
+                }
+            }
+        }
+    }
+}

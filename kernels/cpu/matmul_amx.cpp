@@ -1,0 +1,153 @@
+// AMX-INT8 GEMM of matmul_w8a8 / matmul_w4a8 (prefill on Sapphire Rapids and later). This file alone
+// is compiled with -mamx-tile -mamx-int8 (plus the AVX-512 flags) and only called when cpu_isa.cpp
+// found AMX usable.
+//
+// One tile instruction (tdpbsud) multiplies a 16 x 64 tile of signed bytes by a 64 x 16 one of
+// unsigned bytes into a 16 x 16 INT32 tile: 16384 products, against vpdpbusd's 64. The B tiles are
+// the AVX-512 GEMM's weight panel as it is (pack_w8a8_panel_avx512: VNNI quads of 16 rows, u8 = w +
+// 128 for I8, the 4-bit codes for I4), the A tiles 16 tokens of the activations from their
+// [n][kp] array laid out in tile order (W8A8Prep::qt). Eight tiles: C[2 token halves][2 row halves], two A, two B, so each 32-token
+// x 32-row block does four tile products per 64 columns.
+//
+// The epilogue repeats the AVX-512 kernel's arithmetic step for step (its segments, its -128 * sum
+// offset for I8, the same f32 multiply-adds in the same order), so both variants give the same bits.
+//
+// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/buffer.h"
+#include "kernels/cpu/matmul_kernels.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int MR = 32;  // weight rows per panel (two B tiles)
+constexpr int NT = 32;  // tokens per block (two A tiles)
+
+// The tile register file's shape, loaded once per thread and call: all eight tiles 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+void configure_tiles() {
+    TileConfig c;
+    for (int i = 0; i < 8; ++i) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+uint8_t* scratch(size_t bytes) {
+    thread_local Buffer buf;
+    if (buf.size() < bytes) buf = Buffer(bytes);
+    return static_cast<uint8_t*>(buf.data());
+}
+
+inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
+
+// The INT32 dot products of one segment, quads [q0, q1) of an internal group, for one 32-token
+// block (xt: its activations in tile order, W8A8Prep::qt, at the group's first column) x the panel's
+// 32 rows (pe: the group's first quad), stored to c[token][row].
+void segment_tiles(const int8_t* xt, const uint8_t* pe, int64_t q0, int64_t q1, int32_t (*c)[MR]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q = q0; q < q1; q += 16) {
+        const int8_t* x = xt + q / 16 * 2048;
+        _tile_loadd(4, x, 64);
+        _tile_loadd(5, x + 1024, 64);
+        _tile_loadd(6, pe + q * 128, 128);
+        _tile_loadd(7, pe + q * 128 + 64, 128);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+    }
+    _tile_stored(0, &c[0][0], MR * 4);
+    _tile_stored(1, &c[0][16], MR * 4);
+    _tile_stored(2, &c[16][0], MR * 4);
+    _tile_stored(3, &c[16][16], MR * 4);
+}
+
+}  // namespace
+
+// Loop order: per 32-row panel, per segment (at most 1024 columns: 32 KB of the panel, which stays in
+// L1 while every token block streams its activations past it from L2), per 32-token block; the f32
+// sums of all tokens x 32 rows (facc) wait in L2 between segments.
+void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (!amx_tiles_usable(a) || !a.qt) {  // decode GEMV, or groups a tile row cannot step over
+        if (a.i4) w4a8_rows_avx512(a, w, bias, y, r0, r1);
+        else w8a8_rows_avx512(a, w, bias, y, r0, r1);
+        return;
+    }
+    const int64_t n = a.n, steps = a.kp / 64;
+    const size_t panel_bytes = size_t(a.kp) * MR, scale_bytes = size_t(a.ng * MR) * 8;
+    uint8_t* mem = scratch(panel_bytes + scale_bytes + size_t(n) * MR * 4);
+    uint8_t* panel = mem;
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + a.ng * MR;
+    float* facc = reinterpret_cast<float*>(mem + panel_bytes + scale_bytes);
+    const int64_t q_per = a.ge4 / 4, seg_q = a.seg_len / 4;
+    alignas(64) int32_t c[NT][MR];
+    configure_tiles();
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        pack_w8a8_panel_avx512(a, w, rb, nr, panel, wsc, wmn);
+        std::memset(facc, 0, size_t(n) * MR * 4);
+        for (int64_t e = 0; e < a.ng; ++e) {
+            const uint8_t* pe = panel + e * q_per * 128;
+            const __m512 sw0 = _mm512_load_ps(wsc + e * MR), sw1 = _mm512_load_ps(wsc + e * MR + 16);
+            for (int64_t s = 0; s < a.segs; ++s) {
+                const int64_t q0 = s * seg_q, q1 = std::min(q_per, q0 + seg_q);  // multiples of 16 quads
+                for (int64_t t0 = 0; t0 < n; t0 += NT) {
+                    segment_tiles(a.qt + ((t0 / NT) * steps + e * a.ge4 / 64) * 2048, pe, q0, q1, c);
+                    const int64_t nt = std::min<int64_t>(NT, n - t0);
+                    for (int64_t t = 0; t < nt; ++t) {
+                        // I8 panels hold w + 128: take 128 * (the segment's sum of activations) back off.
+                        const int64_t i = (t0 + t) * a.ng + e;
+                        const __m512i off = _mm512_set1_epi32(a.i4 ? 0 : -128 * a.seg_sums[i * a.segs + s]);
+                        const __m512 sa = _mm512_set1_ps(a.scales[i]);
+                        const __m512 c0 = _mm512_cvtepi32_ps(_mm512_add_epi32(off, _mm512_load_si512(c[t])));
+                        const __m512 c1 = _mm512_cvtepi32_ps(_mm512_add_epi32(off, _mm512_load_si512(c[t] + 16)));
+                        float* f = facc + (t0 + t) * MR;
+                        _mm512_store_ps(f, _mm512_fmadd_ps(c0, _mm512_mul_ps(sw0, sa), _mm512_load_ps(f)));
+                        _mm512_store_ps(f + 16, _mm512_fmadd_ps(c1, _mm512_mul_ps(sw1, sa), _mm512_load_ps(f + 16)));
+                    }
+                }
+            }
+            if (a.i4) {  // + min * (the group's sum of the dequantized activations)
+                const __m512 mn0 = _mm512_load_ps(wmn + e * MR), mn1 = _mm512_load_ps(wmn + e * MR + 16);
+                for (int64_t t = 0; t < n; ++t) {
+                    const __m512 xs = _mm512_set1_ps(a.xs[t * a.ng + e]);
+                    float* f = facc + t * MR;
+                    _mm512_store_ps(f, _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(f)));
+                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(f + 16)));
+                }
+            }
+        }
+        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + rb) : _mm512_setzero_ps();
+        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + rb + 16) : _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; ++t) {
+            float* yt = y + t * w.rows + rb;
+            _mm512_mask_storeu_ps(yt, m0, _mm512_add_ps(_mm512_load_ps(facc + t * MR), b0));
+            _mm512_mask_storeu_ps(yt + 16, m1, _mm512_add_ps(_mm512_load_ps(facc + t * MR + 16), b1));
+        }
+    }
+    _tile_release();  // frees the tile state for the OS's context switches
+}
+
+}  // namespace shardlm

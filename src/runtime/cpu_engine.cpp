@@ -26,6 +26,27 @@ KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineO
     s.dtype = o.kv;
     return s;
 }
+
+// The row-wise and element-wise steps of a layer, threaded over rows when there are enough of them
+// (prefill): each row is computed as by the plain kernels, so the bits do not change. Decode-sized
+// steps stay on one thread, where a fork/join would cost more than the work.
+constexpr int64_t kParallelMinElems = int64_t(1) << 15;
+
+void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElems)
+    for (int64_t r = 0; r < rows; ++r) rmsnorm_ref(x + r * dim, w, y + r * dim, 1, dim, eps);
+}
+
+void silu_mul_rows(const float* gate, const float* up, float* y, int64_t rows, int64_t dim) {
+#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElems)
+    for (int64_t r = 0; r < rows; ++r) silu_mul_ref(gate + r * dim, up + r * dim, y + r * dim, dim);
+}
+
+void add_into(float* x, const float* o, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
+    for (int64_t i = 0; i < n; ++i) x[i] += o[i];
+}
+
 }  // namespace
 
 CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
@@ -97,15 +118,15 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     float* k = k_.as<float>();
     float* v = v_.as<float>();
 
-    rmsnorm_ref(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
+    rmsnorm_rows(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
     linear(L.q, h, qh, T, q);
     linear(L.k, h, qh, T, k);
     linear(L.v, h, qh, T, v);
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
-        rmsnorm_ref(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
-        rmsnorm_ref(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
+        rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
+        rmsnorm_rows(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
@@ -147,27 +168,25 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linear(L.o, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
-    float* x = x_.as<float>();
-    for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
+    add_into(x_.as<float>(), o, T * c.hidden);
 }
 
 void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     const ModelConfig& c = cfg_;
     float* h = h_.as<float>();
-    rmsnorm_ref(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
+    rmsnorm_rows(x_.as<float>(), L.post_attn_norm.data(), h, T, c.hidden, c.rms_eps);
     if (probe_) probe_(layer, LinearInput::GateUp, h, T, c.hidden);
     float* g = gate_.as<float>();
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
     linear(L.gate, h, qh, T, g);
     linear(L.up, h, qh, T, u);
-    silu_mul_ref(g, u, g, T * w_.plan.n_inter);
+    silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
     linear(L.down, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
-    float* x = x_.as<float>();
-    for (int64_t i = 0; i < T * c.hidden; ++i) x[i] += o[i];
+    add_into(x_.as<float>(), o, T * c.hidden);
 }
 
 void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {

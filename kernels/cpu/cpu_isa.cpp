@@ -27,12 +27,16 @@ const char* cpu_isa_name(CpuIsa isa) {
 namespace {
 
 #if defined(SHARDLM_HAVE_AMX)
-// AMX needs the CPU's AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24, 25), the OS saving tile
-// state (XCR0 bits 17, 18) and, on Linux, this process's permission to use the 8 KB tile data
-// (arch_prctl ARCH_REQ_XCOMP_PERM; granted per process, before any thread uses a tile).
+// AMX needs the CPU's AMX-TILE, AMX-INT8 and AMX-BF16 (CPUID leaf 7: EDX bits 24, 25, 22) and
+// AVX512-BF16 (leaf 7 subleaf 1: EAX bit 5), the OS saving tile state (XCR0 bits 17, 18) and, on
+// Linux, this process's permission to use the 8 KB tile data (arch_prctl ARCH_REQ_XCOMP_PERM;
+// granted per process, before any thread uses a tile).
 bool amx_usable() {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
+    if ((d & amx) != amx) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;
     __get_cpuid(1, &a, &b, &c, &d);
     if (!(c & (1u << 27))) return false;  // OSXSAVE: xgetbv is there
     unsigned lo = 0, hi = 0;

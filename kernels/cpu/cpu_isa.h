@@ -13,8 +13,8 @@ enum class CpuIsa : uint8_t {
     Scalar,  // plain C++, any CPU
     Avx2,    // AVX2 + FMA + F16C (Haswell, Zen 1+)
     Avx512,  // AVX-512 F/DQ/BW/VL + VNNI + FMA + F16C (Ice Lake / Cascade Lake, Zen 4+)
-    Amx,     // Avx512 + AMX-TILE/INT8 with the OS's permission (Sapphire Rapids+): the INT8-activation
-             // GEMMs (W8A8/W4A8 prefill) on tiles, everything else as Avx512
+    Amx,     // Avx512 + AVX512-BF16 + AMX-TILE/INT8/BF16 with the OS's permission (Sapphire Rapids+):
+             // the prefill GEMMs on tiles (INT8 for W8A8/W4A8, BF16 for W8A16/BF16), the rest as Avx512
 };
 
 // Whether a concrete variant runs the AVX-512 kernels (Amx is a superset of Avx512).

@@ -260,8 +260,22 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
     }
     const int64_t macs = n * w.rows * w.cols;
     switch (cpu_isa_resolve(isa)) {
+#if defined(SHARDLM_HAVE_AMX)
+        case CpuIsa::Amx:
+            if (amx_bf16_usable(n, w)) {
+                std::vector<uint16_t> xt(size_t((n + 31) / 32 * 32 * w.cols * 3), 0);
+#pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
+                {
+                    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+                    acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt.data());
+                }
+                for_row_ranges(w.rows, n, macs,
+                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt.data(), n, w, bias, y, r0, r1); });
+                return;
+            }
+            [[fallthrough]];  // decode and other weights: the AVX-512 kernels
+#endif
 #if defined(SHARDLM_HAVE_AVX512)
-        case CpuIsa::Amx:  // f32 activations: no INT8 tiles to use
         case CpuIsa::Avx512:
             for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx512(x, n, w, bias, y, r0, r1); });
             return;

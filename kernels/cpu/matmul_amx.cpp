@@ -24,6 +24,7 @@
 
 #include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {
@@ -148,6 +149,155 @@ void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bia
         }
     }
     _tile_release();  // frees the tile state for the OS's context switches
+}
+
+// ---------------------------------------------------------------------------------------------
+// BF16 (W8A16 and BF16 weights). tdpbf16ps: a 16 x 32 bf16 A tile times a B tile of 16 rows of
+// column pairs (row p: 16 outputs x the 2 values of columns 2p, 2p + 1) into 16 x 16 f32 C. The
+// panel of 32 weight rows holds, per 32 columns (step s, 2 KB at s * 1024 uint16s), the B tile of
+// rows 0..15 then that of rows 16..31, each [pair][16 rows][2 values]: a 16 x 16 transpose of 32-bit
+// pairs. int8 weights are exact in bf16; their scales multiply the f32 sums per group.
+
+namespace {
+
+// Each activation is split into three bf16 parts, x = hi + mid + lo, with 24 significant bits in all:
+// every f32 value except ones near the bottom of the exponent range is their exact sum. Each part
+// times the (exact) bf16 weights is an exact f32 product, so the tiles compute the f32 dot product up
+// to the order of its additions, as the other variants do: no precision is lost to bf16. Three tile
+// products per pair of B tiles cost less than three times one, as the B loads are shared.
+constexpr int kBf16Parts = 3;
+
+// Columns per pass over the token blocks: 512 columns of the panel (32 KB) stay in L1. A group of
+// scales must hold whole passes.
+constexpr int64_t kBf16Pass = 512;
+
+int64_t bf16_pass(int64_t group) {
+    if (group <= kBf16Pass) return group;
+    return group % kBf16Pass == 0 ? kBf16Pass : group;
+}
+
+void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr, uint16_t* panel, float* wsc) {
+    const int64_t steps = w.cols / 32, ng = w.cols / group;
+    const bool i8 = w.dtype == DType::I8;
+    const size_t row_bytes = size_t(w.cols) * (i8 ? 1 : 2);
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
+        for (int64_t s = 0; s < steps; ++s) {
+            __m512 v[16];
+            for (int i = 0; i < 16; ++i) {
+                const uint8_t* row = base + size_t(rb + 16 * h + i) * row_bytes;
+                if (i >= vr) {
+                    v[i] = _mm512_setzero_ps();
+                } else if (i8) {
+                    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + s * 32));
+                    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+                    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+                    v[i] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                } else {
+                    v[i] = _mm512_loadu_ps(row + s * 64);
+                }
+            }
+            transpose16(v);  // v[p] = column pair p of the 16 rows
+            uint16_t* dst = panel + s * 1024 + h * 512;
+            for (int p = 0; p < 16; ++p) _mm512_store_ps(dst + p * 32, v[p]);
+        }
+        for (int64_t g = 0; g < ng; ++g)
+            for (int i = 0; i < 16; ++i)
+                wsc[g * MR + 16 * h + i] = i >= vr ? 0.0f : i8 ? w.scales[(rb + 16 * h + i) * ng + g] : 1.0f;
+    }
+}
+
+// Steps [s0, s1) for one 32-token block (xt: its first step) x the panel, stored to c[token][row].
+void pass_tiles_bf16(const uint16_t* xt, const uint16_t* panel, int64_t s0, int64_t s1, float (*c)[MR]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t s = s0; s < s1; ++s) {
+        _tile_loadd(6, panel + s * 1024, 64);
+        _tile_loadd(7, panel + s * 1024 + 512, 64);
+        for (int part = 0; part < kBf16Parts; ++part) {
+            const uint16_t* a = xt + (s * kBf16Parts + part) * 1024;
+            _tile_loadd(4, a, 64);
+            _tile_loadd(5, a + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, &c[0][0], MR * 4);
+    _tile_stored(1, &c[0][16], MR * 4);
+    _tile_stored(2, &c[16][0], MR * 4);
+    _tile_stored(3, &c[16][16], MR * 4);
+}
+
+}  // namespace
+
+namespace {
+
+// x rounded to bf16 (the top 16 bits, to nearest even), as f32 again.
+inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+inline __m512 from_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+}  // namespace
+
+void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt) {
+    const int64_t steps = cols / 32;
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t s = 0; s < steps; ++s) {
+            uint16_t* dst = xt + (((t / NT) * steps + s) * kBf16Parts * NT + t % NT) * 32;
+            for (int half = 0; half < 2; ++half) {
+                __m512 r = _mm512_loadu_ps(x + t * cols + s * 32 + 16 * half);
+                for (int part = 0; part < kBf16Parts; ++part) {  // x = hi + mid + lo
+                    const __m256i h = to_bf16(r);
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + part * NT * 32 + 16 * half), h);
+                    r = _mm512_sub_ps(r, from_bf16(h));
+                }
+            }
+        }
+}
+
+// Loop order as the INT8 kernel: panel -> pass of columns -> token block; f32 sums in facc.
+void matmul_rows_amx(const uint16_t* xt, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
+                     int64_t r1) {
+    const int64_t steps = w.cols / 32, group = w.dtype == DType::I8 ? w.group_size : w.cols;
+    const int64_t ng = w.cols / group, pass_steps = bf16_pass(group) / 32;
+    const size_t panel_bytes = size_t(w.cols) * MR * 2, scale_bytes = size_t(ng * MR) * 4;
+    uint8_t* mem = scratch(panel_bytes + scale_bytes + size_t(n) * MR * 4);
+    uint16_t* panel = reinterpret_cast<uint16_t*>(mem);
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* facc = reinterpret_cast<float*>(mem + panel_bytes + scale_bytes);
+    alignas(64) float c[NT][MR];
+    configure_tiles();
+    for (int64_t rb = r0; rb < r1; rb += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
+        pack_bf16_panel(w, group, rb, nr, panel, wsc);
+        std::memset(facc, 0, size_t(n) * MR * 4);
+        for (int64_t s0 = 0; s0 < steps; s0 += pass_steps) {
+            const float* sc = wsc + (s0 * 32 / group) * MR;
+            const __m512 sw0 = _mm512_load_ps(sc), sw1 = _mm512_load_ps(sc + 16);
+            for (int64_t t0 = 0; t0 < n; t0 += NT) {
+                pass_tiles_bf16(xt + (t0 / NT) * steps * kBf16Parts * 1024, panel, s0, s0 + pass_steps, c);
+                const int64_t nt = std::min<int64_t>(NT, n - t0);
+                for (int64_t t = 0; t < nt; ++t) {
+                    float* f = facc + (t0 + t) * MR;
+                    _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_load_ps(c[t]), sw0, _mm512_load_ps(f)));
+                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(_mm512_load_ps(c[t] + 16), sw1, _mm512_load_ps(f + 16)));
+                }
+            }
+        }
+        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + rb) : _mm512_setzero_ps();
+        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + rb + 16) : _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; ++t) {
+            float* yt = y + t * w.rows + rb;
+            _mm512_mask_storeu_ps(yt, m0, _mm512_add_ps(_mm512_load_ps(facc + t * MR), b0));
+            _mm512_mask_storeu_ps(yt + 16, m1, _mm512_add_ps(_mm512_load_ps(facc + t * MR + 16), b1));
+        }
+    }
+    _tile_release();
 }
 
 }  // namespace shardlm

@@ -246,10 +246,17 @@ TEST(MatmulInt8, WrongScaleIsCaught) {
     const Acts a = make_acts(n, cols, cols, 5);
     std::vector<float> ref8(ref.size()), got8(ref.size());
     matmul_w8a8_ref(a.view, m.view(), nullptr, ref8.data());
+    // A prefill-sized product too (the GEMMs, AMX's BF16 tiles among them).
+    const int64_t np = 40;
+    const auto xp = rand_vec(size_t(np * cols), 10);
+    std::vector<float> refp(size_t(np * rows)), gotp(refp.size());
+    matmul_ref(xp.data(), np, m.view(), nullptr, refp.data());
     m.scales[5] *= 1.01f;  // row 1, group 1
     for (CpuIsa isa : cpu_isas_available()) {
         matmul(x.data(), n, m.view(), nullptr, got.data(), isa);
         EXPECT_GT(worst_w8a16(x.data(), n, m.view(), nullptr, got, ref), 1.0) << cpu_isa_name(isa);
+        matmul(xp.data(), np, m.view(), nullptr, gotp.data(), isa);
+        EXPECT_GT(worst_w8a16(xp.data(), np, m.view(), nullptr, gotp, refp), 1.0) << cpu_isa_name(isa);
         matmul_w8a8(a.view, m.view(), nullptr, got8.data(), isa);
         EXPECT_GT(worst_w8a8(a.view, m.view(), nullptr, got8, ref8), 1.0) << cpu_isa_name(isa);
     }

@@ -7,7 +7,7 @@
 // Build (not part of the CMake build; link against a configured build folder B):
 //   g++ -O3 -std=c++17 -fopenmp -I. -Isrc bench/kernels_bench.cpp B/libshardlm_kernels_cpu.a \
 //       B/libshardlm_core.a -o B/kernels_bench
-// Run: B/kernels_bench [--isa auto|scalar|avx2|avx512] [--what decode,prefill] [--prefill-n 128]
+// Run: B/kernels_bench [--isa auto|scalar|avx2|avx512|amx] [--what decode,prefill] [--prefill-n 128]
 //                      [--formats int8,w8a8,bf16,int4,w4a8] [--reps 3]
 #include <omp.h>
 

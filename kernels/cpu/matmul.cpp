@@ -269,8 +269,16 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
                     acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt.data());
                 }
+                std::vector<float> xsum;  // I4: the mins multiply each group's sum of activations
+                if (w.dtype == DType::I4) {
+                    const int64_t ng = w.cols / w.group_size;
+                    xsum.assign(size_t(n * ng), 0.0f);
+                    for (int64_t t = 0; t < n; ++t)
+                        for (int64_t k = 0; k < w.cols; ++k) xsum[size_t(t * ng + k / w.group_size)] += x[t * w.cols + k];
+                }
+                const float* xs = xsum.empty() ? nullptr : xsum.data();
                 for_row_ranges(w.rows, n, macs,
-                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt.data(), n, w, bias, y, r0, r1); });
+                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt.data(), xs, n, w, bias, y, r0, r1); });
                 return;
             }
             [[fallthrough]];  // decode and other weights: the AVX-512 kernels

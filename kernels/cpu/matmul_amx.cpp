@@ -152,11 +152,12 @@ void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bia
 }
 
 // ---------------------------------------------------------------------------------------------
-// BF16 (W8A16 and BF16 weights). tdpbf16ps: a 16 x 32 bf16 A tile times a B tile of 16 rows of
+// BF16 (W8A16, W4A16 and BF16 weights). tdpbf16ps: a 16 x 32 bf16 A tile times a B tile of 16 rows of
 // column pairs (row p: 16 outputs x the 2 values of columns 2p, 2p + 1) into 16 x 16 f32 C. The
 // panel of 32 weight rows holds, per 32 columns (step s, 2 KB at s * 1024 uint16s), the B tile of
 // rows 0..15 then that of rows 16..31, each [pair][16 rows][2 values]: a 16 x 16 transpose of 32-bit
-// pairs. int8 weights are exact in bf16; their scales multiply the f32 sums per group.
+// pairs. int8 weights and 4-bit codes are exact in bf16; their scales multiply the f32 sums per
+// group, and I4's mins the group's sum of activations (the AVX-512 GEMV's decomposition too).
 
 namespace {
 
@@ -176,10 +177,12 @@ int64_t bf16_pass(int64_t group) {
     return group % kBf16Pass == 0 ? kBf16Pass : group;
 }
 
-void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr, uint16_t* panel, float* wsc) {
+void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr, uint16_t* panel, float* wsc,
+                     float* wmn) {
     const int64_t steps = w.cols / 32, ng = w.cols / group;
-    const bool i8 = w.dtype == DType::I8;
-    const size_t row_bytes = size_t(w.cols) * (i8 ? 1 : 2);
+    const bool i8 = w.dtype == DType::I8, i4 = w.dtype == DType::I4;
+    const size_t row_bytes = size_t(weight_row_bytes(w));
+    const __m128i nib = _mm_set1_epi8(0x0F);
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
@@ -189,6 +192,11 @@ void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr,
                 const uint8_t* row = base + size_t(rb + 16 * h + i) * row_bytes;
                 if (i >= vr) {
                     v[i] = _mm512_setzero_ps();
+                } else if (i4) {  // 16 bytes: columns 0..15 in the low nibbles, 16..31 in the high
+                    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + s * 16));
+                    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, nib)));
+                    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), nib)));
+                    v[i] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
                 } else if (i8) {
                     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + s * 32));
                     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
@@ -203,8 +211,11 @@ void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr,
             for (int p = 0; p < 16; ++p) _mm512_store_ps(dst + p * 32, v[p]);
         }
         for (int64_t g = 0; g < ng; ++g)
-            for (int i = 0; i < 16; ++i)
-                wsc[g * MR + 16 * h + i] = i >= vr ? 0.0f : i8 ? w.scales[(rb + 16 * h + i) * ng + g] : 1.0f;
+            for (int i = 0; i < 16; ++i) {
+                const int64_t wi = (rb + 16 * h + i) * ng + g;
+                wsc[g * MR + 16 * h + i] = i >= vr ? 0.0f : w.scales ? w.scales[wi] : 1.0f;
+                wmn[g * MR + 16 * h + i] = i >= vr || !i4 ? 0.0f : w.mins[wi];
+            }
     }
 }
 
@@ -260,24 +271,25 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
 }
 
 // Loop order as the INT8 kernel: panel -> pass of columns -> token block; f32 sums in facc.
-void matmul_rows_amx(const uint16_t* xt, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
-                     int64_t r1) {
-    const int64_t steps = w.cols / 32, group = w.dtype == DType::I8 ? w.group_size : w.cols;
+void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
+                     float* y, int64_t r0, int64_t r1) {
+    const int64_t steps = w.cols / 32, group = w.dtype == DType::BF16 ? w.cols : w.group_size;
     const int64_t ng = w.cols / group, pass_steps = bf16_pass(group) / 32;
-    const size_t panel_bytes = size_t(w.cols) * MR * 2, scale_bytes = size_t(ng * MR) * 4;
+    const size_t panel_bytes = size_t(w.cols) * MR * 2, scale_bytes = size_t(ng * MR) * 8;
     uint8_t* mem = scratch(panel_bytes + scale_bytes + size_t(n) * MR * 4);
     uint16_t* panel = reinterpret_cast<uint16_t*>(mem);
     float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + ng * MR;
     float* facc = reinterpret_cast<float*>(mem + panel_bytes + scale_bytes);
     alignas(64) float c[NT][MR];
     configure_tiles();
     for (int64_t rb = r0; rb < r1; rb += MR) {
         const int64_t nr = std::min<int64_t>(MR, r1 - rb);
-        pack_bf16_panel(w, group, rb, nr, panel, wsc);
+        pack_bf16_panel(w, group, rb, nr, panel, wsc, wmn);
         std::memset(facc, 0, size_t(n) * MR * 4);
         for (int64_t s0 = 0; s0 < steps; s0 += pass_steps) {
-            const float* sc = wsc + (s0 * 32 / group) * MR;
-            const __m512 sw0 = _mm512_load_ps(sc), sw1 = _mm512_load_ps(sc + 16);
+            const int64_t g = s0 * 32 / group;
+            const __m512 sw0 = _mm512_load_ps(wsc + g * MR), sw1 = _mm512_load_ps(wsc + g * MR + 16);
             for (int64_t t0 = 0; t0 < n; t0 += NT) {
                 pass_tiles_bf16(xt + (t0 / NT) * steps * kBf16Parts * 1024, panel, s0, s0 + pass_steps, c);
                 const int64_t nt = std::min<int64_t>(NT, n - t0);
@@ -285,6 +297,15 @@ void matmul_rows_amx(const uint16_t* xt, int64_t n, const WeightView& w, const f
                     float* f = facc + (t0 + t) * MR;
                     _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_load_ps(c[t]), sw0, _mm512_load_ps(f)));
                     _mm512_store_ps(f + 16, _mm512_fmadd_ps(_mm512_load_ps(c[t] + 16), sw1, _mm512_load_ps(f + 16)));
+                }
+            }
+            if (xsum && (s0 + pass_steps) * 32 % group == 0) {  // I4, the group's last pass: + min * sum(x)
+                const __m512 mn0 = _mm512_load_ps(wmn + g * MR), mn1 = _mm512_load_ps(wmn + g * MR + 16);
+                for (int64_t t = 0; t < n; ++t) {
+                    const __m512 xs = _mm512_set1_ps(xsum[t * ng + g]);
+                    float* f = facc + t * MR;
+                    _mm512_store_ps(f, _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(f)));
+                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(f + 16)));
                 }
             }
         }

@@ -67,21 +67,23 @@ void pack_w8a8_panel_avx512(const W8A8Prep& a, const WeightView& w, int64_t rb, 
 // 64; the GEMV and other group sizes run the AVX-512 kernels. The same bits as the AVX-512 variant.
 void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
-// AMX-BF16 GEMM of matmul (prefill) for I8 weights (W8A16; groups a multiple of 32) and BF16 weights:
-// the weights exact in bf16 (int8 values as they are, the scales applied per group after), each
+// AMX-BF16 GEMM of matmul (prefill) for I8 weights (W8A16; groups a multiple of 32), I4 weights
+// (W4A16) and BF16 weights: the weights exact in bf16 (int8 values and 4-bit codes as they are, the
+// scales applied per group after, I4's mins times the group's sum of activations), each
 // activation split into three bf16 parts that sum to it (24 significant bits), products and sums in
 // f32 on the tiles: the f32 result up to the order of additions.
 inline bool amx_bf16_usable(int64_t n, const WeightView& w) {
     return n > kGemvMaxN && w.cols % 32 == 0 &&
-           ((w.dtype == DType::I8 && w.group_size % 32 == 0) || w.dtype == DType::BF16);
+           ((w.dtype == DType::I8 && w.group_size % 32 == 0) || w.dtype == DType::I4 || w.dtype == DType::BF16);
 }
 // Tokens [t0, t1) of x [n][cols] as three bf16 parts in tile order,
 // xt [n / 32 rounded up][cols / 32][3 parts][32][32] (a 32-token x 32-column block of one part = two
 // A tiles, 2 KB); the caller zeroes the rows past n.
 void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt);
-// Rows [r0, r1) of y [n, w.rows] from the activations in tile order.
-void matmul_rows_amx(const uint16_t* xt, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
-                     int64_t r1);
+// Rows [r0, r1) of y [n, w.rows] from the activations in tile order; for I4 weights xsum [n][groups]
+// holds each token's sum of x over each weight group (nullptr otherwise).
+void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
+                     float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

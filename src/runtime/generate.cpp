@@ -1,6 +1,7 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <limits>
 
@@ -92,10 +93,22 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             const int32_t* c = ids.data() + row * size_t(k);
             id = nucleus ? samplers[s].sample_nucleus(v, c, k, mass[row]) : samplers[s].sample_top(v, c, k);
         }
+        // NaN ranks below every number, so a NaN where the sampler looked first means the whole row
+        // is NaN: the weights hold NaN or the forward pass overflowed. Sampling on would print
+        // token 0 for ever; stop with the reason instead.
+        auto nan_row = [&]() {
+            fail("the logits of sequence ", s, " are all NaN at generated token ", r.tokens.size(),
+                 " (NaN in the weights, or activations that overflowed their precision; try --weights fp32 or bf16)");
+        };
+        if (cand && std::isnan(vals[row * size_t(k)]) &&
+            std::all_of(vals.begin() + ptrdiff_t(row * size_t(k)), vals.begin() + ptrdiff_t((row + 1) * size_t(k)),
+                        [](float v) { return std::isnan(v); }))
+            nan_row();
         if (id < 0) {
             float* lg = logits.data() + row * size_t(vocab);
             if (cand) engine.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates
             id = samplers[s].sample(lg, vocab);
+            if (std::isnan(lg[id])) nan_row();
         }
         r.tokens.push_back(id);
         if (on_token) on_token(s, id);

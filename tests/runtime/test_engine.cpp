@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -205,6 +208,42 @@ TEST(Engine, ContextAndIdErrors) {
     EXPECT_NO_THROW(generate(*s->engine, {make_prompt(4, 384, 1)}, go));
     so.ctx = 1 << 20;
     EXPECT_THROW(open_session(so, comm), Error);  // beyond max_position_embeddings
+}
+
+// A model whose logits are all NaN (its final norm's weights NaN here) stops generation with the
+// reason, under greedy, top-k and nucleus sampling alike, instead of emitting token 0 for ever.
+TEST(Engine, AllNaNLogitsStopGeneration) {
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Llama), {DType::F32, 1, 2});
+    const std::string file = d.path() + "/model.safetensors";
+    std::string bytes = read_file(file);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    const auto header = nlohmann::json::parse(bytes.substr(8, size_t(n)));
+    const auto& t = header.at("model.norm.weight");
+    const size_t begin = t.at("data_offsets")[0].get<size_t>(), end = t.at("data_offsets")[1].get<size_t>();
+    const float nan = std::nanf("");
+    for (size_t off = begin; off < end; off += 4) std::memcpy(&bytes[8 + size_t(n) + off], &nan, 4);
+    write_file(file, bytes);
+
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 16;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    for (int mode = 0; mode < 3; ++mode) {
+        GenerateOptions go;
+        go.max_new_tokens = 3;
+        if (mode > 0) go.sampler.temperature = 0.8f;
+        if (mode == 1) go.sampler.top_k = 20;
+        if (mode == 2) go.sampler.top_p = 0.9f;
+        try {
+            generate(*s->engine, {make_prompt(4, 384, 1)}, go);
+            ADD_FAILURE() << "no error, mode " << mode;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("are all NaN at generated token 0"), std::string::npos) << e.what();
+        }
+    }
 }
 
 // --context-overflow slide: generation goes on past the context, shifting the cache each time a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/error.h"
 #include "runtime/cpu_engine.h"
@@ -65,7 +66,13 @@ EngineOptions engine_options(const SessionOptions& opt) {
     EngineOptions eo;
     eo.max_batch = opt.max_batch;
     eo.ctx = opt.ctx;
-    eo.max_step_tokens = std::max(opt.prefill_chunk, opt.max_batch);
+    // A step never holds more tokens than the cache slots can take (ctx x max_batch): a larger
+    // --prefill-chunk would only size the workspace for tokens that cannot come (and could ask for
+    // more memory than exists).
+    int64_t step = opt.prefill_chunk;
+    if (opt.ctx > 0 && opt.max_batch > 0 && opt.ctx <= std::numeric_limits<int64_t>::max() / opt.max_batch)
+        step = std::min(step, opt.ctx * opt.max_batch);
+    eo.max_step_tokens = std::max(step, opt.max_batch);
     eo.kv = kv_dtype(opt.kv);
     return eo;
 }

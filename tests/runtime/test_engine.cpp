@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -321,4 +322,21 @@ TEST(Engine, SlidingWindowRingRunsToTheContextAndRefusesShifts) {
     EXPECT_EQ(ring.seqs[0].tokens, whole.seqs[0].tokens);  // the ring attends to what the full cache does
     EXPECT_THROW(gen(4, true, 60), Error);
     EXPECT_NO_THROW(gen(256, true, 60));
+}
+
+// A --prefill-chunk beyond what the cache slots can take (ctx x batch) sizes the workspace for the
+// tokens that can come, not for the flag: 99999999999 used to end in "out of memory".
+TEST(Engine, PrefillChunkIsCappedByTheCache) {
+    SessionOptions so;
+    so.ctx = 64;
+    so.max_batch = 3;
+    so.prefill_chunk = 99999999999;
+    EXPECT_EQ(engine_options(so).max_step_tokens, 64 * 3);
+    so.prefill_chunk = 100;
+    EXPECT_EQ(engine_options(so).max_step_tokens, 100);
+    so.prefill_chunk = 1;
+    EXPECT_EQ(engine_options(so).max_step_tokens, 3);  // at least one token per sequence
+    so.ctx = std::numeric_limits<int64_t>::max();
+    so.prefill_chunk = 99999999999;
+    EXPECT_EQ(engine_options(so).max_step_tokens, 99999999999);  // no overflow in ctx x batch
 }

@@ -22,6 +22,10 @@ double log_sum_exp(const float* x, int64_t n) {
     return mx + std::log(s);
 }
 
+// Tokens per forward step: a window holds at most ctx tokens, so a larger --prefill-chunk changes
+// nothing (and must not size buffers).
+int64_t step_tokens(const PerplexityOptions& opt) { return std::min(opt.chunk, opt.ctx); }
+
 // Calls visit(row logits, next token) for every scored position, window by window.
 template <typename Visit>
 void for_each_window(Engine& e, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
@@ -30,8 +34,8 @@ void for_each_window(Engine& e, const std::vector<int32_t>& tokens, const Perple
     const int64_t total = int64_t(tokens.size());
     for (int64_t w0 = 0; w0 + 1 < total; w0 += opt.ctx) {
         const int64_t wn = std::min(opt.ctx, total - w0);
-        for (int64_t c0 = 0; c0 < wn; c0 += opt.chunk) {
-            const int64_t cn = std::min(opt.chunk, wn - c0);
+        for (int64_t c0 = 0; c0 < wn; c0 += step_tokens(opt)) {
+            const int64_t cn = std::min(step_tokens(opt), wn - c0);
             SeqChunk ch;
             ch.slot = 0;
             ch.tokens = tokens.data() + w0 + c0;
@@ -52,8 +56,8 @@ void check(const Engine& e, const std::vector<int32_t>& tokens, const Perplexity
     if (tokens.size() < 2) fail("perplexity needs at least 2 tokens, got ", tokens.size());
     if (opt.ctx < 2) fail("--ctx must be at least 2 for perplexity");
     if (opt.chunk < 1) fail("--prefill-chunk must be at least 1");
-    SHARDLM_CHECK(e.options().ctx >= opt.ctx && e.options().max_step_tokens >= opt.chunk &&
-                  e.options().max_logit_rows >= opt.chunk);
+    SHARDLM_CHECK(e.options().ctx >= opt.ctx && e.options().max_step_tokens >= step_tokens(opt) &&
+                  e.options().max_logit_rows >= step_tokens(opt));
 }
 
 double now_ms() {
@@ -65,7 +69,7 @@ double now_ms() {
 PerplexityResult perplexity(Engine& e, const std::vector<int32_t>& tokens, const PerplexityOptions& opt) {
     check(e, tokens, opt);
     const int64_t V = e.config().vocab;
-    std::vector<float> logits(size_t(opt.chunk * V));
+    std::vector<float> logits(size_t(step_tokens(opt) * V));
     PerplexityResult r;
     const double t0 = now_ms();
     for_each_window(e, tokens, opt, logits, [&](const float* row, int32_t next) {
@@ -83,7 +87,7 @@ LogitComparison compare_logits(Engine& ref, Engine& cand, const std::vector<int3
     const int64_t V = ref.config().vocab;
     // The reference's rows are kept for one window at a time: window by window, both engines.
     LogitComparison c;
-    std::vector<float> a(size_t(opt.chunk * V)), b(a.size());
+    std::vector<float> a(size_t(step_tokens(opt) * V)), b(a.size());
     std::vector<float> ref_rows;
     std::vector<int32_t> next_ids;
     for (int64_t w0 = 0; w0 + 1 < int64_t(tokens.size()); w0 += opt.ctx) {

@@ -94,7 +94,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo = engine_options(opt);
-    eo.max_logit_rows = opt.max_logit_rows;
+    eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;
     eo.cuda_graphs = opt.cuda_graphs;
     eo.l2_prefetch = opt.l2_prefetch;

@@ -22,8 +22,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
@@ -50,22 +50,50 @@ void configure_tiles() {
     _tile_loadconfig(&c);
 }
 
-uint8_t* scratch(size_t bytes) {
-    thread_local Buffer buf;
-    if (buf.size() < bytes) buf = Buffer(bytes);
-    return static_cast<uint8_t*>(buf.data());
+// facc[t][0..32) += mins[0..32) * xs[t * xs_stride] for the n tokens: an I4 group's mins times each
+// token's (dequantized) sum of activations over the group.
+void add_mins(float* facc, int64_t n, const float* mins, const float* xs, int64_t xs_stride) {
+    const __m512 mn0 = _mm512_load_ps(mins), mn1 = _mm512_load_ps(mins + 16);
+    for (int64_t t = 0; t < n; ++t) {
+        const __m512 x = _mm512_set1_ps(xs[t * xs_stride]);
+        float* f = facc + t * 32;
+        _mm512_store_ps(f, _mm512_fmadd_ps(mn0, x, _mm512_load_ps(f)));
+        _mm512_store_ps(f + 16, _mm512_fmadd_ps(mn1, x, _mm512_load_ps(f + 16)));
+    }
 }
 
-inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
+// y[t][rb + 0..nr) = facc[t][0..nr) + bias, for the n tokens (y rows ys apart).
+void store_rows(const float* facc, int64_t n, int64_t nr, const float* bias, float* y, int64_t ys) {
+    const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc + t * 32), b0));
+        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc + t * 32 + 16), b1));
+    }
+}
+
+// The four C tiles (tokens 0..15 / 16..31 x rows 0..15 / 16..31): zeroed, and stored to c[token][row].
+inline void zero_c_tiles() {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+template <typename T>
+inline void store_c_tiles(T (*c)[MR]) {
+    _tile_stored(0, &c[0][0], MR * 4);
+    _tile_stored(1, &c[0][16], MR * 4);
+    _tile_stored(2, &c[16][0], MR * 4);
+    _tile_stored(3, &c[16][16], MR * 4);
+}
 
 // The INT32 dot products of one segment, quads [q0, q1) of an internal group, for one 32-token
 // block (xt: its activations in tile order, W8A8Prep::qt, at the group's first column) x the panel's
 // 32 rows (pe: the group's first quad), stored to c[token][row].
 void segment_tiles(const int8_t* xt, const uint8_t* pe, int64_t q0, int64_t q1, int32_t (*c)[MR]) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_c_tiles();
     for (int64_t q = q0; q < q1; q += 16) {
         const int8_t* x = xt + q / 16 * 2048;
         _tile_loadd(4, x, 64);
@@ -77,10 +105,7 @@ void segment_tiles(const int8_t* xt, const uint8_t* pe, int64_t q0, int64_t q1, 
         _tile_dpbsud(2, 5, 6);
         _tile_dpbsud(3, 5, 7);
     }
-    _tile_stored(0, &c[0][0], MR * 4);
-    _tile_stored(1, &c[0][16], MR * 4);
-    _tile_stored(2, &c[16][0], MR * 4);
-    _tile_stored(3, &c[16][16], MR * 4);
+    store_c_tiles(c);
 }
 
 }  // namespace
@@ -129,24 +154,9 @@ void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bia
                     }
                 }
             }
-            if (a.i4) {  // + min * (the group's sum of the dequantized activations)
-                const __m512 mn0 = _mm512_load_ps(wmn + e * MR), mn1 = _mm512_load_ps(wmn + e * MR + 16);
-                for (int64_t t = 0; t < n; ++t) {
-                    const __m512 xs = _mm512_set1_ps(a.xs[t * a.ng + e]);
-                    float* f = facc + t * MR;
-                    _mm512_store_ps(f, _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(f)));
-                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(f + 16)));
-                }
-            }
+            if (a.i4) add_mins(facc, n, wmn + e * MR, a.xs + e, a.ng);  // + min * (the group's sum of x)
         }
-        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
-        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + rb) : _mm512_setzero_ps();
-        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + rb + 16) : _mm512_setzero_ps();
-        for (int64_t t = 0; t < n; ++t) {
-            float* yt = y + t * w.rows + rb;
-            _mm512_mask_storeu_ps(yt, m0, _mm512_add_ps(_mm512_load_ps(facc + t * MR), b0));
-            _mm512_mask_storeu_ps(yt + 16, m1, _mm512_add_ps(_mm512_load_ps(facc + t * MR + 16), b1));
-        }
+        store_rows(facc, n, nr, bias ? bias + rb : nullptr, y + rb, w.rows);
     }
     _tile_release();  // frees the tile state for the OS's context switches
 }
@@ -221,10 +231,7 @@ void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr,
 
 // Steps [s0, s1) for one 32-token block (xt: its first step) x the panel, stored to c[token][row].
 void pass_tiles_bf16(const uint16_t* xt, const uint16_t* panel, int64_t s0, int64_t s1, float (*c)[MR]) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_c_tiles();
     for (int64_t s = s0; s < s1; ++s) {
         _tile_loadd(6, panel + s * 1024, 64);
         _tile_loadd(7, panel + s * 1024 + 512, 64);
@@ -238,10 +245,7 @@ void pass_tiles_bf16(const uint16_t* xt, const uint16_t* panel, int64_t s0, int6
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    _tile_stored(0, &c[0][0], MR * 4);
-    _tile_stored(1, &c[0][16], MR * 4);
-    _tile_stored(2, &c[16][0], MR * 4);
-    _tile_stored(3, &c[16][16], MR * 4);
+    store_c_tiles(c);
 }
 
 }  // namespace
@@ -299,24 +303,10 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
                     _mm512_store_ps(f + 16, _mm512_fmadd_ps(_mm512_load_ps(c[t] + 16), sw1, _mm512_load_ps(f + 16)));
                 }
             }
-            if (xsum && (s0 + pass_steps) * 32 % group == 0) {  // I4, the group's last pass: + min * sum(x)
-                const __m512 mn0 = _mm512_load_ps(wmn + g * MR), mn1 = _mm512_load_ps(wmn + g * MR + 16);
-                for (int64_t t = 0; t < n; ++t) {
-                    const __m512 xs = _mm512_set1_ps(xsum[t * ng + g]);
-                    float* f = facc + t * MR;
-                    _mm512_store_ps(f, _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(f)));
-                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(f + 16)));
-                }
-            }
+            if (xsum && (s0 + pass_steps) * 32 % group == 0)  // I4, the group's last pass: + min * sum(x)
+                add_mins(facc, n, wmn + g * MR, xsum + g, ng);
         }
-        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
-        const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias + rb) : _mm512_setzero_ps();
-        const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + rb + 16) : _mm512_setzero_ps();
-        for (int64_t t = 0; t < n; ++t) {
-            float* yt = y + t * w.rows + rb;
-            _mm512_mask_storeu_ps(yt, m0, _mm512_add_ps(_mm512_load_ps(facc + t * MR), b0));
-            _mm512_mask_storeu_ps(yt + 16, m1, _mm512_add_ps(_mm512_load_ps(facc + t * MR + 16), b1));
-        }
+        store_rows(facc, n, nr, bias ? bias + rb : nullptr, y + rb, w.rows);
     }
     _tile_release();
 }

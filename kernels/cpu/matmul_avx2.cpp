@@ -19,11 +19,6 @@
 namespace shardlm {
 namespace {
 
-uint8_t* scratch(size_t bytes) {
-    thread_local Buffer buf;
-    if (buf.size() < bytes) buf = Buffer(bytes);
-    return buf.data();
-}
 
 
 

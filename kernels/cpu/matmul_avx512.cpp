@@ -35,16 +35,6 @@
 namespace shardlm {
 namespace {
 
-// Per-thread scratch (128-byte aligned), grown on demand and kept between calls.
-uint8_t* scratch(size_t bytes) {
-    thread_local Buffer buf;
-    if (buf.size() < bytes) buf = Buffer(bytes);
-    return buf.data();
-}
-
-inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
-inline __mmask64 mask64(int64_t len) { return len >= 64 ? ~__mmask64(0) : (__mmask64(1) << len) - 1; }
-
 // 16 consecutive weights from element i of a row, as f32 (the masked form reads only `m` lanes).
 template <DType DT>
 inline __m512 load16(const void* p, int64_t i) {

@@ -9,10 +9,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/buffer.h"
 #include "core/dtype.h"
 
 namespace shardlm {
 namespace {
+
+// Per-thread scratch of the kernels (128-byte aligned), grown on demand and kept between calls.
+inline uint8_t* scratch(size_t bytes) {
+    thread_local Buffer buf;
+    if (buf.size() < bytes) buf = Buffer(bytes);
+    return buf.data();
+}
 
 template <DType DT>
 constexpr size_t elem_size() {

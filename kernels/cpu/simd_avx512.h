@@ -5,8 +5,15 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace shardlm {
 namespace {
+
+// Lane masks of the first len lanes.
+inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
+inline __mmask64 mask64(int64_t len) { return len >= 64 ? ~__mmask64(0) : (__mmask64(1) << len) - 1; }
 
 // In-place transpose of a 16x16 block of 32-bit values: r[i] lane j <-> r[j] lane i.
 // Stages: 32-bit then 64-bit interleaves inside 128-bit lanes, then two 128-bit lane shuffles.

@@ -187,6 +187,12 @@ int cmd_bench(const Args& args, Communicator& comm) {
     so.model_dir = model;
     apply_precision(prec, so);
     apply_backend(backend, so);
+    run_together(comm, [&] {  // bench has no --ctx: name the flags that set it
+        const ModelConfig cfg = load_config(model);
+        if (cfg.max_position > 0 && (prompt_len > cfg.max_position || gen > cfg.max_position - prompt_len))
+            fail("--prompt-len ", prompt_len, " + --gen ", gen, " exceed the model's max_position_embeddings ",
+                 cfg.max_position);
+    });
     so.ctx = prompt_len + gen;
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     so.max_batch = max_batch;

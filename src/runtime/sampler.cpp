@@ -60,7 +60,7 @@ int64_t sampler_candidates(const SamplerOptions& opt, int64_t vocab) {
 
 Sampler::Sampler(const SamplerOptions& opt, uint64_t stream)
     : opt_(opt), state_(opt.seed ^ (0x9e3779b97f4a7c15ull * (stream + 1))) {
-    if (!(opt.temperature >= 0)) fail("--temperature must be >= 0");
+    if (!(opt.temperature >= 0) || std::isinf(opt.temperature)) fail("--temperature must be a finite number >= 0");
     if (opt.top_k < 0) fail("--top-k must be >= 0");
     if (!(opt.top_p > 0 && opt.top_p <= 1)) fail("--top-p must be in (0, 1]");
 }

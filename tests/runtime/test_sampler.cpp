@@ -70,6 +70,12 @@ TEST(Sampler, BadOptions) {
     o.top_p = 1;
     o.temperature = -1;
     EXPECT_THROW(Sampler(o, 0), Error);
+    o.temperature = INFINITY;  // every weight exp(0): silently uniform
+    EXPECT_THROW(Sampler(o, 0), Error);
+    o.temperature = NAN;
+    EXPECT_THROW(Sampler(o, 0), Error);
+    o.temperature = 1e30f;  // finite: very flat, as asked
+    EXPECT_NO_THROW(Sampler(o, 0));
 }
 
 TEST(Sampler, ArgmaxNeverTakesNaNOverANumber) {

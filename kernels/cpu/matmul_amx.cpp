@@ -1,16 +1,17 @@
-// AMX-INT8 GEMM of matmul_w8a8 / matmul_w4a8 (prefill on Sapphire Rapids and later). This file alone
-// is compiled with -mamx-tile -mamx-int8 (plus the AVX-512 flags) and only called when cpu_isa.cpp
-// found AMX usable.
-//
-// One tile instruction (tdpbsud) multiplies a 16 x 64 tile of signed bytes by a 64 x 16 one of
-// unsigned bytes into a 16 x 16 INT32 tile: 16384 products, against vpdpbusd's 64. The B tiles are
-// the AVX-512 GEMM's weight panel as it is (pack_w8a8_panel_avx512: VNNI quads of 16 rows, u8 = w +
-// 128 for I8, the 4-bit codes for I4), the A tiles 16 tokens of the activations from their
-// [n][kp] array laid out in tile order (W8A8Prep::qt). Eight tiles: C[2 token halves][2 row halves], two A, two B, so each 32-token
-// x 32-row block does four tile products per 64 columns.
-//
-// The epilogue repeats the AVX-512 kernel's arithmetic step for step (its segments, its -128 * sum
-// offset for I8, the same f32 multiply-adds in the same order), so both variants give the same bits.
+// AMX kernels of the prefill GEMMs (Sapphire Rapids and later). This file alone is compiled with
+// the AMX and AVX512-BF16 flags (plus the AVX-512 ones) and only called when cpu_isa.cpp found AMX
+// usable. Two kernels, same blocking:
+//  - INT8 (matmul_w8a8 / matmul_w4a8): one tdpbsud multiplies a 16 x 64 tile of signed bytes by a
+//    64 x 16 one of unsigned bytes into a 16 x 16 INT32 tile: 16384 products, against vpdpbusd's 64.
+//    The B tiles are the AVX-512 GEMM's weight panel as it is (pack_w8a8_panel_avx512: VNNI quads of
+//    16 rows, u8 = w + 128 for I8, the 4-bit codes for I4), the A tiles 16 tokens of the activations
+//    in tile order (W8A8Prep::qt). The epilogue repeats the AVX-512 kernel's arithmetic step for step
+//    (its segments, its -128 * sum offset for I8, the same f32 multiply-adds in the same order), so
+//    both variants give the same bits.
+//  - BF16 (matmul with I8, I4 or BF16 weights): tdpbf16ps on weights exact in bf16 and activations
+//    split into three bf16 parts (see below): the f32 result up to the order of additions.
+// Eight tiles: C[2 token halves][2 row halves], two A, two B, so each 32-token x 32-row block does
+// four tile products per step of columns.
 //
 // GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)

@@ -263,7 +263,7 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
 #if defined(SHARDLM_HAVE_AMX)
         case CpuIsa::Amx:
             if (amx_bf16_usable(n, w)) {
-                std::vector<uint16_t> xt(size_t((n + 31) / 32 * 32 * w.cols * 3), 0);
+                std::vector<uint16_t> xt(size_t((n + 31) / 32 * 32 * w.cols * kAmxBf16Parts), 0);
 #pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
                 {
                     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();

@@ -177,7 +177,6 @@ namespace {
 // times the (exact) bf16 weights is an exact f32 product, so the tiles compute the f32 dot product up
 // to the order of its additions, as the other variants do: no precision is lost to bf16. Three tile
 // products per pair of B tiles cost less than three times one, as the B loads are shared.
-constexpr int kBf16Parts = 3;
 
 // Columns per pass over the token blocks: 512 columns of the panel (32 KB) stay in L1. A group of
 // scales must hold whole passes.
@@ -236,8 +235,8 @@ void pass_tiles_bf16(const uint16_t* xt, const uint16_t* panel, int64_t s0, int6
     for (int64_t s = s0; s < s1; ++s) {
         _tile_loadd(6, panel + s * 1024, 64);
         _tile_loadd(7, panel + s * 1024 + 512, 64);
-        for (int part = 0; part < kBf16Parts; ++part) {
-            const uint16_t* a = xt + (s * kBf16Parts + part) * 1024;
+        for (int part = 0; part < kAmxBf16Parts; ++part) {
+            const uint16_t* a = xt + (s * kAmxBf16Parts + part) * 1024;
             _tile_loadd(4, a, 64);
             _tile_loadd(5, a + 512, 64);
             _tile_dpbf16ps(0, 4, 6);
@@ -263,10 +262,10 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
     const int64_t steps = cols / 32;
     for (int64_t t = t0; t < t1; ++t)
         for (int64_t s = 0; s < steps; ++s) {
-            uint16_t* dst = xt + (((t / NT) * steps + s) * kBf16Parts * NT + t % NT) * 32;
+            uint16_t* dst = xt + (((t / NT) * steps + s) * kAmxBf16Parts * NT + t % NT) * 32;
             for (int half = 0; half < 2; ++half) {
                 __m512 r = _mm512_loadu_ps(x + t * cols + s * 32 + 16 * half);
-                for (int part = 0; part < kBf16Parts; ++part) {  // x = hi + mid + lo
+                for (int part = 0; part < kAmxBf16Parts; ++part) {  // x = hi + mid + lo
                     const __m256i h = to_bf16(r);
                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + part * NT * 32 + 16 * half), h);
                     r = _mm512_sub_ps(r, from_bf16(h));
@@ -296,7 +295,7 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
             const int64_t g = s0 * 32 / group;
             const __m512 sw0 = _mm512_load_ps(wsc + g * MR), sw1 = _mm512_load_ps(wsc + g * MR + 16);
             for (int64_t t0 = 0; t0 < n; t0 += NT) {
-                pass_tiles_bf16(xt + (t0 / NT) * steps * kBf16Parts * 1024, panel, s0, s0 + pass_steps, c);
+                pass_tiles_bf16(xt + (t0 / NT) * steps * kAmxBf16Parts * 1024, panel, s0, s0 + pass_steps, c);
                 const int64_t nt = std::min<int64_t>(NT, n - t0);
                 for (int64_t t = 0; t < nt; ++t) {
                     float* f = facc + (t0 + t) * MR;

@@ -76,6 +76,7 @@ inline bool amx_bf16_usable(int64_t n, const WeightView& w) {
     return n > kGemvMaxN && w.cols % 32 == 0 &&
            ((w.dtype == DType::I8 && w.group_size % 32 == 0) || w.dtype == DType::I4 || w.dtype == DType::BF16);
 }
+constexpr int kAmxBf16Parts = 3;  // bf16 parts per activation: x = hi + mid + lo
 // Tokens [t0, t1) of x [n][cols] as three bf16 parts in tile order,
 // xt [n / 32 rounded up][cols / 32][3 parts][32][32] (a 32-token x 32-column block of one part = two
 // A tiles, 2 KB); the caller zeroes the rows past n.

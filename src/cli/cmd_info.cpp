@@ -36,9 +36,15 @@ int cmd_info(const Args& args) {
     po::variables_map vm;
     if (!parse_args(args, d, vm, "usage: shardlm info --model DIR [--tp N] [--ctx N] [--batch B] [--kv F]")) return 0;
     if (tp < 1) fail("--tp must be >= 1");
-    if (ctx < 1 || batch < 1) fail("--ctx and --batch must be >= 1");
-    const DType kv_type = kv_dtype(parse_kv_format(kv == "auto" ? "fp16" : kv));
+    if (batch < 1) fail("--batch must be >= 1");
+    // What generate would allocate (its default --prefill-chunk), checked as generate checks it.
+    SessionOptions so;
+    so.ctx = ctx;
+    so.max_batch = batch;
+    so.kv = parse_kv_format(kv == "auto" ? "fp16" : kv);
+    const DType kv_type = kv_dtype(so.kv);
     const ModelConfig c = load_config(model);
+    check_context(c, so);
     const Checkpoint ck(model);
     const int64_t params = parameter_count(c);
     std::cout << "architecture      " << arch_name(c.arch) << "\n"
@@ -59,9 +65,6 @@ int cmd_info(const Args& args) {
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
     // The memory plan of each rank: its weights in 16 bits, in INT8 (one f32 scale per output
     // row) and in INT4, and the KV cache preallocated for --batch sequences of --ctx positions.
-    SessionOptions so;  // what generate would allocate (its default --prefill-chunk)
-    so.ctx = ctx;
-    so.max_batch = batch;
     const int64_t capacity = kv_capacity(c, engine_options(so));
     std::cout << "\nmemory plan per rank: batch " << batch << " x ctx " << ctx << ", KV " << kv_name(kv_type)
               << " (workspace comes on top: a few activation rows per token of a step)\n";

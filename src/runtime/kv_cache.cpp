@@ -1,6 +1,7 @@
 #include "runtime/kv_cache.h"
 
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 
@@ -33,13 +34,32 @@ const char* kv_name(DType t) {
     }
 }
 
+namespace {
+// a * b for a, b >= 0; -1 when the product passes INT64_MAX (and for a negative factor).
+int64_t mul_or_neg(int64_t a, int64_t b) {
+    if (a < 0 || b < 0 || (b != 0 && a > std::numeric_limits<int64_t>::max() / b)) return -1;
+    return a * b;
+}
+}  // namespace
+
+bool kv_cache_fits(const KVCacheShape& s) {
+    const int64_t es = int64_t(dtype_size(s.dtype));
+    const int64_t row = int64_t(align_up(size_t(s.head_dim) * size_t(es))) + (s.dtype == DType::I8 ? 4 : 0);
+    int64_t n = 2;
+    for (int64_t f : {s.n_layers, s.n_slots, s.n_kv_heads, s.capacity, row}) n = mul_or_neg(n, f);
+    return n >= 0;
+}
+
 size_t kv_cache_bytes(const KVCacheShape& s) {
+    SHARDLM_CHECK(kv_cache_fits(s), "KV cache of ", s.n_layers, " layers x ", s.n_slots, " slots x ", s.capacity,
+                  " positions overflows int64 bytes");
     const size_t es = dtype_size(s.dtype);
     const size_t rows = size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity);
     return rows * align_up(size_t(s.head_dim) * es) + (s.dtype == DType::I8 ? rows * sizeof(float) : 0);
 }
 
 KVCache::KVCache(const KVCacheShape& s) : s_(s) {
+    (void)kv_cache_bytes(s);  // checks the sizes below cannot overflow
     const size_t es = dtype_size(s.dtype);
     row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);
     block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;

@@ -30,6 +30,8 @@ struct KVCacheShape {
 // Bytes of a cache of this shape: 128-byte aligned rows, plus the f32 scales of an INT8 cache (the
 // CPU cache and the CUDA engine's use the same rows). For plans (`shardlm info`) and the cache itself.
 size_t kv_cache_bytes(const KVCacheShape& s);
+// Whether that byte count fits in int64 (a plan for an absurd --ctx x batch would wrap).
+bool kv_cache_fits(const KVCacheShape& s);
 
 class KVCache {
 public:

@@ -77,14 +77,27 @@ EngineOptions engine_options(const SessionOptions& opt) {
     return eo;
 }
 
+void check_context(const ModelConfig& c, const SessionOptions& opt) {
+    if (opt.ctx < 1) fail("--ctx must be at least 1");
+    if (c.max_position > 0 && opt.ctx > c.max_position)
+        fail("--ctx ", opt.ctx, " exceeds the model's max_position_embeddings ", c.max_position);
+    KVCacheShape ks;  // every KV head: no rank holds more than TP=1 does
+    ks.n_layers = c.n_layers;
+    ks.n_slots = opt.max_batch;
+    ks.capacity = kv_capacity(c, engine_options(opt));
+    ks.n_kv_heads = c.n_kv_heads;
+    ks.head_dim = c.head_dim;
+    ks.dtype = kv_dtype(opt.kv);  // auto: fp32, the widest the GPU picks too
+    if (!kv_cache_fits(ks))
+        fail("--ctx ", opt.ctx, " x batch ", opt.max_batch, ": the KV cache would need more than 2^63 bytes");
+}
+
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm) {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>();
     s->cfg = load_config(opt.model_dir);
     const ModelConfig& c = s->cfg;
-    if (opt.ctx < 1) fail("--ctx must be at least 1");
-    if (c.max_position > 0 && opt.ctx > c.max_position)
-        fail("--ctx ", opt.ctx, " exceeds the model's max_position_embeddings ", c.max_position);
+    check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
     const bool w4a8 = opt.load.format == WeightFormat::W4A8 ||
                       (opt.load.format == WeightFormat::Auto && c.quant.present && c.quant.format == "w4a8");

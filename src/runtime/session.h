@@ -47,7 +47,12 @@ struct Session {
 // rest open_session fills in. shardlm info plans its memory with it.
 EngineOptions engine_options(const SessionOptions& opt);
 
-// Loads config and weights and checks the context against the model's limits.
+// The checks on the context every command makes before it plans or allocates memory (throws
+// Error naming --ctx): at least 1, within max_position_embeddings, and a KV cache of
+// max_batch x ctx positions whose byte count fits in int64. shardlm info runs them for its plan.
+void check_context(const ModelConfig& c, const SessionOptions& opt);
+
+// Loads config and weights and checks the context against the model's limits (check_context).
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm);
 
 }  // namespace shardlm

@@ -95,6 +95,24 @@ TEST_F(Cli, InfoPrintsEachRanksMemoryPlan) {
     expect_error("info --model " + dir_.path() + " --kv int9", "--kv: unknown format");
 }
 
+// info printed a plan for a --ctx beyond max_position_embeddings and a wrapped KV-cache size for a
+// --ctx x --batch past int64; it now checks the context as generate does (check_context). Without
+// max_position_embeddings, generate crashed (SIGSEGV) on such a cache.
+TEST_F(Cli, InfoChecksTheContextAsGenerateDoes) {
+    const std::string m = " --model " + dir_.path();
+    expect_error("info" + m + " --ctx 100000", "--ctx 100000 exceeds the model's max_position_embeddings 32768");
+    expect_error("info" + m + " --ctx 32768 --batch 9223372036854775807", "the KV cache would need more than 2^63 bytes");
+    expect_error("info" + m + " --ctx 0", "--ctx must be at least 1");
+    std::string cfg = read_file(dir_.file("config.json"));
+    const size_t at = cfg.find("\"max_position_embeddings\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.erase(at, cfg.find('\n', at) + 1 - at);
+    write_file(dir_.file("config.json"), cfg);
+    const std::string big = " --ctx 1152921504606846976";  // 2^60
+    expect_error("info" + m + big + " --batch 4", "--ctx 1152921504606846976 x batch 4: the KV cache");
+    expect_error("generate" + m + big + " --prompt-ids 1,2", "--ctx 1152921504606846976 x batch 1: the KV cache");
+}
+
 TEST_F(Cli, BadInputGivesOneLineErrors) {
     const std::string m = " --model " + dir_.path();
     expect_error("generate --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir/config.json");

@@ -62,7 +62,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40, sinks = 4;
     std::string overflow = "error";
     float temperature = 0.8f, top_p = 0.95f;
-    uint64_t seed = 0;
+    std::string seed = "0";
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -76,7 +76,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("temperature", po::value(&temperature)->default_value(0.8f), "0 is greedy")
         ("top-k", po::value(&top_k)->default_value(40), "keep the k most likely tokens (0: all)")
         ("top-p", po::value(&top_p)->default_value(0.95f), "nucleus sampling mass (1: off)")
-        ("seed", po::value(&seed)->default_value(0), "sampling seed")
+        ("seed", po::value(&seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -119,7 +119,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.sampler.temperature = temperature;
         go.sampler.top_k = top_k;
         go.sampler.top_p = top_p;
-        go.sampler.seed = seed;
+        go.sampler.seed = parse_seed(seed);
         go.keep_prompt_logits = !dump_logits.empty();
         if (overflow != "error" && overflow != "slide")
             fail("--context-overflow: unknown value \"", overflow, "\" (supported: error, slide)");

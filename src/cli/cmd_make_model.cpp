@@ -14,7 +14,7 @@ int cmd_make_model(const Args& args) {
     po::options_description d("make-model options");
     std::string preset, out, dtype;
     int shards = 1;
-    uint64_t seed = 1;
+    std::string seed = "1";
     d.add_options()
         ("help", "show this help")
         ("preset", po::value(&preset)->default_value("tiny"),
@@ -22,7 +22,7 @@ int cmd_make_model(const Args& args) {
         ("out", po::value(&out)->required(), "output folder")
         ("dtype", po::value(&dtype)->default_value("bf16"), "fp32|fp16|bf16")
         ("shards", po::value(&shards)->default_value(1), "number of safetensors files")
-        ("seed", po::value(&seed)->default_value(1), "random seed");
+        ("seed", po::value(&seed)->default_value("1"), "random seed, 0 .. 2^64-1");
     po::variables_map vm;
     if (!parse_args(args, d, vm, "usage: shardlm make-model --preset NAME --out DIR")) return 0;
     ModelConfig c;
@@ -41,7 +41,7 @@ int cmd_make_model(const Args& args) {
         if (file_exists(out + f))  // random weights over a real checkpoint would be silent garbage
             fail("--out ", out, " already holds a checkpoint (", f + 1, "); choose a new or empty folder");
     o.shards = shards;
-    o.seed = seed;
+    o.seed = parse_seed(seed);
     write_synthetic_checkpoint(out, c, o);
     std::cerr << "wrote a random-weight " << preset << " checkpoint (" << parameter_count(c) << " parameters) to "
               << out << "\n";

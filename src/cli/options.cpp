@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <iostream>
+#include <limits>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -52,6 +53,18 @@ std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s) {
         i = j;
     }
     return out;
+}
+
+uint64_t parse_seed(const std::string& s) {
+    const uint64_t max = std::numeric_limits<uint64_t>::max();
+    if (s.empty()) fail("--seed: expected an integer in [0, ", max, "], got \"\"");
+    uint64_t v = 0;
+    for (char ch : s) {
+        const uint64_t d = uint64_t(ch - '0');
+        if (ch < '0' || ch > '9' || v > (max - d) / 10) fail("--seed: expected an integer in [0, ", max, "], got \"", s, "\"");
+        v = v * 10 + d;
+    }
+    return v;
 }
 
 void add_precision_options(po::options_description& d, PrecisionFlags& f) {

@@ -20,6 +20,10 @@ bool parse_args(const std::vector<std::string>& args, const po::options_descript
 // "1,2,3;4,5" -> {{1,2,3},{4,5}}; throws Error naming --prompt-ids on malformed input.
 std::vector<std::vector<int32_t>> parse_prompt_ids(const std::string& s);
 
+// --seed, read as text: boost reads "-1" into a uint64_t as 2^64 - 1 without a word. Throws Error
+// naming --seed unless `s` is a decimal integer in [0, 2^64 - 1].
+uint64_t parse_seed(const std::string& s);
+
 // The precision flags shared by generate, bench and perplexity.
 struct PrecisionFlags {
     std::string weights = "auto", kv = "auto", keep_fp16;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/mmap_file.h"
 #include "fixtures.h"
 #include "model/shard.h"
 #include "model/synthetic.h"
@@ -111,6 +112,21 @@ TEST_F(Cli, InfoChecksTheContextAsGenerateDoes) {
     const std::string big = " --ctx 1152921504606846976";  // 2^60
     expect_error("info" + m + big + " --batch 4", "--ctx 1152921504606846976 x batch 4: the KV cache");
     expect_error("generate" + m + big + " --prompt-ids 1,2", "--ctx 1152921504606846976 x batch 1: the KV cache");
+}
+
+// --seed -1 was read as 2^64 - 1 without a word (boost's lexical_cast into uint64_t), in every
+// command that takes a seed; a seed must be a decimal integer in [0, 2^64 - 1].
+TEST_F(Cli, SeedMustBeANonNegative64BitInteger) {
+    const std::string gen = "generate --model " + dir_.path() + " --prompt-ids 1,2 --max-new-tokens 2 --seed ";
+    const std::string range = "--seed: expected an integer in [0, 18446744073709551615], got ";
+    expect_error(gen + "-1", range + "\"-1\"");
+    expect_error(gen + "18446744073709551616", range + "\"18446744073709551616\"");
+    expect_error(gen + "1e3", range + "\"1e3\"");
+    const CommandResult max = run_command(kBin + " " + gen + "18446744073709551615");
+    EXPECT_EQ(max.exit_code, 0) << max.err;
+    TempDir out;
+    expect_error("make-model --preset tiny --out " + out.file("m") + " --seed -1", range + "\"-1\"");
+    EXPECT_FALSE(file_exists(out.file("m/config.json")));
 }
 
 TEST_F(Cli, BadInputGivesOneLineErrors) {

@@ -104,7 +104,8 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
     struct Shape {
         int64_t rows, cols, group;
     };
-    for (const Shape sh : {Shape{1, 32, 32}, Shape{37, 96, 32}, Shape{70, 256, 128}, Shape{33, 384, 64}, Shape{9, 544, 32}}) {
+    for (const Shape sh : {Shape{1, 32, 32}, Shape{37, 96, 32}, Shape{70, 256, 128}, Shape{33, 384, 64}, Shape{9, 544, 32},
+                          Shape{19, 640, 128}, Shape{11, 512, 256}}) {
         const Int4Mat m = make_int4(sh.rows, sh.cols, sh.group, uint32_t(sh.rows * 7 + sh.cols));
         const WeightView w = m.view();
         const std::vector<float> bias = rand_vec(size_t(sh.rows), 11);
@@ -140,16 +141,21 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
 }
 
 TEST(MatmulInt4, AWrongMinIsCaught) {
-    // The bound above is tight enough to see one group's min off by a tenth of a step.
-    Int4Mat m = make_int4(8, 128, 32, 21);
-    const std::vector<float> x = rand_vec(128, 2);
-    std::vector<float> ref(8), got(8);
-    matmul_ref(x.data(), 1, m.view(), nullptr, ref.data());
-    m.mins[3] += 0.1f * m.scales[3];
-    for (CpuIsa isa : cpu_isas_available()) {
-        matmul(x.data(), 1, m.view(), nullptr, got.data(), isa);
-        double worst = 0;
-        for (int r = 0; r < 8; ++r) worst = std::max(worst, std::fabs(double(got[r]) - ref[r]));
-        EXPECT_GT(worst, 1e-3) << cpu_isa_name(isa);
-    }
+    // The bound above is tight enough to see one group's min off by a tenth of a step: groups of 32
+    // (the unpacking GEMV) and of 128 (the chunked one), for 1 and 4 tokens.
+    for (const int64_t group : {32, 128})
+        for (const int64_t n : {1, 4}) {
+            Int4Mat m = make_int4(8, 256, group, 21);
+            const std::vector<float> x = rand_vec(size_t(256 * n), 2);
+            std::vector<float> ref(size_t(8 * n)), got(size_t(8 * n));
+            matmul_ref(x.data(), n, m.view(), nullptr, ref.data());
+            const size_t gi = size_t(256 / group + 1);  // row 1, group 1
+            m.mins[gi] += 0.1f * m.scales[gi];
+            for (CpuIsa isa : cpu_isas_available()) {
+                matmul(x.data(), n, m.view(), nullptr, got.data(), isa);
+                double worst = 0;
+                for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - ref[i]));
+                EXPECT_GT(worst, 1e-3) << cpu_isa_name(isa) << " group " << group << " n=" << n;
+            }
+        }
 }

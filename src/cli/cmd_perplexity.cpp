@@ -106,13 +106,14 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     if (per_layer && !is_quantized(parse_weight_format(prec.weights)))
         throw AgreedError("--per-layer needs --weights int8, w8a8, int4 or w4a8");
 
-    auto options = [&](const std::string& w, const std::string& k) {
+    // A comparison's reference in a float format (or auto) runs without the quantization flags.
+    auto options = [&](const std::string& w, const std::string& k, bool reference) {
         SessionOptions so;
         so.model_dir = model;
         PrecisionFlags f = prec;
         f.weights = w;
         f.kv = k;
-        if (!is_quantized(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;  // reference: plain floats
+        if (reference && !is_quantized(parse_weight_format(w))) f.keep_fp16.clear(), f.group_size = 0;
         apply_precision(f, so);
         apply_backend(backend, so);
         so.ctx = ctx;
@@ -122,12 +123,12 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
     };
     std::unique_ptr<Session> s, ref;
     run_together(comm, [&] {
-        s = open_session(options(prec.weights, prec.kv), comm);
+        s = open_session(options(prec.weights, prec.kv, false), comm);
         for (int32_t id : tokens)
             if (id < 0 || id >= s->cfg.vocab) fail(ids_file.empty() ? text_file : ids_file, ": token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
         if (tokens.size() < 2) fail(ids_file.empty() ? text_file : ids_file, ": needs at least 2 tokens");
         if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : per_layer ? "fp32" : prec.weights,
-                                                vm.count("compare-kv") ? cmp_kv : prec.kv), comm);
+                                                vm.count("compare-kv") ? cmp_kv : prec.kv, true), comm);
     });
     PerplexityOptions po;
     po.ctx = ctx;
@@ -143,7 +144,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         for (size_t i = 0; i < targets.size(); ++i) {
             std::unique_ptr<Session> one;
             run_together(comm, [&] {
-                SessionOptions so = options(prec.weights, prec.kv);
+                SessionOptions so = options(prec.weights, prec.kv, false);
                 so.load.keep_fp16 = "^(?!" + targets[i] + ")" + (prec.keep_fp16.empty() ? "" : "|" + prec.keep_fp16);
                 one = open_session(so, comm);
             });

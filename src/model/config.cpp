@@ -197,6 +197,10 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
         if (c.quant.format != "int8" && c.quant.format != "w8a8" && c.quant.format != "int4" && c.quant.format != "w4a8")
             fail(origin, ": quantization_config format \"", c.quant.format, "\" is not int8, w8a8, int4 or w4a8");
         c.quant.group_size = int64_t(r.number_or(q, "group_size", 0));
+        if (q.contains("keep_fp16") && !q["keep_fp16"].is_null()) {
+            if (!q["keep_fp16"].is_string()) fail(origin, ": quantization_config keep_fp16 must be a string (a regex)");
+            c.quant.keep_fp16 = q["keep_fp16"].get<std::string>();
+        }
         if (c.quant.group_size < 0 || (c.quant.group_size > 0 && c.hidden % c.quant.group_size != 0))
             fail(origin, ": quantization_config group_size ", c.quant.group_size, " does not divide hidden_size");
         if ((c.quant.format == "int4" || c.quant.format == "w4a8") && (c.quant.group_size <= 0 || c.quant.group_size % 32 != 0))

@@ -29,6 +29,7 @@ struct QuantConfig {
     bool present = false;
     std::string format;       // "int8", "w8a8", "int4" or "w4a8"
     int64_t group_size = 0;   // 0: one scale per output channel (int8/w8a8); int4: the layers' group
+    std::string keep_fp16;    // the --keep-fp16 regex it was quantized with: matching Linear tensors stayed float
 };
 
 struct ModelConfig {

@@ -80,6 +80,9 @@ public:
                      int4 ? ", int4 or w4a8" : ", int8 or w8a8");
             if (opt.group_size != 0 && opt.group_size != cfg.quant.group_size)
                 fail("--group-size ", opt.group_size, " differs from the pre-quantized checkpoint's ", cfg.quant.group_size);
+            if (!opt.keep_fp16.empty() && opt.keep_fp16 != cfg.quant.keep_fp16)
+                fail("--keep-fp16 \"", opt.keep_fp16, "\" differs from the pre-quantized checkpoint's \"", cfg.quant.keep_fp16,
+                     "\" (quantize the float checkpoint again to change it)");
             out.format = opt.format != WeightFormat::Auto ? opt.format
                          : cfg.quant.format == "w4a8"     ? WeightFormat::W4A8
                          : int4                           ? WeightFormat::Int4
@@ -87,6 +90,10 @@ public:
                                                           : WeightFormat::Int8;
             out.group_size = cfg.quant.group_size;
         } else {
+            // --weights auto keeps a float checkpoint as stored: the quantization flags would do nothing.
+            if (opt.format == WeightFormat::Auto && (opt.group_size != 0 || !opt.keep_fp16.empty()))
+                fail(opt.group_size != 0 ? "--group-size" : "--keep-fp16", " needs quantized weights, but ", ckpt.dir(),
+                     " holds float weights that --weights auto keeps as stored; add --weights int8, w8a8, int4 or w4a8");
             out.format = opt.format;
             out.group_size = is_int4(opt.format) && opt.group_size == 0 ? kInt4DefaultGroup : opt.group_size;
             if (opt.group_size < 0) fail("--group-size must be >= 0");

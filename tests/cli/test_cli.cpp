@@ -129,6 +129,32 @@ TEST_F(Cli, SeedMustBeANonNegative64BitInteger) {
     EXPECT_FALSE(file_exists(out.file("m/config.json")));
 }
 
+// --group-size and --keep-fp16 with --weights auto on a float checkpoint did nothing, exit 0 (and
+// perplexity dropped them even before the loader saw them); on a pre-quantized checkpoint a
+// --keep-fp16 other than the one it was quantized with was ignored the same way.
+TEST_F(Cli, QuantizationFlagsNeedQuantizedWeights) {
+    const std::string m = " --model " + dir_.path();
+    const std::string needs = " needs quantized weights, but " + dir_.path() + " holds float weights";
+    expect_error("generate" + m + " --prompt-ids 1,2 --group-size 32", "--group-size" + needs);
+    expect_error("generate" + m + " --prompt-ids 1,2 --weights auto --keep-fp16 lm_head", "--keep-fp16" + needs);
+    expect_error("bench" + m + " --prompt-len 4 --gen 2 -r 1 --group-size 32", "--group-size" + needs);
+    write_file(dir_.file("ids.txt"), "1 2 3 4 5 6");
+    expect_error("perplexity" + m + " --ids-file " + dir_.file("ids.txt") + " --group-size 32", "--group-size" + needs);
+    // A quantizing --weights takes them, and so does the reference of a comparison run as stored.
+    const CommandResult q = run_command(kBin + " perplexity" + m + " --ids-file " + dir_.file("ids.txt") +
+                                        " --weights int8 --group-size 32 --compare-weights auto");
+    EXPECT_EQ(q.exit_code, 0) << q.err;
+    // A pre-quantized checkpoint takes its own --keep-fp16 and refuses another one.
+    TempDir pre;
+    const std::string out = pre.file("int8");
+    const CommandResult w = run_command(kBin + " quantize" + m + " --out " + out + " --weights int8 --keep-fp16 lm_head");
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    const std::string gen = "generate --model " + out + " --prompt-ids 1,2 --max-new-tokens 2 --keep-fp16 ";
+    const CommandResult same = run_command(kBin + " " + gen + "lm_head");
+    EXPECT_EQ(same.exit_code, 0) << same.err;
+    expect_error(gen + "mlp", "--keep-fp16 \"mlp\" differs from the pre-quantized checkpoint's \"lm_head\"");
+}
+
 TEST_F(Cli, BadInputGivesOneLineErrors) {
     const std::string m = " --model " + dir_.path();
     expect_error("generate --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir/config.json");

@@ -145,3 +145,12 @@ TEST(Config, SyntheticConfigRoundTrips) {
     const int64_t layer = 2048LL * 2048 * 2 + 1024LL * 2048 * 2 + 3LL * 6144 * 2048 + 2 * 2048 + 2 * 128;
     EXPECT_EQ(parameter_count(synthetic_config("qwen3-1.7b")), 28 * layer + 151936LL * 2048 + 2048);
 }
+
+// shardlm quantize records the --keep-fp16 regex it ran with: the loader holds a float tensor of a
+// pre-quantized checkpoint to it, and refuses a different --keep-fp16.
+TEST(Config, QuantizationConfigKeepsItsKeepFp16) {
+    const std::string q = R"(, "quantization_config": {"quant_method": "shardlm", "format": "int8", "group_size": 0)";
+    EXPECT_EQ(parse_config(with(q + R"(, "keep_fp16": "lm_head"})"), "x").quant.keep_fp16, "lm_head");
+    EXPECT_EQ(parse_config(with(q + "}"), "x").quant.keep_fp16, "");
+    expect_error(with(q + R"(, "keep_fp16": 3})"), "quantization_config keep_fp16 must be a string");
+}

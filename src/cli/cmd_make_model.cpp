@@ -36,7 +36,10 @@ int cmd_make_model(const Args& args) {
     else if (dtype == "fp16") o.dtype = DType::F16;
     else if (dtype == "bf16") o.dtype = DType::BF16;
     else fail("--dtype: unknown \"", dtype, "\" (fp32, fp16, bf16)");
-    if (shards < 1) fail("--shards must be at least 1");
+    const int max_shards = max_synthetic_shards(c);
+    if (shards < 1 || shards > max_shards)
+        fail("--shards ", shards, " must be in [1, ", max_shards, "] for --preset ", preset, " (one file per layer of its ",
+             c.n_layers, ", plus one)");
     for (const char* f : {"/config.json", "/model.safetensors", "/model.safetensors.index.json"})
         if (file_exists(out + f))  // random weights over a real checkpoint would be silent garbage
             fail("--out ", out, " already holds a checkpoint (", f + 1, "); choose a new or empty folder");

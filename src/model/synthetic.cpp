@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -165,7 +167,12 @@ std::string config_json(const ModelConfig& c) {
     return j.dump(2) + "\n";
 }
 
+int max_synthetic_shards(const ModelConfig& cfg) {
+    return int(std::min<int64_t>(cfg.n_layers + 1, std::numeric_limits<int>::max()));
+}
+
 void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& c0, const SyntheticOptions& opt) {
+    SHARDLM_CHECK(opt.shards >= 1 && opt.shards <= max_synthetic_shards(c0), "shards ", opt.shards);
     ModelConfig c = c0;
     c.torch_dtype = opt.dtype;
     ::mkdir(dir.c_str(), 0755);  // an existing folder is fine; a failure shows when writing
@@ -184,7 +191,7 @@ void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& c0, c
     const float head_std = 4.0f * in_h;
 
     // Groups of tensors, one group per file: embeddings, then layers spread over the shards.
-    const int shards = std::max(1, opt.shards);
+    const int shards = opt.shards;
     std::vector<std::vector<std::string>> names(static_cast<size_t>(shards));
     std::map<std::string, std::string> weight_map;
     auto file_of = [&](int s) {

@@ -26,7 +26,11 @@ struct SyntheticOptions {
     uint64_t seed = 1;
 };
 
-// config.json + safetensors into `dir` (created if missing).
+// The most files a checkpoint of `cfg` is spread over: the layers go to files in order, the
+// final norm (and lm_head) to the last, so one file per layer plus one; more would hold nothing.
+int max_synthetic_shards(const ModelConfig& cfg);
+
+// config.json + safetensors into `dir` (created if missing); opt.shards in [1, max_synthetic_shards].
 void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& cfg, const SyntheticOptions& opt);
 
 // The config.json text HF would write for `cfg`.

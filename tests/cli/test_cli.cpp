@@ -9,6 +9,7 @@
 
 #include "core/mmap_file.h"
 #include "fixtures.h"
+#include "model/checkpoint.h"
 #include "model/shard.h"
 #include "model/synthetic.h"
 #include "runtime/kv_cache.h"
@@ -205,6 +206,22 @@ TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
     const std::string cfg = read_file(dir_.file("config.json"));
     expect_error("make-model --preset tiny --out " + dir_.path(), "already holds a checkpoint (config.json)");
     EXPECT_EQ(read_file(dir_.file("config.json")), cfg);
+}
+
+// make-model --shards 100000 wrote 100,000 files, nearly all without a tensor, exit 0. A checkpoint
+// spreads over at most one file per layer plus one (the tiny preset: 4 layers, 5 files).
+TEST(CliBasics, MakeModelShardsAreBoundedByTheLayers) {
+    TempDir d;
+    expect_error("make-model --preset tiny --out " + d.file("m") + " --shards 100000",
+                 "--shards 100000 must be in [1, 5] for --preset tiny");
+    expect_error("make-model --preset tiny --out " + d.file("m") + " --shards 6", "--shards 6 must be in [1, 5]");
+    EXPECT_FALSE(file_exists(d.file("m/config.json")));
+    const CommandResult r = run_command(kBin + " make-model --preset tiny --out " + d.file("m") + " --shards 5");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    Checkpoint ck(d.file("m"));
+    EXPECT_EQ(ck.file_count(), 5u);
+    for (int i = 1; i <= 5; ++i)  // every file holds at least one tensor
+        EXPECT_GT(SafetensorsFile(d.file("m/model-0000" + std::to_string(i) + "-of-00005.safetensors")).tensors().size(), 0u) << i;
 }
 
 // quantize --out equal to --model rewrote the source checkpoint in place, exit 0.

@@ -20,6 +20,8 @@ public:
     const TensorInfo* find(const std::string& name) const;
     // The tensor, or an Error naming it and the checkpoint folder.
     const TensorInfo& get(const std::string& name) const;
+    // Every tensor by name (alignment padding excluded).
+    const std::map<std::string, const TensorInfo*>& tensors() const { return index_; }
     size_t file_count() const { return files_.size(); }
     size_t total_bytes() const;
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "kernels/cpu/quantize.h"
@@ -37,6 +39,18 @@ const char* weight_format_name(WeightFormat f) {
 }
 
 namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// " (layer 5; num_hidden_layers is 4)" for a tensor of a layer the config does not have, else "".
+std::string layer_hint(const std::string& name, int64_t n_layers) {
+    const std::string prefix = "model.layers.";
+    if (name.compare(0, prefix.size(), prefix) != 0) return "";
+    const int64_t layer = std::atoll(name.c_str() + prefix.size());
+    return layer < n_layers ? "" : cat(" (layer ", layer, "; num_hidden_layers is ", n_layers, ")");
+}
 
 float element_f32(const TensorInfo& t, size_t i) {
     const uint8_t* p = t.data + i * dtype_size(t.dtype);
@@ -107,9 +121,28 @@ public:
         }
     }
 
+    // Every tensor the model reads goes through here, so that check_all_read() can find the rest.
+    const TensorInfo& get(const std::string& name) {
+        read_.insert(name);
+        return ckpt_.get(name);
+    }
+
+    // A checkpoint tensor the config leaves unread means the two do not describe the same model
+    // (a config with fewer layers, or without the biases the checkpoint holds). Skipped on purpose:
+    // rotary inv_freq buffers (older HF Llama checkpoints; recomputed from rope_theta) and, with
+    // tied embeddings, an lm_head.weight (the embedding is the truth).
+    void check_all_read() const {
+        for (const auto& [name, t] : ckpt_.tensors()) {
+            if (read_.count(name) || ends_with(name, ".rotary_emb.inv_freq") || (cfg_.tie_embeddings && name == "lm_head.weight"))
+                continue;
+            fail(t->file, ": tensor ", name, " is not part of the model ", ckpt_.dir(), "/config.json describes",
+                 layer_hint(name, cfg_.n_layers), "; the checkpoint does not match its config");
+        }
+    }
+
     const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape,
                              std::initializer_list<DType> dtypes = {DType::F32, DType::F16, DType::BF16}) {
-        const TensorInfo& t = ckpt_.get(name);
+        const TensorInfo& t = get(name);
         if (!t.dtype_known || std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
             std::string want;
             for (DType d : dtypes) want += std::string(want.empty() ? "" : ", ") + dtype_name(d);
@@ -395,7 +428,7 @@ public:
     WeightView linear_matrix(const std::string& name, Block b, bool vocab = false) {
         if (b.nrows < 0) b.nrows = b.rows;
         if (b.ncols < 0) b.ncols = b.cols;
-        const TensorInfo& t = ckpt_.get(name);
+        const TensorInfo& t = get(name);
         if (cfg_.quant.present) {
             // Pre-quantized: INT8 tensors come with their scales; float ones were kept on purpose.
             if (t.dtype_known && t.dtype == DType::I8) return prequantized(name, b);
@@ -430,6 +463,7 @@ private:
     const LoadOptions& opt_;
     ModelWeights& out_;
     std::regex keep_;
+    std::set<std::string> read_;  // names of the tensors get() handed out
 };
 
 }  // namespace
@@ -477,6 +511,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
         w.embed = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), false));
         w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
     }
+    ld.check_all_read();
     return w;
 }
 

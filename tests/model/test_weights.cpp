@@ -9,7 +9,9 @@
 #include "model/weights.h"
 
 using namespace shardlm;
+using shardlm::test::read_file;
 using shardlm::test::TempDir;
+using shardlm::test::write_file;
 
 namespace {
 
@@ -84,6 +86,44 @@ TEST(Weights, BadTensorsAreNamed) {
             if (t.name == "model.layers.0.self_attn.k_proj.weight") t.dtype = "I16";
     });
     EXPECT_NE(load_error(d.path()).find("k_proj.weight has dtype I16"), std::string::npos) << load_error(d.path());
+}
+
+// A config.json with fewer layers than its checkpoint loaded the first layers and dropped the rest
+// without a word; a tensor the config leaves unread is now an error naming it and its file.
+TEST(Weights, TensorsTheConfigDoesNotDescribeAreRefused) {
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Llama), {DType::F16, 1, 3});
+    const std::string cfg = read_file(d.file("config.json"));
+    std::string one = cfg;
+    one.replace(one.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 1");
+    write_file(d.file("config.json"), one);
+    EXPECT_NE(load_error(d.path()).find(d.file("model.safetensors") + ": tensor model.layers.1.input_layernorm.weight "
+                                        "is not part of the model " + d.file("config.json") +
+                                        " describes (layer 1; num_hidden_layers is 1)"),
+              std::string::npos)
+        << load_error(d.path());
+    write_file(d.file("config.json"), cfg);
+    EXPECT_EQ(load_error(d.path()), "");
+    // A bias the config (Llama, attention_bias false) has no use for.
+    rewrite(d.path(), [](auto& ts) { ts.push_back({"model.layers.0.self_attn.q_proj.bias", "F16", {64}, std::vector<uint8_t>(128)}); });
+    EXPECT_NE(load_error(d.path()).find("tensor model.layers.0.self_attn.q_proj.bias is not part of the model"), std::string::npos)
+        << load_error(d.path());
+}
+
+// What real HF checkpoints carry beside the model and the loader skips on purpose: the rotary
+// inv_freq buffers of older Llama conversions, and a tied model's copy of its embedding as lm_head.
+TEST(Weights, RotaryBuffersAndATiedLmHeadStillLoad) {
+    TempDir d;
+    ASSERT_TRUE(tiny_config(Arch::Qwen2).tie_embeddings);
+    write_synthetic_checkpoint(d.path(), tiny_config(Arch::Qwen2), {DType::BF16, 1, 3});
+    rewrite(d.path(), [](auto& ts) {
+        for (const char* l : {"0", "1"})
+            ts.push_back({std::string("model.layers.") + l + ".self_attn.rotary_emb.inv_freq", "F32", {8}, std::vector<uint8_t>(32)});
+        for (const auto& t : std::vector<TensorToWrite>(ts))
+            if (t.name == "model.embed_tokens.weight") ts.push_back({"lm_head.weight", t.dtype, t.shape, t.bytes});
+    });
+    EXPECT_EQ(load_error(d.path()), "");
+    EXPECT_NE(Checkpoint(d.path()).find("lm_head.weight"), nullptr);
 }
 
 TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {

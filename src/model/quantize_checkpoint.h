@@ -8,7 +8,9 @@
 //   NAME_min    F32 [out, in / group_size]   (W = code * scale + min)
 // and the int4 vocabulary matrix as INT8 with one scale per row. Every other tensor (norms,
 // biases, an untied embedding, --keep-fp16 matches) is copied unchanged. config.json gains
-//   "quantization_config": {"quant_method": "shardlm", "format": "int8"|"w8a8"|"int4"|"w4a8", "group_size": G}
+//   "quantization_config": {"quant_method": "shardlm", "format": "int8"|"w8a8"|"int4"|"w4a8", "group_size": G,
+//                           "keep_fp16": REGEX}
+// and the loader takes a float Linear tensor only where REGEX matches it.
 // Tensor data starts on 128-byte boundaries so every rank maps its slices without copies.
 #pragma once
 

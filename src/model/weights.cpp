@@ -79,11 +79,15 @@ class Loader {
 public:
     Loader(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt, ModelWeights& out)
         : ckpt_(ckpt), cfg_(cfg), opt_(opt), out_(out) {
-        if (!opt.keep_fp16.empty()) {
+        // A pre-quantized checkpoint's float Linear tensors are those its recorded regex kept.
+        const std::string& keep = cfg.quant.present ? cfg.quant.keep_fp16 : opt.keep_fp16;
+        if (!keep.empty()) {
             try {
-                keep_ = std::regex(opt.keep_fp16, std::regex::ECMAScript);
+                keep_ = std::regex(keep, std::regex::ECMAScript);
+                has_keep_ = true;
             } catch (const std::regex_error& e) {
-                fail("--keep-fp16: invalid regex \"", opt.keep_fp16, "\": ", e.what());
+                fail(cfg.quant.present ? ckpt.dir() + "/config.json: quantization_config keep_fp16" : std::string("--keep-fp16"),
+                     ": invalid regex \"", keep, "\": ", e.what());
             }
         }
         if (cfg.quant.present) {
@@ -409,7 +413,7 @@ public:
     }
 
     bool kept(const std::string& name) const {
-        return !opt_.keep_fp16.empty() && std::regex_search(name, keep_);
+        return has_keep_ && std::regex_search(name, keep_);
     }
 
     // The dtype a float (not quantized) matrix is held in.
@@ -423,18 +427,29 @@ public:
         }
     }
 
+    // A Linear matrix of a pre-quantized checkpoint, stored as its quantization_config says: packed
+    // INT4 (U8) for the layers under int4/w4a8, INT8 otherwise (with their scales), or float where
+    // its keep_fp16 regex kept it (the vocabulary matrix also when the regex matches lm_head.weight,
+    // as quantizing checks it). Float weights under an int8 claim are a broken checkpoint.
+    WeightView stored_quantized(const std::string& name, Block b, bool vocab) {
+        const TensorInfo& t = get(name);
+        const bool four = is_int4(out_.format) && !vocab;
+        const DType want = four ? DType::U8 : DType::I8;
+        if (t.dtype_known && t.dtype == want) return four ? prequantized4(name, b) : prequantized(name, b);
+        const bool is_float = t.dtype_known && (t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16);
+        if (!is_float || !(kept(name) || (vocab && kept("lm_head.weight"))))
+            fail(t.file, ": tensor ", name, " is stored as ", t.dtype_str, " but the quantization_config of ", ckpt_.dir(),
+                 "/config.json says ", cfg_.quant.format, " (", four ? "U8" : "I8", ", or float where its keep_fp16 \"",
+                 cfg_.quant.keep_fp16, "\" matches)");
+        return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
+    }
+
     // A Linear layer's matrix, in the format the options ask for. The vocabulary matrix (`vocab`)
     // is INT8 per output channel under int4 (see weights.h).
     WeightView linear_matrix(const std::string& name, Block b, bool vocab = false) {
         if (b.nrows < 0) b.nrows = b.rows;
         if (b.ncols < 0) b.ncols = b.cols;
-        const TensorInfo& t = get(name);
-        if (cfg_.quant.present) {
-            // Pre-quantized: INT8 tensors come with their scales; float ones were kept on purpose.
-            if (t.dtype_known && t.dtype == DType::I8) return prequantized(name, b);
-            if (t.dtype_known && t.dtype == DType::U8 && is_int4(out_.format)) return prequantized4(name, b);
-            return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
-        }
+        if (cfg_.quant.present) return stored_quantized(name, b, vocab);
         if (is_int4(out_.format) && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
         if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
         return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_quantized(out_.format)));
@@ -463,6 +478,7 @@ private:
     const LoadOptions& opt_;
     ModelWeights& out_;
     std::regex keep_;
+    bool has_keep_ = false;
     std::set<std::string> read_;  // names of the tensors get() handed out
 };
 

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "fixtures.h"
 #include "model/checkpoint.h"
+#include "model/quantize_checkpoint.h"
 #include "model/safetensors_writer.h"
 #include "model/synthetic.h"
 #include "model/shard.h"
@@ -124,6 +125,40 @@ TEST(Weights, RotaryBuffersAndATiedLmHeadStillLoad) {
     });
     EXPECT_EQ(load_error(d.path()), "");
     EXPECT_NE(Checkpoint(d.path()).find("lm_head.weight"), nullptr);
+}
+
+// A quantization_config claiming int8 over float tensors loaded them as float (and reported int8
+// weights). The stored dtype must be the claimed one, or float where the recorded keep_fp16 kept it.
+TEST(Weights, StoredDtypeMustMatchTheQuantizationConfig) {
+    TempDir src, q;
+    write_synthetic_checkpoint(src.path(), tiny_config(Arch::Llama), {DType::F16, 1, 3});
+    std::string cfg = read_file(src.file("config.json"));
+    const std::string claim = R"({"quant_method": "shardlm", "format": "int8", "group_size": 0})";
+    write_file(src.file("config.json"), cfg.substr(0, cfg.rfind('}')) + ", \"quantization_config\": " + claim + "}");
+    EXPECT_NE(load_error(src.path()).find(src.file("model.safetensors") + ": tensor model.layers.0.self_attn.q_proj.weight "
+                                          "is stored as F16 but the quantization_config of " + src.file("config.json") +
+                                          " says int8"),
+              std::string::npos)
+        << load_error(src.path());
+    write_file(src.file("config.json"), cfg);
+
+    // A real pre-quantized checkpoint with layer 1 kept in 16 bits loads; its record edited away,
+    // the kept tensors are refused; relabelled int4, its INT8 layers are.
+    const std::string out = q.file("int8");
+    write_quantized_checkpoint(src.path(), out, LoadOptions{WeightFormat::Int8, 0, "layers\\.1\\."});
+    EXPECT_EQ(load_error(out), "");
+    cfg = read_file(out + "/config.json");
+    const std::string keep = R"("keep_fp16": "layers\\.1\\.")";
+    ASSERT_NE(cfg.find(keep), std::string::npos) << cfg;
+    write_file(out + "/config.json", std::string(cfg).replace(cfg.find(keep), keep.size(), R"("keep_fp16": "")"));
+    EXPECT_NE(load_error(out).find("tensor model.layers.1.self_attn.q_proj.weight is stored as F16"), std::string::npos)
+        << load_error(out);
+    write_file(out + "/config.json", std::string(cfg).replace(cfg.find("\"int8\""), 6, "\"int4\"").replace(
+                                         cfg.find("\"group_size\": 0"), 15, "\"group_size\": 32"));
+    EXPECT_NE(load_error(out).find("tensor model.layers.0.self_attn.q_proj.weight is stored as I8 but the "
+                                   "quantization_config of " + out + "/config.json says int4 (U8"),
+              std::string::npos)
+        << load_error(out);
 }
 
 TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {

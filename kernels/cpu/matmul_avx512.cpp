@@ -234,16 +234,26 @@ void gemv_i4_tile(const float* x, const WeightView& w, int64_t r, const float* b
 // nibble k is column i4_lane_col(l, k) of the chunk, so x is permuted once per call to match.
 constexpr int64_t kI4Chunk = 128;
 
-// x [n][cols] reordered per 128-column chunk as [nibble k][lane l], into a per-thread buffer.
+// x [n][cols] reordered per 128-column chunk as [nibble k][lane l], into a per-thread buffer: one
+// gather per 16 values (the threads call this once per chunk of rows, so it must stay cheap).
 const float* i4_chunk_order(const float* x, int64_t n, int64_t cols) {
+    struct Order {
+        alignas(64) int32_t col[kI4Chunk];  // [k][l]: the chunk column in nibble k of lane l
+        Order() {
+            for (int32_t c = 0; c < int32_t(kI4Chunk); ++c) {  // byte b is lane b / 4, nibbles 2 (b % 4) + 0/1
+                const int64_t b = int4_byte(c), k = 2 * (b % 4) + int4_shift(c) / 4;
+                col[16 * k + b / 4] = c;
+            }
+        }
+    };
+    static const Order order;
     thread_local std::vector<float> xp;
     xp.resize(size_t(n * cols));
     for (int64_t t = 0; t < n; ++t)
         for (int64_t c0 = 0; c0 < cols; c0 += kI4Chunk)
-            for (int64_t c = 0; c < kI4Chunk; ++c) {  // byte b of the chunk is lane b / 4, nibbles 2 (b % 4) + 0/1
-                const int64_t b = int4_byte(c), k = 2 * (b % 4) + int4_shift(c) / 4;
-                xp[size_t(t * cols + c0 + 16 * k + b / 4)] = x[t * cols + c0 + c];
-            }
+            for (int k = 0; k < 8; ++k)
+                _mm512_storeu_ps(xp.data() + t * cols + c0 + 16 * k,
+                                 _mm512_i32gather_ps(_mm512_load_si512(order.col + 16 * k), x + t * cols + c0, 4));
     return xp.data();
 }
 

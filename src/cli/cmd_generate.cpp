@@ -158,6 +158,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     const bool auto_ctx = ctx == 0;
     so.ctx = !auto_ctx ? ctx : max_new > std::numeric_limits<int64_t>::max() - longest ? std::numeric_limits<int64_t>::max()
                                                                                         : longest + max_new;
+    if (auto_ctx) so.ctx_origin = "the longest prompt (" + std::to_string(longest) + " tokens) + --max-new-tokens " +
+                                  std::to_string(max_new);
     std::unique_ptr<Session> s;
     // Phase 2: every rank loads its shard.
     run_together(comm, [&] {

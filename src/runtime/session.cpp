@@ -78,9 +78,12 @@ EngineOptions engine_options(const SessionOptions& opt) {
 }
 
 void check_context(const ModelConfig& c, const SessionOptions& opt) {
-    if (opt.ctx < 1) fail("--ctx must be at least 1");
+    // A derived ctx may be a saturated sum: name the flags it came from, never a "--ctx N".
+    const bool derived = !opt.ctx_origin.empty();
+    const std::string what = derived ? opt.ctx_origin : "--ctx " + std::to_string(opt.ctx);
+    if (opt.ctx < 1) fail(derived ? what : "--ctx", " must be at least 1");
     if (c.max_position > 0 && opt.ctx > c.max_position)
-        fail("--ctx ", opt.ctx, " exceeds the model's max_position_embeddings ", c.max_position);
+        fail(what, " exceeds the model's max_position_embeddings ", c.max_position);
     KVCacheShape ks;  // every KV head: no rank holds more than TP=1 does
     ks.n_layers = c.n_layers;
     ks.n_slots = opt.max_batch;
@@ -89,7 +92,7 @@ void check_context(const ModelConfig& c, const SessionOptions& opt) {
     ks.head_dim = c.head_dim;
     ks.dtype = kv_dtype(opt.kv);  // auto: fp32, the widest the GPU picks too
     if (!kv_cache_fits(ks))
-        fail("--ctx ", opt.ctx, " x batch ", opt.max_batch, ": the KV cache would need more than 2^63 bytes");
+        fail(what, " x batch ", opt.max_batch, ": the KV cache would need more than 2^63 bytes");
 }
 
 std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& comm) {

@@ -23,6 +23,9 @@ struct SessionOptions {
     LoadOptions load;  // weight format, INT8 group size, --keep-fp16
     KVFormat kv = KVFormat::Auto;
     int64_t ctx = 0;            // KV positions per sequence (required > 0)
+    // The flags ctx was derived from when the user gave no --ctx (e.g. "the longest prompt (5
+    // tokens) + --max-new-tokens 64"): check_context names them instead of a --ctx never given.
+    std::string ctx_origin;
     int64_t max_batch = 1;
     int64_t prefill_chunk = 256;
     int64_t max_logit_rows = 0;  // 0: max_batch (perplexity needs a chunk's worth)
@@ -48,8 +51,9 @@ struct Session {
 EngineOptions engine_options(const SessionOptions& opt);
 
 // The checks on the context every command makes before it plans or allocates memory (throws
-// Error naming --ctx): at least 1, within max_position_embeddings, and a KV cache of
-// max_batch x ctx positions whose byte count fits in int64. shardlm info runs them for its plan.
+// Error naming --ctx, or the flags in ctx_origin): at least 1, within max_position_embeddings,
+// and a KV cache of max_batch x ctx positions whose byte count fits in int64. shardlm info runs
+// them for its plan.
 void check_context(const ModelConfig& c, const SessionOptions& opt);
 
 // Loads config and weights and checks the context against the model's limits (check_context).

@@ -115,6 +115,29 @@ TEST_F(Cli, InfoChecksTheContextAsGenerateDoes) {
     expect_error("generate" + m + big + " --prompt-ids 1,2", "--ctx 1152921504606846976 x batch 1: the KV cache");
 }
 
+// Without --ctx, generate sizes the context as the longest prompt + --max-new-tokens (saturating).
+// On a model without max_position_embeddings a huge --max-new-tokens was refused as
+// "--ctx 9223372036854775802 x batch 1: ...", a --ctx the user never gave; the error now names the
+// flags the context came from and the limit.
+TEST_F(Cli, GenerateWithoutCtxBlamesTheFlagsGiven) {
+    std::string cfg = read_file(dir_.file("config.json"));
+    const size_t at = cfg.find("\"max_position_embeddings\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.erase(at, cfg.find('\n', at) + 1 - at);
+    write_file(dir_.file("config.json"), cfg);
+    const std::string m = "generate --model " + dir_.path();
+    for (const std::string max_new : {"9223372036854775797", "9223372036854775807"}) {  // the sum fits / saturates
+        const std::string args = m + " --prompt-ids 1,2,3,4,5 --max-new-tokens " + max_new;
+        expect_error(args, "the longest prompt (5 tokens) + --max-new-tokens " + max_new +
+                               " x batch 1: the KV cache would need more than 2^63 bytes");
+        EXPECT_EQ(run_command(kBin + " " + args).err.find("--ctx"), std::string::npos) << args;
+    }
+    expect_error(m + " --prompt-ids '1,2,3;4' --max-new-tokens 4611686018427387904",
+                 "the longest prompt (3 tokens) + --max-new-tokens 4611686018427387904 x batch 2: the KV cache");
+    // A --ctx the user gave is still the one named.
+    expect_error(m + " --prompt-ids 1,2 --ctx 9223372036854775807", "--ctx 9223372036854775807 x batch 1: the KV cache");
+}
+
 // --seed -1 was read as 2^64 - 1 without a word (boost's lexical_cast into uint64_t), in every
 // command that takes a seed; a seed must be a decimal integer in [0, 2^64 - 1].
 TEST_F(Cli, SeedMustBeANonNegative64BitInteger) {

@@ -45,6 +45,7 @@ int cmd_info(const Args& args) {
     const DType kv_type = kv_dtype(so.kv);
     const ModelConfig c = load_config(model);
     check_context(c, so);
+    plan_shard(c, 0, tp);  // a --tp that cannot split the model fails here, before any output
     const Checkpoint ck(model);
     const int64_t params = parameter_count(c);
     std::cout << "architecture      " << arch_name(c.arch) << "\n"

@@ -97,6 +97,18 @@ TEST_F(Cli, InfoPrintsEachRanksMemoryPlan) {
     expect_error("info --model " + dir_.path() + " --kv int9", "--kv: unknown format");
 }
 
+// info printed its header (architecture, layers, ...) on stdout before the shard planner refused a
+// --tp that cannot split the model; the refusal now comes first and alone.
+TEST_F(Cli, InfoRefusesABadTpBeforePrintingAnything) {
+    for (const std::string tp : {"3", "8", "2000000000"}) {  // the tiny model has 4 heads, 2 KV heads
+        const std::string args = "info --model " + dir_.path() + " --tp " + tp;
+        expect_error(args, "tensor parallelism " + tp + " does not divide the 4 attention heads");
+        const CommandResult r = run_command(kBin + " " + args);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_EQ(r.out, "") << args;
+    }
+}
+
 // info printed a plan for a --ctx beyond max_position_embeddings and a wrapped KV-cache size for a
 // --ctx x --batch past int64; it now checks the context as generate does (check_context). Without
 // max_position_embeddings, generate crashed (SIGSEGV) on such a cache.

@@ -12,6 +12,7 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "core/mmap_file.h"
+#include "model/config.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -74,6 +75,12 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
         set_threads(threads);
+        if (vm.count("per-layer")) {  // before the loader's "--weights auto, int8 or w8a8" for the fp32 reference
+            const ModelConfig c = load_config(model);
+            if (c.quant.present)
+                fail("--per-layer quantizes one layer at a time from float weights and needs a float checkpoint; ", model,
+                     " is pre-quantized (", c.quant.format, ")");
+        }
         if (root && !ids_file.empty()) tokens = read_ids_file(ids_file);
         // The reference precisions are checked here, under their own flag names, before any load.
         auto as_flag = [](const char* flag, const char* shared, const auto& parse) {

@@ -376,6 +376,22 @@ TEST_F(Cli, PerplexityAndPerLayerSensitivity) {
                  dir_.file("latin1.txt") + ": text is not valid UTF-8");
 }
 
+// --per-layer on a pre-quantized checkpoint failed with the loader's generic "use --weights auto,
+// int8 or w8a8" (from its fp32 reference), which --weights int8 already was. It now says why:
+// quantizing one layer at a time needs the float checkpoint.
+TEST_F(Cli, PerLayerNeedsAFloatCheckpoint) {
+    write_file(dir_.file("ids.txt"), "5 6 7 8 9 10 11 12\n");
+    for (const std::string fmt : {"int8", "w8a8"}) {
+        const std::string q = dir_.file("q-" + fmt);
+        const CommandResult r = run_command(kBin + " quantize --model " + dir_.path() + " --out " + q + " --weights " + fmt);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        for (const std::string w : {fmt, std::string("auto")})
+            expect_error("perplexity --model " + q + " --ids-file " + dir_.file("ids.txt") + " --ctx 8 --per-layer --weights " + w,
+                         "--per-layer quantizes one layer at a time from float weights and needs a float checkpoint; " + q +
+                             " is pre-quantized (" + fmt + ")");
+    }
+}
+
 TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     const std::string cmd = kBin + " bench --model " + dir_.path() + " --batch 2 --prompt-len 16 --gen 4 -r 2 --json";
     const CommandResult a = run_command(cmd), b = run_command(cmd + " --weights int8 --kv int8");

@@ -160,6 +160,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
                                                                                         : longest + max_new;
     if (auto_ctx) so.ctx_origin = "the longest prompt (" + std::to_string(longest) + " tokens) + --max-new-tokens " +
                                   std::to_string(max_new);
+    go.ctx_origin = so.ctx_origin;
     std::unique_ptr<Session> s;
     // Phase 2: every rank loads its shard.
     run_together(comm, [&] {

@@ -39,8 +39,12 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
                  " it needs a context of ", saturating_add(n, opt.max_new_tokens), " but --ctx is ", ctx,
                  " (or --context-overflow slide)");
     }
-    if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens > ctx - 2))
-        fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of --ctx ", ctx, " to slide over");
+    if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens > ctx - 2)) {
+        // The context as the user set it: "--ctx N", or the flags it was derived from.
+        const std::string ctx_named = opt.ctx_origin.empty() ? "--ctx " + std::to_string(ctx)
+                                                             : cat("the context of ", ctx, " positions (", opt.ctx_origin, ")");
+        fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of ", ctx_named, " to slide over");
+    }
     if (opt.slide && kv_capacity(cfg, engine.options()) < ctx)
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
              " and its cache holds only the newest ", kv_capacity(cfg, engine.options()),

@@ -22,6 +22,9 @@ struct GenerateOptions {
     // (Engine::shift_kv), as often as it needs. Off: each prompt plus max_new_tokens must fit.
     bool slide = false;
     int64_t sink_tokens = 4;
+    // The flags the engine's ctx was derived from when no --ctx was given
+    // (SessionOptions::ctx_origin): errors name them instead of a --ctx never given.
+    std::string ctx_origin;
 };
 
 struct SequenceResult {

@@ -236,6 +236,18 @@ TEST_F(Cli, ContextOverflowSlides) {
     expect_error("generate" + m + " --prompt-ids 1,2 --max-new-tokens 99999999", "max_position_embeddings");
 }
 
+// Without --ctx the context is the longest prompt + --max-new-tokens; --sink-tokens that left
+// nothing of it to slide over was refused as "leave at least 2 of --ctx 5", a --ctx never given.
+// The error names the flags the context came from; a --ctx given is still the one named.
+TEST_F(Cli, SinkTokensBlameTheFlagsTheContextCameFrom) {
+    const std::string m = "generate --model " + dir_.path() + " --prompt-ids 1,2 --context-overflow slide --sink-tokens 100";
+    expect_error(m + " --max-new-tokens 3",
+                 "--sink-tokens 100 must be >= 0 and leave at least 2 of the context of 5 positions (the longest prompt "
+                 "(2 tokens) + --max-new-tokens 3) to slide over");
+    EXPECT_EQ(run_command(kBin + " " + m + " --max-new-tokens 3").err.find("--ctx"), std::string::npos);
+    expect_error(m + " --ctx 5", "--sink-tokens 100 must be >= 0 and leave at least 2 of --ctx 5 to slide over");
+}
+
 // make-model into a folder that holds a checkpoint overwrote it with random weights, exit 0.
 TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
     const std::string cfg = read_file(dir_.file("config.json"));

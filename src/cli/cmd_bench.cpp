@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include <sys/stat.h>
 #include <cstdio>
@@ -193,12 +194,18 @@ int cmd_bench(const Args& args, Communicator& comm) {
             fail("--prompt-len ", prompt_len, " + --gen ", gen, " exceed the model's max_position_embeddings ",
                  cfg.max_position);
     });
-    so.ctx = prompt_len + gen;
+    // Saturating: a huge --prompt-len or --gen must not wrap (check_context then refuses the sum
+    // under the flags' names, as bench has no --ctx).
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    so.ctx = gen > kMax - prompt_len ? kMax : prompt_len + gen;
+    so.ctx_origin = "--prompt-len " + std::to_string(prompt_len) + " + --gen " + std::to_string(gen);
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     so.max_batch = max_batch;
     const bool no_cache = vm.count("no-kv-cache") > 0;
     // pp is one step, as llama-bench measures it; without the cache a decode step is a whole prefill.
-    so.prefill_chunk = (no_cache ? prompt_len + gen : prompt_len) * max_batch;
+    // (engine_options caps the step at ctx x batch.)
+    const int64_t step = no_cache ? so.ctx : prompt_len;
+    so.prefill_chunk = step > kMax / max_batch ? kMax : step * max_batch;
     std::unique_ptr<Session> s;
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;

@@ -24,6 +24,16 @@ const std::string kBin = SHARDLM_BIN;
 // Runs shardlm with `args`, expects failure with one "shardlm: error:" line containing `needle`.
 void expect_error(const std::string& args, const std::string& needle) { expect_cli_error(args, needle); }
 
+// Removes max_position_embeddings from DIR/config.json: nothing then bounds the context but the
+// KV cache's size.
+void drop_max_position(const TempDir& dir) {
+    std::string cfg = read_file(dir.file("config.json"));
+    const size_t at = cfg.find("\"max_position_embeddings\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.erase(at, cfg.find('\n', at) + 1 - at);
+    write_file(dir.file("config.json"), cfg);
+}
+
 class Cli : public ::testing::Test {
 protected:
     void SetUp() override { write_synthetic_checkpoint(dir_.path(), tiny_config(Arch::Qwen2), {DType::BF16, 1, 4}); }
@@ -446,4 +456,23 @@ TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     // bench has no --ctx: a length beyond the model names the flags that set it (no int64 overflow)
     expect_error("bench --model " + dir_.path() + " --prompt-len 99999999999", "--prompt-len 99999999999 + --gen");
     expect_error("bench --model " + dir_.path() + " --prompt-len 8 --gen 9223372036854775807", "exceed the model's");
+}
+
+// On a model without max_position_embeddings bench added --prompt-len and --gen with signed
+// overflow (undefined behaviour) and reported "--ctx must be at least 1"; a sum that did not
+// overflow was refused as "--ctx N x batch B", a flag bench does not have. The sum saturates and
+// the error names --prompt-len and --gen.
+TEST_F(Cli, BenchContextNamesPromptLenAndGen) {
+    drop_max_position(dir_);
+    const std::string m = "bench --model " + dir_.path() + " --prompt-len 5";
+    for (const std::string gen : {"9223372036854775807", "9223372036854775000"}) {  // the sum saturates / fits
+        for (const std::string batch : {"1", "1,4"}) {
+            const std::string args = m + " --gen " + gen + " --batch " + batch;
+            expect_error(args, "--prompt-len 5 + --gen " + gen + " x batch " + batch.substr(batch.size() - 1) +
+                                   ": the KV cache would need more than 2^63 bytes");
+            EXPECT_EQ(run_command(kBin + " " + args).err.find("--ctx"), std::string::npos) << args;
+        }
+    }
+    expect_error(m + " --gen 9223372036854775807 --no-kv-cache --batch 4",
+                 "--prompt-len 5 + --gen 9223372036854775807 x batch 4: the KV cache");
 }

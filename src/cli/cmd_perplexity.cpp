@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/mmap_file.h"
 #include "model/config.h"
+#include "model/weights.h"
 #include "runtime/perplexity.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -91,7 +92,19 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
                 fail(m.rfind(shared, 0) == 0 ? flag + m.substr(std::string(shared).size()) : m);
             }
         };
-        if (vm.count("compare-weights")) as_flag("--compare-weights", "--weights", [&] { parse_weight_format(cmp_weights); });
+        if (vm.count("compare-weights")) {
+            as_flag("--compare-weights", "--weights", [&] { parse_weight_format(cmp_weights); });
+            // The reference loads the same folder: before the loader's "use --weights ..." for it.
+            const WeightFormat f = parse_weight_format(cmp_weights);
+            const ModelConfig c = load_config(model);
+            const bool int4 = c.quant.format == "int4" || c.quant.format == "w4a8";
+            if (c.quant.present && !is_quantized(f) && f != WeightFormat::Auto)
+                fail("--compare-weights ", cmp_weights, " needs float weights for the reference run; ", model,
+                     " is pre-quantized (", c.quant.format, "): compare on the float checkpoint it was quantized from");
+            if (c.quant.present && is_quantized(f) && (int4 ? !is_int4(f) : !is_int8(f)))
+                fail("--compare-weights ", cmp_weights, ": ", model, " is pre-quantized (", c.quant.format,
+                     ") and loads only as auto, ", int4 ? "int4 or w4a8" : "int8 or w8a8");
+        }
         if (vm.count("compare-kv")) as_flag("--compare-kv", "--kv", [&] { parse_kv_format(cmp_kv); });
         if (root && !text_file.empty()) {
             const Tokenizer tok = Tokenizer::load(model);

@@ -414,6 +414,28 @@ TEST_F(Cli, PerLayerNeedsAFloatCheckpoint) {
     }
 }
 
+// --compare-weights fp32 on a pre-quantized checkpoint failed in the reference's loader with "use
+// --weights auto, int8 or w8a8", naming a flag that was fine. The error now names --compare-weights
+// and says why: the reference needs float weights and the folder is pre-quantized. A quantized
+// reference of the other family names --compare-weights too; one the folder loads as still runs.
+TEST_F(Cli, CompareWeightsOnAPreQuantizedCheckpoint) {
+    write_file(dir_.file("ids.txt"), "5 6 7 8 9 10 11 12\n");
+    const std::string q = dir_.file("q-int8");
+    const CommandResult r = run_command(kBin + " quantize --model " + dir_.path() + " --out " + q + " --weights int8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string ppl = "perplexity --model " + q + " --ids-file " + dir_.file("ids.txt") + " --ctx 8 --compare-weights ";
+    for (const std::string w : {"fp32", "bf16"}) {
+        expect_error(ppl + w, "--compare-weights " + w + " needs float weights for the reference run; " + q +
+                                  " is pre-quantized (int8)");
+        EXPECT_EQ(run_command(kBin + " " + ppl + w).err.find("--weights"), std::string::npos) << w;
+    }
+    expect_error(ppl + "int4", "--compare-weights int4: " + q + " is pre-quantized (int8) and loads only as auto, int8 or w8a8");
+    for (const std::string w : {"w8a8", "auto"}) {
+        const CommandResult ok = run_command(kBin + " " + ppl + w);
+        EXPECT_EQ(ok.exit_code, 0) << w << ": " << ok.err;
+    }
+}
+
 TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     const std::string cmd = kBin + " bench --model " + dir_.path() + " --batch 2 --prompt-len 16 --gen 4 -r 2 --json";
     const CommandResult a = run_command(cmd), b = run_command(cmd + " --weights int8 --kv int8");

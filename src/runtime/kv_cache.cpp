@@ -59,16 +59,20 @@ size_t kv_cache_bytes(const KVCacheShape& s) {
 }
 
 KVCache::KVCache(const KVCacheShape& s) : s_(s) {
-    (void)kv_cache_bytes(s);  // checks the sizes below cannot overflow
+    const size_t want = kv_cache_bytes(s);  // checks the sizes below cannot overflow
     const size_t es = dtype_size(s.dtype);
     row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);
     block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;
-    buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
-    std::memset(buf_.data(), 0, buf_.size());  // touch now: the cache is reserved, not lazily faulted
-    if (s.dtype == DType::I8) {
-        scales_ = Buffer(size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity) * sizeof(float));
-        std::memset(scales_.data(), 0, scales_.size());
+    try {
+        buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
+        if (s.dtype == DType::I8)
+            scales_ = Buffer(size_t(2 * s.n_layers * s.n_slots * s.n_kv_heads * s.capacity) * sizeof(float));
+    } catch (const std::bad_alloc&) {
+        throw KVCacheAllocError(want);
     }
+    // Touch now: the cache is reserved, not lazily faulted.
+    std::memset(buf_.data(), 0, buf_.size());
+    if (scales_.data()) std::memset(scales_.data(), 0, scales_.size());
     SHARDLM_CHECK(bytes() == kv_cache_bytes(s), "KV cache plan and allocation disagree");
 }
 

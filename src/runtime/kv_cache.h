@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include "core/buffer.h"
@@ -33,9 +34,17 @@ size_t kv_cache_bytes(const KVCacheShape& s);
 // Whether that byte count fits in int64 (a plan for an absurd --ctx x batch would wrap).
 bool kv_cache_fits(const KVCacheShape& s);
 
+// What KVCache throws when its memory cannot be had: still a std::bad_alloc, carrying the bytes it
+// asked for, so that open_session can name the flags behind the size.
+struct KVCacheAllocError : std::bad_alloc {
+    explicit KVCacheAllocError(size_t b) : bytes(b) {}
+    const char* what() const noexcept override { return "KV cache allocation failed"; }
+    size_t bytes;
+};
+
 class KVCache {
 public:
-    explicit KVCache(const KVCacheShape& s);
+    explicit KVCache(const KVCacheShape& s);  // throws KVCacheAllocError when the memory is refused
 
     const KVCacheShape& shape() const { return s_; }
     int64_t row_stride() const { return row_stride_; }  // elements

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 
 #include "core/error.h"
@@ -60,6 +61,12 @@ Device resolve_device(Device want, Communicator& comm) {
 #endif
 }
 
+// The flags behind opt.ctx: "--ctx N", or those it was derived from (ctx_origin; a derived ctx may
+// be a saturated sum, never to be shown as a "--ctx N" the user did not give).
+std::string ctx_flags(const SessionOptions& opt) {
+    return opt.ctx_origin.empty() ? "--ctx " + std::to_string(opt.ctx) : opt.ctx_origin;
+}
+
 }  // namespace
 
 EngineOptions engine_options(const SessionOptions& opt) {
@@ -78,9 +85,8 @@ EngineOptions engine_options(const SessionOptions& opt) {
 }
 
 void check_context(const ModelConfig& c, const SessionOptions& opt) {
-    // A derived ctx may be a saturated sum: name the flags it came from, never a "--ctx N".
     const bool derived = !opt.ctx_origin.empty();
-    const std::string what = derived ? opt.ctx_origin : "--ctx " + std::to_string(opt.ctx);
+    const std::string what = ctx_flags(opt);
     if (opt.ctx < 1) fail(derived ? what : "--ctx", " must be at least 1");
     if (c.max_position > 0 && opt.ctx > c.max_position)
         fail(what, " exceeds the model's max_position_embeddings ", c.max_position);
@@ -117,7 +123,16 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.fused_rope = opt.fused_rope;
     eo.gemm_staging = opt.gemm_staging;
     if (device == Device::Cpu) {
-        s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
+        try {
+            s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
+        } catch (const KVCacheAllocError& e) {
+            // Within 2^63 bytes (check_context) but more than the machine gives: name the flags
+            // behind the size, not a bare "out of memory".
+            char gib[32];
+            std::snprintf(gib, sizeof gib, "%.3f", double(e.bytes) / (1024.0 * 1024.0 * 1024.0));
+            fail(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache needs ", gib, " GiB (", e.bytes,
+                 " bytes), allocation failed");
+        }
     } else {
 #ifdef SHARDLM_HAVE_CUDA
         // KV auto on the GPU: FP32 for FP32 checkpoints (exact comparisons), FP16 otherwise.

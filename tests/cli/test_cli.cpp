@@ -160,6 +160,43 @@ TEST_F(Cli, GenerateWithoutCtxBlamesTheFlagsGiven) {
     expect_error(m + " --prompt-ids 1,2 --ctx 9223372036854775807", "--ctx 9223372036854775807 x batch 1: the KV cache");
 }
 
+// A context within 2^63 bytes of KV cache but beyond any machine (no max_position_embeddings to
+// refuse it) ended in a bare "out of memory" naming no flag. The error names the flags behind the
+// size and the bytes asked for. Safe and fast: ~2^60 bytes is past x86-64's 47-bit user address
+// space, so the allocation is refused at once, before any memory is committed, whatever the
+// overcommit policy.
+TEST_F(Cli, KVCacheAllocationFailureNamesTheFlags) {
+    drop_max_position(dir_);
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    auto bytes_of = [&](int64_t ctx, int64_t batch, DType kv) {
+        KVCacheShape ks;
+        ks.n_layers = c.n_layers;
+        ks.n_slots = batch;
+        ks.capacity = ctx;
+        ks.n_kv_heads = c.n_kv_heads;
+        ks.head_dim = c.head_dim;
+        ks.dtype = kv;
+        return kv_cache_bytes(ks);
+    };
+    auto needs = [&](int64_t ctx, int64_t batch, DType kv) {
+        const size_t bytes = bytes_of(ctx, batch, kv);
+        std::ostringstream os;
+        os << ": the KV cache needs " << std::fixed << std::setprecision(3) << double(bytes) / (1024.0 * 1024.0 * 1024.0)
+           << " GiB (" << bytes << " bytes), allocation failed";
+        return os.str();
+    };
+    const int64_t big = 1000000000000000;  // 10^15 positions
+    ASSERT_GT(bytes_of(big, 1, DType::F32), size_t(1) << 47);  // the smallest cache asked for below
+    const std::string m = " --model " + dir_.path(), b = std::to_string(big);
+    expect_error("generate" + m + " --prompt-ids 1,2 --ctx " + b, "--ctx " + b + " x batch 1" + needs(big, 1, DType::F32));
+    expect_error("generate" + m + " --prompt-ids '1,2;3' --ctx " + b + " --kv int8",
+                 "--ctx " + b + " x batch 2" + needs(big, 2, DType::I8));
+    expect_error("generate" + m + " --prompt-ids 1,2,3 --max-new-tokens " + b,
+                 "the longest prompt (3 tokens) + --max-new-tokens " + b + " x batch 1" + needs(big + 3, 1, DType::F32));
+    expect_error("bench" + m + " --prompt-len 5 --gen " + b + " --batch 1,2",
+                 "--prompt-len 5 + --gen " + b + " x batch 2" + needs(big + 5, 2, DType::F32));
+}
+
 // --seed -1 was read as 2^64 - 1 without a word (boost's lexical_cast into uint64_t), in every
 // command that takes a seed; a seed must be a decimal integer in [0, 2^64 - 1].
 TEST_F(Cli, SeedMustBeANonNegative64BitInteger) {

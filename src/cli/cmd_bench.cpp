@@ -206,6 +206,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
     // (engine_options caps the step at ctx x batch.)
     const int64_t step = no_cache ? so.ctx : prompt_len;
     so.prefill_chunk = step > kMax / max_batch ? kMax : step * max_batch;
+    so.chunk_origin = (no_cache ? so.ctx_origin : "--prompt-len " + std::to_string(prompt_len)) + " x batch " +
+                      std::to_string(max_batch);
     std::unique_ptr<Session> s;
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 #include "comm/together.h"
 #include "core/error.h"
@@ -54,34 +56,52 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     inv_freq_ = rope_inv_freq(rope_params(cfg));
 
+    // The step workspace: T rows per buffer (and max_logit_rows rows of hidden states and logits).
+    // A refused allocation becomes WorkspaceAllocError with the bytes of the buffer that failed, so
+    // open_session can name the flags behind T; sizes are checked so a product cannot wrap.
     const size_t T = size_t(opt.max_step_tokens);
-    auto alloc = [&](Buffer& b, int64_t width) {
-        b = Buffer(T * size_t(width) * sizeof(float));
+    size_t asking = 0;  // the allocation in progress
+    auto bytes = [&](size_t rows, int64_t width, size_t elem) {
+        const size_t row = size_t(width) * elem;
+        asking = row > 0 && rows > SIZE_MAX / row ? SIZE_MAX : rows * row;
+        if (asking == SIZE_MAX) throw std::bad_alloc();
+        return asking;
+    };
+    auto alloc = [&](Buffer& b, size_t rows, int64_t width) {
+        b = Buffer(bytes(rows, width, sizeof(float)));
         ws_bytes_ += b.size();
+    };
+    auto alloc_vec = [&](auto& v, size_t rows, int64_t width) {
+        v.resize(bytes(rows, width, sizeof(v[0])) / sizeof(v[0]));
+        ws_bytes_ += v.size() * sizeof(v[0]);
     };
     const ShardPlan& p = w.plan;
     const int64_t q_dim = p.n_q_heads * cfg.head_dim, kv_dim = p.n_kv_heads * cfg.head_dim;
-    alloc(x_, cfg.hidden);
-    alloc(h_, cfg.hidden);
-    alloc(q_, q_dim);
-    alloc(k_, kv_dim);
-    alloc(v_, kv_dim);
-    alloc(attn_, q_dim);
-    alloc(o_, cfg.hidden);
-    alloc(gate_, p.n_inter);
-    alloc(up_, p.n_inter);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
-    last_ = Buffer(size_t(opt_.max_logit_rows) * size_t(cfg.hidden) * sizeof(float));
-    ws_bytes_ += last_.size();
-    local_logits_.resize(size_t(opt_.max_logit_rows * p.vocab_per_rank));
-    gathered_.resize(size_t(p.tp) * local_logits_.size());
-    ws_bytes_ += (local_logits_.size() + gathered_.size()) * sizeof(float);
-    tok_pos_.resize(T);
-    if (quantizes_acts(w.format)) {
-        const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter});
-        act_q_.resize(T * size_t(widest));
-        act_scales_.resize(T * size_t(widest));  // at most one scale per element
-        ws_bytes_ += act_q_.size() + act_scales_.size() * sizeof(float);
+    const size_t L = size_t(opt_.max_logit_rows);
+    try {
+        alloc(x_, T, cfg.hidden);
+        alloc(h_, T, cfg.hidden);
+        alloc(q_, T, q_dim);
+        alloc(k_, T, kv_dim);
+        alloc(v_, T, kv_dim);
+        alloc(attn_, T, q_dim);
+        alloc(o_, T, cfg.hidden);
+        alloc(gate_, T, p.n_inter);
+        alloc(up_, T, p.n_inter);
+        alloc(last_, L, cfg.hidden);
+        alloc_vec(local_logits_, L, p.vocab_per_rank);
+        alloc_vec(gathered_, L * size_t(p.tp), p.vocab_per_rank);
+        alloc_vec(tok_pos_, T, 1);
+        if (quantizes_acts(w.format)) {
+            const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter});
+            alloc_vec(act_q_, T, widest);
+            alloc_vec(act_scales_, T, widest);  // at most one scale per element
+        }
+    } catch (const std::bad_alloc&) {  // std::vector's length_error for sizes past max_size() too
+        throw WorkspaceAllocError(opt.max_step_tokens, asking);
+    } catch (const std::length_error&) {
+        throw WorkspaceAllocError(opt.max_step_tokens, asking);
     }
 }
 

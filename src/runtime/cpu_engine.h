@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <vector>
 
 #include "core/buffer.h"
@@ -14,8 +15,18 @@
 
 namespace shardlm {
 
+// The step workspace (opt.max_step_tokens rows of activations) could not be allocated: the caller
+// names the flags behind the step size (open_session).
+struct WorkspaceAllocError : std::bad_alloc {
+    WorkspaceAllocError(int64_t t, size_t b) : step_tokens(t), bytes(b) {}
+    const char* what() const noexcept override { return "step workspace allocation failed"; }
+    int64_t step_tokens;
+    size_t bytes;  // the one buffer refused (or SIZE_MAX when its size overflows)
+};
+
 class CpuEngine final : public Engine {
 public:
+    // Throws WorkspaceAllocError when the step workspace is refused (KVCacheAllocError for the cache).
     CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt);
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <string>
 
 #include "core/error.h"
 #include "runtime/cpu_engine.h"
@@ -67,6 +69,19 @@ std::string ctx_flags(const SessionOptions& opt) {
     return opt.ctx_origin.empty() ? "--ctx " + std::to_string(opt.ctx) : opt.ctx_origin;
 }
 
+// The flags behind a step of `step` tokens: --prefill-chunk (or chunk_origin), or the cache's
+// ctx x batch when engine_options capped the chunk there.
+std::string step_flags(const SessionOptions& opt, int64_t step) {
+    if (step < opt.prefill_chunk) return ctx_flags(opt) + " x batch " + std::to_string(opt.max_batch);
+    return opt.chunk_origin.empty() ? "--prefill-chunk " + std::to_string(opt.prefill_chunk) : opt.chunk_origin;
+}
+
+std::string gib(size_t bytes) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.3f", double(bytes) / (1024.0 * 1024.0 * 1024.0));
+    return s;
+}
+
 }  // namespace
 
 EngineOptions engine_options(const SessionOptions& opt) {
@@ -128,10 +143,13 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         } catch (const KVCacheAllocError& e) {
             // Within 2^63 bytes (check_context) but more than the machine gives: name the flags
             // behind the size, not a bare "out of memory".
-            char gib[32];
-            std::snprintf(gib, sizeof gib, "%.3f", double(e.bytes) / (1024.0 * 1024.0 * 1024.0));
-            fail(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache needs ", gib, " GiB (", e.bytes,
+            fail(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache needs ", gib(e.bytes), " GiB (", e.bytes,
                  " bytes), allocation failed");
+        } catch (const WorkspaceAllocError& e) {
+            const std::string what = e.bytes == SIZE_MAX ? std::string("more than 2^64 bytes")
+                                                         : gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";
+            fail(step_flags(opt, e.step_tokens), ": a step of ", e.step_tokens, " tokens needs a workspace buffer of ",
+                 what, ", allocation failed");
         }
     } else {
 #ifdef SHARDLM_HAVE_CUDA

@@ -28,6 +28,9 @@ struct SessionOptions {
     std::string ctx_origin;
     int64_t max_batch = 1;
     int64_t prefill_chunk = 256;
+    // The flags prefill_chunk came from when not --prefill-chunk (bench: "--prompt-len P x batch B"),
+    // named when the step workspace cannot be allocated.
+    std::string chunk_origin;
     int64_t max_logit_rows = 0;  // 0: max_batch (perplexity needs a chunk's worth)
     Device device = Device::Cpu;  // the CLI defaults to auto; library users choose
     AttentionImpl attention = AttentionImpl::Flash;

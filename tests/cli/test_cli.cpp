@@ -444,7 +444,7 @@ TEST_F(Cli, PerLayerNeedsAFloatCheckpoint) {
         const std::string q = dir_.file("q-" + fmt);
         const CommandResult r = run_command(kBin + " quantize --model " + dir_.path() + " --out " + q + " --weights " + fmt);
         ASSERT_EQ(r.exit_code, 0) << r.err;
-        for (const std::string w : {fmt, std::string("auto")})
+        for (const std::string& w : {fmt, std::string("auto")})
             expect_error("perplexity --model " + q + " --ids-file " + dir_.file("ids.txt") + " --ctx 8 --per-layer --weights " + w,
                          "--per-layer quantizes one layer at a time from float weights and needs a float checkpoint; " + q +
                              " is pre-quantized (" + fmt + ")");

@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "runtime/cpu_engine.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -326,6 +327,36 @@ TEST(Engine, SlidingWindowRingRunsToTheContextAndRefusesShifts) {
 
 // A --prefill-chunk beyond what the cache slots can take (ctx x batch) sizes the workspace for the
 // tokens that can come, not for the flag: 99999999999 used to end in "out of memory".
+// A step workspace the allocator refuses (a --prefill-chunk x batch too large for the machine while
+// the KV cache fits) is WorkspaceAllocError with the step and the buffer's bytes, which open_session
+// turns into a line naming the flags; a size past 2^64 bytes is reported, not wrapped.
+TEST(Engine, RefusedWorkspaceIsReported) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 2});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 8;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    EngineOptions eo = engine_options(so);
+    eo.max_step_tokens = int64_t(1) << 50;  // x_ alone: 2^50 x hidden floats, past any address space
+    try {
+        CpuEngine e(s->cfg, s->weights, comm, eo);
+        FAIL() << "a 2^50-token workspace was allocated";
+    } catch (const WorkspaceAllocError& e) {
+        EXPECT_EQ(e.step_tokens, eo.max_step_tokens);
+        EXPECT_EQ(e.bytes, (size_t(1) << 50) * size_t(cfg.hidden) * sizeof(float));
+    }
+    eo.max_step_tokens = int64_t(1) << 62;  // x 64 floats x 4 bytes: the product wraps size_t
+    try {
+        CpuEngine e(s->cfg, s->weights, comm, eo);
+        FAIL() << "a 2^62-token workspace was allocated";
+    } catch (const WorkspaceAllocError& e) {
+        EXPECT_EQ(e.bytes, SIZE_MAX);
+    }
+}
+
 TEST(Engine, PrefillChunkIsCappedByTheCache) {
     SessionOptions so;
     so.ctx = 64;

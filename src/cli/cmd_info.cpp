@@ -66,7 +66,8 @@ int cmd_info(const Args& args) {
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
     // The memory plan of each rank: its weights in 16 bits, in INT8 (one f32 scale per output
     // row) and in INT4, and the KV cache preallocated for --batch sequences of --ctx positions.
-    const int64_t capacity = kv_capacity(c, engine_options(so));
+    const EngineOptions eo = engine_options(so);
+    const int64_t capacity = kv_capacity(c, eo);
     std::cout << "\nmemory plan per rank: batch " << batch << " x ctx " << ctx << ", KV " << kv_name(kv_type)
               << " (workspace comes on top: a few activation rows per token of a step)\n";
     if (capacity < ctx)
@@ -82,13 +83,7 @@ int cmd_info(const Args& args) {
         // INT4 (group 128): the layers' Linear matrices in 4 bits with an f32 scale and min per
         // group; lm_head INT8 per row as above.
         const int64_t layer_params = c.n_layers * c.hidden * (2 * q_dim + 2 * kv_dim + 3 * p.n_inter);
-        KVCacheShape ks;
-        ks.n_layers = c.n_layers;
-        ks.n_slots = batch;
-        ks.capacity = capacity;
-        ks.n_kv_heads = p.n_kv_heads;
-        ks.head_dim = c.head_dim;
-        ks.dtype = kv_type;
+        const KVCacheShape ks = kv_cache_shape(c, p.n_kv_heads, eo);
         std::cout << "  rank " << r << "  q heads " << p.q_head0 << ".." << p.q_head0 + p.n_q_heads - 1 << ", kv heads "
                   << p.kv_head0 << ".." << p.kv_head0 + p.n_kv_heads - 1 << ", vocab " << p.vocab0 << ".."
                   << p.vocab0 + p.n_vocab - 1 << ": " << n << " parameters; weights " << gib(double(n) * 2)

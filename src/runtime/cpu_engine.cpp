@@ -18,16 +18,6 @@
 namespace shardlm {
 
 namespace {
-KVCacheShape cache_shape(const ModelConfig& c, const ShardPlan& p, const EngineOptions& o) {
-    KVCacheShape s;
-    s.n_layers = c.n_layers;
-    s.n_slots = o.max_batch;
-    s.capacity = kv_capacity(c, o);
-    s.n_kv_heads = p.n_kv_heads;
-    s.head_dim = c.head_dim;
-    s.dtype = o.kv;
-    return s;
-}
 
 // The row-wise and element-wise steps of a layer, threaded over rows when there are enough of them
 // (prefill): each row is computed as by the plain kernels, so the bits do not change. Decode-sized
@@ -52,7 +42,7 @@ void add_into(float* x, const float* o, int64_t n) {
 }  // namespace
 
 CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
-    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(cache_shape(cfg, w.plan, opt)) {
+    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(kv_cache_shape(cfg, w.plan.n_kv_heads, opt)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     inv_freq_ = rope_inv_freq(rope_params(cfg));
 

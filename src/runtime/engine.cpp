@@ -78,6 +78,17 @@ int64_t kv_capacity(const ModelConfig& c, const EngineOptions& opt) {
     return std::min(opt.ctx, c.sliding_window + opt.max_step_tokens - 1);
 }
 
+KVCacheShape kv_cache_shape(const ModelConfig& c, int64_t n_kv_heads, const EngineOptions& opt) {
+    KVCacheShape s;
+    s.n_layers = c.n_layers;
+    s.n_slots = opt.max_batch;
+    s.capacity = kv_capacity(c, opt);
+    s.n_kv_heads = n_kv_heads;
+    s.head_dim = c.head_dim;
+    s.dtype = opt.kv;
+    return s;
+}
+
 void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard,
                  int64_t len) {
     const int64_t cap = kv_capacity(c, opt);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/kv_cache.h"
 
 namespace shardlm {
 
@@ -117,6 +118,9 @@ StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::
 // a window W: a ring of W + max_step_tokens - 1 rows (when shorter), the least that keeps every key
 // a chunk's queries see while the chunk writes its own rows (position p in row p % capacity).
 int64_t kv_capacity(const ModelConfig& c, const EngineOptions& opt);
+// The CPU KV cache of a rank holding n_kv_heads heads: opt.max_batch slots of kv_capacity positions
+// in opt.kv (what CpuEngine allocates, check_context bounds and shardlm info prints).
+KVCacheShape kv_cache_shape(const ModelConfig& c, int64_t n_kv_heads, const EngineOptions& opt);
 
 // What every backend checks before Engine::shift_kv (the shifted positions must all be cached).
 void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard,

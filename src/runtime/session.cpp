@@ -105,14 +105,8 @@ void check_context(const ModelConfig& c, const SessionOptions& opt) {
     if (opt.ctx < 1) fail(derived ? what : "--ctx", " must be at least 1");
     if (c.max_position > 0 && opt.ctx > c.max_position)
         fail(what, " exceeds the model's max_position_embeddings ", c.max_position);
-    KVCacheShape ks;  // every KV head: no rank holds more than TP=1 does
-    ks.n_layers = c.n_layers;
-    ks.n_slots = opt.max_batch;
-    ks.capacity = kv_capacity(c, engine_options(opt));
-    ks.n_kv_heads = c.n_kv_heads;
-    ks.head_dim = c.head_dim;
-    ks.dtype = kv_dtype(opt.kv);  // auto: fp32, the widest the GPU picks too
-    if (!kv_cache_fits(ks))
+    // Every KV head: no rank holds more than TP=1 does. KV auto is fp32, the widest the GPU picks too.
+    if (!kv_cache_fits(kv_cache_shape(c, c.n_kv_heads, engine_options(opt))))
         fail(what, " x batch ", opt.max_batch, ": the KV cache would need more than 2^63 bytes");
 }
 

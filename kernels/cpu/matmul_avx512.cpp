@@ -232,8 +232,8 @@ void gemv_i4_tile(const float* x, const WeightView& w, int64_t r, const float* b
 // dword lanes of 8 nibbles. vpermps indexes its table with the low 4 bits of each lane, so
 // `v >> 4k` and one permute give nibble k of every lane already dequantized, from a table of the 16
 // values code * scale + min rebuilt per group: 2 uops per 16 weights against 4.5 for the unpack
-// above (hot cache, one thread, n = 1: 19.5 -> 23.6 Gweights/s; from DRAM 20.0 -> 24.2). Lane l's
-// nibble k is column i4_lane_col(l, k) of the chunk, so x is permuted once per call to match.
+// above (hot cache, one thread, n = 1: 19.5 -> 23.6 Gweights/s). Nibble k of lane l holds a column
+// of the chunk that the layout fixes (i4_chunk_order's table), so x is reordered once per call.
 constexpr int64_t kI4Chunk = 128;
 
 // x [n][cols] reordered per 128-column chunk as [nibble k][lane l], into a per-thread buffer: one

@@ -26,6 +26,20 @@ private:
     std::string path_;
 };
 
+// Sets (or, with nullptr, unsets) an environment variable for the object's lifetime, then puts
+// back what was there. Commands run_command starts inherit it.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value);
+    ~ScopedEnv();
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    std::string name_, old_;
+    bool had_ = false;
+};
+
 void write_file(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);
 

@@ -63,6 +63,11 @@ KVCache::KVCache(const KVCacheShape& s) : s_(s) {
     const size_t es = dtype_size(s.dtype);
     row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);
     block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;
+    // The memset below touches every page: refuse what the machine cannot back rather than have
+    // an overcommitting allocator grant it and the OOM killer end the process (core/host_memory.h).
+    // Under TP each rank checks its own share (s holds only its KV heads).
+    const HostMemory avail = host_memory_available();
+    if (want > avail.bytes) throw KVCacheAllocError(want, avail);
     try {
         buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
         if (s.dtype == DType::I8)

@@ -14,6 +14,7 @@
 
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "core/host_memory.h"
 #include "kernels/cpu/kv_shift.h"
 
 namespace shardlm {
@@ -35,16 +36,22 @@ size_t kv_cache_bytes(const KVCacheShape& s);
 bool kv_cache_fits(const KVCacheShape& s);
 
 // What KVCache throws when its memory cannot be had: still a std::bad_alloc, carrying the bytes it
-// asked for, so that open_session can name the flags behind the size.
+// asked for, so that open_session can name the flags behind the size. Either the allocator refused
+// (available is SIZE_MAX), or the cache is larger than the memory the machine can back
+// (core/host_memory.h: available and where that figure came from) and was not asked for at all.
 struct KVCacheAllocError : std::bad_alloc {
-    explicit KVCacheAllocError(size_t b) : bytes(b) {}
+    explicit KVCacheAllocError(size_t b, HostMemory avail = {}) : bytes(b), available(avail.bytes), source(avail.source) {}
     const char* what() const noexcept override { return "KV cache allocation failed"; }
     size_t bytes;
+    size_t available;
+    const char* source;
 };
 
 class KVCache {
 public:
-    explicit KVCache(const KVCacheShape& s);  // throws KVCacheAllocError when the memory is refused
+    // Throws KVCacheAllocError when the cache is more than the machine can back (it is zeroed at
+    // once: under overcommit that would meet the OOM killer) or the allocator refuses it.
+    explicit KVCache(const KVCacheShape& s);
 
     const KVCacheShape& shape() const { return s_; }
     int64_t row_stride() const { return row_stride_; }  // elements

@@ -136,9 +136,14 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
             s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
         } catch (const KVCacheAllocError& e) {
             // Within 2^63 bytes (check_context) but more than the machine gives: name the flags
-            // behind the size, not a bare "out of memory".
-            fail(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache needs ", gib(e.bytes), " GiB (", e.bytes,
-                 " bytes), allocation failed");
+            // behind the size, not a bare "out of memory" (or a SIGKILL from the OOM killer).
+            // Under TP the bytes are this rank's share (run_together names the rank).
+            const std::string needs = cat(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache",
+                                          comm.size() > 1 ? " (this rank's share)" : "", " needs ", gib(e.bytes),
+                                          " GiB (", e.bytes, " bytes)");
+            if (e.available == SIZE_MAX) fail(needs, ", allocation failed");
+            fail(needs, " but the machine can back only ", gib(e.available), " GiB (", e.available, " bytes, ",
+                 e.source, ")");
         } catch (const WorkspaceAllocError& e) {
             const std::string what = e.bytes == SIZE_MAX ? std::string("more than 2^64 bytes")
                                                          : gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";

@@ -164,8 +164,10 @@ TEST_F(Cli, GenerateWithoutCtxBlamesTheFlagsGiven) {
 // refuse it) ended in a bare "out of memory" naming no flag. The error names the flags behind the
 // size and the bytes asked for. Safe and fast: ~2^60 bytes is past x86-64's 47-bit user address
 // space, so the allocation is refused at once, before any memory is committed, whatever the
-// overcommit policy.
+// overcommit policy. (The memory check before the allocation is lifted here so that the allocator
+// is the one refusing; KVCacheBeyondWhatTheMachineCanBack tests the check.)
 TEST_F(Cli, KVCacheAllocationFailureNamesTheFlags) {
+    ScopedEnv unlimited(kHostMemEnv, "18446744073709551615");
     drop_max_position(dir_);
     const ModelConfig c = tiny_config(Arch::Qwen2);
     auto bytes_of = [&](int64_t ctx, int64_t batch, DType kv) {
@@ -195,6 +197,41 @@ TEST_F(Cli, KVCacheAllocationFailureNamesTheFlags) {
                  "the longest prompt (3 tokens) + --max-new-tokens " + b + " x batch 1" + needs(big + 3, 1, DType::F32));
     expect_error("bench" + m + " --prompt-len 5 --gen " + b + " --batch 1,2",
                  "--prompt-len 5 + --gen " + b + " x batch 2" + needs(big + 5, 2, DType::F32));
+}
+
+// A KV cache the allocator grants but the machine cannot back (under overcommit, anything up to
+// RAM + swap and more) was zeroed at once and the OOM killer ended shardlm without a message. It
+// is now weighed against what the machine can back first (MemAvailable + SwapFree, or
+// SHARDLM_HOST_MEM_AVAILABLE as here) and refused in one line naming the flags and both figures.
+TEST_F(Cli, KVCacheBeyondWhatTheMachineCanBack) {
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    auto bytes_of = [&](int64_t ctx, int64_t batch) {
+        KVCacheShape ks;
+        ks.n_layers = c.n_layers;
+        ks.n_slots = batch;
+        ks.capacity = ctx;
+        ks.n_kv_heads = c.n_kv_heads;
+        ks.head_dim = c.head_dim;
+        return kv_cache_bytes(ks);
+    };
+    const size_t avail = bytes_of(100, 2);  // room for --ctx 100 x batch 2, no more
+    ScopedEnv env(kHostMemEnv, std::to_string(avail).c_str());
+    auto refused = [&](size_t bytes) {
+        return ": the KV cache needs 0.000 GiB (" + std::to_string(bytes) + " bytes) but the machine can back only 0.000 GiB (" +
+               std::to_string(avail) + " bytes, SHARDLM_HOST_MEM_AVAILABLE)";
+    };
+    const std::string m = " --model " + dir_.path();
+    expect_error("generate" + m + " --prompt-ids '1,2;3' --ctx 101", "--ctx 101 x batch 2" + refused(bytes_of(101, 2)));
+    expect_error("generate" + m + " --prompt-ids '1,2;3' --max-new-tokens 99",
+                 "the longest prompt (2 tokens) + --max-new-tokens 99 x batch 2" + refused(bytes_of(101, 2)));
+    expect_error("bench" + m + " --prompt-len 5 --gen 96 --batch 1,2 -r 1",
+                 "--prompt-len 5 + --gen 96 x batch 2" + refused(bytes_of(101, 2)));
+    const CommandResult ok = run_command(kBin + " generate" + m + " --prompt-ids '1,2;3' --ctx 100 --max-new-tokens 2");
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    {
+        ScopedEnv bad(kHostMemEnv, "lots");
+        expect_error("generate" + m + " --prompt-ids 1,2", "SHARDLM_HOST_MEM_AVAILABLE=\"lots\": expected a byte count");
+    }
 }
 
 // --seed -1 was read as 2^64 - 1 without a word (boost's lexical_cast into uint64_t), in every

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "fixtures.h"
 #include "runtime/cpu_engine.h"
 
@@ -358,6 +359,50 @@ TEST(Engine, RefusedWorkspaceIsReported) {
     } catch (const WorkspaceAllocError& e) {
         EXPECT_EQ(e.bytes, SIZE_MAX);
     }
+}
+
+// A KV cache the allocator grants but the machine cannot back met the OOM killer: under
+// overcommit the allocation succeeded and zeroing it killed the process. The cache is now weighed
+// against the memory the machine can back first (core/host_memory.h; SHARDLM_HOST_MEM_AVAILABLE
+// stands in for it here) and refused with a line naming the flags, the bytes and that figure.
+TEST(Engine, KVCacheBeyondWhatTheMachineCanBackIsRefused) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 2});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 8;
+    so.max_batch = 2;
+    const KVCacheShape ks = kv_cache_shape(cfg, cfg.n_kv_heads, engine_options(so));
+    const size_t bytes = kv_cache_bytes(ks);
+    SingleRank comm;
+    {
+        const std::string less = std::to_string(bytes - 1);
+        ScopedEnv env(kHostMemEnv, less.c_str());
+        try {
+            KVCache kv(ks);
+            ADD_FAILURE() << "a KV cache of " << bytes << " bytes was allocated with " << less << " available";
+        } catch (const KVCacheAllocError& e) {
+            EXPECT_EQ(e.bytes, bytes);
+            EXPECT_EQ(e.available, bytes - 1);
+        }
+        try {
+            open_session(so, comm);
+            ADD_FAILURE() << "the session opened";
+        } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()), "--ctx 8 x batch 2: the KV cache needs 0.000 GiB (" + std::to_string(bytes) +
+                                                 " bytes) but the machine can back only 0.000 GiB (" + less +
+                                                 " bytes, SHARDLM_HOST_MEM_AVAILABLE)");
+        }
+    }
+    {
+        const std::string exact = std::to_string(bytes);
+        ScopedEnv env(kHostMemEnv, exact.c_str());
+        EXPECT_EQ(open_session(so, comm)->engine->kv_bytes(), bytes);
+    }
+    // The machine's own figure never refuses the test suite's small models.
+    ScopedEnv env(kHostMemEnv, nullptr);
+    EXPECT_EQ(open_session(so, comm)->engine->kv_bytes(), bytes);
 }
 
 TEST(Engine, PrefillChunkIsCappedByTheCache) {

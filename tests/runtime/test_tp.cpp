@@ -8,6 +8,8 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/host_memory.h"
+#include "model/shard.h"
 #include "fixtures.h"
 #include "mpi_world.h"
 #include "runtime/sampler.h"
@@ -121,6 +123,35 @@ TEST(TensorParallel, Int4Weights) {
 }
 
 #ifndef SHARDLM_TP_ON_CUDA
+// The CPU engine refuses a KV cache larger than the memory the machine can back (core/host_memory.h,
+// SHARDLM_HOST_MEM_AVAILABLE standing in for it); each rank weighs only its own share, so a figure
+// of one share lets TP=N run what one rank alone is refused.
+TEST(TensorParallel, EachRankWeighsItsShareOfTheKvCache) {
+    const ModelConfig cfg = tiny_config(Arch::Llama);  // 2 KV heads: 1 per rank with 2 or 4 ranks
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 7});
+    SessionOptions so;  // as run() opens it
+    so.model_dir = d.path();
+    so.ctx = 64;
+    so.prefill_chunk = 16;
+    const EngineOptions eo = engine_options(so);
+    const size_t whole = kv_cache_bytes(kv_cache_shape(cfg, cfg.n_kv_heads, eo));
+    const size_t share =
+        kv_cache_bytes(kv_cache_shape(cfg, plan_shard(cfg, world().rank(), world().size()).n_kv_heads, eo));
+    ASSERT_LT(share, whole);
+    const std::string avail = std::to_string(share);
+    ScopedEnv env(kHostMemEnv, avail.c_str());
+    SingleRank one;
+    try {
+        open_session(so, one);
+        ADD_FAILURE() << "one rank opened a KV cache of " << whole << " bytes with " << share << " available";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the KV cache needs 0.000 GiB (" + std::to_string(whole) + " bytes)"),
+                  std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(run(d.path(), world(), {{1, 2, 3}}, KVFormat::F32, {}));
+}
+
 // W4A8 (CPU only): the activations are quantized per group of the weights, and groups never
 // straddle a rank's columns, so each rank quantizes exactly the groups TP=1 does.
 TEST(TensorParallel, W4A8) {

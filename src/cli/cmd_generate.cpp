@@ -1,4 +1,5 @@
 // shardlm generate: prompts (text or ids) in, text and tokens out, JSON on request.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +51,16 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
         p.assign(flat.begin() + long(at), flat.begin() + long(at + len));
         at += len;
     }
+}
+
+// Whether `path` can be written (an existing file truncated, or a new one created) without
+// touching it: --dump-logits is refused before the load and the run, not after them.
+bool writable_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) return !S_ISDIR(st.st_mode) && ::access(path.c_str(), W_OK) == 0;
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
 }  // namespace
@@ -128,6 +139,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
         (void)check;
         if (!root) return;
+        if (!dump_logits.empty() && !writable_file(dump_logits)) fail("--dump-logits: cannot write ", dump_logits);
         if (vm.count("prompt-ids")) {
             prompts = parse_prompt_ids(prompt_ids);
             return;
@@ -165,8 +177,11 @@ int cmd_generate(const Args& args, Communicator& comm) {
     // Phase 2: every rank loads its shard.
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
-        if (auto_ctx) {  // open_session would blame a --ctx that was never given
-            const int64_t max_pos = load_config(model).max_position;
+        // Everything the flags, prompts and config decide is checked before the weights load
+        // (seconds on a real model), so a bad flag costs no load.
+        const ModelConfig cfg = load_config(model);
+        const int64_t max_pos = cfg.max_position;
+        if (auto_ctx) {  // check_context would blame a --ctx that was never given
             if (max_pos > 0 && longest > max_pos)
                 fail("the longest prompt has ", longest, " tokens, more than the model's max_position_embeddings ", max_pos);
             if (max_pos > 0 && so.ctx > max_pos)
@@ -174,12 +189,14 @@ int cmd_generate(const Args& args, Communicator& comm) {
                      " needs more than the model's max_position_embeddings ", max_pos,
                      " positions (lower --max-new-tokens, or set --ctx with --context-overflow slide)");
         }
-        s = open_session(so, comm);
+        check_context(cfg, so);
+        check_generate(cfg, engine_options(so), prompts, go);
         for (size_t i = 0; i < prompts.size(); ++i)
             for (int32_t id : prompts[i])
-                if (id >= s->cfg.vocab)
+                if (id >= cfg.vocab)
                     fail(vm.count("prompt-ids") ? "--prompt-ids: " : "tokenizer and model disagree: ", "prompt ", i,
-                         " has token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
+                         " has token id ", id, " outside the vocabulary [0, ", cfg.vocab, ")");
+        s = open_session(so, comm);
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.
     run_together(comm, [&] {

@@ -19,13 +19,12 @@ double now_ms() {
 }
 }  // namespace
 
-GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                        const GenerateOptions& opt, const TokenCallback& on_token) {
-    const ModelConfig& cfg = engine.config();
-    const int64_t ctx = engine.options().ctx;
+void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
+                    const GenerateOptions& opt) {
+    const int64_t ctx = eo.ctx;
     const size_t B = prompts.size();
     if (B == 0) fail("no prompt given");
-    if (int64_t(B) > engine.options().max_batch) fail("batch of ", B, " exceeds the engine's ", engine.options().max_batch, " slots");
+    if (int64_t(B) > eo.max_batch) fail("batch of ", B, " exceeds the engine's ", eo.max_batch, " slots");
     if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
     for (size_t s = 0; s < B; ++s) {
@@ -45,10 +44,18 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
                                                              : cat("the context of ", ctx, " positions (", opt.ctx_origin, ")");
         fail("--sink-tokens ", opt.sink_tokens, " must be >= 0 and leave at least 2 of ", ctx_named, " to slide over");
     }
-    if (opt.slide && kv_capacity(cfg, engine.options()) < ctx)
+    if (opt.slide && kv_capacity(cfg, eo) < ctx)
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
-             " and its cache holds only the newest ", kv_capacity(cfg, engine.options()),
+             " and its cache holds only the newest ", kv_capacity(cfg, eo),
              " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
+}
+
+GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                        const GenerateOptions& opt, const TokenCallback& on_token) {
+    const ModelConfig& cfg = engine.config();
+    check_generate(cfg, engine.options(), prompts, opt);
+    const int64_t ctx = engine.options().ctx;
+    const size_t B = prompts.size();
     const int64_t vocab = cfg.vocab;
     GenerateResult res;
     res.seqs.resize(B);

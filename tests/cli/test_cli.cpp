@@ -332,6 +332,27 @@ TEST_F(Cli, SinkTokensBlameTheFlagsTheContextCameFrom) {
     expect_error(m + " --ctx 5", "--sink-tokens 100 must be >= 0 and leave at least 2 of --ctx 5 to slide over");
 }
 
+// generate checked --sink-tokens, the prompts against --ctx, the prompt ids against the vocabulary
+// and --dump-logits only after the weights had loaded (seconds on a real model), or, for
+// --dump-logits, after the whole run. They are checked on the flags and config.json alone now:
+// with a checkpoint whose weights file is truncated, the flag error comes, not the file's.
+TEST_F(Cli, FlagErrorsComeBeforeTheWeightsLoad) {
+    const std::string weights = dir_.file("model.safetensors");
+    write_file(weights, read_file(weights).substr(0, 64));
+    const std::string g = "generate --model " + dir_.path(), m = g + " --prompt-ids 1,2";
+    expect_error(m + " --ctx 8 --max-new-tokens 2", weights);  // a request without fault reaches the load, which fails
+    expect_error(m + " --ctx 8 --context-overflow slide --sink-tokens 7",
+                 "--sink-tokens 7 must be >= 0 and leave at least 2 of --ctx 8 to slide over");
+    expect_error(m + " --context-overflow slide --sink-tokens 100 --max-new-tokens 3",
+                 "--sink-tokens 100 must be >= 0 and leave at least 2 of the context of 5 positions");
+    expect_error(m + " --ctx 8 --max-new-tokens 9", "prompt 0 has 2 tokens; with --max-new-tokens 9 it needs a context of 11");
+    expect_error(g + " --prompt-ids '1;2,3,4,5,6,7,8,9,10' --ctx 8 --context-overflow slide",
+                 "prompt 1 has 9 tokens but --ctx is 8");
+    expect_error(g + " --prompt-ids '1;2,99999'", "--prompt-ids: prompt 1 has token id 99999 outside the vocabulary [0, 384)");
+    expect_error(m + " --dump-logits " + dir_.file("no-such-folder/logits.json"), "--dump-logits: cannot write");
+    expect_error(m + " --dump-logits " + dir_.path(), "--dump-logits: cannot write");
+}
+
 // make-model into a folder that holds a checkpoint overwrote it with random weights, exit 0.
 TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
     const std::string cfg = read_file(dir_.file("config.json"));

@@ -44,6 +44,33 @@ bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Tensor names in natural order: runs of digits compare as numbers, so model.layers.4 comes
+// before model.layers.10 (plain string order puts "1" before "4"). Names equal that way (leading
+// zeros) fall back to string order, which keeps the order total.
+bool natural_less(const std::string& a, const std::string& b) {
+    auto digit = [](char c) { return c >= '0' && c <= '9'; };
+    size_t i = 0, j = 0;
+    while (i < a.size() && j < b.size()) {
+        if (digit(a[i]) && digit(b[j])) {
+            size_t ie = i, je = j;
+            while (ie < a.size() && digit(a[ie])) ++ie;
+            while (je < b.size() && digit(b[je])) ++je;
+            size_t iz = i, jz = j;  // past the leading zeros: more digits left is the larger number
+            while (iz + 1 < ie && a[iz] == '0') ++iz;
+            while (jz + 1 < je && b[jz] == '0') ++jz;
+            if (ie - iz != je - jz) return ie - iz < je - jz;
+            const int c = a.compare(iz, ie - iz, b, jz, je - jz);
+            if (c != 0) return c < 0;
+            i = ie, j = je;
+        } else {
+            if (a[i] != b[j]) return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
+            ++i, ++j;
+        }
+    }
+    if (i < a.size() || j < b.size()) return j < b.size();  // a ran out first: a prefix of b
+    return a < b;
+}
+
 // " (layer 5; num_hidden_layers is 4)" for a tensor of a layer the config does not have, else "".
 std::string layer_hint(const std::string& name, int64_t n_layers) {
     const std::string prefix = "model.layers.";
@@ -135,13 +162,18 @@ public:
     // (a config with fewer layers, or without the biases the checkpoint holds). Skipped on purpose:
     // rotary inv_freq buffers (older HF Llama checkpoints; recomputed from rope_theta) and, with
     // tied embeddings, an lm_head.weight (the embedding is the truth).
+    // The one named is the first in natural order (natural_less): the lowest layer the config lacks.
     void check_all_read() const {
+        const std::string* first = nullptr;
+        const TensorInfo* info = nullptr;
         for (const auto& [name, t] : ckpt_.tensors()) {
             if (read_.count(name) || ends_with(name, ".rotary_emb.inv_freq") || (cfg_.tie_embeddings && name == "lm_head.weight"))
                 continue;
-            fail(t->file, ": tensor ", name, " is not part of the model ", ckpt_.dir(), "/config.json describes",
-                 layer_hint(name, cfg_.n_layers), "; the checkpoint does not match its config");
+            if (!first || natural_less(name, *first)) first = &name, info = t;
         }
+        if (first)
+            fail(info->file, ": tensor ", *first, " is not part of the model ", ckpt_.dir(), "/config.json describes",
+                 layer_hint(*first, cfg_.n_layers), "; the checkpoint does not match its config");
     }
 
     const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape,

@@ -111,6 +111,35 @@ TEST(Weights, TensorsTheConfigDoesNotDescribeAreRefused) {
         << load_error(d.path());
 }
 
+// The unread tensor named was the first in plain string order: a 12-layer checkpoint under a
+// 4-layer config blamed model.layers.10 ("1" < "4"). Names are now taken in natural order (digit
+// runs as numbers), so the error names the lowest layer the config lacks.
+TEST(Weights, TheUnreadTensorNamedIsTheLowestLayer) {
+    TempDir d;
+    ModelConfig c = tiny_config(Arch::Llama);
+    c.n_layers = 12;
+    write_synthetic_checkpoint(d.path(), c, {DType::F16, 1, 3});
+    std::string cfg = read_file(d.file("config.json"));
+    const std::string twelve = "\"num_hidden_layers\": 12";
+    cfg.replace(cfg.find(twelve), twelve.size(), "\"num_hidden_layers\": 4");
+    write_file(d.file("config.json"), cfg);
+    const std::string err = load_error(d.path());
+    EXPECT_NE(err.find(d.file("model.safetensors") + ": tensor model.layers.4.input_layernorm.weight is not part of the "
+                       "model " + d.file("config.json") + " describes (layer 4; num_hidden_layers is 4)"),
+              std::string::npos)
+        << err;
+    // Within a number's run, more digits is later whatever they are; leading zeros do not count.
+    rewrite(d.path(), [](auto& ts) {
+        for (auto& t : ts)
+            if (t.name.rfind("model.layers.4.", 0) == 0 || t.name.rfind("model.layers.5.", 0) == 0 ||
+                t.name.rfind("model.layers.6.", 0) == 0)
+                t.name.insert(std::string("model.layers.").size(), "00");
+    });
+    EXPECT_NE(load_error(d.path()).find("tensor model.layers.004.input_layernorm.weight is not part of the model"),
+              std::string::npos)
+        << load_error(d.path());
+}
+
 // What real HF checkpoints carry beside the model and the loader skips on purpose: the rotary
 // inv_freq buffers of older Llama conversions, and a tied model's copy of its embedding as lm_head.
 TEST(Weights, RotaryBuffersAndATiedLmHeadStillLoad) {

@@ -142,23 +142,6 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
     }
 }
 
-// I4: each chunk's group min (as load_step loads its scale), 0 for chunks past the row, whose
-// zero codes would otherwise dequantize to the min instead of to 0.
-template <int R, int U>
-__device__ __forceinline__ void load_mins(const float* const (&mrow)[R], int k0, int chunks, int shift,
-                                          int group_chunks, float (&mn)[U][R]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = k0 + u * kChunksPerStep;
-        const int kc = min(k, chunks - 1);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float m = __ldg(mrow[r] + group_of(kc, shift, group_chunks));
-            mn[u][r] = k < chunks ? m : 0.0f;
-        }
-    }
-}
-
 // R rows per group, N token rows (n <= N; rows of x past n - 1 repeat row n - 1, never stored),
 // U chunks per row in flight per lane. Block b computes row tile b; on a persistent grid (GemvGrid)
 // also tiles b + gridDim.x, b + 2 * gridDim.x, ..., each tile's first weights loaded before the
@@ -415,14 +398,6 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     const int64_t blocks = persistent_blocks(a.tiles, per_sm);
     a.prefetch_parts = gemv_prefetch_parts(a.next, blocks);
     launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
-}
-
-// R for n <= 2 (VecConfig): 8 chunks in flight per lane where the row has them, unless
-// SHARDLM_GEMV_R forces it (gemv_forced_rows_per_group in gemv.h).
-int rows_per_group(int chunks) {
-    if (const int forced = gemv_forced_rows_per_group()) return forced;
-    const int lane_chunks = (chunks + kChunksPerStep - 1) / kChunksPerStep;
-    return lane_chunks <= 2 ? 4 : lane_chunks <= 4 ? 2 : 1;
 }
 
 template <WKind K, int N>

@@ -76,6 +76,33 @@ __device__ __forceinline__ void load_step(W* const (&wrow)[R], const float* cons
     }
 }
 
+// I4 (gemv.cu, w4a8.cu): each chunk's group min (as load_step loads its scale), 0 for chunks past
+// the row, whose zero codes would otherwise dequantize to the min instead of to 0 (and, against
+// INT8 activations, add min * sum(q) of the row's last chunk).
+template <int R, int U>
+__device__ __forceinline__ void load_mins(const float* const (&mrow)[R], int k0, int chunks, int shift,
+                                          int group_chunks, float (&mn)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * kChunksPerStep;
+        const int kc = min(k, chunks - 1);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float m = __ldg(mrow[r] + group_of(kc, shift, group_chunks));
+            mn[u][r] = k < chunks ? m : 0.0f;
+        }
+    }
+}
+
+// R for n <= 2 in a row of `chunks` 16-byte chunks (gemv.cu's VecConfig says why): 8 chunks in
+// flight per lane where the row has them, unless SHARDLM_GEMV_R forces it
+// (gemv_forced_rows_per_group in gemv.h).
+inline int rows_per_group(int chunks) {
+    if (const int forced = gemv_forced_rows_per_group()) return forced;
+    const int lane_chunks = (chunks + kChunksPerStep - 1) / kChunksPerStep;
+    return lane_chunks <= 2 ? 4 : lane_chunks <= 4 ? 2 : 1;
+}
+
 // The block's outputs: acc[r][t] of each lane summed over the 8 lanes of its group (xor 4, 2, 1
 // stays inside the group), then over the warps through shared memory in a fixed order (results
 // repeat run to run); y[t, row] = sum (+ bias[row]) for the tile's rows below `rows` and t < n.

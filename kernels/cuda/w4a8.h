@@ -1,0 +1,32 @@
+// W4A8 on the GPU: INT4 weights (AWQ-style codes with a scale and a min per group, matrix.h) times
+// dynamically quantized INT8 activations (quantize_acts_cuda, w8a8.h). The CPU is the truth
+// (matmul_w4a8_ref, kernels/cpu/matmul.h):
+//
+//   y[t, r] = sum over dot groups k0 of g = min(ga, gw) columns of
+//             act_scale[t, k0 / ga] * (w_scale[r, k0 / gw] * D + w_min[r, k0 / gw] * S), + bias[r]
+//   D = INT32 sum_{k0 <= c < k0 + g} q[t, c] * code[r, c],   S = INT32 sum of the same q[t, c]
+//
+// i.e. the dequantized weights times the dequantized activations, with both integer sums exact.
+// ga and gw divide one another and cols, and the smaller is a multiple of 32 (one 16-byte block
+// of codes), as on the CPU. Decode runs gemv_w4a8_cuda below; prefill runs CublasInt8Gemm (w8a8.h),
+// which unpacks the codes to INT8 and takes cuBLAS's INT8 tensor-core GEMM for D.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/matrix.h"
+#include "kernels/cuda/w8a8.h"
+
+namespace shardlm {
+
+// The checks of the CPU's matmul_w4a8 (kernels/cpu/matmul.cpp) on w (I4) and a, naming `fn`.
+void check_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const char* fn);
+
+// Decode: y f32 [a.n, w.rows] for a.n <= kGemvMaxTokens, every weight byte read once (__dp4a on
+// the codes, 0..15, as signed bytes). bias [w.rows] or null; next: the matrix to prefetch into L2
+// meanwhile (gemv.h; the vector path does, the scalar fallback for misaligned pointers does not).
+void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
+                    const GemvNext& next = {});
+
+}  // namespace shardlm

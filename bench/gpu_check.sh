@@ -522,6 +522,9 @@ step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
 # INT4 layers (AWQ-style, group 128) with the INT8 lm_head: 1.10 GB read per step against INT8's
 # 1.73 GB; never timed before (written 2026-12-01 without a GPU).
 step bench-int4-int8-graph 90 s_bench bench-int4-int8-g1 1,4 int4 int8 1
+# The same 4-bit weights with INT8 activations (W4A8: __dp4a decode GEMV, cuBLAS INT8 prefill one
+# product per group of 128 columns; written 2026-12-02 without a GPU).
+step bench-w4a8-int8-graph 90 s_bench bench-w4a8-int8-g1 1,4 w4a8 int8 1
 # Prefill attention on the FP32 pipes (SHARDLM_PREFILL_TC=0) against the default rows above, whose
 # prefill runs on tensor cores (kernels/cuda/attention.h): the report's "Prefill attention" table.
 step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "bench-int8-int8-g1-prefill-fp32" 1,4 int8 int8 1
@@ -573,6 +576,7 @@ step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
 step sanitize-int4 90 s_sanitize --weights int4 --group-size 32 --kv int8
+step sanitize-w4a8 90 s_sanitize --weights w4a8 --group-size 32 --kv int8
 step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0
 step ncu-step-fp16 150 s_ncu_step ncu-step-fp16 --weights fp16 --kv fp16

@@ -71,7 +71,7 @@ void add_precision_options(po::options_description& d, PrecisionFlags& f) {
     d.add_options()
         ("weights", po::value(&f.weights)->default_value("auto"),
          "auto|fp32|fp16|bf16|int8|w8a8|int4|w4a8 (auto: as stored; int8: INT8 weights; w8a8: also INT8 activations; "
-         "int4: AWQ-style 4-bit layer weights, INT8 lm_head; w4a8: int4 with INT8 activations, CPU only)")
+         "int4: AWQ-style 4-bit layer weights, INT8 lm_head; w4a8: int4 with INT8 activations)")
         ("kv", po::value(&f.kv)->default_value("auto"), "KV cache auto|fp32|fp16|bf16|int8 (auto: fp32)")
         ("group-size", po::value(&f.group_size)->default_value(0), "quantization scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4/w4a8)")
         ("keep-fp16", po::value(&f.keep_fp16), "int8/w8a8/int4/w4a8: keep Linear tensors whose HF name matches this regex in FP16/BF16");

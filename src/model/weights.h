@@ -24,7 +24,8 @@ namespace shardlm {
 // vocabulary matrix (lm_head, and the tied embedding) stays INT8 per output channel, the layer a
 // 4-bit model is most sensitive in (AWQ keeps it 16-bit; INT8 costs it nothing measurable).
 // W4A8 holds the same weights as Int4 and also quantizes the layers' activations to INT8 per group
-// of the weights' group size (CPU only: the 4-bit codes are VNNI's unsigned operand as they are).
+// of the weights' group size (the 4-bit codes are VNNI's unsigned operand, and __dp4a's signed one,
+// as they are).
 enum class WeightFormat { Auto, F32, F16, BF16, Int8, W8A8, Int4, W4A8 };
 
 WeightFormat parse_weight_format(const std::string& s);  // throws Error naming --weights

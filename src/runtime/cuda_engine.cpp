@@ -22,6 +22,7 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
 #include "kernels/cuda/topk.h"
+#include "kernels/cuda/w4a8.h"
 #include "kernels/cuda/w8a8.h"
 
 namespace shardlm {
@@ -107,9 +108,11 @@ int64_t act_group(const DeviceMatrix& w) {
     return w.group_size > 0 && w.group_size < w.cols ? w.group_size : w.cols;
 }
 
-// Whether projection b takes the quantized input a's W8A8 path made (same dtype and grouping).
+// Whether projection b takes the quantized input a's W8A8/W4A8 path made (same quantized dtype and
+// grouping).
 bool same_acts(const CudaLinear& b, const CudaLinear& a) {
-    return b.w.dtype == DType::I8 && a.w.dtype == DType::I8 && act_group(b.w) == act_group(a.w);
+    return (b.w.dtype == DType::I8 || b.w.dtype == DType::I4) && b.w.dtype == a.w.dtype &&
+           act_group(b.w) == act_group(a.w);
 }
 
 }  // namespace
@@ -118,8 +121,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
                        std::function<void()> wait, const EngineOptions& opt)
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
-    w8a8_ = w.format == WeightFormat::W8A8;
-    SHARDLM_CHECK(w.format != WeightFormat::W4A8, "CudaEngine: w4a8 has no CUDA kernels (use int4)");
+    int8_acts_ = quantizes_acts(w.format);
     SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     if (!stream) {
@@ -152,10 +154,11 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     // cuBLAS prefill dequantizes INT8 and INT4 matrices into an F16 scratch, a block of whole rows
     // at a time: the largest stacked matrix (fused ones included), but at most 32 M elements. Staging
     // (EngineOptions::gemm_staging) adds a second one for the largest layer matrix that fits whole.
+    // (Under W8A8/W4A8 only lm_head takes that path: the layers' products are INT8 ones.)
     constexpr int64_t kMaxDequant = int64_t(32) << 20;
     int64_t largest = 0, stage_elems = 0;
     auto consider = [&](const WeightView& v, bool layer) {
-        if (!v.quantized()) return;
+        if (!v.quantized() || (int8_acts_ && layer)) return;
         largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, kMaxDequant)));
         if (layer && v.rows * v.cols <= kMaxDequant) stage_elems = std::max(stage_elems, v.rows * v.cols);
     };
@@ -165,35 +168,40 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
         consider(stacked({&L.q, &L.k, &L.v}), true);
         consider(stacked({&L.gate, &L.up}), true);
     }
-    staging_ = !w8a8_ && stage_elems > 0 && (opt.gemm_staging >= 0 ? opt.gemm_staging == 1 : int8_gemm_staging());
+    staging_ = !int8_acts_ && stage_elems > 0 && (opt.gemm_staging >= 0 ? opt.gemm_staging == 1 : int8_gemm_staging());
     if (!staging_) stage_elems = 0;
     size_t free_b = 0, total_b = 0;
     device_memory_info(&free_b, &total_b);
     // W8A8 prefill keeps one dot group's INT32 products of the widest INT8 matrix (lm_head stays
-    // W8A16, as on the CPU).
-    int64_t int8_rows = 0;
-    if (w8a8_)
+    // W8A16, as on the CPU); W4A8 also a block of unpacked codes and the activations' group sums.
+    int64_t int8_rows = 0, i4_cols = 0;
+    if (int8_acts_)
         for (const LayerWeights& L : w.layers) {
             int8_rows = std::max({int8_rows, stacked({&L.q, &L.k, &L.v}).rows, stacked({&L.gate, &L.up}).rows, L.o.w.rows,
                                   L.down.w.rows});
+            for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+                if (l->w.dtype == DType::I4) i4_cols = std::max(i4_cols, l->w.cols);
         }
     const int64_t gemm_rows = std::max(opt.max_step_tokens, opt_.max_logit_rows);
     const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest + stage_elems) * 2 +
                               (size_t(32) << 20) +
-                              size_t(gemm_rows * int8_rows) * sizeof(int32_t);
+                              size_t(gemm_rows * int8_rows) * sizeof(int32_t) +
+                              size_t(std::min(int8_rows * i4_cols, int64_t(32) << 20)) +
+                              size_t(opt.max_step_tokens * (i4_cols / 32)) * sizeof(int32_t);
     const size_t need = sizing.used() + gemm_guess;
     if (need > free_b)
-        fail("the model does not fit on ", device_name_, " (rank ", comm.rank(), "): it needs ", gib(need),
-             " GiB (weights ", gib(weight_bytes_), ", KV cache ", gib(kv_bytes_), ", workspace ",
-             gib(ws_bytes_ + gemm_guess), ") and ", gib(free_b), " GiB are free; lower --ctx or --batch, use "
-             "--weights int8 / --kv int8, or add ranks");
+        throw DeviceFitError(cat("the model does not fit on ", device_name_, " (rank ", comm.rank(), "): it needs ",
+                                 gib(need), " GiB (weights ", gib(weight_bytes_), ", KV cache ", gib(kv_bytes_),
+                                 ", workspace ", gib(ws_bytes_ + gemm_guess), ") and ", gib(free_b),
+                                 " GiB are free; lower --ctx or --batch, use --weights int8 / --kv int8, or add ranks"),
+                             device_name_, comm.rank(), need, free_b, weight_bytes_, kv_bytes_, ws_bytes_ + gemm_guess);
     arena_ = DeviceArena(sizing.used());
     weight_bytes_ = kv_bytes_ = ws_bytes_ = 0;
     layout(arena_, w);
     gemm_ = std::make_unique<CublasGemm>(stream_, gemm_rows, widest, largest, stage_elems);
     ws_bytes_ += gemm_->scratch_bytes();
-    if (w8a8_) {
-        int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows);
+    if (int8_acts_) {
+        int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows, i4_cols);
         ws_bytes_ += int8_gemm_->scratch_bytes();
     }
     meta_host_ = PinnedBuffer(meta_bytes_);
@@ -314,7 +322,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     qkv_ = floats(T * size_t(q_dim + 2 * kv_dim));
     gate_up_ = floats(T * size_t(2 * plan_.n_inter));
     last_ = floats(L * size_t(c.hidden));
-    if (w8a8_) {  // W8A8: a layer input quantized per token (and group): int8 values, f32 scales
+    if (int8_acts_) {  // W8A8/W4A8: a layer input quantized per token (and group): int8 values, f32 scales
         const size_t widest = size_t(std::max({c.hidden, q_dim, plan_.n_inter}));
         act_q_ = static_cast<int8_t*>(a.take(T * widest));
         act_scales_ = floats(T * widest);  // at most one scale per element
@@ -404,7 +412,7 @@ void CudaEngine::upload(const ModelWeights& w) {
     // int8, already contiguous per lane, so its matrices keep the natural order; lm_head (and a
     // tied embedding) always goes through the W8A16 GEMV. INT4 matrices stay natural (the call
     // declines them).
-    if (!w8a8_)
+    if (!int8_acts_)
         for (CudaLayer& d : layers_)
             for (CudaLinear* l : {&d.qkv, &d.gate_up, &d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})
                 if (l->w.data) gemv_interleave_cuda(l->w, stream_);
@@ -433,7 +441,7 @@ GemvNext CudaEngine::next_of(const DeviceMatrix& w) const {
 
 bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
     const ModelConfig& c = cfg_;
-    if (w8a8_ && next.w.dtype == DType::I8 && act_group(next.w) == c.hidden) {
+    if (int8_product(next.w) && act_group(next.w) == c.hidden) {
         add_rmsnorm_quantize_cuda(x_, delta, w, h_, T, c.hidden, c.rms_eps, act_q_, act_scales_, stream_);
         return true;
     }
@@ -446,8 +454,8 @@ HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*>
     const HalfInput h = gemm_->input_for((*ls.begin())->w);
     for (const CudaLinear* l : ls) {
         const HalfInput o = gemm_->input_for(l->w);
-        // (W8A8 INT8 products take int8 activations, not this.)
-        if (!o.data || o.type != h.type || o.interleave_c != h.interleave_c || (w8a8_ && l->w.dtype == DType::I8))
+        // (W8A8/W4A8 products take int8 activations, not this.)
+        if (!o.data || o.type != h.type || o.interleave_c != h.interleave_c || int8_product(l->w))
             return {};
     }
     return h;
@@ -456,13 +464,14 @@ HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*>
 void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts, bool acts_ready) {
     // x null: a cuBLAS product whose 16-bit input its producer wrote (shared_half_input).
     SHARDLM_CHECK(x || T > kGemvMaxTokens, "CudaEngine: a decode product without its input");
-    if (w8a8_ && int8_acts && l.w.dtype == DType::I8) {
-        // W8A8: the input quantized per token or group, then INT32 dot products.
+    if (int8_acts && int8_product(l.w)) {
+        // W8A8/W4A8: the input quantized per token or group, then INT32 dot products.
         const int64_t cols = l.w.cols, g = act_group(l.w);
         if (!acts_ready) quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
         const DeviceActs a{act_q_, act_scales_, T, cols, g};
-        if (T <= kGemvMaxTokens) gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
-        else int8_gemm_->run(l.w, a, l.bias, y);
+        if (T > kGemvMaxTokens) int8_gemm_->run(l.w, a, l.bias, y);
+        else if (l.w.dtype == DType::I4) gemv_w4a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+        else gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
         return;
     }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
@@ -568,14 +577,14 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         const float* down_x = gate_;
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
-            const bool fused = T <= kGemvMaxTokens && !(w8a8_ && L.gate_up.w.dtype == DType::I8) &&
+            const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) &&
                                gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
                                                 next_of(L.gate_up.w));
             if (!fused) {
                 linear(L.gate_up, mlp_x, T, gate_up_, true, mlp_ready);
-                // Under W8A8 with per-token scales for down, SwiGLU quantizes its own output; before
-                // a cuBLAS product it writes the product's 16-bit input.
-                down_ready = w8a8_ && L.down.w.dtype == DType::I8 && act_group(L.down.w) == plan_.n_inter;
+                // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;
+                // before a cuBLAS product it writes the product's 16-bit input.
+                down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter;
                 const HalfInput down_in = down_ready ? HalfInput{} : shared_half_input({&L.down}, T);
                 if (down_ready) silu_mul_rows_quantize_cuda(gate_up_, T, plan_.n_inter, gate_, act_q_, act_scales_, s);
                 else if (down_in.data && silu_mul_rows_half_cuda(gate_up_, T, plan_.n_inter, down_in, s)) down_x = nullptr;
@@ -592,7 +601,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
     rmsnorm_rows_cuda(x_, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
                       c.rms_eps, s);
-    // (lm_head stays W8A16 under w8a8, as on the CPU.)
+    // (lm_head stays W8A16 under w8a8 and w4a8, as on the CPU.)
     if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_, false);
     // Under tensor parallelism each rank now holds its vocabulary slice's logits; forward() gathers
     // them, forward_top() only each slice's candidates.

@@ -18,10 +18,12 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
@@ -33,6 +35,19 @@
 #include "runtime/engine.h"
 
 namespace shardlm {
+
+// Construction found the weights, KV cache and workspace larger than the device's free memory.
+// what() says so with the bytes; open_session rewrites it naming the flags behind the KV cache and
+// the step size (SessionOptions::ctx_origin, chunk_origin), which the engine does not know.
+struct DeviceFitError : Error {
+    DeviceFitError(const std::string& msg, std::string dev, int r, size_t need_b, size_t free_b, size_t weight_b,
+                   size_t kv_b, size_t ws_b)
+        : Error(msg), device(std::move(dev)), rank(r), need(need_b), free(free_b), weights(weight_b), kv(kv_b),
+          workspace(ws_b) {}
+    std::string device;
+    int rank;
+    size_t need, free, weights, kv, workspace;  // bytes
+};
 
 struct CudaLinear {
     DeviceMatrix w;  // [out, in]
@@ -84,13 +99,13 @@ private:
     void wait();                                           // until the stream is done
     void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits);
     void collective(std::function<void()> op);
-    // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8 INT8 matrices quantize x first
-    // unless int8_acts is false (lm_head, which stays W8A16 as on the CPU), or take the quantized
-    // x already in act_q_ / act_scales_ when acts_ready (see norm_for).
+    // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8's INT8 and W4A8's INT4 matrices
+    // (int8_product) quantize x first unless int8_acts is false (lm_head, which stays W8A16 as on
+    // the CPU), or take the quantized x already in act_q_ / act_scales_ when acts_ready (see norm_for).
     void linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts = true,
                 bool acts_ready = false);
-    // The residual add and the norm into h_ before projection `next`; under W8A8, when next takes
-    // per-token activation scales, the norm also quantizes h_ into act_q_ / act_scales_ (one kernel
+    // The residual add and the norm into h_ before projection `next`; under W8A8/W4A8, when next
+    // takes per-token activation scales, the norm also quantizes h_ into act_q_ / act_scales_ (one kernel
     // instead of two). Returns whether it did: pass that as linear()'s acts_ready for every
     // projection of h_.
     bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T);
@@ -101,6 +116,10 @@ private:
     // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
     // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
     GemvNext next_of(const DeviceMatrix& w) const;
+    // Whether products with w take INT8 activations: I8 under W8A8, I4 under W4A8.
+    bool int8_product(const DeviceMatrix& w) const {
+        return int8_acts_ && (w.dtype == DType::I8 || w.dtype == DType::I4);
+    }
     // forward_top, and with temperature set each row's nucleus mass into mass.
     void top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
                         const float* temperature, uint64_t* mass);
@@ -116,8 +135,8 @@ private:
 
     DeviceArena arena_;
     std::unique_ptr<CublasGemm> gemm_;
-    std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill
-    bool w8a8_ = false;
+    std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 and W4A8 prefill
+    bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
     // L2 prefetch (EngineOptions::l2_prefetch): how many matrices ahead, and at most how many bytes of
     // them, 3/5 of the L2, so that the prefetched bytes and the current GEMV's stream fit together.
     int prefetch_depth_ = 0;
@@ -145,7 +164,7 @@ private:
     float* local_ = nullptr;     // [max_logit_rows, n_vocab]: this rank's lm_head rows
     float* padded_ = nullptr;    // [max_logit_rows, vocab_per_rank] (TP > 1: equal all-gather parts)
     float* gathered_ = nullptr;  // [tp, max_logit_rows, vocab_per_rank]
-    int8_t* act_q_ = nullptr;       // W8A8: the quantized layer input, [max_step_tokens, widest]
+    int8_t* act_q_ = nullptr;       // W8A8/W4A8: the quantized layer input, [max_step_tokens, widest]
     float* act_scales_ = nullptr;   // and its scales
     void* top_ = nullptr;           // forward_top: [vals | ids], each [max_logit_rows, kMaxTopCandidates]
     void* top_gathered_ = nullptr;  // [tp] of top_ (TP > 1)

@@ -117,11 +117,6 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     const ModelConfig& c = s->cfg;
     check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
-    const bool w4a8 = opt.load.format == WeightFormat::W4A8 ||
-                      (opt.load.format == WeightFormat::Auto && c.quant.present && c.quant.format == "w4a8");
-    if (w4a8 && device != Device::Cpu)
-        fail("--weights w4a8 runs on the CPU backend only (--device cpu); on a GPU, --weights int4 runs the same ",
-             "4-bit weights with 16-bit activations");
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo = engine_options(opt);
@@ -178,7 +173,17 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         } else {
             CUDA_CHECK(cudaSetDevice(0));
         }
-        s->engine = std::make_unique<CudaEngine>(s->cfg, s->weights, *data, stream, wait, eo);
+        try {
+            s->engine = std::make_unique<CudaEngine>(s->cfg, s->weights, *data, stream, wait, eo);
+        } catch (const DeviceFitError& e) {
+            // The engine knows the bytes, the session the flags behind them (a derived --ctx, a
+            // --prefill-chunk capped at ctx x batch).
+            fail("the model does not fit on ", e.device, " (rank ", e.rank, "): it needs ", gib(e.need), " GiB (weights ",
+                 gib(e.weights), ", KV cache ", gib(e.kv), " for ", ctx_flags(opt), " x batch ", opt.max_batch,
+                 ", workspace ", gib(e.workspace), " for steps of ", eo.max_step_tokens, " tokens from ",
+                 step_flags(opt, eo.max_step_tokens), ") and ", gib(e.free),
+                 " GiB are free; lower those flags, use --weights int8 / --kv int8, or add ranks");
+        }
         // The GPU holds the weights now: drop the host copies (quantized or converted buffers),
         // keeping the plan and format the reports print.
         ModelWeights kept;

@@ -122,6 +122,14 @@ TEST(TensorParallel, Int4Weights) {
     }
 }
 
+// W4A8 (both engines): the activations are quantized per group of the weights, and groups never
+// straddle a rank's columns, so each rank quantizes exactly the groups TP=1 does.
+TEST(TensorParallel, W4A8) {
+    ModelConfig c = tiny_config(Arch::Qwen3);
+    c.intermediate = 256;
+    compare_tp(c, DType::BF16, KVFormat::Int8, {WeightFormat::W4A8, 32, ""});
+}
+
 #ifndef SHARDLM_TP_ON_CUDA
 // The CPU engine refuses a KV cache larger than the memory the machine can back (core/host_memory.h,
 // SHARDLM_HOST_MEM_AVAILABLE standing in for it); each rank weighs only its own share, so a figure
@@ -152,13 +160,6 @@ TEST(TensorParallel, EachRankWeighsItsShareOfTheKvCache) {
     EXPECT_NO_THROW(run(d.path(), world(), {{1, 2, 3}}, KVFormat::F32, {}));
 }
 
-// W4A8 (CPU only): the activations are quantized per group of the weights, and groups never
-// straddle a rank's columns, so each rank quantizes exactly the groups TP=1 does.
-TEST(TensorParallel, W4A8) {
-    ModelConfig c = tiny_config(Arch::Qwen3);
-    c.intermediate = 256;
-    compare_tp(c, DType::BF16, KVFormat::Int8, {WeightFormat::W4A8, 32, ""});
-}
 #endif
 
 // Top-p without a top-k limit under tensor parallelism: on the CUDA engine each rank weighs its

@@ -70,8 +70,7 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         help = !parse_args(args, d, vm, "usage: shardlm perplexity --model DIR (--text-file F | --ids-file F) [--ctx N]", root);
         if (help) return;
         if (vm.count("ids-file") == vm.count("text-file")) fail("give one of --text-file or --ids-file");
-        if (ctx < 2) fail("--ctx must be at least 2");
-        if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        check_perplexity_options({ctx, chunk});
         SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -141,18 +140,18 @@ int cmd_perplexity(const Args& args, Communicator& comm) {
         so.max_logit_rows = chunk;
         return so;
     };
-    std::unique_ptr<Session> s, ref;
-    run_together(comm, [&] {
-        s = open_session(options(prec.weights, prec.kv, false), comm);
-        for (int32_t id : tokens)
-            if (id < 0 || id >= s->cfg.vocab) fail(ids_file.empty() ? text_file : ids_file, ": token id ", id, " outside the vocabulary [0, ", s->cfg.vocab, ")");
-        if (tokens.size() < 2) fail(ids_file.empty() ? text_file : ids_file, ": needs at least 2 tokens");
-        if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : per_layer ? "fp32" : prec.weights,
-                                                vm.count("compare-kv") ? cmp_kv : prec.kv, true), comm);
-    });
     PerplexityOptions po;
     po.ctx = ctx;
     po.chunk = chunk;
+    std::unique_ptr<Session> s, ref;
+    run_together(comm, [&] {
+        // The tokens are checked against config.json before the weights load (seconds on a real
+        // model), so a bad token file costs no load.
+        check_perplexity(load_config(model), tokens, po, ids_file.empty() ? text_file : ids_file);
+        s = open_session(options(prec.weights, prec.kv, false), comm);
+        if (compare) ref = open_session(options(vm.count("compare-weights") ? cmp_weights : per_layer ? "fp32" : prec.weights,
+                                                vm.count("compare-kv") ? cmp_kv : prec.kv, true), comm);
+    });
     if (per_layer) {
         // Layer by layer: everything but one layer's Linear tensors kept unquantized (a negative
         // lookahead over the HF names), the rest of the flags as given.

@@ -11,6 +11,19 @@ namespace shardlm {
 
 double PerplexityResult::perplexity() const { return scored ? std::exp(nll_sum / double(scored)) : 0.0; }
 
+void check_perplexity_options(const PerplexityOptions& opt) {
+    if (opt.ctx < 2) fail("--ctx must be at least 2");
+    if (opt.chunk < 1) fail("--prefill-chunk must be at least 1");
+}
+
+void check_perplexity(const ModelConfig& cfg, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
+                      const std::string& source) {
+    check_perplexity_options(opt);
+    for (int32_t id : tokens)
+        if (id < 0 || id >= cfg.vocab) fail(source, ": token id ", id, " outside the vocabulary [0, ", cfg.vocab, ")");
+    if (tokens.size() < 2) fail(source, ": needs at least 2 tokens, got ", tokens.size());
+}
+
 namespace {
 
 // log-sum-exp of one row, in double.
@@ -52,10 +65,9 @@ void for_each_window(Engine& e, const std::vector<int32_t>& tokens, const Perple
     }
 }
 
+// check_perplexity, and the engine sized for the windows and steps (the caller's contract).
 void check(const Engine& e, const std::vector<int32_t>& tokens, const PerplexityOptions& opt) {
-    if (tokens.size() < 2) fail("perplexity needs at least 2 tokens, got ", tokens.size());
-    if (opt.ctx < 2) fail("--ctx must be at least 2 for perplexity");
-    if (opt.chunk < 1) fail("--prefill-chunk must be at least 1");
+    check_perplexity(e.config(), tokens, opt);
     SHARDLM_CHECK(e.options().ctx >= opt.ctx && e.options().max_step_tokens >= step_tokens(opt) &&
                   e.options().max_logit_rows >= step_tokens(opt));
 }

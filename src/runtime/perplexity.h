@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "runtime/engine.h"
 
 namespace shardlm {
@@ -30,6 +32,15 @@ struct LogitComparison {
     double mean_kl() const { return ref.scored ? kl_sum / double(ref.scored) : 0.0; }
     double top1() const { return ref.scored ? double(top1_agree) / double(ref.scored) : 0.0; }
 };
+
+// The checks perplexity() and compare_logits() make before they run anything, on the options,
+// the tokens and the config alone (throws Error): check_perplexity_options the flags (--ctx at
+// least 2, --prefill-chunk at least 1), check_perplexity those and the tokens too (at least 2,
+// each within [0, cfg.vocab)); `source`, where the tokens came from (a file), begins the token
+// errors. The CLI calls them before loading the weights.
+void check_perplexity_options(const PerplexityOptions& opt);
+void check_perplexity(const ModelConfig& cfg, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
+                      const std::string& source = "perplexity");
 
 // The engines need max_batch >= 1, ctx >= opt.ctx, max_step_tokens and max_logit_rows >= opt.chunk.
 PerplexityResult perplexity(Engine& engine, const std::vector<int32_t>& tokens, const PerplexityOptions& opt);

@@ -353,6 +353,32 @@ TEST_F(Cli, FlagErrorsComeBeforeTheWeightsLoad) {
     expect_error(m + " --dump-logits " + dir_.path(), "--dump-logits: cannot write");
 }
 
+// perplexity checked the token ids against the vocabulary and that there are at least 2 only
+// after the weights had loaded (seconds on a real model). They are checked on the tokens and
+// config.json alone now: with a truncated weights file, the token file's error comes, not the
+// weights file's (with a --compare-weights reference too, and for a --text-file).
+TEST_F(Cli, PerplexityTokenErrorsComeBeforeTheWeightsLoad) {
+    const std::string weights = dir_.file("model.safetensors");
+    write_file(weights, read_file(weights).substr(0, 64));
+    write_file(dir_.file("ids.txt"), "5 6 7 8\n");
+    write_file(dir_.file("one.txt"), "5\n");
+    write_file(dir_.file("big.txt"), "5 6 99999 7\n");
+    const std::string p = "perplexity --model " + dir_.path() + " --ctx 8 --ids-file ";
+    expect_error(p + dir_.file("ids.txt"), weights);  // tokens without fault reach the load, which fails
+    expect_error(p + dir_.file("one.txt"), dir_.file("one.txt") + ": needs at least 2 tokens, got 1");
+    expect_error(p + "/dev/null", "/dev/null: needs at least 2 tokens, got 0");
+    expect_error(p + dir_.file("big.txt"), dir_.file("big.txt") + ": token id 99999 outside the vocabulary [0, 384)");
+    expect_error(p + dir_.file("big.txt") + " --compare-weights fp32", "token id 99999 outside the vocabulary");
+    // Text: the shipped model's tokenizer and config, its weights truncated; "a" is one token.
+    TempDir kjv;
+    for (const std::string f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+        write_file(kjv.file(f), read_file(SHARDLM_SOURCE_DIR "/launch/models/kjv-small/" + f));
+    write_file(kjv.file("model.safetensors"), read_file(weights));
+    write_file(dir_.file("a.txt"), "a");
+    expect_error("perplexity --model " + kjv.path() + " --text-file " + dir_.file("a.txt"),
+                 dir_.file("a.txt") + ": needs at least 2 tokens, got 1");
+}
+
 // make-model into a folder that holds a checkpoint overwrote it with random weights, exit 0.
 TEST_F(Cli, MakeModelRefusesToOverwriteACheckpoint) {
     const std::string cfg = read_file(dir_.file("config.json"));

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "fixtures.h"
 #include "runtime/perplexity.h"
 
@@ -78,4 +80,33 @@ TEST(Perplexity, ComparisonOfAModelWithItselfIsExact) {
     EXPECT_LT(diff.max_abs_err, 0.5);
     EXPECT_GE(diff.mean_kl(), 0.0);
     EXPECT_LT(diff.mean_kl(), 1e-2);
+}
+
+// The library calls run the checks the CLI runs before its load (check_perplexity), by the same
+// function: ids beyond the vocabulary (which row[next] would have read past) and fewer than 2 tokens.
+TEST(Perplexity, LibraryCallsRunTheCliChecks) {
+    TempDir d;
+    const ModelConfig c = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), c, {DType::BF16, 1, 43});
+    SingleRank comm;
+    auto s = session(d.path(), 8, 4, WeightFormat::Auto, comm);
+    const std::vector<int32_t> beyond = {5, 6, int32_t(c.vocab), 7};
+    const std::string vocab_error = "perplexity: token id " + std::to_string(c.vocab) + " outside the vocabulary";
+    for (const auto& call : std::vector<std::function<void()>>{
+             [&] { check_perplexity(c, beyond, {8, 4}); }, [&] { perplexity(*s->engine, beyond, {8, 4}); },
+             [&] { compare_logits(*s->engine, *s->engine, beyond, {8, 4}); }}) {
+        try {
+            call();
+            ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(vocab_error), std::string::npos) << e.what();
+        }
+    }
+    try {
+        perplexity(*s->engine, {5}, {8, 4});
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("perplexity: needs at least 2 tokens, got 1"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(check_perplexity(c, {5, 6}, {8, 4}, "ids.txt"));
 }

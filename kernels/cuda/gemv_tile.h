@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/w8a8.h"
 
 namespace shardlm::gemv_tile {
 
@@ -74,6 +75,51 @@ __device__ __forceinline__ void load_step(W* const (&wrow)[R], const float* cons
             if constexpr (Scaled) scale[u][r] = __ldg(srow[r] + group_of(kc, shift, group_chunks));
         }
     }
+}
+
+// The arguments of the GEMVs on INT8 activations (w8a8.cu: I8 weights; w4a8.cu: I4 codes with
+// mins): y [n, rows] = W [rows, cols] times q [n, cols] (+ bias), groups of wgroup and agroup
+// columns, dot groups of min(wgroup, agroup).
+struct ActsGemvArgs {
+    const void* w;           // [rows, cols] int8, or [rows, cols / 2] bytes of I4 codes
+    const float* wscales;    // [rows, wgroups]
+    const float* wmins;      // [rows, wgroups] (I4)
+    const int8_t* q;         // [n, cols]
+    const float* ascales;    // [n, agroups]
+    const float* bias;       // [rows] or null
+    float* y;                // [n, rows]
+    int64_t rows, cols;
+    int n;
+    int chunks;              // 16-byte chunks per row (vector paths)
+    int64_t wgroups, agroups;
+    int64_t wgroup, agroup;  // group sizes (scalar paths)
+    int64_t dgroup;          // dot group min(wgroup, agroup) (scalar paths)
+    // chunk k -> group as group_of (vector paths)
+    int wshift, ashift, wgroup_chunks, agroup_chunks;
+    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
+    GemvNext next;
+    int prefetch_parts;
+};
+
+// The fields that follow from the operands; chunks, shifts and the prefetch are the vector paths'.
+inline ActsGemvArgs acts_gemv_args(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
+    ActsGemvArgs p{};
+    p.w = w.data;
+    p.wscales = w.scales;
+    p.wmins = w.mins;
+    p.q = a.q;
+    p.ascales = a.scales;
+    p.bias = bias;
+    p.y = y;
+    p.rows = w.rows;
+    p.cols = w.cols;
+    p.n = int(a.n);
+    p.wgroup = w.group_size;
+    p.agroup = a.group_size;
+    p.dgroup = w.group_size < a.group_size ? w.group_size : a.group_size;
+    p.wgroups = w.cols / w.group_size;
+    p.agroups = a.cols / a.group_size;
+    return p;
 }
 
 // I4 (gemv.cu, w4a8.cu): each chunk's group min (as load_step loads its scale), 0 for chunks past

@@ -30,26 +30,6 @@ namespace {
 
 using namespace gemv_tile;
 
-struct W4A8Args {
-    const uint8_t* w;        // [rows, cols / 2] codes
-    const float* wscales;    // [rows, wgroups]
-    const float* wmins;      // [rows, wgroups]
-    const int8_t* q;         // [n, cols]
-    const float* ascales;    // [n, agroups]
-    const float* bias;       // [rows] or null
-    float* y;                // [n, rows]
-    int64_t rows, cols;
-    int n;
-    int chunks;              // 16-byte chunks (32 columns) per row (vector path)
-    int64_t wgroups, agroups;
-    int64_t wgroup, agroup;  // group sizes (scalar path)
-    int64_t dgroup;          // dot group min(wgroup, agroup) (scalar path)
-    // chunk k -> group as gemv_tile's group_of (vector path)
-    int wshift, ashift, wgroup_chunks, agroup_chunks;
-    GemvNext next;           // what to prefetch into L2 (gemv.h), parts for blocks < prefetch_parts
-    int prefetch_parts;
-};
-
 constexpr uint32_t kLowNibbles = 0x0F0F0F0Fu;
 
 // D of one chunk: its 32 codes against q0 (the chunk's columns 0-15) and q1 (16-31), added to c.
@@ -80,7 +60,7 @@ __device__ __forceinline__ int sum_acts(const uint4& q0, const uint4& q1) {
 // N token rows (n <= N; rows past n - 1 repeat row n - 1 and are not stored), R rows per group,
 // U chunks per row in flight per lane.
 template <int N, int R, int U, int MinBlocks>
-__global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w4a8_vec_kernel(const W4A8Args a) {
+__global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w4a8_vec_kernel(const ActsGemvArgs a) {
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
@@ -93,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w4a8_vec_kernel(cons
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int64_t row = tile_row<R>(blockIdx.x, g, r, a.rows, 0);
-        wrow[r] = a.w + row * (a.cols / 2);
+        wrow[r] = static_cast<const uint8_t*>(a.w) + row * (a.cols / 2);
         srow[r] = a.wscales + row * a.wgroups;
         mrow[r] = a.wmins + row * a.wgroups;
     }
@@ -150,13 +130,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w4a8_vec_kernel(cons
 
 // Any alignment: a warp per row; each lane's D and S over its columns of a dot group are scaled
 // into an f32 sum, then the lanes are summed.
-__global__ void __launch_bounds__(kThreads) gemv_w4a8_scalar_kernel(const W4A8Args a) {
+__global__ void __launch_bounds__(kThreads) gemv_w4a8_scalar_kernel(const ActsGemvArgs a) {
     const int lane = int(threadIdx.x) & 31;
     const int64_t row = int64_t(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
     pdl_wait();
     pdl_launch_dependents();
     if (row >= a.rows) return;  // whole warps only: the shuffles below stay full-warp
-    const uint8_t* wr = a.w + row * (a.cols / 2);
+    const uint8_t* wr = static_cast<const uint8_t*>(a.w) + row * (a.cols / 2);
     float acc[kMaxTokens];
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) acc[t] = 0.0f;
@@ -196,9 +176,9 @@ struct VecConfig {
 };
 
 template <int N, int R>
-void launch_vec(const W4A8Args& args, cudaStream_t stream) {
+void launch_vec(const ActsGemvArgs& args, cudaStream_t stream) {
     using Cfg = VecConfig<N, R>;
-    W4A8Args a = args;
+    ActsGemvArgs a = args;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w4a8_cuda: ", a.rows, " rows is too many");
     a.prefetch_parts = gemv_prefetch_parts(a.next, tiles);
@@ -207,14 +187,14 @@ void launch_vec(const W4A8Args& args, cudaStream_t stream) {
 }
 
 template <int N>
-void launch_vec_r(const W4A8Args& a, cudaStream_t stream) {
+void launch_vec_r(const ActsGemvArgs& a, cudaStream_t stream) {
     const int r = rows_per_group(a.chunks);
     if (r == 4) return launch_vec<N, 4>(a, stream);
     if (r == 2) return launch_vec<N, 2>(a, stream);
     return launch_vec<N, 1>(a, stream);
 }
 
-void launch_vec_tokens(const W4A8Args& a, cudaStream_t stream) {
+void launch_vec_tokens(const ActsGemvArgs& a, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8, like gemv_cuda (the decode graphs' batch buckets).
     if (a.n == 1) return launch_vec_r<1>(a, stream);
     if (a.n == 2) return launch_vec_r<2>(a, stream);
@@ -222,7 +202,7 @@ void launch_vec_tokens(const W4A8Args& a, cudaStream_t stream) {
     launch_vec<8, 2>(a, stream);
 }
 
-void launch_scalar(const W4A8Args& a, cudaStream_t stream) {
+void launch_scalar(const ActsGemvArgs& a, cudaStream_t stream) {
     const int64_t blocks = (a.rows + kWarps - 1) / kWarps;
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_w4a8_cuda: ", a.rows, " rows is too many");
     launch_kernel("gemv_w4a8_scalar_kernel", gemv_w4a8_scalar_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0,
@@ -231,45 +211,16 @@ void launch_scalar(const W4A8Args& a, cudaStream_t stream) {
 
 }  // namespace
 
-void check_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const char* fn) {
-    SHARDLM_CHECK(w.dtype == DType::I4, "", fn, " needs I4 weights, got ", dtype_name(w.dtype));
-    SHARDLM_CHECK(!w.interleaved, "", fn, " reads the natural column order (I4 is never interleaved)");
-    SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0 && a.n >= 0, "", fn, ": bad shape ", w.rows, "x", w.cols, ", ", a.n,
-                  " tokens");
-    SHARDLM_CHECK(a.cols == w.cols, "", fn, ": activations have ", a.cols, " columns, weights ", w.cols);
-    SHARDLM_CHECK(w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0, "", fn,
-                  ": weight group ", w.group_size, " must be a multiple of 32 dividing the row length ", w.cols);
-    SHARDLM_CHECK(a.group_size > 0 && a.cols % a.group_size == 0 &&
-                      (a.group_size % w.group_size == 0 || w.group_size % a.group_size == 0) &&
-                      std::min(a.group_size, w.group_size) % 32 == 0,
-                  "", fn, ": activation group ", a.group_size, " and weight group ", w.group_size,
-                  " must divide one another and the row length, the smaller a multiple of 32");
-}
-
 void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
                     const GemvNext& next) {
     SHARDLM_CHECK(a.n >= 0 && a.n <= kGemvMaxTokens, "gemv_w4a8_cuda: ", a.n, " token rows, at most ",
                   kGemvMaxTokens);
-    check_w4a8_cuda(w, a, "gemv_w4a8_cuda");
+    SHARDLM_CHECK(w.dtype == DType::I4, "gemv_w4a8_cuda needs I4 weights, got ", dtype_name(w.dtype));
+    check_int8_product(w, a, "gemv_w4a8_cuda");
     if (a.n == 0 || w.rows == 0) return;
     SHARDLM_CHECK(w.data && w.scales && w.mins && a.q && a.scales && y, "gemv_w4a8_cuda: null pointer");
 
-    W4A8Args p{};
-    p.w = static_cast<const uint8_t*>(w.data);
-    p.wscales = w.scales;
-    p.wmins = w.mins;
-    p.q = a.q;
-    p.ascales = a.scales;
-    p.bias = bias;
-    p.y = y;
-    p.rows = w.rows;
-    p.cols = w.cols;
-    p.n = int(a.n);
-    p.wgroup = w.group_size;
-    p.agroup = a.group_size;
-    p.dgroup = std::min(w.group_size, a.group_size);
-    p.wgroups = w.cols / w.group_size;
-    p.agroups = a.cols / a.group_size;
+    ActsGemvArgs p = acts_gemv_args(w, a, bias, y);
     const bool vec = w.cols > 0 && is_aligned(w.data, 16) && is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
     p.next = next;

@@ -20,9 +20,6 @@
 
 namespace shardlm {
 
-// The checks of the CPU's matmul_w4a8 (kernels/cpu/matmul.cpp) on w (I4) and a, naming `fn`.
-void check_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const char* fn);
-
 // Decode: y f32 [a.n, w.rows] for a.n <= kGemvMaxTokens, every weight byte read once (__dp4a on
 // the codes, 0..15, as signed bytes). bias [w.rows] or null; next: the matrix to prefetch into L2
 // meanwhile (gemv.h; the vector path does, the scalar fallback for misaligned pointers does not).

@@ -116,26 +116,6 @@ void launch_quantize(const float* x, int64_t segments, int64_t group, int8_t* q,
 
 // ---- GEMV ----
 
-struct W8A8Args {
-    const int8_t* w;         // [rows, cols]
-    const float* wscales;    // [rows, wgroups]
-    const int8_t* q;         // [n, cols]
-    const float* ascales;    // [n, agroups]
-    const float* bias;       // [rows] or null
-    float* y;                // [n, rows]
-    int64_t rows, cols;
-    int n;
-    int chunks;              // 16-byte chunks per row (vector path)
-    int64_t wgroups, agroups;
-    int64_t wgroup, agroup;  // group sizes (scalar path)
-    int64_t dgroup;          // dot group min(wgroup, agroup) (scalar path)
-    // chunk k -> group: k >> shift when shift >= 0 (31: one group per row), else k / group_chunks
-    int wshift, ashift, wgroup_chunks, agroup_chunks;
-    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
-    GemvNext next;
-    int prefetch_parts;
-};
-
 // Signed INT8 dot of two 16-byte chunks, added to c.
 __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
     c = __dp4a(int(w.x), int(x.x), c);
@@ -147,7 +127,7 @@ __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
 // N token rows (n <= N; rows past n - 1 repeat row n - 1 and are not stored), R rows per group,
 // U chunks per row in flight per lane. OneGroup: ga == gw == cols.
 template <int N, int R, int U, int MinBlocks, bool OneGroup>
-__global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(const W8A8Args a) {
+__global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(const ActsGemvArgs a) {
     if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
         for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
@@ -159,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int64_t row = tile_row<R>(blockIdx.x, g, r, a.rows, 0);
-        wrow[r] = a.w + row * a.cols;
+        wrow[r] = static_cast<const int8_t*>(a.w) + row * a.cols;
         srow[r] = a.wscales + row * a.wgroups;
     }
     int toff[N];  // token t's row of q and of its scales (n * cols < 2^31, checked)
@@ -230,13 +210,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(cons
 
 // Any shape and alignment: a warp per row; each lane's INT32 dot over its columns of a dot group
 // is scaled into an f32 sum, then the lanes are summed.
-__global__ void __launch_bounds__(kThreads) gemv_w8a8_scalar_kernel(const W8A8Args a) {
+__global__ void __launch_bounds__(kThreads) gemv_w8a8_scalar_kernel(const ActsGemvArgs a) {
     const int lane = int(threadIdx.x) & 31;
     const int64_t row = int64_t(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
     pdl_wait();
     pdl_launch_dependents();
     if (row >= a.rows) return;  // whole warps only: the shuffles below stay full-warp
-    const int8_t* wr = a.w + row * a.cols;
+    const int8_t* wr = static_cast<const int8_t*>(a.w) + row * a.cols;
     float acc[kMaxTokens];
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) acc[t] = 0.0f;
@@ -274,9 +254,9 @@ struct VecConfig {
 };
 
 template <int N, bool OneGroup, int R>
-void launch_vec(const W8A8Args& args, cudaStream_t stream) {
+void launch_vec(const ActsGemvArgs& args, cudaStream_t stream) {
     using Cfg = VecConfig<N, OneGroup, R>;
-    W8A8Args a = args;
+    ActsGemvArgs a = args;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
     a.prefetch_parts = gemv_prefetch_parts(a.next, tiles);
@@ -285,7 +265,7 @@ void launch_vec(const W8A8Args& args, cudaStream_t stream) {
 }
 
 template <int N, bool OneGroup>
-void launch_vec_r(const W8A8Args& a, cudaStream_t stream) {
+void launch_vec_r(const ActsGemvArgs& a, cudaStream_t stream) {
     const int r = gemv_forced_rows_per_group();
     if (r == 4) return launch_vec<N, OneGroup, 4>(a, stream);
     if (r == 2) return launch_vec<N, OneGroup, 2>(a, stream);
@@ -293,7 +273,7 @@ void launch_vec_r(const W8A8Args& a, cudaStream_t stream) {
 }
 
 template <bool OneGroup>
-void launch_vec_tokens(const W8A8Args& a, cudaStream_t stream) {
+void launch_vec_tokens(const ActsGemvArgs& a, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8, like gemv_cuda (the decode graphs' batch buckets).
     if (a.n == 1) return launch_vec_r<1, OneGroup>(a, stream);
     if (a.n == 2) return launch_vec_r<2, OneGroup>(a, stream);
@@ -301,45 +281,11 @@ void launch_vec_tokens(const W8A8Args& a, cudaStream_t stream) {
     return launch_vec<8, OneGroup, 2>(a, stream);
 }
 
-void launch_scalar(const W8A8Args& a, cudaStream_t stream) {
+void launch_scalar(const ActsGemvArgs& a, cudaStream_t stream) {
     const int64_t blocks = (a.rows + kWarps - 1) / kWarps;
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
     launch_kernel("gemv_w8a8_scalar_kernel", gemv_w8a8_scalar_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream,
                   a);
-}
-
-// The checks of the CPU's matmul_w8a8 (kernels/cpu/matmul.cpp), naming `fn`.
-void check_w8a8(const DeviceMatrix& w, const DeviceActs& a, const char* fn) {
-    SHARDLM_CHECK(w.dtype == DType::I8, "", fn, " needs I8 weights, got ", dtype_name(w.dtype));
-    SHARDLM_CHECK(!w.interleaved, "", fn, " reads the natural column order (the engine does not interleave W8A8)");
-    SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0 && a.n >= 0, "", fn, ": bad shape ", w.rows, "x", w.cols, ", ", a.n,
-                  " tokens");
-    SHARDLM_CHECK(a.cols == w.cols, "", fn, ": activations have ", a.cols, " columns, weights ", w.cols);
-    SHARDLM_CHECK(w.group_size > 0 && w.cols % w.group_size == 0, "", fn, ": weight group ", w.group_size,
-                  " must divide the row length ", w.cols);
-    SHARDLM_CHECK(a.group_size > 0 && a.cols % a.group_size == 0 &&
-                      (a.group_size % w.group_size == 0 || w.group_size % a.group_size == 0),
-                  "", fn, ": activation group ", a.group_size, " and weight group ", w.group_size,
-                  " must divide one another and the row length");
-}
-
-W8A8Args make_args(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
-    W8A8Args p{};
-    p.w = static_cast<const int8_t*>(w.data);
-    p.wscales = w.scales;
-    p.q = a.q;
-    p.ascales = a.scales;
-    p.bias = bias;
-    p.y = y;
-    p.rows = w.rows;
-    p.cols = w.cols;
-    p.n = int(a.n);
-    p.wgroup = w.group_size;
-    p.agroup = a.group_size;
-    p.dgroup = std::min(w.group_size, a.group_size);
-    p.wgroups = w.cols / w.group_size;
-    p.agroups = a.cols / a.group_size;
-    return p;
 }
 
 // ---- GEMM ----
@@ -428,6 +374,23 @@ __global__ void w4a8_epilogue_kernel(const int32_t* __restrict__ dots, int64_t g
 
 }  // namespace
 
+void check_int8_product(const DeviceMatrix& w, const DeviceActs& a, const char* fn) {
+    const bool i4 = w.dtype == DType::I4;
+    SHARDLM_CHECK(w.dtype == DType::I8 || i4, "", fn, " needs I8 or I4 weights, got ", dtype_name(w.dtype));
+    SHARDLM_CHECK(!w.interleaved, "", fn, " reads the natural column order (the engine interleaves no W8A8 or I4 matrix)");
+    SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0 && a.n >= 0, "", fn, ": bad shape ", w.rows, "x", w.cols, ", ", a.n,
+                  " tokens");
+    SHARDLM_CHECK(a.cols == w.cols, "", fn, ": activations have ", a.cols, " columns, weights ", w.cols);
+    SHARDLM_CHECK(w.group_size > 0 && w.cols % w.group_size == 0 && (!i4 || w.group_size % 32 == 0), "", fn,
+                  ": weight group ", w.group_size, i4 ? " must be a multiple of 32 dividing" : " must divide",
+                  " the row length ", w.cols);
+    SHARDLM_CHECK(a.group_size > 0 && a.cols % a.group_size == 0 &&
+                      (a.group_size % w.group_size == 0 || w.group_size % a.group_size == 0) &&
+                      (!i4 || std::min(a.group_size, w.group_size) % 32 == 0),
+                  "", fn, ": activation group ", a.group_size, " and weight group ", w.group_size,
+                  " must divide one another and the row length", i4 ? ", the smaller a multiple of 32" : "");
+}
+
 void quantize_acts_cuda(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
                         cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && cols >= 0, "quantize_acts_cuda: bad shape ", n, "x", cols);
@@ -450,11 +413,12 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
                     const GemvNext& next) {
     SHARDLM_CHECK(a.n >= 0 && a.n <= kGemvMaxTokens, "gemv_w8a8_cuda: ", a.n, " token rows, at most ",
                   kGemvMaxTokens);
-    check_w8a8(w, a, "gemv_w8a8_cuda");
+    SHARDLM_CHECK(w.dtype == DType::I8, "gemv_w8a8_cuda needs I8 weights, got ", dtype_name(w.dtype));
+    check_int8_product(w, a, "gemv_w8a8_cuda");
     if (a.n == 0 || w.rows == 0) return;
     SHARDLM_CHECK(w.data && w.scales && a.q && a.scales && y, "gemv_w8a8_cuda: null pointer");
 
-    W8A8Args p = make_args(w, a, bias, y);
+    ActsGemvArgs p = acts_gemv_args(w, a, bias, y);
     const bool vec = w.cols > 0 && w.cols % 16 == 0 && p.dgroup % 16 == 0 && is_aligned(w.data, 16) &&
                      is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
@@ -514,8 +478,8 @@ void CublasInt8Gemm::release() noexcept {
 }
 
 void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
+    check_int8_product(w, a, "CublasInt8Gemm");
     if (w.dtype == DType::I4) return run_i4(w, a, bias, y);
-    check_w8a8(w, a, "CublasInt8Gemm");
     const int64_t T = a.n, rows = w.rows, cols = w.cols;
     SHARDLM_CHECK(T <= max_tokens_, "CublasInt8Gemm: ", T, " tokens, scratch is for ", max_tokens_);
     SHARDLM_CHECK(rows <= max_rows_, "CublasInt8Gemm: ", rows, " rows, scratch is for ", max_rows_);
@@ -534,7 +498,7 @@ void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float
             part.q = a.q + t0 * cols;
             part.scales = a.scales + t0 * (cols / a.group_size);
             part.n = std::min<int64_t>(kMaxTokens, T - t0);
-            launch_scalar(make_args(w, part, bias, y + t0 * rows), stream_);
+            launch_scalar(acts_gemv_args(w, part, bias, y + t0 * rows), stream_);
         }
         return;
     }
@@ -555,7 +519,6 @@ void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float
 }
 
 void CublasInt8Gemm::run_i4(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
-    check_w4a8_cuda(w, a, "CublasInt8Gemm");
     const int64_t T = a.n, rows = w.rows, cols = w.cols;
     SHARDLM_CHECK(T <= max_tokens_, "CublasInt8Gemm: ", T, " tokens, scratch is for ", max_tokens_);
     SHARDLM_CHECK(rows <= max_rows_, "CublasInt8Gemm: ", rows, " rows, scratch is for ", max_rows_);

@@ -31,6 +31,10 @@ struct DeviceActs {
     int64_t n = 0, cols = 0, group_size = 0;
 };
 
+// The checks of the CPU's matmul_w8a8 / matmul_w4a8 (kernels/cpu/matmul.cpp) on w (I8 or I4) and
+// a, naming `fn` in the error.
+void check_int8_product(const DeviceMatrix& w, const DeviceActs& a, const char* fn);
+
 // x f32 [n, cols] (device) -> q, scales as above; bit-identical to quantize_acts_int8_ref.
 // group_size divides cols (== cols: one scale per token).
 void quantize_acts_cuda(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,

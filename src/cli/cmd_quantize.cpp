@@ -35,6 +35,7 @@ int cmd_quantize(const Args& args) {
     lo.format = parse_weight_format(weights);
     lo.group_size = group;
     lo.keep_fp16 = keep;
+    check_quantize(model, out, lo);  // before the calibration below, and the load that writes
     if (!calib.empty()) {
         if (!is_int4(lo.format)) fail("--calib: AWQ channel scales are searched for --weights int4 or w4a8");
         if (calib_tokens < 1) fail("--calib-tokens must be at least 1");

@@ -25,17 +25,19 @@ TensorToWrite copy_tensor(const TensorInfo& t) {
 
 }  // namespace
 
-void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {
+void check_quantize(const std::string& src, const std::string& out, const LoadOptions& opt) {
     if (!is_quantized(opt.format)) fail("--weights: quantize writes int8, w8a8, int4 or w4a8, not ", weight_format_name(opt.format));
+    if (load_config(src).quant.present) fail(src, ": already pre-quantized");
+    // refuse to mix with an older checkpoint's shards, or to overwrite the source (--out = --model)
+    if (file_exists(out + "/config.json")) fail(out, ": already holds a checkpoint; choose an empty folder");
+}
+
+void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {
+    check_quantize(src, out, opt);  // before the load (the whole model, quantized)
     const ModelConfig cfg = load_config(src);
-    if (cfg.quant.present) fail(src, ": already pre-quantized");
     const Checkpoint ck(src);
     const ModelWeights w = load_weights(ck, cfg, opt, plan_shard(cfg, 0, 1));
     if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) fail(out, ": cannot create: ", std::strerror(errno));
-    if (file_exists(out + "/config.json")) {
-        // refuse to mix with an older checkpoint's shards, or to overwrite the source (--out = --model)
-        fail(out, ": already holds a checkpoint; choose an empty folder");
-    }
 
     // The quantized views by name; every other tensor is copied from the source.
     std::map<std::string, WeightView> quantized;

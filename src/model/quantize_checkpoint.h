@@ -20,6 +20,11 @@
 
 namespace shardlm {
 
+// The checks write_quantized_checkpoint makes before it loads anything (throws Error): a quantized
+// --weights format, a float source, and an out_dir that holds no checkpoint (out_dir = src_dir
+// included). shardlm quantize runs them before an AWQ calibration (--calib) too.
+void check_quantize(const std::string& src_dir, const std::string& out_dir, const LoadOptions& opt);
+
 // Quantizes exactly as loading with `opt` does (the same code), then writes out_dir with about
 // `shard_bytes` per safetensors file. Tokenizer and other side files are copied.
 void write_quantized_checkpoint(const std::string& src_dir, const std::string& out_dir, const LoadOptions& opt,

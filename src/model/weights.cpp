@@ -38,6 +38,15 @@ const char* weight_format_name(WeightFormat f) {
     return "?";
 }
 
+void check_keep_fp16(const std::string& re, const std::string& what) {
+    try {
+        const std::regex compiled(re, std::regex::ECMAScript);
+        (void)compiled;
+    } catch (const std::regex_error& e) {
+        fail(what, ": invalid regex \"", re, "\": ", e.what());
+    }
+}
+
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -109,13 +118,10 @@ public:
         // A pre-quantized checkpoint's float Linear tensors are those its recorded regex kept.
         const std::string& keep = cfg.quant.present ? cfg.quant.keep_fp16 : opt.keep_fp16;
         if (!keep.empty()) {
-            try {
-                keep_ = std::regex(keep, std::regex::ECMAScript);
-                has_keep_ = true;
-            } catch (const std::regex_error& e) {
-                fail(cfg.quant.present ? ckpt.dir() + "/config.json: quantization_config keep_fp16" : std::string("--keep-fp16"),
-                     ": invalid regex \"", keep, "\": ", e.what());
-            }
+            check_keep_fp16(keep, cfg.quant.present ? ckpt.dir() + "/config.json: quantization_config keep_fp16"
+                                                    : std::string("--keep-fp16"));
+            keep_ = std::regex(keep, std::regex::ECMAScript);
+            has_keep_ = true;
         }
         if (cfg.quant.present) {
             if (!opt.scales.empty()) fail(ckpt.dir(), ": channel scales (AWQ) apply to float checkpoints, not a pre-quantized one");

@@ -96,6 +96,11 @@ struct ModelWeights {
     std::vector<Buffer> owned;  // converted or realigned matrices
 };
 
+// Throws Error naming `what` unless `re` (a --keep-fp16 regex) compiles as the loader compiles it
+// (ECMAScript). The loader runs it; AWQ calibration, which matches the regex itself after a float
+// load and a forward pass, runs it before them.
+void check_keep_fp16(const std::string& re, const std::string& what = "--keep-fp16");
+
 // Validates every tensor's presence, dtype and shape against the config and builds the views of
 // this rank's slices, reading only their bytes. `ckpt` must outlive the result (views point into
 // its maps).

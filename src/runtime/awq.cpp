@@ -148,6 +148,7 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
                          std::vector<AwqGroup>* report) {
     if (calib.empty()) fail("--calib: no calibration tokens");
     if (opt.grid < 1) fail("AWQ grid must be at least 1");
+    if (!opt.keep_fp16.empty()) check_keep_fp16(opt.keep_fp16);  // matched below, after the load and the forward pass
     SessionOptions so;
     so.model_dir = model_dir;
     so.load.format = WeightFormat::F32;
@@ -158,12 +159,12 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
     so.ctx = std::min<int64_t>(opt.ctx, probe_cfg.max_position > 0 ? probe_cfg.max_position : opt.ctx);
     so.prefill_chunk = so.ctx;
     so.max_logit_rows = 1;
+    for (int32_t id : calib)  // before the load
+        if (id < 0 || id >= probe_cfg.vocab) fail("--calib: token id ", id, " outside the vocabulary [0, ", probe_cfg.vocab, ")");
     auto s = open_session(so, comm);
     const ModelConfig& c = s->cfg;
     auto* eng = dynamic_cast<CpuEngine*>(s->engine.get());
     SHARDLM_CHECK(eng, "AWQ calibration runs on the CPU engine");
-    for (int32_t id : calib)
-        if (id < 0 || id >= c.vocab) fail("--calib: token id ", id, " outside the vocabulary [0, ", c.vocab, ")");
 
     // The float model over the calibration text, window by window, recording every group input.
     std::vector<std::vector<Acts>> acts(size_t(c.n_layers), std::vector<Acts>(4));

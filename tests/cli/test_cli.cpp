@@ -410,6 +410,30 @@ TEST_F(Cli, QuantizeRefusesToOverwriteItsSource) {
     EXPECT_EQ(read_file(dir_.file("model.safetensors")), st);
 }
 
+// quantize loaded (and quantized) the whole model before it refused an --out that holds a
+// checkpoint; with --calib it ran the AWQ calibration's load and forward pass (minutes on a real
+// model) before that, before checking the calibration ids against the vocabulary, and before
+// compiling --keep-fp16 (whose error then did not name the flag). All come before any load now:
+// with a truncated weights file, the flag's error comes, not the file's.
+TEST_F(Cli, QuantizeFlagErrorsComeBeforeTheWeightsLoad) {
+    const std::string kjv = SHARDLM_SOURCE_DIR "/launch/models/kjv-small/";
+    TempDir m;  // the shipped model's config and tokenizer (for --calib), its weights truncated
+    for (const std::string f : {"config.json", "tokenizer.json", "tokenizer_config.json"}) write_file(m.file(f), read_file(kjv + f));
+    const std::string weights = m.file("model.safetensors");
+    write_file(weights, read_file(kjv + "model.safetensors").substr(0, 64));
+    write_file(dir_.file("calib.txt"), "In the beginning God created the heaven and the earth.\n");
+    const std::string q = "quantize --model " + m.path() + " --weights int4 --out ", calib = " --calib " + dir_.file("calib.txt");
+    expect_error(q + dir_.file("q") + calib, weights);  // flags without fault reach the load, which fails
+    expect_error(q + m.path(), m.path() + ": already holds a checkpoint; choose an empty folder");
+    expect_error(q + m.path() + calib, m.path() + ": already holds a checkpoint; choose an empty folder");
+    expect_error(q + dir_.file("q") + calib + " --keep-fp16 '('", "--keep-fp16: invalid regex \"(\"");
+    auto cfg = nlohmann::json::parse(read_file(m.file("config.json")));
+    cfg["vocab_size"] = 64;  // fewer than the tokenizer's ids
+    write_file(m.file("config.json"), cfg.dump());
+    expect_error(q + dir_.file("q") + calib, "outside the vocabulary [0, 64)");
+    EXPECT_FALSE(file_exists(dir_.file("q/config.json")));
+}
+
 TEST_F(Cli, BrokenCheckpointsAreNamed) {
     const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
     const std::string cfg = read_file(dir_.file("config.json"));

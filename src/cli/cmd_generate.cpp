@@ -190,12 +190,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
                      " positions (lower --max-new-tokens, or set --ctx with --context-overflow slide)");
         }
         check_context(cfg, so);
-        check_generate(cfg, engine_options(so), prompts, go);
-        for (size_t i = 0; i < prompts.size(); ++i)
-            for (int32_t id : prompts[i])
-                if (id >= cfg.vocab)
-                    fail(vm.count("prompt-ids") ? "--prompt-ids: " : "tokenizer and model disagree: ", "prompt ", i,
-                         " has token id ", id, " outside the vocabulary [0, ", cfg.vocab, ")");
+        check_generate(cfg, engine_options(so), prompts, go,
+                       vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
         s = open_session(so, comm);
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.

@@ -20,7 +20,7 @@ double now_ms() {
 }  // namespace
 
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
-                    const GenerateOptions& opt) {
+                    const GenerateOptions& opt, const std::string& source) {
     const int64_t ctx = eo.ctx;
     const size_t B = prompts.size();
     if (B == 0) fail("no prompt given");
@@ -48,6 +48,13 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
              " and its cache holds only the newest ", kv_capacity(cfg, eo),
              " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
+    // Before any step: the engine would refuse the id only in the step that embeds it, after the
+    // prompts before it had been prefilled.
+    for (size_t s = 0; s < B; ++s)
+        for (int32_t id : prompts[s])
+            if (id < 0 || id >= cfg.vocab)
+                fail(source.empty() ? "" : source + ": ", "prompt ", s, " has token id ", id, " outside the vocabulary [0, ",
+                     cfg.vocab, ")");
 }
 
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,

@@ -48,12 +48,14 @@ struct GenerateResult {
 // Called after each step with (sequence index, new token); for streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
 
-// The checks generate() makes before it runs anything, on flags and config alone: the batch
-// within the engine's slots, each prompt (plus max_new_tokens, unless sliding) within the context,
-// --sink-tokens, and slide on a model whose cache is a sliding-window ring. Throws Error naming
-// the flags. The CLI calls it before loading the weights (eo as engine_options() gives them).
+// The checks generate() makes before it runs anything, on flags, prompts and config alone: the
+// batch within the engine's slots, each prompt (plus max_new_tokens, unless sliding) within the
+// context, --sink-tokens, slide on a model whose cache is a sliding-window ring, and each prompt id
+// within [0, cfg.vocab) (`source`, where the prompts came from, begins that error: "--prompt-ids").
+// Throws Error naming the flags. The CLI calls it before loading the weights (eo as
+// engine_options() gives them).
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
-                    const GenerateOptions& opt);
+                    const GenerateOptions& opt, const std::string& source = "");
 
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateOptions& opt, const TokenCallback& on_token = nullptr);

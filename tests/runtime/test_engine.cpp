@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -211,6 +212,44 @@ TEST(Engine, ContextAndIdErrors) {
     EXPECT_NO_THROW(generate(*s->engine, {make_prompt(4, 384, 1)}, go));
     so.ctx = 1 << 20;
     EXPECT_THROW(open_session(so, comm), Error);  // beyond max_position_embeddings
+}
+
+// A prompt id outside the vocabulary was refused by the CLI alone: check_generate() (which
+// generate() runs first) passed it, so a library call met it only in the engine's step that
+// embedded it, after the prompts before it had been prefilled, in an error naming no prompt.
+// check_generate holds the check now, the one the CLI runs before the load.
+TEST(Engine, GenerateChecksPromptIdsBeforeAnyStep) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 2});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 16;
+    so.max_batch = 2;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 2;
+    const int32_t vocab = int32_t(cfg.vocab);
+    auto error_of = [](const std::function<void()>& call) {
+        try {
+            call();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    for (int32_t bad : {vocab, -1}) {
+        const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {4, bad, 5}};
+        const std::string want =
+            "prompt 1 has token id " + std::to_string(bad) + " outside the vocabulary [0, " + std::to_string(vocab) + ")";
+        EXPECT_EQ(error_of([&] { check_generate(cfg, engine_options(so), prompts, go); }), want);
+        EXPECT_EQ(error_of([&] { check_generate(cfg, engine_options(so), prompts, go, "--prompt-ids"); }),
+                  "--prompt-ids: " + want);
+        EXPECT_EQ(error_of([&] { generate(*s->engine, prompts, go); }), want);
+    }
+    EXPECT_NO_THROW(check_generate(cfg, engine_options(so), {{1, 2, 3}, {4, vocab - 1, 0}}, go));
+    EXPECT_NO_THROW(generate(*s->engine, {{1, 2, 3}, {4, vocab - 1, 0}}, go));
 }
 
 // A model whose logits are all NaN (its final norm's weights NaN here) stops generation with the

@@ -564,11 +564,24 @@ void CublasInt8Gemm::run_i4(const DeviceMatrix& w, const DeviceActs& a, const fl
                          blocks, codes_);
         for (int64_t t0 = 0; t0 < T; t0 += nt) {
             const int64_t n = std::min(nt, T - t0);
-            for (int64_t j = 0; j < groups; ++j)
-                CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(n), int(g), &one,
-                                          codes_ + j * g, CUDA_R_8I, int(cols), a.q + t0 * cols + j * g, CUDA_R_8I,
-                                          int(cols), &zero, dots_ + j * n * nr, CUDA_R_32I, int(nr),
-                                          CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
+            const int8_t* q = a.q + t0 * cols;
+            // Group j: codes and q offset by j * g columns, its products at dots_ + j * n * nr.
+            if (batched_ != Batched::No) {
+                const cublasStatus_t st = cublasGemmStridedBatchedEx(
+                    handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(n), int(g), &one, codes_, CUDA_R_8I, int(cols), g, q,
+                    CUDA_R_8I, int(cols), g, &zero, dots_, CUDA_R_32I, int(nr), n * nr, int(groups), CUBLAS_COMPUTE_32I,
+                    CUBLAS_GEMM_DEFAULT);
+                if (batched_ == Batched::Untried && st == CUBLAS_STATUS_NOT_SUPPORTED) batched_ = Batched::No;
+                else SHARDLM_CHECK_GEN("cuBLAS", st == CUBLAS_STATUS_SUCCESS, "cublasGemmStridedBatchedEx (W4A8 groups)",
+                                       cublasGetStatusString(st));
+                if (batched_ == Batched::Untried) batched_ = Batched::Yes;
+            }
+            if (batched_ == Batched::No)
+                for (int64_t j = 0; j < groups; ++j)
+                    CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(n), int(g), &one,
+                                              codes_ + j * g, CUDA_R_8I, int(cols), q + j * g, CUDA_R_8I, int(cols),
+                                              &zero, dots_ + j * n * nr, CUDA_R_32I, int(nr), CUBLAS_COMPUTE_32I,
+                                              CUBLAS_GEMM_DEFAULT));
             const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>((nr + kThreads - 1) / kThreads, kMaxBlocks))),
                             unsigned(std::min<int64_t>(n, 65535)));
             launch_plain("w4a8_epilogue_kernel", w4a8_epilogue_kernel, grid, dim3(kThreads), 0, stream_, dots_, groups,

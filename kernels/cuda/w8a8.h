@@ -52,9 +52,10 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
 // synchronises nothing, so it can be captured in a CUDA graph.
 //
 // W4A8 (I4 weights, w4a8.h) too when max_i4_cols > 0, for rows of up to max_i4_cols columns: a
-// block of rows is unpacked to INT8 codes, D comes from one INT8 GEMM per dot group into a
-// [groups][tokens][rows] block of the INT32 scratch, S from a small kernel, and one epilogue per
-// block sums the groups' terms in f32 (the GEMV's order: act_scale * fma(w_scale, D, w_min * S)).
+// block of rows is unpacked to INT8 codes, D of every dot group comes from one strided-batched INT8
+// GEMM (or, where cuBLAS declines that, one GEMM per group) into a [groups][tokens][rows] block of
+// the INT32 scratch, S from a small kernel, and one epilogue per block sums the groups' terms in
+// f32 (the GEMV's order: act_scale * fma(w_scale, D, w_min * S)).
 class CublasInt8Gemm {
 public:
     CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t max_rows, int64_t max_i4_cols = 0);
@@ -76,6 +77,9 @@ private:
     int8_t* codes_ = nullptr;    // W4A8: [i4_block_rows_, max_i4_cols_] unpacked codes
     int32_t* sums_ = nullptr;    // W4A8: [max_tokens, max_i4_cols_ / 32] S per token and dot group
     int64_t max_tokens_ = 0, max_rows_ = 0, max_i4_cols_ = 0, i4_block_rows_ = 0, dots_elems_ = 0;
+    // Whether cuBLAS runs the W4A8 groups' products as one strided-batched INT8 GEMM: learnt from
+    // the first call (an older cuBLAS may not take INT8 there), then one product per group if not.
+    enum class Batched { Untried, Yes, No } batched_ = Batched::Untried;
     size_t scratch_bytes_ = 0;
 };
 

@@ -32,6 +32,9 @@
 #include "kernels/cuda/w8a8.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/int8_test_util.h"
+#ifdef SHARDLM_CUDA_EMU
+#include "tests/cuda_emu/emu.h"
+#endif
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -206,6 +209,28 @@ TEST(W4A8Cuda, GemmInBlocksOfTheScratch) {
     if (HasFatalFailure()) return;
     check_gemm(gemm, 256, 2048, 32, 32, 17, 610);
 }
+
+#ifdef SHARDLM_CUDA_EMU
+// The groups' products go to cuBLAS as one strided-batched INT8 GEMM per block; a cuBLAS that
+// declines INT8 there (the emulator can be told to) gets one GEMM per group, with the same results.
+TEST(W4A8Cuda, GemmFallsBackToAProductPerGroup) {
+    const uint64_t before = shardlm_emu::cublas_batched_int8_calls();
+    {
+        CublasInt8Gemm gemm(nullptr, 256, 2048, 2048);
+        check_gemm(gemm, 256, 2048, 128, 128, 256, 900);
+    }
+    if (HasFatalFailure()) return;
+    const uint64_t batched = shardlm_emu::cublas_batched_int8_calls();
+    EXPECT_GT(batched, before);
+    shardlm_emu::cublas_decline_batched_int8(true);
+    {
+        CublasInt8Gemm gemm(nullptr, 256, 2048, 2048);
+        check_gemm(gemm, 256, 2048, 128, 128, 256, 900);
+    }
+    shardlm_emu::cublas_decline_batched_int8(false);
+    EXPECT_EQ(shardlm_emu::cublas_batched_int8_calls(), batched);
+}
+#endif
 
 TEST(W4A8Cuda, GemmRejectsWhatTheScratchCannotHold) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";

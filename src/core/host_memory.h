@@ -19,7 +19,8 @@ struct HostMemory {
 };
 
 // The environment variable that replaces the figure (a byte count): tests, or a cap on what one
-// process may take where several share a machine.
+// job may take where several share a machine (the job's ranks on the node divide it, as they
+// divide the machine's own figure: runtime/kv_cache.h).
 constexpr const char* kHostMemEnv = "SHARDLM_HOST_MEM_AVAILABLE";
 
 // $SHARDLM_HOST_MEM_AVAILABLE when set (throws Error unless it is a byte count); else MemAvailable

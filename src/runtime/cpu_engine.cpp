@@ -42,7 +42,7 @@ void add_into(float* x, const float* o, int64_t n) {
 }  // namespace
 
 CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt)
-    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(kv_cache_shape(cfg, w.plan.n_kv_heads, opt)) {
+    : cfg_(cfg), w_(w), comm_(comm), opt_(opt), kv_(kv_cache_shape(cfg, w.plan.n_kv_heads, opt), opt.ranks_on_node) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     inv_freq_ = rope_inv_freq(rope_params(cfg));
 

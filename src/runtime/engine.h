@@ -44,6 +44,10 @@ struct EngineOptions {
     // environment variable, 0 when unset. Changes no result; costs a second dequantization
     // scratch (the largest layer matrix in FP16).
     int gemm_staging = -1;
+    // Ranks of this job on this process's node (MpiComm::local_size; 1 without MPI). They share
+    // its host memory: the CPU engine weighs its KV cache against 1/ranks_on_node of what the
+    // machine can back (KVCache), so that N ranks that each fit alone are not granted N times it.
+    int ranks_on_node = 1;
 };
 
 struct SeqChunk {

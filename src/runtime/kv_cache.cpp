@@ -58,16 +58,19 @@ size_t kv_cache_bytes(const KVCacheShape& s) {
     return rows * align_up(size_t(s.head_dim) * es) + (s.dtype == DType::I8 ? rows * sizeof(float) : 0);
 }
 
-KVCache::KVCache(const KVCacheShape& s) : s_(s) {
+KVCache::KVCache(const KVCacheShape& s, int ranks_on_node) : s_(s) {
     const size_t want = kv_cache_bytes(s);  // checks the sizes below cannot overflow
     const size_t es = dtype_size(s.dtype);
     row_stride_ = int64_t(align_up(size_t(s.head_dim) * es) / es);
     block_bytes_ = size_t(s.n_kv_heads * s.capacity * row_stride_) * es;
     // The memset below touches every page: refuse what the machine cannot back rather than have
     // an overcommitting allocator grant it and the OOM killer end the process (core/host_memory.h).
-    // Under TP each rank checks its own share (s holds only its KV heads).
+    // Under TP each rank checks its own share (s holds only its KV heads) against its part of the
+    // node's memory: the other ranks on the node take theirs from the same figure.
+    SHARDLM_CHECK(ranks_on_node >= 1, "KVCache: ", ranks_on_node, " ranks on the node");
     const HostMemory avail = host_memory_available();
-    if (want > avail.bytes) throw KVCacheAllocError(want, avail);
+    if (avail.bytes != SIZE_MAX && want > avail.bytes / size_t(ranks_on_node))
+        throw KVCacheAllocError(want, avail, ranks_on_node);
     try {
         buf_ = Buffer(block_bytes_ * size_t(2 * s.n_layers * s.n_slots));
         if (s.dtype == DType::I8)

@@ -37,21 +37,26 @@ bool kv_cache_fits(const KVCacheShape& s);
 
 // What KVCache throws when its memory cannot be had: still a std::bad_alloc, carrying the bytes it
 // asked for, so that open_session can name the flags behind the size. Either the allocator refused
-// (available is SIZE_MAX), or the cache is larger than the memory the machine can back
-// (core/host_memory.h: available and where that figure came from) and was not asked for at all.
+// (available is SIZE_MAX), or the cache is larger than this process's part of the memory the
+// machine can back (core/host_memory.h: available, the whole node's figure, and where it came
+// from; the part is available / ranks_on_node) and was not asked for at all.
 struct KVCacheAllocError : std::bad_alloc {
-    explicit KVCacheAllocError(size_t b, HostMemory avail = {}) : bytes(b), available(avail.bytes), source(avail.source) {}
+    explicit KVCacheAllocError(size_t b, HostMemory avail = {}, int ranks = 1)
+        : bytes(b), available(avail.bytes), source(avail.source), ranks_on_node(ranks) {}
     const char* what() const noexcept override { return "KV cache allocation failed"; }
     size_t bytes;
     size_t available;
     const char* source;
+    int ranks_on_node;
 };
 
 class KVCache {
 public:
-    // Throws KVCacheAllocError when the cache is more than the machine can back (it is zeroed at
-    // once: under overcommit that would meet the OOM killer) or the allocator refuses it.
-    explicit KVCache(const KVCacheShape& s);
+    // Throws KVCacheAllocError when the cache is more than this process's fair part of the memory
+    // the machine can back, available / ranks_on_node (the ranks of a TP job on this node each
+    // hold a cache like it; it is zeroed at once: under overcommit that would meet the OOM
+    // killer), or when the allocator refuses it.
+    explicit KVCache(const KVCacheShape& s, int ranks_on_node = 1);
 
     const KVCacheShape& shape() const { return s_; }
     int64_t row_stride() const { return row_stride_; }  // elements

@@ -32,8 +32,7 @@ Device parse_device(const std::string& s) {
 
 namespace {
 
-#ifdef SHARDLM_HAVE_CUDA
-// Ranks of this node (one GPU each under TP).
+// Ranks of this node: one GPU each under TP, and sharers of its host memory.
 int ranks_on_node(Communicator& comm) {
 #ifdef SHARDLM_HAVE_MPI
     if (auto* mpi = dynamic_cast<MpiComm*>(&comm)) return mpi->local_size();
@@ -41,7 +40,6 @@ int ranks_on_node(Communicator& comm) {
     (void)comm;
     return 1;
 }
-#endif
 
 Device resolve_device(Device want, Communicator& comm) {
 #ifdef SHARDLM_HAVE_CUDA
@@ -126,6 +124,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.l2_prefetch = opt.l2_prefetch;
     eo.fused_rope = opt.fused_rope;
     eo.gemm_staging = opt.gemm_staging;
+    eo.ranks_on_node = ranks_on_node(comm);
     if (device == Device::Cpu) {
         try {
             s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
@@ -137,8 +136,14 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
                                           comm.size() > 1 ? " (this rank's share)" : "", " needs ", gib(e.bytes),
                                           " GiB (", e.bytes, " bytes)");
             if (e.available == SIZE_MAX) fail(needs, ", allocation failed");
-            fail(needs, " but the machine can back only ", gib(e.available), " GiB (", e.available, " bytes, ",
-                 e.source, ")");
+            if (e.ranks_on_node == 1)
+                fail(needs, " but the machine can back only ", gib(e.available), " GiB (", e.available, " bytes, ",
+                     e.source, ")");
+            // Several ranks on this node: each has its part of the node's figure.
+            const size_t part = e.available / size_t(e.ranks_on_node);
+            fail(needs, " but the machine can back only ", gib(part), " GiB (", part, " bytes) per rank: ",
+                 gib(e.available), " GiB (", e.available, " bytes, ", e.source, ") shared by ", e.ranks_on_node,
+                 " ranks on this node");
         } catch (const WorkspaceAllocError& e) {
             const std::string what = e.bytes == SIZE_MAX ? std::string("more than 2^64 bytes")
                                                          : gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";

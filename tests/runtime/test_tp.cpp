@@ -132,8 +132,11 @@ TEST(TensorParallel, W4A8) {
 
 #ifndef SHARDLM_TP_ON_CUDA
 // The CPU engine refuses a KV cache larger than the memory the machine can back (core/host_memory.h,
-// SHARDLM_HOST_MEM_AVAILABLE standing in for it); each rank weighs only its own share, so a figure
-// of one share lets TP=N run what one rank alone is refused.
+// SHARDLM_HOST_MEM_AVAILABLE standing in for it). Each rank weighs only its own share of the cache,
+// against its part of that figure: available / (ranks on this node), since the ranks of one node
+// take their caches from the same memory. Each used to weigh its share against the whole figure,
+// so N ranks on a node that each fit alone were let through together. (mpirun starts every rank
+// of these tests on this machine.)
 TEST(TensorParallel, EachRankWeighsItsShareOfTheKvCache) {
     const ModelConfig cfg = tiny_config(Arch::Llama);  // 2 KV heads: 1 per rank with 2 or 4 ranks
     TempDir d;
@@ -147,17 +150,48 @@ TEST(TensorParallel, EachRankWeighsItsShareOfTheKvCache) {
     const size_t share =
         kv_cache_bytes(kv_cache_shape(cfg, plan_shard(cfg, world().rank(), world().size()).n_kv_heads, eo));
     ASSERT_LT(share, whole);
-    const std::string avail = std::to_string(share);
-    ScopedEnv env(kHostMemEnv, avail.c_str());
-    SingleRank one;
-    try {
-        open_session(so, one);
-        ADD_FAILURE() << "one rank opened a KV cache of " << whole << " bytes with " << share << " available";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("the KV cache needs 0.000 GiB (" + std::to_string(whole) + " bytes)"),
-                  std::string::npos) << e.what();
+    const int n = world().local_size();
+    ASSERT_EQ(n, world().size()) << "the ranks of this test run on one node";
+    const size_t node = share * size_t(n);  // every rank's share, no more
+    {
+        const std::string avail = std::to_string(node);
+        ScopedEnv env(kHostMemEnv, avail.c_str());
+        EXPECT_NO_THROW(run(d.path(), world(), {{1, 2, 3}}, KVFormat::F32, {}));
     }
-    EXPECT_NO_THROW(run(d.path(), world(), {{1, 2, 3}}, KVFormat::F32, {}));
+    // A byte less, or one share (which each rank's share fits alone): every rank refuses, naming
+    // its part and the node's figure.
+    for (const size_t avail : {node - 1, share}) {
+        const std::string avail_s = std::to_string(avail);
+        ScopedEnv env(kHostMemEnv, avail_s.c_str());
+        try {
+            open_session(so, world());
+            ADD_FAILURE() << n << " ranks on this node opened KV cache shares of " << share << " bytes with " << avail
+                          << " available";
+        } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()),
+                      "--ctx 64 x batch 1: the KV cache (this rank's share) needs 0.000 GiB (" + std::to_string(share) +
+                          " bytes) but the machine can back only 0.000 GiB (" + std::to_string(avail / size_t(n)) +
+                          " bytes) per rank: 0.000 GiB (" + avail_s + " bytes, SHARDLM_HOST_MEM_AVAILABLE) shared by " +
+                          std::to_string(n) + " ranks on this node");
+        }
+    }
+    // One rank alone weighs the whole cache against the whole figure.
+    SingleRank one;
+    {
+        const std::string avail = std::to_string(whole - 1);
+        ScopedEnv env(kHostMemEnv, avail.c_str());
+        try {
+            open_session(so, one);
+            ADD_FAILURE() << "one rank opened a KV cache of " << whole << " bytes with " << avail << " available";
+        } catch (const Error& e) {
+            EXPECT_EQ(std::string(e.what()), "--ctx 64 x batch 1: the KV cache needs 0.000 GiB (" + std::to_string(whole) +
+                                                 " bytes) but the machine can back only 0.000 GiB (" + avail +
+                                                 " bytes, SHARDLM_HOST_MEM_AVAILABLE)");
+        }
+    }
+    const std::string avail = std::to_string(whole);
+    ScopedEnv env(kHostMemEnv, avail.c_str());
+    EXPECT_NO_THROW(open_session(so, one));
 }
 
 #endif

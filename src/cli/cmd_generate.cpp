@@ -1,5 +1,4 @@
 // shardlm generate: prompts (text or ids) in, text and tokens out, JSON on request.
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "runtime/generate.h"
 #include "model/synthetic.h"
 #include "runtime/session.h"
@@ -51,16 +51,6 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
         p.assign(flat.begin() + long(at), flat.begin() + long(at + len));
         at += len;
     }
-}
-
-// Whether `path` can be written (an existing file truncated, or a new one created) without
-// touching it: --dump-logits is refused before the load and the run, not after them.
-bool writable_file(const std::string& path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) return !S_ISDIR(st.st_mode) && ::access(path.c_str(), W_OK) == 0;
-    const size_t slash = path.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-    return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
 }  // namespace
@@ -139,7 +129,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
         (void)check;
         if (!root) return;
-        if (!dump_logits.empty() && !writable_file(dump_logits)) fail("--dump-logits: cannot write ", dump_logits);
+        if (!dump_logits.empty()) {  // before the load and the run, not after them
+            const std::string why = unwritable_reason(dump_logits);
+            if (!why.empty()) fail("--dump-logits: cannot write ", dump_logits, ": ", why);
+        }
         if (vm.count("prompt-ids")) {
             prompts = parse_prompt_ids(prompt_ids);
             return;

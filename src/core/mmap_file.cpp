@@ -58,4 +58,24 @@ bool file_exists(const std::string& path) {
     return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+std::string unwritable_reason(const std::string& path, bool folder) {
+    if (path.empty()) return std::strerror(ENOENT);
+    std::string p = path;
+    if (folder)  // "out/" names the folder out (and its parent is the one before)
+        while (p.size() > 1 && p.back() == '/') p.pop_back();
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) {
+        if (folder && !S_ISDIR(st.st_mode)) return std::strerror(ENOTDIR);
+        if (!folder && S_ISDIR(st.st_mode)) return std::strerror(EISDIR);
+        return ::access(p.c_str(), folder ? W_OK | X_OK : W_OK) == 0 ? "" : std::strerror(errno);
+    }
+    if (errno != ENOENT) return std::strerror(errno);
+    // A new entry: its folder must exist and let entries be created.
+    const size_t slash = p.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    if (::stat(dir.c_str(), &st) != 0) return std::strerror(errno);
+    if (!S_ISDIR(st.st_mode)) return std::strerror(ENOTDIR);
+    return ::access(dir.c_str(), W_OK | X_OK) == 0 ? "" : std::strerror(errno);
+}
+
 }  // namespace shardlm

@@ -28,4 +28,12 @@ private:
 std::string read_text_file(const std::string& path);
 bool file_exists(const std::string& path);
 
+// Why `path` cannot be written, found without creating or changing anything; "" when it can. A
+// file (folder false): an existing one that is not a folder, with write permission, or a new one
+// in a folder that lets files be created. A folder (folder true): an existing one that lets files be
+// created in it, or a new one (mkdir, one level) in such a folder. The reason is strerror's
+// ("No such file or directory", "Permission denied", "Is a directory", ...). For output flags
+// checked before a long load or run: generate --dump-logits, quantize --out.
+std::string unwritable_reason(const std::string& path, bool folder = false);
+
 }  // namespace shardlm

@@ -30,6 +30,9 @@ void check_quantize(const std::string& src, const std::string& out, const LoadOp
     if (load_config(src).quant.present) fail(src, ": already pre-quantized");
     // refuse to mix with an older checkpoint's shards, or to overwrite the source (--out = --model)
     if (file_exists(out + "/config.json")) fail(out, ": already holds a checkpoint; choose an empty folder");
+    // A folder that cannot be created or written into, found before the load, not after it.
+    const std::string why = unwritable_reason(out, true);
+    if (!why.empty()) fail("--out ", out, ": cannot create or write this folder: ", why);
 }
 
 void write_quantized_checkpoint(const std::string& src, const std::string& out, const LoadOptions& opt, size_t shard_bytes) {

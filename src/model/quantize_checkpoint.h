@@ -22,7 +22,8 @@ namespace shardlm {
 
 // The checks write_quantized_checkpoint makes before it loads anything (throws Error): a quantized
 // --weights format, a float source, and an out_dir that holds no checkpoint (out_dir = src_dir
-// included). shardlm quantize runs them before an AWQ calibration (--calib) too.
+// included) and can be created or written into (core/mmap_file.h unwritable_reason; nothing is
+// created). shardlm quantize runs them before an AWQ calibration (--calib) too.
 void check_quantize(const std::string& src_dir, const std::string& out_dir, const LoadOptions& opt);
 
 // Quantizes exactly as loading with `opt` does (the same code), then writes out_dir with about

@@ -434,6 +434,26 @@ TEST_F(Cli, QuantizeFlagErrorsComeBeforeTheWeightsLoad) {
     EXPECT_FALSE(file_exists(dir_.file("q/config.json")));
 }
 
+// quantize --out DIR that cannot be created (its parent missing, or a file) or written into was
+// found only by the mkdir after the whole model had loaded and been quantized (minutes on a real
+// model), or, for a file, by the first shard's write. It is refused before the load now, with
+// nothing created: with a truncated weights file, the --out error comes, not the file's.
+TEST_F(Cli, QuantizeOutThatCannotBeWrittenComesBeforeTheWeightsLoad) {
+    const std::string weights = dir_.file("model.safetensors");
+    write_file(weights, read_file(weights).substr(0, 64));
+    TempDir t;
+    write_file(t.file("plain"), "not a folder");
+    const std::string q = "quantize --model " + dir_.path() + " --weights int8 --out ";
+    expect_error(q + t.file("q"), weights);  // an --out that can be made reaches the load, which fails
+    expect_error(q + t.file("no-such/q"),
+                 "--out " + t.file("no-such/q") + ": cannot create or write this folder: No such file or directory");
+    expect_error(q + t.file("plain"), "--out " + t.file("plain") + ": cannot create or write this folder: Not a directory");
+    expect_error(q + t.file("plain/q"), "--out " + t.file("plain/q") + ": cannot create or write this folder: Not a directory");
+    EXPECT_FALSE(file_exists(t.file("q/config.json")));
+    EXPECT_EQ(run_command("test -e " + t.file("q") + " || test -e " + t.file("no-such")).exit_code, 1) << "created";
+    EXPECT_EQ(read_file(t.file("plain")), "not a folder");
+}
+
 TEST_F(Cli, BrokenCheckpointsAreNamed) {
     const std::string m = " --model " + dir_.path() + " --prompt-ids 1,2";
     const std::string cfg = read_file(dir_.file("config.json"));

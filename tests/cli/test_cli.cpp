@@ -34,6 +34,18 @@ void drop_max_position(const TempDir& dir) {
     write_file(dir.file("config.json"), cfg);
 }
 
+// Bytes of the KV cache the CLI sizes for model c at ctx positions x batch slots (kv: --kv).
+size_t kv_bytes(const ModelConfig& c, int64_t ctx, int64_t batch, DType kv = DType::F32) {
+    KVCacheShape ks;
+    ks.n_layers = c.n_layers;
+    ks.n_slots = batch;
+    ks.capacity = ctx;
+    ks.n_kv_heads = c.n_kv_heads;
+    ks.head_dim = c.head_dim;
+    ks.dtype = kv;
+    return kv_cache_bytes(ks);
+}
+
 class Cli : public ::testing::Test {
 protected:
     void SetUp() override { write_synthetic_checkpoint(dir_.path(), tiny_config(Arch::Qwen2), {DType::BF16, 1, 4}); }
@@ -170,16 +182,7 @@ TEST_F(Cli, KVCacheAllocationFailureNamesTheFlags) {
     ScopedEnv unlimited(kHostMemEnv, "18446744073709551615");
     drop_max_position(dir_);
     const ModelConfig c = tiny_config(Arch::Qwen2);
-    auto bytes_of = [&](int64_t ctx, int64_t batch, DType kv) {
-        KVCacheShape ks;
-        ks.n_layers = c.n_layers;
-        ks.n_slots = batch;
-        ks.capacity = ctx;
-        ks.n_kv_heads = c.n_kv_heads;
-        ks.head_dim = c.head_dim;
-        ks.dtype = kv;
-        return kv_cache_bytes(ks);
-    };
+    auto bytes_of = [&](int64_t ctx, int64_t batch, DType kv) { return kv_bytes(c, ctx, batch, kv); };
     auto needs = [&](int64_t ctx, int64_t batch, DType kv) {
         const size_t bytes = bytes_of(ctx, batch, kv);
         std::ostringstream os;
@@ -205,15 +208,7 @@ TEST_F(Cli, KVCacheAllocationFailureNamesTheFlags) {
 // SHARDLM_HOST_MEM_AVAILABLE as here) and refused in one line naming the flags and both figures.
 TEST_F(Cli, KVCacheBeyondWhatTheMachineCanBack) {
     const ModelConfig c = tiny_config(Arch::Qwen2);
-    auto bytes_of = [&](int64_t ctx, int64_t batch) {
-        KVCacheShape ks;
-        ks.n_layers = c.n_layers;
-        ks.n_slots = batch;
-        ks.capacity = ctx;
-        ks.n_kv_heads = c.n_kv_heads;
-        ks.head_dim = c.head_dim;
-        return kv_cache_bytes(ks);
-    };
+    auto bytes_of = [&](int64_t ctx, int64_t batch) { return kv_bytes(c, ctx, batch); };
     const size_t avail = bytes_of(100, 2);  // room for --ctx 100 x batch 2, no more
     ScopedEnv env(kHostMemEnv, std::to_string(avail).c_str());
     auto refused = [&](size_t bytes) {

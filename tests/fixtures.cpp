@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/matmul.h"
 
 namespace shardlm::test {
 
@@ -103,6 +104,8 @@ void expect_cli_error(const std::string& args, const std::string& needle) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\nstderr: " << r.err;
     EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
 }
+
+bool cpu_prefill_rounds() { return std::string(matmul_isa()) == "amx"; }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size()) return INFINITY;

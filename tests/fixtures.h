@@ -62,6 +62,13 @@ CommandResult run_command(const std::string& cmdline);
 // crash), exactly one stderr line "shardlm: error: ..." containing `needle`. GoogleTest assertions.
 void expect_cli_error(const std::string& args, const std::string& needle);
 
+// Whether the CPU engine's prefill GEMMs round their activations: the AMX variant's BF16 tiles carry
+// them within 2^-16 (kernels/cpu/matmul_kernels.h), where the other variants and the decode GEMVs
+// sum in plain f32. Two runs of one model that take different kernels (a decode step against a
+// recompute, a rank's shard against the whole matrix) then differ by that rounding, not only by the
+// order of their sums, and the engine tests widen their bounds by the measured amount.
+bool cpu_prefill_rounds();
+
 // Largest |a - b| over two equally long vectors.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 // Cosine similarity of two rows of logits (in double).

@@ -70,15 +70,18 @@ void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bia
 // AMX-BF16 GEMM of matmul (prefill) for I8 weights (W8A16; groups a multiple of 32), I4 weights
 // (W4A16) and BF16 weights: the weights exact in bf16 (int8 values and 4-bit codes as they are, the
 // scales applied per group after, I4's mins times the group's sum of activations), each
-// activation split into three bf16 parts that sum to it (24 significant bits), products and sums in
-// f32 on the tiles: the f32 result up to the order of additions.
+// activation carried as two bf16 parts, hi + lo, within 2^-16 of it (kAmxBf16RelErr), products and
+// sums in f32 on the tiles.
 inline bool amx_bf16_usable(int64_t n, const WeightView& w) {
     return n > kGemvMaxN && w.cols % 32 == 0 &&
            ((w.dtype == DType::I8 && w.group_size % 32 == 0) || w.dtype == DType::I4 || w.dtype == DType::BF16);
 }
-constexpr int kAmxBf16Parts = 3;  // bf16 parts per activation: x = hi + mid + lo
-// Tokens [t0, t1) of x [n][cols] as three bf16 parts in tile order,
-// xt [n / 32 rounded up][cols / 32][3 parts][32][32] (a 32-token x 32-column block of one part = two
+constexpr int kAmxBf16Parts = 2;  // bf16 parts per activation: x ~ hi + lo
+// |x - (hi + lo)| <= kAmxBf16RelErr * |x|: hi = bf16(x) is within 2^-8 |x| (round to nearest, 8
+// significant bits), lo = bf16(x - hi) within 2^-8 of that exact difference.
+constexpr double kAmxBf16RelErr = 1.0 / 65536;
+// Tokens [t0, t1) of x [n][cols] as two bf16 parts in tile order,
+// xt [n / 32 rounded up][cols / 32][2 parts][32][32] (a 32-token x 32-column block of one part = two
 // A tiles, 2 KB); the caller zeroes the rows past n.
 void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt);
 // Rows [r0, r1) of y [n, w.rows] from the activations in tile order; for I4 weights xsum [n][groups]

@@ -4,7 +4,8 @@
 // Tolerance as in test_matmul_int8.cpp: f32 sums of K products in any order differ from the exact
 // sum by at most K * u * sum_k |x_k w_k|; the vectorised kernels also round the dequantization
 // (q * s + min fused, or sum(q x) * s + min * sum(x) per group), a few more roundings per product,
-// so the bound is (K + 16) * u * (sum |x w| + sum |x| (|min| + 15 s) + |b|) + 1e-7.
+// so the bound is (K + 16) * u * (sum |x w| + sum |x| (|min| + 15 s) + |b|) + 1e-7, and on AMX's BF16
+// tiles, which carry each activation within kAmxBf16RelErr of it, that term times the same sum on top.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_kernels.h"  // kAmxBf16RelErr
 #include "tests/kernels/int8_test_util.h"
 
 using namespace shardlm;
@@ -128,7 +130,8 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
                             const size_t gi = size_t(r * ng + k / sh.group);
                             mag += xv * (std::fabs(row[size_t(k)]) + std::fabs(m.mins[gi]) + 15.0 * m.scales[gi]);
                         }
-                        const double bound = double(sh.cols + 16) * kU * mag + 1e-7;
+                        const double bound =
+                            (double(sh.cols + 16) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0)) * mag + 1e-7;
                         const size_t i = size_t(t * sh.rows + r);
                         worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
                     }

@@ -5,7 +5,8 @@
 // most K * u * sum_k |x_k w_k| (u = 2^-24, the classic worst-case bound), so each output gets
 // |got - ref| <= (K + 8) * u * (sum_k |x_k w_k| + |b|) + 1e-7: 8 more roundings for scales and
 // bias, and a floor for outputs that cancel to ~0. For W8A8 the INT32 dots are exact and only
-// the per-segment f32 steps round: (segments + 4) * u * (sum_k |qa qw| sa sw + |b|).
+// the per-segment f32 steps round: (segments + 4) * u * (sum_k |qa qw| sa sw + |b|). The AMX
+// variant's BF16 tiles carry each activation within kAmxBf16RelErr (2^-16) of it: + that * sum |x w|.
 // A wrong scale, a dropped group or a misplaced row moves outputs by O(1) relative to these sums,
 // far outside the bounds (WrongScaleIsCaught checks this).
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_kernels.h"  // kAmxBf16RelErr
 #include "tests/kernels/int8_test_util.h"
 
 using namespace shardlm;
@@ -27,7 +29,8 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 17, 64, 100};
 
 // Largest |got - ref| / bound over all outputs (<= 1 passes).
 double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* bias, const std::vector<float>& got,
-                   const std::vector<float>& ref) {
+                   const std::vector<float>& ref, CpuIsa isa) {
+    const double rel = double(w.cols + 8) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0);
     std::vector<float> row(size_t(w.cols));
     double worst = 0;
     for (int64_t r = 0; r < w.rows; ++r) {
@@ -36,7 +39,7 @@ double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* 
             double abs_dot = 0;
             for (int64_t k = 0; k < w.cols; ++k) abs_dot += std::fabs(double(x[t * w.cols + k]) * row[size_t(k)]);
             const double b = bias ? std::fabs(bias[r]) : 0.0;
-            const double bound = double(w.cols + 8) * kU * (abs_dot + b) + 1e-7;
+            const double bound = rel * (abs_dot + b) + 1e-7;
             const size_t i = size_t(t * w.rows + r);
             worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
         }
@@ -119,7 +122,7 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceW8A16) {
             for (CpuIsa isa : cpu_isas_available()) {
                 std::fill(got.begin(), got.end(), NAN);
                 matmul(x.data(), n, w, bias.data(), got.data(), isa);
-                ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref), 1.0)
+                ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref, isa), 1.0)
                     << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols << " group=" << group;
             }
         }
@@ -146,7 +149,7 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceFloatWeights) {
                 for (CpuIsa isa : cpu_isas_available()) {
                     std::fill(got.begin(), got.end(), NAN);
                     matmul(x.data(), n, w, nullptr, got.data(), isa);
-                    ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref), 1.0)
+                    ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref, isa), 1.0)
                         << dtype_name(dt) << " " << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols;
                 }
             }
@@ -199,7 +202,7 @@ TEST(MatmulInt8, LongPrefillIsBlocked) {
         for (CpuIsa isa : cpu_isas_available()) {
             std::fill(got.begin(), got.end(), NAN);
             matmul(x.data(), n, w, bias.data(), got.data(), isa);
-            ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref), 1.0) << dtype_name(w.dtype) << " " << cpu_isa_name(isa);
+            ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref, isa), 1.0) << dtype_name(w.dtype) << " " << cpu_isa_name(isa);
         }
     }
 }
@@ -254,9 +257,9 @@ TEST(MatmulInt8, WrongScaleIsCaught) {
     m.scales[5] *= 1.01f;  // row 1, group 1
     for (CpuIsa isa : cpu_isas_available()) {
         matmul(x.data(), n, m.view(), nullptr, got.data(), isa);
-        EXPECT_GT(worst_w8a16(x.data(), n, m.view(), nullptr, got, ref), 1.0) << cpu_isa_name(isa);
+        EXPECT_GT(worst_w8a16(x.data(), n, m.view(), nullptr, got, ref, isa), 1.0) << cpu_isa_name(isa);
         matmul(xp.data(), np, m.view(), nullptr, gotp.data(), isa);
-        EXPECT_GT(worst_w8a16(xp.data(), np, m.view(), nullptr, gotp, refp), 1.0) << cpu_isa_name(isa);
+        EXPECT_GT(worst_w8a16(xp.data(), np, m.view(), nullptr, gotp, refp, isa), 1.0) << cpu_isa_name(isa);
         matmul_w8a8(a.view, m.view(), nullptr, got8.data(), isa);
         EXPECT_GT(worst_w8a8(a.view, m.view(), nullptr, got8, ref8), 1.0) << cpu_isa_name(isa);
     }

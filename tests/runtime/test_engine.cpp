@@ -71,11 +71,13 @@ TEST_P(EngineInvariants, CachedDecodeEqualsFullRecompute) {
         s->engine->forward({{0, &seq.back(), 1, int64_t(seq.size()) - 1, true}}, lg.data());
         cached.push_back(lg);
     }
-    // Recompute: the whole sequence from scratch in one step each time.
+    // Recompute: the whole sequence from scratch in one step each time (the prefill GEMMs, where the
+    // cached steps ran the GEMVs: 1.06e-4 apart on qwen2_bf16 under AMX's rounding).
+    const double tol = cpu_prefill_rounds() ? 5e-4 : 1e-4;
     for (int64_t i = 0; i < steps; ++i) {
         const int64_t n = int64_t(prompt.size()) + i + 1;
         s->engine->forward({{0, seq.data(), n, 0, true}}, lg.data());
-        EXPECT_LT(max_abs_diff(lg, cached[size_t(i)]), 1e-4) << "step " << i;
+        EXPECT_LT(max_abs_diff(lg, cached[size_t(i)]), tol) << "step " << i;
         EXPECT_EQ(argmax(lg.data(), V), argmax(cached[size_t(i)].data(), V));
     }
 }

@@ -2,6 +2,7 @@
 
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -30,6 +31,36 @@ bool parse_bytes(const std::string& s, size_t& out) {
 
 size_t saturating_add(size_t a, size_t b) { return b > SIZE_MAX - a ? SIZE_MAX : a + b; }
 
+// The whole text of a file; false when it cannot be opened or read.
+bool read_text(const std::string& path, std::string& out) {
+    std::ifstream f(path);
+    if (!f) return false;
+    std::ostringstream text;
+    text << f.rdbuf();
+    if (f.bad()) return false;
+    out = text.str();
+    return true;
+}
+
+// A cgroup file holding one value ("123\n", "max\n"): the text without surrounding blanks.
+std::string trimmed(const std::string& s) {
+    const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// The value of `key` in a memory.stat text ("inactive_file 4096" lines); 0 when absent or malformed.
+size_t stat_value(const std::string& stat, const std::string& key) {
+    std::istringstream in(stat);
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream f(line);
+        std::string k, v;
+        size_t n = 0;
+        if (f >> k >> v && k == key) return parse_bytes(v, n) ? n : 0;
+    }
+    return 0;
+}
+
 }  // namespace
 
 size_t meminfo_available_bytes(const std::string& meminfo) {
@@ -52,26 +83,63 @@ size_t meminfo_available_bytes(const std::string& meminfo) {
     return have_avail ? total : SIZE_MAX;
 }
 
+std::string cgroup_v2_path(const std::string& proc_self_cgroup) {
+    std::istringstream in(proc_self_cgroup);
+    std::string line;
+    while (std::getline(in, line))
+        if (line.compare(0, 3, "0::") == 0 && line.size() > 3 && line[3] == '/') return line.substr(3);
+    return "";
+}
+
+HostMemory cgroup_headroom(const std::string& root, const std::string& path) {
+    HostMemory best;
+    std::string rel = path;  // "/a/b" -> "/a" -> "": the folder, then its parents up to root
+    while (true) {
+        while (!rel.empty() && rel.back() == '/') rel.pop_back();
+        const std::string dir = root + rel;
+        std::string max_s, cur_s, stat;
+        size_t max = 0, cur = 0;
+        if (read_text(dir + "/memory.max", max_s) && read_text(dir + "/memory.current", cur_s) &&
+            parse_bytes(trimmed(max_s), max) && parse_bytes(trimmed(cur_s), cur)) {
+            // "max" fails parse_bytes above: no limit at this level.
+            const size_t reclaimable = read_text(dir + "/memory.stat", stat) ? stat_value(stat, "inactive_file") : 0;
+            const size_t used = cur - std::min(cur, reclaimable);
+            const size_t room = max > used ? max - used : 0;
+            if (room < best.bytes) best = {room, "cgroup " + dir + "/memory.max"};
+        }
+        if (rel.empty()) break;
+        const size_t slash = rel.rfind('/');
+        rel.erase(slash == std::string::npos ? 0 : slash);
+    }
+    return best;
+}
+
 HostMemory host_memory_available() {
     if (const char* env = std::getenv(kHostMemEnv)) {
         size_t v = 0;
         if (!parse_bytes(env, v)) fail(kHostMemEnv, "=\"", env, "\": expected a byte count (decimal digits)");
         return {v, kHostMemEnv};
     }
-    std::ifstream f("/proc/meminfo");
-    if (f) {
-        std::ostringstream text;
-        text << f.rdbuf();
-        const size_t v = meminfo_available_bytes(text.str());
-        if (v != SIZE_MAX) return {v, "MemAvailable + SwapFree"};
-    }
+    HostMemory machine;
+    std::string text;
+    const size_t v = read_text("/proc/meminfo", text) ? meminfo_available_bytes(text) : SIZE_MAX;
     struct sysinfo si {};
-    if (sysinfo(&si) == 0) {
+    if (v != SIZE_MAX) {
+        machine = {v, "/proc/meminfo MemAvailable + SwapFree"};
+    } else if (sysinfo(&si) == 0) {
         const size_t unit = si.mem_unit ? si.mem_unit : 1;
         const size_t units = saturating_add(saturating_add(size_t(si.freeram), size_t(si.bufferram)), size_t(si.freeswap));
-        return {units > SIZE_MAX / unit ? SIZE_MAX : units * unit, "free RAM + buffers + free swap"};
+        machine = {units > SIZE_MAX / unit ? SIZE_MAX : units * unit, "sysinfo() free RAM + buffers + free swap"};
     }
-    return {};
+    // A container's limit: /proc/meminfo shows the host (core/host_memory.h).
+    if (read_text("/proc/self/cgroup", text)) {
+        const std::string path = cgroup_v2_path(text);
+        if (!path.empty()) {
+            HostMemory cg = cgroup_headroom(kCgroupRoot, path);
+            if (cg.bytes < machine.bytes) return cg;
+        }
+    }
+    return machine;
 }
 
 }  // namespace shardlm

@@ -46,7 +46,7 @@ struct KVCacheAllocError : std::bad_alloc {
     const char* what() const noexcept override { return "KV cache allocation failed"; }
     size_t bytes;
     size_t available;
-    const char* source;
+    std::string source;
     int ranks_on_node;
 };
 

@@ -3,6 +3,7 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -140,6 +141,12 @@ HostMemory host_memory_available() {
         }
     }
     return machine;
+}
+
+std::string format_gib(size_t bytes) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.3f", double(bytes) / (1024.0 * 1024.0 * 1024.0));
+    return s;
 }
 
 }  // namespace shardlm

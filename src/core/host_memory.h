@@ -3,8 +3,9 @@
 // Why: under Linux's default overcommit (vm.overcommit_memory 0) the allocator grants more than
 // the machine holds; the missing pages only show when they are touched, and then the OOM killer
 // ends the process with SIGKILL and no message. A buffer that is touched at once (the KV cache is
-// zeroed when allocated) is compared with this figure first, so that a --ctx x batch too large for
-// the machine is refused with one line naming the flags and the bytes instead.
+// zeroed when allocated, weights converted on load are written as they are made) is compared with
+// this figure first, so that a --ctx x batch or a --weights too large for the machine is refused
+// with one line naming the flags and the bytes instead.
 //
 // Inside a container (Docker, Kubernetes) /proc/meminfo shows the host's memory, not the
 // container's: its limit is the cgroup's memory.max, and past it the kernel's OOM killer ends the
@@ -62,5 +63,8 @@ std::string cgroup_v2_path(const std::string& proc_self_cgroup);
 // its own cgroup is mounted at root). Returns {SIZE_MAX, "unknown"} when no level has a limit,
 // else the headroom with source "cgroup FOLDER/memory.max" of the level that gave it.
 HostMemory cgroup_headroom(const std::string& root, const std::string& path);
+
+// "1.234": bytes in GiB with three decimals, as the memory messages print them.
+std::string format_gib(size_t bytes);
 
 }  // namespace shardlm

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "kernels/cpu/quantize.h"
 
 namespace shardlm {
@@ -111,10 +112,13 @@ struct Block {
     int64_t row0 = 0, nrows = -1, col0 = 0, ncols = -1;
 };
 
+// Builds the views of one rank's weights. A planning Loader runs the same validations and sums
+// the bytes the conversions would allocate (converted()), but allocates, reads and converts
+// nothing: the views it hands out are placeholders, to be discarded.
 class Loader {
 public:
-    Loader(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt, ModelWeights& out)
-        : ckpt_(ckpt), cfg_(cfg), opt_(opt), out_(out) {
+    Loader(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt, ModelWeights& out, bool planning)
+        : ckpt_(ckpt), cfg_(cfg), opt_(opt), out_(out), planning_(planning) {
         // A pre-quantized checkpoint's float Linear tensors are those its recorded regex kept.
         const std::string& keep = cfg.quant.present ? cfg.quant.keep_fp16 : opt.keep_fp16;
         if (!keep.empty()) {
@@ -270,6 +274,8 @@ public:
         out_.bytes += n * dtype_size(want);
         const bool same = want == t.dtype && !sc.any();
         if (same && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
+        if (!same) converted_ += n * dtype_size(want);
+        if (planning_) return v;
         Buffer buf(n * dtype_size(want));
         const size_t ws = dtype_size(want);
 #pragma omp parallel
@@ -304,6 +310,8 @@ public:
         const int64_t view_group = g == b.cols ? b.ncols : g;
         const int64_t groups = b.ncols / view_group;
         const Scaling scl = scaling(name, b.rows, b.cols);
+        converted_ += size_t(b.nrows * b.ncols) + size_t(b.nrows * groups) * sizeof(float);
+        if (planning_) return {DType::I8, nullptr, b.nrows, b.ncols};
         Buffer q(size_t(b.nrows * b.ncols)), sc(size_t(b.nrows * groups) * sizeof(float));
         // Only the columns this block needs (all of them when the scale spans the row).
         const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
@@ -344,16 +352,17 @@ public:
             fail(name, ": --group-size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
                  b.col0 + b.ncols, ")");
         const Scaling scl = scaling(name, b.rows, b.cols);
+        const int64_t groups = b.ncols / g, full_groups = b.cols / g;
+        auto clip = opt_.scales.clip.find(name);
+        if (clip != opt_.scales.clip.end() && int64_t(clip->second.size()) != b.rows * full_groups)
+            fail(name, ": ", clip->second.size(), " clip ratios for its ", b.rows * full_groups, " groups");
+        converted_ += size_t(b.nrows * b.ncols / 2) + 2 * size_t(b.nrows * groups) * sizeof(float);
+        if (planning_) return {DType::U8, nullptr, b.nrows, b.ncols};
         std::vector<float> f(size_t(b.nrows * b.ncols));
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < b.nrows; ++r)
             row_f32(t, scl, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, f.data() + r * b.ncols);
-        const int64_t groups = b.ncols / g;
-        auto clip = opt_.scales.clip.find(name);
         if (clip != opt_.scales.clip.end()) {
-            const int64_t full_groups = b.cols / g;
-            if (int64_t(clip->second.size()) != b.rows * full_groups)
-                fail(name, ": ", clip->second.size(), " clip ratios for its ", b.rows * full_groups, " groups");
 #pragma omp parallel for schedule(static)
             for (int64_t r = 0; r < b.nrows; ++r)
                 for (int64_t k = 0; k < groups; ++k) {
@@ -390,6 +399,7 @@ public:
         v.group_size = vg;
         const float* sc = reinterpret_cast<const float*>(s.data) + b.row0 * groups + (g == b.cols ? 0 : b.col0 / g);
         const bool scales_contiguous = reinterpret_cast<uintptr_t>(s.data) % 4 == 0 && vgroups == groups;
+        if (planning_) return v;
         if (b.ncols != b.cols) {  // column slice: copy this rank's int8 columns
             Buffer q(size_t(b.nrows * b.ncols));
             for (int64_t r = 0; r < b.nrows; ++r)
@@ -416,7 +426,7 @@ public:
     const float* group_block(const TensorInfo& s, Block b, int64_t g) {
         const int64_t groups = b.cols / g, vgroups = b.ncols / g;
         const float* first = reinterpret_cast<const float*>(s.data) + b.row0 * groups + b.col0 / g;
-        if (vgroups == groups && reinterpret_cast<uintptr_t>(s.data) % 4 == 0) return first;
+        if (planning_ || (vgroups == groups && reinterpret_cast<uintptr_t>(s.data) % 4 == 0)) return first;
         Buffer c(size_t(b.nrows * vgroups) * sizeof(float));
         for (int64_t r = 0; r < b.nrows; ++r)
             std::memcpy(c.as<float>() + r * vgroups, reinterpret_cast<const uint8_t*>(first) + size_t(r * groups) * 4,
@@ -439,7 +449,7 @@ public:
                  b.col0 + b.ncols, ")");
         const int64_t rb = b.cols / 2, vb = b.ncols / 2;
         const uint8_t* data = t.data + b.row0 * rb + b.col0 / 2;
-        if (vb != rb) {  // column slice: copy this rank's bytes (whole 32-column blocks)
+        if (vb != rb && !planning_) {  // column slice: copy this rank's bytes (whole 32-column blocks)
             Buffer q(size_t(b.nrows * vb));
             for (int64_t r = 0; r < b.nrows; ++r) std::memcpy(q.data() + r * vb, data + r * rb, size_t(vb));
             data = q.data();
@@ -449,6 +459,9 @@ public:
         out_.bytes += size_t(b.nrows * vb) + size_t(b.nrows * (b.ncols / g)) * 8;
         return v;
     }
+
+    // Bytes of the buffers the conversions allocated (or, planning, would allocate) so far.
+    size_t converted() const { return converted_; }
 
     bool kept(const std::string& name) const {
         return has_keep_ && std::regex_search(name, keep_);
@@ -518,14 +531,12 @@ private:
     std::regex keep_;
     bool has_keep_ = false;
     std::set<std::string> read_;  // names of the tensors get() handed out
+    bool planning_ = false;
+    size_t converted_ = 0;
 };
 
-}  // namespace
-
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const LoadOptions& opt, const ShardPlan& p) {
-    ModelWeights w;
-    w.plan = p;
-    Loader ld(ckpt, c, opt, w);
+// Every tensor of the model through `ld`, into w (whose plan is p).
+void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w) {
     const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
     const int64_t q0 = p.q_head0 * hd, nq = p.n_q_heads * hd, kv0 = p.kv_head0 * hd, nkv = p.n_kv_heads * hd;
     for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -566,6 +577,53 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
         w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
     }
     ld.check_all_read();
+}
+
+// The hint that ends the message of a load refused for memory (load_weights).
+const char* memory_hint(const ModelConfig& c, const LoadOptions& opt) {
+    if (is_quantized(opt.format) && !c.quant.present)
+        return "use a pre-quantized checkpoint (shardlm quantize writes one, where the memory is) or a machine with "
+               "more memory";
+    if (opt.format != WeightFormat::Auto)
+        return "use --weights auto (the checkpoint's own dtype, mapped without a copy) or a machine with more memory";
+    return "use a machine with more memory";
+}
+
+}  // namespace
+
+size_t converted_weight_bytes(const Checkpoint& ckpt, const ModelConfig& c, const LoadOptions& opt, const ShardPlan& p) {
+    ModelWeights w;
+    w.plan = p;
+    Loader ld(ckpt, c, opt, w, /*planning=*/true);
+    build(ld, c, p, w);
+    return ld.converted();
+}
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const LoadOptions& opt, const ShardPlan& p) {
+    // The converted buffers are written as they are allocated: under overcommit, more than the
+    // machine can back would be granted and the OOM killer would end the load (core/host_memory.h).
+    // Each rank of the node converts its slice at the same time: its part is available / ranks.
+    SHARDLM_CHECK(opt.ranks_on_node >= 1, "load_weights: ", opt.ranks_on_node, " ranks on the node");
+    const size_t need = converted_weight_bytes(ckpt, c, opt, p);
+    if (need > 0) {
+        const HostMemory avail = host_memory_available();
+        const size_t part = avail.bytes == SIZE_MAX ? SIZE_MAX : avail.bytes / size_t(opt.ranks_on_node);
+        if (need > part) {
+            const std::string needs = cat("model ", ckpt.dir(), ": --weights ", weight_format_name(opt.format), " needs ",
+                                          format_gib(need), " GiB (", need, " bytes) of host memory for the weights ",
+                                          "converted on load", p.tp > 1 ? " (this rank's share)" : "");
+            if (opt.ranks_on_node == 1)
+                fail(needs, " but the machine can back only ", format_gib(avail.bytes), " GiB (", avail.bytes, " bytes, ",
+                     avail.source, "); ", memory_hint(c, opt));
+            fail(needs, " but the machine can back only ", format_gib(part), " GiB (", part, " bytes) per rank: ",
+                 format_gib(avail.bytes), " GiB (", avail.bytes, " bytes, ", avail.source, ") shared by ", opt.ranks_on_node,
+                 " ranks on this node; ", memory_hint(c, opt));
+        }
+    }
+    ModelWeights w;
+    w.plan = p;
+    Loader ld(ckpt, c, opt, w, /*planning=*/false);
+    build(ld, c, p, w);
     return w;
 }
 

@@ -67,6 +67,10 @@ struct LoadOptions {
     // 16-bit (the checkpoint's FP16/BF16, or BF16 from an FP32 checkpoint). Norms are never quantized.
     std::string keep_fp16;
     ChannelScales scales;
+    // Ranks of the job on this node (EngineOptions::ranks_on_node): each converts its own slice
+    // into host memory at the same time, so the converted weights are weighed against
+    // 1/ranks_on_node of what the machine can back (load_weights).
+    int ranks_on_node = 1;
 };
 
 struct Linear {
@@ -104,7 +108,23 @@ void check_keep_fp16(const std::string& re, const std::string& what = "--keep-fp
 // Validates every tensor's presence, dtype and shape against the config and builds the views of
 // this rank's slices, reading only their bytes. `ckpt` must outlive the result (views point into
 // its maps).
+//
+// Weights converted on load (quantized, or held in another dtype than stored, or rescaled by
+// channel scales) go to host buffers owned here, written as they are made: before the first of
+// them is allocated, their total on this rank (converted_weight_bytes) is weighed against
+// 1/opt.ranks_on_node of the memory the machine can back (core/host_memory.h), and more is
+// refused with an Error naming the model folder, --weights and both figures, instead of meeting
+// the OOM killer halfway through the load. A checkpoint used as stored is mapped and costs none.
+// The CUDA engine loads through here too (it uploads these host buffers, then frees them).
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt,
                           const ShardPlan& plan);
+
+// Bytes of the buffers load_weights allocates on this rank for the weights it converts (see
+// above), without allocating or converting anything; throws what load_weights would for a
+// checkpoint that does not match. Not counted: copies of a slice in the stored dtype (the
+// row-parallel columns under TP, a misaligned tensor), the f32 norms and biases, and the
+// transient f32 copy of one matrix that INT4 quantizes from.
+size_t converted_weight_bytes(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt,
+                              const ShardPlan& plan);
 
 }  // namespace shardlm

@@ -116,7 +116,9 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
-    s->weights = load_weights(*s->ckpt, c, opt.load, plan_shard(c, comm.rank(), comm.size()));
+    LoadOptions lo = opt.load;
+    lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
+    s->weights = load_weights(*s->ckpt, c, lo, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;

@@ -12,6 +12,7 @@
 #include "model/checkpoint.h"
 #include "model/shard.h"
 #include "model/synthetic.h"
+#include "model/weights.h"
 #include "runtime/kv_cache.h"
 
 using namespace shardlm;
@@ -227,6 +228,27 @@ TEST_F(Cli, KVCacheBeyondWhatTheMachineCanBack) {
         ScopedEnv bad(kHostMemEnv, "lots");
         expect_error("generate" + m + " --prompt-ids 1,2", "SHARDLM_HOST_MEM_AVAILABLE=\"lots\": expected a byte count");
     }
+}
+
+// Weights converted on load (--weights int8 from this bf16 checkpoint) are written into host
+// buffers as they are allocated: more than the machine can back met the OOM killer during the
+// load. They are weighed first (SHARDLM_HOST_MEM_AVAILABLE standing in for the machine's figure)
+// and refused in one line naming the model folder, the flag and the bytes.
+TEST_F(Cli, ConvertedWeightsBeyondWhatTheMachineCanBack) {
+    const ModelConfig c = load_config(dir_.path());
+    const Checkpoint ck(dir_.path());
+    const size_t need = converted_weight_bytes(ck, c, LoadOptions{WeightFormat::Int8, 0, ""}, plan_shard(c, 0, 1));
+    const std::string gen = "generate --model " + dir_.path() + " --prompt-ids 1,2 --max-new-tokens 2 --ctx 8 --weights int8";
+    {
+        ScopedEnv env(kHostMemEnv, std::to_string(need - 1).c_str());
+        expect_error(gen, "model " + dir_.path() + ": --weights int8 needs 0.000 GiB (" + std::to_string(need) +
+                              " bytes) of host memory for the weights converted on load but the machine can back only "
+                              "0.000 GiB (" + std::to_string(need - 1) + " bytes, SHARDLM_HOST_MEM_AVAILABLE); use a "
+                              "pre-quantized checkpoint (shardlm quantize writes one");
+    }
+    ScopedEnv env(kHostMemEnv, std::to_string(need + kv_bytes(c, 8, 1)).c_str());  // the weights and the KV cache
+    const CommandResult ok = run_command(kBin + " " + gen);
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 // --seed -1 was read as 2^64 - 1 without a word (boost's lexical_cast into uint64_t), in every

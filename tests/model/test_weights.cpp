@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "fixtures.h"
 #include "model/checkpoint.h"
 #include "model/quantize_checkpoint.h"
@@ -11,6 +12,7 @@
 
 using namespace shardlm;
 using shardlm::test::read_file;
+using shardlm::test::ScopedEnv;
 using shardlm::test::TempDir;
 using shardlm::test::write_file;
 
@@ -188,6 +190,92 @@ TEST(Weights, StoredDtypeMustMatchTheQuantizationConfig) {
                                    "quantization_config of " + out + "/config.json says int4 (U8"),
               std::string::npos)
         << load_error(out);
+}
+
+// Weights converted on load (--weights int8 from a bf16 checkpoint here) go to host buffers that
+// are written as they are allocated: under overcommit more than the machine can back was granted
+// and the OOM killer ended the load without a word. Their total on this rank is now weighed first
+// against the memory the machine can back (SHARDLM_HOST_MEM_AVAILABLE standing in for it) and
+// refused in one line naming the model folder, --weights and both figures.
+TEST(Weights, ConvertedWeightsBeyondWhatTheMachineCanBackAreRefused) {
+    TempDir d;
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    write_synthetic_checkpoint(d.path(), c, {DType::BF16, 1, 3});
+    Checkpoint ck(d.path());
+    const LoadOptions int8{WeightFormat::Int8, 0, ""};
+    // What the load allocates: its owned buffers, all of them conversions on one rank.
+    size_t owned = 0;
+    {
+        ScopedEnv unlimited(kHostMemEnv, nullptr);
+        const ModelWeights w = load_weights(ck, c, int8, plan_shard(c, 0, 1));
+        for (const Buffer& b : w.owned) owned += b.size();
+    }
+    ASSERT_GT(owned, size_t(0));
+    EXPECT_EQ(converted_weight_bytes(ck, c, int8, plan_shard(c, 0, 1)), owned);
+    auto error_of = [&](const LoadOptions& lo, size_t avail) -> std::string {
+        ScopedEnv env(kHostMemEnv, std::to_string(avail).c_str());
+        try {
+            load_weights(ck, c, lo, plan_shard(c, 0, 1));
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    const std::string hint = "; use a pre-quantized checkpoint (shardlm quantize writes one, where the memory is) or a "
+                             "machine with more memory";
+    EXPECT_EQ(error_of(int8, owned - 1),
+              "model " + d.path() + ": --weights int8 needs 0.000 GiB (" + std::to_string(owned) +
+                  " bytes) of host memory for the weights converted on load but the machine can back only 0.000 GiB (" +
+                  std::to_string(owned - 1) + " bytes, SHARDLM_HOST_MEM_AVAILABLE)" + hint);
+    EXPECT_EQ(error_of(int8, owned), "");
+    // Each rank of the node converts at the same time: a rank weighs its bytes against its part.
+    LoadOptions two = int8;
+    two.ranks_on_node = 2;
+    EXPECT_EQ(error_of(two, 2 * owned - 1),
+              "model " + d.path() + ": --weights int8 needs 0.000 GiB (" + std::to_string(owned) +
+                  " bytes) of host memory for the weights converted on load but the machine can back only 0.000 GiB (" +
+                  std::to_string(owned - 1) + " bytes) per rank: 0.000 GiB (" + std::to_string(2 * owned - 1) +
+                  " bytes, SHARDLM_HOST_MEM_AVAILABLE) shared by 2 ranks on this node" + hint);
+    EXPECT_EQ(error_of(two, 2 * owned), "");
+    // A dtype conversion is weighed too; the checkpoint used as stored is mapped and costs nothing.
+    const LoadOptions f32{WeightFormat::F32, 0, ""};
+    const size_t widened = converted_weight_bytes(ck, c, f32, plan_shard(c, 0, 1));
+    EXPECT_GT(widened, owned);
+    EXPECT_NE(error_of(f32, widened - 1).find("--weights fp32 needs 0.000 GiB (" + std::to_string(widened) +
+                                              " bytes) of host memory"),
+              std::string::npos);
+    EXPECT_NE(error_of(f32, widened - 1).find("; use --weights auto (the checkpoint's own dtype"), std::string::npos);
+    EXPECT_EQ(converted_weight_bytes(ck, c, LoadOptions{}, plan_shard(c, 0, 1)), size_t(0));
+    EXPECT_EQ(error_of(LoadOptions{}, 0), "");
+    // INT4 (and its INT8 vocabulary matrix): the bytes it holds.
+    const LoadOptions int4{WeightFormat::Int4, 32, ""};
+    size_t owned4 = 0;
+    {
+        ScopedEnv unlimited(kHostMemEnv, nullptr);
+        for (const Buffer& b : load_weights(ck, c, int4, plan_shard(c, 0, 1)).owned) owned4 += b.size();
+    }
+    EXPECT_EQ(converted_weight_bytes(ck, c, int4, plan_shard(c, 0, 1)), owned4);
+    EXPECT_NE(error_of(int4, owned4 - 1).find("--weights int4 needs"), std::string::npos);
+    EXPECT_EQ(error_of(int4, owned4), "");
+}
+
+// Under TP a rank's row-parallel columns in the stored dtype are copies, not conversions: not
+// weighed (a float checkpoint under --weights auto is refused only for its KV cache). A
+// pre-quantized checkpoint used as stored converts nothing either.
+TEST(Weights, OnlyConversionsAreWeighed) {
+    TempDir d, q;
+    const ModelConfig c = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), c, {DType::F32, 1, 3});
+    Checkpoint ck(d.path());
+    EXPECT_FALSE(load_weights(ck, c, LoadOptions{}, plan_shard(c, 0, 2)).owned.empty());
+    EXPECT_EQ(converted_weight_bytes(ck, c, LoadOptions{}, plan_shard(c, 0, 2)), size_t(0));
+    const std::string out = q.file("int8");
+    write_quantized_checkpoint(d.path(), out, LoadOptions{WeightFormat::Int8, 0, ""});
+    const ModelConfig qc = load_config(out);
+    Checkpoint qk(out);
+    EXPECT_EQ(converted_weight_bytes(qk, qc, LoadOptions{}, plan_shard(qc, 0, 1)), size_t(0));
+    ScopedEnv none(kHostMemEnv, "0");
+    EXPECT_NO_THROW(load_weights(qk, qc, LoadOptions{}, plan_shard(qc, 0, 1)));
 }
 
 TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {

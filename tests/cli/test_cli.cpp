@@ -507,6 +507,9 @@ TEST_F(Cli, MpirunGivesTheSameTokens) {
     EXPECT_LT(b["memory"]["weights_bytes"].get<double>(), 0.6 * a["memory"]["weights_bytes"].get<double>());
 }
 
+// Without the abort the healthy rank would wait in its next collective for good (the test's CTest
+// timeout). The bound is far above a normal end (1-2 s) so that mpirun's start on a loaded 2-core
+// CI machine does not trip it: one run of 10 s was seen under a parallel ctest.
 TEST_F(Cli, FailingRankEndsTheJob) {
     for (const char* phase : {"load", "forward"}) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -514,7 +517,7 @@ TEST_F(Cli, FailingRankEndsTheJob) {
                                             " generate --model " + dir_.path() + " --prompt-ids 1,2,3 --max-new-tokens 4");
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         EXPECT_NE(r.exit_code, 0) << phase;
-        EXPECT_LT(s, 10.0) << phase;
+        EXPECT_LT(s, 45.0) << phase;
         EXPECT_NE(r.err.find("shardlm: error: rank 1: injected failure at phase " + std::string(phase)), std::string::npos)
             << r.err;
     }

@@ -262,6 +262,16 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
     switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AMX)
         case CpuIsa::Amx:
+            if (amx_i4_gemv_usable(n, w)) {
+                const int64_t np = amx_gemv_tokens(n);
+                std::vector<uint16_t> xb(size_t(2 * w.cols * np * kAmxBf16Parts));
+                std::vector<float> xsum(size_t(w.cols / w.group_size * np));
+                acts_to_i4_gemv_tiles_amx(x, n, w.cols, w.group_size, xb.data(), xsum.data());
+                for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) {
+                    gemv_i4_rows_amx(xb.data(), xsum.data(), n, w, bias, y, r0, r1);
+                });
+                return;
+            }
             if (amx_bf16_usable(n, w)) {
                 std::vector<uint16_t> xt(size_t((n + 31) / 32 * 32 * w.cols * kAmxBf16Parts), 0);
 #pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))

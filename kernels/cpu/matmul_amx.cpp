@@ -336,4 +336,140 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
     _tile_release();
 }
 
+// ---------------------------------------------------------------------------------------------
+// INT4 GEMV on tiles (decode). Per 32-row panel and 64-column chunk, each row's 32 bytes of codes
+// widen to 32 words; vpermw maps the low five bits of a word through a table of bf16(i & 15), so the
+// words themselves give the low nibbles and the words >> 4 the high ones: two A rows of 32 exact
+// bf16 codes (step h = 0: the chunk's columns 0..15 and 32..47, h = 1: 16..31 and 48..63, the order
+// acts_to_i4_gemv_tiles_amx gives x). Tiles: C 0/1 (rows 0..15 / 16..31 x np tokens), A 2/3, B 4/5
+// (the two parts of x). At a group's end the C tiles take the group's scale into f32 sums and its
+// min times the group's sum of x.
+
+namespace {
+
+inline int64_t i4_gemv_col(int64_t s, int64_t e) { return (s / 2) * 64 + (s % 2) * 16 + e + (e >= 16 ? 16 : 0); }
+
+void configure_gemv_tiles(int64_t np) {
+    TileConfig c;
+    for (int i = 0; i < 6; ++i) {
+        c.rows[i] = 16;
+        c.colsb[i] = uint16_t(i == 2 || i == 3 ? 64 : 4 * np);
+    }
+    _tile_loadconfig(&c);
+}
+
+}  // namespace
+
+void acts_to_i4_gemv_tiles_amx(const float* x, int64_t n, int64_t cols, int64_t group, uint16_t* xb, float* xsum) {
+    const int64_t np = amx_gemv_tokens(n), steps = cols / 32, ng = cols / group;
+    auto bf16 = [](float v) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // round to nearest even (finite x)
+    };
+    auto f32 = [](uint16_t h) {
+        const uint32_t u = uint32_t(h) << 16;
+        float v;
+        std::memcpy(&v, &u, 4);
+        return v;
+    };
+    for (int64_t s = 0; s < steps; ++s)
+        for (int64_t e = 0; e < 32; ++e)
+            for (int64_t t = 0; t < np; ++t) {
+                const float v = t < n ? x[t * cols + i4_gemv_col(s, e)] : 0.0f;
+                const uint16_t hi = bf16(v), lo = bf16(v - f32(hi));  // x ~ hi + lo
+                const int64_t at = ((s * 2) * 16 + e / 2) * np * 2 + t * 2 + e % 2;
+                xb[at] = hi;
+                xb[at + 16 * np * 2] = lo;
+            }
+    for (int64_t g = 0; g < ng; ++g)
+        for (int64_t t = 0; t < np; ++t) {
+            float sum = 0;
+            if (t < n)
+                for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += x[t * cols + k];
+            xsum[g * np + t] = sum;
+        }
+}
+
+void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias,
+                      float* y, int64_t r0, int64_t r1) {
+    const int64_t np = amx_gemv_tokens(n), cols = w.cols, rb = cols / 2, ng = cols / w.group_size;
+    const int64_t chunks_per_group = w.group_size / 64, b_step = 2 * 16 * np * 2;  // uint16s of xb per step
+    alignas(64) uint16_t a[2][MR][32];        // the chunk's two A steps
+    alignas(64) float c[MR * 4], facc[MR * 4];  // [row][np]
+    alignas(64) int32_t lut_words[16];
+    for (int i = 0; i < 32; i += 2) {  // word i of the table: bf16(i & 15), packed two per dword
+        const float lo = float(i & 15), hi = float((i + 1) & 15);
+        uint32_t ul, uh;
+        std::memcpy(&ul, &lo, 4);
+        std::memcpy(&uh, &hi, 4);
+        lut_words[i / 2] = int32_t((ul >> 16) | (uh & 0xFFFF0000u));
+    }
+    const __m512i lut = _mm512_load_si512(lut_words);
+    // Lane l of facc's k-th vector in a 16-row half: row (16 k + l) / np, token l % np.
+    __m512i row_of[4];
+    alignas(64) int32_t idx[16];
+    for (int64_t k = 0; k < np; ++k) {
+        for (int l = 0; l < 16; ++l) idx[l] = int32_t((16 * k + l) / np);
+        row_of[k] = _mm512_load_si512(idx);
+    }
+    for (int l = 0; l < 16; ++l) idx[l] = int32_t(l % np);
+    const __m512i tok_of = _mm512_load_si512(idx);
+    for (int l = 0; l < 16; ++l) idx[l] = int32_t(l * ng);
+    const __m512i row_stride = _mm512_load_si512(idx);
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    configure_gemv_tiles(np);
+    for (int64_t r = r0; r < r1; r += MR) {
+        const int64_t nr = std::min<int64_t>(MR, r1 - r);
+        PanelPrefetch pf(w, r + MR, r1, cols / 64);  // the next panel, into L2 while this one runs
+        std::memset(facc, 0, sizeof(facc));
+        if (nr < MR) std::memset(a, 0, sizeof(a));
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t ch = 0; ch < cols / 64; ++ch) {
+            pf.step();
+            for (int64_t i = 0; i < nr; ++i) {
+                const __m512i wd = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                    reinterpret_cast<const __m256i*>(base + (r + i) * rb + ch * 32)));
+                _mm512_store_si512(a[0][i], _mm512_permutexvar_epi16(wd, lut));
+                _mm512_store_si512(a[1][i], _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), lut));
+            }
+            for (int h = 0; h < 2; ++h) {
+                const uint16_t* b = xb + (ch * 2 + h) * b_step;
+                _tile_loadd(2, a[h][0], 64);
+                _tile_loadd(3, a[h][16], 64);
+                _tile_loadd(4, b, 4 * np);
+                _tile_loadd(5, b + b_step / 2, 4 * np);
+                _tile_dpbf16ps(0, 2, 4);
+                _tile_dpbf16ps(0, 2, 5);
+                _tile_dpbf16ps(1, 3, 4);
+                _tile_dpbf16ps(1, 3, 5);
+            }
+            if ((ch + 1) % chunks_per_group) continue;
+            // The group's end: facc += scale * C + min * sum(x), per row and token.
+            const int64_t g = ch / chunks_per_group;
+            _tile_stored(0, c, 4 * np);
+            _tile_stored(1, c + 16 * np, 4 * np);
+            _tile_zero(0);
+            _tile_zero(1);
+            const __m512 xs = _mm512_permutexvar_ps(tok_of, _mm512_maskz_loadu_ps(mask16(np), xsum + g * np));
+            for (int64_t half = 0; half < 2; ++half) {
+                const int64_t row0 = r + 16 * half;
+                const __mmask16 m = mask16(std::clamp<int64_t>(r1 - row0, 0, 16));
+                const __m512 sc = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, row_stride, w.scales + row0 * ng + g, 4);
+                const __m512 mn = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, row_stride, w.mins + row0 * ng + g, 4);
+                for (int64_t k = 0; k < np; ++k) {
+                    float* f = facc + (16 * half + 0) * np + 16 * k;
+                    const float* cc = c + 16 * half * np + 16 * k;
+                    __m512 v = _mm512_fmadd_ps(_mm512_load_ps(cc), _mm512_permutexvar_ps(row_of[k], sc), _mm512_load_ps(f));
+                    _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_permutexvar_ps(row_of[k], mn), xs, v));
+                }
+            }
+        }
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < nr; ++i) y[t * w.rows + r + i] = facc[i * np + t] + (bias ? bias[r + i] : 0.0f);
+    }
+    _tile_release();
+}
+
 }  // namespace shardlm

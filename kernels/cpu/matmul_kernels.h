@@ -89,6 +89,26 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
 void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
                      float* y, int64_t r0, int64_t r1);
 
+// AMX-BF16 GEMV of matmul (decode, 3 <= n <= kGemvMaxN) for I4 weights in groups of a multiple of
+// 64. The AVX-512 GEMV spends T FMAs per 16 weights and T tokens and is bound by them beyond two
+// tokens (n = 4 ran at half of n = 1's bytes per second); on tiles the weights are the A operand as
+// they lie (a 64-column chunk of 32 rows unpacked to bf16 codes by two vpermw per row) and the n
+// tokens' activations the B operand, two bf16 parts each as in the prefill GEMM (kAmxBf16RelErr).
+// The tiles' time does not shrink with n: at n = 1 and 2 the AVX-512 GEMV is faster (kernels_bench
+// decode, the 1.7B shape: n = 1 69-77 ms against 86-87, n = 2 85-88 against 90-91; n = 4 132-140
+// against 96-99).
+inline bool amx_i4_gemv_usable(int64_t n, const WeightView& w) {
+    return n >= 3 && n <= kGemvMaxN && w.dtype == DType::I4 && w.group_size % 64 == 0 && w.cols % 64 == 0;
+}
+// Tokens padded to a divisor of 16 (3 -> 4): the B and C tiles' width.
+inline int64_t amx_gemv_tokens(int64_t n) { return n == 3 ? 4 : n; }
+// x [n][cols] as the GEMV's B tiles, xb [cols / 32 steps][2 parts][16 pairs][np tokens][2] with np =
+// amx_gemv_tokens(n) (zeros past n), in the column order of the unpacked chunks; xsum [groups][np]
+// each token's sum of x over each weight group.
+void acts_to_i4_gemv_tiles_amx(const float* x, int64_t n, int64_t cols, int64_t group, uint16_t* xb, float* xsum);
+void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias,
+                      float* y, int64_t r0, int64_t r1);
+
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);
 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "runtime/cpu_engine.h"
 #ifdef SHARDLM_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
@@ -74,12 +75,6 @@ std::string step_flags(const SessionOptions& opt, int64_t step) {
     return opt.chunk_origin.empty() ? "--prefill-chunk " + std::to_string(opt.prefill_chunk) : opt.chunk_origin;
 }
 
-std::string gib(size_t bytes) {
-    char s[32];
-    std::snprintf(s, sizeof s, "%.3f", double(bytes) / (1024.0 * 1024.0 * 1024.0));
-    return s;
-}
-
 }  // namespace
 
 EngineOptions engine_options(const SessionOptions& opt) {
@@ -135,20 +130,20 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
             // behind the size, not a bare "out of memory" (or a SIGKILL from the OOM killer).
             // Under TP the bytes are this rank's share (run_together names the rank).
             const std::string needs = cat(ctx_flags(opt), " x batch ", opt.max_batch, ": the KV cache",
-                                          comm.size() > 1 ? " (this rank's share)" : "", " needs ", gib(e.bytes),
+                                          comm.size() > 1 ? " (this rank's share)" : "", " needs ", format_gib(e.bytes),
                                           " GiB (", e.bytes, " bytes)");
             if (e.available == SIZE_MAX) fail(needs, ", allocation failed");
             if (e.ranks_on_node == 1)
-                fail(needs, " but the machine can back only ", gib(e.available), " GiB (", e.available, " bytes, ",
+                fail(needs, " but the machine can back only ", format_gib(e.available), " GiB (", e.available, " bytes, ",
                      e.source, ")");
             // Several ranks on this node: each has its part of the node's figure.
             const size_t part = e.available / size_t(e.ranks_on_node);
-            fail(needs, " but the machine can back only ", gib(part), " GiB (", part, " bytes) per rank: ",
-                 gib(e.available), " GiB (", e.available, " bytes, ", e.source, ") shared by ", e.ranks_on_node,
+            fail(needs, " but the machine can back only ", format_gib(part), " GiB (", part, " bytes) per rank: ",
+                 format_gib(e.available), " GiB (", e.available, " bytes, ", e.source, ") shared by ", e.ranks_on_node,
                  " ranks on this node");
         } catch (const WorkspaceAllocError& e) {
             const std::string what = e.bytes == SIZE_MAX ? std::string("more than 2^64 bytes")
-                                                         : gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";
+                                                         : format_gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";
             fail(step_flags(opt, e.step_tokens), ": a step of ", e.step_tokens, " tokens needs a workspace buffer of ",
                  what, ", allocation failed");
         }
@@ -185,10 +180,10 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         } catch (const DeviceFitError& e) {
             // The engine knows the bytes, the session the flags behind them (a derived --ctx, a
             // --prefill-chunk capped at ctx x batch).
-            fail("the model does not fit on ", e.device, " (rank ", e.rank, "): it needs ", gib(e.need), " GiB (weights ",
-                 gib(e.weights), ", KV cache ", gib(e.kv), " for ", ctx_flags(opt), " x batch ", opt.max_batch,
-                 ", workspace ", gib(e.workspace), " for steps of ", eo.max_step_tokens, " tokens from ",
-                 step_flags(opt, eo.max_step_tokens), ") and ", gib(e.free),
+            fail("the model does not fit on ", e.device, " (rank ", e.rank, "): it needs ", format_gib(e.need), " GiB (weights ",
+                 format_gib(e.weights), ", KV cache ", format_gib(e.kv), " for ", ctx_flags(opt), " x batch ", opt.max_batch,
+                 ", workspace ", format_gib(e.workspace), " for steps of ", eo.max_step_tokens, " tokens from ",
+                 step_flags(opt, eo.max_step_tokens), ") and ", format_gib(e.free),
                  " GiB are free; lower those flags, use --weights int8 / --kv int8, or add ranks");
         }
         // The GPU holds the weights now: drop the host copies (quantized or converted buffers),

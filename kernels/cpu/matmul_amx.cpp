@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/simd_avx512.h"
@@ -362,22 +363,11 @@ void configure_gemv_tiles(int64_t np) {
 
 void acts_to_i4_gemv_tiles_amx(const float* x, int64_t n, int64_t cols, int64_t group, uint16_t* xb, float* xsum) {
     const int64_t np = amx_gemv_tokens(n), steps = cols / 32, ng = cols / group;
-    auto bf16 = [](float v) {
-        uint32_t u;
-        std::memcpy(&u, &v, 4);
-        return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // round to nearest even (finite x)
-    };
-    auto f32 = [](uint16_t h) {
-        const uint32_t u = uint32_t(h) << 16;
-        float v;
-        std::memcpy(&v, &u, 4);
-        return v;
-    };
     for (int64_t s = 0; s < steps; ++s)
         for (int64_t e = 0; e < 32; ++e)
             for (int64_t t = 0; t < np; ++t) {
                 const float v = t < n ? x[t * cols + i4_gemv_col(s, e)] : 0.0f;
-                const uint16_t hi = bf16(v), lo = bf16(v - f32(hi));  // x ~ hi + lo
+                const uint16_t hi = f32_to_bf16(v), lo = f32_to_bf16(v - bf16_to_f32(hi));  // x ~ hi + lo
                 const int64_t at = ((s * 2) * 16 + e / 2) * np * 2 + t * 2 + e % 2;
                 xb[at] = hi;
                 xb[at + 16 * np * 2] = lo;

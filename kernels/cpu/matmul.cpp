@@ -264,7 +264,7 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
         case CpuIsa::Amx:
             if (amx_i4_gemv_usable(n, w)) {
                 const int64_t np = amx_gemv_tokens(n);
-                std::vector<uint16_t> xb(size_t(2 * w.cols * np * kAmxBf16Parts));
+                std::vector<uint16_t> xb(size_t(w.cols / 32 * kAmxBf16Parts * 16 * np * 2));  // [step][part][pair][token][2]
                 std::vector<float> xsum(size_t(w.cols / w.group_size * np));
                 acts_to_i4_gemv_tiles_amx(x, n, w.cols, w.group_size, xb.data(), xsum.data());
                 for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) {

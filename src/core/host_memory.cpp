@@ -149,4 +149,12 @@ std::string format_gib(size_t bytes) {
     return s;
 }
 
+std::string can_back_only(const HostMemory& avail, int ranks_on_node) {
+    const std::string whole = cat(format_gib(avail.bytes), " GiB (", avail.bytes, " bytes, ", avail.source, ")");
+    if (ranks_on_node <= 1) return " but the machine can back only " + whole;
+    const size_t part = avail.bytes / size_t(ranks_on_node);
+    return cat(" but the machine can back only ", format_gib(part), " GiB (", part, " bytes) per rank: ", whole,
+               " shared by ", ranks_on_node, " ranks on this node");
+}
+
 }  // namespace shardlm

@@ -67,4 +67,8 @@ HostMemory cgroup_headroom(const std::string& root, const std::string& path);
 // "1.234": bytes in GiB with three decimals, as the memory messages print them.
 std::string format_gib(size_t bytes);
 
+// The end of a "needs N bytes" refusal: " but the machine can back only X GiB (N bytes, SOURCE)",
+// or, with several ranks on the node, each one's part of it and the whole figure shared by them.
+std::string can_back_only(const HostMemory& avail, int ranks_on_node);
+
 }  // namespace shardlm

@@ -612,12 +612,7 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
             const std::string needs = cat("model ", ckpt.dir(), ": --weights ", weight_format_name(opt.format), " needs ",
                                           format_gib(need), " GiB (", need, " bytes) of host memory for the weights ",
                                           "converted on load", p.tp > 1 ? " (this rank's share)" : "");
-            if (opt.ranks_on_node == 1)
-                fail(needs, " but the machine can back only ", format_gib(avail.bytes), " GiB (", avail.bytes, " bytes, ",
-                     avail.source, "); ", memory_hint(c, opt));
-            fail(needs, " but the machine can back only ", format_gib(part), " GiB (", part, " bytes) per rank: ",
-                 format_gib(avail.bytes), " GiB (", avail.bytes, " bytes, ", avail.source, ") shared by ", opt.ranks_on_node,
-                 " ranks on this node; ", memory_hint(c, opt));
+            fail(needs, can_back_only(avail, opt.ranks_on_node), "; ", memory_hint(c, opt));
         }
     }
     ModelWeights w;

@@ -133,14 +133,8 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
                                           comm.size() > 1 ? " (this rank's share)" : "", " needs ", format_gib(e.bytes),
                                           " GiB (", e.bytes, " bytes)");
             if (e.available == SIZE_MAX) fail(needs, ", allocation failed");
-            if (e.ranks_on_node == 1)
-                fail(needs, " but the machine can back only ", format_gib(e.available), " GiB (", e.available, " bytes, ",
-                     e.source, ")");
             // Several ranks on this node: each has its part of the node's figure.
-            const size_t part = e.available / size_t(e.ranks_on_node);
-            fail(needs, " but the machine can back only ", format_gib(part), " GiB (", part, " bytes) per rank: ",
-                 format_gib(e.available), " GiB (", e.available, " bytes, ", e.source, ") shared by ", e.ranks_on_node,
-                 " ranks on this node");
+            fail(needs, can_back_only({e.available, e.source}, e.ranks_on_node));
         } catch (const WorkspaceAllocError& e) {
             const std::string what = e.bytes == SIZE_MAX ? std::string("more than 2^64 bytes")
                                                          : format_gib(e.bytes) + " GiB (" + std::to_string(e.bytes) + " bytes)";

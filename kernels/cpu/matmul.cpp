@@ -3,8 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -273,11 +275,16 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                 return;
             }
             if (amx_bf16_usable(n, w)) {
-                std::vector<uint16_t> xt(size_t((n + 31) / 32 * 32 * w.cols * kAmxBf16Parts), 0);
+                // 64-byte aligned, so that no 64-byte tile row straddles two cache lines (a
+                // std::vector guarantees 16).
+                const size_t xt_bytes = size_t((n + 31) / 32 * 32 * w.cols * kAmxBf16Parts) * 2;
+                Buffer xt_buf(xt_bytes);
+                uint16_t* xt = xt_buf.as<uint16_t>();
+                std::memset(xt, 0, xt_bytes);
 #pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
                 {
                     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-                    acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt.data());
+                    acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt);
                 }
                 std::vector<float> xsum;  // I4: the mins multiply each group's sum of activations
                 if (w.dtype == DType::I4) {
@@ -288,7 +295,7 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                 }
                 const float* xs = xsum.empty() ? nullptr : xsum.data();
                 for_row_ranges(w.rows, n, macs,
-                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt.data(), xs, n, w, bias, y, r0, r1); });
+                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt, xs, n, w, bias, y, r0, r1); });
                 return;
             }
             [[fallthrough]];  // decode and other weights: the AVX-512 kernels

@@ -204,53 +204,68 @@ namespace {
 // is 32 times finer than the fp16 activations of the CUDA engine's cuBLAS GEMMs and far below INT8's
 // weight rounding; each part times the (exact) bf16 weights is an exact f32 product, summed in f32.
 
-// Columns per pass over the token blocks: 512 columns of the panel (32 KB) stay in L1. A group of
-// scales must hold whole passes.
-constexpr int64_t kBf16Pass = 512;
+// Blocking, from what the tiles cost on a Xeon 6 (microbenchmarks of this loop, one core): a tile
+// product takes 16 cycles; with the operands streaming from L2, each flush of the C tiles (store,
+// zero) stalls the next loads for about as long as 90 products (a flush every 16 steps ran at ~50% of
+// the products' peak, every 64 at ~70%), and activations streamed from L3 instead of L2 drop it to
+// ~23%. Hence:
+//  - a pass: the columns between two flushes, a whole scale group, or kBf16KBlock columns of a longer
+//    one;
+//  - a K block: the columns packed at once, whole passes up to kBf16KBlock;
+//  - a row block: the panels packed at once, up to kBf16BBlockBytes of bf16 (L2), so the
+//    activations of a 32-token block (32 x kBf16KBlock x 2 parts, 256 KB) are read from L3 once
+//    per row block, not once per 32-row panel, and then serve every panel of it from L2.
+constexpr int64_t kBf16KBlock = 2048;
+constexpr int64_t kBf16BBlockBytes = int64_t(1) << 20;
 
 int64_t bf16_pass(int64_t group) {
-    if (group <= kBf16Pass) return group;
-    return group % kBf16Pass == 0 ? kBf16Pass : group;
+    if (group <= kBf16KBlock) return group;
+    return group % kBf16KBlock == 0 ? kBf16KBlock : group;
 }
 
-void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr, uint16_t* panel, float* wsc,
-                     float* wmn) {
-    const int64_t steps = w.cols / 32, ng = w.cols / group;
+// Columns [k0, k0 + kc) of rows [rb, rb + nr) of w (nr <= 32) as a bf16 panel, step s of the block
+// (32 columns, 2 KB) at panel + s * 1024: the B tile of rows 0..15, then that of rows 16..31, each
+// [pair][16 rows][2 values]; rows past nr zero. wsc[gl][32] (and for I4 wmn[gl][32]) hold the rows'
+// scales (mins) of the block's groups, gl = 0 for the group of column k0.
+void pack_bf16_panel(const WeightView& w, int64_t group, int64_t rb, int64_t nr, int64_t k0, int64_t kc,
+                     uint16_t* panel, float* wsc, float* wmn) {
+    const int64_t ng = w.cols / group, g0 = k0 / group, ngk = (k0 + kc - 1) / group - g0 + 1;
     const bool i8 = w.dtype == DType::I8, i4 = w.dtype == DType::I4;
     const size_t row_bytes = size_t(weight_row_bytes(w));
     const __m128i nib = _mm_set1_epi8(0x0F);
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
-        for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t s = 0; s < kc / 32; ++s) {
+            const int64_t gs = k0 / 32 + s;  // the step's place in the whole row
             __m512 v[16];
             for (int i = 0; i < 16; ++i) {
                 const uint8_t* row = base + size_t(rb + 16 * h + i) * row_bytes;
                 if (i >= vr) {
                     v[i] = _mm512_setzero_ps();
                 } else if (i4) {  // 16 bytes: columns 0..15 in the low nibbles, 16..31 in the high
-                    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + s * 16));
+                    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + gs * 16));
                     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, nib)));
                     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), nib)));
                     v[i] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
                 } else if (i8) {
-                    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + s * 32));
+                    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + gs * 32));
                     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
                     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
                     v[i] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(hi, lo));
                 } else {
-                    v[i] = _mm512_loadu_ps(row + s * 64);
+                    v[i] = _mm512_loadu_ps(row + gs * 64);
                 }
             }
             transpose16(v);  // v[p] = column pair p of the 16 rows
             uint16_t* dst = panel + s * 1024 + h * 512;
             for (int p = 0; p < 16; ++p) _mm512_store_ps(dst + p * 32, v[p]);
         }
-        for (int64_t g = 0; g < ng; ++g)
+        for (int64_t gl = 0; gl < ngk; ++gl)
             for (int i = 0; i < 16; ++i) {
-                const int64_t wi = (rb + 16 * h + i) * ng + g;
-                wsc[g * MR + 16 * h + i] = i >= vr ? 0.0f : w.scales ? w.scales[wi] : 1.0f;
-                wmn[g * MR + 16 * h + i] = i >= vr || !i4 ? 0.0f : w.mins[wi];
+                const int64_t wi = (rb + 16 * h + i) * ng + g0 + gl;
+                wsc[gl * MR + 16 * h + i] = i >= vr ? 0.0f : w.scales ? w.scales[wi] : 1.0f;
+                wmn[gl * MR + 16 * h + i] = i >= vr || !i4 ? 0.0f : w.mins[wi];
             }
     }
 }
@@ -300,39 +315,61 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
         }
 }
 
-// Loop order as the INT8 kernel: panel -> pass of columns -> token block; f32 sums in facc.
+// Loop order: K block -> row block (its panels packed) -> 32-token block -> panel -> passes. The f32
+// sums of one token block x panel (facc) live in L1 across the K block's passes; between K blocks
+// they wait in y (bias added at the last).
 void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
                      float* y, int64_t r0, int64_t r1) {
     const int64_t steps = w.cols / 32, group = w.dtype == DType::BF16 ? w.cols : w.group_size;
-    const int64_t ng = w.cols / group, pass_steps = bf16_pass(group) / 32;
-    const size_t panel_bytes = size_t(w.cols) * MR * 2, scale_bytes = size_t(ng * MR) * 8;
-    uint8_t* mem = scratch(panel_bytes + scale_bytes + size_t(n) * MR * 4);
-    uint16_t* panel = reinterpret_cast<uint16_t*>(mem);
-    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
-    float* wmn = wsc + ng * MR;
-    float* facc = reinterpret_cast<float*>(mem + panel_bytes + scale_bytes);
-    alignas(64) float c[NT][MR];
+    const int64_t ng = w.cols / group, pass = bf16_pass(group), pass_steps = pass / 32;
+    const int64_t kb = std::max<int64_t>(1, kBf16KBlock / pass) * pass;  // whole passes
+    // One token block reuses nothing across panels: pack one at a time, as the panel then stays in L1/L2.
+    const int64_t rbl = n <= NT ? MR : std::clamp<int64_t>(kBf16BBlockBytes / (kb * 2) / MR * MR, MR, 8 * MR);
+    const int64_t ngk_max = (kb + group - 1) / group + 1, panel_elems = kb * MR;
+    const size_t panels_bytes = size_t(rbl / MR * panel_elems) * 2, scale_floats = size_t(rbl / MR * ngk_max * MR);
+    uint8_t* mem = scratch(panels_bytes + scale_floats * 8);
+    uint16_t* panels = reinterpret_cast<uint16_t*>(mem);
+    float* wsc = reinterpret_cast<float*>(mem + panels_bytes);
+    float* wmn = wsc + scale_floats;
+    alignas(64) float c[NT][MR], facc[NT][MR];
     configure_tiles();
-    for (int64_t rb = r0; rb < r1; rb += MR) {
-        const int64_t nr = std::min<int64_t>(MR, r1 - rb);
-        pack_bf16_panel(w, group, rb, nr, panel, wsc, wmn);
-        std::memset(facc, 0, size_t(n) * MR * 4);
-        for (int64_t s0 = 0; s0 < steps; s0 += pass_steps) {
-            const int64_t g = s0 * 32 / group;
-            const __m512 sw0 = _mm512_load_ps(wsc + g * MR), sw1 = _mm512_load_ps(wsc + g * MR + 16);
+    for (int64_t k0 = 0; k0 < w.cols; k0 += kb) {
+        const int64_t kc = std::min(kb, w.cols - k0), ksteps = kc / 32, g0 = k0 / group;
+        const bool first = k0 == 0, last = k0 + kc == w.cols;
+        for (int64_t b0 = r0; b0 < r1; b0 += rbl) {
+            const int64_t b1 = std::min(r1, b0 + rbl), np = (b1 - b0 + MR - 1) / MR;
+            for (int64_t p = 0; p < np; ++p)
+                pack_bf16_panel(w, group, b0 + p * MR, std::min<int64_t>(MR, b1 - b0 - p * MR), k0, kc,
+                                panels + p * panel_elems, wsc + p * ngk_max * MR, wmn + p * ngk_max * MR);
             for (int64_t t0 = 0; t0 < n; t0 += NT) {
-                pass_tiles_bf16(xt + (t0 / NT) * steps * kAmxBf16Parts * 1024, panel, s0, s0 + pass_steps, c);
                 const int64_t nt = std::min<int64_t>(NT, n - t0);
-                for (int64_t t = 0; t < nt; ++t) {
-                    float* f = facc + (t0 + t) * MR;
-                    _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_load_ps(c[t]), sw0, _mm512_load_ps(f)));
-                    _mm512_store_ps(f + 16, _mm512_fmadd_ps(_mm512_load_ps(c[t] + 16), sw1, _mm512_load_ps(f + 16)));
+                const uint16_t* xb = xt + ((t0 / NT) * steps + k0 / 32) * kAmxBf16Parts * 1024;
+                for (int64_t p = 0; p < np; ++p) {
+                    const int64_t rb = b0 + p * MR, nr = std::min<int64_t>(MR, b1 - rb);
+                    const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+                    for (int64_t t = 0; t < nt; ++t) {  // the sums so far: 0, or the earlier K blocks' in y
+                        const float* yt = y + (t0 + t) * w.rows + rb;
+                        _mm512_store_ps(facc[t], first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, yt));
+                        _mm512_store_ps(facc[t] + 16, first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, yt + 16));
+                    }
+                    const uint16_t* panel = panels + p * panel_elems;
+                    for (int64_t s0 = 0; s0 < ksteps; s0 += pass_steps) {
+                        const int64_t g = (k0 + s0 * 32) / group, gl = g - g0;
+                        const float* sc = wsc + (p * ngk_max + gl) * MR;
+                        const __m512 sw0 = _mm512_load_ps(sc), sw1 = _mm512_load_ps(sc + 16);
+                        pass_tiles_bf16(xb, panel, s0, s0 + pass_steps, c);
+                        for (int64_t t = 0; t < nt; ++t) {
+                            _mm512_store_ps(facc[t], _mm512_fmadd_ps(_mm512_load_ps(c[t]), sw0, _mm512_load_ps(facc[t])));
+                            _mm512_store_ps(facc[t] + 16,
+                                            _mm512_fmadd_ps(_mm512_load_ps(c[t] + 16), sw1, _mm512_load_ps(facc[t] + 16)));
+                        }
+                        if (xsum && (k0 + (s0 + pass_steps) * 32) % group == 0)  // I4, the group's end: + min * sum(x)
+                            add_mins(&facc[0][0], nt, wmn + (p * ngk_max + gl) * MR, xsum + t0 * ng + g, ng);
+                    }
+                    store_rows(&facc[0][0], nt, nr, last && bias ? bias + rb : nullptr, y + t0 * w.rows + rb, w.rows);
                 }
             }
-            if (xsum && (s0 + pass_steps) * 32 % group == 0)  // I4, the group's last pass: + min * sum(x)
-                add_mins(facc, n, wmn + g * MR, xsum + g, ng);
         }
-        store_rows(facc, n, nr, bias ? bias + rb : nullptr, y + rb, w.rows);
     }
     _tile_release();
 }

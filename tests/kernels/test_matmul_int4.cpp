@@ -107,7 +107,8 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
         int64_t rows, cols, group;
     };
     for (const Shape sh : {Shape{1, 32, 32}, Shape{37, 96, 32}, Shape{70, 256, 128}, Shape{33, 384, 64}, Shape{9, 544, 32},
-                          Shape{19, 640, 128}, Shape{11, 512, 256}}) {
+                          Shape{19, 640, 128}, Shape{11, 512, 256},
+                          Shape{600, 4096, 128}}) {  // the last: two K blocks and row blocks of the AMX GEMM
         const Int4Mat m = make_int4(sh.rows, sh.cols, sh.group, uint32_t(sh.rows * 7 + sh.cols));
         const WeightView w = m.view();
         const std::vector<float> bias = rand_vec(size_t(sh.rows), 11);

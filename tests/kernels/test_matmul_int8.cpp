@@ -207,6 +207,45 @@ TEST(MatmulInt8, LongPrefillIsBlocked) {
     }
 }
 
+TEST(MatmulInt8, WideAndTallProductsAreBlocked) {
+    // The AMX GEMM packs row blocks of up to 256 rows and K blocks of up to 2048 columns, carrying the
+    // sums of earlier K blocks in y: per-channel rows of 6144 (three K blocks) and 4160 (one long
+    // one), groups of 128 across two K blocks, bf16 weights; 600 rows give each thread two row
+    // blocks, 40 and 100 tokens a partial last token block.
+    struct Shape {
+        int64_t rows, cols, group;
+        bool bf16;
+    };
+    for (const Shape sh : {Shape{600, 6144, 6144, false}, Shape{300, 4160, 4160, false}, Shape{600, 4096, 128, false},
+                          Shape{600, 6144, 0, true}}) {
+        const QuantMat m = make_quant_mat(sh.rows, sh.cols, sh.bf16 ? sh.cols : sh.group, uint32_t(sh.rows + sh.cols));
+        std::vector<uint16_t> h(m.f32.size());
+        for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(m.f32[i]);
+        WeightView w = m.view();
+        if (sh.bf16) {
+            w = WeightView();
+            w.dtype = DType::BF16;
+            w.data = h.data();
+            w.rows = sh.rows;
+            w.cols = sh.cols;
+        }
+        const auto bias = rand_vec(size_t(sh.rows), 5);
+        for (int64_t n : {40, 100}) {
+            const auto x = rand_vec(size_t(n * sh.cols), uint32_t(n), 2.0f);
+            std::vector<float> ref(size_t(n * sh.rows)), got(ref.size());
+            matmul_ref(x.data(), n, w, bias.data(), ref.data());
+            for (CpuIsa isa : cpu_isas_available()) {
+                if (isa == CpuIsa::Scalar) continue;  // the plain loop has no blocking to get wrong
+                std::fill(got.begin(), got.end(), NAN);
+                matmul(x.data(), n, w, bias.data(), got.data(), isa);
+                ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref, isa), 1.0)
+                    << dtype_name(w.dtype) << " " << cpu_isa_name(isa) << " n=" << n << " rows=" << sh.rows
+                    << " cols=" << sh.cols << " group=" << sh.group;
+            }
+        }
+    }
+}
+
 TEST(MatmulInt8, W8A8IsCloseToFloat) {
     // x w - (qa sa)(qw sw) = x dw + dx w - dx dw with |dw| <= sw / 2, |dx| <= sa / 2 per element, so
     // |y_f32 - y_w8a8| <= sum_k |x| sw/2 + sa/2 |w| + sa sw / 4 (+ f32 rounding of both sides).

@@ -275,23 +275,23 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                 return;
             }
             if (amx_bf16_usable(n, w)) {
-                // 64-byte aligned, so that no 64-byte tile row straddles two cache lines (a
-                // std::vector guarantees 16).
-                const size_t xt_bytes = size_t((n + 31) / 32 * 32 * w.cols * kAmxBf16Parts) * 2;
-                Buffer xt_buf(xt_bytes);
+                // Kept between calls (a fresh buffer of up to tens of MB faults its pages in again on
+                // every call), 64-byte aligned so that no 64-byte tile row straddles two cache lines.
+                thread_local Buffer xt_buf;
+                const int64_t steps = w.cols / 32, n32 = (n + 31) / 32 * 32;
+                const size_t xt_bytes = size_t(n32 * w.cols * kAmxBf16Parts) * 2;
+                if (xt_buf.size() < xt_bytes) xt_buf = Buffer(xt_bytes);
                 uint16_t* xt = xt_buf.as<uint16_t>();
-                std::memset(xt, 0, xt_bytes);
+                for (int64_t t = n; t < n32; ++t)  // the last token block's rows past n
+                    for (int64_t sp = 0; sp < steps * kAmxBf16Parts; ++sp)
+                        std::memset(xt + (((t / 32) * steps * kAmxBf16Parts + sp) * 32 + t % 32) * 32, 0, 64);
+                std::vector<float> xsum;  // I4: the mins multiply each group's sum of activations
+                if (w.dtype == DType::I4) xsum.resize(size_t(n * (w.cols / w.group_size)));
 #pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
                 {
                     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-                    acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt);
-                }
-                std::vector<float> xsum;  // I4: the mins multiply each group's sum of activations
-                if (w.dtype == DType::I4) {
-                    const int64_t ng = w.cols / w.group_size;
-                    xsum.assign(size_t(n * ng), 0.0f);
-                    for (int64_t t = 0; t < n; ++t)
-                        for (int64_t k = 0; k < w.cols; ++k) xsum[size_t(t * ng + k / w.group_size)] += x[t * w.cols + k];
+                    acts_to_bf16_tiles_amx(x, w.cols, n * tid / nth, n * (tid + 1) / nth, xt, w.group_size,
+                                           xsum.empty() ? nullptr : xsum.data());
                 }
                 const float* xs = xsum.empty() ? nullptr : xsum.data();
                 for_row_ranges(w.rows, n, macs,

@@ -299,9 +299,16 @@ inline __m512 from_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi3
 
 }  // namespace
 
-void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt) {
+void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt, int64_t group,
+                            float* xsum) {
     const int64_t steps = cols / 32;
-    for (int64_t t = t0; t < t1; ++t)
+    for (int64_t t = t0; t < t1; ++t) {
+        if (xsum)
+            for (int64_t g = 0; g < cols / group; ++g) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t k = g * group; k < (g + 1) * group; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + t * cols + k));
+                xsum[t * (cols / group) + g] = _mm512_reduce_add_ps(acc);
+            }
         for (int64_t s = 0; s < steps; ++s) {
             uint16_t* dst = xt + (((t / NT) * steps + s) * kAmxBf16Parts * NT + t % NT) * 32;
             for (int half = 0; half < 2; ++half) {
@@ -313,6 +320,7 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
                 }
             }
         }
+    }
 }
 
 // Loop order: K block -> row block (its panels packed) -> 32-token block -> panel -> passes. The f32

@@ -82,8 +82,10 @@ constexpr int kAmxBf16Parts = 2;  // bf16 parts per activation: x ~ hi + lo
 constexpr double kAmxBf16RelErr = 1.0 / 65536;
 // Tokens [t0, t1) of x [n][cols] as two bf16 parts in tile order,
 // xt [n / 32 rounded up][cols / 32][2 parts][32][32] (a 32-token x 32-column block of one part = two
-// A tiles, 2 KB); the caller zeroes the rows past n.
-void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt);
+// A tiles, 2 KB); the caller zeroes the rows past n. With xsum (I4 weights, group a multiple of 16)
+// also each token's f32 sum of x over each group, xsum[t][cols / group].
+void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1, uint16_t* xt, int64_t group = 0,
+                            float* xsum = nullptr);
 // Rows [r0, r1) of y [n, w.rows] from the activations in tile order; for I4 weights xsum [n][groups]
 // holds each token's sum of x over each weight group (nullptr otherwise).
 void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,

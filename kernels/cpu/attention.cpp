@@ -57,8 +57,11 @@ void attention_cached(const CachedAttention& a) {
     // Score rows as long as the most keys one query sees: the context, or the window.
     const int64_t work = a.n_q * a.n_kv_heads,
                   ld = a.window > 0 ? std::min(a.window, a.q_pos0 + a.n_q) : a.q_pos0 + a.n_q;
-    const bool vec = cpu_isa_resolve(a.isa) != CpuIsa::Scalar;  // any vector variant implies AVX2
+    const CpuIsa isa = cpu_isa_resolve(a.isa);
+    const bool vec = isa != CpuIsa::Scalar;  // any vector variant implies AVX2
+    const bool avx512 = cpu_isa_avx512(isa);
     (void)vec;
+    (void)avx512;
 #pragma omp parallel if (work > 1)
     {
         std::vector<float> scores(size_t(group * ld)), acc(size_t(group * d)), sums(static_cast<size_t>(group));
@@ -72,9 +75,17 @@ void attention_cached(const CachedAttention& a) {
             float* s = scores.data();
 #if defined(SHARDLM_HAVE_AVX2)
             if (vec) {
-                attn_scores_avx2(q, group, d, K, n_keys, a.scale, s, ld);
+#if defined(SHARDLM_HAVE_AVX512)
+                if (avx512) attn_scores_avx512(q, group, d, K, n_keys, a.scale, s, ld);
+                else
+#endif
+                    attn_scores_avx2(q, group, d, K, n_keys, a.scale, s, ld);
                 for (int64_t g = 0; g < group; ++g) sums[size_t(g)] = attn_softmax_avx2(s + g * ld, n_keys);
-                attn_values_avx2(s, group, ld, V, n_keys, d, acc.data());
+#if defined(SHARDLM_HAVE_AVX512)
+                if (avx512) attn_values_avx512(s, group, ld, V, n_keys, d, acc.data());
+                else
+#endif
+                    attn_values_avx2(s, group, ld, V, n_keys, d, acc.data());
             } else
 #endif
             {

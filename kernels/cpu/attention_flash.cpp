@@ -152,11 +152,16 @@ KvRows ring_segment(const KvRows& kv, int64_t j0, int64_t n, int64_t& len) {
 // s: [rows][kDirectTile] scores, tmp: [rows][d] P V of one ring segment.
 void tile_direct_avx2(const float* q, int64_t rows, int64_t group, int64_t first, int64_t window, int64_t d,
                       const KvRows& K, const KvRows& V, int64_t j0, int64_t n, float* s, float* m, float* l, float* tmp,
-                      float* o) {
+                      float* o, bool avx512) {
+    (void)avx512;
     int64_t len = 0;
     for (int64_t done = 0; done < n; done += len) {
         const KvRows seg = ring_segment(K, j0 + done, n - done, len);
-        attn_scores_avx2(q, rows, d, seg, len, 1.0f, s + done, kDirectTile);
+#if defined(SHARDLM_HAVE_AVX512)
+        if (avx512) attn_scores_avx512(q, rows, d, seg, len, 1.0f, s + done, kDirectTile);
+        else
+#endif
+            attn_scores_avx2(q, rows, d, seg, len, 1.0f, s + done, kDirectTile);
     }
     float alpha[kDirectRows];
     for (int64_t r = 0; r < rows; ++r) {
@@ -166,7 +171,11 @@ void tile_direct_avx2(const float* q, int64_t rows, int64_t group, int64_t first
     }
     for (int64_t done = 0; done < n; done += len) {
         const KvRows seg = ring_segment(V, j0 + done, n - done, len);
-        attn_values_avx2(s + done, rows, kDirectTile, seg, len, d, tmp);
+#if defined(SHARDLM_HAVE_AVX512)
+        if (avx512) attn_values_avx512(s + done, rows, kDirectTile, seg, len, d, tmp);
+        else
+#endif
+            attn_values_avx2(s + done, rows, kDirectTile, seg, len, d, tmp);
         for (int64_t r = 0; r < rows; ++r) {
             const float a = done == 0 ? alpha[r] : 1.0f;
             for (int64_t c = 0; c < d; ++c) o[r * d + c] = a * o[r * d + c] + tmp[r * d + c];
@@ -211,7 +220,8 @@ void attend_block(Scratch& t, int64_t rows, int64_t group, int64_t first, int64_
         const int64_t n_keys = end - start;
         const int64_t tiles = (n_keys + kDirectTile - 1) / kDirectTile, tile = (n_keys + tiles - 1) / tiles;
         for (int64_t j0 = start; j0 < end; j0 += tile)
-            tile_direct_avx2(q, rows, group, first, window, d, K, V, j0, std::min(tile, end - j0), s, m, l, kt, o);
+            tile_direct_avx2(q, rows, group, first, window, d, K, V, j0, std::min(tile, end - j0), s, m, l, kt, o,
+                             cpu_isa_avx512(isa));
         return;
     }
 #endif

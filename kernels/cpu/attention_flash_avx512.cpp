@@ -1,9 +1,20 @@
 // AVX-512 score and value steps of attention_cached_flash (the tile copy and the softmax stay in
 // attention_flash_avx2.cpp). 32 zmm registers: 4 rows x 64 columns keep 16 accumulators live, and
-// the row's broadcast folds into the FMA's memory operand.
+// the row's broadcast folds into the FMA's memory operand. Also the decode steps that read the
+// cache rows in place (attn_scores_avx512 / attn_values_avx512, attention_kernels.h).
+//
+// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {
@@ -79,7 +90,131 @@ inline void values_rows(const float* p, int64_t lds, const float* vt, int64_t n,
         }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode steps over the cache rows in place (INT8 rows widened in registers, their scale folded into
+// the score or the softmax weight, as the AVX2 loops do).
+
+inline const void* row_ptr(const KvRows& kv, int64_t slot) {
+    return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
+}
+
+// Columns c .. c + 15 of a cache row as f32.
+template <DType DT>
+inline __m512 load16(const void* row, int64_t c) {
+    if constexpr (DT == DType::F32) {
+        return _mm512_loadu_ps(static_cast<const float*>(row) + c);
+    } else if constexpr (DT == DType::F16) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c)));
+    } else if constexpr (DT == DType::BF16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(row) + c))));
+    }
+}
+
+// G query heads against keys in blocks of 16: per key and head a 16-lane partial sum over the head
+// dim, then the block's 16 partial sums transposed and added into its 16 scores.
+template <DType DT, int G>
+void scores_g16(const float* q, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s, int64_t ld) {
+    alignas(64) float part[G][16][16];
+    alignas(64) float mult[16];
+    int64_t slot = k.first_slot;
+    for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
+        const int64_t nb = std::min<int64_t>(16, n_keys - j0);
+        for (int64_t j = 0; j < 16; ++j) {
+            if (j >= nb) {
+                for (int g = 0; g < G; ++g) _mm512_store_ps(part[g][j], _mm512_setzero_ps());
+                continue;
+            }
+            const void* row = row_ptr(k, slot);
+            __m512 acc[G];
+            for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < d; c += 16) {
+                const __m512 kv = load16<DT>(row, c);
+                for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + c), kv, acc[g]);
+            }
+            for (int g = 0; g < G; ++g) _mm512_store_ps(part[g][j], acc[g]);
+            mult[j] = DT == DType::I8 ? scale * k.scales[slot] : scale;
+            slot = slot + 1 == k.capacity ? 0 : slot + 1;
+        }
+        const __m512 m = _mm512_load_ps(mult);
+        for (int g = 0; g < G; ++g) {
+            __m512 r[16];
+            for (int j = 0; j < 16; ++j) r[j] = _mm512_load_ps(part[g][j]);
+            transpose16(r);  // r[c] lane j: key j's partial sum c
+            for (int w = 8; w >= 1; w /= 2)
+                for (int c = 0; c < w; ++c) r[c] = _mm512_add_ps(r[c], r[c + w]);
+            _mm512_mask_storeu_ps(s + g * ld + j0, mask16(nb), _mm512_mul_ps(r[0], m));
+        }
+    }
+}
+
+// acc[g][c0 .. c0 + 16W) = sum_j p_g[j] * V_j[c0 ..] for G heads.
+template <DType DT, int G, int W>
+void values_g16(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, int64_t c0, int64_t d, float* acc) {
+    __m512 a[G][W];
+    for (int g = 0; g < G; ++g)
+        for (int u = 0; u < W; ++u) a[g][u] = _mm512_setzero_ps();
+    int64_t slot = v.first_slot;
+    for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
+        const void* row = row_ptr(v, slot);
+        const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
+        __m512 x[W];
+        for (int u = 0; u < W; ++u) x[u] = load16<DT>(row, c0 + 16 * u);
+        for (int g = 0; g < G; ++g) {
+            const __m512 pj = _mm512_set1_ps(p[g * ld + j] * vs);
+            for (int u = 0; u < W; ++u) a[g][u] = _mm512_fmadd_ps(pj, x[u], a[g][u]);
+        }
+    }
+    for (int g = 0; g < G; ++g)
+        for (int u = 0; u < W; ++u) _mm512_storeu_ps(acc + g * d + c0 + 16 * u, a[g][u]);
+}
+
+template <DType DT, int G>
+void values_cols(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc) {
+    int64_t c = 0;
+    for (; c + 128 <= d; c += 128) values_g16<DT, G, 8>(p, ld, v, n_keys, c, d, acc);
+    for (; c + 64 <= d; c += 64) values_g16<DT, G, 4>(p, ld, v, n_keys, c, d, acc);
+    for (; c < d; c += 16) values_g16<DT, G, 1>(p, ld, v, n_keys, c, d, acc);
+}
+
+template <DType DT>
+void scores_dt(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s, int64_t ld) {
+    int64_t g = 0;
+    for (; g + 2 <= nq; g += 2) scores_g16<DT, 2>(q + g * d, d, k, n_keys, scale, s + g * ld, ld);
+    for (; g < nq; ++g) scores_g16<DT, 1>(q + g * d, d, k, n_keys, scale, s + g * ld, ld);
+}
+
+template <DType DT>
+void values_dt(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc) {
+    int64_t g = 0;
+    for (; g + 2 <= nq; g += 2) values_cols<DT, 2>(p + g * ld, ld, v, n_keys, d, acc + g * d);
+    for (; g < nq; ++g) values_cols<DT, 1>(p + g * ld, ld, v, n_keys, d, acc + g * d);
+}
+
 }  // namespace
+
+void attn_scores_avx512(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale,
+                        float* scores, int64_t ld) {
+    if (d % 16) return attn_scores_avx2(q, nq, d, k, n_keys, scale, scores, ld);
+    switch (k.dtype) {
+        case DType::F16: scores_dt<DType::F16>(q, nq, d, k, n_keys, scale, scores, ld); break;
+        case DType::BF16: scores_dt<DType::BF16>(q, nq, d, k, n_keys, scale, scores, ld); break;
+        case DType::I8: scores_dt<DType::I8>(q, nq, d, k, n_keys, scale, scores, ld); break;
+        default: scores_dt<DType::F32>(q, nq, d, k, n_keys, scale, scores, ld); break;
+    }
+}
+
+void attn_values_avx512(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc) {
+    if (d % 16) return attn_values_avx2(p, nq, ld, v, n_keys, d, acc);
+    switch (v.dtype) {
+        case DType::F16: values_dt<DType::F16>(p, nq, ld, v, n_keys, d, acc); break;
+        case DType::BF16: values_dt<DType::BF16>(p, nq, ld, v, n_keys, d, acc); break;
+        case DType::I8: values_dt<DType::I8>(p, nq, ld, v, n_keys, d, acc); break;
+        default: values_dt<DType::F32>(p, nq, ld, v, n_keys, d, acc); break;
+    }
+}
 
 void flash_scores_avx512(const float* q, int64_t rows, int64_t d, const float* kt, int64_t ldk, int64_t n, float* s,
                          int64_t lds) {

@@ -39,4 +39,11 @@ float attn_softmax_avx2(float* p, int64_t n);
 // acc[g * d + c] = sum_j p[g * ld + j] * V_j[c] for g < nq.
 void attn_values_avx2(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc);
 
+// The same two steps with AVX-512 (attention_flash_avx512.cpp), for head_dim a multiple of 16 (else
+// they run the AVX2 loops): 16 columns per FMA, and the scores of 16 keys reduced together (a 16 x 16
+// transpose and adds) instead of one horizontal sum per key and head.
+void attn_scores_avx512(const float* q, int64_t nq, int64_t d, const KvRows& k, int64_t n_keys, float scale,
+                        float* scores, int64_t ld);
+void attn_values_avx512(const float* p, int64_t nq, int64_t ld, const KvRows& v, int64_t n_keys, int64_t d, float* acc);
+
 }  // namespace shardlm

@@ -20,18 +20,18 @@ namespace shardlm {
 namespace {
 
 // The row-wise and element-wise steps of a layer, threaded over rows when there are enough of them
-// (prefill): each row is computed as by the plain kernels, so the bits do not change. Decode-sized
-// steps stay on one thread, where a fork/join would cost more than the work.
+// (prefill): each row is computed as on one thread, so the bits do not depend on the threads.
+// Decode-sized steps stay on one thread, where a fork/join would cost more than the work.
 constexpr int64_t kParallelMinElems = int64_t(1) << 15;
 
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
 #pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElems)
-    for (int64_t r = 0; r < rows; ++r) rmsnorm_ref(x + r * dim, w, y + r * dim, 1, dim, eps);
+    for (int64_t r = 0; r < rows; ++r) rmsnorm(x + r * dim, w, y + r * dim, 1, dim, eps);
 }
 
 void silu_mul_rows(const float* gate, const float* up, float* y, int64_t rows, int64_t dim) {
 #pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElems)
-    for (int64_t r = 0; r < rows; ++r) silu_mul_ref(gate + r * dim, up + r * dim, y + r * dim, dim);
+    for (int64_t r = 0; r < rows; ++r) silu_mul(gate + r * dim, up + r * dim, y + r * dim, dim);
 }
 
 void add_into(float* x, const float* o, int64_t n) {
@@ -232,8 +232,8 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     for (const SeqChunk& ch : chunks) {
         row += ch.n;
         const int64_t rows = ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
-        rmsnorm_ref(x_.as<float>() + (row - rows) * c.hidden, w_.final_norm.data(), last + n * c.hidden, rows,
-                    c.hidden, c.rms_eps);
+        rmsnorm(x_.as<float>() + (row - rows) * c.hidden, w_.final_norm.data(), last + n * c.hidden, rows, c.hidden,
+                c.rms_eps);
         n += rows;
     }
     if (n == 0) return;

@@ -1,14 +1,15 @@
 // Kernel-level benchmark: every Linear layer of a Qwen3-1.7B-shaped model (hidden 2048, 28 layers,
 // 16 q / 8 kv heads of 128, intermediate 6144, tied vocab 151936) through matmul / matmul_w8a8 /
 // matmul_w4a8 (int4 and w4a8: 4-bit layers in groups of 128, INT8 lm_head).
-//   decode: all layers + lm_head for n = 1..4 tokens; GB/s = weight bytes (+ scales) / time,
+//   decode: all layers + lm_head for n = 1..4 tokens (--decode-n to choose); GB/s = weight bytes
+//           (+ scales) / time,
 //           held against the measured copy bandwidth (src/core/membw.h).
 //   prefill: n tokens through all layers (+ lm_head for one token, as the engine does).
 // Build (not part of the CMake build; link against a configured build folder B):
 //   g++ -O3 -std=c++17 -fopenmp -I. -Isrc bench/kernels_bench.cpp B/libshardlm_kernels_cpu.a \
 //       B/libshardlm_core.a -o B/kernels_bench
 // Run: B/kernels_bench [--isa auto|scalar|avx2|avx512|amx] [--what decode,prefill] [--prefill-n 128]
-//                      [--formats int8,w8a8,bf16,int4,w4a8] [--reps 3]
+//                      [--decode-n 1,2,3,4] [--formats int8,w8a8,bf16,int4,w4a8] [--reps 3]
 #include <omp.h>
 
 #include <algorithm>
@@ -183,7 +184,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string isa_name = "auto", what = "decode,prefill", formats = "int8,w8a8,bf16";
+    std::string isa_name = "auto", what = "decode,prefill", formats = "int8,w8a8,bf16", decode_n = "1,2,3,4";
     int64_t prefill_n = 128;
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
         else if (k == "--what") what = v;
         else if (k == "--formats") formats = v;
         else if (k == "--prefill-n") prefill_n = std::stoll(v);
+        else if (k == "--decode-n") decode_n = v;
         else if (k == "--reps") reps = std::stoi(v);
     }
     CpuIsa isa = CpuIsa::Auto;
@@ -200,11 +202,14 @@ int main(int argc, char** argv) {
     double copy = measure_copy_gbps(), read = measure_read_gbps();
     std::printf("# threads %d, isa %s, copy bandwidth %.1f GB/s (read + write), read %.1f GB/s\n",
                 omp_get_max_threads(), cpu_isa_name(cpu_isa_resolve(isa)), copy, read);
+    std::vector<int64_t> dn;
+    for (const std::string& v : split(decode_n)) dn.push_back(std::max<int64_t>(1, std::stoll(v)));
+    const int64_t max_n = std::max(prefill_n, *std::max_element(dn.begin(), dn.end()));
     const double flop_layers = 2.0 * kLayers * (2048.0 * 2048 * 2 + 1024.0 * 2048 * 2 + 6144.0 * 2048 * 3);
     Work w;
-    w.x.assign(size_t(std::max<int64_t>(prefill_n, 4) * 6144), 0.01f);
+    w.x.assign(size_t(max_n * 6144), 0.01f);
     for (size_t i = 0; i < w.x.size(); ++i) w.x[i] = float(int(i % 17) - 8) * 0.01f;
-    w.y.assign(size_t(std::max<int64_t>(prefill_n, 4) * 151936), 0.0f);
+    w.y.assign(size_t(max_n * 151936), 0.0f);
     w.q.resize(w.x.size());
     w.s.resize(w.x.size() / kInt4Group);
     for (const std::string& fmt : split(formats)) {
@@ -213,27 +218,27 @@ int main(int argc, char** argv) {
                                                                     : DType::I8);
         std::printf("\n## %s: %.3f GB of weights\n", fmt.c_str(), m.bytes / 1e9);
         if (what.find("decode") != std::string::npos) {
-            // Rounds over n = 1..4, best of each: on a shared machine the best run is the one least
-            // disturbed; the copy bandwidth is re-measured between rounds and its best kept too.
+            // Rounds over the token counts, best of each: on a shared machine the best run is the one
+            // least disturbed; the copy bandwidth is re-measured between rounds and its best kept too.
             pass(m, fmt, 1, 1, w, isa);  // warm-up (page faults of y, scratch)
-            double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30}, sum[5] = {};
+            std::vector<double> best(dn.size(), 1e30), sum(dn.size(), 0.0);
             for (int r = 0; r < reps; ++r) {
-                for (int64_t n = 1; n <= 4; ++n) {
+                for (size_t i = 0; i < dn.size(); ++i) {
                     const double t0 = now_s();
-                    pass(m, fmt, n, n, w, isa);
+                    pass(m, fmt, dn[i], dn[i], w, isa);
                     const double dt = now_s() - t0;
-                    best[n] = std::min(best[n], dt);
-                    sum[n] += dt;
+                    best[i] = std::min(best[i], dt);
+                    sum[i] += dt;
                 }
                 copy = std::max(copy, measure_copy_gbps());
                 read = std::max(read, measure_read_gbps());
             }
-            for (int64_t n = 1; n <= 4; ++n)
+            for (size_t i = 0; i < dn.size(); ++i)
                 std::printf("decode n=%lld: best %.1f ms (mean %.1f) per step, %.1f GB/s = %.0f%% of copy %.1f "
                             "(%.0f%% of read %.1f), %.1f tok/s\n",
-                            (long long)n, best[n] * 1e3, sum[n] / reps * 1e3, m.bytes / best[n] / 1e9,
-                            100 * m.bytes / best[n] / 1e9 / copy, copy, 100 * m.bytes / best[n] / 1e9 / read, read,
-                            double(n) / best[n]);
+                            (long long)dn[i], best[i] * 1e3, sum[i] / reps * 1e3, m.bytes / best[i] / 1e9,
+                            100 * m.bytes / best[i] / 1e9 / copy, copy, 100 * m.bytes / best[i] / 1e9 / read, read,
+                            double(dn[i]) / best[i]);
         }
         if (what.find("prefill") != std::string::npos) {
             double best = 1e30;

@@ -264,13 +264,13 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
     switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AMX)
         case CpuIsa::Amx:
-            if (amx_i4_gemv_usable(n, w)) {
+            if (amx_gemv_usable(n, w)) {
                 const int64_t np = amx_gemv_tokens(n);
                 std::vector<uint16_t> xb(size_t(w.cols / 32 * kAmxBf16Parts * 16 * np * 2));  // [step][part][pair][token][2]
-                std::vector<float> xsum(size_t(w.cols / w.group_size * np));
-                acts_to_i4_gemv_tiles_amx(x, n, w.cols, w.group_size, xb.data(), xsum.data());
+                std::vector<float> xsum(w.dtype == DType::I4 ? size_t(w.cols / w.group_size * np) : 0);
+                acts_to_gemv_tiles_amx(x, n, w, xb.data(), xsum.data());
                 for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) {
-                    gemv_i4_rows_amx(xb.data(), xsum.data(), n, w, bias, y, r0, r1);
+                    gemv_rows_amx(xb.data(), xsum.data(), n, w, bias, y, r0, r1);
                 });
                 return;
             }

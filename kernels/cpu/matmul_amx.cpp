@@ -383,17 +383,22 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
 }
 
 // ---------------------------------------------------------------------------------------------
-// INT4 GEMV on tiles (decode). Per 32-row panel and 64-column chunk, each row's 32 bytes of codes
-// widen to 32 words; vpermw maps the low five bits of a word through a table of bf16(i & 15), so the
-// words themselves give the low nibbles and the words >> 4 the high ones: two A rows of 32 exact
-// bf16 codes (step h = 0: the chunk's columns 0..15 and 32..47, h = 1: 16..31 and 48..63, the order
-// acts_to_i4_gemv_tiles_amx gives x). Tiles: C 0/1 (rows 0..15 / 16..31 x np tokens), A 2/3, B 4/5
-// (the two parts of x). At a group's end the C tiles take the group's scale into f32 sums and its
-// min times the group's sum of x.
+// GEMV on tiles (I4 at 3-16 tokens, I8 at 5-16). Per 32-row panel and 64-column chunk each row
+// becomes two A rows of 32 exact bf16 values, a[h][row]:
+//  - I4: the row's 32 bytes of codes widen to 32 words; vpermw maps the low five bits of a word
+//    through a table of bf16(i & 15), so the words give the low nibbles and the words >> 4 the high
+//    ones (h = 0: the chunk's columns 0..15 and 32..47, h = 1: 16..31 and 48..63, the order
+//    acts_to_gemv_tiles_amx gives x);
+//  - I8: the row's 64 bytes, int8 -> f32 -> bf16 (h = 0: columns 0..31, h = 1: 32..63).
+// Tiles: C 0/1 (rows 0..15 / 16..31 x np tokens), A 2/3, B 4/5 (the two parts of x). At a group's
+// end the C tiles take the group's scale into f32 sums (and for I4 the min times the group's sum of x).
 
 namespace {
 
-inline int64_t i4_gemv_col(int64_t s, int64_t e) { return (s / 2) * 64 + (s % 2) * 16 + e + (e >= 16 ? 16 : 0); }
+// Column of x that A step s's element e multiplies (e < 32).
+inline int64_t gemv_col(bool i4, int64_t s, int64_t e) {
+    return i4 ? (s / 2) * 64 + (s % 2) * 16 + e + (e >= 16 ? 16 : 0) : s * 32 + e;
+}
 
 void configure_gemv_tiles(int64_t np) {
     TileConfig c;
@@ -406,32 +411,35 @@ void configure_gemv_tiles(int64_t np) {
 
 }  // namespace
 
-void acts_to_i4_gemv_tiles_amx(const float* x, int64_t n, int64_t cols, int64_t group, uint16_t* xb, float* xsum) {
-    const int64_t np = amx_gemv_tokens(n), steps = cols / 32, ng = cols / group;
+void acts_to_gemv_tiles_amx(const float* x, int64_t n, const WeightView& w, uint16_t* xb, float* xsum) {
+    const bool i4 = w.dtype == DType::I4;
+    const int64_t np = amx_gemv_tokens(n), cols = w.cols, steps = cols / 32, group = w.group_size;
     for (int64_t s = 0; s < steps; ++s)
         for (int64_t e = 0; e < 32; ++e)
             for (int64_t t = 0; t < np; ++t) {
-                const float v = t < n ? x[t * cols + i4_gemv_col(s, e)] : 0.0f;
+                const float v = t < n ? x[t * cols + gemv_col(i4, s, e)] : 0.0f;
                 const uint16_t hi = f32_to_bf16(v), lo = f32_to_bf16(v - bf16_to_f32(hi));  // x ~ hi + lo
                 const int64_t at = ((s * 2) * 16 + e / 2) * np * 2 + t * 2 + e % 2;
                 xb[at] = hi;
                 xb[at + 16 * np * 2] = lo;
             }
-    for (int64_t g = 0; g < ng; ++g)
+    if (!i4) return;
+    for (int64_t g = 0; g < cols / group; ++g)
         for (int64_t t = 0; t < np; ++t) {
-            float sum = 0;
+            __m512 acc = _mm512_setzero_ps();
             if (t < n)
-                for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += x[t * cols + k];
-            xsum[g * np + t] = sum;
+                for (int64_t k = g * group; k < (g + 1) * group; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + t * cols + k));
+            xsum[g * np + t] = _mm512_reduce_add_ps(acc);
         }
 }
 
-void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias,
-                      float* y, int64_t r0, int64_t r1) {
-    const int64_t np = amx_gemv_tokens(n), cols = w.cols, rb = cols / 2, ng = cols / w.group_size;
+void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias, float* y,
+                   int64_t r0, int64_t r1) {
+    const bool i4 = w.dtype == DType::I4;
+    const int64_t np = amx_gemv_tokens(n), cols = w.cols, rb = weight_row_bytes(w), ng = cols / w.group_size;
     const int64_t chunks_per_group = w.group_size / 64, b_step = 2 * 16 * np * 2;  // uint16s of xb per step
-    alignas(64) uint16_t a[2][MR][32];        // the chunk's two A steps
-    alignas(64) float c[MR * 4], facc[MR * 4];  // [row][np]
+    alignas(64) uint16_t a[2][MR][32];          // the chunk's two A steps
+    alignas(64) float c[MR * 16], facc[MR * 16];  // [row][np]
     alignas(64) int32_t lut_words[16];
     for (int i = 0; i < 32; i += 2) {  // word i of the table: bf16(i & 15), packed two per dword
         const float lo = float(i & 15), hi = float((i + 1) & 15);
@@ -442,7 +450,7 @@ void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const We
     }
     const __m512i lut = _mm512_load_si512(lut_words);
     // Lane l of facc's k-th vector in a 16-row half: row (16 k + l) / np, token l % np.
-    __m512i row_of[4];
+    __m512i row_of[16];
     alignas(64) int32_t idx[16];
     for (int64_t k = 0; k < np; ++k) {
         for (int l = 0; l < 16; ++l) idx[l] = int32_t((16 * k + l) / np);
@@ -463,11 +471,23 @@ void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const We
         _tile_zero(1);
         for (int64_t ch = 0; ch < cols / 64; ++ch) {
             pf.step();
-            for (int64_t i = 0; i < nr; ++i) {
-                const __m512i wd = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
-                    reinterpret_cast<const __m256i*>(base + (r + i) * rb + ch * 32)));
-                _mm512_store_si512(a[0][i], _mm512_permutexvar_epi16(wd, lut));
-                _mm512_store_si512(a[1][i], _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), lut));
+            if (i4) {
+                for (int64_t i = 0; i < nr; ++i) {
+                    const __m512i wd = _mm512_cvtepu8_epi16(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + (r + i) * rb + ch * 32)));
+                    _mm512_store_si512(a[0][i], _mm512_permutexvar_epi16(wd, lut));
+                    _mm512_store_si512(a[1][i], _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), lut));
+                }
+            } else {
+                for (int64_t i = 0; i < nr; ++i) {
+                    const __m512i b = _mm512_loadu_si512(base + (r + i) * rb + ch * 64);
+                    for (int h = 0; h < 2; ++h) {
+                        const __m256i bh = h ? _mm512_extracti64x4_epi64(b, 1) : _mm512_castsi512_si256(b);
+                        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bh)));
+                        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bh, 1)));
+                        _mm512_store_si512(a[h][i], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                    }
+                }
             }
             for (int h = 0; h < 2; ++h) {
                 const uint16_t* b = xb + (ch * 2 + h) * b_step;
@@ -481,23 +501,27 @@ void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const We
                 _tile_dpbf16ps(1, 3, 5);
             }
             if ((ch + 1) % chunks_per_group) continue;
-            // The group's end: facc += scale * C + min * sum(x), per row and token.
+            // The group's end: facc += scale * C (+ min * sum(x) for I4), per row and token.
             const int64_t g = ch / chunks_per_group;
             _tile_stored(0, c, 4 * np);
             _tile_stored(1, c + 16 * np, 4 * np);
             _tile_zero(0);
             _tile_zero(1);
-            const __m512 xs = _mm512_permutexvar_ps(tok_of, _mm512_maskz_loadu_ps(mask16(np), xsum + g * np));
+            // I4: each token's sum of x over the group, its lanes repeating every np lanes as facc's do
+            const __m512 xs = i4 ? _mm512_permutexvar_ps(tok_of, _mm512_maskz_loadu_ps(mask16(np), xsum + g * np))
+                                 : _mm512_setzero_ps();
             for (int64_t half = 0; half < 2; ++half) {
                 const int64_t row0 = r + 16 * half;
                 const __mmask16 m = mask16(std::clamp<int64_t>(r1 - row0, 0, 16));
                 const __m512 sc = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, row_stride, w.scales + row0 * ng + g, 4);
-                const __m512 mn = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, row_stride, w.mins + row0 * ng + g, 4);
+                const __m512 mn = i4 ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, row_stride, w.mins + row0 * ng + g, 4)
+                                     : _mm512_setzero_ps();
                 for (int64_t k = 0; k < np; ++k) {
-                    float* f = facc + (16 * half + 0) * np + 16 * k;
+                    float* f = facc + 16 * half * np + 16 * k;
                     const float* cc = c + 16 * half * np + 16 * k;
                     __m512 v = _mm512_fmadd_ps(_mm512_load_ps(cc), _mm512_permutexvar_ps(row_of[k], sc), _mm512_load_ps(f));
-                    _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_permutexvar_ps(row_of[k], mn), xs, v));
+                    if (i4) v = _mm512_fmadd_ps(_mm512_permutexvar_ps(row_of[k], mn), xs, v);
+                    _mm512_store_ps(f, v);
                 }
             }
         }

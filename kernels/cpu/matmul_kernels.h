@@ -91,25 +91,32 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
 void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
                      float* y, int64_t r0, int64_t r1);
 
-// AMX-BF16 GEMV of matmul (decode, 3 <= n <= kGemvMaxN) for I4 weights in groups of a multiple of
-// 64. The AVX-512 GEMV spends T FMAs per 16 weights and T tokens and is bound by them beyond two
-// tokens (n = 4 ran at half of n = 1's bytes per second); on tiles the weights are the A operand as
-// they lie (a 64-column chunk of 32 rows unpacked to bf16 codes by two vpermw per row) and the n
-// tokens' activations the B operand, two bf16 parts each as in the prefill GEMM (kAmxBf16RelErr).
-// The tiles' time does not shrink with n: at n = 1 and 2 the AVX-512 GEMV is faster (kernels_bench
-// decode, the 1.7B shape: n = 1 69-77 ms against 86-87, n = 2 85-88 against 90-91; n = 4 132-140
-// against 96-99).
-inline bool amx_i4_gemv_usable(int64_t n, const WeightView& w) {
-    return n >= 3 && n <= kGemvMaxN && w.dtype == DType::I4 && w.group_size % 64 == 0 && w.cols % 64 == 0;
+// AMX-BF16 GEMV of matmul for I4 weights at 3-16 tokens and I8 weights at 5-16 (groups a multiple
+// of 64): the weights are the A operand as they lie, a 64-column chunk of 32 rows widened to exact
+// bf16 values in registers (I4: two vpermw per row through a table of the 16 codes; I8: int8 ->
+// f32 -> bf16), and the tokens' activations the B operand, two bf16 parts each as in the prefill
+// GEMM (kAmxBf16RelErr). Nothing is packed, so the weights are read once at any of these token
+// counts.
+//  - I4 at 3-4 tokens: the AVX-512 GEMV spends one FMA per 16 weights and token and is bound by
+//    them beyond two tokens (kernels_bench decode, the 1.7B shape: n = 4 129.5 ms on AVX-512, 94.6
+//    on tiles); at 1-2 tokens it is faster (n = 1 69-77 ms against 86-87) and stays.
+//  - I8 at 1-4 tokens keeps the AVX-512 GEMV (n = 4 84-90 ms, at most 1.3x of n = 1; I8 needs no
+//    unpacking there to speak of).
+//  - Both at 5-16 tokens: the packed prefill GEMM converted and transposed every weight into a
+//    panel for one 32-token block, about 2.2x the time of 4 tokens on the GEMV (one 6144 x 2048
+//    INT8 matrix: 0.92 ms at n = 5-16 against 0.43 at n = 4).
+inline bool amx_gemv_usable(int64_t n, const WeightView& w) {
+    const bool shape = w.group_size % 64 == 0 && w.cols % 64 == 0;
+    return shape && n <= 16 && ((w.dtype == DType::I4 && n >= 3) || (w.dtype == DType::I8 && n > kGemvMaxN));
 }
-// Tokens padded to a divisor of 16 (3 -> 4): the B and C tiles' width.
-inline int64_t amx_gemv_tokens(int64_t n) { return n == 3 ? 4 : n; }
+// Tokens padded to a divisor of 16 (3 -> 4, 5..8 -> 8, 9..16 -> 16): the B and C tiles' width.
+inline int64_t amx_gemv_tokens(int64_t n) { return n <= 4 ? (n == 3 ? 4 : n) : n <= 8 ? 8 : 16; }
 // x [n][cols] as the GEMV's B tiles, xb [cols / 32 steps][2 parts][16 pairs][np tokens][2] with np =
-// amx_gemv_tokens(n) (zeros past n), in the column order of the unpacked chunks; xsum [groups][np]
-// each token's sum of x over each weight group.
-void acts_to_i4_gemv_tiles_amx(const float* x, int64_t n, int64_t cols, int64_t group, uint16_t* xb, float* xsum);
-void gemv_i4_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias,
-                      float* y, int64_t r0, int64_t r1);
+// amx_gemv_tokens(n) (zeros past n), in the column order of w's unpacked chunks; for I4 also
+// xsum [groups][np], each token's sum of x over each weight group (for the mins).
+void acts_to_gemv_tiles_amx(const float* x, int64_t n, const WeightView& w, uint16_t* xb, float* xsum);
+void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias, float* y,
+                   int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

@@ -25,7 +25,7 @@ using namespace shardlm::test;
 
 namespace {
 
-const int64_t kTokens[] = {1, 2, 3, 4, 5, 17, 64, 100};
+const int64_t kTokens[] = {1, 2, 3, 4, 5, 8, 12, 16, 17, 64, 100};  // 5-16: the AMX GEMV (I8)
 
 // Largest |got - ref| / bound over all outputs (<= 1 passes).
 double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* bias, const std::vector<float>& got,

@@ -139,7 +139,7 @@ void prepare_i4(const QuantizedActs& a, W8A8Prep& p, PrepStore& st) {
         st.xs[size_t(i)] = p.scales[i] * float(sum);
     }
     p.xs = st.xs.data();
-    if (p.n > kGemvMaxN) return;
+    if (p.n > kInt8ActsGemvMaxN) return;
     st.xi4.resize(size_t(p.n * p.cols));
     for (int64_t t = 0; t < p.n; ++t)
         for (int64_t c0 = 0; c0 < p.cols; c0 += 128) {

@@ -779,6 +779,67 @@ void w4a8_gemv_rows(const W8A8Prep& a, const WeightView& w, const float* bias, f
     for (; r < r1; ++r) w4a8_gemv_tile<1, T>(a, w, r, bias, y, nullptr);
 }
 
+// The activations of tokens [t0, t0 + nt) as a W8A8Prep of their own (views into a's).
+W8A8Prep token_slice(const W8A8Prep& a, int64_t t0, int64_t nt) {
+    W8A8Prep s = a;
+    s.n = nt;
+    s.q = a.q + t0 * a.kp;
+    s.scales = a.scales + t0 * a.ng;
+    s.seg_sums = a.seg_sums + t0 * a.ng * a.segs;
+    if (a.xs) s.xs = a.xs + t0 * a.ng;
+    if (a.xi4) s.xi4 = a.xi4 + t0 * a.cols;
+    s.qt = nullptr;
+    return s;
+}
+
+// 5-8 tokens (kInt8ActsGemvMaxN): per tile of R rows, tokens 0..3 and then tokens 4.. (T2 of them)
+// with the tile's rows still in L1, so the weights stream from memory once. Each token's sums are
+// those of a GEMV of at most 4 tokens, bit for bit.
+template <int R, int T2, bool I4>
+void int8_acts_gemv_rows8(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int64_t kAhead = 2;
+    const W8A8Prep lo = token_slice(a, 0, 4), hi = token_slice(a, 4, T2);
+    float* y_hi = y + 4 * w.rows;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+        const uint8_t* pf = r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * row_bytes : nullptr;
+        if constexpr (I4) {
+            w4a8_gemv_tile<R, 4>(lo, w, r, bias, y, pf);
+            w4a8_gemv_tile<R, T2>(hi, w, r, bias, y_hi, nullptr);
+        } else {
+            w8a8_gemv_tile<R, 4>(lo, w, r, bias, y, reinterpret_cast<const int8_t*>(pf));
+            w8a8_gemv_tile<R, T2>(hi, w, r, bias, y_hi, nullptr);
+        }
+    }
+    for (; r < r1; ++r) {
+        if constexpr (I4) {
+            w4a8_gemv_tile<1, 4>(lo, w, r, bias, y, nullptr);
+            w4a8_gemv_tile<1, T2>(hi, w, r, bias, y_hi, nullptr);
+        } else {
+            w8a8_gemv_tile<1, 4>(lo, w, r, bias, y, nullptr);
+            w8a8_gemv_tile<1, T2>(hi, w, r, bias, y_hi, nullptr);
+        }
+    }
+}
+
+// n <= kInt8ActsGemvMaxN tokens on the GEMV of I4 or I8 weights.
+template <bool I4>
+void int8_acts_gemv(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = I4 ? 2 : 4;  // the rows per tile of the 3-4 token GEMVs
+    switch (a.n) {
+        case 1: return I4 ? w4a8_gemv_rows<1>(a, w, bias, y, r0, r1) : w8a8_gemv_rows<1>(a, w, bias, y, r0, r1);
+        case 2: return I4 ? w4a8_gemv_rows<2>(a, w, bias, y, r0, r1) : w8a8_gemv_rows<2>(a, w, bias, y, r0, r1);
+        case 3: return I4 ? w4a8_gemv_rows<3>(a, w, bias, y, r0, r1) : w8a8_gemv_rows<3>(a, w, bias, y, r0, r1);
+        case 4: return I4 ? w4a8_gemv_rows<4>(a, w, bias, y, r0, r1) : w8a8_gemv_rows<4>(a, w, bias, y, r0, r1);
+        case 5: return int8_acts_gemv_rows8<R, 1, I4>(a, w, bias, y, r0, r1);
+        case 6: return int8_acts_gemv_rows8<R, 2, I4>(a, w, bias, y, r0, r1);
+        case 7: return int8_acts_gemv_rows8<R, 3, I4>(a, w, bias, y, r0, r1);
+        default: return int8_acts_gemv_rows8<R, 4, I4>(a, w, bias, y, r0, r1);
+    }
+}
+
 }  // namespace
 
 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales) {
@@ -815,26 +876,12 @@ void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const fl
 }
 
 void w8a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (a.n <= kGemvMaxN && a.ge % 64 == 0) {
-        switch (a.n) {
-            case 1: w8a8_gemv_rows<1>(a, w, bias, y, r0, r1); return;
-            case 2: w8a8_gemv_rows<2>(a, w, bias, y, r0, r1); return;
-            case 3: w8a8_gemv_rows<3>(a, w, bias, y, r0, r1); return;
-            default: w8a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
-        }
-    }
+    if (a.n <= kInt8ActsGemvMaxN && a.ge % 64 == 0) return int8_acts_gemv<false>(a, w, bias, y, r0, r1);
     w8a8_gemm_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void w4a8_rows_avx512(const W8A8Prep& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (a.n <= kGemvMaxN && a.xi4) {
-        switch (a.n) {
-            case 1: w4a8_gemv_rows<1>(a, w, bias, y, r0, r1); return;
-            case 2: w4a8_gemv_rows<2>(a, w, bias, y, r0, r1); return;
-            case 3: w4a8_gemv_rows<3>(a, w, bias, y, r0, r1); return;
-            default: w4a8_gemv_rows<4>(a, w, bias, y, r0, r1); return;
-        }
-    }
+    if (a.n <= kInt8ActsGemvMaxN && a.xi4) return int8_acts_gemv<true>(a, w, bias, y, r0, r1);
     w8a8_gemm_rows<true>(a, w, bias, y, r0, r1);
 }
 

@@ -34,7 +34,7 @@ struct W8A8Prep {
     // min[r, e * ge / gw] * xs[t][e] per internal group, xs = act scale * sum of q over the group.
     bool i4 = false;
     const float* xs = nullptr;   // [n][ng]
-    // The GEMV's activations in the order one 64-byte load of I4 weights unpacks to (n <= kGemvMaxN):
+    // The GEMV's activations in the order one 64-byte load of I4 weights unpacks to (n <= kInt8ActsGemvMaxN):
     // per chunk of 128 columns (the last may hold fewer 32-column blocks, nb), the low halves
     // (columns 0..15) of its nb blocks, then their high halves (16..31). [n][cols]
     const int8_t* xi4 = nullptr;
@@ -44,9 +44,14 @@ struct W8A8Prep {
     const int8_t* qt = nullptr;
 };
 
+// The AVX-512 W8A8/W4A8 GEMVs also take 5-8 tokens, in two passes per tile of rows (4 tokens, then
+// the rest, the rows still in L1), so the weights are read from memory once: the packed GEMM there
+// took 1.6-1.75x the time of 4 tokens. The AVX2 variant keeps kGemvMaxN.
+constexpr int64_t kInt8ActsGemvMaxN = 2 * kGemvMaxN;
+
 // Whether the AMX variant runs this product on tiles (else on the AVX-512 kernels): prefill sizes,
 // internal groups a whole number of 64-column tile rows.
-inline bool amx_tiles_usable(const W8A8Prep& a) { return a.n > kGemvMaxN && a.ge4 % 64 == 0; }
+inline bool amx_tiles_usable(const W8A8Prep& a) { return a.n > kInt8ActsGemvMaxN && a.ge4 % 64 == 0; }
 
 // Rows [r0, r1) of y [n, w.rows] (all n tokens). Called by each thread on its own row range.
 void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);

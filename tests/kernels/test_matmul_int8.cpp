@@ -322,7 +322,7 @@ TEST(MatmulAmx, SameBitsAsAvx512) {
     if (std::find(v.begin(), v.end(), CpuIsa::Amx) == v.end()) GTEST_SKIP() << "no AMX on this CPU/build";
     const int64_t shapes[][4] = {{7, 64, 64, 64},      {33, 128, 128, 64},  {70, 256, 128, 128},
                                  {32, 1088, 1088, 1088}, {45, 2112, 2112, 2112}, {40, 2048, 64, 128}};
-    const int64_t tokens[] = {5, 31, 32, 33, 64, 100};
+    const int64_t tokens[] = {5, 8, 9, 31, 32, 33, 64, 100};
     for (const auto& s : shapes) {
         const int64_t rows = s[0], cols = s[1], ga = s[2], gw = s[3];
         const QuantMat m8 = make_quant_mat(rows, cols, gw, uint32_t(rows + cols));

@@ -77,9 +77,11 @@ void int8_acts_rows_amx(const W8A8Prep& a, const WeightView& w, const float* bia
 // scales applied per group after, I4's mins times the group's sum of activations), each
 // activation carried as two bf16 parts, hi + lo, within 2^-16 of it (kAmxBf16RelErr), products and
 // sums in f32 on the tiles.
+// Not I8 at 5-8 tokens: amx_gemv_usable takes 6-16 and the AVX-512 GEMV's two passes the rest.
 inline bool amx_bf16_usable(int64_t n, const WeightView& w) {
     return n > kGemvMaxN && w.cols % 32 == 0 &&
-           ((w.dtype == DType::I8 && w.group_size % 32 == 0) || w.dtype == DType::I4 || w.dtype == DType::BF16);
+           ((w.dtype == DType::I8 && w.group_size % 32 == 0 && n > 2 * kGemvMaxN) || w.dtype == DType::I4 ||
+            w.dtype == DType::BF16);
 }
 constexpr int kAmxBf16Parts = 2;  // bf16 parts per activation: x ~ hi + lo
 // |x - (hi + lo)| <= kAmxBf16RelErr * |x|: hi = bf16(x) is within 2^-8 |x| (round to nearest, 8
@@ -96,7 +98,7 @@ void acts_to_bf16_tiles_amx(const float* x, int64_t cols, int64_t t0, int64_t t1
 void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const WeightView& w, const float* bias,
                      float* y, int64_t r0, int64_t r1);
 
-// AMX-BF16 GEMV of matmul for I4 weights at 3-16 tokens and I8 weights at 5-16 (groups a multiple
+// AMX-BF16 GEMV of matmul for I4 weights at 3-16 tokens and I8 weights at 6-16 (groups a multiple
 // of 64): the weights are the A operand as they lie, a 64-column chunk of 32 rows widened to exact
 // bf16 values in registers (I4: two vpermw per row through a table of the 16 codes; I8: int8 ->
 // f32 -> bf16), and the tokens' activations the B operand, two bf16 parts each as in the prefill
@@ -107,12 +109,15 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
 //    on tiles); at 1-2 tokens it is faster (n = 1 69-77 ms against 86-87) and stays.
 //  - I8 at 1-4 tokens keeps the AVX-512 GEMV (n = 4 84-90 ms, at most 1.3x of n = 1; I8 needs no
 //    unpacking there to speak of).
-//  - Both at 5-16 tokens: the packed prefill GEMM converted and transposed every weight into a
+//  - Both up to 16 tokens: the packed prefill GEMM converted and transposed every weight into a
 //    panel for one 32-token block, about 2.2x the time of 4 tokens on the GEMV (one 6144 x 2048
-//    INT8 matrix: 0.92 ms at n = 5-16 against 0.43 at n = 4).
+//    INT8 matrix: 0.92 ms at n = 5-16 against 0.43 at n = 4). I8 rows cost this GEMV ~5 conversion
+//    uops per 32 weights whatever n is (kernels_bench decode 131-142 ms at n = 2-8), so the AVX-512
+//    GEMV, two passes of at most 4 tokens, stays ahead up to 5 tokens (n = 5 114-121 ms against
+//    132-137; n = 6 even; n = 8 161-167 against 133-138).
 inline bool amx_gemv_usable(int64_t n, const WeightView& w) {
     const bool shape = w.group_size % 64 == 0 && w.cols % 64 == 0;
-    return shape && n <= 16 && ((w.dtype == DType::I4 && n >= 3) || (w.dtype == DType::I8 && n > kGemvMaxN));
+    return shape && n <= 16 && ((w.dtype == DType::I4 && n >= 3) || (w.dtype == DType::I8 && n >= 6));
 }
 // Tokens padded to a divisor of 16 (3 -> 4, 5..8 -> 8, 9..16 -> 16): the B and C tiles' width.
 inline int64_t amx_gemv_tokens(int64_t n) { return n <= 4 ? (n == 3 ? 4 : n) : n <= 8 ? 8 : 16; }

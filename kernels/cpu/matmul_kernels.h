@@ -14,7 +14,9 @@
 namespace shardlm {
 
 // Decode-sized batches (n <= kGemvMaxN) take the GEMV path: weights streamed once, row-major, with
-// vectors across k. Larger n packs weight panels and runs a register-blocked GEMM.
+// vectors across k, all tokens' sums in registers. Larger n packs weight panels and runs a
+// register-blocked GEMM, except on the AVX-512 GEMVs (up to 2 * kGemvMaxN tokens in two passes per
+// tile of rows) and the AMX tile GEMV (up to 16, amx_gemv_usable).
 constexpr int64_t kGemvMaxN = 4;
 
 // Activations of matmul_w8a8 and matmul_w4a8 prepared once per call, shared by all threads.

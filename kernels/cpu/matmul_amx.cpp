@@ -414,15 +414,29 @@ void configure_gemv_tiles(int64_t np) {
 void acts_to_gemv_tiles_amx(const float* x, int64_t n, const WeightView& w, uint16_t* xb, float* xsum) {
     const bool i4 = w.dtype == DType::I4;
     const int64_t np = amx_gemv_tokens(n), cols = w.cols, steps = cols / 32, group = w.group_size;
-    for (int64_t s = 0; s < steps; ++s)
-        for (int64_t e = 0; e < 32; ++e)
-            for (int64_t t = 0; t < np; ++t) {
-                const float v = t < n ? x[t * cols + gemv_col(i4, s, e)] : 0.0f;
-                const uint16_t hi = f32_to_bf16(v), lo = f32_to_bf16(v - bf16_to_f32(hi));  // x ~ hi + lo
-                const int64_t at = ((s * 2) * 16 + e / 2) * np * 2 + t * 2 + e % 2;
-                xb[at] = hi;
-                xb[at + 16 * np * 2] = lo;
+    // Per step: each token's 32 values (two runs of 16 columns) as 16 dwords of bf16 pairs, hi and lo
+    // parts; a 16 x 16 dword transpose makes them the B tiles' rows (pair p: the np tokens' dwords).
+    for (int64_t s = 0; s < steps; ++s) {
+        const int64_t c0 = gemv_col(i4, s, 0), c1 = gemv_col(i4, s, 16);
+        __m512 vh[16], vl[16];
+        for (int64_t t = 0; t < 16; ++t) {
+            if (t >= n) {
+                vh[t] = vl[t] = _mm512_setzero_ps();
+                continue;
             }
+            const __m512 a = _mm512_loadu_ps(x + t * cols + c0), b = _mm512_loadu_ps(x + t * cols + c1);
+            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // x ~ hi + lo: a's 16 values, then b's
+            const __m512 ah = from_bf16(_mm512_castsi512_si256(h)), bh = from_bf16(_mm512_extracti64x4_epi64(h, 1));
+            vh[t] = _mm512_castsi512_ps(h);
+            vl[t] = _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah)));
+        }
+        transpose16(vh);  // vh[p] lane t: token t's pair p
+        transpose16(vl);
+        for (int p = 0; p < 16; ++p) {
+            _mm512_mask_storeu_ps(xb + ((s * 2) * 16 + p) * np * 2, mask16(np), vh[p]);
+            _mm512_mask_storeu_ps(xb + ((s * 2 + 1) * 16 + p) * np * 2, mask16(np), vl[p]);
+        }
+    }
     if (!i4) return;
     for (int64_t g = 0; g < cols / group; ++g)
         for (int64_t t = 0; t < np; ++t) {

@@ -12,18 +12,12 @@
 namespace shardlm {
 namespace {
 
-
-
-inline const void* row_ptr(const KvRows& kv, int64_t slot) {
-    return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
-}
-
 // G query heads against every key: one pass over the cache rows.
 template <DType DT, int G>
 void scores_g(const float* q, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s, int64_t ld) {
     int64_t slot = k.first_slot;
     for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == k.capacity ? 0 : slot + 1) {
-        const void* row = row_ptr(k, slot);
+        const void* row = kv_row_ptr(k, slot);
         __m256 acc[G];
         float tail[G];
         for (int g = 0; g < G; ++g) {
@@ -52,7 +46,7 @@ void values_block(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, i
         for (int u = 0; u < W; ++u) a[g][u] = _mm256_setzero_ps();
     int64_t slot = v.first_slot;
     for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
-        const void* row = row_ptr(v, slot);
+        const void* row = kv_row_ptr(v, slot);
         const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
         __m256 x[W];
         for (int u = 0; u < W; ++u) x[u] = load8<DT>(row, c0 + 8 * u);
@@ -74,7 +68,7 @@ void values_g(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, int64
         for (int g = 0; g < G; ++g) std::fill(acc + g * d + c, acc + g * d + d, 0.0f);
         int64_t slot = v.first_slot;
         for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
-            const void* row = row_ptr(v, slot);
+            const void* row = kv_row_ptr(v, slot);
             const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
             for (int64_t cc = c; cc < d; ++cc) {
                 const float x = load1<DT>(row, cc) * vs;

@@ -14,10 +14,6 @@
 namespace shardlm {
 namespace {
 
-inline const void* row_ptr(const KvRows& kv, int64_t slot) {
-    return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
-}
-
 // In-register 8 x 8 transpose: r[i] lane j -> r[j] lane i.
 inline void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
@@ -46,12 +42,12 @@ void load_tile(const KvRows& k, const KvRows& v, int64_t j0, int64_t n, int64_t 
         for (int u = 0; u < 8; ++u) {
             const bool in = jb + u < n;
             const int64_t slot = in ? (j0 + jb + u) % k.capacity : 0;
-            krow[u] = in ? row_ptr(k, slot) : nullptr;
+            krow[u] = in ? kv_row_ptr(k, slot) : nullptr;
             ks1[u] = !in ? 0.0f : DT == DType::I8 ? k.scales[slot] : 1.0f;
             ks[u] = _mm256_set1_ps(ks1[u]);
             if (!in) continue;
             // V row as is (times its scale): vt[(jb + u) * d ..]
-            const void* vrow = row_ptr(v, slot);
+            const void* vrow = kv_row_ptr(v, slot);
             const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
             float* dst = vt + (jb + u) * d;
             int64_t c = 0;

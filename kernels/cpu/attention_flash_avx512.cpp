@@ -94,31 +94,12 @@ inline void values_rows(const float* p, int64_t lds, const float* vt, int64_t n,
 // Decode steps over the cache rows in place (INT8 rows widened in registers, their scale folded into
 // the score or the softmax weight, as the AVX2 loops do).
 
-inline const void* row_ptr(const KvRows& kv, int64_t slot) {
-    return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
-}
-
-// Columns c .. c + 15 of a cache row as f32.
-template <DType DT>
-inline __m512 load16(const void* row, int64_t c) {
-    if constexpr (DT == DType::F32) {
-        return _mm512_loadu_ps(static_cast<const float*>(row) + c);
-    } else if constexpr (DT == DType::F16) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c)));
-    } else if constexpr (DT == DType::BF16) {
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(row) + c))));
-    }
-}
-
 // G query heads against keys in blocks of 16: per key and head a 16-lane partial sum over the head
 // dim, then the block's 16 partial sums transposed and added into its 16 scores.
 template <DType DT, int G>
 void scores_g16(const float* q, int64_t d, const KvRows& k, int64_t n_keys, float scale, float* s, int64_t ld) {
     alignas(64) float part[G][16][16];
-    alignas(64) float mult[16];
+    alignas(64) float mult[16] = {};  // lanes past a short last block stay finite (their scores are not stored)
     int64_t slot = k.first_slot;
     for (int64_t j0 = 0; j0 < n_keys; j0 += 16) {
         const int64_t nb = std::min<int64_t>(16, n_keys - j0);
@@ -127,7 +108,7 @@ void scores_g16(const float* q, int64_t d, const KvRows& k, int64_t n_keys, floa
                 for (int g = 0; g < G; ++g) _mm512_store_ps(part[g][j], _mm512_setzero_ps());
                 continue;
             }
-            const void* row = row_ptr(k, slot);
+            const void* row = kv_row_ptr(k, slot);
             __m512 acc[G];
             for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
             for (int64_t c = 0; c < d; c += 16) {
@@ -158,7 +139,7 @@ void values_g16(const float* p, int64_t ld, const KvRows& v, int64_t n_keys, int
         for (int u = 0; u < W; ++u) a[g][u] = _mm512_setzero_ps();
     int64_t slot = v.first_slot;
     for (int64_t j = 0; j < n_keys; ++j, slot = slot + 1 == v.capacity ? 0 : slot + 1) {
-        const void* row = row_ptr(v, slot);
+        const void* row = kv_row_ptr(v, slot);
         const float vs = DT == DType::I8 ? v.scales[slot] : 1.0f;
         __m512 x[W];
         for (int u = 0; u < W; ++u) x[u] = load16<DT>(row, c0 + 16 * u);

@@ -20,6 +20,11 @@ struct KvRows {
     int64_t first_slot = 0;
 };
 
+// The row in slot `slot` (element 0).
+inline const void* kv_row_ptr(const KvRows& kv, int64_t slot) {
+    return static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
+}
+
 // The keys (values = false) or values of KV head kh of a's cache.
 inline KvRows kv_rows(const CachedAttention& a, int64_t kh, bool values) {
     KvRows r;

@@ -35,37 +35,6 @@
 namespace shardlm {
 namespace {
 
-// 16 consecutive weights from element i of a row, as f32 (the masked form reads only `m` lanes).
-template <DType DT>
-inline __m512 load16(const void* p, int64_t i) {
-    if constexpr (DT == DType::F32) {
-        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-    } else if constexpr (DT == DType::F16) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
-    } else if constexpr (DT == DType::BF16) {
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i));
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-    }
-}
-
-template <DType DT>
-inline __m512 load16m(const void* p, int64_t i, __mmask16 m) {
-    if constexpr (DT == DType::F32) {
-        return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-    } else if constexpr (DT == DType::F16) {
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
-    } else if constexpr (DT == DType::BF16) {
-        const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-        const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(p) + i);
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-    }
-}
-
 // acc += u8(a) . s8(b) per 32-bit lane (4 products each). GCC 12 wraps the intrinsic in register
 // copies of the accumulator on every use (two extra moves per vpdpbusd in the GEMM loop); the same
 // instruction as inline asm keeps the accumulator in place.

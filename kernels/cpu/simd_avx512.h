@@ -1,6 +1,6 @@
 // AVX-512 helpers shared by the kernel files built with the AVX-512 flags (matmul_avx512.cpp,
-// matmul_amx.cpp). Internal linkage on purpose, as in simd_avx2.h: each file keeps its own copy,
-// compiled with its own -m flags.
+// matmul_amx.cpp, attention_flash_avx512.cpp, rowwise_avx512.cpp). Internal linkage on purpose, as
+// in simd_avx2.h: each file keeps its own copy, compiled with its own -m flags.
 #pragma once
 
 #include <immintrin.h>
@@ -8,12 +8,46 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace shardlm {
 namespace {
 
 // Lane masks of the first len lanes.
 inline __mmask16 mask16(int64_t len) { return len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1); }
 inline __mmask64 mask64(int64_t len) { return len >= 64 ? ~__mmask64(0) : (__mmask64(1) << len) - 1; }
+
+// 16 consecutive values from element i of a row of DT (weights, KV-cache rows), as f32 (the masked
+// form reads only `m` lanes).
+template <DType DT>
+inline __m512 load16(const void* p, int64_t i) {
+    if constexpr (DT == DType::F32) {
+        return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+    } else if constexpr (DT == DType::F16) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+    } else if constexpr (DT == DType::BF16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    }
+}
+
+template <DType DT>
+inline __m512 load16m(const void* p, int64_t i, __mmask16 m) {
+    if constexpr (DT == DType::F32) {
+        return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    } else if constexpr (DT == DType::F16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    } else if constexpr (DT == DType::BF16) {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+        const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(p) + i);
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    }
+}
 
 // In-place transpose of a 16x16 block of 32-bit values: r[i] lane j <-> r[j] lane i.
 // Stages: 32-bit then 64-bit interleaves inside 128-bit lanes, then two 128-bit lane shuffles.

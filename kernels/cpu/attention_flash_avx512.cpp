@@ -3,18 +3,14 @@
 // the row's broadcast folds into the FMA's memory operand. Also the decode steps that read the
 // cache rows in place (attn_scores_avx512 / attn_values_avx512, attention_kernels.h).
 //
-// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+// simd_avx512.h first: it silences GCC 12's false warnings inside <immintrin.h>, which must not be
+// parsed before it.
+#include "kernels/cpu/simd_avx512.h"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernels.h"
-#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {

@@ -13,12 +13,9 @@
 // Eight tiles: C[2 token halves][2 row halves], two A, two B, so each 32-token x 32-row block does
 // four tile products per step of columns.
 //
-// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+// simd_avx512.h first: it silences GCC 12's false warnings inside <immintrin.h>, which must not be
+// parsed before it.
+#include "kernels/cpu/simd_avx512.h"
 
 #include <algorithm>
 #include <cstring>
@@ -26,7 +23,6 @@
 #include "core/dtype.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
-#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {

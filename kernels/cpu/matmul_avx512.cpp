@@ -15,12 +15,9 @@
 //    64-byte load of codes into two vpdpbusd operands against pre-ordered activations.
 // Also quantize_acts_avx512 (the activation quantizer of quantize.h, vectorised).
 //
-// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+// simd_avx512.h first: it silences GCC 12's false warnings inside <immintrin.h>, which must not be
+// parsed before it.
+#include "kernels/cpu/simd_avx512.h"
 
 #include <algorithm>
 #include <cstring>
@@ -30,7 +27,6 @@
 #include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
-#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {

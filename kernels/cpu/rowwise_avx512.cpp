@@ -2,17 +2,12 @@
 // run-time CPU check, see rowwise.cpp). In prefill the scalar references took ~6% of a 512-token
 // step: the f64 sum of squares is one dependent add per element, and std::exp one call per element.
 //
-// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+// simd_avx512.h first: it silences GCC 12's false warnings inside <immintrin.h>, which must not be
+// parsed before it.
+#include "kernels/cpu/simd_avx512.h"
 
 #include <cmath>
 #include <cstdint>
-
-#include "kernels/cpu/simd_avx512.h"
 
 namespace shardlm {
 namespace {

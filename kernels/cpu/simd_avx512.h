@@ -3,6 +3,12 @@
 // in simd_avx2.h: each file keeps its own copy, compiled with its own -m flags.
 #pragma once
 
+// GCC 12 flags the _mm512_undefined_*() placeholders inside its own intrinsics (GCC bug 105593).
+// The including files put this header first, so <immintrin.h> is parsed after these lines.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>

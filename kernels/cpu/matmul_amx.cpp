@@ -39,13 +39,21 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
+// ldtilecfg reads all 64 bytes of c, but GCC 12 does not count the intrinsic as a use of them:
+// once inlined it may drop the stores of rows and colsb (seen in a build of gemv_rows_amx: palette 1,
+// no rows, and the first tile instruction raised SIGILL). The empty asm makes all of c live first.
+void load_tile_config(const TileConfig& c) {
+    __asm__ volatile("" : : "m"(c) : "memory");
+    _tile_loadconfig(&c);
+}
+
 void configure_tiles() {
     TileConfig c;
     for (int i = 0; i < 8; ++i) {
         c.colsb[i] = 64;
         c.rows[i] = 16;
     }
-    _tile_loadconfig(&c);
+    load_tile_config(c);
 }
 
 // facc[t][0..32) += mins[0..32) * xs[t * xs_stride] for the n tokens: an I4 group's mins times each
@@ -402,7 +410,7 @@ void configure_gemv_tiles(int64_t np) {
         c.rows[i] = 16;
         c.colsb[i] = uint16_t(i == 2 || i == 3 ? 64 : 4 * np);
     }
-    _tile_loadconfig(&c);
+    load_tile_config(c);
 }
 
 }  // namespace

@@ -22,23 +22,52 @@ namespace {
 constexpr int64_t kRowAlign = 32;
 constexpr int64_t kParallelMinMacs = int64_t(1) << 15;
 
+// The rows of the outputs' weights as one run of blocks, weight i's after weight i - 1's (each
+// starting a block, so every weight's pieces start where one call of its own would start them);
+// fn(i, r0, r1) for each piece of weight i a thread takes.
 template <class F>
-void for_row_ranges(int64_t rows, int64_t n, int64_t macs, F fn) {
-    const int64_t blocks = (rows + kRowAlign - 1) / kRowAlign;
+void for_row_ranges(const MatmulOut* outs, int count, int64_t n, F fn) {
+    std::vector<int64_t> first(size_t(count) + 1, 0);  // each weight's first block
+    int64_t macs = 0;
+    for (int i = 0; i < count; ++i) {
+        first[size_t(i) + 1] = first[size_t(i)] + (outs[i].w->rows + kRowAlign - 1) / kRowAlign;
+        macs += n * outs[i].w->rows * outs[i].w->cols;
+    }
+    const int64_t blocks = first.back();
+    auto run = [&](int64_t b0, int64_t b1) {
+        for (int i = 0; i < count; ++i) {
+            const int64_t lo = std::max(b0, first[size_t(i)]), hi = std::min(b1, first[size_t(i) + 1]);
+            if (lo < hi)
+                fn(i, (lo - first[size_t(i)]) * kRowAlign, std::min(outs[i].w->rows, (hi - first[size_t(i)]) * kRowAlign));
+        }
+    };
 #pragma omp parallel if (macs >= kParallelMinMacs)
     {
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
         if (n <= kGemvMaxN && nth > 1) {
             const int64_t per = std::max<int64_t>(1, blocks / (nth * 8)), chunks = (blocks + per - 1) / per;
 #pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t c = 0; c < chunks; ++c)
-                fn(c * per * kRowAlign, std::min(rows, (c + 1) * per * kRowAlign));
+            for (int64_t c = 0; c < chunks; ++c) run(c * per, std::min(blocks, (c + 1) * per));
         } else {
             const int64_t b0 = blocks * tid / nth, b1 = blocks * (tid + 1) / nth;
-            const int64_t r0 = b0 * kRowAlign, r1 = std::min(rows, b1 * kRowAlign);
-            if (r0 < r1) fn(r0, r1);
+            if (b0 < b1) run(b0, b1);
         }
     }
+}
+
+// Whether the outputs' weights can share one product: the same dtype, row length and group size.
+bool one_family(const MatmulOut* outs, int count) {
+    for (int i = 1; i < count; ++i) {
+        const WeightView &a = *outs[0].w, &b = *outs[i].w;
+        if (a.dtype != b.dtype || a.cols != b.cols || a.group_size != b.group_size) return false;
+    }
+    return true;
+}
+
+// y = bias (or 0) for weights with no columns.
+void bias_only(int64_t n, const MatmulOut& o) {
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < o.w->rows; ++r) o.y[t * o.w->rows + r] = o.bias ? o.bias[r] : 0.0f;
 }
 
 // Scalar variant: one dequantized weight row at a time, f32 accumulation.
@@ -204,26 +233,25 @@ W8A8Prep prepare(const QuantizedActs& a, const WeightView& w, PrepStore& st) {
 }
 
 // matmul_w8a8 / matmul_w4a8 once their arguments are checked: the threading and the variant,
-// by the weights' dtype (I8 or I4).
-void int8_acts_product(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
-    if (a.n <= 0 || w.rows == 0) return;
-    if (w.cols == 0) {
-        for (int64_t t = 0; t < a.n; ++t)
-            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+// by the weights' dtype (I8 or I4, the same for all outputs).
+void int8_acts_product(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa) {
+    if (a.n <= 0) return;
+    const WeightView& w0 = *outs[0].w;
+    if (w0.cols == 0) {
+        for (int i = 0; i < count; ++i) bias_only(a.n, outs[i]);
         return;
     }
-    const bool i4 = w.dtype == DType::I4;
-    const int64_t macs = a.n * w.rows * w.cols;
+    const bool i4 = w0.dtype == DType::I4;
     const CpuIsa chosen = cpu_isa_resolve(isa);
     if (chosen == CpuIsa::Scalar) {
-        for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) {
-            if (i4) w4a8_rows_scalar(a, w, bias, y, r0, r1);
-            else w8a8_rows_scalar(a, w, bias, y, r0, r1);
+        for_row_ranges(outs, count, a.n, [&](int i, int64_t r0, int64_t r1) {
+            if (i4) w4a8_rows_scalar(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+            else w8a8_rows_scalar(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
         });
         return;
     }
     PrepStore store;
-    W8A8Prep p = prepare(a, w, store);
+    W8A8Prep p = prepare(a, w0, store);  // depends on the weights through their group size only
     if (i4) prepare_i4(a, p, store);
     if (chosen == CpuIsa::Amx && amx_tiles_usable(p)) prepare_amx(p, store);
     using Rows = void (*)(const W8A8Prep&, const WeightView&, const float*, float*, int64_t, int64_t);
@@ -241,26 +269,18 @@ void int8_acts_product(const QuantizedActs& a, const WeightView& w, const float*
         default: break;
     }
     SHARDLM_CHECK(rows, "matmul: no ", cpu_isa_name(chosen), " kernel in this build");
-    for_row_ranges(w.rows, a.n, macs, [&](int64_t r0, int64_t r1) { rows(p, w, bias, y, r0, r1); });
+    for_row_ranges(outs, count, a.n,
+                   [&](int i, int64_t r0, int64_t r1) { rows(p, *outs[i].w, outs[i].bias, outs[i].y, r0, r1); });
 }
 
-}  // namespace
-
-const char* matmul_isa() { return cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)); }
-
-void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y) {
-    matmul(x, n, w, bias, y, CpuIsa::Auto);
-}
-
-void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
-    check_weight_view(w);
-    if (n <= 0 || w.rows == 0) return;
+// matmul once its arguments are checked, for outputs of one family (one_family).
+void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
+    if (n <= 0) return;
+    const WeightView& w = *outs[0].w;  // dtype, cols and group size: the same for all outputs
     if (w.cols == 0) {
-        for (int64_t t = 0; t < n; ++t)
-            for (int64_t r = 0; r < w.rows; ++r) y[t * w.rows + r] = bias ? bias[r] : 0.0f;
+        for (int i = 0; i < count; ++i) bias_only(n, outs[i]);
         return;
     }
-    const int64_t macs = n * w.rows * w.cols;
     switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AMX)
         case CpuIsa::Amx:
@@ -269,8 +289,8 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                 std::vector<uint16_t> xb(size_t(w.cols / 32 * kAmxBf16Parts * 16 * np * 2));  // [step][part][pair][token][2]
                 std::vector<float> xsum(w.dtype == DType::I4 ? size_t(w.cols / w.group_size * np) : 0);
                 acts_to_gemv_tiles_amx(x, n, w, xb.data(), xsum.data());
-                for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) {
-                    gemv_rows_amx(xb.data(), xsum.data(), n, w, bias, y, r0, r1);
+                for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+                    gemv_rows_amx(xb.data(), xsum.data(), n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
                 });
                 return;
             }
@@ -294,36 +314,76 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
                                            xsum.empty() ? nullptr : xsum.data());
                 }
                 const float* xs = xsum.empty() ? nullptr : xsum.data();
-                for_row_ranges(w.rows, n, macs,
-                               [&](int64_t r0, int64_t r1) { matmul_rows_amx(xt, xs, n, w, bias, y, r0, r1); });
+                for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+                    matmul_rows_amx(xt, xs, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+                });
                 return;
             }
             [[fallthrough]];  // decode and other weights: the AVX-512 kernels
 #endif
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx512(x, n, w, bias, y, r0, r1); });
+            for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+                matmul_rows_avx512(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+            });
             return;
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
         case CpuIsa::Avx2:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_avx2(x, n, w, bias, y, r0, r1); });
+            for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+                matmul_rows_avx2(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+            });
             return;
 #endif
         default:
-            for_row_ranges(w.rows, n, macs, [&](int64_t r0, int64_t r1) { matmul_rows_scalar(x, n, w, bias, y, r0, r1); });
+            for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+                matmul_rows_scalar(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+            });
             return;
     }
 }
 
+}  // namespace
+
+const char* matmul_isa() { return cpu_isa_name(cpu_isa_resolve(CpuIsa::Auto)); }
+
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y) {
+    matmul(x, n, w, bias, y, CpuIsa::Auto);
+}
+
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+    check_weight_view(w);
+    const MatmulOut o{&w, bias, y};
+    float_acts_product(x, n, &o, 1, isa);
+}
+
+void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
+    for (int i = 0; i < count; ++i) check_weight_view(*outs[i].w);
+    if (count <= 0) return;
+    if (one_family(outs, count)) return float_acts_product(x, n, outs, count, isa);
+    for (int i = 0; i < count; ++i) float_acts_product(x, n, &outs[i], 1, isa);
+}
+
 void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
     check_w8a8(a, w);
-    int8_acts_product(a, w, bias, y, isa);
+    const MatmulOut o{&w, bias, y};
+    int8_acts_product(a, &o, 1, isa);
 }
 
 void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
     check_w4a8(a, w);
-    int8_acts_product(a, w, bias, y, isa);
+    const MatmulOut o{&w, bias, y};
+    int8_acts_product(a, &o, 1, isa);
+}
+
+void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa) {
+    for (int i = 0; i < count; ++i) {
+        if (outs[i].w->dtype == DType::I4) check_w4a8(a, *outs[i].w);
+        else check_w8a8(a, *outs[i].w);
+    }
+    if (count <= 0) return;
+    if (one_family(outs, count)) return int8_acts_product(a, outs, count, isa);
+    for (int i = 0; i < count; ++i) int8_acts_product(a, &outs[i], 1, isa);
 }
 
 }  // namespace shardlm

@@ -38,6 +38,18 @@ void matmul_w4a8_ref(const QuantizedActs& a, const WeightView& w, const float* b
 void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y,
                  CpuIsa isa = CpuIsa::Auto);
 
+// One of several products of the same input: y [n, w->rows] = x * W^T (+ bias).
+struct MatmulOut {
+    const WeightView* w = nullptr;
+    const float* bias = nullptr;
+    float* y = nullptr;
+};
+// matmul (matmul_w8a8 / matmul_w4a8 by each weight's dtype) of one input with several weights,
+// the same bits as one call per weight: when the weights share dtype, row length and group size
+// (a layer's q/k/v or gate/up), their rows are one threaded run and the activations are prepared
+// once; otherwise one call each.
+void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto);
+void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto);
 // Which variant `matmul` uses on this CPU ("avx512", "avx2", "scalar").
 const char* matmul_isa();
 

@@ -118,6 +118,18 @@ void CpuEngine::linear(const Linear& l, const float* x, const QuantizedActs* qx,
     else matmul(x, T, l.w, l.bias_ptr(), y);
 }
 
+void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x,
+                        const QuantizedActs* qx, int64_t T) {
+    // Products of INT8 activations (qx) for the I8/I4 layers, of float ones for 16-bit layers kept
+    // by --keep-fp16; matmul_*_multi runs one call per layer where the weights differ in kind.
+    std::vector<MatmulOut> int8_outs, float_outs;
+    for (const auto& [l, y] : ls)
+        (qx && (l->w.dtype == DType::I8 || l->w.dtype == DType::I4) ? int8_outs : float_outs)
+            .push_back(MatmulOut{&l->w, l->bias_ptr(), y});
+    if (!int8_outs.empty()) matmul_int8_acts_multi(*qx, int8_outs.data(), int(int8_outs.size()));
+    if (!float_outs.empty()) matmul_multi(x, T, float_outs.data(), int(float_outs.size()));
+}
+
 void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
                              int64_t T) {
     const ModelConfig& c = cfg_;
@@ -131,14 +143,12 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     rmsnorm_rows(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
-    linear(L.q, h, qh, T, q);
-    linear(L.k, h, qh, T, k);
-    linear(L.v, h, qh, T, v);
+    linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, qh, T);
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
         rmsnorm_rows(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * (q_dim + kv_dim) >= kParallelMinElems)
     for (int64_t t = 0; t < T; ++t) {
         rope_ref(q + t * q_dim, nh, hd, tok_pos_[size_t(t)], inv_freq_.data());
         rope_ref(k + t * kv_dim, nkv, hd, tok_pos_[size_t(t)], inv_freq_.data());
@@ -189,8 +199,7 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     float* g = gate_.as<float>();
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
-    linear(L.gate, h, qh, T, g);
-    linear(L.up, h, qh, T, u);
+    linears({{&L.gate, g}, {&L.up, u}}, h, qh, T);
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();

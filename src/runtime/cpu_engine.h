@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -51,6 +53,10 @@ private:
     // reused by every INT8/INT4 layer reading the same x; layers kept in 16 bits read x as floats.
     const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
     void linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y);
+    // linear for the layers that read the same x (q/k/v, gate/up), ys[i] = x * ls[i]^T: one
+    // threaded product over all their rows (one fork and join per step, not one per layer).
+    void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, const QuantizedActs* qx,
+                 int64_t T);
 
     const ModelConfig& cfg_;
     const ModelWeights& w_;

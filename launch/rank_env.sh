@@ -14,4 +14,10 @@ if [ -z "${OMP_NUM_THREADS:-}" ]; then
   threads=$(( $(nproc --all) / local_size ))
   export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))
 fi
+# Idle OpenMP threads spin a bounded while, then sleep (README, "OpenMP's wait policy"): libgomp's
+# default spin stalls every parallel region once another process takes a core, and passive waits
+# pay a futex wake-up per region.
+if [ -z "${OMP_WAIT_POLICY:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ]; then
+  export GOMP_SPINCOUNT=10000
+fi
 exec "$@"

@@ -101,9 +101,11 @@ void gemv_tile(const float* x, const WeightView& w, int64_t r, const float* bias
 
 template <DType DT, int T>
 void gemv_rows(const float* x, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    // 4 rows per tile for any T: 8 (tried for T <= 2) means 16 row streams plus their prefetches
-    // on a 2-thread machine, which read DRAM slower (Xeon, int8 n=1: 16.4 -> 20.0 GB/s with 4).
-    constexpr int R = 4;
+    // 4 rows per tile: 8 (tried for T <= 2) means 16 row streams plus their prefetches on a 2-thread
+    // machine, which read DRAM slower (Xeon, int8 n=1: 16.4 -> 20.0 GB/s with 4). 16-bit rows at one
+    // token take 2, as many bytes per tile as 4 INT8 rows (Xeon with AMX, weights on huge pages,
+    // bf16 n=1: 115-118 -> 105-112 ms per step; at 2-4 tokens 4 rows share each load of x and win).
+    constexpr int R = T == 1 && elem_size<DT>() == 2 ? 2 : 4;
     constexpr int64_t kAhead = 2;  // tiles between the one summed and the one prefetched
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const size_t tile_bytes = size_t(R * w.cols) * elem_size<DT>();

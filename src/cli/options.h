@@ -36,7 +36,7 @@ void apply_precision(const PrecisionFlags& f, SessionOptions& so);
 // Where and how the engine runs, shared by generate, bench and perplexity.
 struct BackendFlags {
     std::string device = "auto", attention = "flash";
-    bool no_cuda_graph = false;
+    bool no_cuda_graph = false, no_mmap = false;
 };
 void add_backend_options(po::options_description& d, BackendFlags& f);
 void apply_backend(const BackendFlags& f, SessionOptions& so);  // throws Error naming the flag

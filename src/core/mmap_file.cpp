@@ -44,6 +44,14 @@ MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+void release_mapped_pages(const void* p, size_t n) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    // Advice only: a failure leaves the pages mapped, which costs memory, not correctness.
+    if (end > first) ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
+}
+
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(path, ": cannot open");

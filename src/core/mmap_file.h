@@ -24,6 +24,10 @@ private:
     size_t size_ = 0;
 };
 
+// Drops the whole pages of [p, p + n), part of a read-only file map, from this process's memory
+// (MADV_DONTNEED): a later read faults them in again from the page cache. For maps copied out of.
+void release_mapped_pages(const void* p, size_t n);
+
 // Whole small file into a string (config.json and friends); throws Error naming the path.
 std::string read_text_file(const std::string& path);
 bool file_exists(const std::string& path);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "core/mmap_file.h"
 #include "kernels/cpu/quantize.h"
 
 namespace shardlm {
@@ -273,8 +274,10 @@ public:
         WeightView v{want, first, b.nrows, b.ncols};
         out_.bytes += n * dtype_size(want);
         const bool same = want == t.dtype && !sc.any();
-        if (same && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols) return v;
-        if (!same) converted_ += n * dtype_size(want);
+        if (same && reinterpret_cast<uintptr_t>(first) % es == 0 && b.ncols == b.cols && !opt_.copy_mapped) return v;
+        // Weighed against host memory: conversions, and with --no-mmap every copy (a rank's column
+        // slice as stored is not: see converted_weight_bytes).
+        if (!same || opt_.copy_mapped) converted_ += n * dtype_size(want);
         if (planning_) return v;
         Buffer buf(n * dtype_size(want));
         const size_t ws = dtype_size(want);
@@ -294,6 +297,7 @@ public:
                     for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, row[size_t(i)]);
             }
         }
+        if (same && opt_.copy_mapped) release_mapped_pages(first, size_t(b.nrows * b.cols) * es);
         v.data = buf.data();
         out_.owned.push_back(std::move(buf));
         return v;
@@ -399,11 +403,14 @@ public:
         v.group_size = vg;
         const float* sc = reinterpret_cast<const float*>(s.data) + b.row0 * groups + (g == b.cols ? 0 : b.col0 / g);
         const bool scales_contiguous = reinterpret_cast<uintptr_t>(s.data) % 4 == 0 && vgroups == groups;
+        const bool copy = b.ncols != b.cols || opt_.copy_mapped;  // a column slice, or --no-mmap
+        if (opt_.copy_mapped) converted_ += size_t(b.nrows * b.ncols);
         if (planning_) return v;
-        if (b.ncols != b.cols) {  // column slice: copy this rank's int8 columns
+        if (copy) {  // this rank's int8 columns
             Buffer q(size_t(b.nrows * b.ncols));
             for (int64_t r = 0; r < b.nrows; ++r)
                 std::memcpy(q.data() + r * b.ncols, t.data + size_t((b.row0 + r) * b.cols + b.col0), size_t(b.ncols));
+            if (opt_.copy_mapped) release_mapped_pages(t.data + size_t(b.row0 * b.cols), size_t(b.nrows * b.cols));
             v.data = q.data();
             out_.owned.push_back(std::move(q));
         }
@@ -449,9 +456,12 @@ public:
                  b.col0 + b.ncols, ")");
         const int64_t rb = b.cols / 2, vb = b.ncols / 2;
         const uint8_t* data = t.data + b.row0 * rb + b.col0 / 2;
-        if (vb != rb && !planning_) {  // column slice: copy this rank's bytes (whole 32-column blocks)
+        const bool copy = vb != rb || opt_.copy_mapped;  // a column slice (whole 32-column blocks), or --no-mmap
+        if (opt_.copy_mapped) converted_ += size_t(b.nrows * vb);
+        if (copy && !planning_) {
             Buffer q(size_t(b.nrows * vb));
             for (int64_t r = 0; r < b.nrows; ++r) std::memcpy(q.data() + r * vb, data + r * rb, size_t(vb));
+            if (opt_.copy_mapped) release_mapped_pages(t.data + b.row0 * rb, size_t(b.nrows * rb));
             data = q.data();
             out_.owned.push_back(std::move(q));
         }
@@ -580,7 +590,12 @@ void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w
 }
 
 // The hint that ends the message of a load refused for memory (load_weights).
-const char* memory_hint(const ModelConfig& c, const LoadOptions& opt) {
+std::string memory_hint(const ModelConfig& c, const LoadOptions& opt) {
+    if (opt.copy_mapped) {  // the copies may be all of it (a float or pre-quantized checkpoint as stored)
+        LoadOptions mapped = opt;
+        mapped.copy_mapped = false;
+        return "drop --no-mmap (tensors as stored are then read through the file map), or " + memory_hint(c, mapped);
+    }
     if (is_quantized(opt.format) && !c.quant.present)
         return "use a pre-quantized checkpoint (shardlm quantize writes one, where the memory is) or a machine with "
                "more memory";
@@ -611,7 +626,8 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
         if (need > part) {
             const std::string needs = cat("model ", ckpt.dir(), ": --weights ", weight_format_name(opt.format), " needs ",
                                           format_gib(need), " GiB (", need, " bytes) of host memory for the weights ",
-                                          "converted on load", p.tp > 1 ? " (this rank's share)" : "");
+                                          opt.copy_mapped ? "copied (--no-mmap) or converted on load" : "converted on load",
+                                          p.tp > 1 ? " (this rank's share)" : "");
             fail(needs, can_back_only(avail, opt.ranks_on_node), "; ", memory_hint(c, opt));
         }
     }

@@ -71,6 +71,11 @@ struct LoadOptions {
     // into host memory at the same time, so the converted weights are weighed against
     // 1/ranks_on_node of what the machine can back (load_weights).
     int ranks_on_node = 1;
+    // --no-mmap: weights the checkpoint holds as the engine reads them are copied into this
+    // process's memory (2 MB pages, core/buffer.h) instead of read through the file map, whose 4 KB
+    // page-cache pages the CPU GEMVs stream more slowly (README, "Huge pages"); each tensor's pages
+    // of the map are released once copied.
+    bool copy_mapped = false;
 };
 
 struct Linear {
@@ -122,8 +127,8 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const 
 // Bytes of the buffers load_weights allocates on this rank for the weights it converts (see
 // above), without allocating or converting anything; throws what load_weights would for a
 // checkpoint that does not match. Not counted: copies of a slice in the stored dtype (the
-// row-parallel columns under TP, a misaligned tensor), the f32 norms and biases, and the
-// transient f32 copy of one matrix that INT4 quantizes from.
+// row-parallel columns under TP, a misaligned tensor; with copy_mapped every copy counts), the f32
+// norms and biases, and the transient f32 copy of one matrix that INT4 quantizes from.
 size_t converted_weight_bytes(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt,
                               const ShardPlan& plan);
 

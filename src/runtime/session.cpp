@@ -113,6 +113,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     LoadOptions lo = opt.load;
     lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
+    lo.copy_mapped = lo.copy_mapped && device == Device::Cpu;  // the GPU uploads from the map: a copy buys nothing
     s->weights = load_weights(*s->ckpt, c, lo, plan_shard(c, comm.rank(), comm.size()));
     EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most

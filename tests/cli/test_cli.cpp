@@ -91,6 +91,11 @@ TEST_F(Cli, GenerateJsonContract) {
     const CommandResult again = run_command(kBin + " generate --model " + dir_.path() +
                                             " --prompt-ids '5,6,7;9' --max-new-tokens 4 --temperature 0 --json");
     EXPECT_EQ(nlohmann::json::parse(again.out)["results"], j["results"]);
+    // ... and so does it with the weights copied out of the file map.
+    const CommandResult copied = run_command(kBin + " generate --model " + dir_.path() +
+                                             " --prompt-ids '5,6,7;9' --max-new-tokens 4 --temperature 0 --json --no-mmap");
+    ASSERT_EQ(copied.exit_code, 0) << copied.err;
+    EXPECT_EQ(nlohmann::json::parse(copied.out)["results"], j["results"]);
 }
 
 TEST_F(Cli, InfoDescribesTheModel) {
@@ -245,6 +250,13 @@ TEST_F(Cli, ConvertedWeightsBeyondWhatTheMachineCanBack) {
                               " bytes) of host memory for the weights converted on load but the machine can back only "
                               "0.000 GiB (" + std::to_string(need - 1) + " bytes, SHARDLM_HOST_MEM_AVAILABLE); use a "
                               "pre-quantized checkpoint (shardlm quantize writes one");
+    }
+    {
+        // --no-mmap weighs the copies of the weights kept as stored, and names itself.
+        ScopedEnv env(kHostMemEnv, "1");
+        expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --max-new-tokens 2 --ctx 8 --no-mmap",
+                     "of host memory for the weights copied (--no-mmap) or converted on load but the machine can back "
+                     "only 0.000 GiB (1 bytes, SHARDLM_HOST_MEM_AVAILABLE); drop --no-mmap");
     }
     ScopedEnv env(kHostMemEnv, std::to_string(need + kv_bytes(c, 8, 1)).c_str());  // the weights and the KV cache
     const CommandResult ok = run_command(kBin + " " + gen);

@@ -278,6 +278,59 @@ TEST(Weights, OnlyConversionsAreWeighed) {
     EXPECT_NO_THROW(load_weights(qk, qc, LoadOptions{}, plan_shard(qc, 0, 1)));
 }
 
+// --no-mmap (copy_mapped): the tensors kept as stored become owned copies with the same bytes, for
+// a float checkpoint and a pre-quantized one, whole or as a TP rank's slice; the copies are weighed
+// against host memory, and a refusal names --no-mmap.
+TEST(Weights, CopyMappedHoldsTheSameBytesInOwnedBuffers) {
+    TempDir d, q;
+    const ModelConfig c = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), c, {DType::BF16, 2, 3});
+    const std::string out = q.file("int8");
+    write_quantized_checkpoint(d.path(), out, LoadOptions{WeightFormat::Int8, 0, ""});
+    const std::string int4_out = q.file("int4");
+    write_quantized_checkpoint(d.path(), int4_out, LoadOptions{WeightFormat::Int4, 32, ""});
+    for (const std::string& dir : {d.path(), out, int4_out}) {
+        const ModelConfig cc = load_config(dir);
+        Checkpoint ck(dir);
+        for (int tp : {1, 2}) {
+            if (tp == 2 && dir == int4_out) continue;  // the tiny model's 160 MLP columns / 2: not whole groups of 32
+            const ShardPlan p = plan_shard(cc, tp - 1, tp);
+            LoadOptions copy;
+            copy.copy_mapped = true;
+            const ModelWeights m = load_weights(ck, cc, LoadOptions{}, p), o = load_weights(ck, cc, copy, p);
+            auto owned_by = [](const ModelWeights& w, const void* data) {
+                for (const Buffer& b : w.owned)
+                    if (data >= static_cast<const void*>(b.data()) && data < static_cast<const void*>(b.data() + b.size()))
+                        return true;
+                return false;
+            };
+            size_t owned = 0;
+            for (const Buffer& b : o.owned) owned += b.size();
+            EXPECT_GT(converted_weight_bytes(ck, cc, copy, p), converted_weight_bytes(ck, cc, LoadOptions{}, p)) << dir;
+            EXPECT_LE(converted_weight_bytes(ck, cc, copy, p), owned) << dir;
+            for (size_t l = 0; l < m.layers.size(); ++l) {
+                const LayerWeights &a = m.layers[l], &b = o.layers[l];
+                for (auto [x, y] : {std::pair{&a.q.w, &b.q.w}, {&a.o.w, &b.o.w}, {&a.down.w, &b.down.w}}) {
+                    ASSERT_EQ(x->dtype, y->dtype);
+                    EXPECT_TRUE(owned_by(o, y->data)) << dir << " tp=" << tp << " layer " << l;
+                    const size_t bytes = weight_row_bytes(*x) * size_t(x->rows);
+                    EXPECT_EQ(std::memcmp(x->data, y->data, bytes), 0) << dir << " tp=" << tp << " layer " << l;
+                }
+            }
+            EXPECT_TRUE(owned_by(o, o.lm_head.data)) << dir;
+        }
+        LoadOptions copy;
+        copy.copy_mapped = true;
+        ScopedEnv none(kHostMemEnv, "0");
+        try {
+            load_weights(ck, cc, copy, plan_shard(cc, 0, 1));
+            ADD_FAILURE() << dir << ": --no-mmap with no memory to copy into loaded";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("drop --no-mmap"), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {
     TempDir a, b;
     const ModelConfig c = tiny_config(Arch::Qwen2);

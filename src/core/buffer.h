@@ -25,11 +25,14 @@ public:
     Buffer() = default;
     explicit Buffer(size_t bytes) : size_(bytes) {
         if (bytes == 0) return;
+        // Only the whole huge pages are advised: a tail on 4 KB pages costs no more memory than it
+        // holds (a 2.1 MB buffer on two huge pages would take 4 MB).
         const size_t a = bytes >= kHugePage ? kHugePage : kAlign;
-        data_ = static_cast<uint8_t*>(std::aligned_alloc(a, align_up(bytes, a)));
-        if (!data_) throw std::bad_alloc();
+        void* p = nullptr;  // posix_memalign: unlike aligned_alloc, any size for an alignment
+        if (posix_memalign(&p, a, align_up(bytes, kAlign)) != 0) throw std::bad_alloc();
+        data_ = static_cast<uint8_t*>(p);
 #ifdef MADV_HUGEPAGE
-        if (a == kHugePage) madvise(data_, align_up(bytes, a), MADV_HUGEPAGE);  // advice: failure is harmless
+        if (a == kHugePage) madvise(data_, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice: failure is harmless
 #endif
     }
     ~Buffer() { std::free(data_); }

@@ -112,12 +112,6 @@ const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_
     return &acts_;
 }
 
-void CpuEngine::linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y) {
-    if (qx && l.w.dtype == DType::I8) matmul_w8a8(*qx, l.w, l.bias_ptr(), y);
-    else if (qx && l.w.dtype == DType::I4) matmul_w4a8(*qx, l.w, l.bias_ptr(), y);
-    else matmul(x, T, l.w, l.bias_ptr(), y);
-}
-
 void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x,
                         const QuantizedActs* qx, int64_t T) {
     // Products of INT8 activations (qx) for the I8/I4 layers, of float ones for 16-bit layers kept
@@ -186,7 +180,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     }
     float* o = o_.as<float>();
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
-    linear(L.o, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T, o);
+    linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
@@ -203,7 +197,7 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
-    linear(L.down, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T, o);
+    linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }

@@ -49,12 +49,11 @@ public:
 private:
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
     void mlp_block(const LayerWeights& L, int64_t layer, int64_t T);
-    // y = x * W^T (+ b). W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and
+    // W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and
     // reused by every INT8/INT4 layer reading the same x; layers kept in 16 bits read x as floats.
     const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
-    void linear(const Linear& l, const float* x, const QuantizedActs* qx, int64_t T, float* y);
-    // linear for the layers that read the same x (q/k/v, gate/up), ys[i] = x * ls[i]^T: one
-    // threaded product over all their rows (one fork and join per step, not one per layer).
+    // The layers that read the same x (q/k/v, gate/up, or one layer alone), y = x * W^T (+ b) each:
+    // one threaded product over all their rows (one fork and join, not one per layer).
     void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, const QuantizedActs* qx,
                  int64_t T);
 

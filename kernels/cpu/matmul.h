@@ -1,7 +1,9 @@
 // Linear layer y = x * W^T (+ b): x [n, cols] f32, W [rows, cols], y [n, rows] f32 (row-major).
 //
 // W may be f32/f16/bf16, I8 with per-group scales or I4 with per-group scales and mins (W8A16/W4A16:
-// weights dequantized in the inner loop, activations and accumulation stay f32). W8A8 and W4A8 take
+// weights dequantized in the inner loop, activations and accumulation stay f32; except that on
+// AVX-512 VNNI, I8 weights at 3 tokens and more meet 16-bit integer activations, each token rounded
+// on its own scale, within kI16ActsErr * max|x| of x, with exact INT32 sums: matmul_kernels.h). W8A8 and W4A8 take
 // INT8 activations too: INT32 dot products per group, then * act_scale * weight_scale, summed over
 // groups in f32.
 //

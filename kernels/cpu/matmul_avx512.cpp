@@ -11,6 +11,8 @@
 //  - W8A8 GEMM: a 32-row panel of int8 weights is repacked as VNNI quads [quad][32 rows][4 bytes]
 //    (u8 = w + 128) and swept by vpdpbusd with 4-byte activation broadcasts, 8 tokens at a time.
 //  - W8A8 GEMV (decode, groups a multiple of 64): vpdpbusd along k on the row-major weights.
+//  - INT8 weights on INT16 activations (W8A16 at 3 tokens and more, matmul_kernels.h): vpdpwssd
+//    along k on the row-major weights, 4 rows x 4 tokens per pass, token blocks of 64.
 //  - W4A8: the W8A8 GEMM with the 4-bit codes unpacked into its panels; and a GEMV that splits each
 //    64-byte load of codes into two vpdpbusd operands against pre-ordered activations.
 // Also quantize_acts_avx512 (the activation quantizer of quantize.h, vectorised).
@@ -151,6 +153,82 @@ void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* 
         case 6: gemv_rows8<DT, 2>(x, w, bias, y, r0, r1); break;
         case 7: gemv_rows8<DT, 3>(x, w, bias, y, r0, r1); break;
         default: gemv_rows8<DT, 4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// INT8 weights on INT16 activations (matmul_kernels.h, i16_gemv_usable): R rows x T <= 4 tokens, 32
+// columns per step, acc[i][t] 16 INT32 lanes (2 products each per step) flushed to f32 per segment.
+
+// acc += pairs of s16(a) * s16(b) per 32-bit lane, as inline asm for the reason of dpbusd above.
+inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+#else
+    return _mm512_dpwssd_epi32(acc, a, b);
+#endif
+}
+
+template <int R, int T, bool TAIL>
+inline __attribute__((always_inline)) void i16_step(const int8_t* const (&wr)[R], const int16_t* q, int64_t kp, int64_t k,
+                                                    __mmask32 m, __m512i (&acc)[R][T], const int8_t* pf) {
+    if (pf)  // the tile kAhead tiles on, R * 32 bytes per step (see gemv_step)
+        for (int o = 0; o < R * 32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + k * R + o), _MM_HINT_T1);
+    __m512i xv[T];
+    SHARDLM_UNROLL for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_si512(q + t * kp + k);
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const __m256i b = TAIL ? _mm256_maskz_loadu_epi8(m, wr[i] + k) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k));
+        const __m512i wv = _mm512_cvtepi8_epi16(b);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = dpwssd(acc[i][t], wv, xv[t]);
+    }
+}
+
+// Tokens t0 .. t0 + T of rows [r, r + R); pf: the tile to prefetch (first pass only).
+template <int R, int T>
+void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, const float* bias, float* y, const int8_t* pf) {
+    const int64_t cols = w.cols, kp = a.kp;
+    const bool grouped = w.group_size < cols;
+    const int64_t g_len = grouped ? w.group_size : cols, ng = cols / g_len;
+    const int16_t* q = a.q + t0 * kp;
+    const int8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const int8_t*>(w.data) + (r + i) * cols;
+    __m512 sum[R][T];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) sum[i][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g)
+        for (int64_t s0 = g * g_len, g_end = s0 + g_len; s0 < g_end; s0 += kI16FlushCols) {
+            const int64_t s1 = std::min(g_end, s0 + kI16FlushCols);
+            __m512i acc[R][T];
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_si512();
+            int64_t k = s0;
+            for (; k + 32 <= s1; k += 32) i16_step<R, T, false>(wr, q, kp, k, 0, acc, pf);
+            if (k < s1) i16_step<R, T, true>(wr, q, kp, k, __mmask32(mask64(s1 - k)), acc, nullptr);
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const __m512 sc = _mm512_set1_ps(grouped ? w.scales[(r + i) * ng + g] : 1.0f);
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+                    sum[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][t]), sc, sum[i][t]);
+            }
+        }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float post = grouped ? 1.0f : w.scales[r + i];
+        const float b = bias ? bias[r + i] : 0.0f;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+            y[(t0 + t) * w.rows + r + i] = _mm512_reduce_add_ps(sum[i][t]) * (post * a.scales[t0 + t]) + b;
+    }
+}
+
+// Tokens [t0, t1) of one tile, at most 4 per pass; the passes after the first find the rows in L1.
+template <int R>
+void i16_tile_passes(const I16Acts& a, int64_t t0, int64_t t1, const WeightView& w, int64_t r, const float* bias,
+                     float* y, const int8_t* pf) {
+    for (int64_t t = t0; t < t1; t += 4) {
+        const int8_t* p = t == t0 ? pf : nullptr;
+        switch (std::min<int64_t>(4, t1 - t)) {
+            case 1: i16_tile<R, 1>(a, t, w, r, bias, y, p); break;
+            case 2: i16_tile<R, 2>(a, t, w, r, bias, y, p); break;
+            case 3: i16_tile<R, 3>(a, t, w, r, bias, y, p); break;
+            default: i16_tile<R, 4>(a, t, w, r, bias, y, p); break;
+        }
     }
 }
 
@@ -857,6 +935,44 @@ void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, 
                 _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_cvtps_epi32(v));  // round to nearest even
             }
         }
+}
+
+void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales) {
+    const int64_t kp = i16_acts_stride(cols);
+    for (int64_t t = 0; t < n; ++t) {
+        const float* p = x + t * cols;
+        int16_t* d = q + t * kp;
+        __m512 m = _mm512_setzero_ps();
+        __mmask16 bad = 0;  // lanes that held a NaN: max_ps would skip them
+        for (int64_t k = 0; k < cols; k += 16) {
+            const __m512 v = _mm512_maskz_loadu_ps(mask16(cols - k), p + k);
+            bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            m = _mm512_max_ps(_mm512_abs_ps(v), m);
+        }
+        const float amax = _mm512_reduce_max_ps(m);
+        const bool finite = bad == 0 && amax <= 3.4028235e38f;
+        scales[t] = finite ? amax / 32767.0f : __builtin_nanf("");
+        const __m512 inv = _mm512_set1_ps(finite && amax > 0.0f ? 32767.0f / amax : 0.0f);
+        for (int64_t k = 0; k < kp; k += 16) {  // zeros past cols
+            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask16(std::max<int64_t>(0, cols - k)), p + k), inv);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + k), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
+        }
+    }
+}
+
+void i8_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = 4;
+    constexpr int64_t kAhead = 2;  // as gemv_rows
+    const int8_t* base = static_cast<const int8_t*>(w.data);
+    const int64_t tile = R * w.cols;
+    for (int64_t t0 = 0; t0 < a.n; t0 += kI16TokenBlock) {
+        const int64_t t1 = std::min(a.n, t0 + kI16TokenBlock);
+        int64_t r = r0;
+        for (; r + R <= r1; r += R)
+            i16_tile_passes<R>(a, t0, t1, w, r, bias, y,
+                               r + (kAhead + 1) * R <= r1 ? base + r * w.cols + kAhead * tile : nullptr);
+        for (; r < r1; ++r) i16_tile_passes<1>(a, t0, t1, w, r, bias, y, nullptr);
+    }
 }
 
 void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,

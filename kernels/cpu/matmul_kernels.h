@@ -109,8 +109,9 @@ void matmul_rows_amx(const uint16_t* xt, const float* xsum, int64_t n, const Wei
 //  - I4 at 3-4 tokens: the AVX-512 GEMV spends one FMA per 16 weights and token and is bound by
 //    them beyond two tokens (kernels_bench decode, the 1.7B shape: n = 4 129.5 ms on AVX-512, 94.6
 //    on tiles); at 1-2 tokens it is faster (n = 1 69-77 ms against 86-87) and stays.
-//  - I8 at 1-4 tokens keeps the AVX-512 GEMV (n = 4 84-90 ms, at most 1.3x of n = 1; I8 needs no
-//    unpacking there to speak of).
+//  - I8 at 1-5 tokens keeps the AVX-512 GEMVs (n = 4 84-90 ms on the f32 GEMV, at most 1.3x of
+//    n = 1; I8 needs no unpacking there to speak of; 3-5 now on the INT16 GEMV below, not yet set
+//    against these tiles on an AMX machine).
 //  - Both up to 16 tokens: the packed prefill GEMM converted and transposed every weight into a
 //    panel for one 32-token block, about 2.2x the time of 4 tokens on the GEMV (one 6144 x 2048
 //    INT8 matrix: 0.92 ms at n = 5-16 against 0.43 at n = 4). I8 rows cost this GEMV ~5 conversion
@@ -129,6 +130,39 @@ inline int64_t amx_gemv_tokens(int64_t n) { return n <= 4 ? (n == 3 ? 4 : n) : n
 void acts_to_gemv_tiles_amx(const float* x, int64_t n, const WeightView& w, uint16_t* xb, float* xsum);
 void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias, float* y,
                    int64_t r0, int64_t r1);
+
+// W8A16 of I8 weights on 16-bit integer activations (AVX-512 VNNI; the avx512 variant at 3 tokens
+// and more, the amx variant where its tiles do not take the product): each token's x is rounded once
+// per call to int16 on a scale of its own, s = max|x| / 32767, and vpdpwssd sums 32 weight x
+// activation products per instruction exactly in INT32. The f32 kernels spent a widening and one
+// FMA per 16 weights and token, so beyond two tokens they were bound by the FMAs, not by memory
+// (kernels_bench, the 1.7B shape, 2-core EPYC: GEMV at 4 tokens 46 -> 37 ms a step, 1 token 32-37;
+// 8 tokens 97 -> 66; the f32 GEMM at 512 tokens 5.1-5.2 -> 2.9-3.3 s). One and two tokens are
+// memory-bound either way and keep the f32 GEMV and its exact activations.
+// Rows are read in tiles of 4 by each token block of kI16TokenBlock (4 tokens per pass over the
+// tile, the later passes from L1), so a block's activations stay in L2 (32 and 128 were slower).
+// The rounding moves each activation by at most s / 2 = kI16ActsErr * max|x| (no more than rounding
+// it to bf16 would for any |x_k| above max|x| / 128); a token with a NaN or an infinity gets NaN
+// outputs. Weights I8 with one scale per row or groups a multiple of 32; INT32 sums are flushed to
+// f32 per group and at least every kI16FlushCols columns (each lane then holds at most 256
+// products of |w| <= 128 and |q| <= 32767, under 2^31).
+constexpr double kI16ActsErr = 1.0 / 65534;
+constexpr int64_t kI16FlushCols = 4096;
+constexpr int64_t kI16MinN = 3;
+constexpr int64_t kI16TokenBlock = 64;
+inline bool i16_gemv_usable(int64_t n, const WeightView& w) {
+    return w.dtype == DType::I8 && n >= kI16MinN && (w.group_size == w.cols || w.group_size % 32 == 0);
+}
+// Activations of the INT16 GEMV, prepared once per call: q [n][kp] (kp = cols rounded up to 32,
+// zeros past cols), scales [n].
+struct I16Acts {
+    const int16_t* q = nullptr;
+    const float* scales = nullptr;
+    int64_t n = 0, cols = 0, kp = 0;
+};
+inline int64_t i16_acts_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
+void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales);
+void i8_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

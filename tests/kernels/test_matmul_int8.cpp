@@ -7,6 +7,9 @@
 // bias, and a floor for outputs that cancel to ~0. For W8A8 the INT32 dots are exact and only
 // the per-segment f32 steps round: (segments + 4) * u * (sum_k |qa qw| sa sw + |b|). The AMX
 // variant's BF16 tiles carry each activation within kAmxBf16RelErr (2^-16) of it: + that * sum |x w|.
+// Where INT8 weights meet INT16 activations (i16_gemv_usable on the avx512 and amx variants) each
+// x_k moves by at most kI16ActsErr * max|x| (1% more for the f32 rounding of the scale's inverse):
+// + that * sum |w|.
 // A wrong scale, a dropped group or a misplaced row moves outputs by O(1) relative to these sums,
 // far outside the bounds (WrongScaleIsCaught checks this).
 #include <gtest/gtest.h>
@@ -31,15 +34,20 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 8, 12, 16, 17, 64, 100};  // 5-16: the
 double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* bias, const std::vector<float>& got,
                    const std::vector<float>& ref, CpuIsa isa) {
     const double rel = double(w.cols + 8) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0);
+    const bool i16 = (isa == CpuIsa::Avx512 || isa == CpuIsa::Amx) && i16_gemv_usable(n, w);
     std::vector<float> row(size_t(w.cols));
     double worst = 0;
     for (int64_t r = 0; r < w.rows; ++r) {
         weight_row_to_f32(w, r, row.data());
         for (int64_t t = 0; t < n; ++t) {
-            double abs_dot = 0;
-            for (int64_t k = 0; k < w.cols; ++k) abs_dot += std::fabs(double(x[t * w.cols + k]) * row[size_t(k)]);
+            double abs_dot = 0, abs_w = 0, amax = 0;
+            for (int64_t k = 0; k < w.cols; ++k) {
+                abs_dot += std::fabs(double(x[t * w.cols + k]) * row[size_t(k)]);
+                abs_w += std::fabs(row[size_t(k)]);
+                amax = std::max(amax, std::fabs(double(x[t * w.cols + k])));
+            }
             const double b = bias ? std::fabs(bias[r]) : 0.0;
-            const double bound = rel * (abs_dot + b) + 1e-7;
+            const double bound = rel * (abs_dot + b) + (i16 ? 1.01 * kI16ActsErr * amax * abs_w : 0.0) + 1e-7;
             const size_t i = size_t(t * w.rows + r);
             worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
         }
@@ -126,6 +134,49 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceW8A16) {
                     << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols << " group=" << group;
             }
         }
+    }
+}
+
+TEST(MatmulInt8, Int16ActivationsFlushLongRowsAndKeepSpikes) {
+    // Rows of all +127 and all -128 against activations at full scale: without the INT32 flush every
+    // kI16FlushCols columns, 12328 columns overflow a lane (770 products of 32767 * 127 > 2^31).
+    // Token 1 is one spike among values 10^7 times smaller; token 2 random. Per-row scales with a
+    // tail of 8 columns past the last 32; groups of 4128 (longer than one flush segment).
+    for (const int64_t group : {int64_t(12328), int64_t(4128)}) {
+        const int64_t rows = 7, cols = group == 4128 ? 3 * 4128 : 12328;
+        QuantMat m = make_quant_mat(rows, cols, group, 5);
+        std::fill(m.q.begin(), m.q.begin() + cols, int8_t(127));
+        std::fill(m.q.begin() + cols, m.q.begin() + 2 * cols, int8_t(-128));
+        const WeightView w = m.view();
+        for (int64_t n : {3, 5, 70}) {
+            std::vector<float> x = rand_vec(size_t(n * cols), uint32_t(n), 1e-3f);
+            std::fill(x.begin(), x.begin() + cols, 3.0f);
+            x[size_t(cols + 17)] = 1e4f;
+            std::vector<float> ref(size_t(n * rows)), got(ref.size());
+            matmul_ref(x.data(), n, w, nullptr, ref.data());
+            for (CpuIsa isa : cpu_isas_available()) {
+                std::fill(got.begin(), got.end(), NAN);
+                matmul(x.data(), n, w, nullptr, got.data(), isa);
+                ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref, isa), 1.0)
+                    << cpu_isa_name(isa) << " n=" << n << " group=" << group;
+            }
+        }
+    }
+}
+
+TEST(MatmulInt8, NonFiniteActivationsGiveNonFiniteOutputsOfTheirTokenOnly) {
+    const int64_t rows = 9, cols = 96, n = 4;
+    const QuantMat m = make_quant_mat(rows, cols, cols, 6);
+    std::vector<float> x = rand_vec(size_t(n * cols), 7);
+    x[size_t(cols + 5)] = NAN;
+    x[size_t(2 * cols + 90)] = INFINITY;
+    std::vector<float> got(size_t(n * rows));
+    for (CpuIsa isa : cpu_isas_available()) {
+        matmul(x.data(), n, m.view(), nullptr, got.data(), isa);
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t r = 0; r < rows; ++r)
+                EXPECT_EQ(std::isfinite(got[size_t(t * rows + r)]), t == 0 || t == 3)
+                    << cpu_isa_name(isa) << " token " << t << " row " << r;
     }
 }
 

@@ -107,7 +107,7 @@ void expect_cli_error(const std::string& args, const std::string& needle) {
 
 bool cpu_prefill_rounds() { return std::string(matmul_isa()) == "amx"; }
 
-bool cpu_int8_weights_round() {
+bool cpu_quantized_weights_round() {
     const std::string isa = matmul_isa();
     return isa == "amx" || isa == "avx512";
 }

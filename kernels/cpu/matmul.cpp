@@ -325,21 +325,23 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
         case CpuIsa::Avx512:
             if (i16_gemv_usable(n, w)) {
                 thread_local std::vector<int16_t> q;  // kept: no allocation per call of a decode step
-                thread_local std::vector<float> scales;
-                const int64_t kp = i16_acts_stride(w.cols);
+                thread_local std::vector<float> scales, xsum;
+                const int64_t kp = i16_acts_stride(w.cols), ng = w.dtype == DType::I4 ? w.cols / w.group_size : 0;
                 q.resize(size_t(n * kp));
                 scales.resize(size_t(n));
+                xsum.resize(size_t(n * ng));
                 int16_t* qd = q.data();
-                float* sd = scales.data();
+                float *sd = scales.data(), *xs = ng ? xsum.data() : nullptr;
 #pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
                 {
                     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
                     const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
-                    acts_to_i16_avx512(x + t0 * w.cols, t1 - t0, w.cols, qd + t0 * kp, sd + t0);
+                    acts_to_i16_avx512(x + t0 * w.cols, t1 - t0, w.cols, qd + t0 * kp, sd + t0, w.group_size,
+                                       xs ? xs + t0 * ng : nullptr);
                 }
-                const I16Acts a{qd, sd, n, w.cols, kp};
+                const I16Acts a{qd, sd, xs, n, w.cols, kp};
                 for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
-                    i8_gemv_rows_avx512(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+                    i16_rows_avx512(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
                 });
                 return;
             }

@@ -2,10 +2,10 @@
 //
 // W may be f32/f16/bf16, I8 with per-group scales or I4 with per-group scales and mins (W8A16/W4A16:
 // weights dequantized in the inner loop, activations and accumulation stay f32; except that on
-// AVX-512 VNNI, I8 weights at 3 tokens and more meet 16-bit integer activations, each token rounded
-// on its own scale, within kI16ActsErr * max|x| of x, with exact INT32 sums: matmul_kernels.h). W8A8 and W4A8 take
-// INT8 activations too: INT32 dot products per group, then * act_scale * weight_scale, summed over
-// groups in f32.
+// AVX-512 VNNI, I8 weights at 3 tokens and more and I4 at 3-16 meet 16-bit integer activations,
+// each token rounded on its own scale, within kI16ActsErr * max|x| of x, with exact INT32 sums:
+// matmul_kernels.h). W8A8 and W4A8 take INT8 activations too: INT32 dot products per group, then
+// * act_scale * weight_scale, summed over groups in f32.
 //
 // *_ref are the plain truths; the others are threaded (OpenMP over output rows) and vectorised, the
 // variant picked at run time (cpu_isa.h) unless one is named.

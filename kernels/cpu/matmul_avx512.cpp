@@ -11,7 +11,7 @@
 //  - W8A8 GEMM: a 32-row panel of int8 weights is repacked as VNNI quads [quad][32 rows][4 bytes]
 //    (u8 = w + 128) and swept by vpdpbusd with 4-byte activation broadcasts, 8 tokens at a time.
 //  - W8A8 GEMV (decode, groups a multiple of 64): vpdpbusd along k on the row-major weights.
-//  - INT8 weights on INT16 activations (W8A16 at 3 tokens and more, matmul_kernels.h): vpdpwssd
+//  - INT8 and INT4 weights on INT16 activations (from 3 tokens on, matmul_kernels.h): vpdpwssd
 //    along k on the row-major weights, 4 rows x 4 tokens per pass, token blocks of 64.
 //  - W4A8: the W8A8 GEMM with the 4-bit codes unpacked into its panels; and a GEMV that splits each
 //    64-byte load of codes into two vpdpbusd operands against pre-ordered activations.
@@ -157,8 +157,9 @@ void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const float* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// INT8 weights on INT16 activations (matmul_kernels.h, i16_gemv_usable): R rows x T <= 4 tokens, 32
-// columns per step, acc[i][t] 16 INT32 lanes (2 products each per step) flushed to f32 per segment.
+// INT8 and INT4 weights on INT16 activations (matmul_kernels.h, i16_gemv_usable): R rows x T <= 4
+// tokens, 32 columns per step, acc[i][t] 16 INT32 lanes (2 products each per step) flushed to f32
+// per group or segment.
 
 // acc += pairs of s16(a) * s16(b) per 32-bit lane, as inline asm for the reason of dpbusd above.
 inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
@@ -170,29 +171,45 @@ inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
-template <int R, int T, bool TAIL>
-inline __attribute__((always_inline)) void i16_step(const int8_t* const (&wr)[R], const int16_t* q, int64_t kp, int64_t k,
-                                                    __mmask32 m, __m512i (&acc)[R][T], const int8_t* pf) {
-    if (pf)  // the tile kAhead tiles on, R * 32 bytes per step (see gemv_step)
-        for (int o = 0; o < R * 32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + k * R + o), _MM_HINT_T1);
+// 32 columns from k of a row as int16: I8 sign-extended; I4 (16 bytes, low nibbles the block's
+// columns 0..15, high nibbles 16..31) with the high nibbles shifted down in the upper 128 bits.
+template <bool I4, bool TAIL>
+inline __m512i load32_i16(const uint8_t* row, int64_t k, __mmask32 m) {
+    if constexpr (I4) {
+        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+        const __m256i shift = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+        return _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(b, shift), _mm256_set1_epi8(0x0F)));
+    } else {
+        const __m256i b = TAIL ? _mm256_maskz_loadu_epi8(m, row + k) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k));
+        return _mm512_cvtepi8_epi16(b);
+    }
+}
+
+template <bool I4, int R, int T, bool TAIL>
+inline __attribute__((always_inline)) void i16_step(const uint8_t* const (&wr)[R], const int16_t* q, int64_t kp, int64_t k,
+                                                    __mmask32 m, __m512i (&acc)[R][T], const uint8_t* pf) {
+    constexpr int kStepBytes = R * (I4 ? 16 : 32);
+    if (pf)  // the tile kAhead tiles on, at the pace of this one (see gemv_step)
+        for (int o = 0; o < kStepBytes; o += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + k / 32 * kStepBytes + o), _MM_HINT_T1);
     __m512i xv[T];
     SHARDLM_UNROLL for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_si512(q + t * kp + k);
     SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
-        const __m256i b = TAIL ? _mm256_maskz_loadu_epi8(m, wr[i] + k) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k));
-        const __m512i wv = _mm512_cvtepi8_epi16(b);
+        const __m512i wv = load32_i16<I4, TAIL>(wr[i], k, m);
         SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = dpwssd(acc[i][t], wv, xv[t]);
     }
 }
 
-// Tokens t0 .. t0 + T of rows [r, r + R); pf: the tile to prefetch (first pass only).
-template <int R, int T>
-void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, const float* bias, float* y, const int8_t* pf) {
-    const int64_t cols = w.cols, kp = a.kp;
-    const bool grouped = w.group_size < cols;
+// Tokens t0 .. t0 + T of rows [r, r + R); pf: the tile to prefetch (first pass only). I4 adds the
+// mins' share, sum over groups of min * (f32 sum of x over the group), from a.xsum.
+template <bool I4, int R, int T>
+void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols, kp = a.kp, row_bytes = I4 ? cols / 2 : cols;
+    const bool grouped = I4 || w.group_size < cols;
     const int64_t g_len = grouped ? w.group_size : cols, ng = cols / g_len;
     const int16_t* q = a.q + t0 * kp;
-    const int8_t* wr[R];
-    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const int8_t*>(w.data) + (r + i) * cols;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * row_bytes;
     __m512 sum[R][T];
     SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) sum[i][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; ++g)
@@ -201,8 +218,8 @@ void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, cons
             __m512i acc[R][T];
             SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_si512();
             int64_t k = s0;
-            for (; k + 32 <= s1; k += 32) i16_step<R, T, false>(wr, q, kp, k, 0, acc, pf);
-            if (k < s1) i16_step<R, T, true>(wr, q, kp, k, __mmask32(mask64(s1 - k)), acc, nullptr);
+            for (; k + 32 <= s1; k += 32) i16_step<I4, R, T, false>(wr, q, kp, k, 0, acc, pf);
+            if (k < s1) i16_step<I4, R, T, true>(wr, q, kp, k, __mmask32(mask64(s1 - k)), acc, nullptr);  // I8 only
             SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
                 const __m512 sc = _mm512_set1_ps(grouped ? w.scales[(r + i) * ng + g] : 1.0f);
                 SHARDLM_UNROLL for (int t = 0; t < T; ++t)
@@ -212,23 +229,43 @@ void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, cons
     SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
         const float post = grouped ? 1.0f : w.scales[r + i];
         const float b = bias ? bias[r + i] : 0.0f;
-        SHARDLM_UNROLL for (int t = 0; t < T; ++t)
-            y[(t0 + t) * w.rows + r + i] = _mm512_reduce_add_ps(sum[i][t]) * (post * a.scales[t0 + t]) + b;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            float mins = 0.0f;
+            if constexpr (I4)
+                for (int64_t g = 0; g < ng; ++g) mins += w.mins[(r + i) * ng + g] * a.xsum[(t0 + t) * ng + g];
+            y[(t0 + t) * w.rows + r + i] = _mm512_reduce_add_ps(sum[i][t]) * (post * a.scales[t0 + t]) + mins + b;
+        }
     }
 }
 
 // Tokens [t0, t1) of one tile, at most 4 per pass; the passes after the first find the rows in L1.
-template <int R>
+template <bool I4, int R>
 void i16_tile_passes(const I16Acts& a, int64_t t0, int64_t t1, const WeightView& w, int64_t r, const float* bias,
-                     float* y, const int8_t* pf) {
+                     float* y, const uint8_t* pf) {
     for (int64_t t = t0; t < t1; t += 4) {
-        const int8_t* p = t == t0 ? pf : nullptr;
+        const uint8_t* p = t == t0 ? pf : nullptr;
         switch (std::min<int64_t>(4, t1 - t)) {
-            case 1: i16_tile<R, 1>(a, t, w, r, bias, y, p); break;
-            case 2: i16_tile<R, 2>(a, t, w, r, bias, y, p); break;
-            case 3: i16_tile<R, 3>(a, t, w, r, bias, y, p); break;
-            default: i16_tile<R, 4>(a, t, w, r, bias, y, p); break;
+            case 1: i16_tile<I4, R, 1>(a, t, w, r, bias, y, p); break;
+            case 2: i16_tile<I4, R, 2>(a, t, w, r, bias, y, p); break;
+            case 3: i16_tile<I4, R, 3>(a, t, w, r, bias, y, p); break;
+            default: i16_tile<I4, R, 4>(a, t, w, r, bias, y, p); break;
         }
+    }
+}
+
+template <bool I4>
+void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = 4;
+    constexpr int64_t kAhead = 2;  // as gemv_rows
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
+    for (int64_t t0 = 0; t0 < a.n; t0 += kI16TokenBlock) {
+        const int64_t t1 = std::min(a.n, t0 + kI16TokenBlock);
+        int64_t r = r0;
+        for (; r + R <= r1; r += R)
+            i16_tile_passes<I4, R>(a, t0, t1, w, r, bias, y,
+                                   r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * row_bytes : nullptr);
+        for (; r < r1; ++r) i16_tile_passes<I4, 1>(a, t0, t1, w, r, bias, y, nullptr);
     }
 }
 
@@ -937,17 +974,25 @@ void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, 
         }
 }
 
-void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales) {
+void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group,
+                        float* xsum) {
     const int64_t kp = i16_acts_stride(cols);
     for (int64_t t = 0; t < n; ++t) {
         const float* p = x + t * cols;
         int16_t* d = q + t * kp;
-        __m512 m = _mm512_setzero_ps();
+        __m512 m = _mm512_setzero_ps(), gs = _mm512_setzero_ps();
         __mmask16 bad = 0;  // lanes that held a NaN: max_ps would skip them
         for (int64_t k = 0; k < cols; k += 16) {
             const __m512 v = _mm512_maskz_loadu_ps(mask16(cols - k), p + k);
             bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
             m = _mm512_max_ps(_mm512_abs_ps(v), m);
+            if (xsum) {  // group a multiple of 32
+                gs = _mm512_add_ps(gs, v);
+                if ((k + 16) % group == 0) {
+                    xsum[(t * cols + k) / group] = _mm512_reduce_add_ps(gs);
+                    gs = _mm512_setzero_ps();
+                }
+            }
         }
         const float amax = _mm512_reduce_max_ps(m);
         const bool finite = bad == 0 && amax <= 3.4028235e38f;
@@ -960,19 +1005,9 @@ void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, flo
     }
 }
 
-void i8_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    constexpr int R = 4;
-    constexpr int64_t kAhead = 2;  // as gemv_rows
-    const int8_t* base = static_cast<const int8_t*>(w.data);
-    const int64_t tile = R * w.cols;
-    for (int64_t t0 = 0; t0 < a.n; t0 += kI16TokenBlock) {
-        const int64_t t1 = std::min(a.n, t0 + kI16TokenBlock);
-        int64_t r = r0;
-        for (; r + R <= r1; r += R)
-            i16_tile_passes<R>(a, t0, t1, w, r, bias, y,
-                               r + (kAhead + 1) * R <= r1 ? base + r * w.cols + kAhead * tile : nullptr);
-        for (; r < r1; ++r) i16_tile_passes<1>(a, t0, t1, w, r, bias, y, nullptr);
-    }
+void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (w.dtype == DType::I4) i16_rows<true>(a, w, bias, y, r0, r1);
+    else i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,

@@ -131,8 +131,8 @@ void acts_to_gemv_tiles_amx(const float* x, int64_t n, const WeightView& w, uint
 void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const WeightView& w, const float* bias, float* y,
                    int64_t r0, int64_t r1);
 
-// W8A16 of I8 weights on 16-bit integer activations (AVX-512 VNNI; the avx512 variant at 3 tokens
-// and more, the amx variant where its tiles do not take the product): each token's x is rounded once
+// W8A16 of I8 (and W4A16 of I4) weights on 16-bit integer activations (AVX-512 VNNI; the avx512
+// variant at 3 tokens and more, the amx variant where its tiles do not take the product): each token's x is rounded once
 // per call to int16 on a scale of its own, s = max|x| / 32767, and vpdpwssd sums 32 weight x
 // activation products per instruction exactly in INT32. The f32 kernels spent a widening and one
 // FMA per 16 weights and token, so beyond two tokens they were bound by the FMAs, not by memory
@@ -150,19 +150,29 @@ constexpr double kI16ActsErr = 1.0 / 65534;
 constexpr int64_t kI16FlushCols = 4096;
 constexpr int64_t kI16MinN = 3;
 constexpr int64_t kI16TokenBlock = 64;
+// I4 weights (codes widened to int16, mins from f32 group sums of x) up to kI16MaxNI4 tokens: each
+// 4-token pass unpacks the codes again, where the f32 GEMM unpacks a panel once for all tokens
+// (kernels_bench int4 on the EPYC: n = 4 127-130 -> 59-65 ms, n = 8 228-238 -> 131-134, n = 16
+// 345-349 -> 240-275; n = 32 even; n = 64 and the 256-token prefill faster on the GEMM).
+constexpr int64_t kI16MaxNI4 = 16;
 inline bool i16_gemv_usable(int64_t n, const WeightView& w) {
+    if (w.dtype == DType::I4) return n >= kI16MinN && n <= kI16MaxNI4;
     return w.dtype == DType::I8 && n >= kI16MinN && (w.group_size == w.cols || w.group_size % 32 == 0);
 }
-// Activations of the INT16 GEMV, prepared once per call: q [n][kp] (kp = cols rounded up to 32,
-// zeros past cols), scales [n].
+// Activations of the INT16 kernels, prepared once per call: q [n][kp] (kp = cols rounded up to 32,
+// zeros past cols), scales [n]; for I4 weights xsum [n][cols / group], each token's f32 sum of x
+// over each weight group (the mins' share, as in the f32 kernels).
 struct I16Acts {
     const int16_t* q = nullptr;
     const float* scales = nullptr;
+    const float* xsum = nullptr;
     int64_t n = 0, cols = 0, kp = 0;
 };
 inline int64_t i16_acts_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
-void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales);
-void i8_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
+// Tokens x [n][cols] into q and scales (and with xsum, the sums over groups of `group`, a multiple of 32).
+void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group = 0,
+                        float* xsum = nullptr);
+void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

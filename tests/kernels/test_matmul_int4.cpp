@@ -6,6 +6,9 @@
 // (q * s + min fused, or sum(q x) * s + min * sum(x) per group), a few more roundings per product,
 // so the bound is (K + 16) * u * (sum |x w| + sum |x| (|min| + 15 s) + |b|) + 1e-7, and on AMX's BF16
 // tiles, which carry each activation within kAmxBf16RelErr of it, that term times the same sum on top.
+// Where the codes meet INT16 activations (i16_gemv_usable on the avx512 and amx variants), each x_k
+// moves by at most kI16ActsErr * max|x| (1% more for the scale's f32 inverse) against codes times
+// scales of at most 15 s: + that * max|x| * sum 15 s.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -121,18 +124,22 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
                 std::vector<float> got(ref.size(), NAN);
                 matmul(x.data(), n, w, bias.data(), got.data(), isa);
                 double worst = 0;
+                const bool i16 = (isa == CpuIsa::Avx512 || isa == CpuIsa::Amx) && i16_gemv_usable(n, w);
                 for (int64_t r = 0; r < sh.rows; ++r) {
                     weight_row_to_f32(w, r, row.data());
                     const int64_t ng = sh.cols / sh.group;
                     for (int64_t t = 0; t < n; ++t) {
-                        double mag = std::fabs(bias[size_t(r)]);
+                        double mag = std::fabs(bias[size_t(r)]), amax = 0, codes = 0;
                         for (int64_t k = 0; k < sh.cols; ++k) {
                             const double xv = std::fabs(x[size_t(t * sh.cols + k)]);
                             const size_t gi = size_t(r * ng + k / sh.group);
                             mag += xv * (std::fabs(row[size_t(k)]) + std::fabs(m.mins[gi]) + 15.0 * m.scales[gi]);
+                            amax = std::max(amax, xv);
+                            codes += 15.0 * m.scales[gi];
                         }
                         const double bound =
-                            (double(sh.cols + 16) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0)) * mag + 1e-7;
+                            (double(sh.cols + 16) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0)) * mag +
+                            (i16 ? 1.01 * kI16ActsErr * amax * codes : 0.0) + 1e-7;
                         const size_t i = size_t(t * sh.rows + r);
                         worst = std::max(worst, std::fabs(double(got[i]) - ref[i]) / bound);
                     }

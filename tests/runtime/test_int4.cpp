@@ -101,10 +101,13 @@ TEST_P(Int4Model, ComputesWhatFp32ComputesOnTheDequantizedWeights) {
         for (int64_t chunk : {16, 3}) {
             const Out q = run(src.path(), lo, prompts, 8, chunk);
             const Out ref = run(deq.path(), {WeightFormat::F32, 0, ""}, prompts, 8, chunk);
+            // The FP32 run keeps f32 activations; the INT4 run's kernels may round them to int16
+            // (cpu_quantized_weights_round): measured up to 1.3e-4 of the largest logit (EPYC).
+            const double tol = cpu_quantized_weights_round() ? 5e-4 : 2e-5;
             for (size_t i = 0; i < prompts.size(); ++i) {
                 float scale = 0;
                 for (float v : ref.rows[i]) scale = std::max(scale, std::fabs(v));
-                EXPECT_LT(max_abs_diff(q.rows[i], ref.rows[i]), 2e-5 * scale)
+                EXPECT_LT(max_abs_diff(q.rows[i], ref.rows[i]), tol * scale)
                     << "group " << lo.group_size << " chunk " << chunk << " prompt " << i;
                 EXPECT_EQ(q.tokens[i], ref.tokens[i]) << "group " << lo.group_size << " chunk " << chunk << " prompt " << i;
                 // ... and quantization did change the model.

@@ -63,10 +63,12 @@ void compare_tp(const ModelConfig& cfg, DType dt, KVFormat kv = KVFormat::F32, c
     // A rank's shard of a row-parallel matrix whose columns are not a multiple of 32 takes the exact
     // AVX-512 GEMM where the whole matrix takes AMX's rounding tiles; an INT8 or 16-bit cache turns
     // such a difference into a flipped rounding step now and then: measured 1.1e-3 of the largest
-    // logit (Qwen3, INT8 weights and KV, 4 ranks), 4e-6 with an FP32 cache. INT8 weights round
-    // activations to int16 on a scale per token and rank (cpu_int8_weights_round): 5.9e-4 and
-    // 7.5e-4 of the largest logit with an INT8 cache (Qwen3, 2 ranks, EPYC).
-    const bool rounds = cpu_prefill_rounds() || (lo.format == WeightFormat::Int8 && cpu_int8_weights_round());
+    // logit (Qwen3, INT8 weights and KV, 4 ranks), 4e-6 with an FP32 cache. INT8 and INT4 weights
+    // round activations to int16 on a scale per token and rank (cpu_quantized_weights_round): with
+    // an INT8 cache 5.9e-4 and 7.5e-4 of the largest logit (INT8), 3.6e-4 and 8.6e-4 (INT4; Qwen3,
+    // 2 ranks, EPYC).
+    const bool w16 = lo.format == WeightFormat::Int8 || lo.format == WeightFormat::Int4;
+    const bool rounds = cpu_prefill_rounds() || (w16 && cpu_quantized_weights_round());
     const double tol = rounds && kv != KVFormat::F32 ? 3e-3 : 1e-4;
 #endif
     for (size_t i = 0; i < prompts.size(); ++i) {

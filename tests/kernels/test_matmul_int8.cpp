@@ -55,6 +55,22 @@ double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* 
     return worst;
 }
 
+// matmul on every CPU variant against matmul_ref within worst_w8a16's bound; false (after a failure
+// that names the variant and `what`) at the first variant outside it.
+bool every_variant_w8a16(const std::vector<float>& x, int64_t n, const WeightView& w, const float* bias,
+                         const std::string& what) {
+    std::vector<float> ref(size_t(n * w.rows)), got(ref.size());
+    matmul_ref(x.data(), n, w, bias, ref.data());
+    for (CpuIsa isa : cpu_isas_available()) {
+        std::fill(got.begin(), got.end(), NAN);
+        matmul(x.data(), n, w, bias, got.data(), isa);
+        const double worst = worst_w8a16(x.data(), n, w, bias, got, ref, isa);
+        EXPECT_LE(worst, 1.0) << cpu_isa_name(isa) << " " << what;
+        if (worst > 1.0) return false;
+    }
+    return true;
+}
+
 double worst_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, const std::vector<float>& got,
                   const std::vector<float>& ref) {
     const int64_t g = std::min(a.group_size, w.group_size), cols = w.cols;
@@ -125,14 +141,9 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceW8A16) {
         const auto bias = rand_vec(size_t(rows), 3);
         for (int64_t n : kTokens) {
             const auto x = rand_vec(size_t(n * cols), uint32_t(n + 11), 2.0f);
-            std::vector<float> ref(size_t(n * rows)), got(ref.size());
-            matmul_ref(x.data(), n, w, bias.data(), ref.data());
-            for (CpuIsa isa : cpu_isas_available()) {
-                std::fill(got.begin(), got.end(), NAN);
-                matmul(x.data(), n, w, bias.data(), got.data(), isa);
-                ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref, isa), 1.0)
-                    << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols << " group=" << group;
-            }
+            ASSERT_TRUE(every_variant_w8a16(x, n, w, bias.data(),
+                                            "n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
+                                                " cols=" + std::to_string(cols) + " group=" + std::to_string(group)));
         }
     }
 }
@@ -152,14 +163,7 @@ TEST(MatmulInt8, Int16ActivationsFlushLongRowsAndKeepSpikes) {
             std::vector<float> x = rand_vec(size_t(n * cols), uint32_t(n), 1e-3f);
             std::fill(x.begin(), x.begin() + cols, 3.0f);
             x[size_t(cols + 17)] = 1e4f;
-            std::vector<float> ref(size_t(n * rows)), got(ref.size());
-            matmul_ref(x.data(), n, w, nullptr, ref.data());
-            for (CpuIsa isa : cpu_isas_available()) {
-                std::fill(got.begin(), got.end(), NAN);
-                matmul(x.data(), n, w, nullptr, got.data(), isa);
-                ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref, isa), 1.0)
-                    << cpu_isa_name(isa) << " n=" << n << " group=" << group;
-            }
+            ASSERT_TRUE(every_variant_w8a16(x, n, w, nullptr, "n=" + std::to_string(n) + " group=" + std::to_string(group)));
         }
     }
 }
@@ -195,14 +199,9 @@ TEST(MatmulInt8, EveryVariantMatchesReferenceFloatWeights) {
             w.cols = cols;
             for (int64_t n : kTokens) {
                 const auto x = rand_vec(size_t(n * cols), 7);
-                std::vector<float> ref(size_t(n * rows)), got(ref.size());
-                matmul_ref(x.data(), n, w, nullptr, ref.data());
-                for (CpuIsa isa : cpu_isas_available()) {
-                    std::fill(got.begin(), got.end(), NAN);
-                    matmul(x.data(), n, w, nullptr, got.data(), isa);
-                    ASSERT_LE(worst_w8a16(x.data(), n, w, nullptr, got, ref, isa), 1.0)
-                        << dtype_name(dt) << " " << cpu_isa_name(isa) << " n=" << n << " rows=" << rows << " cols=" << cols;
-                }
+                ASSERT_TRUE(every_variant_w8a16(x, n, w, nullptr,
+                                                std::string(dtype_name(dt)) + " n=" + std::to_string(n) +
+                                                    " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols)));
             }
         }
     }
@@ -247,15 +246,7 @@ TEST(MatmulInt8, LongPrefillIsBlocked) {
     wb.cols = cols;
     const auto x = rand_vec(size_t(n * cols), 78);
     const auto bias = rand_vec(size_t(rows), 79);
-    for (const WeightView& w : {m.view(), wb}) {
-        std::vector<float> ref(size_t(n * rows)), got(ref.size());
-        matmul_ref(x.data(), n, w, bias.data(), ref.data());
-        for (CpuIsa isa : cpu_isas_available()) {
-            std::fill(got.begin(), got.end(), NAN);
-            matmul(x.data(), n, w, bias.data(), got.data(), isa);
-            ASSERT_LE(worst_w8a16(x.data(), n, w, bias.data(), got, ref, isa), 1.0) << dtype_name(w.dtype) << " " << cpu_isa_name(isa);
-        }
-    }
+    for (const WeightView& w : {m.view(), wb}) ASSERT_TRUE(every_variant_w8a16(x, n, w, bias.data(), dtype_name(w.dtype)));
 }
 
 TEST(MatmulInt8, WideAndTallProductsAreBlocked) {

@@ -22,6 +22,7 @@
 #include "kernels/cpu/simd_avx512.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -989,13 +990,13 @@ void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, flo
             if (xsum) {  // group a multiple of 32
                 gs = _mm512_add_ps(gs, v);
                 if ((k + 16) % group == 0) {
-                    xsum[(t * cols + k) / group] = _mm512_reduce_add_ps(gs);
+                    xsum[t * (cols / group) + k / group] = _mm512_reduce_add_ps(gs);
                     gs = _mm512_setzero_ps();
                 }
             }
         }
         const float amax = _mm512_reduce_max_ps(m);
-        const bool finite = bad == 0 && amax <= 3.4028235e38f;
+        const bool finite = bad == 0 && std::isfinite(amax);
         scales[t] = finite ? amax / 32767.0f : __builtin_nanf("");
         const __m512 inv = _mm512_set1_ps(finite && amax > 0.0f ? 32767.0f / amax : 0.0f);
         for (int64_t k = 0; k < kp; k += 16) {  // zeros past cols

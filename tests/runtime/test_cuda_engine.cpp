@@ -233,7 +233,9 @@ TEST_P(CudaVsCpu, Int4WeightsMatchTheCpuInt4) {
         ASSERT_TRUE(all_finite(b) && all_finite(c));
         const float scale = std::max(1.0f, max_abs(a));
         EXPECT_LT(max_diff(a, b), (keep.empty() ? 2e-3f : 1e-2f) * scale);
-        EXPECT_LT(max_diff(a, c), 1e-4f * scale);
+        // The CPU's INT4 products of 3-16 tokens may round activations to int16
+        // (cpu_quantized_weights_round): 1.0e-4 to 1.6e-4 of the largest logit on the emulator (EPYC).
+        EXPECT_LT(max_diff(a, c), (cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
         EXPECT_EQ(a.tokens, c.tokens);
     }
 }

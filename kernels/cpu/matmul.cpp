@@ -273,6 +273,33 @@ void int8_acts_product(const QuantizedActs& a, const MatmulOut* outs, int count,
                    [&](int i, int64_t r0, int64_t r1) { rows(p, *outs[i].w, outs[i].bias, outs[i].y, r0, r1); });
 }
 
+// The INT16-activation product (i16_gemv_usable) of one variant: x rounded by `to_i16`, once for
+// all outputs (threaded when large), then `rows` over each output's rows.
+using ActsToI16 = void (*)(const float*, int64_t, int64_t, int16_t*, float*, int64_t, float*);
+using I16Rows = void (*)(const I16Acts&, const WeightView&, const float*, float*, int64_t, int64_t);
+[[maybe_unused]] void i16_product(const float* x, int64_t n, const MatmulOut* outs, int count, ActsToI16 to_i16,
+                                  I16Rows rows) {
+    const WeightView& w = *outs[0].w;
+    thread_local std::vector<int16_t> q;  // kept: no allocation per call of a decode step
+    thread_local std::vector<float> scales, xsum;
+    const int64_t kp = i16_acts_stride(w.cols), ng = w.dtype == DType::I4 ? w.cols / w.group_size : 0;
+    q.resize(size_t(n * kp));
+    scales.resize(size_t(n));
+    xsum.resize(size_t(n * ng));
+    int16_t* qd = q.data();
+    float *sd = scales.data(), *xs = ng ? xsum.data() : nullptr;
+#pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
+    {
+        const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
+        to_i16(x + t0 * w.cols, t1 - t0, w.cols, qd + t0 * kp, sd + t0, w.group_size, xs ? xs + t0 * ng : nullptr);
+    }
+    const I16Acts a{qd, sd, xs, n, w.cols, kp};
+    for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+        rows(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
+    });
+}
+
 // matmul once its arguments are checked, for outputs of one family (one_family).
 void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
     if (n <= 0) return;
@@ -323,28 +350,7 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
 #endif
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512:
-            if (i16_gemv_usable(n, w)) {
-                thread_local std::vector<int16_t> q;  // kept: no allocation per call of a decode step
-                thread_local std::vector<float> scales, xsum;
-                const int64_t kp = i16_acts_stride(w.cols), ng = w.dtype == DType::I4 ? w.cols / w.group_size : 0;
-                q.resize(size_t(n * kp));
-                scales.resize(size_t(n));
-                xsum.resize(size_t(n * ng));
-                int16_t* qd = q.data();
-                float *sd = scales.data(), *xs = ng ? xsum.data() : nullptr;
-#pragma omp parallel if (n * w.cols >= (int64_t(1) << 16))
-                {
-                    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-                    const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
-                    acts_to_i16_avx512(x + t0 * w.cols, t1 - t0, w.cols, qd + t0 * kp, sd + t0, w.group_size,
-                                       xs ? xs + t0 * ng : nullptr);
-                }
-                const I16Acts a{qd, sd, xs, n, w.cols, kp};
-                for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
-                    i16_rows_avx512(a, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
-                });
-                return;
-            }
+            if (i16_gemv_usable(n, w)) return i16_product(x, n, outs, count, acts_to_i16_avx512, i16_rows_avx512);
             for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
                 matmul_rows_avx512(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
             });
@@ -352,6 +358,7 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
         case CpuIsa::Avx2:
+            if (i16_gemv_usable(n, w)) return i16_product(x, n, outs, count, acts_to_i16_avx2, i16_rows_avx2);
             for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
                 matmul_rows_avx2(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
             });

@@ -19,9 +19,6 @@
 namespace shardlm {
 namespace {
 
-
-
-
 // The first `len` (< 8) of them, the rest zero.
 template <DType DT>
 inline __m256 load8_part(const void* p, int64_t i, int64_t len) {
@@ -195,6 +192,135 @@ void gemv_i4_dispatch(const float* x, int64_t n, const WeightView& w, const floa
         case 2: gemv_i4_rows<2>(x, w, bias, y, r0, r1); break;
         case 3: gemv_i4_rows<3>(x, w, bias, y, r0, r1); break;
         default: gemv_i4_rows<4>(x, w, bias, y, r0, r1); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// INT8 and INT4 weights on INT16 activations (matmul_kernels.h, i16_gemv_usable), the AVX-512
+// kernel's scheme on 16-column halves: vpmaddwd sums pairs of weight x activation products into 8
+// INT32 lanes, two per 32-column step added to acc[i][t]. A step gives each lane 4 products, so a
+// flush segment of kI16FlushCols columns holds at most 512 of |w| <= 128 and |q| <= 32767 per lane.
+static_assert(kI16FlushCols / 32 * 4 * 128 * 32767LL < (1LL << 31), "an INT32 lane could overflow");
+
+// Half h of columns [k, k + 32) of a row as 16 int16: I8 sign-extended; I4 (the 16-byte block at
+// k / 2) its low nibbles (columns 0..15) or its high nibbles (16..31).
+template <bool I4>
+inline __m256i load16_i16(const uint8_t* row, int64_t k, int h) {
+    if constexpr (I4) {  // each byte widened to 16 bits: its high nibble is a shift away, unmasked
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+        return h == 0 ? _mm256_and_si256(b, _mm256_set1_epi16(0x0F)) : _mm256_srli_epi16(b, 4);
+    } else {
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * h)));
+    }
+}
+
+// acc + pairs of s16(w) * s16(x) per 32-bit lane. With the intrinsics GCC 12 regrouped the adds and
+// kept three of a 2 x 4 tile's accumulators on the stack, with register copies of the others, on
+// every step; as one asm statement (value in, value out, as dpwssd in matmul_avx512.cpp) they stay
+// in registers.
+inline __m256i madd_acc(__m256i acc, __m256i w, __m256i x) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __m256i prod;
+    __asm__("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(prod) : "x"(x), "x"(w));
+    return acc;
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+
+// One 32-column step: weights from column kw of the rows wr (kw = k, or 0 for the zero-padded tail
+// copies), activations from column k. The activations stay in L1 and are memory operands.
+template <bool I4, int R, int T>
+inline __attribute__((always_inline)) void i16_step(const uint8_t* const (&wr)[R], int64_t kw, const int16_t* q,
+                                                    int64_t kp, int64_t k, __m256i (&acc)[R][T], const uint8_t* pf) {
+    constexpr int kStepBytes = R * (I4 ? 16 : 32);
+    if (pf)  // the tile kAhead tiles on, at the pace of this one (as gemv_step)
+        for (int o = 0; o < kStepBytes; o += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + k / 32 * kStepBytes + o), _MM_HINT_T1);
+    SHARDLM_UNROLL for (int h = 0; h < 2; ++h) {  // one half at a time: fewer registers live
+        __m256i wv[R];
+        SHARDLM_UNROLL for (int i = 0; i < R; ++i) wv[i] = load16_i16<I4>(wr[i], kw, h);
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + t * kp + k + 16 * h));
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) acc[i][t] = madd_acc(acc[i][t], wv[i], xv);
+        }
+    }
+}
+
+// Tokens t0 .. t0 + T of rows [r, r + R); pf: the tile to prefetch (first pass only). I4 adds the
+// mins' share, sum over groups of min * (f32 sum of x over the group), from a.xsum.
+template <bool I4, int R, int T>
+void i16_tile(const I16Acts& a, int64_t t0, const WeightView& w, int64_t r, const float* bias, float* y, const uint8_t* pf) {
+    const int64_t cols = w.cols, kp = a.kp, row_bytes = I4 ? cols / 2 : cols;
+    const bool grouped = I4 || w.group_size < cols;
+    const int64_t g_len = grouped ? w.group_size : cols, ng = cols / g_len;
+    const int16_t* q = a.q + t0 * kp;
+    const uint8_t* wr[R];
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) wr[i] = static_cast<const uint8_t*>(w.data) + (r + i) * row_bytes;
+    // The f32 sums in memory: held in registers across the column loop, they pushed accumulators out.
+    alignas(32) float sum[R][T][8] = {};
+    for (int64_t g = 0; g < ng; ++g)
+        for (int64_t s0 = g * g_len, g_end = s0 + g_len; s0 < g_end; s0 += kI16FlushCols) {
+            const int64_t s1 = std::min(g_end, s0 + kI16FlushCols);
+            __m256i acc[R][T];
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) SHARDLM_UNROLL for (int t = 0; t < T; ++t) acc[i][t] = _mm256_setzero_si256();
+            int64_t k = s0;
+            for (; k + 32 <= s1; k += 32) i16_step<I4, R, T>(wr, k, q, kp, k, acc, pf);
+            if (k < s1) {  // I8 with one scale per row only: the row's last cols % 32 bytes, zero-padded
+                alignas(32) uint8_t tail[R][32] = {};
+                const uint8_t* tr[R];
+                SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                    std::memcpy(tail[i], wr[i] + k, size_t(s1 - k));
+                    tr[i] = tail[i];
+                }
+                i16_step<I4, R, T>(tr, 0, q, kp, k, acc, nullptr);
+            }
+            SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+                const __m256 sc = _mm256_set1_ps(grouped ? w.scales[(r + i) * ng + g] : 1.0f);
+                SHARDLM_UNROLL for (int t = 0; t < T; ++t)
+                    _mm256_store_ps(sum[i][t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][t]), sc, _mm256_load_ps(sum[i][t])));
+            }
+        }
+    SHARDLM_UNROLL for (int i = 0; i < R; ++i) {
+        const float post = grouped ? 1.0f : w.scales[r + i];
+        const float b = bias ? bias[r + i] : 0.0f;
+        SHARDLM_UNROLL for (int t = 0; t < T; ++t) {
+            float mins = 0.0f;
+            if constexpr (I4)
+                for (int64_t g = 0; g < ng; ++g) mins += w.mins[(r + i) * ng + g] * a.xsum[(t0 + t) * ng + g];
+            y[(t0 + t) * w.rows + r + i] = hsum(_mm256_load_ps(sum[i][t])) * (post * a.scales[t0 + t]) + mins + b;
+        }
+    }
+}
+
+// Tokens [t0, t1) of one tile, at most 4 per pass; the passes after the first find the rows in L1.
+template <bool I4, int R>
+void i16_tile_passes(const I16Acts& a, int64_t t0, int64_t t1, const WeightView& w, int64_t r, const float* bias,
+                     float* y, const uint8_t* pf) {
+    for (int64_t t = t0; t < t1; t += 4) {
+        const uint8_t* p = t == t0 ? pf : nullptr;
+        switch (std::min<int64_t>(4, t1 - t)) {
+            case 1: i16_tile<I4, R, 1>(a, t, w, r, bias, y, p); break;
+            case 2: i16_tile<I4, R, 2>(a, t, w, r, bias, y, p); break;
+            case 3: i16_tile<I4, R, 3>(a, t, w, r, bias, y, p); break;
+            default: i16_tile<I4, R, 4>(a, t, w, r, bias, y, p); break;
+        }
+    }
+}
+
+template <bool I4>
+void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int R = 2;  // 16 ymm registers: 8 accumulators at 4 tokens, 4 weight halves, 2 products
+    constexpr int64_t kAhead = 4;  // tiles, as far ahead in bytes as the AVX-512 kernel's 2 of 4 rows
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
+    for (int64_t t0 = 0; t0 < a.n; t0 += kI16TokenBlock) {
+        const int64_t t1 = std::min(a.n, t0 + kI16TokenBlock);
+        int64_t r = r0;
+        for (; r + R <= r1; r += R)
+            i16_tile_passes<I4, R>(a, t0, t1, w, r, bias, y,
+                                   r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * row_bytes : nullptr);
+        for (; r < r1; ++r) i16_tile_passes<I4, 1>(a, t0, t1, w, r, bias, y, nullptr);
     }
 }
 
@@ -552,6 +678,55 @@ void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, in
                 d[k] = int8_t(_mm_cvtss_si32(_mm_set_ss(v)));
             }
         }
+}
+
+void acts_to_i16_avx2(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group,
+                      float* xsum) {
+    const int64_t kp = i16_acts_stride(cols);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t t = 0; t < n; ++t) {
+        const float* p = x + t * cols;
+        int16_t* d = q + t * kp;
+        __m256 m = _mm256_setzero_ps(), gs = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= cols; k += 8) {
+            const __m256 v = _mm256_loadu_ps(p + k);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // lanes that held a NaN: max_ps would skip them
+            m = _mm256_max_ps(_mm256_and_ps(v, abs_mask), m);
+            if (xsum) {  // group a multiple of 32, so no group ends in the tail
+                gs = _mm256_add_ps(gs, v);
+                if ((k + 8) % group == 0) {
+                    xsum[t * (cols / group) + k / group] = hsum(gs);
+                    gs = _mm256_setzero_ps();
+                }
+            }
+        }
+        float amax = hmax(m);
+        bool finite = _mm256_movemask_ps(bad) == 0;
+        for (; k < cols; ++k) {
+            finite = finite && !std::isnan(p[k]);
+            amax = std::max(amax, std::fabs(p[k]));
+        }
+        finite = finite && std::isfinite(amax);
+        scales[t] = finite ? amax / 32767.0f : __builtin_nanf("");
+        const float inv_s = finite && amax > 0.0f ? 32767.0f / amax : 0.0f;
+        const __m256 inv = _mm256_set1_ps(inv_s);
+        for (k = 0; k + 16 <= cols; k += 16) {  // cvtps rounds to nearest even, packs saturates
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + k), inv));
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + k + 8), inv));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + k), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+        }
+        for (; k < cols; ++k) {  // the same rounding (MXCSR's) and the same saturation
+            const float v = std::min(32767.0f, std::max(-32767.0f, p[k] * inv_s));
+            d[k] = int16_t(_mm_cvtss_si32(_mm_set_ss(v)));
+        }
+        for (; k < kp; ++k) d[k] = 0;
+    }
+}
+
+void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (w.dtype == DType::I4) i16_rows<true>(a, w, bias, y, r0, r1);
+    else i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,

@@ -132,7 +132,8 @@ void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const Weigh
                    int64_t r0, int64_t r1);
 
 // W8A16 of I8 (and W4A16 of I4) weights on 16-bit integer activations (AVX-512 VNNI; the avx512
-// variant at 3 tokens and more, the amx variant where its tiles do not take the product): each token's x is rounded once
+// variant at 3 tokens and more, the amx variant where its tiles do not take the product; the avx2
+// variant likewise with vpmaddwd, see below): each token's x is rounded once
 // per call to int16 on a scale of its own, s = max|x| / 32767, and vpdpwssd sums 32 weight x
 // activation products per instruction exactly in INT32. The f32 kernels spent a widening and one
 // FMA per 16 weights and token, so beyond two tokens they were bound by the FMAs, not by memory
@@ -145,7 +146,10 @@ void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const Weigh
 // it to bf16 would for any |x_k| above max|x| / 128); a token with a NaN or an infinity gets NaN
 // outputs. Weights I8 with one scale per row or groups a multiple of 32; INT32 sums are flushed to
 // f32 per group and at least every kI16FlushCols columns (each lane then holds at most 256
-// products of |w| <= 128 and |q| <= 32767, under 2^31).
+// products of |w| <= 128 and |q| <= 32767, under 2^31; 512 in the AVX2 kernel, still under).
+// The AVX2 kernel (vpmaddwd, then an add) replaces a widening, a conversion and an FMA per 8
+// weights and token by two instructions per 16; the 2-core EPYC, SHARDLM_CPU_ISA=avx2: see
+// matmul_avx2.cpp.
 constexpr double kI16ActsErr = 1.0 / 65534;
 constexpr int64_t kI16FlushCols = 4096;
 constexpr int64_t kI16MinN = 3;
@@ -173,6 +177,9 @@ inline int64_t i16_acts_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
 void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group = 0,
                         float* xsum = nullptr);
 void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
+void acts_to_i16_avx2(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group = 0,
+                      float* xsum = nullptr);
+void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

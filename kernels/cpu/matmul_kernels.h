@@ -15,8 +15,9 @@ namespace shardlm {
 
 // Decode-sized batches (n <= kGemvMaxN) take the GEMV path: weights streamed once, row-major, with
 // vectors across k, all tokens' sums in registers. Larger n packs weight panels and runs a
-// register-blocked GEMM, except on the AVX-512 GEMVs (up to 2 * kGemvMaxN tokens in two passes per
-// tile of rows) and the AMX tile GEMV (up to 16, amx_gemv_usable).
+// register-blocked GEMM, except on the AVX-512 and AVX2 GEMVs (up to 2 * kGemvMaxN tokens in two
+// passes per tile of rows; INT4 weights on AVX2 keep kGemvMaxN) and the AMX tile GEMV (up to 16,
+// amx_gemv_usable).
 constexpr int64_t kGemvMaxN = 4;
 
 // Activations of matmul_w8a8 and matmul_w4a8 prepared once per call, shared by all threads.
@@ -48,7 +49,8 @@ struct W8A8Prep {
 
 // The AVX-512 W8A8/W4A8 GEMVs also take 5-8 tokens, in two passes per tile of rows (4 tokens, then
 // the rest, the rows still in L1), so the weights are read from memory once: the packed GEMM there
-// took 1.6-1.75x the time of 4 tokens. The AVX2 variant keeps kGemvMaxN.
+// took 1.6-1.75x the time of 4 tokens. The AVX2 W8A8 GEMV takes them in one pass (a row per tile),
+// its W4A8 GEMV keeps kGemvMaxN.
 constexpr int64_t kInt8ActsGemvMaxN = 2 * kGemvMaxN;
 
 // Whether the AMX variant runs this product on tiles (else on the AVX-512 kernels): prefill sizes,

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -42,8 +43,9 @@ TEST(Matmul, ReferenceClosedForm) {
 }
 
 TEST(Matmul, OptimisedMatchesReferenceOnAwkwardShapes) {
-    const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 33, 17}, {4, 64, 64}, {5, 100, 31},
-                                 {9, 129, 65}, {70, 40, 257}, {1, 2048, 300}};
+    // n = 5..8: the GEMVs' second pass over each tile; 9 and 70: the GEMMs.
+    const int64_t shapes[][3] = {{1, 1, 1},     {1, 7, 3},    {3, 33, 17},   {4, 64, 64},  {5, 100, 31}, {6, 9, 40},
+                                 {7, 37, 24},   {8, 70, 33},  {9, 129, 65},  {70, 40, 257}, {1, 2048, 300}};
     for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
         for (const auto& s : shapes) {
             const int64_t n = s[0], rows = s[1], cols = s[2];
@@ -53,10 +55,14 @@ TEST(Matmul, OptimisedMatchesReferenceOnAwkwardShapes) {
             const auto bias = randv(size_t(rows), 9);
             std::vector<float> ref(static_cast<size_t>(n * rows)), got(size_t(n * rows));
             matmul_ref(x.data(), n, w, bias.data(), ref.data());
-            matmul(x.data(), n, w, bias.data(), got.data());
-            for (size_t i = 0; i < ref.size(); ++i)
-                ASSERT_NEAR(got[i], ref[i], 1e-5 + 1e-5 * std::fabs(ref[i]) + 2e-6 * double(cols))
-                    << dtype_name(dt) << " n=" << n << " rows=" << rows << " cols=" << cols << " i=" << i;
+            for (CpuIsa isa : cpu_isas_available()) {
+                std::fill(got.begin(), got.end(), NAN);
+                matmul(x.data(), n, w, bias.data(), got.data(), isa);
+                for (size_t i = 0; i < ref.size(); ++i)
+                    ASSERT_NEAR(got[i], ref[i], 1e-5 + 1e-5 * std::fabs(ref[i]) + 2e-6 * double(cols))
+                        << dtype_name(dt) << " " << cpu_isa_name(isa) << " n=" << n << " rows=" << rows
+                        << " cols=" << cols << " i=" << i;
+            }
         }
     }
 }

@@ -69,7 +69,7 @@ void expect_cli_error(const std::string& args, const std::string& needle);
 // order of their sums, and the engine tests widen their bounds by the measured amount.
 bool cpu_prefill_rounds();
 // Whether the CPU engine's products of INT8 and INT4 weights round their activations: on every
-// vectorised variant, from 3 tokens on (INT4 up to 16 and unless AMX tiles take them), to int16 on a
+// vectorised variant, INT8 from 3 tokens on, INT4 up to 16 (unless AMX tiles take them), to int16 on a
 // per-token scale (kernels/cpu/matmul_kernels.h), so a rank's shard of a row-parallel matrix, with a
 // scale of its own, rounds differently from the whole matrix.
 bool cpu_quantized_weights_round();

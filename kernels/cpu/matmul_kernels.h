@@ -140,8 +140,8 @@ void gemv_rows_amx(const uint16_t* xb, const float* xsum, int64_t n, const Weigh
 // activation products per instruction exactly in INT32. The f32 kernels spent a widening and one
 // FMA per 16 weights and token, so beyond two tokens they were bound by the FMAs, not by memory
 // (kernels_bench, the 1.7B shape, 2-core EPYC: GEMV at 4 tokens 46 -> 37 ms a step, 1 token 32-37;
-// 8 tokens 97 -> 66; the f32 GEMM at 512 tokens 5.1-5.2 -> 2.9-3.3 s). One and two tokens are
-// memory-bound either way and keep the f32 GEMV and its exact activations.
+// 8 tokens 97 -> 66; the f32 GEMM at 512 tokens 5.1-5.2 -> 2.9-3.3 s). One and two tokens of I8
+// weights are memory-bound either way and keep the f32 GEMV and its exact activations.
 // Rows are read in tiles of 4 by each token block of kI16TokenBlock (4 tokens per pass over the
 // tile, the later passes from L1), so a block's activations stay in L2 (32 and 128 were slower).
 // The rounding moves each activation by at most s / 2 = kI16ActsErr * max|x| (no more than rounding
@@ -160,9 +160,13 @@ constexpr int64_t kI16TokenBlock = 64;
 // 4-token pass unpacks the codes again, where the f32 GEMM unpacks a panel once for all tokens
 // (kernels_bench int4 on the EPYC: n = 4 127-130 -> 59-65 ms, n = 8 228-238 -> 131-134, n = 16
 // 345-349 -> 240-275; n = 32 even; n = 64 and the 256-token prefill faster on the GEMM).
+// Unlike I8, from one token: the f32 GEMV's unpacking (a shift, a mask, two widenings and a
+// dequantizing FMA per 8 codes) kept it off the memory bandwidth even there (EPYC, 1 token:
+// avx512 50-53 -> 38-39 ms, avx2 68-72 -> 50-55; 2 tokens 48-51 -> 43, 77-85 -> 57-59), and the
+// activations' rounding is far below the 4-bit weights' own.
 constexpr int64_t kI16MaxNI4 = 16;
 inline bool i16_gemv_usable(int64_t n, const WeightView& w) {
-    if (w.dtype == DType::I4) return n >= kI16MinN && n <= kI16MaxNI4;
+    if (w.dtype == DType::I4) return n <= kI16MaxNI4;
     return w.dtype == DType::I8 && n >= kI16MinN && (w.group_size == w.cols || w.group_size % 32 == 0);
 }
 // Activations of the INT16 kernels, prepared once per call: q [n][kp] (kp = cols rounded up to 32,

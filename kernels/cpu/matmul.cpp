@@ -350,7 +350,8 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
 #endif
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512:
-            if (i16_gemv_usable(n, w)) return i16_product(x, n, outs, count, acts_to_i16_avx512, i16_rows_avx512);
+            if (i16_gemv_usable(n, w) || i16_gemm_usable(n, w))
+                return i16_product(x, n, outs, count, acts_to_i16_avx512, i16_rows_avx512);
             for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
                 matmul_rows_avx512(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
             });

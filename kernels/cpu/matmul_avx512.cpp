@@ -271,6 +271,127 @@ void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y
 }
 
 // ---------------------------------------------------------------------------------------------
+// INT16 GEMM for prefill (i16_gemm_usable): the weights of a 32-row block unpacked once to int16
+// pairs, panel [pair k/2][half][16 rows][2 int16] (64 bytes per pair and half, the whole K), and
+// each token's pair of activations broadcast against them: per pair, 2 loads and N broadcasts feed
+// 2N vpdpwssd, where the GEMV-shaped kernel above loads every row and token vector anew. INT32
+// sums flushed to f32 (in L1) per group and every 512 columns; I4 adds the mins' share per group.
+
+constexpr int NR16 = 12;  // tokens per tile: 24 accumulators, 2 weight vectors and a broadcast
+// Here a lane is one row, so it takes every column's product: flushed every 512 columns.
+constexpr int64_t kI16GemmFlushCols = 512;
+static_assert(kI16GemmFlushCols * 128 * 32767LL < (1LL << 31), "an INT32 lane could overflow");
+
+// 32 columns from k of the row (I8 sign-extended, I4 codes) as 16 int32 pairs; zeros past cols.
+template <bool I4>
+inline __m512 pairs16(const uint8_t* row, int64_t k, int64_t cols) {
+    if constexpr (I4) return _mm512_castsi512_ps(load32_i16<true, false>(row, k, 0));
+    else return _mm512_castsi512_ps(load32_i16<false, true>(row, k, __mmask32(mask64(cols - k))));
+}
+
+// Rows [rb, rb + nr) (nr <= 32) into the panel; wsc [ng][32] their scales per group (one group of
+// the whole row with one scale per row), wmn [ng][32] (I4) their mins; zeros for rows past nr.
+template <bool I4>
+void pack_i16(const WeightView& w, int64_t kp, int64_t rb, int64_t nr, uint8_t* panel, float* wsc, float* wmn) {
+    const int64_t row_bytes = weight_row_bytes(w), ng = (I4 || w.group_size < w.cols) ? w.cols / w.group_size : 1;
+    const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 16 * h, 0, 16);
+        for (int64_t k = 0; k < kp; k += 32) {
+            __m512 v[16];
+            for (int i = 0; i < 16; ++i)
+                v[i] = i < vr ? pairs16<I4>(wq + (rb + 16 * h + i) * row_bytes, k, w.cols) : _mm512_setzero_ps();
+            transpose16(v);  // v[j] = pair j of each of the 16 rows
+            for (int j = 0; j < 16; ++j) _mm512_store_ps(reinterpret_cast<float*>(panel + ((k / 2 + j) * 2 + h) * 64), v[j]);
+        }
+        for (int64_t g = 0; g < ng; ++g)
+            for (int i = 0; i < 16; ++i) {
+                const int64_t wi = (rb + 16 * h + i) * ng + g;
+                wsc[g * 32 + 16 * h + i] = i < vr ? w.scales[wi] : 0.0f;
+                if constexpr (I4) wmn[g * 32 + 16 * h + i] = i < vr ? w.mins[wi] : 0.0f;
+            }
+    }
+}
+
+template <int N, bool I4>
+void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t g_len, int64_t ng,
+                int64_t t0, float* y, int64_t ys, __mmask16 m0, __mmask16 m1, const float* bias) {
+    alignas(64) float facc[N][32];  // f32 sums in L1, touched once per segment
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm512_store_ps(facc[t], _mm512_setzero_ps());
+        _mm512_store_ps(facc[t] + 16, _mm512_setzero_ps());
+    }
+    const int16_t* xq[N];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) xq[t] = a.q + (t0 + t) * a.kp;
+    for (int64_t g = 0; g < ng; ++g) {
+        const int64_t g_end = ng == 1 ? a.kp : (g + 1) * g_len;  // one group of the whole row: up to kp
+        for (int64_t s0 = g * g_len; s0 < g_end; s0 += kI16GemmFlushCols) {
+            const int64_t p0 = s0 / 2, p1 = std::min(g_end, s0 + kI16GemmFlushCols) / 2;
+            __m512i acc[N][2];
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
+            for (int64_t p = p0; p < p1; ++p) {
+                const __m512i w0 = _mm512_load_si512(panel + p * 128), w1 = _mm512_load_si512(panel + p * 128 + 64);
+                SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                    int32_t pair;
+                    std::memcpy(&pair, xq[t] + 2 * p, 4);
+                    const __m512i b = _mm512_set1_epi32(pair);
+                    acc[t][0] = dpwssd(acc[t][0], w0, b);
+                    acc[t][1] = dpwssd(acc[t][1], w1, b);
+                }
+            }
+            const __m512 sw0 = _mm512_load_ps(wsc + g * 32), sw1 = _mm512_load_ps(wsc + g * 32 + 16);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m512 sa = _mm512_set1_ps(a.scales[t0 + t]);
+                _mm512_store_ps(facc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][0]), _mm512_mul_ps(sw0, sa), _mm512_load_ps(facc[t])));
+                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][1]), _mm512_mul_ps(sw1, sa), _mm512_load_ps(facc[t] + 16)));
+            }
+        }
+        if constexpr (I4) {  // + min * (the group's f32 sum of x)
+            const __m512 mn0 = _mm512_load_ps(wmn + g * 32), mn1 = _mm512_load_ps(wmn + g * 32 + 16);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m512 xs = _mm512_set1_ps(a.xsum[(t0 + t) * ng + g]);
+                _mm512_store_ps(facc[t], _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(facc[t])));
+                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(facc[t] + 16)));
+            }
+        }
+    }
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc[t]), b0));
+        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc[t] + 16), b1));
+    }
+}
+
+using KernelI16 = void (*)(const I16Acts&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
+                           float*, int64_t, __mmask16, __mmask16, const float*);
+template <bool I4>
+constexpr KernelI16 kKernelsI16[NR16 + 1] = {
+    nullptr,            kernel_i16<1, I4>,  kernel_i16<2, I4>, kernel_i16<3, I4>, kernel_i16<4, I4>,
+    kernel_i16<5, I4>,  kernel_i16<6, I4>,  kernel_i16<7, I4>, kernel_i16<8, I4>, kernel_i16<9, I4>,
+    kernel_i16<10, I4>, kernel_i16<11, I4>, kernel_i16<12, I4>};
+
+template <bool I4>
+void i16_gemm_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    const bool grouped = I4 || w.group_size < w.cols;
+    const int64_t g_len = grouped ? w.group_size : w.cols, ng = w.cols / g_len;
+    const size_t panel_bytes = size_t(a.kp) * 64;  // 32 rows x 2 bytes per column
+    uint8_t* mem = scratch(panel_bytes + size_t(ng * 32) * 8);
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + ng * 32;
+    for (int64_t rb = r0; rb < r1; rb += 32) {
+        const int64_t nr = std::min<int64_t>(32, r1 - rb);
+        pack_i16<I4>(w, a.kp, rb, nr, mem, wsc, wmn);
+        const __mmask16 m0 = mask16(nr), m1 = mask16(std::max<int64_t>(0, nr - 16));
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR16) {
+            const int64_t nt = std::min<int64_t>(NR16, a.n - t0);
+            kKernelsI16<I4>[nt](a, mem, wsc, wmn, g_len, ng, t0, y + t0 * w.rows + rb, w.rows, m0, m1,
+                                bias ? bias + rb : nullptr);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // INT4 GEMV: R rows x T tokens. Each 16-byte load is a 32-column block of a row (low nibbles the
 // first 16 columns, high nibbles the next 16). Codes are summed against x per group without their
 // scale, which is applied once per group; the mins' share, sum_g min[r, g] * sum(x in group g), is
@@ -1007,8 +1128,9 @@ void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, flo
 }
 
 void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (w.dtype == DType::I4) i16_rows<true>(a, w, bias, y, r0, r1);
-    else i16_rows<false>(a, w, bias, y, r0, r1);
+    const bool gemm = i16_gemm_usable(a.n, w);
+    if (w.dtype == DType::I4) gemm ? i16_gemm_rows<true>(a, w, bias, y, r0, r1) : i16_rows<true>(a, w, bias, y, r0, r1);
+    else gemm ? i16_gemm_rows<false>(a, w, bias, y, r0, r1) : i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/weights_view.h"
 
@@ -168,6 +169,22 @@ constexpr int64_t kI16MaxNI4 = 16;
 inline bool i16_gemv_usable(int64_t n, const WeightView& w) {
     if (w.dtype == DType::I4) return n <= kI16MaxNI4;
     return w.dtype == DType::I8 && n >= kI16MinN && (w.group_size == w.cols || w.group_size % 32 == 0);
+}
+// Prefill-sized products on the avx512 variant run as a GEMM on packed int16 panels
+// (matmul_avx512.cpp): INT8 weights from kI16GemmMinN tokens (even with the kernel above at 32-48
+// tokens), INT4 beyond kI16MaxNI4 (where the f32 GEMM took them). kernels_bench, 2-core EPYC:
+// 512 tokens INT8 3.88 / 3.48 -> 2.99 / 2.92 s, INT4 5.19 / 5.06 -> 3.55 / 3.53 s; INT4 at 32
+// tokens 482 / 459 -> 327 / 313 ms.
+constexpr int64_t kI16GemmMinN = 64;
+inline bool i16_gemm_usable(int64_t n, const WeightView& w) {
+    if (w.dtype == DType::I4) return n > kI16MaxNI4;
+    return n >= kI16GemmMinN && i16_gemv_usable(n, w);
+}
+// Whether matmul on this (resolved) variant rounds x to int16 for these weights: the bound the
+// tests add. Conservative for amx, whose tiles take some of these products in bf16 parts instead.
+inline bool i16_acts_rounded(CpuIsa isa, int64_t n, const WeightView& w) {
+    if (isa == CpuIsa::Scalar) return false;
+    return i16_gemv_usable(n, w) || (isa != CpuIsa::Avx2 && i16_gemm_usable(n, w));
 }
 // Activations of the INT16 kernels, prepared once per call: q [n][kp] (kp = cols rounded up to 32,
 // zeros past cols), scales [n]; for I4 weights xsum [n][cols / group], each token's f32 sum of x

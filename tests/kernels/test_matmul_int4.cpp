@@ -6,7 +6,7 @@
 // (q * s + min fused, or sum(q x) * s + min * sum(x) per group), a few more roundings per product,
 // so the bound is (K + 16) * u * (sum |x w| + sum |x| (|min| + 15 s) + |b|) + 1e-7, and on AMX's BF16
 // tiles, which carry each activation within kAmxBf16RelErr of it, that term times the same sum on top.
-// Where the codes meet INT16 activations (i16_gemv_usable on every vectorised variant), each x_k
+// Where the codes meet INT16 activations (i16_acts_rounded), each x_k
 // moves by at most kI16ActsErr * max|x| (1% more for the scale's f32 inverse) against codes times
 // scales of at most 15 s: + that * max|x| * sum 15 s.
 #include <gtest/gtest.h>
@@ -124,7 +124,7 @@ TEST(MatmulInt4, EveryVariantMatchesTheReference) {
                 std::vector<float> got(ref.size(), NAN);
                 matmul(x.data(), n, w, bias.data(), got.data(), isa);
                 double worst = 0;
-                const bool i16 = isa != CpuIsa::Scalar && i16_gemv_usable(n, w);
+                const bool i16 = i16_acts_rounded(isa, n, w);
                 for (int64_t r = 0; r < sh.rows; ++r) {
                     weight_row_to_f32(w, r, row.data());
                     const int64_t ng = sh.cols / sh.group;

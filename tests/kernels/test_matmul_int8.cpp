@@ -7,7 +7,7 @@
 // bias, and a floor for outputs that cancel to ~0. For W8A8 the INT32 dots are exact and only
 // the per-segment f32 steps round: (segments + 4) * u * (sum_k |qa qw| sa sw + |b|). The AMX
 // variant's BF16 tiles carry each activation within kAmxBf16RelErr (2^-16) of it: + that * sum |x w|.
-// Where INT8 weights meet INT16 activations (i16_gemv_usable on every vectorised variant) each
+// Where INT8 weights meet INT16 activations (i16_acts_rounded) each
 // x_k moves by at most kI16ActsErr * max|x| (1% more for the f32 rounding of the scale's inverse):
 // + that * sum |w|.
 // A wrong scale, a dropped group or a misplaced row moves outputs by O(1) relative to these sums,
@@ -34,7 +34,7 @@ const int64_t kTokens[] = {1, 2, 3, 4, 5, 8, 12, 16, 17, 64, 100};  // 5-16: the
 double worst_w8a16(const float* x, int64_t n, const WeightView& w, const float* bias, const std::vector<float>& got,
                    const std::vector<float>& ref, CpuIsa isa) {
     const double rel = double(w.cols + 8) * kU + (isa == CpuIsa::Amx ? kAmxBf16RelErr : 0.0);
-    const bool i16 = isa != CpuIsa::Scalar && i16_gemv_usable(n, w);
+    const bool i16 = i16_acts_rounded(isa, n, w);
     std::vector<float> row(size_t(w.cols));
     double worst = 0;
     for (int64_t r = 0; r < w.rows; ++r) {

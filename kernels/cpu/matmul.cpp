@@ -273,7 +273,7 @@ void int8_acts_product(const QuantizedActs& a, const MatmulOut* outs, int count,
                    [&](int i, int64_t r0, int64_t r1) { rows(p, *outs[i].w, outs[i].bias, outs[i].y, r0, r1); });
 }
 
-// The INT16-activation product (i16_gemv_usable) of one variant: x rounded by `to_i16`, once for
+// The INT16-activation product (i16_acts_rounded) of one variant: x rounded by `to_i16`, once for
 // all outputs (threaded when large), then `rows` over each output's rows.
 using ActsToI16 = void (*)(const float*, int64_t, int64_t, int16_t*, float*, int64_t, float*);
 using I16Rows = void (*)(const I16Acts&, const WeightView&, const float*, float*, int64_t, int64_t);
@@ -350,7 +350,7 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
 #endif
 #if defined(SHARDLM_HAVE_AVX512)
         case CpuIsa::Avx512:
-            if (i16_gemv_usable(n, w) || i16_gemm_usable(n, w))
+            if (i16_acts_rounded(CpuIsa::Avx512, n, w))
                 return i16_product(x, n, outs, count, acts_to_i16_avx512, i16_rows_avx512);
             for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
                 matmul_rows_avx512(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
@@ -359,7 +359,8 @@ void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int co
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
         case CpuIsa::Avx2:
-            if (i16_gemv_usable(n, w)) return i16_product(x, n, outs, count, acts_to_i16_avx2, i16_rows_avx2);
+            if (i16_acts_rounded(CpuIsa::Avx2, n, w))
+                return i16_product(x, n, outs, count, acts_to_i16_avx2, i16_rows_avx2);
             for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
                 matmul_rows_avx2(x, n, *outs[i].w, outs[i].bias, outs[i].y, r0, r1);
             });

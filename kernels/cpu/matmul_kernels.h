@@ -180,8 +180,8 @@ inline bool i16_gemm_usable(int64_t n, const WeightView& w) {
     if (w.dtype == DType::I4) return n > kI16MaxNI4;
     return n >= kI16GemmMinN && i16_gemv_usable(n, w);
 }
-// Whether matmul on this (resolved) variant rounds x to int16 for these weights: the bound the
-// tests add. Conservative for amx, whose tiles take some of these products in bf16 parts instead.
+// Whether matmul on this (resolved) variant rounds x to int16 for these weights: its dispatch,
+// and the bound the tests add. For amx a superset: its tiles take some of these products first.
 inline bool i16_acts_rounded(CpuIsa isa, int64_t n, const WeightView& w) {
     if (isa == CpuIsa::Scalar) return false;
     return i16_gemv_usable(n, w) || (isa != CpuIsa::Avx2 && i16_gemm_usable(n, w));

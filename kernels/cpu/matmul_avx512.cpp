@@ -277,6 +277,29 @@ void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y
 // 2N vpdpwssd, where the GEMV-shaped kernel above loads every row and token vector anew. INT32
 // sums flushed to f32 (in L1) per group and every 512 columns; I4 adds the mins' share per group.
 
+// The f32 tiles of the packed integer GEMMs (kernel_i16, kernel_w8a8): facc [N tokens][32 rows]
+// in L1. tile_add_mins: + the rows' mins mn [32] times each token's xs[t * stride] (I4 weights);
+// tile_store: facc + bias into y [N][ys], rows past the masks left alone.
+template <int N>
+inline void tile_add_mins(float (&facc)[N][32], const float* mn, const float* xs, int64_t stride) {
+    const __m512 mn0 = _mm512_load_ps(mn), mn1 = _mm512_load_ps(mn + 16);
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        const __m512 x = _mm512_set1_ps(xs[t * stride]);
+        _mm512_store_ps(facc[t], _mm512_fmadd_ps(mn0, x, _mm512_load_ps(facc[t])));
+        _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(mn1, x, _mm512_load_ps(facc[t] + 16)));
+    }
+}
+
+template <int N>
+inline void tile_store(const float (&facc)[N][32], float* y, int64_t ys, __mmask16 m0, __mmask16 m1, const float* bias) {
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc[t]), b0));
+        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc[t] + 16), b1));
+    }
+}
+
 constexpr int NR16 = 12;  // tokens per tile: 24 accumulators, 2 weight vectors and a broadcast
 // Here a lane is one row, so it takes every column's product: flushed every 512 columns.
 constexpr int64_t kI16GemmFlushCols = 512;
@@ -346,21 +369,9 @@ void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const 
                 _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][1]), _mm512_mul_ps(sw1, sa), _mm512_load_ps(facc[t] + 16)));
             }
         }
-        if constexpr (I4) {  // + min * (the group's f32 sum of x)
-            const __m512 mn0 = _mm512_load_ps(wmn + g * 32), mn1 = _mm512_load_ps(wmn + g * 32 + 16);
-            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-                const __m512 xs = _mm512_set1_ps(a.xsum[(t0 + t) * ng + g]);
-                _mm512_store_ps(facc[t], _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(facc[t])));
-                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(facc[t] + 16)));
-            }
-        }
+        if constexpr (I4) tile_add_mins<N>(facc, wmn + g * 32, a.xsum + t0 * ng + g, ng);  // + min * (f32 sum of x)
     }
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc[t]), b0));
-        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc[t] + 16), b1));
-    }
+    tile_store<N>(facc, y, ys, m0, m1, bias);
 }
 
 using KernelI16 = void (*)(const I16Acts&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
@@ -809,21 +820,10 @@ void kernel_w8a8(const W8A8Prep& a, const uint8_t* panel, const float* wsc, cons
                 _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][1]), _mm512_mul_ps(sw1, sa), _mm512_load_ps(facc[t] + 16)));
             }
         }
-        if constexpr (I4) {  // + min * (the group's sum of the dequantized activations)
-            const __m512 mn0 = _mm512_load_ps(wmn + e * MR), mn1 = _mm512_load_ps(wmn + e * MR + 16);
-            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-                const __m512 xs = _mm512_set1_ps(a.xs[(t0 + t) * a.ng + e]);
-                _mm512_store_ps(facc[t], _mm512_fmadd_ps(mn0, xs, _mm512_load_ps(facc[t])));
-                _mm512_store_ps(facc[t] + 16, _mm512_fmadd_ps(mn1, xs, _mm512_load_ps(facc[t] + 16)));
-            }
-        }
+        // + min * (the group's sum of the dequantized activations)
+        if constexpr (I4) tile_add_mins<N>(facc, wmn + e * MR, a.xs + t0 * a.ng + e, a.ng);
     }
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-        _mm512_mask_storeu_ps(y + t * ys, m0, _mm512_add_ps(_mm512_load_ps(facc[t]), b0));
-        _mm512_mask_storeu_ps(y + t * ys + 16, m1, _mm512_add_ps(_mm512_load_ps(facc[t] + 16), b1));
-    }
+    tile_store<N>(facc, y, ys, m0, m1, bias);
 }
 
 using KernelW8A8 = void (*)(const W8A8Prep&, const uint8_t*, const float*, const float*, int64_t, float*, int64_t,

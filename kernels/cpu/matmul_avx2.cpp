@@ -256,7 +256,7 @@ inline __m256i madd_acc(__m256i acc, __m256i w, __m256i x) {
 }
 
 // One 32-column step: weights from column kw of the rows wr (kw = k, or 0 for the zero-padded tail
-// copies), activations from column k. The activations stay in L1 and are memory operands.
+// copies), activations (from L1) from column k.
 template <bool I4, int R, int T>
 inline __attribute__((always_inline)) void i16_step(const uint8_t* const (&wr)[R], int64_t kw, const int16_t* q,
                                                     int64_t kp, int64_t k, __m256i (&acc)[R][T], const uint8_t* pf) {
@@ -337,7 +337,7 @@ void i16_tile_passes(const I16Acts& a, int64_t t0, int64_t t1, const WeightView&
 
 template <bool I4>
 void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    constexpr int R = 2;  // 16 ymm registers: 8 accumulators at 4 tokens, 4 weight halves, 2 products
+    constexpr int R = 2;  // 16 ymm registers: 8 accumulators at 4 tokens, 2 weight halves, x, a product
     constexpr int64_t kAhead = 4;  // tiles, as far ahead in bytes as the AVX-512 kernel's 2 of 4 rows
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;

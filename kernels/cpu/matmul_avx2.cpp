@@ -592,9 +592,10 @@ constexpr KernelW8A8 kKernelsW8A8[NR8 + 1] = {nullptr, kernel_w8a8<1, I4>, kerne
 
 // W8A8 GEMV (n <= kInt8ActsGemvMaxN, internal groups a multiple of 32): each row read in place,
 // 32 columns per step, the packed kernel's sign trick on every (row, token) pair: maddubs(|w|,
-// sign(a, w)) then madd by ones, exact INT32 sums per segment (at most 32 products of 128 * 127
-// per lane). One row per tile, all n tokens in one pass: 8 accumulators and 5 other registers;
-// the ALU work per product is the same for any tile height, as the activations come from L1.
+// sign(a, w)) then madd by ones, exact INT32 sums per segment (a lane takes 4 products a step, at
+// most 128 of 128 * 127 in a 1024-column segment). One row per tile, all n tokens in one pass:
+// 8 accumulators and 5 other registers; the ALU work per product is the same for any tile height,
+// as the activations come from L1.
 inline int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));

@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C kernels of matmul and matmul_w8a8; this file alone is compiled with those -m
 // flags and is only called after a run-time CPU check (cpu_isa.cpp). Same structure as
 // matmul_avx512.cpp with 8-wide vectors and 16 registers: GEMV along k for decode (up to 8 tokens),
-// INT8/INT4 weights on INT16 activations, a [KC][16] f32 panel x 6-token tile for prefill, a W8A8
+// INT8/INT4 weights on INT16 activations (GEMV-shaped, and for prefill a GEMM on int16 panels of 16
+// rows x 6-token tiles), a [KC][16] f32 panel x 6-token tile for float weights' prefill, a W8A8
 // GEMV on the rows in place, and for W8A8 [quad][8 rows][4 bytes] panels multiplied with
 // the sign trick (maddubs(|w|, sign(a, w)) then madd by ones: no VNNI needed, no 16-bit overflow
 // because |w|, |a| <= 127 gives pair sums <= 2 * 127 * 127 < 32767). W4A8 unpacks the 4-bit codes
@@ -499,6 +500,144 @@ void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float*
 }
 
 // ---------------------------------------------------------------------------------------------
+// INT16 GEMM for prefill (i16_gemm_usable), the AVX-512 kernel's scheme on 16-row blocks: the
+// block's weights unpacked once to int16 pairs, panel [pair k/2][half][8 rows][2 int16] (32 bytes
+// per pair and half, the whole kp), and each token's pair of activations broadcast against them:
+// per pair, 2 loads and N broadcasts feed 2N vpmaddwd. The GEMV-shaped kernel above holds 2 rows
+// in L1 and streams 4 tokens' activations from L2 per pass, one 32-byte load per two multiply-adds,
+// and widens each weight again on every pass. INT32 sums flushed to f32 (in L1) per group and every
+// kI16GemmFlushCols columns; I4 adds the mins' share per group.
+
+constexpr int MR16 = 16;
+constexpr int NR16 = 6;  // tokens per tile: 12 accumulators, 2 weight vectors, a broadcast, a product
+// Here a lane is one row, so it takes every column's product: flushed every 512 columns.
+constexpr int64_t kI16GemmFlushCols = 512;
+static_assert(kI16GemmFlushCols * 128 * 32767LL < (1LL << 31), "an INT32 lane could overflow");
+
+// Rows [rb, rb + nr) (nr <= 16) into the panel (kp columns: I8 rows past cols zero); wsc [ng][16]
+// their scales per group (one group of the whole row with one scale per row), wmn [ng][16] (I4)
+// their mins; zeros for rows past nr.
+template <bool I4>
+void pack_i16(const WeightView& w, int64_t kp, int64_t rb, int64_t nr, uint8_t* panel, float* wsc, float* wmn) {
+    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
+    const int64_t ng = (I4 || w.group_size < w.cols) ? w.cols / w.group_size : 1;
+    const uint8_t* wq = static_cast<const uint8_t*>(w.data);
+    for (int h = 0; h < 2; ++h) {
+        const int64_t vr = std::clamp<int64_t>(nr - 8 * h, 0, 8);
+        const uint8_t* rows[8] = {};
+        for (int i = 0; i < vr; ++i) rows[i] = wq + (rb + 8 * h + i) * row_bytes;
+        for (int64_t k = 0; k < kp; k += 32) {
+            const uint8_t* src[8] = {};
+            int64_t kw = k;
+            alignas(32) uint8_t tail[8][32];
+            if (!I4 && k + 32 > w.cols) {  // I8 with one scale per row: the last cols % 32 bytes, zero-padded
+                for (int i = 0; i < vr; ++i) {
+                    std::memset(tail[i], 0, 32);
+                    std::memcpy(tail[i], rows[i] + k, size_t(w.cols - k));
+                    src[i] = tail[i];
+                }
+                kw = 0;
+            } else {
+                for (int i = 0; i < vr; ++i) src[i] = rows[i];
+            }
+            for (int hh = 0; hh < 2; ++hh) {  // columns k + 16 hh .. + 15: 8 pairs of each row
+                __m256 v[8];
+                for (int i = 0; i < 8; ++i)
+                    v[i] = i < vr ? _mm256_castsi256_ps(load16_i16<I4>(src[i], kw, hh)) : _mm256_setzero_ps();
+                transpose8(v);  // v[j] = pair j of each of the 8 rows
+                for (int j = 0; j < 8; ++j)
+                    _mm256_store_ps(reinterpret_cast<float*>(panel + ((k / 2 + 8 * hh + j) * 2 + h) * 32), v[j]);
+            }
+        }
+        for (int64_t g = 0; g < ng; ++g)
+            for (int i = 0; i < 8; ++i) {
+                const int64_t wi = (rb + 8 * h + i) * ng + g;
+                wsc[g * 16 + 8 * h + i] = i < vr ? w.scales[wi] : 0.0f;
+                if constexpr (I4) wmn[g * 16 + 8 * h + i] = i < vr ? w.mins[wi] : 0.0f;
+            }
+    }
+}
+
+// Tokens t0 .. t0 + N against the panel: y [N][ys] (rows past the masks left alone).
+template <int N, bool I4>
+void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t g_len, int64_t ng,
+                int64_t t0, float* y, int64_t ys, const RowMasks& m, const float* bias) {
+    alignas(32) float facc[N][16];  // f32 sums in L1, touched once per segment
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm256_store_ps(facc[t], _mm256_setzero_ps());
+        _mm256_store_ps(facc[t] + 8, _mm256_setzero_ps());
+    }
+    const int16_t* xq[N];
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) xq[t] = a.q + (t0 + t) * a.kp;
+    for (int64_t g = 0; g < ng; ++g) {
+        const int64_t g_end = ng == 1 ? a.kp : (g + 1) * g_len;  // one group of the whole row: up to kp
+        for (int64_t s0 = g * g_len; s0 < g_end; s0 += kI16GemmFlushCols) {
+            const int64_t p0 = s0 / 2, p1 = std::min(g_end, s0 + kI16GemmFlushCols) / 2;
+            __m256i acc[N][2];
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+            for (int64_t p = p0; p < p1; ++p) {
+                const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + p * 64));
+                const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + p * 64 + 32));
+                SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                    int32_t pair;
+                    std::memcpy(&pair, xq[t] + 2 * p, 4);
+                    const __m256i b = _mm256_set1_epi32(pair);
+                    acc[t][0] = madd_acc(acc[t][0], w0, b);
+                    acc[t][1] = madd_acc(acc[t][1], w1, b);
+                }
+            }
+            const __m256 sw0 = _mm256_load_ps(wsc + g * 16), sw1 = _mm256_load_ps(wsc + g * 16 + 8);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m256 sa = _mm256_set1_ps(a.scales[t0 + t]);
+                _mm256_store_ps(facc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][0]), _mm256_mul_ps(sw0, sa),
+                                                         _mm256_load_ps(facc[t])));
+                _mm256_store_ps(facc[t] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][1]), _mm256_mul_ps(sw1, sa),
+                                                             _mm256_load_ps(facc[t] + 8)));
+            }
+        }
+        if constexpr (I4) {  // + min * (f32 sum of x over the group)
+            const __m256 mn0 = _mm256_load_ps(wmn + g * 16), mn1 = _mm256_load_ps(wmn + g * 16 + 8);
+            SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+                const __m256 xs = _mm256_set1_ps(a.xsum[(t0 + t) * ng + g]);
+                _mm256_store_ps(facc[t], _mm256_fmadd_ps(mn0, xs, _mm256_load_ps(facc[t])));
+                _mm256_store_ps(facc[t] + 8, _mm256_fmadd_ps(mn1, xs, _mm256_load_ps(facc[t] + 8)));
+            }
+        }
+    }
+    const __m256 b0 = bias ? _mm256_maskload_ps(bias, m.first) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_maskload_ps(bias + 8, m.second) : _mm256_setzero_ps();
+    SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
+        _mm256_maskstore_ps(y + t * ys, m.first, _mm256_add_ps(_mm256_load_ps(facc[t]), b0));
+        _mm256_maskstore_ps(y + t * ys + 8, m.second, _mm256_add_ps(_mm256_load_ps(facc[t] + 8), b1));
+    }
+}
+
+using KernelI16 = void (*)(const I16Acts&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
+                           float*, int64_t, const RowMasks&, const float*);
+template <bool I4>
+constexpr KernelI16 kKernelsI16[NR16 + 1] = {nullptr,           kernel_i16<1, I4>, kernel_i16<2, I4>, kernel_i16<3, I4>,
+                                             kernel_i16<4, I4>, kernel_i16<5, I4>, kernel_i16<6, I4>};
+
+template <bool I4>
+void i16_gemm_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    const bool grouped = I4 || w.group_size < w.cols;
+    const int64_t g_len = grouped ? w.group_size : w.cols, ng = w.cols / g_len;
+    const size_t panel_bytes = size_t(a.kp) * 2 * MR16;
+    uint8_t* mem = scratch(panel_bytes + size_t(ng * MR16) * 8);
+    float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
+    float* wmn = wsc + ng * MR16;
+    for (int64_t rb = r0; rb < r1; rb += MR16) {
+        const int64_t nr = std::min<int64_t>(MR16, r1 - rb);
+        pack_i16<I4>(w, a.kp, rb, nr, mem, wsc, wmn);
+        const RowMasks m = row_masks(nr);
+        for (int64_t t0 = 0; t0 < a.n; t0 += NR16) {
+            const int64_t nt = std::min<int64_t>(NR16, a.n - t0);
+            kKernelsI16<I4>[nt](a, mem, wsc, wmn, g_len, ng, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // W8A8: panel for 8 rows: internal group e, quad q: 32 bytes [8 rows x 4 bytes] at (e * Q + q) * 32;
 // wsc[e][8] the rows' weight scales. Signed x signed, so no offset correction is needed.
 
@@ -818,8 +957,9 @@ void acts_to_i16_avx2(const float* x, int64_t n, int64_t cols, int16_t* q, float
 }
 
 void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    if (w.dtype == DType::I4) i16_rows<true>(a, w, bias, y, r0, r1);
-    else i16_rows<false>(a, w, bias, y, r0, r1);
+    const bool gemm = i16_gemm_usable(a.n, w);
+    if (w.dtype == DType::I4) gemm ? i16_gemm_rows<true>(a, w, bias, y, r0, r1) : i16_rows<true>(a, w, bias, y, r0, r1);
+    else gemm ? i16_gemm_rows<false>(a, w, bias, y, r0, r1) : i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,

@@ -164,17 +164,24 @@ constexpr int64_t kI16TokenBlock = 64;
 // Unlike I8, from one token: the f32 GEMV's unpacking (a shift, a mask, two widenings and a
 // dequantizing FMA per 8 codes) kept it off the memory bandwidth even there (EPYC, 1 token:
 // avx512 50-53 -> 38-39 ms, avx2 68-72 -> 50-55; 2 tokens 48-51 -> 43, 77-85 -> 57-59), and the
-// activations' rounding is far below the 4-bit weights' own.
-constexpr int64_t kI16MaxNI4 = 16;
+// activations' rounding is far below the 4-bit weights' own. Beyond kI16MaxNI4 the INT16 GEMM
+// below takes them, which unpacks each panel once too: 16 at first (against the f32 GEMM), 8
+// since the AVX2 INT16 GEMM (kernels_bench decode, int4, 2-core EPYC, two alternating runs:
+// avx2 n = 8 152-162 ms on this kernel against 181-182 on the GEMM, n = 10-12 even, n = 16 298-436
+// against 266-312; avx512 even at 10-16).
+constexpr int64_t kI16MaxNI4 = 8;
 inline bool i16_gemv_usable(int64_t n, const WeightView& w) {
     if (w.dtype == DType::I4) return n <= kI16MaxNI4;
     return w.dtype == DType::I8 && n >= kI16MinN && (w.group_size == w.cols || w.group_size % 32 == 0);
 }
-// Prefill-sized products on the avx512 variant run as a GEMM on packed int16 panels
-// (matmul_avx512.cpp): INT8 weights from kI16GemmMinN tokens (even with the kernel above at 32-48
-// tokens), INT4 beyond kI16MaxNI4 (where the f32 GEMM took them). kernels_bench, 2-core EPYC:
-// 512 tokens INT8 3.88 / 3.48 -> 2.99 / 2.92 s, INT4 5.19 / 5.06 -> 3.55 / 3.53 s; INT4 at 32
-// tokens 482 / 459 -> 327 / 313 ms.
+// Prefill-sized products run as a GEMM on packed int16 panels (matmul_avx512.cpp, and since
+// 2026-12-03 matmul_avx2.cpp): INT8 weights from kI16GemmMinN tokens (even with the kernel above at
+// 32-48 tokens), INT4 beyond kI16MaxNI4 (where the f32 GEMM took them). kernels_bench, 2-core EPYC:
+// avx512 512 tokens INT8 3.88 / 3.48 -> 2.99 / 2.92 s, INT4 5.19 / 5.06 -> 3.55 / 3.53 s; INT4 at
+// 32 tokens 482 / 459 -> 327 / 313 ms. avx2 256 tokens INT8 2.98 / 3.66 -> 2.67 / 2.78 s, INT4
+// 4.22 / 4.83 -> 3.11 / 3.04 s; INT4 at 32 tokens 741 / 925 -> 429 / 548 ms; its INT8 GEMM at 16
+// and 32 tokens lost to the kernel above (191-219 against 261-272 ms, 350-385 against 401-425),
+// at 64 won (742-759 against 656-702).
 constexpr int64_t kI16GemmMinN = 64;
 inline bool i16_gemm_usable(int64_t n, const WeightView& w) {
     if (w.dtype == DType::I4) return n > kI16MaxNI4;
@@ -184,7 +191,7 @@ inline bool i16_gemm_usable(int64_t n, const WeightView& w) {
 // and the bound the tests add. For amx a superset: its tiles take some of these products first.
 inline bool i16_acts_rounded(CpuIsa isa, int64_t n, const WeightView& w) {
     if (isa == CpuIsa::Scalar) return false;
-    return i16_gemv_usable(n, w) || (isa != CpuIsa::Avx2 && i16_gemm_usable(n, w));
+    return i16_gemv_usable(n, w) || i16_gemm_usable(n, w);
 }
 // Activations of the INT16 kernels, prepared once per call: q [n][kp] (kp = cols rounded up to 32,
 // zeros past cols), scales [n]; for I4 weights xsum [n][cols / group], each token's f32 sum of x

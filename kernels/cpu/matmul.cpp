@@ -154,6 +154,7 @@ void check_w8a8(const QuantizedActs& a, const WeightView& w) {
 // Builds the W8A8Prep view (see matmul_kernels.h) into `store`.
 struct PrepStore {
     std::vector<int8_t> q, xi4, qt;
+    std::vector<int16_t> q16;
     std::vector<float> scales, xs;
     std::vector<int32_t> sums;
 };
@@ -254,6 +255,13 @@ void int8_acts_product(const QuantizedActs& a, const MatmulOut* outs, int count,
     W8A8Prep p = prepare(a, w0, store);  // depends on the weights through their group size only
     if (i4) prepare_i4(a, p, store);
     if (chosen == CpuIsa::Amx && amx_tiles_usable(p)) prepare_amx(p, store);
+    if (chosen == CpuIsa::Avx2 && avx2_w8a8_gemm_usable(p)) {  // W8A8Prep::q16
+        store.q16.resize(size_t(p.n * p.kp));
+        int16_t* q16 = store.q16.data();
+#pragma omp parallel for schedule(static) if (p.n * p.kp >= (int64_t(1) << 16))
+        for (int64_t i = 0; i < p.n * p.kp; ++i) q16[i] = p.q[i];
+        p.q16 = q16;
+    }
     using Rows = void (*)(const W8A8Prep&, const WeightView&, const float*, float*, int64_t, int64_t);
     Rows rows = nullptr;
     switch (chosen) {

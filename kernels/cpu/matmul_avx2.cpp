@@ -510,23 +510,50 @@ void matmul_rows_dt(const float* x, int64_t n, const WeightView& w, const float*
 
 constexpr int MR16 = 16;
 constexpr int NR16 = 6;  // tokens per tile: 12 accumulators, 2 weight vectors, a broadcast, a product
-// Here a lane is one row, so it takes every column's product: flushed every 512 columns.
+// Here a lane is one row, so it takes every column's product: INT16 activations (|q| <= 32767)
+// are flushed every 512 columns; W8A8's (|q| <= 127) per segment of W8A8Prep::seg_len <= 1024.
 constexpr int64_t kI16GemmFlushCols = 512;
 static_assert(kI16GemmFlushCols * 128 * 32767LL < (1LL << 31), "an INT32 lane could overflow");
+static_assert(1024 * 128 * 127LL < (1LL << 31), "an INT32 lane could overflow");
+
+// What the GEMM reads of its activations: int16 rows, and per internal group (g_len columns, one
+// activation scale and one weight scale each) the activation scale of token t at
+// sa[t * sa_t + g * sa_g]; for I4 weights xs[t * ng + g], what the rows' mins multiply.
+struct GemmActs {
+    const int16_t* q = nullptr;  // [n][kp], zeros past the row
+    int64_t n = 0, kp = 0;
+    int64_t g_len = 0, ng = 0;   // ng == 1: one group up to kp
+    int64_t flush = 0;           // columns per INT32 segment, even
+    const float* sa = nullptr;
+    int64_t sa_t = 0, sa_g = 0;
+    const float* xs = nullptr;
+};
+
+// INT16 activations (i16_rows_avx2): one scale per token; the groups are the weights' (or the
+// whole row, up to kp); I4's xs the f32 sums of x over each group.
+GemmActs gemm_acts(const I16Acts& a, const WeightView& w) {
+    const bool grouped = w.dtype == DType::I4 || w.group_size < w.cols;
+    const int64_t g_len = grouped ? w.group_size : w.cols;
+    return {a.q, a.n, a.kp, g_len, w.cols / g_len, kI16GemmFlushCols, a.scales, 1, 0, a.xsum};
+}
+
+// W8A8's int8 activations widened (W8A8Prep::q16, avx2_w8a8_gemm_usable): the internal groups of ge columns, a scale per
+// token and group.
+GemmActs gemm_acts(const W8A8Prep& a) {
+    return {a.q16, a.n, a.kp, a.ge, a.ng, a.seg_len, a.scales, a.ng, 1, nullptr};
+}
 
 // Rows [rb, rb + nr) (nr <= 16) into the panel (kp columns: I8 rows past cols zero); wsc [ng][16]
-// their scales per group (one group of the whole row with one scale per row), wmn [ng][16] (I4)
-// their mins; zeros for rows past nr.
+// their weight scales per internal group, wmn [ng][16] (I4) their mins; zeros for rows past nr.
 template <bool I4>
-void pack_i16(const WeightView& w, int64_t kp, int64_t rb, int64_t nr, uint8_t* panel, float* wsc, float* wmn) {
-    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
-    const int64_t ng = (I4 || w.group_size < w.cols) ? w.cols / w.group_size : 1;
+void pack_i16(const WeightView& w, const GemmActs& a, int64_t rb, int64_t nr, uint8_t* panel, float* wsc, float* wmn) {
+    const int64_t row_bytes = I4 ? w.cols / 2 : w.cols, ngw = w.n_groups();
     const uint8_t* wq = static_cast<const uint8_t*>(w.data);
     for (int h = 0; h < 2; ++h) {
         const int64_t vr = std::clamp<int64_t>(nr - 8 * h, 0, 8);
         const uint8_t* rows[8] = {};
         for (int i = 0; i < vr; ++i) rows[i] = wq + (rb + 8 * h + i) * row_bytes;
-        for (int64_t k = 0; k < kp; k += 32) {
+        for (int64_t k = 0; k < a.kp; k += 32) {
             const uint8_t* src[8] = {};
             int64_t kw = k;
             alignas(32) uint8_t tail[8][32];
@@ -549,9 +576,9 @@ void pack_i16(const WeightView& w, int64_t kp, int64_t rb, int64_t nr, uint8_t* 
                     _mm256_store_ps(reinterpret_cast<float*>(panel + ((k / 2 + 8 * hh + j) * 2 + h) * 32), v[j]);
             }
         }
-        for (int64_t g = 0; g < ng; ++g)
+        for (int64_t g = 0; g < a.ng; ++g)
             for (int i = 0; i < 8; ++i) {
-                const int64_t wi = (rb + 8 * h + i) * ng + g;
+                const int64_t wi = (rb + 8 * h + i) * ngw + g * a.g_len / w.group_size;
                 wsc[g * 16 + 8 * h + i] = i < vr ? w.scales[wi] : 0.0f;
                 if constexpr (I4) wmn[g * 16 + 8 * h + i] = i < vr ? w.mins[wi] : 0.0f;
             }
@@ -560,8 +587,8 @@ void pack_i16(const WeightView& w, int64_t kp, int64_t rb, int64_t nr, uint8_t* 
 
 // Tokens t0 .. t0 + N against the panel: y [N][ys] (rows past the masks left alone).
 template <int N, bool I4>
-void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t g_len, int64_t ng,
-                int64_t t0, float* y, int64_t ys, const RowMasks& m, const float* bias) {
+void kernel_i16(const GemmActs& a, const uint8_t* panel, const float* wsc, const float* wmn, int64_t t0, float* y,
+                int64_t ys, const RowMasks& m, const float* bias) {
     alignas(32) float facc[N][16];  // f32 sums in L1, touched once per segment
     SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
         _mm256_store_ps(facc[t], _mm256_setzero_ps());
@@ -569,10 +596,10 @@ void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const 
     }
     const int16_t* xq[N];
     SHARDLM_UNROLL for (int t = 0; t < N; ++t) xq[t] = a.q + (t0 + t) * a.kp;
-    for (int64_t g = 0; g < ng; ++g) {
-        const int64_t g_end = ng == 1 ? a.kp : (g + 1) * g_len;  // one group of the whole row: up to kp
-        for (int64_t s0 = g * g_len; s0 < g_end; s0 += kI16GemmFlushCols) {
-            const int64_t p0 = s0 / 2, p1 = std::min(g_end, s0 + kI16GemmFlushCols) / 2;
+    for (int64_t g = 0; g < a.ng; ++g) {
+        const int64_t g_end = a.ng == 1 ? a.kp : (g + 1) * a.g_len;  // one group of the whole row: up to kp
+        for (int64_t s0 = g * a.g_len; s0 < g_end; s0 += a.flush) {
+            const int64_t p0 = s0 / 2, p1 = std::min(g_end, s0 + a.flush) / 2;
             __m256i acc[N][2];
             SHARDLM_UNROLL for (int t = 0; t < N; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
             for (int64_t p = p0; p < p1; ++p) {
@@ -588,7 +615,7 @@ void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const 
             }
             const __m256 sw0 = _mm256_load_ps(wsc + g * 16), sw1 = _mm256_load_ps(wsc + g * 16 + 8);
             SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-                const __m256 sa = _mm256_set1_ps(a.scales[t0 + t]);
+                const __m256 sa = _mm256_set1_ps(a.sa[(t0 + t) * a.sa_t + g * a.sa_g]);
                 _mm256_store_ps(facc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][0]), _mm256_mul_ps(sw0, sa),
                                                          _mm256_load_ps(facc[t])));
                 _mm256_store_ps(facc[t] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][1]), _mm256_mul_ps(sw1, sa),
@@ -598,7 +625,7 @@ void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const 
         if constexpr (I4) {  // + min * (f32 sum of x over the group)
             const __m256 mn0 = _mm256_load_ps(wmn + g * 16), mn1 = _mm256_load_ps(wmn + g * 16 + 8);
             SHARDLM_UNROLL for (int t = 0; t < N; ++t) {
-                const __m256 xs = _mm256_set1_ps(a.xsum[(t0 + t) * ng + g]);
+                const __m256 xs = _mm256_set1_ps(a.xs[(t0 + t) * a.ng + g]);
                 _mm256_store_ps(facc[t], _mm256_fmadd_ps(mn0, xs, _mm256_load_ps(facc[t])));
                 _mm256_store_ps(facc[t] + 8, _mm256_fmadd_ps(mn1, xs, _mm256_load_ps(facc[t] + 8)));
             }
@@ -612,27 +639,25 @@ void kernel_i16(const I16Acts& a, const uint8_t* panel, const float* wsc, const 
     }
 }
 
-using KernelI16 = void (*)(const I16Acts&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
-                           float*, int64_t, const RowMasks&, const float*);
+using KernelI16 = void (*)(const GemmActs&, const uint8_t*, const float*, const float*, int64_t, float*, int64_t,
+                           const RowMasks&, const float*);
 template <bool I4>
 constexpr KernelI16 kKernelsI16[NR16 + 1] = {nullptr,           kernel_i16<1, I4>, kernel_i16<2, I4>, kernel_i16<3, I4>,
                                              kernel_i16<4, I4>, kernel_i16<5, I4>, kernel_i16<6, I4>};
 
 template <bool I4>
-void i16_gemm_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    const bool grouped = I4 || w.group_size < w.cols;
-    const int64_t g_len = grouped ? w.group_size : w.cols, ng = w.cols / g_len;
+void i16_gemm_rows(const GemmActs& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
     const size_t panel_bytes = size_t(a.kp) * 2 * MR16;
-    uint8_t* mem = scratch(panel_bytes + size_t(ng * MR16) * 8);
+    uint8_t* mem = scratch(panel_bytes + size_t(a.ng * MR16) * 8);
     float* wsc = reinterpret_cast<float*>(mem + panel_bytes);
-    float* wmn = wsc + ng * MR16;
+    float* wmn = wsc + a.ng * MR16;
     for (int64_t rb = r0; rb < r1; rb += MR16) {
         const int64_t nr = std::min<int64_t>(MR16, r1 - rb);
-        pack_i16<I4>(w, a.kp, rb, nr, mem, wsc, wmn);
+        pack_i16<I4>(w, a, rb, nr, mem, wsc, wmn);
         const RowMasks m = row_masks(nr);
         for (int64_t t0 = 0; t0 < a.n; t0 += NR16) {
             const int64_t nt = std::min<int64_t>(NR16, a.n - t0);
-            kKernelsI16<I4>[nt](a, mem, wsc, wmn, g_len, ng, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
+            kKernelsI16<I4>[nt](a, mem, wsc, wmn, t0, y + t0 * w.rows + rb, w.rows, m, bias ? bias + rb : nullptr);
         }
     }
 }
@@ -958,8 +983,8 @@ void acts_to_i16_avx2(const float* x, int64_t n, int64_t cols, int16_t* q, float
 
 void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
     const bool gemm = i16_gemm_usable(a.n, w);
-    if (w.dtype == DType::I4) gemm ? i16_gemm_rows<true>(a, w, bias, y, r0, r1) : i16_rows<true>(a, w, bias, y, r0, r1);
-    else gemm ? i16_gemm_rows<false>(a, w, bias, y, r0, r1) : i16_rows<false>(a, w, bias, y, r0, r1);
+    if (w.dtype == DType::I4) gemm ? i16_gemm_rows<true>(gemm_acts(a, w), w, bias, y, r0, r1) : i16_rows<true>(a, w, bias, y, r0, r1);
+    else gemm ? i16_gemm_rows<false>(gemm_acts(a, w), w, bias, y, r0, r1) : i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
 void matmul_rows_avx2(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
@@ -986,6 +1011,7 @@ void w8a8_rows_avx2(const W8A8Prep& a, const WeightView& w, const float* bias, f
             default: return w8a8_gemv_rows<8>(a, w, bias, y, r0, r1);
         }
     }
+    if (a.q16) return i16_gemm_rows<false>(gemm_acts(a), w, bias, y, r0, r1);
     w8a8_packed_rows<false>(a, w, bias, y, r0, r1);
 }
 

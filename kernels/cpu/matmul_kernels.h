@@ -46,6 +46,8 @@ struct W8A8Prep {
     // so that the two A tiles of one 32-token block and 64 columns are one contiguous 2 KB (rows past
     // n zero).
     const int8_t* qt = nullptr;
+    // The AVX2 GEMM's activations (avx2_w8a8_gemm_usable): q widened to int16, [n][kp].
+    const int16_t* q16 = nullptr;
 };
 
 // The AVX-512 W8A8/W4A8 GEMVs also take 5-8 tokens, in two passes per tile of rows (4 tokens, then
@@ -53,6 +55,14 @@ struct W8A8Prep {
 // took 1.6-1.75x the time of 4 tokens. The AVX2 W8A8 GEMV takes them in one pass (a row per tile),
 // its W4A8 GEMV keeps kGemvMaxN.
 constexpr int64_t kInt8ActsGemvMaxN = 2 * kGemvMaxN;
+
+// Whether the AVX2 variant runs this W8A8 product on its INT16 GEMM (matmul_avx2.cpp), the int8
+// activations widened once per call, exactly: the sign trick of its packed W8A8 GEMM
+// (maddubs(|w|, sign(a, w)), then madd) spends three multiply-port instructions per 8 rows x 4
+// columns where vpmaddwd on int16 pairs spends two. kernels_bench --what prefill, 256 tokens,
+// SHARDLM_CPU_ISA=avx2, the 2-core EPYC: w8a8 3.17 s against 2.44 for int8 (W8A16) on that GEMM.
+// W4A8 keeps the packed GEMM: its codes are unsigned, no sign trick (2.49 s).
+inline bool avx2_w8a8_gemm_usable(const W8A8Prep& a) { return !a.i4 && a.n > kInt8ActsGemvMaxN && a.ge % 32 == 0; }
 
 // Whether the AMX variant runs this product on tiles (else on the AVX-512 kernels): prefill sizes,
 // internal groups a whole number of 64-column tile rows.

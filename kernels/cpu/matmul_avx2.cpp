@@ -235,7 +235,7 @@ static_assert(kI16FlushCols / 32 * 4 * 128 * 32767LL < (1LL << 31), "an INT32 la
 template <bool I4>
 inline __m256i load16_i16(const uint8_t* row, int64_t k, int h) {
     if constexpr (I4) {  // each byte widened to 16 bits: its high nibble is a shift away, unmasked
-        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + size_t(k) / 2)));
         return h == 0 ? _mm256_and_si256(b, _mm256_set1_epi16(0x0F)) : _mm256_srli_epi16(b, 4);
     } else {
         return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16 * h)));
@@ -336,10 +336,9 @@ void i16_tile_passes(const I16Acts& a, int64_t t0, int64_t t1, const WeightView&
     }
 }
 
-template <bool I4>
-void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
-    constexpr int R = 2;  // 16 ymm registers: 8 accumulators at 4 tokens, 2 weight halves, x, a product
-    constexpr int64_t kAhead = 4;  // tiles, as far ahead in bytes as the AVX-512 kernel's 2 of 4 rows
+template <bool I4, int R>
+void i16_rows_r(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    constexpr int64_t kAhead = 8 / R;  // tiles, as far ahead in bytes as the AVX-512 kernel's 2 of 4 rows
     const uint8_t* base = static_cast<const uint8_t*>(w.data);
     const int64_t row_bytes = I4 ? w.cols / 2 : w.cols;
     for (int64_t t0 = 0; t0 < a.n; t0 += kI16TokenBlock) {
@@ -350,6 +349,16 @@ void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y
                                    r + (kAhead + 1) * R <= r1 ? base + (r + kAhead * R) * row_bytes : nullptr);
         for (; r < r1; ++r) i16_tile_passes<I4, 1>(a, t0, t1, w, r, bias, y, nullptr);
     }
+}
+
+template <bool I4>
+void i16_rows(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    // 16 ymm registers: at 4 tokens 2 rows (8 accumulators, 2 weight halves, x, a product). One
+    // token (INT4 decode at batch 1) reads 4 rows at a time, 4 streams from DRAM as the AVX-512
+    // kernel: kernels_bench decode int4 n = 1, avx2, 2 threads 39.9 / 45.4 / 42.2 -> 37.7 / 38.2 /
+    // 33.6 ms, one thread 64.7 / 70.7 -> 60.3 / 54.4 (2 tokens even).
+    if (a.n == 1) i16_rows_r<I4, 4>(a, w, bias, y, r0, r1);
+    else i16_rows_r<I4, 2>(a, w, bias, y, r0, r1);
 }
 
 // ---------------------------------------------------------------------------------------------

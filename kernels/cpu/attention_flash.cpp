@@ -140,7 +140,7 @@ KvRows ring_segment(const KvRows& kv, int64_t j0, int64_t n, int64_t& len) {
     const int64_t slot = j0 % kv.capacity;
     len = std::min(n, kv.capacity - slot);
     KvRows seg = kv;
-    seg.base = static_cast<const uint8_t*>(kv.base) + size_t(slot * kv.row_stride) * dtype_size(kv.dtype);
+    seg.base = kv_row_ptr(kv, slot);
     if (kv.scales) seg.scales = kv.scales + slot;
     seg.capacity = len;
     return seg;

@@ -15,9 +15,6 @@ namespace shardlm {
 
 // Quantizes x[0..d) into q, returns its scale. Used for one (token, head) row of the INT8 KV cache.
 float quantize_row_int8(const float* x, int64_t d, int8_t* q);
-// The same rounding of x[0..n) against a given max |x| (the loader's per-channel scale over a whole
-// row of which a tensor-parallel rank keeps a slice): q = rne(clamp(x * 127 / amax)).
-void quantize_int8_amax(const float* x, int64_t n, float amax, int8_t* q);
 
 // Weights [rows, cols] of src (f32/f16/bf16) -> q int8 [rows, cols], scales f32 [rows, cols / group_size].
 // group_size must divide cols (group_size == cols: per output channel).
@@ -48,12 +45,21 @@ struct Int4Group {
     float min() const { return -float(zero) * scale; }  // x ~= q * scale + min
 };
 Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q);
+// Its scale and zero for a group whose range, widened to hold 0, is [lo, hi] (scale 0 for an empty
+// or non-finite range: the group's codes are then all 0); shared with the vectorised variants.
+Int4Group int4_group_params(float lo, float hi);
 
 // Weights [rows, cols] of src (f32/f16/bf16) -> packed q [rows, cols / 2] (layout in weights_view.h),
 // scales and mins f32 [rows, cols / group_size]. group_size must be a multiple of 32 dividing cols.
 void quantize_weights_int4_ref(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
 // The same results, threaded over rows (for the loader).
 void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
+
+// Rows [0, n) of x [n][cols] (f32) into packed q [n][cols / 2], scales and mins [n][cols / group_size]:
+// quantize_group_int4 and pack_int4_row bit for bit, by the best variant this CPU runs (`isa` pins
+// one for tests), on the calling thread (the loader threads over rows itself).
+void quantize_rows_int4(const float* x, int64_t n, int64_t cols, int64_t group_size, uint8_t* q, float* scales,
+                        float* mins, CpuIsa isa = CpuIsa::Auto);
 
 // Packs one row of codes (0..15, one per byte; cols a multiple of 32) into the I4 layout.
 void pack_int4_row(const uint8_t* codes, int64_t cols, uint8_t* packed);
@@ -85,6 +91,9 @@ void quantize_acts_int8_ref(const float* x, int64_t n, int64_t cols, int64_t gro
 // The same results (bit for bit), threaded over tokens and vectorised (what the engine calls before
 // matmul_w8a8); `isa` pins a variant for tests.
 void quantize_acts_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
+                        CpuIsa isa = CpuIsa::Auto);
+// The same on the calling thread (the loader quantizes weight rows with it, threading over rows).
+void quantize_rows_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
                         CpuIsa isa = CpuIsa::Auto);
 
 }  // namespace shardlm

@@ -38,14 +38,14 @@ void check_groups(int64_t cols, int64_t group_size) {
                   " must divide the row length ", cols);
 }
 
+// Rows [r0, r1) of src: each widened to f32, then quantized by `isa`'s rows (Scalar: the reference).
 void quantize_weight_rows(const WeightView& src, int64_t group_size, int8_t* q, float* scales, int64_t r0,
-                          int64_t r1, std::vector<float>& row) {
+                          int64_t r1, std::vector<float>& row, CpuIsa isa) {
     const int64_t cols = src.cols, ng = cols / group_size;
     row.resize(size_t(cols));
     for (int64_t r = r0; r < r1; ++r) {
         weight_row_to_f32(src, r, row.data());
-        for (int64_t g = 0; g < ng; ++g)
-            scales[r * ng + g] = quantize_group(row.data() + g * group_size, group_size, q + r * cols + g * group_size);
+        quantize_rows_int8(row.data(), 1, cols, group_size, q + r * cols, scales + r * ng, isa);
     }
 }
 
@@ -56,23 +56,41 @@ void check_int4_groups(const WeightView& src, int64_t group_size) {
                   group_size, " must be a multiple of 32 that divides the row length ", src.cols);
 }
 
+// quantize_group_int4 of x[0..g) (g a multiple of 32) packed into the I4 layout: the scalar
+// variant of quantize_rows_int4.
+Int4Group group_int4_packed(const float* x, int64_t g, uint8_t* packed) {
+    thread_local std::vector<uint8_t> codes;
+    codes.resize(size_t(g));
+    const Int4Group p = quantize_group_int4(x, g, codes.data());
+    pack_int4_row(codes.data(), g, packed);
+    return p;
+}
+
 void quantize_int4_rows(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins,
-                        int64_t r0, int64_t r1, std::vector<float>& row, std::vector<uint8_t>& codes) {
+                        int64_t r0, int64_t r1, std::vector<float>& row, CpuIsa isa) {
     const int64_t cols = src.cols, ng = cols / group_size;
     row.resize(size_t(cols));
-    codes.resize(size_t(cols));
     for (int64_t r = r0; r < r1; ++r) {
         weight_row_to_f32(src, r, row.data());
-        for (int64_t g = 0; g < ng; ++g) {
-            const Int4Group p = quantize_group_int4(row.data() + g * group_size, group_size, codes.data() + g * group_size);
-            scales[r * ng + g] = p.scale;
-            mins[r * ng + g] = p.min();
-        }
-        pack_int4_row(codes.data(), cols, q + r * (cols / 2));
+        quantize_rows_int4(row.data(), 1, cols, group_size, q + r * (cols / 2), scales + r * ng, mins + r * ng, isa);
     }
 }
 
 }  // namespace
+
+Int4Group int4_group_params(float lo, float hi) {
+    Int4Group p;
+    p.scale = (hi - lo) / 15.0f;
+    if (!(p.scale > 0.0f)) {  // all zeros (or a range that is not finite)
+        p.scale = p.scale > 0.0f ? p.scale : 0.0f;
+        return p;
+    }
+    const float magic = 12582912.0f;  // round to nearest even, as quantize_group
+    float z = -lo / p.scale;
+    z = z < 15.0f ? z : 15.0f;
+    p.zero = int(int32_t((z + magic) - magic));
+    return p;
+}
 
 Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q) {
     // The range always holds 0, so zero is exact and constant groups fit. Eight running minima
@@ -94,17 +112,12 @@ Int4Group quantize_group_int4(const float* x, int64_t g, uint8_t* q) {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
     }
-    Int4Group p;
-    p.scale = (hi - lo) / 15.0f;
-    if (!(p.scale > 0.0f)) {  // all zeros (or a range that is not finite)
-        p.scale = p.scale > 0.0f ? p.scale : 0.0f;
+    const Int4Group p = int4_group_params(lo, hi);
+    if (p.scale == 0.0f) {
         for (int64_t k = 0; k < g; ++k) q[k] = 0;
         return p;
     }
     const float magic = 12582912.0f;  // round to nearest even, as quantize_group
-    float z = -lo / p.scale;
-    z = z < 15.0f ? z : 15.0f;
-    p.zero = int(int32_t((z + magic) - magic));
     // rne(x / scale) + zero clamped to 0..15, all in f32 (small integers are exact there); locals,
     // not p's members, so that the stores through q (a char type, which may alias) do not force
     // reloads.
@@ -131,8 +144,7 @@ void pack_int4_row(const uint8_t* codes, int64_t cols, uint8_t* packed) {
 void quantize_weights_int4_ref(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins) {
     check_int4_groups(src, group_size);
     std::vector<float> row;
-    std::vector<uint8_t> codes;
-    quantize_int4_rows(src, group_size, q, scales, mins, 0, src.rows, row, codes);
+    quantize_int4_rows(src, group_size, q, scales, mins, 0, src.rows, row, CpuIsa::Scalar);
 }
 
 void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins) {
@@ -141,24 +153,21 @@ void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q
 #pragma omp parallel
     {
         std::vector<float> row;
-        std::vector<uint8_t> codes;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b)
             quantize_int4_rows(src, group_size, q, scales, mins, b * block, std::min(src.rows, (b + 1) * block), row,
-                               codes);
+                               CpuIsa::Auto);
     }
 }
 
 float quantize_row_int8(const float* x, int64_t d, int8_t* q) { return quantize_group(x, d, q); }
-
-void quantize_int8_amax(const float* x, int64_t n, float amax, int8_t* q) { round_int8(x, n, amax, q); }
 
 void quantize_weights_int8_ref(const WeightView& src, int64_t group_size, int8_t* q, float* scales) {
     SHARDLM_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16,
                   "int8 quantization reads f32/f16/bf16 weights, not ", dtype_name(src.dtype));
     check_groups(src.cols, group_size);
     std::vector<float> row;
-    quantize_weight_rows(src, group_size, q, scales, 0, src.rows, row);
+    quantize_weight_rows(src, group_size, q, scales, 0, src.rows, row, CpuIsa::Scalar);
 }
 
 void quantize_weights_int8(const WeightView& src, int64_t group_size, int8_t* q, float* scales) {
@@ -172,7 +181,8 @@ void quantize_weights_int8(const WeightView& src, int64_t group_size, int8_t* q,
         std::vector<float> row;
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; ++b)
-            quantize_weight_rows(src, group_size, q, scales, b * block, std::min(src.rows, (b + 1) * block), row);
+            quantize_weight_rows(src, group_size, q, scales, b * block, std::min(src.rows, (b + 1) * block), row,
+                                 CpuIsa::Auto);
     }
 }
 
@@ -184,31 +194,55 @@ void quantize_acts_int8_ref(const float* x, int64_t n, int64_t cols, int64_t gro
             scales[t * ng + g] = quantize_group(x + t * cols + g * group_size, group_size, q + t * cols + g * group_size);
 }
 
+void quantize_rows_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
+                        CpuIsa isa) {
+    check_groups(cols, group_size);
+    switch (cpu_isa_resolve(isa)) {
+#if defined(SHARDLM_HAVE_AVX512)
+        case CpuIsa::Amx:
+        case CpuIsa::Avx512: return quantize_acts_avx512(x, 0, n, cols, group_size, q, scales);
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+        case CpuIsa::Avx2: return quantize_acts_avx2(x, 0, n, cols, group_size, q, scales);
+#endif
+        default: return quantize_acts_int8_ref(x, n, cols, group_size, q, scales);
+    }
+}
+
 void quantize_acts_int8(const float* x, int64_t n, int64_t cols, int64_t group_size, int8_t* q, float* scales,
                         CpuIsa isa) {
     check_groups(cols, group_size);
     const int64_t ng = cols / group_size;
-    const CpuIsa chosen = cpu_isa_resolve(isa);
 #pragma omp parallel if (n * cols >= (int64_t(1) << 16))
     {
         const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
         const int64_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
-        switch (chosen) {
+        quantize_rows_int8(x + t0 * cols, t1 - t0, cols, group_size, q + t0 * cols, scales + t0 * ng, isa);
+    }
+}
+
+void quantize_rows_int4(const float* x, int64_t n, int64_t cols, int64_t group_size, uint8_t* q, float* scales,
+                        float* mins, CpuIsa isa) {
+    SHARDLM_CHECK(group_size > 0 && group_size % 32 == 0 && cols % group_size == 0, "int4 group size ", group_size,
+                  " must be a multiple of 32 that divides the row length ", cols);
+    Int4Group (*group_fn)(const float*, int64_t, uint8_t*) = group_int4_packed;
+    switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AVX512)
-            case CpuIsa::Amx:
-            case CpuIsa::Avx512: quantize_acts_avx512(x, t0, t1, cols, group_size, q, scales); break;
+        case CpuIsa::Amx:
+        case CpuIsa::Avx512: group_fn = quantize_group_int4_avx512; break;
 #endif
 #if defined(SHARDLM_HAVE_AVX2)
-            case CpuIsa::Avx2: quantize_acts_avx2(x, t0, t1, cols, group_size, q, scales); break;
+        case CpuIsa::Avx2: group_fn = quantize_group_int4_avx2; break;
 #endif
-            default:
-                for (int64_t t = t0; t < t1; ++t)
-                    for (int64_t g = 0; g < ng; ++g)
-                        scales[t * ng + g] = quantize_group(x + t * cols + g * group_size, group_size,
-                                                            q + t * cols + g * group_size);
-                break;
-        }
+        default: break;
     }
+    const int64_t ng = cols / group_size;
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t g = 0; g < ng; ++g) {
+            const Int4Group p = group_fn(x + r * cols + g * group_size, group_size, q + r * (cols / 2) + g * group_size / 2);
+            scales[r * ng + g] = p.scale;
+            mins[r * ng + g] = p.min();
+        }
 }
 
 }  // namespace shardlm

@@ -240,11 +240,16 @@ public:
             std::memcpy(out, t.data + first * 4, n * 4);
         } else {
             const uint8_t* p = t.data + first * 2;
-            for (size_t i = 0; i < n; ++i) {
+            auto half = [p](size_t i) {
                 uint16_t h;
                 std::memcpy(&h, p + 2 * i, 2);
-                out[i] = t.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-            }
+                return h;
+            };
+            // One loop per dtype: the bf16 one vectorises (a shift per element).
+            if (t.dtype == DType::F16)
+                for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(half(i));
+            else
+                for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(half(i));
         }
         if (s.in)
             for (size_t i = 0; i < n; ++i) out[i] *= s.in[c0 + int64_t(i)];
@@ -317,22 +322,25 @@ public:
         converted_ += size_t(b.nrows * b.ncols) + size_t(b.nrows * groups) * sizeof(float);
         if (planning_) return {DType::I8, nullptr, b.nrows, b.ncols};
         Buffer q(size_t(b.nrows * b.ncols)), sc(size_t(b.nrows * groups) * sizeof(float));
-        // Only the columns this block needs (all of them when the scale spans the row).
+        // Only the columns this block needs (all of them when the scale spans the row). Rows go
+        // through the vectorised quantizer of the activations (the same rounding bit for bit): a
+        // slice of a per-channel row is quantized whole for its scale, then copied.
+        const bool slice = g == b.cols && b.ncols < b.cols;
         const int64_t c0 = g == b.cols ? 0 : b.col0, c1 = g == b.cols ? b.cols : b.col0 + b.ncols;
 #pragma omp parallel
         {
             std::vector<float> row(static_cast<size_t>(b.cols));
+            std::vector<int8_t> whole(slice ? static_cast<size_t>(b.cols) : 0);
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < b.nrows; ++r) {
                 row_f32(t, scl, b.row0 + r, c0, c1, b.cols, row.data() + c0);
-                for (int64_t k = 0; k < groups; ++k) {
-                    const int64_t s0 = g == b.cols ? 0 : b.col0 + k * g, s1 = g == b.cols ? b.cols : s0 + g;
-                    float amax = 0.0f;
-                    for (int64_t c = s0; c < s1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
-                    sc.as<float>()[r * groups + k] = amax / 127.0f;
-                    const int64_t q0 = g == b.cols ? b.col0 : s0, q1 = g == b.cols ? b.col0 + b.ncols : s1;
-                    quantize_int8_amax(row.data() + q0, q1 - q0, amax,
-                                       reinterpret_cast<int8_t*>(q.data()) + r * b.ncols + (q0 - b.col0));
+                int8_t* dst = reinterpret_cast<int8_t*>(q.data()) + r * b.ncols;
+                float* scale = sc.as<float>() + r * groups;
+                if (slice) {
+                    quantize_rows_int8(row.data(), 1, b.cols, b.cols, whole.data(), scale);
+                    std::memcpy(dst, whole.data() + b.col0, size_t(b.ncols));
+                } else {
+                    quantize_rows_int8(row.data() + b.col0, 1, b.ncols, view_group, dst, scale);
                 }
             }
         }
@@ -362,25 +370,29 @@ public:
             fail(name, ": ", clip->second.size(), " clip ratios for its ", b.rows * full_groups, " groups");
         converted_ += size_t(b.nrows * b.ncols / 2) + 2 * size_t(b.nrows * groups) * sizeof(float);
         if (planning_) return {DType::U8, nullptr, b.nrows, b.ncols};
-        std::vector<float> f(size_t(b.nrows * b.ncols));
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < b.nrows; ++r)
-            row_f32(t, scl, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, f.data() + r * b.ncols);
-        if (clip != opt_.scales.clip.end()) {
-#pragma omp parallel for schedule(static)
-            for (int64_t r = 0; r < b.nrows; ++r)
-                for (int64_t k = 0; k < groups; ++k) {
-                    float* w = f.data() + r * b.ncols + k * g;
-                    float amax = 0.0f;
-                    for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[i]));
-                    const float m = amax * clip->second[size_t((b.row0 + r) * full_groups + b.col0 / g + k)];
-                    for (int64_t i = 0; i < g; ++i) w[i] = std::clamp(w[i], -m, m);
-                }
-        }
-        WeightView src{DType::F32, f.data(), b.nrows, b.ncols};
+        if (g % 32 != 0) fail(name, ": --group-size ", g, " must be a multiple of 32 for int4");
         Buffer q(size_t(b.nrows * b.ncols / 2)), sc(size_t(b.nrows * groups) * sizeof(float)),
             mn(size_t(b.nrows * groups) * sizeof(float));
-        quantize_weights_int4(src, g, q.data(), sc.as<float>(), mn.as<float>());
+        // Row by row (a staging copy of the whole block in f32 cost a fresh allocation, and its
+        // page faults, per matrix): widened, clipped (AWQ) and quantized by the vectorised rows.
+#pragma omp parallel
+        {
+            std::vector<float> row(static_cast<size_t>(b.ncols));
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < b.nrows; ++r) {
+                row_f32(t, scl, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, row.data());
+                if (clip != opt_.scales.clip.end())
+                    for (int64_t k = 0; k < groups; ++k) {
+                        float* w = row.data() + k * g;
+                        float amax = 0.0f;
+                        for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[i]));
+                        const float m = amax * clip->second[size_t((b.row0 + r) * full_groups + b.col0 / g + k)];
+                        for (int64_t i = 0; i < g; ++i) w[i] = std::clamp(w[i], -m, m);
+                    }
+                quantize_rows_int4(row.data(), 1, b.ncols, g, q.data() + r * (b.ncols / 2), sc.as<float>() + r * groups,
+                                   mn.as<float>() + r * groups);
+            }
+        }
         const WeightView v = int4_weight_view(q.data(), sc.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
         out_.bytes += q.size() + sc.size() + mn.size();
         out_.owned.push_back(std::move(q));

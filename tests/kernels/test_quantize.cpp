@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -106,6 +107,9 @@ TEST(QuantizeInt8, ThreadedMatchesReference) {
     std::fill(x.begin() + 32, x.begin() + 64, 0.0f);
     x[100] = 3.0f;  // with max 3 at token 1: 1.5 / (3 / 127) = 63.5 exactly -> 64
     x[101] = 1.5f;
+    x[2 * cols + 5] = std::nanf("");  // a NaN is skipped by the max and rounds to 127 (the loader's weights)
+    x[3 * cols + 7] = INFINITY;       // an infinite max: scale inf, every value 0 except the infinity
+    x[4 * cols + 90] = -INFINITY;
     for (int64_t group : {int64_t(32), int64_t(24), int64_t(19), cols}) {
         if (cols % group) continue;
         std::vector<int8_t> q1(x.size()), q2(x.size());
@@ -124,6 +128,52 @@ TEST(QuantizeInt8, ThreadedMatchesReference) {
     quantize_acts_int8_ref(x.data(), 1, 96, 96, qa, &sa);
     EXPECT_EQ(quantize_row_int8(x.data(), 96, qr), sa);
     EXPECT_EQ(std::vector<int8_t>(qr, qr + 96), std::vector<int8_t>(qa, qa + 96));
+}
+
+// quantize_rows_int4 (what the loader quantizes --weights int4 with) on every variant against the
+// reference's groups and packing, bit for bit: random groups, a zero group, constant and one-signed
+// groups, -0, NaN, an infinity, and values on rounding ties.
+TEST(QuantizeInt4, RowsOnEveryVariantMatchTheReference) {
+    const int64_t rows = 37, cols = 384;
+    auto x = rand_vec(size_t(rows * cols), 8, 2.0f);
+    std::fill(x.begin(), x.begin() + 32, 0.0f);                  // row 0, group of 32 all zeros
+    std::fill(x.begin() + 64, x.begin() + 96, 1.25f);            // constant positive
+    std::fill(x.begin() + 96, x.begin() + 128, -0.75f);          // constant negative
+    x[cols + 3] = -0.0f;
+    x[2 * cols + 40] = std::nanf("");
+    x[6 * cols + cols - 1] = std::nanf("");  // in the last vector of every group size
+    x[3 * cols + 200] = INFINITY;
+    x[4 * cols + 10] = -INFINITY;
+    for (int64_t c = 0; c < 32; ++c) x[size_t(5 * cols + c)] = float(c % 16) * 0.5f - 2.5f;  // scale 0.5: ties
+    for (int64_t group : {int64_t(32), int64_t(128), cols}) {
+        const int64_t ng = cols / group;
+        std::vector<uint8_t> q1(size_t(rows * cols / 2)), q2(q1.size()), codes(static_cast<size_t>(cols));
+        std::vector<float> s1(size_t(rows * ng)), m1(s1.size()), s2(s1.size()), m2(s1.size());
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t g = 0; g < ng; ++g) {
+                const Int4Group p = quantize_group_int4(x.data() + r * cols + g * group, group, codes.data() + g * group);
+                s1[size_t(r * ng + g)] = p.scale;
+                m1[size_t(r * ng + g)] = p.min();
+            }
+            pack_int4_row(codes.data(), cols, q1.data() + r * cols / 2);
+        }
+        for (CpuIsa isa : cpu_isas_available()) {
+            std::fill(q2.begin(), q2.end(), uint8_t(0xAA));
+            quantize_rows_int4(x.data(), rows, cols, group, q2.data(), s2.data(), m2.data(), isa);
+            EXPECT_EQ(q1, q2) << cpu_isa_name(isa) << " group " << group;
+            // Bit patterns: an infinite range gives a NaN min (-zero * inf) in both.
+            auto bits = [](const std::vector<float>& v) {
+                std::vector<uint32_t> b(v.size());
+                std::memcpy(b.data(), v.data(), v.size() * 4);
+                return b;
+            };
+            EXPECT_EQ(bits(s1), bits(s2)) << cpu_isa_name(isa) << " group " << group;
+            EXPECT_EQ(bits(m1), bits(m2)) << cpu_isa_name(isa) << " group " << group;
+        }
+    }
+    std::vector<uint8_t> q(16);
+    std::vector<float> s(1), m(1);
+    EXPECT_ANY_THROW(quantize_rows_int4(x.data(), 1, 48, 48, q.data(), s.data(), m.data()));  // not a multiple of 32
 }
 
 TEST(QuantizeInt8, GroupMustDivideCols) {

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "kernels/cpu/quantize.h"
 #include "fixtures.h"
 #include "model/checkpoint.h"
 #include "model/quantize_checkpoint.h"
@@ -343,6 +346,86 @@ TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {
     const TensorInfo& y = cb.get("model.layers.1.mlp.down_proj.weight");
     ASSERT_EQ(x.nbytes, y.nbytes);
     EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0);
+}
+
+// Quantize-on-load (the loader's own vectorised row path) against the reference quantizers run on
+// the whole f32 matrices, bit for bit, at TP = 1 and on each rank of TP = 2: rows of a
+// column-parallel matrix (q_proj), columns of a row-parallel one (down_proj, whose per-channel INT8
+// scale spans the whole row on every rank).
+TEST(Weights, QuantizedOnLoadEqualsTheReferenceQuantizers) {
+    TempDir d;
+    ModelConfig c = tiny_config(Arch::Qwen2);
+    c.intermediate = 256;  // a TP = 2 slice of down_proj is 128 columns: whole INT4 groups
+    write_synthetic_checkpoint(d.path(), c, {DType::BF16, 1, 9});
+    Checkpoint ck(d.path());
+    const ModelWeights f = load_weights(ck, c, LoadOptions{WeightFormat::F32}, plan_shard(c, 0, 1));
+    struct Case {
+        WeightFormat fmt;
+        int64_t group;
+        int max_tp;  // INT4 groups of 64 do not divide o_proj's 32-column TP = 2 slice
+    };
+    for (const Case k : {Case{WeightFormat::Int8, 0, 2}, Case{WeightFormat::Int8, 32, 2}, Case{WeightFormat::Int4, 32, 2},
+                         Case{WeightFormat::Int4, 64, 1}}) {
+        const bool four = is_int4(k.fmt);
+        // The reference of one full matrix: codes (one byte per value for INT8, packed for INT4),
+        // scales and mins per group.
+        struct Ref {
+            std::vector<uint8_t> q;
+            std::vector<float> s, m;
+            int64_t g = 0;
+        };
+        auto reference = [&](const WeightView& w) {
+            Ref r;
+            r.g = k.group > 0 ? k.group : w.cols;
+            r.q.resize(size_t(w.rows * w.cols / (four ? 2 : 1)));
+            r.s.resize(size_t(w.rows * (w.cols / r.g)));
+            r.m.resize(r.s.size());
+            if (four) {
+                quantize_weights_int4_ref(w, r.g, r.q.data(), r.s.data(), r.m.data());
+            } else {
+                quantize_weights_int8_ref(w, r.g, reinterpret_cast<int8_t*>(r.q.data()), r.s.data());
+            }
+            return r;
+        };
+        const Ref rq = reference(f.layers[1].q.w), rd = reference(f.layers[1].down.w);
+        for (int tp = 1; tp <= k.max_tp; ++tp)
+            for (int rank = 0; rank < tp; ++rank) {
+                SCOPED_TRACE(std::string(weight_format_name(k.fmt)) + " group " + std::to_string(k.group) + " rank " +
+                             std::to_string(rank) + " of " + std::to_string(tp));
+                const ModelWeights w = load_weights(ck, c, LoadOptions{k.fmt, k.group}, plan_shard(c, rank, tp));
+                const WeightView& q = w.layers[1].q.w;
+                const WeightView& dn = w.layers[1].down.w;
+                const int64_t bq = four ? q.cols / 2 : q.cols;  // bytes per row
+                const uint8_t* qd = static_cast<const uint8_t*>(q.data);
+                const int64_t qg = q.cols / q.group_size;
+                for (int64_t r = 0; r < q.rows; ++r) {  // rows rank * q.rows ..
+                    const int64_t fr = rank * q.rows + r;
+                    ASSERT_EQ(0, std::memcmp(qd + r * bq, rq.q.data() + fr * bq, size_t(bq))) << "q row " << r;
+                    for (int64_t e = 0; e < qg; ++e) {
+                        ASSERT_EQ(q.scales[r * qg + e], rq.s[size_t(fr * qg + e)]);
+                        if (four) {
+                            ASSERT_EQ(q.mins[r * qg + e], rq.m[size_t(fr * qg + e)]);
+                        }
+                    }
+                }
+                const int64_t full_cols = c.intermediate, col0 = rank * dn.cols;
+                const int64_t bd = four ? dn.cols / 2 : dn.cols, bfull = four ? full_cols / 2 : full_cols;
+                const int64_t b0 = four ? col0 / 2 : col0;
+                const uint8_t* dd = static_cast<const uint8_t*>(dn.data);
+                const int64_t dg = dn.cols / dn.group_size, fg = full_cols / rd.g;
+                for (int64_t r = 0; r < dn.rows; ++r) {
+                    ASSERT_EQ(0, std::memcmp(dd + r * bd, rd.q.data() + r * bfull + b0, size_t(bd))) << "down row " << r;
+                    for (int64_t e = 0; e < dg; ++e) {
+                        // per channel: the one scale of the whole row; grouped: this slice's groups
+                        const int64_t fe = rd.g == full_cols ? 0 : col0 / rd.g + e;
+                        ASSERT_EQ(dn.scales[r * dg + e], rd.s[size_t(r * fg + fe)]);
+                        if (four) {
+                            ASSERT_EQ(dn.mins[r * dg + e], rd.m[size_t(r * fg + fe)]);
+                        }
+                    }
+                }
+            }
+    }
 }
 
 TEST(Shard, PlansSplitAndReplicatedKvHeads) {

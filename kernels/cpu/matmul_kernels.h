@@ -224,6 +224,9 @@ void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, flo
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);
 void quantize_acts_avx512(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);
+// values_to_f32 of F16 values (F16C), the first n rounded down to 8; returns how many it wrote.
+int64_t f16_to_f32_avx2(const uint8_t* p, int64_t n, float* out);
+
 // One group of quantize_rows_int4 (quantize_avx2.cpp, quantize_avx512.cpp): quantize_group_int4 of
 // x[0..g) (g a multiple of 32) packed straight into the I4 layout at `packed`, bit for bit.
 Int4Group quantize_group_int4_avx2(const float* x, int64_t g, uint8_t* packed);

@@ -4,8 +4,38 @@
 
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_kernels.h"
 
 namespace shardlm {
+
+namespace {
+inline uint16_t half_at(const uint8_t* p, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return h;
+}
+}  // namespace
+
+void values_to_f32(DType dtype, const void* src, int64_t n, float* out) {
+    switch (dtype) {
+        case DType::F32: std::memcpy(out, src, size_t(n) * 4); return;
+        case DType::F16: {
+            const uint8_t* p = static_cast<const uint8_t*>(src);  // a mapped tensor may be only byte-aligned
+            int64_t i = 0;
+#if defined(SHARDLM_HAVE_AVX2)
+            if (cpu_isa_resolve(CpuIsa::Auto) != CpuIsa::Scalar) i = f16_to_f32_avx2(p, n, out);
+#endif
+            for (; i < n; ++i) out[i] = f16_to_f32(half_at(p, i));
+            return;
+        }
+        case DType::BF16: {
+            const uint8_t* p = static_cast<const uint8_t*>(src);
+            for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(half_at(p, i));
+            return;
+        }
+        default: SHARDLM_CHECK(false, "values_to_f32: ", dtype_name(dtype), " is not a float type");
+    }
+}
 
 void check_weight_view(const WeightView& w) {
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0 && (w.data || w.rows * w.cols == 0), "empty weight view");
@@ -27,18 +57,10 @@ void weight_row_to_f32(const WeightView& w, int64_t r, float* out) {
     const int64_t c = w.cols;
     switch (w.dtype) {
         case DType::F32:
-            std::memcpy(out, static_cast<const float*>(w.data) + r * c, size_t(c) * 4);
+        case DType::F16:
+        case DType::BF16:
+            values_to_f32(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r * c) * dtype_size(w.dtype), c, out);
             return;
-        case DType::F16: {
-            const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * c;
-            for (int64_t i = 0; i < c; ++i) out[i] = f16_to_f32(p[i]);
-            return;
-        }
-        case DType::BF16: {
-            const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * c;
-            for (int64_t i = 0; i < c; ++i) out[i] = bf16_to_f32(p[i]);
-            return;
-        }
         case DType::I8: {
             const int8_t* p = static_cast<const int8_t*>(w.data) + r * c;
             const float* s = w.scales + r * w.n_groups();

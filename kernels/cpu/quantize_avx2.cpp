@@ -1,5 +1,6 @@
 // AVX2 INT4 weight quantizer (quantize_rows_int4; compiled with the AVX2 flags only, called after a
-// run-time CPU check): quantize_avx512.cpp's groups in 8 lanes.
+// run-time CPU check): quantize_avx512.cpp's groups in 8 lanes. Also the F16C widening of F16
+// values the loader and the quantizers read (values_to_f32).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -56,6 +57,13 @@ Int4Group group_int4(const float* x, int64_t g, uint8_t* packed) {
 }
 
 }  // namespace
+
+int64_t f16_to_f32_avx2(const uint8_t* p, int64_t n, float* out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))));
+    return i;
+}
 
 Int4Group quantize_group_int4_avx2(const float* x, int64_t g, uint8_t* packed) { return group_int4(x, g, packed); }
 

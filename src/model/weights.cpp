@@ -236,21 +236,7 @@ public:
     static void row_f32(const TensorInfo& t, const Scaling& s, int64_t r, int64_t c0, int64_t c1, int64_t cols,
                         float* out) {
         const size_t first = size_t(r * cols + c0), n = size_t(c1 - c0);
-        if (t.dtype == DType::F32) {
-            std::memcpy(out, t.data + first * 4, n * 4);
-        } else {
-            const uint8_t* p = t.data + first * 2;
-            auto half = [p](size_t i) {
-                uint16_t h;
-                std::memcpy(&h, p + 2 * i, 2);
-                return h;
-            };
-            // One loop per dtype: the bf16 one vectorises (a shift per element).
-            if (t.dtype == DType::F16)
-                for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(half(i));
-            else
-                for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(half(i));
-        }
+        values_to_f32(t.dtype, t.data + first * dtype_size(t.dtype), int64_t(n), out);
         if (s.in)
             for (size_t i = 0; i < n; ++i) out[i] *= s.in[c0 + int64_t(i)];
         if (s.out)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -70,4 +71,38 @@ TEST(Matmul, OptimisedMatchesReferenceOnAwkwardShapes) {
 TEST(Matmul, ReportsItsIsa) {
     const std::string isa = matmul_isa();
     EXPECT_TRUE(isa == "amx" || isa == "avx512" || isa == "avx2" || isa == "scalar") << isa;
+}
+
+// values_to_f32 (what the loader and the quantizers widen rows with): every F16 bit pattern, from a
+// byte-misaligned source, against the scalar conversion (a NaN stays NaN; F16C quiets a signalling
+// one); BF16 and F32 exactly.
+TEST(ValuesToF32, EveryHalfPatternFromAMisalignedSource) {
+    const int64_t n = 65536 + 5;  // a tail past the 8-value vectors
+    std::vector<uint8_t> bytes(size_t(n) * 2 + 1);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = uint16_t(i);
+        std::memcpy(bytes.data() + 1 + 2 * i, &h, 2);
+    }
+    std::vector<float> out(static_cast<size_t>(n));
+    values_to_f32(DType::F16, bytes.data() + 1, n, out.data());
+    for (int64_t i = 0; i < n; ++i) {
+        const float want = f16_to_f32(uint16_t(i));
+        if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(out[size_t(i)])) << i;
+        } else {
+            uint32_t a, b;
+            std::memcpy(&a, &want, 4);
+            std::memcpy(&b, &out[size_t(i)], 4);
+            ASSERT_EQ(a, b) << "f16 pattern " << i;
+        }
+    }
+    values_to_f32(DType::BF16, bytes.data() + 1, n, out.data());
+    for (int64_t i = 0; i < n; ++i) {
+        const float want = bf16_to_f32(uint16_t(i));
+        ASSERT_EQ(0, std::memcmp(&want, &out[size_t(i)], 4)) << "bf16 pattern " << i;
+    }
+    const std::vector<float> f = {1.5f, -0.0f, 3e38f};
+    values_to_f32(DType::F32, f.data(), 3, out.data());
+    EXPECT_EQ(0, std::memcmp(f.data(), out.data(), 12));
+    EXPECT_ANY_THROW(values_to_f32(DType::I8, f.data(), 3, out.data()));
 }

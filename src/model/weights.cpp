@@ -294,6 +294,15 @@ public:
         return v;
     }
 
+    // After quantizing a block, this process's pages of its source rows in the file map: they are
+    // clean page cache, reclaimable anyway, but counted in the resident set (and by memory cgroups)
+    // until released, which put the peak RSS of a BF16 1.7B model quantized to INT8 at ~5.2 GB for
+    // 1.7 GB of weights. A later read (a tied embedding's rows) faults them back in.
+    static void release_source(const TensorInfo& t, Block b) {
+        const size_t es = dtype_size(t.dtype);
+        release_mapped_pages(t.data + size_t(b.row0 * b.cols) * es, size_t(b.nrows * b.cols) * es);
+    }
+
     // Symmetric INT8 of a block: scale = max|w| / 127 per row and group of group_size input
     // columns (the whole row when 0), q = round-to-nearest-even(w * 127 / max). Scales are taken
     // over the whole group even when the block holds part of a row (per-channel, row-parallel), so
@@ -330,6 +339,7 @@ public:
                 }
             }
         }
+        release_source(t, b);
         WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
         v.scales = sc.as<float>();
         v.group_size = view_group;
@@ -379,6 +389,7 @@ public:
                                    mn.as<float>() + r * groups);
             }
         }
+        release_source(t, b);
         const WeightView v = int4_weight_view(q.data(), sc.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
         out_.bytes += q.size() + sc.size() + mn.size();
         out_.owned.push_back(std::move(q));

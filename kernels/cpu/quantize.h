@@ -19,7 +19,8 @@ float quantize_row_int8(const float* x, int64_t d, int8_t* q);
 // Weights [rows, cols] of src (f32/f16/bf16) -> q int8 [rows, cols], scales f32 [rows, cols / group_size].
 // group_size must divide cols (group_size == cols: per output channel).
 void quantize_weights_int8_ref(const WeightView& src, int64_t group_size, int8_t* q, float* scales);
-// The same results, threaded over rows (for the loader).
+// The same results, threaded over rows and vectorised (whole matrices: the tests' fixtures; the
+// loader quantizes its blocks row by row with quantize_rows_int8).
 void quantize_weights_int8(const WeightView& src, int64_t group_size, int8_t* q, float* scales);
 
 // The I8 view of what quantize_weights_int8 wrote.
@@ -52,7 +53,8 @@ Int4Group int4_group_params(float lo, float hi);
 // Weights [rows, cols] of src (f32/f16/bf16) -> packed q [rows, cols / 2] (layout in weights_view.h),
 // scales and mins f32 [rows, cols / group_size]. group_size must be a multiple of 32 dividing cols.
 void quantize_weights_int4_ref(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
-// The same results, threaded over rows (for the loader).
+// The same results, threaded over rows and vectorised (whole matrices: AWQ's search; the loader
+// quantizes its blocks row by row with quantize_rows_int4).
 void quantize_weights_int4(const WeightView& src, int64_t group_size, uint8_t* q, float* scales, float* mins);
 
 // Rows [0, n) of x [n][cols] (f32) into packed q [n][cols / 2], scales and mins [n][cols / group_size]:

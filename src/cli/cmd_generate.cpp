@@ -62,7 +62,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40, sinks = 4;
     std::string overflow = "error";
-    float temperature = 0.8f, top_p = 0.95f;
+    float temperature = 0.8f, top_p = 0.95f, min_p = 0.0f;
+    float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
+    int64_t penalty_last_n = 64;
     std::string seed = "0";
     int threads = 0, tp = 0;
     d.add_options()
@@ -77,6 +79,16 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("temperature", po::value(&temperature)->default_value(0.8f, "0.8"), "0 is greedy")
         ("top-k", po::value(&top_k)->default_value(40), "keep the k most likely tokens (0: all)")
         ("top-p", po::value(&top_p)->default_value(0.95f, "0.95"), "nucleus sampling mass (1: off)")
+        ("min-p", po::value(&min_p)->default_value(0.0f, "0"),
+         "after top-p, drop tokens less than min-p times as probable as the most probable (0: off)")
+        ("repetition-penalty", po::value(&repetition)->default_value(1.0f, "1"),
+         "divide the positive logits of recent tokens by this, multiply the negative ones (1: off)")
+        ("presence-penalty", po::value(&presence)->default_value(0.0f, "0"),
+         "subtract this from the logit of every recent token (0: off)")
+        ("frequency-penalty", po::value(&frequency)->default_value(0.0f, "0"),
+         "subtract this times its count from the logit of every recent token (0: off)")
+        ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
+         "recent tokens = the last N of prompt and output (-1: the whole context, 0: penalties off)")
         ("seed", po::value(&seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
@@ -87,7 +99,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
-        ("dump-logits", po::value(&dump_logits), "write the logits at each prompt's last position to FILE");
+        ("dump-logits", po::value(&dump_logits),
+         "write the logits at each prompt's last position to FILE (after any token penalties)");
     add_precision_options(d, prec);
     add_backend_options(d, backend);
     po::variables_map vm;
@@ -120,6 +133,11 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.sampler.temperature = temperature;
         go.sampler.top_k = top_k;
         go.sampler.top_p = top_p;
+        go.sampler.min_p = min_p;
+        go.sampler.repetition_penalty = repetition;
+        go.sampler.presence_penalty = presence;
+        go.sampler.frequency_penalty = frequency;
+        go.sampler.penalty_last_n = penalty_last_n;
         go.sampler.seed = parse_seed(seed);
         go.keep_prompt_logits = !dump_logits.empty();
         if (overflow != "error" && overflow != "slide")
@@ -183,6 +201,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
                      " positions (lower --max-new-tokens, or set --ctx with --context-overflow slide)");
         }
         check_context(cfg, so);
+        so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, go.slide);
         check_generate(cfg, engine_options(so), prompts, go,
                        vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
         s = open_session(so, comm);

@@ -240,8 +240,11 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
         n += rows;
     }
     if (n == 0) return;
+    // Token penalties on the whole rows, the same on every rank (every rank holds them).
+    const std::vector<PenaltyEntry> penalties = step_penalties(chunks);
     if (p.tp == 1) {
         matmul(last, n, w_.lm_head, nullptr, logits);
+        apply_penalties_ref(logits, c.vocab, 0, penalties.data(), int64_t(penalties.size()));
         return;
     }
     // Vocab-parallel lm_head: every rank computes its vocabulary slice, padded to vocab_per_rank
@@ -266,6 +269,7 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
             const float* src = gathered_.data() + (int64_t(r) * n + i) * vpr;
             std::copy(src, src + nv, logits + i * c.vocab + v0);
         }
+    apply_penalties_ref(logits, c.vocab, 0, penalties.data(), int64_t(penalties.size()));
 }
 
 }  // namespace shardlm

@@ -21,6 +21,7 @@
 #include "kernels/cuda/nucleus.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
+#include "kernels/cuda/penalty.h"
 #include "kernels/cuda/topk.h"
 #include "kernels/cuda/w4a8.h"
 #include "kernels/cuda/w8a8.h"
@@ -210,6 +211,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
     // forward_nucleus: the ranks' row masses [tp][L], then (TP > 1) the rows' maxima [L] floats.
     mass_host_ = PinnedBuffer(size_t(plan_.tp) * size_t(L) * sizeof(uint64_t) + size_t(L) * sizeof(float) * 2);
+    if (opt_.max_penalties > 0) penalty_host_ = PinnedBuffer(size_t(L * opt_.max_penalties) * sizeof(PenaltyEntry));
     upload(w);
     for (const CudaLayer& layer : layers_) {
         for (const CudaLinear* l : {&layer.qkv, &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate_up, &layer.gate,
@@ -342,6 +344,8 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
         mass_gathered_ = static_cast<uint64_t*>(a.take(size_t(plan_.tp) * L * sizeof(uint64_t)));
         row_max_ = floats(L);
     }
+    const size_t penalty_count = L * size_t(opt_.max_penalties);
+    if (penalty_count > 0) penalties_ = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
     attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, kv_capacity(cfg_, opt_)));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
@@ -668,6 +672,15 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
     } else {
         CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
         run_step(T, B, max_n, n);
+    }
+    // Token penalties on this rank's slice of the logits, eagerly after the step (never captured:
+    // their count changes from step to step), before anything reads the rows.
+    const std::vector<PenaltyEntry> pen = step_penalties(chunks);
+    if (!pen.empty() && plan_.n_vocab > 0) {
+        std::memcpy(penalty_host_.get(), pen.data(), pen.size() * sizeof(PenaltyEntry));
+        CUDA_CHECK(cudaMemcpyAsync(penalties_, penalty_host_.get(), pen.size() * sizeof(PenaltyEntry),
+                                   cudaMemcpyHostToDevice, stream_));
+        apply_penalties_cuda(local_, plan_.n_vocab, int32_t(plan_.vocab0), penalties_, int64_t(pen.size()), stream_);
     }
     return n;
 }

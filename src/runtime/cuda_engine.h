@@ -178,6 +178,8 @@ private:
     uint64_t* mass_gathered_ = nullptr;  // [tp] of mass_ (TP > 1)
     float* row_max_ = nullptr;           // [max_logit_rows] each row's maximum (TP > 1)
     PinnedBuffer mass_host_;
+    PenaltyEntry* penalties_ = nullptr;  // a step's token penalties, [max_logit_rows * max_penalties]
+    PinnedBuffer penalty_host_;          // and their staging copy
     size_t meta_bytes_ = 0;
 
     std::map<int64_t, std::unique_ptr<SegmentedGraph>> graphs_;  // decode step by batch size

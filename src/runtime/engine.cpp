@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "kernels/cpu/topk.h"
@@ -53,6 +54,42 @@ RopeParams rope_params(const ModelConfig& c) {
     return rp;
 }
 
+namespace {
+// A chunk's token penalties: on its one logits row, within the engine's room, distinct ids of the
+// vocabulary, a finite repetition > 0 and a finite offset (else one NaN would spread to a row).
+void check_penalties(const ModelConfig& c, const EngineOptions& opt, const SeqChunk& ch) {
+    SHARDLM_CHECK(ch.want_logits && !ch.all_logits && ch.penalties && ch.n_penalties > 0,
+                  "token penalties go with one logits row per chunk (want_logits, not all_logits)");
+    SHARDLM_CHECK(ch.n_penalties <= opt.max_penalties, "a logits row with ", ch.n_penalties,
+                  " penalised tokens; the engine has room for ", opt.max_penalties);
+    std::vector<int32_t> ids(size_t(ch.n_penalties));
+    for (int64_t i = 0; i < ch.n_penalties; ++i) {
+        const PenaltyEntry& e = ch.penalties[i];
+        SHARDLM_CHECK(e.id >= 0 && e.id < c.vocab, "penalised token id ", e.id, " is outside the vocabulary [0, ",
+                      c.vocab, ")");
+        SHARDLM_CHECK(std::isfinite(e.repetition) && e.repetition > 0.0f && std::isfinite(e.offset),
+                      "token penalty of id ", e.id, ": repetition ", e.repetition, ", offset ", e.offset);
+        ids[size_t(i)] = e.id;
+    }
+    std::sort(ids.begin(), ids.end());
+    const auto dup = std::adjacent_find(ids.begin(), ids.end());
+    SHARDLM_CHECK(dup == ids.end(), "token id ", dup == ids.end() ? 0 : *dup, " is penalised twice in one row");
+}
+}  // namespace
+
+std::vector<PenaltyEntry> step_penalties(const std::vector<SeqChunk>& chunks) {
+    std::vector<PenaltyEntry> out;
+    int32_t row = 0;
+    for (const SeqChunk& ch : chunks) {
+        for (int64_t i = 0; i < ch.n_penalties; ++i) {
+            out.push_back(ch.penalties[i]);
+            out.back().row = row;
+        }
+        row += int32_t(ch.all_logits ? ch.n : ch.want_logits ? 1 : 0);
+    }
+    return out;
+}
+
 StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks) {
     StepShape s;
     for (const SeqChunk& ch : chunks) {
@@ -63,6 +100,7 @@ StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::
             const int32_t id = ch.tokens[i];
             if (id < 0 || id >= c.vocab) fail("token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
         }
+        if (ch.n_penalties != 0) check_penalties(c, opt, ch);
         s.tokens += ch.n;
         s.logit_rows += ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
     }

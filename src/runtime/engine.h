@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/penalty.h"
 #include "kernels/cpu/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -48,6 +49,9 @@ struct EngineOptions {
     // its host memory: the CPU engine weighs its KV cache against 1/ranks_on_node of what the
     // machine can back (KVCache), so that N ranks that each fit alone are not granted N times it.
     int ranks_on_node = 1;
+    // Token penalties (SeqChunk::penalties): the most distinct ids one logits row may list, what
+    // the CUDA engine reserves room for up front (0: no penalties).
+    int64_t max_penalties = 0;
 };
 
 struct SeqChunk {
@@ -57,6 +61,11 @@ struct SeqChunk {
     int64_t pos = 0;               // position of tokens[0]; everything before is cached
     bool want_logits = false;      // produce logits at the chunk's last token
     bool all_logits = false;       // produce logits at every token of the chunk (perplexity)
+    // Token penalties on the logits row of a want_logits chunk (not all_logits), applied before
+    // anything reads the row (kernels/cpu/penalty.h): n_penalties entries with distinct ids, their
+    // `row` fields ignored (the engine numbers the rows), at most EngineOptions::max_penalties.
+    const PenaltyEntry* penalties = nullptr;
+    int64_t n_penalties = 0;
 };
 
 // The most candidates per row Engine::forward_top hands back (the GPU selection's limit).
@@ -118,6 +127,9 @@ struct StepShape {
     int64_t tokens = 0, logit_rows = 0;
 };
 StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks);
+// The step's token penalties (SeqChunk::penalties) in chunk order, each entry's `row` set to its
+// chunk's logits row in the step. For the engines, after check_step.
+std::vector<PenaltyEntry> step_penalties(const std::vector<SeqChunk>& chunks);
 // Positions each slot's KV cache holds. opt.ctx, except for a model whose every layer slides over
 // a window W: a ring of W + max_step_tokens - 1 rows (when shorter), the least that keeps every key
 // a chunk's queries see while the chunk writes its own rows (position p in row p % capacity).

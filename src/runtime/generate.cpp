@@ -19,6 +19,35 @@ double now_ms() {
 }
 }  // namespace
 
+int64_t penalty_window(const SamplerOptions& opt, int64_t ctx) {
+    if (!penalties_enabled(opt)) return 0;
+    return opt.penalty_last_n < 0 ? ctx : opt.penalty_last_n;
+}
+
+int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide) {
+    int64_t n = std::min(penalty_window(opt, ctx), vocab);
+    return slide ? n : std::min(n, ctx);
+}
+
+std::vector<PenaltyEntry> token_penalties(const SamplerOptions& opt, int64_t window, const int32_t* tokens, int64_t n) {
+    std::vector<PenaltyEntry> out;
+    if (!penalties_enabled(opt) || window <= 0) return out;
+    const int64_t from = std::max<int64_t>(0, n - window);
+    std::vector<int32_t> ids(tokens + from, tokens + n);
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+        size_t j = i;
+        while (j < ids.size() && ids[j] == ids[i]) ++j;
+        PenaltyEntry e;
+        e.id = ids[i];
+        e.repetition = opt.repetition_penalty;
+        e.offset = opt.frequency_penalty * float(j - i) + opt.presence_penalty;
+        out.push_back(e);
+        i = j;
+    }
+    return out;
+}
+
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
                     const GenerateOptions& opt, const std::string& source) {
     const int64_t ctx = eo.ctx;
@@ -48,6 +77,9 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
              " and its cache holds only the newest ", kv_capacity(cfg, eo),
              " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
+    const int64_t room = max_penalties(opt.sampler, ctx, cfg.vocab, opt.slide);
+    SHARDLM_CHECK(room <= eo.max_penalties, "the engine has room for ", eo.max_penalties,
+                  " penalised tokens per row, the penalty flags need ", room, " (EngineOptions::max_penalties)");
     // Before any step: the engine would refuse the id only in the step that embeds it, after the
     // prompts before it had been prefilled.
     for (size_t s = 0; s < B; ++s)
@@ -99,6 +131,23 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             return true;
         engine.forward(chunks, logits.data());
         return false;
+    };
+    // Token penalties: each logits row's entries, built from its sequence's last `window` tokens
+    // just before the step (they live in pens[s] until the next).
+    const int64_t window = penalty_window(so, ctx);
+    std::vector<std::vector<PenaltyEntry>> pens(B);
+    std::vector<int32_t> tail;
+    auto add_penalties = [&](SeqChunk& ch, size_t s) {
+        if (window == 0) return;
+        const std::vector<int32_t>& p = res.seqs[s].prompt;
+        const std::vector<int32_t>& g = res.seqs[s].tokens;
+        const int64_t from_g = std::min<int64_t>(int64_t(g.size()), window);
+        const int64_t from_p = std::min<int64_t>(int64_t(p.size()), window - from_g);
+        tail.assign(p.end() - from_p, p.end());
+        tail.insert(tail.end(), g.end() - from_g, g.end());
+        pens[s] = token_penalties(so, window, tail.data(), int64_t(tail.size()));
+        ch.penalties = pens[s].data();
+        ch.n_penalties = int64_t(pens[s].size());
     };
     auto is_eos = [&](int32_t id) { return std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end(); };
     // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
@@ -156,6 +205,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             ch.pos = done[next];
             done[next] += n;
             ch.want_logits = done[next] == len;
+            if (ch.want_logits) add_penalties(ch, next);
             chunks.push_back(ch);
             chunk_seq.push_back(next);
             budget -= n;
@@ -202,6 +252,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
                 res.timings.context_shifts += 1;
             }
             ch.want_logits = true;
+            add_penalties(ch, s);
             chunks.push_back(ch);
             chunk_seq.push_back(s);
         }

@@ -48,10 +48,21 @@ struct GenerateResult {
 // Called after each step with (sequence index, new token); for streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
 
+// Token penalties (SamplerOptions::repetition_penalty & co.): how many tokens of a sequence they
+// look back over (penalty_last_n, or the context for -1; 0 when off), and the most distinct ids
+// one logits row can then list: what EngineOptions::max_penalties must hold (at most the window,
+// the vocabulary, and without --context-overflow slide the context).
+int64_t penalty_window(const SamplerOptions& opt, int64_t ctx);
+int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide);
+// The penalties of a sequence's next token from its last `window` tokens (tokens [0, n), prompt
+// then generated): one entry per distinct id, ascending, with offset = frequency * count +
+// presence. Empty when the options penalise nothing.
+std::vector<PenaltyEntry> token_penalties(const SamplerOptions& opt, int64_t window, const int32_t* tokens, int64_t n);
+
 // The checks generate() makes before it runs anything, on flags, prompts and config alone: the
 // batch within the engine's slots, each prompt (plus max_new_tokens, unless sliding) within the
-// context, --sink-tokens, slide on a model whose cache is a sliding-window ring, and each prompt id
-// within [0, cfg.vocab) (`source`, where the prompts came from, begins that error: "--prompt-ids").
+// context, --sink-tokens, slide on a model whose cache is a sliding-window ring, room in the engine
+// for the token penalties, and each prompt id within [0, cfg.vocab) (`source`, where the prompts came from, begins that error: "--prompt-ids").
 // Throws Error naming the flags. The CLI calls it before loading the weights (eo as
 // engine_options() gives them).
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,

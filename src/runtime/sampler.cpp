@@ -58,12 +58,28 @@ int64_t sampler_candidates(const SamplerOptions& opt, int64_t vocab) {
     return opt.top_k > 0 ? std::min(opt.top_k, vocab) : 0;
 }
 
+bool penalties_enabled(const SamplerOptions& opt) {
+    return opt.penalty_last_n != 0 &&
+           (opt.repetition_penalty != 1.0f || opt.presence_penalty != 0.0f || opt.frequency_penalty != 0.0f);
+}
+
 Sampler::Sampler(const SamplerOptions& opt, uint64_t stream)
     : opt_(opt), state_(opt.seed ^ (0x9e3779b97f4a7c15ull * (stream + 1))) {
     if (!(opt.temperature >= 0) || std::isinf(opt.temperature)) fail("--temperature must be a finite number >= 0");
     if (opt.top_k < 0) fail("--top-k must be >= 0");
     if (!(opt.top_p > 0 && opt.top_p <= 1)) fail("--top-p must be in (0, 1]");
+    if (!(opt.min_p >= 0 && opt.min_p <= 1)) fail("--min-p must be in [0, 1]");
+    if (!(opt.repetition_penalty > 0) || std::isinf(opt.repetition_penalty))
+        fail("--repetition-penalty must be a finite number > 0");
+    if (!std::isfinite(opt.presence_penalty)) fail("--presence-penalty must be a finite number");
+    if (!std::isfinite(opt.frequency_penalty)) fail("--frequency-penalty must be a finite number");
+    if (opt.penalty_last_n < -1) fail("--penalty-last-n must be >= -1");
 }
+
+// min-p on fixed-point weights (kernels/cpu/nucleus.h: the row's maximum weighs exactly
+// 2^kNucleusBits): whether a candidate of weight q stays.
+static bool min_p_keeps(uint64_t q, float min_p) { return double(q) >= double(min_p) * 0x1p45; }
+static_assert(kNucleusBits == 45, "min_p_keeps's threshold is min_p times the maximum's weight");
 
 double Sampler::uniform() {
     uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
@@ -114,7 +130,11 @@ int32_t Sampler::draw_all(const float* logits, int64_t vocab) {
     const double mx = logits[top];
     p_.resize(size_t(vocab));  // weights by id
     double sum = 0;
-    for (int64_t i = 0; i < vocab; ++i) sum += (p_[size_t(i)] = weight(logits[i], mx));
+    // min-p: weights are relative to the maximum's (1), so the cut is a comparison with min_p.
+    for (int64_t i = 0; i < vocab; ++i) {
+        const double w = weight(logits[i], mx);
+        sum += (p_[size_t(i)] = w < opt_.min_p ? 0.0 : w);
+    }
     if (!(sum > 0) || !std::isfinite(sum)) return top;  // +-inf or all-NaN rows: the ranking's first
     double r = uniform() * sum;
     int32_t last = top;
@@ -176,7 +196,9 @@ int32_t Sampler::draw_nucleus_row(const float* logits, int64_t vocab) {
         cand_.push_back({logits[i], int32_t(i)});
     }
     std::sort(cand_.begin(), cand_.end(), ranked);
-    return draw_fixed(cand_.size(), [&](size_t i) { return q_[size_t(cand_[i].second)]; });
+    size_t n = 1;  // min-p: the ranked prefix that stays (the first always does: it weighs the most)
+    while (n < cand_.size() && min_p_keeps(q_[size_t(cand_[n].second)], opt_.min_p)) ++n;
+    return draw_fixed(n, [&](size_t i) { return q_[size_t(cand_[i].second)]; });
 }
 
 int32_t Sampler::sample_nucleus(const float* vals, const int32_t* ids, int64_t k, uint64_t total) {
@@ -189,6 +211,9 @@ int32_t Sampler::sample_nucleus(const float* vals, const int32_t* ids, int64_t k
     for (size_t i = 0; i < cand_.size(); ++i) {
         cand_[i] = {vals[i], ids[i]};
         cum += (q_[i] = nucleus_weight(vals[i], vals[0], opt_.temperature));
+        // Weights fall along the ranking, so the first candidate min-p drops ends the draw's range
+        // wherever the nucleus would end, as in draw_nucleus_row.
+        if (i > 0 && !min_p_keeps(q_[i], opt_.min_p)) return draw_fixed(i, [&](size_t j) { return q_[j]; });
         if (nucleus_reached(cum, total, opt_.top_p)) return draw_fixed(i + 1, [&](size_t j) { return q_[j]; });
     }
     return -1;  // the nucleus reaches past the candidates
@@ -219,6 +244,10 @@ int32_t Sampler::draw() {
             if (cum >= opt_.top_p) { n = i + 1; break; }
         }
     }
+    // min-p: p_ is relative to the maximum (p_[0] == 1), so the cut is a comparison with min_p.
+    size_t m = 1;
+    while (m < n && p_[m] >= opt_.min_p) ++m;
+    n = m;
     double mass = 0;
     for (size_t i = 0; i < n; ++i) mass += p_[i];
     double r = uniform() * mass;

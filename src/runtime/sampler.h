@@ -1,5 +1,5 @@
 // Token choice from logits: greedy at temperature 0, else temperature, top-k, then top-p
-// (nucleus) and a draw from a seeded generator. Each sequence owns its generator so a batch
+// (nucleus), min-p and a draw from a seeded generator. Each sequence owns its generator so a batch
 // samples exactly what its sequences would sample alone.
 //
 // Logits are ranked by value, highest first, ties by the lower id, NaN below every number
@@ -19,8 +19,21 @@ struct SamplerOptions {
     float temperature = 0.8f;
     int64_t top_k = 40;   // 0: no limit
     float top_p = 0.95f;  // 1: no limit
+    // After top-p: keep only the tokens at least min_p times as probable (at `temperature`) as the
+    // most probable one (0: off), as Hugging Face's and vLLM's min-p.
+    float min_p = 0.0f;
     uint64_t seed = 0;
+    // Token penalties on the logits before any of the above (greedy included), over the last
+    // penalty_last_n tokens of the sequence, prompt and generated alike (-1: as many as the
+    // context holds; 0: none), as llama.cpp applies them (kernels/cpu/penalty.h, runtime/generate.h).
+    float repetition_penalty = 1.0f;  // 1: none
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    int64_t penalty_last_n = 64;
 };
+
+// Whether the options penalise any token (runtime/generate.h builds the penalties).
+bool penalties_enabled(const SamplerOptions& opt);
 
 // Index of the largest value; the lowest index among ties; NaN is never taken over a number
 // (an all-NaN row gives 0). The first entry of the top-k ranking.

@@ -89,6 +89,7 @@ EngineOptions engine_options(const SessionOptions& opt) {
         step = std::min(step, opt.ctx * opt.max_batch);
     eo.max_step_tokens = std::max(step, opt.max_batch);
     eo.kv = kv_dtype(opt.kv);
+    eo.max_penalties = opt.max_penalties;
     return eo;
 }
 

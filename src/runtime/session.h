@@ -38,6 +38,7 @@ struct SessionOptions {
     int l2_prefetch = -1;  // EngineOptions::l2_prefetch
     int fused_rope = -1;   // EngineOptions::fused_rope
     int gemm_staging = -1;  // EngineOptions::gemm_staging
+    int64_t max_penalties = 0;  // EngineOptions::max_penalties (runtime/generate.h: max_penalties)
 };
 
 struct Session {

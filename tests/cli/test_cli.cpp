@@ -1,6 +1,7 @@
 // The shardlm binary end to end: output contracts and one-line errors for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <sstream>
@@ -324,6 +325,46 @@ TEST_F(Cli, BadInputGivesOneLineErrors) {
     expect_error("info" + m + " extra", "unexpected argument \"extra\"");
     // Tens of thousands of OpenMP threads crashed the process (SIGSEGV).
     expect_error("generate" + m + " --prompt-ids 1 --threads 100000", "--threads 100000 must be in [0, 1024]");
+}
+
+// Token penalties and min-p from the command line: a presence penalty over the whole context makes
+// greedy decoding repeat no token (slide included: a window larger than --ctx is the context), the
+// flags' bad values are one-line errors naming them, and under mpirun the tokens are one rank's.
+TEST_F(Cli, PenaltyAndMinPFlags) {
+    const std::string m = " --model " + dir_.path();
+    const std::string gen = kBin + " generate" + m + " --prompt-ids 5,6,7 --max-new-tokens 20 --temperature 0 --json";
+    for (const std::string extra : {" --presence-penalty 1000 --penalty-last-n -1",
+                                    " --presence-penalty 1000 --penalty-last-n 500 --ctx 12 --context-overflow slide"}) {
+        const CommandResult r = run_command(gen + extra);
+        ASSERT_EQ(r.exit_code, 0) << extra << ": " << r.err;
+        std::vector<int32_t> seen = {5, 6, 7};
+        for (int32_t id : nlohmann::json::parse(r.out)["results"][0]["tokens"].get<std::vector<int32_t>>()) {
+            EXPECT_EQ(std::find(seen.begin(), seen.end(), id), seen.end()) << extra << ": repeated " << id;
+            seen.push_back(id);
+        }
+    }
+    const CommandResult plain = run_command(gen);
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    const CommandResult pen = run_command(gen + " --repetition-penalty 1.3 --frequency-penalty 0.5");
+    ASSERT_EQ(pen.exit_code, 0) << pen.err;
+    EXPECT_NE(nlohmann::json::parse(plain.out)["results"][0]["tokens"], nlohmann::json::parse(pen.out)["results"][0]["tokens"]);
+    const std::string sampled = kBin + " generate" + m + " --max-new-tokens 20 --json --temperature 1.2 --top-k 0"
+                                " --top-p 0.95 --min-p 0.05 --seed 3 --repetition-penalty 1.3 --frequency-penalty 0.5"
+                                " --prompt-ids '5,6,7;9,9'";
+    const CommandResult one = run_command(sampled);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+#ifdef SHARDLM_MPIEXEC
+    const CommandResult two = run_command(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 " +
+                                          sampled + " --threads 1");
+    ASSERT_EQ(two.exit_code, 0) << two.err;
+    EXPECT_EQ(nlohmann::json::parse(one.out)["results"], nlohmann::json::parse(two.out)["results"]);
+#endif
+    expect_error("generate" + m + " --prompt-ids 1 --min-p 1.5", "--min-p");
+    expect_error("generate" + m + " --prompt-ids 1 --repetition-penalty 0", "--repetition-penalty");
+    expect_error("generate" + m + " --prompt-ids 1 --presence-penalty inf", "--presence-penalty");
+    expect_error("generate" + m + " --prompt-ids 1 --frequency-penalty nan", "--frequency-penalty");
+    expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n -2", "--penalty-last-n");
+    expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n x", "--penalty-last-n");
 }
 
 // --context-overflow slide: generation longer than --ctx goes on through context shifts (stderr

@@ -3,12 +3,14 @@
 // step by step and greedy tokens required equal. Skips where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "kernels/cpu/nucleus.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
 #include "runtime/cuda_engine.h"
@@ -505,10 +507,11 @@ struct ThreeSlots {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     SingleRank comm;
     std::unique_ptr<Session> s;
-    ThreeSlots() {
+    explicit ThreeSlots(int64_t max_penalties = 0) {
         SessionOptions so = tiny_cuda_model(dir, cfg);
         so.ctx = 32;
         so.max_batch = 3;
+        so.max_penalties = max_penalties;
         s = open_session(so, comm);
     }
     std::vector<std::vector<int32_t>> prompts(int64_t len0, int64_t step, uint64_t seed) const {
@@ -603,6 +606,70 @@ TEST(CudaEngine, NucleusFromGpuCandidatesDrawsWhatTheRowsDraw) {
     }
     EXPECT_GT(decided, 0);
     EXPECT_GT(fell_back, 0);
+}
+
+// Token penalties (SeqChunk::penalties) reach every way a step hands back its logits: forward()'s
+// rows, forward_top()'s candidates and forward_nucleus()'s masses are those of the step's
+// unpenalised rows penalised on the host by apply_penalties_ref, bit for bit, in prefill and in
+// decode (eager, captured, replayed); a row without penalties is left as it was.
+TEST(CudaEngine, PenaltiesReachEveryPath) {
+    SKIP_WITHOUT_GPU();
+    ThreeSlots m(12);
+    Engine& e = *m.s->engine;
+    const int64_t V = m.cfg.vocab, B = 3;
+    const std::vector<std::vector<int32_t>> prompts = m.prompts(5, 2, 31);
+    const size_t n_rows = size_t(B * V);
+    std::vector<float> raw(n_rows), got(n_rows), vals(n_rows);
+    std::vector<int32_t> ids(n_rows), tok(static_cast<size_t>(B));
+    std::vector<uint64_t> mass(static_cast<size_t>(B));
+    const float temperature = 4.0f;
+    for (int64_t t = 0; t < 5; ++t) {
+        for (int64_t b = 0; b < B; ++b) tok[size_t(b)] = int32_t((t * 17 + b * 5) % V);
+        std::vector<SeqChunk> ch = step_chunks(prompts, tok, t);
+        e.forward(ch, raw.data());
+        // Penalise each row's three best tokens and a few others, both ways (repetition above
+        // and below 1, offsets of both signs); row 1 goes without on odd steps.
+        std::vector<std::vector<PenaltyEntry>> pen(static_cast<size_t>(B));
+        std::vector<float> want = raw;
+        for (int64_t b = 0; b < B; ++b) {
+            if (b == 1 && t % 2) continue;
+            std::vector<float> best(3);
+            std::vector<int32_t> best_ids(3);
+            topk_ref(raw.data() + b * V, V, 3, best.data(), best_ids.data());
+            std::vector<int32_t> pick = best_ids;
+            for (int32_t j = 0; int64_t(pick.size()) < 12; ++j) {
+                const int32_t id = int32_t((t * 31 + b * 7 + j * 13) % V);
+                if (std::find(pick.begin(), pick.end(), id) == pick.end()) pick.push_back(id);
+            }
+            for (size_t j = 0; j < pick.size(); ++j)
+                pen[size_t(b)].push_back({0, pick[j], j % 2 ? 1.25f : 0.8f, 0.375f * float(j) - 1.0f});
+            ch[size_t(b)].penalties = pen[size_t(b)].data();
+            ch[size_t(b)].n_penalties = int64_t(pen[size_t(b)].size());
+            apply_penalties_ref(want.data() + b * V, V, 0, pen[size_t(b)].data(), int64_t(pen[size_t(b)].size()));
+        }
+        ASSERT_NE(0, std::memcmp(raw.data(), want.data(), n_rows * sizeof(float)));
+        e.forward(ch, got.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), n_rows * sizeof(float))) << "forward, step " << t;
+        const int64_t k = std::min<int64_t>(V, 40);
+        e.forward_top(ch, k, vals.data(), ids.data());
+        for (int64_t b = 0; b < B; ++b) {
+            std::vector<float> want_v(static_cast<size_t>(k));
+            std::vector<int32_t> want_i(static_cast<size_t>(k));
+            topk_ref(want.data() + b * V, V, k, want_v.data(), want_i.data());
+            for (int64_t j = 0; j < k; ++j) {
+                ASSERT_EQ(ids[size_t(b * k + j)], want_i[size_t(j)]) << "forward_top, step " << t << " row " << b;
+                ASSERT_EQ(vals[size_t(b * k + j)], want_v[size_t(j)]) << "forward_top, step " << t << " row " << b;
+            }
+        }
+        ASSERT_TRUE(e.forward_nucleus(ch, k, temperature, vals.data(), ids.data(), mass.data()));
+        for (int64_t b = 0; b < B; ++b) {
+            const float* row = want.data() + b * V;
+            const float mx = row[argmax(row, V)];
+            uint64_t total = 0;
+            for (int64_t j = 0; j < V; ++j) total += nucleus_weight(row[j], mx, temperature);
+            ASSERT_EQ(mass[size_t(b)], total) << "forward_nucleus, step " << t << " row " << b;
+        }
+    }
 }
 
 // Sliding-window attention on the GPU against the CPU engine: Mistral slides on every layer (its

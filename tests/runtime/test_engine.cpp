@@ -1,10 +1,12 @@
 // Model invariants on tiny random checkpoints of every architecture.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -288,6 +290,121 @@ TEST(Engine, AllNaNLogitsStopGeneration) {
             EXPECT_NE(std::string(e.what()).find("are all NaN at generated token 0"), std::string::npos) << e.what();
         }
     }
+}
+
+// token_penalties (runtime/generate.h): one entry per distinct id of the last `window` tokens,
+// ascending, offset = frequency * count + presence; nothing when the options penalise nothing.
+TEST(Engine, TokenPenaltiesCountTheWindow) {
+    SamplerOptions o;
+    o.repetition_penalty = 1.5f;
+    o.frequency_penalty = 0.25f;
+    o.presence_penalty = 0.5f;
+    const std::vector<int32_t> seq = {9, 5, 3, 5, 9, 5, 3};
+    const std::vector<PenaltyEntry> e = token_penalties(o, 4, seq.data(), int64_t(seq.size()));  // 5 9 5 3
+    ASSERT_EQ(e.size(), 3u);
+    EXPECT_EQ(e[0].id, 3);
+    EXPECT_EQ(e[0].offset, 0.75f);
+    EXPECT_EQ(e[1].id, 5);
+    EXPECT_EQ(e[1].offset, 1.0f);
+    EXPECT_EQ(e[2].id, 9);
+    EXPECT_EQ(e[2].offset, 0.75f);
+    for (const auto& x : e) EXPECT_EQ(x.repetition, 1.5f);
+    EXPECT_EQ(token_penalties(o, 100, seq.data(), int64_t(seq.size())).size(), 3u);
+    EXPECT_TRUE(token_penalties(o, 0, seq.data(), int64_t(seq.size())).empty());
+    SamplerOptions off;
+    EXPECT_FALSE(penalties_enabled(off));
+    EXPECT_TRUE(token_penalties(off, 4, seq.data(), int64_t(seq.size())).empty());
+    off.repetition_penalty = 1.2f;
+    off.penalty_last_n = 0;
+    EXPECT_FALSE(penalties_enabled(off));
+    // Room per row: the window, the vocabulary, and without slide the context.
+    EXPECT_EQ(max_penalties(o, 1000, 50000, false), 64);
+    o.penalty_last_n = -1;
+    EXPECT_EQ(max_penalties(o, 1000, 50000, false), 1000);
+    EXPECT_EQ(max_penalties(o, 1000, 300, true), 300);
+    o.penalty_last_n = 5000;
+    EXPECT_EQ(max_penalties(o, 1000, 50000, false), 1000);
+    EXPECT_EQ(max_penalties(o, 1000, 50000, true), 5000);
+}
+
+// generate() with token penalties and min-p draws what a plain loop draws from the unpenalised
+// rows penalised by hand (counts over the last 6 tokens of prompt and output): greedy through
+// forward_top's one candidate, top-k sampling, top-p without top-k (the whole row). A huge
+// presence penalty over the whole context makes greedy decoding never repeat a token, the
+// prompt's included; an engine opened without room for the penalties is refused up front.
+TEST(Engine, TokenPenaltiesSteerGeneration) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 5});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(7, cfg.vocab, 3), make_prompt(4, cfg.vocab, 4)};
+    const int64_t V = cfg.vocab, max_new = 12, ctx = 24;
+    SingleRank comm;  // outlives the sessions, which hold it
+    auto open = [&](int64_t room) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = ctx;
+        so.max_batch = 2;
+        so.max_penalties = room;
+        return open_session(so, comm);
+    };
+    struct Opt { float t; int64_t k; float p; float min_p; };
+    for (const Opt o : {Opt{0, 40, 1, 0}, Opt{1.5f, 20, 1, 0.05f}, Opt{1.2f, 0, 0.9f, 0.02f}}) {
+        GenerateOptions go;
+        go.max_new_tokens = max_new;
+        go.sampler.temperature = o.t;
+        go.sampler.top_k = o.k;
+        go.sampler.top_p = o.p;
+        go.sampler.min_p = o.min_p;
+        go.sampler.seed = 3;
+        go.sampler.repetition_penalty = 1.75f;
+        go.sampler.frequency_penalty = 0.25f;
+        go.sampler.presence_penalty = 0.5f;
+        go.sampler.penalty_last_n = 6;
+        auto s = open(max_penalties(go.sampler, ctx, V, false));
+        const GenerateResult got = generate(*s->engine, prompts, go);
+
+        // The plain loop: one sequence at a time, whole prompts, every row sampled from the host.
+        auto ref = open(0);
+        for (size_t b = 0; b < prompts.size(); ++b) {
+            Sampler sampler(go.sampler, b);
+            std::vector<int32_t> seq = prompts[b];
+            std::vector<int32_t> out;
+            std::vector<float> row(static_cast<size_t>(V));
+            SeqChunk ch{int64_t(b), seq.data(), int64_t(seq.size()), 0, true};
+            for (int64_t i = 0; i < max_new; ++i) {
+                ref->engine->forward({ch}, row.data());
+                std::map<int32_t, int> count;
+                for (size_t j = seq.size() > 6 ? seq.size() - 6 : 0; j < seq.size(); ++j) count[seq[j]]++;
+                for (const auto& [id, n] : count) row[size_t(id)] = penalize(row[size_t(id)], 1.75f, 0.25f * float(n) + 0.5f);
+                const int32_t id = sampler.sample(row.data(), V);
+                out.push_back(id);
+                if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end()) break;
+                seq.push_back(id);
+                ch = SeqChunk{int64_t(b), &seq.back(), 1, int64_t(seq.size()) - 1, true};
+            }
+            EXPECT_EQ(got.seqs[b].tokens, out) << "t " << o.t << " k " << o.k << " p " << o.p << " prompt " << b;
+        }
+        // Without them the same options generate something else.
+        GenerateOptions plain = go;
+        plain.sampler.repetition_penalty = 1;
+        plain.sampler.frequency_penalty = plain.sampler.presence_penalty = 0;
+        EXPECT_NE(generate(*open(0)->engine, prompts, plain).seqs[0].tokens, got.seqs[0].tokens) << "t " << o.t;
+    }
+    GenerateOptions go;
+    go.max_new_tokens = max_new;
+    go.sampler.temperature = 0;
+    go.sampler.presence_penalty = 1e4f;
+    go.sampler.penalty_last_n = -1;
+    auto s = open(max_penalties(go.sampler, ctx, V, false));
+    const GenerateResult r = generate(*s->engine, prompts, go);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+        std::vector<int32_t> seen = prompts[b];
+        for (int32_t id : r.seqs[b].tokens) {
+            EXPECT_EQ(std::find(seen.begin(), seen.end(), id), seen.end()) << "prompt " << b << " repeats " << id;
+            seen.push_back(id);
+        }
+    }
+    EXPECT_THROW(generate(*open(0)->engine, prompts, go), Error);
 }
 
 // --context-overflow slide: generation goes on past the context, shifting the cache each time a

@@ -63,6 +63,39 @@ TEST(Sampler, TemperatureMatchesDistributionAndSeedRepeats) {
     EXPECT_LT(same_as_other_stream, 4000);
 }
 
+// min-p keeps the tokens at least min_p times as probable as the first, on every path: top-k
+// candidates, the whole row without filters, and top-p without top-k. Probabilities 0.5, 0.3,
+// 0.15, 0.05 at min-p 0.2 keep the first three (0.05 / 0.5 = 0.1 < 0.2), renormalised.
+TEST(Sampler, MinPDropsTheImprobable) {
+    const std::vector<float> lg = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    struct Opt { int64_t k; float p; };
+    for (const Opt o : {Opt{4, 1}, Opt{0, 1}, Opt{0, 0.999f}}) {
+        SamplerOptions so;
+        so.temperature = 1;
+        so.top_k = o.k;
+        so.top_p = o.p;
+        so.min_p = 0.2f;
+        Sampler s(so, 1);
+        std::map<int, int> count;
+        for (int i = 0; i < 6000; ++i) count[s.sample(lg.data(), 4)]++;
+        EXPECT_EQ(count[3], 0) << "k " << o.k << " p " << o.p;
+        EXPECT_NEAR(count[0] / 6000.0, 0.5 / 0.95, 0.03) << "k " << o.k << " p " << o.p;
+        EXPECT_NEAR(count[2] / 6000.0, 0.15 / 0.95, 0.02) << "k " << o.k << " p " << o.p;
+    }
+    // At a lower temperature the probabilities sharpen first: T = 0.5 squares the ratios, so 0.15 /
+    // 0.5 = 0.3 becomes 0.09 < 0.2 and only the first two stay.
+    SamplerOptions so;
+    so.temperature = 0.5f;
+    so.top_k = 4;
+    so.top_p = 1;
+    so.min_p = 0.2f;
+    Sampler s(so, 2);
+    for (int i = 0; i < 500; ++i) EXPECT_LT(s.sample(lg.data(), 4), 2);
+    so.min_p = 1;  // only the maximum (and its ties)
+    Sampler g(so, 2);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(g.sample(lg.data(), 4), 0);
+}
+
 TEST(Sampler, BadOptions) {
     SamplerOptions o;
     o.top_p = 0;
@@ -76,6 +109,31 @@ TEST(Sampler, BadOptions) {
     EXPECT_THROW(Sampler(o, 0), Error);
     o.temperature = 1e30f;  // finite: very flat, as asked
     EXPECT_NO_THROW(Sampler(o, 0));
+    for (const float bad : {-0.1f, 1.5f, NAN}) {
+        SamplerOptions m;
+        m.min_p = bad;
+        EXPECT_THROW(Sampler(m, 0), Error) << "min_p " << bad;
+    }
+    for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+        SamplerOptions m;
+        m.repetition_penalty = bad;
+        EXPECT_THROW(Sampler(m, 0), Error) << "repetition " << bad;
+    }
+    for (const float bad : {INFINITY, -INFINITY, NAN}) {
+        SamplerOptions m;
+        m.presence_penalty = bad;
+        EXPECT_THROW(Sampler(m, 0), Error) << "presence " << bad;
+        m.presence_penalty = 0;
+        m.frequency_penalty = bad;
+        EXPECT_THROW(Sampler(m, 0), Error) << "frequency " << bad;
+    }
+    SamplerOptions m;
+    m.penalty_last_n = -2;
+    EXPECT_THROW(Sampler(m, 0), Error);
+    m.penalty_last_n = -1;
+    m.repetition_penalty = 0.5f;  // below 1 favours repeats: allowed
+    m.presence_penalty = -1;
+    EXPECT_NO_THROW(Sampler(m, 0));
 }
 
 TEST(Sampler, ArgmaxNeverTakesNaNOverANumber) {
@@ -104,13 +162,15 @@ TEST(Sampler, TopCandidatesDrawWhatTheFullRowDraws) {
     const int64_t V = 300;
     uint64_t z = 12345;
     auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
-    struct Opt { float t; int64_t k; float p; };
-    for (const Opt o : {Opt{0, 0, 1}, Opt{1, 1, 1}, Opt{0.8f, 40, 0.95f}, Opt{1.5f, 7, 1}, Opt{0.5f, 299, 0.9f},
-                        Opt{1, 400, 0.5f}}) {
+    struct Opt { float t; int64_t k; float p; float min_p; };
+    for (const Opt o : {Opt{0, 0, 1, 0}, Opt{1, 1, 1, 0}, Opt{0.8f, 40, 0.95f, 0}, Opt{1.5f, 7, 1, 0},
+                        Opt{0.5f, 299, 0.9f, 0}, Opt{1, 400, 0.5f, 0}, Opt{0.8f, 40, 0.95f, 0.1f},
+                        Opt{2, 299, 1, 0.5f}, Opt{0, 0, 1, 0.3f}}) {
         SamplerOptions so;
         so.temperature = o.t;
         so.top_k = o.k;
         so.top_p = o.p;
+        so.min_p = o.min_p;
         so.seed = 9;
         Sampler full(so, 2), top(so, 2);
         const int64_t k = sampler_candidates(so, V);
@@ -123,7 +183,7 @@ TEST(Sampler, TopCandidatesDrawWhatTheFullRowDraws) {
             std::vector<int32_t> ids(static_cast<size_t>(k));
             topk_ref(lg.data(), V, k, vals.data(), ids.data());
             ASSERT_EQ(full.sample(lg.data(), V), top.sample_top(vals.data(), ids.data(), k))
-                << "t " << o.t << " k " << o.k << " p " << o.p << " draw " << draw;
+                << "t " << o.t << " k " << o.k << " p " << o.p << " min_p " << o.min_p << " draw " << draw;
         }
     }
 }
@@ -187,11 +247,13 @@ TEST(Sampler, NucleusFromCandidatesDrawsWhatTheRowDraws) {
     uint64_t z = 99;
     auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
     int decided = 0, fell_back = 0;
-    for (const int64_t k : {int64_t(1), int64_t(16), int64_t(1024)}) {
+    for (const int64_t k : {int64_t(1), int64_t(16), int64_t(1024)})
+    for (const float min_p : {0.0f, 0.02f, 0.5f}) {
         SamplerOptions o;
         o.temperature = 0.7f;
         o.top_k = 0;
         o.top_p = 0.9f;
+        o.min_p = min_p;
         o.seed = 4;
         Sampler row(o, 0), cands(o, 0);
         for (int draw = 0; draw < 60; ++draw) {
@@ -211,11 +273,11 @@ TEST(Sampler, NucleusFromCandidatesDrawsWhatTheRowDraws) {
             } else {
                 ++decided;
             }
-            ASSERT_EQ(got, row.sample(lg.data(), V)) << "k " << k << " draw " << draw;
+            ASSERT_EQ(got, row.sample(lg.data(), V)) << "k " << k << " min_p " << min_p << " draw " << draw;
         }
     }
-    EXPECT_GT(decided, 20);
-    EXPECT_GT(fell_back, 20);
+    EXPECT_GT(decided, 60);
+    EXPECT_GT(fell_back, 60);
     SamplerOptions topk;
     topk.top_k = 40;
     const float v = 1.0f;
@@ -232,11 +294,13 @@ TEST(Sampler, NucleusRadixSelectIsTheRankedWalk) {
     const int64_t V = 40000;
     uint64_t z = 4242;
     auto next = [&] { z = z * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(z >> 33); };
-    for (const float p : {0.05f, 0.5f, 0.95f, 0.9999f}) {
+    for (const float p : {0.05f, 0.5f, 0.95f, 0.9999f})
+    for (const float min_p : {0.0f, 0.9f}) {
         SamplerOptions o;
         o.temperature = 0.8f;
         o.top_k = 0;
         o.top_p = p;
+        o.min_p = min_p;
         o.seed = 17;
         Sampler row(o, 3), walk(o, 3);
         for (int draw = 0; draw < 12; ++draw) {
@@ -267,7 +331,7 @@ TEST(Sampler, NucleusRadixSelectIsTheRankedWalk) {
             uint64_t total = 0;
             for (float x : lg) total += nucleus_weight(x, vals[0], o.temperature);
             ASSERT_EQ(row.sample(lg.data(), V), walk.sample_nucleus(vals.data(), ids.data(), V, total))
-                << "p " << p << " draw " << draw;
+                << "p " << p << " min_p " << min_p << " draw " << draw;
         }
     }
 }

@@ -264,6 +264,48 @@ TEST(TensorParallel, NucleusFromCandidatesDrawsWhatTheRowsDraw) {
     }
 }
 
+// Token penalties under tensor parallelism: the CPU engine penalises its gathered rows, the CUDA
+// engine each rank's vocabulary slice (ids outside it skipped; 387 ids make the slices uneven)
+// before the candidates are selected and merged. Greedy, top-k and top-p sampling with penalties
+// and min-p give the tokens of one rank.
+TEST(TensorParallel, PenaltiesGiveTheTokensOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.vocab = 387;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 43});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(9, cfg.vocab, 3), make_prompt(4, cfg.vocab, 4)};
+    struct Opt { float t; int64_t k; float p; };
+    for (const Opt o : {Opt{0, 40, 1}, Opt{1.5f, 30, 1}, Opt{1.5f, 0, 0.9f}}) {
+        auto gen = [&](Communicator& comm) {
+            GenerateOptions go;
+            go.max_new_tokens = 12;
+            go.sampler.temperature = o.t;
+            go.sampler.top_k = o.k;
+            go.sampler.top_p = o.p;
+            go.sampler.min_p = 0.05f;
+            go.sampler.seed = 8;
+            go.sampler.repetition_penalty = 1.5f;
+            go.sampler.frequency_penalty = 0.5f;
+            go.sampler.penalty_last_n = 8;
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.max_batch = int64_t(prompts.size());
+            so.ctx = 32;
+            so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
+#ifdef SHARDLM_TP_ON_CUDA
+            so.device = Device::Cuda;
+#endif
+            auto s = open_session(so, comm);
+            return generate(*s->engine, prompts, go);
+        };
+        SingleRank one;
+        const GenerateResult ref = gen(one);
+        const GenerateResult tp = gen(world());
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << " t " << o.t << " k " << o.k;
+    }
+}
+
 // --context-overflow slide under tensor parallelism: each rank shifts its own KV heads
 // (Engine::shift_kv) at the same steps, so generation sliding through several context shifts
 // (Qwen3: q/k norms; an INT8 cache: requantized keys) gives the tokens of one rank.

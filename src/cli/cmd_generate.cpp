@@ -18,6 +18,7 @@
 #include "model/synthetic.h"
 #include "runtime/session.h"
 #include "tokenizer/prompts.h"
+#include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
 #include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
@@ -66,6 +67,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
     int64_t penalty_last_n = 64;
     std::string seed = "0";
+    std::vector<std::string> stops;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -90,6 +92,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
          "recent tokens = the last N of prompt and output (-1: the whole context, 0: penalties off)")
         ("seed", po::value(&seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
+        ("stop", po::value(&stops)->composing(),
+         "stop a sequence once its text contains STR (repeatable); the text ends before it")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -107,7 +111,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     const bool root = comm.rank() == 0;
     bool help = false;
     std::vector<std::vector<int32_t>> prompts;
-    std::unique_ptr<Tokenizer> tok;  // rank 0, text prompts (loaded only when needed)
+    std::unique_ptr<Tokenizer> tok;  // rank 0 for text prompts, every rank for --stop (loaded only when needed)
     GenerateOptions go;
     // Phase 1, no collectives inside: flags and the request (rank 0 reads it).
     run_together(comm, [&] {
@@ -146,6 +150,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.sink_tokens = sinks;
         Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
         (void)check;
+        for (const std::string& st : stops)
+            if (st.empty()) fail("--stop: a stop string must not be empty");
+        // Every rank decides where a sequence stops, so every rank reads the text.
+        if (!stops.empty() && !Tokenizer::exists(model))
+            fail("--stop needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
+        if (!stops.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         if (!root) return;
         if (!dump_logits.empty()) {  // before the load and the run, not after them
             const std::string why = unwritable_reason(dump_logits);
@@ -156,7 +166,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
             return;
         }
         // Text prompts: rank 0 tokenizes and the ids travel like --prompt-ids.
-        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (!tok) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         const std::vector<TextPrompt> texts = vm.count("prompt")
             ? std::vector<TextPrompt>{{vm["prompt"].as<std::string>(), "--prompt"}}
             : read_prompt_file(vm["prompt-file"].as<std::string>());
@@ -215,21 +225,43 @@ int cmd_generate(const Args& args, Communicator& comm) {
     });
 
     // One text prompt, stdout a terminal, no --json: the text is printed as it forms, never a
-    // broken character (the stopping EOS is not printed).
+    // broken character (the stopping EOS is not printed), nor what may yet be a stop string's start.
     const bool text_prompts = vm.count("prompt-ids") == 0;
     const bool stream = root && text_prompts && !json_out && prompts.size() == 1 && ::isatty(STDOUT_FILENO);
-    std::unique_ptr<StreamDecoder> streamer;
+    // Each sequence's text as it forms, where it is streamed or checked for --stop strings.
+    std::vector<StopMatcher> texts;
+    if (stream || !stops.empty())
+        for (size_t i = 0; i < prompts.size(); ++i) texts.emplace_back(*tok, stops);
+    size_t printed = 0;
+    auto print_settled = [&] {
+        const StopMatcher& m = texts[0];
+        std::cout << m.text().substr(printed, m.settled() - printed) << std::flush;
+        printed = m.settled();
+    };
     TokenCallback on_token;
-    if (stream) {
-        streamer = std::make_unique<StreamDecoder>(*tok);
-        on_token = [&](size_t, int32_t id) {
+    StopCheck stop_check;
+    if (!texts.empty()) {
+        on_token = [&](size_t i, int32_t id) {
             const auto& eos = s->cfg.eos_ids;
-            if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end() || id < 0 || id >= tok->vocab_size()) return;
-            std::cout << streamer->push(id) << std::flush;
+            if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) return;
+            texts[i].push(id);
+            if (stream) print_settled();
         };
     }
-    const GenerateResult r = generate(*s->engine, prompts, go, on_token);
+    if (!stops.empty()) stop_check = [&](size_t i, int32_t) { return texts[i].stopped(); };
+    const GenerateResult r = generate(*s->engine, prompts, go, on_token, stop_check);
     if (!root) return 0;
+    // A stop string completed by the decoder's held-back rest still ends the text there.
+    std::vector<std::string> stop_reasons;
+    for (size_t i = 0; i < r.seqs.size(); ++i) {
+        const bool late_stop = !texts.empty() && !texts[i].stopped() && texts[i].finish() && !stops.empty();
+        stop_reasons.push_back(late_stop ? "stop" : r.seqs[i].stop_reason);
+    }
+    // The generated text: the streamed/checked text where there is one, else decoded now.
+    auto text_of = [&](size_t i) {
+        if (!texts.empty()) return texts[i].text();
+        return generated_text(*tok, r.seqs[i].tokens, r.seqs[i].stop_reason == "eos");
+    };
     // With --prompt-ids the text is given too when the folder has a tokenizer that loads; its
     // absence (or an unsupported one) leaves "text" null as before.
     if (!tok && Tokenizer::exists(model)) {
@@ -258,13 +290,15 @@ int cmd_generate(const Args& args, Communicator& comm) {
     if (json_out) {
         nlohmann::ordered_json j;
         j["results"] = nlohmann::json::array();
-        for (const auto& q : r.seqs) {
+        for (size_t i = 0; i < r.seqs.size(); ++i) {
+            const SequenceResult& q = r.seqs[i];
             nlohmann::ordered_json e;
             e["prompt_tokens"] = q.prompt.size();
             e["tokens"] = q.tokens;
-            // Generated tokens without the stopping EOS; null when there is no tokenizer.
-            e["text"] = tok ? nlohmann::json(generated_text(*tok, q.tokens, q.stop_reason == "eos")) : nlohmann::json();
-            e["stop_reason"] = q.stop_reason;
+            // Generated tokens without the stopping EOS (and cut before a stop string); null when
+            // there is no tokenizer.
+            e["text"] = tok ? nlohmann::json(text_of(i)) : nlohmann::json();
+            e["stop_reason"] = stop_reasons[i];
             j["results"].push_back(e);
         }
         j["timings"] = {{"load_ms", s->load_ms},
@@ -283,22 +317,23 @@ int cmd_generate(const Args& args, Communicator& comm) {
         std::cout << j.dump() << std::endl;
     } else if (text_prompts) {
         if (stream) {
-            std::cout << streamer->finish() << std::endl;
+            print_settled();
+            std::cout << std::endl;
         } else {
             for (size_t i = 0; i < r.seqs.size(); ++i) {
                 if (r.seqs.size() > 1) std::cout << "[" << i << "] ";
-                std::cout << generated_text(*tok, r.seqs[i].tokens, r.seqs[i].stop_reason == "eos") << "\n";
+                std::cout << text_of(i) << "\n";
             }
         }
         for (size_t i = 0; i < r.seqs.size(); ++i)
             std::cerr << "[" << i << "] " << r.seqs[i].prompt.size() << " prompt tokens, " << r.seqs[i].tokens.size()
-                      << " generated, stop: " << r.seqs[i].stop_reason << "\n";
+                      << " generated, stop: " << stop_reasons[i] << "\n";
         summary();
     } else {
         for (size_t i = 0; i < r.seqs.size(); ++i) {
             std::cout << "[" << i << "]";
             for (int32_t id : r.seqs[i].tokens) std::cout << ' ' << id;
-            std::cout << "  (" << r.seqs[i].stop_reason << ")\n";
+            std::cout << "  (" << stop_reasons[i] << ")\n";
         }
         summary();
     }

@@ -90,7 +90,7 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
 }
 
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                        const GenerateOptions& opt, const TokenCallback& on_token) {
+                        const GenerateOptions& opt, const TokenCallback& on_token, const StopCheck& stop) {
     const ModelConfig& cfg = engine.config();
     check_generate(cfg, engine.options(), prompts, opt);
     const int64_t ctx = engine.options().ctx;
@@ -180,6 +180,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.tokens.push_back(id);
         if (on_token) on_token(s, id);
         if (is_eos(id)) r.stop_reason = "eos";
+        else if (stop && stop(s, id)) r.stop_reason = "stop";
         else if (int64_t(r.tokens.size()) >= opt.max_new_tokens) r.stop_reason = "length";
         return r.stop_reason.empty();
     };

@@ -1,5 +1,5 @@
 // The generation loop: chunked prefill of every prompt, then batched decode steps until each
-// sequence stops on an end-of-sequence id or after max_new_tokens.
+// sequence stops on an end-of-sequence id, at a stop check (--stop) or after max_new_tokens.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ struct GenerateOptions {
 struct SequenceResult {
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
-    std::string stop_reason;      // "eos" or "length"
+    std::string stop_reason;      // "eos", "stop" (StopCheck) or "length"
     std::vector<float> prompt_logits;  // when asked
 };
 
@@ -47,6 +47,10 @@ struct GenerateResult {
 
 // Called after each step with (sequence index, new token); for streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
+// Called with (sequence index, new token) for each token that is not an end-of-sequence id, after
+// the TokenCallback: true stops the sequence there, stop_reason "stop" (--stop strings). Under
+// tensor parallelism every rank must answer alike (each runs it on the same tokens).
+using StopCheck = std::function<bool(size_t, int32_t)>;
 
 // Token penalties (SamplerOptions::repetition_penalty & co.): how many tokens of a sequence they
 // look back over (penalty_last_n, or the context for -1; 0 when off), and the most distinct ids
@@ -69,6 +73,7 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
                     const GenerateOptions& opt, const std::string& source = "");
 
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                        const GenerateOptions& opt, const TokenCallback& on_token = nullptr);
+                        const GenerateOptions& opt, const TokenCallback& on_token = nullptr,
+                        const StopCheck& stop = nullptr);
 
 }  // namespace shardlm

@@ -365,6 +365,8 @@ TEST_F(Cli, PenaltyAndMinPFlags) {
     expect_error("generate" + m + " --prompt-ids 1 --frequency-penalty nan", "--frequency-penalty");
     expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n -2", "--penalty-last-n");
     expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n x", "--penalty-last-n");
+    expect_error("generate" + m + " --prompt-ids 1 --stop x", "--stop needs the model's tokenizer: " + dir_.path());
+    expect_error("generate" + m + " --prompt-ids 1 --stop ''", "--stop: a stop string must not be empty");
 }
 
 // --context-overflow slide: generation longer than --ctx goes on through context shifts (stderr

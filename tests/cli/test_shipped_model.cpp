@@ -88,3 +88,52 @@ TEST_F(ShippedModel, TensorParallelEqualsOneRank) {
     }
 }
 #endif
+
+namespace {
+nlohmann::json generate_json(const std::string& flags, const std::string& launcher = "", size_t max_new = 40) {
+    const CommandResult r = run_command(launcher + SHARDLM_BIN " generate --model " + kModel +
+                                        " --prompt 'In the beginning' --temperature 0 --json --max-new-tokens " +
+                                        std::to_string(max_new) + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["results"][0] : nlohmann::json();
+}
+}  // namespace
+
+// --stop on the real model's greedy text: the sequence ends at the token that completes the stop
+// string (its tokens a prefix of the unstopped run's, one more than needed to reach the string's
+// start), the text ends before it, stop_reason "stop"; the earliest of two stops wins; a string
+// that never appears changes nothing; the streamed text on a terminal (`script` provides one) is
+// the same; two ranks stop where one does.
+TEST_F(ShippedModel, StopStrings) {
+    const nlohmann::json free = generate_json("");
+    const std::string text = free["text"];
+    const std::vector<int32_t> tokens = free["tokens"];
+    ASSERT_EQ(free["stop_reason"], "length");
+    const std::string stop = "LORD, and";  // the model's favourite phrase
+    const size_t at = text.find(stop);
+    ASSERT_NE(at, std::string::npos) << text;
+    const nlohmann::json cut = generate_json("--stop '" + stop + "'");
+    EXPECT_EQ(cut["text"], text.substr(0, at));
+    EXPECT_EQ(cut["stop_reason"], "stop");
+    const std::vector<int32_t> cut_tokens = cut["tokens"];
+    ASSERT_LT(cut_tokens.size(), tokens.size());
+    EXPECT_EQ(cut_tokens, std::vector<int32_t>(tokens.begin(), tokens.begin() + long(cut_tokens.size())));
+    // One token fewer would not have completed the string: its text ends before the stop ends.
+    const nlohmann::json shorter = generate_json("--stop zzz", "", cut_tokens.size() - 1);
+    EXPECT_EQ(shorter["text"].get<std::string>().find(stop), std::string::npos);
+    const nlohmann::json two = generate_json("--stop zzz --stop 'and the' --stop '" + stop + "'");
+    EXPECT_EQ(two["text"], text.substr(0, std::min(at, text.find("and the"))));
+    const nlohmann::json none = generate_json("--stop zzz");
+    EXPECT_EQ(none["text"], text);
+    EXPECT_EQ(none["tokens"], free["tokens"]);
+    EXPECT_EQ(none["stop_reason"], "length");
+    const CommandResult tty = run_command("script -qec \"" SHARDLM_BIN " generate --model " + kModel +
+                                          " --prompt 'In the beginning' --temperature 0 --max-new-tokens 40 --stop '" +
+                                          stop + "' 2>/dev/null\" /dev/null");
+    ASSERT_EQ(tty.exit_code, 0) << tty.err;
+    EXPECT_EQ(tty.out, text.substr(0, at) + "\r\n");  // the terminal's line discipline adds the \r
+#ifdef SHARDLM_MPIEXEC
+    const std::string mpirun = std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
+    EXPECT_EQ(generate_json("--stop '" + stop + "'", mpirun), cut);
+#endif
+}

@@ -292,6 +292,39 @@ TEST(Engine, AllNaNLogitsStopGeneration) {
     }
 }
 
+// generate()'s StopCheck ends the sequence it answers true for, at that token, stop_reason
+// "stop"; the others go on as without it, and it is asked once per token that is not an EOS.
+TEST(Engine, StopCheckEndsASequence) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 5});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(5, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2)};
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 32;
+    so.max_batch = 2;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 10;
+    go.sampler.temperature = 0;
+    const GenerateResult free = generate(*s->engine, prompts, go);
+    std::vector<std::vector<int32_t>> asked(2);
+    const GenerateResult cut = generate(*s->engine, prompts, go, nullptr, [&](size_t i, int32_t id) {
+        asked[i].push_back(id);
+        return i == 1 && asked[i].size() == 3;
+    });
+    ASSERT_EQ(cut.seqs[1].tokens.size(), 3u);
+    EXPECT_EQ(cut.seqs[1].stop_reason, "stop");
+    EXPECT_EQ(cut.seqs[1].tokens, std::vector<int32_t>(free.seqs[1].tokens.begin(), free.seqs[1].tokens.begin() + 3));
+    EXPECT_EQ(asked[1], cut.seqs[1].tokens);
+    EXPECT_EQ(cut.seqs[0].tokens, free.seqs[0].tokens);
+    EXPECT_EQ(cut.seqs[0].stop_reason, free.seqs[0].stop_reason);
+    std::vector<int32_t> not_eos = free.seqs[0].tokens;
+    if (free.seqs[0].stop_reason == "eos") not_eos.pop_back();
+    EXPECT_EQ(asked[0], not_eos);
+}
+
 // token_penalties (runtime/generate.h): one entry per distinct id of the last `window` tokens,
 // ascending, offset = frequency * count + presence; nothing when the options penalise nothing.
 TEST(Engine, TokenPenaltiesCountTheWindow) {

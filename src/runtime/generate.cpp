@@ -48,6 +48,49 @@ std::vector<PenaltyEntry> token_penalties(const SamplerOptions& opt, int64_t win
     return out;
 }
 
+RecentTokens::RecentTokens(int64_t window, int64_t vocab)
+    : window_(window), count_(size_t(vocab), 0), at_(size_t(vocab), -1) {
+    SHARDLM_CHECK(window > 0 && vocab > 0, "RecentTokens: window ", window, ", vocabulary ", vocab);
+}
+
+void RecentTokens::count(int32_t id, int32_t delta) {
+    int32_t& c = count_[size_t(id)];
+    if (c == 0) {
+        at_[size_t(id)] = int32_t(ids_.size());
+        ids_.push_back(id);
+    }
+    c += delta;
+    if (c == 0) {  // swap the last id into its place
+        const int32_t last = ids_.back();
+        ids_[size_t(at_[size_t(id)])] = last;
+        at_[size_t(last)] = at_[size_t(id)];
+        ids_.pop_back();
+    }
+}
+
+void RecentTokens::push(int32_t id) {
+    SHARDLM_CHECK(id >= 0 && size_t(id) < count_.size(), "RecentTokens: id ", id);
+    count(id, 1);
+    if (int64_t(ring_.size()) < window_) {
+        ring_.push_back(id);
+        return;
+    }
+    count(ring_[head_], -1);
+    ring_[head_] = id;
+    head_ = (head_ + 1) % ring_.size();
+}
+
+void RecentTokens::entries(const SamplerOptions& opt, std::vector<PenaltyEntry>& out) const {
+    out.clear();
+    for (const int32_t id : ids_) {
+        PenaltyEntry e;
+        e.id = id;
+        e.repetition = opt.repetition_penalty;
+        e.offset = opt.frequency_penalty * float(count_[size_t(id)]) + opt.presence_penalty;  // as token_penalties
+        out.push_back(e);
+    }
+}
+
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
                     const GenerateOptions& opt, const std::string& source) {
     const int64_t ctx = eo.ctx;
@@ -136,16 +179,15 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     // just before the step (they live in pens[s] until the next).
     const int64_t window = penalty_window(so, ctx);
     std::vector<std::vector<PenaltyEntry>> pens(B);
-    std::vector<int32_t> tail;
+    std::vector<RecentTokens> recent;
+    if (window > 0)
+        for (size_t s = 0; s < B; ++s) {
+            recent.emplace_back(window, vocab);
+            for (const int32_t id : prompts[s]) recent.back().push(id);
+        }
     auto add_penalties = [&](SeqChunk& ch, size_t s) {
         if (window == 0) return;
-        const std::vector<int32_t>& p = res.seqs[s].prompt;
-        const std::vector<int32_t>& g = res.seqs[s].tokens;
-        const int64_t from_g = std::min<int64_t>(int64_t(g.size()), window);
-        const int64_t from_p = std::min<int64_t>(int64_t(p.size()), window - from_g);
-        tail.assign(p.end() - from_p, p.end());
-        tail.insert(tail.end(), g.end() - from_g, g.end());
-        pens[s] = token_penalties(so, window, tail.data(), int64_t(tail.size()));
+        recent[s].entries(so, pens[s]);
         ch.penalties = pens[s].data();
         ch.n_penalties = int64_t(pens[s].size());
     };
@@ -178,6 +220,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             if (std::isnan(lg[id])) nan_row();
         }
         r.tokens.push_back(id);
+        if (window > 0) recent[s].push(id);
         if (on_token) on_token(s, id);
         if (is_eos(id)) r.stop_reason = "eos";
         else if (stop && stop(s, id)) r.stop_reason = "stop";

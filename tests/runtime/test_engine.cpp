@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -350,6 +351,29 @@ TEST(Engine, TokenPenaltiesCountTheWindow) {
     off.repetition_penalty = 1.2f;
     off.penalty_last_n = 0;
     EXPECT_FALSE(penalties_enabled(off));
+    // RecentTokens, one token at a time, gives token_penalties' entries for every prefix (sorted
+    // by id to compare), windows shorter and longer than the sequence, ids that enter, leave and
+    // come back.
+    std::mt19937 rng(5);
+    o.penalty_last_n = 64;
+    for (const int64_t window : {1, 2, 7, 50, 1000}) {
+        RecentTokens recent(window, 40);
+        std::vector<int32_t> seq;
+        std::vector<PenaltyEntry> got;
+        for (int i = 0; i < 300; ++i) {
+            seq.push_back(int32_t(rng() % (i % 50 < 25 ? 6 : 40)));  // stretches of few ids
+            recent.push(seq.back());
+            recent.entries(o, got);
+            std::sort(got.begin(), got.end(), [](const PenaltyEntry& a, const PenaltyEntry& b) { return a.id < b.id; });
+            const std::vector<PenaltyEntry> want = token_penalties(o, window, seq.data(), int64_t(seq.size()));
+            ASSERT_EQ(got.size(), want.size()) << "window " << window << " token " << i;
+            for (size_t j = 0; j < want.size(); ++j) {
+                ASSERT_EQ(got[j].id, want[j].id) << "window " << window << " token " << i;
+                ASSERT_EQ(got[j].offset, want[j].offset) << "window " << window << " token " << i;
+                ASSERT_EQ(got[j].repetition, want[j].repetition);
+            }
+        }
+    }
     // Room per row: the window, the vocabulary, and without slide the context.
     EXPECT_EQ(max_penalties(o, 1000, 50000, false), 64);
     o.penalty_last_n = -1;

@@ -327,7 +327,12 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   # device (kernels/cuda/kv_shift.cu) as on the CPU.
   cpu_vs_dev slide "fp32 greedy through context shifts" --max-new-tokens 40 --temperature 0 --ctx 16 \
     --context-overflow slide || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts)"
+  # Token penalties (kernels/cuda/penalty.cu on the device's logits) and min-p, greedy and sampled.
+  cpu_vs_dev penalties "fp32 greedy with repetition/frequency/presence penalties" --max-new-tokens 24 \
+    --temperature 0 --repetition-penalty 1.3 --frequency-penalty 0.4 --presence-penalty 0.2 --penalty-last-n 16 || rc=1
+  cpu_vs_dev penalties-minp "fp32 top-k sampled with penalties and min-p" --max-new-tokens 24 --temperature 1.1 \
+    --top-k 40 --min-p 0.05 --seed 7 --repetition-penalty 1.3 --frequency-penalty 0.4 || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p)"
   exit $rc
 }
 
@@ -571,7 +576,7 @@ step bench-int8-int8-graph-gemv-mma-all 90 s_bench_with SHARDLM_GEMV_MMA=all "be
 step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=all bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-persistent-prefetch2 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=2 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
-step sanitize-graph 90 s_sanitize --kv int8
+step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8

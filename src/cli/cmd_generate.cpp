@@ -61,13 +61,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
     std::string model, prompt_ids, dump_logits;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t max_new = 64, ctx = 0, chunk = 256, top_k = 40, sinks = 4;
+    SamplingFlags sampling;
+    const std::vector<std::string>& stops = sampling.stops;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4;
     std::string overflow = "error";
-    float temperature = 0.8f, top_p = 0.95f, min_p = 0.0f;
-    float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
-    int64_t penalty_last_n = 64;
-    std::string seed = "0";
-    std::vector<std::string> stops;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -78,22 +75,6 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("system", po::value<std::string>(), "system message for --chat")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
-        ("temperature", po::value(&temperature)->default_value(0.8f, "0.8"), "0 is greedy")
-        ("top-k", po::value(&top_k)->default_value(40), "keep the k most likely tokens (0: all)")
-        ("top-p", po::value(&top_p)->default_value(0.95f, "0.95"), "nucleus sampling mass (1: off)")
-        ("min-p", po::value(&min_p)->default_value(0.0f, "0"),
-         "after top-p, drop tokens less than min-p times as probable as the most probable (0: off)")
-        ("repetition-penalty", po::value(&repetition)->default_value(1.0f, "1"),
-         "divide the positive logits of recent tokens by this, multiply the negative ones (1: off)")
-        ("presence-penalty", po::value(&presence)->default_value(0.0f, "0"),
-         "subtract this from the logit of every recent token (0: off)")
-        ("frequency-penalty", po::value(&frequency)->default_value(0.0f, "0"),
-         "subtract this times its count from the logit of every recent token (0: off)")
-        ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
-         "recent tokens = the last N of prompt and output (-1: the whole context, 0: penalties off)")
-        ("seed", po::value(&seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
-        ("stop", po::value(&stops)->composing(),
-         "stop a sequence once its text contains STR (repeatable); the text ends before it")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -105,6 +86,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("json", "print one JSON object with results, timings and memory")
         ("dump-logits", po::value(&dump_logits),
          "write the logits at each prompt's last position to FILE (after any token penalties)");
+    add_sampling_options(d, sampling);
     add_precision_options(d, prec);
     add_backend_options(d, backend);
     po::variables_map vm;
@@ -134,24 +116,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
         set_threads(threads);
         go.max_new_tokens = max_new;
         go.prefill_chunk = chunk;
-        go.sampler.temperature = temperature;
-        go.sampler.top_k = top_k;
-        go.sampler.top_p = top_p;
-        go.sampler.min_p = min_p;
-        go.sampler.repetition_penalty = repetition;
-        go.sampler.presence_penalty = presence;
-        go.sampler.frequency_penalty = frequency;
-        go.sampler.penalty_last_n = penalty_last_n;
-        go.sampler.seed = parse_seed(seed);
+        go.sampler = apply_sampling(sampling);  // validates the sampling flags on every rank
         go.keep_prompt_logits = !dump_logits.empty();
         if (overflow != "error" && overflow != "slide")
             fail("--context-overflow: unknown value \"", overflow, "\" (supported: error, slide)");
         go.slide = overflow == "slide";
         go.sink_tokens = sinks;
-        Sampler check(go.sampler, 0);  // validates the sampling flags on every rank
-        (void)check;
-        for (const std::string& st : stops)
-            if (st.empty()) fail("--stop: a stop string must not be empty");
         // Every rank decides where a sequence stops, so every rank reads the text.
         if (!stops.empty() && !Tokenizer::exists(model))
             fail("--stop needs the model's tokenizer: ", model, "/tokenizer.json does not exist");

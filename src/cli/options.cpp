@@ -105,6 +105,44 @@ void apply_backend(const BackendFlags& f, SessionOptions& so) {
     so.load.copy_mapped = f.no_mmap;
 }
 
+void add_sampling_options(po::options_description& d, SamplingFlags& f) {
+    d.add_options()
+        ("temperature", po::value(&f.temperature)->default_value(0.8f, "0.8"), "0 is greedy")
+        ("top-k", po::value(&f.top_k)->default_value(40), "keep the k most likely tokens (0: all)")
+        ("top-p", po::value(&f.top_p)->default_value(0.95f, "0.95"), "nucleus sampling mass (1: off)")
+        ("min-p", po::value(&f.min_p)->default_value(0.0f, "0"),
+         "after top-p, drop tokens less than min-p times as probable as the most probable (0: off)")
+        ("repetition-penalty", po::value(&f.repetition)->default_value(1.0f, "1"),
+         "divide the positive logits of recent tokens by this, multiply the negative ones (1: off)")
+        ("presence-penalty", po::value(&f.presence)->default_value(0.0f, "0"),
+         "subtract this from the logit of every recent token (0: off)")
+        ("frequency-penalty", po::value(&f.frequency)->default_value(0.0f, "0"),
+         "subtract this times its count from the logit of every recent token (0: off)")
+        ("penalty-last-n", po::value(&f.penalty_last_n)->default_value(64),
+         "recent tokens = the last N of prompt and output (-1: the whole context, 0: penalties off)")
+        ("seed", po::value(&f.seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
+        ("stop", po::value(&f.stops)->composing(),
+         "stop a sequence once its text contains STR (repeatable); the text ends before it");
+}
+
+SamplerOptions apply_sampling(const SamplingFlags& f) {
+    SamplerOptions o;
+    o.temperature = f.temperature;
+    o.top_k = f.top_k;
+    o.top_p = f.top_p;
+    o.min_p = f.min_p;
+    o.seed = parse_seed(f.seed);
+    o.repetition_penalty = f.repetition;
+    o.presence_penalty = f.presence;
+    o.frequency_penalty = f.frequency;
+    o.penalty_last_n = f.penalty_last_n;
+    Sampler check(o, 0);  // validates the values
+    (void)check;
+    for (const std::string& st : f.stops)
+        if (st.empty()) fail("--stop: a stop string must not be empty");
+    return o;
+}
+
 void set_threads(int threads) {
     // Far more threads than any machine has cores only thrashes, and tens of thousands of them
     // crash the OpenMP runtime when it cannot create them.

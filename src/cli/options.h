@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 
 namespace shardlm {
@@ -40,6 +41,19 @@ struct BackendFlags {
 };
 void add_backend_options(po::options_description& d, BackendFlags& f);
 void apply_backend(const BackendFlags& f, SessionOptions& so);  // throws Error naming the flag
+
+// Sampling, token penalties and stop strings, shared by generate and chat.
+struct SamplingFlags {
+    float temperature = 0.8f, top_p = 0.95f, min_p = 0.0f;
+    int64_t top_k = 40;
+    std::string seed = "0";
+    float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
+    int64_t penalty_last_n = 64;
+    std::vector<std::string> stops;
+};
+void add_sampling_options(po::options_description& d, SamplingFlags& f);
+// Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).
+SamplerOptions apply_sampling(const SamplingFlags& f);
 
 // Sets the CPU thread count (0 keeps the default: one per core).
 void set_threads(int threads);

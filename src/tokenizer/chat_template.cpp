@@ -133,6 +133,8 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
     if (has(c, "'<|im_start|>'+message.role+'~'+message.content+'<|im_end|>'") && has(c, "'<|im_start|>assistant~'")) {
         t.family = ChatFamily::ChatML;
         t.default_system = chatml_default_system(c);
+        // Qwen3 keeps only what follows </think> of a reply before the last user turn.
+        t.strips_reasoning = has(c, "message.content.split('</think>')[-1].lstrip('~')");
         return t;
     }
     if (has(c, "'<|start_header_id|>'+message.role+'<|end_header_id|>~~'+message.content|trim+'<|eot_id|>'") &&
@@ -167,40 +169,73 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
                 "render the prompt yourself and pass it with --prompt");
 }
 
-std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,
-                        const std::string& bos_token) {
+std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
+                                const std::vector<ChatMessage>& messages, const std::string& bos_token,
+                                const std::string& eos_token) {
+    if (messages.empty() || messages.size() % 2 == 0)
+        fail("a chat conversation alternates user and assistant turns and ends with a user turn (", messages.size(),
+             " turns given)");
+    for (size_t i = 0; i < messages.size(); ++i)
+        if (messages[i].role != (i % 2 == 0 ? "user" : "assistant"))
+            fail("chat turn ", i, " has role \"", messages[i].role, "\" where \"", i % 2 == 0 ? "user" : "assistant",
+                 "\" belongs (the roles alternate, user first)");
     std::string out;
     switch (t.family) {
         case ChatFamily::ChatML: {
             const std::optional<std::string> sys = system ? system : t.default_system;
             if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
-            out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+            for (const ChatMessage& m : messages) {
+                std::string content = m.content;
+                const size_t think = content.rfind("</think>");
+                if (m.role == "assistant" && t.strips_reasoning && think != std::string::npos) {
+                    content = content.substr(think + 8);
+                    content.erase(0, content.find_first_not_of('\n') == std::string::npos ? content.size()
+                                                                                          : content.find_first_not_of('\n'));
+                }
+                out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
+            }
+            out += "<|im_start|>assistant\n";
             return out;
         }
         case ChatFamily::Llama3:
-            out += bos_token;
-            if (system) out += "<|start_header_id|>system<|end_header_id|>\n\n" + trim_js(*system) + "<|eot_id|>";
-            out += "<|start_header_id|>user<|end_header_id|>\n\n" + trim_js(user) + "<|eot_id|>";
-            out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-            return out;
         case ChatFamily::Llama31:
             out += bos_token;
-            out += "<|start_header_id|>system<|end_header_id|>\n\n";
-            out += "Cutting Knowledge Date: December 2023\nToday Date: " +
-                   (t.date_string.empty() ? today_llama_date() : t.date_string) + "\n\n";
-            out += (system ? trim_js(*system) : std::string()) + "<|eot_id|>";
-            out += "<|start_header_id|>user<|end_header_id|>\n\n" + trim_js(user) + "<|eot_id|>";
+            if (t.family == ChatFamily::Llama31) {
+                out += "<|start_header_id|>system<|end_header_id|>\n\n";
+                out += "Cutting Knowledge Date: December 2023\nToday Date: " +
+                       (t.date_string.empty() ? today_llama_date() : t.date_string) + "\n\n";
+                out += (system ? trim_js(*system) : std::string()) + "<|eot_id|>";
+            } else if (system) {
+                out += "<|start_header_id|>system<|end_header_id|>\n\n" + trim_js(*system) + "<|eot_id|>";
+            }
+            for (const ChatMessage& m : messages)
+                out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim_js(m.content) + "<|eot_id|>";
             out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
             return out;
-        case ChatFamily::Llama2: {
-            const std::string content = system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + user : user;
-            return bos_token + "[INST] " + trim_js(content) + " [/INST]";
-        }
+        case ChatFamily::Llama2:
+            for (size_t i = 0; i < messages.size(); ++i) {
+                const ChatMessage& m = messages[i];
+                const std::string content =
+                    i == 0 && system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + m.content : m.content;
+                if (m.role == "user") out += bos_token + "[INST] " + trim_js(content) + " [/INST]";
+                else out += " " + trim_js(content) + " " + eos_token;
+            }
+            return out;
         case ChatFamily::Mistral:
             if (system) fail("this model's chat template (Mistral [INST]) does not accept a system message; drop --system");
-            return bos_token + "[INST] " + user + " [/INST]";
+            out += bos_token;
+            for (const ChatMessage& m : messages) {
+                if (m.role == "user") out += "[INST] " + m.content + " [/INST]";
+                else out += m.content + eos_token + " ";
+            }
+            return out;
     }
     return out;
+}
+
+std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,
+                        const std::string& bos_token) {
+    return render_conversation(t, system, {ChatMessage{"user", user}}, bos_token, "");
 }
 
 }  // namespace shardlm

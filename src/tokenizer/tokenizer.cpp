@@ -314,6 +314,14 @@ std::string Tokenizer::apply_chat_template(const std::optional<std::string>& sys
     return render_chat(*m.chat, system, user, m.bos_token);
 }
 
+std::string Tokenizer::apply_chat_template(const std::optional<std::string>& system,
+                                           const std::vector<ChatMessage>& messages) const {
+    const Impl& m = *impl_;
+    if (!m.chat_source) fail(m.config_where, ": no chat_template (the model has no chat format)");
+    if (!m.chat) fail(m.chat_error);
+    return render_conversation(*m.chat, system, messages, m.bos_token, m.eos >= 0 ? id_to_token(m.eos) : "");
+}
+
 std::string Tokenizer::chat_family() const {
     const Impl& m = *impl_;
     if (!m.chat_source) return "";

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
 namespace shardlm {
@@ -66,6 +67,8 @@ public:
     // prompt opened. Errors when there is no template or it is not a recognised family.
     bool has_chat_template() const;
     std::string apply_chat_template(const std::optional<std::string>& system, const std::string& user) const;
+    // A whole conversation (chat_template.h: render_conversation), for multi-turn chat.
+    std::string apply_chat_template(const std::optional<std::string>& system, const std::vector<ChatMessage>& messages) const;
     std::string chat_family() const;  // e.g. "chatml"
 
 private:

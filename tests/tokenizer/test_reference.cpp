@@ -106,13 +106,23 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
     for (const auto& r : ref_["chat"]) {
         const std::optional<std::string> system =
             r["system"].is_null() ? std::nullopt : std::optional<std::string>(r["system"].get<std::string>());
-        const std::string user = r["user"];
+        // A single user message, or a conversation of alternating turns (shardlm chat).
+        std::vector<ChatMessage> turns;
+        if (r.contains("turns"))
+            for (size_t i = 0; i < r["turns"].size(); ++i) turns.push_back({i % 2 ? "assistant" : "user", r["turns"][i]});
+        const std::string user = turns.empty() ? r["user"].get<std::string>() : turns.back().content;
+        const std::string eos = tok_->eos_id() >= 0 ? tok_->id_to_token(tok_->eos_id()) : "";
         const bool own = r["template"] == "own";
         const auto render = [&] {
+            if (!turns.empty()) {
+                if (own) return tok_->apply_chat_template(system, turns);
+                return render_conversation(recognise_chat_template(r["source"], r["template"]), system, turns, bos, eos);
+            }
             if (own) return tok_->apply_chat_template(system, user);
             return render_chat(recognise_chat_template(r["source"], r["template"]), system, user, bos);
         };
-        const std::string what = r["template"].get<std::string>() + " system=" + r["system"].dump() + " user=" + r["user"].dump();
+        const std::string what = r["template"].get<std::string>() + " system=" + r["system"].dump() +
+                                 (turns.empty() ? " user=" + r["user"].dump() : " turns=" + r["turns"].dump());
         if (r["template"] == "llama2.jinja" && system && system->empty()) {
             // Python's Jinja (transformers) treats '' != false as true and keeps the <<SYS>> block;
             // the JS engine does not. We follow transformers.

@@ -39,6 +39,14 @@ const chats = [
   { system: "Line one\nLine two", user: "<|im_start|> is not special here? [INST] nor this" },
 ];
 
+// Multi-turn conversations (shardlm chat): user and assistant turns alternating, user first and
+// last; the third has a reply with a reasoning block, which Qwen3's template drops from history.
+const conversations = [
+  { turns: ["Hi!", "Hello! How can I help?", "Tell me a joke."] },
+  { system: "You are terse.", turns: ["  What is 2+2? ", " 4\n", "And 3+3?", "6", "Thanks"] },
+  { turns: ["Is 7 prime?", "<think>\nDivisors: 1 and 7.\n</think>\n\nYes, 7 is prime.", "And 9?"] },
+];
+
 // Extra templates (families whose npm tokenizer has none, or variants) and the tokenizer whose
 // special tokens they are rendered with.
 const extraTemplates = {
@@ -87,6 +95,24 @@ for (const [name, mod] of Object.entries(models)) {
         error = String(e.message || e);
       }
       renders.push({ template: t.name, source: t.source, system: c.system ?? null, user: c.user, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+    for (const c of conversations) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
+      let text = null, error = null;
+      try {
+        const ctx = { messages, add_generation_prompt: true };
+        for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
+          const v = tok.getToken(k);
+          if (v) ctx[k] = v;
+        }
+        text = new Template(t.source).render(ctx);
+      } catch (e) {
+        error = String(e.message || e);
+      }
+      renders.push({ template: t.name, source: t.source, system: c.system ?? null, turns: c.turns, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
   }

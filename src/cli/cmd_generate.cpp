@@ -15,15 +15,11 @@
 #include "core/error.h"
 #include "core/mmap_file.h"
 #include "runtime/generate.h"
-#include "model/synthetic.h"
 #include "runtime/session.h"
 #include "tokenizer/prompts.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
-#include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
-// What "the same build" means across ranks.
-#define SHARDLM_BUILD_ID SHARDLM_GIT_COMMIT
 
 namespace shardlm {
 
@@ -111,8 +107,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         if (ctx < 0) fail("--ctx must be >= 0");
-        if (tp < 0 || (tp > 0 && tp != comm.size()))
-            fail("--tp ", tp, " differs from the ", comm.size(), " ranks started (mpirun -np ", comm.size(), ")");
+        check_tp_flag(tp, comm);
         set_threads(threads);
         go.max_new_tokens = max_new;
         go.prefill_chunk = chunk;
@@ -187,12 +182,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         s = open_session(so, comm);
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.
-    run_together(comm, [&] {
-        std::string who = SHARDLM_BUILD_ID;
-        for (const auto& a : args) who += '\0' + a;
-        who += '\0' + config_json(s->cfg) + std::to_string(s->ckpt->total_bytes());
-        check_same_on_all_ranks(comm, who, "flags, model or build");
-    });
+    run_together(comm, [&] { check_same_request(comm, args, *s); });
 
     // One text prompt, stdout a terminal, no --json: the text is printed as it forms, never a
     // broken character (the stopping EOS is not printed), nor what may yet be a stop string's start.

@@ -9,7 +9,11 @@
 #include <omp.h>
 #endif
 
+#include "comm/together.h"
 #include "core/error.h"
+#include "model/synthetic.h"
+
+#include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 
 namespace shardlm {
 
@@ -141,6 +145,18 @@ SamplerOptions apply_sampling(const SamplingFlags& f) {
     for (const std::string& st : f.stops)
         if (st.empty()) fail("--stop: a stop string must not be empty");
     return o;
+}
+
+void check_tp_flag(int tp, const Communicator& comm) {
+    if (tp < 0 || (tp > 0 && tp != comm.size()))
+        fail("--tp ", tp, " differs from the ", comm.size(), " ranks started (mpirun -np ", comm.size(), ")");
+}
+
+void check_same_request(Communicator& comm, const std::vector<std::string>& args, const Session& s) {
+    std::string who = SHARDLM_GIT_COMMIT;  // what "the same build" means across ranks
+    for (const auto& a : args) who += '\0' + a;
+    who += '\0' + config_json(s.cfg) + std::to_string(s.ckpt->total_bytes());
+    check_same_on_all_ranks(comm, who, "flags, model or build");
 }
 
 void set_threads(int threads) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -54,6 +55,13 @@ struct SamplingFlags {
 void add_sampling_options(po::options_description& d, SamplingFlags& f);
 // Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).
 SamplerOptions apply_sampling(const SamplingFlags& f);
+
+// --tp N: 0, or the number of ranks mpirun started (throws Error naming the flag).
+void check_tp_flag(int tp, const Communicator& comm);
+
+// Throws unless every rank runs the same command line on the same model with the same build: a
+// collective (check_same_on_all_ranks), called inside run_together after the session is open.
+void check_same_request(Communicator& comm, const std::vector<std::string>& args, const Session& s);
 
 // Sets the CPU thread count (0 keeps the default: one per core).
 void set_threads(int threads);

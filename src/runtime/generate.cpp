@@ -99,6 +99,13 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     if (int64_t(B) > eo.max_batch) fail("batch of ", B, " exceeds the engine's ", eo.max_batch, " slots");
     if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
+    if (!opt.cached.empty()) {
+        SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
+        SHARDLM_CHECK(!opt.slide, "a cached prefix with --context-overflow slide (shifted caches hold other positions)");
+        for (size_t s = 0; s < B; ++s)
+            SHARDLM_CHECK(opt.cached[s] >= 0 && opt.cached[s] < int64_t(prompts[s].size()), "prompt ", s, " of ",
+                          prompts[s].size(), " tokens cannot have ", opt.cached[s], " cached");
+    }
     for (size_t s = 0; s < B; ++s) {
         const int64_t n = int64_t(prompts[s].size());
         if (n == 0) fail("prompt ", s, " is empty");
@@ -231,7 +238,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     // Prefill: pack chunks of consecutive prompt tokens, several sequences per step, at most
     // prefill_chunk tokens per step. Logits only at each prompt's last token.
     const double t0 = now_ms();
-    std::vector<int64_t> done(B, 0);
+    std::vector<int64_t> done = opt.cached.empty() ? std::vector<int64_t>(B, 0) : opt.cached;
     std::vector<SeqChunk> chunks;
     std::vector<size_t> chunk_seq;
     size_t next = 0;

@@ -25,6 +25,10 @@ struct GenerateOptions {
     // The flags the engine's ctx was derived from when no --ctx was given
     // (SessionOptions::ctx_origin): errors name them instead of a --ctx never given.
     std::string ctx_origin;
+    // Per prompt (empty: none): how many of its first tokens its slot's KV cache already holds at
+    // positions [0, cached) from an earlier generate() (a conversation's earlier turns: shardlm
+    // chat). Prefill starts there; at least the last prompt token is always run. Not with slide.
+    std::vector<int64_t> cached;
 };
 
 struct SequenceResult {

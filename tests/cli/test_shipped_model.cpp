@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -135,5 +136,69 @@ TEST_F(ShippedModel, StopStrings) {
 #ifdef SHARDLM_MPIEXEC
     const std::string mpirun = std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
     EXPECT_EQ(generate_json("--stop '" + stop + "'", mpirun), cut);
+#endif
+}
+
+// shardlm chat on the real model (given a ChatML template): its replies are real text, so the
+// second turn's rendered conversation re-encodes the first reply to the same tokens and reuses
+// every cached position (prompt 1 and reply 1 but its last token, which never ran); its reply is
+// generate's for the whole conversation from an empty cache; sampled turns repeat with the seed;
+// two ranks give one rank's turns.
+TEST_F(ShippedModel, ChatReusesTheCachedConversation) {
+    TempDir m;
+    for (const std::string f : {"config.json", "model.safetensors", "tokenizer.json"})
+        write_file(m.file(f), read_file(kModel + "/" + f));
+    nlohmann::json cfg = nlohmann::json::parse(read_file(kModel + "/tokenizer_config.json"));
+    cfg["chat_template"] =
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+        "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    write_file(m.file("tokenizer_config.json"), cfg.dump());
+    write_file(dir_->file("turns.txt"), "In the beginning\nAnd God said\n");
+    const std::string chat = "<" + dir_->file("turns.txt") + " " SHARDLM_BIN " chat --model " + m.path() +
+                             " --max-new-tokens 12 --json ";
+    auto turns_of = [&](const std::string& flags, const std::string& launcher = "") {
+        const CommandResult r = run_command(launcher.empty() ? chat + flags
+                                                             : "<" + dir_->file("turns.txt") + " " + launcher +
+                                                                   SHARDLM_BIN " chat --model " + m.path() +
+                                                                   " --max-new-tokens 12 --json " + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        std::vector<nlohmann::json> t;
+        std::istringstream lines(r.out);
+        for (std::string l; std::getline(lines, l);) {
+            nlohmann::json j = nlohmann::json::parse(l);
+            j.erase("prefill_ms");
+            j.erase("decode_ms_per_token");
+            t.push_back(j);
+        }
+        return t;
+    };
+    const std::vector<nlohmann::json> turns = turns_of("--temperature 0");
+    ASSERT_EQ(turns.size(), 2u);
+    const size_t p1 = turns[0]["prompt_tokens"], r1 = turns[0]["tokens"].size();
+    EXPECT_EQ(turns[1]["reused_tokens"], p1 + r1 - 1);
+    // The whole second prompt, rendered by hand and encoded by shardlm tokenize.
+    const std::string text = "<|im_start|>user\nIn the beginning<|im_end|>\n<|im_start|>assistant\n" +
+                             turns[0]["text"].get<std::string>() +
+                             "<|im_end|>\n<|im_start|>user\nAnd God said<|im_end|>\n<|im_start|>assistant\n";
+    write_file(dir_->file("conv.txt"), text);
+    // (The x keeps the command substitution from eating the text's final newline.)
+    const CommandResult ids = run_command("t=$(cat " + dir_->file("conv.txt") + "; printf x); " SHARDLM_BIN
+                                          " tokenize --model " + m.path() + " --no-special --text \"${t%x}\"");
+    ASSERT_EQ(ids.exit_code, 0) << ids.err;
+    const std::vector<int32_t> ids2 = nlohmann::json::parse(ids.out);
+    ASSERT_EQ(turns[1]["prompt_tokens"], ids2.size());
+    std::string arg;
+    for (int32_t id : ids2) arg += (arg.empty() ? "" : ",") + std::to_string(id);
+    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + m.path() +
+                                        " --max-new-tokens 12 --temperature 0 --json --prompt-ids " + arg);
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    EXPECT_EQ(nlohmann::json::parse(g.out)["results"][0]["tokens"], turns[1]["tokens"]);
+    const std::vector<nlohmann::json> sampled = turns_of("--temperature 1 --seed 9");
+    EXPECT_EQ(turns_of("--temperature 1 --seed 9"), sampled);
+    EXPECT_NE(sampled[0]["tokens"], turns[0]["tokens"]);
+#ifdef SHARDLM_MPIEXEC
+    EXPECT_EQ(turns_of("--temperature 1 --seed 9 --threads 1",
+                       std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 "),
+              sampled);
 #endif
 }

@@ -1,6 +1,8 @@
 // shardlm tokenize and generate with text prompts, end to end on a tiny model and tokenizer.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
@@ -133,3 +135,86 @@ TEST_F(TokenizerCli, GenerateErrors) {
 }
 
 }  // namespace
+
+// shardlm chat: one user turn per stdin line, one JSON object per turn. The second turn reuses
+// the cache positions its rendered conversation shares with the first turn's prompt and reply,
+// and its reply is what generate gives for the whole conversation from an empty cache; the oldest
+// exchange is dropped when the next turn would not fit --ctx; under mpirun the turns are one rank's.
+TEST_F(TokenizerCli, ChatKeepsTheConversationInTheCache) {
+    write_file(dir_.file("turns.txt"), "hi\n\nmore text please\r\n");
+    const std::string chat = "<" + dir_.file("turns.txt") + " " + kBin + " chat" + m_ +
+                             " --max-new-tokens 6 --temperature 0 --system 'Be brief.' --json";
+    const CommandResult c = run_command(chat);
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    std::vector<json> turns;
+    std::istringstream lines(c.out);
+    for (std::string l; std::getline(lines, l);) turns.push_back(json::parse(l));
+    ASSERT_EQ(turns.size(), 2u) << c.out;  // the empty line is skipped
+    const std::optional<std::string> sys = std::string("Be brief.");
+    std::vector<ChatMessage> msgs = {{"user", "hi"}};
+    const std::vector<int32_t> ids1 = tok_->encode(tok_->apply_chat_template(sys, msgs), {false});
+    EXPECT_EQ(turns[0]["prompt_tokens"], ids1.size());
+    EXPECT_EQ(turns[0]["reused_tokens"], 0);
+    const std::vector<int32_t> reply1 = turns[0]["tokens"];
+    msgs.push_back({"assistant", turns[0]["text"]});
+    msgs.push_back({"user", "more text please"});
+    const std::vector<int32_t> ids2 = tok_->encode(tok_->apply_chat_template(sys, msgs), {false});
+    EXPECT_EQ(turns[1]["prompt_tokens"], ids2.size());
+    // The cache held turn 1's prompt and all of its reply but the last token.
+    std::vector<int32_t> held = ids1;
+    held.insert(held.end(), reply1.begin(), reply1.end() - 1);
+    size_t shared = 0;
+    while (shared < held.size() && shared < ids2.size() && held[shared] == ids2[shared]) ++shared;
+    EXPECT_GE(shared, ids1.size());  // (the random model's reply may not re-encode to its tokens)
+    EXPECT_EQ(turns[1]["reused_tokens"], std::min(shared, ids2.size() - 1));
+    std::string ids_arg;
+    for (int32_t id : ids2) ids_arg += (ids_arg.empty() ? "" : ",") + std::to_string(id);
+    const CommandResult g = run_command(kBin + " generate" + m_ + " --max-new-tokens 6 --temperature 0 --json --prompt-ids " + ids_arg);
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    EXPECT_EQ(json::parse(g.out)["results"][0]["tokens"], turns[1]["tokens"]);
+    EXPECT_EQ(json::parse(g.out)["results"][0]["text"], turns[1]["text"]);
+#ifdef SHARDLM_MPIEXEC
+    const CommandResult two = run_command("<" + dir_.file("turns.txt") + " " + SHARDLM_MPIEXEC +
+                                          " --allow-run-as-root --oversubscribe -np 2 " + kBin + " chat" + m_ +
+                                          " --max-new-tokens 6 --temperature 0 --system 'Be brief.' --json --threads 1");
+    ASSERT_EQ(two.exit_code, 0) << two.err;
+    std::istringstream two_lines(two.out);
+    for (const json& t : turns) {
+        std::string l;
+        ASSERT_TRUE(std::getline(two_lines, l)) << two.out;
+        const json j = json::parse(l);
+        for (const char* key : {"prompt_tokens", "reused_tokens", "tokens", "text", "stop_reason"})
+            EXPECT_EQ(j[key], t[key]) << key << " of turn " << t["turn"];
+    }
+#endif
+    // A context that holds one exchange but not two: turn 2 drops turn 1 and starts over.
+    const int64_t fit = int64_t(ids1.size()) + 6 + 2;
+    const CommandResult small = run_command("<" + dir_.file("turns.txt") + " " + kBin + " chat" + m_ +
+                                            " --max-new-tokens 6 --temperature 0 --json --ctx " + std::to_string(fit));
+    ASSERT_EQ(small.exit_code, 0) << small.err;
+    std::istringstream small_lines(small.out);
+    std::string l1, l2;
+    std::getline(small_lines, l1);
+    std::getline(small_lines, l2);
+    EXPECT_EQ(json::parse(l2)["dropped_turns"], 1) << small.out;
+    // Plain output: the reply text, one line per turn.
+    const CommandResult plain = run_command("<" + dir_.file("turns.txt") + " " + kBin + " chat" + m_ +
+                                            " --max-new-tokens 6 --temperature 0 --system 'Be brief.'");
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_EQ(plain.out, turns[0]["text"].get<std::string>() + "\n" + turns[1]["text"].get<std::string>() + "\n");
+}
+
+TEST_F(TokenizerCli, ChatErrors) {
+    TempDir bare;  // a checkpoint without tokenizer files
+    write_synthetic_checkpoint(bare.path(), tiny_config(Arch::Qwen2), {DType::F32, 1, 7});
+    expect_error("chat --model " + bare.path(), "shardlm chat needs the model's tokenizer");
+    json cfg = tiny_byte_level_config();
+    cfg.erase("chat_template");
+    write_tokenizer_files(bare.path(), tiny_byte_level_tokenizer(), cfg);
+    expect_error("chat --model " + bare.path(), "has no chat_template");
+    expect_error("chat" + m_ + " --max-new-tokens 100 --ctx 50", "--max-new-tokens 100 leaves no room");
+    expect_error("chat" + m_ + " --top-p 0", "--top-p");
+    // A turn longer than the whole context is refused, naming the turn.
+    write_file(dir_.file("long.txt"), std::string(400, 'x') + "\n");
+    expect_error("chat" + m_ + " --ctx 64 --max-new-tokens 8 <" + dir_.file("long.txt"), "turn 1 alone takes");
+}

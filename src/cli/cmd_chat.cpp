@@ -1,0 +1,208 @@
+// shardlm chat: a conversation in the model's chat template. Each line on stdin is a user turn;
+// the reply is printed (streamed on a terminal) before the next line is read. The KV cache keeps
+// the conversation between turns: a turn prefills only what follows the longest prefix its
+// rendered tokens share with what the cache holds (the earlier turns, unless the template renders
+// them differently now, as Qwen3's drops a reply's reasoning).
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/communicator.h"
+#include "comm/together.h"
+#include "core/error.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+#include "tokenizer/prompts.h"
+#include "tokenizer/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+
+namespace shardlm {
+
+namespace {
+
+// Rank 0's ids to every rank, length first.
+void broadcast_ids(Communicator& comm, std::vector<int32_t>& ids) {
+    if (comm.size() == 1) return;
+    uint64_t n = ids.size();
+    comm.broadcast(&n, sizeof n, 0);
+    ids.resize(n);
+    if (n > 0) comm.broadcast(ids.data(), n * sizeof(int32_t), 0);
+}
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return n;
+}
+
+}  // namespace
+
+int cmd_chat(const Args& args, Communicator& comm) {
+    po::options_description d("chat options");
+    std::string model;
+    BackendFlags backend;
+    PrecisionFlags prec;
+    SamplingFlags sampling;
+    int64_t max_new = 512, ctx = 0, chunk = 256;
+    int threads = 0, tp = 0;
+    d.add_options()
+        ("help", "show this help")
+        ("model", po::value(&model)->required(), "Hugging Face checkpoint folder with a chat template")
+        ("system", po::value<std::string>(), "system message")
+        ("max-new-tokens", po::value(&max_new)->default_value(512), "most tokens per reply")
+        ("ctx", po::value(&ctx)->default_value(0),
+         "KV positions for the whole conversation (0: 4096, at most max_position_embeddings); the oldest turns "
+         "are dropped when a new one would not fit")
+        ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
+        ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
+        ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
+    add_sampling_options(d, sampling);
+    add_precision_options(d, prec);
+    add_backend_options(d, backend);
+    po::variables_map vm;
+    const bool root = comm.rank() == 0;
+    bool help = false;
+    GenerateOptions go;
+    std::unique_ptr<Tokenizer> tok;  // rank 0; every rank with --stop (each decides where a reply stops)
+    std::optional<std::string> system;
+    // Phase 1, no collectives inside: flags, and the tokenizer with its template.
+    run_together(comm, [&] {
+        help = !parse_args(args, d, vm, "usage: shardlm chat --model DIR [--system TEXT] [flags]  (one user turn per stdin line)",
+                           root);
+        if (help) return;
+        SessionOptions check_flags;
+        apply_backend(backend, check_flags);
+        apply_precision(prec, check_flags);
+        if (max_new < 1) fail("--max-new-tokens must be at least 1");
+        if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        if (ctx < 0) fail("--ctx must be >= 0");
+        check_tp_flag(tp, comm);
+        set_threads(threads);
+        go.sampler = apply_sampling(sampling);
+        go.max_new_tokens = max_new;
+        go.prefill_chunk = chunk;
+        if (vm.count("system")) system = vm["system"].as<std::string>();
+        if (!root && sampling.stops.empty()) return;
+        if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (!tok->has_chat_template())
+            fail(model, "/tokenizer_config.json has no chat_template: shardlm chat needs one (generate takes plain prompts)");
+        tok->chat_family();  // an unrecognised template fails here, before the weights load
+    });
+    if (help) return 0;
+    const bool json_out = vm.count("json") > 0;
+
+    SessionOptions so;
+    so.model_dir = model;
+    apply_precision(prec, so);
+    apply_backend(backend, so);
+    so.max_batch = 1;
+    so.prefill_chunk = chunk;
+    std::unique_ptr<Session> s;
+    run_together(comm, [&] {
+        maybe_inject_failure(comm, "load");
+        const ModelConfig cfg = load_config(model);
+        so.ctx = ctx > 0 ? ctx : cfg.max_position > 0 ? std::min<int64_t>(4096, cfg.max_position) : 4096;
+        if (ctx == 0) so.ctx_origin = "shardlm chat's default of " + std::to_string(so.ctx) + " positions";
+        if (max_new >= so.ctx)
+            fail("--max-new-tokens ", max_new, " leaves no room for a prompt in a context of ", so.ctx, " (--ctx)");
+        check_context(cfg, so);
+        so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
+        s = open_session(so, comm);
+    });
+    run_together(comm, [&] { check_same_request(comm, args, *s); });
+
+    const int64_t ctx_used = s->engine->options().ctx;
+    // A sliding-window ring (kv_capacity < ctx) overwrites old positions: its rows can be reused
+    // only while nothing has wrapped.
+    const int64_t capacity = kv_capacity(s->cfg, s->engine->options());
+    const bool in_tty = root && ::isatty(STDIN_FILENO), stream = root && !json_out && ::isatty(STDOUT_FILENO);
+    const uint64_t seed = go.sampler.seed;
+    std::vector<ChatMessage> messages;   // rank 0
+    std::vector<int32_t> cache_tokens;   // what the slot's cache holds, positions [0, size)
+    for (uint64_t turn = 0;; ++turn) {
+        // Rank 0 reads the turn and renders the conversation; the ids travel to every rank (none:
+        // the input has ended).
+        std::vector<int32_t> ids;
+        int64_t dropped = 0;
+        run_together(comm, [&] {
+            if (!root) return;
+            std::string line;
+            do {
+                if (in_tty) std::cerr << "> " << std::flush;
+                if (!std::getline(std::cin, line)) return;
+                if (!line.empty() && line.back() == '\r') line.pop_back();
+            } while (line.empty());
+            messages.push_back({"user", line});
+            for (;;) {
+                ids = tok->encode(tok->apply_chat_template(system, messages), EncodeOptions{false});
+                if (int64_t(ids.size()) + max_new <= ctx_used || messages.size() == 1) break;
+                messages.erase(messages.begin(), messages.begin() + 2);  // the oldest exchange
+                ++dropped;
+            }
+            if (int64_t(ids.size()) + max_new > ctx_used)
+                fail("turn ", turn + 1, " alone takes ", ids.size(), " tokens; with --max-new-tokens ", max_new,
+                     " it needs more than the context of ", ctx_used, " (--ctx)");
+        });
+        broadcast_ids(comm, ids);
+        if (ids.empty()) break;
+        const size_t shared = common_prefix(ids, cache_tokens);
+        const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) > capacity;
+        go.cached = {wrapped ? 0 : int64_t(std::min(shared, ids.size() - 1))};
+        go.sampler.seed = seed + turn;  // each turn draws afresh, reproducibly
+
+        std::unique_ptr<StopMatcher> text;
+        if (tok) text = std::make_unique<StopMatcher>(*tok, sampling.stops);
+        size_t printed = 0;
+        const auto& eos = s->cfg.eos_ids;
+        TokenCallback on_token;
+        if (text)
+            on_token = [&](size_t, int32_t id) {
+                if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) return;
+                text->push(id);
+                if (stream) {
+                    std::cout << text->text().substr(printed, text->settled() - printed) << std::flush;
+                    printed = text->settled();
+                }
+            };
+        StopCheck stop_check;
+        if (!sampling.stops.empty()) stop_check = [&](size_t, int32_t) { return text->stopped(); };
+        const GenerateResult r = generate(*s->engine, {ids}, go, on_token, stop_check);
+        const SequenceResult& q = r.seqs[0];
+        // The cache now holds the prompt and every reply token but the last (sampled, never run).
+        cache_tokens = ids;
+        cache_tokens.insert(cache_tokens.end(), q.tokens.begin(), q.tokens.end() - 1);
+        if (!root) continue;
+        const bool late_stop = !text->stopped() && text->finish() && !sampling.stops.empty();
+        const std::string reason = late_stop ? "stop" : q.stop_reason;
+        messages.push_back({"assistant", text->text()});
+        const auto& t = r.timings;
+        if (json_out) {
+            nlohmann::ordered_json j;
+            j["turn"] = turn + 1;
+            j["prompt_tokens"] = ids.size();
+            j["reused_tokens"] = go.cached[0];
+            j["dropped_turns"] = dropped;
+            j["tokens"] = q.tokens;
+            j["text"] = text->text();
+            j["stop_reason"] = reason;
+            j["prefill_ms"] = t.prefill_ms;
+            j["decode_ms_per_token"] = t.decode_steps ? t.decode_ms / double(t.decode_steps) : 0.0;
+            std::cout << j.dump() << std::endl;
+        } else {
+            std::cout << (stream ? text->text().substr(printed) : text->text()) << std::endl;
+            if (dropped > 0) std::cerr << "(dropped the " << dropped << " oldest exchanges to fit --ctx " << ctx_used << ")\n";
+        }
+    }
+    return 0;
+}
+
+}  // namespace shardlm

@@ -62,18 +62,18 @@ void check_penalties(const ModelConfig& c, const EngineOptions& opt, const SeqCh
                   "token penalties go with one logits row per chunk (want_logits, not all_logits)");
     SHARDLM_CHECK(ch.n_penalties <= opt.max_penalties, "a logits row with ", ch.n_penalties,
                   " penalised tokens; the engine has room for ", opt.max_penalties);
-    std::vector<int32_t> ids(size_t(ch.n_penalties));
+    // One bit per vocabulary id (19 KB for 152k): linear in the list, where sorting a list of
+    // 30k ids (a whole-context window) cost more than building it.
+    std::vector<bool> seen(size_t(c.vocab), false);
     for (int64_t i = 0; i < ch.n_penalties; ++i) {
         const PenaltyEntry& e = ch.penalties[i];
         SHARDLM_CHECK(e.id >= 0 && e.id < c.vocab, "penalised token id ", e.id, " is outside the vocabulary [0, ",
                       c.vocab, ")");
         SHARDLM_CHECK(std::isfinite(e.repetition) && e.repetition > 0.0f && std::isfinite(e.offset),
                       "token penalty of id ", e.id, ": repetition ", e.repetition, ", offset ", e.offset);
-        ids[size_t(i)] = e.id;
+        SHARDLM_CHECK(!seen[size_t(e.id)], "token id ", e.id, " is penalised twice in one row");
+        seen[size_t(e.id)] = true;
     }
-    std::sort(ids.begin(), ids.end());
-    const auto dup = std::adjacent_find(ids.begin(), ids.end());
-    SHARDLM_CHECK(dup == ids.end(), "token id ", dup == ids.end() ? 0 : *dup, " is penalised twice in one row");
 }
 }  // namespace
 

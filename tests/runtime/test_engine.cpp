@@ -293,6 +293,36 @@ TEST(Engine, AllNaNLogitsStopGeneration) {
     }
 }
 
+// Every engine checks a step's penalties before it runs (check_step): ids in the vocabulary and
+// distinct, finite values, within EngineOptions::max_penalties, on a want_logits chunk only.
+TEST(Engine, RefusesBadPenalties) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 5});
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 16;
+    so.max_penalties = 3;
+    auto s = open_session(so, comm);
+    const std::vector<int32_t> p = {1, 2, 3};
+    std::vector<float> logits(size_t(3 * cfg.vocab));
+    auto run = [&](std::vector<PenaltyEntry> e, bool all_logits = false) {
+        SeqChunk ch{0, p.data(), 3, 0, true, all_logits};
+        ch.penalties = e.data();
+        ch.n_penalties = int64_t(e.size());
+        s->engine->forward({ch}, logits.data());
+    };
+    EXPECT_NO_THROW(run({{0, 5, 1.5f, 0.5f}, {0, 7, 1.5f, 0.0f}}));
+    EXPECT_THROW(run({{0, 5, 1.5f, 0.5f}, {0, 5, 1.5f, 0.0f}}), Error);             // twice
+    EXPECT_THROW(run({{0, int32_t(cfg.vocab), 1.5f, 0.5f}}), Error);                // outside
+    EXPECT_THROW(run({{0, -1, 1.5f, 0.5f}}), Error);
+    EXPECT_THROW(run({{0, 5, 0.0f, 0.5f}}), Error);                                 // repetition 0
+    EXPECT_THROW(run({{0, 5, 1.5f, std::nanf("")}}), Error);
+    EXPECT_THROW(run({{0, 1, 1, 0}, {0, 2, 1, 0}, {0, 3, 1, 0}, {0, 4, 1, 0}}), Error);  // beyond the room
+    EXPECT_THROW(run({{0, 5, 1.5f, 0.5f}}, true), Error);                           // perplexity rows
+}
+
 // generate()'s StopCheck ends the sequence it answers true for, at that token, stop_reason
 // "stop"; the others go on as without it, and it is asked once per token that is not an EOS.
 TEST(Engine, StopCheckEndsASequence) {

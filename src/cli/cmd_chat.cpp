@@ -95,7 +95,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         if (!tok->has_chat_template())
             fail(model, "/tokenizer_config.json has no chat_template: shardlm chat needs one (generate takes plain prompts)");
-        tok->chat_family();  // an unrecognised template fails here, before the weights load
+        // An unrecognised template, or a system message the template refuses, fails here, before
+        // the weights load.
+        tok->apply_chat_template(system, std::vector<ChatMessage>{{"user", "x"}});
     });
     if (help) return 0;
     const bool json_out = vm.count("json") > 0;

@@ -214,6 +214,18 @@ TEST_F(TokenizerCli, ChatErrors) {
     expect_error("chat --model " + bare.path(), "has no chat_template");
     expect_error("chat" + m_ + " --max-new-tokens 100 --ctx 50", "--max-new-tokens 100 leaves no room");
     expect_error("chat" + m_ + " --top-p 0", "--top-p");
+    // A template that takes no system message refuses --system before the weights load (the
+    // truncated weights below would fail the load).
+    TempDir mistral;
+    write_synthetic_checkpoint(mistral.path(), tiny_config(Arch::Mistral), {DType::F32, 1, 7});
+    json mcfg = tiny_byte_level_config();
+    mcfg["chat_template"] =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + "
+        "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ "
+        "raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+    write_tokenizer_files(mistral.path(), tiny_byte_level_tokenizer(), mcfg);
+    write_file(mistral.file("model.safetensors"), "truncated");
+    expect_error("chat --model " + mistral.path() + " --system hi </dev/null", "does not accept a system message");
     // A turn longer than the whole context is refused, naming the turn.
     write_file(dir_.file("long.txt"), std::string(400, 'x') + "\n");
     expect_error("chat" + m_ + " --ctx 64 --max-new-tokens 8 <" + dir_.file("long.txt"), "turn 1 alone takes");

@@ -27,15 +27,6 @@ namespace shardlm {
 
 namespace {
 
-// Rank 0's ids to every rank, length first.
-void broadcast_ids(Communicator& comm, std::vector<int32_t>& ids) {
-    if (comm.size() == 1) return;
-    uint64_t n = ids.size();
-    comm.broadcast(&n, sizeof n, 0);
-    ids.resize(n);
-    if (n > 0) comm.broadcast(ids.data(), n * sizeof(int32_t), 0);
-}
-
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
     size_t n = 0;
     while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
@@ -131,9 +122,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
     std::vector<ChatMessage> messages;   // rank 0
     std::vector<int32_t> cache_tokens;   // what the slot's cache holds, positions [0, size)
     for (uint64_t turn = 0;; ++turn) {
-        // Rank 0 reads the turn and renders the conversation; the ids travel to every rank (none:
-        // the input has ended).
-        std::vector<int32_t> ids;
+        // Rank 0 reads the turn and renders the conversation; the ids travel to every rank (no
+        // prompt: the input has ended).
+        std::vector<std::vector<int32_t>> turn_ids;
         int64_t dropped = 0;
         run_together(comm, [&] {
             if (!root) return;
@@ -144,6 +135,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
                 if (!line.empty() && line.back() == '\r') line.pop_back();
             } while (line.empty());
             messages.push_back({"user", line});
+            std::vector<int32_t>& ids = turn_ids.emplace_back();
             for (;;) {
                 ids = tok->encode(tok->apply_chat_template(system, messages), EncodeOptions{false});
                 if (int64_t(ids.size()) + max_new <= ctx_used || messages.size() == 1) break;
@@ -154,8 +146,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
                 fail("turn ", turn + 1, " alone takes ", ids.size(), " tokens; with --max-new-tokens ", max_new,
                      " it needs more than the context of ", ctx_used, " (--ctx)");
         });
-        broadcast_ids(comm, ids);
-        if (ids.empty()) break;
+        broadcast_prompts(comm, turn_ids);
+        if (turn_ids.empty()) break;
+        const std::vector<int32_t>& ids = turn_ids[0];
         const size_t shared = common_prefix(ids, cache_tokens);
         const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) > capacity;
         go.cached = {wrapped ? 0 : int64_t(std::min(shared, ids.size() - 1))};
@@ -164,11 +157,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
         std::unique_ptr<StopMatcher> text;
         if (tok) text = std::make_unique<StopMatcher>(*tok, sampling.stops);
         size_t printed = 0;
-        const auto& eos = s->cfg.eos_ids;
         TokenCallback on_token;
         if (text)
             on_token = [&](size_t, int32_t id) {
-                if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) return;
+                if (is_eos_id(s->cfg, id)) return;
                 text->push(id);
                 if (stream) {
                     std::cout << text->text().substr(printed, text->settled() - printed) << std::flush;
@@ -183,8 +175,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         cache_tokens = ids;
         cache_tokens.insert(cache_tokens.end(), q.tokens.begin(), q.tokens.end() - 1);
         if (!root) continue;
-        const bool late_stop = !text->stopped() && text->finish() && !sampling.stops.empty();
-        const std::string reason = late_stop ? "stop" : q.stop_reason;
+        // A stop string completed by the decoder's held-back rest still ends the text there.
+        const std::string reason = text->finish() ? "stop" : q.stop_reason;
         messages.push_back({"assistant", text->text()});
         const auto& t = r.timings;
         if (json_out) {

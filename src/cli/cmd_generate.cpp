@@ -23,35 +23,6 @@
 
 namespace shardlm {
 
-namespace {
-
-// Rank 0's prompts to every rank: [count, len_0, ids_0..., len_1, ids_1...] as int32.
-void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {
-    if (comm.size() == 1) return;
-    std::vector<int32_t> flat;
-    if (comm.rank() == 0) {
-        flat.push_back(int32_t(prompts.size()));
-        for (const auto& p : prompts) {
-            flat.push_back(int32_t(p.size()));
-            flat.insert(flat.end(), p.begin(), p.end());
-        }
-    }
-    uint64_t n = flat.size();
-    comm.broadcast(&n, sizeof n, 0);
-    flat.resize(n);
-    comm.broadcast(flat.data(), n * sizeof(int32_t), 0);
-    if (comm.rank() == 0) return;
-    prompts.assign(size_t(flat[0]), {});
-    size_t at = 1;
-    for (auto& p : prompts) {
-        const size_t len = size_t(flat[at++]);
-        p.assign(flat.begin() + long(at), flat.begin() + long(at + len));
-        at += len;
-    }
-}
-
-}  // namespace
-
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
     std::string model, prompt_ids, dump_logits;
@@ -202,8 +173,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     StopCheck stop_check;
     if (!texts.empty()) {
         on_token = [&](size_t i, int32_t id) {
-            const auto& eos = s->cfg.eos_ids;
-            if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) return;
+            if (is_eos_id(s->cfg, id)) return;
             texts[i].push(id);
             if (stream) print_settled();
         };
@@ -213,10 +183,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     if (!root) return 0;
     // A stop string completed by the decoder's held-back rest still ends the text there.
     std::vector<std::string> stop_reasons;
-    for (size_t i = 0; i < r.seqs.size(); ++i) {
-        const bool late_stop = !texts.empty() && !texts[i].stopped() && texts[i].finish() && !stops.empty();
-        stop_reasons.push_back(late_stop ? "stop" : r.seqs[i].stop_reason);
-    }
+    for (size_t i = 0; i < r.seqs.size(); ++i)
+        stop_reasons.push_back(!texts.empty() && texts[i].finish() ? "stop" : r.seqs[i].stop_reason);
     // The generated text: the streamed/checked text where there is one, else decoded now.
     auto text_of = [&](size_t i) {
         if (!texts.empty()) return texts[i].text();

@@ -147,6 +147,30 @@ SamplerOptions apply_sampling(const SamplingFlags& f) {
     return o;
 }
 
+void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {
+    if (comm.size() == 1) return;
+    std::vector<int32_t> flat;
+    if (comm.rank() == 0) {
+        flat.push_back(int32_t(prompts.size()));
+        for (const auto& p : prompts) {
+            flat.push_back(int32_t(p.size()));
+            flat.insert(flat.end(), p.begin(), p.end());
+        }
+    }
+    uint64_t n = flat.size();
+    comm.broadcast(&n, sizeof n, 0);
+    flat.resize(n);
+    comm.broadcast(flat.data(), n * sizeof(int32_t), 0);
+    if (comm.rank() == 0) return;
+    prompts.assign(size_t(flat[0]), {});
+    size_t at = 1;
+    for (auto& p : prompts) {
+        const size_t len = size_t(flat[at++]);
+        p.assign(flat.begin() + long(at), flat.begin() + long(at + len));
+        at += len;
+    }
+}
+
 void check_tp_flag(int tp, const Communicator& comm) {
     if (tp < 0 || (tp > 0 && tp != comm.size()))
         fail("--tp ", tp, " differs from the ", comm.size(), " ranks started (mpirun -np ", comm.size(), ")");

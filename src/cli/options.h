@@ -56,6 +56,10 @@ void add_sampling_options(po::options_description& d, SamplingFlags& f);
 // Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).
 SamplerOptions apply_sampling(const SamplingFlags& f);
 
+// Rank 0's prompts to every rank (a collective): [count, len_0, ids_0..., len_1, ids_1...] as
+// int32. No prompts is a message too (shardlm chat: the input has ended).
+void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts);
+
 // --tp N: 0, or the number of ranks mpirun started (throws Error naming the flag).
 void check_tp_flag(int tp, const Communicator& comm);
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -214,6 +215,10 @@ ModelConfig load_config(const std::string& model_dir) {
     const std::string path = model_dir + "/config.json";
     if (!file_exists(path)) fail(path, ": not found (is --model a Hugging Face checkpoint folder?)");
     return parse_config(read_text_file(path), path);
+}
+
+bool is_eos_id(const ModelConfig& c, int64_t id) {
+    return std::find(c.eos_ids.begin(), c.eos_ids.end(), id) != c.eos_ids.end();
 }
 
 int64_t parameter_count(const ModelConfig& c) { return shard_parameter_count(c, plan_shard(c, 0, 1)); }

@@ -67,5 +67,7 @@ ModelConfig load_config(const std::string& model_dir);
 
 // Number of parameters the checkpoint holds (embedding counted once when tied).
 int64_t parameter_count(const ModelConfig& c);
+// Whether `id` is one of the model's end-of-sequence ids (eos_token_id, one or a list).
+bool is_eos_id(const ModelConfig& c, int64_t id);
 
 }  // namespace shardlm

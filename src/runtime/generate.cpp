@@ -198,7 +198,6 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         ch.penalties = pens[s].data();
         ch.n_penalties = int64_t(pens[s].size());
     };
-    auto is_eos = [&](int32_t id) { return std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end(); };
     // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
     // whether the sequence goes on.
     auto accept = [&](size_t s, size_t row, bool cand) {
@@ -229,7 +228,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.tokens.push_back(id);
         if (window > 0) recent[s].push(id);
         if (on_token) on_token(s, id);
-        if (is_eos(id)) r.stop_reason = "eos";
+        if (is_eos_id(cfg, id)) r.stop_reason = "eos";
         else if (stop && stop(s, id)) r.stop_reason = "stop";
         else if (int64_t(r.tokens.size()) >= opt.max_new_tokens) r.stop_reason = "length";
         return r.stop_reason.empty();

@@ -73,6 +73,19 @@ for (const [name, mod] of Object.entries(models)) {
       decoded_skip: ids.length ? tok.decode(ids, { skip_special_tokens: true }) : "",
     };
   });
+  // The template's text for `messages` with the assistant turn opened, or the error it raises.
+  const render = (t, messages) => {
+    try {
+      const ctx = { messages, add_generation_prompt: true };
+      for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
+        const v = tok.getToken(k);
+        if (v) ctx[k] = v;
+      }
+      return { text: new Template(t.source).render(ctx), error: null };
+    } catch (e) {
+      return { text: null, error: String(e.message || e) };
+    }
+  };
   const renders = [];
   const templates = [];
   if (tok.chat_template) templates.push({ name: "own", source: tok.chat_template });
@@ -83,17 +96,7 @@ for (const [name, mod] of Object.entries(models)) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });
       messages.push({ role: "user", content: c.user });
-      let text = null, error = null;
-      try {
-        const ctx = { messages, add_generation_prompt: true };
-        for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
-          const v = tok.getToken(k);
-          if (v) ctx[k] = v;
-        }
-        text = new Template(t.source).render(ctx);
-      } catch (e) {
-        error = String(e.message || e);
-      }
+      const { text, error } = render(t, messages);
       renders.push({ template: t.name, source: t.source, system: c.system ?? null, user: c.user, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
@@ -101,17 +104,7 @@ for (const [name, mod] of Object.entries(models)) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });
       c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
-      let text = null, error = null;
-      try {
-        const ctx = { messages, add_generation_prompt: true };
-        for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
-          const v = tok.getToken(k);
-          if (v) ctx[k] = v;
-        }
-        text = new Template(t.source).render(ctx);
-      } catch (e) {
-        error = String(e.message || e);
-      }
+      const { text, error } = render(t, messages);
       renders.push({ template: t.name, source: t.source, system: c.system ?? null, turns: c.turns, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }

@@ -30,7 +30,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
-    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -42,6 +42,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("system", po::value<std::string>(), "system message for --chat")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
+        ("batch", po::value(&batch)->default_value(0),
+         "sequences run at once (KV-cache slots); further prompts wait and take the slot of one that "
+         "ends (0: every prompt at once)")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -77,6 +80,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         apply_precision(prec, check_flags);   // and --weights, --kv, --group-size, --keep-fp16
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        if (batch < 0) fail("--batch must be >= 0");
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
@@ -119,7 +123,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     so.model_dir = model;
     apply_precision(prec, so);
     apply_backend(backend, so);
-    so.max_batch = int64_t(prompts.size());
+    so.max_batch = batch == 0 ? int64_t(prompts.size()) : std::min(batch, int64_t(prompts.size()));
     so.prefill_chunk = chunk;
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
@@ -209,10 +213,15 @@ int cmd_generate(const Args& args, Communicator& comm) {
     }
     const auto& t = r.timings;
     const double decode_per_tok = t.decode_steps ? t.decode_ms / double(t.decode_steps) : 0.0;
+    int64_t generated = 0;
+    for (const SequenceResult& q : r.seqs) generated += int64_t(q.tokens.size());
+    const double generated_per_s = t.total_ms > 0 ? 1000.0 * double(generated) / t.total_ms : 0.0;
     auto summary = [&] {
         std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
                   << decode_per_tok << " ms/token over " << t.decode_steps << " steps";
         if (t.context_shifts > 0) std::cerr << "; " << t.context_shifts << " context shifts";
+        std::cerr << "; " << generated << " tokens generated in " << t.total_ms << " ms (" << generated_per_s
+                  << " tokens/s)";
         std::cerr << "\n";
     };
     if (json_out) {
@@ -233,7 +242,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
                         {"prefill_ms", t.prefill_ms},
                         {"decode_ms_per_token", decode_per_tok},
                         {"prefill_tokens_per_s", t.prefill_ms > 0 ? 1000.0 * double(t.prefill_tokens) / t.prefill_ms : 0.0},
-                        {"decode_tokens_per_s", t.decode_ms > 0 ? 1000.0 * double(t.decode_tokens) / t.decode_ms : 0.0}};
+                        {"decode_tokens_per_s", t.decode_ms > 0 ? 1000.0 * double(t.decode_tokens) / t.decode_ms : 0.0},
+                        {"total_ms", t.total_ms},
+                        {"generated_tokens_per_s", generated_per_s}};
+        j["batch"] = so.max_batch;
         j["memory"] = {{"weights_bytes", s->engine->weight_bytes()},
                        {"kv_cache_bytes", s->engine->kv_bytes()},
                        {"workspace_bytes", s->engine->workspace_bytes()},

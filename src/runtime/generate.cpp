@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <functional>
 #include <limits>
+#include <memory>
 
 #include "core/error.h"
 
@@ -96,11 +98,13 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     const int64_t ctx = eo.ctx;
     const size_t B = prompts.size();
     if (B == 0) fail("no prompt given");
-    if (int64_t(B) > eo.max_batch) fail("batch of ", B, " exceeds the engine's ", eo.max_batch, " slots");
+    if (eo.max_batch < 1) fail("the engine has no KV-cache slot");
     if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
     if (!opt.cached.empty()) {
         SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
+        // Prompt s runs in slot s only when every prompt has a slot from the start.
+        SHARDLM_CHECK(int64_t(B) <= eo.max_batch, "cached prefixes for ", B, " prompts in ", eo.max_batch, " slots");
         SHARDLM_CHECK(!opt.slide, "a cached prefix with --context-overflow slide (shifted caches hold other positions)");
         for (size_t s = 0; s < B; ++s)
             SHARDLM_CHECK(opt.cached[s] >= 0 && opt.cached[s] < int64_t(prompts[s].size()), "prompt ", s, " of ",
@@ -142,16 +146,19 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateOptions& opt, const TokenCallback& on_token, const StopCheck& stop) {
     const ModelConfig& cfg = engine.config();
-    check_generate(cfg, engine.options(), prompts, opt);
-    const int64_t ctx = engine.options().ctx;
+    const EngineOptions& eo = engine.options();
+    check_generate(cfg, eo, prompts, opt);
+    const int64_t ctx = eo.ctx;
     const size_t B = prompts.size();
     const int64_t vocab = cfg.vocab;
+    // At most `slots` sequences run at once; the rest wait in prompt order for a slot to free.
+    const size_t slots = size_t(std::min<int64_t>(eo.max_batch, int64_t(B)));
     GenerateResult res;
     res.seqs.resize(B);
     std::vector<Sampler> samplers;
     for (size_t s = 0; s < B; ++s) {
         res.seqs[s].prompt = prompts[s];
-        samplers.emplace_back(opt.sampler, s);
+        samplers.emplace_back(opt.sampler, s);  // seeded by the prompt's index, not its slot or step
     }
     // Samplers with top-k (or greedy) read only each row's first k ranked candidates: the engine
     // hands back just those (on the GPU it selects them there instead of copying the vocabulary).
@@ -162,14 +169,14 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     const bool nucleus = so.temperature > 0.0f && so.top_k == 0 && so.top_p < 1.0f;
     const int64_t k = nucleus ? std::min(vocab, kMaxTopCandidates) : sampler_candidates(so, vocab);
     const bool top = k > 0 && k <= kMaxTopCandidates;
-    std::vector<float> logits, vals;
+    // A step has at most one logits row per running sequence.
+    std::vector<float> logits(slots * size_t(vocab)), vals;
     std::vector<int32_t> ids;
-    std::vector<uint64_t> mass(B);
+    std::vector<uint64_t> mass(slots);
     if (top) {
-        vals.resize(B * size_t(k));
+        vals.resize(slots * size_t(k));
         ids.resize(vals.size());
     }
-    logits.resize(B * size_t(vocab));
     // Runs a step; rows of logits (or candidates) in chunk order. Returns whether it handed back
     // candidates.
     auto step = [&](const std::vector<SeqChunk>& chunks, bool full) {
@@ -183,18 +190,14 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         return false;
     };
     // Token penalties: each logits row's entries, built from its sequence's last `window` tokens
-    // just before the step (they live in pens[s] until the next).
+    // just before the step (they live in pens[s] until the next). A sequence's RecentTokens
+    // (two int32 per vocabulary entry) lives only while it runs.
     const int64_t window = penalty_window(so, ctx);
     std::vector<std::vector<PenaltyEntry>> pens(B);
-    std::vector<RecentTokens> recent;
-    if (window > 0)
-        for (size_t s = 0; s < B; ++s) {
-            recent.emplace_back(window, vocab);
-            for (const int32_t id : prompts[s]) recent.back().push(id);
-        }
+    std::vector<std::unique_ptr<RecentTokens>> recent(B);
     auto add_penalties = [&](SeqChunk& ch, size_t s) {
         if (window == 0) return;
-        recent[s].entries(so, pens[s]);
+        recent[s]->entries(so, pens[s]);
         ch.penalties = pens[s].data();
         ch.n_penalties = int64_t(pens[s].size());
     };
@@ -226,7 +229,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             if (std::isnan(lg[id])) nan_row();
         }
         r.tokens.push_back(id);
-        if (window > 0) recent[s].push(id);
+        if (window > 0) recent[s]->push(id);
         if (on_token) on_token(s, id);
         if (is_eos_id(cfg, id)) r.stop_reason = "eos";
         else if (stop && stop(s, id)) r.stop_reason = "stop";
@@ -234,69 +237,52 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         return r.stop_reason.empty();
     };
 
-    // Prefill: pack chunks of consecutive prompt tokens, several sequences per step, at most
-    // prefill_chunk tokens per step. Logits only at each prompt's last token.
-    const double t0 = now_ms();
+    // Continuous batching with chunked prefill (vLLM's scheduler): each step first carries one
+    // token of every running sequence whose prompt is cached, then fills the rest of the step's
+    // budget (--prefill-chunk tokens, at least one) with prompt chunks of the others in the order
+    // they came. A finished sequence frees its slot at once for the next waiting prompt, whose
+    // prefill then rides in the same steps as the others' decode tokens: a decode token costs a
+    // pass over the weights alone, next to a prompt chunk almost nothing.
+    // done[s]: prompt tokens of s in its cache; dropped[s]: positions s has shifted out of it
+    // (--context-overflow slide), so its next position is its length - dropped.
     std::vector<int64_t> done = opt.cached.empty() ? std::vector<int64_t>(B, 0) : opt.cached;
+    std::vector<int64_t> dropped(B, 0), slot_of(B, -1);
+    std::vector<int32_t> last(B);
+    std::vector<size_t> running;  // in the order they were admitted
+    std::vector<int64_t> free_slots;
+    for (size_t i = slots; i-- > 0;) free_slots.push_back(int64_t(i));  // the lowest on top: prompt s < slots gets slot s
+    const int64_t budget_max = std::min(opt.prefill_chunk, eo.max_step_tokens);
+    size_t next = 0;  // the first prompt still waiting
     std::vector<SeqChunk> chunks;
     std::vector<size_t> chunk_seq;
-    size_t next = 0;
-    while (next < B) {
-        chunks.clear();
-        chunk_seq.clear();
-        int64_t budget = opt.prefill_chunk;
-        while (next < B && budget > 0) {
-            const int64_t len = int64_t(prompts[next].size());
-            const int64_t n = std::min(budget, len - done[next]);
-            SeqChunk ch;
-            ch.slot = int64_t(next);
-            ch.tokens = prompts[next].data() + done[next];
-            ch.n = n;
-            ch.pos = done[next];
-            done[next] += n;
-            ch.want_logits = done[next] == len;
-            if (ch.want_logits) add_penalties(ch, next);
-            chunks.push_back(ch);
-            chunk_seq.push_back(next);
-            budget -= n;
-            if (done[next] == len) ++next;
-        }
-        const bool cand = step(chunks, opt.keep_prompt_logits);
-        size_t li = 0;
-        for (size_t c = 0; c < chunks.size(); ++c) {
-            if (!chunks[c].want_logits) continue;
-            const size_t s = chunk_seq[c];
-            if (opt.keep_prompt_logits) {
-                const float* lg = logits.data() + li * size_t(vocab);
-                res.seqs[s].prompt_logits.assign(lg, lg + vocab);
-            }
-            accept(s, li++, cand);
-        }
-        res.timings.prefill_tokens += opt.prefill_chunk - budget;
-    }
-    const double t1 = now_ms();
-    res.timings.prefill_ms = t1 - t0;
-
-    // Decode: one token per live sequence per step. dropped[s]: positions sequence s has shifted
-    // out of its cache (--context-overflow slide), so its next position is its length - dropped.
-    std::vector<int32_t> last(B);
-    std::vector<int64_t> dropped(B, 0);
+    const double t_begin = now_ms();
     for (;;) {
+        while (next < B && !free_slots.empty()) {
+            const size_t s = next++;
+            slot_of[s] = free_slots.back();
+            free_slots.pop_back();
+            running.push_back(s);
+            if (window > 0) {
+                recent[s] = std::make_unique<RecentTokens>(window, vocab);
+                for (const int32_t id : prompts[s]) recent[s]->push(id);
+            }
+        }
+        if (running.empty()) break;
         chunks.clear();
         chunk_seq.clear();
-        for (size_t s = 0; s < B; ++s) {
+        for (const size_t s : running) {
             SequenceResult& r = res.seqs[s];
-            if (!r.stop_reason.empty()) continue;
+            if (r.tokens.empty()) continue;  // still prefilling
             last[s] = r.tokens.back();
             SeqChunk ch;
-            ch.slot = int64_t(s);
+            ch.slot = slot_of[s];
             ch.tokens = &last[s];
             ch.n = 1;
             ch.pos = int64_t(r.prompt.size() + r.tokens.size()) - 1 - dropped[s];
             if (ch.pos >= ctx) {
                 // Full: keep the sinks, drop the older half of the rest (llama.cpp's context shift).
                 const int64_t discard = (ch.pos - opt.sink_tokens) / 2;
-                engine.shift_kv(int64_t(s), opt.sink_tokens, discard, ch.pos);
+                engine.shift_kv(ch.slot, opt.sink_tokens, discard, ch.pos);
                 dropped[s] += discard;
                 ch.pos -= discard;
                 res.timings.context_shifts += 1;
@@ -306,13 +292,69 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             chunks.push_back(ch);
             chunk_seq.push_back(s);
         }
-        if (chunks.empty()) break;
-        const bool cand = step(chunks, false);
-        for (size_t c = 0; c < chunks.size(); ++c) accept(chunk_seq[c], c, cand);
-        res.timings.decode_steps += 1;
-        res.timings.decode_tokens += int64_t(chunks.size());
+        const size_t n_decode = chunks.size();
+        // Prompt chunks, logits only at each prompt's last token.
+        int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
+        bool full = false;  // a prompt's last row is kept (--dump-logits): the step returns whole rows
+        for (const size_t s : running) {
+            const int64_t len = int64_t(prompts[s].size());
+            if (budget == 0) break;
+            if (done[s] == len) continue;
+            const int64_t n = std::min(budget, len - done[s]);
+            SeqChunk ch;
+            ch.slot = slot_of[s];
+            ch.tokens = prompts[s].data() + done[s];
+            ch.n = n;
+            ch.pos = done[s];
+            done[s] += n;
+            ch.want_logits = done[s] == len;
+            if (ch.want_logits) add_penalties(ch, s);
+            full = full || (ch.want_logits && opt.keep_prompt_logits);
+            chunks.push_back(ch);
+            chunk_seq.push_back(s);
+            budget -= n;
+            prompt_tokens += n;
+        }
+        const double t0 = now_ms();
+        const bool cand = step(chunks, full);
+        size_t row = 0;
+        for (size_t c = 0; c < chunks.size(); ++c) {
+            if (!chunks[c].want_logits) continue;
+            const size_t s = chunk_seq[c];
+            if (c >= n_decode && opt.keep_prompt_logits) {
+                const float* lg = logits.data() + row * size_t(vocab);
+                res.seqs[s].prompt_logits.assign(lg, lg + vocab);
+            }
+            accept(s, row++, cand);
+        }
+        // Steps that carry prompt tokens count as prefill (with any decode tokens riding along),
+        // the others as decode steps.
+        const double t1 = now_ms();
+        if (prompt_tokens > 0) {
+            res.timings.prefill_ms += t1 - t0;
+            res.timings.prefill_tokens += prompt_tokens;
+        } else {
+            res.timings.decode_ms += t1 - t0;
+            res.timings.decode_steps += 1;
+            res.timings.decode_tokens += int64_t(n_decode);
+        }
+        // Finished sequences hand their slot on.
+        size_t kept = 0;
+        for (const size_t s : running) {
+            if (res.seqs[s].stop_reason.empty()) {
+                running[kept++] = s;
+                continue;
+            }
+            free_slots.push_back(slot_of[s]);
+            recent[s].reset();
+            pens[s] = {};
+        }
+        running.resize(kept);
+        // The lowest free slot on top (a sequence's results never depend on its slot; this only
+        // keeps the slot numbers of a batch that fits the engine those of the prompts).
+        std::sort(free_slots.begin(), free_slots.end(), std::greater<int64_t>());
     }
-    res.timings.decode_ms = now_ms() - t1;
+    res.timings.total_ms = now_ms() - t_begin;
     return res;
 }
 

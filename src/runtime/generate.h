@@ -1,5 +1,8 @@
-// The generation loop: chunked prefill of every prompt, then batched decode steps until each
-// sequence stops on an end-of-sequence id, at a stop check (--stop) or after max_new_tokens.
+// The generation loop: continuous batching with chunked prefill. At most the engine's slots of
+// sequences run at once (the other prompts wait in order and take the slot of one that ends);
+// each step carries one token of every decoding sequence and fills the rest of --prefill-chunk
+// with prompt chunks. A sequence stops on an end-of-sequence id, at a stop check (--stop) or
+// after max_new_tokens.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +17,9 @@ namespace shardlm {
 
 struct GenerateOptions {
     int64_t max_new_tokens = 64;
-    int64_t prefill_chunk = 256;  // at most this many prompt tokens per forward step
+    // Tokens per forward step: decode tokens first, prompt tokens fill the rest (at least one
+    // prompt token while a prompt waits, so a step may pass it by the decode tokens).
+    int64_t prefill_chunk = 256;
     SamplerOptions sampler;
     bool keep_prompt_logits = false;  // keep the logits at each prompt's last position
     // --context-overflow slide: a sequence whose next position would pass the context keeps its
@@ -27,7 +32,8 @@ struct GenerateOptions {
     std::string ctx_origin;
     // Per prompt (empty: none): how many of its first tokens its slot's KV cache already holds at
     // positions [0, cached) from an earlier generate() (a conversation's earlier turns: shardlm
-    // chat). Prefill starts there; at least the last prompt token is always run. Not with slide.
+    // chat). Prompt s is in slot s (so no more prompts than slots). Prefill starts there; at
+    // least the last prompt token is always run. Not with slide.
     std::vector<int64_t> cached;
 };
 
@@ -38,8 +44,11 @@ struct SequenceResult {
     std::vector<float> prompt_logits;  // when asked
 };
 
+// Steps that carry prompt tokens count as prefill (with the decode tokens riding along in them),
+// the others as decode steps.
 struct GenerateTimings {
     double prefill_ms = 0, decode_ms = 0;
+    double total_ms = 0;  // the whole loop, host work between the steps included
     int64_t prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
     int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
 };
@@ -88,8 +97,8 @@ private:
     std::vector<int32_t> ids_;    // the ids with a count > 0
 };
 
-// The checks generate() makes before it runs anything, on flags, prompts and config alone: the
-// batch within the engine's slots, each prompt (plus max_new_tokens, unless sliding) within the
+// The checks generate() makes before it runs anything, on flags, prompts and config alone: at
+// least one slot (cached prefixes: a slot per prompt), each prompt (plus max_new_tokens, unless sliding) within the
 // context, --sink-tokens, slide on a model whose cache is a sliding-window ring, room in the engine
 // for the token penalties, and each prompt id within [0, cfg.vocab) (`source`, where the prompts came from, begins that error: "--prompt-ids").
 // Throws Error naming the flags. The CLI calls it before loading the weights (eo as

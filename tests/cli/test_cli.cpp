@@ -97,6 +97,31 @@ TEST_F(Cli, GenerateJsonContract) {
                                              " --prompt-ids '5,6,7;9' --max-new-tokens 4 --temperature 0 --json --no-mmap");
     ASSERT_EQ(copied.exit_code, 0) << copied.err;
     EXPECT_EQ(nlohmann::json::parse(copied.out)["results"], j["results"]);
+    for (const char* k : {"total_ms", "generated_tokens_per_s"}) EXPECT_GT(j["timings"][k].get<double>(), 0) << k;
+    EXPECT_EQ(j["batch"], 2);
+}
+
+// --batch N: at most N sequences at once, the other prompts waiting for a slot; the tokens are
+// those of the whole batch at once (greedy), in the order of the prompts.
+TEST_F(Cli, BatchQueuesThePromptsItHasNoSlotFor) {
+    const std::string gen = kBin + " generate --model " + dir_.path() +
+                            " --prompt-ids '5,6,7;9;1,2,3,4,5,6,7,8,9,10;11,12' --max-new-tokens 5 --temperature 0 "
+                            "--prefill-chunk 4 --json";
+    const CommandResult all = run_command(gen);
+    ASSERT_EQ(all.exit_code, 0) << all.err;
+    const auto j = nlohmann::json::parse(all.out);
+    EXPECT_EQ(j["batch"], 4);
+    for (const char* b : {"1", "2", "3", "9"}) {
+        const CommandResult r = run_command(gen + " --batch " + b);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const auto q = nlohmann::json::parse(r.out);
+        EXPECT_EQ(q["results"], j["results"]) << "--batch " << b;
+        EXPECT_EQ(q["batch"], std::min(std::stoi(b), 4)) << "--batch " << b;
+        // The KV cache has a slot per sequence that may run at once.
+        EXPECT_EQ(q["memory"]["kv_cache_bytes"].get<int64_t>() * 4,
+                  j["memory"]["kv_cache_bytes"].get<int64_t>() * q["batch"].get<int64_t>());
+    }
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --batch -1", "--batch must be >= 0");
 }
 
 TEST_F(Cli, InfoDescribesTheModel) {

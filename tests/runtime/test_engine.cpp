@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +55,76 @@ protected:
     TempDir dir_;
     ModelConfig cfg_;
 };
+
+// Records the chunks of every step it passes on to the engine it wraps (generate()'s schedule).
+class RecordingEngine : public Engine {
+public:
+    explicit RecordingEngine(Engine& e) : e_(e) {}
+    struct Chunk {
+        int64_t slot, pos, n;
+        const int32_t* tokens;
+    };
+    std::vector<std::vector<Chunk>> steps;
+
+    void forward(const std::vector<SeqChunk>& chunks, float* logits) override {
+        record(chunks);
+        e_.forward(chunks, logits);
+    }
+    void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) override {
+        record(chunks);
+        e_.forward_top(chunks, k, vals, ids);
+    }
+    bool forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float t, float* vals, int32_t* ids,
+                         uint64_t* mass) override {
+        const bool ran = e_.forward_nucleus(chunks, k, t, vals, ids, mass);
+        if (ran) record(chunks);
+        return ran;
+    }
+    void nucleus_row(int64_t row, float* logits) override { e_.nucleus_row(row, logits); }
+    void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override {
+        e_.shift_kv(slot, keep, discard, len);
+    }
+    const ModelConfig& config() const override { return e_.config(); }
+    const EngineOptions& options() const override { return e_.options(); }
+    size_t weight_bytes() const override { return e_.weight_bytes(); }
+    size_t kv_bytes() const override { return e_.kv_bytes(); }
+    size_t workspace_bytes() const override { return e_.workspace_bytes(); }
+    std::string device() const override { return e_.device(); }
+
+private:
+    void record(const std::vector<SeqChunk>& chunks) {
+        std::vector<Chunk> step;
+        for (const SeqChunk& c : chunks) step.push_back({c.slot, c.pos, c.n, c.tokens});
+        steps.push_back(step);
+    }
+    Engine& e_;
+};
+
+// Greedy generate() of `prompts` through `slots` KV-cache slots, prompt i stopped (StopCheck)
+// after its stop_after[i]-th token, so that sequences end at different steps and hand their slots
+// on while the others run.
+GenerateResult run_queued(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t slots,
+                          int64_t chunk, const std::vector<size_t>& stop_after, bool keep_logits,
+                          std::vector<std::vector<RecordingEngine::Chunk>>* steps = nullptr) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.max_batch = slots;
+    so.ctx = 48;
+    so.prefill_chunk = chunk;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 9;
+    go.prefill_chunk = chunk;
+    go.sampler.temperature = 0.0f;
+    go.keep_prompt_logits = keep_logits;
+    std::vector<size_t> seen(prompts.size(), 0);
+    auto stop = [&](size_t i, int32_t) { return ++seen[i] == stop_after[i]; };
+    RecordingEngine recorder(*s->engine);
+    GenerateResult r = generate(recorder, prompts, go, nullptr, stop);
+    if (steps) *steps = recorder.steps;
+    return r;
+}
 }  // namespace
 
 TEST_P(EngineInvariants, CachedDecodeEqualsFullRecompute) {
@@ -93,6 +164,24 @@ TEST_P(EngineInvariants, BatchEqualsEachAlone) {
         const GenerateResult alone = run_greedy(dir_.path(), {prompts[i]}, 7);
         EXPECT_EQ(batch.seqs[i].tokens, alone.seqs[0].tokens) << "prompt " << i;
         EXPECT_LT(max_abs_diff(batch.seqs[i].prompt_logits, alone.seqs[0].prompt_logits), 1e-4);
+    }
+}
+
+// Continuous batching: more prompts than slots, sequences ending at different steps, prompt chunks
+// riding in the steps of the others' decode tokens. Each sequence's tokens and prompt logits
+// are still those it gets alone.
+TEST_P(EngineInvariants, QueuedPromptsEqualEachAlone) {
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(5, cfg_.vocab, 2), make_prompt(13, cfg_.vocab, 3),
+                                                       make_prompt(1, cfg_.vocab, 4), make_prompt(21, cfg_.vocab, 5),
+                                                       make_prompt(2, cfg_.vocab, 6)};
+    const std::vector<size_t> stop_after = {3, 9, 1, 5, 2};
+    const GenerateResult queued = run_queued(dir_.path(), prompts, 2, 8, stop_after, true);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const GenerateResult alone = run_queued(dir_.path(), {prompts[i]}, 1, 8, {stop_after[i]}, true);
+        EXPECT_EQ(queued.seqs[i].tokens, alone.seqs[0].tokens) << "prompt " << i;
+        EXPECT_EQ(queued.seqs[i].tokens.size(), stop_after[i]) << "prompt " << i;
+        EXPECT_EQ(queued.seqs[i].stop_reason, alone.seqs[0].stop_reason) << "prompt " << i;
+        EXPECT_LT(max_abs_diff(queued.seqs[i].prompt_logits, alone.seqs[0].prompt_logits), 1e-4) << "prompt " << i;
     }
 }
 
@@ -354,6 +443,87 @@ TEST(Engine, StopCheckEndsASequence) {
     std::vector<int32_t> not_eos = free.seqs[0].tokens;
     if (free.seqs[0].stop_reason == "eos") not_eos.pop_back();
     EXPECT_EQ(asked[0], not_eos);
+}
+
+// The schedule of continuous batching, as the engine sees it: never more chunks than slots, one
+// sequence per slot at a time (each slot's positions run on from where they stopped, or start a
+// new prompt at 0), prompts started in order, decode tokens before prompt chunks, a step within
+// --prefill-chunk tokens (or the decode tokens and one prompt token), prompt chunks riding along
+// with decode tokens, and every prompt prefilled exactly once. On a model sliding over a window
+// shorter than the prompts, so that slots reused by a new sequence hold a wrapped ring.
+TEST(Engine, ContinuousBatchingSchedule) {
+    TempDir d;
+    ModelConfig cfg = tiny_config(Arch::Mistral);
+    cfg.sliding_window = 6;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 9});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(30, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2),
+                                                       make_prompt(12, cfg.vocab, 3), make_prompt(1, cfg.vocab, 4),
+                                                       make_prompt(20, cfg.vocab, 5), make_prompt(7, cfg.vocab, 6)};
+    const std::vector<size_t> stop_after = {4, 2, 9, 3, 5, 1};
+    const int64_t slots = 3, chunk = 8;
+    std::vector<std::vector<RecordingEngine::Chunk>> steps;
+    const GenerateResult r = run_queued(d.path(), prompts, slots, chunk, stop_after, false, &steps);
+    auto prompt_of = [&](const int32_t* t) {  // the prompt a chunk's tokens lie in, or -1 for a decode token
+        for (size_t s = 0; s < prompts.size(); ++s)
+            if (t >= prompts[s].data() && t < prompts[s].data() + prompts[s].size()) return int64_t(s);
+        return int64_t(-1);
+    };
+    std::map<int64_t, int64_t> next_pos;  // per slot
+    std::map<int64_t, int64_t> occupant;    // per slot: the prompt it holds
+    std::vector<int64_t> prefilled(prompts.size(), 0), decoded(prompts.size(), 0);
+    int64_t started = 0, mixed = 0;
+    for (size_t t = 0; t < steps.size(); ++t) {
+        const auto& step = steps[t];
+        ASSERT_LE(int64_t(step.size()), slots) << "step " << t;
+        std::set<int64_t> used;
+        int64_t tokens = 0, decode = 0;
+        bool prompt_seen = false;
+        for (const auto& c : step) {
+            EXPECT_TRUE(used.insert(c.slot).second) << "step " << t << " slot " << c.slot;
+            const int64_t p = prompt_of(c.tokens);
+            if (p < 0) {
+                EXPECT_FALSE(prompt_seen) << "step " << t << ": a decode token after a prompt chunk";
+                EXPECT_EQ(c.n, 1);
+                ++decode;
+                ASSERT_TRUE(occupant.count(c.slot)) << "step " << t;
+                ++decoded[size_t(occupant[c.slot])];
+            } else {
+                prompt_seen = true;
+                EXPECT_EQ(c.tokens, prompts[size_t(p)].data() + c.pos) << "step " << t;
+                if (c.pos == 0) {
+                    EXPECT_EQ(p, started++) << "step " << t << ": prompts start in order";
+                    // The slot's previous sequence has run all its decode steps: it has ended.
+                    if (occupant.count(c.slot)) {
+                        const size_t q = size_t(occupant[c.slot]);
+                        EXPECT_EQ(decoded[q], int64_t(stop_after[q]) - 1) << "step " << t << ": prompt " << p
+                                                                          << " took the slot of running prompt " << q;
+                    }
+                    occupant[c.slot] = p;
+                }
+                prefilled[size_t(p)] += c.n;
+            }
+            if (c.pos != 0) {
+                EXPECT_EQ(c.pos, next_pos[c.slot]) << "step " << t << " slot " << c.slot;
+            }
+            next_pos[c.slot] = c.pos + c.n;
+            tokens += c.n;
+        }
+        EXPECT_LE(tokens, std::max(chunk, decode + 1)) << "step " << t;
+        mixed += decode > 0 && prompt_seen;
+    }
+    EXPECT_EQ(started, int64_t(prompts.size()));
+    EXPECT_GT(mixed, 0) << "no prompt chunk rode along with decode tokens";
+    for (size_t s = 0; s < prompts.size(); ++s) {
+        EXPECT_EQ(prefilled[s], int64_t(prompts[s].size())) << "prompt " << s;
+        EXPECT_EQ(r.seqs[s].tokens.size(), stop_after[s]) << "prompt " << s;
+        EXPECT_EQ(r.seqs[s].stop_reason, "stop") << "prompt " << s;
+        const GenerateResult alone = run_queued(d.path(), {prompts[s]}, 1, chunk, {stop_after[s]}, false);
+        EXPECT_EQ(r.seqs[s].tokens, alone.seqs[0].tokens) << "prompt " << s;
+    }
+    // Fewer steps than the prompts in groups of three, each prefilled and then decoded to its
+    // longest (ceil(45 / 8) + 8 and ceil(28 / 8) + 4 = 22 steps); this schedule takes 15.
+    EXPECT_LT(int64_t(steps.size()), 22) << steps.size();
+    for (size_t s = 0; s < prompts.size(); ++s) EXPECT_EQ(decoded[s], int64_t(stop_after[s]) - 1) << "prompt " << s;
 }
 
 // token_penalties (runtime/generate.h): one entry per distinct id of the last `window` tokens,

@@ -341,3 +341,51 @@ TEST(TensorParallel, ContextShiftsGiveTheTokensOfOneRank) {
             EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << " kv " << kv_name(kv_dtype(kv));
     }
 }
+
+// Continuous batching under tensor parallelism: five prompts through two slots, sequences ending
+// at different steps (a StopCheck every rank answers alike) and prompt chunks riding with decode
+// tokens, with top-k sampling, min-p and token penalties (a sequence's penalty window starts anew
+// in a reused slot). Every rank's tokens are one rank's, and one rank's are those of all five
+// prompts at once (each sequence samples from its own seed, whatever its slot).
+TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Llama);
+    cfg.vocab = 389;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 47});
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < 5; ++i) prompts.push_back(make_prompt(1 + 7 * i % 19, cfg.vocab, 10 + uint64_t(i)));
+    const std::vector<size_t> stop_after = {6, 2, 9, 1, 4};
+    auto gen = [&](Communicator& comm, int64_t slots) {
+        GenerateOptions go;
+        go.max_new_tokens = 9;
+        go.prefill_chunk = 6;
+        go.sampler.temperature = 1.2f;
+        go.sampler.top_k = 25;
+        go.sampler.min_p = 0.02f;
+        go.sampler.seed = 5;
+        go.sampler.repetition_penalty = 1.3f;
+        go.sampler.presence_penalty = 0.4f;
+        go.sampler.penalty_last_n = 6;
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.max_batch = slots;
+        so.ctx = 32;
+        so.prefill_chunk = go.prefill_chunk;
+        so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
+#ifdef SHARDLM_TP_ON_CUDA
+        so.device = Device::Cuda;
+#endif
+        auto s = open_session(so, comm);
+        std::vector<size_t> seen(prompts.size(), 0);
+        return generate(*s->engine, prompts, go, nullptr, [&](size_t i, int32_t) { return ++seen[i] == stop_after[i]; });
+    };
+    SingleRank one;
+    const GenerateResult all = gen(one, int64_t(prompts.size()));
+    const GenerateResult ref = gen(one, 2);
+    const GenerateResult tp = gen(world(), 2);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(ref.seqs[i].tokens.size(), stop_after[i]) << "prompt " << i;
+        EXPECT_EQ(ref.seqs[i].tokens, all.seqs[i].tokens) << "prompt " << i;
+        EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+    }
+}

@@ -30,7 +30,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
-    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -54,6 +54,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object with results, timings and memory")
+        ("logprobs", po::value(&logprobs),
+         "with --json: each generated token's log-probability (log-softmax of its logits row, after any "
+         "penalties, at temperature 1) and the N most probable tokens' (0: the token's only)")
         ("dump-logits", po::value(&dump_logits),
          "write the logits at each prompt's last position to FILE (after any token penalties)");
     add_sampling_options(d, sampling);
@@ -81,6 +84,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (max_new < 1) fail("--max-new-tokens must be at least 1");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         if (batch < 0) fail("--batch must be >= 0");
+        if (vm.count("logprobs") && !vm.count("json")) fail("--logprobs needs --json (they are reported there)");
+        if (vm.count("logprobs") && logprobs < 0) fail("--logprobs must be >= 0");
+        go.logprobs = vm.count("logprobs") ? logprobs : -1;
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
@@ -236,6 +242,17 @@ int cmd_generate(const Args& args, Communicator& comm) {
             // there is no tokenizer.
             e["text"] = tok ? nlohmann::json(text_of(i)) : nlohmann::json();
             e["stop_reason"] = stop_reasons[i];
+            if (go.logprobs >= 0) {
+                auto entry = [](const Logprob& l) { return nlohmann::ordered_json{{"id", l.id}, {"logprob", l.logprob}}; };
+                nlohmann::ordered_json lps = nlohmann::json::array();
+                for (const TokenLogprobs& t : q.logprobs) {
+                    nlohmann::ordered_json x = entry(t.token);
+                    x["top"] = nlohmann::json::array();
+                    for (const Logprob& l : t.top) x["top"].push_back(entry(l));
+                    lps.push_back(x);
+                }
+                e["logprobs"] = lps;
+            }
             j["results"].push_back(e);
         }
         j["timings"] = {{"load_ms", s->load_ms},

@@ -101,6 +101,8 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     if (eo.max_batch < 1) fail("the engine has no KV-cache slot");
     if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
+    if (opt.logprobs < -1 || opt.logprobs > cfg.vocab)
+        fail("--logprobs ", opt.logprobs, " must be in [0, ", cfg.vocab, "] (the vocabulary)");
     if (!opt.cached.empty()) {
         SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
         // Prompt s runs in slot s only when every prompt has a slot from the start.
@@ -227,6 +229,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
             if (cand) engine.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates
             id = samplers[s].sample(lg, vocab);
             if (std::isnan(lg[id])) nan_row();
+            if (opt.logprobs >= 0) r.logprobs.push_back(token_logprobs(lg, vocab, id, opt.logprobs));
         }
         r.tokens.push_back(id);
         if (window > 0) recent[s]->push(id);
@@ -295,7 +298,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         const size_t n_decode = chunks.size();
         // Prompt chunks, logits only at each prompt's last token.
         int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
-        bool full = false;  // a prompt's last row is kept (--dump-logits): the step returns whole rows
+        bool full = opt.logprobs >= 0;  // whole rows: for --logprobs, or a prompt's last row kept (--dump-logits)
         for (const size_t s : running) {
             const int64_t len = int64_t(prompts[s].size());
             if (budget == 0) break;

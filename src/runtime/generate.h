@@ -22,6 +22,10 @@ struct GenerateOptions {
     int64_t prefill_chunk = 256;
     SamplerOptions sampler;
     bool keep_prompt_logits = false;  // keep the logits at each prompt's last position
+    // --logprobs: each generated token's log-probability and the n most probable of its row
+    // (runtime/sampler.h: token_logprobs); -1: none. Steps then hand back whole rows (on the GPU a
+    // copy of the vocabulary per sequence and step).
+    int64_t logprobs = -1;
     // --context-overflow slide: a sequence whose next position would pass the context keeps its
     // first sink_tokens positions (attention sinks), drops the older half of the rest and goes on
     // (Engine::shift_kv), as often as it needs. Off: each prompt plus max_new_tokens must fit.
@@ -42,6 +46,7 @@ struct SequenceResult {
     std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
     std::string stop_reason;      // "eos", "stop" (StopCheck) or "length"
     std::vector<float> prompt_logits;  // when asked
+    std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
 };
 
 // Steps that carry prompt tokens count as prefill (with the decode tokens riding along in them),

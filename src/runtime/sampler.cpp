@@ -96,6 +96,34 @@ double Sampler::weight(float x, double mx) const {
     return std::isnan(w) ? 0.0 : w;
 }
 
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t id, int64_t n_top) {
+    SHARDLM_CHECK(id >= 0 && id < vocab && n_top >= 0 && n_top <= vocab, "token_logprobs: id ", id, ", top ", n_top,
+                  " of ", vocab);
+    // log(sum exp(x)) around the largest number, in double: a 152k-entry sum in float would lose
+    // the small terms.
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < vocab; ++i)
+        if (!std::isnan(logits[i])) mx = std::max(mx, double(logits[i]));
+    double sum = 0;
+    if (std::isfinite(mx))
+        for (int64_t i = 0; i < vocab; ++i)
+            if (!std::isnan(logits[i])) sum += std::exp(double(logits[i]) - mx);
+    const double lse = mx + std::log(sum);
+    auto lp = [&](int32_t i) {
+        const float x = logits[i];
+        return std::isnan(x) || !std::isfinite(lse) ? -INFINITY : float(double(x) - lse);
+    };
+    TokenLogprobs r;
+    r.token = {id, lp(id)};
+    if (n_top > 0) {
+        std::vector<float> vals(static_cast<size_t>(n_top));
+        std::vector<int32_t> ids(static_cast<size_t>(n_top));
+        topk_ref(logits, vocab, n_top, vals.data(), ids.data());
+        for (const int32_t i : ids) r.top.push_back({i, lp(i)});
+    }
+    return r;
+}
+
 int32_t Sampler::sample(const float* logits, int64_t vocab) {
     if (opt_.temperature == 0.0f) return argmax(logits, vocab);
     const size_t keep = size_t(sampler_candidates(opt_, vocab));

@@ -43,6 +43,19 @@ int32_t argmax(const float* logits, int64_t n);
 // (at most the vocabulary), or 0 when it needs the whole row (no top-k limit).
 int64_t sampler_candidates(const SamplerOptions& opt, int64_t vocab);
 
+// --logprobs: a token's log-probability under the model's distribution over its logits row
+// (log-softmax at temperature 1, after any token penalties, before temperature and the filters),
+// with the row's n most probable tokens in the ranking's order. NaN logits have probability 0.
+struct Logprob {
+    int32_t id = 0;
+    float logprob = 0;
+};
+struct TokenLogprobs {
+    Logprob token;
+    std::vector<Logprob> top;
+};
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t id, int64_t n_top);
+
 class Sampler {
 public:
     Sampler(const SamplerOptions& opt, uint64_t stream);  // stream: the sequence's index

@@ -124,6 +124,32 @@ TEST_F(Cli, BatchQueuesThePromptsItHasNoSlotFor) {
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --batch -1", "--batch must be >= 0");
 }
 
+TEST_F(Cli, LogprobsInTheJson) {
+    const CommandResult r = run_command(kBin + " generate --model " + dir_.path() +
+                                        " --prompt-ids '5,6,7;9' --max-new-tokens 3 --temperature 0 --json --logprobs 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    for (const auto& res : j["results"]) {
+        ASSERT_EQ(res["logprobs"].size(), res["tokens"].size()) << res.dump();
+        for (size_t t = 0; t < res["tokens"].size(); ++t) {
+            const auto& lp = res["logprobs"][t];
+            EXPECT_EQ(lp["id"], res["tokens"][t]);
+            ASSERT_EQ(lp["top"].size(), 2u);
+            EXPECT_EQ(lp["top"][0]["id"], lp["id"]);  // greedy takes the most probable
+            EXPECT_EQ(lp["top"][0]["logprob"], lp["logprob"]);
+            EXPECT_LE(lp["logprob"].get<double>(), 0.0);
+            EXPECT_GE(lp["logprob"].get<double>(), lp["top"][1]["logprob"].get<double>());
+        }
+    }
+    const CommandResult none = run_command(kBin + " generate --model " + dir_.path() +
+                                           " --prompt-ids '5,6,7;9' --max-new-tokens 3 --temperature 0 --json");
+    EXPECT_FALSE(nlohmann::json::parse(none.out)["results"][0].contains("logprobs"));
+    const std::string m = "generate --model " + dir_.path() + " --prompt-ids 1,2 ";
+    expect_error(m + "--logprobs 2", "--logprobs needs --json");
+    expect_error(m + "--json --logprobs -1", "--logprobs must be >= 0");
+    expect_error(m + "--json --logprobs 385", "--logprobs 385 must be in [0, 384] (the vocabulary)");
+}
+
 TEST_F(Cli, InfoDescribesTheModel) {
     const CommandResult r = run_command(kBin + " info --model " + dir_.path());
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "fixtures.h"
+#include "kernels/cpu/topk.h"
 #include "runtime/cpu_engine.h"
 
 using namespace shardlm;
@@ -524,6 +525,75 @@ TEST(Engine, ContinuousBatchingSchedule) {
     // longest (ceil(45 / 8) + 8 and ceil(28 / 8) + 4 = 22 steps); this schedule takes 15.
     EXPECT_LT(int64_t(steps.size()), 22) << steps.size();
     for (size_t s = 0; s < prompts.size(); ++s) EXPECT_EQ(decoded[s], int64_t(stop_after[s]) - 1) << "prompt " << s;
+}
+
+// --logprobs: each generated token's entry is the log-softmax of the row it was drawn from: the
+// first token's of the prompt's last logits, the others' of a full recompute of the sequence so
+// far; queued through one slot, the same entries (within the batch tolerance).
+TEST(Engine, LogprobsAreTheLogSoftmaxOfTheRows) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 13});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(6, cfg.vocab, 1), make_prompt(2, cfg.vocab, 2)};
+    SingleRank comm;
+    auto open = [&](int64_t slots) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 32;
+        so.max_batch = slots;
+        return open_session(so, comm);
+    };
+    GenerateOptions go;
+    go.max_new_tokens = 6;
+    go.sampler.temperature = 1.0f;
+    go.sampler.top_k = 0;
+    go.sampler.top_p = 1.0f;
+    go.sampler.seed = 3;
+    go.logprobs = 4;
+    go.keep_prompt_logits = true;
+    auto s = open(2);
+    const GenerateResult r = generate(*s->engine, prompts, go);
+    const int64_t V = cfg.vocab;
+    auto log_softmax = [&](const std::vector<float>& row) {
+        double mx = -INFINITY, sum = 0;
+        for (float v : row) mx = std::max(mx, double(v));
+        for (float v : row) sum += std::exp(double(v) - mx);
+        std::vector<double> out;
+        for (float v : row) out.push_back(double(v) - mx - std::log(sum));
+        return out;
+    };
+    std::vector<float> row(static_cast<size_t>(V));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const SequenceResult& q = r.seqs[i];
+        ASSERT_EQ(q.logprobs.size(), q.tokens.size());
+        for (size_t t = 0; t < q.tokens.size(); ++t) {
+            std::vector<int32_t> seq = prompts[i];
+            seq.insert(seq.end(), q.tokens.begin(), q.tokens.begin() + ptrdiff_t(t));
+            if (t == 0) row = q.prompt_logits;
+            else s->engine->forward({{0, seq.data(), int64_t(seq.size()), 0, true}}, row.data());
+            const std::vector<double> want = log_softmax(row);
+            const TokenLogprobs& got = q.logprobs[t];
+            EXPECT_EQ(got.token.id, q.tokens[t]);
+            EXPECT_NEAR(got.token.logprob, want[size_t(q.tokens[t])], 1e-4) << "prompt " << i << " token " << t;
+            ASSERT_EQ(got.top.size(), 4u);
+            std::vector<float> vals(4);
+            std::vector<int32_t> ids(4);
+            topk_ref(row.data(), V, 4, vals.data(), ids.data());
+            for (size_t j = 0; j < 4; ++j) {
+                EXPECT_EQ(got.top[j].id, ids[j]) << "prompt " << i << " token " << t;
+                EXPECT_NEAR(got.top[j].logprob, want[size_t(ids[j])], 1e-4);
+            }
+        }
+    }
+    auto one = open(1);
+    const GenerateResult queued = generate(*one->engine, prompts, go);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        ASSERT_EQ(queued.seqs[i].tokens, r.seqs[i].tokens) << "prompt " << i;
+        for (size_t t = 0; t < r.seqs[i].tokens.size(); ++t)
+            EXPECT_NEAR(queued.seqs[i].logprobs[t].token.logprob, r.seqs[i].logprobs[t].token.logprob, 1e-4);
+    }
+    go.logprobs = V + 1;
+    EXPECT_THROW(generate(*s->engine, prompts, go), Error);
 }
 
 // token_penalties (runtime/generate.h): one entry per distinct id of the last `window` tokens,

@@ -376,3 +376,37 @@ TEST(Sampler, MergedRankCandidatesAreTheRowsFirstK) {
     int32_t out_i;
     EXPECT_THROW(merge_candidates({{&v, &id, 1}}, 2, &out_v, &out_i), Error);
 }
+
+// token_logprobs: log-softmax of the row at temperature 1, NaN with probability 0 (as -inf), the
+// top n in the ranking's order (ties by the lower id), and a row's probabilities summing to 1.
+TEST(Sampler, LogprobsAreTheLogSoftmax) {
+    const std::vector<float> lg = {1, 2, std::nanf(""), 3, -INFINITY, 2};
+    const double lse = std::log(std::exp(1.0) + 2 * std::exp(2.0) + std::exp(3.0));
+    const TokenLogprobs r = token_logprobs(lg.data(), 6, 5, 4);
+    EXPECT_EQ(r.token.id, 5);
+    EXPECT_NEAR(r.token.logprob, 2 - lse, 1e-6);
+    ASSERT_EQ(r.top.size(), 4u);
+    const int32_t want_ids[] = {3, 1, 5, 0};
+    const double want_lp[] = {3 - lse, 2 - lse, 2 - lse, 1 - lse};
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(r.top[i].id, want_ids[i]) << i;
+        EXPECT_NEAR(r.top[i].logprob, want_lp[i], 1e-6) << i;
+    }
+    EXPECT_EQ(token_logprobs(lg.data(), 6, 2, 0).token.logprob, -INFINITY);  // NaN
+    EXPECT_EQ(token_logprobs(lg.data(), 6, 4, 0).token.logprob, -INFINITY);
+    EXPECT_TRUE(token_logprobs(lg.data(), 6, 0, 0).top.empty());
+    // A wide row of large logits: float exp would overflow; double sums them.
+    std::vector<float> wide(151936);
+    uint64_t x = 7;
+    for (float& v : wide) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v = 80.0f + float(x >> 40) / float(1 << 24) * 20.0f;
+    }
+    const TokenLogprobs all = token_logprobs(wide.data(), int64_t(wide.size()), 0, int64_t(wide.size()));
+    double total = 0;
+    for (const Logprob& l : all.top) total += std::exp(double(l.logprob));
+    EXPECT_NEAR(total, 1.0, 1e-4);
+    for (size_t i = 1; i < all.top.size(); ++i) EXPECT_GE(all.top[i - 1].logprob, all.top[i].logprob);
+    EXPECT_THROW(token_logprobs(lg.data(), 6, 6, 0), Error);
+    EXPECT_THROW(token_logprobs(lg.data(), 6, 0, 7), Error);
+}

@@ -346,7 +346,8 @@ TEST(TensorParallel, ContextShiftsGiveTheTokensOfOneRank) {
 // at different steps (a StopCheck every rank answers alike) and prompt chunks riding with decode
 // tokens, with top-k sampling, min-p and token penalties (a sequence's penalty window starts anew
 // in a reused slot). Every rank's tokens are one rank's, and one rank's are those of all five
-// prompts at once (each sequence samples from its own seed, whatever its slot).
+// prompts at once (each sequence samples from its own seed, whatever its slot). With --logprobs
+// (whole rows gathered instead of the ranks' candidates) the same tokens, and one rank's logprobs.
 TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
     ModelConfig cfg = tiny_config(Arch::Llama);
     cfg.vocab = 389;
@@ -355,8 +356,9 @@ TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t i = 0; i < 5; ++i) prompts.push_back(make_prompt(1 + 7 * i % 19, cfg.vocab, 10 + uint64_t(i)));
     const std::vector<size_t> stop_after = {6, 2, 9, 1, 4};
-    auto gen = [&](Communicator& comm, int64_t slots) {
+    auto gen = [&](Communicator& comm, int64_t slots, int64_t logprobs) {
         GenerateOptions go;
+        go.logprobs = logprobs;
         go.max_new_tokens = 9;
         go.prefill_chunk = 6;
         go.sampler.temperature = 1.2f;
@@ -380,12 +382,24 @@ TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
         return generate(*s->engine, prompts, go, nullptr, [&](size_t i, int32_t) { return ++seen[i] == stop_after[i]; });
     };
     SingleRank one;
-    const GenerateResult all = gen(one, int64_t(prompts.size()));
-    const GenerateResult ref = gen(one, 2);
-    const GenerateResult tp = gen(world(), 2);
+    const GenerateResult all = gen(one, int64_t(prompts.size()), -1);
+    const GenerateResult ref = gen(one, 2, -1);
+    const GenerateResult tp = gen(world(), 2, -1);
+    const GenerateResult ref_lp = gen(one, 2, 3);
+    const GenerateResult tp_lp = gen(world(), 2, 3);
     for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(ref.seqs[i].tokens.size(), stop_after[i]) << "prompt " << i;
         EXPECT_EQ(ref.seqs[i].tokens, all.seqs[i].tokens) << "prompt " << i;
         EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+        EXPECT_EQ(ref_lp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+        EXPECT_EQ(tp_lp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+        ASSERT_EQ(tp_lp.seqs[i].logprobs.size(), stop_after[i]);
+        for (size_t t = 0; t < stop_after[i]; ++t) {
+            const TokenLogprobs& a = tp_lp.seqs[i].logprobs[t];
+            const TokenLogprobs& b = ref_lp.seqs[i].logprobs[t];
+            EXPECT_NEAR(a.token.logprob, b.token.logprob, 1e-4) << "prompt " << i << " token " << t;
+            ASSERT_EQ(a.top.size(), 3u);
+            for (size_t j = 0; j < 3; ++j) EXPECT_EQ(a.top[j].id, b.top[j].id) << "prompt " << i << " token " << t;
+        }
     }
 }

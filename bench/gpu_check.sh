@@ -62,9 +62,9 @@ jsonl=$out/gpu_check.jsonl
 
 # Shapes: the issue's on the GPU; tiny and quick on the CPU.
 if [ "$dry" = 1 ]; then
-  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1
+  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1 SERVE_REQ=8 SERVE_BATCH=1,4
 else
-  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3
+  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3 SERVE_REQ=64 SERVE_BATCH=8,32
 fi
 export SHARDLM_CACHE=${SHARDLM_CACHE:-/tmp/shardlm-cache}
 export OMP_WAIT_POLICY=passive
@@ -237,7 +237,7 @@ BIN=$work/bin
 setup_secs=$(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 setup_note+="loader $mode (glibc here ${sys_glibc:-?}, bundle ${PACK_GLIBC:--}); CUDA libraries from ${cuda_path:-nowhere}"
 if [ -n "$setup_fail" ]; then record setup fail "$setup_secs" "$setup_fail; $setup_note"; else record setup pass "$setup_secs" "$setup_note"; fi
-export root work out jsonl dry DEV SYN PL GEN REPS PY PYT BIN pack mode
+export root work out jsonl dry DEV SYN PL GEN REPS SERVE_REQ SERVE_BATCH PY PYT BIN pack mode
 
 # ---------------------------------------------------------------- step bodies (exported)
 skip() { echo "skip: $*"; exit 77; }
@@ -332,7 +332,11 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
     --temperature 0 --repetition-penalty 1.3 --frequency-penalty 0.4 --presence-penalty 0.2 --penalty-last-n 16 || rc=1
   cpu_vs_dev penalties-minp "fp32 top-k sampled with penalties and min-p" --max-new-tokens 24 --temperature 1.1 \
     --top-k 40 --min-p 0.05 --seed 7 --repetition-penalty 1.3 --frequency-penalty 0.4 || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p)"
+  # Continuous batching: the second prompt waits for the first's slot (--batch 1) and prefills in
+  # chunks of 3; --logprobs takes whole rows instead of the device's candidates.
+  cpu_vs_dev queued "fp32 greedy, two prompts through one slot, with logprobs" --max-new-tokens 12 \
+    --temperature 0 --batch 1 --prefill-chunk 3 --logprobs 2 || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs)"
   exit $rc
 }
 
@@ -393,6 +397,22 @@ s_bench_with() {  # "VAR=VALUE ..." then s_bench's arguments: the A/B runs of th
   shift
   echo "with $vars"
   env $vars bash -c 's_bench "$@"' s_bench "$@"
+}
+
+s_serve() {  # bench --requests: continuous batching against static batches, the same requests in one run
+  local args=(bench --synthetic "$SYN" --device "$DEV" --requests "$SERVE_REQ" --batch "$SERVE_BATCH"
+              --prompt-len "$PL" --gen "$GEN" --weights int8 --kv int8 -r 1 --json)
+  echo "shardlm ${args[*]}"
+  "$BIN/shardlm" "${args[@]}" > "$work/logs/serve.rows" || exit 1
+  cat "$work/logs/serve.rows"
+  echo "note: $("$PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = []
+for r in rows:
+    out.append("%s b%d %.0f tok/s (%d steps)" % (r["test"], r["batch"], r["tokens_per_s"], r["steps"]))
+print("; ".join(out))
+' "$work/logs/serve.rows")"
 }
 
 s_torch() {
@@ -500,7 +520,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -577,6 +597,10 @@ step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=all bash -c 's_sanitize "$@"' s_s
 step sanitize-persistent-prefetch2 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=2 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
+# Serving throughput (continuous batching vs static batches, never run on a GPU before) and
+# memcheck over queued prompts whose chunks ride with decode tokens.
+step serve-int8-int8 90 s_serve
+step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_serving.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/communicator.h"
@@ -130,7 +131,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
     BackendFlags backend;
     std::string batch_list = "1";
     std::vector<int64_t> batches;
-    int64_t prompt_len = 512, gen = 128, reps = 3;
+    int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
@@ -141,6 +142,10 @@ int cmd_bench(const Args& args, Communicator& comm) {
         ("prompt-len", po::value(&prompt_len)->default_value(512), "prefill tokens per sequence (ppL)")
         ("gen", po::value(&gen)->default_value(128), "decode steps (tgN)")
         (",r", po::value(&reps)->default_value(3), "repeats")
+        ("requests", po::value(&requests)->default_value(0),
+         "serving throughput instead of ppL/tgN: N requests, prompts of 1 to --prompt-len tokens and 1 to --gen "
+         "new tokens each (fixed seed), greedy, through each --batch's slots by continuous batching and, in the "
+         "same run, as static batches one after the other")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("json", "one JSON object per line instead of a markdown table");
@@ -161,6 +166,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
             at = end + 1;
         }
         if (prompt_len < 1 || gen < 1 || reps < 1) fail("--prompt-len, --gen and -r must be >= 1");
+        if (requests < 0) fail("--requests must be >= 0");
+        if (requests > 0 && vm.count("no-kv-cache")) fail("--requests runs generate over the KV cache: not with --no-kv-cache");
         SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -223,6 +230,77 @@ int cmd_bench(const Args& args, Communicator& comm) {
         std::printf("|---|---|---:|---|---|---:|---:|---:|\n");
     }
     double last_checksum = 0;
+    // The fields every JSON row carries.
+    auto common = [&](nlohmann::ordered_json& j) {
+        j["tp"] = comm.size();
+        j["device"] = e.device();
+        j["attention"] = row_attention(backend.attention, cuda);
+        j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
+        j["pdl"] = cuda && device_pdl();
+        j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
+        j["l2_prefetch"] = cuda ? device_l2_prefetch() : 0;
+        j["gemm_stage"] = cuda && device_gemm_staging();
+        j["weights"] = wname;
+        j["kv"] = kvname;
+        j["peak_gbps"] = peak;
+        j["memory"] = {{"weights_bytes", e.weight_bytes()}, {"kv_cache_bytes", e.kv_bytes()},
+                       {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", cuda ? device_used_bytes() : peak_rss_bytes()}};
+        j["build_commit"] = SHARDLM_GIT_COMMIT;
+    };
+    if (requests > 0) {
+        const ServingRequests req = serving_requests(requests, prompt_len, gen, c.vocab, 1);
+        const int64_t chunk = e.options().max_step_tokens;  // what a static batch's prefill gets too
+        for (const int64_t batch : batches) {
+            // Warm-up, not timed: the CUDA engine captures a decode graph per batch size the second
+            // time it meets one, and continuous batching meets every size up to the slots.
+            ServingRequests warm;
+            for (int64_t i = 0; i < std::min<int64_t>(requests, 2 * batch); ++i) {
+                warm.prompts.push_back(req.prompts[size_t(i)]);
+                warm.max_new.push_back(std::min<int64_t>(req.max_new[size_t(i)], 8));
+            }
+            run_serving(e, warm, batch, chunk, false);
+            std::vector<double> cont_ms, static_ms;
+            ServingRun cont, stat;
+            for (int64_t r = 0; r < reps; ++r) {
+                cont = run_serving(e, req, batch, chunk, false);
+                stat = run_serving(e, req, batch, chunk, true);
+                cont_ms.push_back(cont.ms);
+                static_ms.push_back(stat.ms);
+            }
+            if (!root) continue;
+            struct Row { std::string test; Stats st; ServingRun run; };
+            const std::string name = "serve" + std::to_string(requests);
+            const Row rows[] = {{name, stats(cont_ms), cont}, {name + "-static", stats(static_ms), stat}};
+            for (const Row& r : rows) {
+                const double tps = double(r.run.generated) * 1000.0 / r.st.mean;
+                if (json) {
+                    nlohmann::ordered_json j;
+                    j["test"] = r.test;
+                    j["batch"] = batch;
+                    j["requests"] = requests;
+                    j["prompt_tokens"] = req.prompt_tokens;
+                    j["generated_tokens"] = r.run.generated;
+                    j["steps"] = r.run.steps;
+                    j["avg_ms"] = r.st.mean;
+                    j["stddev_ms"] = r.st.stddev;
+                    j["tokens_per_s"] = tps;
+                    j["requests_per_s"] = double(requests) * 1000.0 / r.st.mean;
+                    common(j);
+                    std::cout << j.dump() << "\n";
+                } else {
+                    std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | - |\n", arch_name(c.arch), r.test.c_str(),
+                                (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, tps);
+                }
+            }
+            if (!json)
+                std::printf("|  | (%lld requests, %lld prompt tokens, %lld generated; %lld vs %lld steps) | | | | | | |\n",
+                            (long long)requests, (long long)req.prompt_tokens, (long long)cont.generated,
+                            (long long)cont.steps, (long long)stat.steps);
+            std::fflush(stdout);
+        }
+        if (root && !json) std::printf("\nbuild %s, %s\n", SHARDLM_GIT_COMMIT, e.device().c_str());
+        return 0;
+    }
     for (const int64_t batch : batches) {
         std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
         for (int64_t b = 0; b < batch; ++b)
@@ -312,28 +390,15 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["test"] = r.test;
                 j["kv_cache"] = !no_cache;
                 j["batch"] = batch;
-                j["tp"] = comm.size();
                 j["comm_bytes_per_step"] = comm_step;
                 j["allreduce_us"] = allreduce_us;
                 j["allreduces_per_step"] = comm.size() == 1 ? 0 : 1 + 2 * c.n_layers;
-                j["device"] = e.device();
-                j["attention"] = row_attention(backend.attention, cuda);
-                j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
-                j["pdl"] = cuda && device_pdl();
-                j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
-                j["l2_prefetch"] = cuda ? device_l2_prefetch() : 0;
-                j["gemm_stage"] = cuda && device_gemm_staging();
-                j["weights"] = wname;
-                j["kv"] = kvname;
                 j["avg_ms"] = r.st.mean;
                 j["stddev_ms"] = r.st.stddev;
                 j["tokens_per_s"] = r.tokens;
                 j["gbps"] = r.gbps;
-                j["peak_gbps"] = peak;
-                j["memory"] = {{"weights_bytes", e.weight_bytes()}, {"kv_cache_bytes", e.kv_bytes()},
-                               {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", cuda ? device_used_bytes() : peak_rss_bytes()}};
                 j["logits_checksum"] = checksum;
-                j["build_commit"] = SHARDLM_GIT_COMMIT;
+                common(j);
                 std::cout << j.dump() << "\n";
             }
         } else {

@@ -100,13 +100,19 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     if (B == 0) fail("no prompt given");
     if (eo.max_batch < 1) fail("the engine has no KV-cache slot");
     if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
+    SHARDLM_CHECK(opt.max_new_each.empty() || opt.max_new_each.size() == B, "max_new_each holds ",
+                  opt.max_new_each.size(), " limits for ", B, " prompts");
+    for (const int64_t m : opt.max_new_each) SHARDLM_CHECK(m >= 1, "max_new_each: a limit of ", m);
+    SHARDLM_CHECK(opt.max_running >= 0 && opt.max_running <= eo.max_batch, "max_running ", opt.max_running,
+                  " with ", eo.max_batch, " slots");
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
     if (opt.logprobs < -1 || opt.logprobs > cfg.vocab)
         fail("--logprobs ", opt.logprobs, " must be in [0, ", cfg.vocab, "] (the vocabulary)");
     if (!opt.cached.empty()) {
         SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
         // Prompt s runs in slot s only when every prompt has a slot from the start.
-        SHARDLM_CHECK(int64_t(B) <= eo.max_batch, "cached prefixes for ", B, " prompts in ", eo.max_batch, " slots");
+        const int64_t slots = opt.max_running > 0 ? opt.max_running : eo.max_batch;
+        SHARDLM_CHECK(int64_t(B) <= slots, "cached prefixes for ", B, " prompts in ", slots, " slots");
         SHARDLM_CHECK(!opt.slide, "a cached prefix with --context-overflow slide (shifted caches hold other positions)");
         for (size_t s = 0; s < B; ++s)
             SHARDLM_CHECK(opt.cached[s] >= 0 && opt.cached[s] < int64_t(prompts[s].size()), "prompt ", s, " of ",
@@ -114,13 +120,14 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     }
     for (size_t s = 0; s < B; ++s) {
         const int64_t n = int64_t(prompts[s].size());
+        const int64_t max_new = opt.max_new_each.empty() ? opt.max_new_tokens : opt.max_new_each[s];
         if (n == 0) fail("prompt ", s, " is empty");
         if (opt.slide && n > ctx)
             fail("prompt ", s, " has ", n, " tokens but --ctx is ", ctx, " (--context-overflow slide slides over ",
                  "generated tokens; the prompt must fit)");
-        if (!opt.slide && opt.max_new_tokens > ctx - n)  // n + max_new_tokens may overflow
-            fail("prompt ", s, " has ", n, " tokens; with --max-new-tokens ", opt.max_new_tokens,
-                 " it needs a context of ", saturating_add(n, opt.max_new_tokens), " but --ctx is ", ctx,
+        if (!opt.slide && max_new > ctx - n)  // n + max_new may overflow
+            fail("prompt ", s, " has ", n, " tokens; with --max-new-tokens ", max_new,
+                 " it needs a context of ", saturating_add(n, max_new), " but --ctx is ", ctx,
                  " (or --context-overflow slide)");
     }
     if (opt.slide && (opt.sink_tokens < 0 || opt.sink_tokens > ctx - 2)) {
@@ -154,7 +161,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     const size_t B = prompts.size();
     const int64_t vocab = cfg.vocab;
     // At most `slots` sequences run at once; the rest wait in prompt order for a slot to free.
-    const size_t slots = size_t(std::min<int64_t>(eo.max_batch, int64_t(B)));
+    const size_t slots = size_t(std::min<int64_t>(opt.max_running > 0 ? opt.max_running : eo.max_batch, int64_t(B)));
     GenerateResult res;
     res.seqs.resize(B);
     std::vector<Sampler> samplers;
@@ -236,7 +243,8 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         if (on_token) on_token(s, id);
         if (is_eos_id(cfg, id)) r.stop_reason = "eos";
         else if (stop && stop(s, id)) r.stop_reason = "stop";
-        else if (int64_t(r.tokens.size()) >= opt.max_new_tokens) r.stop_reason = "length";
+        else if (int64_t(r.tokens.size()) >= (opt.max_new_each.empty() ? opt.max_new_tokens : opt.max_new_each[s]))
+            r.stop_reason = "length";
         return r.stop_reason.empty();
     };
 
@@ -336,6 +344,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         if (prompt_tokens > 0) {
             res.timings.prefill_ms += t1 - t0;
             res.timings.prefill_tokens += prompt_tokens;
+            res.timings.prefill_steps += 1;
         } else {
             res.timings.decode_ms += t1 - t0;
             res.timings.decode_steps += 1;

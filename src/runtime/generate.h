@@ -17,6 +17,10 @@ namespace shardlm {
 
 struct GenerateOptions {
     int64_t max_new_tokens = 64;
+    // Per prompt (empty: max_new_tokens for each): its own limit (a serving benchmark's requests).
+    std::vector<int64_t> max_new_each;
+    // Sequences run at once (0: the engine's slots; never more than them).
+    int64_t max_running = 0;
     // Tokens per forward step: decode tokens first, prompt tokens fill the rest (at least one
     // prompt token while a prompt waits, so a step may pass it by the decode tokens).
     int64_t prefill_chunk = 256;
@@ -54,7 +58,7 @@ struct SequenceResult {
 struct GenerateTimings {
     double prefill_ms = 0, decode_ms = 0;
     double total_ms = 0;  // the whole loop, host work between the steps included
-    int64_t prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
+    int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
     int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
 };
 

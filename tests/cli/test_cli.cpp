@@ -771,6 +771,43 @@ TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     expect_error("bench --model " + dir_.path() + " --prompt-len 8 --gen 9223372036854775807", "exceed the model's");
 }
 
+// bench --requests: per batch size a continuous-batching row and a static-batches row over the
+// same requests; both generate the same tokens (greedy), continuous batching in fewer steps, and
+// one slot is the same schedule either way.
+TEST_F(Cli, BenchServingRows) {
+    const CommandResult r = run_command(kBin + " bench --model " + dir_.path() +
+                                        " --requests 9 --batch 1,3 --prompt-len 12 --gen 6 -r 1 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<nlohmann::json> rows;
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(rows.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(rows[i]["test"], i % 2 == 0 ? "serve9" : "serve9-static");
+        EXPECT_EQ(rows[i]["batch"], i < 2 ? 1 : 3);
+        EXPECT_EQ(rows[i]["requests"], 9);
+        EXPECT_GT(rows[i]["tokens_per_s"].get<double>(), 0);
+        EXPECT_EQ(rows[i]["prompt_tokens"], rows[0]["prompt_tokens"]);
+        EXPECT_EQ(rows[i]["generated_tokens"], rows[0]["generated_tokens"]);
+    }
+    const int64_t prompt_tokens = rows[0]["prompt_tokens"], generated = rows[0]["generated_tokens"];
+    EXPECT_GE(prompt_tokens, 9);
+    EXPECT_LE(prompt_tokens, 9 * 12);
+    EXPECT_GE(generated, 9);
+    EXPECT_LE(generated, 9 * 6);
+    EXPECT_EQ(rows[0]["steps"], rows[1]["steps"]);  // one slot: one sequence after the other both ways
+    EXPECT_LT(rows[2]["steps"].get<int64_t>(), rows[3]["steps"].get<int64_t>());
+    // The same requests again (a fixed seed).
+    const CommandResult again = run_command(kBin + " bench --model " + dir_.path() +
+                                            " --requests 9 --batch 3 --prompt-len 12 --gen 6 -r 1 --json");
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    const auto a = nlohmann::json::parse(again.out.substr(0, again.out.find('\n')));
+    EXPECT_EQ(a["prompt_tokens"], prompt_tokens);
+    EXPECT_EQ(a["steps"], rows[2]["steps"]);
+    expect_error("bench --model " + dir_.path() + " --requests -1", "--requests must be >= 0");
+    expect_error("bench --model " + dir_.path() + " --requests 2 --no-kv-cache", "--requests runs generate");
+}
+
 // On a model without max_position_embeddings bench added --prompt-len and --gen with signed
 // overflow (undefined behaviour) and reported "--ctx must be at least 1"; a sum that did not
 // overflow was refused as "--ctx N x batch B", a flag bench does not have. The sum saturates and

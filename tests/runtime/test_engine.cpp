@@ -527,6 +527,51 @@ TEST(Engine, ContinuousBatchingSchedule) {
     for (size_t s = 0; s < prompts.size(); ++s) EXPECT_EQ(decoded[s], int64_t(stop_after[s]) - 1) << "prompt " << s;
 }
 
+// GenerateOptions::max_new_each gives each prompt its own limit and max_running caps the
+// sequences at once below the engine's slots (bench --requests): a cap of one runs the prompts
+// one after the other, in their own slot 0, with the tokens each gets alone.
+TEST(Engine, PerPromptLimitsAndARunningCap) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 17});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(4, cfg.vocab, 1), make_prompt(7, cfg.vocab, 2),
+                                                       make_prompt(2, cfg.vocab, 3)};
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 16;
+    so.max_batch = 3;
+    auto s = open_session(so, comm);
+    RecordingEngine rec(*s->engine);
+    GenerateOptions go;
+    go.sampler.temperature = 0;
+    go.max_new_tokens = 9;
+    go.max_new_each = {2, 5, 1};
+    go.max_running = 1;
+    const GenerateResult r = generate(rec, prompts, go);
+    for (const auto& step : rec.steps) {
+        ASSERT_EQ(step.size(), 1u);
+        EXPECT_EQ(step[0].slot, 0);
+    }
+    EXPECT_EQ(rec.steps.size(), 3u + 1 + 4 + 0);  // a prefill step each, then 1, 4 and 0 decode steps
+    go.max_running = 0;
+    const GenerateResult all = generate(*s->engine, prompts, go);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(r.seqs[i].tokens.size(), size_t(go.max_new_each[i])) << "prompt " << i;
+        EXPECT_EQ(r.seqs[i].stop_reason, "length");
+        EXPECT_EQ(r.seqs[i].tokens, all.seqs[i].tokens) << "prompt " << i;
+    }
+    go.max_running = 4;  // more than the slots
+    EXPECT_THROW(generate(*s->engine, prompts, go), Error);
+    go.max_running = 0;
+    go.max_new_each = {2, 5};  // not one per prompt
+    EXPECT_THROW(generate(*s->engine, prompts, go), Error);
+    go.max_new_each = {2, 0, 1};
+    EXPECT_THROW(generate(*s->engine, prompts, go), Error);
+    go.max_new_each = {2, 10, 1};  // 7 + 10 > --ctx 16
+    EXPECT_THROW(generate(*s->engine, prompts, go), Error);
+}
+
 // --logprobs: each generated token's entry is the log-softmax of the row it was drawn from: the
 // first token's of the prompt's last logits, the others' of a full recompute of the sequence so
 // far; queued through one slot, the same entries (within the batch tolerance).

@@ -1,0 +1,50 @@
+#include "cli/bench_serving.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/generate.h"
+
+namespace shardlm {
+
+ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen, int64_t vocab, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&](int64_t bound) {  // uniform in [0, bound), splitmix64
+        x += 0x9E3779B97F4A7C15ull;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return int64_t((z ^ (z >> 31)) % uint64_t(bound));
+    };
+    ServingRequests r;
+    for (int64_t i = 0; i < n; ++i) {
+        std::vector<int32_t> p(static_cast<size_t>(1 + next(max_prompt)));
+        for (int32_t& id : p) id = int32_t(next(vocab));
+        r.prompt_tokens += int64_t(p.size());
+        r.prompts.push_back(std::move(p));
+        r.max_new.push_back(1 + next(max_gen));
+    }
+    return r;
+}
+
+ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64_t chunk, bool static_batches) {
+    GenerateOptions go;
+    go.sampler.temperature = 0;
+    go.prefill_chunk = chunk;
+    go.max_running = slots;
+    ServingRun out;
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t n = r.prompts.size(), group = static_batches ? size_t(slots) : n;
+    for (size_t at = 0; at < n; at += group) {
+        const size_t end = std::min(n, at + group);
+        const std::vector<std::vector<int32_t>> prompts(r.prompts.begin() + ptrdiff_t(at), r.prompts.begin() + ptrdiff_t(end));
+        go.max_new_each.assign(r.max_new.begin() + ptrdiff_t(at), r.max_new.begin() + ptrdiff_t(end));
+        const GenerateResult g = generate(e, prompts, go);
+        for (const SequenceResult& q : g.seqs) out.generated += int64_t(q.tokens.size());
+        out.steps += g.timings.prefill_steps + g.timings.decode_steps;
+    }
+    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+}
+
+}  // namespace shardlm

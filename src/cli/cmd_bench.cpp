@@ -273,6 +273,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
             const Row rows[] = {{name, stats(cont_ms), cont}, {name + "-static", stats(static_ms), stat}};
             for (const Row& r : rows) {
                 const double tps = double(r.run.generated) * 1000.0 / r.st.mean;
+                // Each engine step reads this rank's weights once (KV reads not counted).
+                const double gbps = double(e.weight_bytes()) * double(r.run.steps) / (r.st.mean / 1000.0) / 1e9;
                 if (json) {
                     nlohmann::ordered_json j;
                     j["test"] = r.test;
@@ -285,11 +287,12 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     j["stddev_ms"] = r.st.stddev;
                     j["tokens_per_s"] = tps;
                     j["requests_per_s"] = double(requests) * 1000.0 / r.st.mean;
+                    j["gbps"] = gbps;
                     common(j);
                     std::cout << j.dump() << "\n";
                 } else {
-                    std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | - |\n", arch_name(c.arch), r.test.c_str(),
-                                (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, tps);
+                    std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %.2f |\n", arch_name(c.arch), r.test.c_str(),
+                                (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, tps, gbps);
                 }
             }
             if (!json)

@@ -128,23 +128,34 @@ int cmd_chat(const Args& args, Communicator& comm) {
         int64_t dropped = 0;
         run_together(comm, [&] {
             if (!root) return;
-            std::string line;
-            do {
-                if (in_tty) std::cerr << "> " << std::flush;
-                if (!std::getline(std::cin, line)) return;
-                if (!line.empty() && line.back() == '\r') line.pop_back();
-            } while (line.empty());
-            messages.push_back({"user", line});
-            std::vector<int32_t>& ids = turn_ids.emplace_back();
             for (;;) {
-                ids = tok->encode(tok->apply_chat_template(system, messages), EncodeOptions{false});
-                if (int64_t(ids.size()) + max_new <= ctx_used || messages.size() == 1) break;
-                messages.erase(messages.begin(), messages.begin() + 2);  // the oldest exchange
-                ++dropped;
+                std::string line;
+                do {
+                    if (in_tty) std::cerr << "> " << std::flush;
+                    if (!std::getline(std::cin, line)) return;
+                    if (!line.empty() && line.back() == '\r') line.pop_back();
+                } while (line.empty());
+                const std::vector<ChatMessage> before = messages;
+                messages.push_back({"user", line});
+                std::vector<int32_t> ids;
+                dropped = 0;
+                for (;;) {
+                    ids = tok->encode(tok->apply_chat_template(system, messages), EncodeOptions{false});
+                    if (int64_t(ids.size()) + max_new <= ctx_used || messages.size() == 1) break;
+                    messages.erase(messages.begin(), messages.begin() + 2);  // the oldest exchange
+                    ++dropped;
+                }
+                if (int64_t(ids.size()) + max_new <= ctx_used) {
+                    turn_ids.push_back(std::move(ids));
+                    return;
+                }
+                const std::string why = cat("turn ", turn + 1, " alone takes ", ids.size(), " tokens; with --max-new-tokens ",
+                                            max_new, " it needs more than the context of ", ctx_used, " (--ctx)");
+                // Typed at a terminal: the conversation stays as it was and the user tries again.
+                if (!in_tty) fail(why);
+                std::cerr << "shardlm: " << why << "; not sent, the conversation is unchanged\n";
+                messages = before;
             }
-            if (int64_t(ids.size()) + max_new > ctx_used)
-                fail("turn ", turn + 1, " alone takes ", ids.size(), " tokens; with --max-new-tokens ", max_new,
-                     " it needs more than the context of ", ctx_used, " (--ctx)");
         });
         broadcast_prompts(comm, turn_ids);
         if (turn_ids.empty()) break;

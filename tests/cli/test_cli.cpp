@@ -787,6 +787,7 @@ TEST_F(Cli, BenchServingRows) {
         EXPECT_EQ(rows[i]["batch"], i < 2 ? 1 : 3);
         EXPECT_EQ(rows[i]["requests"], 9);
         EXPECT_GT(rows[i]["tokens_per_s"].get<double>(), 0);
+        EXPECT_GT(rows[i]["gbps"].get<double>(), 0);
         EXPECT_EQ(rows[i]["prompt_tokens"], rows[0]["prompt_tokens"]);
         EXPECT_EQ(rows[i]["generated_tokens"], rows[0]["generated_tokens"]);
     }

@@ -229,4 +229,14 @@ TEST_F(TokenizerCli, ChatErrors) {
     // A turn longer than the whole context is refused, naming the turn.
     write_file(dir_.file("long.txt"), std::string(400, 'x') + "\n");
     expect_error("chat" + m_ + " --ctx 64 --max-new-tokens 8 <" + dir_.file("long.txt"), "turn 1 alone takes");
+    // Typed at a terminal (script(1) gives the chat one) it is reported, and the conversation goes
+    // on with the next line as turn 1.
+    write_file(dir_.file("long_then_short.txt"), std::string(400, 'x') + "\nhi\n");
+    const CommandResult tty = run_command("timeout 120 script -qec \"" + kBin + " chat" + m_ +
+                                          " --ctx 64 --max-new-tokens 8 --temperature 0 --json\" /dev/null <" +
+                                          dir_.file("long_then_short.txt"));
+    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+    EXPECT_NE(tty.out.find("turn 1 alone takes"), std::string::npos) << tty.out;
+    EXPECT_NE(tty.out.find("not sent, the conversation is unchanged"), std::string::npos) << tty.out;
+    EXPECT_NE(tty.out.find("{\"turn\":1,"), std::string::npos) << tty.out;
 }

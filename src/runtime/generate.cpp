@@ -154,219 +154,33 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
 
 GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerateOptions& opt, const TokenCallback& on_token, const StopCheck& stop) {
-    const ModelConfig& cfg = engine.config();
-    const EngineOptions& eo = engine.options();
-    check_generate(cfg, eo, prompts, opt);
-    const int64_t ctx = eo.ctx;
-    const size_t B = prompts.size();
-    const int64_t vocab = cfg.vocab;
-    // At most `slots` sequences run at once; the rest wait in prompt order for a slot to free.
-    const size_t slots = size_t(std::min<int64_t>(opt.max_running > 0 ? opt.max_running : eo.max_batch, int64_t(B)));
+    check_generate(engine.config(), engine.options(), prompts, opt);
+    BatcherOptions bo;
+    bo.prefill_chunk = opt.prefill_chunk;
+    bo.max_running = opt.max_running;
+    bo.slide = opt.slide;
+    bo.sink_tokens = opt.sink_tokens;
+    Batcher b(engine, bo);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+        BatchRequest r;
+        r.prompt = prompts[s];
+        r.max_new_tokens = opt.max_new_each.empty() ? opt.max_new_tokens : opt.max_new_each[s];
+        r.sampler = opt.sampler;
+        r.stream = s;  // seeded by the prompt's index, not its slot or step
+        r.logprobs = opt.logprobs;
+        r.keep_prompt_logits = opt.keep_prompt_logits;
+        if (!opt.cached.empty()) {  // prompt s in slot s
+            r.slot = int64_t(s);
+            r.cached = opt.cached[s];
+        }
+        b.add(std::move(r));
+    }
+    const double t0 = now_ms();
+    while (b.busy()) b.step(on_token, stop);
     GenerateResult res;
-    res.seqs.resize(B);
-    std::vector<Sampler> samplers;
-    for (size_t s = 0; s < B; ++s) {
-        res.seqs[s].prompt = prompts[s];
-        samplers.emplace_back(opt.sampler, s);  // seeded by the prompt's index, not its slot or step
-    }
-    // Samplers with top-k (or greedy) read only each row's first k ranked candidates: the engine
-    // hands back just those (on the GPU it selects them there instead of copying the vocabulary).
-    // Top-p without a top-k limit needs the row's whole mass: an engine that sums it on the GPU
-    // hands back the first kMaxTopCandidates candidates and that sum (forward_nucleus), and the
-    // rare nucleus that reaches past them takes its row after all.
-    const SamplerOptions& so = opt.sampler;
-    const bool nucleus = so.temperature > 0.0f && so.top_k == 0 && so.top_p < 1.0f;
-    const int64_t k = nucleus ? std::min(vocab, kMaxTopCandidates) : sampler_candidates(so, vocab);
-    const bool top = k > 0 && k <= kMaxTopCandidates;
-    // A step has at most one logits row per running sequence.
-    std::vector<float> logits(slots * size_t(vocab)), vals;
-    std::vector<int32_t> ids;
-    std::vector<uint64_t> mass(slots);
-    if (top) {
-        vals.resize(slots * size_t(k));
-        ids.resize(vals.size());
-    }
-    // Runs a step; rows of logits (or candidates) in chunk order. Returns whether it handed back
-    // candidates.
-    auto step = [&](const std::vector<SeqChunk>& chunks, bool full) {
-        if (top && !full && !nucleus) {
-            engine.forward_top(chunks, k, vals.data(), ids.data());
-            return true;
-        }
-        if (top && !full && engine.forward_nucleus(chunks, k, so.temperature, vals.data(), ids.data(), mass.data()))
-            return true;
-        engine.forward(chunks, logits.data());
-        return false;
-    };
-    // Token penalties: each logits row's entries, built from its sequence's last `window` tokens
-    // just before the step (they live in pens[s] until the next). A sequence's RecentTokens
-    // (two int32 per vocabulary entry) lives only while it runs.
-    const int64_t window = penalty_window(so, ctx);
-    std::vector<std::vector<PenaltyEntry>> pens(B);
-    std::vector<std::unique_ptr<RecentTokens>> recent(B);
-    auto add_penalties = [&](SeqChunk& ch, size_t s) {
-        if (window == 0) return;
-        recent[s]->entries(so, pens[s]);
-        ch.penalties = pens[s].data();
-        ch.n_penalties = int64_t(pens[s].size());
-    };
-    // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
-    // whether the sequence goes on.
-    auto accept = [&](size_t s, size_t row, bool cand) {
-        SequenceResult& r = res.seqs[s];
-        int32_t id = -1;
-        if (cand) {
-            const float* v = vals.data() + row * size_t(k);
-            const int32_t* c = ids.data() + row * size_t(k);
-            id = nucleus ? samplers[s].sample_nucleus(v, c, k, mass[row]) : samplers[s].sample_top(v, c, k);
-        }
-        // NaN ranks below every number, so a NaN where the sampler looked first means the whole row
-        // is NaN: the weights hold NaN or the forward pass overflowed. Sampling on would print
-        // token 0 for ever; stop with the reason instead.
-        auto nan_row = [&]() {
-            fail("the logits of sequence ", s, " are all NaN at generated token ", r.tokens.size(),
-                 " (NaN in the weights, or activations that overflowed their precision; try --weights fp32 or bf16)");
-        };
-        if (cand && std::isnan(vals[row * size_t(k)]) &&
-            std::all_of(vals.begin() + ptrdiff_t(row * size_t(k)), vals.begin() + ptrdiff_t((row + 1) * size_t(k)),
-                        [](float v) { return std::isnan(v); }))
-            nan_row();
-        if (id < 0) {
-            float* lg = logits.data() + row * size_t(vocab);
-            if (cand) engine.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates
-            id = samplers[s].sample(lg, vocab);
-            if (std::isnan(lg[id])) nan_row();
-            if (opt.logprobs >= 0) r.logprobs.push_back(token_logprobs(lg, vocab, id, opt.logprobs));
-        }
-        r.tokens.push_back(id);
-        if (window > 0) recent[s]->push(id);
-        if (on_token) on_token(s, id);
-        if (is_eos_id(cfg, id)) r.stop_reason = "eos";
-        else if (stop && stop(s, id)) r.stop_reason = "stop";
-        else if (int64_t(r.tokens.size()) >= (opt.max_new_each.empty() ? opt.max_new_tokens : opt.max_new_each[s]))
-            r.stop_reason = "length";
-        return r.stop_reason.empty();
-    };
-
-    // Continuous batching with chunked prefill (vLLM's scheduler): each step first carries one
-    // token of every running sequence whose prompt is cached, then fills the rest of the step's
-    // budget (--prefill-chunk tokens, at least one) with prompt chunks of the others in the order
-    // they came. A finished sequence frees its slot at once for the next waiting prompt, whose
-    // prefill then rides in the same steps as the others' decode tokens: a decode token costs a
-    // pass over the weights alone, next to a prompt chunk almost nothing.
-    // done[s]: prompt tokens of s in its cache; dropped[s]: positions s has shifted out of it
-    // (--context-overflow slide), so its next position is its length - dropped.
-    std::vector<int64_t> done = opt.cached.empty() ? std::vector<int64_t>(B, 0) : opt.cached;
-    std::vector<int64_t> dropped(B, 0), slot_of(B, -1);
-    std::vector<int32_t> last(B);
-    std::vector<size_t> running;  // in the order they were admitted
-    std::vector<int64_t> free_slots;
-    for (size_t i = slots; i-- > 0;) free_slots.push_back(int64_t(i));  // the lowest on top: prompt s < slots gets slot s
-    const int64_t budget_max = std::min(opt.prefill_chunk, eo.max_step_tokens);
-    size_t next = 0;  // the first prompt still waiting
-    std::vector<SeqChunk> chunks;
-    std::vector<size_t> chunk_seq;
-    const double t_begin = now_ms();
-    for (;;) {
-        while (next < B && !free_slots.empty()) {
-            const size_t s = next++;
-            slot_of[s] = free_slots.back();
-            free_slots.pop_back();
-            running.push_back(s);
-            if (window > 0) {
-                recent[s] = std::make_unique<RecentTokens>(window, vocab);
-                for (const int32_t id : prompts[s]) recent[s]->push(id);
-            }
-        }
-        if (running.empty()) break;
-        chunks.clear();
-        chunk_seq.clear();
-        for (const size_t s : running) {
-            SequenceResult& r = res.seqs[s];
-            if (r.tokens.empty()) continue;  // still prefilling
-            last[s] = r.tokens.back();
-            SeqChunk ch;
-            ch.slot = slot_of[s];
-            ch.tokens = &last[s];
-            ch.n = 1;
-            ch.pos = int64_t(r.prompt.size() + r.tokens.size()) - 1 - dropped[s];
-            if (ch.pos >= ctx) {
-                // Full: keep the sinks, drop the older half of the rest (llama.cpp's context shift).
-                const int64_t discard = (ch.pos - opt.sink_tokens) / 2;
-                engine.shift_kv(ch.slot, opt.sink_tokens, discard, ch.pos);
-                dropped[s] += discard;
-                ch.pos -= discard;
-                res.timings.context_shifts += 1;
-            }
-            ch.want_logits = true;
-            add_penalties(ch, s);
-            chunks.push_back(ch);
-            chunk_seq.push_back(s);
-        }
-        const size_t n_decode = chunks.size();
-        // Prompt chunks, logits only at each prompt's last token.
-        int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
-        bool full = opt.logprobs >= 0;  // whole rows: for --logprobs, or a prompt's last row kept (--dump-logits)
-        for (const size_t s : running) {
-            const int64_t len = int64_t(prompts[s].size());
-            if (budget == 0) break;
-            if (done[s] == len) continue;
-            const int64_t n = std::min(budget, len - done[s]);
-            SeqChunk ch;
-            ch.slot = slot_of[s];
-            ch.tokens = prompts[s].data() + done[s];
-            ch.n = n;
-            ch.pos = done[s];
-            done[s] += n;
-            ch.want_logits = done[s] == len;
-            if (ch.want_logits) add_penalties(ch, s);
-            full = full || (ch.want_logits && opt.keep_prompt_logits);
-            chunks.push_back(ch);
-            chunk_seq.push_back(s);
-            budget -= n;
-            prompt_tokens += n;
-        }
-        const double t0 = now_ms();
-        const bool cand = step(chunks, full);
-        size_t row = 0;
-        for (size_t c = 0; c < chunks.size(); ++c) {
-            if (!chunks[c].want_logits) continue;
-            const size_t s = chunk_seq[c];
-            if (c >= n_decode && opt.keep_prompt_logits) {
-                const float* lg = logits.data() + row * size_t(vocab);
-                res.seqs[s].prompt_logits.assign(lg, lg + vocab);
-            }
-            accept(s, row++, cand);
-        }
-        // Steps that carry prompt tokens count as prefill (with any decode tokens riding along),
-        // the others as decode steps.
-        const double t1 = now_ms();
-        if (prompt_tokens > 0) {
-            res.timings.prefill_ms += t1 - t0;
-            res.timings.prefill_tokens += prompt_tokens;
-            res.timings.prefill_steps += 1;
-        } else {
-            res.timings.decode_ms += t1 - t0;
-            res.timings.decode_steps += 1;
-            res.timings.decode_tokens += int64_t(n_decode);
-        }
-        // Finished sequences hand their slot on.
-        size_t kept = 0;
-        for (const size_t s : running) {
-            if (res.seqs[s].stop_reason.empty()) {
-                running[kept++] = s;
-                continue;
-            }
-            free_slots.push_back(slot_of[s]);
-            recent[s].reset();
-            pens[s] = {};
-        }
-        running.resize(kept);
-        // The lowest free slot on top (a sequence's results never depend on its slot; this only
-        // keeps the slot numbers of a batch that fits the engine those of the prompts).
-        std::sort(free_slots.begin(), free_slots.end(), std::greater<int64_t>());
-    }
-    res.timings.total_ms = now_ms() - t_begin;
+    res.timings = b.timings();
+    res.timings.total_ms = now_ms() - t0;
+    for (size_t s = 0; s < prompts.size(); ++s) res.seqs.push_back(b.result(s));
     return res;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/batcher.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 
@@ -45,34 +46,10 @@ struct GenerateOptions {
     std::vector<int64_t> cached;
 };
 
-struct SequenceResult {
-    std::vector<int32_t> prompt;
-    std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
-    std::string stop_reason;      // "eos", "stop" (StopCheck) or "length"
-    std::vector<float> prompt_logits;  // when asked
-    std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
-};
-
-// Steps that carry prompt tokens count as prefill (with the decode tokens riding along in them),
-// the others as decode steps.
-struct GenerateTimings {
-    double prefill_ms = 0, decode_ms = 0;
-    double total_ms = 0;  // the whole loop, host work between the steps included
-    int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
-    int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
-};
-
 struct GenerateResult {
     std::vector<SequenceResult> seqs;
     GenerateTimings timings;
 };
-
-// Called after each step with (sequence index, new token); for streaming.
-using TokenCallback = std::function<void(size_t, int32_t)>;
-// Called with (sequence index, new token) for each token that is not an end-of-sequence id, after
-// the TokenCallback: true stops the sequence there, stop_reason "stop" (--stop strings). Under
-// tensor parallelism every rank must answer alike (each runs it on the same tokens).
-using StopCheck = std::function<bool(size_t, int32_t)>;
 
 // Token penalties (SamplerOptions::repetition_penalty & co.): how many tokens of a sequence they
 // look back over (penalty_last_n, or the context for -1; 0 when off), and the most distinct ids

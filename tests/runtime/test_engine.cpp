@@ -63,7 +63,7 @@ public:
     explicit RecordingEngine(Engine& e) : e_(e) {}
     struct Chunk {
         int64_t slot, pos, n;
-        const int32_t* tokens;
+        std::vector<int32_t> tokens;
     };
     std::vector<std::vector<Chunk>> steps;
 
@@ -95,7 +95,7 @@ public:
 private:
     void record(const std::vector<SeqChunk>& chunks) {
         std::vector<Chunk> step;
-        for (const SeqChunk& c : chunks) step.push_back({c.slot, c.pos, c.n, c.tokens});
+        for (const SeqChunk& c : chunks) step.push_back({c.slot, c.pos, c.n, {c.tokens, c.tokens + c.n}});
         steps.push_back(step);
     }
     Engine& e_;
@@ -464,11 +464,6 @@ TEST(Engine, ContinuousBatchingSchedule) {
     const int64_t slots = 3, chunk = 8;
     std::vector<std::vector<RecordingEngine::Chunk>> steps;
     const GenerateResult r = run_queued(d.path(), prompts, slots, chunk, stop_after, false, &steps);
-    auto prompt_of = [&](const int32_t* t) {  // the prompt a chunk's tokens lie in, or -1 for a decode token
-        for (size_t s = 0; s < prompts.size(); ++s)
-            if (t >= prompts[s].data() && t < prompts[s].data() + prompts[s].size()) return int64_t(s);
-        return int64_t(-1);
-    };
     std::map<int64_t, int64_t> next_pos;  // per slot
     std::map<int64_t, int64_t> occupant;    // per slot: the prompt it holds
     std::vector<int64_t> prefilled(prompts.size(), 0), decoded(prompts.size(), 0);
@@ -481,26 +476,30 @@ TEST(Engine, ContinuousBatchingSchedule) {
         bool prompt_seen = false;
         for (const auto& c : step) {
             EXPECT_TRUE(used.insert(c.slot).second) << "step " << t << " slot " << c.slot;
-            const int64_t p = prompt_of(c.tokens);
+            // Position 0 starts the next prompt in the slot; below its occupant's prompt length a
+            // chunk is a prompt chunk, beyond it a decode token.
+            if (c.pos == 0) {
+                ASSERT_LT(started, int64_t(prompts.size())) << "step " << t;
+                // The slot's previous sequence has run all its decode steps: it has ended.
+                if (occupant.count(c.slot)) {
+                    const size_t q = size_t(occupant[c.slot]);
+                    EXPECT_EQ(decoded[q], int64_t(stop_after[q]) - 1) << "step " << t << ": prompt " << started
+                                                                      << " took the slot of running prompt " << q;
+                }
+                occupant[c.slot] = started++;  // prompts start in order (their tokens are checked below)
+            }
+            ASSERT_TRUE(occupant.count(c.slot)) << "step " << t;
+            const int64_t p = c.pos < int64_t(prompts[size_t(occupant[c.slot])].size()) ? occupant[c.slot] : -1;
             if (p < 0) {
                 EXPECT_FALSE(prompt_seen) << "step " << t << ": a decode token after a prompt chunk";
                 EXPECT_EQ(c.n, 1);
                 ++decode;
-                ASSERT_TRUE(occupant.count(c.slot)) << "step " << t;
                 ++decoded[size_t(occupant[c.slot])];
             } else {
                 prompt_seen = true;
-                EXPECT_EQ(c.tokens, prompts[size_t(p)].data() + c.pos) << "step " << t;
-                if (c.pos == 0) {
-                    EXPECT_EQ(p, started++) << "step " << t << ": prompts start in order";
-                    // The slot's previous sequence has run all its decode steps: it has ended.
-                    if (occupant.count(c.slot)) {
-                        const size_t q = size_t(occupant[c.slot]);
-                        EXPECT_EQ(decoded[q], int64_t(stop_after[q]) - 1) << "step " << t << ": prompt " << p
-                                                                          << " took the slot of running prompt " << q;
-                    }
-                    occupant[c.slot] = p;
-                }
+                const auto& want = prompts[size_t(p)];
+                ASSERT_LE(c.pos + c.n, int64_t(want.size())) << "step " << t;
+                EXPECT_EQ(c.tokens, std::vector<int32_t>(want.begin() + c.pos, want.begin() + c.pos + c.n)) << "step " << t;
                 prefilled[size_t(p)] += c.n;
             }
             if (c.pos != 0) {

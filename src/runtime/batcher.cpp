@@ -1,0 +1,287 @@
+#include "runtime/batcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "runtime/generate.h"
+
+namespace shardlm {
+
+namespace {
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+// Top-p without a top-k limit: the engine can hand back the candidates and the row's nucleus mass.
+bool nucleus_only(const SamplerOptions& o) { return o.temperature > 0.0f && o.top_k == 0 && o.top_p < 1.0f; }
+}  // namespace
+
+struct Batcher::Seq {
+    BatchRequest req;
+    SequenceResult res;
+    Sampler sampler;
+    int64_t slot = -1;
+    int64_t done = 0;     // prompt tokens in its cache
+    int64_t dropped = 0;  // positions shifted out of its cache (slide): its next position is length - dropped
+    int32_t last = 0;     // the decode step's input
+    int64_t window = 0;   // token penalties' window (0: none)
+    std::unique_ptr<RecentTokens> recent;  // while it runs
+    std::vector<PenaltyEntry> pens;        // the step's entries (alive until the next step)
+    bool ended = false;
+    size_t index = 0;  // for the callbacks
+    Seq(BatchRequest r, size_t i, int64_t ctx)
+        : req(std::move(r)), sampler(req.sampler, req.stream), done(req.cached), window(penalty_window(req.sampler, ctx)),
+          index(i) {
+        res.prompt = req.prompt;
+    }
+};
+
+Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), opt_(opt) {
+    const EngineOptions& eo = engine.options();
+    SHARDLM_CHECK(opt.max_running >= 0 && opt.max_running <= eo.max_batch && eo.max_batch >= 1, "max_running ",
+                  opt.max_running, " with ", eo.max_batch, " slots");
+    SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
+    slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
+    for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
+}
+
+Batcher::~Batcher() = default;
+
+size_t Batcher::add(BatchRequest r) {
+    const ModelConfig& cfg = engine_.config();
+    SHARDLM_CHECK(!r.prompt.empty() && r.max_new_tokens >= 1 && r.logprobs >= -1 && r.logprobs <= cfg.vocab &&
+                      r.slot < slots_ && r.cached >= 0 && r.cached < int64_t(r.prompt.size()) && (r.cached == 0 || r.slot >= 0),
+                  "Batcher::add: a request of ", r.prompt.size(), " tokens, max_new_tokens ", r.max_new_tokens, ", logprobs ",
+                  r.logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached);
+    seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
+    return seqs_.size() - 1;
+}
+
+bool Batcher::busy() const { return next_ < seqs_.size() || !running_.empty(); }
+
+const SequenceResult& Batcher::result(size_t id) const {
+    SHARDLM_CHECK(id < seqs_.size() && seqs_[id], "Batcher: no request ", id);
+    return seqs_[id]->res;
+}
+
+bool Batcher::ended(size_t id) const {
+    SHARDLM_CHECK(id < seqs_.size(), "Batcher: no request ", id);
+    return !seqs_[id] || seqs_[id]->ended;
+}
+
+void Batcher::release(size_t id) {
+    SHARDLM_CHECK(ended(id), "Batcher: request ", id, " has not ended");
+    seqs_[id].reset();
+}
+
+void Batcher::end(Seq& q, const std::string& reason) {
+    q.ended = true;
+    if (q.res.stop_reason.empty()) q.res.stop_reason = reason;
+    q.recent.reset();
+    q.pens = {};
+}
+
+void Batcher::finish(size_t id, const std::string& reason) {
+    SHARDLM_CHECK(id < seqs_.size(), "Batcher: no request ", id);
+    if (ended(id)) return;
+    Seq& q = *seqs_[id];
+    end(q, reason);
+    const auto it = std::find(running_.begin(), running_.end(), id);
+    if (it != running_.end()) {
+        running_.erase(it);
+        free_slots_.push_back(q.slot);
+        std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int64_t>());
+    }
+}
+
+// Appends the token sampled from row `row` of the step (cand: from its candidates); returns
+// whether the sequence goes on.
+bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop) {
+    const ModelConfig& cfg = engine_.config();
+    const int64_t vocab = cfg.vocab, k = step_k_;
+    SequenceResult& r = q.res;
+    const SamplerOptions& so = q.req.sampler;
+    int32_t id = -1;
+    if (cand) {
+        const float* v = vals_.data() + row * size_t(k);
+        const int32_t* c = ids_.data() + row * size_t(k);
+        id = nucleus_only(so) ? q.sampler.sample_nucleus(v, c, k, mass_[row]) : q.sampler.sample_top(v, c, k);
+    }
+    // NaN ranks below every number, so a NaN where the sampler looked first means the whole row
+    // is NaN: the weights hold NaN or the forward pass overflowed. Sampling on would print token 0
+    // for ever; stop with the reason instead.
+    auto nan_row = [&]() {
+        fail("the logits of sequence ", q.index, " are all NaN at generated token ", r.tokens.size(),
+             " (NaN in the weights, or activations that overflowed their precision; try --weights fp32 or bf16)");
+    };
+    if (cand && std::isnan(vals_[row * size_t(k)]) &&
+        std::all_of(vals_.begin() + ptrdiff_t(row * size_t(k)), vals_.begin() + ptrdiff_t((row + 1) * size_t(k)),
+                    [](float v) { return std::isnan(v); }))
+        nan_row();
+    if (id < 0) {
+        float* lg = logits_.data() + row * size_t(vocab);
+        if (cand) engine_.nucleus_row(int64_t(row), lg);  // the nucleus reaches past the candidates
+        id = q.sampler.sample(lg, vocab);
+        if (std::isnan(lg[id])) nan_row();
+        if (q.req.logprobs >= 0) r.logprobs.push_back(token_logprobs(lg, vocab, id, q.req.logprobs));
+    }
+    r.tokens.push_back(id);
+    if (q.recent) q.recent->push(id);
+    if (on_token) on_token(q.index, id);
+    if (is_eos_id(cfg, id)) r.stop_reason = "eos";
+    else if (stop && stop(q.index, id)) r.stop_reason = "stop";
+    else if (int64_t(r.tokens.size()) >= q.req.max_new_tokens) r.stop_reason = "length";
+    return r.stop_reason.empty();
+}
+
+void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
+    const ModelConfig& cfg = engine_.config();
+    const EngineOptions& eo = engine_.options();
+    const int64_t vocab = cfg.vocab, ctx = eo.ctx;
+    // Admission, in order; a request bound to a busy slot holds back those after it.
+    while (next_ < seqs_.size()) {
+        if (!seqs_[next_] || seqs_[next_]->ended) {  // finished before it ran
+            ++next_;
+            continue;
+        }
+        Seq& q = *seqs_[next_];
+        if (free_slots_.empty()) break;
+        const auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
+        if (it == free_slots_.end()) break;
+        q.slot = *it;
+        free_slots_.erase(it);
+        running_.push_back(next_++);
+        if (q.window > 0) {
+            q.recent = std::make_unique<RecentTokens>(q.window, vocab);
+            for (const int32_t id : q.req.prompt) q.recent->push(id);
+        }
+    }
+    if (running_.empty()) return;
+
+    auto add_penalties = [&](SeqChunk& ch, Seq& q) {
+        if (!q.recent) return;
+        q.recent->entries(q.req.sampler, q.pens);
+        ch.penalties = q.pens.data();
+        ch.n_penalties = int64_t(q.pens.size());
+    };
+    std::vector<SeqChunk> chunks;
+    std::vector<Seq*> chunk_seq;
+    for (const size_t i : running_) {
+        Seq& q = *seqs_[i];
+        if (q.res.tokens.empty()) continue;  // still prefilling
+        q.last = q.res.tokens.back();
+        SeqChunk ch;
+        ch.slot = q.slot;
+        ch.tokens = &q.last;
+        ch.n = 1;
+        ch.pos = int64_t(q.res.prompt.size() + q.res.tokens.size()) - 1 - q.dropped;
+        if (ch.pos >= ctx) {
+            // Full: keep the sinks, drop the older half of the rest (llama.cpp's context shift).
+            const int64_t discard = (ch.pos - opt_.sink_tokens) / 2;
+            engine_.shift_kv(ch.slot, opt_.sink_tokens, discard, ch.pos);
+            q.dropped += discard;
+            ch.pos -= discard;
+            timings_.context_shifts += 1;
+        }
+        ch.want_logits = true;
+        add_penalties(ch, q);
+        chunks.push_back(ch);
+        chunk_seq.push_back(&q);
+    }
+    const size_t n_decode = chunks.size();
+    // Prompt chunks, logits only at each prompt's last token.
+    const int64_t budget_max = std::min(opt_.prefill_chunk, eo.max_step_tokens);
+    int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
+    for (const size_t i : running_) {
+        Seq& q = *seqs_[i];
+        const int64_t len = int64_t(q.req.prompt.size());
+        if (budget == 0) break;
+        if (q.done == len) continue;
+        const int64_t n = std::min(budget, len - q.done);
+        SeqChunk ch;
+        ch.slot = q.slot;
+        ch.tokens = q.req.prompt.data() + q.done;
+        ch.n = n;
+        ch.pos = q.done;
+        q.done += n;
+        ch.want_logits = q.done == len;
+        if (ch.want_logits) add_penalties(ch, q);
+        chunks.push_back(ch);
+        chunk_seq.push_back(&q);
+        budget -= n;
+        prompt_tokens += n;
+    }
+
+    // What the rows' samplers need from the engine: whole rows when one of them reads the whole
+    // row (a sampler without a top-k limit, logprobs, kept prompt logits); each row's nucleus
+    // mass when all sample top-p alone at one temperature; else the most candidates any reads.
+    bool full = false, nucleus = true;
+    int64_t k = 0;
+    float temperature = -1.0f;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+        if (!chunks[c].want_logits) continue;
+        const BatchRequest& r = chunk_seq[c]->req;
+        const SamplerOptions& so = r.sampler;
+        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits);
+        const bool nuc = nucleus_only(so) && (temperature < 0.0f || so.temperature == temperature);
+        if (nuc) temperature = so.temperature;
+        nucleus = nucleus && nuc;
+        const int64_t need = sampler_candidates(so, vocab);
+        if (need == 0 && !nucleus_only(so)) full = true;
+        k = std::max(k, need);
+    }
+    if (nucleus) k = std::min(vocab, kMaxTopCandidates);
+    if (k == 0 || k > kMaxTopCandidates) full = true;
+    const size_t cap = size_t(slots_);
+    step_k_ = full ? 0 : k;
+    logits_.resize(cap * size_t(vocab));
+    vals_.resize(full ? 0 : cap * size_t(k));
+    ids_.resize(vals_.size());
+    mass_.resize(full ? 0 : cap);
+    const double t0 = now_ms();
+    bool cand = false;
+    if (!full && !nucleus) {
+        engine_.forward_top(chunks, k, vals_.data(), ids_.data());
+        cand = true;
+    } else if (!full && engine_.forward_nucleus(chunks, k, temperature, vals_.data(), ids_.data(), mass_.data())) {
+        cand = true;
+    } else {
+        engine_.forward(chunks, logits_.data());
+    }
+    size_t row = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+        if (!chunks[c].want_logits) continue;
+        Seq& q = *chunk_seq[c];
+        if (c >= n_decode && q.req.keep_prompt_logits) {
+            const float* lg = logits_.data() + row * size_t(vocab);
+            q.res.prompt_logits.assign(lg, lg + vocab);
+        }
+        if (!accept(q, row++, cand, on_token, stop)) end(q, q.res.stop_reason);
+    }
+    // Ended sequences hand their slot on (the lowest free slot on top: a sequence's results never
+    // depend on its slot; this only keeps the slots of requests that all fit those of their order).
+    size_t kept = 0;
+    for (const size_t i : running_) {
+        if (!seqs_[i]->ended) {
+            running_[kept++] = i;
+            continue;
+        }
+        free_slots_.push_back(seqs_[i]->slot);
+    }
+    running_.resize(kept);
+    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int64_t>());
+    const double t1 = now_ms();
+    if (prompt_tokens > 0) {
+        timings_.prefill_ms += t1 - t0;
+        timings_.prefill_tokens += prompt_tokens;
+        timings_.prefill_steps += 1;
+    } else {
+        timings_.decode_ms += t1 - t0;
+        timings_.decode_steps += 1;
+        timings_.decode_tokens += int64_t(n_decode);
+    }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,114 @@
+// Continuous batching with chunked prefill, one engine step at a time: the scheduler behind
+// generate() (runtime/generate.h) and shardlm serve. Requests queue in the order they are added;
+// at most max_running sequences hold a KV-cache slot at once, and a sequence that ends hands its
+// slot to the next request at once. Each step carries one token of every decoding sequence first
+// and fills the rest of prefill_chunk with prompt chunks of the others in the order they came (at
+// least one prompt token while a prompt waits): a decode token costs a pass over the weights
+// alone, next to a prompt chunk almost nothing (vLLM's chunked-prefill scheduler).
+//
+// Each request carries its own sampler options. A step hands back only each row's ranked
+// candidates when every row's sampler reads candidates (the most any of them needs), each row's
+// nucleus mass when every row samples top-p alone at one temperature, and whole rows otherwise.
+// Under tensor parallelism every rank runs the same Batcher on the same requests and calls.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace shardlm {
+
+struct BatchRequest {
+    std::vector<int32_t> prompt;
+    int64_t max_new_tokens = 64;
+    SamplerOptions sampler;
+    uint64_t stream = 0;    // the sampler's stream: a batch samples what each request samples alone
+    int64_t logprobs = -1;  // token_logprobs' top n per generated token (-1: none)
+    bool keep_prompt_logits = false;
+    // The KV-cache slot the request must run in (-1: the lowest free one; it waits, and those
+    // after it, until that slot is free), and how many of its first tokens that slot already
+    // holds at positions [0, cached) (a conversation's earlier turns): prefill starts there, at
+    // least the last prompt token is always run. A cached prefix needs a slot.
+    int64_t slot = -1;
+    int64_t cached = 0;
+};
+
+struct SequenceResult {
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
+    std::string stop_reason;      // "eos", "stop" (StopCheck or finish()), "length", or finish()'s
+    std::vector<float> prompt_logits;     // when asked
+    std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
+};
+
+// Steps that carry prompt tokens count as prefill (with the decode tokens riding along in them),
+// the others as decode steps.
+struct GenerateTimings {
+    double prefill_ms = 0, decode_ms = 0;
+    double total_ms = 0;  // the whole run, host work between the steps included (generate())
+    int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
+    int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
+};
+
+// Called after each step with (request index, new token); for streaming.
+using TokenCallback = std::function<void(size_t, int32_t)>;
+// Called with (request index, new token) for each token that is not an end-of-sequence id, after
+// the TokenCallback: true stops the sequence there, stop_reason "stop" (--stop strings). Under
+// tensor parallelism every rank must answer alike (each runs it on the same tokens).
+using StopCheck = std::function<bool(size_t, int32_t)>;
+
+struct BatcherOptions {
+    int64_t prefill_chunk = 256;  // tokens per step (decode tokens first)
+    int64_t max_running = 0;      // sequences at once (0: the engine's slots)
+    // --context-overflow slide: a sequence whose next position would pass the context keeps its
+    // first sink_tokens positions, drops the older half of the rest and goes on (Engine::shift_kv).
+    bool slide = false;
+    int64_t sink_tokens = 4;
+};
+
+class Batcher {
+public:
+    // The engine's options bound what it checks; requests are checked by the caller
+    // (check_generate, or the server's own checks) before add().
+    Batcher(Engine& engine, const BatcherOptions& opt);
+    ~Batcher();
+    // Queues a request; returns its index (0, 1, ... in the order of the calls).
+    size_t add(BatchRequest r);
+    // Ends request `id` before the next step with `reason` (a stop string seen by the caller, a
+    // client gone): a waiting one never runs, a running one frees its slot. No effect on one that
+    // has ended.
+    void finish(size_t id, const std::string& reason);
+    bool busy() const;  // a request waits or runs
+    // Admits what fits and runs one engine step (nothing when idle).
+    void step(const TokenCallback& on_token = nullptr, const StopCheck& stop = nullptr);
+    const SequenceResult& result(size_t id) const;
+    bool ended(size_t id) const;
+    // Drops an ended request's result (a server's memory); its index stays taken.
+    void release(size_t id);
+    const GenerateTimings& timings() const { return timings_; }
+
+private:
+    struct Seq;
+    bool accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop);
+    void end(Seq& q, const std::string& reason);
+    Engine& engine_;
+    BatcherOptions opt_;
+    int64_t slots_ = 0;
+    std::vector<std::unique_ptr<Seq>> seqs_;
+    size_t next_ = 0;              // the first request still waiting
+    std::vector<size_t> running_;  // in the order they were admitted
+    std::vector<int64_t> free_slots_;  // the lowest on top
+    GenerateTimings timings_;
+    // The step's buffers: rows of logits or candidates.
+    std::vector<float> logits_, vals_;
+    std::vector<int32_t> ids_;
+    std::vector<uint64_t> mass_;
+    int64_t step_k_ = 0;  // candidates per row in vals_/ids_ (0: whole rows in logits_)
+};
+
+}  // namespace shardlm

@@ -15,6 +15,7 @@ using Args = std::vector<std::string>;
 // Under mpirun every rank runs the same subcommand with the same arguments; only rank 0 prints.
 int cmd_generate(const Args& args, Communicator& comm);
 int cmd_chat(const Args& args, Communicator& comm);
+int cmd_serve(const Args& args, Communicator& comm);
 int cmd_info(const Args& args);
 int cmd_bench(const Args& args, Communicator& comm);
 int cmd_make_model(const Args& args);

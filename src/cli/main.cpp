@@ -23,6 +23,7 @@ const char* kUsage =
     "subcommands:\n"
     "  generate     generate tokens from prompts (under mpirun -np N: tensor parallel over N ranks)\n"
     "  chat         a conversation in the model's chat template, one user turn per stdin line\n"
+    "  serve        an OpenAI-compatible HTTP server with continuous batching\n"
     "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
     "  perplexity   teacher-forced perplexity of a token file; compare two precisions\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
@@ -52,6 +53,7 @@ std::string one_line(std::string msg) {
 int dispatch(const std::string& cmd, const std::vector<std::string>& args, shardlm::Communicator& comm) {
     if (cmd == "generate") return shardlm::cmd_generate(args, comm);
     if (cmd == "chat") return shardlm::cmd_chat(args, comm);
+    if (cmd == "serve") return shardlm::cmd_serve(args, comm);
     if (cmd == "bench") return shardlm::cmd_bench(args, comm);
     if (cmd == "perplexity") return shardlm::cmd_perplexity(args, comm);
     // Every rank sees the same command line, so these errors are the same on every rank.

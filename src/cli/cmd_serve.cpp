@@ -1,0 +1,390 @@
+// shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
+// /v1/models, /health) over the continuous-batching scheduler (runtime/batcher.h).
+//
+// Rank 0 runs the HTTP server: its handler threads parse each request (cli/openai_api.h) and hand
+// it to the engine loop, then wait for its text (streamed as server-sent events with "stream").
+// Every rank runs the engine loop in lock step: each iteration rank 0 broadcasts a control
+// message (the requests that came in, the ones to end: stop strings it found, clients gone, and
+// shutdown), every rank applies it to its own Batcher, and all run one engine step. Stop strings
+// are matched on rank 0 alone; the request ends on every rank before the next step.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <ctime>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/openai_api.h"
+#include "cli/options.h"
+#include "comm/communicator.h"
+#include "comm/together.h"
+#include "core/error.h"
+#include "runtime/batcher.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+#include "tokenizer/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+namespace shardlm {
+
+namespace {
+
+using json = nlohmann::json;
+
+volatile std::sig_atomic_t g_signalled = 0;
+extern "C" void on_signal(int) { g_signalled = 1; }
+
+// One HTTP request, shared by its handler thread and the engine loop on rank 0.
+struct Job {
+    ApiRequest req;
+    std::string id;
+    int64_t created = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    std::string text;     // what the client may have: the settled text so far, all of it once done
+    size_t sent = 0;      // streaming: how much of text went out
+    bool done = false;
+    std::string finish;   // "stop", "length", or "abort" (the server is shutting down)
+    int64_t completion_tokens = 0;
+    std::atomic<bool> gone{false};  // the client went away: end the request
+};
+
+// The handler threads' requests for the engine loop.
+struct Inbox {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Job>> jobs;
+    bool closed = false;
+};
+
+void finish_job(Job& job, const std::string& text, const std::string& finish, int64_t tokens) {
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        job.text = text;
+        job.finish = finish;
+        job.completion_tokens = tokens;
+        job.done = true;
+    }
+    job.cv.notify_all();
+}
+
+// Rank 0's control message to every rank, as JSON text.
+void broadcast_control(Communicator& comm, json& ctl) {
+    if (comm.size() == 1) return;
+    std::string s = comm.rank() == 0 ? ctl.dump() : std::string();
+    uint64_t n = s.size();
+    comm.broadcast(&n, sizeof n, 0);
+    s.resize(n);
+    comm.broadcast(s.data(), n, 0);
+    if (comm.rank() != 0) ctl = json::parse(s);
+}
+
+json request_json(const ApiRequest& r) {
+    const SamplerOptions& s = r.sampler;
+    return {{"prompt", r.prompt},
+            {"max_tokens", r.max_tokens},
+            {"temperature", s.temperature},
+            {"top_k", s.top_k},
+            {"top_p", s.top_p},
+            {"min_p", s.min_p},
+            {"seed", s.seed},
+            {"repetition_penalty", s.repetition_penalty},
+            {"presence_penalty", s.presence_penalty},
+            {"frequency_penalty", s.frequency_penalty},
+            {"penalty_last_n", s.penalty_last_n}};
+}
+
+BatchRequest batch_request(const json& j) {
+    BatchRequest b;
+    b.prompt = j["prompt"].get<std::vector<int32_t>>();
+    b.max_new_tokens = j["max_tokens"];
+    SamplerOptions& s = b.sampler;
+    s.temperature = j["temperature"];
+    s.top_k = j["top_k"];
+    s.top_p = j["top_p"];
+    s.min_p = j["min_p"];
+    s.seed = j["seed"];
+    s.repetition_penalty = j["repetition_penalty"];
+    s.presence_penalty = j["presence_penalty"];
+    s.frequency_penalty = j["frequency_penalty"];
+    s.penalty_last_n = j["penalty_last_n"];
+    return b;
+}
+
+std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+}  // namespace
+
+int cmd_serve(const Args& args, Communicator& comm) {
+    po::options_description d("serve options");
+    std::string model, host = "127.0.0.1", name;
+    BackendFlags backend;
+    PrecisionFlags prec;
+    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64;
+    int port = 8000, threads = 0, tp = 0;
+    d.add_options()
+        ("help", "show this help")
+        ("model", po::value(&model)->required(), "Hugging Face checkpoint folder with its tokenizer.json")
+        ("host", po::value(&host)->default_value("127.0.0.1"), "address to listen on (0.0.0.0: every interface)")
+        ("port", po::value(&port)->default_value(8000), "TCP port (0: any free one; the address is printed on stderr)")
+        ("served-model-name", po::value(&name), "the model's name in the API (default: the folder's name)")
+        ("batch", po::value(&batch)->default_value(8), "sequences run at once (KV-cache slots); more requests wait")
+        ("ctx", po::value(&ctx)->default_value(0),
+         "KV positions per sequence, prompt and completion (0: 4096, at most max_position_embeddings)")
+        ("prefill-chunk", po::value(&chunk)->default_value(256), "tokens per step (decode tokens first)")
+        ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
+         "tokens the requests' repetition, presence and frequency penalties look back over")
+        ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
+        ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
+    add_precision_options(d, prec);
+    add_backend_options(d, backend);
+    po::variables_map vm;
+    const bool root = comm.rank() == 0;
+    bool help = false;
+    std::unique_ptr<Tokenizer> tok;  // rank 0
+    run_together(comm, [&] {
+        help = !parse_args(args, d, vm, "usage: shardlm serve --model DIR [--host H] [--port P] [--batch N] [flags]", root);
+        if (help) return;
+        SessionOptions check_flags;
+        apply_backend(backend, check_flags);
+        apply_precision(prec, check_flags);
+        if (batch < 1) fail("--batch must be at least 1");
+        if (chunk < 1) fail("--prefill-chunk must be at least 1");
+        if (ctx < 0) fail("--ctx must be >= 0");
+        if (port < 0 || port > 65535) fail("--port must be in [0, 65535]");
+        if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
+        check_tp_flag(tp, comm);
+        set_threads(threads);
+        if (name.empty()) {
+            std::string dir = model;
+            while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+            name = dir.substr(dir.find_last_of('/') + 1);
+        }
+        if (!root) return;
+        if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+    });
+    if (help) return 0;
+
+    SessionOptions so;
+    so.model_dir = model;
+    apply_precision(prec, so);
+    apply_backend(backend, so);
+    so.max_batch = batch;
+    so.prefill_chunk = chunk;
+    std::unique_ptr<Session> s;
+    run_together(comm, [&] {
+        maybe_inject_failure(comm, "load");
+        const ModelConfig cfg = load_config(model);
+        so.ctx = ctx > 0 ? ctx : cfg.max_position > 0 ? std::min<int64_t>(4096, cfg.max_position) : 4096;
+        if (ctx == 0) so.ctx_origin = "shardlm serve's default of " + std::to_string(so.ctx) + " positions";
+        check_context(cfg, so);
+        so.max_penalties = std::min({penalty_last_n, so.ctx, cfg.vocab});
+        s = open_session(so, comm);
+    });
+    run_together(comm, [&] { check_same_request(comm, args, *s); });
+    Engine& engine = *s->engine;
+    ApiLimits lim;
+    lim.model = name;
+    lim.ctx = engine.options().ctx;
+    lim.vocab = s->cfg.vocab;
+    lim.penalty_last_n = penalty_last_n;
+
+    // Rank 0: the HTTP server on its own threads.
+    Inbox inbox;
+    std::atomic<uint64_t> counter{0};
+    std::unique_ptr<httplib::Server> svr;
+    std::thread http;
+    if (root) {
+        svr = std::make_unique<httplib::Server>();
+        // Each request waits on its own thread while it runs: enough threads for every slot and
+        // as many waiting.
+        const size_t pool = size_t(2 * batch + 4);
+        svr->new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+        svr->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+            res.set_content(R"({"status":"ok"})", "application/json");
+        });
+        svr->Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+            const json j = {{"object", "list"},
+                            {"data", json::array({{{"id", name}, {"object", "model"}, {"owned_by", "shardlm"},
+                                                   {"max_model_len", lim.ctx}}})}};
+            res.set_content(j.dump(), "application/json");
+        });
+        auto handler = [&](bool chat) {
+            return [&, chat](const httplib::Request& req, httplib::Response& res) {
+                auto refuse = [&](int status, const std::string& message) {
+                    res.status = status;
+                    res.set_content(api_error(message, status).dump(), "application/json");
+                };
+                json body;
+                try {
+                    body = json::parse(req.body);
+                } catch (const json::exception& e) {
+                    return refuse(400, std::string("the request body is not valid JSON: ") + e.what());
+                }
+                auto job = std::make_shared<Job>();
+                try {
+                    job->req = parse_api_request(body, chat, *tok, lim);
+                } catch (const ApiError& e) {
+                    return refuse(e.status, e.what());
+                }
+                job->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
+                job->created = int64_t(std::time(nullptr));
+                {
+                    std::lock_guard<std::mutex> lk(inbox.m);
+                    if (inbox.closed) return refuse(503, "the server is shutting down");
+                    inbox.jobs.push_back(job);
+                }
+                inbox.cv.notify_one();
+                if (!job->req.stream) {
+                    std::unique_lock<std::mutex> lk(job->m);
+                    job->cv.wait(lk, [&] { return job->done; });
+                    if (job->finish == "abort") return refuse(503, "the server is shutting down");
+                    res.set_content(api_response(job->req, job->id, job->created, name, job->text, job->finish,
+                                                 job->completion_tokens)
+                                        .dump(),
+                                    "application/json");
+                    return;
+                }
+                res.set_header("Cache-Control", "no-cache");
+                res.set_chunked_content_provider(
+                    "text/event-stream",
+                    [job, model_name = name](size_t, httplib::DataSink& sink) {
+                        std::unique_lock<std::mutex> lk(job->m);
+                        job->cv.wait_for(lk, std::chrono::milliseconds(200),
+                                         [&] { return job->done || job->text.size() > job->sent; });
+                        if (!sink.is_writable()) {
+                            job->gone = true;
+                            return false;
+                        }
+                        std::string out;
+                        if (job->text.size() > job->sent) {
+                            out += sse(api_chunk(job->req, job->id, job->created, model_name, job->text.substr(job->sent), ""));
+                            job->sent = job->text.size();
+                        }
+                        if (job->done) {
+                            out += sse(api_chunk(job->req, job->id, job->created, model_name, "", job->finish));
+                            out += "data: [DONE]\n\n";
+                        }
+                        if (!out.empty() && !sink.write(out.data(), out.size())) {
+                            job->gone = true;
+                            return false;
+                        }
+                        if (job->done) sink.done();
+                        return true;
+                    },
+                    [job](bool success) {
+                        if (!success) job->gone = true;
+                    });
+            };
+        };
+        svr->Post("/v1/completions", handler(false));
+        svr->Post("/v1/chat/completions", handler(true));
+        const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
+        if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
+        http = std::thread([&] { svr->listen_after_bind(); });
+        std::cerr << "shardlm serve: listening on http://" << host << ":" << bound << " (model " << name << ", "
+                  << batch << " slots of " << lim.ctx << " positions, " << engine.device() << ", tp " << comm.size()
+                  << ")" << std::endl;
+    }
+
+    // The engine loop, on every rank. SIGINT/SIGTERM (mpirun forwards them to every rank) end it
+    // when rank 0 has seen one and told the others.
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    BatcherOptions bo;
+    bo.prefill_chunk = chunk;
+    Batcher batcher(engine, bo);
+    std::vector<size_t> live;                          // every rank: requests not yet released
+    std::map<size_t, std::shared_ptr<Job>> jobs;       // rank 0
+    std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
+    std::vector<std::pair<size_t, std::string>> to_end;    // rank 0: found after a step, sent with the next control
+    const TokenCallback on_token = [&](size_t id, int32_t t) {
+        if (!root || is_eos_id(s->cfg, t)) return;
+        StopMatcher& m = *texts.at(id);
+        if (m.push(t)) to_end.emplace_back(id, "stop");
+        Job& job = *jobs.at(id);
+        {
+            std::lock_guard<std::mutex> lk(job.m);
+            job.text = m.text().substr(0, m.settled());
+        }
+        job.cv.notify_all();
+    };
+    for (;;) {
+        json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}};
+        std::vector<std::shared_ptr<Job>> added;
+        if (root) {
+            std::unique_lock<std::mutex> lk(inbox.m);
+            if (!batcher.busy() && to_end.empty())  // idle: wait for work (the other ranks wait in the broadcast)
+                inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.jobs.empty() || g_signalled; });
+            while (!inbox.jobs.empty()) {
+                added.push_back(inbox.jobs.front());
+                inbox.jobs.pop_front();
+                ctl["add"].push_back(request_json(added.back()->req));
+            }
+            if (g_signalled) {
+                inbox.closed = true;
+                ctl["shutdown"] = true;
+            }
+            lk.unlock();
+            for (const auto& [id, job] : jobs)
+                if (job->gone) to_end.emplace_back(id, "abort");
+            for (const auto& [id, why] : to_end) ctl["end"].push_back({id, why});
+            to_end.clear();
+        }
+        broadcast_control(comm, ctl);
+        for (size_t i = 0; i < ctl["add"].size(); ++i) {
+            const size_t id = batcher.add(batch_request(ctl["add"][i]));
+            live.push_back(id);
+            if (!root) continue;
+            jobs[id] = added[i];
+            texts[id] = std::make_unique<StopMatcher>(*tok, added[i]->req.stop);
+        }
+        for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
+        if (ctl["shutdown"]) break;
+        batcher.step(on_token);
+        // Ended requests: rank 0 answers them; every rank lets their results go.
+        size_t kept = 0;
+        for (const size_t id : live) {
+            if (!batcher.ended(id)) {
+                live[kept++] = id;
+                continue;
+            }
+            if (root) {
+                const SequenceResult& r = batcher.result(id);
+                StopMatcher& m = *texts.at(id);
+                // A stop string completed by the decoder's held-back rest still ends the text there.
+                const std::string why = m.finish() ? "stop" : r.stop_reason;
+                if (why != "abort") finish_job(*jobs.at(id), m.text(), finish_reason(why), int64_t(r.tokens.size()));
+                jobs.erase(id);
+                texts.erase(id);
+            }
+            batcher.release(id);
+        }
+        live.resize(kept);
+    }
+    if (root) {
+        // Whatever has not finished is answered with 503, then the server stops.
+        for (auto& [id, job] : jobs) finish_job(*job, "", "abort", 0);
+        {
+            std::lock_guard<std::mutex> lk(inbox.m);
+            for (auto& job : inbox.jobs) finish_job(*job, "", "abort", 0);
+            inbox.jobs.clear();
+        }
+        svr->stop();
+        http.join();
+        std::cerr << "shardlm serve: stopped" << std::endl;
+    }
+    return 0;
+}
+
+}  // namespace shardlm

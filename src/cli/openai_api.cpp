@@ -1,0 +1,187 @@
+#include "cli/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "core/error.h"
+
+namespace shardlm {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad(const std::string& message) { throw ApiError(400, message); }
+
+// A number field within [lo, hi] (absent or null: `def`).
+double number(const json& body, const char* key, double def, double lo, double hi) {
+    if (!body.contains(key) || body[key].is_null()) return def;
+    const json& v = body[key];
+    if (!v.is_number()) bad(std::string("\"") + key + "\" must be a number");
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi)) bad(cat("\"", key, "\" must be in [", lo, ", ", hi, "], not ", v.dump()));
+    return x;
+}
+
+int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int64_t hi) {
+    if (!body.contains(key) || body[key].is_null()) return def;
+    const json& v = body[key];
+    if (!v.is_number_integer()) bad(std::string("\"") + key + "\" must be an integer");
+    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
+                          ? std::numeric_limits<int64_t>::max()
+                          : v.get<int64_t>();
+    if (x < lo || x > hi) bad(cat("\"", key, "\" must be in [", lo, ", ", hi, "], not ", v.dump()));
+    return x;
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
+    if (!body.is_object()) bad("the request body must be a JSON object");
+    if (body.contains("model") && !body["model"].is_null()) {
+        if (!body["model"].is_string()) bad("\"model\" must be a string");
+        if (body["model"].get<std::string>() != lim.model)
+            throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
+                                    lim.model + "`)");
+    }
+    for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "suffix", "tools", "functions",
+                            "response_format"}) {
+        if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
+        bad(std::string("\"") + key + "\" is not supported by shardlm serve");
+    }
+    if (integer(body, "n", 1, 1, 1) != 1) bad("\"n\" must be 1");
+    ApiRequest r;
+    r.chat = chat;
+    if (chat) {
+        if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+            bad("\"messages\" must be a non-empty array");
+        std::optional<std::string> system;
+        std::vector<ChatMessage> messages;
+        for (const json& m : body["messages"]) {
+            if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+                !m["content"].is_string())
+                bad("each message must be an object with a string \"role\" and a string \"content\"");
+            const std::string role = m["role"], content = m["content"];
+            if (role == "system") {
+                if (system || !messages.empty()) bad("a \"system\" message may only come first");
+                system = content;
+            } else if (role == "user" || role == "assistant") {
+                const bool want_user = messages.size() % 2 == 0;
+                if ((role == "user") != want_user) bad("messages must alternate user and assistant, user first");
+                messages.push_back({role, content});
+            } else {
+                bad("unsupported message role \"" + role + "\" (system, user, assistant)");
+            }
+        }
+        if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
+        if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
+        try {
+            r.prompt = tok.encode(tok.apply_chat_template(system, messages), EncodeOptions{false});
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    } else {
+        if (!body.contains("prompt")) bad("\"prompt\" is required");
+        const json& p = body["prompt"];
+        if (p.is_string()) {
+            r.prompt = tok.encode(p.get<std::string>());
+        } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+            for (const json& id : p) {
+                if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
+                    bad(cat("\"prompt\" token ids must be integers in [0, ", lim.vocab, ")"));
+                r.prompt.push_back(id.get<int32_t>());
+            }
+        } else {
+            bad("\"prompt\" must be a string or an array of token ids (one prompt per request)");
+        }
+    }
+    const int64_t n = int64_t(r.prompt.size());
+    if (n == 0) bad("the prompt is empty");
+    if (n >= lim.ctx)
+        bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
+    const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, 1, std::numeric_limits<int64_t>::max());
+    if (r.max_tokens > lim.ctx - n)
+        bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n, " and \"", max_key,
+                "\" asks for ", r.max_tokens, " more"));
+    SamplerOptions& so = r.sampler;
+    so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
+    so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));
+    if (so.top_p == 0.0f) bad("\"top_p\" must be in (0, 1]");
+    const int64_t top_k = integer(body, "top_k", 0, -1, lim.vocab);
+    so.top_k = top_k < 0 ? 0 : top_k;
+    so.min_p = float(number(body, "min_p", 0.0, 0.0, 1.0));
+    const int64_t seed = integer(body, "seed", 0, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    so.seed = uint64_t(seed);
+    so.presence_penalty = float(number(body, "presence_penalty", 0.0, -2.0, 2.0));
+    so.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+    so.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 0.01, 100.0));
+    so.penalty_last_n = lim.penalty_last_n;
+    if (body.contains("stop") && !body["stop"].is_null()) {
+        const json& s = body["stop"];
+        if (s.is_string()) r.stop.push_back(s);
+        else if (s.is_array() && s.size() <= 4)
+            for (const json& x : s) {
+                if (!x.is_string()) bad("\"stop\" must be a string or an array of up to 4 strings");
+                r.stop.push_back(x);
+            }
+        else bad("\"stop\" must be a string or an array of up to 4 strings");
+        for (const std::string& x : r.stop)
+            if (x.empty()) bad("a \"stop\" string is empty");
+    }
+    if (body.contains("stream") && !body["stream"].is_null()) {
+        if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
+        r.stream = body["stream"];
+    }
+    try {
+        Sampler check(so, 0);  // the sampler's own checks, before any rank runs it
+    } catch (const Error& e) {
+        bad(e.what());
+    }
+    return r;
+}
+
+std::string finish_reason(const std::string& stop_reason) { return stop_reason == "length" ? "length" : "stop"; }
+
+json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                  const std::string& text, const std::string& finish, int64_t completion_tokens) {
+    json choice = {{"index", 0}};
+    if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else choice["text"] = text;
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish;
+    const int64_t prompt_tokens = int64_t(r.prompt.size());
+    return {{"id", id},
+            {"object", r.chat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array({choice})},
+            {"usage",
+             {{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+               const std::string& delta, const std::string& finish) {
+    json choice = {{"index", 0}};
+    if (r.chat) choice["delta"] = delta.empty() && !finish.empty() ? json::object() : json{{"content", delta}};
+    else choice["text"] = delta;
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
+    return {{"id", id},
+            {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", json::array({choice})}};
+}
+
+json api_error(const std::string& message, int status) {
+    return {{"error",
+             {{"message", message},
+              {"type", status == 404 ? "NotFoundError" : "invalid_request_error"},
+              {"code", status}}}};
+}
+
+}  // namespace shardlm

@@ -1,0 +1,63 @@
+// The OpenAI-compatible request bodies shardlm serve takes (/v1/completions and
+// /v1/chat/completions, with vLLM's extra sampling fields) and the response objects it writes.
+// Pure functions of JSON, the tokenizer and the server's limits: the HTTP and engine side is
+// cmd_serve.cpp's.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace shardlm {
+
+// A request the API refuses: the HTTP status and the message of its error object.
+struct ApiError : std::runtime_error {
+    ApiError(int status, const std::string& message) : std::runtime_error(message), status(status) {}
+    int status;
+};
+
+struct ApiLimits {
+    std::string model;           // the served model's name ("model" must match it when given)
+    int64_t ctx = 0;             // positions per sequence: prompt + max_tokens must fit
+    int64_t vocab = 0;
+    int64_t penalty_last_n = 64; // the server's penalty window
+};
+
+struct ApiRequest {
+    bool chat = false;
+    std::vector<int32_t> prompt;
+    int64_t max_tokens = 16;
+    SamplerOptions sampler;
+    std::vector<std::string> stop;
+    bool stream = false;
+};
+
+// Parses and checks a request body (throws ApiError: 400 for a bad field, 404 for another model).
+// Completions: "prompt" a string (encoded as `shardlm generate --prompt` encodes it) or an array
+// of token ids; "max_tokens" default 16. Chat: "messages" of {role: system|user|assistant,
+// content}, rendered with the model's chat template; "max_tokens" (or "max_completion_tokens")
+// default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
+// -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
+// up to 4), stream, n (1 only). logprobs, echo, best_of, logit_bias and tools are refused.
+ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
+
+// "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
+std::string finish_reason(const std::string& stop_reason);
+
+// The whole response of a request that has ended: text_completion or chat.completion.
+nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                            const std::string& text, const std::string& finish, int64_t completion_tokens);
+// One server-sent event's object of a streamed response: a text delta, and the finish reason in
+// the last one (empty before).
+nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                         const std::string& delta, const std::string& finish);
+// The error object of a refused request.
+nlohmann::json api_error(const std::string& message, int status);
+
+}  // namespace shardlm

@@ -1,0 +1,285 @@
+// shardlm serve over HTTP, on the shipped model (given a ChatML template for the chat endpoint):
+// its completions are generate's, alone or many at once through fewer slots, streamed or not,
+// with stop strings; bad requests get OpenAI-style errors; SIGTERM stops it cleanly; two ranks
+// serve what one does.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+
+using namespace shardlm::test;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kModel = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+
+// A `shardlm serve` (or an mpirun of it) in the background on a free port; SIGTERM on destruction.
+class Server {
+public:
+    Server(const std::string& cmdline, const std::string& log) : log_(log) {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            ::setpgid(0, 0);
+            const std::string sh = "exec " + cmdline + " --port 0 >" + log + ".out 2>" + log;
+            ::execl("/bin/sh", "sh", "-c", sh.c_str(), static_cast<char*>(nullptr));
+            ::_exit(127);
+        }
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (port_ == 0 && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            const std::string err = read_all();
+            const std::string tag = "listening on http://127.0.0.1:";
+            const size_t at = err.find(tag);
+            if (at != std::string::npos && err.find(' ', at + tag.size()) != std::string::npos)
+                port_ = std::stoi(err.substr(at + tag.size()));
+            int status = 0;
+            if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                break;
+            }
+        }
+    }
+    ~Server() {
+        if (pid_ > 0) {
+            ::kill(-pid_, SIGKILL);
+            ::waitpid(pid_, nullptr, 0);
+        }
+    }
+    int port() const { return port_; }
+    std::string read_all() const {
+        std::ifstream f(log_);
+        std::stringstream s;
+        s << f.rdbuf();
+        return s.str();
+    }
+    // SIGTERM, then the exit status (-1: it did not end within a minute).
+    int stop() {
+        ::kill(pid_, SIGTERM);
+        for (int i = 0; i < 1200; ++i) {
+            int status = 0;
+            if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return -1;
+    }
+
+private:
+    std::string log_;
+    pid_t pid_ = -1;
+    int port_ = 0;
+};
+
+struct Reply {
+    int status = 0;
+    json body;
+    std::string raw;
+};
+
+Reply post(int port, const std::string& path, const json& body) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    Reply out;
+    if (!r) return out;
+    out.status = r->status;
+    out.raw = r->body;
+    try {
+        out.body = json::parse(r->body);
+    } catch (const json::exception&) {
+    }
+    return out;
+}
+
+// generate's text for a prompt (greedy).
+std::string generate_text(const std::string& model, const std::string& flags) {
+    const CommandResult r = run_command(SHARDLM_BIN " generate --model " + model + " --json --temperature 0 " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out)["results"][0]["text"];
+}
+
+class Serve : public ::testing::Test {
+protected:
+    void SetUp() override {
+        for (const std::string f : {"config.json", "model.safetensors", "tokenizer.json"})
+            write_file(model_.file(f), read_file(kModel + "/" + f));
+        json cfg = json::parse(read_file(kModel + "/tokenizer_config.json"));
+        cfg["chat_template"] =
+            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+            "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+        write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    }
+    TempDir model_, logs_;
+};
+
+}  // namespace
+
+TEST_F(Serve, CompletionsAreGeneratesText) {
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 256 --threads 1", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    httplib::Client c("127.0.0.1", port);
+    const auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(json::parse(models->body)["data"][0]["id"], model_.path().substr(model_.path().find_last_of('/') + 1));
+    const auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+
+    // One request: generate's text, usage counted.
+    const Reply one = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}});
+    ASSERT_EQ(one.status, 200) << one.raw;
+    const std::string want = generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens 24");
+    EXPECT_EQ(one.body["object"], "text_completion");
+    EXPECT_EQ(one.body["choices"][0]["text"], want);
+    EXPECT_EQ(one.body["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(one.body["usage"]["completion_tokens"], 24);
+    EXPECT_EQ(one.body["usage"]["total_tokens"].get<int>(), 24 + one.body["usage"]["prompt_tokens"].get<int>());
+
+    // Six at once through two slots: each is what it is alone.
+    const std::vector<std::string> prompts = {"In the beginning", "And the LORD", "Blessed are", "Now it came to pass",
+                                              "And he said", "Behold"};
+    std::vector<Reply> replies(prompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        clients.emplace_back([&, i] {
+            replies[i] = post(port, "/v1/completions",
+                              {{"prompt", prompts[i]}, {"max_tokens", 6 + int(i) * 3}, {"temperature", 0}});
+        });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+        EXPECT_EQ(replies[i].body["choices"][0]["text"],
+                  generate_text(model_.path(), "--prompt '" + prompts[i] + "' --max-new-tokens " + std::to_string(6 + i * 3)))
+            << prompts[i];
+    }
+
+    // A stop string cuts the text, as generate --stop does.
+    const std::string stop = want.substr(want.size() / 2, 4);
+    const Reply cut = post(port, "/v1/completions",
+                           {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"stop", {"zzz", stop}}});
+    ASSERT_EQ(cut.status, 200) << cut.raw;
+    EXPECT_EQ(cut.body["choices"][0]["text"], want.substr(0, want.find(stop)));
+    EXPECT_EQ(cut.body["choices"][0]["finish_reason"], "stop");
+
+    // Streamed: server-sent events whose deltas make the same text, the last with the reason.
+    const Reply streamed = post(port, "/v1/completions",
+                                {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"stream", true}});
+    ASSERT_EQ(streamed.status, 200);
+    std::string text, reason;
+    std::istringstream events(streamed.raw);
+    std::vector<std::string> data;
+    for (std::string line; std::getline(events, line);)
+        if (line.rfind("data: ", 0) == 0) data.push_back(line.substr(6));
+    ASSERT_GE(data.size(), 2u) << streamed.raw;
+    EXPECT_EQ(data.back(), "[DONE]");
+    for (size_t i = 0; i + 1 < data.size(); ++i) {
+        const json chunk = json::parse(data[i]);
+        text += chunk["choices"][0]["text"].get<std::string>();
+        if (!chunk["choices"][0]["finish_reason"].is_null()) reason = chunk["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, want);
+    EXPECT_EQ(reason, "length");
+
+    // Token ids as the prompt; sampled requests repeat with their seed.
+    const Reply ids = post(port, "/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(ids.status, 200) << ids.raw;
+    EXPECT_EQ(ids.body["usage"]["prompt_tokens"], 3);
+    const json sampled = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"top_k", 40}};
+    EXPECT_EQ(post(port, "/v1/completions", sampled).body["choices"], post(port, "/v1/completions", sampled).body["choices"]);
+
+    // Bad requests: one-line errors, and the server goes on.
+    auto error_of = [&](const json& body, int status, const std::string& part) {
+        const Reply r = post(port, "/v1/completions", body);
+        EXPECT_EQ(r.status, status) << r.raw;
+        EXPECT_NE(r.body["error"]["message"].get<std::string>().find(part), std::string::npos) << r.raw;
+    };
+    {
+        httplib::Client raw("127.0.0.1", port);
+        const auto r = raw.Post("/v1/completions", "{not json", "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400);
+        EXPECT_NE(r->body.find("not valid JSON"), std::string::npos);
+    }
+    error_of({{"prompt", "x"}, {"model", "gpt-4"}}, 404, "The model `gpt-4` does not exist");
+    error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
+    error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
+    error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
+    error_of({{"prompt", "x"}, {"logprobs", 2}}, 400, "\"logprobs\" is not supported");
+    error_of({{"prompt", "x"}, {"n", 2}}, 400, "\"n\" must be in [1, 1]");
+    error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
+    error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
+    EXPECT_EQ(post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}}).body["choices"],
+              one.body["choices"]);
+    EXPECT_EQ(srv.stop(), 0);
+    EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
+}
+
+// /v1/chat/completions renders the messages with the model's template: the reply is generate
+// --chat's for the same system message and prompt; a conversation's later turns work; a bad
+// message order is refused.
+TEST_F(Serve, ChatCompletions) {
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json msgs = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "In the beginning"}}});
+    const Reply r = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["object"], "chat.completion");
+    EXPECT_EQ(r.body["choices"][0]["message"]["role"], "assistant");
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"],
+              generate_text(model_.path(), "--chat --system 'Be brief.' --prompt 'In the beginning' --max-new-tokens 10"));
+    json more = msgs;
+    more.push_back({{"role", "assistant"}, {"content", r.body["choices"][0]["message"]["content"]}});
+    more.push_back({{"role", "user"}, {"content", "And God said"}});
+    const Reply two = post(srv.port(), "/v1/chat/completions", {{"messages", more}, {"max_tokens", 5}, {"temperature", 0}});
+    ASSERT_EQ(two.status, 200) << two.raw;
+    EXPECT_GT(two.body["usage"]["prompt_tokens"].get<int>(), r.body["usage"]["prompt_tokens"].get<int>());
+    const Reply streamed = post(srv.port(), "/v1/chat/completions",
+                                {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true}});
+    EXPECT_NE(streamed.raw.find("chat.completion.chunk"), std::string::npos);
+    const Reply bad = post(srv.port(), "/v1/chat/completions",
+                           {{"messages", json::array({{{"role", "assistant"}, {"content", "x"}}})}});
+    EXPECT_EQ(bad.status, 400);
+    EXPECT_NE(bad.raw.find("alternate user and assistant"), std::string::npos) << bad.raw;
+    EXPECT_EQ(srv.stop(), 0);
+}
+
+#ifdef SHARDLM_MPIEXEC
+// Two ranks (tensor parallel): the same completions as one rank, and SIGTERM to mpirun ends both
+// (rank 0 stops the server; mpirun itself reports a job it signalled with a non-zero status).
+TEST_F(Serve, TwoRanksServeWhatOneServes) {
+    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " SHARDLM_BIN
+                                              " serve --model " + model_.path() + " --batch 2 --ctx 128",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    std::vector<Reply> replies(3);
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < replies.size(); ++i)
+        clients.emplace_back([&, i] {
+            replies[i] = post(srv.port(), "/v1/completions",
+                              {{"prompt", "And God said"}, {"max_tokens", 8 + int(i)}, {"temperature", 0}});
+        });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < replies.size(); ++i) {
+        ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+        EXPECT_EQ(replies[i].body["choices"][0]["text"],
+                  generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens " + std::to_string(8 + i)));
+    }
+    EXPECT_NE(srv.stop(), -1) << srv.read_all();
+    EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
+}
+#endif

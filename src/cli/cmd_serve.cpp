@@ -13,6 +13,7 @@
 #include <csignal>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -199,11 +200,33 @@ int cmd_serve(const Args& args, Communicator& comm) {
     lim.vocab = s->cfg.vocab;
     lim.penalty_last_n = penalty_last_n;
 
-    // Rank 0: the HTTP server on its own threads.
+    // Rank 0: the HTTP server on its own threads. The guard stops it however this function ends
+    // (an error in a step must not leave a joinable thread behind: that would abort the process
+    // instead of printing the error).
     Inbox inbox;
     std::atomic<uint64_t> counter{0};
     std::unique_ptr<httplib::Server> svr;
     std::thread http;
+    std::map<size_t, std::shared_ptr<Job>> jobs;  // rank 0: the requests in the Batcher, by index
+    // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
+    // the server: at the end, or on an error.
+    auto stop_http = [&] {
+        if (!svr) return;
+        for (auto& [id, job] : jobs) finish_job(*job, "", "abort", 0);
+        {
+            std::lock_guard<std::mutex> lk(inbox.m);
+            inbox.closed = true;
+            for (auto& job : inbox.jobs) finish_job(*job, "", "abort", 0);
+            inbox.jobs.clear();
+        }
+        svr->stop();
+        if (http.joinable()) http.join();
+        svr.reset();
+    };
+    struct Guard {
+        std::function<void()> f;
+        ~Guard() { f(); }
+    } guard{stop_http};
     if (root) {
         svr = std::make_unique<httplib::Server>();
         // Each request waits on its own thread while it runs: enough threads for every slot and
@@ -305,7 +328,6 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.prefill_chunk = chunk;
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
-    std::map<size_t, std::shared_ptr<Job>> jobs;       // rank 0
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
     std::vector<std::pair<size_t, std::string>> to_end;    // rank 0: found after a step, sent with the next control
     const TokenCallback on_token = [&](size_t id, int32_t t) {
@@ -373,15 +395,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         live.resize(kept);
     }
     if (root) {
-        // Whatever has not finished is answered with 503, then the server stops.
-        for (auto& [id, job] : jobs) finish_job(*job, "", "abort", 0);
-        {
-            std::lock_guard<std::mutex> lk(inbox.m);
-            for (auto& job : inbox.jobs) finish_job(*job, "", "abort", 0);
-            inbox.jobs.clear();
-        }
-        svr->stop();
-        http.join();
+        stop_http();
         std::cerr << "shardlm serve: stopped" << std::endl;
     }
     return 0;

@@ -218,10 +218,11 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     // row (a sampler without a top-k limit, logprobs, kept prompt logits); each row's nucleus
     // mass when all sample top-p alone at one temperature; else the most candidates any reads.
     bool full = false, nucleus = true;
-    int64_t k = 0;
+    int64_t k = 0, rows = 0;
     float temperature = -1.0f;
     for (size_t c = 0; c < chunks.size(); ++c) {
         if (!chunks[c].want_logits) continue;
+        ++rows;
         const BatchRequest& r = chunk_seq[c]->req;
         const SamplerOptions& so = r.sampler;
         full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits);
@@ -233,7 +234,8 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         k = std::max(k, need);
     }
     if (nucleus) k = std::min(vocab, kMaxTopCandidates);
-    if (k == 0 || k > kMaxTopCandidates) full = true;
+    // (A step of prompt chunks that all end short of their prompt's end has no row: plain forward.)
+    if (rows == 0 || k == 0 || k > kMaxTopCandidates) full = true;
     const size_t cap = size_t(slots_);
     step_k_ = full ? 0 : k;
     logits_.resize(cap * size_t(vocab));

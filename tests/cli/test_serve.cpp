@@ -258,6 +258,19 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// A step that fails (the test hook makes the engine throw) ends the server with the error on
+// stderr and a non-zero status; the client waiting on it gets a 503 rather than a hung connection.
+TEST_F(Serve, AFailingStepEndsTheServerWithItsError) {
+    Server srv("env SHARDLM_FAIL_RANK=0 SHARDLM_FAIL_PHASE=forward " SHARDLM_BIN " serve --model " + model_.path() +
+                   " --threads 1 --ctx 64",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const Reply r = post(srv.port(), "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 4}});
+    EXPECT_EQ(r.status, 503) << r.raw;
+    EXPECT_EQ(srv.stop(), 1);
+    EXPECT_NE(srv.read_all().find("shardlm: error:"), std::string::npos) << srv.read_all();
+}
+
 #ifdef SHARDLM_MPIEXEC
 // Two ranks (tensor parallel): the same completions as one rank, and SIGTERM to mpirun ends both
 // (rank 0 stops the server; mpirun itself reports a job it signalled with a non-zero status).

@@ -103,8 +103,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
-        so.ctx = ctx > 0 ? ctx : cfg.max_position > 0 ? std::min<int64_t>(4096, cfg.max_position) : 4096;
-        if (ctx == 0) so.ctx_origin = "shardlm chat's default of " + std::to_string(so.ctx) + " positions";
+        set_session_ctx(so, ctx, cfg, "shardlm chat");
         if (max_new >= so.ctx)
             fail("--max-new-tokens ", max_new, " leaves no room for a prompt in a context of ", so.ctx, " (--ctx)");
         check_context(cfg, so);

@@ -186,8 +186,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
-        so.ctx = ctx > 0 ? ctx : cfg.max_position > 0 ? std::min<int64_t>(4096, cfg.max_position) : 4096;
-        if (ctx == 0) so.ctx_origin = "shardlm serve's default of " + std::to_string(so.ctx) + " positions";
+        set_session_ctx(so, ctx, cfg, "shardlm serve");
         check_context(cfg, so);
         so.max_penalties = std::min({penalty_last_n, so.ctx, cfg.vocab});
         s = open_session(so, comm);

@@ -171,6 +171,11 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
     }
 }
 
+void set_session_ctx(SessionOptions& so, int64_t ctx, const ModelConfig& cfg, const std::string& command) {
+    so.ctx = ctx > 0 ? ctx : cfg.max_position > 0 ? std::min<int64_t>(4096, cfg.max_position) : 4096;
+    if (ctx == 0) so.ctx_origin = command + "'s default of " + std::to_string(so.ctx) + " positions";
+}
+
 void check_tp_flag(int tp, const Communicator& comm) {
     if (tp < 0 || (tp > 0 && tp != comm.size()))
         fail("--tp ", tp, " differs from the ", comm.size(), " ranks started (mpirun -np ", comm.size(), ")");

@@ -62,6 +62,9 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
 
 // --tp N: 0, or the number of ranks mpirun started (throws Error naming the flag).
 void check_tp_flag(int tp, const Communicator& comm);
+// --ctx for the commands that hold a conversation or serve requests (chat, serve): the flag, or
+// 4096 positions (at most max_position_embeddings), with ctx_origin naming `command`'s default.
+void set_session_ctx(SessionOptions& so, int64_t ctx, const ModelConfig& cfg, const std::string& command);
 
 // Throws unless every rank runs the same command line on the same model with the same build: a
 // collective (check_same_on_all_ranks), called inside run_together after the session is open.

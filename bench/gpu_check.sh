@@ -62,9 +62,9 @@ jsonl=$out/gpu_check.jsonl
 
 # Shapes: the issue's on the GPU; tiny and quick on the CPU.
 if [ "$dry" = 1 ]; then
-  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1 SERVE_REQ=8 SERVE_BATCH=1,4
+  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1 SERVE_REQ=8 SERVE_BATCH=1,4 SERVE_SHARED=8
 else
-  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3 SERVE_REQ=64 SERVE_BATCH=8,32
+  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3 SERVE_REQ=64 SERVE_BATCH=8,32 SERVE_SHARED=128
 fi
 export SHARDLM_CACHE=${SHARDLM_CACHE:-/tmp/shardlm-cache}
 export OMP_WAIT_POLICY=passive
@@ -237,7 +237,7 @@ BIN=$work/bin
 setup_secs=$(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 setup_note+="loader $mode (glibc here ${sys_glibc:-?}, bundle ${PACK_GLIBC:--}); CUDA libraries from ${cuda_path:-nowhere}"
 if [ -n "$setup_fail" ]; then record setup fail "$setup_secs" "$setup_fail; $setup_note"; else record setup pass "$setup_secs" "$setup_note"; fi
-export root work out jsonl dry DEV SYN PL GEN REPS SERVE_REQ SERVE_BATCH PY PYT BIN pack mode
+export root work out jsonl dry DEV SYN PL GEN REPS SERVE_REQ SERVE_BATCH SERVE_SHARED PY PYT BIN pack mode
 
 # ---------------------------------------------------------------- step bodies (exported)
 skip() { echo "skip: $*"; exit 77; }
@@ -399,9 +399,10 @@ s_bench_with() {  # "VAR=VALUE ..." then s_bench's arguments: the A/B runs of th
   env $vars bash -c 's_bench "$@"' s_bench "$@"
 }
 
-s_serve() {  # bench --requests: continuous batching against static batches, the same requests in one run
+s_serve() {  # bench --requests: continuous batching against static batches and with the prefix cache (a shared
+             # system prompt), the same requests in one run
   local args=(bench --synthetic "$SYN" --device "$DEV" --requests "$SERVE_REQ" --batch "$SERVE_BATCH"
-              --prompt-len "$PL" --gen "$GEN" --weights int8 --kv int8 -r 1 --json)
+              --prompt-len "$PL" --gen "$GEN" --shared-prefix "$SERVE_SHARED" --weights int8 --kv int8 -r 1 --json)
   echo "shardlm ${args[*]}"
   "$BIN/shardlm" "${args[@]}" > "$work/logs/serve.rows" || exit 1
   cat "$work/logs/serve.rows"
@@ -410,7 +411,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 out = []
 for r in rows:
-    out.append("%s b%d %.0f tok/s (%d steps)" % (r["test"], r["batch"], r["tokens_per_s"], r["steps"]))
+    out.append("%s b%d %.0f tok/s (%d steps, %d prefilled)" % (r["test"], r["batch"], r["tokens_per_s"], r["steps"],
+                                                               r["prefilled_tokens"]))
 print("; ".join(out))
 ' "$work/logs/serve.rows")"
 }

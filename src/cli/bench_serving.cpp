@@ -7,7 +7,8 @@
 
 namespace shardlm {
 
-ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen, int64_t vocab, uint64_t seed) {
+ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen, int64_t vocab, uint64_t seed,
+                                 int64_t shared) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
     auto next = [&](int64_t bound) {  // uniform in [0, bound), splitmix64
         x += 0x9E3779B97F4A7C15ull;
@@ -24,11 +25,18 @@ ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen,
         r.prompts.push_back(std::move(p));
         r.max_new.push_back(1 + next(max_gen));
     }
+    // The shared start, drawn after the rest: the requests' own tokens are those without it.
+    std::vector<int32_t> start(static_cast<size_t>(shared));
+    for (int32_t& id : start) id = int32_t(next(vocab));
+    for (std::vector<int32_t>& p : r.prompts) p.insert(p.begin(), start.begin(), start.end());
+    r.prompt_tokens += shared * n;
     return r;
 }
 
-ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64_t chunk, bool static_batches) {
+ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64_t chunk, bool static_batches,
+                       bool reuse_prefix) {
     GenerateOptions go;
+    go.reuse_prefix = reuse_prefix;
     go.sampler.temperature = 0;
     go.prefill_chunk = chunk;
     go.max_running = slots;
@@ -42,6 +50,7 @@ ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64
         const GenerateResult g = generate(e, prompts, go);
         for (const SequenceResult& q : g.seqs) out.generated += int64_t(q.tokens.size());
         out.steps += g.timings.prefill_steps + g.timings.decode_steps;
+        out.prefilled += g.timings.prefill_tokens;
     }
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;

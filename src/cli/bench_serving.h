@@ -1,7 +1,8 @@
 // shardlm bench --requests N: serving throughput. N requests of random prompt lengths and output
 // limits go through generate()'s continuous batching with B slots, and, in the same run, as static
 // batches of B one after the other (what a runtime without continuous batching does): generated
-// tokens/s and requests/s of both.
+// tokens/s and requests/s of both. With a shared prefix (a system prompt every request starts
+// with) also continuously batched with the prefix cache (BatcherOptions::reuse_prefix).
 #pragma once
 
 #include <cstdint>
@@ -16,17 +17,21 @@ struct ServingRequests {
     std::vector<int64_t> max_new;
     int64_t prompt_tokens = 0;
 };
-// n requests, prompt lengths uniform in [1, max_prompt], output limits uniform in [1, max_gen],
-// ids uniform in the vocabulary: the same for a given seed everywhere.
-ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen, int64_t vocab, uint64_t seed);
+// n requests, each the same `shared` tokens then its own, prompt lengths uniform in [1, max_prompt]
+// past those, output limits uniform in [1, max_gen], ids uniform in the vocabulary: the same for
+// a given seed everywhere.
+ServingRequests serving_requests(int64_t n, int64_t max_prompt, int64_t max_gen, int64_t vocab, uint64_t seed,
+                                 int64_t shared = 0);
 
 struct ServingRun {
     double ms = 0;
     int64_t generated = 0, steps = 0;
+    int64_t prefilled = 0;  // prompt tokens run (the rest came from the prefix cache)
 };
 // Greedy generation of every request with at most `slots` sequences at once, prompt tokens per
 // step up to `chunk`: continuously batched (static = false), or in batches of `slots` requests,
-// each run to its end before the next starts (static = true).
-ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64_t chunk, bool static_batches);
+// each run to its end before the next starts (static = true); reuse_prefix: with the prefix cache.
+ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64_t chunk, bool static_batches,
+                       bool reuse_prefix = false);
 
 }  // namespace shardlm

@@ -131,7 +131,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
     BackendFlags backend;
     std::string batch_list = "1";
     std::vector<int64_t> batches;
-    int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0;
+    int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0, shared = 0;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
@@ -146,6 +146,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
          "serving throughput instead of ppL/tgN: N requests, prompts of 1 to --prompt-len tokens and 1 to --gen "
          "new tokens each (fixed seed), greedy, through each --batch's slots by continuous batching and, in the "
          "same run, as static batches one after the other")
+        ("shared-prefix", po::value(&shared)->default_value(0),
+         "with --requests: every prompt starts with the same N tokens (a system prompt) before its own, and a "
+         "third row runs them continuously batched with the prefix cache (generate --prefix-cache)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("json", "one JSON object per line instead of a markdown table");
@@ -168,6 +171,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
         if (prompt_len < 1 || gen < 1 || reps < 1) fail("--prompt-len, --gen and -r must be >= 1");
         if (requests < 0) fail("--requests must be >= 0");
         if (requests > 0 && vm.count("no-kv-cache")) fail("--requests runs generate over the KV cache: not with --no-kv-cache");
+        if (shared < 0 || shared > (int64_t(1) << 30)) fail("--shared-prefix must be in [0, 2^30]");
+        if (shared > 0 && requests == 0) fail("--shared-prefix needs --requests");
         SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -195,26 +200,28 @@ int cmd_bench(const Args& args, Communicator& comm) {
     so.model_dir = model;
     apply_precision(prec, so);
     apply_backend(backend, so);
+    // A request's prompt is the shared prefix and then up to --prompt-len tokens of its own.
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    const int64_t plen = prompt_len > kMax - shared ? kMax : prompt_len + shared;
+    const std::string plen_flags =
+        "--prompt-len " + std::to_string(prompt_len) + (shared > 0 ? " + --shared-prefix " + std::to_string(shared) : "");
     run_together(comm, [&] {  // bench has no --ctx: name the flags that set it
         const ModelConfig cfg = load_config(model);
-        if (cfg.max_position > 0 && (prompt_len > cfg.max_position || gen > cfg.max_position - prompt_len))
-            fail("--prompt-len ", prompt_len, " + --gen ", gen, " exceed the model's max_position_embeddings ",
-                 cfg.max_position);
+        if (cfg.max_position > 0 && (plen > cfg.max_position || gen > cfg.max_position - plen))
+            fail(plen_flags, " + --gen ", gen, " exceed the model's max_position_embeddings ", cfg.max_position);
     });
     // Saturating: a huge --prompt-len or --gen must not wrap (check_context then refuses the sum
     // under the flags' names, as bench has no --ctx).
-    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-    so.ctx = gen > kMax - prompt_len ? kMax : prompt_len + gen;
-    so.ctx_origin = "--prompt-len " + std::to_string(prompt_len) + " + --gen " + std::to_string(gen);
+    so.ctx = gen > kMax - plen ? kMax : plen + gen;
+    so.ctx_origin = plen_flags + " + --gen " + std::to_string(gen);
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     so.max_batch = max_batch;
     const bool no_cache = vm.count("no-kv-cache") > 0;
     // pp is one step, as llama-bench measures it; without the cache a decode step is a whole prefill.
     // (engine_options caps the step at ctx x batch.)
-    const int64_t step = no_cache ? so.ctx : prompt_len;
+    const int64_t step = no_cache ? so.ctx : plen;
     so.prefill_chunk = step > kMax / max_batch ? kMax : step * max_batch;
-    so.chunk_origin = (no_cache ? so.ctx_origin : "--prompt-len " + std::to_string(prompt_len)) + " x batch " +
-                      std::to_string(max_batch);
+    so.chunk_origin = (no_cache ? so.ctx_origin : plen_flags) + " x batch " + std::to_string(max_batch);
     std::unique_ptr<Session> s;
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;
@@ -248,7 +255,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
         j["build_commit"] = SHARDLM_GIT_COMMIT;
     };
     if (requests > 0) {
-        const ServingRequests req = serving_requests(requests, prompt_len, gen, c.vocab, 1);
+        const ServingRequests req = serving_requests(requests, prompt_len, gen, c.vocab, 1, shared);
         const int64_t chunk = e.options().max_step_tokens;  // what a static batch's prefill gets too
         for (const int64_t batch : batches) {
             // Warm-up, not timed: the CUDA engine captures a decode graph per batch size the second
@@ -259,18 +266,22 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 warm.max_new.push_back(std::min<int64_t>(req.max_new[size_t(i)], 8));
             }
             run_serving(e, warm, batch, chunk, false);
-            std::vector<double> cont_ms, static_ms;
-            ServingRun cont, stat;
+            std::vector<double> cont_ms, static_ms, prefix_ms;
+            ServingRun cont, stat, prefix;
             for (int64_t r = 0; r < reps; ++r) {
                 cont = run_serving(e, req, batch, chunk, false);
                 stat = run_serving(e, req, batch, chunk, true);
                 cont_ms.push_back(cont.ms);
                 static_ms.push_back(stat.ms);
+                if (shared == 0) continue;
+                prefix = run_serving(e, req, batch, chunk, false, true);
+                prefix_ms.push_back(prefix.ms);
             }
             if (!root) continue;
             struct Row { std::string test; Stats st; ServingRun run; };
             const std::string name = "serve" + std::to_string(requests);
-            const Row rows[] = {{name, stats(cont_ms), cont}, {name + "-static", stats(static_ms), stat}};
+            std::vector<Row> rows = {{name, stats(cont_ms), cont}, {name + "-static", stats(static_ms), stat}};
+            if (shared > 0) rows.push_back({name + "-prefix", stats(prefix_ms), prefix});
             for (const Row& r : rows) {
                 const double tps = double(r.run.generated) * 1000.0 / r.st.mean;
                 // Each engine step reads this rank's weights once (KV reads not counted).
@@ -281,6 +292,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     j["batch"] = batch;
                     j["requests"] = requests;
                     j["prompt_tokens"] = req.prompt_tokens;
+                    j["shared_prefix"] = shared;
+                    j["prefilled_tokens"] = r.run.prefilled;
                     j["generated_tokens"] = r.run.generated;
                     j["steps"] = r.run.steps;
                     j["avg_ms"] = r.st.mean;
@@ -296,9 +309,13 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 }
             }
             if (!json)
-                std::printf("|  | (%lld requests, %lld prompt tokens, %lld generated; %lld vs %lld steps) | | | | | | |\n",
+                std::printf("|  | (%lld requests, %lld prompt tokens, %lld generated; %lld vs %lld steps%s) | | | | | | |\n",
                             (long long)requests, (long long)req.prompt_tokens, (long long)cont.generated,
-                            (long long)cont.steps, (long long)stat.steps);
+                            (long long)cont.steps, (long long)stat.steps,
+                            shared > 0 ? (", prefix cache: " + std::to_string(prefix.steps) + " steps, " +
+                                          std::to_string(prefix.prefilled) + " tokens prefilled")
+                                             .c_str()
+                                       : "");
             std::fflush(stdout);
         }
         if (root && !json) std::printf("\nbuild %s, %s\n", SHARDLM_GIT_COMMIT, e.device().c_str());

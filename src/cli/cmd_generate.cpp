@@ -45,6 +45,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("batch", po::value(&batch)->default_value(0),
          "sequences run at once (KV-cache slots); further prompts wait and take the slot of one that "
          "ends (0: every prompt at once)")
+        ("prefix-cache",
+         "a prompt takes the free slot whose KV cache holds the longest start of it (left by a sequence "
+         "that ended) and prefills only the rest: prompts that share a start, more of them than --batch")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -87,6 +90,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("logprobs") && !vm.count("json")) fail("--logprobs needs --json (they are reported there)");
         if (vm.count("logprobs") && logprobs < 0) fail("--logprobs must be >= 0");
         go.logprobs = vm.count("logprobs") ? logprobs : -1;
+        go.reuse_prefix = vm.count("prefix-cache") > 0;
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
@@ -237,6 +241,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
             const SequenceResult& q = r.seqs[i];
             nlohmann::ordered_json e;
             e["prompt_tokens"] = q.prompt.size();
+            e["cached_tokens"] = q.cached_tokens;  // of them, taken from the cache (--prefix-cache)
             e["tokens"] = q.tokens;
             // Generated tokens without the stopping EOS (and cut before a stop string); null when
             // there is no tokenizer.

@@ -56,6 +56,7 @@ struct Job {
     bool done = false;
     std::string finish;   // "stop", "length", or "abort" (the server is shutting down)
     int64_t completion_tokens = 0;
+    int64_t cached_tokens = 0;  // prompt tokens taken from the prefix cache
     std::atomic<bool> gone{false};  // the client went away: end the request
 };
 
@@ -67,12 +68,13 @@ struct Inbox {
     bool closed = false;
 };
 
-void finish_job(Job& job, const std::string& text, const std::string& finish, int64_t tokens) {
+void finish_job(Job& job, const std::string& text, const std::string& finish, int64_t tokens, int64_t cached = 0) {
     {
         std::lock_guard<std::mutex> lk(job.m);
         job.text = text;
         job.finish = finish;
         job.completion_tokens = tokens;
+        job.cached_tokens = cached;
         job.done = true;
     }
     job.cv.notify_all();
@@ -144,6 +146,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("prefill-chunk", po::value(&chunk)->default_value(256), "tokens per step (decode tokens first)")
         ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
          "tokens the requests' repetition, presence and frequency penalties look back over")
+        ("no-prefix-cache",
+         "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
+         "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
     add_precision_options(d, prec);
@@ -272,7 +277,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     job->cv.wait(lk, [&] { return job->done; });
                     if (job->finish == "abort") return refuse(503, "the server is shutting down");
                     res.set_content(api_response(job->req, job->id, job->created, name, job->text, job->finish,
-                                                 job->completion_tokens)
+                                                 job->completion_tokens, job->cached_tokens)
                                         .dump(),
                                     "application/json");
                     return;
@@ -325,6 +330,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::signal(SIGTERM, on_signal);
     BatcherOptions bo;
     bo.prefill_chunk = chunk;
+    bo.reuse_prefix = !vm.count("no-prefix-cache");
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
@@ -385,7 +391,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 StopMatcher& m = *texts.at(id);
                 // A stop string completed by the decoder's held-back rest still ends the text there.
                 const std::string why = m.finish() ? "stop" : r.stop_reason;
-                if (why != "abort") finish_job(*jobs.at(id), m.text(), finish_reason(why), int64_t(r.tokens.size()));
+                if (why != "abort")
+                    finish_job(*jobs.at(id), m.text(), finish_reason(why), int64_t(r.tokens.size()), r.cached_tokens);
                 jobs.erase(id);
                 texts.erase(id);
             }

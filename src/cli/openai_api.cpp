@@ -145,7 +145,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
 std::string finish_reason(const std::string& stop_reason) { return stop_reason == "length" ? "length" : "stop"; }
 
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                  const std::string& text, const std::string& finish, int64_t completion_tokens) {
+                  const std::string& text, const std::string& finish, int64_t completion_tokens, int64_t cached_tokens) {
     json choice = {{"index", 0}};
     if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
     else choice["text"] = text;
@@ -160,7 +160,8 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
             {"usage",
              {{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}}}};
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}}}};
 }
 
 json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,

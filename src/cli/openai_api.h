@@ -50,9 +50,11 @@ ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokeni
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
 std::string finish_reason(const std::string& stop_reason);
 
-// The whole response of a request that has ended: text_completion or chat.completion.
+// The whole response of a request that has ended: text_completion or chat.completion; its usage
+// names the prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
 nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                            const std::string& text, const std::string& finish, int64_t completion_tokens);
+                            const std::string& text, const std::string& finish, int64_t completion_tokens,
+                            int64_t cached_tokens);
 // One server-sent event's object of a streamed response: a text delta, and the finish reason in
 // the last one (empty before).
 nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,

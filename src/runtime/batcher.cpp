@@ -45,6 +45,9 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
+    held_.resize(size_t(slots_));
+    freed_at_.assign(size_t(slots_), 0);
+    capacity_ = kv_capacity(engine.config(), eo);
 }
 
 Batcher::~Batcher() = default;
@@ -83,6 +86,24 @@ void Batcher::end(Seq& q, const std::string& reason) {
     q.pens = {};
 }
 
+// Hands q's slot back; with reuse_prefix it keeps what q's sequence ran: the prompt tokens
+// prefilled so far, and every generated token but the last (sampled, never run).
+void Batcher::free_slot(const Seq& q) {
+    if (opt_.reuse_prefix) {
+        std::vector<int32_t>& h = held_[size_t(q.slot)];
+        const std::vector<int32_t>& p = q.req.prompt;
+        const std::vector<int32_t>& t = q.res.tokens;
+        h.clear();
+        if (q.dropped == 0) {
+            h.assign(p.begin(), p.begin() + q.done);
+            if (q.done == int64_t(p.size()) && !t.empty()) h.insert(h.end(), t.begin(), t.end() - 1);
+            if (int64_t(h.size()) > capacity_) h.clear();  // the ring wrapped: early positions are gone
+        }
+        freed_at_[size_t(q.slot)] = ++frees_;
+    }
+    free_slots_.push_back(q.slot);
+}
+
 void Batcher::finish(size_t id, const std::string& reason) {
     SHARDLM_CHECK(id < seqs_.size(), "Batcher: no request ", id);
     if (ended(id)) return;
@@ -91,7 +112,7 @@ void Batcher::finish(size_t id, const std::string& reason) {
     const auto it = std::find(running_.begin(), running_.end(), id);
     if (it != running_.end()) {
         running_.erase(it);
-        free_slots_.push_back(q.slot);
+        free_slot(q);
         std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int64_t>());
     }
 }
@@ -148,8 +169,22 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         }
         Seq& q = *seqs_[next_];
         if (free_slots_.empty()) break;
-        const auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
+        auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
         if (it == free_slots_.end()) break;
+        if (q.req.slot < 0 && opt_.reuse_prefix) {
+            const std::vector<int32_t>& p = q.req.prompt;
+            int64_t best = -1;
+            for (auto f = free_slots_.end(); f-- != free_slots_.begin();) {  // the lowest first
+                const std::vector<int32_t>& h = held_[size_t(*f)];
+                const int64_t n = std::mismatch(h.begin(), h.end(), p.begin(), p.end()).first - h.begin();
+                if (n > best || (n == best && freed_at_[size_t(*f)] < freed_at_[size_t(*it)])) {
+                    best = n;
+                    it = f;
+                }
+            }
+            q.done = std::min(best, int64_t(p.size()) - 1);  // the last prompt token runs for its logits
+        }
+        q.res.cached_tokens = q.done;
         q.slot = *it;
         free_slots_.erase(it);
         running_.push_back(next_++);
@@ -270,7 +305,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             running_[kept++] = i;
             continue;
         }
-        free_slots_.push_back(seqs_[i]->slot);
+        free_slot(*seqs_[i]);
     }
     running_.resize(kept);
     std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int64_t>());

@@ -44,6 +44,7 @@ struct SequenceResult {
     std::string stop_reason;      // "eos", "stop" (StopCheck or finish()), "length", or finish()'s
     std::vector<float> prompt_logits;     // when asked
     std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
+    int64_t cached_tokens = 0;            // prompt tokens its slot's cache already held (not run)
 };
 
 // Steps that carry prompt tokens count as prefill (with the decode tokens riding along in them),
@@ -69,6 +70,13 @@ struct BatcherOptions {
     // first sink_tokens positions, drops the older half of the rest and goes on (Engine::shift_kv).
     bool slide = false;
     int64_t sink_tokens = 4;
+    // Prefix caching (llama.cpp's cache_prompt, vLLM's automatic prefix caching at slot grain):
+    // a freed slot keeps the keys and values of the tokens its last sequence ran, and a request
+    // without a slot of its own takes the free slot that holds the longest prefix of its prompt
+    // (ties: the slot freed longest ago, so the most recent prefixes stay) and starts its prefill
+    // after it. A shared system prompt or a conversation's earlier turns are then prefilled once.
+    // A slot whose ring wrapped, or whose sequence slid, keeps nothing.
+    bool reuse_prefix = false;
 };
 
 class Batcher {
@@ -96,6 +104,8 @@ private:
     struct Seq;
     bool accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop);
     void end(Seq& q, const std::string& reason);
+    void free_slot(const Seq& q);
+    void take_slot(Seq& q);
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;
@@ -103,6 +113,12 @@ private:
     size_t next_ = 0;              // the first request still waiting
     std::vector<size_t> running_;  // in the order they were admitted
     std::vector<int64_t> free_slots_;  // the lowest on top
+    // reuse_prefix: per slot, the tokens whose keys and values its cache holds at positions
+    // [0, size) once its sequence has ended, and when it was freed (a count of frees).
+    std::vector<std::vector<int32_t>> held_;
+    std::vector<uint64_t> freed_at_;
+    uint64_t frees_ = 0;
+    int64_t capacity_ = 0;  // kv_capacity: a slot that wrote more positions has wrapped
     GenerateTimings timings_;
     // The step's buffers: rows of logits or candidates.
     std::vector<float> logits_, vals_;

@@ -160,6 +160,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.max_running = opt.max_running;
     bo.slide = opt.slide;
     bo.sink_tokens = opt.sink_tokens;
+    bo.reuse_prefix = opt.reuse_prefix;
     Batcher b(engine, bo);
     for (size_t s = 0; s < prompts.size(); ++s) {
         BatchRequest r;

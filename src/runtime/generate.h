@@ -44,6 +44,10 @@ struct GenerateOptions {
     // chat). Prompt s is in slot s (so no more prompts than slots). Prefill starts there; at
     // least the last prompt token is always run. Not with slide.
     std::vector<int64_t> cached;
+    // --prefix-cache: a prompt takes the free slot whose cache holds the longest prefix of it
+    // (from a sequence that ended earlier in this run) and prefills the rest
+    // (BatcherOptions::reuse_prefix). Pays with more prompts than --batch slots sharing a start.
+    bool reuse_prefix = false;
 };
 
 struct GenerateResult {

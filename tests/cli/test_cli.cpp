@@ -124,6 +124,24 @@ TEST_F(Cli, BatchQueuesThePromptsItHasNoSlotFor) {
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --batch -1", "--batch must be >= 0");
 }
 
+// --prefix-cache: through one slot, each prompt reuses the start it shares with the sequence
+// that ran there before it; the tokens are those without it.
+TEST_F(Cli, PrefixCacheReusesTheSharedStart) {
+    const std::string gen = kBin + " generate --model " + dir_.path() +
+                            " --prompt-ids '1,2,3,4,5,6,7,8;1,2,3,4,5,6,9;1,2,3,4,5,6,7,8,10' --max-new-tokens 4 "
+                            "--temperature 0 --prefill-chunk 4 --batch 1 --json";
+    const CommandResult plain = run_command(gen), reused = run_command(gen + " --prefix-cache");
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(reused.exit_code, 0) << reused.err;
+    const auto a = nlohmann::json::parse(plain.out)["results"], b = nlohmann::json::parse(reused.out)["results"];
+    const int cached[] = {0, 6, 6};
+    for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(b[i]["tokens"], a[i]["tokens"]) << "prompt " << i;
+        EXPECT_EQ(a[i]["cached_tokens"], 0) << "prompt " << i;
+        EXPECT_EQ(b[i]["cached_tokens"], cached[i]) << "prompt " << i;
+    }
+}
+
 TEST_F(Cli, LogprobsInTheJson) {
     const CommandResult r = run_command(kBin + " generate --model " + dir_.path() +
                                         " --prompt-ids '5,6,7;9' --max-new-tokens 3 --temperature 0 --json --logprobs 2");
@@ -805,6 +823,21 @@ TEST_F(Cli, BenchServingRows) {
     const auto a = nlohmann::json::parse(again.out.substr(0, again.out.find('\n')));
     EXPECT_EQ(a["prompt_tokens"], prompt_tokens);
     EXPECT_EQ(a["steps"], rows[2]["steps"]);
+    // A shared system prompt: a third row with the prefix cache prefills less for the same tokens.
+    const CommandResult shared = run_command(kBin + " bench --model " + dir_.path() +
+                                             " --requests 9 --batch 3 --prompt-len 12 --gen 6 --shared-prefix 20 -r 1 --json");
+    ASSERT_EQ(shared.exit_code, 0) << shared.err;
+    std::vector<nlohmann::json> srows;
+    std::istringstream sin(shared.out);
+    for (std::string line; std::getline(sin, line);) srows.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(srows.size(), 3u);
+    EXPECT_EQ(srows[2]["test"], "serve9-prefix");
+    EXPECT_EQ(srows[0]["prompt_tokens"], prompt_tokens + 9 * 20);  // the same requests after the prefix
+    EXPECT_EQ(srows[0]["prefilled_tokens"], srows[0]["prompt_tokens"]);
+    EXPECT_EQ(srows[2]["generated_tokens"], srows[0]["generated_tokens"]);
+    // The first three prefill the prefix (three slots, empty at first); the other six reuse it.
+    EXPECT_LE(srows[2]["prefilled_tokens"].get<int64_t>(), srows[0]["prompt_tokens"].get<int64_t>() - 6 * 20);
+    expect_error("bench --model " + dir_.path() + " --shared-prefix 4", "--shared-prefix needs --requests");
     expect_error("bench --model " + dir_.path() + " --requests -1", "--requests must be >= 0");
     expect_error("bench --model " + dir_.path() + " --requests 2 --no-kv-cache", "--requests runs generate");
 }

@@ -223,8 +223,13 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"n", 2}}, 400, "\"n\" must be in [1, 1]");
     error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
-    EXPECT_EQ(post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}}).body["choices"],
-              one.body["choices"]);
+    // The same prompt again: a freed slot holds it (prefix caching), all but its last token is
+    // reused, and the completion is the same.
+    const Reply again = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}});
+    EXPECT_EQ(again.body["choices"], one.body["choices"]);
+    EXPECT_EQ(one.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+              again.body["usage"]["prompt_tokens"].get<int>() - 1);
     EXPECT_EQ(srv.stop(), 0);
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
 }
@@ -248,6 +253,24 @@ TEST_F(Serve, ChatCompletions) {
     const Reply two = post(srv.port(), "/v1/chat/completions", {{"messages", more}, {"max_tokens", 5}, {"temperature", 0}});
     ASSERT_EQ(two.status, 200) << two.raw;
     EXPECT_GT(two.body["usage"]["prompt_tokens"].get<int>(), r.body["usage"]["prompt_tokens"].get<int>());
+    // The second turn reuses at least the first one's prompt from the slot it ran in, and answers
+    // what a server without prefix caching answers.
+    EXPECT_GE(two.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+              r.body["usage"]["prompt_tokens"].get<int>());
+    {
+        Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --no-prefix-cache",
+                     logs_.file("plain.log"));
+        ASSERT_GT(plain.port(), 0) << plain.read_all();
+        for (const json& m : {msgs, more}) {
+            const Reply p = post(plain.port(), "/v1/chat/completions", {{"messages", m}, {"max_tokens", 5}, {"temperature", 0}});
+            ASSERT_EQ(p.status, 200) << p.raw;
+            EXPECT_EQ(p.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+            if (m == more) {
+                EXPECT_EQ(p.body["choices"], two.body["choices"]);
+            }
+        }
+        EXPECT_EQ(plain.stop(), 0);
+    }
     const Reply streamed = post(srv.port(), "/v1/chat/completions",
                                 {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true}});
     EXPECT_NE(streamed.raw.find("chat.completion.chunk"), std::string::npos);
@@ -287,11 +310,14 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
                               {{"prompt", "And God said"}, {"max_tokens", 8 + int(i)}, {"temperature", 0}});
         });
     for (auto& t : clients) t.join();
+    int reused = 0;  // the third request, at least, takes a freed slot that holds the prompt
     for (size_t i = 0; i < replies.size(); ++i) {
         ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
         EXPECT_EQ(replies[i].body["choices"][0]["text"],
                   generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens " + std::to_string(8 + i)));
+        reused += replies[i].body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() > 0;
     }
+    EXPECT_GE(reused, 1);
     EXPECT_NE(srv.stop(), -1) << srv.read_all();
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
 }

@@ -126,3 +126,103 @@ TEST(Batcher, FinishEndsWaitingAndRunningRequests) {
     bad.slot = 1;
     EXPECT_THROW(b.add(bad), Error);
 }
+
+namespace {
+std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+}  // namespace
+
+// Prefix caching: a freed slot keeps what its sequence ran, and a later request takes the free
+// slot holding the longest prefix of its prompt (ties: the slot freed first) and prefills only
+// the rest. Tokens and prompt logits equal those of the same requests run without it.
+TEST(Batcher, PrefixReuseTakesTheLongestHeldPrefix) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen2);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 23});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 2, comm);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> sys = make_prompt(12, cfg.vocab, 31);  // a shared system prompt
+    auto run = [&](bool reuse, std::vector<SequenceResult>& out) {
+        BatcherOptions bo;
+        bo.prefill_chunk = 5;
+        bo.reuse_prefix = reuse;
+        Batcher b(*s->engine, bo);
+        std::vector<BatchRequest> r = {request(joined(sys, {1, 2}), greedy, 0), request(joined(sys, {3}), greedy, 1)};
+        r[1].max_new_tokens = 3;  // ends first: its slot is the one freed longer ago
+        for (BatchRequest& q : r) q.keep_prompt_logits = true;
+        b.add(r[0]);
+        b.add(r[1]);
+        while (b.busy()) b.step();
+        // The shared start with a new tail, and request 0's conversation going on (its prompt,
+        // its reply, a new turn).
+        r.push_back(request(joined(sys, {4, 5, 6}), greedy, 2));
+        r.push_back(request(joined(joined(r[0].prompt, b.result(0).tokens), {7}), greedy, 3));
+        r[2].keep_prompt_logits = r[3].keep_prompt_logits = true;
+        b.add(r[2]);
+        b.add(r[3]);
+        while (b.busy()) b.step();
+        for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
+        return b.timings().prefill_tokens;
+    };
+    std::vector<SequenceResult> fresh, reused;
+    const int64_t fresh_tokens = run(false, fresh), reused_tokens = run(true, reused);
+    ASSERT_EQ(fresh[0].tokens.size(), 8u);
+    ASSERT_EQ(fresh[1].tokens.size(), 3u);
+    const std::vector<int64_t> cached = {0, 0, 12, 14 + 8 - 1};
+    int64_t prompt_tokens = 0;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+        EXPECT_EQ(fresh[i].cached_tokens, 0) << "request " << i;
+        EXPECT_EQ(reused[i].cached_tokens, cached[i]) << "request " << i;
+        EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "request " << i;
+        EXPECT_LT(max_abs_diff(reused[i].prompt_logits, fresh[i].prompt_logits), 1e-4) << "request " << i;
+        prompt_tokens += int64_t(fresh[i].prompt.size());
+    }
+    EXPECT_EQ(fresh_tokens, prompt_tokens);
+    EXPECT_EQ(reused_tokens, prompt_tokens - 12 - 21);
+}
+
+// On a model that slides over a window on every layer the slot is a ring of window + chunk - 1
+// positions: a freed slot that wrote no more than that keeps its prefix, one that wrapped keeps
+// nothing (its early positions were overwritten).
+TEST(Batcher, PrefixReuseSkipsAWrappedRing) {
+    TempDir d;
+    ModelConfig cfg = tiny_config(Arch::Mistral);
+    cfg.sliding_window = 4;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 25});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 1, comm);
+    ASSERT_EQ(kv_capacity(s->cfg, s->engine->options()), 4 + 5 - 1);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    auto run = [&](bool reuse, std::vector<SequenceResult>& out) {
+        BatcherOptions bo;
+        bo.prefill_chunk = 5;
+        bo.reuse_prefix = reuse;
+        Batcher b(*s->engine, bo);
+        // Each request goes on from the one before it: 3 + 1 positions written (kept), then
+        // 5 + 7 (wrapped).
+        std::vector<int32_t> prompt = make_prompt(3, cfg.vocab, 41);
+        for (const int64_t max_new : {2, 1, 8, 2}) {
+            BatchRequest r = request(prompt, greedy, out.size());
+            r.max_new_tokens = max_new;
+            const size_t id = b.add(r);
+            while (b.busy()) b.step();
+            out.push_back(b.result(id));
+            prompt = joined(joined(prompt, out.back().tokens), {int32_t(max_new)});
+            if (max_new == 1) prompt = make_prompt(5, cfg.vocab, 42);  // a new conversation
+        }
+    };
+    std::vector<SequenceResult> fresh, reused;
+    run(false, fresh);
+    run(true, reused);
+    ASSERT_EQ(fresh[2].tokens.size(), 8u);
+    const std::vector<int64_t> cached = {0, 4, 0, 0};
+    for (size_t i = 0; i < fresh.size(); ++i) {
+        EXPECT_EQ(reused[i].cached_tokens, cached[i]) << "request " << i;
+        EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "request " << i;
+    }
+}

@@ -403,3 +403,54 @@ TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
         }
     }
 }
+
+// Prefix caching under tensor parallelism: six prompts that share a 10-token start through two
+// slots, each rank reusing the prefix its own shard of a freed slot holds. Every rank's tokens
+// are one rank's, with and without the reuse, and the later prompts prefill only their tails.
+TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Qwen2);
+    cfg.vocab = 389;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 53});
+    const std::vector<int32_t> shared = make_prompt(10, cfg.vocab, 20);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < 6; ++i) {
+        std::vector<int32_t> p = shared;
+        const std::vector<int32_t> tail = make_prompt(1 + i % 3, cfg.vocab, 30 + uint64_t(i));
+        p.insert(p.end(), tail.begin(), tail.end());
+        prompts.push_back(p);
+    }
+    auto gen = [&](Communicator& comm, bool reuse) {
+        GenerateOptions go;
+        go.max_new_tokens = 5;
+        go.max_new_each = {5, 2, 4, 1, 3, 5};
+        go.prefill_chunk = 6;
+        go.sampler.temperature = 0.9f;
+        go.sampler.top_k = 20;
+        go.sampler.seed = 8;
+        go.reuse_prefix = reuse;
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.max_batch = 2;
+        so.ctx = 32;
+        so.prefill_chunk = go.prefill_chunk;
+#ifdef SHARDLM_TP_ON_CUDA
+        so.device = Device::Cuda;
+#endif
+        auto s = open_session(so, comm);
+        return generate(*s->engine, prompts, go);
+    };
+    SingleRank one;
+    const GenerateResult ref = gen(one, false);
+    const GenerateResult ref_reuse = gen(one, true);
+    const GenerateResult tp = gen(world(), true);
+    int64_t cached = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(ref_reuse.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+        EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+        EXPECT_EQ(tp.seqs[i].cached_tokens, ref_reuse.seqs[i].cached_tokens) << "prompt " << i;
+        EXPECT_EQ(ref_reuse.seqs[i].cached_tokens, i < 2 ? 0 : 10) << "prompt " << i;
+        cached += tp.seqs[i].cached_tokens;
+    }
+    EXPECT_EQ(tp.timings.prefill_tokens, ref.timings.prefill_tokens - cached);
+}

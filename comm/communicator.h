@@ -28,6 +28,11 @@ public:
     virtual void all_gather(const void* in, size_t bytes, void* out) = 0;
     // Copies `bytes` bytes from `root` to every rank.
     virtual void broadcast(void* data, size_t bytes, int root) = 0;
+    // A broadcast the other ranks may wait on for long (rank 0 waiting for a server's next request
+    // or a chat's next line): they sleep between polls instead of spinning a core each, at the
+    // cost of up to ~2 ms more latency once a wait has passed ~0.2 ms. Every rank must call this
+    // one (a blocking and a non-blocking broadcast do not match).
+    virtual void broadcast_idle(void* data, size_t bytes, int root) { broadcast(data, bytes, root); }
     virtual void barrier() = 0;
     // Ends the whole job from any rank with a non-zero code; for failures in the middle of
     // collectives, where the other ranks cannot be told any other way.

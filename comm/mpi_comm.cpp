@@ -1,7 +1,10 @@
 #include "comm/mpi_comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace shardlm {
@@ -67,6 +70,26 @@ void MpiComm::broadcast(void* data, size_t bytes, int root) {
     for (size_t off = 0; off < bytes; off += size_t(INT_MAX)) {
         const int cnt = int(std::min(bytes - off, size_t(INT_MAX)));
         MPI_CHECK(MPI_Bcast(p + off, cnt, MPI_BYTE, root, MPI_COMM_WORLD));
+    }
+}
+
+// MPI_Bcast polls until the data comes (OpenMPI's progress loop spins): a rank that waits
+// seconds for rank 0's user burns a core. A non-blocking broadcast tested with growing naps
+// costs a few wake-ups per millisecond instead.
+void MpiComm::broadcast_idle(void* data, size_t bytes, int root) {
+    SHARDLM_CHECK(bytes <= size_t(INT_MAX), "broadcast_idle of ", bytes, " bytes");
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req));
+    using namespace std::chrono;
+    const auto start = steady_clock::now();
+    microseconds nap(50);
+    for (;;) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (steady_clock::now() - start < microseconds(200)) continue;  // a busy loop's message is near
+        std::this_thread::sleep_for(nap);
+        nap = std::min<microseconds>(nap * 2, milliseconds(2));
     }
 }
 

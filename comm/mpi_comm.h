@@ -36,6 +36,7 @@ public:
     void all_reduce_sum(void* data, size_t n, DType dt) override;
     void all_gather(const void* in, size_t bytes, void* out) override;
     void broadcast(void* data, size_t bytes, int root) override;
+    void broadcast_idle(void* data, size_t bytes, int root) override;
     void barrier() override;
     [[noreturn]] void abort(int code) override;
 

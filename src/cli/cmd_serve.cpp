@@ -85,7 +85,7 @@ void broadcast_control(Communicator& comm, json& ctl) {
     if (comm.size() == 1) return;
     std::string s = comm.rank() == 0 ? ctl.dump() : std::string();
     uint64_t n = s.size();
-    comm.broadcast(&n, sizeof n, 0);
+    comm.broadcast_idle(&n, sizeof n, 0);  // the other ranks wait here while the server idles
     s.resize(n);
     comm.broadcast(s.data(), n, 0);
     if (comm.rank() != 0) ctl = json::parse(s);

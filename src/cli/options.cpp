@@ -158,7 +158,7 @@ void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& pr
         }
     }
     uint64_t n = flat.size();
-    comm.broadcast(&n, sizeof n, 0);
+    comm.broadcast_idle(&n, sizeof n, 0);  // rank 0 may be reading a chat's next line
     flat.resize(n);
     comm.broadcast(flat.data(), n * sizeof(int32_t), 0);
     if (comm.rank() == 0) return;

@@ -1,6 +1,9 @@
 // Collectives in closed form: rank i contributes i + 1. Run under mpirun -np 2 and -np 4.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <ctime>
+#include <thread>
 #include <vector>
 
 #include "comm/together.h"
@@ -33,6 +36,37 @@ TEST(Mpi, AllGatherAndBroadcast) {
     int64_t x = c.rank() == c.size() - 1 ? 4242 : 0;
     c.broadcast(&x, sizeof x, c.size() - 1);
     EXPECT_EQ(x, 4242);
+}
+
+// While rank 0 takes its time (a server waiting for requests), the others wait in
+// broadcast_idle asleep: their thread's CPU time stays a small part of the wait.
+TEST(Mpi, IdleBroadcastSleepsWhileItWaits) {
+    MpiComm& c = world();
+    c.barrier();
+    auto thread_cpu = [] {
+        timespec t{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+        return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+    };
+    const auto wall0 = std::chrono::steady_clock::now();
+    const double cpu0 = thread_cpu();
+    if (c.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    std::vector<int64_t> x(3, c.rank() == 0 ? 77 : 0);
+    x[2] = c.rank() == 0 ? -5 : 0;
+    c.broadcast_idle(x.data(), x.size() * sizeof(int64_t), 0);
+    const double cpu = thread_cpu() - cpu0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    EXPECT_EQ(x, (std::vector<int64_t>{77, 77, -5}));
+    if (c.rank() != 0) {
+        EXPECT_GE(wall, 0.35);
+        EXPECT_LT(cpu, 0.1 * wall) << "rank " << c.rank() << " spent " << cpu << " s of CPU in a " << wall << " s wait";
+    }
+    // Back to back, as in a busy serving loop: every call completes with the root's data.
+    for (int64_t i = 0; i < 50; ++i) {
+        int64_t y = c.rank() == 0 ? i : -1;
+        c.broadcast_idle(&y, sizeof y, 0);
+        ASSERT_EQ(y, i);
+    }
 }
 
 TEST(Mpi, RunTogetherReportsTheFailingRankEverywhere) {

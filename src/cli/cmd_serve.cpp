@@ -57,6 +57,8 @@ struct Job {
     std::string finish;   // "stop", "length", or "abort" (the server is shutting down)
     int64_t completion_tokens = 0;
     int64_t cached_tokens = 0;  // prompt tokens taken from the prefix cache
+    std::vector<TokenLogprobs> lps;  // "logprobs": per generated token (end-of-sequence ids left out)
+    size_t lps_sent = 0, lps_offset = 0;  // streaming: entries out, and their text's bytes
     std::atomic<bool> gone{false};  // the client went away: end the request
 };
 
@@ -103,7 +105,8 @@ json request_json(const ApiRequest& r) {
             {"repetition_penalty", s.repetition_penalty},
             {"presence_penalty", s.presence_penalty},
             {"frequency_penalty", s.frequency_penalty},
-            {"penalty_last_n", s.penalty_last_n}};
+            {"penalty_last_n", s.penalty_last_n},
+            {"logprobs", r.logprobs}};
 }
 
 BatchRequest batch_request(const json& j) {
@@ -120,6 +123,7 @@ BatchRequest batch_request(const json& j) {
     s.presence_penalty = j["presence_penalty"];
     s.frequency_penalty = j["frequency_penalty"];
     s.penalty_last_n = j["penalty_last_n"];
+    b.logprobs = j["logprobs"];
     return b;
 }
 
@@ -277,7 +281,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     job->cv.wait(lk, [&] { return job->done; });
                     if (job->finish == "abort") return refuse(503, "the server is shutting down");
                     res.set_content(api_response(job->req, job->id, job->created, name, job->text, job->finish,
-                                                 job->completion_tokens, job->cached_tokens)
+                                                 job->completion_tokens, job->cached_tokens,
+                                                 api_logprobs(job->req, *tok, job->lps))
                                         .dump(),
                                     "application/json");
                     return;
@@ -285,18 +290,25 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [job, model_name = name](size_t, httplib::DataSink& sink) {
+                    [job, model_name = name, tk = tok.get()](size_t, httplib::DataSink& sink) {
                         std::unique_lock<std::mutex> lk(job->m);
-                        job->cv.wait_for(lk, std::chrono::milliseconds(200),
-                                         [&] { return job->done || job->text.size() > job->sent; });
+                        job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
+                            return job->done || job->text.size() > job->sent || job->lps.size() > job->lps_sent;
+                        });
                         if (!sink.is_writable()) {
                             job->gone = true;
                             return false;
                         }
                         std::string out;
-                        if (job->text.size() > job->sent) {
-                            out += sse(api_chunk(job->req, job->id, job->created, model_name, job->text.substr(job->sent), ""));
+                        if (job->text.size() > job->sent || job->lps.size() > job->lps_sent) {
+                            // The logprobs of the tokens since the last event (their text may be
+                            // held back a while for a stop string or a character's rest).
+                            const std::vector<TokenLogprobs> fresh(job->lps.begin() + ptrdiff_t(job->lps_sent), job->lps.end());
+                            out += sse(api_chunk(job->req, job->id, job->created, model_name, job->text.substr(job->sent), "",
+                                                 api_logprobs(job->req, *tk, fresh, job->lps_offset)));
                             job->sent = job->text.size();
+                            job->lps_sent = job->lps.size();
+                            job->lps_offset += logprobs_text_bytes(*tk, fresh);
                         }
                         if (job->done) {
                             out += sse(api_chunk(job->req, job->id, job->created, model_name, "", job->finish));
@@ -343,6 +355,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         {
             std::lock_guard<std::mutex> lk(job.m);
             job.text = m.text().substr(0, m.settled());
+            if (job.req.logprobs >= 0) job.lps.push_back(batcher.result(id).logprobs.back());
         }
         job.cv.notify_all();
     };

@@ -1,10 +1,12 @@
 #include "cli/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace shardlm {
 
@@ -45,14 +47,25 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
                                     lim.model + "`)");
     }
-    for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "suffix", "tools", "functions",
-                            "response_format"}) {
+    for (const char* key : {"echo", "best_of", "logit_bias", "suffix", "tools", "functions", "response_format"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve");
     }
     if (integer(body, "n", 1, 1, 1) != 1) bad("\"n\" must be 1");
     ApiRequest r;
     r.chat = chat;
+    if (chat) {
+        const json lp = body.value("logprobs", json(nullptr));
+        if (!lp.is_null() && !lp.is_boolean()) bad("\"logprobs\" must be true or false");
+        const bool want = lp.is_boolean() && lp.get<bool>();
+        const int64_t top = integer(body, "top_logprobs", -1, 0, kMaxApiLogprobs);
+        if (top >= 0 && !want) bad("\"top_logprobs\" needs \"logprobs\": true");
+        r.logprobs = want ? std::max<int64_t>(top, 0) : -1;
+    } else if (!(body.contains("logprobs") && body["logprobs"] == false)) {
+        if (body.contains("top_logprobs") && !body["top_logprobs"].is_null())
+            bad("\"top_logprobs\" is the chat API's; completions take \"logprobs\": N");
+        r.logprobs = integer(body, "logprobs", -1, 0, kMaxApiLogprobs);
+    }
     if (chat) {
         if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
             bad("\"messages\" must be a non-empty array");
@@ -144,12 +157,59 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
 
 std::string finish_reason(const std::string& stop_reason) { return stop_reason == "length" ? "length" : "stop"; }
 
+namespace {
+std::string token_text(const Tokenizer& tok, int32_t id) { return utf8_lossy(tok.token_bytes(id)); }
+}  // namespace
+
+size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps) {
+    size_t n = 0;
+    for (const TokenLogprobs& t : lps) n += token_text(tok, t.token.id).size();
+    return n;
+}
+
+json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset) {
+    if (r.logprobs < 0) return nullptr;
+    if (r.chat) {
+        auto entry = [&](const Logprob& l) {
+            const std::string raw = tok.token_bytes(l.id);
+            json bytes = json::array();
+            for (const char c : raw) bytes.push_back(int(static_cast<unsigned char>(c)));
+            return json{{"token", utf8_lossy(raw)}, {"logprob", l.logprob}, {"bytes", bytes}};
+        };
+        json content = json::array();
+        for (const TokenLogprobs& t : lps) {
+            json e = entry(t.token);
+            e["top_logprobs"] = json::array();
+            for (const Logprob& l : t.top) e["top_logprobs"].push_back(entry(l));
+            content.push_back(e);
+        }
+        return {{"content", content}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+    for (const TokenLogprobs& t : lps) {
+        const std::string s = token_text(tok, t.token.id);
+        tokens.push_back(s);
+        token_logprobs.push_back(t.token.logprob);
+        json best = json::object();
+        for (const Logprob& l : t.top) {
+            const std::string k = token_text(tok, l.id);
+            if (!best.contains(k)) best[k] = l.logprob;  // the more probable of two ids with one text
+        }
+        if (!best.contains(s)) best[s] = t.token.logprob;  // the sampled token is always listed
+        top.push_back(best);
+        offsets.push_back(offset);
+        offset += s.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                  const std::string& text, const std::string& finish, int64_t completion_tokens, int64_t cached_tokens) {
+                  const std::string& text, const std::string& finish, int64_t completion_tokens, int64_t cached_tokens,
+                  const json& logprobs) {
     json choice = {{"index", 0}};
     if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
     else choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = logprobs;
     choice["finish_reason"] = finish;
     const int64_t prompt_tokens = int64_t(r.prompt.size());
     return {{"id", id},
@@ -165,11 +225,11 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
 }
 
 json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-               const std::string& delta, const std::string& finish) {
+               const std::string& delta, const std::string& finish, const json& logprobs) {
     json choice = {{"index", 0}};
     if (r.chat) choice["delta"] = delta.empty() && !finish.empty() ? json::object() : json{{"content", delta}};
     else choice["text"] = delta;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = logprobs;
     choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
     return {{"id", id},
             {"object", r.chat ? "chat.completion.chunk" : "text_completion"},

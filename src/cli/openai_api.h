@@ -36,7 +36,13 @@ struct ApiRequest {
     SamplerOptions sampler;
     std::vector<std::string> stop;
     bool stream = false;
+    // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
+    // generated token's log-probability and the N most probable of its row; -1: none.
+    int64_t logprobs = -1;
 };
+
+// The most top logprobs a request may ask for (vLLM's default limit).
+constexpr int64_t kMaxApiLogprobs = 20;
 
 // Parses and checks a request body (throws ApiError: 400 for a bad field, 404 for another model).
 // Completions: "prompt" a string (encoded as `shardlm generate --prompt` encodes it) or an array
@@ -44,21 +50,33 @@ struct ApiRequest {
 // content}, rendered with the model's chat template; "max_tokens" (or "max_completion_tokens")
 // default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
-// up to 4), stream, n (1 only). logprobs, echo, best_of, logit_bias and tools are refused.
+// up to 4), stream, n (1 only), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20).
+// echo, best_of, logit_bias and tools are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
 std::string finish_reason(const std::string& stop_reason);
 
+// A choice's "logprobs" object for generated tokens `lps` (null when the request asked for none).
+// A token's text is its bytes in the decoded text (Tokenizer::token_bytes; invalid UTF-8, part of
+// a character, as U+FFFD; chat adds the raw "bytes"). Completions: tokens, token_logprobs,
+// top_logprobs (the N most probable and the sampled token, by text) and text_offset from
+// `offset`, the bytes of the tokens before these (streaming). Chat: content[] of token, logprob,
+// bytes and top_logprobs[].
+nlohmann::json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps,
+                            size_t offset = 0);
+// The bytes the tokens of `lps` take in the completions' text_offset count.
+size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps);
+
 // The whole response of a request that has ended: text_completion or chat.completion; its usage
 // names the prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
 nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                             const std::string& text, const std::string& finish, int64_t completion_tokens,
-                            int64_t cached_tokens);
-// One server-sent event's object of a streamed response: a text delta, and the finish reason in
-// the last one (empty before).
+                            int64_t cached_tokens, const nlohmann::json& logprobs = nullptr);
+// One server-sent event's object of a streamed response: a text delta (with the logprobs of the
+// tokens generated since the last event), and the finish reason in the last one (empty before).
 nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                         const std::string& delta, const std::string& finish);
+                         const std::string& delta, const std::string& finish, const nlohmann::json& logprobs = nullptr);
 // The error object of a refused request.
 nlohmann::json api_error(const std::string& message, int status);
 

@@ -298,6 +298,11 @@ std::string Tokenizer::id_to_token(int32_t id) const {
     return impl_->tokens[size_t(id)];
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+    if (id < 0 || id >= vocab_size()) fail("token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+    return impl_->decoder.piece(id, false);
+}
+
 bool Tokenizer::is_special(int32_t id) const {
     return id >= 0 && id < vocab_size() && impl_->special[size_t(id)];
 }

@@ -59,6 +59,10 @@ public:
     int32_t vocab_size() const;                          // 1 + the largest id, added tokens included
     int32_t token_to_id(std::string_view token) const;   // -1 when there is no such token
     std::string id_to_token(int32_t id) const;           // as spelled in tokenizer.json
+    // The bytes token `id` adds inside a decoded text (the decoder's per-token rewrite, before
+    // UTF-8 decoding, the whole-text strip and clean-up; special tokens as spelled): one token's
+    // share of decode()'s text, which for a token holding part of a character is not UTF-8.
+    std::string token_bytes(int32_t id) const;
     bool is_special(int32_t id) const;
     int32_t bos_id() const;  // -1 when the model has none
     int32_t eos_id() const;

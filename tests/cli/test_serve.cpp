@@ -199,6 +199,44 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     const Reply ids = post(port, "/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 4}, {"temperature", 0}});
     ASSERT_EQ(ids.status, 200) << ids.raw;
     EXPECT_EQ(ids.body["usage"]["prompt_tokens"], 3);
+    // logprobs: generate --logprobs's numbers for the same tokens; the tokens' texts make the text;
+    // streamed, the events' entries make the same list.
+    const json lp_req = {{"prompt", "And God said"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+    const Reply lp = post(port, "/v1/completions", lp_req);
+    ASSERT_EQ(lp.status, 200) << lp.raw;
+    const json& L = lp.body["choices"][0]["logprobs"];
+    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+                                        " --json --temperature 0 --prompt 'And God said' --max-new-tokens 6 --logprobs 2");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const json want_lp = json::parse(g.out)["results"][0]["logprobs"];
+    ASSERT_EQ(L["tokens"].size(), 6u) << lp.raw;
+    std::string joined;
+    for (size_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(L["text_offset"][i].get<size_t>(), joined.size());
+        joined += L["tokens"][i].get<std::string>();
+        EXPECT_NEAR(L["token_logprobs"][i].get<double>(), want_lp[i]["logprob"].get<double>(), 1e-4) << i;
+        EXPECT_EQ(L["top_logprobs"][i].size(), 2u) << lp.raw;  // greedy: the sampled token is the most probable
+        EXPECT_EQ(L["top_logprobs"][i][L["tokens"][i].get<std::string>()], L["token_logprobs"][i]);
+    }
+    EXPECT_EQ(joined, lp.body["choices"][0]["text"]);
+    {
+        json st = lp_req;
+        st["stream"] = true;
+        const Reply r = post(port, "/v1/completions", st);
+        std::istringstream ev(r.raw);
+        json tokens = json::array(), offsets = json::array();
+        for (std::string line; std::getline(ev, line);) {
+            if (line.rfind("data: {", 0) != 0) continue;
+            const json l = json::parse(line.substr(6))["choices"][0]["logprobs"];
+            if (l.is_null()) continue;
+            for (size_t i = 0; i < l["tokens"].size(); ++i) {
+                tokens.push_back(l["tokens"][i]);
+                offsets.push_back(l["text_offset"][i]);
+            }
+        }
+        EXPECT_EQ(tokens, L["tokens"]) << r.raw;
+        EXPECT_EQ(offsets, L["text_offset"]) << r.raw;
+    }
     const json sampled = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"top_k", 40}};
     EXPECT_EQ(post(port, "/v1/completions", sampled).body["choices"], post(port, "/v1/completions", sampled).body["choices"]);
 
@@ -219,7 +257,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
     error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
-    error_of({{"prompt", "x"}, {"logprobs", 2}}, 400, "\"logprobs\" is not supported");
+    error_of({{"prompt", "x"}, {"echo", true}}, 400, "\"echo\" is not supported");
+    error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
+    error_of({{"prompt", "x"}, {"logprobs", true}}, 400, "\"logprobs\" must be an integer");
+    error_of({{"prompt", "x"}, {"top_logprobs", 2}}, 400, "\"top_logprobs\" is the chat API's");
     error_of({{"prompt", "x"}, {"n", 2}}, 400, "\"n\" must be in [1, 1]");
     error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
@@ -274,6 +315,28 @@ TEST_F(Serve, ChatCompletions) {
     const Reply streamed = post(srv.port(), "/v1/chat/completions",
                                 {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true}});
     EXPECT_NE(streamed.raw.find("chat.completion.chunk"), std::string::npos);
+    // logprobs: an entry per token with its bytes and the two most probable.
+    const Reply lp = post(srv.port(), "/v1/chat/completions",
+                          {{"messages", msgs}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}});
+    ASSERT_EQ(lp.status, 200) << lp.raw;
+    const json& content = lp.body["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(content.size(), 5u) << lp.raw;
+    std::string joined;
+    for (const json& e : content) {
+        std::string bytes;
+        for (const json& b : e["bytes"]) bytes += char(b.get<int>());
+        EXPECT_EQ(bytes, e["token"]) << lp.raw;  // whole characters here
+        joined += bytes;
+        ASSERT_EQ(e["top_logprobs"].size(), 2u);
+        EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+        EXPECT_LE(e["logprob"].get<double>(), 0.0);
+        EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    }
+    EXPECT_EQ(joined, lp.body["choices"][0]["message"]["content"]);
+    EXPECT_TRUE(r.body["choices"][0]["logprobs"].is_null());
+    const Reply top_alone = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}});
+    EXPECT_EQ(top_alone.status, 400);
+    EXPECT_EQ(top_alone.body["error"]["message"], "\"top_logprobs\" needs \"logprobs\": true") << top_alone.raw;
     const Reply bad = post(srv.port(), "/v1/chat/completions",
                            {{"messages", json::array({{{"role", "assistant"}, {"content", "x"}}})}});
     EXPECT_EQ(bad.status, 400);

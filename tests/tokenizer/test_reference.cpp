@@ -100,6 +100,24 @@ TEST_P(Reference, StreamingEqualsDecode) {
     }
 }
 
+// token_bytes (the API's per-token logprob strings) joined make decode()'s text, up to the
+// leading space a SentencePiece decoder strips from the whole text.
+TEST_P(Reference, TokenBytesJoinedAreTheText) {
+    for (const auto& c : ref_["cases"]) {
+        const auto ids = c["ids"].get<std::vector<int32_t>>();
+        std::string all;
+        for (int32_t id : ids) all += tok_->token_bytes(id);
+        const std::string joined = utf8_lossy(all), text = tok_->decode(ids, DecodeOptions{false, false});
+        ASSERT_GE(joined.size(), text.size()) << c["file"].get<std::string>() << ":" << c["line"];
+        const std::string head = joined.substr(0, joined.size() - text.size());
+        EXPECT_EQ(joined.substr(head.size()), text) << c["file"].get<std::string>() << ":" << c["line"];
+        EXPECT_LE(head.size(), 1u) << c["file"].get<std::string>() << ":" << c["line"];
+        EXPECT_EQ(head.find_first_not_of(' '), std::string::npos) << c["file"].get<std::string>() << ":" << c["line"];
+    }
+    EXPECT_THROW(tok_->token_bytes(-1), Error);
+    EXPECT_THROW(tok_->token_bytes(tok_->vocab_size()), Error);
+}
+
 TEST_P(Reference, ChatTemplatesMatchJinja) {
     const std::string bos = tok_->bos_id() >= 0 ? tok_->id_to_token(tok_->bos_id()) : "";
     size_t checked = 0;

@@ -21,6 +21,14 @@ using namespace shardlm::test;
 
 namespace {
 
+// bench --json's output: one object per line.
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+    std::vector<nlohmann::json> rows;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    return rows;
+}
+
 const std::string kBin = SHARDLM_BIN;
 
 // Runs shardlm with `args`, expects failure with one "shardlm: error:" line containing `needle`.
@@ -750,9 +758,7 @@ TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     const CommandResult a = run_command(cmd), b = run_command(cmd + " --weights int8 --kv int8");
     ASSERT_EQ(a.exit_code, 0) << a.err;
     ASSERT_EQ(b.exit_code, 0) << b.err;
-    std::vector<nlohmann::json> rows;
-    std::istringstream in(a.out);
-    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> rows = json_lines(a.out);
     ASSERT_EQ(rows.size(), 2u);
     EXPECT_EQ(rows[0]["test"], "pp16");
     EXPECT_EQ(rows[1]["test"], "tg4");
@@ -796,9 +802,7 @@ TEST_F(Cli, BenchServingRows) {
     const CommandResult r = run_command(kBin + " bench --model " + dir_.path() +
                                         " --requests 9 --batch 1,3 --prompt-len 12 --gen 6 -r 1 --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    std::vector<nlohmann::json> rows;
-    std::istringstream in(r.out);
-    for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> rows = json_lines(r.out);
     ASSERT_EQ(rows.size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
         EXPECT_EQ(rows[i]["test"], i % 2 == 0 ? "serve9" : "serve9-static");
@@ -827,9 +831,7 @@ TEST_F(Cli, BenchServingRows) {
     const CommandResult shared = run_command(kBin + " bench --model " + dir_.path() +
                                              " --requests 9 --batch 3 --prompt-len 12 --gen 6 --shared-prefix 20 -r 1 --json");
     ASSERT_EQ(shared.exit_code, 0) << shared.err;
-    std::vector<nlohmann::json> srows;
-    std::istringstream sin(shared.out);
-    for (std::string line; std::getline(sin, line);) srows.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> srows = json_lines(shared.out);
     ASSERT_EQ(srows.size(), 3u);
     EXPECT_EQ(srows[2]["test"], "serve9-prefix");
     EXPECT_EQ(srows[0]["prompt_tokens"], prompt_tokens + 9 * 20);  // the same requests after the prefix

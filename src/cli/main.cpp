@@ -68,6 +68,13 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args, shard
     return shardlm::cmd_make_model(args);
 }
 
+// The error line in one write: under mpirun a rank's stderr is forwarded in the pieces it was
+// written in, and mpirun's MPI_ABORT banner landed between them (Cli.FailingRankEndsTheJob, 1 in ~12).
+void print_error(const std::string& what) {
+    const std::string line = "shardlm: error: " + what + "\n";
+    std::cerr << line << std::flush;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,7 +92,7 @@ int main(int argc, char** argv) {
     try {
         comm = shardlm::make_communicator(&argc, &argv);
     } catch (const std::exception& e) {
-        std::cerr << "shardlm: error: " << one_line(e.what()) << "\n";
+        print_error(one_line(e.what()));
         return 1;
     }
     const std::string cmd = args[0];
@@ -94,16 +101,16 @@ int main(int argc, char** argv) {
         return dispatch(cmd, args, *comm);
     } catch (const shardlm::AgreedError& e) {
         // Every rank holds this error; one line from rank 0, then all ranks exit normally.
-        if (comm->rank() == 0) std::cerr << "shardlm: error: " << one_line(e.what()) << "\n";
+        if (comm->rank() == 0) print_error(one_line(e.what()));
         return 1;
     } catch (const std::exception& e) {
         const std::string what = dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
         if (comm->size() == 1) {
-            std::cerr << "shardlm: error: " << one_line(what) << "\n";
+            print_error(one_line(what));
             return 1;
         }
         // Only this rank failed, possibly while the others wait in a collective: end the job.
-        std::cerr << "shardlm: error: rank " << comm->rank() << ": " << one_line(what) << std::endl;
+        print_error(shardlm::cat("rank ", comm->rank(), ": ", one_line(what)));
         comm->abort(1);
     }
 }

@@ -59,6 +59,7 @@ struct Job {
     int64_t cached_tokens = 0;  // prompt tokens taken from the prefix cache
     std::vector<TokenLogprobs> lps;  // "logprobs": per generated token (end-of-sequence ids left out)
     size_t lps_sent = 0, lps_offset = 0;  // streaming: entries out, and their text's bytes
+    std::vector<TokenLogprobs> prompt_lps;  // echo with logprobs: the prompt's tokens after the first
     std::atomic<bool> gone{false};  // the client went away: end the request
 };
 
@@ -106,7 +107,8 @@ json request_json(const ApiRequest& r) {
             {"presence_penalty", s.presence_penalty},
             {"frequency_penalty", s.frequency_penalty},
             {"penalty_last_n", s.penalty_last_n},
-            {"logprobs", r.logprobs}};
+            {"logprobs", r.logprobs},
+            {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
 BatchRequest batch_request(const json& j) {
@@ -124,6 +126,7 @@ BatchRequest batch_request(const json& j) {
     s.frequency_penalty = j["frequency_penalty"];
     s.penalty_last_n = j["penalty_last_n"];
     b.logprobs = j["logprobs"];
+    b.prompt_logprobs = j["prompt_logprobs"];
     return b;
 }
 
@@ -280,9 +283,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done; });
                     if (job->finish == "abort") return refuse(503, "the server is shutting down");
-                    res.set_content(api_response(job->req, job->id, job->created, name, job->text, job->finish,
-                                                 job->completion_tokens, job->cached_tokens,
-                                                 api_logprobs(job->req, *tok, job->lps))
+                    const ApiRequest& q = job->req;
+                    res.set_content(api_response(q, job->id, job->created, name, (q.echo ? q.prompt_text : "") + job->text,
+                                                 job->finish, job->completion_tokens, job->cached_tokens,
+                                                 api_logprobs(q, *tok, job->lps, 0, q.echo ? &job->prompt_lps : nullptr))
                                         .dump(),
                                     "application/json");
                     return;
@@ -404,8 +408,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 StopMatcher& m = *texts.at(id);
                 // A stop string completed by the decoder's held-back rest still ends the text there.
                 const std::string why = m.finish() ? "stop" : r.stop_reason;
-                if (why != "abort")
+                if (why != "abort") {
+                    {
+                        Job& job = *jobs.at(id);
+                        std::lock_guard<std::mutex> lk(job.m);
+                        job.prompt_lps = r.prompt_logprobs;
+                    }
                     finish_job(*jobs.at(id), m.text(), finish_reason(why), int64_t(r.tokens.size()), r.cached_tokens);
+                }
                 jobs.erase(id);
                 texts.erase(id);
             }

@@ -37,6 +37,8 @@ int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int6
     return x;
 }
 
+bool p_is_text(const json& body) { return body.contains("prompt") && body["prompt"].is_string(); }
+
 }  // namespace
 
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
@@ -49,7 +51,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     for (const char* key : {"echo", "best_of", "logit_bias", "suffix", "tools", "functions", "response_format"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
-        bad(std::string("\"") + key + "\" is not supported by shardlm serve");
+        if (std::string(key) == "echo" && !chat) continue;
+        bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
     }
     if (integer(body, "n", 1, 1, 1) != 1) bad("\"n\" must be 1");
     ApiRequest r;
@@ -98,7 +101,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
         if (p.is_string()) {
-            r.prompt = tok.encode(p.get<std::string>());
+            r.prompt_text = p.get<std::string>();
+            r.prompt = tok.encode(r.prompt_text);
         } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
             for (const json& id : p) {
                 if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
@@ -111,10 +115,17 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     const int64_t n = int64_t(r.prompt.size());
     if (n == 0) bad("the prompt is empty");
+    if (!chat && body.contains("echo") && !body["echo"].is_null()) {
+        if (!body["echo"].is_boolean()) bad("\"echo\" must be true or false");
+        r.echo = body["echo"];
+        if (r.echo && body.value("stream", false) == true) bad("\"echo\" with \"stream\" is not supported");
+        if (r.echo && !p_is_text(body)) r.prompt_text = tok.decode(r.prompt);
+    }
     if (n >= lim.ctx)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
     const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, 1, std::numeric_limits<int64_t>::max());
+    // 0 only with echo: the prompt is scored, nothing generated.
+    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, r.echo ? 0 : 1, std::numeric_limits<int64_t>::max());
     if (r.max_tokens > lim.ctx - n)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n, " and \"", max_key,
                 "\" asks for ", r.max_tokens, " more"));
@@ -167,7 +178,8 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
     return n;
 }
 
-json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset) {
+json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset,
+                  const std::vector<TokenLogprobs>* prompt) {
     if (r.logprobs < 0) return nullptr;
     if (r.chat) {
         auto entry = [&](const Logprob& l) {
@@ -186,7 +198,18 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
         return {{"content", content}};
     }
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
-    for (const TokenLogprobs& t : lps) {
+    if (prompt && !r.prompt.empty()) {  // echo: the first prompt token has nothing before it
+        const std::string s = token_text(tok, r.prompt[0]);
+        tokens.push_back(s);
+        token_logprobs.push_back(nullptr);
+        top.push_back(nullptr);
+        offsets.push_back(offset);
+        offset += s.size();
+    }
+    std::vector<TokenLogprobs> all;
+    if (prompt) all = *prompt;
+    all.insert(all.end(), lps.begin(), lps.end());
+    for (const TokenLogprobs& t : all) {
         const std::string s = token_text(tok, t.token.id);
         tokens.push_back(s);
         token_logprobs.push_back(t.token.logprob);

@@ -4,6 +4,7 @@
 // cmd_serve.cpp's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,12 @@ struct ApiRequest {
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
+    // Completions' "echo": the prompt's text leads the text, and with logprobs its tokens lead
+    // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text).
+    bool echo = false;
+    std::string prompt_text;  // echo: the prompt string as sent, or its ids decoded
+    // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
+    int64_t prompt_logprobs() const { return echo && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1; }
 };
 
 // The most top logprobs a request may ask for (vLLM's default limit).
@@ -50,8 +57,8 @@ constexpr int64_t kMaxApiLogprobs = 20;
 // content}, rendered with the model's chat template; "max_tokens" (or "max_completion_tokens")
 // default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
-// up to 4), stream, n (1 only), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20).
-// echo, best_of, logit_bias and tools are refused.
+// up to 4), stream, n (1 only), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
+// echo (completions, not streamed). best_of, logit_bias and tools are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
@@ -63,8 +70,10 @@ std::string finish_reason(const std::string& stop_reason);
 // top_logprobs (the N most probable and the sampled token, by text) and text_offset from
 // `offset`, the bytes of the tokens before these (streaming). Chat: content[] of token, logprob,
 // bytes and top_logprobs[].
+// With echo (completions) `prompt`, the prompt tokens' entries after the first
+// (BatchRequest::prompt_logprobs), come first.
 nlohmann::json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps,
-                            size_t offset = 0);
+                            size_t offset = 0, const std::vector<TokenLogprobs>* prompt = nullptr);
 // The bytes the tokens of `lps` take in the completions' text_offset count.
 size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps);
 

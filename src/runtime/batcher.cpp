@@ -54,10 +54,13 @@ Batcher::~Batcher() = default;
 
 size_t Batcher::add(BatchRequest r) {
     const ModelConfig& cfg = engine_.config();
-    SHARDLM_CHECK(!r.prompt.empty() && r.max_new_tokens >= 1 && r.logprobs >= -1 && r.logprobs <= cfg.vocab &&
-                      r.slot < slots_ && r.cached >= 0 && r.cached < int64_t(r.prompt.size()) && (r.cached == 0 || r.slot >= 0),
+    SHARDLM_CHECK(!r.prompt.empty() && (r.max_new_tokens >= 1 || (r.max_new_tokens == 0 && r.prompt_logprobs >= 0)) &&
+                      r.logprobs >= -1 && r.logprobs <= cfg.vocab && r.prompt_logprobs >= -1 &&
+                      r.prompt_logprobs <= cfg.vocab && r.slot < slots_ && r.cached >= 0 &&
+                      r.cached < int64_t(r.prompt.size()) && (r.cached == 0 || r.slot >= 0) &&
+                      (r.cached == 0 || r.prompt_logprobs < 0),
                   "Batcher::add: a request of ", r.prompt.size(), " tokens, max_new_tokens ", r.max_new_tokens, ", logprobs ",
-                  r.logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached);
+                  r.logprobs, ", prompt_logprobs ", r.prompt_logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached);
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     return seqs_.size() - 1;
 }
@@ -168,10 +171,15 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             continue;
         }
         Seq& q = *seqs_[next_];
+        if (q.req.max_new_tokens == 0 && q.req.prompt.size() == 1) {  // nothing to score, nothing to generate
+            end(q, "length");
+            ++next_;
+            continue;
+        }
         if (free_slots_.empty()) break;
         auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
         if (it == free_slots_.end()) break;
-        if (q.req.slot < 0 && opt_.reuse_prefix) {
+        if (q.req.slot < 0 && opt_.reuse_prefix && q.req.prompt_logprobs < 0) {
             const std::vector<int32_t>& p = q.req.prompt;
             int64_t best = -1;
             for (auto f = free_slots_.end(); f-- != free_slots_.begin();) {  // the lowest first
@@ -226,22 +234,33 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         chunk_seq.push_back(&q);
     }
     const size_t n_decode = chunks.size();
-    // Prompt chunks, logits only at each prompt's last token.
+    // Prompt chunks, logits only at each prompt's last token (and at every one but the last of a
+    // prompt whose logprobs are asked for), within the engine's logits rows.
     const int64_t budget_max = std::min(opt_.prefill_chunk, eo.max_step_tokens);
     int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
+    int64_t rows_left = (eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch) - int64_t(n_decode);
     for (const size_t i : running_) {
         Seq& q = *seqs_[i];
         const int64_t len = int64_t(q.req.prompt.size());
         if (budget == 0) break;
         if (q.done == len) continue;
-        const int64_t n = std::min(budget, len - q.done);
+        int64_t n = std::min(budget, len - q.done);
         SeqChunk ch;
+        if (q.req.prompt_logprobs >= 0 && q.done < len - 1) {
+            n = std::min({n, len - 1 - q.done, rows_left});  // the last token runs alone, for its sample
+            ch.all_logits = true;
+            rows_left -= n;
+        } else if (q.done + n == len && rows_left-- == 0) {
+            n -= 1;  // no logits row left for the prompt's end: stop short of it
+            rows_left = 0;
+        }
+        if (n == 0) continue;
         ch.slot = q.slot;
         ch.tokens = q.req.prompt.data() + q.done;
         ch.n = n;
         ch.pos = q.done;
         q.done += n;
-        ch.want_logits = q.done == len;
+        ch.want_logits = !ch.all_logits && q.done == len;
         if (ch.want_logits) add_penalties(ch, q);
         chunks.push_back(ch);
         chunk_seq.push_back(&q);
@@ -255,7 +274,12 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     bool full = false, nucleus = true;
     int64_t k = 0, rows = 0;
     float temperature = -1.0f;
+    int64_t all_rows = 0;  // of all_logits chunks
     for (size_t c = 0; c < chunks.size(); ++c) {
+        if (chunks[c].all_logits) {
+            full = true;
+            all_rows += chunks[c].n;
+        }
         if (!chunks[c].want_logits) continue;
         ++rows;
         const BatchRequest& r = chunk_seq[c]->req;
@@ -273,7 +297,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     if (rows == 0 || k == 0 || k > kMaxTopCandidates) full = true;
     const size_t cap = size_t(slots_);
     step_k_ = full ? 0 : k;
-    logits_.resize(cap * size_t(vocab));
+    logits_.resize((cap + size_t(all_rows)) * size_t(vocab));
     vals_.resize(full ? 0 : cap * size_t(k));
     ids_.resize(vals_.size());
     mass_.resize(full ? 0 : cap);
@@ -289,8 +313,16 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     }
     size_t row = 0;
     for (size_t c = 0; c < chunks.size(); ++c) {
-        if (!chunks[c].want_logits) continue;
         Seq& q = *chunk_seq[c];
+        if (chunks[c].all_logits) {  // row j predicts prompt token pos + j + 1
+            const SeqChunk& ch = chunks[c];
+            for (int64_t j = 0; j < ch.n; ++j, ++row)
+                q.res.prompt_logprobs.push_back(token_logprobs(logits_.data() + row * size_t(vocab), vocab,
+                                                               q.req.prompt[size_t(ch.pos + j + 1)], q.req.prompt_logprobs));
+            if (q.req.max_new_tokens == 0 && q.done == int64_t(q.req.prompt.size()) - 1) end(q, "length");
+            continue;
+        }
+        if (!chunks[c].want_logits) continue;
         if (c >= n_decode && q.req.keep_prompt_logits) {
             const float* lg = logits_.data() + row * size_t(vocab);
             q.res.prompt_logits.assign(lg, lg + vocab);

@@ -29,6 +29,11 @@ struct BatchRequest {
     SamplerOptions sampler;
     uint64_t stream = 0;    // the sampler's stream: a batch samples what each request samples alone
     int64_t logprobs = -1;  // token_logprobs' top n per generated token (-1: none)
+    // token_logprobs' top n for each prompt token after the first (-1: none; OpenAI's echo):
+    // the prompt runs in chunks with a logits row per token (all_logits, as many as the engine's
+    // max_logit_rows leave room for), its last token alone in a later step. Not from the prefix
+    // cache. With it max_new_tokens may be 0: the prompt is scored, nothing is generated.
+    int64_t prompt_logprobs = -1;
     bool keep_prompt_logits = false;
     // The KV-cache slot the request must run in (-1: the lowest free one; it waits, and those
     // after it, until that slot is free), and how many of its first tokens that slot already
@@ -44,6 +49,7 @@ struct SequenceResult {
     std::string stop_reason;      // "eos", "stop" (StopCheck or finish()), "length", or finish()'s
     std::vector<float> prompt_logits;     // when asked
     std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
+    std::vector<TokenLogprobs> prompt_logprobs;  // per prompt token after the first, when asked
     int64_t cached_tokens = 0;            // prompt tokens its slot's cache already held (not run)
 };
 

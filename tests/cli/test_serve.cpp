@@ -237,6 +237,39 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(tokens, L["tokens"]) << r.raw;
         EXPECT_EQ(offsets, L["text_offset"]) << r.raw;
     }
+    // echo with max_tokens 0 scores a text (lm-eval's loglikelihood): a prompt followed by the
+    // model's own greedy continuation gets, for those tokens, the logprobs generating them gave.
+    {
+        const Reply a = post(port, "/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 0}});
+        ASSERT_EQ(a.status, 200) << a.raw;
+        const CommandResult ids = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+                                              " --json --temperature 0 --prompt-ids 5,6,7 --max-new-tokens 5");
+        ASSERT_EQ(ids.exit_code, 0) << ids.err;
+        json whole = {5, 6, 7};
+        const json gen = json::parse(ids.out);
+        for (const json& t : gen["results"][0]["tokens"]) whole.push_back(t);
+        const Reply b = post(port, "/v1/completions",
+                             {{"prompt", whole}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}, {"temperature", 0}});
+        ASSERT_EQ(b.status, 200) << b.raw;
+        const json& la = a.body["choices"][0]["logprobs"];
+        const json& lb = b.body["choices"][0]["logprobs"];
+        ASSERT_EQ(lb["tokens"].size(), 8u) << b.raw;
+        EXPECT_TRUE(lb["token_logprobs"][0].is_null());
+        EXPECT_TRUE(lb["top_logprobs"][0].is_null());
+        std::string joined;
+        for (size_t i = 0; i < 8; ++i) joined += lb["tokens"][i].get<std::string>();
+        EXPECT_EQ(b.body["choices"][0]["text"], joined);  // the prompt's text, nothing generated
+        EXPECT_EQ(b.body["usage"]["completion_tokens"], 0);
+        for (size_t i = 0; i < 5; ++i) {
+            EXPECT_EQ(lb["tokens"][3 + i], la["tokens"][i]);
+            EXPECT_NEAR(lb["token_logprobs"][3 + i].get<double>(), la["token_logprobs"][i].get<double>(), 1e-4) << i;
+        }
+        // echo without logprobs: the prompt's text, then the completion's.
+        const Reply c = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"echo", true}});
+        ASSERT_EQ(c.status, 200) << c.raw;
+        EXPECT_EQ(c.body["choices"][0]["text"], "And God said" + want);
+        EXPECT_TRUE(c.body["choices"][0]["logprobs"].is_null());
+    }
     const json sampled = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"top_k", 40}};
     EXPECT_EQ(post(port, "/v1/completions", sampled).body["choices"], post(port, "/v1/completions", sampled).body["choices"]);
 
@@ -257,7 +290,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
     error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
-    error_of({{"prompt", "x"}, {"echo", true}}, 400, "\"echo\" is not supported");
+    error_of({{"prompt", "x"}, {"echo", true}, {"stream", true}}, 400, "\"echo\" with \"stream\" is not supported");
+    error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
+    error_of({{"prompt", "x"}, {"echo", 1}}, 400, "\"echo\" must be true or false");
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
     error_of({{"prompt", "x"}, {"logprobs", true}}, 400, "\"logprobs\" must be an integer");
     error_of({{"prompt", "x"}, {"top_logprobs", 2}}, 400, "\"top_logprobs\" is the chat API's");
@@ -337,6 +372,9 @@ TEST_F(Serve, ChatCompletions) {
     const Reply top_alone = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}});
     EXPECT_EQ(top_alone.status, 400);
     EXPECT_EQ(top_alone.body["error"]["message"], "\"top_logprobs\" needs \"logprobs\": true") << top_alone.raw;
+    const Reply echo = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"echo", true}});
+    EXPECT_EQ(echo.status, 400);
+    EXPECT_EQ(echo.body["error"]["message"], "\"echo\" is not supported by shardlm serve's chat API") << echo.raw;
     const Reply bad = post(srv.port(), "/v1/chat/completions",
                            {{"messages", json::array({{{"role", "assistant"}, {"content", "x"}}})}});
     EXPECT_EQ(bad.status, 400);

@@ -226,3 +226,64 @@ TEST(Batcher, PrefixReuseSkipsAWrappedRing) {
         EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "request " << i;
     }
 }
+
+// Prompt logprobs (OpenAI's echo): a prompt scored token by token gives, for its tokens after
+// the first, the logprobs generation gave those tokens: here a prompt followed by its own greedy
+// continuation. Its chunks take a logits row per token within the engine's rows (two: the slots),
+// next to a request that decodes meanwhile; with max_new_tokens 0 nothing is generated, and a
+// one-token prompt has nothing to score.
+TEST(Batcher, PromptLogprobsScoreThePrompt) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 27});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 2, comm);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    BatcherOptions bo;
+    bo.prefill_chunk = 5;
+    bo.reuse_prefix = true;  // (never for a scored prompt)
+    const std::vector<int32_t> prompt = make_prompt(6, cfg.vocab, 51);
+    Batcher b(*s->engine, bo);
+    b.add(request(prompt, greedy, 0, 2));
+    while (b.busy()) b.step();
+    const SequenceResult gen = b.result(0);
+    ASSERT_EQ(gen.tokens.size(), 8u);
+    // The prompt and its continuation, scored; beside it another request; then the same scored
+    // and continued (max_new_tokens 3), and a one-token prompt.
+    const std::vector<int32_t> whole = joined(prompt, gen.tokens);
+    BatchRequest score = request(whole, greedy, 1);
+    score.max_new_tokens = 0;
+    score.prompt_logprobs = 2;
+    BatchRequest go_on = score;
+    go_on.max_new_tokens = 3;
+    BatchRequest one = score;
+    one.prompt = {whole[0]};
+    b.add(request(make_prompt(3, cfg.vocab, 52), greedy, 2));
+    const size_t a = b.add(score), c = b.add(go_on), e = b.add(one);
+    while (b.busy()) b.step();
+    for (const size_t id : {a, c}) {
+        const SequenceResult& r = b.result(id);
+        EXPECT_EQ(r.cached_tokens, 0);
+        ASSERT_EQ(r.prompt_logprobs.size(), whole.size() - 1);
+        for (size_t t = 0; t < gen.tokens.size(); ++t) {
+            const TokenLogprobs& got = r.prompt_logprobs[prompt.size() - 1 + t];
+            EXPECT_EQ(got.token.id, gen.tokens[t]);
+            EXPECT_NEAR(got.token.logprob, gen.logprobs[t].token.logprob, 1e-4) << "token " << t;
+            ASSERT_EQ(got.top.size(), 2u);
+            EXPECT_EQ(got.top[0].id, gen.logprobs[t].top[0].id);
+            EXPECT_EQ(got.top[1].id, gen.logprobs[t].top[1].id);
+        }
+        for (size_t t = 0; t + 1 < whole.size(); ++t) EXPECT_EQ(r.prompt_logprobs[t].token.id, whole[t + 1]);
+    }
+    EXPECT_TRUE(b.result(a).tokens.empty());
+    EXPECT_EQ(b.result(a).stop_reason, "length");
+    EXPECT_EQ(b.result(c).tokens.size(), 3u);
+    EXPECT_TRUE(b.result(e).tokens.empty());
+    EXPECT_TRUE(b.result(e).prompt_logprobs.empty());
+    EXPECT_EQ(b.result(e).stop_reason, "length");
+    // Without prompt logprobs, at least one token is generated.
+    BatchRequest none = request(prompt, greedy, 3);
+    none.max_new_tokens = 0;
+    EXPECT_THROW(b.add(none), Error);
+}

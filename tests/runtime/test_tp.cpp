@@ -12,6 +12,7 @@
 #include "model/shard.h"
 #include "fixtures.h"
 #include "mpi_world.h"
+#include "runtime/batcher.h"
 #include "runtime/sampler.h"
 
 using namespace shardlm;
@@ -453,4 +454,47 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
         cached += tp.seqs[i].cached_tokens;
     }
     EXPECT_EQ(tp.timings.prefill_tokens, ref.timings.prefill_tokens - cached);
+}
+
+// Prompt logprobs (echo) under tensor parallelism: every logits row of a scored prompt is
+// gathered whole, and each rank's numbers are one rank's.
+TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Llama);
+    cfg.vocab = 389;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});
+    const std::vector<int32_t> prompt = make_prompt(13, cfg.vocab, 40);
+    auto score = [&](Communicator& comm) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.max_batch = 2;
+        so.ctx = 32;
+        so.prefill_chunk = 6;
+        so.max_logit_rows = 4;
+#ifdef SHARDLM_TP_ON_CUDA
+        so.device = Device::Cuda;
+#endif
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.prefill_chunk = 6;
+        Batcher b(*s->engine, bo);
+        BatchRequest r;
+        r.prompt = prompt;
+        r.max_new_tokens = 2;
+        r.sampler.temperature = 0;
+        r.prompt_logprobs = 3;
+        b.add(r);
+        while (b.busy()) b.step();
+        return b.result(0);
+    };
+    SingleRank one;
+    const SequenceResult ref = score(one), tp = score(world());
+    ASSERT_EQ(ref.prompt_logprobs.size(), prompt.size() - 1);
+    ASSERT_EQ(tp.prompt_logprobs.size(), prompt.size() - 1);
+    EXPECT_EQ(tp.tokens, ref.tokens);
+    for (size_t t = 0; t < ref.prompt_logprobs.size(); ++t) {
+        EXPECT_NEAR(tp.prompt_logprobs[t].token.logprob, ref.prompt_logprobs[t].token.logprob, 1e-4) << t;
+        ASSERT_EQ(tp.prompt_logprobs[t].top.size(), 3u);
+        for (size_t j = 0; j < 3; ++j) EXPECT_EQ(tp.prompt_logprobs[t].top[j].id, ref.prompt_logprobs[t].top[j].id) << t;
+    }
 }

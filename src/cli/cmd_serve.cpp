@@ -7,6 +7,7 @@
 // message (the requests that came in, the ones to end: stop strings it found, clients gone, and
 // shutdown), every rank applies it to its own Batcher, and all run one engine step. Stop strings
 // are matched on rank 0 alone; the request ends on every rank before the next step.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -194,6 +195,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
+    // Logits rows per step beyond one per slot: an echo request's prompt is scored 64 tokens a
+    // step at most (64 rows of the vocabulary in the workspace, ~39 MB for Qwen3's).
+    so.max_logit_rows = std::max<int64_t>(batch, std::min<int64_t>(chunk, 64));
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");

@@ -5,7 +5,7 @@
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _GEMV_GRID,
 # _GEMV_MMA, _L2_PREFETCH, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
-# the mission table, the GEMV with each rows-per-group choice (gemv-r) and, last and where the
+# the mission table, `shardlm serve` over HTTP (serve-http), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
 #   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
@@ -417,6 +417,10 @@ print("; ".join(out))
 ' "$work/logs/serve.rows")"
 }
 
+s_serve_http() {  # shardlm serve on the device over HTTP (bench/serve_check.py): texts == CPU generate's, echo scores
+  "$PY" "$root/bench/serve_check.py" --bin "$BIN/shardlm" --model "$root/launch/models/kjv-small" --device "$DEV"
+}
+
 s_torch() {
   local args=(--batch 1,4 --prompt-len "$PL" --gen "$GEN" -r "$REPS")
   have_gpu || args+=(--device cpu --shape tiny --graphs off)
@@ -522,7 +526,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_serve_http s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -602,6 +606,9 @@ step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency
 # Serving throughput (continuous batching vs static batches, never run on a GPU before) and
 # memcheck over queued prompts whose chunks ride with decode tokens.
 step serve-int8-int8 90 s_serve
+# The HTTP server on the device (never run on a GPU): concurrent requests, streaming, prefix
+# cache, echo scoring.
+step serve-http 90 s_serve_http
 step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""End-to-end check of `shardlm serve` on one device (bench/gpu_check.sh's serve-http step).
+
+Starts the server on the shipped model (FP32 weights and KV cache, so that the device's greedy
+tokens are the CPU's), then over HTTP: a completion equal to `shardlm generate --device cpu`;
+six concurrent requests through four slots, each equal to its CPU text; a streamed completion
+equal to the plain one; logprobs of a greedy completion against the same text scored with
+echo and max_tokens 0 (prefix cache and all_logits chunks on the device); SIGTERM ends it with
+status 0. Prints one line per check and exits 1 when any fails.
+
+    bench/serve_check.py --bin build/shardlm --model launch/models/kjv-small --device cuda
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.read().decode()
+
+
+def cpu_text(args, prompt, max_new):
+    out = subprocess.run([args.bin, "generate", "--model", args.model, "--device", "cpu", "--weights", "fp32",
+                          "--kv", "fp32", "--temperature", "0", "--json", "--prompt", prompt,
+                          "--max-new-tokens", str(max_new)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["results"][0]["text"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+    srv = subprocess.Popen([args.bin, "serve", "--model", args.model, "--device", args.device, "--weights", "fp32",
+                            "--kv", "fp32", "--batch", "4", "--ctx", "512", "--port", "0"],
+                           stdout=subprocess.DEVNULL, stderr=log)
+    port = 0
+    deadline = time.time() + 120
+    tag = "listening on http://127.0.0.1:"
+    while time.time() < deadline and srv.poll() is None:
+        text = open(log.name).read()
+        if tag in text and " " in text.split(tag, 1)[1]:
+            port = int(text.split(tag, 1)[1].split(" ", 1)[0])
+            break
+        time.sleep(0.2)
+    if not port:
+        print("FAIL server did not start:", open(log.name).read()[-2000:])
+        srv.kill()
+        return 1
+    print(open(log.name).read().strip())
+    failed = []
+
+    def check(name, ok, detail=""):
+        print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + detail))
+        if not ok:
+            failed.append(name)
+
+    try:
+        one = json.loads(post(port, "/v1/completions", {"prompt": "And God said", "max_tokens": 24, "temperature": 0}))
+        want = cpu_text(args, "And God said", 24)
+        check("completion == cpu generate", one["choices"][0]["text"] == want,
+              f"{one['choices'][0]['text']!r} vs {want!r}")
+
+        prompts = ["In the beginning", "And the LORD", "Blessed are", "Now it came to pass", "And he said", "Behold"]
+        got = [None] * len(prompts)
+
+        def ask(i):
+            got[i] = json.loads(post(port, "/v1/completions",
+                                     {"prompt": prompts[i], "max_tokens": 6 + 3 * i, "temperature": 0}))
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, p in enumerate(prompts):
+            w = cpu_text(args, p, 6 + 3 * i)
+            check(f"concurrent {i} == cpu generate", got[i]["choices"][0]["text"] == w,
+                  f"{got[i]['choices'][0]['text']!r} vs {w!r}")
+
+        raw = post(port, "/v1/completions", {"prompt": "And God said", "max_tokens": 24, "temperature": 0,
+                                             "stream": True})
+        text = "".join(json.loads(l[6:])["choices"][0]["text"] for l in raw.splitlines()
+                       if l.startswith("data: {"))
+        check("streamed == plain", text == want, f"{text!r}")
+
+        gen = json.loads(post(port, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0,
+                                                        "logprobs": 1}))
+        ids = json.loads(subprocess.run([args.bin, "generate", "--model", args.model, "--device", "cpu", "--weights",
+                                         "fp32", "--kv", "fp32", "--temperature", "0", "--json", "--prompt-ids",
+                                         "5,6,7", "--max-new-tokens", "8"], capture_output=True, text=True,
+                                        check=True).stdout)["results"][0]["tokens"]
+        scored = json.loads(post(port, "/v1/completions", {"prompt": [5, 6, 7] + ids, "max_tokens": 0, "echo": True,
+                                                           "logprobs": 1, "temperature": 0}))
+        a = gen["choices"][0]["logprobs"]["token_logprobs"]
+        b = scored["choices"][0]["logprobs"]["token_logprobs"][3:]
+        diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) == 8 else float("inf")
+        check("echo scores == generation logprobs", diff < 1e-3, f"max diff {diff} ({a} vs {b})")
+        print(f"note: serve on {args.device}: {len(prompts) + 4} requests, echo vs generation logprob diff {diff:.2e}")
+    except Exception as e:  # a refused connection, an HTTP error, a bad JSON body
+        check("requests", False, repr(e))
+    srv.terminate()
+    try:
+        rc = srv.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        rc = -1
+    check("SIGTERM stops it with status 0", rc == 0, f"status {rc}: {open(log.name).read()[-1000:]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,7 +30,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
-    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -60,6 +60,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("logprobs", po::value(&logprobs),
          "with --json: each generated token's log-probability (log-softmax of its logits row, after any "
          "penalties, at temperature 1) and the N most probable tokens' (0: the token's only)")
+        ("prompt-logprobs", po::value(&prompt_logprobs),
+         "with --json: the same for every prompt token after the first (from the logits before it, without "
+         "penalties); --max-new-tokens may then be 0, scoring the prompts alone")
         ("dump-logits", po::value(&dump_logits),
          "write the logits at each prompt's last position to FILE (after any token penalties)");
     add_sampling_options(d, sampling);
@@ -84,12 +87,16 @@ int cmd_generate(const Args& args, Communicator& comm) {
         SessionOptions check_flags;
         apply_backend(backend, check_flags);  // validates --device and --attention on every rank
         apply_precision(prec, check_flags);   // and --weights, --kv, --group-size, --keep-fp16
-        if (max_new < 1) fail("--max-new-tokens must be at least 1");
+        if (max_new < (vm.count("prompt-logprobs") ? 0 : 1))
+            fail("--max-new-tokens must be at least 1 (0 with --prompt-logprobs: the prompts are scored)");
         if (chunk < 1) fail("--prefill-chunk must be at least 1");
         if (batch < 0) fail("--batch must be >= 0");
         if (vm.count("logprobs") && !vm.count("json")) fail("--logprobs needs --json (they are reported there)");
         if (vm.count("logprobs") && logprobs < 0) fail("--logprobs must be >= 0");
         go.logprobs = vm.count("logprobs") ? logprobs : -1;
+        if (vm.count("prompt-logprobs") && !vm.count("json")) fail("--prompt-logprobs needs --json (they are reported there)");
+        if (vm.count("prompt-logprobs") && prompt_logprobs < 0) fail("--prompt-logprobs must be >= 0");
+        go.prompt_logprobs = vm.count("prompt-logprobs") ? prompt_logprobs : -1;
         go.reuse_prefix = vm.count("prefix-cache") > 0;
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
@@ -135,6 +142,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch == 0 ? int64_t(prompts.size()) : std::min(batch, int64_t(prompts.size()));
     so.prefill_chunk = chunk;
+    // --prompt-logprobs: a logits row per prompt token, up to 64 a step beside the slots' rows.
+    if (go.prompt_logprobs >= 0) so.max_logit_rows = std::max<int64_t>(so.max_batch, std::min<int64_t>(chunk, 64));
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
     // --ctx 0: the longest prompt + --max-new-tokens (saturating: a huge --max-new-tokens must not wrap).
@@ -247,17 +256,19 @@ int cmd_generate(const Args& args, Communicator& comm) {
             // there is no tokenizer.
             e["text"] = tok ? nlohmann::json(text_of(i)) : nlohmann::json();
             e["stop_reason"] = stop_reasons[i];
-            if (go.logprobs >= 0) {
+            auto entries = [](const std::vector<TokenLogprobs>& v, nlohmann::ordered_json lps) {
                 auto entry = [](const Logprob& l) { return nlohmann::ordered_json{{"id", l.id}, {"logprob", l.logprob}}; };
-                nlohmann::ordered_json lps = nlohmann::json::array();
-                for (const TokenLogprobs& t : q.logprobs) {
+                for (const TokenLogprobs& t : v) {
                     nlohmann::ordered_json x = entry(t.token);
                     x["top"] = nlohmann::json::array();
                     for (const Logprob& l : t.top) x["top"].push_back(entry(l));
                     lps.push_back(x);
                 }
-                e["logprobs"] = lps;
-            }
+                return lps;
+            };
+            if (go.logprobs >= 0) e["logprobs"] = entries(q.logprobs, nlohmann::json::array());
+            // The first prompt token has nothing before it: null.
+            if (go.prompt_logprobs >= 0) e["prompt_logprobs"] = entries(q.prompt_logprobs, nlohmann::json::array({nullptr}));
             j["results"].push_back(e);
         }
         j["timings"] = {{"load_ms", s->load_ms},

@@ -99,7 +99,11 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     const size_t B = prompts.size();
     if (B == 0) fail("no prompt given");
     if (eo.max_batch < 1) fail("the engine has no KV-cache slot");
-    if (opt.max_new_tokens < 1) fail("--max-new-tokens must be at least 1");
+    if (opt.prompt_logprobs < -1 || opt.prompt_logprobs > cfg.vocab)
+        fail("--prompt-logprobs ", opt.prompt_logprobs, " must be in [0, ", cfg.vocab, "] (the vocabulary)");
+    if (opt.max_new_tokens < (opt.prompt_logprobs >= 0 ? 0 : 1))
+        fail("--max-new-tokens must be at least 1 (0 with --prompt-logprobs: the prompts are scored)");
+    if (opt.prompt_logprobs >= 0 && !opt.cached.empty()) fail("--prompt-logprobs with cached prefixes (they were not scored)");
     SHARDLM_CHECK(opt.max_new_each.empty() || opt.max_new_each.size() == B, "max_new_each holds ",
                   opt.max_new_each.size(), " limits for ", B, " prompts");
     for (const int64_t m : opt.max_new_each) SHARDLM_CHECK(m >= 1, "max_new_each: a limit of ", m);
@@ -169,6 +173,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.sampler = opt.sampler;
         r.stream = s;  // seeded by the prompt's index, not its slot or step
         r.logprobs = opt.logprobs;
+        r.prompt_logprobs = opt.prompt_logprobs;
         r.keep_prompt_logits = opt.keep_prompt_logits;
         if (!opt.cached.empty()) {  // prompt s in slot s
             r.slot = int64_t(s);

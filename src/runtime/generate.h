@@ -31,6 +31,9 @@ struct GenerateOptions {
     // (runtime/sampler.h: token_logprobs); -1: none. Steps then hand back whole rows (on the GPU a
     // copy of the vocabulary per sequence and step).
     int64_t logprobs = -1;
+    // --prompt-logprobs: the same for each prompt token after the first, from the logits row
+    // before it (BatchRequest::prompt_logprobs); -1: none. max_new_tokens may then be 0.
+    int64_t prompt_logprobs = -1;
     // --context-overflow slide: a sequence whose next position would pass the context keeps its
     // first sink_tokens positions (attention sinks), drops the older half of the rest and goes on
     // (Engine::shift_kv), as often as it needs. Off: each prompt plus max_new_tokens must fit.

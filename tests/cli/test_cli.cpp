@@ -176,6 +176,34 @@ TEST_F(Cli, LogprobsInTheJson) {
     expect_error(m + "--json --logprobs 385", "--logprobs 385 must be in [0, 384] (the vocabulary)");
 }
 
+// --prompt-logprobs: a prompt followed by its greedy continuation, scored with --max-new-tokens 0,
+// gives those tokens the logprobs generating them gave; the first prompt token gets null.
+TEST_F(Cli, PromptLogprobsScoreAText) {
+    const CommandResult g = run_command(kBin + " generate --model " + dir_.path() +
+                                        " --prompt-ids 5,6,7 --max-new-tokens 4 --temperature 0 --json --logprobs 0");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const auto gen = nlohmann::json::parse(g.out)["results"][0];
+    std::string ids = "5,6,7";
+    for (const auto& t : gen["tokens"]) ids += "," + std::to_string(t.get<int>());
+    const CommandResult r = run_command(kBin + " generate --model " + dir_.path() + " --prompt-ids '" + ids +
+                                        ";9' --max-new-tokens 0 --json --prompt-logprobs 2 --prefill-chunk 3");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto res = nlohmann::json::parse(r.out)["results"];
+    const auto& p = res[0]["prompt_logprobs"];
+    ASSERT_EQ(p.size(), 7u) << r.out;
+    EXPECT_TRUE(p[0].is_null());
+    EXPECT_TRUE(res[0]["tokens"].empty());
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(p[3 + i]["id"], gen["tokens"][i]);
+        EXPECT_NEAR(p[3 + i]["logprob"].get<double>(), gen["logprobs"][i]["logprob"].get<double>(), 1e-4) << i;
+        EXPECT_EQ(p[3 + i]["top"].size(), 2u);
+    }
+    EXPECT_EQ(res[1]["prompt_logprobs"], nlohmann::json::array({nullptr}));  // one token: nothing to score
+    const std::string m = "generate --model " + dir_.path() + " --prompt-ids 1,2 ";
+    expect_error(m + "--prompt-logprobs 2", "--prompt-logprobs needs --json");
+    expect_error(m + "--json --max-new-tokens 0", "--max-new-tokens must be at least 1 (0 with --prompt-logprobs");
+}
+
 TEST_F(Cli, InfoDescribesTheModel) {
     const CommandResult r = run_command(kBin + " info --model " + dir_.path());
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -64,6 +64,47 @@ struct Job {
     std::atomic<bool> gone{false};  // the client went away: end the request
 };
 
+// Rank 0's counters for GET /metrics, written by the engine loop after each step.
+struct Stats {
+    std::mutex m;
+    int64_t running = 0, waiting = 0;
+    std::map<std::string, int64_t> finished;  // requests by finish reason ("abort": the client left)
+    int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    GenerateTimings steps;  // the Batcher's running totals
+};
+
+// Prometheus' text exposition format (what vLLM's /metrics speaks, with shardlm_ names).
+std::string metrics_text(Stats& st) {
+    std::lock_guard<std::mutex> lk(st.m);
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, const std::string& samples) {
+        out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", samples);
+    };
+    auto one = [](const char* name, double v) { return cat(name, " ", v, "\n"); };
+    metric("shardlm_requests_running", "gauge", "Requests holding a KV-cache slot.", one("shardlm_requests_running", double(st.running)));
+    metric("shardlm_requests_waiting", "gauge", "Requests waiting for a slot.", one("shardlm_requests_waiting", double(st.waiting)));
+    std::string fin;
+    for (const char* why : {"stop", "length", "abort"})
+        fin += cat("shardlm_requests_finished_total{finish_reason=\"", why, "\"} ", st.finished[why], "\n");
+    metric("shardlm_requests_finished_total", "counter", "Requests that ended, by finish reason.", fin);
+    metric("shardlm_prompt_tokens_total", "counter", "Prompt tokens of the ended requests.",
+           one("shardlm_prompt_tokens_total", double(st.prompt_tokens)));
+    metric("shardlm_prompt_tokens_cached_total", "counter", "Of them, taken from the prefix cache.",
+           one("shardlm_prompt_tokens_cached_total", double(st.cached_tokens)));
+    metric("shardlm_generation_tokens_total", "counter", "Generated tokens of the ended requests.",
+           one("shardlm_generation_tokens_total", double(st.generated_tokens)));
+    const GenerateTimings& t = st.steps;
+    metric("shardlm_engine_steps_total", "counter", "Engine steps: with prompt tokens (prefill) or decode tokens only.",
+           cat("shardlm_engine_steps_total{kind=\"prefill\"} ", t.prefill_steps, "\nshardlm_engine_steps_total{kind=\"decode\"} ",
+               t.decode_steps, "\n"));
+    metric("shardlm_engine_step_seconds_total", "counter", "Time in engine steps.",
+           cat("shardlm_engine_step_seconds_total{kind=\"prefill\"} ", t.prefill_ms / 1000.0,
+               "\nshardlm_engine_step_seconds_total{kind=\"decode\"} ", t.decode_ms / 1000.0, "\n"));
+    metric("shardlm_engine_prefill_tokens_total", "counter", "Prompt tokens run (not from the prefix cache).",
+           one("shardlm_engine_prefill_tokens_total", double(t.prefill_tokens)));
+    return out;
+}
+
 // The handler threads' requests for the engine loop.
 struct Inbox {
     std::mutex m;
@@ -219,6 +260,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     // (an error in a step must not leave a joinable thread behind: that would abort the process
     // instead of printing the error).
     Inbox inbox;
+    Stats stats;
     std::atomic<uint64_t> counter{0};
     std::unique_ptr<httplib::Server> svr;
     std::thread http;
@@ -251,6 +293,29 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content(R"({"status":"ok"})", "application/json");
         });
+        svr->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+            res.set_content(metrics_text(stats), "text/plain; version=0.0.4");
+        });
+        // vLLM's /tokenize and /detokenize: the server's tokenizer, nothing run.
+        auto tokenizer_route = [&](nlohmann::json (*f)(const json&, const Tokenizer&, const ApiLimits&)) {
+            return [&, f](const httplib::Request& req, httplib::Response& res) {
+                try {
+                    res.set_content(f(json::parse(req.body), *tok, lim).dump(), "application/json");
+                } catch (const json::exception& e) {
+                    res.status = 400;
+                    res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
+                                    "application/json");
+                } catch (const ApiError& e) {
+                    res.status = e.status;
+                    res.set_content(api_error(e.what(), e.status).dump(), "application/json");
+                } catch (const Error& e) {  // an id the tokenizer does not know
+                    res.status = 400;
+                    res.set_content(api_error(e.what(), 400).dump(), "application/json");
+                }
+            };
+        };
+        svr->Post("/tokenize", tokenizer_route(api_tokenize));
+        svr->Post("/detokenize", tokenizer_route(api_detokenize));
         svr->Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
             const json j = {{"object", "list"},
                             {"data", json::array({{{"id", name}, {"object", "model"}, {"owned_by", "shardlm"},
@@ -400,6 +465,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
         if (ctl["shutdown"]) break;
         batcher.step(on_token);
+        if (root) {
+            std::lock_guard<std::mutex> lk(stats.m);
+            stats.running = batcher.running();
+            stats.waiting = batcher.waiting();
+            stats.steps = batcher.timings();
+        }
         // Ended requests: rank 0 answers them; every rank lets their results go.
         size_t kept = 0;
         for (const size_t id : live) {
@@ -412,6 +483,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 StopMatcher& m = *texts.at(id);
                 // A stop string completed by the decoder's held-back rest still ends the text there.
                 const std::string why = m.finish() ? "stop" : r.stop_reason;
+                {
+                    std::lock_guard<std::mutex> lk(stats.m);
+                    stats.finished[why == "abort" ? "abort" : finish_reason(why)] += 1;
+                    stats.prompt_tokens += int64_t(r.prompt.size());
+                    stats.cached_tokens += r.cached_tokens;
+                    stats.generated_tokens += int64_t(r.tokens.size());
+                }
                 if (why != "abort") {
                     {
                         Job& job = *jobs.at(id);

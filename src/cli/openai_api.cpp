@@ -39,6 +39,37 @@ int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int6
 
 bool p_is_text(const json& body) { return body.contains("prompt") && body["prompt"].is_string(); }
 
+// The token ids of a chat request's "messages", rendered with the model's template.
+std::vector<int32_t> chat_ids(const json& body, const Tokenizer& tok) {
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+        bad("\"messages\" must be a non-empty array");
+    std::optional<std::string> system;
+    std::vector<ChatMessage> messages;
+    for (const json& m : body["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+            !m["content"].is_string())
+            bad("each message must be an object with a string \"role\" and a string \"content\"");
+        const std::string role = m["role"], content = m["content"];
+        if (role == "system") {
+            if (system || !messages.empty()) bad("a \"system\" message may only come first");
+            system = content;
+        } else if (role == "user" || role == "assistant") {
+            const bool want_user = messages.size() % 2 == 0;
+            if ((role == "user") != want_user) bad("messages must alternate user and assistant, user first");
+            messages.push_back({role, content});
+        } else {
+            bad("unsupported message role \"" + role + "\" (system, user, assistant)");
+        }
+    }
+    if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
+    if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
+    try {
+        return tok.encode(tok.apply_chat_template(system, messages), EncodeOptions{false});
+    } catch (const Error& e) {
+        bad(e.what());
+    }
+}
+
 }  // namespace
 
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
@@ -70,33 +101,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.logprobs = integer(body, "logprobs", -1, 0, kMaxApiLogprobs);
     }
     if (chat) {
-        if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-            bad("\"messages\" must be a non-empty array");
-        std::optional<std::string> system;
-        std::vector<ChatMessage> messages;
-        for (const json& m : body["messages"]) {
-            if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-                !m["content"].is_string())
-                bad("each message must be an object with a string \"role\" and a string \"content\"");
-            const std::string role = m["role"], content = m["content"];
-            if (role == "system") {
-                if (system || !messages.empty()) bad("a \"system\" message may only come first");
-                system = content;
-            } else if (role == "user" || role == "assistant") {
-                const bool want_user = messages.size() % 2 == 0;
-                if ((role == "user") != want_user) bad("messages must alternate user and assistant, user first");
-                messages.push_back({role, content});
-            } else {
-                bad("unsupported message role \"" + role + "\" (system, user, assistant)");
-            }
-        }
-        if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
-        if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
-        try {
-            r.prompt = tok.encode(tok.apply_chat_template(system, messages), EncodeOptions{false});
-        } catch (const Error& e) {
-            bad(e.what());
-        }
+        r.prompt = chat_ids(body, tok);
     } else {
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
@@ -259,6 +264,35 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
             {"created", created},
             {"model", model},
             {"choices", json::array({choice})}};
+}
+
+json api_tokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) {
+    if (!body.is_object()) bad("the request body must be a JSON object");
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+        ids = chat_ids(body, tok);
+    } else {
+        if (!body.contains("prompt") || !body["prompt"].is_string()) bad("\"prompt\" (a string) or \"messages\" is required");
+        const json add = body.value("add_special_tokens", json(true));
+        if (!add.is_boolean()) bad("\"add_special_tokens\" must be true or false");
+        try {
+            ids = tok.encode(body["prompt"].get<std::string>(), EncodeOptions{add.get<bool>()});
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    }
+    return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", lim.ctx}};
+}
+
+json api_detokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) {
+    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) bad("\"tokens\" (an array of ids) is required");
+    std::vector<int32_t> ids;
+    for (const json& id : body["tokens"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
+            bad(cat("\"tokens\" must be integers in [0, ", lim.vocab, ")"));
+        ids.push_back(id.get<int32_t>());
+    }
+    return {{"prompt", tok.decode(ids)}};
 }
 
 json api_error(const std::string& message, int status) {

@@ -86,6 +86,10 @@ nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t 
 // tokens generated since the last event), and the finish reason in the last one (empty before).
 nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          const std::string& delta, const std::string& finish, const nlohmann::json& logprobs = nullptr);
+// vLLM's /tokenize ("prompt" with "add_special_tokens", default true, or chat "messages"):
+// {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
+nlohmann::json api_tokenize(const nlohmann::json& body, const Tokenizer& tok, const ApiLimits& lim);
+nlohmann::json api_detokenize(const nlohmann::json& body, const Tokenizer& tok, const ApiLimits& lim);
 // The error object of a refused request.
 nlohmann::json api_error(const std::string& message, int status);
 

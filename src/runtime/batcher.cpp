@@ -67,6 +67,12 @@ size_t Batcher::add(BatchRequest r) {
 
 bool Batcher::busy() const { return next_ < seqs_.size() || !running_.empty(); }
 
+int64_t Batcher::waiting() const {
+    int64_t n = 0;
+    for (size_t i = next_; i < seqs_.size(); ++i) n += seqs_[i] && !seqs_[i]->ended;
+    return n;
+}
+
 const SequenceResult& Batcher::result(size_t id) const {
     SHARDLM_CHECK(id < seqs_.size() && seqs_[id], "Batcher: no request ", id);
     return seqs_[id]->res;

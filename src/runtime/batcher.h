@@ -98,6 +98,8 @@ public:
     // has ended.
     void finish(size_t id, const std::string& reason);
     bool busy() const;  // a request waits or runs
+    int64_t running() const { return int64_t(running_.size()); }  // requests holding a slot
+    int64_t waiting() const;                                       // requests not yet admitted
     // Admits what fits and runs one engine step (nothing when idle).
     void step(const TokenCallback& on_token = nullptr, const StopCheck& stop = nullptr);
     const SequenceResult& result(size_t id) const;

@@ -306,6 +306,37 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     EXPECT_EQ(one.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
               again.body["usage"]["prompt_tokens"].get<int>() - 1);
+    // /tokenize and /detokenize: the prompt's ids as the completion counted them, and back.
+    const Reply ids_of = post(port, "/tokenize", {{"prompt", "And God said"}});
+    ASSERT_EQ(ids_of.status, 200) << ids_of.raw;
+    EXPECT_EQ(ids_of.body["count"], one.body["usage"]["prompt_tokens"]);
+    EXPECT_EQ(ids_of.body["max_model_len"], 256);
+    const Reply text_of = post(port, "/detokenize", {{"tokens", ids_of.body["tokens"]}});
+    ASSERT_EQ(text_of.status, 200) << text_of.raw;
+    const std::string back = text_of.body["prompt"];
+    EXPECT_EQ(back.substr(back.size() - 12), "And God said");
+    EXPECT_EQ(post(port, "/detokenize", {{"tokens", {1, -2}}}).status, 400);
+    EXPECT_EQ(post(port, "/tokenize", {{"text", "x"}}).status, 400);
+    // /metrics: Prometheus text with the requests that ended and the prefix cache's share.
+    {
+        httplib::Client mc("127.0.0.1", port);
+        const auto m = mc.Get("/metrics");
+        ASSERT_TRUE(m);
+        auto value = [&](const std::string& name) {
+            const size_t at = m->body.find("\n" + name + " ");
+            EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
+            return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
+        };
+        EXPECT_GE(value("shardlm_requests_finished_total{finish_reason=\"length\"}"), 10);
+        EXPECT_GE(value("shardlm_requests_finished_total{finish_reason=\"stop\"}"), 1);
+        EXPECT_GT(value("shardlm_prompt_tokens_cached_total"), 0);
+        // Every prompt token ran but the cached ones and the last of the text scored with
+        // max_tokens 0 (nothing follows it to predict).
+        EXPECT_EQ(value("shardlm_engine_prefill_tokens_total"),
+                  value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 1);
+        EXPECT_EQ(value("shardlm_requests_running"), 0);
+        EXPECT_NE(m->body.find("# TYPE shardlm_generation_tokens_total counter"), std::string::npos);
+    }
     EXPECT_EQ(srv.stop(), 0);
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
 }
@@ -372,6 +403,8 @@ TEST_F(Serve, ChatCompletions) {
     const Reply top_alone = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}});
     EXPECT_EQ(top_alone.status, 400);
     EXPECT_EQ(top_alone.body["error"]["message"], "\"top_logprobs\" needs \"logprobs\": true") << top_alone.raw;
+    const Reply counted = post(srv.port(), "/tokenize", {{"messages", msgs}});
+    EXPECT_EQ(counted.body["count"], r.body["usage"]["prompt_tokens"]) << counted.raw;
     const Reply echo = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"echo", true}});
     EXPECT_EQ(echo.status, 400);
     EXPECT_EQ(echo.body["error"]["message"], "\"echo\" is not supported by shardlm serve's chat API") << echo.raw;

@@ -45,23 +45,27 @@ using json = nlohmann::json;
 volatile std::sig_atomic_t g_signalled = 0;
 extern "C" void on_signal(int) { g_signalled = 1; }
 
-// One HTTP request, shared by its handler thread and the engine loop on rank 0.
+// One choice of a request as it forms: the engine loop writes it, the handler thread reads it.
+struct ChoiceState {
+    ApiChoice out;     // out.text: the settled text so far, all of it once done
+    size_t sent = 0;   // streaming: how much of out.text went out
+    size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
+    bool done = false, finish_sent = false;
+};
+
+// One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
+// the engine loop on rank 0.
 struct Job {
     ApiRequest req;
     std::string id;
     int64_t created = 0;
     std::mutex m;
     std::condition_variable cv;
-    std::string text;     // what the client may have: the settled text so far, all of it once done
-    size_t sent = 0;      // streaming: how much of text went out
-    bool done = false;
-    std::string finish;   // "stop", "length", or "abort" (the server is shutting down)
-    int64_t completion_tokens = 0;
-    int64_t cached_tokens = 0;  // prompt tokens taken from the prefix cache
-    std::vector<TokenLogprobs> lps;  // "logprobs": per generated token (end-of-sequence ids left out)
-    size_t lps_sent = 0, lps_offset = 0;  // streaming: entries out, and their text's bytes
-    std::vector<TokenLogprobs> prompt_lps;  // echo with logprobs: the prompt's tokens after the first
+    std::vector<ChoiceState> choices;
+    size_t ended = 0;      // choices done
+    bool aborted = false;  // the server is shutting down: the client gets a 503 (or "abort" events)
     std::atomic<bool> gone{false};  // the client went away: end the request
+    bool done() const { return aborted || ended == choices.size(); }
 };
 
 // Rank 0's counters for GET /metrics, written by the engine loop after each step.
@@ -85,8 +89,8 @@ std::string metrics_text(Stats& st) {
     metric("shardlm_requests_waiting", "gauge", "Requests waiting for a slot.", one("shardlm_requests_waiting", double(st.waiting)));
     std::string fin;
     for (const char* why : {"stop", "length", "abort"})
-        fin += cat("shardlm_requests_finished_total{finish_reason=\"", why, "\"} ", st.finished[why], "\n");
-    metric("shardlm_requests_finished_total", "counter", "Requests that ended, by finish reason.", fin);
+        fin += cat("shardlm_sequences_finished_total{finish_reason=\"", why, "\"} ", st.finished[why], "\n");
+    metric("shardlm_sequences_finished_total", "counter", "Sequences (a request's choices) that ended, by finish reason.", fin);
     metric("shardlm_prompt_tokens_total", "counter", "Prompt tokens of the ended requests.",
            one("shardlm_prompt_tokens_total", double(st.prompt_tokens)));
     metric("shardlm_prompt_tokens_cached_total", "counter", "Of them, taken from the prefix cache.",
@@ -113,14 +117,26 @@ struct Inbox {
     bool closed = false;
 };
 
-void finish_job(Job& job, const std::string& text, const std::string& finish, int64_t tokens, int64_t cached = 0) {
+void finish_choice(Job& job, size_t c, const std::string& text, const std::string& finish, const SequenceResult& r) {
     {
         std::lock_guard<std::mutex> lk(job.m);
-        job.text = text;
-        job.finish = finish;
-        job.completion_tokens = tokens;
-        job.cached_tokens = cached;
-        job.done = true;
+        ChoiceState& cs = job.choices[c];
+        if (cs.done) return;
+        cs.out.text = text;
+        cs.out.finish = finish;
+        cs.out.completion_tokens = int64_t(r.tokens.size());
+        cs.out.cached_tokens = r.cached_tokens;
+        cs.out.prompt_lps = r.prompt_logprobs;
+        cs.done = true;
+        job.ended += 1;
+    }
+    job.cv.notify_all();
+}
+
+void abort_job(Job& job) {
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        job.aborted = true;
     }
     job.cv.notify_all();
 }
@@ -136,9 +152,11 @@ void broadcast_control(Communicator& comm, json& ctl) {
     if (comm.rank() != 0) ctl = json::parse(s);
 }
 
-json request_json(const ApiRequest& r) {
+// Choice c of request r as the Batcher's request, in the control message.
+json request_json(const ApiRequest& r, size_t c) {
     const SamplerOptions& s = r.sampler;
-    return {{"prompt", r.prompt},
+    return {{"prompt", r.prompt_of(c)},
+            {"stream", c % size_t(r.n)},  // a prompt's n choices: n sampler streams of its seed
             {"max_tokens", r.max_tokens},
             {"temperature", s.temperature},
             {"top_k", s.top_k},
@@ -169,6 +187,7 @@ BatchRequest batch_request(const json& j) {
     s.penalty_last_n = j["penalty_last_n"];
     b.logprobs = j["logprobs"];
     b.prompt_logprobs = j["prompt_logprobs"];
+    b.stream = j["stream"];
     return b;
 }
 
@@ -264,16 +283,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::atomic<uint64_t> counter{0};
     std::unique_ptr<httplib::Server> svr;
     std::thread http;
-    std::map<size_t, std::shared_ptr<Job>> jobs;  // rank 0: the requests in the Batcher, by index
+    // Rank 0: the sequences in the Batcher, by index: their request and choice.
+    std::map<size_t, std::pair<std::shared_ptr<Job>, size_t>> jobs;
     // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
     // the server: at the end, or on an error.
     auto stop_http = [&] {
         if (!svr) return;
-        for (auto& [id, job] : jobs) finish_job(*job, "", "abort", 0);
+        for (auto& [id, jc] : jobs) abort_job(*jc.first);
         {
             std::lock_guard<std::mutex> lk(inbox.m);
             inbox.closed = true;
-            for (auto& job : inbox.jobs) finish_job(*job, "", "abort", 0);
+            for (auto& job : inbox.jobs) abort_job(*job);
             inbox.jobs.clear();
         }
         svr->stop();
@@ -342,6 +362,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 }
                 job->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
                 job->created = int64_t(std::time(nullptr));
+                job->choices.resize(job->req.choices());
                 {
                     std::lock_guard<std::mutex> lk(inbox.m);
                     if (inbox.closed) return refuse(503, "the server is shutting down");
@@ -350,14 +371,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 inbox.cv.notify_one();
                 if (!job->req.stream) {
                     std::unique_lock<std::mutex> lk(job->m);
-                    job->cv.wait(lk, [&] { return job->done; });
-                    if (job->finish == "abort") return refuse(503, "the server is shutting down");
-                    const ApiRequest& q = job->req;
-                    res.set_content(api_response(q, job->id, job->created, name, (q.echo ? q.prompt_text : "") + job->text,
-                                                 job->finish, job->completion_tokens, job->cached_tokens,
-                                                 api_logprobs(q, *tok, job->lps, 0, q.echo ? &job->prompt_lps : nullptr))
-                                        .dump(),
-                                    "application/json");
+                    job->cv.wait(lk, [&] { return job->done(); });
+                    if (job->aborted) return refuse(503, "the server is shutting down");
+                    std::vector<ApiChoice> outs;
+                    for (const ChoiceState& cs : job->choices) outs.push_back(cs.out);
+                    res.set_content(api_response(job->req, job->id, job->created, name, outs, *tok).dump(), "application/json");
                     return;
                 }
                 res.set_header("Cache-Control", "no-cache");
@@ -365,33 +383,41 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     "text/event-stream",
                     [job, model_name = name, tk = tok.get()](size_t, httplib::DataSink& sink) {
                         std::unique_lock<std::mutex> lk(job->m);
+                        auto news = [&](const ChoiceState& cs) {
+                            return cs.out.text.size() > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+                        };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
-                            return job->done || job->text.size() > job->sent || job->lps.size() > job->lps_sent;
+                            return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
                         });
                         if (!sink.is_writable()) {
                             job->gone = true;
                             return false;
                         }
                         std::string out;
-                        if (job->text.size() > job->sent || job->lps.size() > job->lps_sent) {
-                            // The logprobs of the tokens since the last event (their text may be
-                            // held back a while for a stop string or a character's rest).
-                            const std::vector<TokenLogprobs> fresh(job->lps.begin() + ptrdiff_t(job->lps_sent), job->lps.end());
-                            out += sse(api_chunk(job->req, job->id, job->created, model_name, job->text.substr(job->sent), "",
-                                                 api_logprobs(job->req, *tk, fresh, job->lps_offset)));
-                            job->sent = job->text.size();
-                            job->lps_sent = job->lps.size();
-                            job->lps_offset += logprobs_text_bytes(*tk, fresh);
+                        for (size_t c = 0; c < job->choices.size(); ++c) {
+                            ChoiceState& cs = job->choices[c];
+                            if (cs.out.text.size() > cs.sent || cs.out.lps.size() > cs.lps_sent) {
+                                // The logprobs of the tokens since the last event (their text may be
+                                // held back a while for a stop string or a character's rest).
+                                const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
+                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c, cs.out.text.substr(cs.sent), "",
+                                                     api_logprobs(job->req, *tk, fresh, cs.lps_offset)));
+                                cs.sent = cs.out.text.size();
+                                cs.lps_sent = cs.out.lps.size();
+                                cs.lps_offset += logprobs_text_bytes(*tk, fresh);
+                            }
+                            if ((cs.done || job->aborted) && !cs.finish_sent) {
+                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",
+                                                     cs.done ? cs.out.finish : "abort"));
+                                cs.finish_sent = true;
+                            }
                         }
-                        if (job->done) {
-                            out += sse(api_chunk(job->req, job->id, job->created, model_name, "", job->finish));
-                            out += "data: [DONE]\n\n";
-                        }
+                        if (job->done()) out += "data: [DONE]\n\n";
                         if (!out.empty() && !sink.write(out.data(), out.size())) {
                             job->gone = true;
                             return false;
                         }
-                        if (job->done) sink.done();
+                        if (job->done()) sink.done();
                         return true;
                     },
                     [job](bool success) {
@@ -424,33 +450,37 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (!root || is_eos_id(s->cfg, t)) return;
         StopMatcher& m = *texts.at(id);
         if (m.push(t)) to_end.emplace_back(id, "stop");
-        Job& job = *jobs.at(id);
+        const auto& [job, c] = jobs.at(id);
         {
-            std::lock_guard<std::mutex> lk(job.m);
-            job.text = m.text().substr(0, m.settled());
-            if (job.req.logprobs >= 0) job.lps.push_back(batcher.result(id).logprobs.back());
+            std::lock_guard<std::mutex> lk(job->m);
+            ApiChoice& out = job->choices[c].out;
+            out.text = m.text().substr(0, m.settled());
+            if (job->req.logprobs >= 0) out.lps.push_back(batcher.result(id).logprobs.back());
         }
-        job.cv.notify_all();
+        job->cv.notify_all();
     };
     for (;;) {
         json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}};
-        std::vector<std::shared_ptr<Job>> added;
+        std::vector<std::pair<std::shared_ptr<Job>, size_t>> added;  // rank 0: a request's choices in order
         if (root) {
             std::unique_lock<std::mutex> lk(inbox.m);
             if (!batcher.busy() && to_end.empty())  // idle: wait for work (the other ranks wait in the broadcast)
                 inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.jobs.empty() || g_signalled; });
             while (!inbox.jobs.empty()) {
-                added.push_back(inbox.jobs.front());
+                const std::shared_ptr<Job> job = inbox.jobs.front();
                 inbox.jobs.pop_front();
-                ctl["add"].push_back(request_json(added.back()->req));
+                for (size_t c = 0; c < job->choices.size(); ++c) {
+                    added.emplace_back(job, c);
+                    ctl["add"].push_back(request_json(job->req, c));
+                }
             }
             if (g_signalled) {
                 inbox.closed = true;
                 ctl["shutdown"] = true;
             }
             lk.unlock();
-            for (const auto& [id, job] : jobs)
-                if (job->gone) to_end.emplace_back(id, "abort");
+            for (const auto& [id, jc] : jobs)
+                if (jc.first->gone) to_end.emplace_back(id, "abort");
             for (const auto& [id, why] : to_end) ctl["end"].push_back({id, why});
             to_end.clear();
         }
@@ -460,7 +490,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             live.push_back(id);
             if (!root) continue;
             jobs[id] = added[i];
-            texts[id] = std::make_unique<StopMatcher>(*tok, added[i]->req.stop);
+            texts[id] = std::make_unique<StopMatcher>(*tok, added[i].first->req.stop);
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
         if (ctl["shutdown"]) break;
@@ -490,14 +520,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     stats.cached_tokens += r.cached_tokens;
                     stats.generated_tokens += int64_t(r.tokens.size());
                 }
-                if (why != "abort") {
-                    {
-                        Job& job = *jobs.at(id);
-                        std::lock_guard<std::mutex> lk(job.m);
-                        job.prompt_lps = r.prompt_logprobs;
-                    }
-                    finish_job(*jobs.at(id), m.text(), finish_reason(why), int64_t(r.tokens.size()), r.cached_tokens);
-                }
+                if (why != "abort") finish_choice(*jobs.at(id).first, jobs.at(id).second, m.text(), finish_reason(why), r);
                 jobs.erase(id);
                 texts.erase(id);
             }

@@ -37,8 +37,6 @@ int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int6
     return x;
 }
 
-bool p_is_text(const json& body) { return body.contains("prompt") && body["prompt"].is_string(); }
-
 // The token ids of a chat request's "messages", rendered with the model's template.
 std::vector<int32_t> chat_ids(const json& body, const Tokenizer& tok) {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
@@ -85,9 +83,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (std::string(key) == "echo" && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
     }
-    if (integer(body, "n", 1, 1, 1) != 1) bad("\"n\" must be 1");
     ApiRequest r;
     r.chat = chat;
+    r.n = integer(body, "n", 1, 1, kMaxApiN);
     if (chat) {
         const json lp = body.value("logprobs", json(nullptr));
         if (!lp.is_null() && !lp.is_boolean()) bad("\"logprobs\" must be true or false");
@@ -100,31 +98,54 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             bad("\"top_logprobs\" is the chat API's; completions take \"logprobs\": N");
         r.logprobs = integer(body, "logprobs", -1, 0, kMaxApiLogprobs);
     }
+    std::vector<std::string> texts;  // completions: the prompts given as text ("" for ids)
     if (chat) {
-        r.prompt = chat_ids(body, tok);
+        r.prompts = {chat_ids(body, tok)};
     } else {
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
-        if (p.is_string()) {
-            r.prompt_text = p.get<std::string>();
-            r.prompt = tok.encode(r.prompt_text);
-        } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-            for (const json& id : p) {
+        auto ids_of = [&](const json& a) {
+            std::vector<int32_t> ids;
+            for (const json& id : a) {
                 if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
                     bad(cat("\"prompt\" token ids must be integers in [0, ", lim.vocab, ")"));
-                r.prompt.push_back(id.get<int32_t>());
+                ids.push_back(id.get<int32_t>());
+            }
+            return ids;
+        };
+        const char* form = "\"prompt\" must be a string, an array of token ids, or a list of either";
+        if (p.is_string()) {
+            texts.push_back(p.get<std::string>());
+        } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+            texts.emplace_back();
+            r.prompts.push_back(ids_of(p));
+        } else if (p.is_array() && !p.empty()) {  // a batch: every entry of one kind
+            const bool strings = p[0].is_string();
+            for (const json& e : p) {
+                if (strings ? !e.is_string() : !e.is_array()) bad(form);
+                texts.push_back(strings ? e.get<std::string>() : std::string());
+                if (!strings) r.prompts.push_back(ids_of(e));
             }
         } else {
-            bad("\"prompt\" must be a string or an array of token ids (one prompt per request)");
+            bad(form);
         }
+        if (r.prompts.empty())
+            for (const std::string& t : texts) r.prompts.push_back(tok.encode(t));
     }
-    const int64_t n = int64_t(r.prompt.size());
-    if (n == 0) bad("the prompt is empty");
+    if (int64_t(r.prompts.size()) * r.n > kMaxApiChoices)
+        bad(cat(r.prompts.size(), " prompts x \"n\" ", r.n, " asks for more than ", kMaxApiChoices, " choices"));
+    int64_t longest = 0;
+    for (const std::vector<int32_t>& ids : r.prompts) {
+        if (ids.empty()) bad("a prompt is empty");
+        longest = std::max(longest, int64_t(ids.size()));
+    }
+    const int64_t n = longest;
     if (!chat && body.contains("echo") && !body["echo"].is_null()) {
         if (!body["echo"].is_boolean()) bad("\"echo\" must be true or false");
         r.echo = body["echo"];
         if (r.echo && body.value("stream", false) == true) bad("\"echo\" with \"stream\" is not supported");
-        if (r.echo && !p_is_text(body)) r.prompt_text = tok.decode(r.prompt);
+        for (size_t i = 0; r.echo && i < r.prompts.size(); ++i)
+            r.prompt_texts.push_back(texts[i].empty() ? tok.decode(r.prompts[i]) : texts[i]);
     }
     if (n >= lim.ctx)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
@@ -184,7 +205,7 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
 }
 
 json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset,
-                  const std::vector<TokenLogprobs>* prompt) {
+                  const std::vector<int32_t>* echo_prompt, const std::vector<TokenLogprobs>* prompt_lps) {
     if (r.logprobs < 0) return nullptr;
     if (r.chat) {
         auto entry = [&](const Logprob& l) {
@@ -203,8 +224,8 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
         return {{"content", content}};
     }
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
-    if (prompt && !r.prompt.empty()) {  // echo: the first prompt token has nothing before it
-        const std::string s = token_text(tok, r.prompt[0]);
+    if (echo_prompt && !echo_prompt->empty()) {  // echo: the first prompt token has nothing before it
+        const std::string s = token_text(tok, (*echo_prompt)[0]);
         tokens.push_back(s);
         token_logprobs.push_back(nullptr);
         top.push_back(nullptr);
@@ -212,7 +233,7 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
         offset += s.size();
     }
     std::vector<TokenLogprobs> all;
-    if (prompt) all = *prompt;
+    if (prompt_lps) all = *prompt_lps;
     all.insert(all.end(), lps.begin(), lps.end());
     for (const TokenLogprobs& t : all) {
         const std::string s = token_text(tok, t.token.id);
@@ -232,19 +253,31 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
 }
 
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                  const std::string& text, const std::string& finish, int64_t completion_tokens, int64_t cached_tokens,
-                  const json& logprobs) {
-    json choice = {{"index", 0}};
-    if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-    else choice["text"] = text;
-    choice["logprobs"] = logprobs;
-    choice["finish_reason"] = finish;
-    const int64_t prompt_tokens = int64_t(r.prompt.size());
+                  const std::vector<ApiChoice>& choices, const Tokenizer& tok) {
+    json out = json::array();
+    int64_t completion_tokens = 0, cached_tokens = 0, prompt_tokens = 0;
+    for (const std::vector<int32_t>& p : r.prompts) prompt_tokens += int64_t(p.size());
+    // Each prompt counts once: the most of it any of its choices took from the cache.
+    std::vector<int64_t> cached(r.prompts.size(), 0);
+    for (size_t c = 0; c < choices.size(); ++c) {
+        const ApiChoice& ch = choices[c];
+        const size_t p = c / size_t(r.n);
+        const std::string text = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
+        json choice = {{"index", c}};
+        if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+        else choice["text"] = text;
+        choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
+        choice["finish_reason"] = ch.finish;
+        out.push_back(choice);
+        completion_tokens += ch.completion_tokens;
+        cached[p] = std::max(cached[p], ch.cached_tokens);
+    }
+    for (const int64_t k : cached) cached_tokens += k;
     return {{"id", id},
             {"object", r.chat ? "chat.completion" : "text_completion"},
             {"created", created},
             {"model", model},
-            {"choices", json::array({choice})},
+            {"choices", out},
             {"usage",
              {{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
@@ -252,9 +285,9 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
               {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}}}};
 }
 
-json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model, size_t index,
                const std::string& delta, const std::string& finish, const json& logprobs) {
-    json choice = {{"index", 0}};
+    json choice = {{"index", index}};
     if (r.chat) choice["delta"] = delta.empty() && !finish.empty() ? json::object() : json{{"content", delta}};
     else choice["text"] = delta;
     choice["logprobs"] = logprobs;

@@ -32,7 +32,9 @@ struct ApiLimits {
 
 struct ApiRequest {
     bool chat = false;
-    std::vector<int32_t> prompt;
+    // Chat: one prompt. Completions: "prompt" a string or ids, or a list of either (a batch).
+    std::vector<std::vector<int32_t>> prompts;
+    int64_t n = 1;  // choices per prompt: choice c is prompt c / n's (c % n)-th sample
     int64_t max_tokens = 16;
     SamplerOptions sampler;
     std::vector<std::string> stop;
@@ -43,21 +45,33 @@ struct ApiRequest {
     // Completions' "echo": the prompt's text leads the text, and with logprobs its tokens lead
     // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text).
     bool echo = false;
-    std::string prompt_text;  // echo: the prompt string as sent, or its ids decoded
+    std::vector<std::string> prompt_texts;  // echo: each prompt as sent, or its ids decoded
+    size_t choices() const { return prompts.size() * size_t(n); }
+    const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
     int64_t prompt_logprobs() const { return echo && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1; }
 };
 
 // The most top logprobs a request may ask for (vLLM's default limit).
 constexpr int64_t kMaxApiLogprobs = 20;
+// The most choices (prompts x n) one request may ask for, and the most n.
+constexpr int64_t kMaxApiChoices = 128, kMaxApiN = 16;
+
+// What one choice of a request came to, for its response.
+struct ApiChoice {
+    std::string text;    // generated (echo adds the prompt's text in the response)
+    std::string finish;  // "stop" or "length"
+    int64_t completion_tokens = 0, cached_tokens = 0;
+    std::vector<TokenLogprobs> lps, prompt_lps;  // when asked ("logprobs"; with echo the prompt's)
+};
 
 // Parses and checks a request body (throws ApiError: 400 for a bad field, 404 for another model).
-// Completions: "prompt" a string (encoded as `shardlm generate --prompt` encodes it) or an array
-// of token ids; "max_tokens" default 16. Chat: "messages" of {role: system|user|assistant,
+// Completions: "prompt" a string (encoded as `shardlm generate --prompt` encodes it), an array
+// of token ids, or a list of either; "max_tokens" default 16. Chat: "messages" of {role: system|user|assistant,
 // content}, rendered with the model's chat template; "max_tokens" (or "max_completion_tokens")
 // default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
-// up to 4), stream, n (1 only), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
+// up to 4), stream, n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed). best_of, logit_bias and tools are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
@@ -70,22 +84,25 @@ std::string finish_reason(const std::string& stop_reason);
 // top_logprobs (the N most probable and the sampled token, by text) and text_offset from
 // `offset`, the bytes of the tokens before these (streaming). Chat: content[] of token, logprob,
 // bytes and top_logprobs[].
-// With echo (completions) `prompt`, the prompt tokens' entries after the first
-// (BatchRequest::prompt_logprobs), come first.
+// With echo (completions) the prompt's tokens come first: `echo_prompt`, its ids, and
+// `prompt_lps`, the entries of those after the first (BatchRequest::prompt_logprobs).
 nlohmann::json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps,
-                            size_t offset = 0, const std::vector<TokenLogprobs>* prompt = nullptr);
+                            size_t offset = 0, const std::vector<int32_t>* echo_prompt = nullptr,
+                            const std::vector<TokenLogprobs>* prompt_lps = nullptr);
 // The bytes the tokens of `lps` take in the completions' text_offset count.
 size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps);
 
-// The whole response of a request that has ended: text_completion or chat.completion; its usage
-// names the prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
+// The whole response of a request that has ended: text_completion or chat.completion, a choice
+// per entry of `choices` (r.choices() of them); its usage counts each prompt once and names the
+// prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
 nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                            const std::string& text, const std::string& finish, int64_t completion_tokens,
-                            int64_t cached_tokens, const nlohmann::json& logprobs = nullptr);
-// One server-sent event's object of a streamed response: a text delta (with the logprobs of the
-// tokens generated since the last event), and the finish reason in the last one (empty before).
+                            const std::vector<ApiChoice>& choices, const Tokenizer& tok);
+// One server-sent event's object of a streamed response: choice `index`'s text delta (with the
+// logprobs of the tokens generated since its last event), and the finish reason in its last one
+// (empty before).
 nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                         const std::string& delta, const std::string& finish, const nlohmann::json& logprobs = nullptr);
+                         size_t index, const std::string& delta, const std::string& finish,
+                         const nlohmann::json& logprobs = nullptr);
 // vLLM's /tokenize ("prompt" with "add_special_tokens", default true, or chat "messages"):
 // {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
 nlohmann::json api_tokenize(const nlohmann::json& body, const Tokenizer& tok, const ApiLimits& lim);

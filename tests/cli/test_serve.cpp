@@ -270,6 +270,42 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(c.body["choices"][0]["text"], "And God said" + want);
         EXPECT_TRUE(c.body["choices"][0]["logprobs"].is_null());
     }
+    // n choices: choice j is prompt's j-th sampler stream, as generate samples the j-th of a
+    // batch of copies; a list of prompts gets a choice per prompt; streamed, each choice's deltas
+    // (by index) make its text.
+    {
+        const json nreq = {{"prompt", {5, 6, 7}}, {"max_tokens", 6}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 4}, {"n", 3}};
+        const Reply r = post(port, "/v1/completions", nreq);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        ASSERT_EQ(r.body["choices"].size(), 3u);
+        const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+                                            " --json --prompt-ids '5,6,7;5,6,7;5,6,7' --max-new-tokens 6 --temperature 0.9 "
+                                            "--top-k 40 --top-p 1 --seed 4");
+        ASSERT_EQ(g.exit_code, 0) << g.err;
+        const json gen = json::parse(g.out);
+        for (size_t j = 0; j < 3; ++j) {
+            EXPECT_EQ(r.body["choices"][j]["index"], j);
+            EXPECT_EQ(r.body["choices"][j]["text"], gen["results"][j]["text"]) << j;
+        }
+        EXPECT_NE(r.body["choices"][0]["text"], r.body["choices"][1]["text"]);  // 4^-6 odds of a false alarm at best
+        EXPECT_EQ(r.body["usage"]["prompt_tokens"], 3);
+        EXPECT_EQ(r.body["usage"]["completion_tokens"], 18);
+        const Reply list = post(port, "/v1/completions", {{"prompt", {"And God said", "Behold"}}, {"max_tokens", 9}, {"temperature", 0}});
+        ASSERT_EQ(list.status, 200) << list.raw;
+        EXPECT_EQ(list.body["choices"][0]["text"], generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens 9"));
+        EXPECT_EQ(list.body["choices"][1]["text"], generate_text(model_.path(), "--prompt 'Behold' --max-new-tokens 9"));
+        json st = nreq;
+        st["stream"] = true;
+        const Reply sr = post(port, "/v1/completions", st);
+        std::istringstream ev(sr.raw);
+        std::vector<std::string> texts(3);
+        for (std::string line; std::getline(ev, line);) {
+            if (line.rfind("data: {", 0) != 0) continue;
+            const json c = json::parse(line.substr(6))["choices"][0];
+            texts.at(c["index"].get<size_t>()) += c["text"].get<std::string>();
+        }
+        for (size_t j = 0; j < 3; ++j) EXPECT_EQ(texts[j], r.body["choices"][j]["text"]) << j;
+    }
     const json sampled = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"top_k", 40}};
     EXPECT_EQ(post(port, "/v1/completions", sampled).body["choices"], post(port, "/v1/completions", sampled).body["choices"]);
 
@@ -296,7 +332,11 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
     error_of({{"prompt", "x"}, {"logprobs", true}}, 400, "\"logprobs\" must be an integer");
     error_of({{"prompt", "x"}, {"top_logprobs", 2}}, 400, "\"top_logprobs\" is the chat API's");
-    error_of({{"prompt", "x"}, {"n", 2}}, 400, "\"n\" must be in [1, 1]");
+    error_of({{"prompt", "x"}, {"n", 17}}, 400, "\"n\" must be in [1, 16]");
+    error_of({{"prompt", json::array({"x", json::array({5})})}}, 400, "\"prompt\" must be a string, an array of token ids, or a list of either");
+    error_of({{"prompt", json::array({"a", "b", "c", "d", "e", "f", "g", "h", "i"})}, {"n", 16}}, 400,
+             "9 prompts x \"n\" 16 asks for more than 128 choices");
+    error_of({{"prompt", json::array({"x", ""})}}, 400, "a prompt is empty");
     error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
     // The same prompt again: a freed slot holds it (prefix caching), all but its last token is
@@ -327,8 +367,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
             EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
             return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
         };
-        EXPECT_GE(value("shardlm_requests_finished_total{finish_reason=\"length\"}"), 10);
-        EXPECT_GE(value("shardlm_requests_finished_total{finish_reason=\"stop\"}"), 1);
+        EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"length\"}"), 10);
+        EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"stop\"}"), 1);
         EXPECT_GT(value("shardlm_prompt_tokens_cached_total"), 0);
         // Every prompt token ran but the cached ones and the last of the text scored with
         // max_tokens 0 (nothing follows it to predict).
@@ -452,6 +492,16 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
         reused += replies[i].body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() > 0;
     }
     EXPECT_GE(reused, 1);
+    // Two sampled choices of one request, over two ranks: generate's two copies of the prompt.
+    const Reply two = post(srv.port(), "/v1/completions",
+                           {{"prompt", {5, 6, 7}}, {"max_tokens", 6}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 4}, {"n", 2}});
+    ASSERT_EQ(two.status, 200) << two.raw;
+    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+                                        " --json --prompt-ids '5,6,7;5,6,7' --max-new-tokens 6 --temperature 0.9 --top-k 40 "
+                                        "--top-p 1 --seed 4");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const json gen = json::parse(g.out);
+    for (size_t j = 0; j < 2; ++j) EXPECT_EQ(two.body["choices"][j]["text"], gen["results"][j]["text"]) << j;
     EXPECT_NE(srv.stop(), -1) << srv.read_all();
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
 }

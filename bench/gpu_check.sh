@@ -411,8 +411,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 out = []
 for r in rows:
-    out.append("%s b%d %.0f tok/s (%d steps, %d prefilled)" % (r["test"], r["batch"], r["tokens_per_s"], r["steps"],
-                                                               r["prefilled_tokens"]))
+    out.append("%s b%d %.0f tok/s (%d steps, %d prefilled, TTFT p50 %.0f ms, TPOT %.2f ms)" % (
+        r["test"], r["batch"], r["tokens_per_s"], r["steps"], r["prefilled_tokens"], r["ttft_ms_p50"], r["tpot_ms_mean"]))
 print("; ".join(out))
 ' "$work/logs/serve.rows")"
 }

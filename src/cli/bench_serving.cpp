@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "runtime/generate.h"
 
@@ -43,16 +44,33 @@ ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64
     ServingRun out;
     const auto t0 = std::chrono::steady_clock::now();
     const size_t n = r.prompts.size(), group = static_batches ? size_t(slots) : n;
+    auto ms = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+    std::vector<double> first(n, -1), last(n, 0);
+    std::vector<int64_t> count(n, 0);
     for (size_t at = 0; at < n; at += group) {
         const size_t end = std::min(n, at + group);
         const std::vector<std::vector<int32_t>> prompts(r.prompts.begin() + ptrdiff_t(at), r.prompts.begin() + ptrdiff_t(end));
         go.max_new_each.assign(r.max_new.begin() + ptrdiff_t(at), r.max_new.begin() + ptrdiff_t(end));
-        const GenerateResult g = generate(e, prompts, go);
+        const TokenCallback on_token = [&](size_t i, int32_t) {
+            const double t = ms();
+            if (first[at + i] < 0) first[at + i] = t;
+            last[at + i] = t;
+            count[at + i] += 1;
+        };
+        const GenerateResult g = generate(e, prompts, go, on_token);
         for (const SequenceResult& q : g.seqs) out.generated += int64_t(q.tokens.size());
         out.steps += g.timings.prefill_steps + g.timings.decode_steps;
         out.prefilled += g.timings.prefill_tokens;
     }
-    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    out.ms = ms();
+    std::vector<double> ttft = first, tpot;
+    std::sort(ttft.begin(), ttft.end());
+    auto pct = [&](double p) { return ttft.empty() ? 0.0 : ttft[std::min(ttft.size() - 1, size_t(std::ceil(p * double(ttft.size()))) - 1)]; };
+    out.ttft_p50_ms = pct(0.5);
+    out.ttft_p90_ms = pct(0.9);
+    for (size_t i = 0; i < n; ++i)
+        if (count[i] > 1) tpot.push_back((last[i] - first[i]) / double(count[i] - 1));
+    for (const double t : tpot) out.tpot_mean_ms += t / double(tpot.size());
     return out;
 }
 

@@ -27,6 +27,9 @@ struct ServingRun {
     double ms = 0;
     int64_t generated = 0, steps = 0;
     int64_t prefilled = 0;  // prompt tokens run (the rest came from the prefix cache)
+    // Latency as a client would see it, every request arriving at the start of the run: time to
+    // its first token (queueing included), and its mean time per output token after the first.
+    double ttft_p50_ms = 0, ttft_p90_ms = 0, tpot_mean_ms = 0;
 };
 // Greedy generation of every request with at most `slots` sequences at once, prompt tokens per
 // step up to `chunk`: continuously batched (static = false), or in batches of `slots` requests,

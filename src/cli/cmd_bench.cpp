@@ -300,6 +300,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     j["stddev_ms"] = r.st.stddev;
                     j["tokens_per_s"] = tps;
                     j["requests_per_s"] = double(requests) * 1000.0 / r.st.mean;
+                    j["ttft_ms_p50"] = r.run.ttft_p50_ms;  // of the last repeat
+                    j["ttft_ms_p90"] = r.run.ttft_p90_ms;
+                    j["tpot_ms_mean"] = r.run.tpot_mean_ms;
                     j["gbps"] = gbps;
                     common(j);
                     std::cout << j.dump() << "\n";

@@ -840,6 +840,12 @@ TEST_F(Cli, BenchServingRows) {
         EXPECT_GT(rows[i]["gbps"].get<double>(), 0);
         EXPECT_EQ(rows[i]["prompt_tokens"], rows[0]["prompt_tokens"]);
         EXPECT_EQ(rows[i]["generated_tokens"], rows[0]["generated_tokens"]);
+        // Latencies within the run: the first token of every request came, the median first.
+        const double p50 = rows[i]["ttft_ms_p50"], p90 = rows[i]["ttft_ms_p90"], tpot = rows[i]["tpot_ms_mean"];
+        EXPECT_GT(p50, 0.0);
+        EXPECT_LE(p50, p90);
+        EXPECT_LE(p90, rows[i]["avg_ms"].get<double>());
+        EXPECT_GE(tpot, 0.0);
     }
     const int64_t prompt_tokens = rows[0]["prompt_tokens"], generated = rows[0]["generated_tokens"];
     EXPECT_GE(prompt_tokens, 9);

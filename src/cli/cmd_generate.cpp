@@ -142,8 +142,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch == 0 ? int64_t(prompts.size()) : std::min(batch, int64_t(prompts.size()));
     so.prefill_chunk = chunk;
-    // --prompt-logprobs: a logits row per prompt token, up to 64 a step beside the slots' rows.
-    if (go.prompt_logprobs >= 0) so.max_logit_rows = std::max<int64_t>(so.max_batch, std::min<int64_t>(chunk, 64));
+    if (go.prompt_logprobs >= 0) set_scoring_rows(so);
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
     // --ctx 0: the longest prompt + --max-new-tokens (saturating: a huge --max-new-tokens must not wrap).

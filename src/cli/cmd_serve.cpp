@@ -255,9 +255,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
-    // Logits rows per step beyond one per slot: an echo request's prompt is scored 64 tokens a
-    // step at most (64 rows of the vocabulary in the workspace, ~39 MB for Qwen3's).
-    so.max_logit_rows = std::max<int64_t>(batch, std::min<int64_t>(chunk, 64));
+    set_scoring_rows(so);  // echo requests score their prompts
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");

@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <sys/resource.h>
 
 #include <iostream>
@@ -145,6 +146,10 @@ SamplerOptions apply_sampling(const SamplingFlags& f) {
     for (const std::string& st : f.stops)
         if (st.empty()) fail("--stop: a stop string must not be empty");
     return o;
+}
+
+void set_scoring_rows(SessionOptions& so) {
+    so.max_logit_rows = std::max<int64_t>(so.max_batch, std::min<int64_t>(so.prefill_chunk, 64));
 }
 
 void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {

@@ -65,6 +65,10 @@ void check_tp_flag(int tp, const Communicator& comm);
 // --ctx for the commands that hold a conversation or serve requests (chat, serve): the flag, or
 // 4096 positions (at most max_position_embeddings), with ctx_origin naming `command`'s default.
 void set_session_ctx(SessionOptions& so, int64_t ctx, const ModelConfig& cfg, const std::string& command);
+// Logits rows per step for scoring prompts (prompt logprobs, echo): one per slot and up to 64 a
+// step for a scored prompt's tokens (64 vocabulary rows of workspace, ~39 MB for Qwen3's).
+// so.max_batch and so.prefill_chunk set first.
+void set_scoring_rows(SessionOptions& so);
 
 // Throws unless every rank runs the same command line on the same model with the same build: a
 // collective (check_same_on_all_ranks), called inside run_together after the session is open.

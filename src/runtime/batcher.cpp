@@ -256,9 +256,9 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             n = std::min({n, len - 1 - q.done, rows_left});  // the last token runs alone, for its sample
             ch.all_logits = true;
             rows_left -= n;
-        } else if (q.done + n == len && rows_left-- == 0) {
-            n -= 1;  // no logits row left for the prompt's end: stop short of it
-            rows_left = 0;
+        } else if (q.done + n == len) {
+            if (rows_left == 0) n -= 1;  // no logits row left for the prompt's end: stop short of it
+            else rows_left -= 1;
         }
         if (n == 0) continue;
         ch.slot = q.slot;

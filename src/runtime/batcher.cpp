@@ -30,6 +30,8 @@ struct Batcher::Seq {
     std::unique_ptr<RecentTokens> recent;  // while it runs
     std::vector<PenaltyEntry> pens;        // the step's entries (alive until the next step)
     bool ended = false;
+    bool fresh = true;   // no chunk of it has run yet (reuse_prefix may still fill its cache)
+    bool waits = false;  // this step: for a prefix another sequence is prefilling
     size_t index = 0;  // for the callbacks
     Seq(BatchRequest r, size_t i, int64_t ctx)
         : req(std::move(r)), sampler(req.sampler, req.stream), done(req.cached), window(penalty_window(req.sampler, ctx)),
@@ -95,22 +97,71 @@ void Batcher::end(Seq& q, const std::string& reason) {
     q.pens = {};
 }
 
-// Hands q's slot back; with reuse_prefix it keeps what q's sequence ran: the prompt tokens
-// prefilled so far, and every generated token but the last (sampled, never run).
+// The tokens whose keys and values q's slot holds at positions [0, size) before the next step:
+// the prompt tokens prefilled so far, and every generated token but the last (sampled, never
+// run). None once its sequence slid or its ring wrapped (early positions gone).
+std::vector<int32_t> Batcher::ran(const Seq& q) const {
+    std::vector<int32_t> h;
+    if (q.dropped > 0) return h;
+    const std::vector<int32_t>& p = q.req.prompt;
+    const std::vector<int32_t>& t = q.res.tokens;
+    h.assign(p.begin(), p.begin() + q.done);
+    if (q.done == int64_t(p.size()) && !t.empty()) h.insert(h.end(), t.begin(), t.end() - 1);
+    if (int64_t(h.size()) > capacity_) h.clear();
+    return h;
+}
+
+// Hands q's slot back; with reuse_prefix it keeps what q's sequence ran.
 void Batcher::free_slot(const Seq& q) {
     if (opt_.reuse_prefix) {
-        std::vector<int32_t>& h = held_[size_t(q.slot)];
-        const std::vector<int32_t>& p = q.req.prompt;
-        const std::vector<int32_t>& t = q.res.tokens;
-        h.clear();
-        if (q.dropped == 0) {
-            h.assign(p.begin(), p.begin() + q.done);
-            if (q.done == int64_t(p.size()) && !t.empty()) h.insert(h.end(), t.begin(), t.end() - 1);
-            if (int64_t(h.size()) > capacity_) h.clear();  // the ring wrapped: early positions are gone
-        }
+        held_[size_t(q.slot)] = ran(q);
         freed_at_[size_t(q.slot)] = ++frees_;
     }
     free_slots_.push_back(q.slot);
+}
+
+// reuse_prefix between slots, for each running sequence that has not run a chunk yet: it waits
+// while one admitted before it is still prefilling a longer prefix of its prompt than any slot
+// holds now (by kMinPrefixWait tokens or more past its own cache: those tokens are run once
+// anyway, and waiting costs it no more than running them beside), else copies the longest prefix
+// of its prompt that another slot holds (a running sequence's, or a free slot's) when that is
+// more than its own.
+// Every decision rests on tokens alone, so every rank of a TP job makes the same copies.
+void Batcher::share_prefixes() {
+    for (size_t a = 0; a < running_.size(); ++a) {
+        Seq& q = *seqs_[running_[a]];
+        q.waits = false;
+        if (!q.fresh || q.req.prompt_logprobs >= 0) continue;
+        const std::vector<int32_t>& p = q.req.prompt;
+        // The last prompt token always runs, for its logits.
+        auto common = [&](const int32_t* b, int64_t n) {
+            return std::min<int64_t>(std::mismatch(b, b + n, p.begin(), p.end()).first - b, int64_t(p.size()) - 1);
+        };
+        int64_t now = q.done, src = -1, later = 0;
+        auto consider = [&](const std::vector<int32_t>& h, int64_t slot) {
+            const int64_t n = common(h.data(), int64_t(h.size()));
+            if (n > now) {
+                now = n;
+                src = slot;
+            }
+        };
+        for (size_t b = 0; b < running_.size(); ++b) {
+            if (b == a) continue;
+            const Seq& s = *seqs_[running_[b]];
+            consider(ran(s), s.slot);
+            const int64_t len = int64_t(s.req.prompt.size());
+            if (b < a && s.dropped == 0 && s.done < len)
+                later = std::max(later, common(s.req.prompt.data(), std::min(len, capacity_)));
+        }
+        for (const int64_t f : free_slots_) consider(held_[size_t(f)], f);
+        if (later > now && later >= q.done + kMinPrefixWait) {
+            q.waits = true;
+        } else if (src >= 0) {
+            engine_.copy_kv(src, q.slot, now);
+            q.done = now;
+            q.res.cached_tokens = now;
+        }
+    }
 }
 
 void Batcher::finish(size_t id, const std::string& reason) {
@@ -208,6 +259,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         }
     }
     if (running_.empty()) return;
+    if (opt_.reuse_prefix) share_prefixes();
 
     auto add_penalties = [&](SeqChunk& ch, Seq& q) {
         if (!q.recent) return;
@@ -249,7 +301,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         Seq& q = *seqs_[i];
         const int64_t len = int64_t(q.req.prompt.size());
         if (budget == 0) break;
-        if (q.done == len) continue;
+        if (q.done == len || q.waits) continue;
         int64_t n = std::min(budget, len - q.done);
         SeqChunk ch;
         if (q.req.prompt_logprobs >= 0 && q.done < len - 1) {
@@ -266,6 +318,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         ch.n = n;
         ch.pos = q.done;
         q.done += n;
+        q.fresh = false;
         ch.want_logits = !ch.all_logits && q.done == len;
         if (ch.want_logits) add_penalties(ch, q);
         chunks.push_back(ch);

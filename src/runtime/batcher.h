@@ -81,9 +81,17 @@ struct BatcherOptions {
     // without a slot of its own takes the free slot that holds the longest prefix of its prompt
     // (ties: the slot freed longest ago, so the most recent prefixes stay) and starts its prefill
     // after it. A shared system prompt or a conversation's earlier turns are then prefilled once.
-    // A slot whose ring wrapped, or whose sequence slid, keeps nothing.
+    // A slot whose ring wrapped, or whose sequence slid, keeps nothing. Sequences share prefixes
+    // too: before its first step a request copies (Engine::copy_kv) the longest prefix of its
+    // prompt that another slot holds, a running sequence's included, and while a sequence admitted
+    // before it is still prefilling a longer one (kMinPrefixWait tokens or more) it waits for it:
+    // a burst of requests with one system prompt prefills it once.
     bool reuse_prefix = false;
 };
+
+// A request waits for another's prefill only to save at least this many tokens of its own: a
+// template's first few tokens in common are not worth a step's delay.
+constexpr int64_t kMinPrefixWait = 32;
 
 class Batcher {
 public:
@@ -113,7 +121,8 @@ private:
     bool accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop);
     void end(Seq& q, const std::string& reason);
     void free_slot(const Seq& q);
-    void take_slot(Seq& q);
+    std::vector<int32_t> ran(const Seq& q) const;
+    void share_prefixes();
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;

@@ -100,6 +100,11 @@ void CpuEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t le
     kv_.shift(slot, keep, discard, len, inv_freq_.data());
 }
 
+void CpuEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
+    check_copy(cfg_, opt_, src, dst, n);
+    kv_.copy_prefix(src, dst, n);
+}
+
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
 
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {

@@ -33,6 +33,7 @@ public:
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
     void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override;
+    void copy_kv(int64_t src, int64_t dst, int64_t n) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return w_.bytes; }

@@ -730,6 +730,31 @@ void CudaEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t l
     wait();
 }
 
+// Queued on the stream before the next step (which reads the rows); not waited for: a copy of a
+// shared prefix happens at admissions, and two 2D copies per layer cost less than a sync.
+void CudaEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
+    check_copy(cfg_, opt_, src, dst, n);
+    for (const DeviceKVLayer& kv : kv_) {
+        // A slot's block is [n_kv_heads][capacity][row_stride]: positions [0, n) of every head are
+        // n_kv_heads runs of n rows, one capacity of rows apart.
+        const size_t row = size_t(kv.row_stride) * dtype_size(kv.dtype), pitch = size_t(kv.capacity) * row;
+        const size_t slot_bytes = size_t(kv.n_kv_heads) * pitch;
+        for (void* base : {kv.k, kv.v}) {
+            uint8_t* b = static_cast<uint8_t*>(base);
+            CUDA_CHECK(cudaMemcpy2DAsync(b + size_t(dst) * slot_bytes, pitch, b + size_t(src) * slot_bytes, pitch,
+                                         size_t(n) * row, size_t(kv.n_kv_heads), cudaMemcpyDeviceToDevice, stream_));
+        }
+        if (kv.dtype != DType::I8) continue;
+        const size_t spitch = size_t(kv.capacity) * sizeof(float), sslot = size_t(kv.n_kv_heads) * spitch;
+        for (float* base : {kv.k_scales, kv.v_scales}) {
+            uint8_t* b = reinterpret_cast<uint8_t*>(base);
+            CUDA_CHECK(cudaMemcpy2DAsync(b + size_t(dst) * sslot, spitch, b + size_t(src) * sslot, spitch,
+                                         size_t(n) * sizeof(float), size_t(kv.n_kv_heads), cudaMemcpyDeviceToDevice,
+                                         stream_));
+        }
+    }
+}
+
 static_assert(kTopKMax == kMaxTopCandidates, "the engine hands back what the GPU selection can select");
 
 void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {

@@ -135,4 +135,11 @@ void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, i
                   ", discard ", discard, " of ", len, " cached positions (capacity ", cap, ")");
 }
 
+void check_copy(const ModelConfig& c, const EngineOptions& opt, int64_t src, int64_t dst, int64_t n) {
+    const int64_t cap = kv_capacity(c, opt);
+    SHARDLM_CHECK(src >= 0 && src < opt.max_batch && dst >= 0 && dst < opt.max_batch && src != dst, "KV copy: slot ",
+                  src, " to slot ", dst, " of ", opt.max_batch);
+    SHARDLM_CHECK(n >= 1 && n <= cap, "KV copy: ", n, " positions (capacity ", cap, ")");
+}
+
 }  // namespace shardlm

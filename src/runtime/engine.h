@@ -98,6 +98,11 @@ public:
     // positions, and the discarded ones are gone; the sequence goes on at position len - discard.
     // For --context-overflow slide (runtime/generate.h). Local to each rank (its own KV heads).
     virtual void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) = 0;
+    // Copies the keys and values of positions [0, n) of the sequence in slot `src` into slot `dst`
+    // (rows and INT8 scales as they are): dst's sequence then goes on at position n as if it had
+    // run those tokens. Prefix sharing between sequences (runtime/batcher.h); the caller knows that
+    // src holds them (its ring has not wrapped past them). Ordered with the steps; local to each rank.
+    virtual void copy_kv(int64_t src, int64_t dst, int64_t n) = 0;
     virtual const ModelConfig& config() const = 0;
     virtual const EngineOptions& options() const = 0;
     virtual size_t weight_bytes() const = 0;     // as held by this rank's engine
@@ -141,5 +146,7 @@ KVCacheShape kv_cache_shape(const ModelConfig& c, int64_t n_kv_heads, const Engi
 // What every backend checks before Engine::shift_kv (the shifted positions must all be cached).
 void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t keep, int64_t discard,
                  int64_t len);
+// What every backend checks before Engine::copy_kv: two distinct slots, 1 <= n <= kv_capacity.
+void check_copy(const ModelConfig& c, const EngineOptions& opt, int64_t src, int64_t dst, int64_t n);
 
 }  // namespace shardlm

@@ -121,4 +121,18 @@ void KVCache::shift(int64_t slot, int64_t keep, int64_t discard, int64_t len, co
     for (int64_t l = 0; l < s_.n_layers; ++l) kv_shift_ref(view(l, slot), keep, discard, len, inv_freq);
 }
 
+void KVCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
+    SHARDLM_CHECK(n >= 0 && n <= s_.capacity, "KV copy of ", n, " positions, capacity ", s_.capacity);
+    const size_t row_bytes = size_t(row_stride_) * dtype_size(s_.dtype);
+    for (int64_t l = 0; l < s_.n_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+            for (int64_t h = 0; h < s_.n_kv_heads; ++h) {
+                const size_t head = size_t(h * s_.capacity);
+                std::memcpy(static_cast<uint8_t*>(block(l, dst, kv)) + head * row_bytes,
+                            static_cast<const uint8_t*>(block(l, src, kv)) + head * row_bytes, size_t(n) * row_bytes);
+                if (s_.dtype == DType::I8)
+                    std::memcpy(scales(l, dst, kv) + head, scales(l, src, kv) + head, size_t(n) * sizeof(float));
+            }
+}
+
 }  // namespace shardlm

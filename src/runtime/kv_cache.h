@@ -76,6 +76,10 @@ public:
     // (kernels/cpu/kv_shift.h). Needs len <= capacity.
     void shift(int64_t slot, int64_t keep, int64_t discard, int64_t len, const float* inv_freq);
 
+    // Rows (and INT8 scales) of positions [0, n) of slot src copied into slot dst, every layer.
+    // Needs n <= capacity.
+    void copy_prefix(int64_t src, int64_t dst, int64_t n);
+
 private:
     KVSlotView view(int64_t layer, int64_t slot);
     void* block(int64_t layer, int64_t slot, int kv);

@@ -172,7 +172,9 @@ TEST(Batcher, PrefixReuseTakesTheLongestHeldPrefix) {
     const int64_t fresh_tokens = run(false, fresh), reused_tokens = run(true, reused);
     ASSERT_EQ(fresh[0].tokens.size(), 8u);
     ASSERT_EQ(fresh[1].tokens.size(), 3u);
-    const std::vector<int64_t> cached = {0, 0, 12, 14 + 8 - 1};
+    // Request 1 gets no prompt token before request 0's first two chunks have run (5 tokens a
+    // step): it copies the 10 of them it shares (a 12-token prefix is too short to wait for).
+    const std::vector<int64_t> cached = {0, 10, 12, 14 + 8 - 1};
     int64_t prompt_tokens = 0;
     for (size_t i = 0; i < fresh.size(); ++i) {
         EXPECT_EQ(fresh[i].cached_tokens, 0) << "request " << i;
@@ -182,7 +184,63 @@ TEST(Batcher, PrefixReuseTakesTheLongestHeldPrefix) {
         prompt_tokens += int64_t(fresh[i].prompt.size());
     }
     EXPECT_EQ(fresh_tokens, prompt_tokens);
-    EXPECT_EQ(reused_tokens, prompt_tokens - 12 - 21);
+    EXPECT_EQ(reused_tokens, prompt_tokens - 10 - 12 - 21);
+}
+
+// Prefix sharing between running sequences: four requests arriving together with one 48-token
+// start (a system prompt). The first prefills it; the others wait while it does (it is longer
+// than kMinPrefixWait), copy its keys and values (Engine::copy_kv, INT8 rows with their scales
+// too) and prefill only their tails. A fifth, admitted once a slot frees, reuses what that slot
+// holds. Tokens and prompt logits equal those of the same requests run without any reuse.
+TEST(Batcher, BurstPrefillsASharedPrefixOnce) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 29});
+    SingleRank comm;
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> sys = make_prompt(48, cfg.vocab, 61);
+    std::vector<BatchRequest> r;
+    for (int64_t i = 0; i < 4; ++i) {
+        r.push_back(request(joined(sys, make_prompt(1 + (i * 2) % 5, cfg.vocab, 70 + uint64_t(i))), greedy, uint64_t(i)));
+        r.back().keep_prompt_logits = true;
+    }
+    r[1].max_new_tokens = 2;  // ends first: request 4 then takes its slot
+    r.push_back(request(joined(sys, {5, 6, 7}), greedy, 4));
+    r[4].keep_prompt_logits = true;
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        auto run = [&](bool reuse, std::vector<SequenceResult>& out) {
+            // A session each: the slots must hold nothing of the other run's prompts.
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.ctx = 96;
+            so.max_batch = 4;
+            so.prefill_chunk = 64;  // room for every prompt in the first step, were none to wait
+            so.kv = kv;
+            auto s = open_session(so, comm);
+            BatcherOptions bo;
+            bo.prefill_chunk = 64;
+            bo.reuse_prefix = reuse;
+            Batcher b(*s->engine, bo);
+            for (const BatchRequest& q : r) b.add(q);
+            while (b.busy()) b.step();
+            for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
+            return b.timings();
+        };
+        std::vector<SequenceResult> fresh, shared;
+        const GenerateTimings tf = run(false, fresh), ts = run(true, shared);
+        int64_t cached = 0;
+        for (size_t i = 0; i < r.size(); ++i) {
+            const int64_t want = i == 0 ? 0 : 48;
+            EXPECT_EQ(shared[i].cached_tokens, want) << "request " << i << ", kv " << int(kv);
+            EXPECT_EQ(shared[i].tokens, fresh[i].tokens) << "request " << i << ", kv " << int(kv);
+            EXPECT_LT(max_abs_diff(shared[i].prompt_logits, fresh[i].prompt_logits), 1e-4) << "request " << i;
+            cached += shared[i].cached_tokens;
+        }
+        EXPECT_EQ(ts.prefill_tokens, tf.prefill_tokens - cached);
+        // The first prompt runs alone, then the other tails together.
+        EXPECT_EQ(ts.prefill_steps, 2 + 1) << "kv " << int(kv);  // (and request 4's tail later)
+    }
 }
 
 // On a model that slides over a window on every layer the slot is a ring of window + chunk - 1

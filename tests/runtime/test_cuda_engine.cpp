@@ -301,6 +301,45 @@ TEST_P(CudaVsCpu, ContextShiftMatchesTheCpuShift) {
     }
 }
 
+// Engine::copy_kv (prefix sharing): a prefix prefilled in slot 0 is copied into slot 1, whose
+// sequence goes on from it (a prompt chunk, then decode steps, graphs on the GPU). The logits are
+// the CPU engine's, so the device copy moved the rows (and INT8 scales) the CPU copy moved.
+TEST_P(CudaVsCpu, CopiedPrefixMatchesTheCpuCopy) {
+    SKIP_WITHOUT_GPU();
+    const int64_t V = cfg_.vocab, shared = 17;
+    const auto first = make_prompt(23, V, 31), tail = make_prompt(8, V, 32);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        std::vector<std::vector<float>> out[2];
+        for (int gpu = 0; gpu < 2; ++gpu) {
+            SessionOptions so;
+            so.model_dir = dir_.path();
+            so.ctx = 48;
+            so.max_batch = 2;
+            so.kv = kv;
+            so.device = gpu ? Device::Cuda : Device::Cpu;
+            SingleRank comm;
+            auto s = open_session(so, comm);
+            std::vector<float> lg(static_cast<size_t>(V));
+            s->engine->forward({{0, first.data(), int64_t(first.size()), 0, false}}, lg.data());
+            s->engine->copy_kv(0, 1, shared);
+            s->engine->forward({{1, tail.data(), 5, shared, true}}, lg.data());
+            out[gpu].push_back(lg);
+            for (int64_t i = 5; i < 8; ++i) {
+                s->engine->forward({{1, &tail[size_t(i)], 1, shared + i, true}}, lg.data());
+                out[gpu].push_back(lg);
+            }
+            EXPECT_THROW(s->engine->copy_kv(1, 1, 4), Error);
+            EXPECT_THROW(s->engine->copy_kv(0, 1, 49), Error);
+        }
+        float scale = 1.0f;
+        for (const auto& l : out[0])
+            for (float v : l) scale = std::max(scale, std::fabs(v));
+        const float tol = (kv == KVFormat::Int8 ? 2e-2f : tolerance()) * scale;
+        for (size_t i = 0; i < out[0].size(); ++i)
+            EXPECT_LT(max_abs_diff(out[0][i], out[1][i]), tol) << "kv " << int(kv) << " step " << i;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -85,6 +85,7 @@ public:
     void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override {
         e_.shift_kv(slot, keep, discard, len);
     }
+    void copy_kv(int64_t src, int64_t dst, int64_t n) override { e_.copy_kv(src, dst, n); }
     const ModelConfig& config() const override { return e_.config(); }
     const EngineOptions& options() const override { return e_.options(); }
     size_t weight_bytes() const override { return e_.weight_bytes(); }

@@ -405,15 +405,17 @@ TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
     }
 }
 
-// Prefix caching under tensor parallelism: six prompts that share a 10-token start through two
-// slots, each rank reusing the prefix its own shard of a freed slot holds. Every rank's tokens
-// are one rank's, with and without the reuse, and the later prompts prefill only their tails.
+// Prefix caching under tensor parallelism: six prompts that share a 40-token start through two
+// slots, each rank reusing the prefix its own shard of a slot holds: the second prompt waits for
+// the first's prefill and copies its prefix (Engine::copy_kv), the later ones take a freed slot's
+// or copy a running one's. Every rank's tokens are one rank's, with and without the reuse, and
+// all prompts but the first prefill only their tails.
 TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
     ModelConfig cfg = tiny_config(Arch::Qwen2);
     cfg.vocab = 389;
     TempDir d;
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 53});
-    const std::vector<int32_t> shared = make_prompt(10, cfg.vocab, 20);
+    const std::vector<int32_t> shared = make_prompt(40, cfg.vocab, 20);
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t i = 0; i < 6; ++i) {
         std::vector<int32_t> p = shared;
@@ -425,7 +427,7 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
         GenerateOptions go;
         go.max_new_tokens = 5;
         go.max_new_each = {5, 2, 4, 1, 3, 5};
-        go.prefill_chunk = 6;
+        go.prefill_chunk = 16;
         go.sampler.temperature = 0.9f;
         go.sampler.top_k = 20;
         go.sampler.seed = 8;
@@ -433,7 +435,7 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
         SessionOptions so;
         so.model_dir = d.path();
         so.max_batch = 2;
-        so.ctx = 32;
+        so.ctx = 64;
         so.prefill_chunk = go.prefill_chunk;
 #ifdef SHARDLM_TP_ON_CUDA
         so.device = Device::Cuda;
@@ -450,7 +452,7 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
         EXPECT_EQ(ref_reuse.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
         EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
         EXPECT_EQ(tp.seqs[i].cached_tokens, ref_reuse.seqs[i].cached_tokens) << "prompt " << i;
-        EXPECT_EQ(ref_reuse.seqs[i].cached_tokens, i < 2 ? 0 : 10) << "prompt " << i;
+        EXPECT_EQ(ref_reuse.seqs[i].cached_tokens, i == 0 ? 0 : 40) << "prompt " << i;
         cached += tp.seqs[i].cached_tokens;
     }
     EXPECT_EQ(tp.timings.prefill_tokens, ref.timings.prefill_tokens - cached);

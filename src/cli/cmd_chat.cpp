@@ -107,6 +107,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
         if (max_new >= so.ctx)
             fail("--max-new-tokens ", max_new, " leaves no room for a prompt in a context of ", so.ctx, " (--ctx)");
         check_context(cfg, so);
+        check_logit_bias(go.sampler, cfg.vocab);
         so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
         s = open_session(so, comm);
     });

@@ -167,6 +167,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"presence_penalty", s.presence_penalty},
             {"frequency_penalty", s.frequency_penalty},
             {"penalty_last_n", s.penalty_last_n},
+            {"logit_bias", s.logit_bias},
             {"logprobs", r.logprobs},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
@@ -185,6 +186,7 @@ BatchRequest batch_request(const json& j) {
     s.presence_penalty = j["presence_penalty"];
     s.frequency_penalty = j["frequency_penalty"];
     s.penalty_last_n = j["penalty_last_n"];
+    s.logit_bias = j["logit_bias"].get<std::vector<std::pair<int32_t, float>>>();
     b.logprobs = j["logprobs"];
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
@@ -262,7 +264,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         const ModelConfig cfg = load_config(model);
         set_session_ctx(so, ctx, cfg, "shardlm serve");
         check_context(cfg, so);
-        so.max_penalties = std::min({penalty_last_n, so.ctx, cfg.vocab});
+        // Each row: the penalty window's distinct ids and a request's logit_bias ids.
+        so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias, cfg.vocab);
         s = open_session(so, comm);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });

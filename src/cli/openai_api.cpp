@@ -78,7 +78,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
                                     lim.model + "`)");
     }
-    for (const char* key : {"echo", "best_of", "logit_bias", "suffix", "tools", "functions", "response_format"}) {
+    for (const char* key : {"echo", "best_of", "suffix", "tools", "functions", "response_format"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         if (std::string(key) == "echo" && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
@@ -168,6 +168,22 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     so.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
     so.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 0.01, 100.0));
     so.penalty_last_n = lim.penalty_last_n;
+    if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+        // {"token id": bias}: ids as decimal strings (JSON keys), biases in [-100, 100].
+        const json& lb = body["logit_bias"];
+        if (!lb.is_object()) bad("\"logit_bias\" must be an object of token ids to numbers");
+        if (int64_t(lb.size()) > kMaxApiLogitBias) bad(cat("\"logit_bias\" may bias at most ", kMaxApiLogitBias, " tokens"));
+        for (const auto& [key, v] : lb.items()) {
+            int64_t id = -1;
+            if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos)
+                id = std::stoll(key);
+            if (id < 0 || id >= lim.vocab)
+                bad(cat("\"logit_bias\": \"", key, "\" is not a token id of this model (0 to ", lim.vocab - 1, ")"));
+            if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+                bad(cat("\"logit_bias\": the bias of token ", id, " must be a number in [-100, 100]"));
+            so.logit_bias.emplace_back(int32_t(id), v.get<float>());
+        }
+    }
     if (body.contains("stop") && !body["stop"].is_null()) {
         const json& s = body["stop"];
         if (s.is_string()) r.stop.push_back(s);

@@ -54,6 +54,9 @@ struct ApiRequest {
 
 // The most top logprobs a request may ask for (vLLM's default limit).
 constexpr int64_t kMaxApiLogprobs = 20;
+// The most tokens one request's logit_bias may bias (OpenAI's limit; the engine's penalty rows
+// are sized for the server's penalty window plus these).
+constexpr int64_t kMaxApiLogitBias = 300;
 // The most choices (prompts x n) one request may ask for, and the most n.
 constexpr int64_t kMaxApiChoices = 128, kMaxApiN = 16;
 
@@ -72,7 +75,8 @@ struct ApiChoice {
 // default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream, n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
-// echo (completions, not streamed). best_of, logit_bias and tools are refused.
+// echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
+// [-100, 100]). best_of, tools and response_format are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.

@@ -125,6 +125,9 @@ void add_sampling_options(po::options_description& d, SamplingFlags& f) {
          "subtract this times its count from the logit of every recent token (0: off)")
         ("penalty-last-n", po::value(&f.penalty_last_n)->default_value(64),
          "recent tokens = the last N of prompt and output (-1: the whole context, 0: penalties off)")
+        ("logit-bias", po::value(&f.logit_bias)->composing(),
+         "ID=BIAS: add BIAS (-100 .. 100) to token ID's logit before sampling, with the penalties (repeatable; "
+         "-100 all but bans the token, 100 all but forces it)")
         ("seed", po::value(&f.seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
         ("stop", po::value(&f.stops)->composing(),
          "stop a sequence once its text contains STR (repeatable); the text ends before it");
@@ -141,6 +144,24 @@ SamplerOptions apply_sampling(const SamplingFlags& f) {
     o.presence_penalty = f.presence;
     o.frequency_penalty = f.frequency;
     o.penalty_last_n = f.penalty_last_n;
+    for (const std::string& b : f.logit_bias) {
+        // ID=BIAS: a token id, a number (the vocabulary's bound is checked with the model).
+        const size_t eq = b.find('=');
+        size_t used = 0;
+        int64_t id = -1;
+        float bias = 0;
+        bool ok = eq != std::string::npos && eq > 0 && eq + 1 < b.size() &&
+                  b.find_first_not_of("0123456789") == eq && eq <= 10;
+        try {
+            if (ok) id = std::stoll(b.substr(0, eq));
+            if (ok) bias = std::stof(b.substr(eq + 1), &used);
+        } catch (const std::exception&) {
+            ok = false;
+        }
+        if (!ok || used != b.size() - eq - 1 || id > std::numeric_limits<int32_t>::max())
+            fail("--logit-bias: expected ID=BIAS (a token id and a number in [-100, 100]), got \"", b, "\"");
+        o.logit_bias.emplace_back(int32_t(id), bias);
+    }
     Sampler check(o, 0);  // validates the values
     (void)check;
     for (const std::string& st : f.stops)

@@ -51,6 +51,7 @@ struct SamplingFlags {
     float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
     int64_t penalty_last_n = 64;
     std::vector<std::string> stops;
+    std::vector<std::string> logit_bias;  // ID=BIAS each
 };
 void add_sampling_options(po::options_description& d, SamplingFlags& f);
 // Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).

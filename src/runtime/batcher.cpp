@@ -63,6 +63,8 @@ size_t Batcher::add(BatchRequest r) {
                       (r.cached == 0 || r.prompt_logprobs < 0),
                   "Batcher::add: a request of ", r.prompt.size(), " tokens, max_new_tokens ", r.max_new_tokens, ", logprobs ",
                   r.logprobs, ", prompt_logprobs ", r.prompt_logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached);
+    for (const auto& [id, bias] : r.sampler.logit_bias)
+        SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     return seqs_.size() - 1;
 }
@@ -253,7 +255,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         q.slot = *it;
         free_slots_.erase(it);
         running_.push_back(next_++);
-        if (q.window > 0) {
+        if (adjusts_logits(q.req.sampler)) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);
         }

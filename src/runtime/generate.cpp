@@ -28,31 +28,64 @@ int64_t penalty_window(const SamplerOptions& opt, int64_t ctx) {
 
 int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide) {
     int64_t n = std::min(penalty_window(opt, ctx), vocab);
-    return slide ? n : std::min(n, ctx);
+    if (!slide) n = std::min(n, ctx);
+    return std::min(n + int64_t(opt.logit_bias.size()), vocab);
 }
+
+bool adjusts_logits(const SamplerOptions& opt) { return penalties_enabled(opt) || !opt.logit_bias.empty(); }
+
+namespace {
+// The bias of every biased id into `out`: where at(id) names an entry of id, its offset lowered
+// by the bias, else a new entry that adds the bias alone.
+template <typename At>
+void add_logit_bias(const SamplerOptions& opt, std::vector<PenaltyEntry>& out, At at) {
+    for (const auto& [id, bias] : opt.logit_bias) {
+        const int64_t i = at(id);
+        if (i >= 0) {
+            out[size_t(i)].offset -= bias;
+            continue;
+        }
+        PenaltyEntry e;
+        e.id = id;
+        e.offset = -bias;
+        out.push_back(e);
+    }
+}
+}  // namespace
 
 std::vector<PenaltyEntry> token_penalties(const SamplerOptions& opt, int64_t window, const int32_t* tokens, int64_t n) {
     std::vector<PenaltyEntry> out;
-    if (!penalties_enabled(opt) || window <= 0) return out;
-    const int64_t from = std::max<int64_t>(0, n - window);
-    std::vector<int32_t> ids(tokens + from, tokens + n);
-    std::sort(ids.begin(), ids.end());
-    for (size_t i = 0; i < ids.size();) {
-        size_t j = i;
-        while (j < ids.size() && ids[j] == ids[i]) ++j;
-        PenaltyEntry e;
-        e.id = ids[i];
-        e.repetition = opt.repetition_penalty;
-        e.offset = opt.frequency_penalty * float(j - i) + opt.presence_penalty;
-        out.push_back(e);
-        i = j;
+    if (penalties_enabled(opt) && window > 0) {
+        const int64_t from = std::max<int64_t>(0, n - window);
+        std::vector<int32_t> ids(tokens + from, tokens + n);
+        std::sort(ids.begin(), ids.end());
+        for (size_t i = 0; i < ids.size();) {
+            size_t j = i;
+            while (j < ids.size() && ids[j] == ids[i]) ++j;
+            PenaltyEntry e;
+            e.id = ids[i];
+            e.repetition = opt.repetition_penalty;
+            e.offset = opt.frequency_penalty * float(j - i) + opt.presence_penalty;
+            out.push_back(e);
+            i = j;
+        }
     }
+    const size_t penalised = out.size();
+    add_logit_bias(opt, out, [&](int32_t id) -> int64_t {
+        const auto it = std::lower_bound(out.begin(), out.begin() + ptrdiff_t(penalised), id,
+                                         [](const PenaltyEntry& e, int32_t x) { return e.id < x; });
+        return it != out.begin() + ptrdiff_t(penalised) && it->id == id ? it - out.begin() : -1;
+    });
+    std::sort(out.begin(), out.end(), [](const PenaltyEntry& a, const PenaltyEntry& b) { return a.id < b.id; });
     return out;
 }
 
-RecentTokens::RecentTokens(int64_t window, int64_t vocab)
-    : window_(window), count_(size_t(vocab), 0), at_(size_t(vocab), -1) {
-    SHARDLM_CHECK(window > 0 && vocab > 0, "RecentTokens: window ", window, ", vocabulary ", vocab);
+RecentTokens::RecentTokens(int64_t window, int64_t vocab) : window_(window) {
+    SHARDLM_CHECK(window >= 0 && vocab > 0, "RecentTokens: window ", window, ", vocabulary ", vocab);
+    if (window > 0) {
+        count_.assign(size_t(vocab), 0);
+        at_.assign(size_t(vocab), -1);
+    }
 }
 
 void RecentTokens::count(int32_t id, int32_t delta) {
@@ -71,6 +104,7 @@ void RecentTokens::count(int32_t id, int32_t delta) {
 }
 
 void RecentTokens::push(int32_t id) {
+    if (window_ == 0) return;
     SHARDLM_CHECK(id >= 0 && size_t(id) < count_.size(), "RecentTokens: id ", id);
     count(id, 1);
     if (int64_t(ring_.size()) < window_) {
@@ -91,6 +125,15 @@ void RecentTokens::entries(const SamplerOptions& opt, std::vector<PenaltyEntry>&
         e.offset = opt.frequency_penalty * float(count_[size_t(id)]) + opt.presence_penalty;  // as token_penalties
         out.push_back(e);
     }
+    // (ids_ lists the penalised ids in entry order: at_ is an id's entry.)
+    add_logit_bias(opt, out, [&](int32_t id) -> int64_t {
+        return size_t(id) < count_.size() && count_[size_t(id)] > 0 ? at_[size_t(id)] : -1;
+    });
+}
+
+void check_logit_bias(const SamplerOptions& opt, int64_t vocab) {
+    for (const auto& [id, bias] : opt.logit_bias)
+        if (id < 0 || id >= vocab) fail("--logit-bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")");
 }
 
 void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& prompts,
@@ -112,6 +155,7 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     if (opt.prefill_chunk < 1) fail("--prefill-chunk must be at least 1");
     if (opt.logprobs < -1 || opt.logprobs > cfg.vocab)
         fail("--logprobs ", opt.logprobs, " must be in [0, ", cfg.vocab, "] (the vocabulary)");
+    check_logit_bias(opt.sampler, cfg.vocab);
     if (!opt.cached.empty()) {
         SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
         // Prompt s runs in slot s only when every prompt has a slot from the start.

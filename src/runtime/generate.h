@@ -61,23 +61,29 @@ struct GenerateResult {
 // Token penalties (SamplerOptions::repetition_penalty & co.): how many tokens of a sequence they
 // look back over (penalty_last_n, or the context for -1; 0 when off), and the most distinct ids
 // one logits row can then list: what EngineOptions::max_penalties must hold (at most the window,
-// the vocabulary, and without --context-overflow slide the context).
+// the vocabulary, and without --context-overflow slide the context; the logit_bias ids added).
 int64_t penalty_window(const SamplerOptions& opt, int64_t ctx);
 int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide);
+// Whether a sequence's logits rows carry entries: penalties or a logit bias.
+bool adjusts_logits(const SamplerOptions& opt);
 // The penalties of a sequence's next token from its last `window` tokens (tokens [0, n), prompt
 // then generated): one entry per distinct id, ascending, with offset = frequency * count +
-// presence. Empty when the options penalise nothing. The plain definition: generate() keeps a
-// RecentTokens per sequence instead, which gives the same entries (in another order).
+// presence, and the logit bias: a biased id's offset lowered by its bias (an id not penalised:
+// repetition 1, offset -bias). Empty when the options adjust nothing. The plain definition:
+// generate() keeps a RecentTokens per sequence instead, which gives the same entries (in another
+// order).
 std::vector<PenaltyEntry> token_penalties(const SamplerOptions& opt, int64_t window, const int32_t* tokens, int64_t n);
 
 // A sequence's last `window` tokens as a count per id and the list of ids counted, updated one
 // token at a time, so that a step's penalties cost O(distinct ids) rather than a sort of the
-// window (2 ms per sequence and step at 32k tokens). Two int32 per vocabulary entry.
+// window (2 ms per sequence and step at 32k tokens). Two int32 per vocabulary entry (none for a
+// window of 0: a logit bias alone).
 class RecentTokens {
 public:
     RecentTokens(int64_t window, int64_t vocab);
     void push(int32_t id);  // the newest token; the oldest leaves once there are `window`
-    // What token_penalties() gives for the window, in the order the ids came in.
+    // What token_penalties() gives for the window and opt's logit bias: the penalised ids in
+    // the order they came in, then the biased ids not among them.
     void entries(const SamplerOptions& opt, std::vector<PenaltyEntry>& out) const;
 
 private:
@@ -89,6 +95,9 @@ private:
     std::vector<int32_t> at_;     // [vocab]: index in ids_ of a counted id
     std::vector<int32_t> ids_;    // the ids with a count > 0
 };
+
+// Throws Error naming --logit-bias unless every biased id is within [0, vocab).
+void check_logit_bias(const SamplerOptions& opt, int64_t vocab);
 
 // The checks generate() makes before it runs anything, on flags, prompts and config alone: at
 // least one slot (cached prefixes: a slot per prompt), each prompt (plus max_new_tokens, unless sliding) within the

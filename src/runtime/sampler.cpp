@@ -74,6 +74,15 @@ Sampler::Sampler(const SamplerOptions& opt, uint64_t stream)
     if (!std::isfinite(opt.presence_penalty)) fail("--presence-penalty must be a finite number");
     if (!std::isfinite(opt.frequency_penalty)) fail("--frequency-penalty must be a finite number");
     if (opt.penalty_last_n < -1) fail("--penalty-last-n must be >= -1");
+    std::vector<int32_t> ids;
+    for (const auto& [id, bias] : opt.logit_bias) {
+        if (id < 0) fail("--logit-bias: token id ", id, " is negative");
+        if (!(bias >= -100.0f && bias <= 100.0f)) fail("--logit-bias: the bias of token ", id, " must be in [-100, 100]");
+        ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    const auto dup = std::adjacent_find(ids.begin(), ids.end());
+    if (dup != ids.end()) fail("--logit-bias: token ", *dup, " is biased twice");
 }
 
 // min-p on fixed-point weights (kernels/cpu/nucleus.h: the row's maximum weighs exactly

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace shardlm {
@@ -30,6 +31,11 @@ struct SamplerOptions {
     float presence_penalty = 0.0f;
     float frequency_penalty = 0.0f;
     int64_t penalty_last_n = 64;
+    // Added to the logits of these ids with the penalties (OpenAI's logit_bias, llama.cpp's
+    // --logit-bias): distinct ids, each bias in [-100, 100] (-100 all but bans a token, 100 all
+    // but forces it). A biased id that is also penalised gets the bias after the repetition
+    // penalty (the same as before it while repetition_penalty is 1).
+    std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Whether the options penalise any token (runtime/generate.h builds the penalties).

@@ -204,6 +204,28 @@ TEST_F(Cli, PromptLogprobsScoreAText) {
     expect_error(m + "--json --max-new-tokens 0", "--max-new-tokens must be at least 1 (0 with --prompt-logprobs");
 }
 
+// --logit-bias: -100 bans greedy decoding's first choice, +100 forces a token; bad values are
+// one-line errors naming the flag.
+TEST_F(Cli, LogitBiasBansAndForces) {
+    const std::string m = kBin + " generate --model " + dir_.path() + " --prompt-ids 5,6,7 --max-new-tokens 4 --json";
+    const CommandResult g = run_command(m + " --temperature 0");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const int first = nlohmann::json::parse(g.out)["results"][0]["tokens"][0];
+    const CommandResult banned = run_command(m + " --temperature 0 --logit-bias " + std::to_string(first) + "=-100");
+    ASSERT_EQ(banned.exit_code, 0) << banned.err;
+    for (const auto& t : nlohmann::json::parse(banned.out)["results"][0]["tokens"]) EXPECT_NE(t.get<int>(), first);
+    const CommandResult forced = run_command(m + " --logit-bias 42=100 --temperature 1.5 --top-k 0");
+    ASSERT_EQ(forced.exit_code, 0) << forced.err;
+    EXPECT_EQ(nlohmann::json::parse(forced.out)["results"][0]["tokens"], nlohmann::json::array({42, 42, 42, 42}));
+    const std::string e = "generate --model " + dir_.path() + " --prompt-ids 1,2 ";
+    expect_error(e + "--logit-bias 5", "--logit-bias: expected ID=BIAS (a token id and a number in [-100, 100]), got \"5\"");
+    expect_error(e + "--logit-bias 5=x", "--logit-bias: expected ID=BIAS");
+    expect_error(e + "--logit-bias -5=1", "--logit-bias: expected ID=BIAS");
+    expect_error(e + "--logit-bias 5=200", "--logit-bias: the bias of token 5 must be in [-100, 100]");
+    expect_error(e + "--logit-bias 5=1 --logit-bias 5=2", "--logit-bias: token 5 is biased twice");
+    expect_error(e + "--logit-bias 99999=1", "--logit-bias: token id 99999 is outside the vocabulary [0, ");
+}
+
 TEST_F(Cli, InfoDescribesTheModel) {
     const CommandResult r = run_command(kBin + " info --model " + dir_.path());
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -309,6 +309,23 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     const json sampled = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"top_k", 40}};
     EXPECT_EQ(post(port, "/v1/completions", sampled).body["choices"], post(port, "/v1/completions", sampled).body["choices"]);
 
+    // logit_bias: what generate --logit-bias gives; the banned token never comes.
+    {
+        const std::string g = " generate --model " + model_.path() + " --json --temperature 0 --prompt 'And God said' --max-new-tokens 12";
+        const CommandResult plain = run_command(SHARDLM_BIN + g);
+        ASSERT_EQ(plain.exit_code, 0) << plain.err;
+        const int first = json::parse(plain.out)["results"][0]["tokens"][0];
+        const CommandResult biased = run_command(SHARDLM_BIN + g + " --logit-bias " + std::to_string(first) + "=-100 --logit-bias 7=2.5");
+        ASSERT_EQ(biased.exit_code, 0) << biased.err;
+        const json want = json::parse(biased.out)["results"][0];
+        for (const json& t : want["tokens"]) EXPECT_NE(t.get<int>(), first);
+        const Reply r = post(port, "/v1/completions",
+                             {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0},
+                              {"logit_bias", {{std::to_string(first), -100}, {"7", 2.5}}}});
+        ASSERT_EQ(r.status, 200) << r.raw;
+        EXPECT_EQ(r.body["choices"][0]["text"], want["text"]);
+    }
+
     // Bad requests: one-line errors, and the server goes on.
     auto error_of = [&](const json& body, int status, const std::string& part) {
         const Reply r = post(port, "/v1/completions", body);
@@ -339,6 +356,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", json::array({"x", ""})}}, 400, "a prompt is empty");
     error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
+    error_of({{"prompt", "x"}, {"logit_bias", 5}}, 400, "\"logit_bias\" must be an object");
+    error_of({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}, 400, "\"logit_bias\": \"abc\" is not a token id of this model");
+    error_of({{"prompt", "x"}, {"logit_bias", {{"3072", 1}}}}, 400, "(0 to 3071)");
+    error_of({{"prompt", "x"}, {"logit_bias", {{"5", 101}}}}, 400, "the bias of token 5 must be a number in [-100, 100]");
     // The same prompt again: a freed slot holds it (prefix caching), all but its last token is
     // reused, and the completion is the same.
     const Reply again = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}});
@@ -492,13 +513,15 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
         reused += replies[i].body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() > 0;
     }
     EXPECT_GE(reused, 1);
-    // Two sampled choices of one request, over two ranks: generate's two copies of the prompt.
+    // Two sampled choices of one request with a logit bias, over two ranks: generate's two
+    // copies of the prompt.
     const Reply two = post(srv.port(), "/v1/completions",
-                           {{"prompt", {5, 6, 7}}, {"max_tokens", 6}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 4}, {"n", 2}});
+                           {{"prompt", {5, 6, 7}}, {"max_tokens", 6}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 4}, {"n", 2},
+                            {"logit_bias", {{"9", 3.0}, {"11", -100}}}});
     ASSERT_EQ(two.status, 200) << two.raw;
     const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
                                         " --json --prompt-ids '5,6,7;5,6,7' --max-new-tokens 6 --temperature 0.9 --top-k 40 "
-                                        "--top-p 1 --seed 4");
+                                        "--top-p 1 --seed 4 --logit-bias 9=3 --logit-bias 11=-100");
     ASSERT_EQ(g.exit_code, 0) << g.err;
     const json gen = json::parse(g.out);
     for (size_t j = 0; j < 2; ++j) EXPECT_EQ(two.body["choices"][j]["text"], gen["results"][j]["text"]) << j;

@@ -666,11 +666,39 @@ TEST(Engine, TokenPenaltiesCountTheWindow) {
     off.repetition_penalty = 1.2f;
     off.penalty_last_n = 0;
     EXPECT_FALSE(penalties_enabled(off));
+    // A logit bias lowers a penalised id's offset by its bias and adds entries of its own.
+    o.logit_bias = {{9, 2.0f}, {4, -1.5f}};
+    const std::vector<PenaltyEntry> b = token_penalties(o, 4, seq.data(), int64_t(seq.size()));
+    ASSERT_EQ(b.size(), 4u);
+    EXPECT_EQ(b[0].id, 3);
+    EXPECT_EQ(b[0].offset, 0.75f);
+    EXPECT_EQ(b[1].id, 4);
+    EXPECT_EQ(b[1].offset, 1.5f);
+    EXPECT_EQ(b[1].repetition, 1.0f);
+    EXPECT_EQ(b[3].id, 9);
+    EXPECT_EQ(b[3].offset, 0.75f - 2.0f);
+    EXPECT_EQ(b[3].repetition, 1.5f);
+    EXPECT_TRUE(adjusts_logits(o));
+    SamplerOptions bias_only;
+    bias_only.logit_bias = {{7, 100.0f}};
+    EXPECT_TRUE(adjusts_logits(bias_only));
+    EXPECT_EQ(penalty_window(bias_only, 100), 0);  // a bias alone looks back over no tokens
+    const std::vector<PenaltyEntry> bo = token_penalties(bias_only, 0, seq.data(), int64_t(seq.size()));
+    ASSERT_EQ(bo.size(), 1u);
+    EXPECT_EQ(bo[0].offset, -100.0f);
+    RecentTokens none(0, 40);  // a bias alone: no window
+    none.push(3);
+    std::vector<PenaltyEntry> got_none;
+    none.entries(bias_only, got_none);
+    ASSERT_EQ(got_none.size(), 1u);
+    EXPECT_EQ(got_none[0].id, 7);
+    EXPECT_EQ(got_none[0].offset, -100.0f);
     // RecentTokens, one token at a time, gives token_penalties' entries for every prefix (sorted
     // by id to compare), windows shorter and longer than the sequence, ids that enter, leave and
-    // come back.
+    // come back, biased ids among them.
     std::mt19937 rng(5);
     o.penalty_last_n = 64;
+    o.logit_bias = {{2, 3.0f}, {39, -4.0f}, {5, 0.5f}};
     for (const int64_t window : {1, 2, 7, 50, 1000}) {
         RecentTokens recent(window, 40);
         std::vector<int32_t> seq;
@@ -689,8 +717,13 @@ TEST(Engine, TokenPenaltiesCountTheWindow) {
             }
         }
     }
-    // Room per row: the window, the vocabulary, and without slide the context.
+    // Room per row: the window, the vocabulary, and without slide the context; the biased ids.
+    o.logit_bias.clear();
     EXPECT_EQ(max_penalties(o, 1000, 50000, false), 64);
+    o.logit_bias = {{2, 3.0f}, {39, -4.0f}};
+    EXPECT_EQ(max_penalties(o, 1000, 50000, false), 66);
+    EXPECT_EQ(max_penalties(o, 1000, 65, false), 65);
+    o.logit_bias.clear();
     o.penalty_last_n = -1;
     EXPECT_EQ(max_penalties(o, 1000, 50000, false), 1000);
     EXPECT_EQ(max_penalties(o, 1000, 300, true), 300);
@@ -732,6 +765,7 @@ TEST(Engine, TokenPenaltiesSteerGeneration) {
         go.sampler.frequency_penalty = 0.25f;
         go.sampler.presence_penalty = 0.5f;
         go.sampler.penalty_last_n = 6;
+        go.sampler.logit_bias = {{int32_t(V - 3), 2.5f}, {3, -1.25f}, {int32_t(V / 2), 0.75f}};
         auto s = open(max_penalties(go.sampler, ctx, V, false));
         const GenerateResult got = generate(*s->engine, prompts, go);
 
@@ -747,7 +781,11 @@ TEST(Engine, TokenPenaltiesSteerGeneration) {
                 ref->engine->forward({ch}, row.data());
                 std::map<int32_t, int> count;
                 for (size_t j = seq.size() > 6 ? seq.size() - 6 : 0; j < seq.size(); ++j) count[seq[j]]++;
-                for (const auto& [id, n] : count) row[size_t(id)] = penalize(row[size_t(id)], 1.75f, 0.25f * float(n) + 0.5f);
+                std::map<int32_t, float> bias(go.sampler.logit_bias.begin(), go.sampler.logit_bias.end());
+                for (const auto& [id, n] : count)
+                    row[size_t(id)] = penalize(row[size_t(id)], 1.75f, 0.25f * float(n) + 0.5f - bias[id]);
+                for (const auto& [id, v] : bias)
+                    if (!count.count(id)) row[size_t(id)] = penalize(row[size_t(id)], 1.0f, -v);
                 const int32_t id = sampler.sample(row.data(), V);
                 out.push_back(id);
                 if (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), id) != cfg.eos_ids.end()) break;
@@ -760,6 +798,7 @@ TEST(Engine, TokenPenaltiesSteerGeneration) {
         GenerateOptions plain = go;
         plain.sampler.repetition_penalty = 1;
         plain.sampler.frequency_penalty = plain.sampler.presence_penalty = 0;
+        plain.sampler.logit_bias.clear();
         EXPECT_NE(generate(*open(0)->engine, prompts, plain).seqs[0].tokens, got.seqs[0].tokens) << "t " << o.t;
     }
     GenerateOptions go;
@@ -777,6 +816,65 @@ TEST(Engine, TokenPenaltiesSteerGeneration) {
         }
     }
     EXPECT_THROW(generate(*open(0)->engine, prompts, go), Error);
+}
+
+// Logit bias: +100 on a token makes greedy decoding (forward_top's one candidate) and top-k
+// sampling pick it every time, -100 on greedy's own choices makes it pick others; a bias with no
+// penalties still reaches the engine's rows (a window of 0). An id outside the vocabulary is
+// refused up front.
+TEST(Engine, LogitBiasForcesAndBans) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 7});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(5, cfg.vocab, 13), make_prompt(9, cfg.vocab, 14)};
+    const int64_t V = cfg.vocab, ctx = 32;
+    int32_t forced = 17;
+    while (std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), forced) != cfg.eos_ids.end()) ++forced;
+    SingleRank comm;
+    auto run = [&](const SamplerOptions& so) {
+        SessionOptions o;
+        o.model_dir = d.path();
+        o.ctx = ctx;
+        o.max_batch = 2;
+        o.max_penalties = max_penalties(so, ctx, V, false);
+        auto s = open_session(o, comm);
+        GenerateOptions go;
+        go.max_new_tokens = 6;
+        go.sampler = so;
+        check_generate(s->cfg, s->engine->options(), prompts, go);
+        return generate(*s->engine, prompts, go);
+    };
+    for (const int64_t k : {int64_t(40), int64_t(0)}) {  // candidates, whole rows
+        SamplerOptions so;
+        so.temperature = k == 0 ? 0.0f : 1.3f;
+        so.top_k = k;
+        so.top_p = 1;
+        so.seed = 4;
+        so.logit_bias = {{forced, 100.0f}};
+        const GenerateResult r = run(so);
+        for (const SequenceResult& q : r.seqs)
+            for (const int32_t id : q.tokens) EXPECT_EQ(id, forced) << "top_k " << k;
+    }
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const GenerateResult plain = run(greedy);
+    SamplerOptions ban = greedy;
+    std::vector<int32_t> chosen;
+    for (const SequenceResult& q : plain.seqs)
+        for (const int32_t id : q.tokens)
+            if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
+    for (const int32_t id : chosen) ban.logit_bias.emplace_back(id, -100.0f);
+    const GenerateResult banned = run(ban);
+    for (const SequenceResult& q : banned.seqs)
+        for (const int32_t id : q.tokens)
+            EXPECT_EQ(std::find(chosen.begin(), chosen.end(), id), chosen.end()) << "banned token " << id;
+    SamplerOptions bad = greedy;
+    bad.logit_bias = {{int32_t(V), 1.0f}};
+    EXPECT_THROW(run(bad), Error);
+    bad.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+    EXPECT_THROW(run(bad), Error);
+    bad.logit_bias = {{3, 101.0f}};
+    EXPECT_THROW(run(bad), Error);
 }
 
 // --context-overflow slide: generation goes on past the context, shifting the cache each time a

@@ -21,6 +21,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -433,7 +435,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         http = std::thread([&] { svr->listen_after_bind(); });
         std::cerr << "shardlm serve: listening on http://" << host << ":" << bound << " (model " << name << ", "
                   << batch << " slots of " << lim.ctx << " positions, " << engine.device() << ", tp " << comm.size()
-                  << ")" << std::endl;
+                  << ", pid " << ::getpid() << ")" << std::endl;
     }
 
     // The engine loop, on every rank. SIGINT/SIGTERM (mpirun forwards them to every rank) end it

@@ -30,7 +30,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
-    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -48,6 +48,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("prefix-cache",
          "a prompt takes the free slot whose KV cache holds the longest start of it (left by a sequence "
          "that ended) and prefills only the rest: prompts that share a start, more of them than --batch")
+        ("speculate", po::value(&speculate)->default_value(0),
+         "speculative decoding by prompt lookup: greedy sequences (without penalties or logprobs) verify up to N "
+         "tokens that followed an earlier occurrence of their last words, in one step: the same tokens, fewer "
+         "steps where the text repeats its context (0: off)")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -98,6 +102,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-logprobs") && prompt_logprobs < 0) fail("--prompt-logprobs must be >= 0");
         go.prompt_logprobs = vm.count("prompt-logprobs") ? prompt_logprobs : -1;
         go.reuse_prefix = vm.count("prefix-cache") > 0;
+        if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
+        go.speculate = speculate;
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
@@ -143,6 +149,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     so.max_batch = batch == 0 ? int64_t(prompts.size()) : std::min(batch, int64_t(prompts.size()));
     so.prefill_chunk = chunk;
     if (go.prompt_logprobs >= 0) set_scoring_rows(so);
+    set_speculation_rows(so, go.speculate);
     int64_t longest = 0;
     for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
     // --ctx 0: the longest prompt + --max-new-tokens (saturating: a huge --max-new-tokens must not wrap).
@@ -238,6 +245,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         std::cerr << "prefill: " << t.prefill_tokens << " tokens in " << t.prefill_ms << " ms; decode: "
                   << decode_per_tok << " ms/token over " << t.decode_steps << " steps";
         if (t.context_shifts > 0) std::cerr << "; " << t.context_shifts << " context shifts";
+        if (go.speculate > 0)
+            std::cerr << "; speculation: " << t.accepted_tokens << " of " << t.draft_tokens << " proposed tokens accepted";
         std::cerr << "; " << generated << " tokens generated in " << t.total_ms << " ms (" << generated_per_s
                   << " tokens/s)";
         std::cerr << "\n";
@@ -276,7 +285,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
                         {"prefill_tokens_per_s", t.prefill_ms > 0 ? 1000.0 * double(t.prefill_tokens) / t.prefill_ms : 0.0},
                         {"decode_tokens_per_s", t.decode_ms > 0 ? 1000.0 * double(t.decode_tokens) / t.decode_ms : 0.0},
                         {"total_ms", t.total_ms},
-                        {"generated_tokens_per_s", generated_per_s}};
+                        {"generated_tokens_per_s", generated_per_s},
+                        {"decode_steps", t.decode_steps},
+                        {"draft_tokens", t.draft_tokens},
+                        {"accepted_tokens", t.accepted_tokens}};
         j["batch"] = so.max_batch;
         j["memory"] = {{"weights_bytes", s->engine->weight_bytes()},
                        {"kv_cache_bytes", s->engine->kv_bytes()},

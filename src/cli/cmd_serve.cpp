@@ -204,7 +204,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::string model, host = "127.0.0.1", name;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64;
+    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0;
     int port = 8000, threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -221,6 +221,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("no-prefix-cache",
          "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
+        ("speculate", po::value(&speculate)->default_value(0),
+         "speculative decoding by prompt lookup for greedy requests without penalties or logprobs: up to N "
+         "proposed tokens verified per step (0: off)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
     add_precision_options(d, prec);
@@ -240,6 +243,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (ctx < 0) fail("--ctx must be >= 0");
         if (port < 0 || port > 65535) fail("--port must be in [0, 65535]");
         if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
+        if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         check_tp_flag(tp, comm);
         set_threads(threads);
         if (name.empty()) {
@@ -260,6 +264,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     so.max_batch = batch;
     so.prefill_chunk = chunk;
     set_scoring_rows(so);  // echo requests score their prompts
+    set_speculation_rows(so, speculate);
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
@@ -445,6 +450,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     BatcherOptions bo;
     bo.prefill_chunk = chunk;
     bo.reuse_prefix = !vm.count("no-prefix-cache");
+    bo.speculate = speculate;
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0

@@ -173,6 +173,11 @@ void set_scoring_rows(SessionOptions& so) {
     so.max_logit_rows = std::max<int64_t>(so.max_batch, std::min<int64_t>(so.prefill_chunk, 64));
 }
 
+void set_speculation_rows(SessionOptions& so, int64_t n) {
+    if (n <= 0) return;
+    so.max_logit_rows = std::max({so.max_logit_rows, so.max_batch, std::min<int64_t>(so.max_batch * (n + 1), so.prefill_chunk)});
+}
+
 void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {
     if (comm.size() == 1) return;
     std::vector<int32_t> flat;

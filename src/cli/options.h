@@ -70,6 +70,11 @@ void set_session_ctx(SessionOptions& so, int64_t ctx, const ModelConfig& cfg, co
 // step for a scored prompt's tokens (64 vocabulary rows of workspace, ~39 MB for Qwen3's).
 // so.max_batch and so.prefill_chunk set first.
 void set_scoring_rows(SessionOptions& so);
+// --speculate N: logits rows for every slot's N proposed tokens and its own (within a step's
+// tokens, --prefill-chunk). so.max_batch and so.prefill_chunk set first.
+void set_speculation_rows(SessionOptions& so, int64_t n);
+// --speculate's bounds.
+constexpr int64_t kMaxSpeculate = 16;
 
 // Throws unless every rank runs the same command line on the same model with the same build: a
 // collective (check_same_on_all_ranks), called inside run_together after the session is open.

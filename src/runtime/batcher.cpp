@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "runtime/speculate.h"
 
 namespace shardlm {
 
@@ -16,6 +17,11 @@ double now_ms() {
 }
 // Top-p without a top-k limit: the engine can hand back the candidates and the row's nucleus mass.
 bool nucleus_only(const SamplerOptions& o) { return o.temperature > 0.0f && o.top_k == 0 && o.top_p < 1.0f; }
+// Whether a request's tokens can be verified in one chunk: greedy choices that depend on their
+// own row alone (token penalties would change with every confirmed token).
+bool can_speculate(const BatchRequest& r) {
+    return r.sampler.temperature == 0.0f && !adjusts_logits(r.sampler) && r.logprobs < 0;
+}
 }  // namespace
 
 struct Batcher::Seq {
@@ -29,6 +35,7 @@ struct Batcher::Seq {
     int64_t window = 0;   // token penalties' window (0: none)
     std::unique_ptr<RecentTokens> recent;  // while it runs
     std::vector<PenaltyEntry> pens;        // the step's entries (alive until the next step)
+    std::vector<int32_t> spec;             // the step's decode input and proposals (speculate)
     bool ended = false;
     bool fresh = true;   // no chunk of it has run yet (reuse_prefix may still fill its cache)
     bool waits = false;  // this step: for a prefix another sequence is prefilling
@@ -45,6 +52,7 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     SHARDLM_CHECK(opt.max_running >= 0 && opt.max_running <= eo.max_batch && eo.max_batch >= 1, "max_running ",
                   opt.max_running, " with ", eo.max_batch, " slots");
     SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
+    SHARDLM_CHECK(opt.speculate >= 0, "speculate ", opt.speculate);
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
@@ -294,11 +302,40 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         chunk_seq.push_back(&q);
     }
     const size_t n_decode = chunks.size();
+    const int64_t budget_max = std::min(opt_.prefill_chunk, eo.max_step_tokens);
+    int64_t rows_left = (eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch) - int64_t(n_decode);
+    int64_t spec_tokens = 0;
+    if (opt_.speculate > 0) {
+        // Proposals take what the decode tokens leave of the step, less a row and a token for
+        // each prompt still to prefill (prompts go first: they wait for their first token).
+        int64_t prefilling = 0;
+        for (const size_t i : running_) prefilling += seqs_[i]->done < int64_t(seqs_[i]->req.prompt.size());
+        int64_t rows = rows_left - prefilling, tokens = budget_max - int64_t(n_decode) - prefilling;
+        for (size_t c = 0; c < n_decode && rows > 0 && tokens > 0; ++c) {
+            Seq& q = *chunk_seq[c];
+            SeqChunk& ch = chunks[c];
+            const int64_t left = q.req.max_new_tokens - int64_t(q.res.tokens.size());  // the last one needs no proposal
+            const int64_t k = std::min({opt_.speculate, rows, tokens, left - 1, ctx - 1 - ch.pos});
+            if (!can_speculate(q.req) || k <= 0) continue;
+            q.spec = q.req.prompt;
+            q.spec.insert(q.spec.end(), q.res.tokens.begin(), q.res.tokens.end());
+            const std::vector<int32_t> d = lookup_draft(q.spec.data(), int64_t(q.spec.size()), k);
+            if (d.empty()) continue;
+            q.spec.assign(1, q.last);
+            q.spec.insert(q.spec.end(), d.begin(), d.end());
+            ch.tokens = q.spec.data();
+            ch.n = int64_t(q.spec.size());
+            ch.want_logits = false;
+            ch.all_logits = true;  // row j: the choice after token j, checked against proposal j + 1
+            rows -= int64_t(d.size());
+            tokens -= int64_t(d.size());
+            spec_tokens += int64_t(d.size());
+        }
+        rows_left -= spec_tokens;
+    }
     // Prompt chunks, logits only at each prompt's last token (and at every one but the last of a
     // prompt whose logprobs are asked for), within the engine's logits rows.
-    const int64_t budget_max = std::min(opt_.prefill_chunk, eo.max_step_tokens);
-    int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode)), prompt_tokens = 0;
-    int64_t rows_left = (eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch) - int64_t(n_decode);
+    int64_t budget = std::max<int64_t>(1, budget_max - int64_t(n_decode) - spec_tokens), prompt_tokens = 0;
     for (const size_t i : running_) {
         Seq& q = *seqs_[i];
         const int64_t len = int64_t(q.req.prompt.size());
@@ -373,8 +410,28 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         engine_.forward(chunks, logits_.data());
     }
     size_t row = 0;
+    int64_t made = 0;  // tokens the decoding sequences generated
     for (size_t c = 0; c < chunks.size(); ++c) {
         Seq& q = *chunk_seq[c];
+        if (c < n_decode && chunks[c].all_logits) {  // speculation: row j checks proposal j + 1
+            const SeqChunk& ch = chunks[c];
+            timings_.draft_tokens += ch.n - 1;
+            bool going = true;  // until a stop, or a choice other than the proposal: the rest is void
+            for (int64_t j = 0; j < ch.n; ++j) {
+                const size_t r = row++;
+                if (!going) continue;
+                ++made;
+                if (!accept(q, r, false, on_token, stop)) {
+                    end(q, q.res.stop_reason);
+                    going = false;
+                } else if (j + 1 == ch.n || q.res.tokens.back() != ch.tokens[j + 1]) {
+                    going = false;
+                } else {
+                    timings_.accepted_tokens += 1;
+                }
+            }
+            continue;
+        }
         if (chunks[c].all_logits) {  // row j predicts prompt token pos + j + 1
             const SeqChunk& ch = chunks[c];
             for (int64_t j = 0; j < ch.n; ++j, ++row)
@@ -388,6 +445,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             const float* lg = logits_.data() + row * size_t(vocab);
             q.res.prompt_logits.assign(lg, lg + vocab);
         }
+        made += c < n_decode;
         if (!accept(q, row++, cand, on_token, stop)) end(q, q.res.stop_reason);
     }
     // Ended sequences hand their slot on (the lowest free slot on top: a sequence's results never
@@ -410,7 +468,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     } else {
         timings_.decode_ms += t1 - t0;
         timings_.decode_steps += 1;
-        timings_.decode_tokens += int64_t(n_decode);
+        timings_.decode_tokens += made;
     }
 }
 

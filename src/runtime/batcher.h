@@ -60,6 +60,7 @@ struct GenerateTimings {
     double total_ms = 0;  // the whole run, host work between the steps included (generate())
     int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
     int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
+    int64_t draft_tokens = 0, accepted_tokens = 0;  // speculate: tokens proposed, and confirmed
 };
 
 // Called after each step with (request index, new token); for streaming.
@@ -87,6 +88,13 @@ struct BatcherOptions {
     // before it is still prefilling a longer one (kMinPrefixWait tokens or more) it waits for it:
     // a burst of requests with one system prompt prefills it once.
     bool reuse_prefix = false;
+    // Speculative decoding by prompt lookup (runtime/speculate.h), 0: off. Each step a greedy
+    // sequence without token penalties or logprobs runs up to `speculate` proposed tokens after
+    // its last one in the same chunk, with a logits row each, and keeps the proposals its own
+    // greedy choices confirm plus the choice after them: greedy decoding's tokens, in fewer steps
+    // where the text repeats (a decode step reads the weights once for all of them). Proposals
+    // take only the logits rows and step tokens the others leave (EngineOptions::max_logit_rows).
+    int64_t speculate = 0;
 };
 
 // A request waits for another's prefill only to save at least this many tokens of its own: a

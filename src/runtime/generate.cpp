@@ -209,6 +209,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.slide = opt.slide;
     bo.sink_tokens = opt.sink_tokens;
     bo.reuse_prefix = opt.reuse_prefix;
+    bo.speculate = opt.speculate;
     Batcher b(engine, bo);
     for (size_t s = 0; s < prompts.size(); ++s) {
         BatchRequest r;

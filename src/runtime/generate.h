@@ -51,6 +51,9 @@ struct GenerateOptions {
     // (from a sequence that ended earlier in this run) and prefills the rest
     // (BatcherOptions::reuse_prefix). Pays with more prompts than --batch slots sharing a start.
     bool reuse_prefix = false;
+    // --speculate: greedy sequences verify up to this many tokens proposed by prompt lookup per
+    // step (BatcherOptions::speculate); 0: off.
+    int64_t speculate = 0;
 };
 
 struct GenerateResult {

@@ -7,6 +7,7 @@
 #include "fixtures.h"
 #include "runtime/batcher.h"
 #include "runtime/session.h"
+#include "runtime/speculate.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -240,6 +241,75 @@ TEST(Batcher, BurstPrefillsASharedPrefixOnce) {
         EXPECT_EQ(ts.prefill_tokens, tf.prefill_tokens - cached);
         // The first prompt runs alone, then the other tails together.
         EXPECT_EQ(ts.prefill_steps, 2 + 1) << "kv " << int(kv);  // (and request 4's tail later)
+    }
+}
+
+// Prompt lookup: the tokens after the latest earlier occurrence of the longest n-gram (2 to 4)
+// that ends the sequence, read on as a repetition past the end; nothing for a fresh n-gram.
+TEST(Speculate, LookupProposesWhatFollowedTheLatestMatch) {
+    auto draft = [](std::vector<int32_t> s, int64_t k) { return lookup_draft(s.data(), int64_t(s.size()), k); };
+    EXPECT_TRUE(draft({1, 2, 3, 4, 5}, 4).empty());
+    EXPECT_TRUE(draft({7, 1, 7}, 4).empty());  // a one-token match is not enough
+    EXPECT_EQ(draft({1, 2, 3, 9, 9, 1, 2}, 2), (std::vector<int32_t>{3, 9}));
+    // The latest occurrence of "1 2" wins; "5 1 2" (longer) beats both.
+    EXPECT_EQ(draft({1, 2, 3, 1, 2, 4, 8, 1, 2}, 1), (std::vector<int32_t>{4}));
+    EXPECT_EQ(draft({5, 1, 2, 6, 1, 2, 7, 5, 1, 2}, 1), (std::vector<int32_t>{6}));
+    // A loop of period 3: the proposal goes on repeating it past the end.
+    EXPECT_EQ(draft({4, 5, 6, 4, 5, 6}, 7), (std::vector<int32_t>{4, 5, 6, 4, 5, 6, 4}));
+    EXPECT_EQ(draft({3, 3, 3}, 3), (std::vector<int32_t>{3, 3, 3}));
+    EXPECT_TRUE(draft({3, 3, 3}, 0).empty());
+}
+
+// Speculative decoding: greedy requests give the tokens they give without it, in fewer steps on
+// text that repeats (a prompt that is a phrase said three times, and tiny random models' greedy
+// loops); a sampled request in the same batch is untouched. The length limit and the logits
+// rows' budget (the engine's default: a row per slot, free once a sequence ends) are respected.
+TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    SingleRank comm;
+    SamplerOptions greedy, sampled;
+    greedy.temperature = 0;
+    sampled.temperature = 0.9f;
+    sampled.seed = 5;
+    const std::vector<int32_t> phrase = make_prompt(6, cfg.vocab, 81);
+    const std::vector<int32_t> said_thrice = joined(joined(phrase, phrase), phrase);
+    std::vector<BatchRequest> r = {request(said_thrice, greedy, 0), request(make_prompt(5, cfg.vocab, 82), greedy, 1),
+                                   request(make_prompt(4, cfg.vocab, 83), sampled, 2)};
+    for (BatchRequest& q : r) q.max_new_tokens = 30;
+    r[1].max_new_tokens = 23;
+    r[2].max_new_tokens = 10;
+    for (const int64_t rows : {int64_t(0), int64_t(6)}) {  // 0: the engine's default, one row per slot
+        auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.ctx = 64;
+            so.max_batch = 3;
+            so.prefill_chunk = 16;
+            so.max_logit_rows = rows;
+            auto s = open_session(so, comm);
+            BatcherOptions bo;
+            bo.prefill_chunk = 16;
+            bo.speculate = speculate;
+            Batcher b(*s->engine, bo);
+            for (const BatchRequest& q : r) b.add(q);
+            while (b.busy()) b.step();
+            for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
+            return b.timings();
+        };
+        std::vector<SequenceResult> plain, spec;
+        const GenerateTimings tp = run(0, plain), ts = run(4, spec);
+        for (size_t i = 0; i < r.size(); ++i) {
+            EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "request " << i << ", rows " << rows;
+            EXPECT_EQ(spec[i].stop_reason, plain[i].stop_reason) << "request " << i;
+        }
+        EXPECT_EQ(tp.draft_tokens, 0);
+        EXPECT_EQ(ts.decode_tokens, tp.decode_tokens);
+        if (rows == 0) continue;  // rows to spare only once a sequence has ended
+        EXPECT_GT(ts.accepted_tokens, 0);
+        EXPECT_LE(ts.accepted_tokens, ts.draft_tokens);
+        EXPECT_LT(ts.decode_steps, tp.decode_steps);
     }
 }
 

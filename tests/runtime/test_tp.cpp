@@ -458,6 +458,44 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
     EXPECT_EQ(tp.timings.prefill_tokens, ref.timings.prefill_tokens - cached);
 }
 
+// Speculative decoding under tensor parallelism: each rank verifies the same proposals (they
+// come from the tokens alone) with its shard, the rows' slices gathered whole; the greedy tokens
+// are one rank's without speculation, and proposals were confirmed.
+TEST(TensorParallel, SpeculationGivesTheTokensOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.vocab = 389;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 59});
+    const std::vector<int32_t> phrase = make_prompt(5, cfg.vocab, 60);
+    std::vector<int32_t> thrice = phrase;
+    for (int i = 0; i < 2; ++i) thrice.insert(thrice.end(), phrase.begin(), phrase.end());
+    const std::vector<std::vector<int32_t>> prompts = {thrice, make_prompt(7, cfg.vocab, 61)};
+    auto gen = [&](Communicator& comm, int64_t speculate) {
+        GenerateOptions go;
+        go.max_new_tokens = 40;
+        go.prefill_chunk = 16;
+        go.sampler.temperature = 0;
+        go.speculate = speculate;
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.max_batch = 2;
+        so.ctx = 64;
+        so.prefill_chunk = go.prefill_chunk;
+        so.max_logit_rows = 10;
+#ifdef SHARDLM_TP_ON_CUDA
+        so.device = Device::Cuda;
+#endif
+        auto s = open_session(so, comm);
+        return generate(*s->engine, prompts, go);
+    };
+    SingleRank one;
+    const GenerateResult ref = gen(one, 0);
+    const GenerateResult tp = gen(world(), 4);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
+    EXPECT_GT(tp.timings.accepted_tokens, 0);
+    EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+}
+
 // Prompt logprobs (echo) under tensor parallelism: every logits row of a scored prompt is
 // gathered whole, and each rank's numbers are one rank's.
 TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {

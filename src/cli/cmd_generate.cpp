@@ -30,7 +30,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
-    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0;
+    int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0,
+            min_new = 0;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -42,6 +43,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("system", po::value<std::string>(), "system message for --chat")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
+        ("min-new-tokens", po::value(&min_new)->default_value(0),
+         "the end-of-sequence tokens are banned until a sequence has this many (stop strings still apply)")
+        ("ignore-eos", "an end-of-sequence token does not end a sequence (fixed-length benchmarks); it is left out of the text")
         ("batch", po::value(&batch)->default_value(0),
          "sequences run at once (KV-cache slots); further prompts wait and take the slot of one that "
          "ends (0: every prompt at once)")
@@ -104,6 +108,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.reuse_prefix = vm.count("prefix-cache") > 0;
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
+        go.ignore_eos = vm.count("ignore-eos") > 0;
+        go.min_new_tokens = min_new;
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
@@ -176,7 +182,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
                      " positions (lower --max-new-tokens, or set --ctx with --context-overflow slide)");
         }
         check_context(cfg, so);
-        so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, go.slide);
+        so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, go.slide,
+                                         go.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
         check_generate(cfg, engine_options(so), prompts, go,
                        vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
         s = open_session(so, comm);
@@ -217,7 +224,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
     // The generated text: the streamed/checked text where there is one, else decoded now.
     auto text_of = [&](size_t i) {
         if (!texts.empty()) return texts[i].text();
-        return generated_text(*tok, r.seqs[i].tokens, r.seqs[i].stop_reason == "eos");
+        std::vector<int32_t> ids = r.seqs[i].tokens;  // (--ignore-eos: end-of-sequence ids are not text)
+        if (go.ignore_eos) ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int32_t t) { return is_eos_id(s->cfg, t); }), ids.end());
+        return generated_text(*tok, ids, r.seqs[i].stop_reason == "eos");
     };
     // With --prompt-ids the text is given too when the folder has a tokenizer that loads; its
     // absence (or an unsupported one) leaves "text" null as before.

@@ -171,6 +171,8 @@ json request_json(const ApiRequest& r, size_t c) {
             {"penalty_last_n", s.penalty_last_n},
             {"logit_bias", s.logit_bias},
             {"logprobs", r.logprobs},
+            {"ignore_eos", r.ignore_eos},
+            {"min_tokens", r.min_tokens},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -190,6 +192,8 @@ BatchRequest batch_request(const json& j) {
     s.penalty_last_n = j["penalty_last_n"];
     s.logit_bias = j["logit_bias"].get<std::vector<std::pair<int32_t, float>>>();
     b.logprobs = j["logprobs"];
+    b.ignore_eos = j["ignore_eos"];
+    b.min_tokens = j["min_tokens"];
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     return b;
@@ -271,8 +275,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         const ModelConfig cfg = load_config(model);
         set_session_ctx(so, ctx, cfg, "shardlm serve");
         check_context(cfg, so);
-        // Each row: the penalty window's distinct ids and a request's logit_bias ids.
-        so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias, cfg.vocab);
+        // Each row: the penalty window's distinct ids, a request's logit_bias ids, and the
+        // end-of-sequence ids min_tokens bans.
+        so.max_penalties =
+            std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()), cfg.vocab);
         s = open_session(so, comm);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });

@@ -155,6 +155,11 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     if (r.max_tokens > lim.ctx - n)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n, " and \"", max_key,
                 "\" asks for ", r.max_tokens, " more"));
+    if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
+        if (!body["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false");
+        r.ignore_eos = body["ignore_eos"];
+    }
+    r.min_tokens = integer(body, "min_tokens", 0, 0, r.max_tokens);
     SamplerOptions& so = r.sampler;
     so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
     so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));

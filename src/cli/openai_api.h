@@ -46,6 +46,8 @@ struct ApiRequest {
     // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text).
     bool echo = false;
     std::vector<std::string> prompt_texts;  // echo: each prompt as sent, or its ids decoded
+    bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
+    int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -76,7 +78,7 @@ struct ApiChoice {
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream, n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
-// [-100, 100]). best_of, tools and response_format are refused.
+// [-100, 100]), and vLLM's ignore_eos and min_tokens. best_of, tools and response_format are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "runtime/generate.h"
@@ -20,7 +21,21 @@ bool nucleus_only(const SamplerOptions& o) { return o.temperature > 0.0f && o.to
 // Whether a request's tokens can be verified in one chunk: greedy choices that depend on their
 // own row alone (token penalties would change with every confirmed token).
 bool can_speculate(const BatchRequest& r) {
-    return r.sampler.temperature == 0.0f && !adjusts_logits(r.sampler) && r.logprobs < 0;
+    return r.sampler.temperature == 0.0f && !adjusts_logits(r.sampler) && r.logprobs < 0 && r.min_tokens == 0;
+}
+// min_tokens: the end-of-sequence ids banned from a row, in its entries: an offset of the largest
+// float leaves them at -FLT_MAX or below, probability 0 at any temperature (the engines take
+// finite offsets only).
+void ban_eos(const ModelConfig& cfg, std::vector<PenaltyEntry>& pens) {
+    for (const int64_t id : cfg.eos_ids) {
+        auto it = std::find_if(pens.begin(), pens.end(), [&](const PenaltyEntry& e) { return e.id == id; });
+        if (it == pens.end()) {
+            pens.emplace_back();
+            it = pens.end() - 1;
+            it->id = int32_t(id);
+        }
+        it->offset = std::numeric_limits<float>::max();
+    }
 }
 }  // namespace
 
@@ -68,9 +83,11 @@ size_t Batcher::add(BatchRequest r) {
                       r.logprobs >= -1 && r.logprobs <= cfg.vocab && r.prompt_logprobs >= -1 &&
                       r.prompt_logprobs <= cfg.vocab && r.slot < slots_ && r.cached >= 0 &&
                       r.cached < int64_t(r.prompt.size()) && (r.cached == 0 || r.slot >= 0) &&
-                      (r.cached == 0 || r.prompt_logprobs < 0),
+                      (r.cached == 0 || r.prompt_logprobs < 0) && r.min_tokens >= 0 &&
+                      r.min_tokens <= r.max_new_tokens,
                   "Batcher::add: a request of ", r.prompt.size(), " tokens, max_new_tokens ", r.max_new_tokens, ", logprobs ",
-                  r.logprobs, ", prompt_logprobs ", r.prompt_logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached);
+                  r.logprobs, ", prompt_logprobs ", r.prompt_logprobs, ", slot ", r.slot, " of ", slots_, ", cached ", r.cached,
+                  ", min_tokens ", r.min_tokens);
     for (const auto& [id, bias] : r.sampler.logit_bias)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
@@ -221,7 +238,7 @@ bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_toke
     r.tokens.push_back(id);
     if (q.recent) q.recent->push(id);
     if (on_token) on_token(q.index, id);
-    if (is_eos_id(cfg, id)) r.stop_reason = "eos";
+    if (is_eos_id(cfg, id) && !q.req.ignore_eos) r.stop_reason = "eos";
     else if (stop && stop(q.index, id)) r.stop_reason = "stop";
     else if (int64_t(r.tokens.size()) >= q.req.max_new_tokens) r.stop_reason = "length";
     return r.stop_reason.empty();
@@ -263,7 +280,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         q.slot = *it;
         free_slots_.erase(it);
         running_.push_back(next_++);
-        if (adjusts_logits(q.req.sampler)) {
+        if (adjusts_logits(q.req.sampler) || q.req.min_tokens > 0) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);
         }
@@ -274,6 +291,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     auto add_penalties = [&](SeqChunk& ch, Seq& q) {
         if (!q.recent) return;
         q.recent->entries(q.req.sampler, q.pens);
+        if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(cfg, q.pens);
         ch.penalties = q.pens.data();
         ch.n_penalties = int64_t(q.pens.size());
     };

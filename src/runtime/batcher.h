@@ -41,6 +41,11 @@ struct BatchRequest {
     // least the last prompt token is always run. A cached prefix needs a slot.
     int64_t slot = -1;
     int64_t cached = 0;
+    // vLLM's ignore_eos (an end-of-sequence id does not end it: benchmarks of fixed lengths) and
+    // min_tokens (the end-of-sequence ids' logits are -inf until it has this many tokens; stop
+    // strings still apply), min_tokens <= max_new_tokens.
+    bool ignore_eos = false;
+    int64_t min_tokens = 0;
 };
 
 struct SequenceResult {

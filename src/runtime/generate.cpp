@@ -26,10 +26,10 @@ int64_t penalty_window(const SamplerOptions& opt, int64_t ctx) {
     return opt.penalty_last_n < 0 ? ctx : opt.penalty_last_n;
 }
 
-int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide) {
+int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide, int64_t banned) {
     int64_t n = std::min(penalty_window(opt, ctx), vocab);
     if (!slide) n = std::min(n, ctx);
-    return std::min(n + int64_t(opt.logit_bias.size()), vocab);
+    return std::min(n + int64_t(opt.logit_bias.size()) + banned, vocab);
 }
 
 bool adjusts_logits(const SamplerOptions& opt) { return penalties_enabled(opt) || !opt.logit_bias.empty(); }
@@ -156,6 +156,10 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
     if (opt.logprobs < -1 || opt.logprobs > cfg.vocab)
         fail("--logprobs ", opt.logprobs, " must be in [0, ", cfg.vocab, "] (the vocabulary)");
     check_logit_bias(opt.sampler, cfg.vocab);
+    if (opt.min_new_tokens < 0 || opt.min_new_tokens > opt.max_new_tokens)
+        fail("--min-new-tokens ", opt.min_new_tokens, " must be in [0, --max-new-tokens ", opt.max_new_tokens, "]");
+    for (const int64_t m : opt.max_new_each)
+        SHARDLM_CHECK(opt.min_new_tokens <= m, "--min-new-tokens ", opt.min_new_tokens, " above a prompt's limit of ", m);
     if (!opt.cached.empty()) {
         SHARDLM_CHECK(opt.cached.size() == B, "cached prefixes for ", opt.cached.size(), " of ", B, " prompts");
         // Prompt s runs in slot s only when every prompt has a slot from the start.
@@ -188,7 +192,8 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
         fail("--context-overflow slide: this model attends within a sliding window of ", cfg.sliding_window,
              " and its cache holds only the newest ", kv_capacity(cfg, eo),
              " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
-    const int64_t room = max_penalties(opt.sampler, ctx, cfg.vocab, opt.slide);
+    const int64_t room =
+        max_penalties(opt.sampler, ctx, cfg.vocab, opt.slide, opt.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
     SHARDLM_CHECK(room <= eo.max_penalties, "the engine has room for ", eo.max_penalties,
                   " penalised tokens per row, the penalty flags need ", room, " (EngineOptions::max_penalties)");
     // Before any step: the engine would refuse the id only in the step that embeds it, after the
@@ -220,6 +225,8 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.logprobs = opt.logprobs;
         r.prompt_logprobs = opt.prompt_logprobs;
         r.keep_prompt_logits = opt.keep_prompt_logits;
+        r.ignore_eos = opt.ignore_eos;
+        r.min_tokens = opt.min_new_tokens;
         if (!opt.cached.empty()) {  // prompt s in slot s
             r.slot = int64_t(s);
             r.cached = opt.cached[s];

@@ -54,6 +54,10 @@ struct GenerateOptions {
     // --speculate: greedy sequences verify up to this many tokens proposed by prompt lookup per
     // step (BatcherOptions::speculate); 0: off.
     int64_t speculate = 0;
+    // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
+    // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
+    bool ignore_eos = false;
+    int64_t min_new_tokens = 0;
 };
 
 struct GenerateResult {
@@ -64,9 +68,10 @@ struct GenerateResult {
 // Token penalties (SamplerOptions::repetition_penalty & co.): how many tokens of a sequence they
 // look back over (penalty_last_n, or the context for -1; 0 when off), and the most distinct ids
 // one logits row can then list: what EngineOptions::max_penalties must hold (at most the window,
-// the vocabulary, and without --context-overflow slide the context; the logit_bias ids added).
+// the vocabulary, and without --context-overflow slide the context; the logit_bias ids added,
+// and `banned` more: the end-of-sequence ids of a request with min_tokens).
 int64_t penalty_window(const SamplerOptions& opt, int64_t ctx);
-int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide);
+int64_t max_penalties(const SamplerOptions& opt, int64_t ctx, int64_t vocab, bool slide, int64_t banned = 0);
 // Whether a sequence's logits rows carry entries: penalties or a logit bias.
 bool adjusts_logits(const SamplerOptions& opt);
 // The penalties of a sequence's next token from its last `window` tokens (tokens [0, n), prompt

@@ -243,6 +243,26 @@ TEST_F(Cli, SpeculationKeepsTheGreedyText) {
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --speculate 17", "--speculate must be in [0, 16]");
 }
 
+// --ignore-eos and --min-new-tokens on a model pushed to end at once (its end-of-sequence id 2
+// biased by +100).
+TEST_F(Cli, IgnoreEosAndMinNewTokens) {
+    const std::string m = kBin + " generate --model " + dir_.path() + " --prompt-ids 5,6,7 --max-new-tokens 6 --json "
+                          "--temperature 0 --logit-bias 2=100";
+    auto tokens = [&](const std::string& flags) {
+        const CommandResult r = run_command(m + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return nlohmann::json::parse(r.out)["results"][0]["tokens"];
+    };
+    EXPECT_EQ(tokens(""), nlohmann::json::array({2}));
+    EXPECT_EQ(tokens(" --ignore-eos"), nlohmann::json::array({2, 2, 2, 2, 2, 2}));
+    const auto t = tokens(" --min-new-tokens 3");
+    ASSERT_EQ(t.size(), 4u);
+    EXPECT_EQ(t[3], 2);
+    EXPECT_NE(t[0], 2);
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --max-new-tokens 4 --min-new-tokens 5",
+                 "--min-new-tokens 5 must be in [0, --max-new-tokens 4]");
+}
+
 TEST_F(Cli, InfoDescribesTheModel) {
     const CommandResult r = run_command(kBin + " info --model " + dir_.path());
     ASSERT_EQ(r.exit_code, 0) << r.err;

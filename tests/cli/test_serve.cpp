@@ -336,6 +336,21 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(r.body["choices"][0]["text"], want["text"]);
     }
 
+    // ignore_eos and min_tokens, on a request pushed to end at once.
+    {
+        const std::string eos = std::to_string(json::parse(read_file(model_.file("config.json")))["eos_token_id"].get<int>());
+        auto count = [&](const json& extra) {
+            json body = {{"prompt", "And God said"}, {"max_tokens", 7}, {"temperature", 0}, {"logit_bias", {{eos, 100}}}};
+            body.update(extra);
+            const Reply r = post(port, "/v1/completions", body);
+            EXPECT_EQ(r.status, 200) << r.raw;
+            return r.body["usage"]["completion_tokens"].get<int>();
+        };
+        EXPECT_EQ(count(json::object()), 1);
+        EXPECT_EQ(count({{"ignore_eos", true}}), 7);
+        EXPECT_EQ(count({{"min_tokens", 4}}), 5);
+    }
+
     // Bad requests: one-line errors, and the server goes on.
     auto error_of = [&](const json& body, int status, const std::string& part) {
         const Reply r = post(port, "/v1/completions", body);
@@ -367,6 +382,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", {1, 99999}}}, 400, "token ids must be integers in [0, 3072)");
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
     error_of({{"prompt", "x"}, {"logit_bias", 5}}, 400, "\"logit_bias\" must be an object");
+    error_of({{"prompt", "x"}, {"max_tokens", 3}, {"min_tokens", 4}}, 400, "\"min_tokens\" must be in [0, 3]");
+    error_of({{"prompt", "x"}, {"ignore_eos", 1}}, 400, "\"ignore_eos\" must be true or false");
     error_of({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}, 400, "\"logit_bias\": \"abc\" is not a token id of this model");
     error_of({{"prompt", "x"}, {"logit_bias", {{"3072", 1}}}}, 400, "(0 to 3071)");
     error_of({{"prompt", "x"}, {"logit_bias", {{"5", 101}}}}, 400, "the bias of token 5 must be a number in [-100, 100]");

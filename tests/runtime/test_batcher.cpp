@@ -244,6 +244,48 @@ TEST(Batcher, BurstPrefillsASharedPrefixOnce) {
     }
 }
 
+// ignore_eos and min_tokens on a model pushed to end at once (+100 on its end-of-sequence id):
+// plain, it stops at its first token; with ignore_eos it runs to max_new_tokens; with min_tokens
+// the end-of-sequence id is banned until then, through candidates (top-k) and whole rows alike.
+TEST(Batcher, IgnoreEosAndMinTokens) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen2);
+    ASSERT_EQ(cfg.eos_ids, std::vector<int64_t>{2});
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 33});
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 40;
+    so.max_batch = 3;
+    so.max_penalties = 2;
+    auto s = open_session(so, comm);
+    for (const int64_t k : {int64_t(1), int64_t(0)}) {
+        SamplerOptions eos;
+        eos.temperature = k == 1 ? 0.0f : 0.7f;
+        eos.top_k = k;
+        eos.top_p = 1;
+        eos.logit_bias = {{2, 100.0f}};
+        Batcher b(*s->engine, BatcherOptions{});
+        std::vector<BatchRequest> r(3, request(make_prompt(4, cfg.vocab, 90), eos, 0));
+        r[1].ignore_eos = true;
+        r[2].min_tokens = 5;
+        for (const BatchRequest& q : r) b.add(q);
+        while (b.busy()) b.step();
+        EXPECT_EQ(b.result(0).tokens, std::vector<int32_t>{2});
+        EXPECT_EQ(b.result(0).stop_reason, "eos");
+        EXPECT_EQ(b.result(1).tokens, std::vector<int32_t>(8, 2));
+        EXPECT_EQ(b.result(1).stop_reason, "length");
+        const std::vector<int32_t>& t = b.result(2).tokens;
+        ASSERT_EQ(t.size(), 6u) << "top_k " << k;
+        for (size_t i = 0; i < 5; ++i) EXPECT_NE(t[i], 2) << "token " << i;
+        EXPECT_EQ(t[5], 2);
+        EXPECT_EQ(b.result(2).stop_reason, "eos");
+        BatchRequest bad = r[2];
+        bad.min_tokens = 9;  // above max_new_tokens
+        EXPECT_THROW(b.add(bad), Error);
+    }
+}
+
 // Prompt lookup: the tokens after the latest earlier occurrence of the longest n-gram (2 to 4)
 // that ends the sequence, read on as a repetition past the end; nothing for a fresh n-gram.
 TEST(Speculate, LookupProposesWhatFollowedTheLatestMatch) {

@@ -31,7 +31,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
     int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0,
-            min_new = 0;
+            min_new = 0, speculate_max_batch = 0;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -56,6 +56,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
          "speculative decoding by prompt lookup: greedy sequences (without penalties or logprobs) verify up to N "
          "tokens that followed an earlier occurrence of their last words, in one step: the same tokens, fewer "
          "steps where the text repeats its context (0: off)")
+        ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
+         "--speculate only in steps with at most N decoding sequences (0: any; 1 suits a CPU, where verifying "
+         "several sequences' proposals costs more than the steps it saves)")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -108,6 +111,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.reuse_prefix = vm.count("prefix-cache") > 0;
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
+        if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
+        go.speculate_max_batch = speculate_max_batch;
         go.ignore_eos = vm.count("ignore-eos") > 0;
         go.min_new_tokens = min_new;
         if (ctx < 0) fail("--ctx must be >= 0");

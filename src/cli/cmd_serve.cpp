@@ -208,7 +208,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::string model, host = "127.0.0.1", name;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0;
+    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0;
     int port = 8000, threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -228,6 +228,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup for greedy requests without penalties or logprobs: up to N "
          "proposed tokens verified per step (0: off)")
+        ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
+         "--speculate only in steps with at most N decoding sequences (0: any)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
     add_precision_options(d, prec);
@@ -248,6 +250,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (port < 0 || port > 65535) fail("--port must be in [0, 65535]");
         if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
+        if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
         if (name.empty()) {
@@ -457,6 +460,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.prefill_chunk = chunk;
     bo.reuse_prefix = !vm.count("no-prefix-cache");
     bo.speculate = speculate;
+    bo.speculate_max_batch = speculate_max_batch;
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0

@@ -67,7 +67,8 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     SHARDLM_CHECK(opt.max_running >= 0 && opt.max_running <= eo.max_batch && eo.max_batch >= 1, "max_running ",
                   opt.max_running, " with ", eo.max_batch, " slots");
     SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
-    SHARDLM_CHECK(opt.speculate >= 0, "speculate ", opt.speculate);
+    SHARDLM_CHECK(opt.speculate >= 0 && opt.speculate_max_batch >= 0, "speculate ", opt.speculate, ", max batch ",
+                  opt.speculate_max_batch);
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
@@ -323,7 +324,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     const int64_t budget_max = std::min(opt_.prefill_chunk, eo.max_step_tokens);
     int64_t rows_left = (eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch) - int64_t(n_decode);
     int64_t spec_tokens = 0;
-    if (opt_.speculate > 0) {
+    if (opt_.speculate > 0 && (opt_.speculate_max_batch == 0 || int64_t(n_decode) <= opt_.speculate_max_batch)) {
         // Proposals take what the decode tokens leave of the step, less a row and a token for
         // each prompt still to prefill (prompts go first: they wait for their first token).
         int64_t prefilling = 0;

@@ -100,6 +100,10 @@ struct BatcherOptions {
     // where the text repeats (a decode step reads the weights once for all of them). Proposals
     // take only the logits rows and step tokens the others leave (EngineOptions::max_logit_rows).
     int64_t speculate = 0;
+    // Proposals only in steps with at most this many decoding sequences (0: any; vLLM's
+    // speculative_disable_by_batch_size): where a step's time grows with its tokens (a CPU's
+    // arithmetic), verifying several sequences' proposals costs more than the steps it saves.
+    int64_t speculate_max_batch = 0;
 };
 
 // A request waits for another's prefill only to save at least this many tokens of its own: a

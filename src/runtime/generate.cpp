@@ -215,6 +215,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.sink_tokens = opt.sink_tokens;
     bo.reuse_prefix = opt.reuse_prefix;
     bo.speculate = opt.speculate;
+    bo.speculate_max_batch = opt.speculate_max_batch;
     Batcher b(engine, bo);
     for (size_t s = 0; s < prompts.size(); ++s) {
         BatchRequest r;

@@ -54,6 +54,7 @@ struct GenerateOptions {
     // --speculate: greedy sequences verify up to this many tokens proposed by prompt lookup per
     // step (BatcherOptions::speculate); 0: off.
     int64_t speculate = 0;
+    int64_t speculate_max_batch = 0;  // --speculate-max-batch (BatcherOptions::speculate_max_batch)
     // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
     // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
     bool ignore_eos = false;

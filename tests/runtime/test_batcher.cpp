@@ -323,7 +323,7 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
     r[1].max_new_tokens = 23;
     r[2].max_new_tokens = 10;
     for (const int64_t rows : {int64_t(0), int64_t(6)}) {  // 0: the engine's default, one row per slot
-        auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
+        auto run = [&](int64_t speculate, std::vector<SequenceResult>& out, int64_t max_batch = 0) {
             SessionOptions so;
             so.model_dir = d.path();
             so.ctx = 64;
@@ -334,6 +334,7 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
             BatcherOptions bo;
             bo.prefill_chunk = 16;
             bo.speculate = speculate;
+            bo.speculate_max_batch = max_batch;
             Batcher b(*s->engine, bo);
             for (const BatchRequest& q : r) b.add(q);
             while (b.busy()) b.step();
@@ -352,6 +353,12 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
         EXPECT_GT(ts.accepted_tokens, 0);
         EXPECT_LE(ts.accepted_tokens, ts.draft_tokens);
         EXPECT_LT(ts.decode_steps, tp.decode_steps);
+        // Only in steps with one decoding sequence: once the two shorter requests have ended.
+        std::vector<SequenceResult> late;
+        const GenerateTimings tl = run(4, late, 1);
+        for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(late[i].tokens, plain[i].tokens) << "request " << i;
+        EXPECT_GT(tl.draft_tokens, 0);
+        EXPECT_LT(tl.draft_tokens, ts.draft_tokens);
     }
 }
 

@@ -336,7 +336,13 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   # chunks of 3; --logprobs takes whole rows instead of the device's candidates.
   cpu_vs_dev queued "fp32 greedy, two prompts through one slot, with logprobs" --max-new-tokens 12 \
     --temperature 0 --batch 1 --prefill-chunk 3 --logprobs 2 || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs)"
+  # Speculative decoding: proposals verified in eager chunks of several tokens, a logits row each.
+  cpu_vs_dev speculate "fp32 greedy with --speculate 4 (prompt lookup)" --max-new-tokens 40 --temperature 0 \
+    --speculate 4 || rc=1
+  # Logit bias and --min-new-tokens through the device's penalty kernel, sampled from candidates.
+  cpu_vs_dev bias "fp32 top-k sampled with logit bias and --min-new-tokens" --max-new-tokens 24 --temperature 0.9 \
+    --top-k 40 --seed 3 --logit-bias 5=4 --logit-bias 9=-3 --min-new-tokens 8 || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation; logit bias, min tokens)"
   exit $rc
 }
 
@@ -419,6 +425,35 @@ print("; ".join(out))
 
 s_serve_http() {  # shardlm serve on the device over HTTP (bench/serve_check.py): texts == CPU generate's, echo scores
   "$PY" "$root/bench/serve_check.py" --bin "$BIN/shardlm" --model "$root/launch/models/kjv-small" --device "$DEV"
+}
+
+s_speculate() {  # generate --speculate 4 against plain greedy decoding on the bench shape (random weights: its
+                 # greedy text falls into repeats, lookup's favourable case), batch 1 and 4, INT8 + INT8 KV
+  local dir=$SHARDLM_CACHE/$SYN-bf16 b k p
+  [ -f "$dir/config.json" ] || { echo "no checkpoint (prepare step failed)"; exit 1; }
+  local ids
+  ids=$("$PY" -c 'import random; random.seed(3); print(";".join(",".join(str(random.randrange(10, 500)) for _ in range(64)) for _ in range(4)))')
+  for b in 1 4; do
+    p=$ids
+    [ "$b" = 1 ] && p=${ids%%;*}
+    for k in 0 4; do
+      echo "shardlm generate --model $dir --device $DEV --weights int8 --kv int8 --batch $b --max-new-tokens $GEN --temperature 0 --speculate $k"
+      "$BIN/shardlm" generate --model "$dir" --device "$DEV" --weights int8 --kv int8 --prompt-ids "$p" \
+        --max-new-tokens "$GEN" --temperature 0 --speculate "$k" --json > "$work/logs/spec_b${b}_k$k.json" || exit 1
+    done
+  done
+  echo "note: $("$PY" -c '
+import json, sys
+out = []
+for b in (1, 4):
+    a, s = (json.load(open("%s/spec_b%d_k%d.json" % (sys.argv[1], b, k))) for k in (0, 4))
+    ta, ts = a["timings"], s["timings"]
+    same = [x["tokens"] == y["tokens"] for x, y in zip(a["results"], s["results"])]
+    out.append("b%d: %d -> %d steps, %.0f -> %.0f ms (%.2fx), %d/%d accepted, tokens equal %d/%d" % (
+        b, ta["decode_steps"], ts["decode_steps"], ta["total_ms"], ts["total_ms"], ta["total_ms"] / max(ts["total_ms"], 1e-9),
+        ts["accepted_tokens"], ts["draft_tokens"], sum(same), len(same)))
+print("; ".join(out))
+' "$work/logs")"
 }
 
 s_torch() {
@@ -526,7 +561,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_serve_http s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -609,6 +644,8 @@ step serve-int8-int8 90 s_serve
 # The HTTP server on the device (never run on a GPU): concurrent requests, streaming, prefix
 # cache, echo scoring.
 step serve-http 90 s_serve_http
+# Speculative decoding (never run on a GPU): its verifying steps run eagerly, not from graphs.
+step speculate 90 s_speculate
 step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8

@@ -41,7 +41,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
-    int64_t max_new = 512, ctx = 0, chunk = 256;
+    int64_t max_new = 512, ctx = 0, chunk = 256, speculate = 0;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -52,6 +52,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
          "KV positions for the whole conversation (0: 4096, at most max_position_embeddings); the oldest turns "
          "are dropped when a new one would not fit")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
+        ("speculate", po::value(&speculate)->default_value(0),
+         "speculative decoding by prompt lookup for greedy replies (--temperature 0, no penalties): up to N "
+         "proposed tokens verified per step (0: off)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
@@ -80,6 +83,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         go.sampler = apply_sampling(sampling);
         go.max_new_tokens = max_new;
         go.prefill_chunk = chunk;
+        if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
+        go.speculate = speculate;
         if (vm.count("system")) system = vm["system"].as<std::string>();
         if (!root && sampling.stops.empty()) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
@@ -99,6 +104,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = 1;
     so.prefill_chunk = chunk;
+    set_speculation_rows(so, speculate);
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
@@ -161,7 +167,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         if (turn_ids.empty()) break;
         const std::vector<int32_t>& ids = turn_ids[0];
         const size_t shared = common_prefix(ids, cache_tokens);
-        const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) > capacity;
+        // (Speculation writes up to --speculate proposals past the tokens kept.)
+        const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) + speculate > capacity;
         go.cached = {wrapped ? 0 : int64_t(std::min(shared, ids.size() - 1))};
         go.sampler.seed = seed + turn;  // each turn draws afresh, reproducibly
 

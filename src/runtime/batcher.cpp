@@ -46,6 +46,7 @@ struct Batcher::Seq {
     int64_t slot = -1;
     int64_t done = 0;     // prompt tokens in its cache
     int64_t dropped = 0;  // positions shifted out of its cache (slide): its next position is length - dropped
+    int64_t written = 0;  // positions written to its cache: [0, written) (rejected proposals included)
     int32_t last = 0;     // the decode step's input
     int64_t window = 0;   // token penalties' window (0: none)
     std::unique_ptr<RecentTokens> recent;  // while it runs
@@ -127,7 +128,8 @@ void Batcher::end(Seq& q, const std::string& reason) {
 
 // The tokens whose keys and values q's slot holds at positions [0, size) before the next step:
 // the prompt tokens prefilled so far, and every generated token but the last (sampled, never
-// run). None once its sequence slid or its ring wrapped (early positions gone).
+// run). None once its sequence slid or its ring wrapped (early positions gone, rejected
+// speculative proposals' rows included).
 std::vector<int32_t> Batcher::ran(const Seq& q) const {
     std::vector<int32_t> h;
     if (q.dropped > 0) return h;
@@ -135,7 +137,7 @@ std::vector<int32_t> Batcher::ran(const Seq& q) const {
     const std::vector<int32_t>& t = q.res.tokens;
     h.assign(p.begin(), p.begin() + q.done);
     if (q.done == int64_t(p.size()) && !t.empty()) h.insert(h.end(), t.begin(), t.end() - 1);
-    if (int64_t(h.size()) > capacity_) h.clear();
+    if (std::max(int64_t(h.size()), q.written) > capacity_) h.clear();
     return h;
 }
 
@@ -418,6 +420,8 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     vals_.resize(full ? 0 : cap * size_t(k));
     ids_.resize(vals_.size());
     mass_.resize(full ? 0 : cap);
+    for (size_t c = 0; c < chunks.size(); ++c)
+        chunk_seq[c]->written = std::max(chunk_seq[c]->written, chunks[c].pos + chunks[c].n);
     const double t0 = now_ms();
     bool cand = false;
     if (!full && !nucleus) {

@@ -404,6 +404,57 @@ TEST(Batcher, PrefixReuseSkipsAWrappedRing) {
     }
 }
 
+// Rejected speculative proposals are written to the cache too: on a sliding-window ring (8 rows)
+// a sequence whose proposals ran past the ring holds nothing reusable even when the tokens it
+// kept would fit, and a later request with its prompt prefills it whole (reusing it would read
+// rows the proposals overwrote).
+TEST(Batcher, PrefixReuseSkipsARingSpeculationWrapped) {
+    TempDir d;
+    ModelConfig cfg = tiny_config(Arch::Mistral);
+    cfg.sliding_window = 4;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 37});
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 40;
+    so.max_batch = 1;
+    so.prefill_chunk = 5;
+    so.max_logit_rows = 5;
+    auto s = open_session(so, comm);
+    ASSERT_EQ(kv_capacity(s->cfg, s->engine->options()), 8);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    BatcherOptions bo;
+    bo.prefill_chunk = 5;
+    bo.speculate = 4;
+    bo.reuse_prefix = true;
+    // A two-token prompt whose greedy text falls into a loop early: the first step that proposes
+    // (four tokens) writes past the ring's 8 rows while the tokens kept still fit in it.
+    bool found = false;
+    for (uint64_t seed = 0; seed < 400 && !found; ++seed) {
+        BatchRequest r = request(make_prompt(2, cfg.vocab, 100 + seed), greedy, 0);
+        r.max_new_tokens = 12;
+        r.keep_prompt_logits = true;
+        Batcher b(*s->engine, bo);
+        b.add(r);
+        while (b.busy() && b.timings().draft_tokens == 0) b.step();
+        const GenerateTimings& t = b.timings();
+        const int64_t kept = 2 + int64_t(b.result(0).tokens.size()) - 1;  // positions whose tokens it kept
+        const int64_t before = kept - 1 - t.accepted_tokens;                // the proposing step's first position
+        if (!b.busy() || t.draft_tokens != 4 || kept > 8 || before + 5 <= 8) continue;
+        found = true;
+        b.finish(0, "stop");
+        const size_t again = b.add(r);
+        while (b.busy()) b.step();
+        EXPECT_EQ(b.result(again).cached_tokens, 0) << "seed " << seed;
+        Batcher fresh(*s->engine, BatcherOptions{});
+        fresh.add(r);
+        while (fresh.busy()) fresh.step();
+        EXPECT_LT(max_abs_diff(b.result(again).prompt_logits, fresh.result(0).prompt_logits), 1e-4);
+    }
+    ASSERT_TRUE(found) << "no prompt made its first proposals run past the ring with the kept tokens inside it";
+}
+
 // Prompt logprobs (OpenAI's echo): a prompt scored token by token gives, for its tokens after
 // the first, the logprobs generation gave those tokens: here a prompt followed by its own greedy
 // continuation. Its chunks take a logits row per token within the engine's rows (two: the slots),

@@ -25,18 +25,25 @@ struct Run {
     size_t weight_bytes = 0;
 };
 
-Run run(const std::string& dir, Communicator& comm, const std::vector<std::vector<int32_t>>& prompts, KVFormat kv,
-        const LoadOptions& lo) {
+// A session's options for these tests: the checkpoint in `dir`, on this build's device (CUDA
+// engine ranks on the emulator for test_tp_cuda, else the CPU).
+SessionOptions tp_options(const std::string& dir) {
     SessionOptions so;
     so.model_dir = dir;
+#ifdef SHARDLM_TP_ON_CUDA
+    so.device = Device::Cuda;
+#endif
+    return so;
+}
+
+Run run(const std::string& dir, Communicator& comm, const std::vector<std::vector<int32_t>>& prompts, KVFormat kv,
+        const LoadOptions& lo) {
+    SessionOptions so = tp_options(dir);
     so.kv = kv;
     so.load = lo;
     so.max_batch = int64_t(prompts.size());
     so.ctx = 64;
     so.prefill_chunk = 16;  // chunked prefill under TP too
-#ifdef SHARDLM_TP_ON_CUDA
-    so.device = Device::Cuda;
-#endif
     auto s = open_session(so, comm);
     GenerateOptions go;
     go.max_new_tokens = 10;
@@ -216,13 +223,9 @@ TEST(TensorParallel, NucleusFromCandidatesDrawsWhatTheRowsDraw) {
     cfg.vocab = 387;  // uneven slices
     TempDir d;
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 2, 41});
-    SessionOptions so;
-    so.model_dir = d.path();
+    SessionOptions so = tp_options(d.path());
     so.max_batch = 2;
     so.ctx = 32;
-#ifdef SHARDLM_TP_ON_CUDA
-    so.device = Device::Cuda;
-#endif
     auto s = open_session(so, world());
     Engine& e = *s->engine;
     const int64_t V = cfg.vocab;
@@ -288,14 +291,10 @@ TEST(TensorParallel, PenaltiesGiveTheTokensOfOneRank) {
             go.sampler.repetition_penalty = 1.5f;
             go.sampler.frequency_penalty = 0.5f;
             go.sampler.penalty_last_n = 8;
-            SessionOptions so;
-            so.model_dir = d.path();
+            SessionOptions so = tp_options(d.path());
             so.max_batch = int64_t(prompts.size());
             so.ctx = 32;
             so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
-#ifdef SHARDLM_TP_ON_CUDA
-            so.device = Device::Cuda;
-#endif
             auto s = open_session(so, comm);
             return generate(*s->engine, prompts, go);
         };
@@ -317,14 +316,10 @@ TEST(TensorParallel, ContextShiftsGiveTheTokensOfOneRank) {
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(9, cfg.vocab, 3), make_prompt(4, cfg.vocab, 4)};
     for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
         auto slide = [&](Communicator& comm) {
-            SessionOptions so;
-            so.model_dir = d.path();
+            SessionOptions so = tp_options(d.path());
             so.kv = kv;
             so.max_batch = int64_t(prompts.size());
             so.ctx = 16;
-#ifdef SHARDLM_TP_ON_CUDA
-            so.device = Device::Cuda;
-#endif
             auto s = open_session(so, comm);
             GenerateOptions go;
             go.max_new_tokens = 40;
@@ -369,15 +364,11 @@ TEST(TensorParallel, QueuedPromptsGiveTheTokensOfOneRank) {
         go.sampler.repetition_penalty = 1.3f;
         go.sampler.presence_penalty = 0.4f;
         go.sampler.penalty_last_n = 6;
-        SessionOptions so;
-        so.model_dir = d.path();
+        SessionOptions so = tp_options(d.path());
         so.max_batch = slots;
         so.ctx = 32;
         so.prefill_chunk = go.prefill_chunk;
         so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
-#ifdef SHARDLM_TP_ON_CUDA
-        so.device = Device::Cuda;
-#endif
         auto s = open_session(so, comm);
         std::vector<size_t> seen(prompts.size(), 0);
         return generate(*s->engine, prompts, go, nullptr, [&](size_t i, int32_t) { return ++seen[i] == stop_after[i]; });
@@ -432,14 +423,10 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
         go.sampler.top_k = 20;
         go.sampler.seed = 8;
         go.reuse_prefix = reuse;
-        SessionOptions so;
-        so.model_dir = d.path();
+        SessionOptions so = tp_options(d.path());
         so.max_batch = 2;
         so.ctx = 64;
         so.prefill_chunk = go.prefill_chunk;
-#ifdef SHARDLM_TP_ON_CUDA
-        so.device = Device::Cuda;
-#endif
         auto s = open_session(so, comm);
         return generate(*s->engine, prompts, go);
     };
@@ -476,15 +463,11 @@ TEST(TensorParallel, SpeculationGivesTheTokensOfOneRank) {
         go.prefill_chunk = 16;
         go.sampler.temperature = 0;
         go.speculate = speculate;
-        SessionOptions so;
-        so.model_dir = d.path();
+        SessionOptions so = tp_options(d.path());
         so.max_batch = 2;
         so.ctx = 64;
         so.prefill_chunk = go.prefill_chunk;
         so.max_logit_rows = 10;
-#ifdef SHARDLM_TP_ON_CUDA
-        so.device = Device::Cuda;
-#endif
         auto s = open_session(so, comm);
         return generate(*s->engine, prompts, go);
     };
@@ -505,15 +488,11 @@ TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});
     const std::vector<int32_t> prompt = make_prompt(13, cfg.vocab, 40);
     auto score = [&](Communicator& comm) {
-        SessionOptions so;
-        so.model_dir = d.path();
+        SessionOptions so = tp_options(d.path());
         so.max_batch = 2;
         so.ctx = 32;
         so.prefill_chunk = 6;
         so.max_logit_rows = 4;
-#ifdef SHARDLM_TP_ON_CUDA
-        so.device = Device::Cuda;
-#endif
         auto s = open_session(so, comm);
         BatcherOptions bo;
         bo.prefill_chunk = 6;

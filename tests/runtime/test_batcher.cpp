@@ -25,6 +25,16 @@ std::unique_ptr<Session> open_tiny(const std::string& dir, int64_t slots, Commun
     return open_session(so, comm);
 }
 
+// Runs the requests through one Batcher to the end: their results appended to `out`, the timings.
+GenerateTimings run_all(Engine& e, const BatcherOptions& bo, const std::vector<BatchRequest>& r,
+                        std::vector<SequenceResult>& out) {
+    Batcher b(e, bo);
+    for (const BatchRequest& q : r) b.add(q);
+    while (b.busy()) b.step();
+    for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
+    return b.timings();
+}
+
 BatchRequest request(const std::vector<int32_t>& prompt, const SamplerOptions& so, uint64_t stream, int64_t logprobs = -1) {
     BatchRequest r;
     r.prompt = prompt;
@@ -222,11 +232,7 @@ TEST(Batcher, BurstPrefillsASharedPrefixOnce) {
             BatcherOptions bo;
             bo.prefill_chunk = 64;
             bo.reuse_prefix = reuse;
-            Batcher b(*s->engine, bo);
-            for (const BatchRequest& q : r) b.add(q);
-            while (b.busy()) b.step();
-            for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
-            return b.timings();
+            return run_all(*s->engine, bo, r, out);
         };
         std::vector<SequenceResult> fresh, shared;
         const GenerateTimings tf = run(false, fresh), ts = run(true, shared);
@@ -335,11 +341,7 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
             bo.prefill_chunk = 16;
             bo.speculate = speculate;
             bo.speculate_max_batch = max_batch;
-            Batcher b(*s->engine, bo);
-            for (const BatchRequest& q : r) b.add(q);
-            while (b.busy()) b.step();
-            for (size_t i = 0; i < r.size(); ++i) out.push_back(b.result(i));
-            return b.timings();
+            return run_all(*s->engine, bo, r, out);
         };
         std::vector<SequenceResult> plain, spec;
         const GenerateTimings tp = run(0, plain), ts = run(4, spec);

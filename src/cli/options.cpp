@@ -97,7 +97,7 @@ void add_backend_options(po::options_description& d, BackendFlags& f) {
         ("device", po::value(&f.device)->default_value("auto"), "auto|cpu|cuda (auto: CUDA when every rank of the node has a GPU)")
         ("attention", po::value(&f.attention)->default_value("flash"),
          "flash|naive (flash: tiled kernel with online softmax, split-KV decode on the GPU; naive: plain passes)")
-        ("no-cuda-graph", po::bool_switch(&f.no_cuda_graph), "CUDA: run decode steps eagerly instead of replaying captured graphs")
+        ("no-cuda-graph", po::bool_switch(&f.no_cuda_graph), "CUDA: run decode and verify steps eagerly instead of replaying captured graphs")
         ("no-mmap", po::bool_switch(&f.no_mmap),
          "CPU: copy the weights kept as stored into memory (huge pages) instead of reading them through the file map: "
          "faster decode, slower start");

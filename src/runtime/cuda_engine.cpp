@@ -627,7 +627,6 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
     int32_t* logit_rows = ids + 3 * Tm;
     AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 3 * Tm + opt_.max_logit_rows);
     int64_t row = 0, r = 0, max_n = 0;
-    bool decode = true;
     for (size_t i = 0; i < chunks.size(); ++i) {
         const SeqChunk& ch = chunks[i];
         table[i] = AttnChunk{int32_t(ch.slot), int32_t(ch.pos), int32_t(ch.n), int32_t(row)};
@@ -642,33 +641,36 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
             logit_rows[r++] = int32_t(row + ch.n - 1);
         row += ch.n;
         max_n = std::max(max_n, ch.n);
-        decode = decode && ch.n == 1 && ch.want_logits && !ch.all_logits;
     }
     const int64_t B = int64_t(chunks.size());
 
-    // The first decode step of a batch size runs eagerly: it loads the kernels' modules and lets
-    // cuBLAS initialise outside any capture. From the second on, the step is captured once and
-    // replayed. Capture records, it does not run, so the tables are copied afterwards.
-    const bool replay = decode && opt_.cuda_graphs && !eager_once_.insert(B).second;
-    if (replay) {
-        std::unique_ptr<SegmentedGraph>& g = graphs_[B];
-        if (!g) {
-            g = std::make_unique<SegmentedGraph>();
-            recording_ = g.get();
+    // The first step of a shape runs eagerly: it loads the kernels' modules and lets cuBLAS
+    // initialise outside any capture. From the second on, the step is captured once and replayed.
+    // Capture records, it does not run, so the tables are copied afterwards.
+    const GraphKey key{T, B, max_n, n};
+    auto it = graphs_.end();
+    if (opt_.cuda_graphs && max_n <= kGraphMaxChunk && !eager_once_.insert(key).second) {
+        it = graphs_.find(key);
+        if (it == graphs_.end() && graphs_.size() < kMaxGraphs) {
+            it = graphs_.emplace(key, std::make_unique<SegmentedGraph>()).first;
+            SegmentedGraph& g = *it->second;
+            recording_ = &g;
             try {
-                g->begin(stream_);
-                run_step(T, B, 1, n);
-                g->end();
+                g.begin(stream_);
+                run_step(T, B, max_n, n);
+                g.end();
             } catch (...) {
-                g->abandon();
+                g.abandon();
                 recording_ = nullptr;
-                graphs_.erase(B);
+                graphs_.erase(it);
                 throw;
             }
             recording_ = nullptr;
         }
+    }
+    if (it != graphs_.end()) {
         CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
-        graphs_[B]->replay(stream_);
+        it->second->replay(stream_);
     } else {
         CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
         run_step(T, B, max_n, n);

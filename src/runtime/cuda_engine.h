@@ -6,8 +6,9 @@
 //
 // A step: the host writes the step's small tables (ids, positions, slots, chunks, logit rows) into
 // pinned memory and copies them to fixed device addresses; the kernels read them there. Decode
-// steps (one token per sequence) are replayed from CUDA Graphs captured once per batch size, cut
-// at each collective (runtime/cuda_graph.h); prefill and mixed steps run the same kernels eagerly.
+// steps (one token per sequence) and speculative verify steps (a few tokens per sequence) are
+// replayed from CUDA Graphs captured once per step shape, cut at each collective
+// (runtime/cuda_graph.h); prefill and mixed steps run the same kernels eagerly.
 // Under tensor parallelism the collectives are NCCL's on the engine's stream (comm/nccl_comm.h).
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <utility>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -90,10 +92,29 @@ public:
     size_t kv_bytes() const override { return kv_bytes_; }
     size_t workspace_bytes() const override { return ws_bytes_; }
     std::string device() const override { return device_name_; }
-    // Decode graphs captured so far (one per batch size seen); tests and bench report it.
+    // Step graphs captured so far (one per step shape seen twice); tests and bench report it.
     size_t graphs_captured() const { return graphs_.size(); }
 
 private:
+    // What a step's launches depend on besides the device-side tables: its token rows, chunks,
+    // longest chunk and logit rows. Steps of one shape replay one graph whatever their tokens,
+    // positions, slots and chunk lengths (the kernels read those from meta_).
+    struct GraphKey {
+        int64_t tokens, chunks, max_chunk, logit_rows;
+        bool operator<(const GraphKey& o) const {
+            return std::tie(tokens, chunks, max_chunk, logit_rows) <
+                   std::tie(o.tokens, o.chunks, o.max_chunk, o.logit_rows);
+        }
+    };
+    // Steps whose chunks are at most this long are captured: decode (1) and verify steps of
+    // speculative decoding (up to 17). Longer chunks are prefill: compute-bound, where a launch
+    // costs little, and of shapes that seldom repeat.
+    static constexpr int64_t kGraphMaxChunk = 32;
+    // At most this many graphs per engine; steps of further shapes run eagerly. Decode makes one
+    // shape per batch size; speculation a few more (the proposals per sequence vary), and the cap
+    // bounds the graphs of shapes that come rarely.
+    static constexpr size_t kMaxGraphs = 96;
+
     void layout(DeviceArena& a, const ModelWeights& w);
     void upload(const ModelWeights& w);
     int64_t launch(const std::vector<SeqChunk>& chunks);  // queues a step; returns its logit rows
@@ -183,8 +204,8 @@ private:
     PinnedBuffer penalty_host_;          // and their staging copy
     size_t meta_bytes_ = 0;
 
-    std::map<int64_t, std::unique_ptr<SegmentedGraph>> graphs_;  // decode step by batch size
-    std::set<int64_t> eager_once_;  // batch sizes whose first decode step ran eagerly
+    std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;
+    std::set<GraphKey> eager_once_;  // shapes whose first step ran eagerly
     SegmentedGraph* recording_ = nullptr;
 };
 

@@ -341,6 +341,67 @@ TEST_P(CudaVsCpu, CopiedPrefixMatchesTheCpuCopy) {
     }
 }
 
+// Speculative verify steps (a few tokens per sequence, a logits row for each) are replayed from
+// graphs keyed by the step's shape: a shape seen again replays whatever its tokens, positions and
+// chunk lengths, bit for bit what eager runs give, and within the tolerance of the CPU's.
+TEST_P(CudaVsCpu, VerifyStepsReplayExactlyWhatEagerRuns) {
+    SKIP_WITHOUT_GPU();
+    const int64_t V = cfg_.vocab, max_rows = 18;
+    const auto text = make_prompt(64, V, 41);
+    // Per step, each sequence's chunk length (0: not in the step); the all_logits chunks are the
+    // verify rows. Steps 0-3 share one shape (7 tokens, 3 chunks, longest 3, 7 rows; step 2 with
+    // other chunk lengths), as do steps 4, 5, 6 and 8 (18 tokens, 2 chunks, longest 16). Step 7
+    // differs from those in its longest chunk alone, which changes the prefill attention's grid
+    // (17 tokens of 2 query heads each: two 32-row tiles); it runs once, eagerly.
+    const std::vector<std::vector<int64_t>> steps = {{3, 1, 3},  {3, 1, 3},  {1, 3, 3},  {3, 1, 3}, {16, 2, 0},
+                                                     {16, 2, 0}, {2, 16, 0}, {17, 1, 0}, {16, 2, 0}};
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        std::vector<std::vector<float>> out[3];  // CPU, CUDA with graphs, CUDA eager
+        for (int run = 0; run < 3; ++run) {
+            SessionOptions so;
+            so.model_dir = dir_.path();
+            so.ctx = 96;
+            so.max_batch = 3;
+            so.max_logit_rows = max_rows;
+            so.kv = kv;
+            so.device = run ? Device::Cuda : Device::Cpu;
+            so.cuda_graphs = run == 1;
+            SingleRank comm;
+            auto s = open_session(so, comm);
+            Engine& e = *s->engine;
+            std::vector<int64_t> len(prompts_.size());
+            std::vector<float> lg(static_cast<size_t>(max_rows * V));
+            for (size_t b = 0; b < prompts_.size(); ++b) {
+                e.forward({{int64_t(b), prompts_[b].data(), int64_t(prompts_[b].size()), 0, false}}, lg.data());
+                len[b] = int64_t(prompts_[b].size());
+            }
+            for (const auto& step : steps) {
+                std::vector<SeqChunk> ch;
+                int64_t rows = 0;
+                for (size_t b = 0; b < step.size(); ++b) {
+                    if (step[b] == 0) continue;
+                    SeqChunk c{int64_t(b), &text[size_t(len[b] % 32)], step[b], len[b], true};
+                    c.all_logits = step[b] > 1;
+                    rows += c.all_logits ? step[b] : 1;
+                    ch.push_back(c);
+                    len[b] += step[b];
+                }
+                e.forward(ch, lg.data());
+                out[run].emplace_back(lg.begin(), lg.begin() + rows * V);
+            }
+            if (run == 1) {
+                const auto* cuda = dynamic_cast<const CudaEngine*>(&e);
+                ASSERT_NE(cuda, nullptr);
+                EXPECT_EQ(cuda->graphs_captured(), 2u);  // the shapes of steps 0 and 4, from their second steps on
+            }
+        }
+        expect_steps_close(out[0], out[1], kv);
+        ASSERT_EQ(out[1].size(), out[2].size());
+        for (size_t i = 0; i < out[1].size(); ++i)
+            EXPECT_EQ(max_abs_diff(out[1][i], out[2][i]), 0.0f) << "kv " << int(kv) << " step " << i;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -336,13 +336,16 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   # chunks of 3; --logprobs takes whole rows instead of the device's candidates.
   cpu_vs_dev queued "fp32 greedy, two prompts through one slot, with logprobs" --max-new-tokens 12 \
     --temperature 0 --batch 1 --prefill-chunk 3 --logprobs 2 || rc=1
-  # Speculative decoding: proposals verified in eager chunks of several tokens, a logits row each.
+  # Speculative decoding: proposals verified in chunks of several tokens, a logits row each
+  # (replayed from graphs from a step shape's second step on); greedy, and sampled with a seed.
   cpu_vs_dev speculate "fp32 greedy with --speculate 4 (prompt lookup)" --max-new-tokens 40 --temperature 0 \
     --speculate 4 || rc=1
+  cpu_vs_dev speculate-sampled "fp32 top-k sampled with --speculate 4" --max-new-tokens 40 --temperature 0.8 \
+    --top-k 40 --seed 4 --speculate 4 || rc=1
   # Logit bias and --min-new-tokens through the device's penalty kernel, sampled from candidates.
   cpu_vs_dev bias "fp32 top-k sampled with logit bias and --min-new-tokens" --max-new-tokens 24 --temperature 0.9 \
     --top-k 40 --seed 3 --logit-bias 5=4 --logit-bias 9=-3 --min-new-tokens 8 || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation; logit bias, min tokens)"
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens)"
   exit $rc
 }
 

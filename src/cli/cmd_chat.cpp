@@ -53,8 +53,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
          "are dropped when a new one would not fit")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("speculate", po::value(&speculate)->default_value(0),
-         "speculative decoding by prompt lookup for greedy replies (--temperature 0, no penalties): up to N "
-         "proposed tokens verified per step (0: off)")
+         "speculative decoding by prompt lookup: up to N proposed tokens verified per step, the same reply "
+         "as without it (0: off)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");

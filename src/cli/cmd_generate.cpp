@@ -53,9 +53,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
          "a prompt takes the free slot whose KV cache holds the longest start of it (left by a sequence "
          "that ended) and prefills only the rest: prompts that share a start, more of them than --batch")
         ("speculate", po::value(&speculate)->default_value(0),
-         "speculative decoding by prompt lookup: greedy sequences (without penalties or logprobs) verify up to N "
-         "tokens that followed an earlier occurrence of their last words, in one step: the same tokens, fewer "
-         "steps where the text repeats its context (0: off)")
+         "speculative decoding by prompt lookup: each sequence verifies up to N tokens that followed an earlier "
+         "occurrence of its last words, in one step: the same tokens (greedy or sampled with the same seed), "
+         "fewer steps where the text repeats its context (0: off)")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any; 1 suits a CPU, where verifying "
          "several sequences' proposals costs more than the steps it saves)")

@@ -226,8 +226,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
         ("speculate", po::value(&speculate)->default_value(0),
-         "speculative decoding by prompt lookup for greedy requests without penalties or logprobs: up to N "
-         "proposed tokens verified per step (0: off)")
+         "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
+         "same tokens as without it (0: off)")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cpu/penalty.h"
 #include "runtime/generate.h"
 #include "runtime/speculate.h"
 
@@ -18,11 +19,6 @@ double now_ms() {
 }
 // Top-p without a top-k limit: the engine can hand back the candidates and the row's nucleus mass.
 bool nucleus_only(const SamplerOptions& o) { return o.temperature > 0.0f && o.top_k == 0 && o.top_p < 1.0f; }
-// Whether a request's tokens can be verified in one chunk: greedy choices that depend on their
-// own row alone (token penalties would change with every confirmed token).
-bool can_speculate(const BatchRequest& r) {
-    return r.sampler.temperature == 0.0f && !adjusts_logits(r.sampler) && r.logprobs < 0 && r.min_tokens == 0;
-}
 // min_tokens: the end-of-sequence ids banned from a row, in its entries: an offset of the largest
 // float leaves them at -FLT_MAX or below, probability 0 at any temperature (the engines take
 // finite offsets only).
@@ -209,6 +205,11 @@ void Batcher::finish(size_t id, const std::string& reason) {
 
 // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
 // whether the sequence goes on.
+void Batcher::row_penalties(Seq& q) const {
+    q.recent->entries(q.req.sampler, q.pens);
+    if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(engine_.config(), q.pens);
+}
+
 bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop) {
     const ModelConfig& cfg = engine_.config();
     const int64_t vocab = cfg.vocab, k = step_k_;
@@ -293,8 +294,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
 
     auto add_penalties = [&](SeqChunk& ch, Seq& q) {
         if (!q.recent) return;
-        q.recent->entries(q.req.sampler, q.pens);
-        if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(cfg, q.pens);
+        row_penalties(q);
         ch.penalties = q.pens.data();
         ch.n_penalties = int64_t(q.pens.size());
     };
@@ -337,7 +337,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             SeqChunk& ch = chunks[c];
             const int64_t left = q.req.max_new_tokens - int64_t(q.res.tokens.size());  // the last one needs no proposal
             const int64_t k = std::min({opt_.speculate, rows, tokens, left - 1, ctx - 1 - ch.pos});
-            if (!can_speculate(q.req) || k <= 0) continue;
+            if (k <= 0) continue;
             q.spec = q.req.prompt;
             q.spec.insert(q.spec.end(), q.res.tokens.begin(), q.res.tokens.end());
             const std::vector<int32_t> d = lookup_draft(q.spec.data(), int64_t(q.spec.size()), k);
@@ -348,6 +348,8 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             ch.n = int64_t(q.spec.size());
             ch.want_logits = false;
             ch.all_logits = true;  // row j: the choice after token j, checked against proposal j + 1
+            ch.penalties = nullptr;  // applied here row by row, from the tokens kept before it
+            ch.n_penalties = 0;
             rows -= int64_t(d.size());
             tokens -= int64_t(d.size());
             spec_tokens += int64_t(d.size());
@@ -388,22 +390,26 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     }
 
     // What the rows' samplers need from the engine: whole rows when one of them reads the whole
-    // row (a sampler without a top-k limit, logprobs, kept prompt logits); each row's nucleus
-    // mass when all sample top-p alone at one temperature; else the most candidates any reads.
+    // row (a sampler without a top-k limit, logprobs, kept prompt logits, prompt logprobs, a
+    // verify row's penalties applied here); each row's nucleus mass when all sample top-p alone
+    // at one temperature; else the most candidates any reads (a verify row's too: greedy
+    // speculation moves one candidate per row, not the vocabulary).
     bool full = false, nucleus = true;
     int64_t k = 0, rows = 0;
     float temperature = -1.0f;
     int64_t all_rows = 0;  // of all_logits chunks
     for (size_t c = 0; c < chunks.size(); ++c) {
+        const bool verify = c < n_decode && chunks[c].all_logits;
         if (chunks[c].all_logits) {
-            full = true;
+            full = full || !verify;
             all_rows += chunks[c].n;
         }
-        if (!chunks[c].want_logits) continue;
+        if (!chunks[c].want_logits && !verify) continue;
         ++rows;
-        const BatchRequest& r = chunk_seq[c]->req;
+        const Seq& q = *chunk_seq[c];
+        const BatchRequest& r = q.req;
         const SamplerOptions& so = r.sampler;
-        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits);
+        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits) || (verify && q.recent);
         const bool nuc = nucleus_only(so) && (temperature < 0.0f || so.temperature == temperature);
         if (nuc) temperature = so.temperature;
         nucleus = nucleus && nuc;
@@ -417,9 +423,9 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     const size_t cap = size_t(slots_);
     step_k_ = full ? 0 : k;
     logits_.resize((cap + size_t(all_rows)) * size_t(vocab));
-    vals_.resize(full ? 0 : cap * size_t(k));
+    vals_.resize(full ? 0 : (cap + size_t(all_rows)) * size_t(k));
     ids_.resize(vals_.size());
-    mass_.resize(full ? 0 : cap);
+    mass_.resize(full ? 0 : cap + size_t(all_rows));
     for (size_t c = 0; c < chunks.size(); ++c)
         chunk_seq[c]->written = std::max(chunk_seq[c]->written, chunks[c].pos + chunks[c].n);
     const double t0 = now_ms();
@@ -437,14 +443,26 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     for (size_t c = 0; c < chunks.size(); ++c) {
         Seq& q = *chunk_seq[c];
         if (c < n_decode && chunks[c].all_logits) {  // speculation: row j checks proposal j + 1
+            // A proposal is a single token, not a distribution, so speculative sampling's rule
+            // (keep proposal d with probability min(1, p(d) / q(d)) = p(d), else draw from p with d
+            // taken out) is the same as drawing from p as usual and keeping d if the draw is d.
+            // Each kept token is thus drawn by the sequence's own generator from the row it would
+            // be drawn from without speculation, its penalties reckoned from the tokens kept
+            // before it, one draw per token; the rows after the first other choice are not drawn
+            // from. So the tokens are those made without speculation, seeded draws included.
             const SeqChunk& ch = chunks[c];
             timings_.draft_tokens += ch.n - 1;
             bool going = true;  // until a stop, or a choice other than the proposal: the rest is void
             for (int64_t j = 0; j < ch.n; ++j) {
                 const size_t r = row++;
                 if (!going) continue;
+                if (q.recent) {
+                    row_penalties(q);
+                    apply_penalties_ref(logits_.data() + r * size_t(vocab), vocab, 0, q.pens.data(),
+                                        int64_t(q.pens.size()));
+                }
                 ++made;
-                if (!accept(q, r, false, on_token, stop)) {
+                if (!accept(q, r, cand, on_token, stop)) {
                     end(q, q.res.stop_reason);
                     going = false;
                 } else if (j + 1 == ch.n || q.res.tokens.back() != ch.tokens[j + 1]) {

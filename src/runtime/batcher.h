@@ -93,12 +93,15 @@ struct BatcherOptions {
     // before it is still prefilling a longer one (kMinPrefixWait tokens or more) it waits for it:
     // a burst of requests with one system prompt prefills it once.
     bool reuse_prefix = false;
-    // Speculative decoding by prompt lookup (runtime/speculate.h), 0: off. Each step a greedy
-    // sequence without token penalties or logprobs runs up to `speculate` proposed tokens after
-    // its last one in the same chunk, with a logits row each, and keeps the proposals its own
-    // greedy choices confirm plus the choice after them: greedy decoding's tokens, in fewer steps
-    // where the text repeats (a decode step reads the weights once for all of them). Proposals
-    // take only the logits rows and step tokens the others leave (EngineOptions::max_logit_rows).
+    // Speculative decoding by prompt lookup (runtime/speculate.h), 0: off. Each step a decoding
+    // sequence runs up to `speculate` proposed tokens after its last one in the same chunk, with a
+    // logits row each, and keeps the proposals its own choices confirm (greedy or drawn, token
+    // penalties applied per row on the host) plus the choice after them: the tokens it makes
+    // without speculation, seeded draws included, in fewer steps where the text repeats (a
+    // decode step reads the weights once for all of them). A verify row hands back what a decode
+    // row would (candidates, or the nucleus), or the whole row where penalties apply.
+    // Proposals take only the logits rows and step tokens the others leave
+    // (EngineOptions::max_logit_rows).
     int64_t speculate = 0;
     // Proposals only in steps with at most this many decoding sequences (0: any; vLLM's
     // speculative_disable_by_batch_size): where a step's time grows with its tokens (a CPU's
@@ -137,6 +140,8 @@ private:
     struct Seq;
     bool accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop);
     void end(Seq& q, const std::string& reason);
+    // q.pens: the penalties of q's next logits row, from its tokens so far (q.recent set).
+    void row_penalties(Seq& q) const;
     void free_slot(const Seq& q);
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();

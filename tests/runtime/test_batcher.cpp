@@ -2,6 +2,8 @@
 // requests ended from outside (finish) while they wait or run.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
@@ -310,7 +312,7 @@ TEST(Speculate, LookupProposesWhatFollowedTheLatestMatch) {
 
 // Speculative decoding: greedy requests give the tokens they give without it, in fewer steps on
 // text that repeats (a prompt that is a phrase said three times, and tiny random models' greedy
-// loops); a sampled request in the same batch is untouched. The length limit and the logits
+// loops); a sampled request in the same batch keeps its tokens too. The length limit and the logits
 // rows' budget (the engine's default: a row per slot, free once a sequence ends) are respected.
 TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
     TempDir d;
@@ -362,6 +364,91 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
         EXPECT_GT(tl.draft_tokens, 0);
         EXPECT_LT(tl.draft_tokens, ts.draft_tokens);
     }
+}
+
+// Every request speculates: a proposal is one token, so keeping it when the sequence's own draw
+// from the row is that token is speculative sampling's rule, and each row's token penalties, bias
+// and min_tokens ban are reckoned on the host from the tokens kept before it. The draws, one per
+// kept token, are the ones made without speculation: the same tokens and logprobs for each
+// sampler path (whole rows, top-k candidates, top-p alone, min-p) and with penalties, greedy and
+// sampled, with proposals both kept and rejected.
+TEST(Batcher, SpeculationKeepsSampledAndPenalisedTokens) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    SingleRank comm;
+    std::vector<SamplerOptions> samplers(6);
+    for (size_t i = 0; i < samplers.size(); ++i) samplers[i].seed = 11 + i;
+    samplers[0].top_k = 0;  // whole rows
+    samplers[0].top_p = 1.0f;
+    samplers[0].temperature = 0.6f;
+    samplers[1].top_k = 8;  // candidates
+    samplers[1].temperature = 1.0f;
+    samplers[2].top_k = 0;  // top-p alone
+    samplers[2].top_p = 0.9f;
+    samplers[2].temperature = 0.8f;
+    samplers[3].min_p = 0.05f;
+    samplers[3].temperature = 0.7f;
+    // Penalties that decide every token, and loops that lookup predicts: ids biased far above the
+    // rest, the latest one or two pushed back below the others by a presence penalty over a
+    // window of 1 or 2. Greedy: 7 and 9 in turn. Sampled: 11, 12, 13 round and round until
+    // min_tokens lets the end-of-sequence id (2, biased higher still) end it.
+    samplers[4].temperature = 0;
+    samplers[4].logit_bias = {{7, 50.0f}, {9, 50.0f}};
+    samplers[4].presence_penalty = 60.0f;
+    samplers[4].penalty_last_n = 1;
+    samplers[5].temperature = 0.5f;
+    samplers[5].logit_bias = {{11, 50.0f}, {12, 50.0f}, {13, 50.0f}, {2, 100.0f}};
+    samplers[5].presence_penalty = 60.0f;
+    samplers[5].penalty_last_n = 2;
+    const std::vector<int32_t> phrase = make_prompt(6, cfg.vocab, 81);
+    std::vector<BatchRequest> r;
+    for (size_t i = 0; i < samplers.size(); ++i) {
+        r.push_back(request(joined(joined(phrase, make_prompt(2, cfg.vocab, 90 + i)), phrase), samplers[i], int64_t(i)));
+        r.back().max_new_tokens = 40;
+    }
+    r[1].logprobs = 2;
+    r[5].min_tokens = 25;
+    auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 96;
+        so.max_batch = 6;
+        so.prefill_chunk = 32;
+        so.max_logit_rows = 24;
+        so.max_penalties = 64;
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.prefill_chunk = 32;
+        bo.speculate = speculate;
+        return run_all(*s->engine, bo, r, out);
+    };
+    std::vector<SequenceResult> plain, spec;
+    const GenerateTimings tp = run(0, plain), ts = run(4, spec);
+    for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "request " << i;
+        EXPECT_EQ(spec[i].stop_reason, plain[i].stop_reason) << "request " << i;
+    }
+    ASSERT_EQ(spec[1].logprobs.size(), plain[1].logprobs.size());
+    for (size_t t = 0; t < plain[1].logprobs.size(); ++t) {
+        EXPECT_EQ(spec[1].logprobs[t].token.id, plain[1].logprobs[t].token.id);
+        EXPECT_NEAR(spec[1].logprobs[t].token.logprob, plain[1].logprobs[t].token.logprob, 1e-4f) << "token " << t;
+    }
+    EXPECT_EQ(ts.decode_tokens, tp.decode_tokens);
+    EXPECT_GT(ts.accepted_tokens, 0);
+    EXPECT_LT(ts.accepted_tokens, ts.draft_tokens);  // some proposals were drawn against
+    // The penalised requests alone (the same streams): proposals of theirs were kept too.
+    const std::vector<BatchRequest> all = r;
+    r = {all[4], all[5]};
+    std::vector<SequenceResult> penalised;
+    const GenerateTimings tq = run(4, penalised);
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(penalised[i].tokens, plain[4 + i].tokens) << "request " << 4 + i;
+    EXPECT_GT(tq.accepted_tokens, 0);
+    ASSERT_EQ(plain[5].tokens.size(), 26u);
+    EXPECT_EQ(plain[5].tokens.back(), 2);
+    std::printf("speculation: %lld of %lld proposals kept, penalised requests alone %lld of %lld\n",
+                (long long)ts.accepted_tokens, (long long)ts.draft_tokens, (long long)tq.accepted_tokens,
+                (long long)tq.draft_tokens);
 }
 
 // On a model that slides over a window on every layer the slot is a ring of window + chunk - 1

@@ -446,8 +446,8 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
 }
 
 // Speculative decoding under tensor parallelism: each rank verifies the same proposals (they
-// come from the tokens alone) with its shard, the rows' slices gathered whole; the greedy tokens
-// are one rank's without speculation, and proposals were confirmed.
+// come from the tokens alone) with its shard, the rows' slices gathered whole; the tokens, greedy
+// or sampled with penalties, are one rank's without speculation, and proposals were confirmed.
 TEST(TensorParallel, SpeculationGivesTheTokensOfOneRank) {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     cfg.vocab = 389;
@@ -457,26 +457,44 @@ TEST(TensorParallel, SpeculationGivesTheTokensOfOneRank) {
     std::vector<int32_t> thrice = phrase;
     for (int i = 0; i < 2; ++i) thrice.insert(thrice.end(), phrase.begin(), phrase.end());
     const std::vector<std::vector<int32_t>> prompts = {thrice, make_prompt(7, cfg.vocab, 61)};
-    auto gen = [&](Communicator& comm, int64_t speculate) {
-        GenerateOptions go;
-        go.max_new_tokens = 40;
-        go.prefill_chunk = 16;
-        go.sampler.temperature = 0;
-        go.speculate = speculate;
-        SessionOptions so = tp_options(d.path());
-        so.max_batch = 2;
-        so.ctx = 64;
-        so.prefill_chunk = go.prefill_chunk;
-        so.max_logit_rows = 10;
-        auto s = open_session(so, comm);
-        return generate(*s->engine, prompts, go);
-    };
-    SingleRank one;
-    const GenerateResult ref = gen(one, 0);
-    const GenerateResult tp = gen(world(), 4);
-    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i;
-    EXPECT_GT(tp.timings.accepted_tokens, 0);
-    EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+    // Greedy; top-p sampled; and sampled with penalties that make a loop (7 and 9 biased far above the rest, the
+    // latest pushed back below the other by a presence penalty over a window of one), applied to
+    // each verify row on every rank's host.
+    SamplerOptions greedy, nucleus, looping;
+    greedy.temperature = 0;
+    nucleus.temperature = 0.3f;  // top-p alone: a GPU engine's verify rows take the nucleus path
+    nucleus.top_k = 0;
+    nucleus.top_p = 0.9f;
+    nucleus.seed = 8;
+    looping.temperature = 0.7f;
+    looping.seed = 3;
+    looping.logit_bias = {{7, 50.0f}, {9, 50.0f}};
+    looping.presence_penalty = 60.0f;
+    looping.penalty_last_n = 1;
+    for (const SamplerOptions& sampler : {greedy, nucleus, looping}) {
+        auto gen = [&](Communicator& comm, int64_t speculate) {
+            GenerateOptions go;
+            go.max_new_tokens = 40;
+            go.prefill_chunk = 16;
+            go.sampler = sampler;
+            go.speculate = speculate;
+            SessionOptions so = tp_options(d.path());
+            so.max_batch = 2;
+            so.ctx = 64;
+            so.prefill_chunk = go.prefill_chunk;
+            so.max_logit_rows = 10;
+            so.max_penalties = 8;
+            auto s = open_session(so, comm);
+            return generate(*s->engine, prompts, go);
+        };
+        SingleRank one;
+        const GenerateResult ref = gen(one, 0);
+        const GenerateResult tp = gen(world(), 4);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << ", temperature " << sampler.temperature;
+        EXPECT_GT(tp.timings.accepted_tokens, 0);
+        EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+    }
 }
 
 // Prompt logprobs (echo) under tensor parallelism: every logits row of a scored prompt is

@@ -449,7 +449,8 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             // Each kept token is thus drawn by the sequence's own generator from the row it would
             // be drawn from without speculation, its penalties reckoned from the tokens kept
             // before it, one draw per token; the rows after the first other choice are not drawn
-            // from. So the tokens are those made without speculation, seeded draws included.
+            // from. So the tokens are those made without speculation, seeded draws included (up
+            // to the last bits a row computed in a chunk may differ by from a one-token step's).
             const SeqChunk& ch = chunks[c];
             timings_.draft_tokens += ch.n - 1;
             bool going = true;  // until a stop, or a choice other than the proposal: the rest is void

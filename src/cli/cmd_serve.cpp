@@ -429,6 +429,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.finish_sent = true;
                             }
                         }
+                        if (job->done() && job->req.include_usage && !job->aborted) {
+                            std::vector<ApiChoice> outs;
+                            for (const ChoiceState& cs : job->choices) outs.push_back(cs.out);
+                            out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, outs));
+                        }
                         if (job->done()) out += "data: [DONE]\n\n";
                         if (!out.empty() && !sink.write(out.data(), out.size())) {
                             job->gone = true;

@@ -205,6 +205,18 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];
     }
+    // OpenAI's stream_options: include_usage (vLLM's continuous_usage_stats, usage in every
+    // chunk, is not offered; other keys are ignored, as unknown fields are).
+    if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+        const json& so_json = body["stream_options"];
+        if (!r.stream) bad("\"stream_options\" needs \"stream\": true");
+        if (!so_json.is_object()) bad("\"stream_options\" must be an object");
+        const json usage = so_json.value("include_usage", json(nullptr));
+        if (!usage.is_null() && !usage.is_boolean()) bad("\"stream_options.include_usage\" must be true or false");
+        r.include_usage = usage.is_boolean() && usage.get<bool>();
+        if (so_json.value("continuous_usage_stats", json(false)) != json(false))
+            bad("\"stream_options.continuous_usage_stats\" is not supported by shardlm serve");
+    }
     try {
         Sampler check(so, 0);  // the sampler's own checks, before any rank runs it
     } catch (const Error& e) {
@@ -273,13 +285,37 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+namespace {
+// A request's usage: each prompt counted once, with the most of it any of its choices took from
+// the cache.
+json api_usage(const ApiRequest& r, const std::vector<ApiChoice>& choices) {
+    int64_t completion_tokens = 0, cached_tokens = 0, prompt_tokens = 0;
+    for (const std::vector<int32_t>& p : r.prompts) prompt_tokens += int64_t(p.size());
+    std::vector<int64_t> cached(r.prompts.size(), 0);
+    for (size_t c = 0; c < choices.size(); ++c) {
+        completion_tokens += choices[c].completion_tokens;
+        cached[c / size_t(r.n)] = std::max(cached[c / size_t(r.n)], choices[c].cached_tokens);
+    }
+    for (const int64_t k : cached) cached_tokens += k;
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+json envelope(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model, json choices,
+              bool chunk) {
+    return {{"id", id},
+            {"object", r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", std::move(choices)}};
+}
+}  // namespace
+
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                   const std::vector<ApiChoice>& choices, const Tokenizer& tok) {
     json out = json::array();
-    int64_t completion_tokens = 0, cached_tokens = 0, prompt_tokens = 0;
-    for (const std::vector<int32_t>& p : r.prompts) prompt_tokens += int64_t(p.size());
-    // Each prompt counts once: the most of it any of its choices took from the cache.
-    std::vector<int64_t> cached(r.prompts.size(), 0);
     for (size_t c = 0; c < choices.size(); ++c) {
         const ApiChoice& ch = choices[c];
         const size_t p = c / size_t(r.n);
@@ -290,20 +326,17 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
         choice["finish_reason"] = ch.finish;
         out.push_back(choice);
-        completion_tokens += ch.completion_tokens;
-        cached[p] = std::max(cached[p], ch.cached_tokens);
     }
-    for (const int64_t k : cached) cached_tokens += k;
-    return {{"id", id},
-            {"object", r.chat ? "chat.completion" : "text_completion"},
-            {"created", created},
-            {"model", model},
-            {"choices", out},
-            {"usage",
-             {{"prompt_tokens", prompt_tokens},
-              {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}}}};
+    json res = envelope(r, id, created, model, std::move(out), false);
+    res["usage"] = api_usage(r, choices);
+    return res;
+}
+
+json api_usage_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                     const std::vector<ApiChoice>& choices) {
+    json res = envelope(r, id, created, model, json::array(), true);
+    res["usage"] = api_usage(r, choices);
+    return res;
 }
 
 json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model, size_t index,
@@ -313,11 +346,9 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
     else choice["text"] = delta;
     choice["logprobs"] = logprobs;
     choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
-    return {{"id", id},
-            {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", created},
-            {"model", model},
-            {"choices", json::array({choice})}};
+    json res = envelope(r, id, created, model, json::array({choice}), true);
+    if (r.include_usage) res["usage"] = nullptr;  // as OpenAI's: null until the last chunk
+    return res;
 }
 
 json api_tokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) {

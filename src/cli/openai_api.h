@@ -39,6 +39,9 @@ struct ApiRequest {
     SamplerOptions sampler;
     std::vector<std::string> stop;
     bool stream = false;
+    // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
+    // and "usage": null in the others.
+    bool include_usage = false;
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
@@ -76,7 +79,7 @@ struct ApiChoice {
 // content}, rendered with the model's chat template; "max_tokens" (or "max_completion_tokens")
 // default: the rest of the context. Both: temperature (default 1), top_p (1), top_k (vLLM; 0 or
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
-// up to 4), stream, n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
+// up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
 // [-100, 100]), and vLLM's ignore_eos and min_tokens. best_of, tools and response_format are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
@@ -103,6 +106,10 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
 // prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
 nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                             const std::vector<ApiChoice>& choices, const Tokenizer& tok);
+// The last event of a streamed response with stream_options.include_usage: no choices, the
+// usage api_response() would give.
+nlohmann::json api_usage_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                               const std::vector<ApiChoice>& choices);
 // One server-sent event's object of a streamed response: choice `index`'s text delta (with the
 // logprobs of the tokens generated since its last event), and the finish reason in its last one
 // (empty before).

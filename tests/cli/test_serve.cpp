@@ -204,6 +204,39 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     }
     EXPECT_EQ(text, want);
     EXPECT_EQ(reason, "length");
+    // stream_options.include_usage: "usage": null in every chunk, then one with no choices and
+    // the usage the whole response gives, then [DONE].
+    {
+        const json body = {{"prompt", "And God said"}, {"max_tokens", 24},      {"temperature", 0},
+                           {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+        const Reply r = post(port, "/v1/completions", body);
+        ASSERT_EQ(r.status, 200);
+        std::istringstream ev(r.raw);
+        std::vector<json> chunks;
+        std::string done;
+        for (std::string line; std::getline(ev, line);) {
+            if (line.rfind("data: {", 0) == 0) chunks.push_back(json::parse(line.substr(6)));
+            else if (line.rfind("data: ", 0) == 0) done = line.substr(6);
+        }
+        EXPECT_EQ(done, "[DONE]");
+        ASSERT_GE(chunks.size(), 2u);
+        std::string streamed_text;
+        for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+            EXPECT_TRUE(chunks[i].contains("usage") && chunks[i]["usage"].is_null()) << chunks[i];
+            streamed_text += chunks[i]["choices"][0]["text"].get<std::string>();
+        }
+        EXPECT_EQ(streamed_text, want);
+        EXPECT_TRUE(chunks.back()["choices"].empty());
+        json whole = body;
+        whole.erase("stream");
+        whole.erase("stream_options");
+        const Reply w = post(port, "/v1/completions", whole);
+        ASSERT_EQ(w.status, 200) << w.raw;
+        EXPECT_EQ(chunks.back()["usage"], w.body["usage"]);
+        EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 24);
+        // Without it, no usage in the chunks.
+        EXPECT_FALSE(json::parse(data[0]).contains("usage"));
+    }
 
     // Token ids as the prompt; sampled requests repeat with their seed.
     const Reply ids = post(port, "/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 4}, {"temperature", 0}});
@@ -369,6 +402,12 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
     error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
     error_of({{"prompt", "x"}, {"echo", true}, {"stream", true}}, 400, "\"echo\" with \"stream\" is not supported");
+    error_of({{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "\"stream_options\" needs \"stream\": true");
+    error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, 400,
+             "\"stream_options.include_usage\" must be true or false");
+    error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", 1}}, 400, "\"stream_options\" must be an object");
+    error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
+             "\"stream_options.continuous_usage_stats\" is not supported");
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
     error_of({{"prompt", "x"}, {"echo", 1}}, 400, "\"echo\" must be true or false");
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
@@ -467,8 +506,18 @@ TEST_F(Serve, ChatCompletions) {
         EXPECT_EQ(plain.stop(), 0);
     }
     const Reply streamed = post(srv.port(), "/v1/chat/completions",
-                                {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true}});
+                                {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true},
+                                 {"stream_options", {{"include_usage", true}}}});
     EXPECT_NE(streamed.raw.find("chat.completion.chunk"), std::string::npos);
+    {
+        // The usage event comes last before [DONE], a chunk with no choices.
+        const size_t done = streamed.raw.rfind("data: [DONE]"), last = streamed.raw.rfind("data: {", done);
+        ASSERT_NE(last, std::string::npos) << streamed.raw;
+        const json usage_chunk = json::parse(streamed.raw.substr(last + 6, streamed.raw.find('\n', last) - last - 6));
+        EXPECT_EQ(usage_chunk["object"], "chat.completion.chunk");
+        EXPECT_TRUE(usage_chunk["choices"].empty());
+        EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 10);
+    }
     // logprobs: an entry per token with its bytes and the two most probable.
     const Reply lp = post(srv.port(), "/v1/chat/completions",
                           {{"messages", msgs}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}});

@@ -463,6 +463,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                   value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 1);
         EXPECT_EQ(value("shardlm_requests_running"), 0);
         EXPECT_NE(m->body.find("# TYPE shardlm_generation_tokens_total counter"), std::string::npos);
+        // --speculate 3: proposals made, some confirmed.
+        EXPECT_GT(value("shardlm_spec_decode_accepted_tokens_total"), 0);
+        EXPECT_LE(value("shardlm_spec_decode_accepted_tokens_total"), value("shardlm_spec_decode_draft_tokens_total"));
     }
     EXPECT_EQ(srv.stop(), 0);
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();

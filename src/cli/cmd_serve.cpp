@@ -67,7 +67,34 @@ struct Job {
     size_t ended = 0;      // choices done
     bool aborted = false;  // the server is shutting down: the client gets a 503 (or "abort" events)
     std::atomic<bool> gone{false};  // the client went away: end the request
+    double arrived = 0;  // seconds (steady clock) when its handler took it
     bool done() const { return aborted || ended == choices.size(); }
+};
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A Prometheus histogram: counts per upper bound (cumulative when written), their sum and count.
+struct Histogram {
+    std::vector<double> bounds;  // ascending; +Inf is implied
+    std::vector<int64_t> counts = std::vector<int64_t>(bounds.size() + 1, 0);
+    double sum = 0;
+    int64_t count = 0;
+    void add(double v) {
+        counts[size_t(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin())] += 1;
+        sum += v;
+        count += 1;
+    }
+    std::string text(const char* name) const {
+        std::string out;
+        int64_t cum = 0;
+        for (size_t i = 0; i <= bounds.size(); ++i) {
+            cum += counts[i];
+            out += cat(name, "_bucket{le=\"", i < bounds.size() ? cat(bounds[i]) : std::string("+Inf"), "\"} ", cum, "\n");
+        }
+        return out + cat(name, "_sum ", sum, "\n", name, "_count ", count, "\n");
+    }
 };
 
 // Rank 0's counters for GET /metrics, written by the engine loop after each step.
@@ -77,6 +104,11 @@ struct Stats {
     std::map<std::string, int64_t> finished;  // requests by finish reason ("abort": the client left)
     int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
     GenerateTimings steps;  // the Batcher's running totals
+    // Per sequence that made a token: from its request's arrival to its first token, the mean
+    // time per later token, and from arrival to its end (seconds).
+    Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+    Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+    Histogram e2e{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}};
 };
 
 // Prometheus' text exposition format (what vLLM's /metrics speaks, with shardlm_ names).
@@ -112,6 +144,13 @@ std::string metrics_text(Stats& st) {
            one("shardlm_spec_decode_draft_tokens_total", double(t.draft_tokens)));
     metric("shardlm_spec_decode_accepted_tokens_total", "counter", "Of them, confirmed by the sequences' own choices.",
            one("shardlm_spec_decode_accepted_tokens_total", double(t.accepted_tokens)));
+    metric("shardlm_time_to_first_token_seconds", "histogram",
+           "From a request's arrival to a sequence's first token (queueing and prefill included).",
+           st.ttft.text("shardlm_time_to_first_token_seconds"));
+    metric("shardlm_time_per_output_token_seconds", "histogram", "A sequence's mean time per token after its first.",
+           st.tpot.text("shardlm_time_per_output_token_seconds"));
+    metric("shardlm_e2e_request_latency_seconds", "histogram", "From a request's arrival to a sequence's end.",
+           st.e2e.text("shardlm_e2e_request_latency_seconds"));
     return out;
 }
 
@@ -382,6 +421,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     return refuse(e.status, e.what());
                 }
                 job->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
+                job->arrived = now_s();
                 job->created = int64_t(std::time(nullptr));
                 job->choices.resize(job->req.choices());
                 {
@@ -474,8 +514,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
     std::vector<std::pair<size_t, std::string>> to_end;    // rank 0: found after a step, sent with the next control
+    std::map<size_t, double> first_token;                   // rank 0: when each request's first token came
     const TokenCallback on_token = [&](size_t id, int32_t t) {
-        if (!root || is_eos_id(s->cfg, t)) return;
+        if (!root) return;
+        first_token.try_emplace(id, now_s());
+        if (is_eos_id(s->cfg, t)) return;
         StopMatcher& m = *texts.at(id);
         if (m.push(t)) to_end.emplace_back(id, "stop");
         const auto& [job, c] = jobs.at(id);
@@ -547,6 +590,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     stats.prompt_tokens += int64_t(r.prompt.size());
                     stats.cached_tokens += r.cached_tokens;
                     stats.generated_tokens += int64_t(r.tokens.size());
+                    const auto first = first_token.find(id);
+                    if (first != first_token.end()) {
+                        const double arrived = jobs.at(id).first->arrived, end = now_s();
+                        stats.ttft.add(first->second - arrived);
+                        if (r.tokens.size() > 1) stats.tpot.add((end - first->second) / double(r.tokens.size() - 1));
+                        stats.e2e.add(end - arrived);
+                        first_token.erase(first);
+                    }
                 }
                 if (why != "abort") finish_choice(*jobs.at(id).first, jobs.at(id).second, m.text(), finish_reason(why), r);
                 jobs.erase(id);

@@ -463,6 +463,20 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                   value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 1);
         EXPECT_EQ(value("shardlm_requests_running"), 0);
         EXPECT_NE(m->body.find("# TYPE shardlm_generation_tokens_total counter"), std::string::npos);
+        // Latency histograms, one sample per sequence that made a token: cumulative buckets that
+        // end with +Inf at the count, and the same count in each (a later token per sequence
+        // for the time per output token: max_tokens 1 requests have none).
+        const double seqs = value("shardlm_time_to_first_token_seconds_count");
+        EXPECT_GE(seqs, 10);
+        EXPECT_EQ(value("shardlm_e2e_request_latency_seconds_count"), seqs);
+        EXPECT_LE(value("shardlm_time_per_output_token_seconds_count"), seqs);
+        EXPECT_GT(value("shardlm_time_per_output_token_seconds_count"), 0);
+        EXPECT_EQ(value("shardlm_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), seqs);
+        EXPECT_LE(value("shardlm_time_to_first_token_seconds_bucket{le=\"0.005\"}"),
+                  value("shardlm_time_to_first_token_seconds_bucket{le=\"60\"}"));
+        EXPECT_GT(value("shardlm_e2e_request_latency_seconds_sum"), 0);
+        EXPECT_GE(value("shardlm_e2e_request_latency_seconds_sum"), value("shardlm_time_to_first_token_seconds_sum"));
+        EXPECT_NE(m->body.find("# TYPE shardlm_time_to_first_token_seconds histogram"), std::string::npos);
         // --speculate 3: proposals made, some confirmed.
         EXPECT_GT(value("shardlm_spec_decode_accepted_tokens_total"), 0);
         EXPECT_LE(value("shardlm_spec_decode_accepted_tokens_total"), value("shardlm_spec_decode_draft_tokens_total"));

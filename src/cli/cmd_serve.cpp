@@ -216,6 +216,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"logprobs", r.logprobs},
             {"ignore_eos", r.ignore_eos},
             {"min_tokens", r.min_tokens},
+            {"json_object", r.json_object},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -237,12 +238,21 @@ BatchRequest batch_request(const json& j) {
     b.logprobs = j["logprobs"];
     b.ignore_eos = j["ignore_eos"];
     b.min_tokens = j["min_tokens"];
+    b.json_object = j["json_object"];
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     return b;
 }
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+// What each token adds to the text, for JSON mode (special tokens: nothing, never taken).
+std::vector<std::string> token_texts(const Tokenizer& tok) {
+    std::vector<std::string> out(size_t(tok.vocab_size()));
+    for (int32_t id = 0; id < tok.vocab_size(); ++id)
+        if (!tok.is_special(id)) out[size_t(id)] = tok.token_bytes(id);
+    return out;
+}
 
 }  // namespace
 
@@ -280,7 +290,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     po::variables_map vm;
     const bool root = comm.rank() == 0;
     bool help = false;
-    std::unique_ptr<Tokenizer> tok;  // rank 0
+    std::unique_ptr<Tokenizer> tok;
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm serve --model DIR [--host H] [--port P] [--batch N] [flags]", root);
         if (help) return;
@@ -301,7 +311,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
             name = dir.substr(dir.find_last_of('/') + 1);
         }
-        if (!root) return;
+        // Every rank: JSON mode's token masks are made where the choices are.
         if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
     });
@@ -510,6 +520,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.reuse_prefix = !vm.count("no-prefix-cache");
     bo.speculate = speculate;
     bo.speculate_max_batch = speculate_max_batch;
+    JsonVocab json_vocab(token_texts(*tok));
+    bo.json_vocab = &json_vocab;
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0

@@ -78,7 +78,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
                                     lim.model + "`)");
     }
-    for (const char* key : {"echo", "best_of", "suffix", "tools", "functions", "response_format"}) {
+    for (const char* key : {"echo", "best_of", "suffix", "tools", "functions"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         if (std::string(key) == "echo" && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
@@ -204,6 +204,16 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     if (body.contains("stream") && !body["stream"].is_null()) {
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];
+    }
+    // response_format: "text" (the default) or "json_object" (JSON mode, runtime/json_mode.h).
+    if (body.contains("response_format") && !body["response_format"].is_null()) {
+        const json& f = body["response_format"];
+        if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+            bad("\"response_format\" must be an object with a \"type\"");
+        const std::string type = f["type"];
+        if (type == "json_object") r.json_object = true;
+        else if (type == "json_schema") bad("\"response_format\" \"json_schema\" is not supported by shardlm serve (\"json_object\" is)");
+        else if (type != "text") bad("\"response_format\" type \"" + type + "\" (text or json_object)");
     }
     // OpenAI's stream_options: include_usage (vLLM's continuous_usage_stats, usage in every
     // chunk, is not offered; other keys are ignored, as unknown fields are).

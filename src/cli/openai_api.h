@@ -42,6 +42,7 @@ struct ApiRequest {
     // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
     // and "usage": null in the others.
     bool include_usage = false;
+    bool json_object = false;  // response_format {"type": "json_object"}: BatchRequest::json_object
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
@@ -81,7 +82,8 @@ struct ApiChoice {
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
-// [-100, 100]), and vLLM's ignore_eos and min_tokens. best_of, tools and response_format are refused.
+// [-100, 100]), response_format (text or json_object), and vLLM's ignore_eos and min_tokens.
+// best_of, tools and json_schema are refused.
 ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/cpu/penalty.h"
 #include "runtime/generate.h"
+#include "runtime/json_mode.h"
 #include "runtime/speculate.h"
 
 namespace shardlm {
@@ -46,6 +47,7 @@ struct Batcher::Seq {
     int32_t last = 0;     // the decode step's input
     int64_t window = 0;   // token penalties' window (0: none)
     std::unique_ptr<RecentTokens> recent;  // while it runs
+    std::unique_ptr<JsonAcceptor> json;    // JSON mode: the text so far
     std::vector<PenaltyEntry> pens;        // the step's entries (alive until the next step)
     std::vector<int32_t> spec;             // the step's decode input and proposals (speculate)
     bool ended = false;
@@ -88,6 +90,7 @@ size_t Batcher::add(BatchRequest r) {
                   ", min_tokens ", r.min_tokens);
     for (const auto& [id, bias] : r.sampler.logit_bias)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
+    SHARDLM_CHECK(!r.json_object || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     return seqs_.size() - 1;
 }
@@ -205,6 +208,21 @@ void Batcher::finish(size_t id, const std::string& reason) {
 
 // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
 // whether the sequence goes on.
+void Batcher::constrain(const Seq& q, float* row) const {
+    const int64_t vocab = engine_.config().vocab;
+    const std::vector<uint8_t>& ok = opt_.json_vocab->allowed(*q.json);
+    const int64_t n = std::min<int64_t>(vocab, int64_t(ok.size()));
+    bool any = false;
+    for (int64_t i = 0; i < n; ++i) {
+        if (ok[size_t(i)]) any = true;
+        else row[i] = -INFINITY;
+    }
+    for (int64_t i = n; i < vocab; ++i) row[i] = -INFINITY;
+    // No token of this vocabulary goes on from here (it lacks the bytes): end the sequence.
+    if (!any)
+        for (const int64_t id : engine_.config().eos_ids) row[id] = 0.0f;
+}
+
 void Batcher::row_penalties(Seq& q) const {
     q.recent->entries(q.req.sampler, q.pens);
     if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(engine_.config(), q.pens);
@@ -241,8 +259,12 @@ bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_toke
     }
     r.tokens.push_back(id);
     if (q.recent) q.recent->push(id);
+    const bool eos = is_eos_id(cfg, id);
+    if (q.json && !eos && (id >= opt_.json_vocab->size() || !q.json->push(opt_.json_vocab->bytes(id))))
+        fail("JSON mode: sequence ", q.index, " drew token ", id, ", which does not continue its object (its logits row was all -inf?)");
     if (on_token) on_token(q.index, id);
-    if (is_eos_id(cfg, id) && !q.req.ignore_eos) r.stop_reason = "eos";
+    if (eos && !q.req.ignore_eos) r.stop_reason = "eos";
+    else if (q.json && q.json->complete()) r.stop_reason = "stop";
     else if (stop && stop(q.index, id)) r.stop_reason = "stop";
     else if (int64_t(r.tokens.size()) >= q.req.max_new_tokens) r.stop_reason = "length";
     return r.stop_reason.empty();
@@ -288,6 +310,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);
         }
+        if (q.req.json_object) q.json = std::make_unique<JsonAcceptor>();
     }
     if (running_.empty()) return;
     if (opt_.reuse_prefix) share_prefixes();
@@ -409,7 +432,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         const Seq& q = *chunk_seq[c];
         const BatchRequest& r = q.req;
         const SamplerOptions& so = r.sampler;
-        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits) || (verify && q.recent);
+        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits) || (verify && q.recent) || q.json;
         const bool nuc = nucleus_only(so) && (temperature < 0.0f || so.temperature == temperature);
         if (nuc) temperature = so.temperature;
         nucleus = nucleus && nuc;
@@ -462,6 +485,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
                     apply_penalties_ref(logits_.data() + r * size_t(vocab), vocab, 0, q.pens.data(),
                                         int64_t(q.pens.size()));
                 }
+                if (q.json) constrain(q, logits_.data() + r * size_t(vocab));
                 ++made;
                 if (!accept(q, r, cand, on_token, stop)) {
                     end(q, q.res.stop_reason);
@@ -488,6 +512,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             q.res.prompt_logits.assign(lg, lg + vocab);
         }
         made += c < n_decode;
+        if (q.json) constrain(q, logits_.data() + row * size_t(vocab));
         if (!accept(q, row++, cand, on_token, stop)) end(q, q.res.stop_reason);
     }
     // Ended sequences hand their slot on (the lowest free slot on top: a sequence's results never

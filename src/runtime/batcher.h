@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/json_mode.h"
 #include "runtime/sampler.h"
 
 namespace shardlm {
@@ -46,12 +47,16 @@ struct BatchRequest {
     // strings still apply), min_tokens <= max_new_tokens.
     bool ignore_eos = false;
     int64_t min_tokens = 0;
+    // JSON mode (runtime/json_mode.h; OpenAI's response_format json_object): each choice only
+    // among the tokens that keep the text one JSON object's start (BatcherOptions::json_vocab's
+    // bytes), and the request ends ("stop") once the object is closed. Its rows are whole.
+    bool json_object = false;
 };
 
 struct SequenceResult {
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
-    std::string stop_reason;      // "eos", "stop" (StopCheck or finish()), "length", or finish()'s
+    std::string stop_reason;      // "eos", "stop" (StopCheck, finish() or a closed JSON object), "length", or finish()'s
     std::vector<float> prompt_logits;     // when asked
     std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
     std::vector<TokenLogprobs> prompt_logprobs;  // per prompt token after the first, when asked
@@ -107,6 +112,9 @@ struct BatcherOptions {
     // speculative_disable_by_batch_size): where a step's time grows with its tokens (a CPU's
     // arithmetic), verifying several sequences' proposals costs more than the steps it saves.
     int64_t speculate_max_batch = 0;
+    // The vocabulary's bytes for JSON-mode requests (BatchRequest::json_object), not owned; its
+    // masks are kept there between steps. Ids past its size are never taken in JSON mode.
+    JsonVocab* json_vocab = nullptr;
 };
 
 // A request waits for another's prefill only to save at least this many tokens of its own: a
@@ -142,6 +150,8 @@ private:
     void end(Seq& q, const std::string& reason);
     // q.pens: the penalties of q's next logits row, from its tokens so far (q.recent set).
     void row_penalties(Seq& q) const;
+    // JSON mode (q.json set): the tokens that would not continue q's object get -inf in `row`.
+    void constrain(const Seq& q, float* row) const;
     void free_slot(const Seq& q);
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
+#include "runtime/json_mode.h"
 
 using namespace shardlm::test;
 using json = nlohmann::json;
@@ -369,6 +370,30 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(r.body["choices"][0]["text"], want["text"]);
     }
 
+    // response_format json_object: the text is one JSON object's start, and all of one when the
+    // choice ends with "stop"; a bias towards "}" closes it at once.
+    {
+        const Reply t = post(port, "/tokenize", {{"prompt", "}"}, {"add_special_tokens", false}});
+        ASSERT_EQ(t.body["tokens"].size(), 1u) << t.raw;
+        const std::string close = std::to_string(t.body["tokens"][0].get<int>());
+        const json fmt = {{"type", "json_object"}};
+        const Reply shut = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 8}, {"temperature", 0},
+                                                          {"response_format", fmt}, {"logit_bias", {{close, 100}}}});
+        ASSERT_EQ(shut.status, 200) << shut.raw;
+        EXPECT_EQ(json::parse(shut.body["choices"][0]["text"].get<std::string>()), json::object()) << shut.raw;
+        EXPECT_EQ(shut.body["choices"][0]["finish_reason"], "stop");
+        const Reply many = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 1.0},
+                                                          {"seed", 3}, {"n", 6}, {"response_format", fmt}});
+        ASSERT_EQ(many.status, 200) << many.raw;
+        for (const json& c : many.body["choices"]) {
+            const std::string text = c["text"];
+            shardlm::JsonAcceptor a;
+            EXPECT_TRUE(a.push(text)) << text;
+            EXPECT_EQ(a.complete(), c["finish_reason"] == "stop") << text;
+            if (a.complete()) EXPECT_TRUE(json::parse(text).is_object()) << text;
+        }
+    }
+
     // ignore_eos and min_tokens, on a request pushed to end at once.
     {
         const std::string eos = std::to_string(json::parse(read_file(model_.file("config.json")))["eos_token_id"].get<int>());
@@ -406,6 +431,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, 400,
              "\"stream_options.include_usage\" must be true or false");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", 1}}, 400, "\"stream_options\" must be an object");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}}}}, 400, "\"json_schema\" is not supported");
+    error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text or json_object)");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
              "\"stream_options.continuous_usage_stats\" is not supported");
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
@@ -618,6 +646,20 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
     ASSERT_EQ(g.exit_code, 0) << g.err;
     const json gen = json::parse(g.out);
     for (size_t j = 0; j < 2; ++j) EXPECT_EQ(two.body["choices"][j]["text"], gen["results"][j]["text"]) << j;
+    // JSON mode: every rank masks its rows alike (each loads the tokenizer): one rank's texts.
+    const json jreq = {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 5}, {"n", 3},
+                       {"response_format", {{"type", "json_object"}}}};
+    const Reply tp_json = post(srv.port(), "/v1/completions", jreq);
+    ASSERT_EQ(tp_json.status, 200) << tp_json.raw;
+    {
+        Server one(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1", logs_.file("one.log"));
+        ASSERT_GT(one.port(), 0) << one.read_all();
+        const Reply one_json = post(one.port(), "/v1/completions", jreq);
+        ASSERT_EQ(one_json.status, 200) << one_json.raw;
+        EXPECT_EQ(tp_json.body["choices"], one_json.body["choices"]);
+        EXPECT_EQ(tp_json.body["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
+        EXPECT_EQ(one.stop(), 0);
+    }
     // SIGTERM to rank 0: every rank stops, and so does mpirun, with status 0.
     EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
@@ -449,6 +451,77 @@ TEST(Batcher, SpeculationKeepsSampledAndPenalisedTokens) {
     std::printf("speculation: %lld of %lld proposals kept, penalised requests alone %lld of %lld\n",
                 (long long)ts.accepted_tokens, (long long)ts.draft_tokens, (long long)tq.accepted_tokens,
                 (long long)tq.draft_tokens);
+}
+
+// JSON mode: every choice keeps the text one JSON object's start (a vocabulary of JSON pieces
+// over the tiny model's ids), a closed object ends the request ("stop") and parses; a bias
+// towards '}' closes it at once; speculation keeps the tokens; no vocabulary, no request.
+TEST(Batcher, JsonModeKeepsTheTextOneObject) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "0", "1", "-", ".", "true", "null",
+                                             "a", "b", "\"k\":", "\"}", "}]", "]}", ", \"", "12", "e5", "\\n", "xyz"};
+    std::vector<std::string> bytes(size_t(cfg.vocab));
+    for (size_t id = 3; id < bytes.size(); ++id) bytes[id] = pieces[id % pieces.size()];  // 0-2: special
+    JsonVocab vocab(bytes);
+    SingleRank comm;
+    std::vector<BatchRequest> r;
+    for (uint64_t i = 0; i < 6; ++i) {
+        SamplerOptions so;
+        so.temperature = i < 4 ? 1.0f : 0.0f;
+        so.top_k = 0;
+        so.top_p = 1.0f;
+        so.seed = 40 + i;
+        r.push_back(request(make_prompt(5, cfg.vocab, 70 + i), so, i));
+        r.back().max_new_tokens = 48;
+        r.back().json_object = true;
+    }
+    const int32_t close = int32_t(3 + (1 + pieces.size() - 3 % pieces.size()) % pieces.size());  // an id of "}"
+    ASSERT_EQ(bytes[size_t(close)], "}");
+    r[5].sampler.logit_bias = {{close, 30.0f}};
+    auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 96;
+        so.max_batch = 3;
+        so.max_logit_rows = 12;
+        so.max_penalties = 8;
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.speculate = speculate;
+        bo.json_vocab = &vocab;
+        return run_all(*s->engine, bo, r, out);
+    };
+    std::vector<SequenceResult> out, spec;
+    run(0, out);
+    run(3, spec);
+    int closed = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(spec[i].tokens, out[i].tokens) << "request " << i;
+        std::string text;
+        for (const int32_t t : out[i].tokens) text += bytes[size_t(t)];
+        JsonAcceptor a;
+        EXPECT_TRUE(a.push(text)) << "request " << i << ": " << text;
+        if (out[i].stop_reason == "stop") {
+            EXPECT_TRUE(a.complete()) << text;
+            const nlohmann::json j = nlohmann::json::parse(text);
+            EXPECT_TRUE(j.is_object()) << text;
+            ++closed;
+        } else {
+            EXPECT_EQ(out[i].stop_reason, "length") << text;
+            EXPECT_FALSE(a.complete()) << text;
+        }
+    }
+    EXPECT_EQ(out[5].tokens.size(), 2u);  // "{" then the biased "}"
+    EXPECT_EQ(out[5].stop_reason, "stop");
+    EXPECT_GE(closed, 2) << "objects closed";
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 32;
+    auto s = open_session(so, comm);
+    Batcher b(*s->engine, BatcherOptions{});
+    EXPECT_THROW(b.add(r[0]), Error);
 }
 
 // On a model that slides over a window on every layer the slot is a ring of window + chunk - 1

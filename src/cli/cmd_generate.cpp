@@ -46,6 +46,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("min-new-tokens", po::value(&min_new)->default_value(0),
          "the end-of-sequence tokens are banned until a sequence has this many (stop strings still apply)")
         ("ignore-eos", "an end-of-sequence token does not end a sequence (fixed-length benchmarks); it is left out of the text")
+        ("json-object", "JSON mode: each token keeps the text the start of one JSON object, and a sequence ends (\"stop\") "
+         "when it closes (OpenAI's response_format json_object)")
         ("batch", po::value(&batch)->default_value(0),
          "sequences run at once (KV-cache slots); further prompts wait and take the slot of one that "
          "ends (0: every prompt at once)")
@@ -84,6 +86,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     bool help = false;
     std::vector<std::vector<int32_t>> prompts;
     std::unique_ptr<Tokenizer> tok;  // rank 0 for text prompts, every rank for --stop (loaded only when needed)
+    std::unique_ptr<JsonVocab> json_vocab;  // --json-object
     GenerateOptions go;
     // Phase 1, no collectives inside: flags and the request (rank 0 reads it).
     run_together(comm, [&] {
@@ -126,10 +129,15 @@ int cmd_generate(const Args& args, Communicator& comm) {
             fail("--context-overflow: unknown value \"", overflow, "\" (supported: error, slide)");
         go.slide = overflow == "slide";
         go.sink_tokens = sinks;
-        // Every rank decides where a sequence stops, so every rank reads the text.
-        if (!stops.empty() && !Tokenizer::exists(model))
-            fail("--stop needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
-        if (!stops.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        // Every rank decides where a sequence stops (and in JSON mode what it may choose), so
+        // every rank reads the text.
+        const bool json_mode = vm.count("json-object") > 0;
+        if ((!stops.empty() || json_mode) && !Tokenizer::exists(model))
+            fail(json_mode ? "--json-object" : "--stop", " needs the model's tokenizer: ", model,
+                 "/tokenizer.json does not exist");
+        if (!stops.empty() || json_mode) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (json_mode) json_vocab = std::make_unique<JsonVocab>(json_token_bytes(*tok));
+        go.json_vocab = json_vocab.get();
         if (!root) return;
         if (!dump_logits.empty()) {  // before the load and the run, not after them
             const std::string why = unwritable_reason(dump_logits);

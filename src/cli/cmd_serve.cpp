@@ -246,14 +246,6 @@ BatchRequest batch_request(const json& j) {
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
-// What each token adds to the text, for JSON mode (special tokens: nothing, never taken).
-std::vector<std::string> token_texts(const Tokenizer& tok) {
-    std::vector<std::string> out(size_t(tok.vocab_size()));
-    for (int32_t id = 0; id < tok.vocab_size(); ++id)
-        if (!tok.is_special(id)) out[size_t(id)] = tok.token_bytes(id);
-    return out;
-}
-
 }  // namespace
 
 int cmd_serve(const Args& args, Communicator& comm) {
@@ -520,7 +512,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.reuse_prefix = !vm.count("no-prefix-cache");
     bo.speculate = speculate;
     bo.speculate_max_batch = speculate_max_batch;
-    JsonVocab json_vocab(token_texts(*tok));
+    JsonVocab json_vocab(json_token_bytes(*tok));
     bo.json_vocab = &json_vocab;
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released

@@ -235,4 +235,11 @@ size_t peak_rss_bytes() {
     return size_t(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
+std::vector<std::string> json_token_bytes(const Tokenizer& tok) {
+    std::vector<std::string> out(size_t(tok.vocab_size()));
+    for (int32_t id = 0; id < tok.vocab_size(); ++id)
+        if (!tok.is_special(id)) out[size_t(id)] = tok.token_bytes(id);
+    return out;
+}
+
 }  // namespace shardlm

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "tokenizer/tokenizer.h"
 
 namespace shardlm {
 
@@ -73,6 +74,10 @@ void set_scoring_rows(SessionOptions& so);
 // --speculate N: logits rows for every slot's N proposed tokens and its own (within a step's
 // tokens, --prefill-chunk). so.max_batch and so.prefill_chunk set first.
 void set_speculation_rows(SessionOptions& so, int64_t n);
+
+// JSON mode's vocabulary (runtime/json_mode.h): what each token adds to the text, special tokens
+// nothing (never chosen).
+std::vector<std::string> json_token_bytes(const Tokenizer& tok);
 // --speculate's bounds.
 constexpr int64_t kMaxSpeculate = 16;
 

@@ -216,6 +216,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.reuse_prefix = opt.reuse_prefix;
     bo.speculate = opt.speculate;
     bo.speculate_max_batch = opt.speculate_max_batch;
+    bo.json_vocab = opt.json_vocab;
     Batcher b(engine, bo);
     for (size_t s = 0; s < prompts.size(); ++s) {
         BatchRequest r;
@@ -228,6 +229,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.keep_prompt_logits = opt.keep_prompt_logits;
         r.ignore_eos = opt.ignore_eos;
         r.min_tokens = opt.min_new_tokens;
+        r.json_object = opt.json_vocab != nullptr;
         if (!opt.cached.empty()) {  // prompt s in slot s
             r.slot = int64_t(s);
             r.cached = opt.cached[s];

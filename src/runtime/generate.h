@@ -51,13 +51,16 @@ struct GenerateOptions {
     // (from a sequence that ended earlier in this run) and prefills the rest
     // (BatcherOptions::reuse_prefix). Pays with more prompts than --batch slots sharing a start.
     bool reuse_prefix = false;
-    // --speculate: greedy sequences verify up to this many tokens proposed by prompt lookup per
+    // --speculate: each sequence verifies up to this many tokens proposed by prompt lookup per
     // step (BatcherOptions::speculate); 0: off.
     int64_t speculate = 0;
     int64_t speculate_max_batch = 0;  // --speculate-max-batch (BatcherOptions::speculate_max_batch)
     // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
     // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
     bool ignore_eos = false;
+    // --json-object: every prompt in JSON mode (BatchRequest::json_object) over these token bytes
+    // (not owned); null: off.
+    JsonVocab* json_vocab = nullptr;
     int64_t min_new_tokens = 0;
 };
 

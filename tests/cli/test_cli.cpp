@@ -14,6 +14,7 @@
 #include "model/shard.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
+#include "runtime/json_mode.h"
 #include "runtime/kv_cache.h"
 
 using namespace shardlm;
@@ -244,6 +245,32 @@ TEST_F(Cli, SpeculationKeepsTheText) {
         EXPECT_LT(b["timings"]["decode_steps"].get<int>(), a["timings"]["decode_steps"].get<int>()) << sampling;
     }
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1,2 --speculate 17", "--speculate must be in [0, 16]");
+}
+
+// --json-object: each text is the start of one JSON object, a whole one where it ended with
+// "stop"; greedy and sampled, speculation keeping the tokens.
+TEST_F(Cli, JsonObjectKeepsTheTextOneObject) {
+    const std::string m = kBin + " generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --json --json-object "
+                          "--max-new-tokens 40 --prompt-ids '5,6,7;8,9;10' ";
+    int closed = 0;
+    for (const std::string flags : {"--temperature 0", "--temperature 0.8 --seed 3", "--temperature 1.2 --seed 4 --top-k 0"}) {
+        const CommandResult r = run_command(m + flags), spec = run_command(m + flags + " --speculate 3");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        ASSERT_EQ(spec.exit_code, 0) << spec.err;
+        const auto j = nlohmann::json::parse(r.out), js = nlohmann::json::parse(spec.out);
+        for (size_t i = 0; i < 3; ++i) {
+            const std::string text = j["results"][i]["text"];
+            EXPECT_EQ(js["results"][i]["tokens"], j["results"][i]["tokens"]) << flags;
+            JsonAcceptor a;
+            EXPECT_TRUE(a.push(text)) << flags << ": " << text;
+            EXPECT_EQ(a.complete(), j["results"][i]["stop_reason"] == "stop") << flags << ": " << text;
+            if (a.complete()) {
+                EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << text;
+                ++closed;
+            }
+        }
+    }
+    EXPECT_GT(closed, 0);
 }
 
 // --ignore-eos and --min-new-tokens on a model pushed to end at once (its end-of-sequence id 2
@@ -533,6 +560,7 @@ TEST_F(Cli, PenaltyAndMinPFlags) {
     expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n -2", "--penalty-last-n");
     expect_error("generate" + m + " --prompt-ids 1 --penalty-last-n x", "--penalty-last-n");
     expect_error("generate" + m + " --prompt-ids 1 --stop x", "--stop needs the model's tokenizer: " + dir_.path());
+    expect_error("generate" + m + " --prompt-ids 1 --json-object", "--json-object needs the model's tokenizer: " + dir_.path());
     expect_error("generate" + m + " --prompt-ids 1 --stop ''", "--stop: a stop string must not be empty");
 }
 

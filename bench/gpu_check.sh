@@ -345,7 +345,15 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   # Logit bias and --min-new-tokens through the device's penalty kernel, sampled from candidates.
   cpu_vs_dev bias "fp32 top-k sampled with logit bias and --min-new-tokens" --max-new-tokens 24 --temperature 0.9 \
     --top-k 40 --seed 3 --logit-bias 5=4 --logit-bias 9=-3 --min-new-tokens 8 || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens)"
+  # JSON mode (--json-object) on the shipped model, which has a tokenizer: the masks are made on
+  # the host over whole rows; sampled, with speculation.
+  local js=(generate --model "$root/launch/models/kjv-small" --prompt-ids "5,6,7;8,9" --max-new-tokens 30 --json-object
+            --temperature 0.8 --seed 3 --speculate 3 --json)
+  echo "-- JSON mode on $DEV"
+  "$BIN/shardlm" "${js[@]}" --device cpu > "$work/tok_cpu_json.json" &&
+    "$BIN/shardlm" "${js[@]}" --device "$DEV" > "$work/tok_dev_json.json" &&
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_json.json" "$work/tok_dev_json.json" || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens; JSON mode)"
   exit $rc
 }
 

@@ -390,7 +390,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
             shardlm::JsonAcceptor a;
             EXPECT_TRUE(a.push(text)) << text;
             EXPECT_EQ(a.complete(), c["finish_reason"] == "stop") << text;
-            if (a.complete()) EXPECT_TRUE(json::parse(text).is_object()) << text;
+            if (a.complete()) {
+                EXPECT_TRUE(json::parse(text).is_object()) << text;
+            }
         }
     }
 

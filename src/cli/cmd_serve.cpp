@@ -69,6 +69,11 @@ struct Job {
     std::atomic<bool> gone{false};  // the client went away: end the request
     double arrived = 0;  // seconds (steady clock) when its handler took it
     bool done() const { return aborted || ended == choices.size(); }
+    std::vector<ApiChoice> outs() const {  // the choices as they stand (the caller holds m)
+        std::vector<ApiChoice> o;
+        for (const ChoiceState& cs : choices) o.push_back(cs.out);
+        return o;
+    }
 };
 
 double now_s() {
@@ -436,9 +441,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done(); });
                     if (job->aborted) return refuse(503, "the server is shutting down");
-                    std::vector<ApiChoice> outs;
-                    for (const ChoiceState& cs : job->choices) outs.push_back(cs.out);
-                    res.set_content(api_response(job->req, job->id, job->created, name, outs, *tok).dump(), "application/json");
+                    res.set_content(api_response(job->req, job->id, job->created, name, job->outs(), *tok).dump(),
+                                    "application/json");
                     return;
                 }
                 res.set_header("Cache-Control", "no-cache");
@@ -475,11 +479,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.finish_sent = true;
                             }
                         }
-                        if (job->done() && job->req.include_usage && !job->aborted) {
-                            std::vector<ApiChoice> outs;
-                            for (const ChoiceState& cs : job->choices) outs.push_back(cs.out);
-                            out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, outs));
-                        }
+                        if (job->done() && job->req.include_usage && !job->aborted)
+                            out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
                         if (job->done()) out += "data: [DONE]\n\n";
                         if (!out.empty() && !sink.write(out.data(), out.size())) {
                             job->gone = true;
@@ -521,7 +522,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::map<size_t, double> first_token;                   // rank 0: when each request's first token came
     const TokenCallback on_token = [&](size_t id, int32_t t) {
         if (!root) return;
-        first_token.try_emplace(id, now_s());
+        if (first_token.find(id) == first_token.end()) first_token.emplace(id, now_s());
         if (is_eos_id(s->cfg, t)) return;
         StopMatcher& m = *texts.at(id);
         if (m.push(t)) to_end.emplace_back(id, "stop");

@@ -206,8 +206,6 @@ void Batcher::finish(size_t id, const std::string& reason) {
     }
 }
 
-// Appends the token sampled from row `row` of the step (cand: from its candidates); returns
-// whether the sequence goes on.
 void Batcher::constrain(const Seq& q, float* row) const {
     const int64_t vocab = engine_.config().vocab;
     const std::vector<uint8_t>& ok = opt_.json_vocab->allowed(*q.json);
@@ -228,6 +226,8 @@ void Batcher::row_penalties(Seq& q) const {
     if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(engine_.config(), q.pens);
 }
 
+// Appends the token sampled from row `row` of the step (cand: from its candidates); returns
+// whether the sequence goes on.
 bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop) {
     const ModelConfig& cfg = engine_.config();
     const int64_t vocab = cfg.vocab, k = step_k_;

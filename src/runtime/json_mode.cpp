@@ -33,6 +33,12 @@ bool JsonAcceptor::value_start(uint8_t b) {
 
 void JsonAcceptor::value_end() { mode_ = stack_.empty() ? Mode::Done : Mode::After; }
 
+bool JsonAcceptor::close() {
+    stack_.pop_back();
+    value_end();
+    return true;
+}
+
 bool JsonAcceptor::push(uint8_t b) {
     // Between tokens of the structure: whitespace, at most kMaxSpace bytes in a row with one line
     // break among them (room for indentation; a model that only adds spaces or empty lines cannot
@@ -162,31 +168,21 @@ bool JsonAcceptor::structural_byte(uint8_t b) {
                 return true;
             }
             if (b != '}' || mode_ == Mode::ObjKey) return false;  // no '}' after a comma
-            stack_.pop_back();
-            value_end();
-            return true;
+            return close();
         case Mode::Colon:
             if (b != ':') return false;
             mode_ = Mode::Value;
             return true;
         case Mode::Value: return value_start(b);
         case Mode::ArrFirst:
-            if (b != ']') return value_start(b);
-            stack_.pop_back();
-            value_end();
-            return true;
+            return b == ']' ? close() : value_start(b);
         default: {  // After
             const char open = stack_.back();
             if (b == ',') {
                 mode_ = open == '{' ? Mode::ObjKey : Mode::Value;
                 return true;
             }
-            if ((b == '}' && open == '{') || (b == ']' && open == '[')) {
-                stack_.pop_back();
-                value_end();
-                return true;
-            }
-            return false;
+            return ((b == '}' && open == '{') || (b == ']' && open == '[')) && close();
         }
     }
 }

@@ -47,6 +47,7 @@ private:
     enum Num : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };
     bool value_start(uint8_t b);
     void value_end();  // a value ended: after it in its container, or Done at the top
+    bool close();      // the innermost container closes (a value ends); true
     bool structural_byte(uint8_t b);
     static constexpr uint8_t kMaxSpace = 16;
     Mode mode_ = Mode::Start;

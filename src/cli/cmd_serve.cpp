@@ -42,7 +42,7 @@ namespace shardlm {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 volatile std::sig_atomic_t g_signalled = 0;
 extern "C" void on_signal(int) { g_signalled = 1; }
@@ -222,6 +222,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"ignore_eos", r.ignore_eos},
             {"min_tokens", r.min_tokens},
             {"json_object", r.json_object},
+            {"json_schema", r.json_schema},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -243,7 +244,6 @@ BatchRequest batch_request(const json& j) {
     b.logprobs = j["logprobs"];
     b.ignore_eos = j["ignore_eos"];
     b.min_tokens = j["min_tokens"];
-    b.json_object = j["json_object"];
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     return b;
@@ -384,7 +384,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             res.set_content(metrics_text(stats), "text/plain; version=0.0.4");
         });
         // vLLM's /tokenize and /detokenize: the server's tokenizer, nothing run.
-        auto tokenizer_route = [&](nlohmann::json (*f)(const json&, const Tokenizer&, const ApiLimits&)) {
+        auto tokenizer_route = [&](json (*f)(const json&, const Tokenizer&, const ApiLimits&)) {
             return [&, f](const httplib::Request& req, httplib::Response& res) {
                 try {
                     res.set_content(f(json::parse(req.body), *tok, lim).dump(), "application/json");
@@ -515,6 +515,20 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.speculate_max_batch = speculate_max_batch;
     JsonVocab json_vocab(json_token_bytes(*tok));
     bo.json_vocab = &json_vocab;
+    // Every rank: the schemas of JSON-mode and json_schema requests, compiled once per text and
+    // shared by the requests that send it again (so are JsonVocab's masks for them).
+    const auto json_mode = std::make_shared<const JsonSchema>(json_object_schema());
+    std::map<std::string, std::shared_ptr<const JsonSchema>> schemas;
+    auto schema_of = [&](const json& j) -> std::shared_ptr<const JsonSchema> {
+        if (j["json_object"]) return json_mode;
+        const std::string text = j["json_schema"];
+        if (text.empty()) return nullptr;
+        auto it = schemas.find(text);
+        if (it != schemas.end()) return it->second;
+        if (schemas.size() >= 64) schemas.clear();
+        auto sc = std::make_shared<const JsonSchema>(compile_json_schema(text, "response_format.json_schema.schema"));
+        return schemas.emplace(text, std::move(sc)).first->second;
+    };
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
@@ -562,7 +576,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         }
         broadcast_control(comm, ctl);
         for (size_t i = 0; i < ctl["add"].size(); ++i) {
-            const size_t id = batcher.add(batch_request(ctl["add"][i]));
+            BatchRequest br = batch_request(ctl["add"][i]);
+            br.json = schema_of(ctl["add"][i]);
+            const size_t id = batcher.add(std::move(br));
             live.push_back(id);
             if (!root) continue;
             jobs[id] = added[i];

@@ -6,13 +6,14 @@
 #include <optional>
 
 #include "core/error.h"
+#include "runtime/json_schema.h"
 #include "tokenizer/utf8.h"
 
 namespace shardlm {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 [[noreturn]] void bad(const std::string& message) { throw ApiError(400, message); }
 
@@ -205,15 +206,27 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];
     }
-    // response_format: "text" (the default) or "json_object" (JSON mode, runtime/json_mode.h).
+    // response_format: "text" (the default), "json_object" (JSON mode) or "json_schema"
+    // (structured output: {"json_schema": {"name": ..., "schema": {...}}}; runtime/json_mode.h).
     if (body.contains("response_format") && !body["response_format"].is_null()) {
         const json& f = body["response_format"];
         if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
             bad("\"response_format\" must be an object with a \"type\"");
         const std::string type = f["type"];
-        if (type == "json_object") r.json_object = true;
-        else if (type == "json_schema") bad("\"response_format\" \"json_schema\" is not supported by shardlm serve (\"json_object\" is)");
-        else if (type != "text") bad("\"response_format\" type \"" + type + "\" (text or json_object)");
+        if (type == "json_object") {
+            r.json_object = true;
+        } else if (type == "json_schema") {
+            if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema"))
+                bad("\"response_format\" json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}");
+            r.json_schema = f["json_schema"]["schema"].dump();
+            try {
+                compile_json_schema(r.json_schema, "response_format.json_schema.schema");  // checked here, run on every rank
+            } catch (const Error& e) {
+                bad(e.what());
+            }
+        } else if (type != "text") {
+            bad("\"response_format\" type \"" + type + "\" (text, json_object or json_schema)");
+        }
     }
     // OpenAI's stream_options: include_usage (vLLM's continuous_usage_stats, usage in every
     // chunk, is not offered; other keys are ignored, as unknown fields are).

@@ -42,7 +42,8 @@ struct ApiRequest {
     // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
     // and "usage": null in the others.
     bool include_usage = false;
-    bool json_object = false;  // response_format {"type": "json_object"}: BatchRequest::json_object
+    bool json_object = false;  // response_format {"type": "json_object"}: JSON mode (BatchRequest::json)
+    std::string json_schema;   // response_format json_schema: the schema's JSON text (checked), or empty
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
@@ -82,9 +83,9 @@ struct ApiChoice {
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
-// [-100, 100]), response_format (text or json_object), and vLLM's ignore_eos and min_tokens.
+// [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos and min_tokens.
 // best_of, tools and json_schema are refused.
-ApiRequest parse_api_request(const nlohmann::json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
+ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
 std::string finish_reason(const std::string& stop_reason);
@@ -97,7 +98,7 @@ std::string finish_reason(const std::string& stop_reason);
 // bytes and top_logprobs[].
 // With echo (completions) the prompt's tokens come first: `echo_prompt`, its ids, and
 // `prompt_lps`, the entries of those after the first (BatchRequest::prompt_logprobs).
-nlohmann::json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps,
+nlohmann::ordered_json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps,
                             size_t offset = 0, const std::vector<int32_t>* echo_prompt = nullptr,
                             const std::vector<TokenLogprobs>* prompt_lps = nullptr);
 // The bytes the tokens of `lps` take in the completions' text_offset count.
@@ -106,23 +107,23 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
 // The whole response of a request that has ended: text_completion or chat.completion, a choice
 // per entry of `choices` (r.choices() of them); its usage counts each prompt once and names the
 // prompt tokens taken from the prefix cache (prompt_tokens_details.cached_tokens).
-nlohmann::json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+nlohmann::ordered_json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                             const std::vector<ApiChoice>& choices, const Tokenizer& tok);
 // The last event of a streamed response with stream_options.include_usage: no choices, the
 // usage api_response() would give.
-nlohmann::json api_usage_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                                const std::vector<ApiChoice>& choices);
 // One server-sent event's object of a streamed response: choice `index`'s text delta (with the
 // logprobs of the tokens generated since its last event), and the finish reason in its last one
 // (empty before).
-nlohmann::json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
-                         const nlohmann::json& logprobs = nullptr);
+                         const nlohmann::ordered_json& logprobs = nullptr);
 // vLLM's /tokenize ("prompt" with "add_special_tokens", default true, or chat "messages"):
 // {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
-nlohmann::json api_tokenize(const nlohmann::json& body, const Tokenizer& tok, const ApiLimits& lim);
-nlohmann::json api_detokenize(const nlohmann::json& body, const Tokenizer& tok, const ApiLimits& lim);
+nlohmann::ordered_json api_tokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);
+nlohmann::ordered_json api_detokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);
 // The error object of a refused request.
-nlohmann::json api_error(const std::string& message, int status);
+nlohmann::ordered_json api_error(const std::string& message, int status);
 
 }  // namespace shardlm

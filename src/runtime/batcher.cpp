@@ -47,7 +47,7 @@ struct Batcher::Seq {
     int32_t last = 0;     // the decode step's input
     int64_t window = 0;   // token penalties' window (0: none)
     std::unique_ptr<RecentTokens> recent;  // while it runs
-    std::unique_ptr<JsonAcceptor> json;    // JSON mode: the text so far
+    std::unique_ptr<JsonAcceptor> json;    // JSON mode or a schema: the text so far
     std::vector<PenaltyEntry> pens;        // the step's entries (alive until the next step)
     std::vector<int32_t> spec;             // the step's decode input and proposals (speculate)
     bool ended = false;
@@ -90,7 +90,7 @@ size_t Batcher::add(BatchRequest r) {
                   ", min_tokens ", r.min_tokens);
     for (const auto& [id, bias] : r.sampler.logit_bias)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
-    SHARDLM_CHECK(!r.json_object || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
+    SHARDLM_CHECK(!r.json || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     return seqs_.size() - 1;
 }
@@ -261,7 +261,7 @@ bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_toke
     if (q.recent) q.recent->push(id);
     const bool eos = is_eos_id(cfg, id);
     if (q.json && !eos && (id >= opt_.json_vocab->size() || !q.json->push(opt_.json_vocab->bytes(id))))
-        fail("JSON mode: sequence ", q.index, " drew token ", id, ", which does not continue its object (its logits row was all -inf?)");
+        fail("JSON mode: sequence ", q.index, " drew token ", id, ", which does not continue its JSON value (its logits row was all -inf?)");
     if (on_token) on_token(q.index, id);
     if (eos && !q.req.ignore_eos) r.stop_reason = "eos";
     else if (q.json && q.json->complete()) r.stop_reason = "stop";
@@ -310,7 +310,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);
         }
-        if (q.req.json_object) q.json = std::make_unique<JsonAcceptor>();
+        if (q.req.json) q.json = std::make_unique<JsonAcceptor>(q.req.json);
     }
     if (running_.empty()) return;
     if (opt_.reuse_prefix) share_prefixes();

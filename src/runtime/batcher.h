@@ -47,16 +47,17 @@ struct BatchRequest {
     // strings still apply), min_tokens <= max_new_tokens.
     bool ignore_eos = false;
     int64_t min_tokens = 0;
-    // JSON mode (runtime/json_mode.h; OpenAI's response_format json_object): each choice only
-    // among the tokens that keep the text one JSON object's start (BatcherOptions::json_vocab's
-    // bytes), and the request ends ("stop") once the object is closed. Its rows are whole.
-    bool json_object = false;
+    // JSON mode and structured output (runtime/json_mode.h; OpenAI's response_format json_object
+    // and json_schema): each choice only among the tokens that keep the text the start of one
+    // value of this schema (BatcherOptions::json_vocab's bytes), and the request ends ("stop")
+    // once the value is complete. Its rows are whole. Null: free text.
+    std::shared_ptr<const JsonSchema> json;
 };
 
 struct SequenceResult {
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;  // generated ids (the stopping EOS included)
-    std::string stop_reason;      // "eos", "stop" (StopCheck, finish() or a closed JSON object), "length", or finish()'s
+    std::string stop_reason;      // "eos", "stop" (StopCheck, finish() or a complete JSON value), "length", or finish()'s
     std::vector<float> prompt_logits;     // when asked
     std::vector<TokenLogprobs> logprobs;  // per generated token, when asked
     std::vector<TokenLogprobs> prompt_logprobs;  // per prompt token after the first, when asked
@@ -112,7 +113,7 @@ struct BatcherOptions {
     // speculative_disable_by_batch_size): where a step's time grows with its tokens (a CPU's
     // arithmetic), verifying several sequences' proposals costs more than the steps it saves.
     int64_t speculate_max_batch = 0;
-    // The vocabulary's bytes for JSON-mode requests (BatchRequest::json_object), not owned; its
+    // The vocabulary's bytes for JSON-mode requests (BatchRequest::json), not owned; its
     // masks are kept there between steps. Ids past its size are never taken in JSON mode.
     JsonVocab* json_vocab = nullptr;
 };

@@ -229,7 +229,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.keep_prompt_logits = opt.keep_prompt_logits;
         r.ignore_eos = opt.ignore_eos;
         r.min_tokens = opt.min_new_tokens;
-        r.json_object = opt.json_vocab != nullptr;
+        r.json = opt.json;
         if (!opt.cached.empty()) {  // prompt s in slot s
             r.slot = int64_t(s);
             r.cached = opt.cached[s];

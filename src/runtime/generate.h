@@ -58,8 +58,9 @@ struct GenerateOptions {
     // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
     // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
     bool ignore_eos = false;
-    // --json-object: every prompt in JSON mode (BatchRequest::json_object) over these token bytes
-    // (not owned); null: off.
+    // --json-object / --json-schema: every prompt's text one value of this schema
+    // (BatchRequest::json) over these token bytes (not owned); null: off.
+    std::shared_ptr<const JsonSchema> json;
     JsonVocab* json_vocab = nullptr;
     int64_t min_new_tokens = 0;
 };

@@ -3,188 +3,59 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 namespace shardlm {
 namespace {
 bool space(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
 bool digit(uint8_t b) { return b >= '0' && b <= '9'; }
 bool hex(uint8_t b) { return digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
-const char* const kLiterals[] = {"true", "false", "null"};
+enum NumState : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };  // where a number is (Frame::aux)
 }  // namespace
 
-bool JsonAcceptor::value_start(uint8_t b) {
-    switch (b) {
-        case '{': stack_ += '{'; mode_ = Mode::ObjFirst; return true;
-        case '[': stack_ += '['; mode_ = Mode::ArrFirst; return true;
-        case '"': mode_ = Mode::String; key_ = false; return true;
-        case '-': mode_ = Mode::Number; num_ = Minus; return true;
-        case 't': case 'f': case 'n':
-            mode_ = Mode::Literal;
-            lit_ = b == 't' ? 0 : b == 'f' ? 1 : 2;
-            count_ = 1;
-            return true;
-        default:
-            if (!digit(b)) return false;
-            mode_ = Mode::Number;
-            num_ = b == '0' ? Zero : Int;
-            return true;
-    }
+bool JsonAcceptor::Frame::operator<(const Frame& o) const {
+    return std::tie(node, phase, aux, a, b, c) < std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c);
+}
+bool JsonAcceptor::Frame::operator==(const Frame& o) const {
+    return std::tie(node, phase, aux, a, b, c) == std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c);
+}
+bool JsonAcceptor::Thread::operator<(const Thread& o) const {
+    return std::tie(space, newline, stack) < std::tie(o.space, o.newline, o.stack);
+}
+bool JsonAcceptor::Thread::operator==(const Thread& o) const {
+    return std::tie(space, newline, stack) == std::tie(o.space, o.newline, o.stack);
 }
 
-void JsonAcceptor::value_end() { mode_ = stack_.empty() ? Mode::Done : Mode::After; }
+JsonAcceptor::JsonAcceptor() : JsonAcceptor(std::make_shared<const JsonSchema>(json_object_schema())) {}
 
-bool JsonAcceptor::close() {
-    stack_.pop_back();
-    value_end();
-    return true;
+JsonAcceptor::JsonAcceptor(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
+    threads_.push_back(Thread{{Frame{}}});
+}
+
+bool JsonAcceptor::complete() const {
+    return std::any_of(threads_.begin(), threads_.end(), [](const Thread& t) { return t.stack[0].phase == Done; });
 }
 
 bool JsonAcceptor::push(uint8_t b) {
-    // Between tokens of the structure: whitespace, at most kMaxSpace bytes in a row with one line
-    // break among them (room for indentation; a model that only adds spaces or empty lines cannot
-    // stall), then the structure's own bytes.
-    const bool structural = mode_ == Mode::ObjFirst || mode_ == Mode::ObjKey ||
-                            mode_ == Mode::Colon || mode_ == Mode::Value || mode_ == Mode::ArrFirst ||
-                            mode_ == Mode::After;
-    if (structural) {
-        if (space(b)) {
-            if (space_ >= kMaxSpace || (b == '\n' && newline_)) return false;
-            ++space_;
-            newline_ = newline_ || b == '\n';
-            return true;
-        }
-        const uint8_t was = space_;
-        const bool had = newline_;
-        space_ = 0;
-        newline_ = false;
-        if (structural_byte(b)) return true;
-        space_ = was;
-        newline_ = had;
-        return false;
-    }
-    switch (mode_) {
-        case Mode::Start: return structural_byte(b);  // the text starts with the object
-        case Mode::String:
-            if (b == '"') {
-                if (key_) mode_ = Mode::Colon;
-                else value_end();
-                return true;
-            }
-            if (b == '\\') {
-                mode_ = Mode::Escape;
-                return true;
-            }
-            if (b < 0x20) return false;
-            if (b < 0x80) return true;
-            // A character's lead byte: how many continuation bytes follow (no overlong 2-byte
-            // forms, nothing past U+10FFFF).
-            if (b >= 0xC2 && b <= 0xDF) count_ = 1;
-            else if (b >= 0xE0 && b <= 0xEF) count_ = 2;
-            else if (b >= 0xF0 && b <= 0xF4) count_ = 3;
-            else return false;
-            mode_ = Mode::Utf8;
-            return true;
-        case Mode::Utf8:
-            if ((b & 0xC0) != 0x80) return false;
-            if (--count_ == 0) mode_ = Mode::String;
-            return true;
-        case Mode::Escape:
-            if (b == 'u') {
-                mode_ = Mode::Hex;
-                count_ = 4;
-                return true;
-            }
-            if (b == 0 || !std::strchr("\"\\/bfnrt", b)) return false;
-            mode_ = Mode::String;
-            return true;
-        case Mode::Hex:
-            if (!hex(b)) return false;
-            if (--count_ == 0) mode_ = Mode::String;
-            return true;
-        case Mode::Literal:
-            if (b != uint8_t(kLiterals[lit_][count_])) return false;
-            if (kLiterals[lit_][++count_] == 0) value_end();
-            return true;
-        case Mode::Number:
-            switch (num_) {
-                case Minus:
-                    if (!digit(b)) return false;
-                    num_ = b == '0' ? Zero : Int;
-                    return true;
-                case Int:
-                    if (digit(b)) return true;
-                    [[fallthrough]];
-                case Zero:
-                    if (b == '.') num_ = Dot;
-                    else if (b == 'e' || b == 'E') num_ = Exp;
-                    else break;
-                    return true;
-                case Dot:
-                    if (!digit(b)) return false;
-                    num_ = Frac;
-                    return true;
-                case Frac:
-                    if (digit(b)) return true;
-                    if (b != 'e' && b != 'E') break;
-                    num_ = Exp;
-                    return true;
-                case Exp:
-                    if (b == '+' || b == '-') {
-                        num_ = ExpSign;
-                        return true;
-                    }
-                    [[fallthrough]];
-                case ExpSign:
-                    if (!digit(b)) return false;
-                    num_ = ExpInt;
-                    return true;
-                case ExpInt:
-                    if (digit(b)) return true;
-                    break;
-            }
-            // The number ended where it may (not after '-', '.', 'e' or a sign): this byte
-            // follows it as after any value (a number is never at the top).
-            mode_ = Mode::After;
-            if (push(b)) return true;
-            mode_ = Mode::Number;
-            return false;
-        default: return false;  // Done
-    }
+    saved_ = threads_;  // no allocation once its buffers are warm
+    if (advance(b)) return true;
+    threads_.swap(saved_);
+    return false;
 }
 
-// A non-space byte where the structure goes on (mode_ structural).
-bool JsonAcceptor::structural_byte(uint8_t b) {
-    switch (mode_) {
-        case Mode::Start:
-            if (b != '{') return false;
-            stack_ += '{';
-            mode_ = Mode::ObjFirst;
-            return true;
-        case Mode::ObjFirst:
-        case Mode::ObjKey:
-            if (b == '"') {
-                mode_ = Mode::String;
-                key_ = true;
-                return true;
-            }
-            if (b != '}' || mode_ == Mode::ObjKey) return false;  // no '}' after a comma
-            return close();
-        case Mode::Colon:
-            if (b != ':') return false;
-            mode_ = Mode::Value;
-            return true;
-        case Mode::Value: return value_start(b);
-        case Mode::ArrFirst:
-            return b == ']' ? close() : value_start(b);
-        default: {  // After
-            const char open = stack_.back();
-            if (b == ',') {
-                mode_ = open == '{' ? Mode::ObjKey : Mode::Value;
-                return true;
-            }
-            return ((b == '}' && open == '{') || (b == ']' && open == '[')) && close();
-        }
+bool JsonAcceptor::advance(uint8_t b) {
+    // The threads step in place; a reading that splits in two adds the others to next_.
+    next_.clear();
+    size_t live = 0;
+    for (size_t i = 0; i < threads_.size(); ++i)
+        if (step(threads_[i], b, next_)) std::swap(threads_[live++], threads_[i]);
+    threads_.resize(live);
+    for (Thread& t : next_) threads_.push_back(std::move(t));
+    if (threads_.size() > 1) {
+        std::sort(threads_.begin(), threads_.end());
+        threads_.erase(std::unique(threads_.begin(), threads_.end()), threads_.end());
     }
+    return !threads_.empty();
 }
 
 bool JsonAcceptor::push(const std::string& bytes) {
@@ -193,10 +64,363 @@ bool JsonAcceptor::push(const std::string& bytes) {
     return true;
 }
 
+void JsonAcceptor::value_end(Thread& t) {
+    t.stack.pop_back();
+    Frame& p = t.stack.back();
+    p.phase = p.phase == Child ? Done : p.phase == KeyChild ? Colon : After;
+}
+
+bool JsonAcceptor::step(Thread& t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.stack.back();
+    switch (f.phase) {
+        case Begin:  // the text starts with the value
+            f.phase = Child;
+            return start(t, schema_->root, b, out);
+        case Done: return false;  // nothing after the value
+        case KeyLit: {
+            const std::string& k = node(f).keys[size_t(f.b)];
+            if (uint8_t(k[size_t(f.c)]) != b) return false;
+            if (size_t(++f.c) == k.size()) f.phase = Colon;
+            return true;
+        }
+        case Chars: case Escape: case Hex: case LowSlash: case LowU: case Utf8: return string(t, b, out);
+        case Num: return number(t, b, out);
+        case Lit: return literal(t, b, out);
+        default: break;
+    }
+    // Between the structure's parts: whitespace, at most kMaxSpace bytes in a row with one line
+    // break among them (room for indentation; a model that only adds spaces or empty lines cannot
+    // stall), then the structure's own bytes.
+    if (space(b)) {
+        if (t.space >= kMaxSpace || (b == '\n' && t.newline)) return false;
+        ++t.space;
+        t.newline = t.newline || b == '\n';
+        return true;
+    }
+    t.space = 0;
+    t.newline = false;
+    return structural(t, b, out);
+}
+
+namespace {
+bool required_from(const JsonSchema::Node& n, int32_t from) {
+    return std::any_of(n.required.begin() + std::min<ptrdiff_t>(from, ptrdiff_t(n.required.size())), n.required.end(),
+                       [](uint8_t r) { return r != 0; });
+}
+}  // namespace
+
+// A non-space byte where the structure goes on: the top frame is an object or array between its parts.
+bool JsonAcceptor::structural(Thread& t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.stack.back();
+    const JsonSchema::Node& n = node(f);
+    const bool free_keys = n.extra >= 0;
+    switch (f.phase) {
+        case ObjFirst:
+        case ObjNext:
+            if (b == '"') {
+                if (free_keys) {
+                    f.phase = KeyChild;
+                    Frame k;
+                    k.node = schema_->key;
+                    k.phase = Chars;
+                    t.stack.push_back(k);
+                    return true;
+                }
+                // The keys still allowed, in order, up to the first required one: each a reading
+                // (the first in t, the others in out).
+                int32_t last = f.a;
+                while (last < int32_t(n.keys.size()) && !n.required[size_t(last)]) ++last;
+                last = std::min(last, int32_t(n.keys.size()) - 1);
+                if (f.a > last) return false;
+                for (int32_t j = f.a + 1; j <= last; ++j) {
+                    out.push_back(t);
+                    Frame& g = out.back().stack.back();
+                    g.phase = KeyLit;
+                    g.b = j;
+                    g.c = 1;  // the opening quote
+                }
+                f.phase = KeyLit;
+                f.b = f.a;
+                f.c = 1;
+                return true;
+            }
+            // No '}' after a comma, nor before the required keys.
+            if (b != '}' || f.phase != ObjFirst || (!free_keys && required_from(n, f.a))) return false;
+            value_end(t);
+            return true;
+        case Colon:
+            if (b != ':') return false;
+            f.phase = ObjValue;
+            return true;
+        case ObjValue: {
+            const int32_t v = free_keys ? n.extra : n.values[size_t(f.b)];
+            f.phase = ObjChild;
+            return start(t, v, b, out);
+        }
+        case After:
+            if (n.kind == JsonSchema::Kind::Object) {
+                const int32_t from = free_keys ? 0 : f.b + 1;
+                if (b == ',' && (free_keys || from < int32_t(n.keys.size()))) {
+                    f.phase = ObjNext;
+                    f.a = from;
+                    return true;
+                }
+                if (b != '}' || (!free_keys && required_from(n, from))) return false;
+                value_end(t);
+                return true;
+            }
+            if (b == ',' && (n.max_count < 0 || f.a < n.max_count)) {
+                f.phase = ArrNext;
+                return true;
+            }
+            if (b != ']' || f.a < n.min_count) return false;
+            value_end(t);
+            return true;
+        case ArrFirst:
+            if (b == ']') {
+                if (n.min_count > 0) return false;
+                value_end(t);
+                return true;
+            }
+            if (n.max_count == 0) return false;
+            [[fallthrough]];
+        default:  // ArrNext: an item begins (counted as far as the limits need)
+            if (f.a < std::max(n.min_count, n.max_count)) ++f.a;
+            f.phase = ArrChild;
+            return start(t, n.items, b, out);
+    }
+}
+
+// Whether a value of node id can begin with byte b (so that a choice among alternatives copies
+// only the ones that take it).
+bool JsonAcceptor::opens(int32_t id, uint8_t b) const {
+    const JsonSchema::Node& n = schema_->nodes[size_t(id)];
+    switch (n.kind) {
+        case JsonSchema::Kind::AnyOf:
+            return std::any_of(n.alts.begin(), n.alts.end(), [&](int32_t a) { return opens(a, b); });
+        case JsonSchema::Kind::Object: return b == '{';
+        case JsonSchema::Kind::Array: return b == '[';
+        case JsonSchema::Kind::String: return b == '"';
+        case JsonSchema::Kind::Number:
+        case JsonSchema::Kind::Integer: return b == '-' || digit(b);
+        case JsonSchema::Kind::Const:
+            return std::any_of(n.texts.begin(), n.texts.end(), [&](const std::string& x) { return uint8_t(x[0]) == b; });
+    }
+    return false;
+}
+
+bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& out) const {
+    const JsonSchema::Node& n = schema_->nodes[size_t(id)];
+    Frame f;
+    f.node = id;
+    switch (n.kind) {
+        case JsonSchema::Kind::AnyOf: {
+            // One alternative that opens with b goes on in t; several are readings of their own.
+            int32_t only = -1, count = 0;
+            for (const int32_t alt : n.alts)
+                if (opens(alt, b)) {
+                    only = alt;
+                    ++count;
+                }
+            if (count == 1) return start(t, only, b, out);
+            for (const int32_t alt : n.alts) {
+                if (!opens(alt, b)) continue;
+                Thread u = t;
+                if (start(u, alt, b, out)) out.push_back(std::move(u));
+            }
+            return false;  // t itself is none of them
+        }
+        case JsonSchema::Kind::Object:
+            if (b != '{') return false;
+            f.phase = ObjFirst;
+            break;
+        case JsonSchema::Kind::Array:
+            if (b != '[') return false;
+            f.phase = ArrFirst;
+            break;
+        case JsonSchema::Kind::String:
+            if (b != '"') return false;
+            f.phase = Chars;
+            break;
+        case JsonSchema::Kind::Number:
+        case JsonSchema::Kind::Integer:
+            if (b == '-') f.aux = Minus;
+            else if (b == '0') f.aux = Zero;
+            else if (digit(b)) f.aux = Int;
+            else return false;
+            f.phase = Num;
+            break;
+        case JsonSchema::Kind::Const:
+            f.phase = Lit;
+            f.b = int32_t(n.texts.size());
+            t.stack.push_back(f);
+            return literal(t, b, out);
+    }
+    t.stack.push_back(f);
+    return true;
+}
+
+bool JsonAcceptor::literal(Thread& t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.stack.back();
+    const std::vector<std::string>& texts = node(f).texts;
+    const size_t c = size_t(f.c);
+    if (texts[size_t(f.a)].size() == c) {  // a text ends here (a number's: what follows tells)
+        Thread e = t;
+        value_end(e);
+        if (step(e, b, out)) out.push_back(std::move(e));
+    }
+    // The texts [f.a, f.b) share their first c bytes and are sorted: the ones that go on with b
+    // are a run among them.
+    int32_t i = f.a;
+    while (i < f.b && (texts[size_t(i)].size() <= c || uint8_t(texts[size_t(i)][c]) < b)) ++i;
+    int32_t j = i;
+    while (j < f.b && texts[size_t(j)].size() > c && uint8_t(texts[size_t(j)][c]) == b) ++j;
+    if (i == j) return false;
+    f.a = i;
+    f.b = j;
+    f.c = int32_t(c + 1);
+    if (j - i == 1 && texts[size_t(i)].size() == c + 1) value_end(t);  // the one text left is whole
+    return true;
+}
+
+bool JsonAcceptor::number(Thread& t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.stack.back();
+    const bool integer = node(f).kind == JsonSchema::Kind::Integer;
+    auto go = [&](uint8_t state) {
+        f.aux = state;
+        return true;
+    };
+    switch (f.aux) {
+        case Minus: return digit(b) && go(b == '0' ? Zero : Int);
+        case Int:
+            if (digit(b)) return true;
+            [[fallthrough]];
+        case Zero:
+            if (integer) break;
+            if (b == '.') return go(Dot);
+            if (b == 'e' || b == 'E') return go(Exp);
+            break;
+        case Dot: return digit(b) && go(Frac);
+        case Frac:
+            if (digit(b)) return true;
+            if (b == 'e' || b == 'E') return go(Exp);
+            break;
+        case Exp:
+            if (b == '+' || b == '-') return go(ExpSign);
+            [[fallthrough]];
+        case ExpSign: return digit(b) && go(ExpInt);
+        default:  // ExpInt
+            if (digit(b)) return true;
+            break;
+    }
+    // The number ended where it may (not after '-', '.', 'e' or a sign): b comes after it.
+    value_end(t);
+    return step(t, b, out);
+}
+
+bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
+    Frame& f = t.stack.back();
+    const JsonSchema::Node& n = node(f);
+    // Characters are counted only as far as the limits need (none without limits), so a string's
+    // states repeat and their masks are found in JsonVocab's cache.
+    const int32_t cap = int32_t(std::max(n.min_count, n.max_count));
+    auto counted = [&] {
+        if (f.a < cap) ++f.a;
+        f.c = 0;
+        f.phase = Chars;
+        return true;
+    };
+    switch (f.phase) {
+        case Chars:
+            if (b == '"') {
+                if (f.a < n.min_count) return false;
+                value_end(t);
+                return true;
+            }
+            if (n.max_count >= 0 && f.a >= n.max_count) return false;  // no room for another character
+            if (b == '\\') {
+                f.phase = Escape;
+                return true;
+            }
+            if (b < 0x20) return false;  // control characters are escaped
+            if (b >= 0x80) {
+                // A character's lead byte: how many continuation bytes follow (no overlong 2-byte
+                // forms, nothing past U+10FFFF).
+                if (b >= 0xC2 && b <= 0xDF) f.aux = 1;
+                else if (b >= 0xE0 && b <= 0xEF) f.aux = 2;
+                else if (b >= 0xF0 && b <= 0xF4) f.aux = 3;
+                else return false;
+                if (f.a < cap) ++f.a;
+                f.phase = Utf8;
+                return true;
+            }
+            return counted();
+        case Utf8:
+            if ((b & 0xC0) != 0x80) return false;
+            if (--f.aux == 0) f.phase = Chars;
+            return true;
+        case Escape:
+            if (b == 'u') {
+                f.phase = Hex;
+                f.aux = 4;
+                f.c = 0;
+                return true;
+            }
+            if (b == 0 || !std::strchr("\"\\/bfnrt", b)) return false;
+            return counted();
+        case LowSlash:
+            if (b != '\\') return false;
+            f.phase = LowU;
+            return true;
+        case LowU:
+            if (b != 'u') return false;
+            f.phase = Hex;
+            f.aux = 4;
+            f.c = 0;
+            return true;
+        default: {  // Hex
+            if (!hex(b)) return false;
+            f.c = f.c * 16 + (digit(b) ? b - '0' : (b | 0x20) - 'a' + 10);
+            if (--f.aux > 0) return true;
+            // A character past U+FFFF is escaped as a surrogate pair: high, then low, one
+            // character (what minLength and maxLength count); a surrogate alone is refused.
+            const bool high = f.c >= 0xD800 && f.c <= 0xDBFF, low = f.c >= 0xDC00 && f.c <= 0xDFFF;
+            if (f.b != 0) {  // the low half is due
+                if (!low) return false;
+                f.b = 0;
+            } else if (low) {
+                return false;
+            } else if (high) {
+                f.b = 1;
+                f.c = 0;
+                f.phase = LowSlash;
+                return true;
+            }
+            return counted();
+        }
+    }
+}
+
 std::string JsonAcceptor::key(size_t depth) const {
-    std::string k{char(mode_), char(count_), char(lit_), char(num_), char(key_), char(space_), char(newline_)};
-    if (stack_.size() <= depth) return k + '|' + stack_;
-    return k + '+' + stack_.substr(stack_.size() - depth);
+    std::string k;
+    auto put = [&k](int32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    for (const Thread& t : threads_) {
+        const size_t keep = std::min(t.stack.size(), depth + 2);
+        k += char(t.space);
+        k += char(t.newline);
+        k += t.stack.size() > keep ? '+' : '|';
+        put(int32_t(keep));
+        for (size_t i = t.stack.size() - keep; i < t.stack.size(); ++i) {
+            const Frame& f = t.stack[i];
+            put(f.node);
+            k += char(f.phase);
+            k += char(f.aux);
+            put(f.a);
+            put(f.b);
+            put(f.c);
+        }
+    }
+    return k;
 }
 
 JsonVocab::JsonVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
@@ -214,36 +438,46 @@ JsonVocab::JsonVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) 
         while (n < p.size() && n < q.size() && p[n] == q[n]) ++n;
         lcp_[i] = uint32_t(n);
     }
+    off_.push_back(0);
+    for (const int32_t id : order_) {
+        sorted_ += bytes_[size_t(id)];
+        off_.push_back(uint32_t(sorted_.size()));
+    }
 }
 
 const std::vector<uint8_t>& JsonVocab::allowed(const JsonAcceptor& s) {
     // A token can look no deeper into the open containers than the brackets it closes.
-    const std::string k = s.key(max_close_);
+    std::pair<const JsonSchema*, std::string> k{s.schema().get(), s.key(max_close_)};
     auto it = masks_.find(k);
     if (it != masks_.end()) return it->second;
-    if (masks_.size() >= kMaxMasks) masks_.clear();
+    if (masks_.size() >= kMaxMasks) {
+        masks_.clear();
+        held_.clear();
+    }
+    if (std::find(held_.begin(), held_.end(), s.schema()) == held_.end()) held_.push_back(s.schema());
     std::vector<uint8_t> mask(bytes_.size(), 0);
-    // at[n]: s after the current token's first n bytes; a prefix that failed at byte `dead` fails
-    // every token that shares its first dead + 1 bytes (the ones right after it in byte order).
+    // at[n]: s after the current token's first n bytes (entries past the current token's length
+    // are stale, reused for their buffers); a prefix that failed at byte `dead` fails every token
+    // that shares its first dead + 1 bytes (the ones right after it in byte order).
     std::vector<JsonAcceptor> at{s};
     size_t dead = SIZE_MAX;
     for (size_t i = 0; i < order_.size(); ++i) {
-        const std::string& b = bytes_[size_t(order_[i])];
+        const char* b = sorted_.data() + off_[i];
+        const size_t len = off_[i + 1] - off_[i];
         const size_t shared = lcp_[i];
         if (dead != SIZE_MAX && shared > dead) continue;
         dead = SIZE_MAX;
-        at.resize(shared + 1);
-        for (size_t n = shared; n < b.size(); ++n) {
-            JsonAcceptor next = at[n];
-            if (!next.push(uint8_t(b[n]))) {
+        for (size_t n = shared; n < len; ++n) {
+            if (at.size() <= n + 1) at.push_back(at[n]);
+            else at[n + 1] = at[n];
+            if (!at[n + 1].advance(uint8_t(b[n]))) {
                 dead = n;
                 break;
             }
-            at.push_back(std::move(next));
         }
         if (dead == SIZE_MAX) mask[size_t(order_[i])] = 1;
     }
-    return masks_.emplace(k, std::move(mask)).first->second;
+    return masks_.emplace(std::move(k), std::move(mask)).first->second;
 }
 
 }  // namespace shardlm

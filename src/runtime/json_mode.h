@@ -1,61 +1,99 @@
-// JSON mode (OpenAI's response_format {"type": "json_object"}): generation constrained to one
-// JSON object. A byte-level acceptor follows the text so far; before each choice, the tokens whose
-// bytes would leave it no valid continuation get probability 0, and once the object is closed the
-// end-of-sequence ids are all that is left (runtime/batcher.h applies it to whole logits rows).
+// JSON mode and structured output (OpenAI's response_format json_object and json_schema):
+// generation constrained to one JSON value of a schema (runtime/json_schema.h; JSON mode's is any
+// object). A byte-level acceptor follows the text so far; before each choice, the tokens whose
+// bytes would leave it no valid continuation get probability 0, and once the value is complete
+// the request ends (runtime/batcher.h applies it to whole logits rows).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "runtime/json_schema.h"
+
 namespace shardlm {
 
-// Whether bytes read so far are the start of one JSON object (RFC 8259 with an object at the top:
-// strings with escapes and UTF-8 checked by lead and continuation bytes, numbers, literals,
-// nesting) and whether it is complete. Whitespace between the structure's parts comes at most 16
-// bytes in a row with one line break among them (room for indentation, none for a model to stall
-// on), and none before or after the object.
+// Whether bytes read so far are the start of one JSON value of a schema (runtime/json_schema.h;
+// RFC 8259: strings with escapes and UTF-8 checked by lead and continuation bytes, numbers,
+// literals, nesting) and whether it is complete. Whitespace between the structure's parts comes
+// at most 16 bytes in a row with one line break among them (room for indentation, none for a
+// model to stall on), and none before or after the value.
+//
+// Where the schema leaves several readings open (anyOf, enum values that share a start, optional
+// keys), each is a thread of its own stack of frames; a byte keeps the threads that take it.
 class JsonAcceptor {
 public:
-    // Takes one byte; false (and no change) when the text would not be a JSON object's start.
+    // JSON mode: one object, anything in it.
+    JsonAcceptor();
+    explicit JsonAcceptor(std::shared_ptr<const JsonSchema> schema);
+    // Copies take the state, not the scratch; an assignment reuses the buffers it has (the
+    // vocabulary walk of JsonVocab copies a state per byte).
+    JsonAcceptor(const JsonAcceptor& o) : schema_(o.schema_), threads_(o.threads_) {}
+    JsonAcceptor& operator=(const JsonAcceptor& o) {
+        if (schema_ != o.schema_) schema_ = o.schema_;
+        threads_ = o.threads_;
+        return *this;
+    }
+    JsonAcceptor(JsonAcceptor&&) = default;
+    JsonAcceptor& operator=(JsonAcceptor&&) = default;
+    // Takes one byte; false (and no change) when the text would not be a valid value's start.
     bool push(uint8_t b);
     // Each byte in turn; false, with the bytes before the failing one taken, at the first refused.
     bool push(const std::string& bytes);
-    bool complete() const { return mode_ == Mode::Done; }
-    // What the masks of JsonVocab depend on when at most `depth` containers can be closed: the
-    // mode, its counters, and the innermost `depth` open containers (all, when fewer).
+    bool complete() const;
+    const std::shared_ptr<const JsonSchema>& schema() const { return schema_; }
+    // What the masks of JsonVocab depend on when at most `depth` containers can be closed: each
+    // thread's whitespace and its innermost frames (a leaf, `depth` containers and the one below).
     std::string key(size_t depth) const;
 
 private:
-    enum class Mode : uint8_t {
-        Start,         // before the object: '{'
-        ObjFirst,      // after '{': whitespace, a key or '}'
-        ObjKey,        // after ',' in an object: whitespace or a key
-        Colon,         // after a key: whitespace or ':'
-        Value,         // after ':' or ',' in an array: whitespace or a value
-        ArrFirst,      // after '[': whitespace, a value or ']'
-        After,         // after a value in a container: whitespace, ',' or the closing bracket
-        String,        // in a string (key_ tells a key from a value)
-        Escape,        // after '\' in a string
-        Hex,           // in \uXXXX: count_ digits to go
-        Utf8,          // count_ continuation bytes to go
-        Number,        // in a number: num_ says where
-        Literal,       // in true, false or null: lit_ which, count_ letters read
-        Done,          // the object is closed
+    enum Phase : uint8_t {
+        Begin, Child, Done,                     // the frame below the top value
+        ObjFirst, ObjNext, KeyLit, KeyChild,    // object: after '{', after ',', in a fixed key, in a free key
+        Colon, ObjValue, ObjChild, After,       // object (After also array): ':', the value, in it, after it
+        ArrFirst, ArrNext, ArrChild,            // array: after '[', after ',', in an item
+        Chars, Escape, Hex, LowSlash, LowU, Utf8,  // string (LowSlash/LowU: a low surrogate's "\u" must follow)
+        Num,                                    // number or integer: aux says where
+        Lit,                                    // enum or const: texts [a, b) share the first c bytes
     };
-    enum Num : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };
-    bool value_start(uint8_t b);
-    void value_end();  // a value ended: after it in its container, or Done at the top
-    bool close();      // the innermost container closes (a value ends); true
-    bool structural_byte(uint8_t b);
+    // One open part of the value. Object: a = the first key still allowed, b = the key being read
+    // or whose value is; array: a = items begun; string: a = characters, c = a \u escape's value.
+    struct Frame {
+        int32_t node = -1;
+        Phase phase = Begin;
+        uint8_t aux = 0;
+        int32_t a = 0, b = 0, c = 0;
+        bool operator<(const Frame& o) const;
+        bool operator==(const Frame& o) const;
+    };
+    struct Thread {
+        std::vector<Frame> stack;
+        uint8_t space = 0;     // whitespace bytes since the last structural one
+        bool newline = false;  // ... with a line break among them
+        bool operator<(const Thread& o) const;
+        bool operator==(const Thread& o) const;
+    };
+    const JsonSchema::Node& node(const Frame& f) const { return schema_->nodes[size_t(f.node)]; }
+    // Thread t takes byte b in place: whether t goes on; readings it splits into besides are
+    // appended to `out`.
+    bool step(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool structural(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& out) const;  // a value of node id begins with b
+    bool literal(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool number(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool string(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool opens(int32_t id, uint8_t b) const;
+    // push() without keeping the state when b is refused (then it is spoilt): JsonVocab's walk,
+    // which drops such a state.
+    bool advance(uint8_t b);
+    friend class JsonVocab;
+    static void value_end(Thread& t);  // the top frame's value ended: pop it, its parent goes on
     static constexpr uint8_t kMaxSpace = 16;
-    Mode mode_ = Mode::Start;
-    uint8_t count_ = 0, lit_ = 0, space_ = 0;
-    Num num_ = Minus;
-    bool key_ = false;      // the string is a key
-    bool newline_ = false;  // the whitespace since the last structural byte holds a line break
-    std::string stack_;  // open containers, '{' or '[', innermost last
+    std::shared_ptr<const JsonSchema> schema_;
+    std::vector<Thread> threads_;
+    std::vector<Thread> next_, saved_;  // push()'s scratch, not copied with the state
 };
 
 // A vocabulary's token bytes, and for an acceptor the tokens it takes (token_bytes all accepted,
@@ -68,7 +106,7 @@ public:
     explicit JsonVocab(std::vector<std::string> bytes);
     int64_t size() const { return int64_t(bytes_.size()); }
     const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
-    // allowed[id] != 0: token id keeps `s` a JSON object's start (or completes it).
+    // allowed[id] != 0: token id keeps `s` a valid value's start (or completes it).
     const std::vector<uint8_t>& allowed(const JsonAcceptor& s);
 
 private:
@@ -76,8 +114,13 @@ private:
     std::vector<std::string> bytes_;
     std::vector<int32_t> order_;  // the ids with bytes, by their bytes
     std::vector<uint32_t> lcp_;   // bytes order_[i] shares with order_[i - 1] at its start
+    std::string sorted_;          // the bytes of order_'s tokens one after another (a walk reads them in turn)
+    std::vector<uint32_t> off_;   // order_[i]'s bytes: sorted_[off_[i], off_[i + 1])
     size_t max_close_ = 0;        // the most closing brackets one token holds
-    std::map<std::string, std::vector<uint8_t>> masks_;
+    // By schema and JsonAcceptor::key; held_ keeps the schemas alive (their addresses unique)
+    // while masks of theirs are kept.
+    std::map<std::pair<const JsonSchema*, std::string>, std::vector<uint8_t>> masks_;
+    std::vector<std::shared_ptr<const JsonSchema>> held_;
 };
 
 }  // namespace shardlm

@@ -273,6 +273,50 @@ TEST_F(Cli, JsonObjectKeepsTheTextOneObject) {
     EXPECT_GT(closed, 0);
 }
 
+// --json-schema: each text is the start of one value of the schema, keys in the schema's order;
+// greedy and sampled, speculation keeping the tokens; the schema's faults are one-line errors.
+TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
+    TempDir t;
+    const std::string schema = R"({"type": "object", "properties": {"verse": {"type": "integer"},
+        "book": {"enum": ["Genesis", "Exodus"]}, "text": {"type": "string", "maxLength": 20}},
+        "required": ["verse", "book", "text"], "additionalProperties": false})";
+    write_file(t.file("s.json"), schema);
+    const auto compiled = std::make_shared<const JsonSchema>(compile_json_schema(schema, "test"));
+    const std::string m = kBin + " generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --json --json-schema " +
+                          t.file("s.json") + " --max-new-tokens 200 --prompt-ids '5,6,7;8,9' ";
+    int complete = 0;
+    for (const std::string flags : {"--temperature 0", "--temperature 0.8 --seed 3"}) {
+        const CommandResult r = run_command(m + flags), spec = run_command(m + flags + " --speculate 3");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        ASSERT_EQ(spec.exit_code, 0) << spec.err;
+        const auto j = nlohmann::json::parse(r.out), js = nlohmann::json::parse(spec.out);
+        for (size_t i = 0; i < 2; ++i) {
+            const std::string text = j["results"][i]["text"];
+            EXPECT_EQ(js["results"][i]["tokens"], j["results"][i]["tokens"]) << flags;
+            JsonAcceptor a(compiled);
+            EXPECT_TRUE(a.push(text)) << flags << ": " << text;
+            EXPECT_EQ(a.complete(), j["results"][i]["stop_reason"] == "stop") << flags << ": " << text;
+            if (!a.complete()) continue;
+            ++complete;
+            const nlohmann::ordered_json v = nlohmann::ordered_json::parse(text);
+            ASSERT_EQ(v.size(), 3u) << text;
+            EXPECT_EQ(v.begin().key(), "verse") << text;
+            EXPECT_TRUE(v["verse"].is_number_integer()) << text;
+            EXPECT_TRUE(v["book"] == "Genesis" || v["book"] == "Exodus") << text;
+            EXPECT_TRUE(v["text"].is_string()) << text;
+        }
+    }
+    EXPECT_GT(complete, 0);
+    const std::string g = "generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --prompt-ids 5 ";
+    write_file(t.file("bad.json"), R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})");
+    expect_error(g + "--json-schema " + t.file("bad.json"),
+                 "--json-schema " + t.file("bad.json") + ": json_schema at #/properties/a: keyword \"format\" is not supported");
+    expect_error(g + "--json-schema " + t.file("none.json"), "--json-schema: " + t.file("none.json"));
+    expect_error(g + "--json-schema " + t.file("s.json") + " --json-object", "--json-object and --json-schema exclude each other");
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 1 --json-schema " + t.file("s.json"),
+                 "--json-schema needs the model's tokenizer: " + dir_.path());
+}
+
 // --ignore-eos and --min-new-tokens on a model pushed to end at once (its end-of-sequence id 2
 // biased by +100).
 TEST_F(Cli, IgnoreEosAndMinNewTokens) {

@@ -99,10 +99,11 @@ struct Reply {
     std::string raw;
 };
 
-Reply post(int port, const std::string& path, const json& body) {
+// A body as text: an ordered_json keeps its keys in order (a schema's properties), json sorts them.
+Reply post_text(int port, const std::string& path, const std::string& body) {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(120, 0);
-    const auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    const auto r = c.Post(path.c_str(), body, "application/json");
     Reply out;
     if (!r) return out;
     out.status = r->status;
@@ -113,6 +114,7 @@ Reply post(int port, const std::string& path, const json& body) {
     }
     return out;
 }
+Reply post(int port, const std::string& path, const json& body) { return post_text(port, path, body.dump()); }
 
 // generate's text for a prompt (greedy).
 std::string generate_text(const std::string& model, const std::string& flags) {
@@ -396,6 +398,40 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         }
     }
 
+    // response_format json_schema: keys in the schema's order (not the alphabet's), the required
+    // ones there, values of their types; a complete text ends the choice with "stop".
+    {
+        const nlohmann::ordered_json sc = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+            "verse": {"type": "integer"}, "book": {"enum": ["Genesis", "Exodus"]},
+            "text": {"type": "string", "maxLength": 12}, "amen": {"type": "boolean"}},
+            "required": ["verse", "book", "text"], "additionalProperties": false})");
+        nlohmann::ordered_json body = {{"prompt", "And God said"}, {"max_tokens", 160}, {"temperature", 1.0}, {"seed", 8}, {"n", 8}};
+        body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "verse"}, {"schema", sc}}}};
+        const Reply r = post_text(port, "/v1/completions", body.dump());
+        ASSERT_EQ(r.status, 200) << r.raw;
+        const auto schema = std::make_shared<const shardlm::JsonSchema>(shardlm::compile_json_schema(sc.dump(), "test"));
+        int complete = 0;
+        for (const json& c : r.body["choices"]) {
+            const std::string text = c["text"];
+            shardlm::JsonAcceptor a(schema);
+            EXPECT_TRUE(a.push(text)) << text;
+            EXPECT_EQ(a.complete(), c["finish_reason"] == "stop") << text;
+            if (!a.complete()) continue;
+            ++complete;
+            const nlohmann::ordered_json v = nlohmann::ordered_json::parse(text);
+            std::vector<std::string> keys;
+            for (auto it = v.begin(); it != v.end(); ++it) keys.push_back(it.key());
+            ASSERT_GE(keys.size(), 3u) << text;
+            EXPECT_EQ(std::vector<std::string>(keys.begin(), keys.begin() + 3), (std::vector<std::string>{"verse", "book", "text"})) << text;
+            EXPECT_TRUE(v["verse"].is_number_integer()) << text;
+            EXPECT_TRUE(v["book"] == "Genesis" || v["book"] == "Exodus") << text;
+            int64_t chars = 0;  // code points (what maxLength counts)
+            for (const char ch : v["text"].get<std::string>()) chars += (uint8_t(ch) & 0xC0) != 0x80;
+            EXPECT_LE(chars, 12) << text;
+        }
+        EXPECT_GE(complete, 2) << r.raw;
+    }
+
     // ignore_eos and min_tokens, on a request pushed to end at once.
     {
         const std::string eos = std::to_string(json::parse(read_file(model_.file("config.json")))["eos_token_id"].get<int>());
@@ -433,9 +469,14 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, 400,
              "\"stream_options.include_usage\" must be true or false");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", 1}}, 400, "\"stream_options\" must be an object");
-    error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}}}}, 400, "\"json_schema\" is not supported");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}}}}, 400, "json_schema needs \"json_schema\": {\"name\"");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"},
+             {"properties", {{"x", {{"type", "string"}, {"pattern", "a+"}}}}}}}}}}}}, 400,
+             "response_format.json_schema.schema: json_schema at #/properties/x: keyword \"pattern\" is not supported");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "number"}}}}}}}},
+             400, "the top value must end by itself");
     error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
-    error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text or json_object)");
+    error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text, json_object or json_schema)");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
              "\"stream_options.continuous_usage_stats\" is not supported");
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
@@ -653,12 +694,22 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
                        {"response_format", {{"type", "json_object"}}}};
     const Reply tp_json = post(srv.port(), "/v1/completions", jreq);
     ASSERT_EQ(tp_json.status, 200) << tp_json.raw;
+    // ... and a json_schema request: each rank compiles the schema it is sent.
+    const std::string sreq = R"({"prompt": "And God said", "max_tokens": 40, "temperature": 0.9, "seed": 6, "n": 3,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": {"type": "object",
+        "properties": {"n": {"type": "integer"}, "who": {"enum": ["God", "Moses"]}}, "required": ["n", "who"]}}}})";
+    const Reply tp_schema = post_text(srv.port(), "/v1/completions", sreq);
+    ASSERT_EQ(tp_schema.status, 200) << tp_schema.raw;
     {
         Server one(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1", logs_.file("one.log"));
         ASSERT_GT(one.port(), 0) << one.read_all();
         const Reply one_json = post(one.port(), "/v1/completions", jreq);
         ASSERT_EQ(one_json.status, 200) << one_json.raw;
         EXPECT_EQ(tp_json.body["choices"], one_json.body["choices"]);
+        const Reply one_schema = post_text(one.port(), "/v1/completions", sreq);
+        ASSERT_EQ(one_schema.status, 200) << one_schema.raw;
+        EXPECT_EQ(tp_schema.body["choices"], one_schema.body["choices"]);
+        EXPECT_EQ(tp_schema.body["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
         EXPECT_EQ(tp_json.body["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
         EXPECT_EQ(one.stop(), 0);
     }

@@ -467,6 +467,7 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
     JsonVocab vocab(bytes);
     SingleRank comm;
     std::vector<BatchRequest> r;
+    const auto json_mode = std::make_shared<const JsonSchema>(json_object_schema());
     for (uint64_t i = 0; i < 6; ++i) {
         SamplerOptions so;
         so.temperature = i < 4 ? 1.0f : 0.0f;
@@ -475,7 +476,7 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
         so.seed = 40 + i;
         r.push_back(request(make_prompt(5, cfg.vocab, 70 + i), so, i));
         r.back().max_new_tokens = 48;
-        r.back().json_object = true;
+        r.back().json = json_mode;
     }
     const int32_t close = int32_t(3 + (1 + pieces.size() - 3 % pieces.size()) % pieces.size());  // an id of "}"
     ASSERT_EQ(bytes[size_t(close)], "}");

@@ -1,0 +1,317 @@
+#include "runtime/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace shardlm {
+namespace {
+// ordered_json keeps an object's keys in the text's order: properties are generated in it.
+using json = nlohmann::ordered_json;
+using Kind = JsonSchema::Kind;
+using Node = JsonSchema::Node;
+
+// Keywords that only describe: they change nothing a value may be.
+const std::set<std::string> kAnnotations = {"$schema", "$id",      "$comment", "title",    "description", "default",
+                                            "examples", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"};
+// What this compiler holds generation to.
+const std::set<std::string> kSupported = {"type",     "properties", "required",  "additionalProperties", "items",
+                                          "minItems", "maxItems",   "minLength", "maxLength",            "enum",
+                                          "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems"};
+const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+constexpr size_t kMaxNodes = 100000;
+constexpr int kMaxDepth = 128;
+
+Node of(Kind k) {
+    Node n;
+    n.kind = k;
+    return n;
+}
+
+bool has_type(const json& v, const std::string& t) {
+    if (t == "object") return v.is_object();
+    if (t == "array") return v.is_array();
+    if (t == "string") return v.is_string();
+    if (t == "number") return v.is_number();
+    if (t == "integer")
+        return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    if (t == "boolean") return v.is_boolean();
+    return v.is_null();
+}
+
+class Compiler {
+public:
+    Compiler(const json& doc, std::string what) : doc_(doc), what_(std::move(what)) {}
+
+    JsonSchema run() {
+        out_.key = add(of(Kind::String));
+        out_.root = node(doc_, "#", 0);
+        check_cycles();
+        if (!delimited(out_.root, {}))
+            bad("#", "the top value must end by itself (an object, array, string, boolean or null, or an enum of "
+                     "those), not a number");
+        return std::move(out_);
+    }
+
+private:
+    [[noreturn]] void bad(const std::string& path, const std::string& msg) const {
+        fail(what_, ": json_schema at ", path, ": ", msg);
+    }
+
+    int32_t add(Node n) {
+        if (out_.nodes.size() >= kMaxNodes) bad("#", cat("more than ", kMaxNodes, " schema nodes"));
+        out_.nodes.push_back(std::move(n));
+        return int32_t(out_.nodes.size() - 1);
+    }
+
+    // Any JSON value: an object of free keys, an array, a string, a number, true/false/null.
+    int32_t any() {
+        if (any_ >= 0) return any_;
+        any_ = add(of(Kind::AnyOf));
+        Node obj = of(Kind::Object), arr = of(Kind::Array), lit = of(Kind::Const);
+        obj.extra = any_;
+        arr.items = any_;
+        lit.texts = {"false", "null", "true"};
+        const std::vector<int32_t> alts = {add(obj), add(arr), add(of(Kind::String)), add(of(Kind::Number)), add(lit)};
+        out_.nodes[size_t(any_)].alts = alts;
+        return any_;
+    }
+
+    int64_t count(const json& s, const char* k, const std::string& path, int64_t def) const {
+        if (!s.contains(k)) return def;
+        const json& v = s[k];
+        if (!v.is_number_integer() || v.get<int64_t>() < 0) bad(path + "/" + k, "must be a non-negative integer");
+        return v.get<int64_t>();
+    }
+
+    // The keys of `s` other than annotations must all be in `allowed`.
+    void only(const json& s, const std::set<std::string>& allowed, const std::string& path, const char* with) const {
+        for (auto it = s.begin(); it != s.end(); ++it)
+            if (!kAnnotations.count(it.key()) && !allowed.count(it.key()))
+                bad(path, cat("\"", it.key(), "\" beside \"", with, "\" is not supported"));
+    }
+
+    int32_t node(const json& s, const std::string& path, int depth) {
+        if (depth > kMaxDepth) bad(path, cat("nested deeper than ", kMaxDepth));
+        if (s.is_boolean()) {
+            if (!s.get<bool>()) bad(path, "the schema false allows no value");
+            return any();
+        }
+        if (!s.is_object()) bad(path, "a schema is an object or a boolean");
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            const std::string& k = it.key();
+            if (kAnnotations.count(k) || kSupported.count(k)) continue;
+            bad(path, cat("keyword \"", k, "\" is not supported (shardlm holds generation to: type, properties, "
+                                           "required, additionalProperties, items, minItems, maxItems, minLength, "
+                                           "maxLength, enum, const, anyOf, a single allOf, $ref)"));
+        }
+        if (s.contains("uniqueItems") && s["uniqueItems"] != json(false)) bad(path + "/uniqueItems", "only false is supported");
+        if (s.contains("$ref")) {
+            only(s, {"$ref"}, path, "$ref");
+            return ref(s["$ref"], path + "/$ref", depth);
+        }
+        if (s.contains("allOf")) {
+            only(s, {"allOf"}, path, "allOf");
+            const json& a = s["allOf"];
+            if (!a.is_array() || a.size() != 1) bad(path + "/allOf", "only an allOf of one schema is supported");
+            return node(a[0], path + "/allOf/0", depth + 1);
+        }
+        if (s.contains("anyOf")) {
+            only(s, {"anyOf"}, path, "anyOf");
+            const json& a = s["anyOf"];
+            if (!a.is_array() || a.empty()) bad(path + "/anyOf", "must be a non-empty array of schemas");
+            const int32_t id = add(of(Kind::AnyOf));
+            std::vector<int32_t> alts;
+            for (size_t i = 0; i < a.size(); ++i) alts.push_back(node(a[i], cat(path, "/anyOf/", i), depth + 1));
+            out_.nodes[size_t(id)].alts = alts;
+            return id;
+        }
+        std::vector<std::string> types;
+        if (s.contains("type")) {
+            const json& t = s["type"];
+            for (const json& e : t.is_array() ? t : json::array({t})) {
+                if (!e.is_string() || !kTypes.count(e.get<std::string>()))
+                    bad(path + "/type", "must be one of object, array, string, number, integer, boolean, null, or an array of them");
+                if (std::find(types.begin(), types.end(), e.get<std::string>()) == types.end()) types.push_back(e.get<std::string>());
+            }
+            if (types.empty()) bad(path + "/type", "an empty list of types allows no value");
+        }
+        if (s.contains("enum") || s.contains("const")) {
+            only(s, {"enum", "const", "type"}, path, s.contains("enum") ? "enum" : "const");
+            if (s.contains("enum") && s.contains("const")) bad(path, "both enum and const");
+            json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+            if (!values.is_array()) bad(path + "/enum", "must be an array");
+            Node n = of(Kind::Const);
+            for (const json& v : values)
+                if (types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(v, t); }))
+                    n.texts.push_back(v.dump());
+            if (n.texts.empty()) bad(path, "no enum or const value has the schema's type");
+            std::sort(n.texts.begin(), n.texts.end());
+            n.texts.erase(std::unique(n.texts.begin(), n.texts.end()), n.texts.end());
+            return add(std::move(n));
+        }
+        if (types.empty()) {  // without a type, the keywords present say which kind of value
+            if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) types = {"object"};
+            else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
+            else if (s.contains("minLength") || s.contains("maxLength")) types = {"string"};
+            else return any();
+        }
+        if (types.size() == 1) return typed(s, types[0], path, depth);
+        const int32_t id = add(of(Kind::AnyOf));
+        std::vector<int32_t> alts;
+        for (const std::string& t : types) alts.push_back(typed(s, t, path, depth));
+        out_.nodes[size_t(id)].alts = alts;
+        return id;
+    }
+
+    // A value of one type, from the keywords of `s` that apply to it.
+    int32_t typed(const json& s, const std::string& t, const std::string& path, int depth) {
+        if (t == "number") return add(of(Kind::Number));
+        if (t == "integer") return add(of(Kind::Integer));
+        if (t == "boolean" || t == "null") {
+            Node n = of(Kind::Const);
+            n.texts = t == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"false", "true"};
+            return add(std::move(n));
+        }
+        if (t == "string") {
+            Node n = of(Kind::String);
+            n.min_count = count(s, "minLength", path, 0);
+            n.max_count = count(s, "maxLength", path, -1);
+            if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, "maxLength is below minLength");
+            return add(std::move(n));
+        }
+        if (t == "array") {
+            Node n = of(Kind::Array);
+            n.min_count = count(s, "minItems", path, 0);
+            n.max_count = count(s, "maxItems", path, -1);
+            if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, "maxItems is below minItems");
+            if (s.contains("items") && s["items"].is_array())
+                bad(path + "/items", "an array of schemas (tuple items) is not supported");
+            const int32_t id = add(std::move(n));
+            const int32_t items = s.contains("items") ? node(s["items"], path + "/items", depth + 1) : any();
+            out_.nodes[size_t(id)].items = items;
+            return id;
+        }
+        // object
+        const int32_t id = add(of(Kind::Object));
+        Node n = of(Kind::Object);
+        std::map<std::string, bool> required;
+        if (s.contains("required")) {
+            const json& r = s["required"];
+            if (!r.is_array()) bad(path + "/required", "must be an array of property names");
+            for (const json& e : r) {
+                if (!e.is_string()) bad(path + "/required", "must be an array of property names");
+                required[e.get<std::string>()] = false;
+            }
+        }
+        const json extra = s.value("additionalProperties", json(true));
+        if (s.contains("properties")) {
+            const json& p = s["properties"];
+            if (!p.is_object()) bad(path + "/properties", "must be an object of schemas");
+            for (auto pit = p.begin(); pit != p.end(); ++pit) {
+                const std::string& name = pit.key();
+                n.keys.push_back(json(name).dump());
+                n.values.push_back(node(pit.value(), path + "/properties/" + pointer_escape(name), depth + 1));
+                const auto it = required.find(name);
+                n.required.push_back(it != required.end());
+                if (it != required.end()) it->second = true;
+            }
+        }
+        for (const auto& [name, found] : required) {
+            if (found) continue;
+            if (extra == json(false))
+                bad(path + "/required", cat("\"", name, "\" is required but not a property, and additionalProperties is false"));
+            n.keys.push_back(json(name).dump());
+            n.values.push_back(extra.is_boolean() ? any() : node(extra, path + "/additionalProperties", depth + 1));
+            n.required.push_back(1);
+        }
+        if (n.keys.empty() && extra != json(false))
+            n.extra = extra.is_boolean() ? any() : node(extra, path + "/additionalProperties", depth + 1);
+        else if (!extra.is_boolean() && !extra.is_object())
+            bad(path + "/additionalProperties", "must be a boolean or a schema");
+        out_.nodes[size_t(id)] = std::move(n);
+        return id;
+    }
+
+    int32_t ref(const json& r, const std::string& path, int depth) {
+        if (!r.is_string()) bad(path, "must be a string");
+        const std::string s = r.get<std::string>();
+        if (s.empty() || s[0] != '#') bad(path, cat("\"", s, "\": only references within the schema (\"#...\") are supported"));
+        const auto it = refs_.find(s);
+        if (it != refs_.end()) return it->second;
+        const json* target = nullptr;
+        try {
+            target = &doc_.at(json::json_pointer(s.substr(1)));
+        } catch (const json::exception&) {
+            bad(path, cat("\"", s, "\" points at nothing in the schema"));
+        }
+        // The node is known by its reference before it is built, so a schema can refer to itself.
+        const int32_t id = add(of(Kind::AnyOf));
+        refs_[s] = id;
+        const int32_t target_id = node(*target, s, depth + 1);
+        out_.nodes[size_t(id)].alts = {target_id};
+        return id;
+    }
+
+    // A chain of anyOf and $ref that comes back to itself before any byte would loop for ever.
+    void check_cycles() const {
+        std::vector<uint8_t> mark(out_.nodes.size(), 0);  // 1: on the path, 2: done
+        std::function<void(int32_t)> visit = [&](int32_t id) {
+            if (mark[size_t(id)] == 2) return;
+            if (mark[size_t(id)] == 1) bad("#", "a $ref or anyOf refers back to itself before any value starts");
+            mark[size_t(id)] = 1;
+            for (const int32_t a : out_.nodes[size_t(id)].alts) visit(a);
+            mark[size_t(id)] = 2;
+        };
+        for (size_t i = 0; i < out_.nodes.size(); ++i) visit(int32_t(i));
+    }
+
+    // Whether every value of node `id` shows its own end (what the top value must: the text ends
+    // there). A number does not: more digits could follow.
+    bool delimited(int32_t id, std::set<int32_t> seen) const {
+        const Node& n = out_.nodes[size_t(id)];
+        if (n.kind == Kind::Number || n.kind == Kind::Integer) return false;
+        if (n.kind == Kind::Const)
+            return std::all_of(n.texts.begin(), n.texts.end(), [](const std::string& t) {
+                return t[0] == '{' || t[0] == '[' || t[0] == '"' || t == "true" || t == "false" || t == "null";
+            });
+        if (n.kind != Kind::AnyOf || !seen.insert(id).second) return true;
+        return std::all_of(n.alts.begin(), n.alts.end(), [&](int32_t a) { return delimited(a, seen); });
+    }
+
+    static std::string pointer_escape(const std::string& name) {
+        std::string e;
+        for (const char c : name) e += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+        return e;
+    }
+
+    const json& doc_;
+    std::string what_;
+    JsonSchema out_;
+    std::map<std::string, int32_t> refs_;
+    int32_t any_ = -1;
+};
+}  // namespace
+
+JsonSchema json_object_schema() {
+    return compile_json_schema(R"({"type": "object"})", "JSON mode");
+}
+
+JsonSchema compile_json_schema(const std::string& text, const std::string& what) {
+    json doc;
+    try {
+        doc = json::parse(text);
+    } catch (const json::exception& e) {
+        fail(what, ": the JSON schema is not JSON: ", e.what());
+    }
+    Compiler c(doc, what);
+    return c.run();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,49 @@
+// JSON Schema for structured output (OpenAI's response_format json_schema): a schema compiled
+// into a small graph of nodes that JsonAcceptor (runtime/json_mode.h) walks byte by byte.
+//
+// Generation is held to a subset of what a schema allows, so that every finished text is valid
+// against the schema:
+// - an object with `properties` gets its keys in the schema's order, each optional one skippable
+//   and each required one present; no other keys (additionalProperties is honoured only for an
+//   object without properties, whose keys are then free strings);
+// - numbers and integers are JSON's own (an integer has no fraction and no exponent);
+// - enum and const values are written as their compact JSON texts.
+// Keywords that constrain values beyond this (pattern, format, minimum, oneOf, ...) are refused
+// with an error naming the keyword and where it is, never ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+struct JsonSchema {
+    enum class Kind : uint8_t { Object, Array, String, Number, Integer, Const, AnyOf };
+    struct Node {
+        Kind kind = Kind::AnyOf;
+        // Object: the property names as JSON strings (quotes and escapes included) in the schema's
+        // order, each one's value node and whether it is required; or, without properties, the
+        // node of any key's value (extra; -1: no keys at all).
+        std::vector<std::string> keys;
+        std::vector<int32_t> values;
+        std::vector<uint8_t> required;
+        int32_t extra = -1;
+        int32_t items = -1;                     // Array: every item's node
+        int64_t min_count = 0, max_count = -1;  // Array: items; String: characters (-1: no limit)
+        std::vector<std::string> texts;         // Const: the JSON texts allowed, sorted, distinct
+        std::vector<int32_t> alts;              // AnyOf: the alternatives
+    };
+    std::vector<Node> nodes;
+    int32_t root = 0;
+    int32_t key = 0;  // a String node without limits: the free keys of objects
+};
+
+// JSON mode (response_format json_object): one object, anything in it.
+JsonSchema json_object_schema();
+// Compiles a schema given as JSON text (Draft 2020-12 keywords; $ref to "#" and within the
+// document, e.g. "#/$defs/Name"). Throws Error naming `what` (e.g. "--json-schema FILE"), the
+// keyword and its place in the schema, for what it cannot hold generation to.
+JsonSchema compile_json_schema(const std::string& text, const std::string& what);
+
+}  // namespace shardlm

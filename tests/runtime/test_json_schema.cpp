@@ -1,0 +1,300 @@
+// Structured output (runtime/json_schema.h, runtime/json_mode.h): the schema compiler's refusals,
+// the acceptor on texts of schemas, and random generations through the vocabulary masks checked
+// by a plain validator written here from the JSON Schema rules (not from the acceptor).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "runtime/json_mode.h"
+#include "runtime/json_schema.h"
+
+using namespace shardlm;
+using json = nlohmann::json;
+
+namespace {
+std::shared_ptr<const JsonSchema> schema(const std::string& text) {
+    return std::make_shared<const JsonSchema>(compile_json_schema(text, "test"));
+}
+// How far `text` is taken under the schema: its length when all of it.
+size_t taken(const std::string& schema_text, const std::string& text) {
+    JsonAcceptor a(schema(schema_text));
+    for (size_t i = 0; i < text.size(); ++i)
+        if (!a.push(uint8_t(text[i]))) return i;
+    return text.size();
+}
+bool complete(const std::string& schema_text, const std::string& text) {
+    JsonAcceptor a(schema(schema_text));
+    return a.push(text) && a.complete();
+}
+std::string error_of(const std::string& schema_text) {
+    try {
+        compile_json_schema(schema_text, "--json-schema s.json");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// Characters of a UTF-8 string (JSON Schema counts code points).
+int64_t code_points(const std::string& s) {
+    int64_t n = 0;
+    for (const char c : s) n += (uint8_t(c) & 0xC0) != 0x80;
+    return n;
+}
+// Whether v is valid against schema s (root: the document, for $ref): the keywords this
+// project supports, by the JSON Schema rules.
+bool valid(const json& v, const json& s, const json& root) {
+    if (s.is_boolean()) return s.get<bool>();
+    if (s.contains("$ref")) return valid(v, root.at(json::json_pointer(s["$ref"].get<std::string>().substr(1))), root);
+    if (s.contains("allOf"))
+        for (const json& a : s["allOf"])
+            if (!valid(v, a, root)) return false;
+    if (s.contains("anyOf")) {
+        bool any = false;
+        for (const json& a : s["anyOf"]) any = any || valid(v, a, root);
+        if (!any) return false;
+    }
+    if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+    if (s.contains("const") && v != s["const"]) return false;
+    if (s.contains("type")) {
+        const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
+        bool ok = false;
+        for (const json& t : types) {
+            const std::string n = t;
+            ok = ok || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) ||
+                 (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
+                 (n == "integer" && v.is_number_integer()) || (n == "boolean" && v.is_boolean()) ||
+                 (n == "null" && v.is_null());
+        }
+        if (!ok) return false;
+    }
+    if (v.is_object()) {
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (s.contains("properties") && s["properties"].contains(it.key())) {
+                if (!valid(it.value(), s["properties"][it.key()], root)) return false;
+            } else if (s.contains("additionalProperties") && !valid(it.value(), s["additionalProperties"], root)) {
+                return false;
+            }
+        }
+        if (s.contains("required"))
+            for (const json& r : s["required"])
+                if (!v.contains(r.get<std::string>())) return false;
+    }
+    if (v.is_array()) {
+        if (s.contains("items"))
+            for (const json& e : v)
+                if (!valid(e, s["items"], root)) return false;
+        if (s.contains("minItems") && int64_t(v.size()) < s["minItems"].get<int64_t>()) return false;
+        if (s.contains("maxItems") && int64_t(v.size()) > s["maxItems"].get<int64_t>()) return false;
+    }
+    if (v.is_string()) {
+        const int64_t n = code_points(v.get<std::string>());
+        if (s.contains("minLength") && n < s["minLength"].get<int64_t>()) return false;
+        if (s.contains("maxLength") && n > s["maxLength"].get<int64_t>()) return false;
+    }
+    return true;
+}
+
+const char* kPerson = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "minLength": 2, "maxLength": 5},
+    "age": {"type": "integer"},
+    "email": {"type": ["string", "null"]},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", 7, null]}, "minItems": 1, "maxItems": 3},
+    "ok": {"type": "boolean"}
+  },
+  "required": ["name", "tags"],
+  "additionalProperties": false
+})";
+}  // namespace
+
+TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
+    EXPECT_NE(error_of(R"({"type": "string", "pattern": "a+"})").find("--json-schema s.json: json_schema at #: keyword \"pattern\" is not supported"),
+              std::string::npos) << error_of(R"({"type": "string", "pattern": "a+"})");
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})").find("at #/properties/a: keyword \"format\""),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})").find("\"minimum\""), std::string::npos);
+    EXPECT_NE(error_of(R"({"oneOf": [{"type": "object"}]})").find("\"oneOf\""), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "number"})").find("the top value must end by itself"), std::string::npos);
+    EXPECT_NE(error_of(R"({"anyOf": [{"type": "object"}, {"type": "integer"}]})").find("must end by itself"), std::string::npos);
+    EXPECT_NE(error_of(R"({"$ref": "#/$defs/nope"})").find("\"#/$defs/nope\" points at nothing"), std::string::npos);
+    EXPECT_NE(error_of(R"({"$ref": "http://x/y.json"})").find("only references within the schema"), std::string::npos);
+    EXPECT_NE(error_of(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})")
+                  .find("refers back to itself before any value starts"),
+              std::string::npos);
+    EXPECT_NE(error_of("false").find("allows no value"), std::string::npos);
+    EXPECT_NE(error_of("true").find("must end by itself"), std::string::npos);  // any value: a number too
+    EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "additionalProperties": false})").find("\"x\" is required but not a property"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "minItems": 3, "maxItems": 2})").find("maxItems is below minItems"), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "items": [{"type": "string"}]})").find("tuple items"), std::string::npos);
+    EXPECT_NE(error_of(R"({"allOf": [{"type": "object"}, {"type": "object"}]})").find("allOf of one schema"), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "string", "enum": [1, 2]})").find("no enum or const value has the schema's type"), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "strin"})").find("#/type: must be one of"), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "minItems": -1})").find("#/minItems: must be a non-negative integer"), std::string::npos);
+    EXPECT_NE(error_of(R"({"$ref": "#", "type": "object"})").find("\"type\" beside \"$ref\""), std::string::npos);
+    EXPECT_NE(error_of("{\"type\": ").find("--json-schema s.json: the JSON schema is not JSON"), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "uniqueItems": true})").find("uniqueItems: only false"), std::string::npos);
+    // Annotations are fine, and so is a schema that refers to itself through a value.
+    EXPECT_EQ(error_of(R"({"title": "T", "description": "d", "$schema": "x", "type": "object", "examples": [{}],
+                          "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})"),
+              "");
+}
+
+TEST(JsonSchema, HoldsTheTextToTheSchema) {
+    const std::string full = R"({"name": "Bo", "age": -3, "email": null, "tags": ["a", 7, null], "ok": true})";
+    EXPECT_TRUE(complete(kPerson, full));
+    EXPECT_TRUE(complete(kPerson, R"({"name":"Ann","tags":["b"]})"));      // optional keys skipped
+    EXPECT_TRUE(complete(kPerson, R"({"name": "Ann", "email": "x@y", "tags": [null]})"));
+    for (size_t n = 0; n < full.size(); ++n) {  // every prefix is taken, none is complete
+        JsonAcceptor a(schema(kPerson));
+        EXPECT_TRUE(a.push(full.substr(0, n))) << n;
+        EXPECT_FALSE(a.complete()) << n;
+    }
+    EXPECT_EQ(taken(kPerson, R"({"tags": ["a"]})"), 2u);          // "name" is required first
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann"})"), 14u);         // "tags" is required: no '}'
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": ["a"], "age": 3})"), 32u);  // keys in the schema's order
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "x": 1})"), 17u);  // no other keys
+    EXPECT_EQ(taken(kPerson, R"({"name": "A"})"), 11u);           // minLength 2
+    EXPECT_EQ(taken(kPerson, R"({"name": "Annabel"})"), 15u);     // maxLength 5
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "age": 1.5})"), 24u);  // an integer has no fraction
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "age": 1e3})"), 24u);  // ... nor exponent
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "age": "3"})"), 23u);
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "email": 5})"), 25u);
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": []})"), 25u);  // minItems 1
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": [7, 7, 7, 7]})"), 32u);  // maxItems 3
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": ["c"]})"), 26u);  // enum
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": [77]})"), 26u);
+    EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": ["a"], "ok": 1})"), 37u);
+    // Characters, not bytes: two 2-byte characters, an escape, a surrogate pair (one character).
+    EXPECT_TRUE(complete(kPerson, "{\"name\": \"\xc3\xa9\xc3\xa9\\n\\ud83d\\ude00\", \"tags\": [\"a\"]}"));
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"\\ude00\"}"), 15u);        // a low surrogate alone
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"\\ud83dx\"}"), 16u);       // a high one without its low half
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"ab\\ud83d\\u0041\"}"), 23u);
+    // A map: free keys whose values follow additionalProperties; and numbers in an enum that
+    // share their start ("1" and "12": what follows tells where the number ended).
+    const char* map = R"({"type": "object", "additionalProperties": {"enum": [1, 12, 2.5]}})";
+    EXPECT_TRUE(complete(map, R"({"x": 1, "y": 12, "z": 2.5})"));
+    EXPECT_TRUE(complete(map, R"({})"));
+    EXPECT_EQ(taken(map, R"({"x": 13})"), 7u);
+    EXPECT_EQ(taken(map, R"({"x": 2})"), 7u);
+    // A recursive schema through $defs, and the top value an array or a string.
+    const char* tree = R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+                            "$ref": "#/$defs/node"})";
+    EXPECT_TRUE(complete(tree, R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]})"));
+    EXPECT_EQ(taken(tree, R"({"v": 1, "kids": [{}]})"), 19u);
+    EXPECT_TRUE(complete(R"({"type": "array", "items": {"type": "number"}})", "[1, -0.5e-3]"));
+    EXPECT_TRUE(complete(R"({"type": "string", "maxLength": 0})", "\"\""));
+    EXPECT_TRUE(complete(R"({"enum": ["red", "green"]})", "\"green\""));
+    EXPECT_EQ(taken(R"({"enum": ["red", "green"]})", "\"grey\""), 4u);
+    EXPECT_TRUE(complete(R"({"const": {"a": [1, true]}})", R"({"a":[1,true]})"));  // enum values as compact JSON
+    EXPECT_TRUE(complete(R"({"type": ["array", "object"]})", R"([{"x": null}, 1, "y"])"));  // items of any type
+}
+
+// Random texts of several schemas, each token drawn among those the vocabulary mask allows:
+// every mask equals what pushing each token says, the text never gets stuck, and each completed
+// text is valid against its schema by the validator above.
+TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
+    const std::vector<std::string> schemas = {
+        kPerson,
+        R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "object", "properties": {"x": {"type": "integer"}},
+           "required": ["x"]}, {"type": "object", "properties": {"y": {"type": "boolean"}}}, {"type": "null"}]},
+           "b": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}}},
+           "required": ["a", "b"]})",
+        R"({"type": "object", "additionalProperties": {"type": "array", "items": {"enum": [1, 12, 123, "x", {"k": 1}]}}})",
+        R"({"$defs": {"n": {"type": "object", "properties": {"v": {"type": "number"}, "k": {"type": "array",
+           "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}, "required": ["v"]}}, "$ref": "#/$defs/n"})",
+        R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": 4},
+           "t": {"type": ["string", "integer", "null"]}}, "required": ["s"]})",
+        R"({"type": "object"})",
+    };
+    std::vector<std::string> vocab = {"", "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "0", "1", "2", "3", "7", "-",
+                                      ".", "e", "5", "true", "false", "null", "tr", "ue", "n", "x", "y", "k", "v", "s",
+                                      "t", "a", "b", "name", "age", "tags", "ok", "email", "\\", "\\u", "d83d", "de00",
+                                      "00e9", "\"}", "}]", "]}}", "]]", "\": ", "\":{\"", ", \"", "1}", "1.5,", "ab\"",
+                                      "\xc3", "\xa9", "\xc3\xa9", "{\"", "[[", "  ", "{}", "[]", "12", "123", "\"x\"",
+                                      "{\"k\":1}", "\"name\": \"", "\"tags\": [", "\"v\":", "\"k\":[", "@",
+                                      "u", "l", "r", "f", "c", "d", "4", "6", "8", "9", "+", "E", "/"};
+    for (char c = 'a'; c <= 'z'; ++c)  // every byte a text here needs has a token of its own
+        if (std::find(vocab.begin(), vocab.end(), std::string(1, c)) == vocab.end()) vocab.push_back(std::string(1, c));
+    JsonVocab v(vocab);
+    std::mt19937 rng(11);
+    int64_t checked = 0, completed = 0;
+    for (size_t si = 0; si < schemas.size(); ++si) {
+        const auto sc = schema(schemas[si]);
+        const json doc = json::parse(schemas[si]);
+        for (int run = 0; run < 25; ++run) {
+            JsonAcceptor s(sc);
+            std::string text;
+            for (int step = 0; step < 120 && !s.complete(); ++step) {
+                const std::vector<uint8_t>& mask = v.allowed(s);
+                std::vector<int32_t> ok, closing;
+                for (size_t id = 0; id < vocab.size(); ++id) {
+                    JsonAcceptor t = s;
+                    const bool want = !vocab[id].empty() && t.push(vocab[id]);
+                    ASSERT_EQ(mask[id] != 0, want) << "schema " << si << " token " << id << " after " << text;
+                    ++checked;
+                    if (!want) continue;
+                    ok.push_back(int32_t(id));
+                    if (vocab[id].find_first_of("\"]}") != std::string::npos) closing.push_back(int32_t(id));
+                }
+                ASSERT_FALSE(ok.empty()) << "schema " << si << " stuck after " << text;
+                // Late in a run, closing tokens are preferred so that most texts complete.
+                const std::vector<int32_t>& from = step > 40 && !closing.empty() && rng() % 4 != 0 ? closing : ok;
+                const int32_t pick = from[size_t(rng() % from.size())];
+                ASSERT_TRUE(s.push(vocab[size_t(pick)]));
+                text += vocab[size_t(pick)];
+            }
+            if (!s.complete()) continue;
+            json value;
+            try {
+                value = json::parse(text);
+            } catch (const json::out_of_range&) {
+                continue;  // valid JSON, but a number past a double (an exponent drawn at random): nlohmann refuses it
+            }
+            ++completed;
+            EXPECT_TRUE(valid(value, doc, doc)) << "schema " << si << ": " << text;
+        }
+    }
+    EXPECT_GT(checked, 100000);
+    EXPECT_GT(completed, 60);
+}
+
+// A mask is kept under the acceptor's key, which must see every frame a token can reach: a token
+// that ends a number and closes three containers lands in the frame below them, where "," is
+// refused at the top (the object is complete) and taken inside another object of the same node.
+TEST(JsonSchema, MaskKeysSeeTheFrameATokenLandsIn) {
+    const auto sc = schema(R"({"$defs": {"o": {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/o"},
+                              {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]}}},
+                              "$ref": "#/$defs/o"})");
+    JsonVocab v({"]]},", "x"});
+    JsonAcceptor top(sc), inner(sc);
+    ASSERT_TRUE(top.push(std::string(R"({"a":[[1)")));
+    ASSERT_TRUE(inner.push(std::string(R"({"b":{"a":[[1)")));
+    EXPECT_EQ(v.allowed(top)[0], 0);
+    EXPECT_EQ(v.allowed(inner)[0], 1);
+    EXPECT_EQ(v.allowed(top)[0], 0);
+}
+
+// Counters that no limit needs stay put, so the states of a long string or array repeat and
+// their masks are found again (a new state costs a pass over the vocabulary).
+TEST(JsonSchema, StatesWithoutLimitsRepeat) {
+    auto key_after = [](const std::string& schema_text, const std::string& text) {
+        JsonAcceptor a(schema(schema_text));
+        EXPECT_TRUE(a.push(text)) << text;
+        return a.key(4);
+    };
+    const char* free = R"({"type": "object", "properties": {"s": {"type": "string"}, "a": {"type": "array"}}})";
+    EXPECT_EQ(key_after(free, R"({"s": "x)"), key_after(free, R"({"s": "xy\n\u00e9)"));
+    EXPECT_EQ(key_after(free, R"({"a": [1, )"), key_after(free, R"({"a": [1, 2, "x", )"));
+    const char* limited = R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}, "a": {"type": "array", "minItems": 2}}})";
+    EXPECT_NE(key_after(limited, R"({"s": "x)"), key_after(limited, R"({"s": "xy)"));
+    EXPECT_EQ(key_after(limited, R"({"a": [1, 2, )"), key_after(limited, R"({"a": [1, 2, 3, )"));  // counted to 2
+    EXPECT_NE(key_after(limited, R"({"a": [1, )"), key_after(limited, R"({"a": [1, 2, )"));
+}

@@ -353,7 +353,17 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   "$BIN/shardlm" "${js[@]}" --device cpu > "$work/tok_cpu_json.json" &&
     "$BIN/shardlm" "${js[@]}" --device "$DEV" > "$work/tok_dev_json.json" &&
     "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_json.json" "$work/tok_dev_json.json" || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens; JSON mode)"
+  # Structured output (--json-schema): a schema with required keys in order, an enum and a
+  # bounded string.
+  printf '%s' '{"type": "object", "properties": {"verse": {"type": "integer"}, "book": {"enum": ["Genesis", "Exodus"]},
+    "text": {"type": "string", "maxLength": 20}}, "required": ["verse", "book", "text"]}' > "$work/verse_schema.json"
+  local ss=(generate --model "$root/launch/models/kjv-small" --prompt-ids "5,6,7;8,9" --max-new-tokens 60
+            --json-schema "$work/verse_schema.json" --temperature 0.8 --seed 4 --json)
+  echo "-- JSON schema on $DEV"
+  "$BIN/shardlm" "${ss[@]}" --device cpu > "$work/tok_cpu_schema.json" &&
+    "$BIN/shardlm" "${ss[@]}" --device "$DEV" > "$work/tok_dev_schema.json" &&
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_schema.json" "$work/tok_dev_schema.json" || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens; JSON mode; JSON schema)"
   exit $rc
 }
 

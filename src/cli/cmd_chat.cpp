@@ -58,6 +58,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
+    JsonFlags json_flags;
+    add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
     add_precision_options(d, prec);
     add_backend_options(d, backend);
@@ -65,7 +67,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
     const bool root = comm.rank() == 0;
     bool help = false;
     GenerateOptions go;
-    std::unique_ptr<Tokenizer> tok;  // rank 0; every rank with --stop (each decides where a reply stops)
+    // rank 0; every rank with --stop, --json-object or --json-schema (each decides where a reply
+    // stops and what it may choose)
+    std::unique_ptr<Tokenizer> tok;
+    std::unique_ptr<JsonVocab> json_vocab;
     std::optional<std::string> system;
     // Phase 1, no collectives inside: flags, and the tokenizer with its template.
     run_together(comm, [&] {
@@ -86,7 +91,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
         if (vm.count("system")) system = vm["system"].as<std::string>();
-        if (!root && sampling.stops.empty()) return;
+        go.json = apply_json(json_flags);
+        if (!root && sampling.stops.empty() && !go.json) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         if (!tok->has_chat_template())
@@ -94,6 +100,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         // An unrecognised template, or a system message the template refuses, fails here, before
         // the weights load.
         tok->apply_chat_template(system, std::vector<ChatMessage>{{"user", "x"}});
+        if (go.json) json_vocab = std::make_unique<JsonVocab>(json_token_bytes(*tok));
+        go.json_vocab = json_vocab.get();
     });
     if (help) return 0;
     const bool json_out = vm.count("json") > 0;

@@ -25,7 +25,7 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits, json_schema;
+    std::string model, prompt_ids, dump_logits;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
@@ -46,11 +46,6 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("min-new-tokens", po::value(&min_new)->default_value(0),
          "the end-of-sequence tokens are banned until a sequence has this many (stop strings still apply)")
         ("ignore-eos", "an end-of-sequence token does not end a sequence (fixed-length benchmarks); it is left out of the text")
-        ("json-object", "JSON mode: each token keeps the text the start of one JSON object, and a sequence ends (\"stop\") "
-         "when it closes (OpenAI's response_format json_object)")
-        ("json-schema", po::value(&json_schema),
-         "structured output: each token keeps the text the start of one value of the JSON schema in FILE, and a "
-         "sequence ends (\"stop\") when it is complete (OpenAI's response_format json_schema; README lists the keywords)")
         ("batch", po::value(&batch)->default_value(0),
          "sequences run at once (KV-cache slots); further prompts wait and take the slot of one that "
          "ends (0: every prompt at once)")
@@ -81,6 +76,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
          "penalties); --max-new-tokens may then be 0, scoring the prompts alone")
         ("dump-logits", po::value(&dump_logits),
          "write the logits at each prompt's last position to FILE (after any token penalties)");
+    JsonFlags json_flags;
+    add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
     add_precision_options(d, prec);
     add_backend_options(d, backend);
@@ -134,21 +131,11 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.sink_tokens = sinks;
         // Every rank decides where a sequence stops (and in JSON mode what it may choose), so
         // every rank reads the text.
-        if (vm.count("json-object") && vm.count("json-schema")) fail("--json-object and --json-schema exclude each other");
-        if (vm.count("json-object")) go.json = std::make_shared<const JsonSchema>(json_object_schema());
-        if (vm.count("json-schema")) {
-            std::string text;
-            try {
-                text = read_text_file(json_schema);
-            } catch (const Error& e) {
-                fail("--json-schema: ", e.what());
-            }
-            go.json = std::make_shared<const JsonSchema>(compile_json_schema(text, "--json-schema " + json_schema));
-        }
+        go.json = apply_json(json_flags);
         const bool json_mode = go.json != nullptr;
         if ((!stops.empty() || json_mode) && !Tokenizer::exists(model))
-            fail(vm.count("json-object") ? "--json-object" : vm.count("json-schema") ? "--json-schema" : "--stop",
-                 " needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
+            fail(json_mode ? json_flag(json_flags) : "--stop", " needs the model's tokenizer: ", model,
+                 "/tokenizer.json does not exist");
         if (!stops.empty() || json_mode) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         if (json_mode) json_vocab = std::make_unique<JsonVocab>(json_token_bytes(*tok));
         go.json_vocab = json_vocab.get();

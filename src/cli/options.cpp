@@ -12,6 +12,7 @@
 
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "model/synthetic.h"
 
 #include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
@@ -240,6 +241,33 @@ std::vector<std::string> json_token_bytes(const Tokenizer& tok) {
     for (int32_t id = 0; id < tok.vocab_size(); ++id)
         if (!tok.is_special(id)) out[size_t(id)] = tok.token_bytes(id);
     return out;
+}
+
+void add_json_options(po::options_description& d, JsonFlags& f) {
+    d.add_options()
+        ("json-object", po::bool_switch(&f.object),
+         "JSON mode: each token keeps the text the start of one JSON object, and a sequence ends (\"stop\") "
+         "when it closes (OpenAI's response_format json_object)")
+        ("json-schema", po::value(&f.schema_file),
+         "structured output: each token keeps the text the start of one value of the JSON schema in FILE, and a "
+         "sequence ends (\"stop\") when it is complete (OpenAI's response_format json_schema; README lists the keywords)");
+}
+
+std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
+    if (f.object && !f.schema_file.empty()) fail("--json-object and --json-schema exclude each other");
+    if (f.object) return std::make_shared<const JsonSchema>(json_object_schema());
+    if (f.schema_file.empty()) return nullptr;
+    std::string text;
+    try {
+        text = read_text_file(f.schema_file);
+    } catch (const Error& e) {
+        fail("--json-schema: ", e.what());
+    }
+    return std::make_shared<const JsonSchema>(compile_json_schema(text, "--json-schema " + f.schema_file));
+}
+
+std::string json_flag(const JsonFlags& f) {
+    return f.object ? "--json-object" : f.schema_file.empty() ? "" : "--json-schema";
 }
 
 }  // namespace shardlm

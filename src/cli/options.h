@@ -3,10 +3,12 @@
 
 #include <boost/program_options.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "runtime/json_schema.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
@@ -78,6 +80,17 @@ void set_speculation_rows(SessionOptions& so, int64_t n);
 // JSON mode's vocabulary (runtime/json_mode.h): what each token adds to the text, special tokens
 // nothing (never chosen).
 std::vector<std::string> json_token_bytes(const Tokenizer& tok);
+// --json-object and --json-schema FILE (generate, chat): the JSON schema each sequence is held to.
+struct JsonFlags {
+    bool object = false;
+    std::string schema_file;
+};
+void add_json_options(po::options_description& d, JsonFlags& f);
+// The schema the flags ask for (JSON mode's for --json-object), null for neither; throws Error
+// naming the flag or the schema's fault. Every rank calls it (each masks its rows alike).
+std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f);
+// The flag in use, for messages ("--json-object" or "--json-schema"); "" for neither.
+std::string json_flag(const JsonFlags& f);
 // --speculate's bounds.
 constexpr int64_t kMaxSpeculate = 16;
 

@@ -7,6 +7,7 @@
 
 #include "fixtures.h"
 #include "model/synthetic.h"
+#include "runtime/json_mode.h"
 #include "tiny_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -135,6 +136,48 @@ TEST_F(TokenizerCli, GenerateErrors) {
 }
 
 }  // namespace
+
+// chat --json-object / --json-schema: every reply is the start of one value of the schema (a
+// whole one where it ended with "stop"), on every turn; under mpirun the replies are one rank's.
+TEST_F(TokenizerCli, ChatRepliesHeldToAJsonSchema) {
+    write_file(dir_.file("turns.txt"), "hi\nmore\nagain\n");
+    write_file(dir_.file("s.json"), R"({"type": "object", "properties": {"n": {"type": "integer"},
+        "w": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}}, "required": ["n"]})");
+    for (const std::string& flag : std::vector<std::string>{" --json-object", " --json-schema " + dir_.file("s.json")}) {
+        const std::string chat = "<" + dir_.file("turns.txt") + " " + kBin + " chat" + m_ + flag +
+                                 " --max-new-tokens 40 --temperature 0.9 --seed 5 --json";
+        const CommandResult c = run_command(chat);
+        ASSERT_EQ(c.exit_code, 0) << c.err;
+        const auto schema = flag == " --json-object" ? std::make_shared<const JsonSchema>(json_object_schema())
+                                                     : std::make_shared<const JsonSchema>(compile_json_schema(
+                                                           read_file(dir_.file("s.json")), "test"));
+        std::istringstream lines(c.out);
+        std::vector<std::string> replies;
+        for (std::string l; std::getline(lines, l);) {
+            const json t = json::parse(l);
+            const std::string text = t["text"];
+            JsonAcceptor a(schema);
+            EXPECT_TRUE(a.push(text)) << flag << ": " << text;
+            EXPECT_EQ(a.complete(), t["stop_reason"] == "stop") << flag << ": " << text;
+            EXPECT_EQ(text.substr(0, 1), "{") << flag << ": " << text;
+            replies.push_back(text);
+        }
+        EXPECT_EQ(replies.size(), 3u) << c.out;
+#ifdef SHARDLM_MPIEXEC
+        const CommandResult two = run_command("<" + dir_.file("turns.txt") + " " + SHARDLM_MPIEXEC +
+                                              " --allow-run-as-root --oversubscribe -np 2 " + kBin + " chat" + m_ + flag +
+                                              " --max-new-tokens 40 --temperature 0.9 --seed 5 --json --threads 1");
+        ASSERT_EQ(two.exit_code, 0) << two.err;
+        std::istringstream two_lines(two.out);
+        for (const std::string& want : replies) {
+            std::string l;
+            ASSERT_TRUE(std::getline(two_lines, l)) << two.out;
+            EXPECT_EQ(json::parse(l)["text"], want) << flag;
+        }
+#endif
+    }
+    expect_error("chat" + m_ + " --json-object --json-schema " + dir_.file("s.json"), "--json-object and --json-schema exclude each other");
+}
 
 // shardlm chat: one user turn per stdin line, one JSON object per turn. The second turn reuses
 // the cache positions its rendered conversation shares with the first turn's prompt and reply,

@@ -381,7 +381,14 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
         default: {  // Hex
             if (!hex(b)) return false;
             f.c = f.c * 16 + (digit(b) ? b - '0' : (b | 0x20) - 'a' + 10);
-            if (--f.aux > 0) return true;
+            if (--f.aux > 0) {
+                // The digits so far leave the values [lo, hi]: refused now where every one of
+                // them would be (a low half due but out of reach, or a low half alone), so that
+                // no text is taken that cannot go on.
+                const int32_t lo = f.c << (4 * f.aux), hi = lo + (1 << (4 * f.aux)) - 1;
+                if (f.b != 0 ? hi < 0xDC00 || lo > 0xDFFF : lo >= 0xDC00 && hi <= 0xDFFF) return false;
+                return true;
+            }
             // A character past U+FFFF is escaped as a surrogate pair: high, then low, one
             // character (what minLength and maxLength count); a surrogate alone is refused.
             const bool high = f.c >= 0xD800 && f.c <= 0xDBFF, low = f.c >= 0xDC00 && f.c <= 0xDFFF;
@@ -401,23 +408,34 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     }
 }
 
-std::string JsonAcceptor::key(size_t depth) const {
+std::string JsonAcceptor::key(size_t depth, size_t reach) const {
     std::string k;
-    auto put = [&k](int32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    auto put = [&k](int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    const int64_t far = int64_t(std::min<size_t>(reach, INT32_MAX)) + 1;
     for (const Thread& t : threads_) {
         const size_t keep = std::min(t.stack.size(), depth + 2);
         k += char(t.space);
         k += char(t.newline);
         k += t.stack.size() > keep ? '+' : '|';
-        put(int32_t(keep));
+        put(int64_t(keep));
         for (size_t i = t.stack.size() - keep; i < t.stack.size(); ++i) {
             const Frame& f = t.stack[i];
             put(f.node);
             k += char(f.phase);
             k += char(f.aux);
-            put(f.a);
             put(f.b);
             put(f.c);
+            const JsonSchema::Kind kind = f.node >= 0 ? node(f).kind : JsonSchema::Kind::AnyOf;
+            if (kind != JsonSchema::Kind::String && kind != JsonSchema::Kind::Array) {
+                put(f.a);
+                continue;
+            }
+            // A count (characters, items) is seen only through its limits, and `reach` bytes add
+            // at most `reach` to it: states whose distances to the limits are alike that far
+            // take the same tokens (so a long bounded string does not make a new state per token).
+            const JsonSchema::Node& n = node(f);
+            put(n.max_count < 0 ? -1 : std::min(n.max_count - f.a, far));
+            put(std::clamp<int64_t>(n.min_count - f.a, 0, far));
         }
     }
     return k;
@@ -428,6 +446,7 @@ JsonVocab::JsonVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) 
         const std::string& b = bytes_[id];
         if (b.empty()) continue;
         order_.push_back(int32_t(id));
+        reach_ = std::max(reach_, b.size());
         max_close_ = std::max(max_close_, size_t(std::count_if(b.begin(), b.end(), [](char c) { return c == '}' || c == ']'; })));
     }
     std::sort(order_.begin(), order_.end(), [&](int32_t x, int32_t y) { return bytes_[size_t(x)] < bytes_[size_t(y)]; });
@@ -447,7 +466,7 @@ JsonVocab::JsonVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) 
 
 const std::vector<uint8_t>& JsonVocab::allowed(const JsonAcceptor& s) {
     // A token can look no deeper into the open containers than the brackets it closes.
-    std::pair<const JsonSchema*, std::string> k{s.schema().get(), s.key(max_close_)};
+    std::pair<const JsonSchema*, std::string> k{s.schema().get(), s.key(max_close_, reach_)};
     auto it = masks_.find(k);
     if (it != masks_.end()) return it->second;
     if (masks_.size() >= kMaxMasks) {

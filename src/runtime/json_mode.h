@@ -44,9 +44,10 @@ public:
     bool push(const std::string& bytes);
     bool complete() const;
     const std::shared_ptr<const JsonSchema>& schema() const { return schema_; }
-    // What the masks of JsonVocab depend on when at most `depth` containers can be closed: each
-    // thread's whitespace and its innermost frames (a leaf, `depth` containers and the one below).
-    std::string key(size_t depth) const;
+    // What the masks of JsonVocab depend on when a token closes at most `depth` containers and
+    // holds at most `reach` bytes: each thread's whitespace and its innermost frames (a leaf,
+    // `depth` containers and the one below), their counts as distances to the limits.
+    std::string key(size_t depth, size_t reach) const;
 
 private:
     enum Phase : uint8_t {
@@ -117,6 +118,7 @@ private:
     std::string sorted_;          // the bytes of order_'s tokens one after another (a walk reads them in turn)
     std::vector<uint32_t> off_;   // order_[i]'s bytes: sorted_[off_[i], off_[i + 1])
     size_t max_close_ = 0;        // the most closing brackets one token holds
+    size_t reach_ = 0;            // the most bytes one token holds
     // By schema and JsonAcceptor::key; held_ keeps the schemas alive (their addresses unique)
     // while masks of theirs are kept.
     std::map<std::pair<const JsonSchema*, std::string>, std::vector<uint8_t>> masks_;

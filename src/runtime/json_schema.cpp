@@ -53,6 +53,7 @@ public:
         out_.key = add(of(Kind::String));
         out_.root = node(doc_, "#", 0);
         check_cycles();
+        prune();
         if (!delimited(out_.root, {}))
             bad("#", "the top value must end by itself (an object, array, string, boolean or null, or an enum of "
                      "those), not a number");
@@ -270,6 +271,45 @@ private:
             mark[size_t(id)] = 2;
         };
         for (size_t i = 0; i < out_.nodes.size(); ++i) visit(int32_t(i));
+    }
+
+    // Nodes that have a finite value, found as a fixed point; the others are taken out of the
+    // choices that lead to them (anyOf alternatives, optional properties, items of an array that
+    // may be empty), so generation never enters a value it cannot finish. A schema whose top value
+    // has none (a required property that refers back to its own object) is refused.
+    void prune() {
+        std::vector<Node>& nodes = out_.nodes;
+        std::vector<uint8_t> ok(nodes.size(), 0);
+        auto finite = [&](const Node& n) {
+            switch (n.kind) {
+                case Kind::Array: return n.min_count == 0 || ok[size_t(n.items)] != 0;
+                case Kind::Object:
+                    for (size_t i = 0; i < n.keys.size(); ++i)
+                        if (n.required[i] && !ok[size_t(n.values[i])]) return false;
+                    return true;  // free keys: {} at least
+                case Kind::AnyOf:
+                    return std::any_of(n.alts.begin(), n.alts.end(), [&](int32_t a) { return ok[size_t(a)] != 0; });
+                default: return true;
+            }
+        };
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (size_t i = 0; i < nodes.size(); ++i)
+                if (!ok[i] && finite(nodes[i])) ok[i] = changed = true;
+        }
+        if (!ok[size_t(out_.root)])
+            bad("#", "no finite value fits the schema (a required property or item refers back to its own value without end)");
+        for (Node& n : nodes) {
+            n.alts.erase(std::remove_if(n.alts.begin(), n.alts.end(), [&](int32_t a) { return !ok[size_t(a)]; }), n.alts.end());
+            for (size_t i = n.keys.size(); i-- > 0;)
+                if (!ok[size_t(n.values[i])]) {
+                    n.keys.erase(n.keys.begin() + ptrdiff_t(i));
+                    n.values.erase(n.values.begin() + ptrdiff_t(i));
+                    n.required.erase(n.required.begin() + ptrdiff_t(i));
+                }
+            if (n.kind == Kind::Array && !ok[size_t(n.items)]) n.max_count = 0;
+            if (n.extra >= 0 && !ok[size_t(n.extra)]) n.extra = -1;
+        }
     }
 
     // Whether every value of node `id` shows its own end (what the top value must: the text ends

@@ -127,6 +127,9 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     EXPECT_NE(error_of(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})")
                   .find("refers back to itself before any value starts"),
               std::string::npos);
+    EXPECT_NE(error_of(R"({"$defs": {"n": {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}}, "required": ["k"]}},
+                          "$ref": "#/$defs/n"})").find("no finite value fits the schema"),
+              std::string::npos);
     EXPECT_NE(error_of("false").find("allows no value"), std::string::npos);
     EXPECT_NE(error_of("true").find("must end by itself"), std::string::npos);  // any value: a number too
     EXPECT_NE(error_of(R"({"type": "object", "required": ["x"], "additionalProperties": false})").find("\"x\" is required but not a property"),
@@ -173,9 +176,20 @@ TEST(JsonSchema, HoldsTheTextToTheSchema) {
     EXPECT_EQ(taken(kPerson, R"({"name": "Ann", "tags": ["a"], "ok": 1})"), 37u);
     // Characters, not bytes: two 2-byte characters, an escape, a surrogate pair (one character).
     EXPECT_TRUE(complete(kPerson, "{\"name\": \"\xc3\xa9\xc3\xa9\\n\\ud83d\\ude00\", \"tags\": [\"a\"]}"));
-    EXPECT_EQ(taken(kPerson, "{\"name\": \"\\ude00\"}"), 15u);        // a low surrogate alone
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"\\ude00\"}"), 13u);        // a low surrogate alone (at "de": every such value is one)
     EXPECT_EQ(taken(kPerson, "{\"name\": \"\\ud83dx\"}"), 16u);       // a high one without its low half
-    EXPECT_EQ(taken(kPerson, "{\"name\": \"ab\\ud83d\\u0041\"}"), 23u);
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"ab\\ud83d\\u0041\"}"), 20u);  // a low half due: "0" cannot begin one
+    EXPECT_EQ(taken(kPerson, "{\"name\": \"ab\\ud83d\\udb00\"}"), 21u);
+    EXPECT_TRUE(complete(kPerson, "{\"name\": \"\\ud7ff\\ue000\", \"tags\": [7]}"));  // around the surrogates
+    // Choices that could never finish are taken out: an anyOf alternative and an optional property
+    // whose object requires itself without end.
+    const char* endless = R"({"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/inf"}, {"type": "string"}]},
+                            "b": {"$ref": "#/$defs/inf"}}, "$defs": {"inf": {"type": "object",
+                            "properties": {"k": {"$ref": "#/$defs/inf"}}, "required": ["k"]}}})";
+    EXPECT_TRUE(complete(endless, R"({"a": "x"})"));
+    EXPECT_EQ(taken(endless, R"({"a": {"k": {)"), 6u);
+    EXPECT_EQ(taken(endless, R"({"a": "x", "b": {"k": {)"), 9u);
+    EXPECT_EQ(taken(endless, R"({"b": {)"), 2u);
     // A map: free keys whose values follow additionalProperties; and numbers in an enum that
     // share their start ("1" and "12": what follows tells where the number ended).
     const char* map = R"({"type": "object", "additionalProperties": {"enum": [1, 12, 2.5]}})";
@@ -213,6 +227,9 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": 4},
            "t": {"type": ["string", "integer", "null"]}}, "required": ["s"]})",
         R"({"type": "object"})",
+        // Limits further than one token reaches (the mask keys see counts as distances to them).
+        R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 12, "maxLength": 16},
+           "a": {"type": "array", "items": {"enum": [1, 22]}, "minItems": 11, "maxItems": 13}}, "required": ["s", "a"]})",
     };
     std::vector<std::string> vocab = {"", "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "0", "1", "2", "3", "7", "-",
                                       ".", "e", "5", "true", "false", "null", "tr", "ue", "n", "x", "y", "k", "v", "s",
@@ -220,7 +237,8 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
                                       "00e9", "\"}", "}]", "]}}", "]]", "\": ", "\":{\"", ", \"", "1}", "1.5,", "ab\"",
                                       "\xc3", "\xa9", "\xc3\xa9", "{\"", "[[", "  ", "{}", "[]", "12", "123", "\"x\"",
                                       "{\"k\":1}", "\"name\": \"", "\"tags\": [", "\"v\":", "\"k\":[", "@",
-                                      "u", "l", "r", "f", "c", "d", "4", "6", "8", "9", "+", "E", "/"};
+                                      "u", "l", "r", "f", "c", "d", "4", "6", "8", "9", "+", "E", "/",
+                                      "abcdefghi", "1,22,1,22"};  // as long as the longest: the counts' keys reach that far
     for (char c = 'a'; c <= 'z'; ++c)  // every byte a text here needs has a token of its own
         if (std::find(vocab.begin(), vocab.end(), std::string(1, c)) == vocab.end()) vocab.push_back(std::string(1, c));
     JsonVocab v(vocab);
@@ -288,7 +306,7 @@ TEST(JsonSchema, StatesWithoutLimitsRepeat) {
     auto key_after = [](const std::string& schema_text, const std::string& text) {
         JsonAcceptor a(schema(schema_text));
         EXPECT_TRUE(a.push(text)) << text;
-        return a.key(4);
+        return a.key(4, 6);
     };
     const char* free = R"({"type": "object", "properties": {"s": {"type": "string"}, "a": {"type": "array"}}})";
     EXPECT_EQ(key_after(free, R"({"s": "x)"), key_after(free, R"({"s": "xy\n\u00e9)"));
@@ -297,4 +315,13 @@ TEST(JsonSchema, StatesWithoutLimitsRepeat) {
     EXPECT_NE(key_after(limited, R"({"s": "x)"), key_after(limited, R"({"s": "xy)"));
     EXPECT_EQ(key_after(limited, R"({"a": [1, 2, )"), key_after(limited, R"({"a": [1, 2, 3, )"));  // counted to 2
     EXPECT_NE(key_after(limited, R"({"a": [1, )"), key_after(limited, R"({"a": [1, 2, )"));
+    // A bounded string: its count seen as the distance to the limits, as far as a token reaches
+    // (6 bytes here).
+    const char* bounded = R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 10, "maxLength": 30}}})";
+    const std::string twenty(20, 'x');
+    EXPECT_EQ(key_after(bounded, R"({"s": "x)"), key_after(bounded, R"({"s": "xxx)"));  // 9 and 7 to the minimum: past reach
+    EXPECT_NE(key_after(bounded, R"({"s": "xxx)"), key_after(bounded, R"({"s": "xxxx)"));  // 7 and 6: a token can reach it
+    EXPECT_NE(key_after(bounded, R"({"s": "xxxx)"), key_after(bounded, R"({"s": "xxxxx)"));
+    EXPECT_EQ(key_after(bounded, R"({"s": "xxxxxxxxxxx)"), key_after(bounded, R"({"s": "xxxxxxxxxxxxxxxxxxxxxxx)"));  // 11 and 23 chars
+    EXPECT_NE(key_after(bounded, R"({"s": "xxxxxxxxxxx)"), key_after(bounded, R"({"s": ")" + twenty + "xxxx"));  // 24: 6 left
 }

@@ -3,6 +3,7 @@
 // by a plain validator written here from the JSON Schema rules (not from the acceptor).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 
@@ -67,7 +68,10 @@ bool valid(const json& v, const json& s, const json& root) {
             const std::string n = t;
             ok = ok || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) ||
                  (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
-                 (n == "integer" && v.is_number_integer()) || (n == "boolean" && v.is_boolean()) ||
+                 // (an integer past 64 bits parses as a double: integral all the same)
+                 (n == "integer" && (v.is_number_integer() ||
+                                     (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))) ||
+                 (n == "boolean" && v.is_boolean()) ||
                  (n == "null" && v.is_null());
         }
         if (!ok) return false;
@@ -324,4 +328,104 @@ TEST(JsonSchema, StatesWithoutLimitsRepeat) {
     EXPECT_NE(key_after(bounded, R"({"s": "xxxx)"), key_after(bounded, R"({"s": "xxxxx)"));
     EXPECT_EQ(key_after(bounded, R"({"s": "xxxxxxxxxxx)"), key_after(bounded, R"({"s": "xxxxxxxxxxxxxxxxxxxxxxx)"));  // 11 and 23 chars
     EXPECT_NE(key_after(bounded, R"({"s": "xxxxxxxxxxx)"), key_after(bounded, R"({"s": ")" + twenty + "xxxx"));  // 24: 6 left
+}
+
+namespace {
+// A random schema of the supported keywords, `depth` levels at most.
+json random_schema(std::mt19937& rng, int depth) {
+    auto pick = [&](int n) { return int(rng() % uint32_t(n)); };
+    const int kind = depth <= 0 ? 2 + pick(7) : pick(9);
+    switch (kind) {
+        case 0: {  // object with properties
+            json s = {{"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}};
+            const char* names[] = {"a", "b", "cd", "e f", "\u00e9"};
+            json req = json::array();
+            for (int i = 0, n = pick(4); i < n; ++i) {
+                s["properties"][names[pick(5)]] = random_schema(rng, depth - 1);
+            }
+            for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it)
+                if (pick(2)) req.push_back(it.key());
+            s["required"] = req;
+            return s;
+        }
+        case 1: {  // array
+            json s = {{"type", "array"}, {"items", random_schema(rng, depth - 1)}};
+            const int lo = pick(3);
+            if (pick(2)) s["minItems"] = lo;
+            if (pick(2)) s["maxItems"] = lo + pick(3);
+            return s;
+        }
+        case 2: {  // string
+            json s = {{"type", "string"}};
+            const int lo = pick(4);
+            if (pick(2)) s["minLength"] = lo;
+            if (pick(2)) s["maxLength"] = lo + pick(5);
+            return s;
+        }
+        case 3: return {{"type", pick(2) ? "integer" : "number"}};
+        case 4: return {{"type", pick(2) ? "boolean" : "null"}};
+        case 5: {
+            const json values[] = {1, 12, 123, -1.5, "x", "xy", nullptr, true, {{"k", 1}}, json::array({1})};
+            json e = json::array();
+            for (int i = 0, n = 1 + pick(4); i < n; ++i) e.push_back(values[pick(10)]);
+            return {{"enum", e}};
+        }
+        case 6: return {{"type", json::array({"string", "integer", "null"})}, {"maxLength", 2}};
+        case 7: return {{"type", "object"}, {"additionalProperties", random_schema(rng, depth - 1)}};
+        default: return {{"anyOf", json::array({random_schema(rng, depth - 1), random_schema(rng, depth - 1)})}};
+    }
+}
+}  // namespace
+
+// Random schemas, random walks byte by byte (every printable ASCII byte, UTF-8 pieces and a few
+// longer tokens): each mask is each token's check, no accepted text is a dead end, and every
+// complete text is valid.
+TEST(JsonSchema, RandomSchemasHaveNoDeadEnds) {
+    std::vector<std::string> vocab = {"", "\n", "\\u00e9", "\\ud83d\\ude00", "\\u", "\xc3\xa9", "\xc3", "\xa9",
+                                      "\xf0\x9f\x98\x80", "true", "null", "\"a\":", "\"cd\": ", "12", "}]", "]}", "\",\""};
+    for (int c = 0x20; c < 0x7f; ++c) vocab.push_back(std::string(1, char(c)));
+    JsonVocab v(vocab);
+    std::mt19937 rng(23);
+    int64_t complete = 0, walks = 0;
+    for (int si = 0; si < 400; ++si) {
+        const json doc = {{"type", "object"}, {"properties", {{"r", random_schema(rng, 3)}}}, {"required", {"r"}}};
+        std::shared_ptr<const JsonSchema> sc;
+        try {
+            sc = std::make_shared<const JsonSchema>(compile_json_schema(doc.dump(), "test"));
+        } catch (const Error& e) {
+            ADD_FAILURE() << e.what() << "\n" << doc.dump();
+            continue;
+        }
+        ++walks;
+        JsonAcceptor s(sc);
+        std::string text;
+        for (int step = 0; step < 300 && !s.complete(); ++step) {
+            const std::vector<uint8_t>& mask = v.allowed(s);
+            std::vector<int32_t> ok, closing;
+            for (size_t id = 0; id < vocab.size(); ++id) {
+                JsonAcceptor t = s;
+                const bool want = !vocab[id].empty() && t.push(vocab[id]);
+                ASSERT_EQ(mask[id] != 0, want) << doc.dump() << "\ntoken " << id << " after " << text;
+                if (!want) continue;
+                ok.push_back(int32_t(id));
+                if (vocab[id].find_first_of("\"]}") != std::string::npos) closing.push_back(int32_t(id));
+            }
+            ASSERT_FALSE(ok.empty()) << doc.dump() << "\nstuck after " << text;
+            const std::vector<int32_t>& from = step > 30 && !closing.empty() && rng() % 3 != 0 ? closing : ok;
+            const int32_t pick = from[size_t(rng() % from.size())];
+            ASSERT_TRUE(s.push(vocab[size_t(pick)]));
+            text += vocab[size_t(pick)];
+        }
+        if (!s.complete()) continue;
+        json value;
+        try {
+            value = json::parse(text);
+        } catch (const json::out_of_range&) {
+            continue;  // a number past a double: valid JSON that nlohmann refuses
+        }
+        ++complete;
+        EXPECT_TRUE(valid(value, doc, doc)) << doc.dump() << "\n" << text;
+    }
+    EXPECT_EQ(walks, 400);
+    EXPECT_GT(complete, 300);
 }

@@ -259,7 +259,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0;
-    int port = 8000, threads = 0, tp = 0;
+    int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "Hugging Face checkpoint folder with its tokenizer.json")
@@ -280,6 +280,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "same tokens as without it (0: off)")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any)")
+        ("json-whitespace", po::value(&json_whitespace)->default_value(JsonSchema::kDefaultSpace),
+         "response_format json_object/json_schema: most whitespace bytes in a row between the JSON's parts, one "
+         "line break among them (0: compact JSON, for models that would spend tokens on it)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
     add_precision_options(d, prec);
@@ -301,6 +304,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
+        check_json_whitespace(json_whitespace);
         check_tp_flag(tp, comm);
         set_threads(threads);
         if (name.empty()) {
@@ -517,7 +521,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.json_vocab = &json_vocab;
     // Every rank: the schemas of JSON-mode and json_schema requests, compiled once per text and
     // shared by the requests that send it again (so are JsonVocab's masks for them).
-    const auto json_mode = std::make_shared<const JsonSchema>(json_object_schema());
+    auto spaced = [&](JsonSchema sc) {
+        sc.max_space = json_whitespace;
+        return std::make_shared<const JsonSchema>(std::move(sc));
+    };
+    const std::shared_ptr<const JsonSchema> json_mode = spaced(json_object_schema());
     std::map<std::string, std::shared_ptr<const JsonSchema>> schemas;
     auto schema_of = [&](const json& j) -> std::shared_ptr<const JsonSchema> {
         if (j["json_object"]) return json_mode;
@@ -526,8 +534,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         auto it = schemas.find(text);
         if (it != schemas.end()) return it->second;
         if (schemas.size() >= 64) schemas.clear();
-        auto sc = std::make_shared<const JsonSchema>(compile_json_schema(text, "response_format.json_schema.schema"));
-        return schemas.emplace(text, std::move(sc)).first->second;
+        return schemas.emplace(text, spaced(compile_json_schema(text, "response_format.json_schema.schema"))).first->second;
     };
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released

@@ -250,20 +250,34 @@ void add_json_options(po::options_description& d, JsonFlags& f) {
          "when it closes (OpenAI's response_format json_object)")
         ("json-schema", po::value(&f.schema_file),
          "structured output: each token keeps the text the start of one value of the JSON schema in FILE, and a "
-         "sequence ends (\"stop\") when it is complete (OpenAI's response_format json_schema; README lists the keywords)");
+         "sequence ends (\"stop\") when it is complete (OpenAI's response_format json_schema; README lists the keywords)")
+        ("json-whitespace", po::value(&f.whitespace)->default_value(JsonSchema::kDefaultSpace),
+         "with --json-object/--json-schema: most whitespace bytes in a row between the JSON's parts, one line "
+         "break among them (0: compact JSON, for models that would spend tokens on it)");
+}
+
+void check_json_whitespace(int n) {
+    if (n < 0 || n > JsonSchema::kMaxSpace) fail("--json-whitespace must be in [0, ", JsonSchema::kMaxSpace, "]");
 }
 
 std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
     if (f.object && !f.schema_file.empty()) fail("--json-object and --json-schema exclude each other");
-    if (f.object) return std::make_shared<const JsonSchema>(json_object_schema());
-    if (f.schema_file.empty()) return nullptr;
-    std::string text;
-    try {
-        text = read_text_file(f.schema_file);
-    } catch (const Error& e) {
-        fail("--json-schema: ", e.what());
+    check_json_whitespace(f.whitespace);
+    if (!f.object && f.schema_file.empty()) return nullptr;
+    JsonSchema s;
+    if (f.object) {
+        s = json_object_schema();
+    } else {
+        std::string text;
+        try {
+            text = read_text_file(f.schema_file);
+        } catch (const Error& e) {
+            fail("--json-schema: ", e.what());
+        }
+        s = compile_json_schema(text, "--json-schema " + f.schema_file);
     }
-    return std::make_shared<const JsonSchema>(compile_json_schema(text, "--json-schema " + f.schema_file));
+    s.max_space = f.whitespace;
+    return std::make_shared<const JsonSchema>(std::move(s));
 }
 
 std::string json_flag(const JsonFlags& f) {

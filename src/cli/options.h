@@ -84,7 +84,10 @@ std::vector<std::string> json_token_bytes(const Tokenizer& tok);
 struct JsonFlags {
     bool object = false;
     std::string schema_file;
+    int whitespace = JsonSchema::kDefaultSpace;  // --json-whitespace (JsonSchema::max_space)
 };
+// --json-whitespace's check (generate, chat, serve): throws Error naming the flag.
+void check_json_whitespace(int n);
 void add_json_options(po::options_description& d, JsonFlags& f);
 // The schema the flags ask for (JSON mode's for --json-object), null for neither; throws Error
 // naming the flag or the schema's fault. Every rank calls it (each masks its rows alike).

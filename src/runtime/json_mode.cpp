@@ -88,11 +88,11 @@ bool JsonAcceptor::step(Thread& t, uint8_t b, std::vector<Thread>& out) const {
         case Lit: return literal(t, b, out);
         default: break;
     }
-    // Between the structure's parts: whitespace, at most kMaxSpace bytes in a row with one line
+    // Between the structure's parts: whitespace, at most max_space bytes in a row with one line
     // break among them (room for indentation; a model that only adds spaces or empty lines cannot
     // stall), then the structure's own bytes.
     if (space(b)) {
-        if (t.space >= kMaxSpace || (b == '\n' && t.newline)) return false;
+        if (t.space >= schema_->max_space || (b == '\n' && t.newline)) return false;
         ++t.space;
         t.newline = t.newline || b == '\n';
         return true;

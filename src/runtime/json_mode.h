@@ -18,8 +18,8 @@ namespace shardlm {
 // Whether bytes read so far are the start of one JSON value of a schema (runtime/json_schema.h;
 // RFC 8259: strings with escapes and UTF-8 checked by lead and continuation bytes, numbers,
 // literals, nesting) and whether it is complete. Whitespace between the structure's parts comes
-// at most 16 bytes in a row with one line break among them (room for indentation, none for a
-// model to stall on), and none before or after the value.
+// at most JsonSchema::max_space bytes in a row with one line break among them, and none before or
+// after the value.
 //
 // Where the schema leaves several readings open (anyOf, enum values that share a start, optional
 // keys), each is a thread of its own stack of frames; a byte keeps the threads that take it.
@@ -91,7 +91,6 @@ private:
     bool advance(uint8_t b);
     friend class JsonVocab;
     static void value_end(Thread& t);  // the top frame's value ended: pop it, its parent goes on
-    static constexpr uint8_t kMaxSpace = 16;
     std::shared_ptr<const JsonSchema> schema_;
     std::vector<Thread> threads_;
     std::vector<Thread> next_, saved_;  // push()'s scratch, not copied with the state

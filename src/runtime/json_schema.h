@@ -37,6 +37,10 @@ struct JsonSchema {
     std::vector<Node> nodes;
     int32_t root = 0;
     int32_t key = 0;  // a String node without limits: the free keys of objects
+    // Whitespace between the value's parts: at most this many bytes in a row, one line break
+    // among them (room for indentation, none for a model to stall on); 0: compact JSON.
+    int max_space = kDefaultSpace;
+    static constexpr int kDefaultSpace = 16, kMaxSpace = 64;
 };
 
 // JSON mode (response_format json_object): one object, anything in it.

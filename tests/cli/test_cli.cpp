@@ -307,7 +307,17 @@ TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
         }
     }
     EXPECT_GT(complete, 0);
+    // --json-whitespace 0: compact JSON (the shipped model otherwise spends 16 bytes per gap).
+    const CommandResult compact = run_command(m + "--temperature 0 --json-whitespace 0");
+    ASSERT_EQ(compact.exit_code, 0) << compact.err;
+    for (const auto& res : nlohmann::json::parse(compact.out)["results"]) {
+        const std::string text = res["text"];
+        EXPECT_EQ(res["stop_reason"], "stop") << text;
+        EXPECT_EQ(text.substr(0, 9), "{\"verse\":") << text;
+        EXPECT_EQ(nlohmann::ordered_json::parse(text).dump(), text);  // what dump() writes: no whitespace
+    }
     const std::string g = "generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --prompt-ids 5 ";
+    expect_error(g + "--json-object --json-whitespace 65", "--json-whitespace must be in [0, 64]");
     write_file(t.file("bad.json"), R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})");
     expect_error(g + "--json-schema " + t.file("bad.json"),
                  "--json-schema " + t.file("bad.json") + ": json_schema at #/properties/a: keyword \"format\" is not supported");

@@ -658,7 +658,7 @@ TEST_F(Serve, AFailingStepEndsTheServerWithItsError) {
 // (rank 0 stops the server; mpirun itself reports a job it signalled with a non-zero status).
 TEST_F(Serve, TwoRanksServeWhatOneServes) {
     Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " SHARDLM_BIN
-                                              " serve --model " + model_.path() + " --batch 2 --ctx 128",
+                                              " serve --model " + model_.path() + " --batch 2 --ctx 128 --json-whitespace 0",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     std::vector<Reply> replies(3);
@@ -701,7 +701,8 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
     const Reply tp_schema = post_text(srv.port(), "/v1/completions", sreq);
     ASSERT_EQ(tp_schema.status, 200) << tp_schema.raw;
     {
-        Server one(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1", logs_.file("one.log"));
+        Server one(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1 --json-whitespace 0",
+                   logs_.file("one.log"));
         ASSERT_GT(one.port(), 0) << one.read_all();
         const Reply one_json = post(one.port(), "/v1/completions", jreq);
         ASSERT_EQ(one_json.status, 200) << one_json.raw;
@@ -710,6 +711,21 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
         ASSERT_EQ(one_schema.status, 200) << one_schema.raw;
         EXPECT_EQ(tp_schema.body["choices"], one_schema.body["choices"]);
         EXPECT_EQ(tp_schema.body["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
+        // --json-whitespace 0: compact JSON, no whitespace outside strings.
+        for (const Reply* r : {&tp_json, &tp_schema})
+            for (const json& c : r->body["choices"]) {
+                const std::string text = c["text"];
+                bool in_string = false, escaped = false;
+                for (const char ch : text) {
+                    if (in_string) {
+                        in_string = escaped || ch != '"';
+                        escaped = !escaped && ch == '\\';
+                    } else {
+                        EXPECT_TRUE(ch != ' ' && ch != '\n' && ch != '\t' && ch != '\r') << text;
+                        in_string = ch == '"';
+                    }
+                }
+            }
         EXPECT_EQ(tp_json.body["choices"][0]["text"].get<std::string>().substr(0, 1), "{");
         EXPECT_EQ(one.stop(), 0);
     }

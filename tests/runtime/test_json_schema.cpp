@@ -213,6 +213,19 @@ TEST(JsonSchema, HoldsTheTextToTheSchema) {
     EXPECT_EQ(taken(R"({"enum": ["red", "green"]})", "\"grey\""), 4u);
     EXPECT_TRUE(complete(R"({"const": {"a": [1, true]}})", R"({"a":[1,true]})"));  // enum values as compact JSON
     EXPECT_TRUE(complete(R"({"type": ["array", "object"]})", R"([{"x": null}, 1, "y"])"));  // items of any type
+    // Whitespace: at most max_space bytes in a row, one line break among them; 0: compact.
+    JsonSchema compact = compile_json_schema(kPerson, "test");
+    compact.max_space = 0;
+    JsonAcceptor c(std::make_shared<const JsonSchema>(compact));
+    EXPECT_TRUE(c.push(std::string(R"({"name":"A b",)")));
+    EXPECT_FALSE(c.push(' '));
+    EXPECT_FALSE(c.push('\n'));
+    EXPECT_TRUE(c.push(std::string(R"("tags":["a"]})")));
+    EXPECT_TRUE(c.complete());
+    const std::string sixteen(16, ' ');
+    EXPECT_EQ(taken(kPerson, "{" + sixteen + " \"name\""), 17u);
+    EXPECT_EQ(taken(kPerson, "{\n  \"name\":\n \"Ab\""), 17u);  // a line break in each gap
+    EXPECT_EQ(taken(kPerson, "{\n \n\"name\""), 3u);            // one per gap
 }
 
 // Random texts of several schemas, each token drawn among those the vocabulary mask allows:

@@ -16,7 +16,7 @@ echo "== parser tests under ASan/UBSan ($root/build-asan)"
 asan="$root/build-asan"
 [ -f "$asan/build.ninja" ] || cmake -S "$root" -B "$asan" -G Ninja -DSHARDLM_SANITIZE=ON -DSHARDLM_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$asan" -j "$(nproc)" --target test_core test_model test_tokenizer
+cmake --build "$asan" -j "$(nproc)" --target test_core test_model test_tokenizer test_json
 (cd "$asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L parser -j "$(nproc)")
 ASAN_OPTIONS=detect_leaks=1 "$asan/tests/tokenizer/test_tokenizer" --gtest_brief=1
 

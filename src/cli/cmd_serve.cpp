@@ -223,6 +223,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"min_tokens", r.min_tokens},
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
+            {"guided_choice", r.guided_choice},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -530,11 +531,16 @@ int cmd_serve(const Args& args, Communicator& comm) {
     auto schema_of = [&](const json& j) -> std::shared_ptr<const JsonSchema> {
         if (j["json_object"]) return json_mode;
         const std::string text = j["json_schema"];
-        if (text.empty()) return nullptr;
-        auto it = schemas.find(text);
+        const std::vector<std::string> choices = j["guided_choice"];
+        if (text.empty() && choices.empty()) return nullptr;
+        const std::string key = text.empty() ? "choice\n" + j["guided_choice"].dump() : text;  // no schema text starts so
+        auto it = schemas.find(key);
         if (it != schemas.end()) return it->second;
         if (schemas.size() >= 64) schemas.clear();
-        return schemas.emplace(text, spaced(compile_json_schema(text, "response_format.json_schema.schema"))).first->second;
+        return schemas
+            .emplace(key, spaced(text.empty() ? choice_schema(choices, "guided_choice")
+                                              : compile_json_schema(text, "response_format.json_schema.schema")))
+            .first->second;
     };
     Batcher batcher(engine, bo);
     std::vector<size_t> live;                          // every rank: requests not yet released

@@ -69,6 +69,59 @@ std::vector<int32_t> chat_ids(const json& body, const Tokenizer& tok) {
     }
 }
 
+// vLLM's structured outputs: guided_json and guided_choice (its older fields), or
+// structured_outputs {"json": ...} / {"choice": [...]} (its newer one); one source of constraint
+// per request, response_format's included. Regular expressions and grammars are refused.
+void structured_outputs(const json& body, ApiRequest& r) {
+    auto given = [&](const json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
+    int sources = (r.json_object || !r.json_schema.empty()) ? 1 : 0;
+    auto schema = [&](const json& v, const std::string& name) {
+        if (!v.is_object() && !v.is_boolean() && !v.is_string()) bad("\"" + name + "\" must be a JSON schema (an object or its text)");
+        r.json_schema = v.is_string() ? v.get<std::string>() : v.dump();
+        try {
+            compile_json_schema(r.json_schema, name);
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    };
+    auto choice = [&](const json& v, const std::string& name) {
+        if (!v.is_array() || v.empty() || v.size() > 1024) bad("\"" + name + "\" must be an array of 1 to 1024 strings");
+        for (const json& c : v) {
+            if (!c.is_string()) bad("\"" + name + "\" must be an array of 1 to 1024 strings");
+            r.guided_choice.push_back(c);
+        }
+        try {
+            choice_schema(r.guided_choice, name);
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    };
+    for (const char* k : {"guided_regex", "guided_grammar"})
+        if (given(body, k)) bad(std::string("\"") + k + "\" is not supported by shardlm serve (guided_json and guided_choice are)");
+    if (given(body, "guided_json")) {
+        ++sources;
+        schema(body["guided_json"], "guided_json");
+    }
+    if (given(body, "guided_choice")) {
+        ++sources;
+        choice(body["guided_choice"], "guided_choice");
+    }
+    if (given(body, "structured_outputs")) {
+        const json& so = body["structured_outputs"];
+        if (!so.is_object()) bad("\"structured_outputs\" must be an object");
+        for (auto it = so.begin(); it != so.end(); ++it) {
+            if (it.value().is_null()) continue;
+            const std::string k = it.key();
+            ++sources;
+            if (k == "json") schema(it.value(), "structured_outputs.json");
+            else if (k == "choice") choice(it.value(), "structured_outputs.choice");
+            else bad("\"structured_outputs." + k + "\" is not supported by shardlm serve (json and choice are)");
+        }
+    }
+    if (sources > 1)
+        bad("one constraint per request: response_format (json_object, json_schema), guided_json, guided_choice or "
+            "structured_outputs");
+}
 }  // namespace
 
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
@@ -228,6 +281,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             bad("\"response_format\" type \"" + type + "\" (text, json_object or json_schema)");
         }
     }
+    structured_outputs(body, r);
     // OpenAI's stream_options: include_usage (vLLM's continuous_usage_stats, usage in every
     // chunk, is not offered; other keys are ignored, as unknown fields are).
     if (body.contains("stream_options") && !body["stream_options"].is_null()) {

@@ -43,7 +43,10 @@ struct ApiRequest {
     // and "usage": null in the others.
     bool include_usage = false;
     bool json_object = false;  // response_format {"type": "json_object"}: JSON mode (BatchRequest::json)
-    std::string json_schema;   // response_format json_schema: the schema's JSON text (checked), or empty
+    // response_format json_schema, or vLLM's guided_json / structured_outputs.json: the schema's
+    // JSON text (checked), or empty.
+    std::string json_schema;
+    std::vector<std::string> guided_choice;  // vLLM's guided_choice / structured_outputs.choice (checked)
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
@@ -83,7 +86,8 @@ struct ApiChoice {
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
-// [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos and min_tokens.
+// [-100, 100]), response_format (text, json_object or json_schema), vLLM's guided_json and guided_choice
+// (or structured_outputs with json or choice), and vLLM's ignore_eos and min_tokens.
 // best_of, tools and json_schema are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 

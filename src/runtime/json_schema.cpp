@@ -343,6 +343,25 @@ JsonSchema json_object_schema() {
     return compile_json_schema(R"({"type": "object"})", "JSON mode");
 }
 
+JsonSchema choice_schema(std::vector<std::string> choices, const std::string& what) {
+    if (choices.empty()) fail(what, ": no choices");
+    std::sort(choices.begin(), choices.end());
+    choices.erase(std::unique(choices.begin(), choices.end()), choices.end());
+    for (size_t i = 0; i < choices.size(); ++i) {
+        if (choices[i].empty()) fail(what, ": a choice is empty");
+        // Sorted, a choice that begins others comes right before one of them.
+        if (i + 1 < choices.size() && choices[i + 1].compare(0, choices[i].size(), choices[i]) == 0)
+            fail(what, ": \"", choices[i], "\" begins \"", choices[i + 1], "\" (the text could not tell where it ends)");
+    }
+    JsonSchema s;
+    s.nodes.push_back(of(Kind::String));  // s.key (no objects here)
+    Node c = of(Kind::Const);
+    c.texts = std::move(choices);
+    s.nodes.push_back(std::move(c));
+    s.root = 1;
+    return s;
+}
+
 JsonSchema compile_json_schema(const std::string& text, const std::string& what) {
     json doc;
     try {

@@ -45,6 +45,10 @@ struct JsonSchema {
 
 // JSON mode (response_format json_object): one object, anything in it.
 JsonSchema json_object_schema();
+// vLLM's guided_choice: the text is exactly one of `choices` (raw text, not JSON). Throws Error
+// naming `what` for no choices, an empty one, or one that begins another (where the shorter one
+// ends could not be told).
+JsonSchema choice_schema(std::vector<std::string> choices, const std::string& what);
 // Compiles a schema given as JSON text (Draft 2020-12 keywords; $ref to "#" and within the
 // document, e.g. "#/$defs/Name"). Throws Error naming `what` (e.g. "--json-schema FILE"), the
 // keyword and its place in the schema, for what it cannot hold generation to.

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -432,6 +433,36 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_GE(complete, 2) << r.raw;
     }
 
+    // vLLM's guided_choice (and structured_outputs.choice): each text is one of the choices, whole;
+    // guided_json is response_format json_schema's.
+    {
+        const json books = {"Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy"};
+        const json base = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 1.0}, {"seed", 2}, {"n", 6}};
+        json a = base, b = base;
+        a["guided_choice"] = books;
+        b["structured_outputs"] = {{"choice", books}};
+        const Reply ra = post(port, "/v1/completions", a), rb = post(port, "/v1/completions", b);
+        ASSERT_EQ(ra.status, 200) << ra.raw;
+        ASSERT_EQ(rb.status, 200) << rb.raw;
+        std::set<std::string> seen;
+        for (size_t i = 0; i < 6; ++i) {
+            const json& c = ra.body["choices"][i];
+            EXPECT_NE(std::find(books.begin(), books.end(), c["text"]), books.end()) << ra.raw;
+            EXPECT_EQ(c["finish_reason"], "stop") << ra.raw;
+            EXPECT_EQ(rb.body["choices"][i]["text"], c["text"]);
+            seen.insert(c["text"].get<std::string>());
+        }
+        EXPECT_GE(seen.size(), 2u) << ra.raw;  // sampled: not one choice forced
+        const json sc = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}, {"required", {"n"}}};
+        json g = base, f = base;
+        g["guided_json"] = sc;
+        f["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", sc}}}};
+        g["max_tokens"] = f["max_tokens"] = 40;
+        const Reply rg = post(port, "/v1/completions", g), rf = post(port, "/v1/completions", f);
+        ASSERT_EQ(rg.status, 200) << rg.raw;
+        EXPECT_EQ(rg.body["choices"], rf.body["choices"]);
+    }
+
     // ignore_eos and min_tokens, on a request pushed to end at once.
     {
         const std::string eos = std::to_string(json::parse(read_file(model_.file("config.json")))["eos_token_id"].get<int>());
@@ -476,6 +507,14 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "number"}}}}}}}},
              400, "the top value must end by itself");
     error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
+    error_of({{"prompt", "x"}, {"guided_regex", "a+"}}, 400, "\"guided_regex\" is not supported by shardlm serve");
+    error_of({{"prompt", "x"}, {"guided_choice", {"a", "ab"}}}, 400, "guided_choice: \"a\" begins \"ab\"");
+    error_of({{"prompt", "x"}, {"guided_choice", json::array()}}, 400, "\"guided_choice\" must be an array of 1 to 1024 strings");
+    error_of({{"prompt", "x"}, {"guided_json", 5}}, 400, "\"guided_json\" must be a JSON schema");
+    error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"pattern", "x"}}}}, 400, "guided_json: json_schema at #: keyword \"pattern\"");
+    error_of({{"prompt", "x"}, {"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}}, 400, "one constraint per request");
+    error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= x"}}}}, 400,
+             "\"structured_outputs.grammar\" is not supported by shardlm serve (json and choice are)");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text, json_object or json_schema)");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
              "\"stream_options.continuous_usage_stats\" is not supported");

@@ -228,6 +228,32 @@ TEST(JsonSchema, HoldsTheTextToTheSchema) {
     EXPECT_EQ(taken(kPerson, "{\n \n\"name\""), 3u);            // one per gap
 }
 
+// vLLM's guided_choice: the text is one of the choices, raw; one that begins another is refused.
+TEST(JsonSchema, ChoicesAreTakenWhole) {
+    const auto sc = std::make_shared<const JsonSchema>(choice_schema({"yes", "no", "maybe so", "no"}, "guided_choice"));
+    for (const std::string c : {"yes", "no", "maybe so"}) {
+        JsonAcceptor a(sc);
+        EXPECT_TRUE(a.push(c)) << c;
+        EXPECT_TRUE(a.complete()) << c;
+        EXPECT_FALSE(a.push(' ')) << c;
+    }
+    JsonAcceptor a(sc);
+    EXPECT_TRUE(a.push(std::string("may")));
+    EXPECT_FALSE(a.complete());
+    EXPECT_FALSE(a.push('x'));
+    auto error = [](std::vector<std::string> c) {
+        try {
+            choice_schema(std::move(c), "guided_choice");
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    EXPECT_EQ(error({"no", "yes", "nope"}), "guided_choice: \"no\" begins \"nope\" (the text could not tell where it ends)");
+    EXPECT_EQ(error({}), "guided_choice: no choices");
+    EXPECT_EQ(error({"a", ""}), "guided_choice: a choice is empty");
+}
+
 // Random texts of several schemas, each token drawn among those the vocabulary mask allows:
 // every mask equals what pushing each token says, the text never gets stuck, and each completed
 // text is valid against its schema by the validator above.

@@ -180,18 +180,17 @@ private:
             n.texts = t == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"false", "true"};
             return add(std::move(n));
         }
-        if (t == "string") {
-            Node n = of(Kind::String);
-            n.min_count = count(s, "minLength", path, 0);
-            n.max_count = count(s, "maxLength", path, -1);
-            if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, "maxLength is below minLength");
-            return add(std::move(n));
-        }
+        // A string's characters or an array's items: [min_count, max_count] from keywords lo, hi.
+        auto counted = [&](Kind kind, const char* lo, const char* hi) {
+            Node n = of(kind);
+            n.min_count = count(s, lo, path, 0);
+            n.max_count = count(s, hi, path, -1);
+            if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, cat(hi, " is below ", lo));
+            return n;
+        };
+        if (t == "string") return add(counted(Kind::String, "minLength", "maxLength"));
         if (t == "array") {
-            Node n = of(Kind::Array);
-            n.min_count = count(s, "minItems", path, 0);
-            n.max_count = count(s, "maxItems", path, -1);
-            if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, "maxItems is below minItems");
+            Node n = counted(Kind::Array, "minItems", "maxItems");
             if (s.contains("items") && s["items"].is_array())
                 bad(path + "/items", "an array of schemas (tuple items) is not supported");
             const int32_t id = add(std::move(n));

@@ -103,6 +103,51 @@ bool valid(const json& v, const json& s, const json& root) {
     return true;
 }
 
+// A random walk from `s`: at each step the vocabulary's mask must equal each token's own push,
+// and some token must go on; then a token is drawn (after `eager` steps, one that closes a string
+// or container two times in three). Stops when the value is complete or after `steps` tokens;
+// returns the text (a failure is reported, and the walk ends, where the mask is wrong or stuck).
+std::string random_walk(JsonVocab& v, const std::vector<std::string>& vocab, JsonAcceptor& s, std::mt19937& rng,
+                        int steps, int eager, const std::string& what, int64_t& checked) {
+    std::string text;
+    for (int step = 0; step < steps && !s.complete(); ++step) {
+        const std::vector<uint8_t>& mask = v.allowed(s);
+        std::vector<int32_t> ok, closing;
+        for (size_t id = 0; id < vocab.size(); ++id) {
+            JsonAcceptor t = s;
+            const bool want = !vocab[id].empty() && t.push(vocab[id]);
+            ++checked;
+            if ((mask[id] != 0) != want) {
+                ADD_FAILURE() << what << "\ntoken " << id << " (" << vocab[id] << ") after " << text;
+                return text;
+            }
+            if (!want) continue;
+            ok.push_back(int32_t(id));
+            if (vocab[id].find_first_of("\"]}") != std::string::npos) closing.push_back(int32_t(id));
+        }
+        if (ok.empty()) {
+            ADD_FAILURE() << what << "\nstuck after " << text;
+            return text;
+        }
+        const std::vector<int32_t>& from = step > eager && !closing.empty() && rng() % 3 != 0 ? closing : ok;
+        const int32_t pick = from[size_t(rng() % from.size())];
+        EXPECT_TRUE(s.push(vocab[size_t(pick)]));
+        text += vocab[size_t(pick)];
+    }
+    return text;
+}
+
+// A complete text as JSON; false for a number past a double (valid JSON, drawn at random with a
+// long exponent, which nlohmann refuses).
+bool parsed(const std::string& text, json& value) {
+    try {
+        value = json::parse(text);
+        return true;
+    } catch (const json::out_of_range&) {
+        return false;
+    }
+}
+
 const char* kPerson = R"({
   "type": "object",
   "properties": {
@@ -292,33 +337,9 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         const json doc = json::parse(schemas[si]);
         for (int run = 0; run < 25; ++run) {
             JsonAcceptor s(sc);
-            std::string text;
-            for (int step = 0; step < 120 && !s.complete(); ++step) {
-                const std::vector<uint8_t>& mask = v.allowed(s);
-                std::vector<int32_t> ok, closing;
-                for (size_t id = 0; id < vocab.size(); ++id) {
-                    JsonAcceptor t = s;
-                    const bool want = !vocab[id].empty() && t.push(vocab[id]);
-                    ASSERT_EQ(mask[id] != 0, want) << "schema " << si << " token " << id << " after " << text;
-                    ++checked;
-                    if (!want) continue;
-                    ok.push_back(int32_t(id));
-                    if (vocab[id].find_first_of("\"]}") != std::string::npos) closing.push_back(int32_t(id));
-                }
-                ASSERT_FALSE(ok.empty()) << "schema " << si << " stuck after " << text;
-                // Late in a run, closing tokens are preferred so that most texts complete.
-                const std::vector<int32_t>& from = step > 40 && !closing.empty() && rng() % 4 != 0 ? closing : ok;
-                const int32_t pick = from[size_t(rng() % from.size())];
-                ASSERT_TRUE(s.push(vocab[size_t(pick)]));
-                text += vocab[size_t(pick)];
-            }
-            if (!s.complete()) continue;
+            const std::string text = random_walk(v, vocab, s, rng, 120, 40, "schema " + std::to_string(si), checked);
             json value;
-            try {
-                value = json::parse(text);
-            } catch (const json::out_of_range&) {
-                continue;  // valid JSON, but a number past a double (an exponent drawn at random): nlohmann refuses it
-            }
+            if (!s.complete() || !parsed(text, value)) continue;
             ++completed;
             EXPECT_TRUE(valid(value, doc, doc)) << "schema " << si << ": " << text;
         }
@@ -437,31 +458,10 @@ TEST(JsonSchema, RandomSchemasHaveNoDeadEnds) {
         }
         ++walks;
         JsonAcceptor s(sc);
-        std::string text;
-        for (int step = 0; step < 300 && !s.complete(); ++step) {
-            const std::vector<uint8_t>& mask = v.allowed(s);
-            std::vector<int32_t> ok, closing;
-            for (size_t id = 0; id < vocab.size(); ++id) {
-                JsonAcceptor t = s;
-                const bool want = !vocab[id].empty() && t.push(vocab[id]);
-                ASSERT_EQ(mask[id] != 0, want) << doc.dump() << "\ntoken " << id << " after " << text;
-                if (!want) continue;
-                ok.push_back(int32_t(id));
-                if (vocab[id].find_first_of("\"]}") != std::string::npos) closing.push_back(int32_t(id));
-            }
-            ASSERT_FALSE(ok.empty()) << doc.dump() << "\nstuck after " << text;
-            const std::vector<int32_t>& from = step > 30 && !closing.empty() && rng() % 3 != 0 ? closing : ok;
-            const int32_t pick = from[size_t(rng() % from.size())];
-            ASSERT_TRUE(s.push(vocab[size_t(pick)]));
-            text += vocab[size_t(pick)];
-        }
-        if (!s.complete()) continue;
+        int64_t checked = 0;
+        const std::string text = random_walk(v, vocab, s, rng, 300, 30, doc.dump(), checked);
         json value;
-        try {
-            value = json::parse(text);
-        } catch (const json::out_of_range&) {
-            continue;  // a number past a double: valid JSON that nlohmann refuses
-        }
+        if (!s.complete() || !parsed(text, value)) continue;
         ++complete;
         EXPECT_TRUE(valid(value, doc, doc)) << doc.dump() << "\n" << text;
     }

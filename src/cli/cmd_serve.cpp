@@ -221,6 +221,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"logprobs", r.logprobs},
             {"ignore_eos", r.ignore_eos},
             {"min_tokens", r.min_tokens},
+            {"priority", r.priority},
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
@@ -245,6 +246,7 @@ BatchRequest batch_request(const json& j) {
     b.logprobs = j["logprobs"];
     b.ignore_eos = j["ignore_eos"];
     b.min_tokens = j["min_tokens"];
+    b.priority = j["priority"];
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     return b;

@@ -214,6 +214,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.ignore_eos = body["ignore_eos"];
     }
     r.min_tokens = integer(body, "min_tokens", 0, 0, r.max_tokens);
+    r.priority = integer(body, "priority", 0, -(int64_t(1) << 53), int64_t(1) << 53);
     SamplerOptions& so = r.sampler;
     so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
     so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));

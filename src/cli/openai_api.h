@@ -56,6 +56,7 @@ struct ApiRequest {
     std::vector<std::string> prompt_texts;  // echo: each prompt as sent, or its ids decoded
     bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
+    int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -86,9 +87,9 @@ struct ApiChoice {
 // -1: off), min_p, seed, presence_penalty, frequency_penalty, repetition_penalty, stop (a string or
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
-// [-100, 100]), response_format (text, json_object or json_schema), vLLM's guided_json and guided_choice
-// (or structured_outputs with json or choice), and vLLM's ignore_eos and min_tokens.
-// best_of, tools and json_schema are refused.
+// [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos,
+// min_tokens, priority, guided_json and guided_choice (or structured_outputs with json or
+// choice). best_of and tools are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.

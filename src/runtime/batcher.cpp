@@ -92,14 +92,15 @@ size_t Batcher::add(BatchRequest r) {
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
     SHARDLM_CHECK(!r.json || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
+    waiting_.push_back(seqs_.size() - 1);
     return seqs_.size() - 1;
 }
 
-bool Batcher::busy() const { return next_ < seqs_.size() || !running_.empty(); }
+bool Batcher::busy() const { return !waiting_.empty() || !running_.empty(); }
 
 int64_t Batcher::waiting() const {
     int64_t n = 0;
-    for (size_t i = next_; i < seqs_.size(); ++i) n += seqs_[i] && !seqs_[i]->ended;
+    for (const size_t i : waiting_) n += seqs_[i] && !seqs_[i]->ended;
     return n;
 }
 
@@ -274,16 +275,21 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     const ModelConfig& cfg = engine_.config();
     const EngineOptions& eo = engine_.options();
     const int64_t vocab = cfg.vocab, ctx = eo.ctx;
-    // Admission, in order; a request bound to a busy slot holds back those after it.
-    while (next_ < seqs_.size()) {
-        if (!seqs_[next_] || seqs_[next_]->ended) {  // finished before it ran
-            ++next_;
+    // Admission by priority (lower first), then in order of arrival; a request bound to a busy
+    // slot holds back those after it.
+    std::stable_sort(waiting_.begin(), waiting_.end(), [&](size_t a, size_t b) {
+        return (seqs_[a] ? seqs_[a]->req.priority : INT64_MIN) < (seqs_[b] ? seqs_[b]->req.priority : INT64_MIN);
+    });
+    while (!waiting_.empty()) {
+        const size_t id = waiting_.front();
+        if (!seqs_[id] || seqs_[id]->ended) {  // finished before it ran
+            waiting_.erase(waiting_.begin());
             continue;
         }
-        Seq& q = *seqs_[next_];
+        Seq& q = *seqs_[id];
         if (q.req.max_new_tokens == 0 && q.req.prompt.size() == 1) {  // nothing to score, nothing to generate
             end(q, "length");
-            ++next_;
+            waiting_.erase(waiting_.begin());
             continue;
         }
         if (free_slots_.empty()) break;
@@ -305,7 +311,8 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         q.res.cached_tokens = q.done;
         q.slot = *it;
         free_slots_.erase(it);
-        running_.push_back(next_++);
+        running_.push_back(id);
+        waiting_.erase(waiting_.begin());
         if (adjusts_logits(q.req.sampler) || q.req.min_tokens > 0) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);

@@ -52,6 +52,9 @@ struct BatchRequest {
     // value of this schema (BatcherOptions::json_vocab's bytes), and the request ends ("stop")
     // once the value is complete. Its rows are whole. Null: free text.
     std::shared_ptr<const JsonSchema> json;
+    // vLLM's priority: among waiting requests, a lower value is admitted first (then the earlier
+    // arrival). A running sequence is never preempted for it.
+    int64_t priority = 0;
 };
 
 struct SequenceResult {
@@ -160,7 +163,7 @@ private:
     BatcherOptions opt_;
     int64_t slots_ = 0;
     std::vector<std::unique_ptr<Seq>> seqs_;
-    size_t next_ = 0;              // the first request still waiting
+    std::vector<size_t> waiting_;  // requests not yet admitted, by priority, then arrival
     std::vector<size_t> running_;  // in the order they were admitted
     std::vector<int64_t> free_slots_;  // the lowest on top
     // reuse_prefix: per slot, the tokens whose keys and values its cache holds at positions

@@ -476,6 +476,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(count(json::object()), 1);
         EXPECT_EQ(count({{"ignore_eos", true}}), 7);
         EXPECT_EQ(count({{"min_tokens", 4}}), 5);
+        EXPECT_EQ(count({{"min_tokens", 4}, {"priority", -3}}), 5);  // (the order among waiting requests only)
     }
 
     // Bad requests: one-line errors, and the server goes on.
@@ -532,6 +533,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"stop", {"a", ""}}}, 400, "a \"stop\" string is empty");
     error_of({{"prompt", "x"}, {"logit_bias", 5}}, 400, "\"logit_bias\" must be an object");
     error_of({{"prompt", "x"}, {"max_tokens", 3}, {"min_tokens", 4}}, 400, "\"min_tokens\" must be in [0, 3]");
+    error_of({{"prompt", "x"}, {"priority", 1.5}}, 400, "\"priority\" must be an integer");
     error_of({{"prompt", "x"}, {"ignore_eos", 1}}, 400, "\"ignore_eos\" must be true or false");
     error_of({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}, 400, "\"logit_bias\": \"abc\" is not a token id of this model");
     error_of({{"prompt", "x"}, {"logit_bias", {{"3072", 1}}}}, 400, "(0 to 3071)");

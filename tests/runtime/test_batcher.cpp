@@ -142,6 +142,41 @@ TEST(Batcher, FinishEndsWaitingAndRunningRequests) {
     EXPECT_THROW(b.add(bad), Error);
 }
 
+// Priorities (vLLM's): waiting requests are admitted lowest priority first, then by arrival; a
+// running one is not preempted; the tokens are each request's own.
+TEST(Batcher, PrioritiesOrderTheWaitingRequests) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 21});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 1, comm);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const int64_t prio[] = {0, 5, -1, 0, -1};
+    std::vector<BatchRequest> r;
+    for (uint64_t i = 0; i < 5; ++i) {
+        r.push_back(request(make_prompt(4, cfg.vocab, i + 1), greedy, i));
+        r.back().max_new_tokens = 3;
+        r.back().priority = prio[i];
+    }
+    Batcher b(*s->engine, BatcherOptions{});
+    b.add(r[0]);
+    std::vector<size_t> order;  // the requests in the order of their first tokens
+    const TokenCallback on_token = [&](size_t i, int32_t) {
+        if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+    };
+    b.step(on_token);  // request 0 runs; the others arrive while it does
+    for (size_t i = 1; i < 5; ++i) b.add(r[i]);
+    EXPECT_EQ(b.waiting(), 4);
+    while (b.busy()) b.step(on_token);
+    EXPECT_EQ(order, (std::vector<size_t>{0, 2, 4, 3, 1}));
+    std::vector<SequenceResult> alone;
+    for (size_t i = 0; i < 5; ++i) {
+        run_all(*s->engine, BatcherOptions{}, {r[i]}, alone);
+        EXPECT_EQ(b.result(i).tokens, alone.back().tokens) << i;
+    }
+}
+
 namespace {
 std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
     a.insert(a.end(), b.begin(), b.end());

@@ -222,6 +222,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"ignore_eos", r.ignore_eos},
             {"min_tokens", r.min_tokens},
             {"priority", r.priority},
+            {"stop_token_ids", r.stop_token_ids},
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
@@ -247,6 +248,7 @@ BatchRequest batch_request(const json& j) {
     b.ignore_eos = j["ignore_eos"];
     b.min_tokens = j["min_tokens"];
     b.priority = j["priority"];
+    b.stop_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     return b;
@@ -336,9 +338,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         set_session_ctx(so, ctx, cfg, "shardlm serve");
         check_context(cfg, so);
         // Each row: the penalty window's distinct ids, a request's logit_bias ids, and the
-        // end-of-sequence ids min_tokens bans.
-        so.max_penalties =
-            std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()), cfg.vocab);
+        // end-of-sequence and stop_token_ids min_tokens bans.
+        so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
+                                        kMaxApiStopTokenIds,
+                                    cfg.vocab);
         s = open_session(so, comm);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });

@@ -215,6 +215,16 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     r.min_tokens = integer(body, "min_tokens", 0, 0, r.max_tokens);
     r.priority = integer(body, "priority", 0, -(int64_t(1) << 53), int64_t(1) << 53);
+    if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
+        const json& ids = body["stop_token_ids"];
+        const std::string what = cat("\"stop_token_ids\" must be an array of up to ", kMaxApiStopTokenIds, " token ids in [0, ",
+                                     tok.vocab_size(), ")");
+        if (!ids.is_array() || int64_t(ids.size()) > kMaxApiStopTokenIds) bad(what);
+        for (const json& id : ids) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= tok.vocab_size()) bad(what);
+            r.stop_token_ids.push_back(id.get<int32_t>());
+        }
+    }
     SamplerOptions& so = r.sampler;
     so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
     so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));

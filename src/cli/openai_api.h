@@ -57,6 +57,7 @@ struct ApiRequest {
     bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
+    std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -68,6 +69,9 @@ constexpr int64_t kMaxApiLogprobs = 20;
 // The most tokens one request's logit_bias may bias (OpenAI's limit; the engine's penalty rows
 // are sized for the server's penalty window plus these).
 constexpr int64_t kMaxApiLogitBias = 300;
+// The most stop_token_ids one request may give (each one a row of the engine's penalty room, for
+// min_tokens).
+constexpr int64_t kMaxApiStopTokenIds = 16;
 // The most choices (prompts x n) one request may ask for, and the most n.
 constexpr int64_t kMaxApiChoices = 128, kMaxApiN = 16;
 
@@ -88,7 +92,7 @@ struct ApiChoice {
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
 // [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos,
-// min_tokens, priority, guided_json and guided_choice (or structured_outputs with json or
+// min_tokens, stop_token_ids, priority, guided_json and guided_choice (or structured_outputs with json or
 // choice). best_of and tools are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 

@@ -23,8 +23,11 @@ bool nucleus_only(const SamplerOptions& o) { return o.temperature > 0.0f && o.to
 // min_tokens: the end-of-sequence ids banned from a row, in its entries: an offset of the largest
 // float leaves them at -FLT_MAX or below, probability 0 at any temperature (the engines take
 // finite offsets only).
-void ban_eos(const ModelConfig& cfg, std::vector<PenaltyEntry>& pens) {
-    for (const int64_t id : cfg.eos_ids) {
+// min_tokens not reached: the end-of-sequence ids and the request's stop ids get -inf.
+void ban_ends(const ModelConfig& cfg, const std::vector<int32_t>& stop_ids, std::vector<PenaltyEntry>& pens) {
+    std::vector<int64_t> ends(cfg.eos_ids.begin(), cfg.eos_ids.end());
+    ends.insert(ends.end(), stop_ids.begin(), stop_ids.end());
+    for (const int64_t id : ends) {
         auto it = std::find_if(pens.begin(), pens.end(), [&](const PenaltyEntry& e) { return e.id == id; });
         if (it == pens.end()) {
             pens.emplace_back();
@@ -90,6 +93,8 @@ size_t Batcher::add(BatchRequest r) {
                   ", min_tokens ", r.min_tokens);
     for (const auto& [id, bias] : r.sampler.logit_bias)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
+    for (const int32_t id : r.stop_ids)
+        SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: stop id ", id, " of ", cfg.vocab);
     SHARDLM_CHECK(!r.json || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     waiting_.push_back(seqs_.size() - 1);
@@ -224,7 +229,7 @@ void Batcher::constrain(const Seq& q, float* row) const {
 
 void Batcher::row_penalties(Seq& q) const {
     q.recent->entries(q.req.sampler, q.pens);
-    if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_eos(engine_.config(), q.pens);
+    if (int64_t(q.res.tokens.size()) < q.req.min_tokens) ban_ends(engine_.config(), q.req.stop_ids, q.pens);
 }
 
 // Appends the token sampled from row `row` of the step (cand: from its candidates); returns
@@ -265,6 +270,7 @@ bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_toke
         fail("JSON mode: sequence ", q.index, " drew token ", id, ", which does not continue its JSON value (its logits row was all -inf?)");
     if (on_token) on_token(q.index, id);
     if (eos && !q.req.ignore_eos) r.stop_reason = "eos";
+    else if (std::find(q.req.stop_ids.begin(), q.req.stop_ids.end(), id) != q.req.stop_ids.end()) r.stop_reason = "stop";
     else if (q.json && q.json->complete()) r.stop_reason = "stop";
     else if (stop && stop(q.index, id)) r.stop_reason = "stop";
     else if (int64_t(r.tokens.size()) >= q.req.max_new_tokens) r.stop_reason = "length";

@@ -47,6 +47,9 @@ struct BatchRequest {
     // strings still apply), min_tokens <= max_new_tokens.
     bool ignore_eos = false;
     int64_t min_tokens = 0;
+    // vLLM's stop_token_ids: any of these ends the sequence ("stop", the token kept, as an
+    // end-of-sequence id is); min_tokens bans them too until it is reached.
+    std::vector<int32_t> stop_ids;
     // JSON mode and structured output (runtime/json_mode.h; OpenAI's response_format json_object
     // and json_schema): each choice only among the tokens that keep the text the start of one
     // value of this schema (BatcherOptions::json_vocab's bytes), and the request ends ("stop")

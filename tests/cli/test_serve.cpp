@@ -477,6 +477,21 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(count({{"ignore_eos", true}}), 7);
         EXPECT_EQ(count({{"min_tokens", 4}}), 5);
         EXPECT_EQ(count({{"min_tokens", 4}, {"priority", -3}}), 5);  // (the order among waiting requests only)
+        // stop_token_ids: the greedy completion's third token ends it there.
+        const Reply free_run = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 6}, {"temperature", 0},
+                                                              {"logprobs", 0}});
+        ASSERT_EQ(free_run.status, 200) << free_run.raw;
+        const std::string third = free_run.body["choices"][0]["logprobs"]["tokens"][2];
+        const Reply t = post(port, "/tokenize", {{"prompt", third}, {"add_special_tokens", false}});
+        ASSERT_EQ(t.body["tokens"].size(), 1u) << t.raw;
+        const Reply stopped = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 6}, {"temperature", 0},
+                                                             {"stop_token_ids", {t.body["tokens"][0]}}});
+        ASSERT_EQ(stopped.status, 200) << stopped.raw;
+        EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+        EXPECT_LE(stopped.body["usage"]["completion_tokens"].get<int>(), 3);
+        const std::string text = stopped.body["choices"][0]["text"];
+        EXPECT_EQ(text, free_run.body["choices"][0]["text"].get<std::string>().substr(0, text.size()));
+        EXPECT_EQ(text.substr(text.size() - third.size()), third);  // the stop token is kept
     }
 
     // Bad requests: one-line errors, and the server goes on.
@@ -534,6 +549,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"logit_bias", 5}}, 400, "\"logit_bias\" must be an object");
     error_of({{"prompt", "x"}, {"max_tokens", 3}, {"min_tokens", 4}}, 400, "\"min_tokens\" must be in [0, 3]");
     error_of({{"prompt", "x"}, {"priority", 1.5}}, 400, "\"priority\" must be an integer");
+    error_of({{"prompt", "x"}, {"stop_token_ids", {1, -2}}}, 400, "\"stop_token_ids\" must be an array of up to 16 token ids in [0, ");
+    error_of({{"prompt", "x"}, {"stop_token_ids", json::array({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})}}, 400,
+             "\"stop_token_ids\" must be an array of up to 16");
     error_of({{"prompt", "x"}, {"ignore_eos", 1}}, 400, "\"ignore_eos\" must be true or false");
     error_of({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}, 400, "\"logit_bias\": \"abc\" is not a token id of this model");
     error_of({{"prompt", "x"}, {"logit_bias", {{"3072", 1}}}}, 400, "(0 to 3071)");

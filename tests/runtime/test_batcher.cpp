@@ -177,6 +177,44 @@ TEST(Batcher, PrioritiesOrderTheWaitingRequests) {
     }
 }
 
+// stop_ids (vLLM's stop_token_ids): a request ends with "stop" at the first of them it draws, the
+// token kept; under min_tokens they are banned until it is reached.
+TEST(Batcher, StopIdsEndTheSequence) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 21});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 2, comm);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    BatchRequest plain = request(make_prompt(4, cfg.vocab, 5), greedy, 0);
+    plain.max_new_tokens = 10;
+    plain.ignore_eos = true;  // ten tokens whatever they are
+    std::vector<SequenceResult> out;
+    run_all(*s->engine, BatcherOptions{}, {plain}, out);
+    const std::vector<int32_t> free_run = out[0].tokens;
+    ASSERT_EQ(free_run.size(), 10u);
+    // The first token that was not drawn before it: the sequence stops right there.
+    size_t at = 1;
+    while (std::find(free_run.begin(), free_run.begin() + ptrdiff_t(at), free_run[at]) != free_run.begin() + ptrdiff_t(at)) ++at;
+    BatchRequest stopped = plain;
+    stopped.stop_ids = {free_run[at], int32_t(cfg.vocab - 1) == free_run[at] ? 0 : int32_t(cfg.vocab - 1)};
+    out.clear();
+    run_all(*s->engine, BatcherOptions{}, {stopped}, out);
+    EXPECT_EQ(out[0].tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + ptrdiff_t(at) + 1));
+    EXPECT_EQ(out[0].stop_reason, "stop");
+    // min_tokens past it: the stop id is banned until then.
+    BatchRequest banned = stopped;
+    banned.min_tokens = int64_t(at) + 2;
+    banned.sampler.logit_bias = {{free_run[at], 50.0f}};  // it would be drawn at every step
+    out.clear();
+    run_all(*s->engine, BatcherOptions{}, {banned}, out);
+    ASSERT_EQ(out[0].tokens.size(), size_t(at) + 3);
+    for (size_t i = 0; i < size_t(at) + 2; ++i) EXPECT_NE(out[0].tokens[i], free_run[at]) << i;
+    EXPECT_EQ(out[0].tokens.back(), free_run[at]);
+    EXPECT_EQ(out[0].stop_reason, "stop");
+}
+
 namespace {
 std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
     a.insert(a.end(), b.begin(), b.end());

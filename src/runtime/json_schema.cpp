@@ -25,8 +25,11 @@ const std::set<std::string> kSupported = {"type",     "properties", "required", 
                                           "minItems", "maxItems",   "minLength", "maxLength",            "enum",
                                           "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems"};
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
-constexpr size_t kMaxNodes = 100000;
-constexpr int kMaxDepth = 128;
+constexpr size_t kMaxNodes = 20000;
+constexpr int kMaxDepth = 128;        // schema objects inside one another, $refs followed included
+constexpr int32_t kMaxChoiceDepth = 64;  // anyOf inside anyOf (through $refs too)
+// Counts past this can never be reached within a context: a maximum is no limit, a minimum is refused.
+constexpr int64_t kMaxCount = int64_t(1) << 30;
 
 Node of(Kind k) {
     Node n;
@@ -54,6 +57,8 @@ public:
         out_.root = node(doc_, "#", 0);
         check_cycles();
         prune();
+        skip_wrappers();
+        check_choice_depth();
         if (!delimited(out_.root, {}))
             bad("#", "the top value must end by itself (an object, array, string, boolean or null, or an enum of "
                      "those), not a number");
@@ -87,8 +92,11 @@ private:
     int64_t count(const json& s, const char* k, const std::string& path, int64_t def) const {
         if (!s.contains(k)) return def;
         const json& v = s[k];
-        if (!v.is_number_integer() || v.get<int64_t>() < 0) bad(path + "/" + k, "must be a non-negative integer");
-        return v.get<int64_t>();
+        if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
+            bad(path + "/" + k, "must be a non-negative integer");
+        if (v.get<uint64_t>() <= uint64_t(kMaxCount)) return v.get<int64_t>();
+        if (def < 0) return -1;  // a maximum no generation reaches
+        bad(path + "/" + k, cat("more than ", kMaxCount, " can never be generated"));
     }
 
     // The keys of `s` other than annotations must all be in `allowed`.
@@ -260,16 +268,32 @@ private:
     }
 
     // A chain of anyOf and $ref that comes back to itself before any byte would loop for ever.
+    // (A depth-first walk with its own stack: the chains of a large schema can be long.)
     void check_cycles() const {
-        std::vector<uint8_t> mark(out_.nodes.size(), 0);  // 1: on the path, 2: done
-        std::function<void(int32_t)> visit = [&](int32_t id) {
-            if (mark[size_t(id)] == 2) return;
-            if (mark[size_t(id)] == 1) bad("#", "a $ref or anyOf refers back to itself before any value starts");
-            mark[size_t(id)] = 1;
-            for (const int32_t a : out_.nodes[size_t(id)].alts) visit(a);
-            mark[size_t(id)] = 2;
-        };
-        for (size_t i = 0; i < out_.nodes.size(); ++i) visit(int32_t(i));
+        const std::vector<Node>& nodes = out_.nodes;
+        std::vector<uint8_t> mark(nodes.size(), 0);  // 1: on the path, 2: done
+        std::vector<std::pair<int32_t, size_t>> path;  // a node and its next alternative
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (mark[i]) continue;
+            mark[i] = 1;
+            path.emplace_back(int32_t(i), 0);
+            while (!path.empty()) {
+                const int32_t id = path.back().first;
+                const size_t k = path.back().second++;
+                const std::vector<int32_t>& alts = nodes[size_t(id)].alts;
+                if (k == alts.size()) {
+                    mark[size_t(id)] = 2;
+                    path.pop_back();
+                    continue;
+                }
+                const int32_t a = alts[k];
+                if (mark[size_t(a)] == 1) bad("#", "a $ref or anyOf refers back to itself before any value starts");
+                if (mark[size_t(a)] == 0) {
+                    mark[size_t(a)] = 1;
+                    path.emplace_back(a, 0);
+                }
+            }
+        }
     }
 
     // Nodes that have a finite value, found as a fixed point; the others are taken out of the
@@ -309,6 +333,39 @@ private:
             if (n.kind == Kind::Array && !ok[size_t(n.items)]) n.max_count = 0;
             if (n.extra >= 0 && !ok[size_t(n.extra)]) n.extra = -1;
         }
+    }
+
+    // A $ref is an anyOf of one alternative (and so is an anyOf pruned to one): every reference
+    // to one goes to what it stands for, so the acceptor does not walk through them.
+    void skip_wrappers() {
+        std::vector<Node>& nodes = out_.nodes;
+        auto target = [&](int32_t id) {
+            while (id >= 0 && nodes[size_t(id)].kind == Kind::AnyOf && nodes[size_t(id)].alts.size() == 1)
+                id = nodes[size_t(id)].alts[0];  // ends: check_cycles refused loops of anyOf
+            return id;
+        };
+        for (Node& n : nodes) {
+            for (int32_t& a : n.alts) a = target(a);
+            for (int32_t& v : n.values) v = target(v);
+            n.items = target(n.items);
+            n.extra = target(n.extra);
+        }
+        out_.root = target(out_.root);
+    }
+
+    // The acceptor tries the alternatives of nested anyOf recursively at a value's first byte:
+    // bounded, so a schema cannot make that deep.
+    void check_choice_depth() const {
+        std::vector<int32_t> height(out_.nodes.size(), -1);  // the deepest anyOf nesting below a node
+        std::function<int32_t(int32_t, int32_t)> of_node = [&](int32_t id, int32_t level) {
+            if (level > kMaxChoiceDepth) bad("#", cat("anyOf nested more than ", kMaxChoiceDepth, " deep"));
+            if (height[size_t(id)] >= 0) return height[size_t(id)];
+            int32_t h = 0;
+            for (const int32_t a : out_.nodes[size_t(id)].alts) h = std::max(h, of_node(a, level + 1) + 1);
+            if (level + h > kMaxChoiceDepth) bad("#", cat("anyOf nested more than ", kMaxChoiceDepth, " deep"));
+            return height[size_t(id)] = h;
+        };
+        for (size_t i = 0; i < out_.nodes.size(); ++i) of_node(int32_t(i), 0);
     }
 
     // Whether every value of node `id` shows its own end (what the top value must: the text ends

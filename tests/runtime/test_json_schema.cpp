@@ -192,6 +192,25 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     EXPECT_NE(error_of(R"({"$ref": "#", "type": "object"})").find("\"type\" beside \"$ref\""), std::string::npos);
     EXPECT_NE(error_of("{\"type\": ").find("--json-schema s.json: the JSON schema is not JSON"), std::string::npos);
     EXPECT_NE(error_of(R"({"type": "array", "uniqueItems": true})").find("uniqueItems: only false"), std::string::npos);
+    // Sizes: counts no context reaches (a maximum is then no limit), nesting, anyOf depth.
+    EXPECT_EQ(error_of(R"({"type": "array", "items": {"type": "string", "maxLength": 1099511627776}})"), "");
+    EXPECT_NE(error_of(R"({"type": "string", "minLength": 1099511627776})").find("#/minLength: more than 1073741824 can never be generated"),
+              std::string::npos);
+    std::string nested = R"({"type": "null"})", deep = R"({"type": "null"})";
+    for (int i = 0; i < 70; ++i) nested = R"({"anyOf": [)" + nested + R"(, {"type": "string"}]})";
+    for (int i = 0; i < 140; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"a": )" + nested + "}}").find("anyOf nested more than 64 deep"),
+              std::string::npos);
+    EXPECT_NE(error_of(deep).find("nested deeper than 128"), std::string::npos);
+    // A long chain of $refs, each compiled within the depth limit (the later ones first): the
+    // acceptor goes straight to the object at its end.
+    std::string defs, refs;
+    for (int i = 0; i < 2000; ++i)
+        defs += cat(i ? ", " : "", "\"d", i, "\": ", i + 1 < 2000 ? cat(R"({"$ref": "#/$defs/d)", i + 1, "\"}") : R"({"type": "object"})");
+    for (int i = 1900; i >= 0; i -= 100) refs += cat(i < 1900 ? ", " : "", R"({"$ref": "#/$defs/d)", i, "\"}");
+    const std::string chain = R"({"$defs": {)" + defs + R"(}, "anyOf": [)" + refs + "]}";
+    EXPECT_EQ(error_of(chain), "");
+    EXPECT_TRUE(complete(chain, R"({"a": [1]})"));
     // Annotations are fine, and so is a schema that refers to itself through a value.
     EXPECT_EQ(error_of(R"({"title": "T", "description": "d", "$schema": "x", "type": "object", "examples": [{}],
                           "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})"),

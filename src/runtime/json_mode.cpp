@@ -55,6 +55,9 @@ bool JsonAcceptor::advance(uint8_t b) {
         std::sort(threads_.begin(), threads_.end());
         threads_.erase(std::unique(threads_.begin(), threads_.end()), threads_.end());
     }
+    // Each reading costs every later byte (and mask) a step: a text read more ways at once than
+    // this is cut here (a schema's nested, overlapping anyOf could double them at each level).
+    if (threads_.size() > kMaxReadings) threads_.clear();
     return !threads_.empty();
 }
 

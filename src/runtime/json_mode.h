@@ -22,7 +22,8 @@ namespace shardlm {
 // after the value.
 //
 // Where the schema leaves several readings open (anyOf, enum values that share a start, optional
-// keys), each is a thread of its own stack of frames; a byte keeps the threads that take it.
+// keys), each is a thread of its own stack of frames; a byte keeps the threads that take it. A
+// byte that would leave more than kMaxReadings readings at once is refused.
 class JsonAcceptor {
 public:
     // JSON mode: one object, anything in it.
@@ -44,6 +45,7 @@ public:
     bool push(const std::string& bytes);
     bool complete() const;
     const std::shared_ptr<const JsonSchema>& schema() const { return schema_; }
+    static constexpr size_t kMaxReadings = 64;
     // What the masks of JsonVocab depend on when a token closes at most `depth` containers and
     // holds at most `reach` bytes: each thread's whitespace and its innermost frames (a leaf,
     // `depth` containers and the one below), their counts as distances to the limits.

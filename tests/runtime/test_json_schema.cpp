@@ -211,6 +211,14 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     const std::string chain = R"({"$defs": {)" + defs + R"(}, "anyOf": [)" + refs + "]}";
     EXPECT_EQ(error_of(chain), "");
     EXPECT_TRUE(complete(chain, R"({"a": [1]})"));
+    // Readings: two alike alternatives nested double them at each level; past 64 at once the
+    // byte is refused (the 7th level's "{": 128).
+    const char* twins = R"({"$defs": {"t": {"anyOf": [{"type": "object", "properties": {"a": {"$ref": "#/$defs/t"}}},
+                           {"type": "object", "properties": {"a": {"$ref": "#/$defs/t"}}, "title": "twin"}]}},
+                           "$ref": "#/$defs/t"})";
+    std::string levels;
+    for (int i = 0; i < 8; ++i) levels += R"({"a":)";
+    EXPECT_EQ(taken(twins, levels), 30u);
     // Annotations are fine, and so is a schema that refers to itself through a value.
     EXPECT_EQ(error_of(R"({"title": "T", "description": "d", "$schema": "x", "type": "object", "examples": [{}],
                           "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})"),

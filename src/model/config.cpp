@@ -211,10 +211,30 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     return c;
 }
 
+void add_generation_eos(ModelConfig& c, const std::string& text, const std::string& origin) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception& e) {
+        fail(origin, ": not valid JSON (", e.what(), ")");
+    }
+    if (!j.is_object()) fail(origin, ": must be a JSON object");
+    if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
+    const json& e = j["eos_token_id"];
+    for (const json& v : e.is_array() ? e : json::array({e})) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab)
+            fail(origin, ": eos_token_id ", v.dump(), " is not a token id below vocab_size ", c.vocab);
+        if (!is_eos_id(c, v.get<int64_t>())) c.eos_ids.push_back(v.get<int64_t>());
+    }
+}
+
 ModelConfig load_config(const std::string& model_dir) {
     const std::string path = model_dir + "/config.json";
     if (!file_exists(path)) fail(path, ": not found (is --model a Hugging Face checkpoint folder?)");
-    return parse_config(read_text_file(path), path);
+    ModelConfig c = parse_config(read_text_file(path), path);
+    const std::string gen = model_dir + "/generation_config.json";
+    if (file_exists(gen)) add_generation_eos(c, read_text_file(gen), gen);
+    return c;
 }
 
 bool is_eos_id(const ModelConfig& c, int64_t id) {

@@ -63,7 +63,12 @@ inline int64_t layer_window(const ModelConfig& c, int64_t l) {
 
 // Parses the JSON text of config.json; `origin` names the file in errors.
 ModelConfig parse_config(const std::string& json_text, const std::string& origin);
+// MODEL_DIR/config.json, with the end-of-sequence ids of MODEL_DIR/generation_config.json (when
+// there) added to its own: transformers' generate and vLLM stop on those, and instruct checkpoints
+// list their turn-end token there (Llama 3's <|eot_id|>, Qwen's <|endoftext|> beside <|im_end|>).
 ModelConfig load_config(const std::string& model_dir);
+// generation_config.json's eos_token_id (an id or a list, each below c.vocab) joined to c's.
+void add_generation_eos(ModelConfig& c, const std::string& json_text, const std::string& origin);
 
 // Number of parameters the checkpoint holds (embedding counted once when tied).
 int64_t parameter_count(const ModelConfig& c);

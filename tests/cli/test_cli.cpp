@@ -327,6 +327,24 @@ TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
                  "--json-schema needs the model's tokenizer: " + dir_.path());
 }
 
+// generation_config.json's eos_token_id ends a sequence as config.json's does (instruct
+// checkpoints list their turn-end token there).
+TEST_F(Cli, GenerationConfigEndOfSequenceIdsStopGeneration) {
+    const std::string m = kBin + " generate --model " + dir_.path() + " --prompt-ids 5,6,7 --max-new-tokens 6 --json --temperature 0";
+    const CommandResult free_run = run_command(m);
+    ASSERT_EQ(free_run.exit_code, 0) << free_run.err;
+    const auto tokens = nlohmann::json::parse(free_run.out)["results"][0]["tokens"];
+    ASSERT_GT(tokens.size(), 1u);
+    write_file(dir_.file("generation_config.json"), "{\"eos_token_id\": [2, " + tokens[0].dump() + "]}");
+    const CommandResult stopped = run_command(m);
+    ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+    const auto r = nlohmann::json::parse(stopped.out)["results"][0];
+    EXPECT_EQ(r["tokens"], nlohmann::json::array({tokens[0]}));
+    EXPECT_EQ(r["stop_reason"], "eos");
+    write_file(dir_.file("generation_config.json"), "{\"eos_token_id\": 1000000}");
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 5", dir_.file("generation_config.json") + ": eos_token_id 1000000");
+}
+
 // --ignore-eos and --min-new-tokens on a model pushed to end at once (its end-of-sequence id 2
 // biased by +100).
 TEST_F(Cli, IgnoreEosAndMinNewTokens) {

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "fixtures.h"
 #include "model/config.h"
 #include "model/synthetic.h"
 
 using namespace shardlm;
+using namespace shardlm::test;
 
 namespace {
 std::string with(const std::string& extra) {
@@ -153,4 +155,31 @@ TEST(Config, QuantizationConfigKeepsItsKeepFp16) {
     EXPECT_EQ(parse_config(with(q + R"(, "keep_fp16": "lm_head"})"), "x").quant.keep_fp16, "lm_head");
     EXPECT_EQ(parse_config(with(q + "}"), "x").quant.keep_fp16, "");
     expect_error(with(q + R"(, "keep_fp16": 3})"), "quantization_config keep_fp16 must be a string");
+}
+
+// generation_config.json's end-of-sequence ids join config.json's; its faults name it.
+TEST(Config, GenerationConfigAddsEndOfSequenceIds) {
+    TempDir d;
+    write_file(d.file("config.json"), with(R"(, "eos_token_id": 7)"));
+    EXPECT_EQ(load_config(d.path()).eos_ids, (std::vector<int64_t>{7}));  // none there: config.json's
+    write_file(d.file("generation_config.json"), R"({"eos_token_id": [7, 9], "temperature": 0.6})");
+    EXPECT_EQ(load_config(d.path()).eos_ids, (std::vector<int64_t>{7, 9}));
+    write_file(d.file("generation_config.json"), R"({"eos_token_id": 11})");
+    EXPECT_EQ(load_config(d.path()).eos_ids, (std::vector<int64_t>{7, 11}));
+    write_file(d.file("generation_config.json"), R"({"do_sample": true})");
+    EXPECT_EQ(load_config(d.path()).eos_ids, (std::vector<int64_t>{7}));
+    auto error = [&](const std::string& text) {
+        write_file(d.file("generation_config.json"), text);
+        try {
+            load_config(d.path());
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    const std::string where = d.file("generation_config.json") + ": ";
+    EXPECT_EQ(error(R"({"eos_token_id": [7, 100]})"), where + "eos_token_id 100 is not a token id below vocab_size 100");
+    EXPECT_EQ(error(R"({"eos_token_id": "x"})"), where + "eos_token_id \"x\" is not a token id below vocab_size 100");
+    EXPECT_EQ(error("[1]"), where + "must be a JSON object");
+    EXPECT_NE(error("{").find(where + "not valid JSON"), std::string::npos);
 }

@@ -2,8 +2,8 @@
 //
 //   gemv_bench_cuda [reps]      (default 20)
 //
-// gemv_cuda: n = 1, 4, 8 token rows, f16 and i8 weights (per channel and groups of 128), in the
-// natural and the interleaved column order (kernels/cuda/interleave.h; the timing does not depend
+// gemv_cuda: n = 1, 4, 8 token rows, f16, i8 (per channel and groups of 128) and i4 (groups of
+// 128) weights, in the natural and the interleaved column order (kernels/cuda/interleave.h; the timing does not depend
 // on the values, so the flag is set on constant data), and gemv_w8a8_cuda (int8 activations). Each
 // call reads a different copy of the matrix, cycling through at least 512 MB, so the weights come
 // from HBM, not from the L2 (50-60 MB). Time per call is the median over `reps` replays of a CUDA
@@ -65,7 +65,18 @@ const Weights kWeights[] = {{DType::F16, 0, "f16"},
                             {DType::I8, 0, "i8-interleaved", true},
                             {DType::I8, 128, "i8-g128"},
                             {DType::I8, 128, "i8-g128-interleaved", true},
-                            {DType::I8, 0, "w8a8", false, true}};
+                            {DType::I8, 0, "w8a8", false, true},
+                            {DType::I4, 128, "i4-g128"},
+                            {DType::I4, 128, "i4-g128-interleaved", true}};
+
+// Bytes of the weights themselves, and of their I8 scales (I4: scales and mins).
+size_t weight_bytes(const Weights& wt, int64_t rows, int64_t cols) {
+    return wt.dtype == DType::I4 ? size_t(rows * cols / 2) : size_t(rows * cols) * dtype_size(wt.dtype);
+}
+size_t scale_bytes(const Weights& wt, int64_t rows, int64_t cols, int64_t group) {
+    const size_t per = size_t(rows * (cols / group)) * 4;
+    return wt.dtype == DType::I8 ? per : wt.dtype == DType::I4 ? 2 * per : 0;
+}
 
 constexpr size_t kColdBytes = size_t(512) << 20;  // weights cycled per measurement, ~8x the L2
 
@@ -146,16 +157,18 @@ double peak_gbps(int dev) {
     return 2.0 * double(clock_khz) * 1e3 * (bus_bits / 8.0) / 1e9;
 }
 
-// The DeviceMatrix of weights (rows x cols of wt.dtype) at m.p, I8 scales (one per `group`
-// columns) right after them.
+// The DeviceMatrix of weights (rows x cols of wt.dtype) at m.p, I8/I4 scales (one per `group`
+// columns) right after them, then I4 mins.
 DeviceMatrix matrix_at(const DevBuf& m, const Weights& wt, int64_t rows, int64_t cols, int64_t group) {
     DeviceMatrix w;
     w.dtype = wt.dtype;
     w.data = m.p;
     w.rows = rows;
     w.cols = cols;
-    if (wt.dtype == DType::I8) {
-        w.scales = reinterpret_cast<const float*>(static_cast<const char*>(m.p) + size_t(rows * cols));
+    if (wt.dtype == DType::I8 || wt.dtype == DType::I4) {
+        const char* s = static_cast<const char*>(m.p) + weight_bytes(wt, rows, cols);
+        w.scales = reinterpret_cast<const float*>(s);
+        if (wt.dtype == DType::I4) w.mins = w.scales + rows * (cols / group);
         w.group_size = group;
     }
     w.interleaved = wt.interleaved;
@@ -169,8 +182,8 @@ void bench_gemv(cudaStream_t stream, int reps, double copy, double peak) {
     for (const Shape& s : kShapes)
         for (const Weights& wt : kWeights) {
             const int64_t group = wt.group ? wt.group : s.cols;
-            const size_t w_bytes = size_t(s.rows * s.cols) * dtype_size(wt.dtype);
-            const size_t s_bytes = wt.dtype == DType::I8 ? size_t(s.rows * (s.cols / group)) * 4 : 0;
+            const size_t w_bytes = weight_bytes(wt, s.rows, s.cols);
+            const size_t s_bytes = scale_bytes(wt, s.rows, s.cols, group);
             const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
             std::vector<std::unique_ptr<DevBuf>> mats;
             for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));

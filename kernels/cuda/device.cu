@@ -87,7 +87,7 @@ bool prefill_tensor_cores() {
 
 bool decode_rope_fused() {
     static const bool on =
-        cuda_tuning_env("SHARDLM_FUSED_ROPE", {"0", "1"}, "the RoPE prologue fused into decode attention") == "1";
+        cuda_tuning_env("SHARDLM_FUSED_ROPE", {"0", "1"}, "the RoPE prologue fused into decode attention") != "0";
     return on;
 }
 

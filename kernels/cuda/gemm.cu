@@ -192,7 +192,8 @@ void dequant_i8(const int8_t* q, const float* scales, __half* out, int64_t rows,
                  dim3(kThreads), 0, stream, q, scales, out, rows, int(cols), int(group_size));
 }
 
-// Rows [r0, r0 + rows) of I4 weights into out as f16.
+// Rows [r0, r0 + rows) of I4 weights into out as f16, in their stored column order (the packing of
+// interleaved codes is the natural one's, of stored columns).
 void dequant_i4(const DeviceMatrix& w, int64_t r0, int64_t rows, __half* out, cudaStream_t stream) {
     const int64_t cols = w.cols, groups = cols / w.group_size;
     const uint8_t* q = static_cast<const uint8_t*>(w.data) + r0 * (cols / 2);
@@ -220,7 +221,7 @@ bool quantized_ok(const DeviceMatrix& w) {
     if (w.dtype == DType::I8) return w.scales && w.group_size > 0 && w.cols % w.group_size == 0;
     if (w.dtype == DType::I4)
         return w.scales && w.mins && w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0 &&
-               !w.interleaved;
+               (!w.interleaved || w.group_size % interleave_block_cols(32) == 0);
     return false;
 }
 
@@ -323,7 +324,7 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
     const bool quantized = w.dtype == DType::I8 || w.dtype == DType::I4;
     if (quantized) {
         SHARDLM_CHECK(quantized_ok(w), "CublasGemm: ", dtype_name(w.dtype),
-                      " weights need scales (I4: and mins, natural column order) and a group size dividing cols (",
+                      " weights need scales (I4: and mins; interleaved: groups of whole 128-column blocks) and a group size dividing cols (",
                       w.group_size, ", ", cols, ")");
         SHARDLM_CHECK(cols <= max_weight_elems_, "CublasGemm: ", dtype_name(w.dtype), " rows of ", cols,
                       " elements, dequantization scratch is for ", max_weight_elems_);
@@ -342,7 +343,7 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
 
     const int m = int(rows), n = int(T), k = int(cols);
     const int ic = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
-    SHARDLM_CHECK(!w.interleaved || (ic > 0 && cols % (8 * ic) == 0), "CublasGemm: interleaved ", dtype_name(w.dtype),
+    SHARDLM_CHECK(!w.interleaved || (ic > 0 && cols % interleave_block_cols(ic) == 0), "CublasGemm: interleaved ", dtype_name(w.dtype),
                   " weights of ", cols, " columns");
     const float one = 1.0f, zero = 0.0f;
     const void* a = w.data;
@@ -361,7 +362,7 @@ void CublasGemm::run(const DeviceMatrix& w, const float* x, int64_t T, const flo
             break;
         case DType::I8:
         case DType::I4: {
-            // x goes into the weights' column order (dequant_i8 keeps it; I4 is never interleaved).
+            // x goes into the weights' column order (the dequantization keeps it).
             if (!prepared) convert_x<__half>(x, x_half_, T * cols, cols, ic, stream_);
             const bool events = side_ && !capturing(stream_);
             for (Slot& s : slots_) {

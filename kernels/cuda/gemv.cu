@@ -86,9 +86,10 @@ struct GemvArgs {
     int group_shift;        // chunk -> group: k >> shift when >= 0 (31: one group), else k / group_chunks
     int64_t group_size;     // I8/I4 columns per group (scalar path)
     // Where a lane's x starts and how far apart its float4s are (vector path), in floats: chunk k
-    // reads x[(k / 8) * 8C + (k % 8) * lane_stride + q * quad_stride ..] for its quad q. Natural
-    // order: (C, 4); interleaved (interleave.h): (4, 32).
-    int lane_stride, quad_stride;
+    // reads x[(k >> block_shift) * block_cols + (k & (2^block_shift - 1)) * lane_stride +
+    // q * quad_stride ..] for its quad q. Natural order: (3, 8C, C, 4); interleaved (interleave.h)
+    // with B chunks per block: (log2 B, BC, 4, 4B).
+    int block_shift, block_cols, lane_stride, quad_stride;
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
     int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
@@ -208,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
-                const float* xk = a.x + int64_t(kc >> 3) * (8 * C) + (kc & 7) * a.lane_stride;
+                const float* xk = a.x + int64_t(kc >> a.block_shift) * a.block_cols +
+                                  (kc & ((1 << a.block_shift) - 1)) * a.lane_stride;
                 float part[R][N];  // kPart: the chunk's sums, scaled once
                 float xsum[N];     // I4 without kI4Dequant: the chunk's sum of x, for the mins
 #pragma unroll
@@ -267,9 +269,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 
 __device__ __forceinline__ float load_weight(WKind kind, const GemvArgs& a, int64_t row, int64_t c) {
     if (kind == WKind::I4) {
-        const uint8_t b = reinterpret_cast<const uint8_t*>(a.w)[row * a.row_bytes + (c / 32) * 16 + c % 16];
+        // Stored column s (its group is c's: interleaving keeps columns inside their group).
+        const int64_t s = a.interleave_c ? interleaved_col(c, a.interleave_c) : c;
+        const uint8_t b = reinterpret_cast<const uint8_t*>(a.w)[row * a.row_bytes + (s / 32) * 16 + s % 16];
         const int64_t g = row * a.groups + c / a.group_size;
-        return float(c % 32 >= 16 ? b >> 4 : b & 15) * a.scales[g] + a.mins[g];
+        return float(s % 32 >= 16 ? b >> 4 : b & 15) * a.scales[g] + a.mins[g];
     }
     const int64_t i = row * a.cols + (a.interleave_c ? interleaved_col(c, a.interleave_c) : c);
     switch (kind) {
@@ -319,6 +323,31 @@ __global__ void interleave_kernel(char* w, int64_t row_bytes, int C) {
     for (int d = int(threadIdx.x); d < quads; d += int(blockDim.x)) {
         const int b = d / block_quads, r = d % block_quads, j = r / chunk_quads, q = r % chunk_quads;
         row[d] = natural[b * block_quads + 8 * q + j];
+    }
+}
+
+// I4 row blockIdx.x (row_bytes of packed codes, weights_view.h) rewritten in place in the
+// interleaved order (interleave.h: blocks of 4 chunks, 128 columns), through a shared-memory copy
+// of the row: each stored byte gathers its two codes, stored columns s (low nibble) and s + 16.
+__global__ void interleave_i4_kernel(unsigned char* w, int64_t row_bytes) {
+    SHARDLM_DYNAMIC_SMEM(unsigned char, natural);  // extern __shared__ (launch.h)
+    unsigned char* row = w + int64_t(blockIdx.x) * row_bytes;
+    const int n = int(row_bytes);
+    for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) natural[i] = row[i];
+    __syncthreads();
+    // The code of natural column c: byte (c / 32) * 16 + c % 16, high nibble for c % 32 >= 16.
+    auto code = [&](int c) {
+        const unsigned char b = natural[(c / 32) * 16 + c % 16];
+        return c % 32 >= 16 ? b >> 4 : b & 15;
+    };
+    // Stored column s of a 128-column block holds natural column 16q + 4j + i, s = 32j + 4q + i.
+    auto natural_of = [](int s) {
+        const int blk = s / 128, within = s % 128, j = within / 32, q = (within % 32) / 4, i = within % 4;
+        return blk * 128 + 16 * q + 4 * j + i;
+    };
+    for (int d = int(threadIdx.x); d < n; d += int(blockDim.x)) {
+        const int s = (d / 16) * 32 + d % 16;
+        row[d] = (unsigned char)(code(natural_of(s)) | (code(natural_of(s + 16)) << 4));
     }
 }
 
@@ -436,9 +465,9 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       w.cols, ")");
     if (kind == WKind::I4)
         SHARDLM_CHECK(w.scales && w.mins && w.group_size > 0 && w.group_size % 32 == 0 && w.cols % w.group_size == 0 &&
-                          !w.interleaved,
+                          (!w.interleaved || w.group_size % interleave_block_cols(32) == 0),
                       "gemv_cuda: I4 weights need scales, mins and a group size that is a multiple of 32 dividing "
-                      "cols (", w.group_size, ", ", w.cols, "), in the natural column order");
+                      "cols (", w.group_size, ", ", w.cols, "), and of 128 when interleaved");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
     if (gemv_mma_min_tokens() > 0 && n >= gemv_mma_min_tokens() &&
@@ -458,7 +487,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     a.swiglu_half = swiglu_half;
     a.row_bytes = device_row_bytes(w);
     a.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
-    SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % (8 * a.interleave_c) == 0),
+    SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % interleave_block_cols(a.interleave_c) == 0),
                   "gemv_cuda: interleaved ", dtype_name(w.dtype), " weights of ", w.cols, " columns");
     if (kind == WKind::I8 || kind == WKind::I4) {
         a.group_size = w.group_size;
@@ -478,8 +507,11 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     }
     a.next = next;
     a.chunks = int(a.cols / chunk_c);
+    const int block_chunks = w.interleaved ? interleave_block_chunks(int(chunk_c)) : 8;
+    a.block_shift = block_chunks == 4 ? 2 : 3;
+    a.block_cols = block_chunks * int(chunk_c);
     a.lane_stride = w.interleaved ? 4 : int(chunk_c);
-    a.quad_stride = w.interleaved ? 32 : 4;
+    a.quad_stride = w.interleaved ? 4 * block_chunks : 4;
     if (kind == WKind::I8) chunk_groups(w.group_size, w.cols, a.group_shift, a.group_chunks);
     // chunk_groups counts 16-byte chunks of 16 one-byte columns: I4 groups and rows in bytes.
     if (kind == WKind::I4) chunk_groups(w.group_size / 2, w.cols / 2, a.group_shift, a.group_chunks);
@@ -535,9 +567,9 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
 
 GemvGrid gemv_default_grid() {
     static const GemvGrid grid =
-        cuda_tuning_env("SHARDLM_GEMV_GRID", {"tiles", "persistent"}, "the decode GEMV's grid") == "persistent"
-            ? GemvGrid::Persistent
-            : GemvGrid::PerTile;
+        cuda_tuning_env("SHARDLM_GEMV_GRID", {"tiles", "persistent"}, "the decode GEMV's grid") == "tiles"
+            ? GemvGrid::PerTile
+            : GemvGrid::Persistent;
     return grid;
 }
 
@@ -552,14 +584,19 @@ int gemv_forced_rows_per_group() {
 bool gemv_interleave_cuda(DeviceMatrix& w, cudaStream_t stream) {
     if (w.interleaved) return true;
     const int C = interleave_chunk_cols(w.dtype);
-    if (C == 0) return false;  // F32 and I4 stay in the natural order
-    const int64_t row_bytes = w.cols * int64_t(dtype_size(w.dtype));
-    if (w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % (8 * C) != 0 || !is_aligned(w.data, 16) ||
+    if (C == 0) return false;  // F32 stays in the natural order
+    const int64_t row_bytes = device_row_bytes(w), block = interleave_block_cols(C);
+    if (w.rows <= 0 || w.rows > INT_MAX || w.cols <= 0 || w.cols % block != 0 || !is_aligned(w.data, 16) ||
         row_bytes > 48 * 1024)
         return false;
-    if (w.dtype == DType::I8 && (w.group_size <= 0 || w.group_size % (8 * C) != 0)) return false;
+    // Quantized groups must hold whole blocks, so that a chunk keeps one scale (and min).
+    if ((w.dtype == DType::I8 || w.dtype == DType::I4) && (w.group_size <= 0 || w.group_size % block != 0))
+        return false;
     char* data = static_cast<char*>(const_cast<void*>(w.data));
-    if (w.dtype == DType::I8)
+    if (w.dtype == DType::I4)
+        launch_plain("interleave_i4_kernel", interleave_i4_kernel, dim3(unsigned(w.rows)), dim3(kThreads),
+                     size_t(row_bytes), stream, reinterpret_cast<unsigned char*>(data), row_bytes);
+    else if (w.dtype == DType::I8)
         launch_plain("interleave_kernel", interleave_kernel<uint32_t>, dim3(unsigned(w.rows)), dim3(kThreads),
                      size_t(row_bytes), stream, data, row_bytes, C);
     else

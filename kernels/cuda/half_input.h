@@ -33,7 +33,10 @@ struct HalfInput {
 // those columns: four consecutive natural columns stay consecutive under interleaving, so one
 // 8-byte store (`row` 8-byte aligned).
 __device__ __forceinline__ void store_half_input4(const HalfInput& h, int64_t row, int64_t cols, int64_t c, float4 v) {
-    const int64_t sc = h.interleave_c == 16 ? interleaved_col(c, 16) : h.interleave_c == 8 ? interleaved_col(c, 8) : c;
+    const int64_t sc = h.interleave_c == 16  ? interleaved_col(c, 16)
+                       : h.interleave_c == 8 ? interleaved_col(c, 8)
+                       : h.interleave_c == 32 ? interleaved_col(c, 32)
+                                              : c;
     uint2 bits;
     if (h.type == DType::BF16) {
         const __nv_bfloat16 e[4] = {__float2bfloat16_rn(v.x), __float2bfloat16_rn(v.y), __float2bfloat16_rn(v.z),
@@ -48,11 +51,12 @@ __device__ __forceinline__ void store_half_input4(const HalfInput& h, int64_t ro
 #endif
 
 // Whether a producer's vector path can write rows of `cols` into h: F16/BF16, 8-byte aligned, cols
-// a multiple of 4 (and of the interleaved block, 8 * interleave_c).
+// a multiple of 4 (and of the interleaved block, interleave_block_cols).
 inline bool half_input_fits(const HalfInput& h, int64_t cols) {
     return h.data && (h.type == DType::F16 || h.type == DType::BF16) && cols % 4 == 0 &&
            reinterpret_cast<uintptr_t>(h.data) % 8 == 0 &&
-           (h.interleave_c == 0 || ((h.interleave_c == 8 || h.interleave_c == 16) && cols % (8 * h.interleave_c) == 0));
+           (h.interleave_c == 0 || ((h.interleave_c == 8 || h.interleave_c == 16 || h.interleave_c == 32) &&
+                                    cols % interleave_block_cols(h.interleave_c) == 0));
 }
 
 }  // namespace shardlm

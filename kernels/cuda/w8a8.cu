@@ -1,6 +1,6 @@
-// W8A8 kernels: activation quantization, the decode GEMV on __dp4a and the prefill GEMM on
-// cuBLAS's INT8 tensor cores, which also runs W4A8's I4 weights (unpacked to INT8 codes a block of
-// rows at a time; w4a8.h). Formulas in w8a8.h; g = min(ga, gw) is the dot group.
+// W8A8 kernels: activation quantization, the decode GEMV on __dp4a, the prefill GEMM on cuBLAS's
+// INT8 tensor cores, and W4A8 prefill's 16-bit input (the quantized activations dequantized;
+// w4a8.h). Formulas in w8a8.h; g = min(ga, gw) is the dot group.
 //
 // Quantization. Each (token, group) segment of x is contiguous, segment i = x[i * ga, (i + 1) * ga),
 // so the kernel walks n * cols / ga segments: a warp per segment, or a whole block for segments of
@@ -46,6 +46,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gemv_tile.h"
+#include "kernels/cuda/half_input.h"
 #include "kernels/cuda/w4a8.h"
 #include "kernels/cuda/w8a8.h"
 
@@ -308,67 +309,18 @@ __global__ void w8a8_epilogue_kernel(const int32_t* __restrict__ dots, const flo
     }
 }
 
-// ---- W4A8 GEMM (I4 weights; w4a8.h has the formulas) ----
+// ---- W4A8 prefill input (w8a8.h dequantize_acts_half_cuda) ----
 
-// codes [blocks * 32] = the codes of `blocks` 16-byte blocks of I4 rows (matrix.h: byte i holds
-// column i low, i + 16 high), as INT8 0..15 in column order. Vec: 16-byte loads and stores.
-template <bool Vec>
-__global__ void unpack_i4_codes_kernel(const uint8_t* __restrict__ w, int64_t blocks, int8_t* __restrict__ codes) {
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += stride) {
-        if constexpr (Vec) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(w) + b);
-            const uint32_t m = 0x0F0F0F0Fu;
-            reinterpret_cast<uint4*>(codes)[2 * b] = make_uint4(v.x & m, v.y & m, v.z & m, v.w & m);
-            reinterpret_cast<uint4*>(codes)[2 * b + 1] =
-                make_uint4((v.x >> 4) & m, (v.y >> 4) & m, (v.z >> 4) & m, (v.w >> 4) & m);
-        } else {
-            for (int i = 0; i < 16; ++i) {
-                const uint8_t byte = w[b * 16 + i];
-                codes[b * 32 + i] = int8_t(byte & 15);
-                codes[b * 32 + 16 + i] = int8_t(byte >> 4);
-            }
-        }
-    }
-}
-
-// sums[t, j] = S of token t's dot group j (g columns of q): a warp per (token, group).
-__global__ void act_sums_kernel(const int8_t* __restrict__ q, int64_t segments, int64_t cols, int64_t g,
-                                int32_t* __restrict__ sums) {
-    const int lane = int(threadIdx.x) & 31;
-    const int64_t seg = int64_t(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
-    if (seg >= segments) return;  // whole warps
-    const int64_t groups = cols / g;
-    const int8_t* p = q + (seg / groups) * cols + (seg % groups) * g;
-    int s = 0;
-    for (int64_t c = lane; c < g; c += 32) s += p[c];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) sums[seg] = s;
-}
-
-// One block of nt tokens from t0 and nr rows from r0: dots [groups][nt][nr] (D of each dot group
-// j of g columns), y[t0 + t, r0 + r] = sum over j of act_scale * fma(w_scale, D, w_min * S) (+ bias),
-// in increasing j (the GEMV sums chunks in its own order; both round each term the same way).
-__global__ void w4a8_epilogue_kernel(const int32_t* __restrict__ dots, int64_t groups, int64_t g, int64_t nt,
-                                     int64_t nr, int64_t t0, int64_t r0, const int32_t* __restrict__ sums,
-                                     const float* __restrict__ ascales, int64_t agroups, int64_t ga,
-                                     const float* __restrict__ wscales, const float* __restrict__ wmins,
-                                     int64_t wgroups, int64_t gw, const float* __restrict__ bias, float* y,
-                                     int64_t rows) {
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t t = blockIdx.y; t < nt; t += gridDim.y) {
-        const int64_t tt = t0 + t;
-        for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < nr; r += stride) {
-            const int64_t row = r0 + r;
-            float acc = 0.0f;
-            for (int64_t j = 0; j < groups; ++j) {
-                const int64_t k0 = j * g, wi = row * wgroups + k0 / gw;
-                const float d = float(dots[(j * nt + t) * nr + r]), s = float(sums[tt * groups + j]);
-                acc = fmaf(ascales[tt * agroups + k0 / ga], fmaf(wscales[wi], d, wmins[wi] * s), acc);
-            }
-            y[tt * rows + row] = acc + (bias ? bias[row] : 0.0f);
-        }
+// Four columns c .. c + 3 of token t per thread: q * act_scale in f32 (one rounding), then to h's
+// 16-bit type in h's column order. A group holds whole quads (its size is a multiple of 4).
+__global__ void dequantize_acts_half_kernel(const int8_t* __restrict__ q, const float* __restrict__ scales,
+                                            int64_t n, int64_t cols, int64_t group_size, HalfInput h) {
+    const int64_t quads = n * (cols / 4), stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
+        const int64_t t = i / (cols / 4), c = (i - t * (cols / 4)) * 4;
+        const int8_t* p = q + t * cols + c;
+        const float s = scales[t * (cols / group_size) + c / group_size];
+        store_half_input4(h, t, cols, c, make_float4(float(p[0]) * s, float(p[1]) * s, float(p[2]) * s, float(p[3]) * s));
     }
 }
 
@@ -430,24 +382,11 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
     launch_vec_tokens<false>(p, stream);
 }
 
-// W4A8 unpacks at most this many bytes of codes at a time (a block of whole rows, at least 4).
-constexpr int64_t kI4CodeBytes = int64_t(32) << 20;
-
-CublasInt8Gemm::CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t max_rows, int64_t max_i4_cols)
-    : stream_(stream), max_tokens_(max_tokens), max_rows_(max_rows), max_i4_cols_(max_i4_cols) {
-    SHARDLM_CHECK(max_tokens >= 0 && max_rows >= 0 && max_i4_cols >= 0, "CublasInt8Gemm: negative size");
-    SHARDLM_CHECK(max_i4_cols % 32 == 0 && max_i4_cols <= kI4CodeBytes / 4, "CublasInt8Gemm: ", max_i4_cols,
-                  " I4 columns (a multiple of 32, at most ", kI4CodeBytes / 4, ")");
+CublasInt8Gemm::CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t max_rows)
+    : stream_(stream), max_tokens_(max_tokens), max_rows_(max_rows) {
+    SHARDLM_CHECK(max_tokens >= 0 && max_rows >= 0, "CublasInt8Gemm: negative size");
     SHARDLM_CHECK(max_rows == 0 || max_tokens <= (INT64_MAX / 4) / max_rows, "CublasInt8Gemm: scratch size overflows");
-    dots_elems_ = max_tokens * max_rows;
-    if (max_i4_cols > 0) {
-        i4_block_rows_ = std::max<int64_t>(4, std::min((max_rows + 3) / 4 * 4, kI4CodeBytes / max_i4_cols / 4 * 4));
-        // A block of at least 4 rows for every dot group (groups of 32 at the most) of a token.
-        dots_elems_ = std::max(dots_elems_, 4 * (max_i4_cols / 32));
-    }
-    const size_t dots_bytes = size_t(dots_elems_) * sizeof(int32_t);
-    const size_t codes_bytes = size_t(i4_block_rows_ * max_i4_cols);
-    const size_t sums_bytes = size_t(max_tokens) * size_t(max_i4_cols / 32) * sizeof(int32_t);
+    const size_t dots_bytes = size_t(max_tokens * max_rows) * sizeof(int32_t);
     try {
         CUBLAS_CHECK(cublasCreate(&handle_));
         // SetStream resets the handle to cuBLAS's own workspace pool, so the workspace comes after.
@@ -455,31 +394,28 @@ CublasInt8Gemm::CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t 
         CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
         CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes));
         if (dots_bytes) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dots_), dots_bytes));
-        if (codes_bytes) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&codes_), codes_bytes));
-        if (sums_bytes) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&sums_), sums_bytes));
     } catch (...) {
         release();
         throw;
     }
-    scratch_bytes_ = kWorkspaceBytes + dots_bytes + codes_bytes + sums_bytes;
+    scratch_bytes_ = kWorkspaceBytes + dots_bytes;
 }
 
 CublasInt8Gemm::~CublasInt8Gemm() { release(); }
 
 void CublasInt8Gemm::release() noexcept {
     if (handle_) cublasDestroy(handle_);
-    for (void* p : {static_cast<void*>(dots_), workspace_, static_cast<void*>(codes_), static_cast<void*>(sums_)})
+    for (void* p : {static_cast<void*>(dots_), workspace_})
         if (p) cudaFree(p);
     handle_ = nullptr;
     dots_ = nullptr;
     workspace_ = nullptr;
-    codes_ = nullptr;
-    sums_ = nullptr;
 }
 
 void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
     check_int8_product(w, a, "CublasInt8Gemm");
-    if (w.dtype == DType::I4) return run_i4(w, a, bias, y);
+    SHARDLM_CHECK(w.dtype == DType::I8, "CublasInt8Gemm: I8 weights only (W4A8 prefill: dequantize_acts_half_cuda, "
+                  "then CublasGemm)");
     const int64_t T = a.n, rows = w.rows, cols = w.cols;
     SHARDLM_CHECK(T <= max_tokens_, "CublasInt8Gemm: ", T, " tokens, scratch is for ", max_tokens_);
     SHARDLM_CHECK(rows <= max_rows_, "CublasInt8Gemm: ", rows, " rows, scratch is for ", max_rows_);
@@ -518,77 +454,18 @@ void CublasInt8Gemm::run(const DeviceMatrix& w, const DeviceActs& a, const float
     }
 }
 
-void CublasInt8Gemm::run_i4(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
-    const int64_t T = a.n, rows = w.rows, cols = w.cols;
-    SHARDLM_CHECK(T <= max_tokens_, "CublasInt8Gemm: ", T, " tokens, scratch is for ", max_tokens_);
-    SHARDLM_CHECK(rows <= max_rows_, "CublasInt8Gemm: ", rows, " rows, scratch is for ", max_rows_);
-    SHARDLM_CHECK(cols <= max_i4_cols_, "CublasInt8Gemm: I4 rows of ", cols, " columns, the W4A8 scratch is for ",
-                  max_i4_cols_);
-    SHARDLM_CHECK(rows <= INT_MAX && cols <= INT_MAX && T <= INT_MAX, "CublasInt8Gemm: shape ", rows, "x", cols,
-                  " out of cuBLAS's range");
-    if (T == 0 || rows == 0) return;
-    SHARDLM_CHECK(w.data && w.scales && w.mins && a.q && a.scales && y, "CublasInt8Gemm: null pointer");
-
-    const int64_t g = std::min(w.group_size, a.group_size), groups = cols / g;
-    if (rows % 4 != 0 || !is_aligned(a.q, 16)) {
-        // The W4A8 GEMV, kMaxTokens tokens at a time (its scalar path where q is misaligned).
-        for (int64_t t0 = 0; t0 < T; t0 += kMaxTokens) {
-            DeviceActs part = a;
-            part.q = a.q + t0 * cols;
-            part.scales = a.scales + t0 * (cols / a.group_size);
-            part.n = std::min<int64_t>(kMaxTokens, T - t0);
-            gemv_w4a8_cuda(w, part, bias, y + t0 * rows, stream_);
-        }
-        return;
-    }
-    SHARDLM_CHECK(g <= kMaxExactGroup, "CublasInt8Gemm: dot groups of ", g, " columns could overflow INT32 sums");
-
-    const int64_t segments = T * groups;
-    launch_plain("act_sums_kernel", act_sums_kernel, dim3(unsigned((segments + kWarps - 1) / kWarps)),
-                 dim3(kThreads), 0, stream_, a.q, segments, cols, g, sums_);
-    // Blocks of nb rows (whole 16-byte blocks of codes, a multiple of 4 as IMMA wants) and nt tokens
-    // whose [groups][nt][nb] products fit the INT32 scratch.
-    const int64_t nb = std::min({(rows + 3) / 4 * 4, i4_block_rows_, dots_elems_ / groups / 4 * 4});
-    const int64_t nt = std::max<int64_t>(1, std::min(T, dots_elems_ / (groups * nb)));
-    const bool vec = is_aligned(w.data, 16);
-    const int32_t one = 1, zero = 0;
-    for (int64_t r0 = 0; r0 < rows; r0 += nb) {
-        const int64_t nr = std::min(nb, rows - r0), blocks = nr * cols / 32;
-        const uint8_t* src = static_cast<const uint8_t*>(w.data) + r0 * (cols / 2);
-        const dim3 ugrid(unsigned(std::min<int64_t>((blocks + kThreads - 1) / kThreads, kMaxBlocks)));
-        if (vec)
-            launch_plain("unpack_i4_codes_kernel", unpack_i4_codes_kernel<true>, ugrid, dim3(kThreads), 0, stream_, src,
-                         blocks, codes_);
-        else
-            launch_plain("unpack_i4_codes_kernel", unpack_i4_codes_kernel<false>, ugrid, dim3(kThreads), 0, stream_, src,
-                         blocks, codes_);
-        for (int64_t t0 = 0; t0 < T; t0 += nt) {
-            const int64_t n = std::min(nt, T - t0);
-            const int8_t* q = a.q + t0 * cols;
-            // Group j: codes and q offset by j * g columns, its products at dots_ + j * n * nr.
-            if (batched_ != Batched::No) {
-                const cublasStatus_t st = cublasGemmStridedBatchedEx(
-                    handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(n), int(g), &one, codes_, CUDA_R_8I, int(cols), g, q,
-                    CUDA_R_8I, int(cols), g, &zero, dots_, CUDA_R_32I, int(nr), n * nr, int(groups), CUBLAS_COMPUTE_32I,
-                    CUBLAS_GEMM_DEFAULT);
-                if (batched_ == Batched::Untried && st == CUBLAS_STATUS_NOT_SUPPORTED) batched_ = Batched::No;
-                else SHARDLM_CHECK_GEN("cuBLAS", st == CUBLAS_STATUS_SUCCESS, "cublasGemmStridedBatchedEx (W4A8 groups)",
-                                       cublasGetStatusString(st));
-                if (batched_ == Batched::Untried) batched_ = Batched::Yes;
-            }
-            if (batched_ == Batched::No)
-                for (int64_t j = 0; j < groups; ++j)
-                    CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(n), int(g), &one,
-                                              codes_ + j * g, CUDA_R_8I, int(cols), q + j * g, CUDA_R_8I, int(cols),
-                                              &zero, dots_ + j * n * nr, CUDA_R_32I, int(nr), CUBLAS_COMPUTE_32I,
-                                              CUBLAS_GEMM_DEFAULT));
-            const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>((nr + kThreads - 1) / kThreads, kMaxBlocks))),
-                            unsigned(std::min<int64_t>(n, 65535)));
-            launch_plain("w4a8_epilogue_kernel", w4a8_epilogue_kernel, grid, dim3(kThreads), 0, stream_, dots_, groups,
-                         g, n, nr, t0, r0, sums_, a.scales, cols / a.group_size, a.group_size, w.scales, w.mins,
-                         cols / w.group_size, w.group_size, bias, y, rows);
-        }
-    }
+void dequantize_acts_half_cuda(const DeviceActs& a, const HalfInput& h, cudaStream_t stream) {
+    SHARDLM_CHECK(a.n >= 0 && a.cols >= 0 && a.group_size > 0 && a.cols % a.group_size == 0 && a.group_size % 4 == 0,
+                  "dequantize_acts_half_cuda: ", a.n, "x", a.cols, " activations in groups of ", a.group_size,
+                  " (a multiple of 4 dividing the row length)");
+    if (a.n == 0 || a.cols == 0) return;
+    SHARDLM_CHECK(a.q && a.scales, "dequantize_acts_half_cuda: null pointer");
+    SHARDLM_CHECK(half_input_fits(h, a.cols), "dequantize_acts_half_cuda: the 16-bit input cannot take rows of ",
+                  a.cols, " columns");
+    const int64_t quads = a.n * (a.cols / 4);
+    launch_plain("dequantize_acts_half_kernel", dequantize_acts_half_kernel,
+                 dim3(unsigned(std::min<int64_t>((quads + kThreads - 1) / kThreads, kMaxBlocks))), dim3(kThreads), 0,
+                 stream, a.q, a.scales, a.n, a.cols, a.group_size, h);
 }
 
 }  // namespace shardlm

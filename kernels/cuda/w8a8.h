@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/half_input.h"
 #include "kernels/cuda/matrix.h"
 
 struct cublasContext;
@@ -49,16 +50,18 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
 // Prefill: y f32 [a.n, w.rows] through cuBLAS's INT8 GEMM (INT32 results), for a.n <= max_tokens
 // and w.rows <= max_rows. Shapes or pointers cuBLAS's INT8 kernels do not take (rows or group not
 // a multiple of 16 / 4, misaligned pointers) run a plain kernel instead. run() allocates and
-// synchronises nothing, so it can be captured in a CUDA graph.
-//
-// W4A8 (I4 weights, w4a8.h) too when max_i4_cols > 0, for rows of up to max_i4_cols columns: a
-// block of rows is unpacked to INT8 codes, D of every dot group comes from one strided-batched INT8
-// GEMM (or, where cuBLAS declines that, one GEMM per group) into a [groups][tokens][rows] block of
-// the INT32 scratch, S from a small kernel, and one epilogue per block sums the groups' terms in
-// f32 (the GEMV's order: act_scale * fma(w_scale, D, w_min * S)).
+// synchronises nothing, so it can be captured in a CUDA graph. I8 weights only (W4A8 prefill:
+// dequantize_acts_half_cuda below).
+// W4A8 prefill's input: the quantized activations a dequantized, q * act_scale (one f32 rounding),
+// rounded to h's 16-bit type and stored in h's column order (CublasGemm::input_for the I4 matrix),
+// so that CublasGemm::run(w, nullptr, ...) forms sum (q * act_scale) * (code * w_scale + w_min) on
+// FP16 tensor cores: matmul_w4a8_ref's products up to a 16-bit rounding of each factor (2^-11),
+// where an INT8 GEMM would need one INT32 product per dot group. a.group_size a multiple of 4.
+void dequantize_acts_half_cuda(const DeviceActs& a, const HalfInput& h, cudaStream_t stream);
+
 class CublasInt8Gemm {
 public:
-    CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t max_rows, int64_t max_i4_cols = 0);
+    CublasInt8Gemm(cudaStream_t stream, int64_t max_tokens, int64_t max_rows);
     ~CublasInt8Gemm();
     CublasInt8Gemm(const CublasInt8Gemm&) = delete;
     CublasInt8Gemm& operator=(const CublasInt8Gemm&) = delete;
@@ -67,19 +70,13 @@ public:
     size_t scratch_bytes() const { return scratch_bytes_; }
 
 private:
-    void run_i4(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y);
     void release() noexcept;
 
     cudaStream_t stream_ = nullptr;
     cublasContext* handle_ = nullptr;
-    int32_t* dots_ = nullptr;    // [dots_elems_] INT32 products: [max_tokens, max_rows] of one dot group
+    int32_t* dots_ = nullptr;    // [max_tokens, max_rows] INT32 products of one dot group
     void* workspace_ = nullptr;  // cuBLAS workspace (set so products can be graph-captured)
-    int8_t* codes_ = nullptr;    // W4A8: [i4_block_rows_, max_i4_cols_] unpacked codes
-    int32_t* sums_ = nullptr;    // W4A8: [max_tokens, max_i4_cols_ / 32] S per token and dot group
-    int64_t max_tokens_ = 0, max_rows_ = 0, max_i4_cols_ = 0, i4_block_rows_ = 0, dots_elems_ = 0;
-    // Whether cuBLAS runs the W4A8 groups' products as one strided-batched INT8 GEMM: learnt from
-    // the first call (an older cuBLAS may not take INT8 there), then one product per group if not.
-    enum class Batched { Untried, Yes, No } batched_ = Batched::Untried;
+    int64_t max_tokens_ = 0, max_rows_ = 0;
     size_t scratch_bytes_ = 0;
 };
 

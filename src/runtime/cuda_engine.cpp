@@ -155,11 +155,12 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     // cuBLAS prefill dequantizes INT8 and INT4 matrices into an F16 scratch, a block of whole rows
     // at a time: the largest stacked matrix (fused ones included), but at most 32 M elements. Staging
     // (EngineOptions::gemm_staging) adds a second one for the largest layer matrix that fits whole.
-    // (Under W8A8/W4A8 only lm_head takes that path: the layers' products are INT8 ones.)
+    // (Under W8A8 only lm_head takes that path: the layers' products are INT8 ones. W4A8's INT4
+    // layers do: their prefill is an FP16 product of the dequantized activations and codes.)
     constexpr int64_t kMaxDequant = int64_t(32) << 20;
     int64_t largest = 0, stage_elems = 0;
     auto consider = [&](const WeightView& v, bool layer) {
-        if (!v.quantized() || (int8_acts_ && layer)) return;
+        if (!v.quantized() || (int8_acts_ && layer && v.dtype == DType::I8)) return;
         largest = std::max(largest, std::max(v.cols, std::min<int64_t>(v.rows * v.cols, kMaxDequant)));
         if (layer && v.rows * v.cols <= kMaxDequant) stage_elems = std::max(stage_elems, v.rows * v.cols);
     };
@@ -174,21 +175,17 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     size_t free_b = 0, total_b = 0;
     device_memory_info(&free_b, &total_b);
     // W8A8 prefill keeps one dot group's INT32 products of the widest INT8 matrix (lm_head stays
-    // W8A16, as on the CPU); W4A8 also a block of unpacked codes and the activations' group sums.
-    int64_t int8_rows = 0, i4_cols = 0;
+    // W8A16, as on the CPU).
+    int64_t int8_rows = 0;
     if (int8_acts_)
-        for (const LayerWeights& L : w.layers) {
-            int8_rows = std::max({int8_rows, stacked({&L.q, &L.k, &L.v}).rows, stacked({&L.gate, &L.up}).rows, L.o.w.rows,
-                                  L.down.w.rows});
-            for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-                if (l->w.dtype == DType::I4) i4_cols = std::max(i4_cols, l->w.cols);
-        }
+        for (const LayerWeights& L : w.layers)
+            for (const WeightView& v : {stacked({&L.q, &L.k, &L.v}), stacked({&L.gate, &L.up}), L.q.w, L.k.w, L.v.w,
+                                        L.o.w, L.gate.w, L.up.w, L.down.w})
+                if (v.dtype == DType::I8) int8_rows = std::max(int8_rows, v.rows);
     const int64_t gemm_rows = std::max(opt.max_step_tokens, opt_.max_logit_rows);
     const size_t gemm_guess = size_t(opt.max_step_tokens * widest) * 2 + size_t(largest + stage_elems) * 2 +
                               (size_t(32) << 20) +
-                              size_t(gemm_rows * int8_rows) * sizeof(int32_t) +
-                              size_t(std::min(int8_rows * i4_cols, int64_t(32) << 20)) +
-                              size_t(opt.max_step_tokens * (i4_cols / 32)) * sizeof(int32_t);
+                              size_t(gemm_rows * int8_rows) * sizeof(int32_t);
     const size_t need = sizing.used() + gemm_guess;
     if (need > free_b)
         throw DeviceFitError(cat("the model does not fit on ", device_name_, " (rank ", comm.rank(), "): it needs ",
@@ -201,8 +198,8 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     layout(arena_, w);
     gemm_ = std::make_unique<CublasGemm>(stream_, gemm_rows, widest, largest, stage_elems);
     ws_bytes_ += gemm_->scratch_bytes();
-    if (int8_acts_) {
-        int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows, i4_cols);
+    if (int8_rows > 0) {
+        int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows);
         ws_bytes_ += int8_gemm_->scratch_bytes();
     }
     meta_host_ = PinnedBuffer(meta_bytes_);
@@ -414,8 +411,8 @@ void CudaEngine::upload(const ModelWeights& w) {
     // The decode GEMV's column order (kernels/cuda/interleave.h: its x loads coalesce) wherever
     // the shape allows; every kernel reading weights honours the flag. W8A8's INT8 GEMV reads x as
     // int8, already contiguous per lane, so its matrices keep the natural order; lm_head (and a
-    // tied embedding) always goes through the W8A16 GEMV. INT4 matrices stay natural (the call
-    // declines them).
+    // tied embedding) always goes through the W8A16 GEMV. W4A16's INT4 matrices are interleaved
+    // where their groups hold whole 128-column blocks (AWQ's 128 do; 32 and 64 stay natural).
     if (!int8_acts_)
         for (CudaLayer& d : layers_)
             for (CudaLinear* l : {&d.qkv, &d.gate_up, &d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down})
@@ -473,9 +470,17 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
         const int64_t cols = l.w.cols, g = act_group(l.w);
         if (!acts_ready) quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
         const DeviceActs a{act_q_, act_scales_, T, cols, g};
-        if (T > kGemvMaxTokens) int8_gemm_->run(l.w, a, l.bias, y);
-        else if (l.w.dtype == DType::I4) gemv_w4a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
-        else gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+        if (T > kGemvMaxTokens && l.w.dtype == DType::I4) {
+            // W4A8 prefill on FP16 tensor cores (w4a8.h): the activations as quantized, dequantized.
+            dequantize_acts_half_cuda(a, gemm_->input_for(l.w), stream_);
+            gemm_->run(l.w, nullptr, T, l.bias, y);
+        } else if (T > kGemvMaxTokens) {
+            int8_gemm_->run(l.w, a, l.bias, y);
+        } else if (l.w.dtype == DType::I4) {
+            gemv_w4a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+        } else {
+            gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+        }
         return;
     }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.

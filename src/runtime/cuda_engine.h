@@ -157,7 +157,7 @@ private:
 
     DeviceArena arena_;
     std::unique_ptr<CublasGemm> gemm_;
-    std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 and W4A8 prefill
+    std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill (W4A8 prefill runs gemm_)
     bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
     // L2 prefetch (EngineOptions::l2_prefetch): how many matrices ahead, and at most how many bytes of
     // them, 3/5 of the L2, so that the prefetched bytes and the current GEMV's stream fit together.

@@ -37,7 +37,7 @@ struct EngineOptions {
     // SHARDLM_L2_PREFETCH environment variable, 0 when unset). Changes no result.
     int l2_prefetch = -1;
     // CUDA decode: the RoPE prologue run inside the split-KV attention kernel (1) or as its own
-    // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 0 when unset. Changes
+    // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 1 when unset. Changes
     // no result.
     int fused_rope = -1;
     // CUDA prefill with INT8 weights: each matrix dequantized on a side stream while the product

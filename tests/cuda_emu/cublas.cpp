@@ -1,7 +1,6 @@
 // The cuBLAS subset the project calls, as plain loops on the host: handles, streams, workspaces,
 // math modes, and the GEMMs of kernels/cuda/gemm.cu and w8a8.cu (cublasSgemm; cublasGemmEx with
-// F32, F16 or BF16 inputs into F32, and INT8 inputs into INT32; cublasGemmStridedBatchedEx as
-// batchCount cublasGemmEx calls).
+// F32, F16 or BF16 inputs into F32, and INT8 inputs into INT32).
 //
 // Column-major as cuBLAS: C[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C, op = N or T, C not
 // read when beta is 0. F32 products accumulate in f32 (f16 and bf16 inputs are exact in f32;
@@ -153,16 +152,6 @@ cublasStatus_t submit(cublasHandle_t h, Gemm g) {
 
 }  // namespace
 
-namespace {
-uint64_t batched_int8_calls = 0;
-bool batched_int8_declined = false;
-}  // namespace
-
-namespace shardlm_emu {
-uint64_t cublas_batched_int8_calls() { return batched_int8_calls; }
-void cublas_decline_batched_int8(bool declined) { batched_int8_declined = declined; }
-}  // namespace shardlm_emu
-
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
     shardlm_emu::announce();
     *h = new cublasContext;
@@ -245,26 +234,3 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                                          int k, const void* alpha, const void* A, cudaDataType at, int lda,
-                                          long long stride_a, const void* B, cudaDataType bt, int ldb,
-                                          long long stride_b, const void* beta, void* C, cudaDataType ct, int ldc,
-                                          long long stride_c, int batch, cublasComputeType_t compute,
-                                          cublasGemmAlgo_t algo) {
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    const bool int8 = at == CUDA_R_8I;
-    if (int8 && batched_int8_declined) return CUBLAS_STATUS_NOT_SUPPORTED;
-    const long long ea = static_cast<long long>(type_bytes(at)), eb = static_cast<long long>(type_bytes(bt)),
-                    ec = static_cast<long long>(type_bytes(ct));
-    for (int i = 0; i < batch; ++i) {
-        const void* Ai = static_cast<const char*>(A) + i * stride_a * ea;
-        const void* Bi = static_cast<const char*>(B) + i * stride_b * eb;
-        void* Ci = static_cast<char*>(C) + i * stride_c * ec;
-        const cublasStatus_t s = cublasGemmEx(h, ta, tb, m, n, k, alpha, Ai, at, lda, Bi, bt, ldb, beta, Ci, ct, ldc,
-                                              compute, algo);
-        if (s != CUBLAS_STATUS_SUCCESS) return s;
-    }
-    if (int8) ++batched_int8_calls;
-    return CUBLAS_STATUS_SUCCESS;
-}

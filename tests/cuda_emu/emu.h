@@ -98,10 +98,4 @@ bool is_device_range(const void* p, size_t bytes);
 // prefetch is checked to be 16-byte aligned and inside one device allocation.
 uint64_t l2_prefetched_bytes();
 
-// cublasGemmStridedBatchedEx on INT8 inputs (cublas.cpp): how many calls ran since the process
-// started, and, when declined is set, refusing them with CUBLAS_STATUS_NOT_SUPPORTED as a cuBLAS
-// without that combination would, so that callers' fallbacks can be tested.
-uint64_t cublas_batched_int8_calls();
-void cublas_decline_batched_int8(bool declined);
-
 }  // namespace shardlm_emu

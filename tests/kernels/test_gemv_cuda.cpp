@@ -195,19 +195,21 @@ TEST(GemvCuda, MisalignedPointersTakeTheScalarPath) {
 }
 
 TEST(GemvCuda, InterleavedColumnOrderIsAPermutationOfEachBlock) {
-    // Host side of interleave.h, no GPU needed: each 8C-column block maps onto itself one to one.
-    for (DType dt : {DType::I8, DType::F16, DType::BF16}) {
-        const int C = interleave_chunk_cols(dt);
-        std::vector<int> hits(size_t(3 * 8 * C), 0);
-        for (int64_t c = 0; c < 3 * 8 * C; ++c) {
+    // Host side of interleave.h, no GPU needed: each block of B chunks (BC columns: 128 for I8
+    // and I4, 64 for F16/BF16) maps onto itself one to one.
+    for (DType dt : {DType::I8, DType::F16, DType::BF16, DType::I4}) {
+        const int C = interleave_chunk_cols(dt), B = interleave_block_chunks(C), BC = interleave_block_cols(C);
+        ASSERT_EQ(BC, dt == DType::F16 || dt == DType::BF16 ? 64 : 128) << dtype_name(dt);
+        std::vector<int> hits(size_t(3 * BC), 0);
+        for (int64_t c = 0; c < 3 * BC; ++c) {
             const int64_t s = interleaved_col(c, C);
-            ASSERT_EQ(s / (8 * C), c / (8 * C)) << dtype_name(dt) << " column " << c;
+            ASSERT_EQ(s / BC, c / BC) << dtype_name(dt) << " column " << c;
             hits[size_t(s)]++;
         }
         for (int h : hits) ASSERT_EQ(h, 1) << dtype_name(dt);
-        // Lane j's quad q holds columns 32q + 4j ..: the 8 lanes' q-th float4s of x are contiguous.
-        for (int j = 0; j < 8; ++j)
-            for (int q = 0; q < C / 4; ++q) ASSERT_EQ(interleaved_col(32 * q + 4 * j, C), j * C + 4 * q);
+        // Lane j's quad q holds columns 4Bq + 4j ..: the B lanes' q-th float4s of x are contiguous.
+        for (int j = 0; j < B; ++j)
+            for (int q = 0; q < C / 4; ++q) ASSERT_EQ(interleaved_col(4 * B * q + 4 * j, C), j * C + 4 * q);
     }
     EXPECT_EQ(interleave_chunk_cols(DType::F32), 0);
 }

@@ -67,12 +67,14 @@ std::string describe(const Int4Host& m) {
     return "I4 " + std::to_string(m.rows) + "x" + std::to_string(m.cols) + " group " + std::to_string(m.group);
 }
 
-// The matrix on the device; `offset` bytes moves the codes off 16-byte alignment.
+// The matrix on the device; `offset` bytes moves the codes off 16-byte alignment; `interleave`
+// rewrites them into the interleaved column order (interleave.h) first.
 struct DeviceInt4 {
     DeviceBuffer<uint8_t> q;
     DeviceBuffer<float> scales, mins;
     DeviceMatrix dm;
-    DeviceInt4(const Int4Host& m, size_t offset = 0) : q(m.q.size() + 32), scales(m.scales), mins(m.mins) {
+    DeviceInt4(const Int4Host& m, size_t offset = 0, bool interleave = false)
+        : q(m.q.size() + 32), scales(m.scales), mins(m.mins) {
         CUDA_CHECK(cudaMemcpy(q.get() + offset, m.q.data(), m.q.size(), cudaMemcpyHostToDevice));
         dm.dtype = DType::I4;
         dm.data = q.get() + offset;
@@ -81,6 +83,10 @@ struct DeviceInt4 {
         dm.scales = scales.get();
         dm.mins = mins.get();
         dm.group_size = m.group;
+        if (interleave) {
+            EXPECT_TRUE(gemv_interleave_cuda(dm, nullptr)) << describe(m);
+            EXPECT_TRUE(dm.interleaved);
+        }
     }
 };
 
@@ -150,16 +156,16 @@ void expect_close(const Reference& ref, int64_t R, int64_t n, bool with_bias, co
 // gemv_cuda for n = 1..8, without and with bias. x_offset (floats) moves x off 16-byte alignment
 // and w_offset (bytes) the codes: either sends the GEMV down its scalar path.
 void check_gemv(const Int4Host& m, uint32_t seed, GemvGrid grid = GemvGrid::PerTile, size_t w_offset = 0,
-                size_t x_offset = 0) {
+                size_t x_offset = 0, bool interleave = false) {
     const Reference ref = make_reference(m, kN, seed, gemv_acc(m.cols), 0.0);
-    DeviceInt4 d(m, w_offset);
+    DeviceInt4 d(m, w_offset, interleave);
     DeviceBuffer<float> dx(ref.x.size() + 4), db(ref.bias), dy(ref.y.size());
     float* x = dx.get() + x_offset;
     CUDA_CHECK(cudaMemcpy(x, ref.x.data(), ref.x.size() * 4, cudaMemcpyHostToDevice));
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
-                         (grid == GemvGrid::Persistent ? " persistent grid" : "") +
+                         (grid == GemvGrid::Persistent ? " persistent grid" : "") + (interleave ? " interleaved" : "") +
                          " w_offset=" + std::to_string(w_offset) + " x_offset=" + std::to_string(x_offset));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
             gemv_cuda(d.dm, x, n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid);
@@ -228,22 +234,46 @@ TEST(Int4Cuda, GemvPersistentGridMatchesPerTile) {
     }
 }
 
+// The interleaved column order (interleave.h: 128-column blocks, groups of whole blocks) on every
+// rows-per-group choice (R = 4, 2, 1 by row length), both grids and the scalar path (x one float
+// off), against the same reference as the natural order.
+TEST(Int4Cuda, InterleavedGemvMatchesReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 250;
+    struct Shape {
+        int64_t rows, cols, group;
+    };
+    for (const Shape s : {Shape{1, 128, 128}, Shape{7, 256, 128}, Shape{33, 384, 128}, Shape{100, 1024, 256},
+                          Shape{1000, 2048, 128}, Shape{37, 6144, 128}, Shape{9, 16384, 128}, Shape{5, 512, 512}}) {
+        const Int4Host m = make_i4(s.rows, s.cols, s.group, seed++);
+        for (GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent}) {
+            check_gemv(m, seed, grid, 0, 0, true);
+            if (HasFatalFailure()) return;
+        }
+        if (s.cols <= 1024) check_gemv(m, seed, GemvGrid::PerTile, 0, 1, true);
+        if (HasFatalFailure()) return;
+    }
+}
+
 // gemv_swiglu_cuda on a stacked [gate; up] I4 matrix against the reference and SwiGLU in double
 // (the bound carried through silu(g) * u as in test_gemv_cuda.cpp).
 TEST(Int4Cuda, GemvSwiGLUEpilogueMatchesReference) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     uint32_t seed = 300;
-    for (const auto& s : {std::pair<int64_t, int64_t>{1, 32}, {7, 256}, {33, 1024}, {100, 128}, {500, 2048}}) {
+    for (const auto& s : {std::pair<int64_t, int64_t>{1, 32}, {7, 256}, {33, 1024}, {100, 128}, {500, 2048}})
+      for (const bool interleave : {false, true}) {
         const int64_t H = s.first, K = s.second, R = 2 * H;
+        if (interleave && K % 128 != 0) continue;
         const Int4Host m = make_i4(R, K, K >= 128 ? 128 : K, seed++);
         const Reference ref = make_reference(m, kN, seed, gemv_acc(K), 0.0);
-        DeviceInt4 d(m);
+        DeviceInt4 d(m, 0, interleave);
         DeviceBuffer<float> dx(ref.x), db(ref.bias), dy(size_t(kN * H));
         for (GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent})
             for (int64_t n = 1; n <= kN; ++n)
                 for (int with_bias = 0; with_bias < 2; ++with_bias) {
                     SCOPED_TRACE(describe(m) + " n=" + std::to_string(n) + (with_bias ? " bias" : "") +
-                                 (grid == GemvGrid::Persistent ? " persistent" : ""));
+                                 (grid == GemvGrid::Persistent ? " persistent" : "") +
+                                 (interleave ? " interleaved" : ""));
                     CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
                     ASSERT_TRUE(gemv_swiglu_cuda(d.dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr,
                                                  grid));
@@ -269,7 +299,7 @@ TEST(Int4Cuda, GemvSwiGLUEpilogueMatchesReference) {
                             ASSERT_NEAR(got[i], want, bound) << "token " << t << " output " << j;
                         }
                 }
-    }
+      }
 }
 
 // What the GEMV and the interleaving refuse or leave alone, and what gemv_next prefetches of an
@@ -299,8 +329,12 @@ TEST(Int4Cuda, GemvArgumentsPrefetchAndInterleave) {
     DeviceMatrix i = m;
     DeviceBuffer<uint8_t> dw(size_t(2048));
     i.data = dw.get();
-    EXPECT_FALSE(gemv_interleave_cuda(i, nullptr));
+    EXPECT_FALSE(gemv_interleave_cuda(i, nullptr));  // 64-column groups: a block would hold two
     EXPECT_FALSE(i.interleaved);
+    DeviceMatrix odd = i;
+    odd.cols = 192;  // groups of 64 x 3: not whole blocks either
+    odd.group_size = 192;
+    EXPECT_FALSE(gemv_interleave_cuda(odd, nullptr));
     DeviceBuffer<float> dx(size_t(kN * 256)), dy(size_t(kN * 16));
     DeviceMatrix bad = i;
     bad.group_size = 48;  // no multiple of 32
@@ -334,13 +368,14 @@ TEST(Int4Cuda, GemvPrefetchingChangesNoResult) {
 namespace {
 
 // CublasGemm::run on T = 1, 9 and ref.T token rows, with and without bias.
-void check_gemm(CublasGemm& gemm, const Int4Host& m, const Reference& ref, size_t w_offset = 0) {
-    DeviceInt4 d(m, w_offset);
+void check_gemm(CublasGemm& gemm, const Int4Host& m, const Reference& ref, size_t w_offset = 0,
+                bool interleave = false) {
+    DeviceInt4 d(m, w_offset, interleave);
     DeviceBuffer<float> dx(ref.x), db(ref.bias), dy(ref.y.size());
     for (int64_t T : {int64_t(1), int64_t(9), ref.T})
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + " T=" + std::to_string(T) + (with_bias ? " bias" : "") +
-                         " w_offset=" + std::to_string(w_offset));
+                         " w_offset=" + std::to_string(w_offset) + (interleave ? " interleaved" : ""));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
             gemm.run(d.dm, dx.get(), T, with_bias ? db.get() : nullptr, dy.get());
             CUDA_CHECK(cudaDeviceSynchronize());
@@ -372,6 +407,23 @@ TEST(Int4Cuda, GemmMatchesReference) {
             ++seed;
             if (HasFatalFailure()) return;
         }
+}
+
+// The prefill product of interleaved I4 weights: dequantized in their stored order, x converted
+// into it (gemm.cu convert_x), the same reference.
+TEST(Int4Cuda, InterleavedGemmMatchesReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    CublasGemm gemm(nullptr, kMaxT, kMaxCols, 1000 * 2048);
+    uint32_t seed = 550;
+    struct Shape {
+        int64_t rows, cols, group;
+    };
+    for (const Shape s : {Shape{7, 128, 128}, Shape{100, 256, 256}, Shape{33, 1024, 128}, Shape{64, 2048, 128}}) {
+        const Int4Host m = make_i4(s.rows, s.cols, s.group, seed);
+        check_gemm(gemm, m, gemm_reference(m, kMaxT, seed + 1000), 0, true);
+        ++seed;
+        if (HasFatalFailure()) return;
+    }
 }
 
 // Scratch for three rows of the widest matrix: several blocks, the last one partial; and codes

@@ -1,8 +1,9 @@
 // The W4A8 CUDA kernels against the CPU truth (matmul_w4a8_ref on the CPU's quantization of the
-// same x): gemv_w4a8_cuda (vector and scalar paths, 1..8 token rows) and CublasInt8Gemm with I4
-// weights (row and token blocks of its scratch, the GEMV fallback), over equal and mixed group
-// sizes, bias on and off; one graph captures and replays quantization, GEMM and GEMV. Skips where
-// no GPU is usable (the argument checks run everywhere).
+// same x): gemv_w4a8_cuda (vector and scalar paths, 1..8 token rows) and the prefill path
+// (dequantize_acts_half_cuda, then CublasGemm on the I4 matrix: whole and in row blocks of its
+// scratch), over equal and mixed group sizes, bias on and off; one graph captures and replays
+// quantization, prefill product and GEMV. Skips where no GPU is usable (the argument checks run
+// everywhere).
 //
 // Tolerance. Both sides' integer sums are exact on the GPU (D = sum q * code, S = sum q per dot
 // group, or per 32-column piece of one); the reference sums in double over the f32 dequantized
@@ -11,7 +12,9 @@
 // f32, so with A = sum over groups of act_scale * (w_scale * sum |q| code + |w_min| * sum |q|)
 //   |got - ref| <= (K / 16 + 16) u (A + |b|) + 1e-6.
 // A swapped nibble, a wrong group, scale or min, or a lost S moves an output by a sizeable part of
-// A (scales and mins differ from group to group), far outside it.
+// A (scales and mins differ from group to group), far outside it. The prefill path rounds both
+// factors of every product to f16 and sums on tensor cores:
+//   |got - ref| <= (2 * 2^-11 + 4 (K + 16) u) A + (K / 16 + 16) u |b| + 1e-6.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "kernels/cpu/quantize.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/w4a8.h"
 #include "kernels/cuda/w8a8.h"
 #include "tests/kernels/cuda_test_util.h"
@@ -50,6 +54,7 @@ struct Expected {
     int64_t k = 0;
     std::vector<float> y, bias;  // y [n, rows]
     std::vector<double> bound;   // [n, rows]
+    std::vector<double> abs_sum; // [n, rows]: A above
 };
 
 Expected make_expected(const Int4Mat& w, const Acts& a, uint32_t seed) {
@@ -58,6 +63,7 @@ Expected make_expected(const Int4Mat& w, const Acts& a, uint32_t seed) {
     e.k = K;
     e.y.resize(size_t(n * R));
     e.bound.resize(e.y.size());
+    e.abs_sum.resize(e.y.size());
     e.bias = rand_vec(size_t(R), seed, 0.5f);
     matmul_w4a8_ref(a.view, w.view(), nullptr, e.y.data());
     for (int64_t t = 0; t < n; ++t)
@@ -70,6 +76,7 @@ Expected make_expected(const Int4Mat& w, const Acts& a, uint32_t seed) {
                 abs_sum += a.scales[size_t(t * (K / ga) + k / ga)] * qa * (w.scales[wi] * code + std::fabs(w.mins[wi]));
             }
             e.bound[size_t(t * R + r)] = double(K / 16 + 16) * kU * abs_sum + 1e-6;
+            e.abs_sum[size_t(t * R + r)] = abs_sum;
         }
     return e;
 }
@@ -103,7 +110,9 @@ std::string describe(const Int4Mat& w, const Acts& a) {
 }
 
 // got is y [a.n, rows] as downloaded: token rows below n are checked, the others must be untouched.
-void expect_close(const Expected& e, int64_t rows, int64_t n, bool with_bias, const std::vector<float>& got) {
+// prefill: the prefill path's bound.
+void expect_close(const Expected& e, int64_t rows, int64_t n, bool with_bias, const std::vector<float>& got,
+                  bool prefill = false) {
     for (size_t i = 0; i < got.size(); ++i) {
         const int64_t t = int64_t(i) / rows, r = int64_t(i) % rows;
         if (t >= n) {
@@ -113,7 +122,9 @@ void expect_close(const Expected& e, int64_t rows, int64_t n, bool with_bias, co
             continue;
         }
         const float b = with_bias ? e.bias[size_t(r)] : 0.0f;
-        const double bound = e.bound[i] + double(std::fabs(b)) * double(e.k / 16 + 16) * kU;
+        const double bound =
+            (prefill ? (2.0 / 2048 + 4.0 * double(e.k + 16) * kU) * e.abs_sum[i] + 1e-6 : e.bound[i]) +
+            double(std::fabs(b)) * double(e.k / 16 + 16) * kU;
         ASSERT_NEAR(got[i], e.y[i] + b, bound) << "token " << t << " output " << r;
     }
 }
@@ -137,23 +148,25 @@ void check_gemv(int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, uint
         }
 }
 
-void check_gemm(CublasInt8Gemm& gemm, int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, int64_t max_t,
-                uint32_t seed, size_t q_offset = 0) {
+// The prefill path on T = 9, 17 and 256 token rows (those <= max_t), with and without bias.
+void check_prefill(CublasGemm& gemm, int64_t rows, int64_t cols, int64_t wgroup, int64_t agroup, int64_t max_t,
+                   uint32_t seed, size_t q_offset = 0) {
     const Int4Mat w = test::make_int4(rows, cols, wgroup, seed);
     const Acts a = make_acts(max_t, cols, agroup, seed + 1);
     const Expected e = make_expected(w, a, seed + 2);
     DeviceCase d(w, a, e, 0, q_offset);
-    for (int64_t T : {int64_t(1), int64_t(9), int64_t(17), int64_t(256)}) {
+    for (int64_t T : {int64_t(9), int64_t(17), int64_t(256)}) {
         if (T > max_t) continue;
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
-            SCOPED_TRACE("gemm " + describe(w, a) + " T=" + std::to_string(T) + (with_bias ? " bias" : "") +
+            SCOPED_TRACE("prefill " + describe(w, a) + " T=" + std::to_string(T) + (with_bias ? " bias" : "") +
                          " q_offset=" + std::to_string(q_offset));
             CUDA_CHECK(cudaMemset(d.y.get(), 0xff, d.y.size() * 4));
             DeviceActs da = d.da;
             da.n = T;
-            gemm.run(d.dm, da, with_bias ? d.bias.get() : nullptr, d.y.get());
+            dequantize_acts_half_cuda(da, gemm.input_for(d.dm), nullptr);
+            gemm.run(d.dm, nullptr, T, with_bias ? d.bias.get() : nullptr, d.y.get());
             CUDA_CHECK(cudaDeviceSynchronize());
-            expect_close(e, rows, T, with_bias != 0, d.y.download());
+            expect_close(e, rows, T, with_bias != 0, d.y.download(), true);
             if (::testing::Test::HasFatalFailure()) return;
         }
     }
@@ -185,70 +198,45 @@ TEST(W4A8Cuda, GemvMisalignedPointersTakeTheScalarPath) {
     check_gemv(40, 512, 64, 512, 310, 0, 1);  // activations one byte off
 }
 
-TEST(W4A8Cuda, GemmMatchesReference) {
+TEST(W4A8Cuda, PrefillMatchesReference) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    CublasInt8Gemm gemm(nullptr, 256, 2048, 2048);
+    CublasGemm gemm(nullptr, 256, 2048, 256 * 2048);
     uint32_t seed = 500;
-    check_gemm(gemm, 36, 96, 32, 32, 256, seed);  // rows a multiple of 4: cuBLAS
+    check_prefill(gemm, 36, 96, 32, 32, 256, seed);
     if (HasFatalFailure()) return;
-    check_gemm(gemm, 37, 96, 32, 32, 256, seed + 3);  // not: the GEMV, 8 tokens at a time
+    check_prefill(gemm, 37, 96, 32, 32, 256, seed + 3);
     if (HasFatalFailure()) return;
-    check_gemm(gemm, 256, 2048, 128, 128, 256, seed + 6);
+    check_prefill(gemm, 256, 2048, 128, 128, 256, seed + 6);
     if (HasFatalFailure()) return;
-    check_gemm(gemm, 128, 1024, 64, 1024, 256, seed + 9);  // per-token activation scales
+    check_prefill(gemm, 128, 1024, 64, 1024, 256, seed + 9);  // per-token activation scales
     if (HasFatalFailure()) return;
-    check_gemm(gemm, 64, 512, 128, 512, 17, seed + 12, 4);  // q 4 bytes off: the GEMV's scalar path
+    check_prefill(gemm, 64, 512, 128, 512, 17, seed + 12, 3);  // q 3 bytes off
 }
 
-// A scratch for 17 x 256 products holds 4352 INT32 sums: 16 groups of 128 columns take blocks of
-// one token, 64 groups of 32 blocks of 68 rows too, so the row and token loops both turn.
-TEST(W4A8Cuda, GemmInBlocksOfTheScratch) {
+// A dequantization scratch for three rows of 2048 columns: the product runs in row blocks.
+TEST(W4A8Cuda, PrefillInRowBlocksOfTheScratch) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    CublasInt8Gemm gemm(nullptr, 17, 256, 2048);
-    check_gemm(gemm, 256, 2048, 128, 128, 17, 600);
+    CublasGemm gemm(nullptr, 17, 2048, 3 * 2048);
+    check_prefill(gemm, 256, 2048, 128, 128, 17, 600);
     if (HasFatalFailure()) return;
-    check_gemm(gemm, 256, 2048, 32, 32, 17, 610);
+    check_prefill(gemm, 10, 2048, 32, 32, 17, 610);
 }
 
-#ifdef SHARDLM_CUDA_EMU
-// The groups' products go to cuBLAS as one strided-batched INT8 GEMM per block; a cuBLAS that
-// declines INT8 there (the emulator can be told to) gets one GEMM per group, with the same results.
-TEST(W4A8Cuda, GemmFallsBackToAProductPerGroup) {
-    const uint64_t before = shardlm_emu::cublas_batched_int8_calls();
-    {
-        CublasInt8Gemm gemm(nullptr, 256, 2048, 2048);
-        check_gemm(gemm, 256, 2048, 128, 128, 256, 900);
-    }
-    if (HasFatalFailure()) return;
-    const uint64_t batched = shardlm_emu::cublas_batched_int8_calls();
-    EXPECT_GT(batched, before);
-    shardlm_emu::cublas_decline_batched_int8(true);
-    {
-        CublasInt8Gemm gemm(nullptr, 256, 2048, 2048);
-        check_gemm(gemm, 256, 2048, 128, 128, 256, 900);
-    }
-    shardlm_emu::cublas_decline_batched_int8(false);
-    EXPECT_EQ(shardlm_emu::cublas_batched_int8_calls(), batched);
-}
-#endif
-
-TEST(W4A8Cuda, GemmRejectsWhatTheScratchCannotHold) {
+TEST(W4A8Cuda, PrefillRejectsWhatItCannotTake) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     const Int4Mat w = test::make_int4(64, 256, 64, 1);
     const Acts a = make_acts(4, 256, 64, 2);
     const Expected e = make_expected(w, a, 3);
     DeviceCase d(w, a, e);
-    CublasInt8Gemm no_i4(nullptr, 4, 64);
-    EXPECT_THROW(no_i4.run(d.dm, d.da, nullptr, d.y.get()), Error);  // no W4A8 scratch
-    CublasInt8Gemm narrow(nullptr, 4, 64, 128);
-    EXPECT_THROW(narrow.run(d.dm, d.da, nullptr, d.y.get()), Error);  // 256 columns > 128
-    CublasInt8Gemm gemm(nullptr, 4, 64, 256);
-    EXPECT_NO_THROW(gemm.run(d.dm, d.da, nullptr, d.y.get()));
-    DeviceActs five = d.da;
-    five.n = 5;
-    EXPECT_THROW(gemm.run(d.dm, five, nullptr, d.y.get()), Error);  // 5 tokens > 4
+    CublasInt8Gemm int8(nullptr, 4, 64);
+    EXPECT_THROW(int8.run(d.dm, d.da, nullptr, d.y.get()), Error);  // INT8 weights only
+    EXPECT_THROW(dequantize_acts_half_cuda(d.da, HalfInput{}, nullptr), Error);  // no input buffer
+    DeviceActs odd = d.da;
+    odd.group_size = 2;
+    CublasGemm wide(nullptr, 4, 256, 64 * 256);  // (the 16-bit input's rows are the caller's to size)
+    EXPECT_THROW(dequantize_acts_half_cuda(odd, wide.input_for(d.dm), nullptr), Error);
+    EXPECT_NO_THROW(dequantize_acts_half_cuda(d.da, wide.input_for(d.dm), nullptr));
     CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_THROW(CublasInt8Gemm(nullptr, 4, 64, 100), Error);  // I4 rows are whole blocks of 32
 }
 
 TEST(W4A8Cuda, CapturedInAGraph) {
@@ -268,10 +256,11 @@ TEST(W4A8Cuda, CapturedInAGraph) {
 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    auto gemm = std::make_unique<CublasInt8Gemm>(stream, T, rows, cols);  // released before its stream
+    auto gemm = std::make_unique<CublasGemm>(stream, T, cols, rows * cols);  // released before its stream
     const auto step = [&] {
         quantize_acts_cuda(dx.get(), T, cols, group, dq.get(), ds.get(), stream);
-        gemm->run(d.dm, acts, d.bias.get(), d.y.get());
+        dequantize_acts_half_cuda(acts, gemm->input_for(d.dm), stream);
+        gemm->run(d.dm, nullptr, T, d.bias.get(), d.y.get());
         gemv_w4a8_cuda(d.dm, decode, d.bias.get(), dy_gemv.get(), stream);
     };
     // One eager run first (lazily loaded kernels load outside the capture), then the outputs are
@@ -297,8 +286,8 @@ TEST(W4A8Cuda, CapturedInAGraph) {
     CUDA_CHECK(cudaStreamDestroy(stream));
     ASSERT_EQ(got_q, a.q);
     {
-        SCOPED_TRACE("graph gemm");
-        expect_close(e, rows, T, true, got_gemm);
+        SCOPED_TRACE("graph prefill");
+        expect_close(e, rows, T, true, got_gemm, true);
     }
     if (HasFatalFailure()) return;
     SCOPED_TRACE("graph gemv");

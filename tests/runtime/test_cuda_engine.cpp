@@ -254,10 +254,11 @@ TEST_P(CudaVsCpu, Int4WeightsMatchTheCpuInt4) {
 }
 
 // W4A8 against the CPU's W4A8 on the same quantized weights and activations: groups of 32 (the
-// tiny models allow no larger), decode through gemv_w4a8_cuda, prefill through CublasInt8Gemm's
-// INT8 products of the unpacked codes or (chunks of 4) the GEMV, and with down_proj kept 16-bit
-// beside INT4 neighbours. Both sides' integer sums are exact; the f32 scaling and summation
-// orders differ, and a later layer's quantization step may round the other way: the INT8 bound.
+// tiny models allow no larger), decode through gemv_w4a8_cuda, prefill through the FP16 product
+// of the dequantized activations and codes (w4a8.h) or (chunks of 4) the GEMV, and with down_proj
+// kept 16-bit beside INT4 neighbours. The GEMV's integer sums are exact, the prefill's products
+// are rounded to f16 factors; the f32 scaling and summation orders differ, and a later layer's
+// quantization step may round the other way: the INT8 bound.
 TEST_P(CudaVsCpu, W4A8MatchesTheCpuW4A8) {
     SKIP_WITHOUT_GPU();
     for (const std::string keep : {"", "down_proj"}) {
@@ -404,6 +405,33 @@ TEST_P(CudaVsCpu, VerifyStepsReplayExactlyWhatEagerRuns) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaVsCpu, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// INT4 with AWQ's 128-column groups on a Qwen3 whose every matrix has a multiple of 128 columns
+// (hidden 128, intermediate 256): the CUDA engine stores them in the GEMV's interleaved order
+// (interleave.h, 128-column blocks), decode reads it and the cuBLAS prefill dequantizes it with x
+// converted into it. The tiny models' 160 intermediate columns keep the natural order (above).
+TEST(CudaEngine, InterleavedInt4MatchesTheCpuInt4) {
+    SKIP_WITHOUT_GPU();
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.hidden = 128;
+    cfg.intermediate = 256;
+    TempDir dir;
+    write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 29});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(11, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2),
+                                                       make_prompt(29, cfg.vocab, 3)};
+    RunOptions cpu, gpu, chunked;
+    cpu.weights = gpu.weights = chunked.weights = WeightFormat::Int4;
+    cpu.group = gpu.group = chunked.group = 128;
+    gpu.device = chunked.device = Device::Cuda;
+    chunked.prefill_chunk = 4;  // every prefill chunk through the INT4 GEMV
+    const Trace a = trace(dir.path(), prompts, cpu), b = trace(dir.path(), prompts, gpu),
+                c = trace(dir.path(), prompts, chunked);
+    ASSERT_TRUE(all_finite(b) && all_finite(c));
+    const float scale = std::max(1.0f, max_abs(a));
+    EXPECT_LT(max_diff(a, b), 2e-3f * scale);  // the cuBLAS prefill's f16 roundings, as above
+    EXPECT_LT(max_diff(a, c), (cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
+    EXPECT_EQ(a.tokens, c.tokens);
+}
 
 namespace {
 // A tiny FP32 Llama written into `dir`, and CUDA session options for it.

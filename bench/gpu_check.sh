@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _GEMV_GRID,
-# _GEMV_MMA, _L2_PREFETCH, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# _GEMV_MMA, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
 # the mission table, `shardlm serve` over HTTP (serve-http), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
@@ -292,7 +292,8 @@ s_test() {  # BINARY
 s_models() {  # the small checkpoints of the tokens and sanitizer steps
   "$BIN/shardlm" make-model --preset tiny-qwen3 --dtype fp32 --out "$work/tiny32" &&
     "$BIN/shardlm" make-model --preset tiny-qwen3 --dtype bf16 --out "$work/tiny16" &&
-    echo "note: tiny-qwen3 fp32 and bf16 checkpoints"
+    "$BIN/shardlm" make-model --preset tiny --dtype bf16 --out "$work/tiny128" &&
+    echo "note: tiny-qwen3 fp32 and bf16 checkpoints, tiny (128-column multiples) bf16"
 }
 
 cpu_vs_dev() {  # NAME LABEL FLAGS...: the tiny fp32 model's tokens on the CPU and on $DEV, compared
@@ -368,10 +369,12 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
 }
 
 s_sanitize() {  # EXTRA FLAGS...: memcheck on a short generation (batch of 2 of different lengths)
-  # Sampled (the default temperature 0.8, top-k 40): the GPU top-k selection runs too.
-  local args=(generate --model "$work/tiny16" --prompt-ids "1,2,3;4,5,6,7,8" --max-new-tokens 8 --seed 3
+  # Sampled (the default temperature 0.8, top-k 40): the GPU top-k selection runs too. The model:
+  # $SANITIZE_MODEL, else the tiny bf16 Qwen3.
+  local model=${SANITIZE_MODEL:-$work/tiny16}
+  local args=(generate --model "$model" --prompt-ids "1,2,3;4,5,6,7,8" --max-new-tokens 8 --seed 3
               --device "$DEV" "$@")
-  [ -f "$work/tiny16/config.json" ] || { echo "no model (models step failed)"; exit 1; }
+  [ -f "$model/config.json" ] || { echo "no model $model (models step failed)"; exit 1; }
   if ! have_gpu; then
     "$BIN/shardlm" "${args[@]}" || exit 1  # the plumbing, without the sanitizer
     skip "no GPU (the same generate ran on the CPU)"
@@ -619,44 +622,25 @@ step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "be
 # (SHARDLM_GEMM_STAGE=1, kernels/cuda/gemm.h): the report's "staged ahead" table against the
 # int8 rows above (the dequantization was ~18% of an INT8 pp512, session 6).
 step bench-int8-int8-graph-gemm-stage 90 s_bench_with SHARDLM_GEMM_STAGE=1 "bench-int8-int8-g1-gemm-stage" 1,4 int8 int8 1
-# The RoPE prologue inside the split-KV decode kernel (SHARDLM_FUSED_ROPE=1, kernels/cuda/attention.h):
-# one kernel less per layer and step, aimed at batch-1 latency; and under memcheck, since the
-# attention kernel then writes the newest K/V rows itself.
+# Decode alternatives to the defaults (the report's "Decode alternatives" table): a block per row
+# tile instead of the persistent GEMV grid (kernels/cuda/gemv.h), the RoPE prologue as its own
+# kernel instead of inside the split-KV attention (kernels/cuda/attention.h), and the tensor-core
+# GEMV for 3-8 token rows (kernels/cuda/gemv_mma.cu; it changes batch 4 only) or for every batch.
+# (The defaults won these on 2026-12-04; the L2 prefetch of the next matrices lost by 1-11% and
+# was removed.)
 for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec
-  step "bench-$1-$2-graph-fused-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=1 "bench-$1-$2-g1-fused-rope" 1,4 "$1" "$2" 1
-done
-step sanitize-fused-rope 90 env SHARDLM_FUSED_ROPE=1 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8 \
-  --top-k 0 --top-p 0.9  # and top-p alone: the nucleus mass kernel (kernels/cuda/nucleus.cu)
-# Every candidate at once (the staged prefill too): what the step could be if they all held up.
-for prec in "int8 int8" "fp16 fp16"; do
-  set -- $prec
-  step "bench-$1-$2-graph-all-candidates" 90 s_bench_with \
-    "SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1 SHARDLM_GEMV_MMA=1 SHARDLM_FUSED_ROPE=1 SHARDLM_GEMM_STAGE=1" \
-    "bench-$1-$2-g1-all-candidates" 1,4 "$1" "$2" 1
-done
-# Candidates not yet on by default, on whole decode steps: the GEMVs' persistent grid
-# (kernels/cuda/gemv.h; the gemv step also times it one matrix at a time), the next one or two
-# matrices prefetched into L2 (kernels/cuda/l2_prefetch.h), and the grid with the prefetch. The
-# report's "Decode candidates" table sets them against the default rows above.
-for prec in "int8 int8" "fp16 fp16"; do
-  set -- $prec
-  step "bench-$1-$2-graph-persistent" 90 s_bench_with SHARDLM_GEMV_GRID=persistent "bench-$1-$2-g1-persistent" 1,4 "$1" "$2" 1
-  for d in 1 2; do
-    step "bench-$1-$2-graph-prefetch$d" 90 s_bench_with SHARDLM_L2_PREFETCH=$d "bench-$1-$2-g1-prefetch$d" 1,4 "$1" "$2" 1
-  done
-  step "bench-$1-$2-graph-persistent-prefetch1" 90 s_bench_with "SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=1" \
-    "bench-$1-$2-g1-persistent-prefetch1" 1,4 "$1" "$2" 1
-done
-# The tensor-core GEMV for 3-8 token rows (kernels/cuda/gemv_mma.cu): it changes batch 4 only.
-for prec in "int8 int8" "fp16 fp16"; do
-  set -- $prec
+  step "bench-$1-$2-graph-tiles" 90 s_bench_with SHARDLM_GEMV_GRID=tiles "bench-$1-$2-g1-tiles" 1,4 "$1" "$2" 1
+  step "bench-$1-$2-graph-separate-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=0 "bench-$1-$2-g1-separate-rope" 1,4 "$1" "$2" 1
   step "bench-$1-$2-graph-gemv-mma" 90 s_bench_with SHARDLM_GEMV_MMA=1 "bench-$1-$2-g1-gemv-mma" 1,4 "$1" "$2" 1
 done
-# ... and at batch 1 too (=all: fewer instructions per weight byte than the vector kernel's).
 step bench-int8-int8-graph-gemv-mma-all 90 s_bench_with SHARDLM_GEMV_MMA=all "bench-int8-int8-g1-gemv-mma-all" 1,4 int8 int8 1
+# Memcheck over the alternatives, and over the default fused RoPE with top-p alone (the nucleus
+# mass kernel, kernels/cuda/nucleus.cu).
+step sanitize-fused-rope 90 s_sanitize --weights int8 --kv int8 --top-k 0 --top-p 0.9
+step sanitize-separate-rope 90 env SHARDLM_FUSED_ROPE=0 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=all bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
-step sanitize-persistent-prefetch2 90 env SHARDLM_GEMV_GRID=persistent SHARDLM_L2_PREFETCH=2 bash -c 's_sanitize "$@"' s_sanitize --kv int8
+step sanitize-tiles 90 env SHARDLM_GEMV_GRID=tiles bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
 # Serving throughput (continuous batching vs static batches, never run on a GPU before) and
@@ -670,8 +654,12 @@ step speculate 90 s_speculate
 step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8
+step ncu-step-int4 150 s_ncu_step ncu-step-int4 --weights int4 --kv int8
 step sanitize-w8a8 90 s_sanitize --weights w8a8
 step sanitize-int4 90 s_sanitize --weights int4 --group-size 32 --kv int8
+# 128-column groups on a model whose matrices are 128-column multiples: interleaved INT4.
+step sanitize-int4-interleaved 90 env SANITIZE_MODEL="$work/tiny128" bash -c 's_sanitize "$@"' s_sanitize \
+  --weights int4 --group-size 128 --kv int8
 step sanitize-w4a8 90 s_sanitize --weights w4a8 --group-size 32 --kv int8
 step bench-fp16-fp16-graph-nopdl 90 s_bench_nopdl bench-fp16-fp16-g1-nopdl 1,4 fp16 fp16 1
 step bench-int8-int8-nograph 90 s_bench bench-int8-int8-g0 1,4 int8 int8 0

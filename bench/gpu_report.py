@@ -101,7 +101,7 @@ def cmd_table(path, header=None):
         pdl = r.get("pdl")
         key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
                r.get("attention", "-"), "-" if pdl is None else ("on" if pdl else "off"), r.get("gemv_grid", "-"),
-               l2_label(r.get("l2_prefetch")), "on" if r.get("gemm_stage") else "off")
+               "on" if r.get("gemm_stage") else "off")
         if key not in runs:
             runs[key] = {"r": r}
             order.append(key)
@@ -114,10 +114,10 @@ def cmd_table(path, header=None):
         if k[1] == "torch" and "pp" in run and "tg" in run:
             torch[(k[2], k[5])] = run
     if order:
-        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | l2 prefetch | gemm stage | "
+        out.append("| engine | test | batch | weights | kv | graphs | attention | pdl | gemv grid | gemm stage | "
                    "prefill ms | decode ms/token | GB/s | fraction of peak | memory GB (weights+kv+workspace) | peak GB | "
                    "prefill x torch | decode x torch |")
-        out.append("|---|---|---:|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("|---|---|---:|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for k in order:
             run = runs[k]
             pp, tg, r = run.get("pp"), run.get("tg"), run["r"]
@@ -137,7 +137,7 @@ def cmd_table(path, header=None):
                     rp = pre / t["pp"]["avg_ms"]
                 if dec is not None:
                     rd = dec / (t["tg"]["avg_ms"] / int(t["tg"]["test"][2:]))
-            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {k[9]} | {k[10]} | {fmt(pre, ".1f")} | '
+            out.append(f'| {k[1]} | {test} | {k[2]} | {k[3]} | {k[4]} | {"on" if k[5] else "off"} | {k[6]} | {k[7]} | {k[8]} | {k[9]} | {fmt(pre, ".1f")} | '
                        f'{fmt(dec, ".3f")} | {fmt(gbps, ".0f")} | {fmt(frac, ".2f")} | {fmt(mem, ".2f")} | '
                        f'{fmt(peak_mem, ".2f")} | {fmt(rp, ".2f")} | {fmt(rd, ".2f")} |')
         peaks = sorted({round(runs[k]["r"].get("peak_gbps") or 0) for k in order} - {0})
@@ -171,54 +171,48 @@ def cmd_table(path, header=None):
     print("\n".join(out))
 
 
-def l2_label(v):
-    """A row's l2_prefetch (matrices prefetched ahead: 0, 1, 2; older rows: a bool) as a column."""
-    if v is None:
-        return "-"
-    return "off" if not v else str(int(v))
+# The decode GEMV grid of a default row (kernels/cuda/gemv.h gemv_default_grid); "-" on the CPU.
+DEFAULT_GRIDS = ("persistent", "-")
 
 
 def candidates(runs, order):
-    """The decode tuning candidates against the default, per (batch, weights, kv): shardlm rows with
-    graphs and PDL on, flash attention (with "+rope": the RoPE prologue fused into the decode
-    kernel), differing only in that, gemv_grid (with "+mma": the tensor-core GEMV for 3-8 token
-    rows), l2_prefetch and (in the all-candidates row only) the staged prefill. Ratio < 1: the
-    candidate is faster. Empty when no candidate row ran."""
-    # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, l2_prefetch, gemm_stage)
-    # column: (gemv_grid, l2_prefetch, fused RoPE, staged prefill, title)
-    cols = [("tiles", "off", False, False, "default"), ("persistent", "off", False, False, "persistent grid"),
-            ("tiles", "1", False, False, "L2 prefetch 1"), ("tiles", "2", False, False, "L2 prefetch 2"),
-            ("persistent", "1", False, False, "persistent + prefetch 1"),
-            ("persistent", "2", False, False, "persistent + prefetch 2"),
-            ("tiles+mma", "off", False, False, "tensor-core GEMV (b > 2)"),
-            ("tiles+mma-all", "off", False, False, "tensor-core GEMV (all b)"),
-            ("tiles", "off", True, False, "fused RoPE"),
-            ("persistent+mma", "1", True, True, "all: persistent, prefetch 1, mma (b > 2), fused RoPE")]
+    """The decode tuning switches against the default, per (batch, weights, kv): shardlm rows with
+    graphs and PDL on, flash attention (with "+rope", the default: the RoPE prologue fused into the
+    decode kernel; without, SHARDLM_FUSED_ROPE=0), differing only in that and gemv_grid ("tiles":
+    a block per row tile, SHARDLM_GEMV_GRID=tiles; "+mma": the tensor-core GEMV for 3-8 token rows,
+    "+mma-all" for every batch). Ratio < 1: the alternative is faster. Empty when no alternative
+    row ran."""
+    # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, gemm_stage)
+    # column: (gemv_grid, fused RoPE, title)
+    cols = [("persistent", True, "default"), ("tiles", True, "per-tile grid"),
+            ("persistent", False, "separate RoPE kernel"),
+            ("persistent+mma", True, "tensor-core GEMV (b > 2)"),
+            ("persistent+mma-all", True, "tensor-core GEMV (all b)")]
     table, seen = {}, []
     for k in order:
         run = runs[k]
         if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash+rope", "-") or k[7] == "off" or \
-                "tg" not in run:
+                k[9] == "on" or "tg" not in run:
             continue
         tg = run["tg"]
         group = (k[2], k[3], k[4])
         if group not in table:
             table[group] = {}
             seen.append(group)
-        table[group][(k[8], k[9], k[6] == "flash+rope", k[10] == "on")] = tg["avg_ms"] / int(tg["test"][2:])
-    default = cols[0][:4]
-    rows = [g for g in seen if default in table[g] and any(c[:4] in table[g] for c in cols[1:])]
+        table[group][(k[8], k[6] == "flash+rope")] = tg["avg_ms"] / int(tg["test"][2:])
+    default = cols[0][:2]
+    rows = [g for g in seen if default in table[g] and any(c[:2] in table[g] for c in cols[1:])]
     if not rows:
         return []
-    out = ["\nDecode candidates (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
-           "| batch | weights | kv | " + " | ".join(c[4] for c in cols) + " |",
+    out = ["\nDecode alternatives (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
+           "| batch | weights | kv | " + " | ".join(c[2] for c in cols) + " |",
            "|---:|---|---|" + "---:|" * len(cols)]
     for g in rows:
         base = table[g][default]
         cells = []
         for c in cols:
-            v = table[g].get(c[:4])
-            cells.append("-" if v is None else ("%.3f" % v if c[:4] == default else "%.3f (%.2f)" % (v, v / base)))
+            v = table[g].get(c[:2])
+            cells.append("-" if v is None else ("%.3f" % v if c[:2] == default else "%.3f (%.2f)" % (v, v / base)))
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
     out.append("")
     return out
@@ -254,17 +248,17 @@ def prefill_tc(runs, order):
     """Prefill with attention on tensor cores (attention "flash") against the FP32-pipe kernel
     ("flash-fp32", SHARDLM_PREFILL_TC=0), with the default decode and prefill settings."""
     return prefill_ab(runs, order,
-                      lambda k: k[6] in ("flash", "flash-fp32") and k[8] in ("tiles", "-") and k[9] == "off" and
-                      k[10] != "on",
-                      lambda k: k[6], "flash-fp32", "flash", "Prefill attention on tensor cores",
+                      lambda k: k[6].replace("+rope", "") in ("flash", "flash-fp32") and k[8] in DEFAULT_GRIDS and
+                      k[9] == "off",
+                      lambda k: k[6].replace("+rope", ""), "flash-fp32", "flash", "Prefill attention on tensor cores",
                       ("FP32 pipes", "tensor cores"))
 
 
 def prefill_staging(runs, order):
     """INT8 prefill with each matrix dequantized ahead on a side stream (gemm_stage on,
     SHARDLM_GEMM_STAGE=1) against the default, with flash attention and the default decode settings."""
-    return prefill_ab(runs, order, lambda k: k[6] == "flash" and k[8] in ("tiles", "-") and k[9] == "off",
-                      lambda k: k[10], "off", "on", "INT8 prefill with the dequantization staged ahead",
+    return prefill_ab(runs, order, lambda k: k[6].replace("+rope", "") == "flash" and k[8] in DEFAULT_GRIDS,
+                      lambda k: k[9], "off", "on", "INT8 prefill with the dequantization staged ahead",
                       ("default", "staged"))
 
 

@@ -66,14 +66,6 @@ std::string cuda_tuning_env(const char* name, std::initializer_list<const char*>
     fail(name, "=", v, ": ", what, " must be one of ", list, " (or unset)");
 }
 
-int l2_prefetch_depth() {
-    static const int depth = [] {
-        const std::string v = cuda_tuning_env("SHARDLM_L2_PREFETCH", {"0", "1", "2"}, "the matrices prefetched ahead");
-        return v.empty() ? 0 : v[0] - '0';
-    }();
-    return depth;
-}
-
 bool prefill_tensor_cores() {
     static const bool on = [] {
         if (cuda_tuning_env("SHARDLM_PREFILL_TC", {"0", "1"}, "attention prefill on tensor cores") == "0") return false;
@@ -95,13 +87,6 @@ bool int8_gemm_staging() {
     static const bool on =
         cuda_tuning_env("SHARDLM_GEMM_STAGE", {"0", "1"}, "INT8 prefill dequantization staged ahead") == "1";
     return on;
-}
-
-int64_t cuda_l2_bytes() {
-    int dev = 0, bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
-    return bytes;
 }
 
 int cuda_sm_count() {

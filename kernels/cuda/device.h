@@ -21,16 +21,11 @@ double cuda_peak_gbps();
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
 
-// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_L2_PREFETCH,
+// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_GEMV_MMA,
 // SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
 // value is an error naming the variable, `what` it sets and the values allowed. For A/B
 // measurements, not for users.
 std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);
-
-// How many matrices ahead each decode GEMV prefetches into L2 (l2_prefetch.h):
-// SHARDLM_L2_PREFETCH=1 (the next) or 2 (the next two); 0 or unset: none, the default until the
-// H200 has timed it. Any other value is an error. Read once per process.
-int l2_prefetch_depth();
 
 // Whether attention's prefill tiles run on tensor cores (attention.h, AttentionKind::Flash): the
 // current device is sm_80 or newer, its tensor cores pass mma_layout_holds() (mma_check.h), and
@@ -51,8 +46,7 @@ bool decode_rope_fused();
 // product, the default until a GPU has timed it. Any other value is an error. Read once per process.
 bool int8_gemm_staging();
 
-// The current device's L2 cache size in bytes, and its number of multiprocessors.
-int64_t cuda_l2_bytes();
+// The current device's number of multiprocessors.
 int cuda_sm_count();
 
 }  // namespace shardlm

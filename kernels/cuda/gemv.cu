@@ -93,9 +93,6 @@ struct GemvArgs {
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
     int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
-    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
-    GemvNext next;
-    int prefetch_parts;
 };
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
@@ -188,8 +185,6 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     // The first step's weights are loaded before pdl_wait(): they never change during a session,
     // so under PDL (kernels/cuda/launch.h) they stream in while the kernel ahead (the norm that
     // writes x) finishes. x is read only after the wait.
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant too; the first wave's blocks
-        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     int64_t tile = blockIdx.x;
     point_at(tile);
     load(k_first);
@@ -416,7 +411,6 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     a.tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
     if (grid == GemvGrid::PerTile) {
-        a.prefetch_parts = gemv_prefetch_parts(a.next, a.tiles);
         launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
                       dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
         return;
@@ -425,7 +419,6 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     // A property of the compiled kernel, asked once (the query is not free on every launch).
     static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
     const int64_t blocks = persistent_blocks(a.tiles, per_sm);
-    a.prefetch_parts = gemv_prefetch_parts(a.next, blocks);
     launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 
@@ -455,7 +448,7 @@ namespace {
 // gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
 // would need the scalar path.
 bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
-              GemvGrid grid, const GemvNext& next, cudaStream_t stream) {
+              GemvGrid grid, cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -471,7 +464,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
     if (gemv_mma_min_tokens() > 0 && n >= gemv_mma_min_tokens() &&
-        gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream, next))
+        gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream))
         return true;
 
     GemvArgs a{};
@@ -505,7 +498,6 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       a, kind);
         return true;
     }
-    a.next = next;
     a.chunks = int(a.cols / chunk_c);
     const int block_chunks = w.interleaved ? interleave_block_chunks(int(chunk_c)) : 8;
     a.block_shift = block_chunks == 4 ? 2 : 3;
@@ -527,42 +519,16 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 
 }  // namespace
 
-GemvNext gemv_next(const DeviceMatrix& next, int64_t cap, const DeviceMatrix* then) {
-    GemvNext g;
-    int n = 0;
-    auto add = [&](const void* p, int64_t bytes) {
-        const L2Prefetch r = l2_prefetch_range(p, bytes, cap);
-        if (r.bytes == 0) return;
-        g.ranges[n++] = r;
-        cap -= r.bytes;
-    };
-    for (const DeviceMatrix* m : {&next, then}) {
-        if (!m || !m->data || m->rows <= 0 || m->cols <= 0) continue;
-        add(m->data, m->rows * device_row_bytes(*m));
-        const bool quantized = (m->dtype == DType::I8 || m->dtype == DType::I4) && m->group_size > 0;
-        const int64_t group_bytes = quantized ? m->rows * (m->cols / m->group_size) * 4 : 0;
-        if (quantized && m->scales) add(m->scales, group_bytes);
-        if (quantized && m->dtype == DType::I4 && m->mins) add(m->mins, group_bytes);
-    }
-    return g;
-}
-
-int gemv_prefetch_parts(const GemvNext& next, int64_t blocks) {
-    for (const L2Prefetch& r : next.ranges)
-        if (r.bytes > 0) return int(std::min<int64_t>(blocks, cuda_sm_count()));
-    return 0;
-}
-
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
-               GemvGrid grid, const GemvNext& next) {
-    run_gemv(w, x, n, bias, y, 0, grid, next, stream);
+               GemvGrid grid) {
+    run_gemv(w, x, n, bias, y, 0, grid, stream);
 }
 
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream, GemvGrid grid, const GemvNext& next) {
+                      cudaStream_t stream, GemvGrid grid) {
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
-    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, next, stream);
+    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, stream);
 }
 
 GemvGrid gemv_default_grid() {

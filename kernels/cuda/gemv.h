@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/matrix.h"
 
 namespace shardlm {
@@ -27,20 +26,8 @@ enum class GemvGrid { PerTile, Persistent };
 // 1.298, batch 4 1.833 -> 1.792; INT8 weights and KV batch 1 1.074 -> 1.088, batch 4 1.713 -> 1.645).
 GemvGrid gemv_default_grid();
 
-// What the decode step reads after this GEMV, to be prefetched into L2 while it runs
-// (l2_prefetch.h): the weights and I8/I4 scales (and I4 mins) of the next matrix and, optionally,
-// of the one after it, in that order, at most `cap` bytes in all (the first ranges first).
-constexpr int kGemvNextRanges = 6;
-struct GemvNext {
-    L2Prefetch ranges[kGemvNextRanges];
-};
-GemvNext gemv_next(const DeviceMatrix& next, int64_t cap, const DeviceMatrix* then = nullptr);
-// How many blocks of a grid of `blocks` issue parts of the prefetch: one per SM at most, so that
-// all are in the first wave; 0 when `next` is empty.
-int gemv_prefetch_parts(const GemvNext& next, int64_t blocks);
-
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
-               GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});
+               GemvGrid grid = gemv_default_grid());
 
 // The MLP's first half in one pass: w is gate_proj's rows stacked on up_proj's ([2 * inter, cols],
 // bias likewise), y[n, inter] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), the SwiGLU applied
@@ -48,7 +35,7 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 // nothing, for shapes or pointers the vector path does not take (the caller then runs gemv_cuda
 // and silu_mul_rows_cuda).
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                      cudaStream_t stream, GemvGrid grid = gemv_default_grid(), const GemvNext& next = {});
+                      cudaStream_t stream, GemvGrid grid = gemv_default_grid());
 
 // The same product on tensor cores (gemv_mma.cu), for 1-8 token rows against interleaved F16,
 // BF16 or I8 weights (I8 groups a multiple of 128 columns) with rows a multiple of 16 (per half
@@ -56,7 +43,7 @@ bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const fl
 // nothing, for anything else. x is split into two FP16 halves per value, so results stay within the vector kernel's
 // bounds. gemv_cuda and gemv_swiglu_cuda take this path from gemv_mma_min_tokens() token rows.
 bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                   int64_t swiglu_half, cudaStream_t stream, const GemvNext& next = {});
+                   int64_t swiglu_half, cudaStream_t stream);
 
 // From how many token rows gemv_cuda runs on tensor cores: SHARDLM_GEMV_MMA = 1: 3 (where the
 // vector kernel's FMAs bound it), = all: 1 (the mma path also issues fewer instructions per weight

@@ -54,8 +54,6 @@ struct MmaArgs {
     int64_t rows, cols, row_bytes, groups, group_size;
     int64_t swiglu_half;  // > 0: tile 0 gate rows j0.., tile 1 up rows half + j0..
     int n, steps;
-    GemvNext next;
-    int prefetch_parts;
 };
 
 // Two INT8 weights (bytes 2h, 2h + 1 of w) as an FP16 pair, exactly: the byte b ^ 0x80 under
@@ -91,8 +89,6 @@ __device__ __forceinline__ void a_pairs(const uint4& c, int m, uint32_t& lo, uin
 template <DType W, int RT, int U>
 __global__ void __launch_bounds__(kMmaThreads) gemv_mma_kernel(const MmaArgs a) {
     constexpr int C = W == DType::I8 ? 16 : 8, NM = C / 4;  // columns per chunk, mmas per step
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // constant: before the wait
-        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
     int64_t row[RT][2];  // [tile][g, g + 8]
 #pragma unroll
@@ -214,7 +210,7 @@ void launch_mma(const MmaArgs& a, bool two, int64_t blocks, cudaStream_t stream)
 }  // namespace
 
 bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                   int64_t swiglu_half, cudaStream_t stream, const GemvNext& next) {
+                   int64_t swiglu_half, cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_mma_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     const int64_t out_rows = swiglu_half > 0 ? swiglu_half : w.rows;
     const bool i8 = w.dtype == DType::I8;
@@ -240,14 +236,12 @@ bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float
     a.swiglu_half = swiglu_half;
     a.n = int(n);
     a.steps = int(w.cols * int64_t(dtype_size(w.dtype)) / kStepBytes);
-    a.next = next;
     // Two tiles per warp where that still gives every SM two blocks (and always under SwiGLU,
     // whose tiles pair gate with up rows); else one, for twice the blocks (a 2048-row down_proj
     // would fill 64 of the H200's 132 SMs with two).
     const bool two = swiglu_half > 0 || (w.rows % 32 == 0 && w.rows / 32 >= 2 * int64_t(cuda_sm_count()));
     const int64_t blocks = swiglu_half > 0 ? out_rows / 16 : w.rows / (two ? 32 : 16);
     SHARDLM_CHECK(blocks <= INT_MAX, "gemv_mma_cuda: ", w.rows, " rows is too many");
-    a.prefetch_parts = gemv_prefetch_parts(next, blocks);
     switch (w.dtype) {
         case DType::I8: launch_mma<DType::I8>(a, two, blocks, stream); break;
         case DType::F16: launch_mma<DType::F16>(a, two, blocks, stream); break;

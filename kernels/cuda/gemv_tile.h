@@ -96,12 +96,9 @@ struct ActsGemvArgs {
     int64_t dgroup;          // dot group min(wgroup, agroup) (scalar paths)
     // chunk k -> group as group_of (vector paths)
     int wshift, ashift, wgroup_chunks, agroup_chunks;
-    // What to prefetch (gemv.h GemvNext): blocks b < prefetch_parts each prefetch part b of it.
-    GemvNext next;
-    int prefetch_parts;
 };
 
-// The fields that follow from the operands; chunks, shifts and the prefetch are the vector paths'.
+// The fields that follow from the operands; chunks and shifts are the vector paths'.
 inline ActsGemvArgs acts_gemv_args(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y) {
     ActsGemvArgs p{};
     p.w = w.data;

@@ -11,12 +11,11 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/cuda/interleave.h"
 
 #if defined(__CUDACC__) || defined(SHARDLM_CUDA_EMU)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
-#include "kernels/cuda/interleave.h"
 #endif
 
 namespace shardlm {

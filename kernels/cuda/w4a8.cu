@@ -61,8 +61,6 @@ __device__ __forceinline__ int sum_acts(const uint4& q0, const uint4& q1) {
 // U chunks per row in flight per lane.
 template <int N, int R, int U, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w4a8_vec_kernel(const ActsGemvArgs a) {
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
-        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     const int64_t tile_row0 = int64_t(blockIdx.x) * (kGroups * R);
@@ -181,7 +179,6 @@ void launch_vec(const ActsGemvArgs& args, cudaStream_t stream) {
     ActsGemvArgs a = args;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w4a8_cuda: ", a.rows, " rows is too many");
-    a.prefetch_parts = gemv_prefetch_parts(a.next, tiles);
     launch_kernel("gemv_w4a8_vec_kernel", gemv_w4a8_vec_kernel<N, R, Cfg::U, Cfg::MinBlocks>, dim3(unsigned(tiles)),
                   dim3(kThreads), 0, stream, a);
 }
@@ -211,8 +208,8 @@ void launch_scalar(const ActsGemvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
-                    const GemvNext& next) {
+void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y,
+                    cudaStream_t stream) {
     SHARDLM_CHECK(a.n >= 0 && a.n <= kGemvMaxTokens, "gemv_w4a8_cuda: ", a.n, " token rows, at most ",
                   kGemvMaxTokens);
     SHARDLM_CHECK(w.dtype == DType::I4, "gemv_w4a8_cuda needs I4 weights, got ", dtype_name(w.dtype));
@@ -223,7 +220,6 @@ void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
     ActsGemvArgs p = acts_gemv_args(w, a, bias, y);
     const bool vec = w.cols > 0 && is_aligned(w.data, 16) && is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
-    p.next = next;
     p.chunks = int(w.cols / 32);
     // chunk_groups counts 16-byte chunks of 16 one-byte columns: in bytes of codes, as gemv.cu's I4.
     chunk_groups(w.group_size / 2, w.cols / 2, p.wshift, p.wgroup_chunks);

@@ -24,9 +24,7 @@
 namespace shardlm {
 
 // Decode: y f32 [a.n, w.rows] for a.n <= kGemvMaxTokens, every weight byte read once (__dp4a on
-// the codes, 0..15, as signed bytes). bias [w.rows] or null; next: the matrix to prefetch into L2
-// meanwhile (gemv.h; the vector path does, the scalar fallback for misaligned pointers does not).
-void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
-                    const GemvNext& next = {});
+// the codes, 0..15, as signed bytes). bias [w.rows] or null.
+void gemv_w4a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream);
 
 }  // namespace shardlm

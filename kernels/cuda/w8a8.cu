@@ -129,8 +129,6 @@ __device__ __forceinline__ int dot16(const uint4& w, const uint4& x, int c) {
 // U chunks per row in flight per lane. OneGroup: ga == gw == cols.
 template <int N, int R, int U, int MinBlocks, bool OneGroup>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_w8a8_vec_kernel(const ActsGemvArgs a) {
-    if (threadIdx.x == 0 && int(blockIdx.x) < a.prefetch_parts)  // weights are constant: before the wait
-        for (const L2Prefetch& r : a.next.ranges) l2_prefetch_part(r, blockIdx.x, a.prefetch_parts);
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     const int64_t tile_row0 = int64_t(blockIdx.x) * (kGroups * R);
@@ -260,7 +258,6 @@ void launch_vec(const ActsGemvArgs& args, cudaStream_t stream) {
     ActsGemvArgs a = args;
     const int64_t tiles = (a.rows + kGroups * R - 1) / (kGroups * R);
     SHARDLM_CHECK(tiles <= INT_MAX, "gemv_w8a8_cuda: ", a.rows, " rows is too many");
-    a.prefetch_parts = gemv_prefetch_parts(a.next, tiles);
     launch_kernel("gemv_w8a8_vec_kernel", gemv_w8a8_vec_kernel<N, R, Cfg::U, Cfg::MinBlocks, OneGroup>,
                   dim3(unsigned(tiles)), dim3(kThreads), 0, stream, a);
 }
@@ -361,8 +358,8 @@ void quantize_acts_cuda(const float* x, int64_t n, int64_t cols, int64_t group_s
     launch_quantize<32, false>(x, segments, group_size, q, scales, stream);
 }
 
-void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
-                    const GemvNext& next) {
+void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y,
+                    cudaStream_t stream) {
     SHARDLM_CHECK(a.n >= 0 && a.n <= kGemvMaxTokens, "gemv_w8a8_cuda: ", a.n, " token rows, at most ",
                   kGemvMaxTokens);
     SHARDLM_CHECK(w.dtype == DType::I8, "gemv_w8a8_cuda needs I8 weights, got ", dtype_name(w.dtype));
@@ -374,7 +371,6 @@ void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bia
     const bool vec = w.cols > 0 && w.cols % 16 == 0 && p.dgroup % 16 == 0 && is_aligned(w.data, 16) &&
                      is_aligned(a.q, 16) && a.n * w.cols <= INT_MAX;
     if (!vec) return launch_scalar(p, stream);
-    p.next = next;
     p.chunks = int(w.cols / 16);
     chunk_groups(w.group_size, w.cols, p.wshift, p.wgroup_chunks);
     chunk_groups(a.group_size, a.cols, p.ashift, p.agroup_chunks);

@@ -42,10 +42,8 @@ void quantize_acts_cuda(const float* x, int64_t n, int64_t cols, int64_t group_s
                         cudaStream_t stream);
 
 // Decode: y f32 [a.n, w.rows] for a.n <= kGemvMaxTokens (gemv.h), every weight byte read once.
-// w must be I8 with w.cols == a.cols; bias [w.rows] or null. next: the matrix to prefetch into L2
-// meanwhile, as gemv_cuda's (the vector path does; the scalar fallback does not).
-void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream,
-                    const GemvNext& next = {});
+// w must be I8 with w.cols == a.cols; bias [w.rows] or null.
+void gemv_w8a8_cuda(const DeviceMatrix& w, const DeviceActs& a, const float* bias, float* y, cudaStream_t stream);
 
 // Prefill: y f32 [a.n, w.rows] through cuBLAS's INT8 GEMM (INT32 results), for a.n <= max_tokens
 // and w.rows <= max_rows. Shapes or pointers cuBLAS's INT8 kernels do not take (rows or group not

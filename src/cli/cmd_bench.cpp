@@ -66,15 +66,6 @@ bool device_pdl() {
 #endif
 }
 
-// How many matrices ahead the decode GEMVs prefetch into L2 (SHARDLM_L2_PREFETCH).
-int device_l2_prefetch() {
-#ifdef SHARDLM_HAVE_CUDA
-    return l2_prefetch_depth();
-#else
-    return 0;
-#endif
-}
-
 // Whether INT8 prefill products dequantize the next matrix ahead (SHARDLM_GEMM_STAGE).
 bool device_gemm_staging() {
 #ifdef SHARDLM_HAVE_CUDA
@@ -245,7 +236,6 @@ int cmd_bench(const Args& args, Communicator& comm) {
         j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
         j["pdl"] = cuda && device_pdl();
         j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
-        j["l2_prefetch"] = cuda ? device_l2_prefetch() : 0;
         j["gemm_stage"] = cuda && device_gemm_staging();
         j["weights"] = wname;
         j["kv"] = kvname;

@@ -134,10 +134,6 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     device_name_ = "cuda:" + std::to_string(dev) + " " + cuda_device_description(dev);
-    SHARDLM_CHECK(opt.l2_prefetch >= -1 && opt.l2_prefetch <= 2, "CudaEngine: l2_prefetch ", opt.l2_prefetch,
-                  " (matrices prefetched ahead) must be 0, 1 or 2, or -1 for SHARDLM_L2_PREFETCH");
-    prefetch_depth_ = opt.l2_prefetch >= 0 ? opt.l2_prefetch : l2_prefetch_depth();
-    if (prefetch_depth_ > 0) prefetch_cap_ = cuda_l2_bytes() / 5 * 3;
     SHARDLM_CHECK(opt.fused_rope >= -1 && opt.fused_rope <= 1, "CudaEngine: fused_rope ", opt.fused_rope,
                   " must be 0 or 1, or -1 for SHARDLM_FUSED_ROPE");
     fused_rope_ = opt.fused_rope >= 0 ? opt.fused_rope == 1 : decode_rope_fused();
@@ -431,15 +427,6 @@ void CudaEngine::collective(std::function<void()> op) {
     else op();
 }
 
-GemvNext CudaEngine::next_of(const DeviceMatrix& w) const {
-    if (prefetch_depth_ == 0) return {};
-    const auto it = read_pos_.find(w.data);
-    if (it == read_pos_.end() || it->second + 1 >= read_order_.size()) return {};
-    const size_t i = it->second;
-    const DeviceMatrix* then = prefetch_depth_ >= 2 && i + 2 < read_order_.size() ? read_order_[i + 2] : nullptr;
-    return gemv_next(*read_order_[i + 1], prefetch_cap_, then);
-}
-
 bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
     const ModelConfig& c = cfg_;
     if (int8_product(next.w) && act_group(next.w) == c.hidden) {
@@ -477,15 +464,15 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
         } else if (T > kGemvMaxTokens) {
             int8_gemm_->run(l.w, a, l.bias, y);
         } else if (l.w.dtype == DType::I4) {
-            gemv_w4a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+            gemv_w4a8_cuda(l.w, a, l.bias, y, stream_);
         } else {
-            gemv_w8a8_cuda(l.w, a, l.bias, y, stream_, next_of(l.w));
+            gemv_w8a8_cuda(l.w, a, l.bias, y, stream_);
         }
         return;
     }
     // Decode: one pass over the weights for all token rows; prefill: cuBLAS tensor cores.
     if (T <= kGemvMaxTokens) {
-        gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid(), next_of(l.w));
+        gemv_cuda(l.w, x, T, l.bias, y, stream_, gemv_default_grid());
         return;
     }
     if (staging_) {
@@ -587,8 +574,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) &&
-                               gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s, gemv_default_grid(),
-                                                next_of(L.gate_up.w));
+                               gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s);
             if (!fused) {
                 linear(L.gate_up, mlp_x, T, gate_up_, true, mlp_ready);
                 // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;

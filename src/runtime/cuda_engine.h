@@ -135,9 +135,6 @@ private:
     // `ls` share (CublasGemm::input_for), so that the kernel producing it writes it there and the
     // products skip their conversion; data null when they take none or not the same one.
     HalfInput shared_half_input(std::initializer_list<const CudaLinear*> ls, int64_t T) const;
-    // What a decode GEMV of `w` prefetches into L2 (kernels/cuda/l2_prefetch.h): the
-    // prefetch_depth_ matrices after w in read_order_, at most prefetch_cap_ bytes; empty when off.
-    GemvNext next_of(const DeviceMatrix& w) const;
     // Whether products with w take INT8 activations: I8 under W8A8, I4 under W4A8.
     bool int8_product(const DeviceMatrix& w) const {
         return int8_acts_ && (w.dtype == DType::I8 || w.dtype == DType::I4);
@@ -159,14 +156,11 @@ private:
     std::unique_ptr<CublasGemm> gemm_;
     std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill (W4A8 prefill runs gemm_)
     bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
-    // L2 prefetch (EngineOptions::l2_prefetch): how many matrices ahead, and at most how many bytes of
-    // them, 3/5 of the L2, so that the prefetched bytes and the current GEMV's stream fit together.
-    int prefetch_depth_ = 0;
-    int64_t prefetch_cap_ = 0;
     bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
     bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)
-    // The matrices of a decode step in the order the step reads them (per layer q/k/v, o,
-    // gate/up, down, fused or not; then lm_head), and each one's place by its data pointer.
+    // The matrices of a step in the order the step reads them (per layer q/k/v, o, gate/up, down,
+    // fused or not; then lm_head), and each one's place by its data pointer: what prefill staging
+    // dequantizes next.
     std::vector<const DeviceMatrix*> read_order_;
     std::unordered_map<const void*, size_t> read_pos_;
     size_t weight_bytes_ = 0, kv_bytes_ = 0, ws_bytes_ = 0;

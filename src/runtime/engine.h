@@ -33,9 +33,6 @@ struct EngineOptions {
     DType kv = DType::F32;
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;  // CUDA: replay decode steps from captured graphs
-    // CUDA decode: how many matrices ahead each GEMV prefetches into L2 (0-2; -1: the
-    // SHARDLM_L2_PREFETCH environment variable, 0 when unset). Changes no result.
-    int l2_prefetch = -1;
     // CUDA decode: the RoPE prologue run inside the split-KV attention kernel (1) or as its own
     // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 1 when unset. Changes
     // no result.

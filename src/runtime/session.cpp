@@ -120,7 +120,6 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;
     eo.cuda_graphs = opt.cuda_graphs;
-    eo.l2_prefetch = opt.l2_prefetch;
     eo.fused_rope = opt.fused_rope;
     eo.gemm_staging = opt.gemm_staging;
     eo.ranks_on_node = ranks_on_node(comm);

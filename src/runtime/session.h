@@ -35,7 +35,6 @@ struct SessionOptions {
     Device device = Device::Cpu;  // the CLI defaults to auto; library users choose
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;
-    int l2_prefetch = -1;  // EngineOptions::l2_prefetch
     int fused_rope = -1;   // EngineOptions::fused_rope
     int gemm_staging = -1;  // EngineOptions::gemm_staging
     int64_t max_penalties = 0;  // EngineOptions::max_penalties (runtime/generate.h: max_penalties)

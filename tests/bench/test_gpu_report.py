@@ -75,42 +75,39 @@ class Kernels(unittest.TestCase):
 
 
 class Table(unittest.TestCase):
-    def test_decode_candidates_against_the_default(self):
-        def row(step, test, ms, grid, prefetch, pdl=True, attention="flash", stage=False):
+    def test_decode_alternatives_against_the_default(self):
+        def row(step, test, ms, grid, pdl=True, attention="flash+rope", stage=False):
             return json.dumps({"test": test, "batch": 1, "weights": "int8", "kv": "int8", "graphs": True,
-                               "attention": attention, "pdl": pdl, "gemv_grid": grid, "l2_prefetch": prefetch,
-                               "gemm_stage": stage,
+                               "attention": attention, "pdl": pdl, "gemv_grid": grid, "gemm_stage": stage,
                                "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
         with tempfile.TemporaryDirectory() as d:
             jsonl = os.path.join(d, "rows.jsonl")
             write_text(jsonl, "\n".join([
-                row("base", "pp512", 9.0, "tiles", 0), row("base", "tg128", 128.0, "tiles", 0),
-                row("pers", "pp512", 9.0, "persistent", 0), row("pers", "tg128", 96.0, "persistent", 0),
-                row("pf2", "pp512", 9.0, "tiles", 2), row("pf2", "tg128", 112.0, "tiles", 2),
-                row("both", "pp512", 9.0, "persistent", 1), row("both", "tg128", 64.0, "persistent", 1),
-                row("mma", "pp512", 9.0, "tiles+mma", 0), row("mma", "tg128", 80.0, "tiles+mma", 0),
-                row("rope", "pp512", 9.0, "tiles", 0, attention="flash+rope"),
-                row("rope", "tg128", 120.0, "tiles", 0, attention="flash+rope"),
-                row("all", "pp512", 8.0, "persistent+mma", 1, attention="flash+rope", stage=True),
-                row("all", "tg128", 48.0, "persistent+mma", 1, attention="flash+rope", stage=True),
-                # The staged prefill alone is a prefill comparison: not the default's decode column.
-                row("stage", "pp512", 8.0, "tiles", 0, stage=True), row("stage", "tg128", 999.0, "tiles", 0, stage=True),
-                # PDL off is another comparison: not a candidate column.
-                row("nopdl", "pp512", 9.0, "tiles", 0, pdl=False), row("nopdl", "tg128", 256.0, "tiles", 0, pdl=False),
+                row("base", "pp512", 9.0, "persistent"), row("base", "tg128", 128.0, "persistent"),
+                row("tiles", "pp512", 9.0, "tiles"), row("tiles", "tg128", 160.0, "tiles"),
+                row("rope", "pp512", 9.0, "persistent", attention="flash"),
+                row("rope", "tg128", 136.0, "persistent", attention="flash"),
+                row("mma", "pp512", 9.0, "persistent+mma"), row("mma", "tg128", 96.0, "persistent+mma"),
+                # The staged prefill is a prefill comparison: not a decode column.
+                row("stage", "pp512", 8.0, "persistent", stage=True),
+                row("stage", "tg128", 999.0, "persistent", stage=True),
+                # PDL off is another comparison: not an alternative column.
+                row("nopdl", "pp512", 9.0, "persistent", pdl=False),
+                row("nopdl", "tg128", 256.0, "persistent", pdl=False),
             ]) + "\n")
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("| 1 | int8 | int8 | 1.000 | 0.750 (0.75) | - | 0.875 (0.88) | 0.500 (0.50) | - | 0.625 (0.62) | - | 0.938 (0.94) | 0.375 (0.38) |", r.stdout)
-            self.assertIn("| int8 | int8 | on | flash | on | persistent | 1 | off |", r.stdout)  # the main table's columns
-            # Without candidate rows there is no such table.
-            write_text(jsonl, row("base", "pp512", 9.0, "tiles", 0) + "\n" + row("base", "tg128", 128.0, "tiles", 0) + "\n")
-            self.assertNotIn("Decode candidates", run("table", jsonl).stdout)
-
+            self.assertIn("| 1 | int8 | int8 | 1.000 | 1.250 (1.25) | 1.062 (1.06) | 0.750 (0.75) | - |", r.stdout)
+            self.assertIn("| int8 | int8 | on | flash+rope | on | persistent | off |", r.stdout)  # the main table's columns
+            # Without alternative rows there is no such table.
+            write_text(jsonl, row("base", "pp512", 9.0, "persistent") + "\n" +
+                       row("base", "tg128", 128.0, "persistent") + "\n")
+            self.assertNotIn("Decode alternatives", run("table", jsonl).stdout)
 
     def test_staged_int8_prefill_against_the_default(self):
         def row(step, test, ms, stage, batch=4):
             return json.dumps({"test": test, "batch": batch, "weights": "int8", "kv": "int8", "graphs": True,
-                               "attention": "flash", "pdl": True, "gemv_grid": "tiles", "l2_prefetch": 0,
+                               "attention": "flash+rope", "pdl": True, "gemv_grid": "persistent",
                                "gemm_stage": stage, "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0,
                                "engine": "shardlm", "step": step})
         with tempfile.TemporaryDirectory() as d:
@@ -125,28 +122,28 @@ class Table(unittest.TestCase):
             staged = r.stdout.split("INT8 prefill with the dequantization staged ahead")[1]
             self.assertIn("| 4 | int8 | int8 | 20.00 | 16.00 (0.80) |", staged)
             self.assertNotIn("| 1 | int8 |", staged)
-            self.assertNotIn("Decode candidates", r.stdout)  # staged rows are not decode candidates
+            self.assertNotIn("Decode alternatives", r.stdout)  # staged rows are not decode alternatives
             write_text(jsonl, row("base", "pp512", 20.0, False) + "\n")
             self.assertNotIn("staged ahead", run("table", jsonl).stdout)
 
     def test_prefill_on_tensor_cores_against_fp32(self):
         def row(step, test, ms, attention, kv="int8"):
             return json.dumps({"test": test, "batch": 4, "weights": "int8", "kv": kv, "graphs": True,
-                               "attention": attention, "pdl": True, "gemv_grid": "tiles", "l2_prefetch": 0,
+                               "attention": attention, "pdl": True, "gemv_grid": "persistent",
                                "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
         with tempfile.TemporaryDirectory() as d:
             jsonl = os.path.join(d, "rows.jsonl")
             write_text(jsonl, "\n".join([
-                row("base", "pp512", 20.0, "flash"), row("base", "tg128", 128.0, "flash"),
-                row("fp32", "pp512", 25.0, "flash-fp32"), row("fp32", "tg128", 128.0, "flash-fp32"),
-                row("f16", "pp512", 20.0, "flash", kv="fp16"),  # no FP32 row to compare with
+                row("base", "pp512", 20.0, "flash+rope"), row("base", "tg128", 128.0, "flash+rope"),
+                row("fp32", "pp512", 25.0, "flash-fp32+rope"), row("fp32", "tg128", 128.0, "flash-fp32+rope"),
+                row("f16", "pp512", 20.0, "flash+rope", kv="fp16"),  # no FP32 row to compare with
             ]) + "\n")
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("| 4 | int8 | int8 | 25.00 | 20.00 (0.80) |", r.stdout)
             self.assertNotIn("| 4 | int8 | fp16 |", r.stdout.split("Prefill attention on tensor cores")[1])
-            self.assertNotIn("Decode candidates", r.stdout)  # flash-fp32 rows are not decode candidates
-            write_text(jsonl, row("base", "pp512", 20.0, "flash") + "\n")
+            self.assertNotIn("Decode alternatives", r.stdout)  # flash-fp32 rows are not decode alternatives
+            write_text(jsonl, row("base", "pp512", 20.0, "flash+rope") + "\n")
             self.assertNotIn("Prefill attention on tensor cores", run("table", jsonl).stdout)
 
 

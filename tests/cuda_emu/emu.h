@@ -94,8 +94,4 @@ cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
 // Whether [p, p + bytes) lies inside one live device allocation.
 bool is_device_range(const void* p, size_t bytes);
 
-// Bytes handed to L2 prefetches (kernels/cuda/l2_prefetch.h) since the process started; every
-// prefetch is checked to be 16-byte aligned and inside one device allocation.
-uint64_t l2_prefetched_bytes();
-
 }  // namespace shardlm_emu

@@ -177,20 +177,6 @@ bool is_device_range(const void* p, size_t bytes) {
     return reinterpret_cast<uintptr_t>(p) + bytes <= it->first + it->second;
 }
 
-namespace {
-uint64_t prefetched = 0;
-}
-
-void l2_prefetch(const void* p, size_t bytes) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || bytes % 16 != 0)
-        device_fault("L2 prefetch of %zu bytes at %p: the address and size must be multiples of 16", bytes, p);
-    if (!is_device_range(p, bytes))
-        device_fault("L2 prefetch of %zu bytes at %p: not inside one device allocation", bytes, p);
-    prefetched += bytes;
-}
-
-uint64_t l2_prefetched_bytes() { return prefetched; }
-
 void check_pointer_argument(const char* kernel, int index, const void* p) {
     if (!p) return;
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);

@@ -12,7 +12,6 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/launch.h"
 
 using namespace shardlm;
@@ -264,11 +263,6 @@ __global__ void overrun_kernel(const float* x, float* out, int n) {
     out[threadIdx.x] = x[threadIdx.x + n];  // one past the end for the last thread
 }
 
-// An L2 prefetch (kernels/cuda/l2_prefetch.h) of `bytes` at p, all in one part.
-__global__ void prefetch_kernel(const float* p, int64_t bytes) {
-    if (threadIdx.x == 0) l2_prefetch_part(L2Prefetch{p, bytes}, 0, 1);
-}
-
 __global__ void misaligned_kernel(const float* x, float* out) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(x + 1));
     out[0] = v.x;
@@ -288,13 +282,6 @@ TEST(CudaEmulatorDeathTest, StopsAtBugsNamingTheKernel) {
                  "smem_overrun_kernel.*past the end|SEGV");
     EXPECT_DEATH(launch_plain("misaligned_kernel", misaligned_kernel, dim3(1), dim3(1), 0, nullptr, f.p, f.p),
                  "misaligned_kernel.*misaligned");
-    // An L2 prefetch inside the allocation is counted; one that runs past it is a fault.
-    const uint64_t before = shardlm_emu::l2_prefetched_bytes();
-    launch_plain("prefetch_kernel", prefetch_kernel, dim3(1), dim3(32), 0, nullptr, f.p, int64_t(64 * 4));
-    EXPECT_EQ(shardlm_emu::l2_prefetched_bytes() - before, 256u);
-    EXPECT_DEATH(launch_plain("prefetch_kernel", prefetch_kernel, dim3(1), dim3(32), 0, nullptr, f.p + 4,
-                              int64_t(64 * 4)),
-                 "prefetch_kernel.*L2 prefetch of 256 bytes.*not inside one device allocation");
     EXPECT_DEATH(launch_plain("barrier_after_exit_kernel", barrier_after_exit_kernel, dim3(1), dim3(64), 0, nullptr,
                               out.p),
                  "barrier_after_exit_kernel.*__syncthreads reached after other threads of the block exited");

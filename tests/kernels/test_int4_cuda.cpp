@@ -302,9 +302,9 @@ TEST(Int4Cuda, GemvSwiGLUEpilogueMatchesReference) {
       }
 }
 
-// What the GEMV and the interleaving refuse or leave alone, and what gemv_next prefetches of an
-// I4 matrix: its codes (cols / 2 bytes a row), then scales and mins.
-TEST(Int4Cuda, GemvArgumentsPrefetchAndInterleave) {
+// What the GEMV and the interleaving refuse or leave alone.
+TEST(Int4Cuda, GemvArgumentsAndInterleave) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     alignas(16) static char buf[8192];
     DeviceMatrix m;
     m.dtype = DType::I4;
@@ -314,18 +314,6 @@ TEST(Int4Cuda, GemvArgumentsPrefetchAndInterleave) {
     m.group_size = 64;
     m.scales = reinterpret_cast<const float*>(buf + 2048);  // 16 x 4 floats each
     m.mins = reinterpret_cast<const float*>(buf + 2304);
-    const GemvNext g = gemv_next(m, 1 << 20);
-    EXPECT_EQ(g.ranges[0].data, buf);
-    EXPECT_EQ(g.ranges[0].bytes, 2048);
-    EXPECT_EQ(g.ranges[1].data, buf + 2048);
-    EXPECT_EQ(g.ranges[1].bytes, 256);
-    EXPECT_EQ(g.ranges[2].data, buf + 2304);
-    EXPECT_EQ(g.ranges[2].bytes, 256);
-    EXPECT_EQ(g.ranges[3].bytes, 0);
-    const GemvNext two = gemv_next(m, 1 << 20, &m);  // two I4 matrices: six ranges
-    EXPECT_EQ(two.ranges[5].data, buf + 2304);
-    EXPECT_EQ(two.ranges[5].bytes, 256);
-    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     DeviceMatrix i = m;
     DeviceBuffer<uint8_t> dw(size_t(2048));
     i.data = dw.get();
@@ -346,23 +334,6 @@ TEST(Int4Cuda, GemvArgumentsPrefetchAndInterleave) {
     bad.interleaved = true;
     EXPECT_THROW(gemv_cuda(bad, dx.get(), 1, nullptr, dy.get(), nullptr), Error);
     EXPECT_FALSE(gemv_mma_cuda(i, dx.get(), 4, nullptr, dy.get(), 0, nullptr));
-}
-
-// Prefetching an I4 matrix next is a hint: the same outputs bit for bit.
-TEST(Int4Cuda, GemvPrefetchingChangesNoResult) {
-    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    const Int4Host m = make_i4(1000, 2048, 128, 400), next = make_i4(300, 1024, 64, 401);
-    DeviceInt4 d(m), dn(next);
-    DeviceBuffer<float> dx(rand_vec(size_t(kN * m.cols), 402, 2.0f)), dy(size_t(kN * m.rows));
-    for (GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent})
-        for (int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
-            gemv_cuda(d.dm, dx.get(), n, nullptr, dy.get(), nullptr, grid);
-            const std::vector<float> plain = dy.download();
-            CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
-            gemv_cuda(d.dm, dx.get(), n, nullptr, dy.get(), nullptr, grid, gemv_next(dn.dm, int64_t(1) << 30, &d.dm));
-            const std::vector<float> got = dy.download();
-            ASSERT_EQ(std::memcmp(plain.data(), got.data(), size_t(n * m.rows) * 4), 0) << "n=" << n;
-        }
 }
 
 namespace {

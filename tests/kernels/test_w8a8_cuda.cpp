@@ -322,33 +322,6 @@ TEST(W8A8Cuda, GemvMatchesReference) {
     check_gemv(9, 40, 20, 20, seed);  // groups of 20: the scalar path's partial warps
 }
 
-// A prefetch of the next matrix (gemv.h GemvNext) is only a hint: the same outputs bit for bit.
-TEST(W8A8Cuda, GemvPrefetchingTheNextMatrixChangesNoResult) {
-    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    const Weights w = make_weights(256, 2048, 2048, 800);
-    const RampActs a = make_ramp_acts(kGemvMaxTokens, 2048, 2048, 801);
-    const Expected e = make_expected(w, a, 802);
-    DeviceCase d(w, a, e);
-    DeviceBuffer<uint8_t> other(size_t(1) << 16);
-    DeviceMatrix next;
-    next.dtype = DType::F16;
-    next.data = other.get() + 3;  // trimmed to its aligned inside
-    next.rows = 64;
-    next.cols = 256;
-    for (int64_t n : {int64_t(1), int64_t(4)}) {
-        DeviceActs da = d.da;
-        da.n = n;
-        gemv_w8a8_cuda(d.dm, da, nullptr, d.y.get(), nullptr);
-        const std::vector<float> plain = d.y.download();
-        for (const GemvNext& g : {gemv_next(next, int64_t(1) << 20), gemv_next(d.dm, 4096)}) {
-            CUDA_CHECK(cudaMemset(d.y.get(), 0xff, d.y.size() * 4));
-            gemv_w8a8_cuda(d.dm, da, nullptr, d.y.get(), nullptr, g);
-            const std::vector<float> got = d.y.download();
-            ASSERT_EQ(std::memcmp(plain.data(), got.data(), size_t(n * w.rows) * 4), 0) << "n=" << n;
-        }
-    }
-}
-
 TEST(W8A8Cuda, GemvMisalignedPointersTakeTheScalarPath) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     for (const auto& g : {std::pair<int64_t, int64_t>{2048, 2048}, {128, 128}, {2048, 64}}) {

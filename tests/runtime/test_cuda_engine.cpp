@@ -528,41 +528,6 @@ std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int6
 
 }  // namespace
 
-// The L2 prefetch of the next matrices (EngineOptions::l2_prefetch) is a hint: the same logits bit
-// for bit with 0, 1 or 2 matrices ahead, prefill and decode, eager and replayed from graphs. On
-// the emulator, which checks every prefetched range (aligned, inside one allocation) and counts
-// its bytes: none at 0, some at 1, more at 2.
-TEST(CudaEngine, L2PrefetchChangesNoLogits) {
-    SKIP_WITHOUT_GPU();
-    TempDir dir;
-    const ModelConfig cfg = tiny_config(Arch::Qwen3);
-    SessionOptions so = tiny_cuda_model(dir, cfg);
-    so.ctx = 32;
-    so.max_batch = 2;
-    std::vector<std::vector<float>> runs;
-    std::vector<uint64_t> bytes;
-    for (int depth : {0, 1, 2}) {
-        so.l2_prefetch = depth;
-#ifdef SHARDLM_CUDA_EMU
-        const uint64_t before = shardlm_emu::l2_prefetched_bytes();
-#endif
-        runs.push_back(two_sequence_logits(so, cfg.vocab));
-#ifdef SHARDLM_CUDA_EMU
-        bytes.push_back(shardlm_emu::l2_prefetched_bytes() - before);
-#endif
-    }
-    for (int depth : {1, 2})
-        EXPECT_EQ(std::memcmp(runs[0].data(), runs[size_t(depth)].data(), runs[0].size() * 4), 0) << "depth " << depth;
-#ifdef SHARDLM_CUDA_EMU
-    EXPECT_EQ(bytes[0], 0u);
-    EXPECT_GT(bytes[1], 0u);
-    EXPECT_GT(bytes[2], bytes[1]);
-#endif
-    so.l2_prefetch = 3;
-    SingleRank comm;
-    EXPECT_THROW(open_session(so, comm), Error);
-}
-
 namespace {
 
 // A tuning switch of SessionOptions (0: off, 1: on) that must change no result: the logits of

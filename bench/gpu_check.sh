@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _GEMV_GRID,
-# _GEMV_MMA, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
 # the mission table, `shardlm serve` over HTTP (serve-http), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
@@ -609,11 +609,12 @@ done
 # with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
 # little from run to run (PyTorch, naive attention, the mission table).
 step bench-w8a8-int8-graph 90 s_bench bench-w8a8-int8-g1 1,4 w8a8 int8 1
-# INT4 layers (AWQ-style, group 128) with the INT8 lm_head: 1.10 GB read per step against INT8's
-# 1.73 GB; never timed before (written 2026-12-01 without a GPU).
+# INT4 layers (AWQ-style, group 128, interleaved) with the INT8 lm_head: 1.10 GB read per step
+# against INT8's 1.73 GB (2026-12-04: 1.239 / 2.307 ms/token at batch 1 / 4, bound by the GEMV's
+# dequantization).
 step bench-int4-int8-graph 90 s_bench bench-int4-int8-g1 1,4 int4 int8 1
-# The same 4-bit weights with INT8 activations (W4A8: __dp4a decode GEMV, cuBLAS INT8 prefill one
-# product per group of 128 columns; written 2026-12-02 without a GPU).
+# The same 4-bit weights with INT8 activations (W4A8: __dp4a decode GEMV; prefill on FP16 tensor
+# cores over the dequantized activations and codes).
 step bench-w4a8-int8-graph 90 s_bench bench-w4a8-int8-g1 1,4 w4a8 int8 1
 # Prefill attention on the FP32 pipes (SHARDLM_PREFILL_TC=0) against the default rows above, whose
 # prefill runs on tensor cores (kernels/cuda/attention.h): the report's "Prefill attention" table.
@@ -623,33 +624,29 @@ step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "be
 # int8 rows above (the dequantization was ~18% of an INT8 pp512, session 6).
 step bench-int8-int8-graph-gemm-stage 90 s_bench_with SHARDLM_GEMM_STAGE=1 "bench-int8-int8-g1-gemm-stage" 1,4 int8 int8 1
 # Decode alternatives to the defaults (the report's "Decode alternatives" table): a block per row
-# tile instead of the persistent GEMV grid (kernels/cuda/gemv.h), the RoPE prologue as its own
-# kernel instead of inside the split-KV attention (kernels/cuda/attention.h), and the tensor-core
-# GEMV for 3-8 token rows (kernels/cuda/gemv_mma.cu; it changes batch 4 only) or for every batch.
-# (The defaults won these on 2026-12-04; the L2 prefetch of the next matrices lost by 1-11% and
-# was removed.)
+# tile instead of the persistent GEMV grid (kernels/cuda/gemv.h) and the RoPE prologue as its own
+# kernel instead of inside the split-KV attention (kernels/cuda/attention.h). (The defaults won
+# these on 2026-12-04; the L2 prefetch of the next matrices lost by 1-11% and the tensor-core
+# decode GEMV by 5-26% at batch 4, 47-51% at batch 1: both were removed.)
 for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec
   step "bench-$1-$2-graph-tiles" 90 s_bench_with SHARDLM_GEMV_GRID=tiles "bench-$1-$2-g1-tiles" 1,4 "$1" "$2" 1
   step "bench-$1-$2-graph-separate-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=0 "bench-$1-$2-g1-separate-rope" 1,4 "$1" "$2" 1
-  step "bench-$1-$2-graph-gemv-mma" 90 s_bench_with SHARDLM_GEMV_MMA=1 "bench-$1-$2-g1-gemv-mma" 1,4 "$1" "$2" 1
 done
-step bench-int8-int8-graph-gemv-mma-all 90 s_bench_with SHARDLM_GEMV_MMA=all "bench-int8-int8-g1-gemv-mma-all" 1,4 int8 int8 1
 # Memcheck over the alternatives, and over the default fused RoPE with top-p alone (the nucleus
 # mass kernel, kernels/cuda/nucleus.cu).
 step sanitize-fused-rope 90 s_sanitize --weights int8 --kv int8 --top-k 0 --top-p 0.9
 step sanitize-separate-rope 90 env SHARDLM_FUSED_ROPE=0 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
-step sanitize-gemv-mma 90 env SHARDLM_GEMV_MMA=all bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-tiles 90 env SHARDLM_GEMV_GRID=tiles bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
-# Serving throughput (continuous batching vs static batches, never run on a GPU before) and
+# Serving throughput (continuous batching vs static batches) and
 # memcheck over queued prompts whose chunks ride with decode tokens.
 step serve-int8-int8 90 s_serve
-# The HTTP server on the device (never run on a GPU): concurrent requests, streaming, prefix
+# The HTTP server on the device: concurrent requests, streaming, prefix
 # cache, echo scoring.
 step serve-http 90 s_serve_http
-# Speculative decoding (never run on a GPU): its verifying steps run eagerly, not from graphs.
+# Speculative decoding: batch 1 and 4, with and without prompt lookup (verify steps replay graphs).
 step speculate 90 s_speculate
 step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r

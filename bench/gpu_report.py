@@ -179,15 +179,12 @@ def candidates(runs, order):
     """The decode tuning switches against the default, per (batch, weights, kv): shardlm rows with
     graphs and PDL on, flash attention (with "+rope", the default: the RoPE prologue fused into the
     decode kernel; without, SHARDLM_FUSED_ROPE=0), differing only in that and gemv_grid ("tiles":
-    a block per row tile, SHARDLM_GEMV_GRID=tiles; "+mma": the tensor-core GEMV for 3-8 token rows,
-    "+mma-all" for every batch). Ratio < 1: the alternative is faster. Empty when no alternative
-    row ran."""
+    a block per row tile, SHARDLM_GEMV_GRID=tiles). Ratio < 1: the alternative is faster. Empty
+    when no alternative row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, gemm_stage)
     # column: (gemv_grid, fused RoPE, title)
     cols = [("persistent", True, "default"), ("tiles", True, "per-tile grid"),
-            ("persistent", False, "separate RoPE kernel"),
-            ("persistent+mma", True, "tensor-core GEMV (b > 2)"),
-            ("persistent+mma-all", True, "tensor-core GEMV (all b)")]
+            ("persistent", False, "separate RoPE kernel")]
     table, seen = {}, []
     for k in order:
         run = runs[k]

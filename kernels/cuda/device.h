@@ -21,8 +21,7 @@ double cuda_peak_gbps();
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
 
-// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_GEMV_MMA,
-// SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
+// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
 // value is an error naming the variable, `what` it sets and the values allowed. For A/B
 // measurements, not for users.
 std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);

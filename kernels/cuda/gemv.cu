@@ -463,9 +463,6 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                       "cols (", w.group_size, ", ", w.cols, "), and of 128 when interleaved");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
-    if (gemv_mma_min_tokens() > 0 && n >= gemv_mma_min_tokens() &&
-        gemv_mma_cuda(w, x, n, bias, y, swiglu_half, stream))
-        return true;
 
     GemvArgs a{};
     a.w = static_cast<const char*>(w.data);

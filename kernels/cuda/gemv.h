@@ -37,20 +37,6 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
                       cudaStream_t stream, GemvGrid grid = gemv_default_grid());
 
-// The same product on tensor cores (gemv_mma.cu), for 1-8 token rows against interleaved F16,
-// BF16 or I8 weights (I8 groups a multiple of 128 columns) with rows a multiple of 16 (per half
-// under SwiGLU: swiglu_half > 0 computes gemv_swiglu_cuda's y). Returns false, having done
-// nothing, for anything else. x is split into two FP16 halves per value, so results stay within the vector kernel's
-// bounds. gemv_cuda and gemv_swiglu_cuda take this path from gemv_mma_min_tokens() token rows.
-bool gemv_mma_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
-                   int64_t swiglu_half, cudaStream_t stream);
-
-// From how many token rows gemv_cuda runs on tensor cores: SHARDLM_GEMV_MMA = 1: 3 (where the
-// vector kernel's FMAs bound it), = all: 1 (the mma path also issues fewer instructions per weight
-// byte at batch 1); unset or 0: 0, never. Read once per process. A candidate until the H200 has
-// timed it against the vector kernel (bench/gpu_check.sh).
-int gemv_mma_min_tokens();
-
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8/I4, 16-byte aligned, columns (and
 // INT8/INT4 groups) a multiple of the interleaved block (interleave_block_cols: 128 columns for I8

@@ -21,7 +21,7 @@ void mma_product_cuda(const uint16_t* a, const uint16_t* b, const float* c, floa
 // whether this GPU's tensor cores use mma.h's fragment layout. The kernels that rely on it (the
 // prefill attention and the tensor-core GEMV) are switched off where it fails, with a warning,
 // rather than computing garbage on hardware the layout was never run on. Synchronous: call it
-// outside stream capture (prefill_tensor_cores() and gemv_mma_min_tokens() call it once per process).
+// outside stream capture (prefill_tensor_cores() calls it once per process).
 bool mma_layout_holds();
 
 }  // namespace shardlm

@@ -88,12 +88,10 @@ std::string row_attention(const std::string& attention, bool cuda) {
     return attention;
 }
 
-// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID), "+mma" when 3-8 token rows run
-// on tensor cores (SHARDLM_GEMV_MMA=1), "+mma-all" when every batch does (=all).
+// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
 std::string device_gemv_grid() {
 #ifdef SHARDLM_HAVE_CUDA
-    return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") +
-           (gemv_mma_min_tokens() == 3 ? "+mma" : gemv_mma_min_tokens() == 1 ? "+mma-all" : "");
+    return gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles";
 #else
     return "-";
 #endif

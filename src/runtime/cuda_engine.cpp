@@ -137,10 +137,9 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     SHARDLM_CHECK(opt.fused_rope >= -1 && opt.fused_rope <= 1, "CudaEngine: fused_rope ", opt.fused_rope,
                   " must be 0 or 1, or -1 for SHARDLM_FUSED_ROPE");
     fused_rope_ = opt.fused_rope >= 0 ? opt.fused_rope == 1 : decode_rope_fused();
-    // The tensor-core paths check this GPU's fragment layout once (mma_check.h): now, before any
-    // step could be captured into a graph.
+    // The tensor-core prefill attention checks this GPU's fragment layout once (mma_check.h): now,
+    // before any step could be captured into a graph.
     prefill_tensor_cores();
-    gemv_mma_min_tokens();
     SHARDLM_CHECK(opt.gemm_staging >= -1 && opt.gemm_staging <= 1, "CudaEngine: gemm_staging ", opt.gemm_staging,
                   " must be 0 or 1, or -1 for SHARDLM_GEMM_STAGE");
 

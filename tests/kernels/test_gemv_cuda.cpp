@@ -92,9 +92,8 @@ Reference make_reference(const HostMat& m, uint32_t seed) {
 // (bytes) and x_offset (floats) move the device pointers off 16-byte alignment.
 // interleave: rewrite the device copy into the interleaved column order first (interleave.h).
 // grid: how gemv_cuda's row tiles meet blocks (gemv.h).
-// mma: run gemv_mma_cuda (the tensor-core path) instead, which must take the shape.
 void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint32_t seed = 7, bool interleave = false,
-                GemvGrid grid = GemvGrid::PerTile, bool mma = false) {
+                GemvGrid grid = GemvGrid::PerTile) {
     const Reference ref = make_reference(m, seed);
     const int64_t R = m.rows, K = m.cols;
     DeviceBuffer<uint8_t> dw(m.bytes.size() + 64);
@@ -110,13 +109,9 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
                          (with_bias ? " bias" : "") + " w_offset=" + std::to_string(w_offset) +
                          " x_offset=" + std::to_string(x_offset) +
-                         (grid == GemvGrid::Persistent ? " persistent grid" : "") + (mma ? " tensor cores" : ""));
+                         (grid == GemvGrid::Persistent ? " persistent grid" : ""));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
-            if (mma) {
-                ASSERT_TRUE(gemv_mma_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), 0, nullptr));
-            } else {
-                gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid);
-            }
+            gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid);
             const std::vector<float> got = dy.download();
             const std::vector<float>& want = with_bias ? ref.y_bias : ref.y;
             for (int64_t t = 0; t < kN; ++t)
@@ -256,8 +251,7 @@ namespace {
 // gemv_swiglu_cuda on the stacked [gate; up] matrix m (2 * inter rows) against matmul_ref of the
 // whole matrix and SwiGLU in double. Bound: the GEMV's bound on gate (bg) and up (bu) carried
 // through silu(g) * u (|silu'| < 1.1), plus a few f32 roundings of the epilogue itself.
-void check_swiglu(const HostMat& m, bool interleave, uint32_t seed, GemvGrid grid = GemvGrid::PerTile,
-                  bool mma = false) {
+void check_swiglu(const HostMat& m, bool interleave, uint32_t seed, GemvGrid grid = GemvGrid::PerTile) {
     const int64_t R = m.rows, K = m.cols, H = R / 2;
     const Reference ref = make_reference(m, seed);
     DeviceBuffer<uint8_t> dw(m.bytes);
@@ -267,14 +261,9 @@ void check_swiglu(const HostMat& m, bool interleave, uint32_t seed, GemvGrid gri
     for (int64_t n = 1; n <= kN; ++n)
         for (int with_bias = 0; with_bias < 2; ++with_bias) {
             SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
-                         (with_bias ? " bias" : "") + (grid == GemvGrid::Persistent ? " persistent grid" : "") +
-                         (mma ? " tensor cores" : ""));
+                         (with_bias ? " bias" : "") + (grid == GemvGrid::Persistent ? " persistent grid" : ""));
             CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
-            if (mma) {
-                ASSERT_TRUE(gemv_mma_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), H, nullptr));
-            } else {
-                ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid));
-            }
+            ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, with_bias ? db.get() : nullptr, dy.get(), nullptr, grid));
             const std::vector<float> got = dy.download();
             const std::vector<float>& y = with_bias ? ref.y_bias : ref.y;
             for (int64_t t = 0; t < kN; ++t)
@@ -313,38 +302,6 @@ TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
             if (dt != DType::F32 && s.second % 128 == 0) check_swiglu(m, true, seed);
             if (HasFatalFailure()) return;
         }
-}
-
-// The tensor-core path (gemv_mma_cuda: mma.sync with x split into FP16 halves) within the vector
-// kernel's bounds, INT8, FP16 and BF16 weights, plain and SwiGLU, per-channel and grouped scales,
-// rows of one and several blocks of one or two tiles per warp (two from 2 blocks per SM: 512 rows
-// on the emulator's 8 SMs), columns of one to 16 steps per warp; and what it declines.
-TEST(GemvCuda, TensorCorePathMatchesReference) {
-    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    uint32_t seed = 900;
-    for (DType dt : {DType::I8, DType::F16, DType::BF16})
-        for (const auto& s : {std::pair<int64_t, int64_t>{32, 128}, {64, 640}, {96, 2048}, {320, 256}, {32, 8192},
-                              {48, 128}, {1024, 128}})
-            for (const int64_t group : {int64_t(128), s.second}) {
-                if (dt != DType::I8 && group != s.second) continue;  // groups are INT8's
-                const HostMat m = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);
-                check_gemv(m, 0, 0, seed, true, GemvGrid::PerTile, true);
-                if (HasFatalFailure()) return;
-                if (s.first % 32 != 0) continue;  // SwiGLU: 16 rows per half and block
-                const HostMat sw = make_mat(dt, s.first, s.second, dt == DType::I8 ? group : 0, seed++);
-                check_swiglu(sw, true, seed, GemvGrid::PerTile, true);
-                if (HasFatalFailure()) return;
-            }
-    // Declined: natural column order, rows not a multiple of 16 (per SwiGLU half), F32 weights.
-    const HostMat odd = make_mat(DType::I8, 40, 256, 128, seed++), f32 = make_mat(DType::F32, 64, 256, 0, seed++);
-    DeviceBuffer<uint8_t> dw(odd.bytes), dh(f32.bytes);
-    DeviceBuffer<float> ds(odd.scales), dx(size_t(kN * 256)), dy(size_t(kN * 64));
-    DeviceMatrix natural = device_matrix(odd, dw.get(), ds.get(), false);
-    EXPECT_FALSE(gemv_mma_cuda(natural, dx.get(), 4, nullptr, dy.get(), 0, nullptr));
-    const DeviceMatrix interleaved = device_matrix(odd, dw.get(), ds.get(), true);
-    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 0, nullptr));   // 40 rows
-    EXPECT_FALSE(gemv_mma_cuda(interleaved, dx.get(), 4, nullptr, dy.get(), 20, nullptr));  // 20 per half
-    EXPECT_FALSE(gemv_mma_cuda(device_matrix(f32, dh.get(), nullptr, false), dx.get(), 4, nullptr, dy.get(), 0, nullptr));
 }
 
 // The persistent grid (a block loops over tiles, the next tile's weights loaded before this one's

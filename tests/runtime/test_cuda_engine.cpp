@@ -223,6 +223,32 @@ TEST_P(CudaVsCpu, W8A8MatchesTheCpuW8A8) {
     EXPECT_LT(max_diff(a, c), 2e-2f * std::max(1.0f, max_abs(a)));
 }
 
+namespace {
+
+// The CUDA engine's INT4 (W4A16) logits against the CPU's on the same quantized weights (groups of
+// `group`, `keep` kept 16-bit): prefill through cuBLAS, and in chunks of 4 through the INT4 GEMV.
+// Bounds: the cuBLAS prefill rounds x and the dequantized weights to f16 (2e-3 of the largest
+// logit; 1e-2 with a kept BF16 down_proj, whose input rounds to bf16); the CPU's INT4 products of
+// 3-16 tokens may round activations to int16 (cpu_quantized_weights_round: 1.0e-4 to 1.6e-4 of
+// the largest logit on the emulator, EPYC), else only the f32 summation order differs.
+void expect_int4_matches_cpu(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t group,
+                             const std::string& keep) {
+    RunOptions cpu, gpu, chunked;
+    cpu.weights = gpu.weights = chunked.weights = WeightFormat::Int4;
+    cpu.group = gpu.group = chunked.group = group;
+    cpu.keep_fp16 = gpu.keep_fp16 = chunked.keep_fp16 = keep;
+    gpu.device = chunked.device = Device::Cuda;
+    chunked.prefill_chunk = 4;  // every prefill chunk through the INT4 GEMV
+    const Trace a = trace(dir, prompts, cpu), b = trace(dir, prompts, gpu), c = trace(dir, prompts, chunked);
+    ASSERT_TRUE(all_finite(b) && all_finite(c));
+    const float scale = std::max(1.0f, max_abs(a));
+    EXPECT_LT(max_diff(a, b), (keep.empty() ? 2e-3f : 1e-2f) * scale);
+    EXPECT_LT(max_diff(a, c), (cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
+    EXPECT_EQ(a.tokens, c.tokens);
+}
+
+}  // namespace
+
 // INT4 layers (W4A16) and the INT8 lm_head against the CPU's int4 engine, on the same quantized
 // weights: groups of 32 (the tiny models' 160 intermediate columns allow no larger), the stacked
 // q/k/v and gate/up matrices (the SwiGLU GEMV epilogue in decode), prefill through the f16
@@ -235,21 +261,8 @@ TEST_P(CudaVsCpu, Int4WeightsMatchTheCpuInt4) {
     SKIP_WITHOUT_GPU();
     for (const std::string keep : {"", "down_proj"}) {
         SCOPED_TRACE("int4 group 32, keep '" + keep + "'");
-        RunOptions cpu, gpu, chunked;
-        cpu.weights = gpu.weights = chunked.weights = WeightFormat::Int4;
-        cpu.group = gpu.group = chunked.group = 32;
-        cpu.keep_fp16 = gpu.keep_fp16 = chunked.keep_fp16 = keep;
-        gpu.device = chunked.device = Device::Cuda;
-        chunked.prefill_chunk = 4;  // every prefill chunk through the INT4 GEMV
-        const Trace a = trace(dir_.path(), prompts_, cpu), b = trace(dir_.path(), prompts_, gpu),
-                    c = trace(dir_.path(), prompts_, chunked);
-        ASSERT_TRUE(all_finite(b) && all_finite(c));
-        const float scale = std::max(1.0f, max_abs(a));
-        EXPECT_LT(max_diff(a, b), (keep.empty() ? 2e-3f : 1e-2f) * scale);
-        // The CPU's INT4 products of 3-16 tokens may round activations to int16
-        // (cpu_quantized_weights_round): 1.0e-4 to 1.6e-4 of the largest logit on the emulator (EPYC).
-        EXPECT_LT(max_diff(a, c), (cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
-        EXPECT_EQ(a.tokens, c.tokens);
+        expect_int4_matches_cpu(dir_.path(), prompts_, 32, keep);
+        if (HasFatalFailure()) return;
     }
 }
 
@@ -419,18 +432,7 @@ TEST(CudaEngine, InterleavedInt4MatchesTheCpuInt4) {
     write_synthetic_checkpoint(dir.path(), cfg, {DType::F32, 1, 29});
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(11, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2),
                                                        make_prompt(29, cfg.vocab, 3)};
-    RunOptions cpu, gpu, chunked;
-    cpu.weights = gpu.weights = chunked.weights = WeightFormat::Int4;
-    cpu.group = gpu.group = chunked.group = 128;
-    gpu.device = chunked.device = Device::Cuda;
-    chunked.prefill_chunk = 4;  // every prefill chunk through the INT4 GEMV
-    const Trace a = trace(dir.path(), prompts, cpu), b = trace(dir.path(), prompts, gpu),
-                c = trace(dir.path(), prompts, chunked);
-    ASSERT_TRUE(all_finite(b) && all_finite(c));
-    const float scale = std::max(1.0f, max_abs(a));
-    EXPECT_LT(max_diff(a, b), 2e-3f * scale);  // the cuBLAS prefill's f16 roundings, as above
-    EXPECT_LT(max_diff(a, c), (cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
-    EXPECT_EQ(a.tokens, c.tokens);
+    expect_int4_matches_cpu(dir.path(), prompts, 128, "");
 }
 
 namespace {

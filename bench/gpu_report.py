@@ -171,45 +171,68 @@ def cmd_table(path, header=None):
     print("\n".join(out))
 
 
-# The decode GEMV grid of a default row (kernels/cuda/gemv.h gemv_default_grid); "-" on the CPU.
-DEFAULT_GRIDS = ("persistent", "-")
+# A row's decode kernels are named by two labels (src/cli/cmd_bench.cpp): the attention's
+# ("flash" or "flash-fp32", then "+rope" where the RoPE prologue runs inside the split-KV decode
+# kernel and "+merge" where its last block merges the splits) and the GEMV grid's ("persistent" or
+# "tiles", then "+norm" where the GEMVs run the norms and residual adds). Each fusion can be
+# turned off (SHARDLM_FUSED_ROPE=0, _FUSED_MERGE=0, _FUSED_NORM=0): the alternatives below.
+FUSION_TITLES = {"rope": "separate RoPE kernel", "merge": "separate merge kernel", "norm": "norm kernels"}
+
+
+def split_label(label):
+    """A label as (base, set of fusions): "flash+rope+merge" -> ("flash", {"rope", "merge"})."""
+    parts = str(label).split("+")
+    return parts[0], frozenset(parts[1:])
+
+
+def default_grid(label):
+    """Whether a GEMV grid label is the default grid ("persistent", any fusions) or the CPU's "-"."""
+    return split_label(label)[0] in ("persistent", "-")
 
 
 def candidates(runs, order):
     """The decode tuning switches against the default, per (batch, weights, kv): shardlm rows with
-    graphs and PDL on, flash attention (with "+rope", the default: the RoPE prologue fused into the
-    decode kernel; without, SHARDLM_FUSED_ROPE=0), differing only in that and gemv_grid ("tiles":
-    a block per row tile, SHARDLM_GEMV_GRID=tiles). Ratio < 1: the alternative is faster. Empty
-    when no alternative row ran."""
+    graphs and PDL on, flash attention, no prefill staging. The default row is the persistent grid
+    with every fusion the group's rows show; the alternatives are the per-tile grid with the same
+    fusions, and the default less one fusion. Ratio < 1: the alternative is faster. Empty when no
+    alternative row ran."""
     # key: (step, engine, batch, weights, kv, graphs, attention, pdl, gemv_grid, gemm_stage)
-    # column: (gemv_grid, fused RoPE, title)
-    cols = [("persistent", True, "default"), ("tiles", True, "per-tile grid"),
-            ("persistent", False, "separate RoPE kernel")]
     table, seen = {}, []
     for k in order:
         run = runs[k]
-        if k[1] != "shardlm" or not k[5] or k[6] not in ("flash", "flash+rope", "-") or k[7] == "off" or \
-                k[9] == "on" or "tg" not in run:
+        att, att_f = split_label(k[6])
+        if k[1] != "shardlm" or not k[5] or att not in ("flash", "-") or k[7] == "off" or k[9] == "on" or \
+                "tg" not in run:
             continue
-        tg = run["tg"]
+        grid, grid_f = split_label(k[8])
         group = (k[2], k[3], k[4])
         if group not in table:
             table[group] = {}
             seen.append(group)
-        table[group][(k[8], k[6] == "flash+rope")] = tg["avg_ms"] / int(tg["test"][2:])
-    default = cols[0][:2]
-    rows = [g for g in seen if default in table[g] and any(c[:2] in table[g] for c in cols[1:])]
+        table[group][(grid, att_f | grid_f)] = run["tg"]["avg_ms"] / int(run["tg"]["test"][2:])
+    cols, rows = [], []
+    for g in seen:
+        fusions = frozenset().union(*(f for grid, f in table[g] if grid == "persistent"))
+        default = ("persistent", fusions)
+        alts = [("tiles", fusions, "per-tile grid")] + \
+               [("persistent", fusions - {f}, FUSION_TITLES.get(f, f)) for f in sorted(fusions)]
+        alts = [a for a in alts if a[:2] in table[g]]
+        if default not in table[g] or not alts:
+            continue
+        rows.append((g, default, alts))
+        for a in alts:
+            if a[2] not in cols:
+                cols.append(a[2])
     if not rows:
         return []
     out = ["\nDecode alternatives (ms/token; in brackets the ratio to the default row, < 1 is faster):\n",
-           "| batch | weights | kv | " + " | ".join(c[2] for c in cols) + " |",
-           "|---:|---|---|" + "---:|" * len(cols)]
-    for g in rows:
+           "| batch | weights | kv | default | " + " | ".join(cols) + " |",
+           "|---:|---|---|---:|" + "---:|" * len(cols)]
+    for g, default, alts in rows:
         base = table[g][default]
-        cells = []
-        for c in cols:
-            v = table[g].get(c[:2])
-            cells.append("-" if v is None else ("%.3f" % v if c[:2] == default else "%.3f (%.2f)" % (v, v / base)))
+        by_title = {a[2]: table[g][a[:2]] for a in alts}
+        cells = ["%.3f" % base] + ["-" if c not in by_title else "%.3f (%.2f)" % (by_title[c], by_title[c] / base)
+                                   for c in cols]
         out.append(f"| {g[0]} | {g[1]} | {g[2]} | " + " | ".join(cells) + " |")
     out.append("")
     return out
@@ -245,16 +268,16 @@ def prefill_tc(runs, order):
     """Prefill with attention on tensor cores (attention "flash") against the FP32-pipe kernel
     ("flash-fp32", SHARDLM_PREFILL_TC=0), with the default decode and prefill settings."""
     return prefill_ab(runs, order,
-                      lambda k: k[6].replace("+rope", "") in ("flash", "flash-fp32") and k[8] in DEFAULT_GRIDS and
+                      lambda k: split_label(k[6])[0] in ("flash", "flash-fp32") and default_grid(k[8]) and
                       k[9] == "off",
-                      lambda k: k[6].replace("+rope", ""), "flash-fp32", "flash", "Prefill attention on tensor cores",
+                      lambda k: split_label(k[6])[0], "flash-fp32", "flash", "Prefill attention on tensor cores",
                       ("FP32 pipes", "tensor cores"))
 
 
 def prefill_staging(runs, order):
     """INT8 prefill with each matrix dequantized ahead on a side stream (gemm_stage on,
     SHARDLM_GEMM_STAGE=1) against the default, with flash attention and the default decode settings."""
-    return prefill_ab(runs, order, lambda k: k[6].replace("+rope", "") == "flash" and k[8] in DEFAULT_GRIDS,
+    return prefill_ab(runs, order, lambda k: split_label(k[6])[0] == "flash" and default_grid(k[8]),
                       lambda k: k[9], "off", "on", "INT8 prefill with the dequantization staged ahead",
                       ("default", "staged"))
 

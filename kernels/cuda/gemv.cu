@@ -93,7 +93,45 @@ struct GemvArgs {
     int interleave_c;       // scalar path: C when the weights are interleaved, else 0
     int64_t swiglu_half;    // > 0: W is [gate; up], half rows each, y = silu(gate) * up [n, half]
     int64_t tiles;          // vector path: row tiles; block b takes tiles b, b + gridDim.x, ...
+    const float* norm_w;    // GemvFuse::norm_w: the input is rmsnorm(x) * norm_w (null: x)
+    float eps;              // GemvFuse::eps
+    int accumulate;         // GemvFuse::accumulate: y += the result
 };
+
+// The fused norm's 1 / sqrt(mean(x[t]^2) + eps) for the N token rows at x + xoff[t] (rows of
+// `cols` floats, cols a multiple of 4 and x 16-byte aligned on the vector path) into inv[t]: each
+// thread's float4s, warp shuffles, then the 8 warps' sums in a fixed order. Every thread of the
+// block must call it. The loads also bring x into L1 for the product that follows.
+template <int N>
+__device__ __forceinline__ void block_inv_rms(const float* x, const int (&xoff)[N], int cols, float eps,
+                                              float (&inv)[N]) {
+    __shared__ float warp_sums[kWarps][N];
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    float ss[N];
+#pragma unroll
+    for (int t = 0; t < N; ++t) ss[t] = 0.0f;
+    for (int i = int(threadIdx.x); i < cols / 4; i += kThreads)
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(x + xoff[t]) + i);
+            ss[t] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[t]))));
+        }
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+        float v = ss[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) warp_sums[warp][t] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) total += warp_sums[w][t];
+        inv[t] = rsqrtf(total / float(cols) + eps);
+    }
+}
 
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
     __half2 h;
@@ -146,7 +184,12 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
 // previous tile's reduction, so the SM's loads stay in flight across tiles instead of pausing for
 // the reduction, the block's exit and the next block's start. (A template parameter: the one-tile
 // kernels keep the registers they had without the loop.)
-template <WKind K, int N, int R, int U, int MinBlocks, bool Persistent>
+// Normed (GemvFuse::norm_w): x is the residual stream and the product's input rmsnorm(x) * norm_w.
+// The block computes each token row's 1 / rms itself (block_inv_rms: 8 KB of x per token row from
+// L2, while the first weights are in flight), multiplies each float4 of x by norm_w's as it is
+// loaded, and scales the finished sums by 1 / rms (a common factor of each row's products), so
+// no norm kernel runs between the product writing x and this one.
+template <WKind K, int N, int R, int U, int MinBlocks, bool Persistent, bool Normed>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
     constexpr int C = chunk_cols<K>();
     constexpr bool kI4 = K == WKind::I4;
@@ -190,6 +233,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     load(k_first);
     pdl_wait();
     pdl_launch_dependents();
+    __shared__ float tok_inv[N];  // Normed: 1 / rms of each token row
+    if constexpr (Normed) {
+        float inv[N];
+        block_inv_rms<N>(a.x, xoff, int(a.cols), a.eps, inv);
+        if (threadIdx.x == 0)
+#pragma unroll
+            for (int t = 0; t < N; ++t) tok_inv[t] = inv[t];
+        // (reduce_store's __syncthreads orders this write before its reads of tok_inv.)
+    }
     for (;;) {
         float acc[R][N];
 #pragma unroll
@@ -204,12 +256,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
-                const float* xk = a.x + int64_t(kc >> a.block_shift) * a.block_cols +
-                                  (kc & ((1 << a.block_shift) - 1)) * a.lane_stride;
+                const int xcol = (kc >> a.block_shift) * a.block_cols + (kc & ((1 << a.block_shift) - 1)) * a.lane_stride;
+                const float* xk = a.x + xcol;
                 float part[R][N];  // kPart: the chunk's sums, scaled once
                 float xsum[N];     // I4 without kI4Dequant: the chunk's sum of x, for the mins
 #pragma unroll
                 for (int q = 0; q < C / 4; ++q) {
+                    float4 gv;  // Normed: the norm's weights of these four columns
+                    if constexpr (Normed)
+                        gv = __ldg(reinterpret_cast<const float4*>(a.norm_w + xcol + q * a.quad_stride));
                     float wf[R][4];
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
@@ -220,7 +275,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
                     }
 #pragma unroll
                     for (int t = 0; t < N; ++t) {
-                        const float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
+                        float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
+                        if constexpr (Normed) xv = make_float4(xv.x * gv.x, xv.y * gv.y, xv.z * gv.z, xv.w * gv.w);
                         if constexpr (kI4 && !kI4Dequant) {
                             const float s4 = (xv.x + xv.y) + (xv.z + xv.w);
                             xsum[t] = q == 0 ? s4 : xsum[t] + s4;
@@ -255,7 +311,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
             load(k_first);
         }
         const int64_t tile_row0 = tile * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
-        reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half);
+        reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half, Normed ? tok_inv : nullptr,
+                           a.accumulate != 0);
         if (!Persistent || next >= a.tiles) break;
         __syncthreads();  // the next reduction rewrites the shared partial sums this one read
         tile = next;
@@ -290,16 +347,29 @@ __global__ void __launch_bounds__(kThreads) gemv_scalar_kernel(const GemvArgs a,
     pdl_wait();
     pdl_launch_dependents();
     if (row >= a.rows) return;  // whole warps only: the shuffles below stay full-warp
+    // The fused norm (GemvFuse::norm_w): each warp finds the token rows' 1 / rms itself.
+    float inv[kMaxTokens];
+    if (a.norm_w)
+#pragma unroll
+        for (int t = 0; t < kMaxTokens; ++t) {
+            float ss = 0.0f;
+            if (t < a.n)
+                for (int64_t c = lane; c < a.cols; c += 32) ss = fmaf(a.x[t * a.cols + c], a.x[t * a.cols + c], ss);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+            inv[t] = rsqrtf(ss / float(a.cols) + a.eps);
+        }
     float acc[kMaxTokens];
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) acc[t] = 0.0f;
     for (int64_t c = lane; c < a.cols; c += 32) {
         const float wv = load_weight(kind, a, row, c);
+        const float g = a.norm_w ? a.norm_w[c] : 1.0f;
 #pragma unroll
         for (int t = 0; t < kMaxTokens; ++t)
-            if (t < a.n) acc[t] = fmaf(wv, a.x[int64_t(t) * a.cols + c], acc[t]);
+            if (t < a.n) acc[t] = fmaf(wv, a.x[int64_t(t) * a.cols + c] * g, acc[t]);
     }
-    warp_row_store(acc, row, a.rows, a.n, a.bias, a.y);
+    warp_row_store(acc, row, a.rows, a.n, a.bias, a.y, a.norm_w ? inv : nullptr, a.accumulate != 0);
 }
 
 // Row blockIdx.x of w (row_bytes each) rewritten in place in the interleaved order (interleave.h),
@@ -402,7 +472,7 @@ int64_t persistent_blocks(int64_t tiles, int per_sm) {
     return (tiles + rounds - 1) / rounds;
 }
 
-template <WKind K, int N, int R>
+template <WKind K, int N, int R, bool Normed>
 void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     using Cfg = VecConfig<K, N, R>;
     GemvArgs a = args;
@@ -410,34 +480,41 @@ void launch_vec(const GemvArgs& args, GemvGrid grid, cudaStream_t stream) {
     const int64_t out_rows = a.swiglu_half > 0 ? a.swiglu_half : a.rows;
     a.tiles = (out_rows + per_tile - 1) / per_tile;
     SHARDLM_CHECK(a.tiles <= INT_MAX, "gemv_cuda: ", a.rows, " rows is too many");
-    if (grid == GemvGrid::PerTile) {
-        launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false>,
+    if (grid == GemvGrid::PerTile && !Normed) {
+        launch_kernel("gemv_vec_kernel", gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, false, false>,
                       dim3(unsigned(a.tiles)), dim3(kThreads), 0, stream, a);
         return;
     }
-    const auto kernel = gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, true>;
+    // (The fused norm is compiled for the persistent kernel only; a block per tile runs it too.)
+    const auto kernel = gemv_vec_kernel<K, N, R, Cfg::U, Cfg::MinBlocks, true, Normed>;
     // A property of the compiled kernel, asked once (the query is not free on every launch).
     static const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel));
-    const int64_t blocks = persistent_blocks(a.tiles, per_sm);
+    const int64_t blocks = grid == GemvGrid::PerTile ? a.tiles : persistent_blocks(a.tiles, per_sm);
     launch_kernel("gemv_vec_kernel", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, a);
 }
 
-template <WKind K, int N>
+template <WKind K, int N, bool Normed>
 void launch_vec_r(const GemvArgs& a, GemvGrid grid, cudaStream_t stream) {
     const int r = rows_per_group(a.chunks);
-    if (r == 4) return launch_vec<K, N, 4>(a, grid, stream);
-    if (r == 2) return launch_vec<K, N, 2>(a, grid, stream);
-    return launch_vec<K, N, 1>(a, grid, stream);
+    if (r == 4) return launch_vec<K, N, 4, Normed>(a, grid, stream);
+    if (r == 2) return launch_vec<K, N, 2, Normed>(a, grid, stream);
+    return launch_vec<K, N, 1, Normed>(a, grid, stream);
 }
 
-template <WKind K>
+template <WKind K, bool Normed>
 void launch_vec_tokens(const GemvArgs& a, GemvGrid grid, cudaStream_t stream) {
     // n is rounded up to 1, 2, 4 or 8 (the batch buckets of the decode graphs); extra rows of x
     // repeat the last one and are not stored.
-    if (a.n == 1) return launch_vec_r<K, 1>(a, grid, stream);
-    if (a.n == 2) return launch_vec_r<K, 2>(a, grid, stream);
-    if (a.n <= 4) return launch_vec<K, 4, 2>(a, grid, stream);
-    return launch_vec<K, 8, 2>(a, grid, stream);
+    if (a.n == 1) return launch_vec_r<K, 1, Normed>(a, grid, stream);
+    if (a.n == 2) return launch_vec_r<K, 2, Normed>(a, grid, stream);
+    if (a.n <= 4) return launch_vec<K, 4, 2, Normed>(a, grid, stream);
+    return launch_vec<K, 8, 2, Normed>(a, grid, stream);
+}
+
+template <WKind K>
+void launch_vec_kind(const GemvArgs& a, GemvGrid grid, cudaStream_t stream) {
+    if (a.norm_w) launch_vec_tokens<K, true>(a, grid, stream);
+    else launch_vec_tokens<K, false>(a, grid, stream);
 }
 
 
@@ -448,7 +525,7 @@ namespace {
 // gemv_cuda, or with swiglu_half > 0 gemv_swiglu_cuda; false (and nothing launched) when SwiGLU
 // would need the scalar path.
 bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, int64_t swiglu_half,
-              GemvGrid grid, cudaStream_t stream) {
+              const GemvFuse& fuse, GemvGrid grid, cudaStream_t stream) {
     SHARDLM_CHECK(n >= 0 && n <= kGemvMaxTokens, "gemv_cuda: ", n, " token rows, at most ", kGemvMaxTokens);
     SHARDLM_CHECK(w.rows >= 0 && w.cols >= 0, "gemv_cuda: bad shape ", w.rows, "x", w.cols);
     const WKind kind = kind_of(w.dtype);
@@ -461,6 +538,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
                           (!w.interleaved || w.group_size % interleave_block_cols(32) == 0),
                       "gemv_cuda: I4 weights need scales, mins and a group size that is a multiple of 32 dividing "
                       "cols (", w.group_size, ", ", w.cols, "), and of 128 when interleaved");
+    SHARDLM_CHECK(!(fuse.accumulate && swiglu_half > 0), "gemv_swiglu_cuda: SwiGLU's output cannot accumulate");
     if (n == 0 || w.rows == 0) return true;
     SHARDLM_CHECK(w.data && x && y, "gemv_cuda: null pointer");
 
@@ -475,6 +553,9 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     a.cols = w.cols;
     a.n = int(n);
     a.swiglu_half = swiglu_half;
+    a.norm_w = fuse.norm_w;
+    a.eps = fuse.eps;
+    a.accumulate = fuse.accumulate ? 1 : 0;
     a.row_bytes = device_row_bytes(w);
     a.interleave_c = w.interleaved ? interleave_chunk_cols(w.dtype) : 0;
     SHARDLM_CHECK(!w.interleaved || (a.interleave_c > 0 && w.cols % interleave_block_cols(a.interleave_c) == 0),
@@ -486,7 +567,7 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 
     const int64_t chunk_c = kind == WKind::F32 ? 4 : kind == WKind::I8 ? 16 : kind == WKind::I4 ? 32 : 8;
     const bool vec = is_aligned(w.data, 16) && is_aligned(x, 16) && a.row_bytes % 16 == 0 && n * w.cols <= INT_MAX &&
-                     (kind != WKind::I8 || w.group_size % 16 == 0);
+                     (kind != WKind::I8 || w.group_size % 16 == 0) && (!fuse.norm_w || is_aligned(fuse.norm_w, 16));
     if (!vec) {
         if (swiglu_half > 0) return false;
         const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
@@ -505,11 +586,11 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
     // chunk_groups counts 16-byte chunks of 16 one-byte columns: I4 groups and rows in bytes.
     if (kind == WKind::I4) chunk_groups(w.group_size / 2, w.cols / 2, a.group_shift, a.group_chunks);
     switch (kind) {
-        case WKind::F32: launch_vec_tokens<WKind::F32>(a, grid, stream); break;
-        case WKind::F16: launch_vec_tokens<WKind::F16>(a, grid, stream); break;
-        case WKind::BF16: launch_vec_tokens<WKind::BF16>(a, grid, stream); break;
-        case WKind::I8: launch_vec_tokens<WKind::I8>(a, grid, stream); break;
-        case WKind::I4: launch_vec_tokens<WKind::I4>(a, grid, stream); break;
+        case WKind::F32: launch_vec_kind<WKind::F32>(a, grid, stream); break;
+        case WKind::F16: launch_vec_kind<WKind::F16>(a, grid, stream); break;
+        case WKind::BF16: launch_vec_kind<WKind::BF16>(a, grid, stream); break;
+        case WKind::I8: launch_vec_kind<WKind::I8>(a, grid, stream); break;
+        case WKind::I4: launch_vec_kind<WKind::I4>(a, grid, stream); break;
     }
     return true;
 }
@@ -518,14 +599,30 @@ bool run_gemv(const DeviceMatrix& w, const float* x, int64_t n, const float* bia
 
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
                GemvGrid grid) {
-    run_gemv(w, x, n, bias, y, 0, grid, stream);
+    run_gemv(w, x, n, bias, y, 0, GemvFuse{}, grid, stream);
+}
+
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, const GemvFuse& fuse,
+               cudaStream_t stream, GemvGrid grid) {
+    run_gemv(w, x, n, bias, y, 0, fuse, grid, stream);
 }
 
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
                       cudaStream_t stream, GemvGrid grid) {
+    return gemv_swiglu_cuda(w, x, n, bias, y, GemvFuse{}, stream, grid);
+}
+
+bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
+                      const GemvFuse& fuse, cudaStream_t stream, GemvGrid grid) {
     SHARDLM_CHECK(w.rows % 2 == 0, "gemv_swiglu_cuda: ", w.rows, " rows are not gate and up halves");
     if (w.rows == 0) return true;
-    return run_gemv(w, x, n, bias, y, w.rows / 2, grid, stream);
+    return run_gemv(w, x, n, bias, y, w.rows / 2, fuse, grid, stream);
+}
+
+bool gemv_norm_fused_default() {
+    static const bool on =
+        cuda_tuning_env("SHARDLM_FUSED_NORM", {"0", "1"}, "the decode norms fused into the GEMVs") != "0";
+    return on;
 }
 
 GemvGrid gemv_default_grid() {

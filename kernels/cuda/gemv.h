@@ -29,6 +29,26 @@ GemvGrid gemv_default_grid();
 void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, cudaStream_t stream,
                GemvGrid grid = gemv_default_grid());
 
+// What a decode step at tensor parallelism 1 folds into its GEMVs, so that no kernel runs between
+// two products (where a projection's output needs no all-reduce before it joins the residual):
+// - norm_w: x is the residual stream ([n, cols], not modified) and the product's input is
+//   rmsnorm(x) * norm_w, with eps: y = (rmsnorm(x) * norm_w) W^T + bias. Each block finds the
+//   token rows' 1 / rms itself and the sums are scaled by it before the bias, so the results are
+//   rmsnorm_cuda then gemv_cuda's up to f32 rounding (not bit for bit). norm_w is [cols] floats.
+// - accumulate: y += x W^T + bias, the residual add of o_proj and down_proj in their epilogue (bit
+//   for bit gemv_cuda into a delta, then y + delta).
+struct GemvFuse {
+    const float* norm_w = nullptr;
+    float eps = 0.0f;
+    bool accumulate = false;
+};
+void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y, const GemvFuse& fuse,
+               cudaStream_t stream, GemvGrid grid = gemv_default_grid());
+
+// SHARDLM_FUSED_NORM = 0 | 1 (read once per process; unset: 1): whether a TP=1 decode step folds
+// its norms and residual adds into the GEMVs (GemvFuse), for the A/B runs of bench/gpu_check.sh.
+bool gemv_norm_fused_default();
+
 // The MLP's first half in one pass: w is gate_proj's rows stacked on up_proj's ([2 * inter, cols],
 // bias likewise), y[n, inter] = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), the SwiGLU applied
 // in the GEMV's epilogue instead of a second kernel over [n, 2 * inter]. Returns false, having done
@@ -36,6 +56,9 @@ void gemv_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bi
 // and silu_mul_rows_cuda).
 bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
                       cudaStream_t stream, GemvGrid grid = gemv_default_grid());
+// The same with GemvFuse's norm (accumulate is refused: SwiGLU's output is no residual).
+bool gemv_swiglu_cuda(const DeviceMatrix& w, const float* x, int64_t n, const float* bias, float* y,
+                      const GemvFuse& fuse, cudaStream_t stream, GemvGrid grid = gemv_default_grid());
 
 // Rewrites w's rows in place into the interleaved column order (kernels/cuda/interleave.h) and
 // sets w.interleaved, when the shape allows it: F16/BF16/I8/I4, 16-byte aligned, columns (and

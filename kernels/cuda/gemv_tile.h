@@ -151,10 +151,13 @@ inline int rows_per_group(int chunks) {
 // repeat run to run); y[t, row] = sum (+ bias[row]) for the tile's rows below `rows` and t < n.
 // With swiglu_half > 0 the tile is SwiGLU's (tile_swiglu_row): groups 0-1 hold gate rows j0 + s,
 // groups 2-3 the up rows half + j0 + s, and y[t, j0 + s] = silu(gate) * up, y [n, half].
+// tok_scale (shared or global memory, [n]): each sum is scaled by tok_scale[t] before the bias is
+// added (the fused norm's 1 / rms, gemv.cu). accumulate: y[t, row] += the result instead of =.
 // Every thread of the block must call it.
 template <int R, int N>
 __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t tile_row0, int64_t rows, int n,
-                                             const float* bias, float* y, int64_t swiglu_half = 0) {
+                                             const float* bias, float* y, int64_t swiglu_half = 0,
+                                             const float* tok_scale = nullptr, bool accumulate = false) {
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     __shared__ float partial[kWarps][kGroups * R][N];
@@ -180,6 +183,10 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
                 gate += partial[w][slot][t];
                 up += partial[w][S + slot][t];
             }
+            if (tok_scale) {
+                gate *= tok_scale[t];
+                up *= tok_scale[t];
+            }
             if (bias) {
                 gate += bias[j];
                 up += bias[swiglu_half + j];
@@ -195,22 +202,30 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
+        if (tok_scale) s *= tok_scale[t];
         if (bias) s += bias[row];
-        y[int64_t(t) * rows + row] = s;
+        float& out = y[int64_t(t) * rows + row];
+        out = accumulate ? out + s : s;
     }
 }
 
 // The scalar paths' output (a warp per row, each lane a partial sum per token): summed over the
-// warp, y[t, row] = sum (+ bias[row]) for t < n. Every lane of the warp must call it.
+// warp, y[t, row] = sum * tok_scale[t] (when set) + bias[row] (when set) for t < n, or += with
+// accumulate (as reduce_store). Every lane of the warp must call it.
 __device__ __forceinline__ void warp_row_store(const float (&acc)[kMaxTokens], int64_t row, int64_t rows, int n,
-                                               const float* bias, float* y) {
+                                               const float* bias, float* y, const float* tok_scale = nullptr,
+                                               bool accumulate = false) {
     const int lane = int(threadIdx.x) & 31;
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
         float v = acc[t];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && t < n) y[int64_t(t) * rows + row] = v + (bias ? bias[row] : 0.0f);
+        if (lane != 0 || t >= n) continue;
+        if (tok_scale) v *= tok_scale[t];
+        if (bias) v += bias[row];
+        float& out = y[int64_t(t) * rows + row];
+        out = accumulate ? out + v : v;
     }
 }
 

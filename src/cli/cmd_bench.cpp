@@ -77,22 +77,30 @@ bool device_gemm_staging() {
 
 // The attention kernels of a row: "flash-fp32" when CUDA prefill tiles stay off the tensor cores
 // (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value; "+rope" when the
-// CUDA decode kernel runs the RoPE prologue itself (the default; SHARDLM_FUSED_ROPE=0 turns it off).
+// CUDA decode kernel runs the RoPE prologue itself (the default; SHARDLM_FUSED_ROPE=0 turns it off),
+// "+merge" when its last split block merges the splits (the default; SHARDLM_FUSED_MERGE=0: a
+// separate merge kernel).
 std::string row_attention(const std::string& attention, bool cuda) {
 #ifdef SHARDLM_HAVE_CUDA
     if (cuda && attention == "flash")
-        return std::string(prefill_tensor_cores() ? "flash" : "flash-fp32") + (decode_rope_fused() ? "+rope" : "");
+        return std::string(prefill_tensor_cores() ? "flash" : "flash-fp32") + (decode_rope_fused() ? "+rope" : "") +
+               (decode_merge_fused() ? "+merge" : "");
 #else
     (void)cuda;
 #endif
     return attention;
 }
 
-// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID).
-std::string device_gemv_grid() {
+// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID), with "+norm" where they also
+// run the norms and residual adds (GemvFuse: the CUDA engine does so at TP=1 with weight-only
+// products unless SHARDLM_FUSED_NORM=0).
+std::string device_gemv_grid(int tp, WeightFormat format) {
 #ifdef SHARDLM_HAVE_CUDA
-    return gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles";
+    const bool norm = tp == 1 && !quantizes_acts(format) && gemv_norm_fused_default();
+    return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") + (norm ? "+norm" : "");
 #else
+    (void)tp;
+    (void)format;
     return "-";
 #endif
 }
@@ -233,7 +241,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
         j["attention"] = row_attention(backend.attention, cuda);
         j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
         j["pdl"] = cuda && device_pdl();
-        j["gemv_grid"] = cuda ? device_gemv_grid() : "-";
+        j["gemv_grid"] = cuda ? device_gemv_grid(comm.size(), s->weights.format) : "-";
         j["gemm_stage"] = cuda && device_gemm_staging();
         j["weights"] = wname;
         j["kv"] = kvname;

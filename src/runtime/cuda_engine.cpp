@@ -123,6 +123,9 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     int8_acts_ = quantizes_acts(w.format);
+    // (W8A8/W4A8 products quantize their input in the norm kernel; TP > 1 all-reduces each
+    // product's output before it joins the residual stream: both keep the norm kernels.)
+    fused_norm_ = !int8_acts_ && plan_.tp == 1 && (opt.fused_norm >= 0 ? opt.fused_norm == 1 : gemv_norm_fused_default());
     SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     if (!stream) {
@@ -137,6 +140,8 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     SHARDLM_CHECK(opt.fused_rope >= -1 && opt.fused_rope <= 1, "CudaEngine: fused_rope ", opt.fused_rope,
                   " must be 0 or 1, or -1 for SHARDLM_FUSED_ROPE");
     fused_rope_ = opt.fused_rope >= 0 ? opt.fused_rope == 1 : decode_rope_fused();
+    SHARDLM_CHECK(opt.fused_norm >= -1 && opt.fused_norm <= 1, "CudaEngine: fused_norm ", opt.fused_norm,
+                  " must be 0 or 1, or -1 for SHARDLM_FUSED_NORM");
     // The tensor-core prefill attention checks this GPU's fragment layout once (mma_check.h): now,
     // before any step could be captured into a graph.
     prefill_tensor_cores();
@@ -497,6 +502,10 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(meta_ + 3 * Tm + opt_.max_logit_rows);
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
+    // Decode at TP=1 with weight-only products: the norms run inside the next GEMV and o_proj and
+    // down_proj add into the residual stream x_ themselves (GemvFuse): no kernel between two GEMVs.
+    const bool fuse = fused_norm_ && T <= kGemvMaxTokens;
+    const GemvGrid grid = gemv_default_grid();
 
     // Prefill with staging: the first matrix starts dequantizing beside the embedding and the norm.
     if (staging_ && T > kGemvMaxTokens && !read_order_.empty() && read_order_[0] != &lm_head_)
@@ -509,16 +518,24 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         // The previous layer's MLP output joins the residual stream here, fused with the norm, which
         // writes the projections' 16-bit input itself where they run on cuBLAS.
         const float* d = l == 0 ? nullptr : delta_;
-        const HalfInput qkv_in =
-            L.qkv.w.data ? shared_half_input({&L.qkv}, T) : shared_half_input({&L.q, &L.k, &L.v}, T);
-        const bool qkv_half = qkv_in.data && add_rmsnorm_half_cuda(x_, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
+        bool qkv_half = false, qkv_ready = false;
+        if (!fuse) {
+            const HalfInput qkv_in =
+                L.qkv.w.data ? shared_half_input({&L.qkv}, T) : shared_half_input({&L.q, &L.k, &L.v}, T);
+            qkv_half = qkv_in.data && add_rmsnorm_half_cuda(x_, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
+            qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T);
+        }
         const float* qkv_x = qkv_half ? nullptr : h_;
-        const bool qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T);
+        const GemvFuse in_norm{L.input_norm, c.rms_eps, false};
+        auto qkv_proj = [&](const CudaLinear& lin, float* y, bool ready) {
+            if (fuse) gemv_cuda(lin.w, x_, T, lin.bias, y, in_norm, s, grid);
+            else linear(lin, qkv_x, T, y, true, ready);
+        };
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            linear(L.qkv, qkv_x, T, qkv_, true, qkv_ready);
+            qkv_proj(L.qkv, qkv_, qkv_ready);
             rp.q = qkv_;
             rp.k = qkv_ + q_dim;
             rp.v = qkv_ + q_dim + kv_dim;
@@ -526,9 +543,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             rp.q_out = q_;
         } else {
             // q, k and v share one quantized input when they share its grouping (else each quantizes).
-            linear(L.q, qkv_x, T, q_, true, qkv_ready);
-            linear(L.k, qkv_x, T, k_, true, qkv_ready && same_acts(L.k, L.q));
-            linear(L.v, qkv_x, T, v_, true, qkv_ready && same_acts(L.v, L.q));
+            qkv_proj(L.q, q_, qkv_ready);
+            qkv_proj(L.k, k_, qkv_ready && same_acts(L.k, L.q));
+            qkv_proj(L.v, v_, qkv_ready && same_acts(L.v, L.q));
             rp.q = q_;
             rp.k = k_;
             rp.v = v_;
@@ -562,6 +579,22 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.scratch = attn_scratch_;
         a.rope = fused_rope ? &rp : nullptr;
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
+        if (fuse) {
+            gemv_cuda(L.o.w, attn_, T, L.o.bias, x_, GemvFuse{nullptr, 0.0f, true}, s, grid);
+            const GemvFuse post_norm{L.post_attn_norm, c.rms_eps, false};
+            if (L.gate_up.w.data) {
+                if (!gemv_swiglu_cuda(L.gate_up.w, x_, T, L.gate_up.bias, gate_, post_norm, s, grid)) {
+                    gemv_cuda(L.gate_up.w, x_, T, L.gate_up.bias, gate_up_, post_norm, s, grid);
+                    silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+                }
+            } else {
+                gemv_cuda(L.gate.w, x_, T, L.gate.bias, gate_, post_norm, s, grid);
+                gemv_cuda(L.up.w, x_, T, L.up.bias, up_, post_norm, s, grid);
+                silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
+            }
+            gemv_cuda(L.down.w, gate_, T, L.down.bias, x_, GemvFuse{nullptr, 0.0f, true}, s, grid);
+            continue;
+        }
         linear(L.o, attn_, T, delta_);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
         const HalfInput mlp_in =
@@ -595,7 +628,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
-    rmsnorm_rows_cuda(x_, layers_.empty() ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
+    rmsnorm_rows_cuda(x_, layers_.empty() || fuse ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
                       c.rms_eps, s);
     // (lm_head stays W8A16 under w8a8 and w4a8, as on the CPU.)
     if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_, false);

@@ -157,6 +157,7 @@ private:
     std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill (W4A8 prefill runs gemm_)
     bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
     bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
+    bool fused_norm_ = false;  // EngineOptions::fused_norm, resolved (and only at TP=1, weight-only)
     bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)
     // The matrices of a step in the order the step reads them (per layer q/k/v, o, gate/up, down,
     // fused or not; then lm_head), and each one's place by its data pointer: what prefill staging

@@ -121,6 +121,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.attention = opt.attention;
     eo.cuda_graphs = opt.cuda_graphs;
     eo.fused_rope = opt.fused_rope;
+    eo.fused_norm = opt.fused_norm;
     eo.gemm_staging = opt.gemm_staging;
     eo.ranks_on_node = ranks_on_node(comm);
     if (device == Device::Cpu) {

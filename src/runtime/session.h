@@ -36,6 +36,7 @@ struct SessionOptions {
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;
     int fused_rope = -1;   // EngineOptions::fused_rope
+    int fused_norm = -1;   // EngineOptions::fused_norm
     int gemm_staging = -1;  // EngineOptions::gemm_staging
     int64_t max_penalties = 0;  // EngineOptions::max_penalties (runtime/generate.h: max_penalties)
 };

@@ -76,17 +76,20 @@ class Kernels(unittest.TestCase):
 
 class Table(unittest.TestCase):
     def test_decode_alternatives_against_the_default(self):
-        def row(step, test, ms, grid, pdl=True, attention="flash+rope", stage=False):
+        def row(step, test, ms, grid, pdl=True, attention="flash+rope+merge", stage=False):
             return json.dumps({"test": test, "batch": 1, "weights": "int8", "kv": "int8", "graphs": True,
                                "attention": attention, "pdl": pdl, "gemv_grid": grid, "gemm_stage": stage,
                                "avg_ms": ms, "gbps": 1.0, "peak_gbps": 4000.0, "engine": "shardlm", "step": step})
         with tempfile.TemporaryDirectory() as d:
             jsonl = os.path.join(d, "rows.jsonl")
             write_text(jsonl, "\n".join([
-                row("base", "pp512", 9.0, "persistent"), row("base", "tg128", 128.0, "persistent"),
-                row("tiles", "pp512", 9.0, "tiles"), row("tiles", "tg128", 160.0, "tiles"),
-                row("rope", "pp512", 9.0, "persistent", attention="flash"),
-                row("rope", "tg128", 136.0, "persistent", attention="flash"),
+                row("base", "pp512", 9.0, "persistent+norm"), row("base", "tg128", 128.0, "persistent+norm"),
+                row("tiles", "pp512", 9.0, "tiles+norm"), row("tiles", "tg128", 160.0, "tiles+norm"),
+                row("rope", "pp512", 9.0, "persistent+norm", attention="flash+merge"),
+                row("rope", "tg128", 136.0, "persistent+norm", attention="flash+merge"),
+                row("norm", "pp512", 9.0, "persistent"), row("norm", "tg128", 144.0, "persistent"),
+                row("merge", "pp512", 9.0, "persistent+norm", attention="flash+rope"),
+                row("merge", "tg128", 132.0, "persistent+norm", attention="flash+rope"),
                 # The staged prefill is a prefill comparison: not a decode column.
                 row("stage", "pp512", 8.0, "persistent", stage=True),
                 row("stage", "tg128", 999.0, "persistent", stage=True),
@@ -96,8 +99,12 @@ class Table(unittest.TestCase):
             ]) + "\n")
             r = run("table", jsonl)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("| 1 | int8 | int8 | 1.000 | 1.250 (1.25) | 1.062 (1.06) |", r.stdout)
-            self.assertIn("| int8 | int8 | on | flash+rope | on | persistent | off |", r.stdout)  # the main table's columns
+            self.assertIn("| batch | weights | kv | default | per-tile grid | separate merge kernel | norm kernels | "
+                          "separate RoPE kernel |", r.stdout)
+            self.assertIn("| 1 | int8 | int8 | 1.000 | 1.250 (1.25) | 1.031 (1.03) | 1.125 (1.12) | 1.062 (1.06) |",
+                          r.stdout)
+            # the main table's columns
+            self.assertIn("| int8 | int8 | on | flash+rope+merge | on | persistent+norm | off |", r.stdout)
             # Without alternative rows there is no such table.
             write_text(jsonl, row("base", "pp512", 9.0, "persistent") + "\n" +
                        row("base", "tg128", 128.0, "persistent") + "\n")

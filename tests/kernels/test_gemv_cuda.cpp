@@ -416,3 +416,160 @@ TEST(GemvCuda, RejectsBadArguments) {
     w.group_size = 16;
     EXPECT_NO_THROW(gemv_cuda(w, fake, 0, nullptr, fake, nullptr));  // n = 0: nothing to do, no launch
 }
+
+namespace {
+
+// GemvFuse's norm (gemv.h): y = (rmsnorm(x) * g) W^T + b against the same in double. The kernel
+// sums w * (x * g) in f32 (the GEMV's bound on those products) and scales by 1 / rms from an f32
+// sum of squares (relative error within cols * u / 2 and rsqrtf's 2 ulp), so each output gets
+// (2 cols + 16) * u * sum_k |w_k h_k| + the bias's rounding. A missing g, a wrong row's rms or an
+// unscaled sum is off by O(1) against these sums.
+void check_fused_norm(const HostMat& m, bool interleave, size_t x_offset, uint32_t seed, GemvGrid grid) {
+    const int64_t R = m.rows, K = m.cols;
+    const std::vector<float> x = rand_vec(size_t(kN * K), seed, 2.0f), g = rand_vec(size_t(K), seed + 1, 1.5f),
+                             bias = rand_vec(size_t(R), seed + 2, 0.5f);
+    const float eps = 1e-5f;
+    std::vector<double> h(size_t(kN * K));
+    for (int64_t t = 0; t < kN; ++t) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; ++k) ss += double(x[size_t(t * K + k)]) * x[size_t(t * K + k)];
+        const double inv = 1.0 / std::sqrt(ss / double(K) + eps);
+        for (int64_t k = 0; k < K; ++k) h[size_t(t * K + k)] = x[size_t(t * K + k)] * inv * g[size_t(k)];
+    }
+    const WeightView wv = m.view();
+    std::vector<float> row(static_cast<size_t>(K));
+    std::vector<double> want(size_t(kN * R)), abs_sum(size_t(kN * R));
+    for (int64_t r = 0; r < R; ++r) {
+        weight_row_to_f32(wv, r, row.data());
+        for (int64_t t = 0; t < kN; ++t) {
+            double s = 0, a = 0;
+            for (int64_t k = 0; k < K; ++k) {
+                s += double(row[size_t(k)]) * h[size_t(t * K + k)];
+                a += std::fabs(double(row[size_t(k)]) * h[size_t(t * K + k)]);
+            }
+            want[size_t(t * R + r)] = s;
+            abs_sum[size_t(t * R + r)] = a;
+        }
+    }
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> ds(m.scales), dx(x.size() + 8), dg(g), db(bias), dy(size_t(kN * R));
+    float* x_dev = dx.get() + x_offset;
+    CUDA_CHECK(cudaMemcpy(x_dev, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), interleave);
+    if (::testing::Test::HasFailure()) return;
+    const GemvFuse fuse{dg.get(), eps, false};
+    for (int64_t n = 1; n <= kN; ++n)
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            SCOPED_TRACE(describe(m) + (interleave ? " interleaved" : "") + " n=" + std::to_string(n) +
+                         (with_bias ? " bias" : "") + " x_offset=" + std::to_string(x_offset) +
+                         (grid == GemvGrid::Persistent ? " persistent grid" : " per-tile grid"));
+            CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.size() * 4));
+            gemv_cuda(dm, x_dev, n, with_bias ? db.get() : nullptr, dy.get(), fuse, nullptr, grid);
+            const std::vector<float> got = dy.download();
+            for (int64_t t = 0; t < kN; ++t)
+                for (int64_t r = 0; r < R; ++r) {
+                    const size_t i = size_t(t * R + r);
+                    if (t >= n) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &got[i], 4);
+                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << r;
+                        continue;
+                    }
+                    const double b = with_bias ? bias[size_t(r)] : 0.0;
+                    const double bound = double(2 * K + 16) * kU * abs_sum[i] + std::fabs(b) * 4 * kU + 1e-6;
+                    ASSERT_NEAR(got[i], want[i] + b, bound) << "token " << t << " output " << r;
+                }
+        }
+}
+
+}  // namespace
+
+// GemvFuse::norm_w on both paths and grids: every weight dtype, natural and interleaved columns,
+// x off 16-byte alignment (the scalar path), 1..8 token rows.
+TEST(GemvCuda, FusedNormMatchesReference) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 1100;
+    struct Case {
+        DType dtype;
+        int64_t rows, cols, group;
+        bool interleave;
+    };
+    const Case cases[] = {{DType::F32, 33, 192, 0, false},  {DType::F16, 100, 256, 0, false},
+                          {DType::F16, 255, 1024, 0, true}, {DType::BF16, 7, 2048, 0, true},
+                          {DType::I8, 100, 2048, 128, true}, {DType::I8, 33, 384, 48, false},
+                          {DType::F16, 7, 100, 0, false}};
+    for (const Case& c : cases)
+        for (const GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent}) {
+            const HostMat m = make_mat(c.dtype, c.rows, c.cols, c.group, seed++);
+            check_fused_norm(m, c.interleave, 0, seed, grid);
+            if (HasFatalFailure()) return;
+            if (grid == GemvGrid::Persistent) check_fused_norm(m, c.interleave, 1, seed, grid);  // scalar path
+            if (HasFatalFailure()) return;
+        }
+}
+
+// GemvFuse::accumulate adds the product to y in place: bit for bit y0 + what gemv_cuda writes,
+// on the vector and the scalar path; and SwiGLU refuses to accumulate.
+TEST(GemvCuda, AccumulateAddsToTheOutputBitForBit) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 1200;
+    for (const auto& c : {std::tuple<DType, int64_t, int64_t, int64_t>{DType::F16, 255, 1024, 0},
+                          {DType::I8, 100, 2048, 128}, {DType::F32, 7, 100, 0}})
+        for (size_t x_offset : {size_t(0), size_t(1)}) {
+            const HostMat m = make_mat(std::get<0>(c), std::get<1>(c), std::get<2>(c), std::get<3>(c), seed++);
+            const int64_t R = m.rows, K = m.cols;
+            const std::vector<float> y0 = rand_vec(size_t(kN * R), seed, 3.0f), bias = rand_vec(size_t(R), seed + 1);
+            DeviceBuffer<uint8_t> dw(m.bytes);
+            DeviceBuffer<float> ds(m.scales), dx(rand_vec(size_t(kN * K) + 8, seed + 2, 2.0f)), db(bias),
+                dy(size_t(kN * R)), dacc(y0);
+            const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), false);
+            for (int64_t n = 1; n <= kN; ++n) {
+                SCOPED_TRACE(describe(m) + " n=" + std::to_string(n) + " x_offset=" + std::to_string(x_offset));
+                CUDA_CHECK(cudaMemcpy(dacc.get(), y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+                gemv_cuda(dm, dx.get() + x_offset, n, db.get(), dy.get(), nullptr);
+                gemv_cuda(dm, dx.get() + x_offset, n, db.get(), dacc.get(), GemvFuse{nullptr, 0.0f, true}, nullptr);
+                const std::vector<float> plain = dy.download(), got = dacc.download();
+                for (int64_t i = 0; i < kN * R; ++i) {
+                    const float want = i < n * R ? y0[size_t(i)] + plain[size_t(i)] : y0[size_t(i)];
+                    ASSERT_EQ(std::memcmp(&got[size_t(i)], &want, 4), 0) << "at " << i << ": " << got[size_t(i)]
+                                                                          << " vs " << want;
+                }
+            }
+        }
+    const HostMat m = make_mat(DType::F16, 64, 256, 0, seed);
+    DeviceBuffer<uint8_t> dw(m.bytes);
+    DeviceBuffer<float> dx(size_t(256 * kN)), dy(size_t(32 * kN));
+    const DeviceMatrix dm = device_matrix(m, dw.get(), nullptr, false);
+    EXPECT_THROW(gemv_swiglu_cuda(dm, dx.get(), 1, nullptr, dy.get(), GemvFuse{nullptr, 0.0f, true}, nullptr), Error);
+}
+
+// SwiGLU's epilogue with the fused norm: silu(gate) * up of what the normed GEMV writes for the
+// stacked matrix (the same sums in the same order), to the epilogue's f32 rounding.
+TEST(GemvCuda, FusedNormWithSwiGLU) {
+    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
+    uint32_t seed = 1300;
+    for (DType dt : {DType::F16, DType::I8})
+        for (const GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent}) {
+            const int64_t H = 300, K = 1024;
+            const HostMat m = make_mat(dt, 2 * H, K, dt == DType::I8 ? 128 : 0, seed++);
+            DeviceBuffer<uint8_t> dw(m.bytes);
+            DeviceBuffer<float> ds(m.scales), dx(rand_vec(size_t(kN * K), seed, 2.0f)),
+                dg(rand_vec(size_t(K), seed + 1, 1.5f)), db(rand_vec(size_t(2 * H), seed + 2)), dfull(size_t(kN * 2 * H)),
+                dy(size_t(kN * H));
+            const DeviceMatrix dm = device_matrix(m, dw.get(), ds.get(), true);
+            const GemvFuse fuse{dg.get(), 1e-6f, false};
+            for (int64_t n = 1; n <= kN; ++n) {
+                SCOPED_TRACE(describe(m) + " n=" + std::to_string(n));
+                gemv_cuda(dm, dx.get(), n, db.get(), dfull.get(), fuse, nullptr, grid);
+                ASSERT_TRUE(gemv_swiglu_cuda(dm, dx.get(), n, db.get(), dy.get(), fuse, nullptr, grid));
+                const std::vector<float> full = dfull.download(), got = dy.download();
+                for (int64_t t = 0; t < n; ++t)
+                    for (int64_t j = 0; j < H; ++j) {
+                        const double gt = full[size_t(t * 2 * H + j)], up = full[size_t(t * 2 * H + H + j)];
+                        const double want = gt / (1.0 + std::exp(-gt)) * up;
+                        ASSERT_NEAR(got[size_t(t * H + j)], want, 1e-5 * std::fabs(want) + 1e-6)
+                            << "token " << t << " output " << j;
+                    }
+            }
+        }
+}

@@ -566,6 +566,39 @@ TEST(CudaEngine, FusedRopeChangesNoLogits) {
         }
 }
 
+// The norms and residual adds folded into the decode GEMVs (EngineOptions::fused_norm, TP=1)
+// change the logits by f32 rounding only: 1 / rms scales each product's sums instead of its
+// inputs. Llama (separate gate/up and q/k/v products) and Qwen3 (fused), float and INT8 weights;
+// the 5 + 3 token prefill is one 8-row GEMV step, so every bucket up to 8 rows is fused too.
+TEST(CudaEngine, FusedNormMatchesSeparateNormKernels) {
+    SKIP_WITHOUT_GPU();
+    for (const Arch arch : {Arch::Qwen3, Arch::Llama})
+        for (const WeightFormat wf : {WeightFormat::Auto, WeightFormat::Int8}) {
+            TempDir dir;
+            const ModelConfig cfg = tiny_config(arch);
+            SessionOptions so = tiny_cuda_model(dir, cfg);
+            so.ctx = 32;
+            so.max_batch = 2;
+            so.load.format = wf;
+            const std::string what = std::string(arch_name(arch)) + (wf == WeightFormat::Int8 ? " int8" : " f32");
+            so.fused_norm = 0;
+            const std::vector<float> off = two_sequence_logits(so, cfg.vocab);
+            so.fused_norm = 1;
+            const std::vector<float> on = two_sequence_logits(so, cfg.vocab);
+            ASSERT_EQ(off.size(), on.size());
+            float scale = 1.0f, diff = 0.0f;
+            for (size_t i = 0; i < on.size(); ++i) {
+                scale = std::max(scale, std::fabs(off[i]));
+                diff = std::max(diff, std::fabs(on[i] - off[i]));
+            }
+            EXPECT_LT(diff, 1e-4f * scale) << what;
+            EXPECT_GT(diff, 0.0f) << what << ": the switch changed nothing (is the fused path taken?)";
+            so.fused_norm = 2;
+            SingleRank comm;
+            EXPECT_THROW(open_session(so, comm), Error) << what;
+        }
+}
+
 // INT8 prefill products with each matrix dequantized ahead on a side stream
 // (EngineOptions::gemm_staging) give the same logits bit for bit as dequantizing each just before
 // its product: a 22-token prefill (cuBLAS) of Llama (separate gate/up) and Qwen3, then decode.

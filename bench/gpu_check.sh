@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck) on short generations, benchmarks the Qwen3-1.7B shape with synthetic
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _FUSED_NORM,
-# _FUSED_MERGE, _GEMV_GRID, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
+# _GEMV_GRID, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
 # the mission table, `shardlm serve` over HTTP (serve-http), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
@@ -625,17 +625,16 @@ step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "be
 step bench-int8-int8-graph-gemm-stage 90 s_bench_with SHARDLM_GEMM_STAGE=1 "bench-int8-int8-g1-gemm-stage" 1,4 int8 int8 1
 # Decode alternatives to the defaults (the report's "Decode alternatives" table): a block per row
 # tile instead of the persistent GEMV grid (kernels/cuda/gemv.h), the RoPE prologue as its own
-# kernel instead of inside the split-KV attention (kernels/cuda/attention.h), the norms and
-# residual adds as kernels of their own instead of inside the GEMVs (GemvFuse, gemv.h), and the
-# split-KV merge as its own kernel instead of in the last split block (AttentionCuda::fused_merge). (The defaults won
-# these on 2026-12-04; the L2 prefetch of the next matrices lost by 1-11% and the tensor-core
-# decode GEMV by 5-26% at batch 4, 47-51% at batch 1: both were removed.)
+# kernel instead of inside the split-KV attention (kernels/cuda/attention.h), and the norms and
+# residual adds as kernels of their own instead of inside the GEMVs (GemvFuse, gemv.h). (The defaults won
+# these on 2026-12-04; the L2 prefetch of the next matrices lost by 1-11%, the tensor-core decode
+# GEMV by 5-26% at batch 4, 47-51% at batch 1, and the split-KV merge done by the last split block
+# instead of a merge kernel by 1-4%: all three were removed.)
 for prec in "int8 int8" "fp16 fp16"; do
   set -- $prec
   step "bench-$1-$2-graph-tiles" 90 s_bench_with SHARDLM_GEMV_GRID=tiles "bench-$1-$2-g1-tiles" 1,4 "$1" "$2" 1
   step "bench-$1-$2-graph-separate-rope" 90 s_bench_with SHARDLM_FUSED_ROPE=0 "bench-$1-$2-g1-separate-rope" 1,4 "$1" "$2" 1
   step "bench-$1-$2-graph-norm-kernels" 90 s_bench_with SHARDLM_FUSED_NORM=0 "bench-$1-$2-g1-norm-kernels" 1,4 "$1" "$2" 1
-  step "bench-$1-$2-graph-merge-kernel" 90 s_bench_with SHARDLM_FUSED_MERGE=0 "bench-$1-$2-g1-merge-kernel" 1,4 "$1" "$2" 1
 done
 # Memcheck over the alternatives, and over the default fused RoPE with top-p alone (the nucleus
 # mass kernel, kernels/cuda/nucleus.cu).
@@ -643,7 +642,6 @@ step sanitize-fused-rope 90 s_sanitize --weights int8 --kv int8 --top-k 0 --top-
 step sanitize-separate-rope 90 env SHARDLM_FUSED_ROPE=0 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step sanitize-tiles 90 env SHARDLM_GEMV_GRID=tiles bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step sanitize-norm-kernels 90 env SHARDLM_FUSED_NORM=0 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
-step sanitize-merge-kernel 90 env SHARDLM_FUSED_MERGE=0 bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step gemv 60 s_gemv
 step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
 # Serving throughput (continuous batching vs static batches) and

@@ -173,9 +173,10 @@ def cmd_table(path, header=None):
 
 # A row's decode kernels are named by two labels (src/cli/cmd_bench.cpp): the attention's
 # ("flash" or "flash-fp32", then "+rope" where the RoPE prologue runs inside the split-KV decode
-# kernel and "+merge" where its last block merges the splits) and the GEMV grid's ("persistent" or
-# "tiles", then "+norm" where the GEMVs run the norms and residual adds). Each fusion can be
-# turned off (SHARDLM_FUSED_ROPE=0, _FUSED_MERGE=0, _FUSED_NORM=0): the alternatives below.
+# kernel) and the GEMV grid's ("persistent" or "tiles", then "+norm" where the GEMVs run the norms
+# and residual adds). Each fusion can be turned off (SHARDLM_FUSED_ROPE=0, SHARDLM_FUSED_NORM=0):
+# the alternatives below. (Rows of 2026-12-04 also show "+merge": the split-KV merge in the last
+# split block, since removed.)
 FUSION_TITLES = {"rope": "separate RoPE kernel", "merge": "separate merge kernel", "norm": "norm kernels"}
 
 

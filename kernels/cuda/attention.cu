@@ -5,9 +5,8 @@
 //   flash_prefill_mma_kernel  the same tiling on tensor cores (sm_80+, 16-bit and INT8 caches,
 //                         head_dim <= 128), 64 rows per block, FP32-accurate split operands.
 //   flash_decode_kernel   split-KV for one-token chunks, K/V pieces dequantized in registers;
-//                         the last split block of each head group to finish merges the group's
-//                         partials (or flash_merge_kernel does, after it). Optionally runs the
-//                         RoPE prologue itself (AttentionCuda::rope) instead of rope_kv_cuda.
+//                         partials merged by flash_merge_kernel. Optionally runs the RoPE
+//                         prologue itself (AttentionCuda::rope) instead of rope_kv_cuda.
 //   naive_kernel          one block per (query, head), three passes (max, sum, weighted values).
 // Cache row addresses: block (slot, kv head) = (slot * n_kv_heads + kvh) * capacity rows; position
 // p lives in row p % capacity; a row is row_stride * dtype_size bytes, a multiple of 16 (128 by
@@ -24,7 +23,6 @@
 #include "kernels/cuda/align.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
 #include "kernels/cuda/rope_head.h"
@@ -37,7 +35,7 @@ namespace {
 // Short splits give a batch-1 decode enough blocks (8 KV heads x 20 splits at a 640 capacity);
 // 32 keys is one round of the decode kernel at head_dim 128 (INT8 and 16-bit caches).
 constexpr int64_t kMinKeysPerSplit = 32, kMaxSplits = 32, kSplitAlign = 16;
-static_assert(kMaxSplits <= 32, "the merge gives each split a lane of one warp");
+static_assert(kMaxSplits <= 32, "flash_merge_kernel gives each split a lane of one warp");
 
 struct SplitPlan {
     int n_splits, keys_per_split;
@@ -50,22 +48,6 @@ SplitPlan split_plan(int64_t capacity) {
     per = (per + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
     n = (capacity + per - 1) / per;
     return {int(n < 1 ? 1 : n), int(per)};
-}
-
-// The decode scratch, per chunk (in floats): the n_heads x n_splits records of [m, l,
-// acc[head_dim]], then n_heads int counters of the fused merge (one per decode block row, of
-// which there are at most n_heads), each part padded to 128 bytes (the counters share no line
-// with the records). Per chunk, not all counters after all records: a launch knows n_chunks,
-// not the max_chunks the scratch was sized for, and the counters must stay where they are
-// whatever n_chunks a later launch has.
-struct ScratchLayout {
-    int64_t chunk_stride, counters_at;
-};
-
-ScratchLayout scratch_layout(int64_t n_heads, int64_t head_dim, int64_t capacity) {
-    const auto pad = [](int64_t floats) { return (floats + 31) / 32 * 32; };
-    const int64_t records = pad(n_heads * split_plan(capacity).n_splits * (head_dim + 2));
-    return {records + pad(n_heads), records};
 }
 
 // What the kernels need, flattened from AttentionCuda (passed by value as a kernel parameter).
@@ -82,14 +64,10 @@ struct Args {
     int64_t capacity, row_bytes;
     float scale;
     int window;  // sliding window (0: none): the query at p sees keys window_lo(p, window) .. p
-    // Split-KV scratch (ScratchLayout): chunk c's region starts at partials + c * chunk_stride
-    // floats; in it, record (h * n_splits + split) is [m, l, acc[head_dim]] (head_dim + 2 floats:
-    // running max, sum of exp, unnormalised output), and at counters_at floats the fused merge's
-    // counters, one int per block row of the decode grid.
+    // Split-KV partials: record ((chunk * n_heads + h) * n_splits + split) is
+    // [m, l, acc[head_dim]] (head_dim + 2 floats): running max, sum of exp, unnormalised output.
     float* partials;
-    int64_t chunk_stride, counters_at;
     int n_splits, keys_per_split;
-    bool fused_merge;  // the decode kernel merges (AttentionCuda::fused_merge); else flash_merge_kernel
     // Decode with the RoPE prologue fused (AttentionCuda::rope): raw q, k, v rows of the step's
     // tokens (row t at t * q_stride / kv_stride floats), the rotation and norm constants, and the
     // cache again, writable, for the newest k and v rows.
@@ -572,10 +550,8 @@ __global__ void __launch_bounds__(128) flash_prefill_mma_kernel(Args a) {
 //   load K, V and scales of every pass at once -> 16-element dots, summed over the PR lanes of a
 //   row by shuffles -> round max over the block (one barrier, double-buffered) -> rescale, P V.
 // At the end the rows' partial outputs are summed (shuffles, then the four warps through shared
-// memory) into the split's record; with the fused merge the last split block of the (chunk, block
-// row) to finish then merges the records of its heads (merge_if_last). One global round trip per
-// round, where staging tiles in shared memory cost a K/V load, then scores, softmax and P V
-// phases with a barrier each.
+// memory) into the split's record. One global round trip per round, where staging tiles in
+// shared memory cost a K/V load, then scores, softmax and P V phases with a barrier each.
 // The first round's rows other than the newest position were written by earlier steps, so they
 // are loaded before pdl_wait(): that latency overlaps the tail of the kernel before (rope_kv,
 // which writes q and the newest row). Every kernel waits before it lets the next one start, so
@@ -663,119 +639,6 @@ __device__ __forceinline__ void piece_floats(const Piece<KT>& p, float scale, fl
     }
 }
 
-// ---- The merge of a head's split records, shared by flash_merge_kernel and the decode kernel's
-// fused merge so that both give the same bits:
-//   out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s,
-// the sum over s in split order. Empty splits (m = -inf) weigh 0: their acc was never written
-// and is dropped by a select, not multiplied.
-
-// Record of (chunk, query head h, split) (Args::partials).
-__device__ __forceinline__ float* split_record(const Args& a, int chunk, int h, int split) {
-    return a.partials + int64_t(chunk) * a.chunk_stride + (int64_t(h) * a.n_splits + split) * (a.head_dim + 2);
-}
-
-// The fused merge's counter of (chunk, decode block row y): how many of the row's split blocks
-// have written their records in this launch.
-__device__ __forceinline__ int* split_counter(const Args& a, int chunk, int y) {
-    return reinterpret_cast<int*>(a.partials + int64_t(chunk) * a.chunk_stride + a.counters_at) + y;
-}
-
-// A load of another block's record from L2 (ld.global.cg): under the fused merge the writer ran
-// on another SM during this kernel, and a line of this SM's L1 (non-coherent) could be older.
-__device__ __forceinline__ float load_record(const float* p) {
-#ifdef SHARDLM_CUDA_EMU
-    return *p;
-#else
-    return __ldcg(p);
-#endif
-}
-
-// In lane s of a warp: split s's weight e^(m_s - M) (0 for an empty split or s >= n_splits);
-// inv_l = 1 / sum_s l_s e^(m_s - M) in every lane. recs: the head's split 0 record. The product
-// is rounded before the sum (__fmul_rn): the two callers must not contract it differently.
-__device__ __forceinline__ float merge_weight(const float* recs, int n_splits, int64_t rec_size, int lane,
-                                             float& inv_l) {
-    const float m = lane < n_splits ? load_record(recs + lane * rec_size) : -INFINITY;
-    const float ls = lane < n_splits ? load_record(recs + lane * rec_size + 1) : 0.0f;
-    const float mx = warp_max(m, 32);  // every lane: a shuffle
-    const float w = m == -INFINITY ? 0.0f : expf(m - mx);
-    inv_l = 1.0f / warp_sum(__fmul_rn(w, ls), 32);  // split 0 holds the query's first key, so l >= 1
-    return w;
-}
-
-// One output column from its value in each split (v[s]; anything for weight 0) and the weights.
-__device__ __forceinline__ float merge_column(const float (&v)[kMaxSplits], const float* weight, float inv_l) {
-    float x = 0.0f;
-#pragma unroll
-    for (int sp = 0; sp < kMaxSplits; ++sp) x = weight[sp] != 0.0f ? fmaf(v[sp], weight[sp], x) : x;
-    return x * inv_l;
-}
-
-// The fused merge ("last block done", as split-K GEMMs do), run by every thread of every split
-// block of a (chunk, block row) once the block's records are written: each block counts itself
-// in the row's counter after its records are visible device-wide; the block that counts last
-// (all n_splits records are then written) merges the records of its own query heads h0 ..
-// h0 + n_g - 1 into out, as flash_merge_kernel would, and resets the counter to 0 for the next
-// launch (or graph replay): nothing else touches it in this launch, and the next attention
-// kernel only counts after its pdl_wait(), when this grid has completed. No block waits for
-// another, so any residency is fine. CO output columns per thread per pass: 4 keeps a group of 4
-// heads of 128 in one global round trip (its 4 x 32 loads in flight at once); the registers of
-// the main loop are dead by then.
-template <int DP, int GB>
-__device__ __forceinline__ void merge_if_last(const Args& a, int h0, int n_g,
-                                              float (&s_weight)[GB][kMaxSplits], float (&s_inv_l)[GB],
-                                              int& s_last) {
-    constexpr int NT = 128, CO = GB * DP / NT >= 4 ? 4 : (GB * DP / NT >= 1 ? GB * DP / NT : 1);
-    static_assert(GB <= NT / 32, "one warp per head for the weights");
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    __threadfence();  // this thread's record writes are visible device-wide before the count below
-    __syncthreads();  // ... for every thread of the block
-    if (tid == 0) {
-        int* counter = split_counter(a, blockIdx.z, blockIdx.y);
-        const bool last = atomicAdd(counter, 1) == a.n_splits - 1;
-        if (last) {
-            *counter = 0;
-            __threadfence();  // the other blocks' records, counted before our add, are read after it
-        }
-        s_last = last;  // written by every block (the emulator's shared memory outlives a block)
-    }
-    __syncthreads();
-    if (!s_last) return;
-
-    const int64_t rec_size = a.head_dim + 2, head_recs = int64_t(a.n_splits) * rec_size;
-    const float* recs = split_record(a, blockIdx.z, h0, 0);  // head g's split s: + g head_recs + s rec_size
-    // The chunk's row from the table again (L1/L2), not kept in a register through the main loop:
-    // that one register more made ptxas give the I8 kernel at head_dim 128, GB 2 167 registers, not 128.
-    const int row0 = a.chunks[blockIdx.z].row0;
-    float* out = a.out + (int64_t(row0) * a.n_heads + h0) * a.head_dim;  // head g: + g head_dim
-    const int n_out = n_g * DP;  // output (g, col) is o = g DP + col; thread tid takes o = o0 + k NT + tid
-    float v[CO][kMaxSplits];
-    // The columns' values of every split are loaded before the weights: one round trip for both.
-    for (int o0 = 0; o0 < n_out; o0 += CO * NT) {
-#pragma unroll
-        for (int k = 0; k < CO; ++k) {
-            const int o = o0 + k * NT + tid, g = o / DP, col = o % DP;
-            const bool in = g < n_g && col < a.head_dim;
-#pragma unroll
-            for (int sp = 0; sp < kMaxSplits; ++sp)
-                v[k][sp] = in && sp < a.n_splits ? load_record(recs + g * head_recs + sp * rec_size + 2 + col) : 0.0f;
-        }
-        if (o0 == 0) {
-            if (warp < n_g) {
-                float inv_l;
-                s_weight[warp][lane] = merge_weight(recs + warp * head_recs, a.n_splits, rec_size, lane, inv_l);
-                if (lane == 0) s_inv_l[warp] = inv_l;
-            }
-            __syncthreads();  // uniform: o0 == 0 in every thread
-        }
-#pragma unroll
-        for (int k = 0; k < CO; ++k) {
-            const int o = o0 + k * NT + tid, g = o / DP, col = o % DP;
-            if (g < n_g && col < a.head_dim) out[g * a.head_dim + col] = merge_column(v[k], s_weight[g], s_inv_l[g]);
-        }
-    }
-}
-
 template <int DP, int GB, DType KT>
 __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     constexpr int NT = 128, NW = NT / 32, PR = DP / 16, KP = NT / PR;
@@ -788,8 +651,6 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     __shared__ __align__(16) float s_q[GB][DP];                     // fused RoPE: rotated q heads
     __shared__ __align__(16) uint8_t s_new[2][DP * kv_bytes(KT)];  // fused RoPE: newest K, V rows
     __shared__ float s_new_scale[2];
-    __shared__ float s_weight[GB][kMaxSplits], s_inv_l[GB];  // fused merge
-    __shared__ int s_last;                                   // fused merge: this block merges
 
     // The chunk table is written before the step starts (see above).
     const AttnChunk ch = a.chunks[blockIdx.z];
@@ -816,205 +677,206 @@ __global__ void __launch_bounds__(128) flash_decode_kernel(Args a, int n_sub) {
     if (a.rope.on && ch.n >= 1) ang = rope::angles(a.rope.inv_freq, float(newest), lane, hd2);
     pdl_wait();
     pdl_launch_dependents();
-    if (ch.n < 1) return;  // every split of the chunk: its counters stay untouched, at 0
-    float* const rec0 = split_record(a, blockIdx.z, h0, blockIdx.x);  // head g: + g head_recs
-    const int64_t head_recs = int64_t(a.n_splits) * (a.head_dim + 2);
-    if (!active) {  // an empty split (whole block); the fused merge still counts it
+    if (ch.n < 1) return;
+    const int64_t rec0 = (int64_t(blockIdx.z) * a.n_heads + h0) * a.n_splits + blockIdx.x;  // head g: + g n_splits
+    const int64_t rec_size = a.head_dim + 2;
+    if (!active) {  // an empty split (whole block, before any barrier)
         if (tid < n_g) {
-            rec0[tid * head_recs] = -INFINITY;
-            rec0[tid * head_recs + 1] = 0.0f;
+            float* rec = a.partials + (rec0 + int64_t(tid) * a.n_splits) * rec_size;
+            rec[0] = -INFINITY;
+            rec[1] = 0.0f;
         }
-    } else {
-        const bool has_newest = newest >= k_begin && newest < k_end;
-        if (a.rope.on) {
-            // The RoPE prologue (rope_kv_kernel's operations), one warp per head: the block's query
-            // heads into s_q and, in the split holding the newest position, its k (normed, rotated)
-            // and v in the cache's format into s_new; subgroup 0's block also writes them to the
-            // cache. The global rows are only written here: every block reads the newest key from
-            // its own copy in s_new, in whichever round it falls.
-            const int tasks = n_g + (has_newest ? 2 : 0);
-            for (int task = warp; task < tasks; task += NW) {
-                if (task < n_g) {
-                    const float* x = a.rope.q + int64_t(ch.row0) * a.rope.q_stride + int64_t(h0 + task) * a.head_dim;
-                    rope::HeadRegs h = rope::load_head(x, lane, hd2);
-                    if (a.rope.q_norm) rope::norm_head(h, rope::load_head(a.rope.q_norm, lane, hd2), hd2, a.rope.eps);
-                    rope::rotate(h, ang);
-                    rope::store_head(h, s_q[task], lane, hd2);
-                    continue;
-                }
-                const bool is_k = task == n_g;
-                const float* x = (is_k ? a.rope.k : a.rope.v) + int64_t(ch.row0) * a.rope.kv_stride +
-                                 int64_t(kvh) * a.head_dim;
+        return;
+    }
+    const bool has_newest = newest >= k_begin && newest < k_end;
+    if (a.rope.on) {
+        // The RoPE prologue (rope_kv_kernel's operations), one warp per head: the block's query
+        // heads into s_q and, in the split holding the newest position, its k (normed, rotated)
+        // and v in the cache's format into s_new; subgroup 0's block also writes them to the
+        // cache. The global rows are only written here: every block reads the newest key from
+        // its own copy in s_new, in whichever round it falls.
+        const int tasks = n_g + (has_newest ? 2 : 0);
+        for (int task = warp; task < tasks; task += NW) {
+            if (task < n_g) {
+                const float* x = a.rope.q + int64_t(ch.row0) * a.rope.q_stride + int64_t(h0 + task) * a.head_dim;
                 rope::HeadRegs h = rope::load_head(x, lane, hd2);
-                if (is_k) {
-                    if (a.rope.k_norm) rope::norm_head(h, rope::load_head(a.rope.k_norm, lane, hd2), hd2, a.rope.eps);
-                    rope::rotate(h, ang);
-                }
-                const int i = is_k ? 0 : 1;
-                rope::store_cache_row<KT>(h, s_new[i], &s_new_scale[i], 0, 0, lane, hd2);
-                if (g0 == 0)
-                    rope::store_cache_row<KT>(h, is_k ? a.rope.k_cache : a.rope.v_cache,
-                                              is_k ? a.rope.k_scales : a.rope.v_scales, cache_row(a, block, newest),
-                                              a.rope.row_stride, lane, hd2);
+                if (a.rope.q_norm) rope::norm_head(h, rope::load_head(a.rope.q_norm, lane, hd2), hd2, a.rope.eps);
+                rope::rotate(h, ang);
+                rope::store_head(h, s_q[task], lane, hd2);
+                continue;
             }
-            __syncthreads();
+            const bool is_k = task == n_g;
+            const float* x = (is_k ? a.rope.k : a.rope.v) + int64_t(ch.row0) * a.rope.kv_stride +
+                             int64_t(kvh) * a.head_dim;
+            rope::HeadRegs h = rope::load_head(x, lane, hd2);
+            if (is_k) {
+                if (a.rope.k_norm) rope::norm_head(h, rope::load_head(a.rope.k_norm, lane, hd2), hd2, a.rope.eps);
+                rope::rotate(h, ang);
+            }
+            const int i = is_k ? 0 : 1;
+            rope::store_cache_row<KT>(h, s_new[i], &s_new_scale[i], 0, 0, lane, hd2);
+            if (g0 == 0)
+                rope::store_cache_row<KT>(h, is_k ? a.rope.k_cache : a.rope.v_cache,
+                                          is_k ? a.rope.k_scales : a.rope.v_scales, cache_row(a, block, newest),
+                                          a.rope.row_stride, lane, hd2);
         }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        if (k_begin + j * KP + r != newest) continue;
+        if (a.rope.on) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
+        else load_key(a, block, newest, c, kv[j]);
+    }
+
+    // This thread's query pieces (zeros past head_dim and for heads past the group).
+    float q[GB][16];
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        const float* qr = a.rope.on ? s_q[g] : a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+            const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
+            const float2 x = g < n_g && col < a.head_dim ? *reinterpret_cast<const float2*>(qr + col)
+                                                         : make_float2(0.0f, 0.0f);
+            q[g][i] = x.x;
+            q[g][i + 1] = x.y;
+        }
+    }
+
+    float m_run[GB], l_run[GB], acc[GB][16];
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        m_run[g] = -INFINITY;
+        l_run[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[g][i] = 0.0f;
+    }
+    int parity = 0;
+    for (int p0 = k_begin; p0 < k_end; p0 += KR) {
+        if (p0 != k_begin) {
+#pragma unroll
+            for (int j = 0; j < NR; ++j) {
+                kv[j] = no_key<KT>();
+                const int key = p0 + j * KP + r;
+                // The fused prologue's newest row: this block's own copy (another block may be the
+                // one writing it to the cache, and this kernel's loads are not ordered after that).
+                if (a.rope.on && key == newest) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
+                else if (key < k_end) load_key(a, block, key, c, kv[j]);
+            }
+        }
+        float s[NR][GB];
 #pragma unroll
         for (int j = 0; j < NR; ++j) {
-            if (k_begin + j * KP + r != newest) continue;
-            if (a.rope.on) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
-            else load_key(a, block, newest, c, kv[j]);
-        }
-
-        // This thread's query pieces (zeros past head_dim and for heads past the group).
-        float q[GB][16];
+            float x[16];
+            piece_floats(kv[j].k, kv[j].ks, x);
 #pragma unroll
-        for (int g = 0; g < GB; ++g) {
-            const float* qr = a.rope.on ? s_q[g] : a.q + (int64_t(ch.row0) * a.n_heads + h0 + g) * a.head_dim;
+            for (int g = 0; g < GB; ++g) s[j][g] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 16; i += 2) {
-                const int col = c * 16 + i;  // head_dim is even: a pair is wholly in or out
-                const float2 x = g < n_g && col < a.head_dim ? *reinterpret_cast<const float2*>(qr + col)
-                                                             : make_float2(0.0f, 0.0f);
-                q[g][i] = x.x;
-                q[g][i + 1] = x.y;
+            for (int i = 0; i < 16; ++i) {
+                // Selected, not multiplied: padding past head_dim may hold NaN.
+                const float xi = c * 16 + i < a.head_dim ? x[i] : 0.0f;
+#pragma unroll
+                for (int g = 0; g < GB; ++g) s[j][g] = fmaf(q[g][i], xi, s[j][g]);
             }
         }
-
-        float m_run[GB], l_run[GB], acc[GB][16];
+        float mr[GB];
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
-            m_run[g] = -INFINITY;
-            l_run[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 16; ++i) acc[g][i] = 0.0f;
-        }
-        int parity = 0;
-        for (int p0 = k_begin; p0 < k_end; p0 += KR) {
-            if (p0 != k_begin) {
-#pragma unroll
-                for (int j = 0; j < NR; ++j) {
-                    kv[j] = no_key<KT>();
-                    const int key = p0 + j * KP + r;
-                    // The fused prologue's newest row: this block's own copy (another block may be the
-                    // one writing it to the cache, and this kernel's loads are not ordered after that).
-                    if (a.rope.on && key == newest) load_new_key(s_new[0], s_new[1], s_new_scale, a.head_dim, c, kv[j]);
-                    else if (key < k_end) load_key(a, block, key, c, kv[j]);
-                }
-            }
-            float s[NR][GB];
+            mr[g] = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NR; ++j) {
-                float x[16];
-                piece_floats(kv[j].k, kv[j].ks, x);
+                float x = s[j][g];
 #pragma unroll
-                for (int g = 0; g < GB; ++g) s[j][g] = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    // Selected, not multiplied: padding past head_dim may hold NaN.
-                    const float xi = c * 16 + i < a.head_dim ? x[i] : 0.0f;
-#pragma unroll
-                    for (int g = 0; g < GB; ++g) s[j][g] = fmaf(q[g][i], xi, s[j][g]);
-                }
-            }
-            float mr[GB];
-#pragma unroll
-            for (int g = 0; g < GB; ++g) {
-                mr[g] = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < NR; ++j) {
-                    float x = s[j][g];
-#pragma unroll
-                    for (int off = 1; off < PR; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-                    x = p0 + j * KP + r < k_end ? x * a.scale : -INFINITY;
-                    s[j][g] = x;
-                    mr[g] = fmaxf(mr[g], x);
-                }
-#pragma unroll
-                for (int off = PR; off < 32; off <<= 1) mr[g] = fmaxf(mr[g], __shfl_xor_sync(0xffffffffu, mr[g], off));
-            }
-            if (lane == 0)
-#pragma unroll
-                for (int g = 0; g < GB; ++g) s_max[parity][warp][g] = mr[g];
-            __syncthreads();  // double-buffered: round n + 2 rewrites this buffer only after every warp
-                              // has passed round n + 1's barrier, hence finished reading it
-            float ref[GB];
-#pragma unroll
-            for (int g = 0; g < GB; ++g) {
-                float m_new = m_run[g];
-#pragma unroll
-                for (int w = 0; w < NW; ++w) m_new = fmaxf(m_new, s_max[parity][w][g]);
-                ref[g] = safe_max(m_new);
-                const float alpha = expf(m_run[g] - ref[g]);
-                m_run[g] = m_new;
-                l_run[g] *= alpha;
-#pragma unroll
-                for (int i = 0; i < 16; ++i) acc[g][i] *= alpha;
+                for (int off = 1; off < PR; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+                x = p0 + j * KP + r < k_end ? x * a.scale : -INFINITY;
+                s[j][g] = x;
+                mr[g] = fmaxf(mr[g], x);
             }
 #pragma unroll
-            for (int j = 0; j < NR; ++j) {
-                float x[16];
-                piece_floats(kv[j].v, kv[j].vs, x);  // padding columns only reach output columns never stored
-#pragma unroll
-                for (int g = 0; g < GB; ++g) {
-                    const float p = expf(s[j][g] - ref[g]);  // a masked key: exp(-inf) = 0, its V is zeros
-                    l_run[g] += p;
-#pragma unroll
-                    for (int i = 0; i < 16; ++i) acc[g][i] = fmaf(p, x[i], acc[g][i]);
-                }
-            }
-            parity ^= 1;
-        }
-
-        // Sum over the rows: the lanes of a warp holding the same piece (xor PR .. 16), then the warps.
-        // Every lane of a row counted that row's keys in l_run, so l sums one lane per row.
-#pragma unroll
-        for (int g = 0; g < GB; ++g) {
-#pragma unroll
-            for (int off = PR; off < 32; off <<= 1) {
-                l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], off);
-#pragma unroll
-                for (int i = 0; i < 16; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
-            }
-        }
-        if (lane < PR) {
-#pragma unroll
-            for (int g = 0; g < GB; ++g)
-#pragma unroll
-                for (int i = 0; i < 16; i += 4)
-                    *reinterpret_cast<float4*>(&s_red[warp][g][c * 16 + i]) =
-                        make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
+            for (int off = PR; off < 32; off <<= 1) mr[g] = fmaxf(mr[g], __shfl_xor_sync(0xffffffffu, mr[g], off));
         }
         if (lane == 0)
 #pragma unroll
-            for (int g = 0; g < GB; ++g) s_l[warp][g] = l_run[g];
-        __syncthreads();
-        for (int o = tid; o < GB * DP; o += NT) {
-            const int g = o / DP, col = o % DP;
-            if (g >= n_g || col >= a.head_dim) continue;
-            float x = 0.0f;
-#pragma unroll
-            for (int w = 0; w < NW; ++w) x += s_red[w][g][col];
-            rec0[g * head_recs + 2 + col] = x;
-        }
+            for (int g = 0; g < GB; ++g) s_max[parity][warp][g] = mr[g];
+        __syncthreads();  // double-buffered: round n + 2 rewrites this buffer only after every warp
+                          // has passed round n + 1's barrier, hence finished reading it
+        float ref[GB];
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
-            if (tid != g || g >= n_g) continue;
-            float l = 0.0f;
+            float m_new = m_run[g];
 #pragma unroll
-            for (int w = 0; w < NW; ++w) l += s_l[w][g];
-            rec0[g * head_recs] = m_run[g];  // the same in every thread: every round took the block's max
-            rec0[g * head_recs + 1] = l;
+            for (int w = 0; w < NW; ++w) m_new = fmaxf(m_new, s_max[parity][w][g]);
+            ref[g] = safe_max(m_new);
+            const float alpha = expf(m_run[g] - ref[g]);
+            m_run[g] = m_new;
+            l_run[g] *= alpha;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc[g][i] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            float x[16];
+            piece_floats(kv[j].v, kv[j].vs, x);  // padding columns only reach output columns never stored
+#pragma unroll
+            for (int g = 0; g < GB; ++g) {
+                const float p = expf(s[j][g] - ref[g]);  // a masked key: exp(-inf) = 0, its V is zeros
+                l_run[g] += p;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) acc[g][i] = fmaf(p, x[i], acc[g][i]);
+            }
+        }
+        parity ^= 1;
+    }
+
+    // Sum over the rows: the lanes of a warp holding the same piece (xor PR .. 16), then the warps.
+    // Every lane of a row counted that row's keys in l_run, so l sums one lane per row.
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+#pragma unroll
+        for (int off = PR; off < 32; off <<= 1) {
+            l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], off);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
         }
     }
-    // One call site for both paths: a second inlined copy of the merge costs registers in the main loop.
-    if (a.fused_merge) merge_if_last<DP, GB>(a, h0, n_g, s_weight, s_inv_l, s_last);
+    if (lane < PR) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g)
+#pragma unroll
+            for (int i = 0; i < 16; i += 4)
+                *reinterpret_cast<float4*>(&s_red[warp][g][c * 16 + i]) =
+                    make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < GB; ++g) s_l[warp][g] = l_run[g];
+    __syncthreads();
+    for (int o = tid; o < GB * DP; o += NT) {
+        const int g = o / DP, col = o % DP;
+        if (g >= n_g || col >= a.head_dim) continue;
+        float x = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) x += s_red[w][g][col];
+        a.partials[(rec0 + int64_t(g) * a.n_splits) * rec_size + 2 + col] = x;
+    }
+#pragma unroll
+    for (int g = 0; g < GB; ++g) {
+        if (tid != g || g >= n_g) continue;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) l += s_l[w][g];
+        float* rec = a.partials + (rec0 + int64_t(g) * a.n_splits) * rec_size;
+        rec[0] = m_run[g];  // the same in every thread: every round took the block's max
+        rec[1] = l;
+    }
 }
 
-// The separate merge (Args::fused_merge off): block (head, chunk), 128 threads; thread t owns
-// columns t and t + 128 (head_dim <= 256). One global round trip: every thread loads its columns
-// of every split while warp 0 loads each split's m and l (lane s: split s; n_splits <=
-// kMaxSplits = 32), rather than weights first and columns after.
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. Empty splits (m = -inf)
+// weigh 0: their acc was never written and is dropped by a select. Block (head, chunk), 128
+// threads; thread t owns columns t and t + 128 (head_dim <= 256). One global round trip: every
+// thread loads its columns of every split while warp 0 loads each split's m and l (lane s: split
+// s; n_splits <= kMaxSplits = 32), rather than weights first and columns after.
 __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
     const AttnChunk ch = a.chunks[blockIdx.y];  // written before the step (see flash_decode_kernel)
     pdl_wait();
@@ -1022,7 +884,7 @@ __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
     if (ch.n < 1) return;
     const int h = blockIdx.x, tid = int(threadIdx.x);
     const int64_t rec_size = a.head_dim + 2;
-    const float* recs = split_record(a, blockIdx.y, h, 0);
+    const float* recs = a.partials + (int64_t(blockIdx.y) * a.n_heads + h) * a.n_splits * rec_size;
     __shared__ float weight[kMaxSplits];
     __shared__ float inv_l;
     float v[2][kMaxSplits];
@@ -1031,20 +893,26 @@ __global__ void __launch_bounds__(128) flash_merge_kernel(Args a) {
         const int c = tid + 128 * k;
 #pragma unroll
         for (int sp = 0; sp < kMaxSplits; ++sp)
-            v[k][sp] = sp < a.n_splits && c < a.head_dim ? load_record(recs + sp * rec_size + 2 + c) : 0.0f;
+            v[k][sp] = sp < a.n_splits && c < a.head_dim ? recs[sp * rec_size + 2 + c] : 0.0f;
     }
     if (tid < 32) {
-        float il;
-        weight[tid] = merge_weight(recs, a.n_splits, rec_size, tid, il);
-        if (tid == 0) inv_l = il;
+        const float m = tid < a.n_splits ? recs[tid * rec_size] : -INFINITY;
+        const float ls = tid < a.n_splits ? recs[tid * rec_size + 1] : 0.0f;
+        const float mx = warp_max(m, 32);  // every lane: a shuffle
+        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+        const float l = warp_sum(w * ls, 32);
+        weight[tid] = w;
+        if (tid == 0) inv_l = 1.0f / l;  // split 0 holds key 0, so l >= 1
     }
     __syncthreads();
     float* o = a.out + (int64_t(ch.row0) * a.n_heads + h) * a.head_dim;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int c = tid + 128 * k;
-        const float x = merge_column(v[k], weight, inv_l);
-        if (c < a.head_dim) o[c] = x;
+        float x = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < kMaxSplits; ++sp) x = weight[sp] != 0.0f ? fmaf(v[k][sp], weight[sp], x) : x;
+        if (c < a.head_dim) o[c] = x * inv_l;
     }
 }
 
@@ -1186,13 +1054,11 @@ void launch_decode(const Args& args, const AttentionCuda& a, cudaStream_t stream
     const int n_sub = (args.group + GB - 1) / GB;
     const int64_t ys = a.n_kv_heads * n_sub;
     SHARDLM_CHECK(ys <= 65535, "attention: too many heads for the decode grid");
-    SHARDLM_CHECK(ys <= a.n_heads, "attention: more decode block rows than counters");  // n_sub <= group
     launch_kernel("flash_decode_kernel", flash_decode_kernel<DP, GB, KT>,
                   dim3(unsigned(args.n_splits), unsigned(ys), unsigned(a.n_chunks)), dim3(128), 0, stream, args,
                   n_sub);
-    if (!args.fused_merge)
-        launch_kernel("flash_merge_kernel", flash_merge_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_chunks)),
-                      dim3(128), 0, stream, args);
+    launch_kernel("flash_merge_kernel", flash_merge_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_chunks)),
+                  dim3(128), 0, stream, args);
 }
 
 // GB = query heads per block: the whole group up to 4 (registers: 32 per head for q and the
@@ -1217,11 +1083,7 @@ void launch_decode_dp(const Args& args, const AttentionCuda& a, cudaStream_t str
 }  // namespace
 
 size_t attention_scratch_bytes(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity) {
-    return size_t(max_chunks * scratch_layout(n_heads, head_dim, capacity).chunk_stride) * sizeof(float);
-}
-
-void attention_scratch_init(void* scratch, size_t bytes, cudaStream_t stream) {
-    if (scratch && bytes > 0) CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream));
+    return size_t(max_chunks * n_heads * split_plan(capacity).n_splits * (head_dim + 2)) * sizeof(float);
 }
 
 void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t stream) {
@@ -1265,9 +1127,6 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     args.scale = a.scale;
     args.window = int(a.window);
     args.partials = static_cast<float*>(a.scratch);
-    const ScratchLayout layout = scratch_layout(a.n_heads, a.head_dim, kv.capacity);
-    args.chunk_stride = layout.chunk_stride;
-    args.counters_at = layout.counters_at;
     args.n_splits = plan.n_splits;
     args.keys_per_split = plan.keys_per_split;
 
@@ -1306,9 +1165,6 @@ void attention_cuda(const AttentionCuda& a, AttentionKind kind, cudaStream_t str
     if (a.max_chunk_n == 1) {
         SHARDLM_CHECK(a.scratch && is_aligned(a.scratch, 8),
                       "attention: decode needs attention_scratch_bytes() of scratch");
-        SHARDLM_CHECK(a.fused_merge >= -1 && a.fused_merge <= 1, "attention: fused_merge ", a.fused_merge,
-                      " (-1, 0 or 1)");
-        args.fused_merge = a.fused_merge < 0 ? decode_merge_fused() : a.fused_merge == 1;
         if (dp == 64) launch_decode_dp<64>(args, a, stream);
         else if (dp == 128) launch_decode_dp<128>(args, a, stream);
         else launch_decode_dp<256>(args, a, stream);

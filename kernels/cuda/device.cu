@@ -83,12 +83,6 @@ bool decode_rope_fused() {
     return on;
 }
 
-bool decode_merge_fused() {
-    static const bool on =
-        cuda_tuning_env("SHARDLM_FUSED_MERGE", {"0", "1"}, "the split-KV merge fused into decode attention") != "0";
-    return on;
-}
-
 bool int8_gemm_staging() {
     static const bool on =
         cuda_tuning_env("SHARDLM_GEMM_STAGE", {"0", "1"}, "INT8 prefill dequantization staged ahead") == "1";

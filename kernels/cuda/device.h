@@ -21,7 +21,7 @@ double cuda_peak_gbps();
 // device is sm_90 or newer and SHARDLM_PDL is not "0" (read once per process).
 bool pdl_enabled();
 
-// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_FUSED_MERGE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
+// A tuning variable of the CUDA code (SHARDLM_GEMV_R, SHARDLM_GEMV_GRID, SHARDLM_PREFILL_TC, SHARDLM_FUSED_ROPE, SHARDLM_GEMM_STAGE): its value when set to one of `allowed`, "" when unset or empty; any other
 // value is an error naming the variable, `what` it sets and the values allowed. For A/B
 // measurements, not for users.
 std::string cuda_tuning_env(const char* name, std::initializer_list<const char*> allowed, const char* what);
@@ -39,13 +39,6 @@ bool prefill_tensor_cores();
 // FP16 and INT8); SHARDLM_FUSED_ROPE=0: separate. Any other value is an error. Read once per
 // process.
 bool decode_rope_fused();
-
-// Whether decode attention merges its split-KV partial results in the split-KV kernel itself (the
-// last split block of each head group to finish merges them, attention.h AttentionCuda::fused_merge)
-// rather than in a separate merge kernel after it: 1 or unset (one launch less per layer);
-// SHARDLM_FUSED_MERGE=0: the separate kernel, for A/B timing (the same results bit for bit). Any
-// other value is an error. Read once per process.
-bool decode_merge_fused();
 
 // Whether INT8 prefill products dequantize each matrix on a side stream while the product before
 // it runs (gemm.h CublasGemm::stage): SHARDLM_GEMM_STAGE=1; 0 or unset: each just before its own

@@ -77,14 +77,11 @@ bool device_gemm_staging() {
 
 // The attention kernels of a row: "flash-fp32" when CUDA prefill tiles stay off the tensor cores
 // (SHARDLM_PREFILL_TC=0, kernels/cuda/attention.h), else the --attention value; "+rope" when the
-// CUDA decode kernel runs the RoPE prologue itself (the default; SHARDLM_FUSED_ROPE=0 turns it off),
-// "+merge" when its last split block merges the splits (the default; SHARDLM_FUSED_MERGE=0: a
-// separate merge kernel).
+// CUDA decode kernel runs the RoPE prologue itself (the default; SHARDLM_FUSED_ROPE=0 turns it off).
 std::string row_attention(const std::string& attention, bool cuda) {
 #ifdef SHARDLM_HAVE_CUDA
     if (cuda && attention == "flash")
-        return std::string(prefill_tensor_cores() ? "flash" : "flash-fp32") + (decode_rope_fused() ? "+rope" : "") +
-               (decode_merge_fused() ? "+merge" : "");
+        return std::string(prefill_tensor_cores() ? "flash" : "flash-fp32") + (decode_rope_fused() ? "+rope" : "");
 #else
     (void)cuda;
 #endif

@@ -344,9 +344,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     const size_t penalty_count = L * size_t(opt_.max_penalties);
     if (penalty_count > 0) penalties_ = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
-    const size_t attn_bytes = attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, kv_capacity(cfg_, opt_));
-    attn_scratch_ = a.take(attn_bytes);
-    if (!a.sizing()) attention_scratch_init(attn_scratch_, attn_bytes, stream_);  // the fused merge's counters start at 0
+    attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, kv_capacity(cfg_, opt_)));
     meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
     meta_ = static_cast<int32_t*>(a.take(meta_bytes_));
     ws_bytes_ += a.used() - mark;

@@ -1,17 +1,13 @@
 // attention_cuda (Flash, FlashFp32 and Naive) against attention_cached over the same cache contents: GQA
 // ratios 1..12, head dims 2..256, every cache dtype, prefill chunks over an existing prefix mixed
 // with decode chunks, decode-only batches (split-KV), and a CUDA Graph captured once and replayed
-// as the sequences grow; decode with the RoPE prologue fused against rope_kv_cuda run first; decode
-// with the split merge fused into the split-KV kernel against the separate merge kernel. Every
-// cache byte the kernels must not read (rows past a sequence, the row padding, unused scales) is
-// NaN, and so is the scratch where the separate merge runs on it before attention_scratch_init
-// zeroes it (the fused merge's counters must start at 0), so a stray read shows. Skips without a
-// GPU.
+// as the sequences grow; decode with the RoPE prologue fused against rope_kv_cuda run first. Every
+// cache byte the kernels must not read (rows past a sequence, the row padding, unused scales) and
+// the scratch are NaN, so a stray read shows. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -53,23 +49,6 @@ public:
 
 private:
     void* p_ = nullptr;
-};
-
-// Attention scratch as a caller allocates it: attention_scratch_bytes() of it, then
-// attention_scratch_init() (which zeroes it) unless `init_now` is false (left NaN until init():
-// enough for everything but the fused merge).
-struct Scratch {
-    Scratch(int64_t max_chunks, int64_t n_heads, int64_t head_dim, int64_t capacity, bool init_now = true)
-        : bytes(attention_scratch_bytes(max_chunks, n_heads, head_dim, capacity)), mem(bytes) {
-        if (init_now) init();
-    }
-    void init() {
-        attention_scratch_init(mem.as<void>(), bytes, nullptr);
-        CUDA_CHECK(cudaDeviceSynchronize());
-    }
-    void* get() const { return mem.as<void>(); }
-    size_t bytes;
-    DevMem mem;
 };
 
 struct Heads {
@@ -236,25 +215,13 @@ void run_case(const Case& c, DType dt) {
     cache.expected(q, chunks, scale, want);
 
     DevMem dq(q.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
-    Scratch scratch(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity, /*init_now=*/false);  // NaN
+    DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity));
     CUDA_CHECK(cudaMemcpy(dq.as<float>(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
                           cudaMemcpyHostToDevice));
-    AttentionCuda a =
-        make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks, scratch.get(), scale);
-    if (a.max_chunk_n == 1) {
-        // Decode with the separate merge on the NaN scratch (it reads no counter): a record the
-        // merge reads but no split wrote would show. The fused merge below checks the same records.
-        a.fused_merge = 0;
-        CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
-        attention_cuda(a, AttentionKind::Flash, nullptr);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(got.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
-        expect_close(got, want, atol_for(dt), 1e-4, std::string(c.name) + " " + dtype_name(dt) + " separate merge");
-        a.fused_merge = -1;
-    }
-    scratch.init();
-    for (AttentionKind kind : kKinds) {  // the process default: the fused merge (SHARDLM_FUSED_MERGE unset)
+    const AttentionCuda a =
+        make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks, scratch.as<void>(), scale);
+    for (AttentionKind kind : kKinds) {
         CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
         attention_cuda(a, kind, nullptr);
         CUDA_CHECK(cudaDeviceSynchronize());
@@ -338,13 +305,13 @@ TEST(AttentionCuda, GraphReplayFollowsGrowingSequences) {
         const float scale = 1.0f / std::sqrt(float(h.head_dim));
         std::vector<AttnChunk> chunks = {{0, 0, 1, 0}, {1, 0, 1, 2}, {2, 0, 0, 3}};
         DevMem dq(q.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
-        Scratch scratch(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity);
+        DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), h.n_heads, h.head_dim, h.capacity));
         CUDA_CHECK(cudaMemcpy(dq.as<float>(), q.data(), q.size() * 4, cudaMemcpyHostToDevice));
         for (AttentionKind kind : kKinds) {
             cudaStream_t stream;
             CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
             const AttentionCuda a = make_args(cache, dq.as<float>(), dout.as<float>(), dchunks.as<AttnChunk>(), chunks,
-                                              scratch.get(), scale);
+                                              scratch.as<void>(), scale);
             CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
                                   cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaDeviceSynchronize());  // the copy above lands before `stream` reads it
@@ -463,13 +430,13 @@ TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
                     rp.k_norm = qk_norm ? dnorms.as<float>() + hd : nullptr;
                     rp.eps = 1e-6f;
                     const float scale = 1.0f / std::sqrt(float(hd));
-                    Scratch scratch(int64_t(chunks.size()), nh, hd, h.capacity);
+                    DevMem scratch(attention_scratch_bytes(int64_t(chunks.size()), nh, hd, h.capacity));
                     DevMem out_sep(size_t(rows * nh * hd) * 4), out_fused(size_t(rows * nh * hd) * 4);
 
                     // Fused first: rope_kv_cuda rotates k in place, the fused kernel leaves its input be.
                     rp.kv = fused.layer;
                     AttentionCuda a = make_args(fused, nullptr, out_fused.as<float>(), dchunks.as<AttnChunk>(), chunks,
-                                                scratch.get(), scale);
+                                                scratch.as<void>(), scale);
                     a.rope = &rp;
                     attention_cuda(a, AttentionKind::Flash, nullptr);
                     // Separate: rope_kv_cuda on each busy chunk's row, then the decode kernel.
@@ -488,7 +455,7 @@ TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
                         rope_kv_cuda(one, nullptr);
                     }
                     attention_cuda(make_args(separate, dqout.as<float>(), out_sep.as<float>(), dchunks.as<AttnChunk>(),
-                                             chunks, scratch.get(), scale),
+                                             chunks, scratch.as<void>(), scale),
                                    AttentionKind::Flash, nullptr);
                     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -515,8 +482,7 @@ TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
                 }
     // What it refuses: prefill chunks, and parameters of another layer.
     Cache cache({4, 2, 64, 64}, DType::F16, {10});
-    DevMem dq(64 * 4 * 4), dchunks(sizeof(AttnChunk));
-    Scratch scratch(1, 4, 64, 64);
+    DevMem dq(64 * 4 * 4), scratch(attention_scratch_bytes(1, 4, 64, 64)), dchunks(sizeof(AttnChunk));
     const std::vector<AttnChunk> prefill = {{0, 0, 3, 0}};
     RopeKVParams rp;
     rp.q = rp.k = dq.as<float>();
@@ -527,7 +493,7 @@ TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
     rp.head_dim = 64;
     rp.kv = cache.layer;
     AttentionCuda a =
-        make_args(cache, nullptr, dq.as<float>(), dchunks.as<AttnChunk>(), prefill, scratch.get(), 1.0f);
+        make_args(cache, nullptr, dq.as<float>(), dchunks.as<AttnChunk>(), prefill, scratch.as<void>(), 1.0f);
     a.rope = &rp;
     EXPECT_THROW(attention_cuda(a, AttentionKind::Flash, nullptr), Error);
     a.max_chunk_n = 1;
@@ -536,137 +502,12 @@ TEST(AttentionCuda, DecodeWithFusedRopeEqualsSeparate) {
     EXPECT_THROW(attention_cuda(a, AttentionKind::Flash, nullptr), Error);
 }
 
-// The split merge fused into the split-KV kernel (AttentionCuda::fused_merge = 1: the last split
-// block of each head group to finish merges the group's records) against the separate merge
-// kernel (0): the same output bit for bit. GQA groups 1-12 (subgroups: several block rows, each
-// with its counter, per KV head; odd groups leave heads of a block unused), odd head counts,
-// several chunks and an idle one (n = 0: counted by no block), capacities of 1 split and of 32
-// (most of them empty for a short sequence: the empty splits must count too), sliding windows
-// over wrapped rings, every cache dtype, with the RoPE prologue fused or not. Every fused launch
-// must leave its counters at 0: the fused merge runs again (after the outputs are NaN again) on a
-// batch of the first chunk only, then on the whole batch, and must write the same bits each time;
-// a counter left at n_splits would make no block the last, and the output stays NaN.
-TEST(AttentionCuda, DecodeFusedMergeEqualsSeparate) {
-    if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    if (!std::getenv("SHARDLM_FUSED_MERGE")) {
-        EXPECT_TRUE(decode_merge_fused()) << "fused by default";
-    }
-    struct MergeCase {
-        const char* name;
-        Heads heads;
-        std::vector<ChunkSpec> chunks;  // n = 1, or 0: idle
-        std::vector<DType> dtypes;
-    };
-    const std::vector<DType> f16_i8 = {DType::F16, DType::I8};
-    const MergeCase cases[] = {
-        {"mha5 d64 cap32 (1 split)", {5, 5, 64, 32}, {{0, 31, 1}, {1, 0, 1}, {2, 10, 0}, {3, 16, 1}}, f16_i8},
-        {"gqa3 d128 cap1024 (32 splits, most empty)", {3, 1, 128, 1024}, {{0, 5, 1}, {1, 1023, 1}, {2, 40, 1}},
-         {DType::F32, DType::F16, DType::BF16, DType::I8}},
-        {"gqa2 d128 cap640", {16, 8, 128, 640}, {{0, 639, 1}, {1, 0, 1}, {2, 300, 0}, {3, 33, 1}}, f16_i8},
-        {"gqa4 d80", {12, 3, 80, 200}, {{0, 199, 1}, {1, 64, 1}}, f16_i8},
-        {"gqa8 d64 (2 subgroups)", {16, 2, 64, 512}, {{0, 511, 1}, {1, 100, 1}}, f16_i8},
-        {"gqa12 d256 (3 subgroups)", {12, 1, 256, 96}, {{0, 95, 1}, {1, 17, 1}}, {DType::BF16, DType::I8}},
-        {"gqa6 d128 w100 ring", {6, 1, 128, 100, 100}, {{0, 599, 1}, {1, 99, 1}, {2, 5, 1}}, f16_i8},
-        {"mha7 d32 w3", {7, 7, 32, 64, 3}, {{0, 90, 1}, {1, 0, 1}}, f16_i8},
-    };
-    for (const MergeCase& mc : cases)
-        for (DType dt : mc.dtypes)
-            for (const bool rope : {false, true}) {
-                const Heads& h = mc.heads;
-                const int64_t nh = h.n_heads, nkv = h.n_kv, hd = h.head_dim;
-                int64_t rows = 0;
-                std::vector<int> lens;
-                const std::vector<AttnChunk> chunks = layout(mc.chunks, rows, lens);
-                // The fused RoPE prologue writes the newest position itself: the cache holds the older ones.
-                if (rope)
-                    for (const AttnChunk& c : chunks) lens[size_t(c.slot)] = c.pos0;
-                Cache cache(h, dt, lens);
-                const int64_t width = nh * hd;
-                const auto q = randv(size_t(rows * width), 41), k = randv(size_t(rows * nkv * hd), 42),
-                           v = randv(size_t(rows * nkv * hd), 43);
-                std::vector<float> norms(size_t(2 * hd)), inv_freq(size_t(hd / 2));
-                for (int64_t i = 0; i < hd; ++i) norms[size_t(i)] = norms[size_t(hd + i)] = 1.0f + 0.05f * std::sin(float(i));
-                for (int64_t i = 0; i < hd / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(hd));
-                DevMem dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4), dnorms(norms.size() * 4),
-                    dfreq(inv_freq.size() * 4), dout(q.size() * 4), dchunks(chunks.size() * sizeof(AttnChunk));
-                const auto upload = [](const std::vector<float>& x, DevMem& d) {
-                    CUDA_CHECK(cudaMemcpy(d.as<float>(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-                };
-                upload(q, dq);
-                upload(k, dk);
-                upload(v, dv);
-                upload(norms, dnorms);
-                upload(inv_freq, dfreq);
-                CUDA_CHECK(cudaMemcpy(dchunks.as<AttnChunk>(), chunks.data(), chunks.size() * sizeof(AttnChunk),
-                                      cudaMemcpyHostToDevice));
-                RopeKVParams rp;
-                rp.q = dq.as<float>();
-                rp.k = dk.as<float>();
-                rp.v = dv.as<float>();
-                rp.n_heads = nh;
-                rp.n_kv_heads = nkv;
-                rp.head_dim = hd;
-                rp.inv_freq = dfreq.as<float>();
-                rp.q_norm = dnorms.as<float>();
-                rp.k_norm = dnorms.as<float>() + hd;
-                rp.kv = cache.layer;
-                Scratch scratch(int64_t(chunks.size()), nh, hd, h.capacity);
-                const float scale = 1.0f / std::sqrt(float(hd));
-                AttentionCuda a = make_args(cache, rope ? nullptr : dq.as<float>(), dout.as<float>(),
-                                            dchunks.as<AttnChunk>(), chunks, scratch.get(), scale);
-                a.rope = rope ? &rp : nullptr;
-                const std::string what = std::string(mc.name) + " " + dtype_name(dt) + (rope ? " +rope" : "");
-
-                // Runs the batch (or its first n_chunks chunks) with the merge `fused`; the output bytes.
-                const auto run = [&](int fused, int64_t n_chunks) {
-                    CUDA_CHECK(cudaMemset(dout.as<float>(), 0xff, q.size() * 4));
-                    AttentionCuda b = a;
-                    b.fused_merge = fused;
-                    b.n_chunks = n_chunks;
-                    attention_cuda(b, AttentionKind::Flash, nullptr);
-                    CUDA_CHECK(cudaDeviceSynchronize());
-                    std::vector<uint32_t> bits(q.size());
-                    CUDA_CHECK(cudaMemcpy(bits.data(), dout.as<float>(), q.size() * 4, cudaMemcpyDeviceToHost));
-                    return bits;
-                };
-                const int64_t n_all = int64_t(chunks.size());
-                const std::vector<uint32_t> separate = run(0, n_all);
-                for (const AttnChunk& c : chunks)  // the reference itself: every busy row written, finite
-                    for (int64_t i = 0; i < c.n * width; ++i) {
-                        float x;
-                        std::memcpy(&x, &separate[size_t(c.row0 * width + i)], 4);
-                        ASSERT_TRUE(std::isfinite(x)) << what << ": separate merge, chunk row " << c.row0;
-                    }
-                const auto same = [&](const std::vector<uint32_t>& got, const std::vector<uint32_t>& want,
-                                      const std::string& run_name) {
-                    const auto d = std::mismatch(got.begin(), got.end(), want.begin());
-                    EXPECT_TRUE(d.first == got.end()) << what << ": " << run_name << " differs from the separate merge at "
-                                                      << (d.first - got.begin()) << " (row " << (d.first - got.begin()) / width
-                                                      << ")";
-                };
-                same(run(1, n_all), separate, "fused merge");
-                // The first chunk alone: its rows as above, the other chunks' rows untouched (NaN).
-                std::vector<uint32_t> first_only(separate.size(), 0xffffffffu);
-                std::copy_n(separate.begin() + chunks[0].row0 * width, chunks[0].n * width,
-                            first_only.begin() + chunks[0].row0 * width);
-                same(run(1, 1), first_only, "fused merge, first chunk only, after a fused launch");
-                same(run(1, n_all), separate, "fused merge again");
-                same(run(0, n_all), separate, "separate merge again");
-                a.fused_merge = 2;
-                EXPECT_THROW(attention_cuda(a, AttentionKind::Flash, nullptr), Error) << "fused_merge 2";
-                if (::testing::Test::HasFailure()) return;
-            }
-}
-
-// The scratch size follows the capacity only and covers, per chunk, every split's [m, l, acc]
-// record and the fused merge's counters.
+// The scratch size follows the capacity only and covers every split's [m, l, acc] record.
 TEST(AttentionCuda, ScratchBytes) {
     EXPECT_EQ(attention_scratch_bytes(0, 8, 128, 4096), 0u);
-    const size_t one = attention_scratch_bytes(1, 5, 128, 4096);  // 32 splits
-    EXPECT_GE(one, 5 * 32 * 130 * sizeof(float) + 5 * sizeof(int));
-    EXPECT_EQ(attention_scratch_bytes(3, 5, 128, 4096), 3 * one);
-    EXPECT_EQ(one % 128, 0u);  // each chunk's region starts on a 128-byte line
-    // At most 32 splits; the counters take one more line.
-    EXPECT_LE(attention_scratch_bytes(1, 1, 128, 1 << 20), 32 * 130 * sizeof(float) + 128);
-    EXPECT_LE(attention_scratch_bytes(1, 1, 64, 32), 66 * sizeof(float) + 2 * 128);  // 1 split: one record
+    const size_t one = attention_scratch_bytes(1, 1, 128, 4096);
+    EXPECT_GT(one, 0u);
+    EXPECT_EQ(attention_scratch_bytes(3, 5, 128, 4096), 15 * one);
+    EXPECT_EQ(one % (130 * sizeof(float)), 0u);
+    EXPECT_LE(attention_scratch_bytes(1, 1, 128, 1 << 20), 32 * 130 * sizeof(float));  // at most 32 splits
 }

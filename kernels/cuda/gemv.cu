@@ -98,41 +98,6 @@ struct GemvArgs {
     int accumulate;         // GemvFuse::accumulate: y += the result
 };
 
-// The fused norm's 1 / sqrt(mean(x[t]^2) + eps) for the N token rows at x + xoff[t] (rows of
-// `cols` floats, cols a multiple of 4 and x 16-byte aligned on the vector path) into inv[t]: each
-// thread's float4s, warp shuffles, then the 8 warps' sums in a fixed order. Every thread of the
-// block must call it. The loads also bring x into L1 for the product that follows.
-template <int N>
-__device__ __forceinline__ void block_inv_rms(const float* x, const int (&xoff)[N], int cols, float eps,
-                                              float (&inv)[N]) {
-    __shared__ float warp_sums[kWarps][N];
-    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-    float ss[N];
-#pragma unroll
-    for (int t = 0; t < N; ++t) ss[t] = 0.0f;
-    for (int i = int(threadIdx.x); i < cols / 4; i += kThreads)
-#pragma unroll
-        for (int t = 0; t < N; ++t) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(x + xoff[t]) + i);
-            ss[t] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[t]))));
-        }
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-        float v = ss[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) warp_sums[warp][t] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-        float total = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) total += warp_sums[w][t];
-        inv[t] = rsqrtf(total / float(cols) + eps);
-    }
-}
-
 __device__ __forceinline__ float2 f16x2_to_f32(uint32_t bits) {
     __half2 h;
     static_assert(sizeof(h) == sizeof(bits), "half2 is 4 bytes");
@@ -185,10 +150,14 @@ __device__ __forceinline__ void quad_to_f32(const uint4& v, int q, float (&f)[4]
 // the reduction, the block's exit and the next block's start. (A template parameter: the one-tile
 // kernels keep the registers they had without the loop.)
 // Normed (GemvFuse::norm_w): x is the residual stream and the product's input rmsnorm(x) * norm_w.
-// The block computes each token row's 1 / rms itself (block_inv_rms: 8 KB of x per token row from
-// L2, while the first weights are in flight), multiplies each float4 of x by norm_w's as it is
-// loaded, and scales the finished sums by 1 / rms (a common factor of each row's products), so
-// no norm kernel runs between the product writing x and this one.
+// Each float4 of x is multiplied by norm_w's as it is loaded and the finished sums are scaled by
+// 1 / rms (a common factor of each row's products), so no norm kernel runs between the product
+// writing x and this one. The sums of squares come with the first tile's loads: a group's lanes
+// of the block's 8 warps read every column of x exactly once per tile (chunk k -> warp, lane
+// above), so group 0's squares of the x it loads anyway, summed over the block, are each token
+// row's sum of squares, with no pass over x and no barrier before the weights stream.
+// a.accumulate: y += the result; each tile's old y values are loaded when the tile starts, so the
+// epilogue's read does not add a round trip after the reduction.
 template <WKind K, int N, int R, int U, int MinBlocks, bool Persistent, bool Normed>
 __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const GemvArgs a) {
     constexpr int C = chunk_cols<K>();
@@ -233,16 +202,21 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
     load(k_first);
     pdl_wait();
     pdl_launch_dependents();
-    __shared__ float tok_inv[N];  // Normed: 1 / rms of each token row
-    if constexpr (Normed) {
-        float inv[N];
-        block_inv_rms<N>(a.x, xoff, int(a.cols), a.eps, inv);
-        if (threadIdx.x == 0)
-#pragma unroll
-            for (int t = 0; t < N; ++t) tok_inv[t] = inv[t];
-        // (reduce_store's __syncthreads orders this write before its reads of tok_inv.)
-    }
+    __shared__ float tok_inv[N];            // Normed: 1 / rms of each token row
+    __shared__ float warp_ss[kWarps][N];    // Normed: group 0's sums of squares per warp
+    static_assert(kGroups * R * N <= kThreads, "reduce_store: one output per thread");
+    bool first = true;
     for (;;) {
+        // The old y of the output reduce_store gives this thread (a.accumulate; not SwiGLU's).
+        float y_old = 0.0f;
+        if (a.accumulate && int(threadIdx.x) < kGroups * R * N) {
+            const int64_t row = tile * (kGroups * R) + int(threadIdx.x) / N;
+            const int t = int(threadIdx.x) % N;
+            if (row < a.rows && t < a.n) y_old = a.y[int64_t(t) * a.rows + row];
+        }
+        float ss[N];  // Normed: this lane's sum of x^2 over the columns it reads
+#pragma unroll
+        for (int t = 0; t < N; ++t) ss[t] = 0.0f;
         float acc[R][N];
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -256,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int kc = min(k0 + u * kChunksPerStep, a.chunks - 1);
+                const float live = k0 + u * kChunksPerStep < a.chunks ? 1.0f : 0.0f;  // not a re-read of the last chunk
                 const int xcol = (kc >> a.block_shift) * a.block_cols + (kc & ((1 << a.block_shift) - 1)) * a.lane_stride;
                 const float* xk = a.x + xcol;
                 float part[R][N];  // kPart: the chunk's sums, scaled once
@@ -276,7 +251,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
 #pragma unroll
                     for (int t = 0; t < N; ++t) {
                         float4 xv = __ldg(reinterpret_cast<const float4*>(xk + xoff[t] + q * a.quad_stride));
-                        if constexpr (Normed) xv = make_float4(xv.x * gv.x, xv.y * gv.y, xv.z * gv.z, xv.w * gv.w);
+                        if constexpr (Normed) {
+                            ss[t] = fmaf(live, fmaf(xv.x, xv.x, fmaf(xv.y, xv.y, fmaf(xv.z, xv.z, xv.w * xv.w))), ss[t]);
+                            xv = make_float4(xv.x * gv.x, xv.y * gv.y, xv.z * gv.z, xv.w * gv.w);
+                        }
                         if constexpr (kI4 && !kI4Dequant) {
                             const float s4 = (xv.x + xv.y) + (xv.z + xv.w);
                             xsum[t] = q == 0 ? s4 : xsum[t] + s4;
@@ -311,8 +289,28 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) gemv_vec_kernel(const Gem
             load(k_first);
         }
         const int64_t tile_row0 = tile * (a.swiglu_half > 0 ? kGroups / 2 * R : kGroups * R);
+        if constexpr (Normed) {
+            if (first) {  // 1 / rms of each token row from group 0's squares (every tile sees the same x)
+#pragma unroll
+                for (int t = 0; t < N; ++t) {
+                    float v = ss[t];
+#pragma unroll
+                    for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                    if (lane == 0) warp_ss[warp][t] = v;
+                }
+                __syncthreads();
+                if (int(threadIdx.x) < N) {
+                    float total = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < kWarps; ++w) total += warp_ss[w][threadIdx.x];
+                    tok_inv[threadIdx.x] = rsqrtf(total / float(a.cols) + a.eps);
+                }
+                // (reduce_store's first __syncthreads orders tok_inv before its reads.)
+            }
+        }
         reduce_store<R, N>(acc, tile_row0, a.rows, a.n, a.bias, a.y, a.swiglu_half, Normed ? tok_inv : nullptr,
-                           a.accumulate != 0);
+                           a.accumulate != 0, y_old);
+        first = false;
         if (!Persistent || next >= a.tiles) break;
         __syncthreads();  // the next reduction rewrites the shared partial sums this one read
         tile = next;

@@ -152,12 +152,14 @@ inline int rows_per_group(int chunks) {
 // With swiglu_half > 0 the tile is SwiGLU's (tile_swiglu_row): groups 0-1 hold gate rows j0 + s,
 // groups 2-3 the up rows half + j0 + s, and y[t, j0 + s] = silu(gate) * up, y [n, half].
 // tok_scale (shared or global memory, [n]): each sum is scaled by tok_scale[t] before the bias is
-// added (the fused norm's 1 / rms, gemv.cu). accumulate: y[t, row] += the result instead of =.
-// Every thread of the block must call it.
+// added (the fused norm's 1 / rms, gemv.cu). accumulate: y[t, row] = y_old + the result, y_old
+// being the old y[t, row] of the one output this thread stores (thread i < kGroups * R * N stores
+// slot i / N, token i % N; the caller loads it early). Every thread of the block must call it.
 template <int R, int N>
 __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t tile_row0, int64_t rows, int n,
                                              const float* bias, float* y, int64_t swiglu_half = 0,
-                                             const float* tok_scale = nullptr, bool accumulate = false) {
+                                             const float* tok_scale = nullptr, bool accumulate = false,
+                                             float y_old = 0.0f) {
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     const int g = lane / kLanesPerRow, lig = lane % kLanesPerRow;
     __shared__ float partial[kWarps][kGroups * R][N];
@@ -204,8 +206,7 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[R][N], int64_t t
         for (int w = 0; w < kWarps; ++w) s += partial[w][slot][t];
         if (tok_scale) s *= tok_scale[t];
         if (bias) s += bias[row];
-        float& out = y[int64_t(t) * rows + row];
-        out = accumulate ? out + s : s;
+        y[int64_t(t) * rows + row] = accumulate ? y_old + s : s;
     }
 }
 

@@ -500,9 +500,13 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(meta_ + 3 * Tm + opt_.max_logit_rows);
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
-    // Decode at TP=1 with weight-only products: the norms run inside the next GEMV and o_proj and
-    // down_proj add into the residual stream x_ themselves (GemvFuse): no kernel between two GEMVs.
-    const bool fuse = fused_norm_ && T <= kGemvMaxTokens;
+    // One-token decode steps at TP=1 with weight-only products: the norms run inside the next GEMV
+    // and o_proj and down_proj add into the residual stream x_ themselves (GemvFuse): no kernel
+    // between two GEMVs. Only at one token: the H200 timed batch 1 faster and batch 4 slower
+    // (2026-12-04, Qwen3-1.7B shape, ms/token fused vs norm kernels: FP16 batch 1 1.302 vs 1.357,
+    // batch 4 1.839 vs 1.776; INT8 1.056 vs 1.084, 1.745 vs 1.682), where the per-token squares
+    // and norm-weight products add to GEMVs that already spend most of their issue slots on FMAs.
+    const bool fuse = fused_norm_ && T == 1;
     const GemvGrid grid = gemv_default_grid();
 
     // Prefill with staging: the first matrix starts dequantizing beside the embedding and the norm.

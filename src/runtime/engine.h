@@ -37,10 +37,11 @@ struct EngineOptions {
     // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 1 when unset. Changes
     // no result.
     int fused_rope = -1;
-    // CUDA decode at TP=1 with weight-only products: each RMSNorm folded into the GEMV after it and
-    // each residual add into the GEMV before it (1: kernels/cuda/gemv.h GemvFuse), or run as norm
-    // kernels (0); -1: the SHARDLM_FUSED_NORM environment variable, 1 when unset. Changes the
-    // logits by f32 rounding only (1 / rms scales the sums instead of the inputs).
+    // CUDA one-token decode steps at TP=1 with weight-only products: each RMSNorm folded into the
+    // GEMV after it and each residual add into the GEMV before it (1: kernels/cuda/gemv.h
+    // GemvFuse), or run as norm kernels (0); -1: the SHARDLM_FUSED_NORM environment variable, 1
+    // when unset. Changes the logits by f32 rounding only (1 / rms scales the sums instead of the
+    // inputs). Steps of more tokens keep the norm kernels (faster there on the H200).
     int fused_norm = -1;
     // CUDA prefill with INT8 weights: each matrix dequantized on a side stream while the product
     // before it runs (1), or just before its own product (0); -1: the SHARDLM_GEMM_STAGE

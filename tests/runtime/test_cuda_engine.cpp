@@ -509,8 +509,9 @@ TEST(CudaEngine, BatchesAboveTheGemvBucketsRunCublasInsideTheGraph) {
 
 namespace {
 
-// Every logit of a prefill of two prompts (5 and 3 tokens unless told) and four decode steps of both (eager,
-// captured, replayed, replayed) through a fresh session of `so`.
+// Every logit of a prefill of two prompts (5 and 3 tokens unless told), four decode steps of both (eager,
+// captured, replayed, replayed), then four of the first alone (one-token steps, likewise), through a
+// fresh session of `so`.
 std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int64_t len0 = 5, int64_t len1 = 3) {
     const std::vector<int32_t> p0 = make_prompt(len0, V, 81), p1 = make_prompt(len1, V, 82);
     SingleRank comm;
@@ -524,6 +525,11 @@ std::vector<float> two_sequence_logits(const SessionOptions& so, int64_t V, int6
         const int32_t a = int32_t((7 * t + 1) % V), b = int32_t((5 * t + 2) % V);
         e.forward({{0, &a, 1, int64_t(p0.size()) + t, true}, {1, &b, 1, int64_t(p1.size()) + t, true}}, step.data());
         all.insert(all.end(), step.begin(), step.end());
+    }
+    for (int64_t t = 4; t < 8; ++t) {
+        const int32_t a = int32_t((3 * t + 5) % V);
+        e.forward({{0, &a, 1, int64_t(p0.size()) + t, true}}, step.data());
+        all.insert(all.end(), step.begin(), step.begin() + V);
     }
     return all;
 }
@@ -566,10 +572,10 @@ TEST(CudaEngine, FusedRopeChangesNoLogits) {
         }
 }
 
-// The norms and residual adds folded into the decode GEMVs (EngineOptions::fused_norm, TP=1)
-// change the logits by f32 rounding only: 1 / rms scales each product's sums instead of its
-// inputs. Llama (separate gate/up and q/k/v products) and Qwen3 (fused), float and INT8 weights;
-// the 5 + 3 token prefill is one 8-row GEMV step, so every bucket up to 8 rows is fused too.
+// The norms and residual adds folded into the decode GEMVs (EngineOptions::fused_norm: TP=1,
+// one-token steps) change the logits by f32 rounding only: 1 / rms scales each product's sums
+// instead of its inputs. Llama (separate gate/up and q/k/v products) and Qwen3 (fused), float and
+// INT8 weights; two_sequence_logits ends with four one-sequence steps, eager and from graphs.
 TEST(CudaEngine, FusedNormMatchesSeparateNormKernels) {
     SKIP_WITHOUT_GPU();
     for (const Arch arch : {Arch::Qwen3, Arch::Llama})

@@ -134,6 +134,13 @@ const int64_t kCols[] = {1, 7, 8, 16, 33, 48, 100, 192, 255, 256, 1000, 2048};
 
 bool have_gpu() { return cuda_usable_device_count() > 0; }
 
+// A matrix of a table-driven test: dtype, shape, I8 group, and whether it is interleaved.
+struct GemvCase {
+    DType dtype;
+    int64_t rows, cols, group;
+    bool interleave;
+};
+
 }  // namespace
 
 TEST(GemvCuda, FloatWeightsMatchReference) {
@@ -311,17 +318,12 @@ TEST(GemvCuda, SwiGLUEpilogueMatchesReference) {
 // sums are formed in the same order whichever block computes them.
 TEST(GemvCuda, PersistentGridMatchesReferenceAndPerTile) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
-    struct Case {
-        DType dtype;
-        int64_t rows, cols, group;
-        bool interleave;
-    };
-    const Case cases[] = {{DType::F32, 1000, 192, 0, false},   {DType::F16, 255, 2048, 0, false},
+    const GemvCase cases[] = {{DType::F32, 1000, 192, 0, false},   {DType::F16, 255, 2048, 0, false},
                           {DType::F16, 1000, 256, 0, true},    {DType::BF16, 100, 1000, 0, false},
                           {DType::I8, 1000, 2048, 128, true},  {DType::I8, 2048, 6144, 6144, true},
                           {DType::I8, 777, 384, 48, false}};
     uint32_t seed = 900;
-    for (const Case& c : cases) {
+    for (const GemvCase& c : cases) {
         const HostMat m = make_mat(c.dtype, c.rows, c.cols, c.group, seed++);
         check_gemv(m, 0, 0, seed, c.interleave, GemvGrid::Persistent);
         if (HasFatalFailure()) return;
@@ -489,16 +491,11 @@ void check_fused_norm(const HostMat& m, bool interleave, size_t x_offset, uint32
 TEST(GemvCuda, FusedNormMatchesReference) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     uint32_t seed = 1100;
-    struct Case {
-        DType dtype;
-        int64_t rows, cols, group;
-        bool interleave;
-    };
-    const Case cases[] = {{DType::F32, 33, 192, 0, false},  {DType::F16, 100, 256, 0, false},
+    const GemvCase cases[] = {{DType::F32, 33, 192, 0, false},  {DType::F16, 100, 256, 0, false},
                           {DType::F16, 255, 1024, 0, true}, {DType::BF16, 7, 2048, 0, true},
                           {DType::I8, 100, 2048, 128, true}, {DType::I8, 33, 384, 48, false},
                           {DType::F16, 7, 100, 0, false}};
-    for (const Case& c : cases)
+    for (const GemvCase& c : cases)
         for (const GemvGrid grid : {GemvGrid::PerTile, GemvGrid::Persistent}) {
             const HostMat m = make_mat(c.dtype, c.rows, c.cols, c.group, seed++);
             check_fused_norm(m, c.interleave, 0, seed, grid);

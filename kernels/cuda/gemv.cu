@@ -403,14 +403,10 @@ __global__ void interleave_i4_kernel(unsigned char* w, int64_t row_bytes) {
         const unsigned char b = natural[(c / 32) * 16 + c % 16];
         return c % 32 >= 16 ? b >> 4 : b & 15;
     };
-    // Stored column s of a 128-column block holds natural column 16q + 4j + i, s = 32j + 4q + i.
-    auto natural_of = [](int s) {
-        const int blk = s / 128, within = s % 128, j = within / 32, q = (within % 32) / 4, i = within % 4;
-        return blk * 128 + 16 * q + 4 * j + i;
-    };
+    // Stored column s holds natural column natural_col(s, 32) (interleave.h).
     for (int d = int(threadIdx.x); d < n; d += int(blockDim.x)) {
         const int s = (d / 16) * 32 + d % 16;
-        row[d] = (unsigned char)(code(natural_of(s)) | (code(natural_of(s + 16)) << 4));
+        row[d] = (unsigned char)(code(int(natural_col(s, 32))) | (code(int(natural_col(s + 16, 32))) << 4));
     }
 }
 

@@ -55,4 +55,13 @@ __host__ __device__ inline int64_t interleaved_col(int64_t c, int C) {
     return block * (B * C) + j * C + 4 * q + i;
 }
 
+// The inverse: which natural column stored column s holds (stored j*C + 4q + i holds natural
+// 4B*q + 4j + i of its block).
+__host__ __device__ inline int64_t natural_col(int64_t s, int C) {
+    const int B = interleave_block_chunks(C);
+    const int64_t block = s / (B * C), within = s % (B * C);
+    const int64_t j = within / C, q = (within % C) / 4, i = within % 4;
+    return block * (B * C) + 4 * B * q + 4 * j + i;
+}
+
 }  // namespace shardlm

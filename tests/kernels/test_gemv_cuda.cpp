@@ -209,6 +209,7 @@ TEST(GemvCuda, InterleavedColumnOrderIsAPermutationOfEachBlock) {
             hits[size_t(s)]++;
         }
         for (int h : hits) ASSERT_EQ(h, 1) << dtype_name(dt);
+        for (int64_t c = 0; c < 3 * BC; ++c) ASSERT_EQ(natural_col(interleaved_col(c, C), C), c) << dtype_name(dt);
         // Lane j's quad q holds columns 4Bq + 4j ..: the B lanes' q-th float4s of x are contiguous.
         for (int j = 0; j < B; ++j)
             for (int q = 0; q < C / 4; ++q) ASSERT_EQ(interleaved_col(4 * B * q + 4 * j, C), j * C + 4 * q);

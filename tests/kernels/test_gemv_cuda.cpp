@@ -34,6 +34,13 @@ namespace {
 constexpr int64_t kN = kGemvMaxTokens;
 constexpr uint32_t kUntouched = 0xffffffffu;  // a NaN the kernel must never write
 
+// Whether an output the kernel must not write (a token row past n) still holds kUntouched.
+bool untouched(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return bits == kUntouched;
+}
+
 std::string describe(const HostMat& m) {
     std::string s = std::string(dtype_name(m.dtype)) + " " + std::to_string(m.rows) + "x" + std::to_string(m.cols);
     if (m.dtype == DType::I8) s += " group " + std::to_string(m.group);
@@ -118,9 +125,7 @@ void check_gemv(const HostMat& m, size_t w_offset = 0, size_t x_offset = 0, uint
                 for (int64_t r = 0; r < R; ++r) {
                     const size_t i = size_t(t * R + r);
                     if (t >= n) {
-                        uint32_t bits;
-                        std::memcpy(&bits, &got[i], 4);
-                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << r;
+                        ASSERT_TRUE(untouched(got[i])) << "wrote token row " << t << " >= n at output " << r;
                         continue;
                     }
                     const double b = with_bias ? std::fabs(ref.bias[size_t(r)]) * (K + 8) * kU : 0.0;
@@ -278,9 +283,7 @@ void check_swiglu(const HostMat& m, bool interleave, uint32_t seed, GemvGrid gri
                 for (int64_t j = 0; j < H; ++j) {
                     const size_t i = size_t(t * H + j);
                     if (t >= n) {
-                        uint32_t bits;
-                        std::memcpy(&bits, &got[i], 4);
-                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << j;
+                        ASSERT_TRUE(untouched(got[i])) << "wrote token row " << t << " >= n at output " << j;
                         continue;
                     }
                     const size_t gi = size_t(t * R + j), ui = size_t(t * R + H + j);
@@ -473,9 +476,7 @@ void check_fused_norm(const HostMat& m, bool interleave, size_t x_offset, uint32
                 for (int64_t r = 0; r < R; ++r) {
                     const size_t i = size_t(t * R + r);
                     if (t >= n) {
-                        uint32_t bits;
-                        std::memcpy(&bits, &got[i], 4);
-                        ASSERT_EQ(bits, kUntouched) << "wrote token row " << t << " >= n at output " << r;
+                        ASSERT_TRUE(untouched(got[i])) << "wrote token row " << t << " >= n at output " << r;
                         continue;
                     }
                     const double b = with_bias ? bias[size_t(r)] : 0.0;

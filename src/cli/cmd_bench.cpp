@@ -28,7 +28,6 @@
 #ifdef SHARDLM_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_memory.h"
-#include "kernels/cuda/gemv.h"
 #endif
 
 namespace shardlm {
@@ -86,21 +85,6 @@ std::string row_attention(const std::string& attention, bool cuda) {
     (void)cuda;
 #endif
     return attention;
-}
-
-// The decode GEMVs' grid (kernels/cuda/gemv.h, SHARDLM_GEMV_GRID), with "+norm" where they also
-// run the norms and residual adds (GemvFuse: the CUDA engine does so in one-token steps at TP=1
-// with weight-only products unless SHARDLM_FUSED_NORM=0: a row of batch 1).
-std::string device_gemv_grid(int tp, WeightFormat format, int64_t batch) {
-#ifdef SHARDLM_HAVE_CUDA
-    const bool norm = tp == 1 && batch == 1 && !quantizes_acts(format) && gemv_norm_fused_default();
-    return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") + (norm ? "+norm" : "");
-#else
-    (void)tp;
-    (void)format;
-    (void)batch;
-    return "-";
-#endif
 }
 
 size_t device_used_bytes() {
@@ -239,7 +223,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
         j["attention"] = row_attention(backend.attention, cuda);
         j["cuda_graphs"] = cuda && !backend.no_cuda_graph;
         j["pdl"] = cuda && device_pdl();
-        j["gemv_grid"] = cuda ? device_gemv_grid(comm.size(), s->weights.format, j["batch"].get<int64_t>()) : "-";
+        j["gemv_grid"] = e.gemv_kernels(j["batch"].get<int64_t>());  // the one-token steps' GEMVs
         j["gemm_stage"] = cuda && device_gemm_staging();
         j["weights"] = wname;
         j["kv"] = kvname;

@@ -506,7 +506,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // (2026-12-04, Qwen3-1.7B shape, ms/token fused vs norm kernels: FP16 batch 1 1.302 vs 1.357,
     // batch 4 1.839 vs 1.776; INT8 1.056 vs 1.084, 1.745 vs 1.682), where the per-token squares
     // and norm-weight products add to GEMVs that already spend most of their issue slots on FMAs.
-    const bool fuse = fused_norm_ && T == 1;
+    const bool fuse = norm_in_gemv(T);
     const GemvGrid grid = gemv_default_grid();
 
     // Prefill with staging: the first matrix starts dequantizing beside the embedding and the norm.
@@ -753,6 +753,11 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
 
 // Eager, between steps (graphs hold positions as inputs, so none is re-captured), and waited for:
 // a shift is rare (once per half a context) and its failure should name it.
+std::string CudaEngine::gemv_kernels(int64_t tokens) const {
+    return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") +
+           (norm_in_gemv(tokens) ? "+norm" : "");
+}
+
 void CudaEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {
     check_shift(cfg_, opt_, slot, keep, discard, len);
     for (const DeviceKVLayer& kv : kv_) kv_shift_cuda(kv, slot, keep, discard, len, cfg_.head_dim, inv_freq_, stream_);

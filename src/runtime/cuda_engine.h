@@ -92,6 +92,8 @@ public:
     size_t kv_bytes() const override { return kv_bytes_; }
     size_t workspace_bytes() const override { return ws_bytes_; }
     std::string device() const override { return device_name_; }
+    // The GEMV grid (kernels/cuda/gemv.h), "+norm" where the norms run inside the GEMVs.
+    std::string gemv_kernels(int64_t tokens) const override;
     // Step graphs captured so far (one per step shape seen twice); tests and bench report it.
     size_t graphs_captured() const { return graphs_.size(); }
 
@@ -158,6 +160,8 @@ private:
     bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
     bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
     bool fused_norm_ = false;  // EngineOptions::fused_norm, resolved (and only at TP=1, weight-only)
+    // Whether a step of T token rows runs its norms inside the GEMVs (run_step).
+    bool norm_in_gemv(int64_t T) const { return fused_norm_ && T == 1; }
     bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)
     // The matrices of a step in the order the step reads them (per layer q/k/v, o, gate/up, down,
     // fused or not; then lm_head), and each one's place by its data pointer: what prefill staging

@@ -112,6 +112,12 @@ public:
     virtual size_t kv_bytes() const = 0;
     virtual size_t workspace_bytes() const = 0;
     virtual std::string device() const = 0;      // "cpu(avx512)", "cuda:0 NVIDIA H200", ...
+    // The decode GEMVs a step of `tokens` one-token rows runs, for benchmark rows: "-" where the
+    // engine has one kind (the CPU's), else e.g. "persistent+norm" (CudaEngine).
+    virtual std::string gemv_kernels(int64_t tokens) const {
+        (void)tokens;
+        return "-";
+    }
 };
 
 // One rank's ranked candidates of a logits row: its vocabulary slice's first n in the sampler's

@@ -599,8 +599,16 @@ TEST(CudaEngine, FusedNormMatchesSeparateNormKernels) {
             }
             EXPECT_LT(diff, 1e-4f * scale) << what;
             EXPECT_GT(diff, 0.0f) << what << ": the switch changed nothing (is the fused path taken?)";
-            so.fused_norm = 2;
+            // Bench rows name the GEMVs from the engine's own rule (Engine::gemv_kernels): "+norm"
+            // in one-token steps only, and never with the switch off.
             SingleRank comm;
+            for (const int fused : {0, 1}) {
+                so.fused_norm = fused;
+                const std::unique_ptr<Session> s = open_session(so, comm);
+                EXPECT_EQ(s->engine->gemv_kernels(1).find("+norm") != std::string::npos, fused == 1) << what;
+                EXPECT_EQ(s->engine->gemv_kernels(2).find("+norm"), std::string::npos) << what;
+            }
+            so.fused_norm = 2;
             EXPECT_THROW(open_session(so, comm), Error) << what;
         }
 }

@@ -7,7 +7,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libboost-program-options-dev nlohmann-json3-dev libgtest-dev
       libopenmpi-dev openmpi-bin python3 python3-numpy
       libpcre2-dev libicu-dev    # tokenizer: split regexes (PCRE2), Unicode normalization (ICU)
-      libcpp-httplib-dev         # shardlm serve's HTTP server
+      libcpp-httplib-dev openssl # shardlm serve's HTTP(S) server; test_serve makes a certificate
       gnuplot-nox)               # bench/scaling.sh's plot
 
 missing=()

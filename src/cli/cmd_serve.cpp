@@ -1,5 +1,6 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health) over the continuous-batching scheduler (runtime/batcher.h).
+// /v1/models, /health), over HTTPS and behind an API key on request, over the continuous-batching
+// scheduler (runtime/batcher.h).
 //
 // Rank 0 runs the HTTP server: its handler threads parse each request (cli/openai_api.h) and hand
 // it to the engine loop, then wait for its text (streamed as server-sent events with "stream").
@@ -13,7 +14,9 @@
 #include <condition_variable>
 #include <csignal>
 #include <ctime>
+#include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -260,7 +263,7 @@ std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key;
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0;
@@ -271,6 +274,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("host", po::value(&host)->default_value("127.0.0.1"), "address to listen on (0.0.0.0: every interface)")
         ("port", po::value(&port)->default_value(8000), "TCP port (0: any free one; the address is printed on stderr)")
         ("served-model-name", po::value(&name), "the model's name in the API (default: the folder's name)")
+        ("api-key", po::value(&api_key),
+         "answer only requests that send \"Authorization: Bearer KEY\" (/health and /metrics stay open; default: "
+         "$SHARDLM_API_KEY, else no key)")
+        ("ssl-certfile", po::value(&ssl_cert), "serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile")
+        ("ssl-keyfile", po::value(&ssl_key), "the PEM private key of --ssl-certfile (not encrypted)")
         ("batch", po::value(&batch)->default_value(8), "sequences run at once (KV-cache slots); more requests wait")
         ("ctx", po::value(&ctx)->default_value(0),
          "KV positions per sequence, prompt and completion (0: 4096, at most max_position_embeddings)")
@@ -310,6 +318,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
         check_json_whitespace(json_whitespace);
+        if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
+        if (!vm.count("api-key"))
+            if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
+        if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
+        for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
+                                         std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
+            if (!path.empty() && !std::ifstream(path)) fail(flag, ": cannot read ", path);
         check_tp_flag(tp, comm);
         set_threads(threads);
         if (name.empty()) {
@@ -382,7 +397,31 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ~Guard() { f(); }
     } guard{stop_http};
     if (root) {
-        svr = std::make_unique<httplib::Server>();
+        // A write to a client that has gone must fail with EPIPE, not kill the server: OpenSSL
+        // writes TLS records with write(), which raises SIGPIPE.
+        std::signal(SIGPIPE, SIG_IGN);
+        if (ssl_cert.empty()) {
+            svr = std::make_unique<httplib::Server>();
+        } else {
+            auto tls = std::make_unique<httplib::SSLServer>(ssl_cert.c_str(), ssl_key.c_str());
+            if (!tls->is_valid())
+                fail("serve: cannot use the TLS certificate ", ssl_cert, " with the key ", ssl_key,
+                     " (PEM files, the key not encrypted and matching the certificate)");
+            svr = std::move(tls);
+        }
+        // With a key, every route but the probes a load balancer or Prometheus polls asks for it.
+        if (!api_key.empty())
+            svr->set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+                if (req.path == "/health" || req.path == "/metrics" ||
+                    api_key_accepted(req.get_header_value("Authorization"), api_key))
+                    return httplib::Server::HandlerResponse::Unhandled;
+                res.status = 401;
+                res.set_header("WWW-Authenticate", "Bearer");
+                res.set_content(api_error("a valid API key is needed: send the header \"Authorization: Bearer KEY\"", 401)
+                                    .dump(),
+                                "application/json");
+                return httplib::Server::HandlerResponse::Handled;
+            });
         // Each request waits on its own thread while it runs: enough threads for every slot and
         // as many waiting.
         const size_t pool = size_t(2 * batch + 4);
@@ -509,9 +548,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });
-        std::cerr << "shardlm serve: listening on http://" << host << ":" << bound << " (model " << name << ", "
+        std::cerr << "shardlm serve: listening on " << (ssl_cert.empty() ? "http" : "https") << "://" << host << ":" << bound << " (model " << name << ", "
                   << batch << " slots of " << lim.ctx << " positions, " << engine.device() << ", tp " << comm.size()
-                  << ", pid " << ::getpid() << ")" << std::endl;
+                  << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
     }
 
     // The engine loop, on every rank. SIGINT/SIGTERM (mpirun forwards them to every rank) end it

@@ -1,6 +1,7 @@
 #include "cli/openai_api.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -471,8 +472,27 @@ json api_detokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim
 json api_error(const std::string& message, int status) {
     return {{"error",
              {{"message", message},
-              {"type", status == 404 ? "NotFoundError" : "invalid_request_error"},
+              {"type", status == 404 ? "NotFoundError" : status == 401 ? "AuthenticationError" : "invalid_request_error"},
               {"code", status}}}};
+}
+
+bool api_key_accepted(const std::string& authorization, const std::string& key) {
+    const std::string scheme = "bearer ";
+    if (authorization.size() < scheme.size()) return false;
+    for (size_t i = 0; i < scheme.size(); ++i)
+        if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return false;
+    size_t b = scheme.size(), e = authorization.size();
+    while (b < e && authorization[b] == ' ') ++b;
+    while (e > b && authorization[e - 1] == ' ') --e;
+    const size_t n = e - b;
+    unsigned diff = n == key.size() ? 0u : 1u;
+    // Every byte of the longer of the two is looked at, whatever differs first.
+    for (size_t i = 0; i < std::max(n, key.size()); ++i) {
+        const unsigned char got = i < n ? static_cast<unsigned char>(authorization[b + i]) : 0;
+        const unsigned char want = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
+        diff |= unsigned(got ^ want);
+    }
+    return diff == 0;
 }
 
 }  // namespace shardlm

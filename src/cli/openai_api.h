@@ -134,5 +134,9 @@ nlohmann::ordered_json api_tokenize(const nlohmann::ordered_json& body, const To
 nlohmann::ordered_json api_detokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);
 // The error object of a refused request.
 nlohmann::ordered_json api_error(const std::string& message, int status);
+// Whether an HTTP Authorization header value carries `key` as its bearer token ("Bearer KEY", the
+// scheme in any case, as OpenAI's clients send it). The token is compared in time independent of
+// where it differs, so that response times do not give the key away byte by byte.
+bool api_key_accepted(const std::string& authorization, const std::string& key);
 
 }  // namespace shardlm

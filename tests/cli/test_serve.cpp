@@ -42,8 +42,8 @@ public:
         while (port_ == 0 && std::chrono::steady_clock::now() < until) {
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             const std::string err = read_all();
-            const std::string tag = "listening on http://127.0.0.1:";
-            const size_t at = err.find(tag);
+            const std::string tag = "://127.0.0.1:";  // http or https
+            const size_t at = err.find(tag, err.find("listening on "));
             if (at != std::string::npos && err.find(' ', at + tag.size()) != std::string::npos)
                 port_ = std::stoi(err.substr(at + tag.size()));
             int status = 0;
@@ -697,6 +697,89 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_EQ(bad.status, 400);
     EXPECT_NE(bad.raw.find("alternate user and assistant"), std::string::npos) << bad.raw;
     EXPECT_EQ(srv.stop(), 0);
+}
+
+// HTTPS with an API key: a self-signed certificate made here (openssl); every route but /health
+// and /metrics answers 401 without the key or with a wrong one, and serves with it.
+TEST_F(Serve, HttpsWithAnApiKey) {
+    // A TLS write to a connection the peer has closed raises SIGPIPE (OpenSSL writes with write()).
+    ::signal(SIGPIPE, SIG_IGN);
+    const std::string cert = logs_.file("cert.pem"), key = logs_.file("key.pem");
+    const CommandResult mk = run_command("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -keyout " +
+                                         key + " -out " + cert);
+    ASSERT_EQ(mk.exit_code, 0) << mk.err;
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --api-key s3cret --ssl-certfile " +
+                   cert + " --ssl-keyfile " + key,
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    EXPECT_NE(srv.read_all().find("listening on https://"), std::string::npos) << srv.read_all();
+    httplib::SSLClient c("127.0.0.1", srv.port());
+    c.enable_server_certificate_verification(false);  // self-signed
+    c.set_read_timeout(120, 0);
+    const std::string body = json{{"prompt", "And God said"}, {"max_tokens", 3}, {"temperature", 0}}.dump();
+    for (const char* auth : {"", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"}) {
+        httplib::Headers h;
+        if (*auth) h.emplace("Authorization", auth);
+        const auto r = c.Post("/v1/completions", h, body, "application/json");
+        ASSERT_TRUE(r) << auth << ": " << httplib::to_string(r.error());
+        EXPECT_EQ(r->status, 401) << auth;
+        EXPECT_EQ(json::parse(r->body)["error"]["code"], 401) << r->body;
+        const auto m = c.Get("/v1/models", h);
+        ASSERT_TRUE(m);
+        EXPECT_EQ(m->status, 401) << auth;
+    }
+    for (const char* open_path : {"/health", "/metrics"}) {
+        const auto r = c.Get(open_path);
+        ASSERT_TRUE(r) << open_path;
+        EXPECT_EQ(r->status, 200) << open_path;
+    }
+    for (const char* auth : {"Bearer s3cret", "bearer  s3cret "}) {
+        const auto r = c.Post("/v1/completions", {{"Authorization", auth}}, body, "application/json");
+        ASSERT_TRUE(r) << auth;
+        ASSERT_EQ(r->status, 200) << auth << ": " << r->body;
+        EXPECT_EQ(json::parse(r->body)["choices"][0]["text"],
+                  generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens 3"));
+    }
+    // A streamed request whose client leaves after its first event: the server goes on serving.
+    size_t events = 0;
+    const json streamed = {{"prompt", "And God said"}, {"max_tokens", 40}, {"stream", true}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = {{"Authorization", "Bearer s3cret"}, {"Content-Type", "application/json"}};
+    req.body = streamed.dump();
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++events < 2; };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    c.send(req, res, err);
+    EXPECT_GE(events, 1u);
+    const auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    // Plain HTTP to the HTTPS port gets no answer.
+    httplib::Client plain("127.0.0.1", srv.port());
+    plain.set_read_timeout(5, 0);
+    const auto r = plain.Get("/health");
+    EXPECT_TRUE(!r || r->status != 200);
+    EXPECT_EQ(srv.stop(), 0);
+}
+
+// The TLS and key flags' bad values: one line naming the flag or file, before the model loads.
+TEST_F(Serve, BadTlsAndKeyFlagsAreRefused) {
+    const std::string base = SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
+    const std::string missing = logs_.file("nope.pem"), junk = logs_.file("junk.pem");
+    write_file(junk, "not a certificate\n");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--api-key ''", "--api-key must not be empty"},
+        {"--ssl-certfile " + junk, "--ssl-certfile and --ssl-keyfile go together"},
+        {"--ssl-certfile " + missing + " --ssl-keyfile " + junk, "--ssl-certfile: cannot read " + missing},
+        {"--ssl-certfile " + junk + " --ssl-keyfile " + junk, "cannot use the TLS certificate " + junk},
+    };
+    for (const auto& [flags, want] : cases) {
+        const CommandResult r = run_command(base + flags);
+        EXPECT_NE(r.exit_code, 0) << flags;
+        EXPECT_NE(r.err.find(want), std::string::npos) << flags << ": " << r.err;
+    }
 }
 
 // A step that fails (the test hook makes the engine throw) ends the server with the error on

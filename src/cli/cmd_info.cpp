@@ -10,8 +10,12 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/shard.h"
+#include "runtime/cpu_engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/session.h"
+#ifdef SHARDLM_HAVE_CUDA
+#include "runtime/cuda_engine.h"
+#endif
 
 namespace shardlm {
 
@@ -19,6 +23,11 @@ namespace {
 std::string gib(double bytes) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(3) << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+    return os.str();
+}
+std::string mib(double bytes) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0) << " MiB";
     return os.str();
 }
 }  // namespace
@@ -66,10 +75,16 @@ int cmd_info(const Args& args) {
     std::cout << "kv cache / token  fp32 " << kv_tok * 4 / 1024 << " KiB, fp16 " << kv_tok * 2 / 1024 << " KiB\n";
     // The memory plan of each rank: its weights in 16 bits, in INT8 (one f32 scale per output
     // row) and in INT4, and the KV cache preallocated for --batch sequences of --ctx positions.
-    const EngineOptions eo = engine_options(so);
+    EngineOptions eo = engine_options(so);
+    eo.max_logit_rows = eo.max_batch;  // generate's: a row per sequence
     const int64_t capacity = kv_capacity(c, eo);
     std::cout << "\nmemory plan per rank: batch " << batch << " x ctx " << ctx << ", KV " << kv_name(kv_type)
-              << " (workspace comes on top: a few activation rows per token of a step)\n";
+              << "; the step workspace holds " << eo.max_step_tokens << " token rows (--prefill-chunk "
+              << so.prefill_chunk << ") and " << eo.max_logit_rows << " logits row(s), weight-only products"
+#ifdef SHARDLM_HAVE_CUDA
+              << " (the CUDA engine adds cuBLAS's prefill scratch)"
+#endif
+              << "\n";
     if (capacity < ctx)
         std::cout << "  (every layer slides over a window of " << c.sliding_window << ": the cache is a ring of "
                   << capacity << " positions per sequence at --prefill-chunk " << so.prefill_chunk << ")\n";
@@ -91,7 +106,14 @@ int cmd_info(const Args& args) {
                   << gib(double(n - layer_params) + double(untied_embed) + 4.0 * double(p.n_vocab) +
                          double(layer_params) * (0.5 + 8.0 / double(kInt4DefaultGroup)))
                   << " int4/w4a8; KV cache "
-                  << gib(double(kv_cache_bytes(ks))) << "\n";
+                  << gib(double(kv_cache_bytes(ks))) << "; workspace " << mib(double(cpu_workspace_bytes(c, p, eo, false)))
+                  << " cpu";
+#ifdef SHARDLM_HAVE_CUDA
+        DeviceArena sizing;
+        take_step_buffers(sizing, c, p, eo, false);
+        std::cout << ", " << mib(double(sizing.used())) << " cuda";
+#endif
+        std::cout << "\n";
     }
     return 0;
 }

@@ -93,6 +93,19 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     } catch (const std::length_error&) {
         throw WorkspaceAllocError(opt.max_step_tokens, asking);
     }
+    SHARDLM_CHECK(ws_bytes_ == cpu_workspace_bytes(cfg, p, opt_, quantizes_acts(w.format)),
+                  "CpuEngine: the workspace (", ws_bytes_, " bytes) is not what cpu_workspace_bytes plans");
+}
+
+size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts) {
+    const size_t T = size_t(opt.max_step_tokens), L = size_t(opt.max_logit_rows > 0 ? opt.max_logit_rows : opt.max_batch);
+    const size_t q_dim = size_t(p.n_q_heads * c.head_dim), kv_dim = size_t(p.n_kv_heads * c.head_dim);
+    const size_t hidden = size_t(c.hidden), inter = size_t(p.n_inter), vpr = size_t(p.vocab_per_rank);
+    // x h o, q attn, k v, gate up: f32 rows of the step; positions; last hidden rows and logits.
+    size_t b = T * (3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter) * sizeof(float) + T * sizeof(int64_t);
+    b += L * hidden * sizeof(float) + L * vpr * (1 + size_t(p.tp)) * sizeof(float);
+    if (int8_acts) b += T * size_t(std::max({c.hidden, p.n_q_heads * c.head_dim, p.n_inter})) * (1 + sizeof(float));
+    return b;
 }
 
 void CpuEngine::shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) {

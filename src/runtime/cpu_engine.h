@@ -26,6 +26,11 @@ struct WorkspaceAllocError : std::bad_alloc {
     size_t bytes;  // the one buffer refused (or SIZE_MAX when its size overflows)
 };
 
+// The step workspace's bytes of a rank's CpuEngine with these options (opt.max_logit_rows 0:
+// max_batch), known before any engine exists (`shardlm info`); the engine checks its buffers
+// against it.
+size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts);
+
 class CpuEngine final : public Engine {
 public:
     // Throws WorkspaceAllocError when the step workspace is refused (KVCacheAllocError for the cache).

@@ -118,6 +118,54 @@ bool same_acts(const CudaLinear& b, const CudaLinear& a) {
 
 }  // namespace
 
+CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt,
+                                  bool int8_acts) {
+    SHARDLM_CHECK(opt.max_step_tokens > 0 && opt.max_logit_rows > 0 && opt.max_batch > 0);
+    const int64_t hd = c.head_dim, q_dim = p.n_q_heads * hd, kv_dim = p.n_kv_heads * hd;
+    auto floats = [&](size_t n) { return a.take_n<float>(n); };
+    CudaStepBuffers b;
+    const size_t T = size_t(opt.max_step_tokens), L = size_t(opt.max_logit_rows);
+    b.x = floats(T * size_t(c.hidden));
+    b.h = floats(T * size_t(c.hidden));
+    b.q = floats(T * size_t(q_dim));
+    b.k = floats(T * size_t(kv_dim));
+    b.v = floats(T * size_t(kv_dim));
+    b.attn = floats(T * size_t(q_dim));
+    b.delta = floats(T * size_t(c.hidden));
+    b.gate = floats(T * size_t(p.n_inter));
+    b.up = floats(T * size_t(p.n_inter));
+    b.qkv = floats(T * size_t(q_dim + 2 * kv_dim));
+    b.gate_up = floats(T * size_t(2 * p.n_inter));
+    b.last = floats(L * size_t(c.hidden));
+    if (int8_acts) {  // W8A8/W4A8: a layer input quantized per token (and group): int8 values, f32 scales
+        const size_t widest = size_t(std::max({c.hidden, q_dim, p.n_inter}));
+        b.act_q = static_cast<int8_t*>(a.take(T * widest));
+        b.act_scales = floats(T * widest);  // at most one scale per element
+    }
+    b.local = floats(L * size_t(std::max<int64_t>(p.n_vocab, 1)));
+    if (p.tp > 1) {
+        b.padded = floats(L * size_t(p.vocab_per_rank));
+        b.gathered = floats(size_t(p.tp) * L * size_t(p.vocab_per_rank));
+    }
+    // Candidates of forward_top: [vals | ids] halves of [max_logit_rows, kMaxTopCandidates] each,
+    // per rank, and the selection's scratch.
+    const size_t top_bytes = 2 * L * size_t(kMaxTopCandidates) * sizeof(float);
+    b.top = a.take(top_bytes);
+    if (p.tp > 1) b.top_gathered = a.take(size_t(p.tp) * top_bytes);
+    b.mass = static_cast<uint64_t*>(a.take(L * sizeof(uint64_t)));
+    if (p.tp > 1) {
+        b.mass_gathered = static_cast<uint64_t*>(a.take(size_t(p.tp) * L * sizeof(uint64_t)));
+        b.row_max = floats(L);
+    }
+    const size_t penalty_count = L * size_t(opt.max_penalties);
+    if (penalty_count > 0) b.penalties = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
+    b.topk_scratch = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(p.n_vocab, 1), kMaxTopCandidates));
+    b.attn_scratch = a.take(attention_scratch_bytes(opt.max_batch, p.n_q_heads, hd, kv_capacity(c, opt)));
+    b.meta_bytes = (3 * T + L) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
+    b.meta = static_cast<int32_t*>(a.take(b.meta_bytes));
+    return b;
+}
+
 CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, cudaStream_t stream,
                        std::function<void()> wait, const EngineOptions& opt)
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
@@ -202,7 +250,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
         int8_gemm_ = std::make_unique<CublasInt8Gemm>(stream_, opt.max_step_tokens, int8_rows);
         ws_bytes_ += int8_gemm_->scratch_bytes();
     }
-    meta_host_ = PinnedBuffer(meta_bytes_);
+    meta_host_ = PinnedBuffer(b_.meta_bytes);
     const int64_t L = opt_.max_logit_rows;
     logits_host_ = PinnedBuffer(size_t(plan_.tp * L * plan_.vocab_per_rank) * sizeof(float));
     top_host_ = PinnedBuffer(size_t(plan_.tp) * 2 * size_t(L * kMaxTopCandidates) * sizeof(float));
@@ -226,7 +274,7 @@ CudaEngine::~CudaEngine() {
 
 void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
     const ModelConfig& c = cfg_;
-    const int64_t hd = c.head_dim, q_dim = plan_.n_q_heads * hd, kv_dim = plan_.n_kv_heads * hd;
+    const int64_t hd = c.head_dim;
     size_t mark = a.used();
     auto floats = [&](size_t n) { return a.take_n<float>(n); };
     auto matrix = [&](const WeightView& v) {
@@ -308,45 +356,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
 
     // Workspace.
     mark = a.used();
-    const size_t T = size_t(opt_.max_step_tokens), L = size_t(opt_.max_logit_rows);
-    x_ = floats(T * size_t(c.hidden));
-    h_ = floats(T * size_t(c.hidden));
-    q_ = floats(T * size_t(q_dim));
-    k_ = floats(T * size_t(kv_dim));
-    v_ = floats(T * size_t(kv_dim));
-    attn_ = floats(T * size_t(q_dim));
-    delta_ = floats(T * size_t(c.hidden));
-    gate_ = floats(T * size_t(plan_.n_inter));
-    up_ = floats(T * size_t(plan_.n_inter));
-    qkv_ = floats(T * size_t(q_dim + 2 * kv_dim));
-    gate_up_ = floats(T * size_t(2 * plan_.n_inter));
-    last_ = floats(L * size_t(c.hidden));
-    if (int8_acts_) {  // W8A8/W4A8: a layer input quantized per token (and group): int8 values, f32 scales
-        const size_t widest = size_t(std::max({c.hidden, q_dim, plan_.n_inter}));
-        act_q_ = static_cast<int8_t*>(a.take(T * widest));
-        act_scales_ = floats(T * widest);  // at most one scale per element
-    }
-    local_ = floats(L * size_t(std::max<int64_t>(plan_.n_vocab, 1)));
-    if (plan_.tp > 1) {
-        padded_ = floats(L * size_t(plan_.vocab_per_rank));
-        gathered_ = floats(size_t(plan_.tp) * L * size_t(plan_.vocab_per_rank));
-    }
-    // Candidates of forward_top: [vals | ids] halves of [max_logit_rows, kMaxTopCandidates] each,
-    // per rank, and the selection's scratch.
-    const size_t top_bytes = 2 * L * size_t(kMaxTopCandidates) * sizeof(float);
-    top_ = a.take(top_bytes);
-    if (plan_.tp > 1) top_gathered_ = a.take(size_t(plan_.tp) * top_bytes);
-    mass_ = static_cast<uint64_t*>(a.take(L * sizeof(uint64_t)));
-    if (plan_.tp > 1) {
-        mass_gathered_ = static_cast<uint64_t*>(a.take(size_t(plan_.tp) * L * sizeof(uint64_t)));
-        row_max_ = floats(L);
-    }
-    const size_t penalty_count = L * size_t(opt_.max_penalties);
-    if (penalty_count > 0) penalties_ = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
-    topk_scratch_ = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(plan_.n_vocab, 1), kMaxTopCandidates));
-    attn_scratch_ = a.take(attention_scratch_bytes(opt_.max_batch, plan_.n_q_heads, hd, kv_capacity(cfg_, opt_)));
-    meta_bytes_ = (3 * T + L) * sizeof(int32_t) + size_t(opt_.max_batch) * sizeof(AttnChunk);
-    meta_ = static_cast<int32_t*>(a.take(meta_bytes_));
+    b_ = take_step_buffers(a, cfg_, plan_, opt_, int8_acts_);
     ws_bytes_ += a.used() - mark;
 }
 
@@ -421,8 +431,8 @@ void CudaEngine::upload(const ModelWeights& w) {
     gemv_interleave_cuda(lm_head_, stream_);
     if (tied) embed_.interleaved = lm_head_.interleaved;
     // The padding columns of the all-gather parts stay zero for the whole session.
-    if (padded_)
-        CUDA_CHECK(cudaMemsetAsync(padded_, 0, size_t(opt_.max_logit_rows * plan_.vocab_per_rank) * sizeof(float), stream_));
+    if (b_.padded)
+        CUDA_CHECK(cudaMemsetAsync(b_.padded, 0, size_t(opt_.max_logit_rows * plan_.vocab_per_rank) * sizeof(float), stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -434,10 +444,10 @@ void CudaEngine::collective(std::function<void()> op) {
 bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
     const ModelConfig& c = cfg_;
     if (int8_product(next.w) && act_group(next.w) == c.hidden) {
-        add_rmsnorm_quantize_cuda(x_, delta, w, h_, T, c.hidden, c.rms_eps, act_q_, act_scales_, stream_);
+        add_rmsnorm_quantize_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, b_.act_q, b_.act_scales, stream_);
         return true;
     }
-    add_rmsnorm_cuda(x_, delta, w, h_, T, c.hidden, c.rms_eps, stream_);
+    add_rmsnorm_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, stream_);
     return false;
 }
 
@@ -459,8 +469,8 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
     if (int8_acts && int8_product(l.w)) {
         // W8A8/W4A8: the input quantized per token or group, then INT32 dot products.
         const int64_t cols = l.w.cols, g = act_group(l.w);
-        if (!acts_ready) quantize_acts_cuda(x, T, cols, g, act_q_, act_scales_, stream_);
-        const DeviceActs a{act_q_, act_scales_, T, cols, g};
+        if (!acts_ready) quantize_acts_cuda(x, T, cols, g, b_.act_q, b_.act_scales, stream_);
+        const DeviceActs a{b_.act_q, b_.act_scales, T, cols, g};
         if (T > kGemvMaxTokens && l.w.dtype == DType::I4) {
             // W4A8 prefill on FP16 tensor cores (w4a8.h): the activations as quantized, dequantized.
             dequantize_acts_half_cuda(a, gemm_->input_for(l.w), stream_);
@@ -493,15 +503,15 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim, nh = plan_.n_q_heads, nkv = plan_.n_kv_heads;
     const int64_t Tm = opt_.max_step_tokens;
-    const int32_t* ids = meta_;
-    const int32_t* pos = meta_ + Tm;
-    const int32_t* slot = meta_ + 2 * Tm;
-    const int32_t* logit_rows = meta_ + 3 * Tm;
-    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(meta_ + 3 * Tm + opt_.max_logit_rows);
+    const int32_t* ids = b_.meta;
+    const int32_t* pos = b_.meta + Tm;
+    const int32_t* slot = b_.meta + 2 * Tm;
+    const int32_t* logit_rows = b_.meta + 3 * Tm;
+    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 3 * Tm + opt_.max_logit_rows);
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
     // One-token decode steps at TP=1 with weight-only products: the norms run inside the next GEMV
-    // and o_proj and down_proj add into the residual stream x_ themselves (GemvFuse): no kernel
+    // and o_proj and down_proj add into the residual stream b_.x themselves (GemvFuse): no kernel
     // between two GEMVs. Only at one token: the H200 timed batch 1 faster and batch 4 slower
     // (2026-12-04, Qwen3-1.7B shape, ms/token fused vs norm kernels: FP16 batch 1 1.302 vs 1.357,
     // batch 4 1.839 vs 1.776; INT8 1.056 vs 1.084, 1.745 vs 1.682), where the per-token squares
@@ -513,44 +523,44 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     if (staging_ && T > kGemvMaxTokens && !read_order_.empty() && read_order_[0] != &lm_head_)
         gemm_->stage(*read_order_[0]);
     // Vocab-parallel embedding: each rank fills the rows it holds, the all-reduce the rest.
-    embedding_cuda(embed_, ids, T, plan_.vocab0, x_, s);
-    if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(x_, act, DType::F32); });
+    embedding_cuda(embed_, ids, T, plan_.vocab0, b_.x, s);
+    if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.x, act, DType::F32); });
     for (size_t l = 0; l < layers_.size(); ++l) {
         const CudaLayer& L = layers_[l];
         // The previous layer's MLP output joins the residual stream here, fused with the norm, which
         // writes the projections' 16-bit input itself where they run on cuBLAS.
-        const float* d = l == 0 ? nullptr : delta_;
+        const float* d = l == 0 ? nullptr : b_.delta;
         bool qkv_half = false, qkv_ready = false;
         if (!fuse) {
             const HalfInput qkv_in =
                 L.qkv.w.data ? shared_half_input({&L.qkv}, T) : shared_half_input({&L.q, &L.k, &L.v}, T);
-            qkv_half = qkv_in.data && add_rmsnorm_half_cuda(x_, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
+            qkv_half = qkv_in.data && add_rmsnorm_half_cuda(b_.x, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
             qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T);
         }
-        const float* qkv_x = qkv_half ? nullptr : h_;
+        const float* qkv_x = qkv_half ? nullptr : b_.h;
         const GemvFuse in_norm{L.input_norm, c.rms_eps, false};
         auto qkv_proj = [&](const CudaLinear& lin, float* y, bool ready) {
-            if (fuse) gemv_cuda(lin.w, x_, T, lin.bias, y, in_norm, s, grid);
+            if (fuse) gemv_cuda(lin.w, b_.x, T, lin.bias, y, in_norm, s, grid);
             else linear(lin, qkv_x, T, y, true, ready);
         };
         RopeKVParams rp;
         if (L.qkv.w.data) {
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
-            qkv_proj(L.qkv, qkv_, qkv_ready);
-            rp.q = qkv_;
-            rp.k = qkv_ + q_dim;
-            rp.v = qkv_ + q_dim + kv_dim;
+            qkv_proj(L.qkv, b_.qkv, qkv_ready);
+            rp.q = b_.qkv;
+            rp.k = b_.qkv + q_dim;
+            rp.v = b_.qkv + q_dim + kv_dim;
             rp.row_stride = q_dim + 2 * kv_dim;
-            rp.q_out = q_;
+            rp.q_out = b_.q;
         } else {
             // q, k and v share one quantized input when they share its grouping (else each quantizes).
-            qkv_proj(L.q, q_, qkv_ready);
-            qkv_proj(L.k, k_, qkv_ready && same_acts(L.k, L.q));
-            qkv_proj(L.v, v_, qkv_ready && same_acts(L.v, L.q));
-            rp.q = q_;
-            rp.k = k_;
-            rp.v = v_;
+            qkv_proj(L.q, b_.q, qkv_ready);
+            qkv_proj(L.k, b_.k, qkv_ready && same_acts(L.k, L.q));
+            qkv_proj(L.v, b_.v, qkv_ready && same_acts(L.v, L.q));
+            rp.q = b_.q;
+            rp.k = b_.k;
+            rp.v = b_.v;
         }
         rp.T = T;
         rp.n_heads = nh;
@@ -567,8 +577,8 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         const bool fused_rope = max_n == 1 && opt_.attention != AttentionImpl::Naive && fused_rope_;
         if (!fused_rope) rope_kv_cuda(rp, s);
         AttentionCuda a;
-        a.q = q_;
-        a.out = attn_;
+        a.q = b_.q;
+        a.out = b_.attn;
         a.chunks = chunks;
         a.n_chunks = n_chunks;
         a.max_chunk_n = max_n;
@@ -578,62 +588,62 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.scale = 1.0f / std::sqrt(float(hd));
         a.window = layer_window(c, int64_t(l));
         a.kv = kv_[l];
-        a.scratch = attn_scratch_;
+        a.scratch = b_.attn_scratch;
         a.rope = fused_rope ? &rp : nullptr;
         attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         if (fuse) {
-            gemv_cuda(L.o.w, attn_, T, L.o.bias, x_, GemvFuse{nullptr, 0.0f, true}, s, grid);
+            gemv_cuda(L.o.w, b_.attn, T, L.o.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
             const GemvFuse post_norm{L.post_attn_norm, c.rms_eps, false};
             if (L.gate_up.w.data) {
-                if (!gemv_swiglu_cuda(L.gate_up.w, x_, T, L.gate_up.bias, gate_, post_norm, s, grid)) {
-                    gemv_cuda(L.gate_up.w, x_, T, L.gate_up.bias, gate_up_, post_norm, s, grid);
-                    silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+                if (!gemv_swiglu_cuda(L.gate_up.w, b_.x, T, L.gate_up.bias, b_.gate, post_norm, s, grid)) {
+                    gemv_cuda(L.gate_up.w, b_.x, T, L.gate_up.bias, b_.gate_up, post_norm, s, grid);
+                    silu_mul_rows_cuda(b_.gate_up, T, plan_.n_inter, b_.gate, s);
                 }
             } else {
-                gemv_cuda(L.gate.w, x_, T, L.gate.bias, gate_, post_norm, s, grid);
-                gemv_cuda(L.up.w, x_, T, L.up.bias, up_, post_norm, s, grid);
-                silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
+                gemv_cuda(L.gate.w, b_.x, T, L.gate.bias, b_.gate, post_norm, s, grid);
+                gemv_cuda(L.up.w, b_.x, T, L.up.bias, b_.up, post_norm, s, grid);
+                silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);
             }
-            gemv_cuda(L.down.w, gate_, T, L.down.bias, x_, GemvFuse{nullptr, 0.0f, true}, s, grid);
+            gemv_cuda(L.down.w, b_.gate, T, L.down.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
             continue;
         }
-        linear(L.o, attn_, T, delta_);
-        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel o_proj
+        linear(L.o, b_.attn, T, b_.delta);
+        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel o_proj
         const HalfInput mlp_in =
             L.gate_up.w.data ? shared_half_input({&L.gate_up}, T) : shared_half_input({&L.gate, &L.up}, T);
         const bool mlp_half =
-            mlp_in.data && add_rmsnorm_half_cuda(x_, delta_, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
-        const float* mlp_x = mlp_half ? nullptr : h_;
-        const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, delta_, L.post_attn_norm, T);
+            mlp_in.data && add_rmsnorm_half_cuda(b_.x, b_.delta, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
+        const float* mlp_x = mlp_half ? nullptr : b_.h;
+        const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, b_.delta, L.post_attn_norm, T);
         bool down_ready = false;
-        const float* down_x = gate_;
+        const float* down_x = b_.gate;
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) &&
-                               gemv_swiglu_cuda(L.gate_up.w, h_, T, L.gate_up.bias, gate_, s);
+                               gemv_swiglu_cuda(L.gate_up.w, b_.h, T, L.gate_up.bias, b_.gate, s);
             if (!fused) {
-                linear(L.gate_up, mlp_x, T, gate_up_, true, mlp_ready);
+                linear(L.gate_up, mlp_x, T, b_.gate_up, true, mlp_ready);
                 // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;
                 // before a cuBLAS product it writes the product's 16-bit input.
                 down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter;
                 const HalfInput down_in = down_ready ? HalfInput{} : shared_half_input({&L.down}, T);
-                if (down_ready) silu_mul_rows_quantize_cuda(gate_up_, T, plan_.n_inter, gate_, act_q_, act_scales_, s);
-                else if (down_in.data && silu_mul_rows_half_cuda(gate_up_, T, plan_.n_inter, down_in, s)) down_x = nullptr;
-                else silu_mul_rows_cuda(gate_up_, T, plan_.n_inter, gate_, s);
+                if (down_ready) silu_mul_rows_quantize_cuda(b_.gate_up, T, plan_.n_inter, b_.gate, b_.act_q, b_.act_scales, s);
+                else if (down_in.data && silu_mul_rows_half_cuda(b_.gate_up, T, plan_.n_inter, down_in, s)) down_x = nullptr;
+                else silu_mul_rows_cuda(b_.gate_up, T, plan_.n_inter, b_.gate, s);
             }
         } else {
-            linear(L.gate, mlp_x, T, gate_, true, mlp_ready);
-            linear(L.up, mlp_x, T, up_, true, mlp_ready && same_acts(L.up, L.gate));
-            silu_mul_cuda(gate_, up_, gate_, T * plan_.n_inter, s);
+            linear(L.gate, mlp_x, T, b_.gate, true, mlp_ready);
+            linear(L.up, mlp_x, T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
+            silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);
         }
-        linear(L.down, down_x, T, delta_, true, down_ready);
-        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(delta_, act, DType::F32); });  // row-parallel down_proj
+        linear(L.down, down_x, T, b_.delta, true, down_ready);
+        if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
-    rmsnorm_rows_cuda(x_, layers_.empty() || fuse ? nullptr : delta_, logit_rows, n_logits, final_norm_, last_, c.hidden,
+    rmsnorm_rows_cuda(b_.x, layers_.empty() || fuse ? nullptr : b_.delta, logit_rows, n_logits, final_norm_, b_.last, c.hidden,
                       c.rms_eps, s);
     // (lm_head stays W8A16 under w8a8 and w4a8, as on the CPU.)
-    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, last_, n_logits, local_, false);
+    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, b_.last, n_logits, b_.local, false);
     // Under tensor parallelism each rank now holds its vocabulary slice's logits; forward() gathers
     // them, forward_top() only each slice's candidates.
 }
@@ -696,10 +706,10 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
         }
     }
     if (it != graphs_.end()) {
-        CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(b_.meta, meta_host_.get(), b_.meta_bytes, cudaMemcpyHostToDevice, stream_));
         it->second->replay(stream_);
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_.get(), meta_bytes_, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(b_.meta, meta_host_.get(), b_.meta_bytes, cudaMemcpyHostToDevice, stream_));
         run_step(T, B, max_n, n);
     }
     // Token penalties on this rank's slice of the logits, eagerly after the step (never captured:
@@ -707,9 +717,9 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
     const std::vector<PenaltyEntry> pen = step_penalties(chunks);
     if (!pen.empty() && plan_.n_vocab > 0) {
         std::memcpy(penalty_host_.get(), pen.data(), pen.size() * sizeof(PenaltyEntry));
-        CUDA_CHECK(cudaMemcpyAsync(penalties_, penalty_host_.get(), pen.size() * sizeof(PenaltyEntry),
+        CUDA_CHECK(cudaMemcpyAsync(b_.penalties, penalty_host_.get(), pen.size() * sizeof(PenaltyEntry),
                                    cudaMemcpyHostToDevice, stream_));
-        apply_penalties_cuda(local_, plan_.n_vocab, int32_t(plan_.vocab0), penalties_, int64_t(pen.size()), stream_);
+        apply_penalties_cuda(b_.local, plan_.n_vocab, int32_t(plan_.vocab0), b_.penalties, int64_t(pen.size()), stream_);
     }
     return n;
 }
@@ -727,14 +737,14 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     const int64_t vpr = plan_.vocab_per_rank;
     float* host = logits_host_.as<float>();
     if (tp == 1) {
-        CUDA_CHECK(cudaMemcpyAsync(host, local_, size_t(n * c.vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(host, b_.local, size_t(n * c.vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     } else {
         // Vocab-parallel lm_head: slices padded to vocab_per_rank so the all-gather parts are equal.
         if (plan_.n_vocab > 0)
-            CUDA_CHECK(cudaMemcpy2DAsync(padded_, size_t(vpr) * sizeof(float), local_, size_t(plan_.n_vocab) * sizeof(float),
+            CUDA_CHECK(cudaMemcpy2DAsync(b_.padded, size_t(vpr) * sizeof(float), b_.local, size_t(plan_.n_vocab) * sizeof(float),
                                          size_t(plan_.n_vocab) * sizeof(float), size_t(n), cudaMemcpyDeviceToDevice, stream_));
-        comm_.all_gather(padded_, size_t(n * vpr) * sizeof(float), gathered_);
-        CUDA_CHECK(cudaMemcpyAsync(host, gathered_, size_t(tp * n * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        comm_.all_gather(b_.padded, size_t(n * vpr) * sizeof(float), b_.gathered);
+        CUDA_CHECK(cudaMemcpyAsync(host, b_.gathered, size_t(tp * n * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     wait();
     if (tp == 1) {
@@ -805,20 +815,20 @@ bool CudaEngine::forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k,
 
 void CudaEngine::nucleus_row(int64_t row, float* logits) {
     SHARDLM_CHECK(row >= 0 && row < opt_.max_logit_rows, "nucleus_row: row ", row);
-    // The step's logits stay in local_ until the next step is launched (forward_nucleus waited).
+    // The step's logits stay in b_.local until the next step is launched (forward_nucleus waited).
     // Under tensor parallelism every rank asks for the same rows (their samplers see the same
     // candidates), so the row's slices are gathered as forward() gathers whole steps.
     const int64_t vpr = plan_.vocab_per_rank, nv = plan_.n_vocab;
     if (plan_.tp == 1) {
-        CUDA_CHECK(cudaMemcpy(logits, local_ + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(logits, b_.local + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToHost));
         return;
     }
     if (nv > 0)
-        CUDA_CHECK(cudaMemcpyAsync(padded_, local_ + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToDevice,
+        CUDA_CHECK(cudaMemcpyAsync(b_.padded, b_.local + row * nv, size_t(nv) * sizeof(float), cudaMemcpyDeviceToDevice,
                                    stream_));
-    comm_.all_gather(padded_, size_t(vpr) * sizeof(float), gathered_);
+    comm_.all_gather(b_.padded, size_t(vpr) * sizeof(float), b_.gathered);
     float* host = logits_host_.as<float>();
-    CUDA_CHECK(cudaMemcpyAsync(host, gathered_, size_t(plan_.tp * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(host, b_.gathered, size_t(plan_.tp * vpr) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     wait();
     for (int rk = 0; rk < plan_.tp; ++rk) {
         const int64_t v0 = rk * vpr, n = std::min(vpr, cfg_.vocab - v0);
@@ -833,23 +843,23 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
     const int64_t n = launch(chunks);
     if (n == 0) return wait();
     // Each rank ranks its own vocabulary slice: its first min(k, slice) candidates per row, packed
-    // [n][kr] into the vals and ids halves of top_ (ids already global). The global first k are
+    // [n][kr] into the vals and ids halves of b_.top (ids already global). The global first k are
     // among the union of the slices' first k, so merging those gives exactly the full ranking's.
     const int tp = plan_.tp;
     auto slice = [&](int rk) { return std::clamp<int64_t>(c.vocab - rk * plan_.vocab_per_rank, 0, plan_.vocab_per_rank); };
     const int64_t kr = std::min(k, plan_.n_vocab);
     const size_t part = size_t(opt_.max_logit_rows * kMaxTopCandidates);  // elements of one half
-    float* dv = reinterpret_cast<float*>(top_);
-    int32_t* di = reinterpret_cast<int32_t*>(top_) + part;
+    float* dv = reinterpret_cast<float*>(b_.top);
+    int32_t* di = reinterpret_cast<int32_t*>(b_.top) + part;
     if (kr == 1)
-        argmax_rows_cuda(local_, n, plan_.n_vocab, int32_t(plan_.vocab0), dv, di, stream_);
+        argmax_rows_cuda(b_.local, n, plan_.n_vocab, int32_t(plan_.vocab0), dv, di, stream_);
     else if (kr > 1)
-        topk_rows_cuda(local_, n, plan_.n_vocab, kr, int32_t(plan_.vocab0), dv, di, topk_scratch_, stream_);
+        topk_rows_cuda(b_.local, n, plan_.n_vocab, kr, int32_t(plan_.vocab0), dv, di, b_.topk_scratch, stream_);
     const size_t part_bytes = 2 * part * sizeof(float);
     char* host = top_host_.as<char>();
     if (temperature && tp == 1) {  // each row's maximum is its first candidate
-        nucleus_mass_rows_cuda(local_, n, c.vocab, dv, kr, *temperature, mass_, stream_);
-        CUDA_CHECK(cudaMemcpyAsync(mass_host_.get(), mass_, size_t(n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+        nucleus_mass_rows_cuda(b_.local, n, c.vocab, dv, kr, *temperature, b_.mass, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(mass_host_.get(), b_.mass, size_t(n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                    stream_));
     }
     if (tp == 1) {  // just the rows asked for
@@ -857,8 +867,8 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
         CUDA_CHECK(cudaMemcpyAsync(host + part * sizeof(float), di, size_t(n * kr) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
     } else {
-        comm_.all_gather(top_, part_bytes, top_gathered_);
-        CUDA_CHECK(cudaMemcpyAsync(host, top_gathered_, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
+        comm_.all_gather(b_.top, part_bytes, b_.top_gathered);
+        CUDA_CHECK(cudaMemcpyAsync(host, b_.top_gathered, size_t(tp) * part_bytes, cudaMemcpyDeviceToHost, stream_));
     }
     wait();
     if (temperature && tp == 1) std::memcpy(mass, mass_host_.get(), size_t(n) * sizeof(uint64_t));
@@ -877,14 +887,14 @@ void CudaEngine::top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, 
         // same on every rank), and the ranks' integer sums are gathered and added: exact.
         float* maxes = mass_host_.as<float>() + size_t(tp * opt_.max_logit_rows) * 2;
         for (int64_t i = 0; i < n; ++i) maxes[i] = vals[i * k];
-        CUDA_CHECK(cudaMemcpyAsync(row_max_, maxes, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(b_.row_max, maxes, size_t(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
         if (plan_.n_vocab > 0)
-            nucleus_mass_rows_cuda(local_, n, plan_.n_vocab, row_max_, 1, *temperature, mass_, stream_);
+            nucleus_mass_rows_cuda(b_.local, n, plan_.n_vocab, b_.row_max, 1, *temperature, b_.mass, stream_);
         else
-            CUDA_CHECK(cudaMemsetAsync(mass_, 0, size_t(n) * sizeof(uint64_t), stream_));
-        comm_.all_gather(mass_, size_t(n) * sizeof(uint64_t), mass_gathered_);
+            CUDA_CHECK(cudaMemsetAsync(b_.mass, 0, size_t(n) * sizeof(uint64_t), stream_));
+        comm_.all_gather(b_.mass, size_t(n) * sizeof(uint64_t), b_.mass_gathered);
         uint64_t* h = mass_host_.as<uint64_t>();
-        CUDA_CHECK(cudaMemcpyAsync(h, mass_gathered_, size_t(tp * n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+        CUDA_CHECK(cudaMemcpyAsync(h, b_.mass_gathered, size_t(tp * n) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                    stream_));
         wait();
         for (int64_t i = 0; i < n; ++i) {

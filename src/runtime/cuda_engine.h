@@ -68,6 +68,36 @@ struct CudaLayer {
     CudaLinear q, k, v, o, gate, up, down;
 };
 
+// The step's device buffers, the engine's workspace: [max_step_tokens, width] f32 each unless noted
+// (T = max_step_tokens, L = max_logit_rows).
+struct CudaStepBuffers {
+    float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
+    float *delta = nullptr, *gate = nullptr, *up = nullptr;
+    float *qkv = nullptr, *gate_up = nullptr;  // fused projections' outputs, [T, q+2kv] and [T, 2*inter]
+    float* last = nullptr;      // [L, hidden]
+    float* local = nullptr;     // [L, n_vocab]: this rank's lm_head rows
+    float* padded = nullptr;    // [L, vocab_per_rank] (TP > 1: equal all-gather parts)
+    float* gathered = nullptr;  // [tp, L, vocab_per_rank]
+    int8_t* act_q = nullptr;     // W8A8/W4A8: the quantized layer input, [T, widest]
+    float* act_scales = nullptr;  // and its scales
+    void* top = nullptr;           // forward_top: [vals | ids], each [L, kMaxTopCandidates]
+    void* top_gathered = nullptr;  // [tp] of top (TP > 1)
+    void* topk_scratch = nullptr;
+    void* attn_scratch = nullptr;
+    int32_t* meta = nullptr;  // the step's tables: ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
+    size_t meta_bytes = 0;
+    uint64_t* mass = nullptr;           // forward_nucleus: [L] total nucleus weights
+    uint64_t* mass_gathered = nullptr;  // [tp] of mass (TP > 1)
+    float* row_max = nullptr;           // [L] each row's maximum (TP > 1)
+    PenaltyEntry* penalties = nullptr;  // a step's token penalties, [L * max_penalties]
+};
+
+// Takes the step buffers of one rank's engine from `a`: CudaEngine's workspace (besides cuBLAS's
+// scratch), and from a sizing arena its bytes before any engine exists (`shardlm info`).
+// opt.max_logit_rows > 0 (the engine's resolved value).
+CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt,
+                                  bool int8_acts);
+
 class CudaEngine final : public Engine {
 public:
     // `comm` is this rank's data plane: SingleRank for one GPU, NcclComm (device buffers, ordered
@@ -177,31 +207,13 @@ private:
     std::vector<DeviceKVLayer> kv_;
     float* inv_freq_ = nullptr;  // [head_dim / 2]
 
-    // Workspace, [max_step_tokens, width] f32 each unless noted.
-    float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr;
-    float *delta_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
-    float *qkv_ = nullptr, *gate_up_ = nullptr;  // fused projections' outputs, [T, q+2kv] and [T, 2*inter]
-    float* last_ = nullptr;      // [max_logit_rows, hidden]
-    float* local_ = nullptr;     // [max_logit_rows, n_vocab]: this rank's lm_head rows
-    float* padded_ = nullptr;    // [max_logit_rows, vocab_per_rank] (TP > 1: equal all-gather parts)
-    float* gathered_ = nullptr;  // [tp, max_logit_rows, vocab_per_rank]
-    int8_t* act_q_ = nullptr;       // W8A8/W4A8: the quantized layer input, [max_step_tokens, widest]
-    float* act_scales_ = nullptr;   // and its scales
-    void* top_ = nullptr;           // forward_top: [vals | ids], each [max_logit_rows, kMaxTopCandidates]
-    void* top_gathered_ = nullptr;  // [tp] of top_ (TP > 1)
-    void* topk_scratch_ = nullptr;
-    void* attn_scratch_ = nullptr;
-    int32_t* meta_ = nullptr;  // device copy of meta_host_
-    PinnedBuffer meta_host_;   // ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
+    // The step's device buffers (in arena_) and their pinned host staging.
+    CudaStepBuffers b_;
+    PinnedBuffer meta_host_;  // b_.meta's staging copy
     PinnedBuffer logits_host_;
-    PinnedBuffer top_host_;  // [tp] of top_
-    uint64_t* mass_ = nullptr;           // forward_nucleus: [max_logit_rows] total nucleus weights
-    uint64_t* mass_gathered_ = nullptr;  // [tp] of mass_ (TP > 1)
-    float* row_max_ = nullptr;           // [max_logit_rows] each row's maximum (TP > 1)
+    PinnedBuffer top_host_;   // [tp] of b_.top
     PinnedBuffer mass_host_;
-    PenaltyEntry* penalties_ = nullptr;  // a step's token penalties, [max_logit_rows * max_penalties]
-    PinnedBuffer penalty_host_;          // and their staging copy
-    size_t meta_bytes_ = 0;
+    PinnedBuffer penalty_host_;  // b_.penalties' staging copy
 
     std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;
     std::set<GraphKey> eager_once_;  // shapes whose first step ran eagerly

@@ -14,6 +14,7 @@
 #include "model/shard.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
+#include "runtime/cpu_engine.h"
 #include "runtime/json_mode.h"
 #include "runtime/kv_cache.h"
 
@@ -389,6 +390,15 @@ TEST_F(Cli, InfoPrintsEachRanksMemoryPlan) {
     kv << "KV cache " << std::fixed << std::setprecision(3) << double(kv_cache_bytes(ks)) / (1024.0 * 1024.0 * 1024.0) << " GiB";
     EXPECT_GT(kv_cache_bytes(ks), size_t(1) << 30);  // a figure the plan prints with its digits
     EXPECT_NE(r.out.find(kv.str()), std::string::npos) << r.out;
+    // And the CPU engine's step workspace (the engine checks its buffers against the same plan):
+    // generate's 256-token step and a logits row per sequence.
+    EngineOptions eo;
+    eo.max_batch = 64;
+    eo.max_step_tokens = 256;
+    std::ostringstream ws;
+    ws << "workspace " << std::fixed << std::setprecision(1)
+       << double(cpu_workspace_bytes(c, plan_shard(c, 1, 2), eo, false)) / (1024.0 * 1024.0) << " MiB cpu";
+    EXPECT_NE(r.out.find(ws.str()), std::string::npos) << ws.str() << "\n" << r.out;
     expect_error("info --model " + dir_.path() + " --kv int9", "--kv: unknown format");
 }
 

@@ -412,10 +412,21 @@ s_bench() {  # NAME BATCH WEIGHTS KV GRAPHS(1|0) [EXTRA...]
   "$PY" "$root/bench/gpu_report.py" rows "$jsonl" "$name" shardlm "$g" "${flags[*]}" < "$work/logs/$name.rows" || exit 1
   echo "note: $("$PY" -c '
 import json, sys
-rows = {r["test"][:2]: r for r in map(json.loads, open(sys.argv[1]))}
+rows = {r["test"][:2]: r for r in map(json.loads, open(sys.argv[1])) if not r.get("ablate")}
 pp, tg = rows["pp"], rows["tg"]
 print("prefill %.1f ms, decode %.3f ms/token, %.0f GB/s" % (pp["avg_ms"], tg["avg_ms"] / int(tg["test"][2:]), tg["gbps"]))
 ' "$work/logs/$name.rows")"
+}
+
+s_bench_ablate() {  # LIST then s_bench's arguments: s_bench with --ablate LIST (the CUDA engine only)
+  local list=$1
+  shift
+  if ! have_gpu; then  # the CPU engine refuses the flag: check that it says so
+    "$BIN/shardlm" bench --synthetic "$SYN" --device cpu --prompt-len "$PL" --gen "$GEN" -r 1 --ablate "$list" 2>&1 |
+      grep "measures the CUDA engine" || exit 1
+    skip "no GPU"
+  fi
+  s_bench "$@" --ablate "$list"
 }
 
 s_bench_nopdl() {  # s_bench without programmatic dependent launch: the A/B of kernels/cuda/launch.h
@@ -585,7 +596,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -605,6 +616,11 @@ for prec in "fp16 fp16" "int8 fp16" "int8 int8"; do
   set -- $prec
   step "bench-$1-$2-graph" 90 s_bench "bench-$1-$2-g1" 1,4 "$1" "$2" 1
 done
+# Where an FP16 decode step's time goes with graphs and PDL on (the report's "Marginal cost" table):
+# the same steps again without each kernel class (bench --ablate), whose time saved is that class's
+# share of the step, overlap included (Nsight Compute's per-kernel times below are each kernel alone).
+step bench-fp16-fp16-graph-ablate 90 s_bench_ablate qkv,attention,o,mlp,lm_head,qkv+attention+o+mlp \
+  bench-fp16-fp16-g1-ablate 1,4 fp16 fp16 1
 # Most wanted first: a --budget run stops starting steps when its time is spent (rerun the rest
 # with --only). The kernel-level views (gemv-r, ncu-step) come before the comparisons that change
 # little from run to run (PyTorch, naive attention, the mission table).

@@ -96,7 +96,7 @@ def cmd_table(path, header=None):
     # Benchmark runs: merge the pp and tg rows of one step.
     runs, order = {}, []
     for r in lines:
-        if "test" not in r or "avg_ms" not in r:
+        if "test" not in r or "avg_ms" not in r or r.get("ablate"):
             continue
         pdl = r.get("pdl")
         key = (r.get("step"), r.get("engine"), r.get("batch"), r.get("weights"), r.get("kv"), r["graphs"],
@@ -144,6 +144,7 @@ def cmd_table(path, header=None):
         out.append(f"\nGB/s: bytes one decode step reads (weights + KV up to the mean position) / decode time; "
                    f"peak: the measured copy bandwidth of each engine's row ({', '.join(map(str, peaks)) or '-'} GB/s). "
                    f"x torch: shardlm time / PyTorch FP16 time at the same batch and graph mode.\n")
+    out.extend(ablations(lines))
     out.extend(candidates(runs, order))
     out.extend(prefill_tc(runs, order))
     out.extend(prefill_staging(runs, order))
@@ -169,6 +170,42 @@ def cmd_table(path, header=None):
     n_skip = sum(r["status"] == "skip" for r in st)
     out.append(f"\n{len(st) - n_fail - n_skip} passed, {n_fail} failed, {n_skip} skipped")
     print("\n".join(out))
+
+
+def ablations(lines):
+    """bench --ablate rows: per step and (batch, weights, kv), the decode step's ms/token with every
+    kernel, then without each listed class, and what leaving it out saved (its marginal cost under
+    graphs and PDL) as ms/token and as a share of the step. Empty without such rows."""
+    full, cut, seen = {}, {}, []
+    for r in lines:
+        if "test" not in r or not r["test"].startswith("tg") or "avg_ms" not in r:
+            continue
+        group = (r.get("step"), r.get("batch"), r.get("weights"), r.get("kv"))
+        ms = r["avg_ms"] / int(r["test"][2:])
+        if r.get("ablate"):
+            if group not in cut:
+                cut[group] = {}
+                seen.append(group)
+            cut[group][r["ablate"]] = ms
+        else:
+            full[group] = ms
+    rows = [g for g in seen if g in full]
+    if not rows:
+        return []
+    cols = []
+    for g in rows:
+        cols += [c for c in cut[g] if c not in cols]
+    out = ["\nMarginal cost of each kernel class in a decode step (`bench --ablate`: ms/token with every kernel, "
+           "then the time saved without the class, in brackets its share of the step):\n",
+           "| batch | weights | kv | step | " + " | ".join(cols) + " |",
+           "|---:|---|---|---:|" + "---:|" * len(cols)]
+    for g in rows:
+        base = full[g]
+        cells = ["%.3f" % base] + ["-" if c not in cut[g] else "%.3f (%.0f%%)" % (base - cut[g][c], 100 * (base - cut[g][c]) / base)
+                                   for c in cols]
+        out.append(f"| {g[1]} | {g[2]} | {g[3]} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
 
 
 # A row's decode kernels are named by two labels (src/cli/cmd_bench.cpp): the attention's

@@ -2,6 +2,7 @@
 // bandwidth against the measured copy bandwidth, as a markdown table or JSON lines.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -28,6 +29,7 @@
 #ifdef SHARDLM_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_memory.h"
+#include "runtime/cuda_engine.h"
 #endif
 
 namespace shardlm {
@@ -108,8 +110,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
     std::string model, synthetic;
     PrecisionFlags prec;
     BackendFlags backend;
-    std::string batch_list = "1";
+    std::string batch_list = "1", ablate_list;
     std::vector<int64_t> batches;
+    std::vector<std::string> ablations;
     int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0, shared = 0;
     int threads = 0;
     d.add_options()
@@ -130,6 +133,10 @@ int cmd_bench(const Args& args, Communicator& comm) {
          "third row runs them continuously batched with the prefix cache (generate --prefix-cache)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
+        ("ablate", po::value(&ablate_list),
+         "CUDA engine, a measurement: after each batch's rows, decode again leaving out each listed kernel class "
+         "(qkv, attention, o, mlp, lm_head; '+' joins classes, ',' separates runs: attention,mlp) and print its "
+         "tgN row with \"ablate\" set; the time saved is the classes' marginal cost in the step")
         ("json", "one JSON object per line instead of a markdown table");
     add_precision_options(d, prec);
     add_backend_options(d, backend);
@@ -152,6 +159,18 @@ int cmd_bench(const Args& args, Communicator& comm) {
         if (requests > 0 && vm.count("no-kv-cache")) fail("--requests runs generate over the KV cache: not with --no-kv-cache");
         if (shared < 0 || shared > (int64_t(1) << 30)) fail("--shared-prefix must be in [0, 2^30]");
         if (shared > 0 && requests == 0) fail("--shared-prefix needs --requests");
+        if (!ablate_list.empty() && (requests > 0 || vm.count("no-kv-cache")))
+            fail("--ablate times decode steps over the KV cache: not with --requests or --no-kv-cache");
+        for (size_t at = 0; at <= ablate_list.size() && !ablate_list.empty();) {  // "attention,qkv+o"
+            const size_t end = std::min(ablate_list.find(',', at), ablate_list.size());
+            ablations.push_back(ablate_list.substr(at, end - at));
+#ifdef SHARDLM_HAVE_CUDA
+            parse_ablation(ablations.back(), "--ablate");
+#else
+            fail("--ablate measures the CUDA engine, which this build does not have");
+#endif
+            at = end + 1;
+        }
         SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -205,6 +224,14 @@ int cmd_bench(const Args& args, Communicator& comm) {
     run_together(comm, [&] { s = open_session(so, comm); });
     Engine& e = *s->engine;
     const ModelConfig& c = s->cfg;
+    // --ablate: the kernel classes a step leaves out, on the CUDA engine (an empty mask: none).
+    std::function<void(uint32_t)> ablate;
+#ifdef SHARDLM_HAVE_CUDA
+    if (auto* ce = dynamic_cast<CudaEngine*>(&e)) ablate = [ce](uint32_t mask) { ce->set_ablation(mask); };
+#endif
+    run_together(comm, [&] {
+        if (!ablations.empty() && !ablate) fail("--ablate measures the CUDA engine: run it with --device cuda");
+    });
     const bool cuda = e.device().rfind("cuda", 0) == 0;
     // The bandwidth roofline: the GPU's theoretical HBM bandwidth, or on the CPU a measured copy
     // bandwidth (per rank: ranks on one machine share it).
@@ -329,11 +356,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 e.forward_top(ch, 1, best_val.data(), best_id.data());
             }
         }
-        for (int64_t r = 0; r < reps; ++r) {
-            auto t0 = std::chrono::steady_clock::now();
-            prefill();
-            pp_ms.push_back(ms_since(t0));
-            t0 = std::chrono::steady_clock::now();
+        // The timed decode: gen steps from the end of the prompt (ms).
+        auto decode = [&]() {
+            const auto t0 = std::chrono::steady_clock::now();
             for (int64_t step = 0; step < gen; ++step) {
                 std::vector<SeqChunk> ch;
                 for (int64_t b = 0; b < batch; ++b) {
@@ -350,11 +375,30 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 e.forward_top(ch, 1, best_val.data(), best_id.data());
             }
             for (auto& p : prompts) p.resize(size_t(prompt_len));
-            tg_ms.push_back(ms_since(t0));
+            return ms_since(t0);
+        };
+        for (int64_t r = 0; r < reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            prefill();
+            pp_ms.push_back(ms_since(t0));
+            tg_ms.push_back(decode());
             checksum = 0;  // the last prefill's logits, and the last decode step's best ones
             for (float v : logits) checksum += double(v);
             for (float v : best_val) checksum += double(v);
         }
+        // --ablate: the same decode without each listed class of kernels (after an untimed run, in
+        // which the new graphs are captured), then the whole step again.
+        std::vector<std::pair<std::string, Stats>> ablated;
+        for (const std::string& a : ablations) {
+#ifdef SHARDLM_HAVE_CUDA
+            ablate(parse_ablation(a, "--ablate"));
+#endif
+            decode();
+            std::vector<double> ms;
+            for (int64_t r = 0; r < reps; ++r) ms.push_back(decode());
+            ablated.emplace_back(a, stats(ms));
+        }
+        if (!ablations.empty()) ablate(0);
         // Bytes one decode step reads: every weight once, plus the KV cache up to the current position.
         const ShardPlan& plan = s->weights.plan;
         const DType kvt = e.options().kv;
@@ -368,7 +412,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
         // after the embedding, o_proj and down_proj (f32), and the all-gather of the logit slices.
         const double comm_step = comm.size() == 1 ? 0.0
             : double(batch) * 4.0 * (double(c.hidden) * double(1 + 2 * c.n_layers) + double(plan.vocab_per_rank));
-        struct Row { std::string test; Stats st; double tokens, gbps; };
+        struct Row { std::string test; Stats st; double tokens, gbps; std::string ablate; };
         // All-reduce latency at the size the engine uses in decode (batch x hidden floats).
         double allreduce_us = 0;
         if (comm.size() > 1) {
@@ -382,9 +426,11 @@ int cmd_bench(const Args& args, Communicator& comm) {
         if (!root) continue;
         const Stats pp = stats(pp_ms), tg = stats(tg_ms);
         std::vector<Row> rows = {
-            {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0},
-            {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9},
+            {"pp" + std::to_string(prompt_len), pp, double(prompt_len * batch) * 1000.0 / pp.mean, 0.0, ""},
+            {"tg" + std::to_string(gen), tg, double(gen * batch) * 1000.0 / tg.mean, step_bytes / (tg.mean / double(gen) / 1000.0) / 1e9, ""},
         };
+        for (const auto& [name, st] : ablated)  // (no GB/s: the step reads less than the weights)
+            rows.push_back({"tg" + std::to_string(gen), st, double(gen * batch) * 1000.0 / st.mean, 0.0, name});
         if (json) {
             for (const Row& r : rows) {
                 nlohmann::ordered_json j;
@@ -398,13 +444,15 @@ int cmd_bench(const Args& args, Communicator& comm) {
                 j["stddev_ms"] = r.st.stddev;
                 j["tokens_per_s"] = r.tokens;
                 j["gbps"] = r.gbps;
-                j["logits_checksum"] = checksum;
+                j["logits_checksum"] = r.ablate.empty() ? nlohmann::ordered_json(checksum) : nlohmann::ordered_json(nullptr);
+                if (!r.ablate.empty()) j["ablate"] = r.ablate;
                 common(j);
                 std::cout << j.dump() << "\n";
             }
         } else {
             for (const Row& r : rows)
-                std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %s |\n", arch_name(c.arch), r.test.c_str(),
+                std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %s |\n", arch_name(c.arch),
+                            (r.ablate.empty() ? r.test : r.test + " without " + r.ablate).c_str(),
                             (long long)batch, wname.c_str(), kvname.c_str(), r.st.mean, r.st.stddev, r.tokens,
                             r.gbps > 0 ? std::to_string(r.gbps).substr(0, 5).c_str() : "-");
         }

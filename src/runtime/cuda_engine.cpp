@@ -118,6 +118,24 @@ bool same_acts(const CudaLinear& b, const CudaLinear& a) {
 
 }  // namespace
 
+uint32_t parse_ablation(const std::string& names, const std::string& flag) {
+    static const std::pair<const char*, uint32_t> kClasses[] = {
+        {"qkv", kAblateQkv}, {"attention", kAblateAttention}, {"o", kAblateO}, {"mlp", kAblateMlp}, {"lm_head", kAblateLmHead}};
+    uint32_t mask = 0;
+    for (size_t at = 0; at <= names.size();) {
+        const size_t end = std::min(names.find('+', at), names.size());
+        const std::string item = names.substr(at, end - at);
+        uint32_t bit = 0;
+        for (const auto& [name, b] : kClasses)
+            if (item == name) bit = b;
+        if (bit == 0)
+            fail(flag, ": \"", item, "\" is not a kernel class (qkv, attention, o, mlp, lm_head, joined with '+')");
+        mask |= bit;
+        at = end + 1;
+    }
+    return mask;
+}
+
 CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt,
                                   bool int8_acts) {
     SHARDLM_CHECK(opt.max_step_tokens > 0 && opt.max_logit_rows > 0 && opt.max_batch > 0);
@@ -540,6 +558,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         const float* qkv_x = qkv_half ? nullptr : b_.h;
         const GemvFuse in_norm{L.input_norm, c.rms_eps, false};
         auto qkv_proj = [&](const CudaLinear& lin, float* y, bool ready) {
+            if (ablated(kAblateQkv)) return;
             if (fuse) gemv_cuda(lin.w, b_.x, T, lin.bias, y, in_norm, s, grid);
             else linear(lin, qkv_x, T, y, true, ready);
         };
@@ -575,7 +594,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         rp.kv = kv_[l];
         // Decode may leave the prologue to the attention kernel (one launch less per layer).
         const bool fused_rope = max_n == 1 && opt_.attention != AttentionImpl::Naive && fused_rope_;
-        if (!fused_rope) rope_kv_cuda(rp, s);
+        if (!fused_rope && !ablated(kAblateAttention)) rope_kv_cuda(rp, s);
         AttentionCuda a;
         a.q = b_.q;
         a.out = b_.attn;
@@ -590,10 +609,12 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.kv = kv_[l];
         a.scratch = b_.attn_scratch;
         a.rope = fused_rope ? &rp : nullptr;
-        attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
+        if (!ablated(kAblateAttention))
+            attention_cuda(a, opt_.attention == AttentionImpl::Naive ? AttentionKind::Naive : AttentionKind::Flash, s);
         if (fuse) {
-            gemv_cuda(L.o.w, b_.attn, T, L.o.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
+            if (!ablated(kAblateO)) gemv_cuda(L.o.w, b_.attn, T, L.o.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
             const GemvFuse post_norm{L.post_attn_norm, c.rms_eps, false};
+            if (ablated(kAblateMlp)) continue;
             if (L.gate_up.w.data) {
                 if (!gemv_swiglu_cuda(L.gate_up.w, b_.x, T, L.gate_up.bias, b_.gate, post_norm, s, grid)) {
                     gemv_cuda(L.gate_up.w, b_.x, T, L.gate_up.bias, b_.gate_up, post_norm, s, grid);
@@ -607,7 +628,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             gemv_cuda(L.down.w, b_.gate, T, L.down.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
             continue;
         }
-        linear(L.o, b_.attn, T, b_.delta);
+        if (!ablated(kAblateO)) linear(L.o, b_.attn, T, b_.delta);
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel o_proj
         const HalfInput mlp_in =
             L.gate_up.w.data ? shared_half_input({&L.gate_up}, T) : shared_half_input({&L.gate, &L.up}, T);
@@ -615,6 +636,10 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             mlp_in.data && add_rmsnorm_half_cuda(b_.x, b_.delta, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
         const float* mlp_x = mlp_half ? nullptr : b_.h;
         const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, b_.delta, L.post_attn_norm, T);
+        if (ablated(kAblateMlp)) {
+            if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });
+            continue;
+        }
         bool down_ready = false;
         const float* down_x = b_.gate;
         if (L.gate_up.w.data) {
@@ -643,7 +668,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     rmsnorm_rows_cuda(b_.x, layers_.empty() || fuse ? nullptr : b_.delta, logit_rows, n_logits, final_norm_, b_.last, c.hidden,
                       c.rms_eps, s);
     // (lm_head stays W8A16 under w8a8 and w4a8, as on the CPU.)
-    if (plan_.n_vocab > 0) linear(CudaLinear{lm_head_, nullptr}, b_.last, n_logits, b_.local, false);
+    if (plan_.n_vocab > 0 && !ablated(kAblateLmHead)) linear(CudaLinear{lm_head_, nullptr}, b_.last, n_logits, b_.local, false);
     // Under tensor parallelism each rank now holds its vocabulary slice's logits; forward() gathers
     // them, forward_top() only each slice's candidates.
 }
@@ -763,6 +788,13 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
 
 // Eager, between steps (graphs hold positions as inputs, so none is re-captured), and waited for:
 // a shift is rare (once per half a context) and its failure should name it.
+void CudaEngine::set_ablation(uint32_t mask) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // no replay still runs on a graph about to go
+    ablate_ = mask;
+    graphs_.clear();
+    eager_once_.clear();
+}
+
 std::string CudaEngine::gemv_kernels(int64_t tokens) const {
     return std::string(gemv_default_grid() == GemvGrid::Persistent ? "persistent" : "tiles") +
            (norm_in_gemv(tokens) ? "+norm" : "");

@@ -70,6 +70,16 @@ struct CudaLayer {
 
 // The step's device buffers, the engine's workspace: [max_step_tokens, width] f32 each unless noted
 // (T = max_step_tokens, L = max_logit_rows).
+// The kernel classes `bench --ablate` can leave out of a step (CudaEngine::set_ablation).
+constexpr uint32_t kAblateQkv = 1;        // the q/k/v projections (with their norm where fused)
+constexpr uint32_t kAblateAttention = 2;  // RoPE and the cache write, attention and its merge
+constexpr uint32_t kAblateO = 4;          // o_proj
+constexpr uint32_t kAblateMlp = 8;        // gate/up with SwiGLU, and down_proj
+constexpr uint32_t kAblateLmHead = 16;    // lm_head
+// "qkv", "attention", "o", "mlp", "lm_head", joined with '+' ("attention+o"); throws Error naming
+// `flag` for anything else.
+uint32_t parse_ablation(const std::string& names, const std::string& flag);
+
 struct CudaStepBuffers {
     float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
     float *delta = nullptr, *gate = nullptr, *up = nullptr;
@@ -126,6 +136,11 @@ public:
     std::string gemv_kernels(int64_t tokens) const override;
     // Step graphs captured so far (one per step shape seen twice); tests and bench report it.
     size_t graphs_captured() const { return graphs_.size(); }
+    // A measurement, not a mode (`bench --ablate`): the steps leave out the kernels of the classes
+    // in `mask` (kAblate*), so that a step's time with and without them gives their marginal cost
+    // under graphs and PDL, overlap included, where Nsight Compute times each kernel alone. The
+    // logits are then meaningless. Drops the captured graphs (each mask captures its own).
+    void set_ablation(uint32_t mask);
 
 private:
     // What a step's launches depend on besides the device-side tables: its token rows, chunks,
@@ -193,6 +208,8 @@ private:
     // Whether a step of T token rows runs its norms inside the GEMVs (run_step).
     bool norm_in_gemv(int64_t T) const { return fused_norm_ && T == 1; }
     bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)
+    uint32_t ablate_ = 0;      // set_ablation's kernel classes left out
+    bool ablated(uint32_t what) const { return (ablate_ & what) != 0; }
     // The matrices of a step in the order the step reads them (per layer q/k/v, o, gate/up, down,
     // fused or not; then lm_head), and each one's place by its data pointer: what prefill staging
     // dequantizes next.

@@ -110,6 +110,34 @@ class Table(unittest.TestCase):
                        row("base", "tg128", 128.0, "persistent") + "\n")
             self.assertNotIn("Decode alternatives", run("table", jsonl).stdout)
 
+    def test_ablation_rows_give_each_kernel_class_its_share(self):
+        def row(test, ms, batch=1, ablate=None):
+            r = {"test": test, "batch": batch, "weights": "fp16", "kv": "fp16", "graphs": True,
+                 "attention": "flash+rope", "pdl": True, "gemv_grid": "persistent+norm", "gemm_stage": False,
+                 "avg_ms": ms, "gbps": 0.0 if ablate else 2700.0, "peak_gbps": 4800.0, "engine": "shardlm",
+                 "step": "ablate"}
+            if ablate:
+                r["ablate"] = ablate
+            return json.dumps(r)
+        with tempfile.TemporaryDirectory() as d:
+            jsonl = os.path.join(d, "rows.jsonl")
+            write_text(jsonl, "\n".join([
+                row("pp512", 9.0), row("tg128", 166.4), row("tg128", 134.4, ablate="attention"),
+                row("tg128", 64.0, ablate="mlp"), row("tg128", 12.8, ablate="qkv+attention+o+mlp"),
+                row("pp512", 20.0, batch=4), row("tg128", 230.4, batch=4), row("tg128", 192.0, batch=4, ablate="attention"),
+            ]) + "\n")
+            r = run("table", jsonl)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            cost = r.stdout.split("Marginal cost of each kernel class")[1]
+            self.assertIn("| batch | weights | kv | step | attention | mlp | qkv+attention+o+mlp |", cost)
+            self.assertIn("| 1 | fp16 | fp16 | 1.300 | 0.250 (19%) | 0.800 (62%) | 1.200 (92%) |", cost)
+            self.assertIn("| 4 | fp16 | fp16 | 1.800 | 0.300 (17%) | - | - |", cost)
+            # The main table keeps the full step's rows (an ablated row does not replace them).
+            self.assertIn("| pp512/tg128 | 1 | fp16 | fp16 | on | flash+rope | on | persistent+norm | off | 9.0 | 1.300 |",
+                          r.stdout)
+            write_text(jsonl, row("pp512", 9.0) + "\n" + row("tg128", 166.4) + "\n")
+            self.assertNotIn("Marginal cost", run("table", jsonl).stdout)
+
     def test_staged_int8_prefill_against_the_default(self):
         def row(step, test, ms, stage, batch=4):
             return json.dumps({"test": test, "batch": batch, "weights": "int8", "kv": "int8", "graphs": True,

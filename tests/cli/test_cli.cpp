@@ -990,6 +990,10 @@ TEST_F(Cli, BenchJsonRowsCarryEveryField) {
     EXPECT_EQ(batches, (std::vector<int>{1, 1, 2, 2}));
     expect_error("bench --model " + dir_.path() + " --batch 1,0", "--batch must be >= 1");
     expect_error("bench --model " + dir_.path() + " --batch 1,x", "--batch: expected sizes");
+    // --ablate is a CUDA engine measurement (a CPU-only build, or a CUDA build on the CPU engine).
+    expect_error("bench --model " + dir_.path() + " --prompt-len 4 --gen 2 -r 1 --device cpu --ablate attention",
+                 "--ablate measures the CUDA engine");
+    expect_error("bench --model " + dir_.path() + " --requests 2 --ablate mlp", "--ablate times decode steps");
     // bench has no --ctx: a length beyond the model names the flags that set it (no int64 overflow)
     expect_error("bench --model " + dir_.path() + " --prompt-len 99999999999", "--prompt-len 99999999999 + --gen");
     expect_error("bench --model " + dir_.path() + " --prompt-len 8 --gen 9223372036854775807", "exceed the model's");

@@ -849,3 +849,51 @@ TEST(CudaEngine, SlidingWindowMatchesTheCpu) {
             }
     }
 }
+
+// bench --ablate's switch (CudaEngine::set_ablation): each kernel class left out changes the
+// decode logits (so its kernels are the ones skipped), and with the mask cleared the same steps
+// give the logits of an engine never ablated, bit for bit (the graphs of the mask are dropped;
+// the cache rows the ablated steps wrote are written again before they are read). Batch 1 (the
+// norms inside the GEMVs) and 2 (the norm kernels).
+TEST(CudaEngine, AblationLeavesKernelClassesOutAndComesBack) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    so.ctx = 32;
+    so.max_batch = 2;
+    const int64_t V = cfg.vocab;
+    const std::vector<int32_t> p0 = make_prompt(5, V, 81), p1 = make_prompt(4, V, 82);
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    auto* e = dynamic_cast<CudaEngine*>(s->engine.get());
+    ASSERT_NE(e, nullptr);
+    std::vector<float> step(size_t(2 * V));
+    e->forward({{0, p0.data(), 5, 0, true}, {1, p1.data(), 4, 0, true}}, step.data());
+    // Four decode steps from the prompts' ends (eager, captured, replayed), batch 1 or 2.
+    auto decode = [&](int64_t batch) {
+        std::vector<float> all;
+        for (int64_t t = 0; t < 4; ++t) {
+            const int32_t a = int32_t((7 * t + 1) % V), b = int32_t((5 * t + 2) % V);
+            std::vector<SeqChunk> ch = {{0, &a, 1, 5 + t, true}};
+            if (batch == 2) ch.push_back({1, &b, 1, 4 + t, true});
+            e->forward(ch, step.data());
+            all.insert(all.end(), step.begin(), step.begin() + batch * V);
+        }
+        return all;
+    };
+    for (const int64_t batch : {1, 2}) {
+        const std::vector<float> ref = decode(batch);
+        for (const char* classes : {"qkv", "attention", "o", "mlp", "lm_head"}) {
+            e->set_ablation(parse_ablation(classes, "test"));
+            const std::vector<float> without = decode(batch);
+            EXPECT_NE(std::memcmp(without.data(), ref.data(), ref.size() * 4), 0) << classes << " batch " << batch;
+            e->set_ablation(0);
+            const std::vector<float> back = decode(batch);
+            EXPECT_EQ(std::memcmp(back.data(), ref.data(), ref.size() * 4), 0) << classes << " batch " << batch;
+        }
+    }
+    EXPECT_THROW(parse_ablation("attention+norms", "--ablate"), Error);
+    EXPECT_THROW(parse_ablation("", "--ablate"), Error);
+    EXPECT_EQ(parse_ablation("o+mlp", "--ablate"), kAblateO | kAblateMlp);
+}

@@ -15,6 +15,9 @@
 //
 // Grids: gemv_cuda with a block per row tile against its persistent grid, both in one run.
 //
+// A decode step's matrices (f16, batch 1) as the engine's GEMVs, as stream_read_cuda kernels that
+// only load, and as one stream_read_cuda over all of them: what the kernel boundaries cost.
+//
 // CublasGemm: T = 512 and 2048 tokens, f16 and i8 weights (i8 includes its dequantization pass),
 // TFLOP/s = 2 * T * rows * cols / time.
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -34,6 +38,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/stream_read.h"
 #include "kernels/cuda/w8a8.h"
 
 using namespace shardlm;
@@ -292,6 +297,90 @@ void bench_grid(cudaStream_t stream, int reps, double copy) {
         }
 }
 
+// The matrices a batch-1 FP16 decode step of Qwen3-1.7B reads, in its order: per layer [q; k; v]
+// (4096 x 2048, the input norm folded in), o_proj (2048 x 2048, added into the residual stream),
+// [gate; up] (12288 x 2048, the post-attention norm folded in, SwiGLU in the epilogue) and down_proj
+// (2048 x 6144, added), 28 layers, then lm_head (151936 x 2048): 3.44 GB, carved from one
+// allocation so that the last row can read it all in one kernel. Each variant is one graph
+// replayed as decode replays its step (PDL as in the engine; nothing else runs between the
+// matrices: no attention, no embedding, no sampling):
+//   gemv: the engine's GEMVs (GemvFuse as the engine fuses at batch 1), interleaved f16;
+//   stream per matrix: stream_read_cuda over each matrix instead, a kernel that only loads;
+//   stream, one kernel: stream_read_cuda over the whole step's bytes.
+// The gap between the first two is the GEMVs' own cost (reduction, x, epilogue); between the last
+// two, what a kernel boundary per matrix costs even a kernel that does nothing but load.
+void bench_step_floor(cudaStream_t stream, int reps, double copy, double peak) {
+    const int64_t layers = 28, hidden = 2048, inter = 6144, vocab = 151936;
+    struct Mat {
+        int64_t rows, cols;
+        int kind;  // 0 qkv (normed), 1 o (accumulate), 2 gate/up (normed, SwiGLU), 3 down (accumulate), 4 lm_head
+        size_t offset;
+    };
+    std::vector<Mat> mats;
+    size_t total = 0;
+    auto add = [&](int64_t rows, int64_t cols, int kind) {
+        mats.push_back({rows, cols, kind, total});
+        total += (size_t(rows * cols) * 2 + 255) / 256 * 256;
+    };
+    for (int64_t l = 0; l < layers; ++l) {
+        add(4096, hidden, 0);
+        add(hidden, hidden, 1);
+        add(2 * inter, hidden, 2);
+        add(hidden, inter, 3);
+    }
+    add(vocab, hidden, 4);
+    DevBuf w(total), x(size_t(hidden) * 4), norm(size_t(hidden) * 4), qkv(4096 * 4), attn(size_t(hidden) * 4),
+        gate(size_t(inter) * 4), logits(size_t(vocab) * 4), sum(4);
+    auto matrix = [&](const Mat& m) {
+        DeviceMatrix d;
+        d.dtype = DType::F16;
+        d.data = static_cast<const char*>(w.p) + m.offset;
+        d.rows = m.rows;
+        d.cols = m.cols;
+        d.interleaved = true;  // constant data: the layout changes nothing but the access order
+        return d;
+    };
+    float* xp = static_cast<float*>(x.p);
+    const float* nw = static_cast<const float*>(norm.p);
+    const GemvFuse normed{nw, 1e-6f, false}, add_into{nullptr, 0.0f, true};
+    auto gemvs = [&](int) {
+        for (const Mat& m : mats) {
+            const DeviceMatrix d = matrix(m);
+            if (m.kind == 0) gemv_cuda(d, xp, 1, nullptr, static_cast<float*>(qkv.p), normed, stream);
+            else if (m.kind == 1) gemv_cuda(d, static_cast<const float*>(attn.p), 1, nullptr, xp, add_into, stream);
+            else if (m.kind == 2 && !gemv_swiglu_cuda(d, xp, 1, nullptr, static_cast<float*>(gate.p), normed, stream))
+                throw std::runtime_error("gemv_swiglu_cuda declined the Qwen3 shape");
+            else if (m.kind == 3) gemv_cuda(d, static_cast<const float*>(gate.p), 1, nullptr, xp, add_into, stream);
+            else if (m.kind == 4) gemv_cuda(d, xp, 1, nullptr, static_cast<float*>(logits.p), stream);
+        }
+    };
+    auto streams = [&](int) {
+        for (const Mat& m : mats)
+            stream_read_cuda(static_cast<const char*>(w.p) + m.offset, size_t(m.rows * m.cols) * 2,
+                             static_cast<uint32_t*>(sum.p), stream);
+    };
+    auto one = [&](int) { stream_read_cuda(w.p, total, static_cast<uint32_t*>(sum.p), stream); };
+    size_t bytes = 0;
+    for (const Mat& m : mats) bytes += size_t(m.rows * m.cols) * 2;
+    std::printf("\n## A decode step's matrices (Qwen3-1.7B f16, batch 1: %zu matrices, %.2f GB), one graph each\n\n",
+                mats.size(), double(bytes) / 1e9);
+    std::printf("| variant | kernels | ms | GB/s | %% of copy | %% of peak |\n|---|---|---|---|---|---|\n");
+    const struct {
+        const char* name;
+        size_t kernels;
+        std::function<void(int)> run;
+    } variants[] = {{"gemv (as the engine at batch 1)", mats.size(), gemvs},
+                    {"stream_read per matrix", mats.size(), streams},
+                    {"stream_read, one kernel", 1, one}};
+    for (const auto& v : variants) {
+        const double ms = time_graph_ms(v.run, 1, reps, stream);
+        const double gbps = double(bytes) / (ms * 1e6);
+        std::printf("| %s | %zu | %.3f | %.0f | %.1f | %.1f |\n", v.name, v.kernels, ms, gbps, 100.0 * gbps / copy,
+                    peak > 0 ? 100.0 * gbps / peak : 0.0);
+        std::fflush(stdout);
+    }
+}
+
 void bench_gemm(cudaStream_t stream, int reps) {
     const int64_t max_t = 2048, max_cols = 6144, max_w = 151936 * 2048;
     CublasGemm gemm(stream, max_t, max_cols, max_w);
@@ -342,6 +431,7 @@ int main(int argc, char** argv) {
         bench_gemv(stream, reps, copy, peak);
         bench_swiglu(stream, reps);
         bench_grid(stream, reps, copy);
+        bench_step_floor(stream, reps, copy, peak);
         bench_gemm(stream, reps);
         CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {

@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include "core/error.h"
@@ -87,6 +88,156 @@ std::optional<std::string> chatml_default_system(const std::string& canon) {
     return std::nullopt;
 }
 
+// The tools block of Qwen's ChatML templates (ChatTools), in canonical() spelling and as rendered.
+const char kToolsHeadCanon[] =
+    "# Tools~~You may call one or more functions to assist with the user query.~~You are provided with function "
+    "signatures within <tools></tools> XML tags:~<tools>'}}{%fortoolintools%}{{'~'}}{{tool|tojson}}{%endfor%}{{'~</tools>~~"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML "
+    "tags:~<tool_call>~{\"name\": <function-name>, \"arguments\": <args-json-object>}~</tool_call><|im_end|>~'}}";
+const char kToolsHead[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>";
+const char kToolsTail[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n";
+
+// canonical() without the white space between two tags (a template that strips it with "{%-" /
+// "{{-" renders none), so that fingerprints may span tags.
+std::string tight(const std::string& c) {
+    std::string out;
+    for (size_t i = 0; i < c.size(); ++i) {
+        out += c[i];
+        if (i + 1 < c.size() && (c[i] == '}' || c[i] == '%') && c[i + 1] == '}') {
+            out += c[++i];
+            size_t j = i + 1;
+            while (j < c.size() && (c[j] == '~' || c[j] == ' ' || c[j] == '\t' || c[j] == '\r')) ++j;
+            if (j + 1 < c.size() && c[j] == '{' && (c[j + 1] == '{' || c[j + 1] == '%')) i = j - 1;
+        }
+    }
+    return out;
+}
+
+// Which tools block a ChatML template has (and Qwen2/2.5's system message before it).
+void recognise_tools(const std::string& canon, ChatTemplate& t) {
+    const std::string c = tight(canon);
+    const bool responses = has(c, "{{'<|im_start|>user'}}") && has(c, "{{'~<tool_response>~'}}") &&
+                           has(c, "{{'~</tool_response>'}}");
+    if (!has(c, "{%iftools%}{{'<|im_start|>system~'}}") || !has(c, kToolsHeadCanon) || !responses) return;
+    const std::string q3_system = "{%ifmessages[0].role=='system'%}{{messages[0].content+'~~'}}{%endif%}{{'# Tools~~";
+    if (has(c, q3_system.c_str()) && has(c, "{%ifloop.index0>ns.last_query_index%}") &&
+        has(c, "{%if(loop.firstandcontent)or(notloop.first)%}{{'~'}}{%endif%}") &&
+        has(c, "{{'<tool_call>~{\"name\": \"'}}{{tool_call.name}}{{'\", \"arguments\": '}}") &&
+        has(c, "{%iftool_call.argumentsisstring%}{{tool_call.arguments}}{%else%}{{tool_call.arguments|tojson}}{%endif%}")) {
+        t.tools = ChatTools::Qwen3;
+        return;
+    }
+    const std::string head = "{%ifmessages[0].role=='system'%}{{messages[0].content}}{%else%}{{'";
+    const size_t at = c.find(head);
+    const size_t end = at == std::string::npos ? at : c.find("'}}{%endif%}{{'~~# Tools~~", at);
+    if (end != std::string::npos &&
+        has(c, "{{'~<tool_call>~{\"name\": \"'}}{{tool_call.name}}{{'\", \"arguments\": '}}{{tool_call.arguments|tojson}}"
+               "{{'}~</tool_call>'}}") &&
+        has(c, "(message.role=='assistant'andnotmessage.tool_calls)")) {
+        std::string sys = c.substr(at + head.size(), end - at - head.size());
+        if (sys.find_first_of("'{}~") != std::string::npos) return;  // not a plain one-line literal
+        t.tools = ChatTools::Qwen25;
+        t.tools_system = sys;
+    }
+}
+
+std::string strip_newlines(std::string s, bool left, bool right) {
+    if (left) s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
+    if (right) s.erase(s.find_last_not_of('\n') + 1);
+    return s;
+}
+
+bool tool_turns(const std::vector<ChatMessage>& messages) {
+    for (const ChatMessage& m : messages)
+        if (m.role == "tool" || !m.tool_calls.empty()) return true;
+    return false;
+}
+
+// A conversation with tools in Qwen's ChatML format (the templates recognise_tools accepts).
+std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::string>& system,
+                                const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) {
+    if (t.tools == ChatTools::None)
+        fail("this model's chat template has no tools block (Qwen2.5's or Qwen3's): it cannot take tools, tool calls "
+             "or tool messages");
+    if (messages.empty()) fail("a chat conversation needs at least one message");
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role != "user" && m.role != "assistant" && m.role != "tool")
+            fail("chat turn ", i, " has role \"", m.role, "\" (user, assistant or tool)");
+        if (m.role == "tool" && (i == 0 || (messages[i - 1].role != "tool" && messages[i - 1].tool_calls.empty())))
+            fail("chat turn ", i, ": a tool message answers an assistant turn's tool calls (it follows one, or another "
+                 "tool message)");
+        if (!m.tool_calls.empty() && m.role != "assistant") fail("chat turn ", i, ": only assistant turns make tool calls");
+    }
+    if (messages.back().role == "assistant") fail("a chat conversation ends with a user or tool message");
+    std::string out;
+    if (!tools.empty()) {
+        out += "<|im_start|>system\n";
+        if (t.tools == ChatTools::Qwen25) out += (system ? *system : *t.tools_system) + "\n\n";
+        else if (system) out += *system + "\n\n";
+        out += kToolsHead;
+        for (const std::string& tool : tools) out += "\n" + tool;
+        out += kToolsTail;
+    } else {
+        const std::optional<std::string> sys = system ? system : t.default_system;
+        if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
+    }
+    // Qwen3: replies after the last user query (not a wrapped tool response) keep their reasoning.
+    size_t last_query = messages.size() - 1;
+    for (size_t i = messages.size(); i-- > 0;) {
+        const std::string& c = messages[i].content;
+        const bool wrapped = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                             c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        if (messages[i].role == "user" && !wrapped) {
+            last_query = i;
+            break;
+        }
+    }
+    auto calls = [&](const ChatMessage& m, bool newline_first) {
+        std::string s;
+        for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+            if (j > 0 || newline_first) s += "\n";
+            s += "<tool_call>\n{\"name\": \"" + m.tool_calls[j].name + "\", \"arguments\": " + m.tool_calls[j].arguments +
+                 "}\n</tool_call>";
+        }
+        return s;
+    };
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "user") {
+            out += "<|im_start|>user\n" + m.content + "<|im_end|>\n";
+        } else if (m.role == "tool") {
+            if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+            out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+            if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+        } else if (t.tools == ChatTools::Qwen25) {
+            if (m.tool_calls.empty()) out += "<|im_start|>assistant\n" + m.content + "<|im_end|>\n";
+            else out += "<|im_start|>assistant" + (m.content.empty() ? "" : "\n" + m.content) + calls(m, true) + "<|im_end|>\n";
+        } else {
+            std::string content = m.content, reasoning;
+            const size_t first = content.find("</think>");
+            if (first != std::string::npos) {
+                const std::string before = strip_newlines(content.substr(0, first), false, true);
+                const size_t open = before.rfind("<think>");
+                reasoning = strip_newlines(open == std::string::npos ? before : before.substr(open + 7), true, false);
+                content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
+            }
+            if (i > last_query && (i + 1 == messages.size() || !reasoning.empty()))
+                out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
+                       strip_newlines(content, true, false);
+            else
+                out += "<|im_start|>assistant\n" + content;
+            out += calls(m, !content.empty()) + "<|im_end|>\n";
+        }
+    }
+    return out + "<|im_start|>assistant\n";
+}
+
 std::string today_llama_date() {
     // strftime("%d %b %Y") as transformers' strftime_now() gives it to Llama 3.2's template.
     const std::time_t now = std::time(nullptr);
@@ -135,6 +286,7 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         t.default_system = chatml_default_system(c);
         // Qwen3 keeps only what follows </think> of a reply before the last user turn.
         t.strips_reasoning = has(c, "message.content.split('</think>')[-1].lstrip('~')");
+        recognise_tools(c, t);
         return t;
     }
     if (has(c, "'<|start_header_id|>'+message.role+'<|end_header_id|>~~'+message.content|trim+'<|eot_id|>'") &&
@@ -171,7 +323,13 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
 
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token) {
+                                const std::string& eos_token, const std::vector<std::string>& tools) {
+    if (!tools.empty() || tool_turns(messages)) {
+        if (t.family != ChatFamily::ChatML)
+            fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
+                 "tools, tool calls and tool messages need Qwen2.5's or Qwen3's");
+        return render_chatml_tools(t, system, messages, tools);
+    }
     if (messages.empty() || messages.size() % 2 == 0)
         fail("a chat conversation alternates user and assistant turns and ends with a user turn (", messages.size(),
              " turns given)");
@@ -231,6 +389,58 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
             return out;
     }
     return out;
+}
+
+std::string python_json(const nlohmann::ordered_json& j) {
+    if (j.is_object()) {
+        std::string s = "{";
+        for (auto it = j.begin(); it != j.end(); ++it)
+            s += (it == j.begin() ? "" : ", ") + nlohmann::ordered_json(it.key()).dump() + ": " + python_json(it.value());
+        return s + "}";
+    }
+    if (j.is_array()) {
+        std::string s = "[";
+        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + python_json(j[i]);
+        return s + "]";
+    }
+    return j.dump();
+}
+
+ParsedToolCalls parse_tool_calls(const std::string& text) {
+    static const std::string open = "<tool_call>", close = "</tool_call>";
+    ParsedToolCalls plain;
+    plain.content = text;
+    size_t at = text.find(open);
+    if (at == std::string::npos) return plain;
+    ParsedToolCalls r;
+    r.called = true;
+    r.content = text.substr(0, at);
+    r.content.erase(r.content.find_last_not_of(" \t\r\n") + 1);
+    while (at != std::string::npos) {
+        const size_t b = at + open.size(), e = text.find(close, b);
+        nlohmann::ordered_json call;
+        try {
+            call = nlohmann::ordered_json::parse(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
+        } catch (const nlohmann::json::exception&) {
+            return plain;
+        }
+        if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || call["name"].get<std::string>().empty())
+            return plain;
+        const nlohmann::ordered_json args = call.value("arguments", nlohmann::ordered_json::object());
+        if (!args.is_object()) return plain;
+        r.calls.push_back({call["name"].get<std::string>(), python_json(args)});
+        at = e == std::string::npos ? e : text.find(open, e + close.size());
+    }
+    return r;
+}
+
+size_t tool_call_hold(const std::string& text) {
+    static const std::string open = "<tool_call>";
+    const size_t at = text.find(open);
+    if (at != std::string::npos) return at;
+    for (size_t k = std::min(text.size(), open.size() - 1); k > 0; --k)
+        if (text.compare(text.size() - k, k, open, 0, k) == 0) return text.size() - k;
+    return text.size();
 }
 
 std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,

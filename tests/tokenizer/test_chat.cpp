@@ -60,3 +60,75 @@ TEST(ChatTemplate, UnknownIsAnError) {
     }
     EXPECT_EQ(trim_js("\xE3\x80\x80 a b \t\n"), "a b");
 }
+
+// Tool calls read back out of a reply (vLLM's hermes parser's rules): the text before the first
+// block is the content, each block's JSON a call, arguments re-written in Python's spacing; a
+// reply whose block is not such JSON is plain text.
+TEST(ChatTools, ParseToolCalls) {
+    ParsedToolCalls p = parse_tool_calls("Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                         "{\"city\":\"Paris\",\"days\":[1,2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
+                                         "\"arguments\": {}}\n</tool_call>");
+    ASSERT_TRUE(p.called);
+    EXPECT_EQ(p.content, "Let me look.");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Paris\", \"days\": [1, 2]}");
+    EXPECT_EQ(p.calls[1].name, "now");
+    EXPECT_EQ(p.calls[1].arguments, "{}");
+    // A last block left open (the reply ended at max_tokens or on <|im_end|> without the close).
+    p = parse_tool_calls("<tool_call>\n{\"name\": \"now\"}\n");
+    ASSERT_TRUE(p.called);
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].arguments, "{}");
+    for (const char* plain : {"No tools needed.", "<tool_call>\n{\"name\": \"now\", \"arguments\": {\n</tool_call>",
+                              "<tool_call>\n{\"arguments\": {}}\n</tool_call>", "<tool_call>[1]</tool_call>",
+                              "<tool_call>{\"name\": \"f\", \"arguments\": \"x\"}</tool_call>"}) {
+        p = parse_tool_calls(plain);
+        EXPECT_FALSE(p.called) << plain;
+        EXPECT_EQ(p.content, plain);
+        EXPECT_TRUE(p.calls.empty()) << plain;
+    }
+}
+
+// What a stream may send before it knows whether a call starts: up to a "<tool_call>" or a suffix
+// that could still become one.
+TEST(ChatTools, ToolCallHold) {
+    EXPECT_EQ(tool_call_hold(""), 0u);
+    EXPECT_EQ(tool_call_hold("Hello"), 5u);
+    EXPECT_EQ(tool_call_hold("Hello <"), 6u);
+    EXPECT_EQ(tool_call_hold("Hello <tool_c"), 6u);
+    EXPECT_EQ(tool_call_hold("a <tool_call>\n{"), 2u);
+    EXPECT_EQ(tool_call_hold("a < b"), 5u);
+    EXPECT_EQ(tool_call_hold("<tool_calx"), 10u);
+}
+
+TEST(ChatTools, PythonJson) {
+    const auto j = nlohmann::ordered_json::parse(R"({"b": [1, 2.5, "x\n"], "a": {"é": null, "t": true}, "e": {}})");
+    EXPECT_EQ(python_json(j), "{\"b\": [1, 2.5, \"x\\n\"], \"a\": {\"é\": null, \"t\": true}, \"e\": {}}");
+}
+
+// Tools need a template with a tools block; tool turns must answer calls; the conversation ends
+// with a user or tool turn. (The renderings themselves are checked against Jinja in
+// test_reference.cpp.)
+TEST(ChatTools, RefusedWhereTheTemplateOrTheTurnsCannotTakeThem) {
+    const ChatTemplate plain = recognise_chat_template(tiny_byte_level_config()["chat_template"], "test");
+    EXPECT_EQ(plain.tools, ChatTools::None);
+    const std::vector<ChatMessage> ask = {{"user", "hi"}};
+    EXPECT_THROW(render_conversation(plain, std::nullopt, ask, "", "", {"{}"}), Error);
+    ChatTemplate q = plain;
+    q.tools = ChatTools::Qwen3;
+    EXPECT_NO_THROW(render_conversation(q, std::nullopt, ask, "", "", {"{}"}));
+    const ChatToolCall now{"now", "{}"};
+    const std::vector<std::vector<ChatMessage>> bad = {
+        {{"user", "hi"}, {"tool", "12:00"}},                              // a result nobody asked for
+        {{"tool", "12:00"}},                                              // first
+        {{"user", "hi"}, {"assistant", "", {now}}},                       // ends with the assistant
+        {{"user", "hi"}, {"assistant", "", {now}}, {"system", "x"}},      // another role
+        {{"user", "hi", {now}}},                                          // a user's call
+    };
+    for (const auto& m : bad) EXPECT_THROW(render_conversation(q, std::nullopt, m, "", "", {"{}"}), Error) << m.size();
+    ChatTemplate llama;
+    llama.family = ChatFamily::Llama3;
+    EXPECT_THROW(render_conversation(llama, std::nullopt, ask, "", "", {"{}"}), Error);
+}

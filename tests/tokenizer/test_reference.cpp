@@ -16,7 +16,7 @@
 #include "tokenizer/utf8.h"
 
 using namespace shardlm;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the reference's order (tools, call arguments)
 
 namespace {
 
@@ -124,23 +124,38 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
     for (const auto& r : ref_["chat"]) {
         const std::optional<std::string> system =
             r["system"].is_null() ? std::nullopt : std::optional<std::string>(r["system"].get<std::string>());
-        // A single user message, or a conversation of alternating turns (shardlm chat).
+        // A single user message, a conversation of alternating turns (shardlm chat), or one with
+        // tools: their JSON and each call's arguments as transformers' tojson prints them.
         std::vector<ChatMessage> turns;
+        std::vector<std::string> tools;
         if (r.contains("turns"))
             for (size_t i = 0; i < r["turns"].size(); ++i) turns.push_back({i % 2 ? "assistant" : "user", r["turns"][i]});
+        if (r.contains("messages")) {
+            for (const auto& t : r["tools"]) tools.push_back(python_json(t));
+            for (const auto& m : r["messages"]) {
+                std::vector<ChatToolCall> calls;
+                if (m.contains("tool_calls"))
+                    for (const auto& c : m["tool_calls"])
+                        calls.push_back({c["function"]["name"], python_json(c["function"]["arguments"])});
+                turns.emplace_back(m["role"].get<std::string>(), m["content"].get<std::string>(), calls);
+            }
+        }
         const std::string user = turns.empty() ? r["user"].get<std::string>() : turns.back().content;
         const std::string eos = tok_->eos_id() >= 0 ? tok_->id_to_token(tok_->eos_id()) : "";
         const bool own = r["template"] == "own";
         const auto render = [&] {
             if (!turns.empty()) {
-                if (own) return tok_->apply_chat_template(system, turns);
-                return render_conversation(recognise_chat_template(r["source"], r["template"]), system, turns, bos, eos);
+                if (own) return tok_->apply_chat_template(system, turns, tools);
+                return render_conversation(recognise_chat_template(r["source"], r["template"]), system, turns, bos, eos,
+                                           tools);
             }
             if (own) return tok_->apply_chat_template(system, user);
             return render_chat(recognise_chat_template(r["source"], r["template"]), system, user, bos);
         };
         const std::string what = r["template"].get<std::string>() + " system=" + r["system"].dump() +
-                                 (turns.empty() ? " user=" + r["user"].dump() : " turns=" + r["turns"].dump());
+                                 (r.contains("messages") ? " messages=" + r["messages"].dump()
+                                  : turns.empty()        ? " user=" + r["user"].dump()
+                                                         : " turns=" + r["turns"].dump());
         if (r["template"] == "llama2.jinja" && system && system->empty()) {
             // Python's Jinja (transformers) treats '' != false as true and keeps the <<SYS>> block;
             // the JS engine does not. We follow transformers.

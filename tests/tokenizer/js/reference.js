@@ -47,6 +47,36 @@ const conversations = [
   { turns: ["Is 7 prime?", "<think>\nDivisors: 1 and 7.\n</think>\n\nYes, 7 is prime.", "And 9?"] },
 ];
 
+// Conversations with tools (OpenAI's chat format as vLLM hands it to the template: each call's
+// arguments an object): the functions listed in the system message, replies with calls (with and
+// without text, one and two calls, one with reasoning), tool results in a row, a later user turn.
+const weather = { type: "function", function: { name: "get_weather", description: "Current weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string", description: "e.g. Paris" },
+    unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } };
+const clock = { type: "function", function: { name: "now", description: "Die Uhrzeit — 東京", parameters: { type: "object",
+  properties: {} } } };
+const call = (name, args) => ({ id: "call_" + name, type: "function", function: { name, arguments: args } });
+const toolConversations = [
+  { tools: [weather], messages: [{ role: "user", content: "Weather in Paris?" }] },
+  { system: "Be brief.", tools: [weather, clock], messages: [
+    { role: "user", content: "Weather in Paris and the time?" },
+    { role: "assistant", content: "", tool_calls: [call("get_weather", { city: "Paris", unit: "c" }), call("now", {})] },
+    { role: "tool", content: "{\"temp\": 21.5}" },
+    { role: "tool", content: "12:00" }] },
+  { tools: [weather], messages: [
+    { role: "user", content: "Is it warm in Oslo?" },
+    { role: "assistant", content: "<think>\nI should look.\n</think>\n\nLet me check.",
+      tool_calls: [call("get_weather", { city: "Oslo" })] },
+    { role: "tool", content: "{\"temp\": 3}" },
+    { role: "assistant", content: "No, 3 degrees." },
+    { role: "user", content: "And Rome?" }] },
+  // Tool turns without the tools list (a client that sends it only once).
+  { messages: [
+    { role: "user", content: "Time?" },
+    { role: "assistant", content: "Checking.", tool_calls: [call("now", {})] },
+    { role: "tool", content: "12:00" }] },
+];
+
 // Extra templates (families whose npm tokenizer has none, or variants) and the tokenizer whose
 // special tokens they are rendered with.
 const extraTemplates = {
@@ -74,9 +104,10 @@ for (const [name, mod] of Object.entries(models)) {
     };
   });
   // The template's text for `messages` with the assistant turn opened, or the error it raises.
-  const render = (t, messages) => {
+  const render = (t, messages, tools) => {
     try {
       const ctx = { messages, add_generation_prompt: true };
+      if (tools) ctx.tools = tools;
       for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
         const v = tok.getToken(k);
         if (v) ctx[k] = v;
@@ -106,6 +137,18 @@ for (const [name, mod] of Object.entries(models)) {
       c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
       const { text, error } = render(t, messages);
       renders.push({ template: t.name, source: t.source, system: c.system ?? null, turns: c.turns, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+  }
+  for (const t of templates) {
+    if (!t.source.includes("<tool_call>")) continue;  // templates with a tools block
+    for (const c of toolConversations) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      messages.push(...c.messages);
+      const { text, error } = render(t, messages, c.tools);
+      renders.push({ template: t.name, source: t.source, system: c.system ?? null, tools: c.tools ?? [],
+                     messages: c.messages, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
   }

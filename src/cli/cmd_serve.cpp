@@ -1,6 +1,6 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health), over HTTPS and behind an API key on request, over the continuous-batching
-// scheduler (runtime/batcher.h).
+// /v1/models, /health; tool calls for Qwen's templates), over HTTPS and behind an API key on request,
+// over the continuous-batching scheduler (runtime/batcher.h).
 //
 // Rank 0 runs the HTTP server: its handler threads parse each request (cli/openai_api.h) and hand
 // it to the engine loop, then wait for its text (streamed as server-sent events with "stream").
@@ -56,6 +56,14 @@ struct ChoiceState {
     size_t sent = 0;   // streaming: how much of out.text went out
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     bool done = false, finish_sent = false;
+    // Streaming with tool calls (ApiRequest::tool_calls): how much of out.text may go out now
+    // (the text before what may start a call), and the calls once the reply has ended.
+    size_t sendable(bool tool_calls) const {
+        if (!tool_calls) return out.text.size();
+        if (!done) return tool_call_hold(out.text);
+        const ParsedToolCalls calls = parse_tool_calls(out.text);
+        return calls.called ? std::max(sent, calls.content.size()) : out.text.size();
+    }
 };
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
@@ -499,8 +507,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     "text/event-stream",
                     [job, model_name = name, tk = tok.get()](size_t, httplib::DataSink& sink) {
                         std::unique_lock<std::mutex> lk(job->m);
+                        const bool tools = job->req.tool_calls;
                         auto news = [&](const ChoiceState& cs) {
-                            return cs.out.text.size() > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+                            return cs.sendable(tools) > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
                             return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
@@ -512,19 +521,27 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::string out;
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
-                            if (cs.out.text.size() > cs.sent || cs.out.lps.size() > cs.lps_sent) {
+                            const size_t upto = cs.sendable(tools);
+                            if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
                                 // The logprobs of the tokens since the last event (their text may be
-                                // held back a while for a stop string or a character's rest).
+                                // held back a while for a stop string, a character's rest or a
+                                // possible tool call).
                                 const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
-                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c, cs.out.text.substr(cs.sent), "",
+                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c,
+                                                     cs.out.text.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0), "",
                                                      api_logprobs(job->req, *tk, fresh, cs.lps_offset)));
-                                cs.sent = cs.out.text.size();
+                                cs.sent = std::max(cs.sent, upto);
                                 cs.lps_sent = cs.out.lps.size();
                                 cs.lps_offset += logprobs_text_bytes(*tk, fresh);
                             }
                             if ((cs.done || job->aborted) && !cs.finish_sent) {
+                                const ParsedToolCalls calls =
+                                    tools && cs.done ? parse_tool_calls(cs.out.text) : ParsedToolCalls{};
+                                if (calls.called)
+                                    out += sse(api_tool_calls_chunk(job->req, job->id, job->created, model_name, c, calls));
                                 out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",
-                                                     cs.done ? cs.out.finish : "abort"));
+                                                     !cs.done ? "abort" : calls.called ? "tool_calls" : cs.out.finish));
+                                cs.sent = cs.out.text.size();
                                 cs.finish_sent = true;
                             }
                         }

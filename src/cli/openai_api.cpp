@@ -40,34 +40,124 @@ int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int6
 }
 
 // The token ids of a chat request's "messages", rendered with the model's template.
-std::vector<int32_t> chat_ids(const json& body, const Tokenizer& tok) {
+// A message's text: a string, or an array of text parts joined with line breaks (as vLLM joins
+// them); null where `null_ok` (an assistant turn with tool calls only).
+std::string message_text(const json& c, const std::string& where, bool null_ok) {
+    if (c.is_string()) return c;
+    if (c.is_null() && null_ok) return "";
+    if (!c.is_array()) bad(where + " must be a string or an array of text parts");
+    std::string s;
+    for (size_t i = 0; i < c.size(); ++i) {
+        const json& part = c[i];
+        if (!part.is_object() || part.value("type", json("")) != "text" || !part.contains("text") || !part["text"].is_string())
+            bad(where + ": only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+        s += (i ? "\n" : "") + part["text"].get<std::string>();
+    }
+    return s;
+}
+
+// An assistant message's tool_calls: each {"type": "function", "function": {"name", "arguments"}},
+// the arguments a JSON object or its text, re-written as the template prints them.
+std::vector<ChatToolCall> message_calls(const json& calls, const std::string& where) {
+    if (!calls.is_array()) bad(where + " must be an array");
+    std::vector<ChatToolCall> out;
+    for (const json& c : calls) {
+        const std::string what = where + " entries must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                                         "\"arguments\": ...}}";
+        if (!c.is_object() || c.value("type", json("function")) != "function" || !c.contains("function") ||
+            !c["function"].is_object())
+            bad(what);
+        const json& f = c["function"];
+        if (!f.contains("name") || !f["name"].is_string()) bad(what);
+        json args = f.value("arguments", json::object());
+        if (args.is_string()) {
+            try {
+                args = json::parse(args.get<std::string>());
+            } catch (const json::exception&) {
+                bad(where + ": the arguments of \"" + f["name"].get<std::string>() + "\" are not JSON");
+            }
+        }
+        if (!args.is_object()) bad(where + ": the arguments of \"" + f["name"].get<std::string>() + "\" must be a JSON object");
+        out.push_back({f["name"].get<std::string>(), python_json(args)});
+    }
+    return out;
+}
+
+// "tools": [{"type": "function", "function": {"name", "description", "parameters"}}], each as the
+// template lists it (python_json, keys in the request's order).
+std::vector<std::string> request_tools(const json& body) {
+    std::vector<std::string> out;
+    if (!body.contains("tools") || body["tools"].is_null()) return out;
+    const json& tools = body["tools"];
+    if (!tools.is_array() || tools.size() > 128) bad("\"tools\" must be an array of up to 128 functions");
+    for (const json& t : tools) {
+        const char* what = "\"tools\" entries must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}";
+        if (!t.is_object() || t.value("type", json("")) != "function" || !t.contains("function") || !t["function"].is_object())
+            bad(what);
+        const json& f = t["function"];
+        if (!f.contains("name") || !f["name"].is_string()) bad(what);
+        const std::string name = f["name"];
+        if (name.empty() || name.size() > 64 ||
+            name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+            bad("\"tools\": a function name is 1 to 64 letters, digits, '_' or '-', not \"" + name + "\"");
+        if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+            bad("\"tools\": the parameters of \"" + name + "\" must be a JSON schema object");
+        out.push_back(python_json(t));
+    }
+    return out;
+}
+
+// A chat request's prompt: "messages" (and "tools") rendered with the model's chat template.
+struct ChatPrompt {
+    std::vector<int32_t> ids;
+    bool tools = false;  // the request lists functions
+};
+
+ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
         bad("\"messages\" must be a non-empty array");
     std::optional<std::string> system;
     std::vector<ChatMessage> messages;
-    for (const json& m : body["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-            !m["content"].is_string())
-            bad("each message must be an object with a string \"role\" and a string \"content\"");
-        const std::string role = m["role"], content = m["content"];
+    bool tool_turns = false;
+    for (size_t i = 0; i < body["messages"].size(); ++i) {
+        const json& m = body["messages"][i];
+        const std::string where = cat("\"messages\"[", i, "]");
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            bad("each message must be an object with a string \"role\" and its \"content\"");
+        const std::string role = m["role"];
+        const bool calls = role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+                           !(m["tool_calls"].is_array() && m["tool_calls"].empty());
+        if (!m.contains("content") && !calls) bad(where + " has no \"content\"");
+        const std::string content = message_text(m.value("content", json(nullptr)), where + ".content", calls);
         if (role == "system") {
             if (system || !messages.empty()) bad("a \"system\" message may only come first");
             system = content;
-        } else if (role == "user" || role == "assistant") {
-            const bool want_user = messages.size() % 2 == 0;
-            if ((role == "user") != want_user) bad("messages must alternate user and assistant, user first");
-            messages.push_back({role, content});
+        } else if (role == "user" || role == "assistant" || role == "tool") {
+            messages.emplace_back(role, content, calls ? message_calls(m["tool_calls"], where + ".tool_calls")
+                                                       : std::vector<ChatToolCall>{});
+            tool_turns = tool_turns || role == "tool" || calls;
         } else {
-            bad("unsupported message role \"" + role + "\" (system, user, assistant)");
+            bad("unsupported message role \"" + role + "\" (system, user, assistant, tool)");
         }
     }
-    if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
+    ChatPrompt p;
+    const std::vector<std::string> tools = request_tools(body);
+    p.tools = !tools.empty();
     if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
+    if ((p.tools || tool_turns) && !tok.chat_has_tools())
+        bad("this model's chat template has no tools block shardlm renders (Qwen2.5's or Qwen3's): no \"tools\", "
+            "tool calls or tool messages");
+    if (!p.tools && !tool_turns) {
+        for (size_t i = 0; i < messages.size(); ++i)
+            if ((messages[i].role == "user") != (i % 2 == 0)) bad("messages must alternate user and assistant, user first");
+        if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
+    }
     try {
-        return tok.encode(tok.apply_chat_template(system, messages), EncodeOptions{false});
+        p.ids = tok.encode(tok.apply_chat_template(system, messages, tools), EncodeOptions{false});
     } catch (const Error& e) {
         bad(e.what());
     }
+    return p;
 }
 
 // vLLM's structured outputs: guided_json and guided_choice (its older fields), or
@@ -133,7 +223,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
                                     lim.model + "`)");
     }
-    for (const char* key : {"echo", "best_of", "suffix", "tools", "functions"}) {
+    for (const char* key : {"echo", "best_of", "suffix", "functions", "function_call"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         if (std::string(key) == "echo" && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
@@ -155,8 +245,23 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     std::vector<std::string> texts;  // completions: the prompts given as text ("" for ids)
     if (chat) {
-        r.prompts = {chat_ids(body, tok)};
+        const ChatPrompt cp = chat_prompt(body, tok);
+        r.prompts = {cp.ids};
+        const json choice = body.value("tool_choice", json(nullptr));
+        if (!choice.is_null() && choice != "auto" && choice != "none") {
+            if (choice == "required" || choice.is_object())
+                bad("\"tool_choice\": \"required\" and a named function are not supported by shardlm serve (\"auto\" and "
+                    "\"none\" are)");
+            bad("\"tool_choice\" must be \"auto\" or \"none\"");
+        }
+        if (!choice.is_null() && choice != "none" && !cp.tools) bad("\"tool_choice\" needs \"tools\"");
+        r.tool_calls = cp.tools && choice != "none";
+        const json parallel = body.value("parallel_tool_calls", json(nullptr));
+        if (!parallel.is_null() && !parallel.is_boolean()) bad("\"parallel_tool_calls\" must be true or false");
+        r.parallel_tool_calls = !parallel.is_boolean() || parallel.get<bool>();
     } else {
+        for (const char* key : {"tools", "tool_choice"})
+            if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
         auto ids_of = [&](const json& a) {
@@ -306,6 +411,10 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (so_json.value("continuous_usage_stats", json(false)) != json(false))
             bad("\"stream_options.continuous_usage_stats\" is not supported by shardlm serve");
     }
+    // (guided_choice may hold a reply to raw text, a tool call included; JSON cannot be one.)
+    if (r.tool_calls && (r.json_object || !r.json_schema.empty()))
+        bad("\"tools\" with tool_choice \"auto\" and a JSON constraint (response_format, guided_json) do not go "
+            "together: a tool call is no JSON value");
     try {
         Sampler check(so, 0);  // the sampler's own checks, before any rank runs it
     } catch (const Error& e) {
@@ -400,6 +509,22 @@ json envelope(const ApiRequest& r, const std::string& id, int64_t created, const
             {"model", model},
             {"choices", std::move(choices)}};
 }
+
+// A reply's calls as OpenAI's tool_calls entries (ids from the response's and the choice's);
+// `with_index` for a stream's delta.
+json tool_calls_json(const ApiRequest& r, const std::string& id, size_t choice, const ParsedToolCalls& calls,
+                     bool with_index) {
+    json out = json::array();
+    for (size_t k = 0; k < calls.calls.size() && (r.parallel_tool_calls || k == 0); ++k) {
+        json c;
+        if (with_index) c["index"] = k;
+        c["id"] = cat("call_", id, "_", choice, "_", k);
+        c["type"] = "function";
+        c["function"] = {{"name", calls.calls[k].name}, {"arguments", calls.calls[k].arguments}};
+        out.push_back(c);
+    }
+    return out;
+}
 }  // namespace
 
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
@@ -410,10 +535,18 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
         const size_t p = c / size_t(r.n);
         const std::string text = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
         json choice = {{"index", c}};
-        if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-        else choice["text"] = text;
+        const ParsedToolCalls calls = r.tool_calls ? parse_tool_calls(text) : ParsedToolCalls{};
+        if (calls.called) {
+            choice["message"] = {{"role", "assistant"},
+                                 {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
+                                 {"tool_calls", tool_calls_json(r, id, c, calls, false)}};
+        } else if (r.chat) {
+            choice["message"] = {{"role", "assistant"}, {"content", text}};
+        } else {
+            choice["text"] = text;
+        }
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
-        choice["finish_reason"] = ch.finish;
+        choice["finish_reason"] = calls.called ? "tool_calls" : ch.finish;
         out.push_back(choice);
     }
     json res = envelope(r, id, created, model, std::move(out), false);
@@ -440,11 +573,20 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
     return res;
 }
 
+json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                          size_t index, const ParsedToolCalls& calls) {
+    json choice = {{"index", index}, {"delta", {{"tool_calls", tool_calls_json(r, id, index, calls, true)}}},
+                   {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    json res = envelope(r, id, created, model, json::array({choice}), true);
+    if (r.include_usage) res["usage"] = nullptr;
+    return res;
+}
+
 json api_tokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) {
     if (!body.is_object()) bad("the request body must be a JSON object");
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
-        ids = chat_ids(body, tok);
+        ids = chat_prompt(body, tok).ids;
     } else {
         if (!body.contains("prompt") || !body["prompt"].is_string()) bad("\"prompt\" (a string) or \"messages\" is required");
         const json add = body.value("add_special_tokens", json(true));

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/sampler.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace shardlm {
@@ -58,6 +59,11 @@ struct ApiRequest {
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
     std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
+    // Chat with "tools" and tool_choice "auto" (the default with tools): each reply is read for
+    // tool calls (parse_tool_calls, chat_template.h): message.tool_calls and finish_reason
+    // "tool_calls"; streamed, text that may start a call is held back until the reply ends.
+    bool tool_calls = false;
+    bool parallel_tool_calls = true;  // false: a reply's first call only
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -93,7 +99,10 @@ struct ApiChoice {
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
 // [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos,
 // min_tokens, stop_token_ids, priority, guided_json and guided_choice (or structured_outputs with json or
-// choice). best_of and tools are refused.
+// choice). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
+// messages of role "tool" and assistant messages with "tool_calls", content as a string or an
+// array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's). best_of, functions,
+// tool_choice "required" or a named function are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
@@ -128,6 +137,10 @@ nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& i
 nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
                          const nlohmann::ordered_json& logprobs = nullptr);
+// The event of choice `index`'s tool calls, all in one delta (each entry with its index, id, name
+// and arguments), sent when the reply has ended; its last event then says "tool_calls".
+nlohmann::ordered_json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created,
+                                            const std::string& model, size_t index, const ParsedToolCalls& calls);
 // vLLM's /tokenize ("prompt" with "add_special_tokens", default true, or chat "messages"):
 // {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
 nlohmann::ordered_json api_tokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);

@@ -699,6 +699,117 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// Tool calling with a Qwen2.5-style template (tests/tokenizer/templates/qwen25.jinja, whose
+// renderings the tokenizer tests hold to Jinja's): guided_choice makes the shipped model write a
+// call, which comes back as message.tool_calls with finish_reason "tool_calls", whole and
+// streamed (no call text in the content deltas); tool_choice "none" leaves it text; a
+// conversation with the call and its result runs; bad tool requests get a 400 naming the field.
+TEST_F(Serve, ToolCalls) {
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    const std::string plain_template = cfg["chat_template"];
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+    const json ask = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+    const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>";
+    auto request = [&](const std::string& reply) {
+        return json{{"messages", ask}, {"tools", tools}, {"max_tokens", 200}, {"temperature", 0},
+                    {"guided_choice", json::array({reply})}};
+    };
+    const Reply r = post(srv.port(), "/v1/chat/completions", request("Let me look.\n" + call));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& choice = r.body["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.raw;
+    EXPECT_EQ(choice["message"]["content"], "Let me look.");
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r.raw;
+    const json& tc = choice["message"]["tool_calls"][0];
+    EXPECT_EQ(tc["type"], "function");
+    EXPECT_EQ(tc["function"]["name"], "get_weather");
+    EXPECT_EQ(tc["function"]["arguments"], "{\"city\": \"Paris\"}");
+    EXPECT_FALSE(tc["id"].get<std::string>().empty());
+    // The prompt lists the tools: longer than without them.
+    const Reply bare = post(srv.port(), "/tokenize", {{"messages", ask}});
+    const Reply listed = post(srv.port(), "/tokenize", {{"messages", ask}, {"tools", tools}});
+    ASSERT_EQ(listed.status, 200) << listed.raw;
+    EXPECT_EQ(listed.body["count"], r.body["usage"]["prompt_tokens"]);
+    EXPECT_GT(listed.body["count"].get<int>(), bare.body["count"].get<int>() + 50);
+
+    // Streamed: content deltas without the call's text, one delta with the call, then the reason.
+    json st = request("Let me look.\n" + call);
+    st["stream"] = true;
+    const Reply streamed = post(srv.port(), "/v1/chat/completions", st);
+    ASSERT_EQ(streamed.status, 200);
+    std::string content, reason;
+    json calls = json::array();
+    std::istringstream events(streamed.raw);
+    for (std::string line; std::getline(events, line);) {
+        if (line.rfind("data: {", 0) != 0) continue;
+        const json d = json::parse(line.substr(6))["choices"][0];
+        if (d["delta"].contains("content")) content += d["delta"]["content"].get<std::string>();
+        if (d["delta"].contains("tool_calls"))
+            for (const json& c : d["delta"]["tool_calls"]) calls.push_back(c);
+        if (!d["finish_reason"].is_null()) reason = d["finish_reason"];
+    }
+    EXPECT_EQ(content.find("<tool"), std::string::npos) << content;
+    EXPECT_EQ(content.substr(0, 12), "Let me look.");
+    ASSERT_EQ(calls.size(), 1u) << streamed.raw;
+    EXPECT_EQ(calls[0]["index"], 0);
+    EXPECT_EQ(calls[0]["function"], tc["function"]);
+    EXPECT_EQ(reason, "tool_calls");
+
+    // tool_choice "none": the same reply is text.
+    json none = request(call);
+    none["tool_choice"] = "none";
+    const Reply text = post(srv.port(), "/v1/chat/completions", none);
+    ASSERT_EQ(text.status, 200) << text.raw;
+    EXPECT_EQ(text.body["choices"][0]["message"]["content"], call);
+    EXPECT_EQ(text.body["choices"][0]["finish_reason"], "stop");
+    EXPECT_FALSE(text.body["choices"][0]["message"].contains("tool_calls"));
+
+    // The next turn: the call (arguments as text, as OpenAI's clients send them back) and its result.
+    json more = ask;
+    more.push_back({{"role", "assistant"}, {"content", nullptr},
+                    {"tool_calls", json::array({{{"id", tc["id"]}, {"type", "function"}, {"function", tc["function"]}}})}});
+    more.push_back({{"role", "tool"}, {"tool_call_id", tc["id"]}, {"content", json::array({{{"type", "text"}, {"text", "21 C"}}})}});
+    const Reply next = post(srv.port(), "/v1/chat/completions",
+                            {{"messages", more}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(next.status, 200) << next.raw;
+    EXPECT_GT(next.body["usage"]["prompt_tokens"].get<int>(), r.body["usage"]["prompt_tokens"].get<int>());
+
+    auto error_of = [&](const json& body, const std::string& path, const std::string& part) {
+        const Reply e = post(srv.port(), path, body);
+        EXPECT_EQ(e.status, 400) << body.dump() << ": " << e.raw;
+        EXPECT_NE(e.raw.find(part), std::string::npos) << body.dump() << ": " << e.raw;
+    };
+    error_of({{"messages", ask}, {"tools", tools}, {"tool_choice", "required"}}, "/v1/chat/completions",
+             "\\\"required\\\" and a named function are not supported");
+    error_of({{"messages", ask}, {"tool_choice", "auto"}}, "/v1/chat/completions", "needs \\\"tools\\\"");
+    error_of({{"prompt", "x"}, {"tools", tools}}, "/v1/completions", "is the chat API's");
+    error_of({{"messages", ask}, {"tools", tools}, {"response_format", {{"type", "json_object"}}}}, "/v1/chat/completions",
+             "do not go together");
+    error_of({{"messages", ask}, {"tools", json::parse(R"([{"type": "function", "function": {"name": "a b"}}])")}},
+             "/v1/chat/completions", "function name");
+    json orphan = ask;
+    orphan.push_back({{"role", "tool"}, {"content", "21 C"}});
+    error_of({{"messages", orphan}, {"tools", tools}}, "/v1/chat/completions", "a tool message answers");
+    json bad_args = more;
+    bad_args[1]["tool_calls"][0]["function"]["arguments"] = "{city";
+    error_of({{"messages", bad_args}, {"tools", tools}}, "/v1/chat/completions", "are not JSON");
+    EXPECT_EQ(srv.stop(), 0);
+
+    // A template without a tools block refuses them.
+    cfg["chat_template"] = plain_template;
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("plain.log"));
+    ASSERT_GT(plain.port(), 0) << plain.read_all();
+    const Reply no = post(plain.port(), "/v1/chat/completions", {{"messages", ask}, {"tools", tools}});
+    EXPECT_EQ(no.status, 400) << no.raw;
+    EXPECT_NE(no.raw.find("no tools block"), std::string::npos) << no.raw;
+}
+
 // HTTPS with an API key: a self-signed certificate made here (openssl); every route but /health
 // and /metrics answers 401 without the key or with a wrong one, and serves with it.
 TEST_F(Serve, HttpsWithAnApiKey) {

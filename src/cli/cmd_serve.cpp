@@ -56,14 +56,9 @@ struct ChoiceState {
     size_t sent = 0;   // streaming: how much of out.text went out
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     bool done = false, finish_sent = false;
-    // Streaming with tool calls (ApiRequest::tool_calls): how much of out.text may go out now
-    // (the text before what may start a call), and the calls once the reply has ended.
-    size_t sendable(bool tool_calls) const {
-        if (!tool_calls) return out.text.size();
-        if (!done) return tool_call_hold(out.text);
-        const ParsedToolCalls calls = parse_tool_calls(out.text);
-        return calls.called ? std::max(sent, calls.content.size()) : out.text.size();
-    }
+    // Streaming: how much of out.text may go out now (api_sendable: with tool calls, not what may
+    // become one).
+    size_t sendable(const ApiRequest& r) const { return api_sendable(r, out.text, done, sent); }
 };
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
@@ -507,9 +502,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     "text/event-stream",
                     [job, model_name = name, tk = tok.get()](size_t, httplib::DataSink& sink) {
                         std::unique_lock<std::mutex> lk(job->m);
-                        const bool tools = job->req.tool_calls;
+                        const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
-                            return cs.sendable(tools) > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+                            return cs.sendable(req) > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
                             return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
@@ -521,7 +516,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::string out;
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
-                            const size_t upto = cs.sendable(tools);
+                            const size_t upto = cs.sendable(req);
                             if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
                                 // The logprobs of the tokens since the last event (their text may be
                                 // held back a while for a stop string, a character's rest or a
@@ -535,8 +530,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.lps_offset += logprobs_text_bytes(*tk, fresh);
                             }
                             if ((cs.done || job->aborted) && !cs.finish_sent) {
-                                const ParsedToolCalls calls =
-                                    tools && cs.done ? parse_tool_calls(cs.out.text) : ParsedToolCalls{};
+                                const ParsedToolCalls calls = cs.done ? api_tool_calls(req, cs.out.text) : ParsedToolCalls{};
                                 if (calls.called)
                                     out += sse(api_tool_calls_chunk(job->req, job->id, job->created, model_name, c, calls));
                                 out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",

@@ -110,7 +110,7 @@ std::vector<std::string> request_tools(const json& body) {
 // A chat request's prompt: "messages" (and "tools") rendered with the model's chat template.
 struct ChatPrompt {
     std::vector<int32_t> ids;
-    bool tools = false;  // the request lists functions
+    json functions = json::array();  // the request's tools' "function" objects
 };
 
 ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
@@ -142,12 +142,12 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
     }
     ChatPrompt p;
     const std::vector<std::string> tools = request_tools(body);
-    p.tools = !tools.empty();
+    for (size_t i = 0; i < tools.size(); ++i) p.functions.push_back(body["tools"][i]["function"]);
     if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
-    if ((p.tools || tool_turns) && !tok.chat_has_tools())
+    if ((!tools.empty() || tool_turns) && !tok.chat_has_tools())
         bad("this model's chat template has no tools block shardlm renders (Qwen2.5's or Qwen3's): no \"tools\", "
             "tool calls or tool messages");
-    if (!p.tools && !tool_turns) {
+    if (tools.empty() && !tool_turns) {
         for (size_t i = 0; i < messages.size(); ++i)
             if ((messages[i].role == "user") != (i % 2 == 0)) bad("messages must alternate user and assistant, user first");
         if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
@@ -158,6 +158,54 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         bad(e.what());
     }
     return p;
+}
+
+// tool_choice (chat): "auto" (the default with tools), "none", "required", or {"type":
+// "function", "function": {"name": ...}} naming one of them.
+void tool_choice(const json& body, const json& functions, ApiRequest& r) {
+    const json choice = body.value("tool_choice", json(nullptr));
+    if (!choice.is_null() && functions.empty() && choice != "none") bad("\"tool_choice\" needs \"tools\"");
+    if (choice.is_null() || choice == "auto") {
+        r.tools = functions.empty() ? ApiRequest::Tools::None : ApiRequest::Tools::Auto;
+    } else if (choice == "none") {
+        r.tools = ApiRequest::Tools::None;
+    } else if (choice == "required") {
+        r.tools = ApiRequest::Tools::Required;
+    } else if (choice.is_object() && choice.value("type", json("")) == "function" && choice.contains("function") &&
+               choice["function"].is_object() && choice["function"].contains("name") &&
+               choice["function"]["name"].is_string()) {
+        r.tool_name = choice["function"]["name"];
+        bool listed = false;
+        for (const json& f : functions) listed = listed || f["name"] == r.tool_name;
+        if (!listed) bad("\"tool_choice\" names \"" + r.tool_name + "\", which is not among \"tools\"");
+        r.tools = ApiRequest::Tools::Named;
+    } else {
+        bad("\"tool_choice\" must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+            "{\"name\": ...}}");
+    }
+    const json parallel = body.value("parallel_tool_calls", json(nullptr));
+    if (!parallel.is_null() && !parallel.is_boolean()) bad("\"parallel_tool_calls\" must be true or false");
+    r.parallel_tool_calls = !parallel.is_boolean() || parallel.get<bool>();
+}
+
+// The JSON schema a Required or Named reply is held to: [{"name": one function, "parameters": its
+// arguments}, ...] (one item without parallel_tool_calls), or the named function's arguments.
+std::string tool_schema(const json& functions, const ApiRequest& r) {
+    auto parameters = [](const json& f) {
+        return f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : json{{"type", "object"}};
+    };
+    if (r.tools == ApiRequest::Tools::Named) {
+        for (const json& f : functions)
+            if (f["name"] == r.tool_name) return parameters(f).dump();
+    }
+    json calls = json::array();
+    for (const json& f : functions)
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", f["name"]}}}, {"parameters", parameters(f)}}},
+                         {"required", {"name", "parameters"}}});
+    json items = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", calls}}}};
+    if (!r.parallel_tool_calls) items["maxItems"] = 1;
+    return items.dump();
 }
 
 // vLLM's structured outputs: guided_json and guided_choice (its older fields), or
@@ -244,18 +292,12 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.logprobs = integer(body, "logprobs", -1, 0, kMaxApiLogprobs);
     }
     std::vector<std::string> texts;  // completions: the prompts given as text ("" for ids)
+    json functions = json::array();  // chat: the tools' functions
     if (chat) {
         const ChatPrompt cp = chat_prompt(body, tok);
         r.prompts = {cp.ids};
-        const json choice = body.value("tool_choice", json(nullptr));
-        if (!choice.is_null() && choice != "auto" && choice != "none") {
-            if (choice == "required" || choice.is_object())
-                bad("\"tool_choice\": \"required\" and a named function are not supported by shardlm serve (\"auto\" and "
-                    "\"none\" are)");
-            bad("\"tool_choice\" must be \"auto\" or \"none\"");
-        }
-        if (!choice.is_null() && choice != "none" && !cp.tools) bad("\"tool_choice\" needs \"tools\"");
-        r.tool_calls = cp.tools && choice != "none";
+        functions = cp.functions;
+        tool_choice(body, functions, r);
         const json parallel = body.value("parallel_tool_calls", json(nullptr));
         if (!parallel.is_null() && !parallel.is_boolean()) bad("\"parallel_tool_calls\" must be true or false");
         r.parallel_tool_calls = !parallel.is_boolean() || parallel.get<bool>();
@@ -412,9 +454,20 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             bad("\"stream_options.continuous_usage_stats\" is not supported by shardlm serve");
     }
     // (guided_choice may hold a reply to raw text, a tool call included; JSON cannot be one.)
-    if (r.tool_calls && (r.json_object || !r.json_schema.empty()))
+    if (r.tools == ApiRequest::Tools::Auto && (r.json_object || !r.json_schema.empty()))
         bad("\"tools\" with tool_choice \"auto\" and a JSON constraint (response_format, guided_json) do not go "
             "together: a tool call is no JSON value");
+    if (r.tools == ApiRequest::Tools::Required || r.tools == ApiRequest::Tools::Named) {
+        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty())
+            bad("tool_choice \"required\" or a named function holds the reply to its calls: no other constraint "
+                "(response_format, guided_json, guided_choice) with it");
+        r.json_schema = tool_schema(functions, r);
+        try {
+            compile_json_schema(r.json_schema, "the parameters of the tools");
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    }
     try {
         Sampler check(so, 0);  // the sampler's own checks, before any rank runs it
     } catch (const Error& e) {
@@ -535,7 +588,7 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
         const size_t p = c / size_t(r.n);
         const std::string text = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
         json choice = {{"index", c}};
-        const ParsedToolCalls calls = r.tool_calls ? parse_tool_calls(text) : ParsedToolCalls{};
+        const ParsedToolCalls calls = api_tool_calls(r, text);
         if (calls.called) {
             choice["message"] = {{"role", "assistant"},
                                  {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
@@ -571,6 +624,38 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
     json res = envelope(r, id, created, model, json::array({choice}), true);
     if (r.include_usage) res["usage"] = nullptr;  // as OpenAI's: null until the last chunk
     return res;
+}
+
+ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text) {
+    if (r.tools == ApiRequest::Tools::None) return ParsedToolCalls{false, text, {}};
+    if (r.tools == ApiRequest::Tools::Auto) return parse_tool_calls(text);
+    // Required, Named: the reply is the JSON its schema holds it to, unless it was cut short.
+    ParsedToolCalls out{false, text, {}};
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception&) {
+        return out;
+    }
+    out.called = true;
+    out.content.clear();
+    if (r.tools == ApiRequest::Tools::Named) {
+        out.calls.push_back({r.tool_name, python_json(j)});
+        return out;
+    }
+    for (const json& c : j) {
+        if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters"))
+            return ParsedToolCalls{false, text, {}};
+        out.calls.push_back({c["name"].get<std::string>(), python_json(c["parameters"])});
+    }
+    return out;
+}
+
+size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, size_t sent) {
+    if (r.tools == ApiRequest::Tools::None) return text.size();
+    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(text) : 0;
+    const ParsedToolCalls calls = api_tool_calls(r, text);
+    return calls.called ? std::max(sent, calls.content.size()) : text.size();
 }
 
 json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,

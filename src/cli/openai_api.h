@@ -59,10 +59,15 @@ struct ApiRequest {
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
     std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
-    // Chat with "tools" and tool_choice "auto" (the default with tools): each reply is read for
-    // tool calls (parse_tool_calls, chat_template.h): message.tool_calls and finish_reason
-    // "tool_calls"; streamed, text that may start a call is held back until the reply ends.
-    bool tool_calls = false;
+    // Chat with "tools": how replies become tool calls (message.tool_calls, finish_reason
+    // "tool_calls"). Auto (tool_choice "auto", the default with tools): the template's
+    // <tool_call> blocks, read out of the reply (parse_tool_calls, chat_template.h); streamed,
+    // text that may start a call is held back until the reply ends. Required and Named (as
+    // vLLM's): the reply is held to JSON (json_schema): an array of {"name", "parameters"}
+    // objects, or the named function's arguments; streamed, it comes as calls at the end.
+    enum class Tools : uint8_t { None, Auto, Required, Named };
+    Tools tools = Tools::None;
+    std::string tool_name;            // Named: the function
     bool parallel_tool_calls = true;  // false: a reply's first call only
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
@@ -101,8 +106,9 @@ struct ApiChoice {
 // min_tokens, stop_token_ids, priority, guided_json and guided_choice (or structured_outputs with json or
 // choice). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
 // messages of role "tool" and assistant messages with "tool_calls", content as a string or an
-// array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's). best_of, functions,
-// tool_choice "required" or a named function are refused.
+// array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's); tool_choice
+// "required" or {"type": "function", "function": {"name": ...}} hold the reply to JSON calls
+// (as vLLM does; no other constraint with them). best_of and functions are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
@@ -137,6 +143,12 @@ nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& i
 nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
                          const nlohmann::ordered_json& logprobs = nullptr);
+// A reply's tool calls as the request's tool mode reads them (called false: plain text).
+ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text);
+// How much of a streamed reply may go out as content: all of it without tools; with them, the
+// text before what may start a call (Auto) or nothing (Required, Named) until it ends, then the
+// content api_tool_calls leaves (at least `sent`: nothing is taken back).
+size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, size_t sent);
 // The event of choice `index`'s tool calls, all in one delta (each entry with its index, id, name
 // and arguments), sent when the reply has ended; its last event then says "tool_calls".
 nlohmann::ordered_json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created,

@@ -784,8 +784,47 @@ TEST_F(Serve, ToolCalls) {
         EXPECT_EQ(e.status, 400) << body.dump() << ": " << e.raw;
         EXPECT_NE(e.raw.find(part), std::string::npos) << body.dump() << ": " << e.raw;
     };
-    error_of({{"messages", ask}, {"tools", tools}, {"tool_choice", "required"}}, "/v1/chat/completions",
-             "\\\"required\\\" and a named function are not supported");
+    // tool_choice "required" and a named function hold the reply to JSON calls (vLLM's way).
+    const json enum_tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "now"}}])");
+    for (const bool stream : {false, true}) {
+        for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+            json req = {{"messages", ask}, {"tools", enum_tools}, {"tool_choice", choice}, {"max_tokens", 300},
+                        {"temperature", 0}, {"parallel_tool_calls", false}, {"stream", stream}};
+            const Reply f = post(srv.port(), "/v1/chat/completions", req);
+            ASSERT_EQ(f.status, 200) << f.raw;
+            json got = json::array();
+            std::string fin, text;
+            if (!stream) {
+                got = f.body["choices"][0]["message"]["tool_calls"];
+                fin = f.body["choices"][0]["finish_reason"];
+                EXPECT_TRUE(f.body["choices"][0]["message"]["content"].is_null()) << f.raw;
+            } else {
+                std::istringstream ev(f.raw);
+                for (std::string line; std::getline(ev, line);) {
+                    if (line.rfind("data: {", 0) != 0) continue;
+                    const json d = json::parse(line.substr(6))["choices"][0];
+                    if (d["delta"].contains("content")) text += d["delta"]["content"].get<std::string>();
+                    if (d["delta"].contains("tool_calls"))
+                        for (const json& c : d["delta"]["tool_calls"]) got.push_back(c);
+                    if (!d["finish_reason"].is_null()) fin = d["finish_reason"];
+                }
+                EXPECT_EQ(text, "") << f.raw;
+            }
+            EXPECT_EQ(fin, "tool_calls") << choice.dump() << " stream " << stream << ": " << f.raw;
+            ASSERT_EQ(got.size(), 1u) << f.raw;
+            const std::string name = got[0]["function"]["name"];
+            if (choice.is_object()) EXPECT_EQ(name, "get_weather");
+            const json args = json::parse(got[0]["function"]["arguments"].get<std::string>());
+            if (name == "get_weather") EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome") << args.dump();
+            else EXPECT_EQ(name, "now");
+        }
+    }
+    error_of({{"messages", ask}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
+             "/v1/chat/completions", "not among");
+    error_of({{"messages", ask}, {"tools", tools}, {"tool_choice", "required"}, {"guided_choice", {"a"}}},
+             "/v1/chat/completions", "no other constraint");
     error_of({{"messages", ask}, {"tool_choice", "auto"}}, "/v1/chat/completions", "needs \\\"tools\\\"");
     error_of({{"prompt", "x"}, {"tools", tools}}, "/v1/completions", "is the chat API's");
     error_of({{"messages", ask}, {"tools", tools}, {"response_format", {{"type", "json_object"}}}}, "/v1/chat/completions",

@@ -31,7 +31,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
     int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0,
-            min_new = 0, speculate_max_batch = 0;
+            min_new = 0, speculate_max_batch = 0, speculate_max_tokens = 8;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -59,6 +59,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any; 1 suits a CPU, where verifying "
          "several sequences' proposals costs more than the steps it saves)")
+        ("speculate-max-tokens", po::value(&speculate_max_tokens)->default_value(8),
+         "--speculate: at most N tokens in a step that carries proposals, its decode tokens included, shared out "
+         "among the decoding sequences: verifying costs little while a step fits the CUDA GEMVs' 8 token rows or a "
+         "CPU's spare arithmetic (0: no limit but the step's)")
         ("ctx", po::value(&ctx)->default_value(0), "KV positions per sequence (0: longest prompt + max-new-tokens)")
         ("prefill-chunk", po::value(&chunk)->default_value(256), "prompt tokens per prefill step")
         ("context-overflow", po::value(&overflow)->default_value("error"),
@@ -115,7 +119,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
+        if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
         go.speculate_max_batch = speculate_max_batch;
+        go.speculate_max_tokens = speculate_max_tokens;
         go.ignore_eos = vm.count("ignore-eos") > 0;
         go.min_new_tokens = min_new;
         if (ctx < 0) fail("--ctx must be >= 0");

@@ -269,7 +269,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0;
+    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0, speculate_max_tokens = 8;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -293,9 +293,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
-         "same tokens as without it (0: off)")
+         "tokens made without it up to rounding (0: off)")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any)")
+        ("speculate-max-tokens", po::value(&speculate_max_tokens)->default_value(8),
+         "--speculate: at most N tokens in a step that carries proposals, its decode tokens included, shared out "
+         "among the decoding sequences: verifying costs little while a step fits the CUDA GEMVs' 8 token rows or a "
+         "CPU's spare arithmetic (0: no limit but the step's)")
         ("json-whitespace", po::value(&json_whitespace)->default_value(JsonSchema::kDefaultSpace),
          "response_format json_object/json_schema: most whitespace bytes in a row between the JSON's parts, one "
          "line break among them (0: compact JSON, for models that would spend tokens on it)")
@@ -320,6 +324,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
+        if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
         check_json_whitespace(json_whitespace);
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
         if (!vm.count("api-key"))
@@ -573,6 +578,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.reuse_prefix = !vm.count("no-prefix-cache");
     bo.speculate = speculate;
     bo.speculate_max_batch = speculate_max_batch;
+    bo.speculate_max_tokens = speculate_max_tokens;
     JsonVocab json_vocab(json_token_bytes(*tok));
     bo.json_vocab = &json_vocab;
     // Every rank: the schemas of JSON-mode and json_schema requests, compiled once per text and

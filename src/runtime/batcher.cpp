@@ -69,8 +69,8 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     SHARDLM_CHECK(opt.max_running >= 0 && opt.max_running <= eo.max_batch && eo.max_batch >= 1, "max_running ",
                   opt.max_running, " with ", eo.max_batch, " slots");
     SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
-    SHARDLM_CHECK(opt.speculate >= 0 && opt.speculate_max_batch >= 0, "speculate ", opt.speculate, ", max batch ",
-                  opt.speculate_max_batch);
+    SHARDLM_CHECK(opt.speculate >= 0 && opt.speculate_max_batch >= 0 && opt.speculate_max_tokens >= 0, "speculate ",
+                  opt.speculate, ", max batch ", opt.speculate_max_batch, ", max tokens ", opt.speculate_max_tokens);
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
@@ -368,11 +368,15 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         int64_t prefilling = 0;
         for (const size_t i : running_) prefilling += seqs_[i]->done < int64_t(seqs_[i]->req.prompt.size());
         int64_t rows = rows_left - prefilling, tokens = budget_max - int64_t(n_decode) - prefilling;
+        if (opt_.speculate_max_tokens > 0) tokens = std::min(tokens, opt_.speculate_max_tokens - int64_t(n_decode) - prefilling);
         for (size_t c = 0; c < n_decode && rows > 0 && tokens > 0; ++c) {
             Seq& q = *chunk_seq[c];
             SeqChunk& ch = chunks[c];
             const int64_t left = q.req.max_new_tokens - int64_t(q.res.tokens.size());  // the last one needs no proposal
-            const int64_t k = std::min({opt_.speculate, rows, tokens, left - 1, ctx - 1 - ch.pos});
+            // Under a step limit each sequence still to come gets its share of what is left.
+            const int64_t share =
+                opt_.speculate_max_tokens > 0 ? std::max<int64_t>(1, tokens / int64_t(n_decode - c)) : tokens;
+            const int64_t k = std::min({opt_.speculate, rows, tokens, share, left - 1, ctx - 1 - ch.pos});
             if (k <= 0) continue;
             q.spec = q.req.prompt;
             q.spec.insert(q.spec.end(), q.res.tokens.begin(), q.res.tokens.end());

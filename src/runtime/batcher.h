@@ -119,6 +119,11 @@ struct BatcherOptions {
     // speculative_disable_by_batch_size): where a step's time grows with its tokens (a CPU's
     // arithmetic), verifying several sequences' proposals costs more than the steps it saves.
     int64_t speculate_max_batch = 0;
+    // At most this many tokens in a step that carries proposals, decode tokens included (0: only
+    // the step's own limit): verifying stays cheap while a step's tokens fit the engine's decode
+    // path (the CUDA GEMVs take up to 8 token rows; the CPU's arithmetic grows with every row),
+    // so a batch of several sequences shares a few proposals instead of each taking `speculate`.
+    int64_t speculate_max_tokens = 0;
     // The vocabulary's bytes for JSON-mode requests (BatchRequest::json), not owned; its
     // masks are kept there between steps. Ids past its size are never taken in JSON mode.
     JsonVocab* json_vocab = nullptr;

@@ -441,6 +441,85 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
     }
 }
 
+namespace {
+// An engine that runs another and keeps the most tokens of a step that carried proposals (a chunk
+// with every row's logits).
+class SpecStepSizes final : public Engine {
+public:
+    explicit SpecStepSizes(Engine& e) : e_(e) {}
+    void forward(const std::vector<SeqChunk>& chunks, float* logits) override {
+        int64_t tokens = 0;
+        bool spec = false;
+        for (const SeqChunk& c : chunks) {
+            tokens += c.n;
+            spec = spec || (c.all_logits && c.n > 1);
+        }
+        if (spec) most = std::max(most, tokens);
+        e_.forward(chunks, logits);
+    }
+    void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override { e_.shift_kv(slot, keep, discard, len); }
+    void copy_kv(int64_t src, int64_t dst, int64_t n) override { e_.copy_kv(src, dst, n); }
+    const ModelConfig& config() const override { return e_.config(); }
+    const EngineOptions& options() const override { return e_.options(); }
+    size_t weight_bytes() const override { return e_.weight_bytes(); }
+    size_t kv_bytes() const override { return e_.kv_bytes(); }
+    size_t workspace_bytes() const override { return e_.workspace_bytes(); }
+    std::string device() const override { return e_.device(); }
+    int64_t most = 0;
+
+private:
+    Engine& e_;
+};
+}  // namespace
+
+// BatcherOptions::speculate_max_tokens: a step that carries proposals holds at most that many
+// tokens, its decode tokens included, the proposals shared among the sequences; the tokens stay
+// those of decoding without speculation (f32 weights: one kernel path for any row count).
+TEST(Batcher, SpeculationWithinAStepTokenLimit) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    SingleRank comm;
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> phrase = make_prompt(6, cfg.vocab, 81);
+    std::vector<BatchRequest> r;
+    for (uint64_t i = 0; i < 3; ++i) r.push_back(request(joined(joined(make_prompt(3, cfg.vocab, 90 + i), phrase), phrase), greedy, i));
+    for (BatchRequest& q : r) q.max_new_tokens = 24;
+    auto run = [&](int64_t speculate, int64_t max_tokens, std::vector<SequenceResult>& out, int64_t* most) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 64;
+        so.max_batch = 3;
+        so.prefill_chunk = 32;
+        so.max_logit_rows = 16;
+        auto s = open_session(so, comm);
+        SpecStepSizes e(*s->engine);
+        BatcherOptions bo;
+        bo.prefill_chunk = 32;
+        bo.speculate = speculate;
+        bo.speculate_max_tokens = max_tokens;
+        const GenerateTimings t = run_all(e, bo, r, out);
+        *most = e.most;
+        return t;
+    };
+    std::vector<SequenceResult> plain, wide, capped;
+    int64_t most_plain = 0, most_wide = 0, most_capped = 0;
+    const GenerateTimings tp = run(0, 0, plain, &most_plain), tw = run(4, 0, wide, &most_wide),
+                          tc = run(4, 5, capped, &most_capped);
+    EXPECT_EQ(most_plain, 0);
+    EXPECT_GT(most_wide, 5);  // three sequences with up to four proposals each
+    EXPECT_GT(most_capped, 3);
+    EXPECT_LE(most_capped, 5);
+    EXPECT_GT(tc.draft_tokens, 0);
+    EXPECT_LT(tc.draft_tokens, tw.draft_tokens);
+    EXPECT_LE(tc.decode_steps, tp.decode_steps);
+    for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(wide[i].tokens, plain[i].tokens) << i;
+        EXPECT_EQ(capped[i].tokens, plain[i].tokens) << i;
+    }
+}
+
 // Every request speculates: a proposal is one token, so keeping it when the sequence's own draw
 // from the row is that token is speculative sampling's rule, and each row's token penalties, bias
 // and min_tokens ban are reckoned on the host from the tokens kept before it. The draws, one per

@@ -471,22 +471,27 @@ s_speculate() {  # generate --speculate 4 against plain greedy decoding on the b
   for b in 1 4; do
     p=$ids
     [ "$b" = 1 ] && p=${ids%%;*}
-    for k in 0 4; do
-      echo "shardlm generate --model $dir --device $DEV --weights int8 --kv int8 --batch $b --max-new-tokens $GEN --temperature 0 --speculate $k"
+    # k: proposals per sequence; "4u": 4 without the step's token limit (--speculate-max-tokens 0,
+    # the behaviour before 2026-12-04 evening, for the A/B of the default limit of 8)
+    for k in 0 4 4u; do
+      local extra=()
+      [ "$k" = 4u ] && extra=(--speculate-max-tokens 0)
+      echo "shardlm generate --model $dir --device $DEV --weights int8 --kv int8 --batch $b --max-new-tokens $GEN --temperature 0 --speculate ${k%u} ${extra[*]}"
       "$BIN/shardlm" generate --model "$dir" --device "$DEV" --weights int8 --kv int8 --prompt-ids "$p" \
-        --max-new-tokens "$GEN" --temperature 0 --speculate "$k" --json > "$work/logs/spec_b${b}_k$k.json" || exit 1
+        --max-new-tokens "$GEN" --temperature 0 --speculate "${k%u}" "${extra[@]}" --json > "$work/logs/spec_b${b}_k$k.json" || exit 1
     done
   done
   echo "note: $("$PY" -c '
 import json, sys
 out = []
 for b in (1, 4):
-    a, s = (json.load(open("%s/spec_b%d_k%d.json" % (sys.argv[1], b, k))) for k in (0, 4))
-    ta, ts = a["timings"], s["timings"]
-    same = [x["tokens"] == y["tokens"] for x, y in zip(a["results"], s["results"])]
-    out.append("b%d: %d -> %d steps, %.0f -> %.0f ms (%.2fx), %d/%d accepted, tokens equal %d/%d" % (
-        b, ta["decode_steps"], ts["decode_steps"], ta["total_ms"], ts["total_ms"], ta["total_ms"] / max(ts["total_ms"], 1e-9),
-        ts["accepted_tokens"], ts["draft_tokens"], sum(same), len(same)))
+    for k in ("4", "4u"):
+        a, s = (json.load(open("%s/spec_b%d_k%s.json" % (sys.argv[1], b, kk))) for kk in ("0", k))
+        ta, ts = a["timings"], s["timings"]
+        same = [x["tokens"] == y["tokens"] for x, y in zip(a["results"], s["results"])]
+        out.append("b%d%s: %d -> %d steps, %.0f -> %.0f ms (%.2fx), %d/%d accepted, tokens equal %d/%d" % (
+            b, " unlimited" if k == "4u" else "", ta["decode_steps"], ts["decode_steps"], ta["total_ms"], ts["total_ms"],
+            ta["total_ms"] / max(ts["total_ms"], 1e-9), ts["accepted_tokens"], ts["draft_tokens"], sum(same), len(same)))
 print("; ".join(out))
 ' "$work/logs")"
 }

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "recording_engine.h"
 #include "runtime/batcher.h"
 #include "runtime/session.h"
 #include "runtime/speculate.h"
@@ -441,37 +442,6 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
     }
 }
 
-namespace {
-// An engine that runs another and keeps the most tokens of a step that carried proposals (a chunk
-// with every row's logits).
-class SpecStepSizes final : public Engine {
-public:
-    explicit SpecStepSizes(Engine& e) : e_(e) {}
-    void forward(const std::vector<SeqChunk>& chunks, float* logits) override {
-        int64_t tokens = 0;
-        bool spec = false;
-        for (const SeqChunk& c : chunks) {
-            tokens += c.n;
-            spec = spec || (c.all_logits && c.n > 1);
-        }
-        if (spec) most = std::max(most, tokens);
-        e_.forward(chunks, logits);
-    }
-    void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override { e_.shift_kv(slot, keep, discard, len); }
-    void copy_kv(int64_t src, int64_t dst, int64_t n) override { e_.copy_kv(src, dst, n); }
-    const ModelConfig& config() const override { return e_.config(); }
-    const EngineOptions& options() const override { return e_.options(); }
-    size_t weight_bytes() const override { return e_.weight_bytes(); }
-    size_t kv_bytes() const override { return e_.kv_bytes(); }
-    size_t workspace_bytes() const override { return e_.workspace_bytes(); }
-    std::string device() const override { return e_.device(); }
-    int64_t most = 0;
-
-private:
-    Engine& e_;
-};
-}  // namespace
-
 // BatcherOptions::speculate_max_tokens: a step that carries proposals holds at most that many
 // tokens, its decode tokens included, the proposals shared among the sequences; the tokens stay
 // those of decoding without speculation (f32 weights: one kernel path for any row count).
@@ -494,13 +464,22 @@ TEST(Batcher, SpeculationWithinAStepTokenLimit) {
         so.prefill_chunk = 32;
         so.max_logit_rows = 16;
         auto s = open_session(so, comm);
-        SpecStepSizes e(*s->engine);
+        RecordingEngine e(*s->engine);
         BatcherOptions bo;
         bo.prefill_chunk = 32;
         bo.speculate = speculate;
         bo.speculate_max_tokens = max_tokens;
         const GenerateTimings t = run_all(e, bo, r, out);
-        *most = e.most;
+        *most = 0;  // the most tokens of a step that carried proposals
+        for (const auto& step : e.steps) {
+            int64_t tokens = 0;
+            bool spec = false;
+            for (const RecordingEngine::Chunk& c : step) {
+                tokens += c.n;
+                spec = spec || (c.all_logits && c.n > 1);
+            }
+            if (spec) *most = std::max(*most, tokens);
+        }
         return t;
     };
     std::vector<SequenceResult> plain, wide, capped;

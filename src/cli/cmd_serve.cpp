@@ -269,7 +269,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key;
     BackendFlags backend;
     PrecisionFlags prec;
-    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0, speculate_max_tokens = 8;
+    int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
+            speculate_max_tokens = 8;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -564,8 +565,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });
-        std::cerr << "shardlm serve: listening on " << (ssl_cert.empty() ? "http" : "https") << "://" << host << ":" << bound << " (model " << name << ", "
-                  << batch << " slots of " << lim.ctx << " positions, " << engine.device() << ", tp " << comm.size()
+        std::cerr << "shardlm serve: listening on " << (ssl_cert.empty() ? "http" : "https") << "://" << host << ":"
+                  << bound << " (model " << name << ", " << batch << " slots of " << lim.ctx << " positions, "
+                  << engine.device() << ", tp " << comm.size()
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
     }
 

@@ -39,7 +39,6 @@ int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int6
     return x;
 }
 
-// The token ids of a chat request's "messages", rendered with the model's template.
 // A message's text: a string, or an array of text parts joined with line breaks (as vLLM joins
 // them); null where `null_ok` (an assistant turn with tool calls only).
 std::string message_text(const json& c, const std::string& where, bool null_ok) {
@@ -298,9 +297,6 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.prompts = {cp.ids};
         functions = cp.functions;
         tool_choice(body, functions, r);
-        const json parallel = body.value("parallel_tool_calls", json(nullptr));
-        if (!parallel.is_null() && !parallel.is_boolean()) bad("\"parallel_tool_calls\" must be true or false");
-        r.parallel_tool_calls = !parallel.is_boolean() || parallel.get<bool>();
     } else {
         for (const char* key : {"tools", "tool_choice"})
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");

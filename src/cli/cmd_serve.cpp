@@ -445,6 +445,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         auto tokenizer_route = [&](json (*f)(const json&, const Tokenizer&, const ApiLimits&)) {
             return [&, f](const httplib::Request& req, httplib::Response& res) {
                 try {
+                    check_body_depth(req.body);
                     res.set_content(f(json::parse(req.body), *tok, lim).dump(), "application/json");
                 } catch (const json::exception& e) {
                     res.status = 400;
@@ -475,9 +476,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 };
                 json body;
                 try {
+                    check_body_depth(req.body);
                     body = json::parse(req.body);
                 } catch (const json::exception& e) {
                     return refuse(400, std::string("the request body is not valid JSON: ") + e.what());
+                } catch (const ApiError& e) {
+                    return refuse(e.status, e.what());
                 }
                 auto job = std::make_shared<Job>();
                 try {

@@ -70,6 +70,8 @@ std::vector<ChatToolCall> message_calls(const json& calls, const std::string& wh
         if (!f.contains("name") || !f["name"].is_string()) bad(what);
         json args = f.value("arguments", json::object());
         if (args.is_string()) {
+            if (json_text_depth(args.get<std::string>()) > kMaxJsonDepth)
+                bad(where + ": the arguments of \"" + f["name"].get<std::string>() + "\" nest too deeply");
             try {
                 args = json::parse(args.get<std::string>());
             } catch (const json::exception&) {
@@ -697,6 +699,11 @@ json api_error(const std::string& message, int status) {
              {{"message", message},
               {"type", status == 404 ? "NotFoundError" : status == 401 ? "AuthenticationError" : "invalid_request_error"},
               {"code", status}}}};
+}
+
+void check_body_depth(const std::string& body) {
+    if (json_text_depth(body) > kMaxJsonDepth)
+        throw ApiError(400, cat("the request body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
 }
 
 bool api_key_accepted(const std::string& authorization, const std::string& key) {

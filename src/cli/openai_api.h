@@ -94,6 +94,10 @@ struct ApiChoice {
     std::vector<TokenLogprobs> lps, prompt_lps;  // when asked ("logprobs"; with echo the prompt's)
 };
 
+// Throws ApiError 400 for a body that nests deeper than kMaxJsonDepth (runtime/json_schema.h):
+// before parsing, since serialising such JSON would overflow the stack.
+void check_body_depth(const std::string& body);
+
 // Parses and checks a request body (throws ApiError: 400 for a bad field, 404 for another model).
 // Completions: "prompt" a string (encoded as `shardlm generate --prompt` encodes it), an array
 // of token ids, or a list of either; "max_tokens" default 16. Chat: "messages" of {role: system|user|assistant,

@@ -418,7 +418,28 @@ JsonSchema choice_schema(std::vector<std::string> choices, const std::string& wh
     return s;
 }
 
+int64_t json_text_depth(const std::string& text) {
+    int64_t depth = 0, deepest = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') ++i;  // the escaped byte, whatever it is
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            deepest = std::max(deepest, ++depth);
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
 JsonSchema compile_json_schema(const std::string& text, const std::string& what) {
+    if (json_text_depth(text) > kMaxJsonDepth)
+        fail(what, ": the JSON schema nests deeper than ", kMaxJsonDepth, " levels");
     json doc;
     try {
         doc = json::parse(text);

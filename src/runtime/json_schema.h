@@ -43,6 +43,13 @@ struct JsonSchema {
     static constexpr int kDefaultSpace = 16, kMaxSpace = 64;
 };
 
+// How deeply JSON text nests arrays and objects (brackets inside strings not counted; the text
+// need not be valid). Checked before parsing text from outside: nlohmann's dump() and the schema
+// compiler recurse per level, and thousands of levels would overflow the stack.
+int64_t json_text_depth(const std::string& text);
+// The deepest nesting a request body or a schema may have (far past any real schema).
+constexpr int64_t kMaxJsonDepth = 128;
+
 // JSON mode (response_format json_object): one object, anything in it.
 JsonSchema json_object_schema();
 // vLLM's guided_choice: the text is exactly one of `choices` (raw text, not JSON). Throws Error

@@ -391,20 +391,27 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
     return out;
 }
 
-std::string python_json(const nlohmann::ordered_json& j) {
+namespace {
+std::string python_json_at(const nlohmann::ordered_json& j, int depth) {
+    // A recursion per level: a bound keeps JSON from outside (a model's reply) off the stack's end.
+    if (depth > kMaxPythonJsonDepth) fail("JSON nested deeper than ", kMaxPythonJsonDepth, " levels");
     if (j.is_object()) {
         std::string s = "{";
         for (auto it = j.begin(); it != j.end(); ++it)
-            s += (it == j.begin() ? "" : ", ") + nlohmann::ordered_json(it.key()).dump() + ": " + python_json(it.value());
+            s += (it == j.begin() ? "" : ", ") + nlohmann::ordered_json(it.key()).dump() + ": " +
+                 python_json_at(it.value(), depth + 1);
         return s + "}";
     }
     if (j.is_array()) {
         std::string s = "[";
-        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + python_json(j[i]);
+        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + python_json_at(j[i], depth + 1);
         return s + "]";
     }
     return j.dump();
 }
+}  // namespace
+
+std::string python_json(const nlohmann::ordered_json& j) { return python_json_at(j, 0); }
 
 ParsedToolCalls parse_tool_calls(const std::string& text) {
     static const std::string open = "<tool_call>", close = "</tool_call>";
@@ -428,7 +435,11 @@ ParsedToolCalls parse_tool_calls(const std::string& text) {
             return plain;
         const nlohmann::ordered_json args = call.value("arguments", nlohmann::ordered_json::object());
         if (!args.is_object()) return plain;
-        r.calls.push_back({call["name"].get<std::string>(), python_json(args)});
+        try {
+            r.calls.push_back({call["name"].get<std::string>(), python_json(args)});
+        } catch (const Error&) {  // nested too deep to be a call
+            return plain;
+        }
         at = e == std::string::npos ? e : text.find(open, e + close.size());
     }
     return r;

@@ -90,8 +90,9 @@ ParsedToolCalls parse_tool_calls(const std::string& text);
 size_t tool_call_hold(const std::string& text);
 
 // JSON text as Python's json.dumps(ensure_ascii=False) writes it (transformers' tojson): ", " and
-// ": " between items, keys in their order.
+// ": " between items, keys in their order. Throws Error past kMaxPythonJsonDepth levels.
 std::string python_json(const nlohmann::ordered_json& j);
+constexpr int kMaxPythonJsonDepth = 512;
 // The same for one user message.
 std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,
                         const std::string& bos_token);

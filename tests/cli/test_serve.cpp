@@ -506,7 +506,26 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         ASSERT_TRUE(r);
         EXPECT_EQ(r->status, 400);
         EXPECT_NE(r->body.find("not valid JSON"), std::string::npos);
+        // Nesting deep enough to overflow a recursive serialiser's stack: refused before parsing,
+        // on the completions route and the tokenizer's, and the server goes on.
+        const size_t deep = 100000;
+        const std::string schema = std::string(deep, '[') + std::string(deep, ']');
+        for (const char* path : {"/v1/completions", "/tokenize"}) {
+            const auto d = raw.Post(path,
+                                    "{\"prompt\": \"x\", \"max_tokens\": 1, \"response_format\": {\"type\": \"json_schema\", "
+                                    "\"json_schema\": {\"name\": \"a\", \"schema\": " + schema + "}}}",
+                                    "application/json");
+            ASSERT_TRUE(d) << path;
+            EXPECT_EQ(d->status, 400) << path;
+            EXPECT_NE(d->body.find("deeper than 128 levels"), std::string::npos) << d->body;
+        }
+        const auto alive = raw.Get("/health");
+        ASSERT_TRUE(alive);
+        EXPECT_EQ(alive->status, 200);
     }
+    // The same nesting inside a string (a schema given as text) reaches the schema compiler's check.
+    error_of({{"prompt", "x"}, {"max_tokens", 1}, {"guided_json", std::string(300, '[') + std::string(300, ']')}}, 400,
+             "nests deeper than 128 levels");
     error_of({{"prompt", "x"}, {"model", "gpt-4"}}, 404, "The model `gpt-4` does not exist");
     error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
@@ -815,10 +834,15 @@ TEST_F(Serve, ToolCalls) {
             EXPECT_EQ(fin, "tool_calls") << choice.dump() << " stream " << stream << ": " << f.raw;
             ASSERT_EQ(got.size(), 1u) << f.raw;
             const std::string name = got[0]["function"]["name"];
-            if (choice.is_object()) EXPECT_EQ(name, "get_weather");
+            if (choice.is_object()) {
+                EXPECT_EQ(name, "get_weather");
+            }
             const json args = json::parse(got[0]["function"]["arguments"].get<std::string>());
-            if (name == "get_weather") EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome") << args.dump();
-            else EXPECT_EQ(name, "now");
+            if (name == "get_weather") {
+                EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome") << args.dump();
+            } else {
+                EXPECT_EQ(name, "now");
+            }
         }
     }
     error_of({{"messages", ask}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},

@@ -495,3 +495,14 @@ TEST(JsonSchema, RandomSchemasHaveNoDeadEnds) {
     EXPECT_EQ(walks, 400);
     EXPECT_GT(complete, 300);
 }
+
+// Nesting is measured on the text (strings' brackets not counted), and a schema nesting past
+// kMaxJsonDepth is refused before it is parsed: its compiler and serialiser recurse per level.
+TEST(JsonSchema, NestingDepthIsBounded) {
+    EXPECT_EQ(json_text_depth(""), 0);
+    EXPECT_EQ(json_text_depth("{\"a\": [1, {\"b\": \"[[[{\\\"\"}]}"), 3);
+    EXPECT_EQ(json_text_depth("]]]["), 1);
+    const std::string deep = std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']');
+    EXPECT_EQ(json_text_depth(deep), kMaxJsonDepth + 1);
+    EXPECT_THROW(compile_json_schema(deep, "test"), Error);
+}

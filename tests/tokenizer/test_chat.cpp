@@ -103,6 +103,14 @@ TEST(ChatTools, ToolCallHold) {
     EXPECT_EQ(tool_call_hold("<tool_calx"), 10u);
 }
 
+// A reply whose arguments nest past python_json's bound is plain text, not a crash.
+TEST(ChatTools, DeepArgumentsAreNoCall) {
+    const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+    const ParsedToolCalls p = parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>");
+    EXPECT_FALSE(p.called);
+    EXPECT_THROW(python_json(nlohmann::ordered_json::parse(deep)), Error);
+}
+
 TEST(ChatTools, PythonJson) {
     const auto j = nlohmann::ordered_json::parse(R"({"b": [1, 2.5, "x\n"], "a": {"é": null, "t": true}, "e": {}})");
     EXPECT_EQ(python_json(j), "{\"b\": [1, 2.5, \"x\\n\"], \"a\": {\"é\": null, \"t\": true}, \"e\": {}}");

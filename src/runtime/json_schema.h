@@ -47,8 +47,10 @@ struct JsonSchema {
 // need not be valid). Checked before parsing text from outside: nlohmann's dump() and the schema
 // compiler recurse per level, and thousands of levels would overflow the stack.
 int64_t json_text_depth(const std::string& text);
-// The deepest nesting a request body or a schema may have (far past any real schema).
-constexpr int64_t kMaxJsonDepth = 128;
+// The deepest nesting a request body or a schema text may have: past the schema compiler's own
+// limit of 128 schema objects inside one another (each 1-3 levels of text), far short of what
+// would exhaust a stack.
+constexpr int64_t kMaxJsonDepth = 512;
 
 // JSON mode (response_format json_object): one object, anything in it.
 JsonSchema json_object_schema();

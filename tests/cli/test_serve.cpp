@@ -517,15 +517,15 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                                     "application/json");
             ASSERT_TRUE(d) << path;
             EXPECT_EQ(d->status, 400) << path;
-            EXPECT_NE(d->body.find("deeper than 128 levels"), std::string::npos) << d->body;
+            EXPECT_NE(d->body.find("deeper than 512 levels"), std::string::npos) << d->body;
         }
         const auto alive = raw.Get("/health");
         ASSERT_TRUE(alive);
         EXPECT_EQ(alive->status, 200);
     }
     // The same nesting inside a string (a schema given as text) reaches the schema compiler's check.
-    error_of({{"prompt", "x"}, {"max_tokens", 1}, {"guided_json", std::string(300, '[') + std::string(300, ']')}}, 400,
-             "nests deeper than 128 levels");
+    error_of({{"prompt", "x"}, {"max_tokens", 1}, {"guided_json", std::string(600, '[') + std::string(600, ']')}}, 400,
+             "nests deeper than 512 levels");
     error_of({{"prompt", "x"}, {"model", "gpt-4"}}, 404, "The model `gpt-4` does not exist");
     error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");

@@ -117,6 +117,26 @@ Reply post_text(int port, const std::string& path, const std::string& body) {
 }
 Reply post(int port, const std::string& path, const json& body) { return post_text(port, path, body.dump()); }
 
+// A streamed chat reply's events, put together: its content deltas, its tool-call entries and
+// the finish reason of its last event.
+struct StreamedChat {
+    std::string content, finish;
+    json calls = json::array();
+};
+StreamedChat streamed_chat(const std::string& raw) {
+    StreamedChat out;
+    std::istringstream events(raw);
+    for (std::string line; std::getline(events, line);) {
+        if (line.rfind("data: {", 0) != 0) continue;
+        const json d = json::parse(line.substr(6))["choices"][0];
+        if (d["delta"].contains("content")) out.content += d["delta"]["content"].get<std::string>();
+        if (d["delta"].contains("tool_calls"))
+            for (const json& c : d["delta"]["tool_calls"]) out.calls.push_back(c);
+        if (!d["finish_reason"].is_null()) out.finish = d["finish_reason"];
+    }
+    return out;
+}
+
 // generate's text for a prompt (greedy).
 std::string generate_text(const std::string& model, const std::string& flags) {
     const CommandResult r = run_command(SHARDLM_BIN " generate --model " + model + " --json --temperature 0 " + flags);
@@ -761,17 +781,10 @@ TEST_F(Serve, ToolCalls) {
     st["stream"] = true;
     const Reply streamed = post(srv.port(), "/v1/chat/completions", st);
     ASSERT_EQ(streamed.status, 200);
-    std::string content, reason;
-    json calls = json::array();
-    std::istringstream events(streamed.raw);
-    for (std::string line; std::getline(events, line);) {
-        if (line.rfind("data: {", 0) != 0) continue;
-        const json d = json::parse(line.substr(6))["choices"][0];
-        if (d["delta"].contains("content")) content += d["delta"]["content"].get<std::string>();
-        if (d["delta"].contains("tool_calls"))
-            for (const json& c : d["delta"]["tool_calls"]) calls.push_back(c);
-        if (!d["finish_reason"].is_null()) reason = d["finish_reason"];
-    }
+    const StreamedChat sc = streamed_chat(streamed.raw);
+    const std::string& content = sc.content;
+    const json& calls = sc.calls;
+    const std::string& reason = sc.finish;
     EXPECT_EQ(content.find("<tool"), std::string::npos) << content;
     EXPECT_EQ(content.substr(0, 12), "Let me look.");
     ASSERT_EQ(calls.size(), 1u) << streamed.raw;
@@ -814,22 +827,16 @@ TEST_F(Serve, ToolCalls) {
             const Reply f = post(srv.port(), "/v1/chat/completions", req);
             ASSERT_EQ(f.status, 200) << f.raw;
             json got = json::array();
-            std::string fin, text;
+            std::string fin;
             if (!stream) {
                 got = f.body["choices"][0]["message"]["tool_calls"];
                 fin = f.body["choices"][0]["finish_reason"];
                 EXPECT_TRUE(f.body["choices"][0]["message"]["content"].is_null()) << f.raw;
             } else {
-                std::istringstream ev(f.raw);
-                for (std::string line; std::getline(ev, line);) {
-                    if (line.rfind("data: {", 0) != 0) continue;
-                    const json d = json::parse(line.substr(6))["choices"][0];
-                    if (d["delta"].contains("content")) text += d["delta"]["content"].get<std::string>();
-                    if (d["delta"].contains("tool_calls"))
-                        for (const json& c : d["delta"]["tool_calls"]) got.push_back(c);
-                    if (!d["finish_reason"].is_null()) fin = d["finish_reason"];
-                }
-                EXPECT_EQ(text, "") << f.raw;
+                const StreamedChat sc = streamed_chat(f.raw);
+                got = sc.calls;
+                fin = sc.finish;
+                EXPECT_EQ(sc.content, "") << f.raw;
             }
             EXPECT_EQ(fin, "tool_calls") << choice.dump() << " stream " << stream << ": " << f.raw;
             ASSERT_EQ(got.size(), 1u) << f.raw;

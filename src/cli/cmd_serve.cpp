@@ -1,5 +1,5 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health; tool calls for Qwen's templates), over HTTPS and behind an API key on request,
+// /v1/models, /health; tool calls for Qwen's and Llama 3.1/3.2's templates), over HTTPS and behind an API key on request,
 // over the continuous-batching scheduler (runtime/batcher.h).
 //
 // Rank 0 runs the HTTP server: its handler threads parse each request (cli/openai_api.h) and hand

@@ -84,10 +84,10 @@ std::vector<ChatToolCall> message_calls(const json& calls, const std::string& wh
     return out;
 }
 
-// "tools": [{"type": "function", "function": {"name", "description", "parameters"}}], each as the
-// template lists it (python_json, keys in the request's order).
-std::vector<std::string> request_tools(const json& body) {
-    std::vector<std::string> out;
+// "tools": [{"type": "function", "function": {"name", "description", "parameters"}}], checked
+// (the template lists them, keys in the request's order).
+std::vector<json> request_tools(const json& body) {
+    std::vector<json> out;
     if (!body.contains("tools") || body["tools"].is_null()) return out;
     const json& tools = body["tools"];
     if (!tools.is_array() || tools.size() > 128) bad("\"tools\" must be an array of up to 128 functions");
@@ -103,7 +103,7 @@ std::vector<std::string> request_tools(const json& body) {
             bad("\"tools\": a function name is 1 to 64 letters, digits, '_' or '-', not \"" + name + "\"");
         if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
             bad("\"tools\": the parameters of \"" + name + "\" must be a JSON schema object");
-        out.push_back(python_json(t));
+        out.push_back(t);
     }
     return out;
 }
@@ -142,12 +142,12 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         }
     }
     ChatPrompt p;
-    const std::vector<std::string> tools = request_tools(body);
+    const std::vector<json> tools = request_tools(body);
     for (size_t i = 0; i < tools.size(); ++i) p.functions.push_back(body["tools"][i]["function"]);
     if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
-    if ((!tools.empty() || tool_turns) && !tok.chat_has_tools())
-        bad("this model's chat template has no tools block shardlm renders (Qwen2.5's or Qwen3's): no \"tools\", "
-            "tool calls or tool messages");
+    if ((!tools.empty() || tool_turns) && tok.chat_tools() == ChatTools::None)
+        bad("this model's chat template has no tools block shardlm renders (Qwen2.5's, Qwen3's or Llama 3.1/3.2's): "
+            "no \"tools\", tool calls or tool messages");
     if (tools.empty() && !tool_turns) {
         for (size_t i = 0; i < messages.size(); ++i)
             if ((messages[i].role == "user") != (i % 2 == 0)) bad("messages must alternate user and assistant, user first");
@@ -299,6 +299,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.prompts = {cp.ids};
         functions = cp.functions;
         tool_choice(body, functions, r);
+        r.tool_format = tok.chat_tools();
     } else {
         for (const char* key : {"tools", "tool_choice"})
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");
@@ -626,7 +627,7 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
 
 ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text) {
     if (r.tools == ApiRequest::Tools::None) return ParsedToolCalls{false, text, {}};
-    if (r.tools == ApiRequest::Tools::Auto) return parse_tool_calls(text);
+    if (r.tools == ApiRequest::Tools::Auto) return parse_tool_calls(r.tool_format, text);
     // Required, Named: the reply is the JSON its schema holds it to, unless it was cut short.
     ParsedToolCalls out{false, text, {}};
     json j;
@@ -651,7 +652,7 @@ ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text) {
 
 size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, size_t sent) {
     if (r.tools == ApiRequest::Tools::None) return text.size();
-    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(text) : 0;
+    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(r.tool_format, text) : 0;
     const ParsedToolCalls calls = api_tool_calls(r, text);
     return calls.called ? std::max(sent, calls.content.size()) : text.size();
 }

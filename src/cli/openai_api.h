@@ -60,15 +60,17 @@ struct ApiRequest {
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
     std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
     // Chat with "tools": how replies become tool calls (message.tool_calls, finish_reason
-    // "tool_calls"). Auto (tool_choice "auto", the default with tools): the template's
-    // <tool_call> blocks, read out of the reply (parse_tool_calls, chat_template.h); streamed,
-    // text that may start a call is held back until the reply ends. Required and Named (as
+    // "tool_calls"). Auto (tool_choice "auto", the default with tools): the calls in the
+    // template's format (Qwen's <tool_call> blocks, Llama's JSON), read out of the reply
+    // (parse_tool_calls, chat_template.h); streamed, text that may start a call is held back
+    // until the reply ends. Required and Named (as
     // vLLM's): the reply is held to JSON (json_schema): an array of {"name", "parameters"}
     // objects, or the named function's arguments; streamed, it comes as calls at the end.
     enum class Tools : uint8_t { None, Auto, Required, Named };
     Tools tools = Tools::None;
     std::string tool_name;            // Named: the function
     bool parallel_tool_calls = true;  // false: a reply's first call only
+    ChatTools tool_format = ChatTools::None;  // the chat template's (Tokenizer::chat_tools)
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -110,7 +112,7 @@ void check_body_depth(const std::string& body);
 // min_tokens, stop_token_ids, priority, guided_json and guided_choice (or structured_outputs with json or
 // choice). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
 // messages of role "tool" and assistant messages with "tool_calls", content as a string or an
-// array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's); tool_choice
+// array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's, Llama 3.1/3.2's); tool_choice
 // "required" or {"type": "function", "function": {"name": ...}} hold the reply to JSON calls
 // (as vLLM does; no other constraint with them). best_of and functions are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);

@@ -146,6 +146,40 @@ void recognise_tools(const std::string& canon, ChatTemplate& t) {
     }
 }
 
+// Llama 3.1/3.2/3.3's JSON tool calls (ChatTools::Llama3Json): the templates' parts that render
+// the tools in the first user message (their default, tools_in_user_message true), a reply's call
+// and a tool's result; builtin_tools (Llama 3.1's ipython calls) are never defined here.
+const char kLlamaToolsPrompt[] =
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments that "
+    "best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
+    "argument name and its value}.Do not use variables.\n\n";
+
+void recognise_llama_tools(const std::string& canon, ChatTemplate& t) {
+    const std::string c = tight(canon);
+    const bool environment =
+        has(c, "{%ifbuiltin_toolsisdefinedortoolsisnotnone%}{{'Environment: ipython~'}}{%endif%}") ||  // 3.1, 3.3
+        has(c, "{%iftoolsisnotnone%}{{'Environment: ipython~'}}{%endif%}");                             // 3.2
+    const std::string call = "{{'<|start_header_id|>assistant<|end_header_id|>~~'}}{{'{\"name\": \"'+tool_call.name+'\", '}}"
+                             "{{'\"parameters\": '}}{{tool_call.arguments|tojson}}{{'}'}}";
+    const bool call_ends = has(c, (call + "{%endif%}{%ifbuiltin_toolsisdefined%}{{'<|eom_id|>'}}{%else%}{{'<|eot_id|>'}}"
+                                          "{%endif%}").c_str()) ||
+                           has(c, (call + "{{'<|eot_id|>'}}").c_str());
+    if (environment && call_ends &&
+        has(c, "{%ifnottools_in_user_messageisdefined%}{%settools_in_user_message=true%}{%endif%}") &&
+        has(c, "{%iftools_in_user_messageandnottoolsisnone%}") &&
+        has(c, "{%setfirst_user_message=messages[0].content|trim%}{%setmessages=messages[1:]%}") &&
+        has(c, "{{'<|start_header_id|>user<|end_header_id|>~~'}}{{'Given the following functions, please respond with a "
+               "JSON for a function call '}}{{'with its proper arguments that best answers the given prompt.~~'}}{{'Respond "
+               "in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.'}}{{'Do "
+               "not use variables.~~'}}{%fortintools%}{{t|tojson(indent=4)}}{{'~~'}}{%endfor%}"
+               "{{first_user_message+'<|eot_id|>'}}{%endif%}") &&
+        has(c, "{%ifnot(message.role=='ipython'ormessage.role=='tool'or'tool_calls'inmessage)%}") &&
+        has(c, "{%ifnotmessage.tool_calls|length==1%}") && has(c, "{%settool_call=message.tool_calls[0].function%}") &&
+        has(c, "{{'<|start_header_id|>ipython<|end_header_id|>~~'}}{%ifmessage.contentismappingormessage.contentisiterable%}"
+               "{{message.content|tojson}}{%else%}{{message.content}}{%endif%}{{'<|eot_id|>'}}"))
+        t.tools = ChatTools::Llama3Json;
+}
+
 std::string strip_newlines(std::string s, bool left, bool right) {
     if (left) s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
     if (right) s.erase(s.find_last_not_of('\n') + 1);
@@ -158,12 +192,8 @@ bool tool_turns(const std::vector<ChatMessage>& messages) {
     return false;
 }
 
-// A conversation with tools in Qwen's ChatML format (the templates recognise_tools accepts).
-std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::string>& system,
-                                const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) {
-    if (t.tools == ChatTools::None)
-        fail("this model's chat template has no tools block (Qwen2.5's or Qwen3's): it cannot take tools, tool calls "
-             "or tool messages");
+// The turns of a conversation with tools or tool turns, as both tool formats take them.
+void check_tool_turns(const std::vector<ChatMessage>& messages) {
     if (messages.empty()) fail("a chat conversation needs at least one message");
     for (size_t i = 0; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
@@ -175,13 +205,19 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
         if (!m.tool_calls.empty() && m.role != "assistant") fail("chat turn ", i, ": only assistant turns make tool calls");
     }
     if (messages.back().role == "assistant") fail("a chat conversation ends with a user or tool message");
+}
+
+// A conversation with tools in Qwen's ChatML format (the templates recognise_tools accepts).
+std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::string>& system,
+                                const std::vector<ChatMessage>& messages, const std::vector<nlohmann::ordered_json>& tools) {
+    check_tool_turns(messages);
     std::string out;
     if (!tools.empty()) {
         out += "<|im_start|>system\n";
         if (t.tools == ChatTools::Qwen25) out += (system ? *system : *t.tools_system) + "\n\n";
         else if (system) out += *system + "\n\n";
         out += kToolsHead;
-        for (const std::string& tool : tools) out += "\n" + tool;
+        for (const nlohmann::ordered_json& tool : tools) out += "\n" + python_json(tool);
         out += kToolsTail;
     } else {
         const std::optional<std::string> sys = system ? system : t.default_system;
@@ -236,6 +272,46 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
         }
     }
     return out + "<|im_start|>assistant\n";
+}
+
+std::string today_llama_date();
+
+// A conversation with tools in Llama 3.1/3.2's JSON format (recognise_llama_tools): the tools,
+// tojson(indent=4), lead the first user message; a reply's call is its JSON with "parameters";
+// a tool's result comes as an ipython turn, its text through tojson (Jinja's strings are iterable,
+// so the template quotes them).
+std::string render_llama_tools(const ChatTemplate& t, const std::optional<std::string>& system,
+                               const std::vector<ChatMessage>& messages, const std::string& bos_token,
+                               const std::vector<nlohmann::ordered_json>& tools) {
+    check_tool_turns(messages);
+    auto header = [](const std::string& role) { return "<|start_header_id|>" + role + "<|end_header_id|>\n\n"; };
+    std::string out = bos_token + header("system");
+    if (!tools.empty()) out += "Environment: ipython\n";
+    out += "Cutting Knowledge Date: December 2023\nToday Date: " +
+           (t.date_string.empty() ? today_llama_date() : t.date_string) + "\n\n";
+    out += (system ? trim_js(*system) : std::string()) + "<|eot_id|>";
+    size_t i = 0;
+    if (!tools.empty()) {
+        out += header("user") + kLlamaToolsPrompt;
+        for (const nlohmann::ordered_json& tool : tools) out += python_json(tool, 4) + "\n\n";
+        out += trim_js(messages[0].content) + "<|eot_id|>";
+        i = 1;
+    }
+    for (; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (!m.tool_calls.empty()) {
+            if (m.tool_calls.size() != 1)
+                fail("chat turn ", i, " makes ", m.tool_calls.size(), " tool calls: this model's chat template (Llama "
+                     "3.1/3.2) takes one call per assistant turn");
+            out += header("assistant") + "{\"name\": \"" + m.tool_calls[0].name + "\", \"parameters\": " +
+                   m.tool_calls[0].arguments + "}<|eot_id|>";
+        } else if (m.role == "tool") {
+            out += header("ipython") + python_json(m.content) + "<|eot_id|>";
+        } else {
+            out += header(m.role) + trim_js(m.content) + "<|eot_id|>";
+        }
+    }
+    return out + header("assistant");
 }
 
 std::string today_llama_date() {
@@ -298,6 +374,7 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         if (has(c, "'Cutting Knowledge Date: December 2023~'") && has(c, "'Today Date: '+date_string+'~~'") &&
             has(c, "system_message=messages[0].content|trim")) {
             t.family = ChatFamily::Llama31;
+            recognise_llama_tools(c, t);
             if (!has(c, "strftime_now")) {
                 const std::string key = "setdate_string='";
                 const size_t at = c.find(key);
@@ -323,11 +400,12 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
 
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token, const std::vector<std::string>& tools) {
+                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools) {
     if (!tools.empty() || tool_turns(messages)) {
-        if (t.family != ChatFamily::ChatML)
+        if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
-                 "tools, tool calls and tool messages need Qwen2.5's or Qwen3's");
+                 "tools, tool calls and tool messages need Qwen2.5's, Qwen3's or Llama 3.1/3.2's");
+        if (t.tools == ChatTools::Llama3Json) return render_llama_tools(t, system, messages, bos_token, tools);
         return render_chatml_tools(t, system, messages, tools);
     }
     if (messages.empty() || messages.size() % 2 == 0)
@@ -392,28 +470,34 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
 }
 
 namespace {
-std::string python_json_at(const nlohmann::ordered_json& j, int depth) {
+std::string python_json_at(const nlohmann::ordered_json& j, int indent, int depth) {
     // A recursion per level: a bound keeps JSON from outside (a model's reply) off the stack's end.
     if (depth > kMaxPythonJsonDepth) fail("JSON nested deeper than ", kMaxPythonJsonDepth, " levels");
-    if (j.is_object()) {
-        std::string s = "{";
-        for (auto it = j.begin(); it != j.end(); ++it)
-            s += (it == j.begin() ? "" : ", ") + nlohmann::ordered_json(it.key()).dump() + ": " +
-                 python_json_at(it.value(), depth + 1);
-        return s + "}";
+    if (!j.is_object() && !j.is_array()) return j.dump();
+    if (j.empty()) return j.is_object() ? "{}" : "[]";
+    // Python: ", " between items on one line; with an indent, "," and a new line at the depth.
+    const std::string sep = indent < 0 ? ", " : ",\n" + std::string(size_t(indent) * size_t(depth + 1), ' ');
+    const std::string open = indent < 0 ? "" : "\n" + std::string(size_t(indent) * size_t(depth + 1), ' ');
+    const std::string close = indent < 0 ? "" : "\n" + std::string(size_t(indent) * size_t(depth), ' ');
+    std::string s = j.is_object() ? "{" : "[";
+    s += open;
+    bool first = true;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!first) s += sep;
+        first = false;
+        if (j.is_object()) s += nlohmann::ordered_json(it.key()).dump() + ": ";
+        s += python_json_at(it.value(), indent, depth + 1);
     }
-    if (j.is_array()) {
-        std::string s = "[";
-        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + python_json_at(j[i], depth + 1);
-        return s + "]";
-    }
-    return j.dump();
+    return s + close + (j.is_object() ? "}" : "]");
 }
 }  // namespace
 
-std::string python_json(const nlohmann::ordered_json& j) { return python_json_at(j, 0); }
+std::string python_json(const nlohmann::ordered_json& j, int indent) { return python_json_at(j, indent, 0); }
 
-ParsedToolCalls parse_tool_calls(const std::string& text) {
+namespace {
+
+// Qwen's <tool_call> blocks (vLLM's hermes parser's rules).
+ParsedToolCalls parse_hermes_calls(const std::string& text) {
     static const std::string open = "<tool_call>", close = "</tool_call>";
     ParsedToolCalls plain;
     plain.content = text;
@@ -445,7 +529,84 @@ ParsedToolCalls parse_tool_calls(const std::string& text) {
     return r;
 }
 
-size_t tool_call_hold(const std::string& text) {
+// One past the '}' that closes the JSON object opening at text[at], npos when the text ends first
+// (brackets counted outside strings; whether it is JSON, the parser says).
+size_t json_object_end(const std::string& text, size_t at) {
+    size_t depth = 0;
+    bool in_string = false;
+    for (size_t i = at; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return i + 1;
+        }
+    }
+    return std::string::npos;
+}
+
+const char kWhiteSpace[] = " \t\r\n";
+const std::string kPythonTag = "<|python_tag|>";
+
+// Llama 3.1/3.2's JSON calls (vLLM's llama3_json parser's rules): the whole reply, after white
+// space and an optional <|python_tag|>, is one or more {"name": ..., "parameters": {...}} objects
+// ("arguments" also read) separated by ';'. Anything else is plain text.
+ParsedToolCalls parse_llama_calls(const std::string& text) {
+    ParsedToolCalls plain;
+    plain.content = text;
+    size_t at = text.find_first_not_of(kWhiteSpace);
+    if (at == std::string::npos) return plain;
+    if (text.compare(at, kPythonTag.size(), kPythonTag) == 0) at += kPythonTag.size();
+    ParsedToolCalls r;
+    r.called = true;
+    for (;;) {
+        at = text.find_first_not_of(kWhiteSpace, at);
+        if (at == std::string::npos || text[at] != '{') return plain;
+        const size_t end = json_object_end(text, at);
+        if (end == std::string::npos) return plain;
+        nlohmann::ordered_json call;
+        try {
+            call = nlohmann::ordered_json::parse(text.substr(at, end - at));
+        } catch (const nlohmann::json::exception&) {
+            return plain;
+        }
+        if (!call.contains("name") || !call["name"].is_string() || call["name"].get<std::string>().empty()) return plain;
+        const char* key = call.contains("parameters") ? "parameters" : "arguments";
+        if (!call.contains(key) || !call[key].is_object()) return plain;
+        try {
+            r.calls.push_back({call["name"].get<std::string>(), python_json(call[key])});
+        } catch (const Error&) {  // nested too deep to be a call
+            return plain;
+        }
+        at = text.find_first_not_of(kWhiteSpace, end);
+        if (at == std::string::npos) return r;
+        if (text[at] != ';') return plain;
+        ++at;
+    }
+}
+
+}  // namespace
+
+ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text) {
+    if (format == ChatTools::Llama3Json) return parse_llama_calls(text);
+    if (format == ChatTools::None) return ParsedToolCalls{false, text, {}};
+    return parse_hermes_calls(text);
+}
+
+size_t tool_call_hold(ChatTools format, const std::string& text) {
+    if (format == ChatTools::None) return text.size();
+    if (format == ChatTools::Llama3Json) {
+        // The reply is a call or plain text as a whole: held while it may still be one.
+        const size_t at = text.find_first_not_of(kWhiteSpace);
+        if (at == std::string::npos || text[at] == '{') return 0;
+        const size_t n = std::min(text.size() - at, kPythonTag.size());
+        return text.compare(at, n, kPythonTag, 0, n) == 0 ? 0 : text.size();
+    }
     static const std::string open = "<tool_call>";
     const size_t at = text.find(open);
     if (at != std::string::npos) return at;

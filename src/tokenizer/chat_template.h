@@ -12,10 +12,13 @@
 //                                  each reply " reply </s>" (stripped), the next user turn <s>[INST] ...
 //   Mistral v0.1                   <s>[INST] user [/INST]reply</s> [INST] ... (no system message)
 //
-// Tool calling (ChatML templates with Qwen's tools block, Qwen2/2.5 and Qwen3; ChatTemplate::tools):
-// the functions' JSON schemas listed in the system message between <tools></tools>, a reply's
-// calls written <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, the tools' results
-// as a user turn of <tool_response> blocks; parse_tool_calls reads the calls back out of a reply.
+// Tool calling (ChatTemplate::tools): ChatML templates with Qwen's tools block (Qwen2/2.5, Qwen3)
+// list the functions' JSON schemas in the system message between <tools></tools>, write a reply's
+// calls <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call> and the tools' results as a
+// user turn of <tool_response> blocks. Llama 3.1/3.2/3.3's templates put the functions
+// (tojson(indent=4)) in the first user message after "Environment: ipython" in the system header,
+// write a reply's one call as {"name": ..., "parameters": ...} and a result as an ipython turn.
+// parse_tool_calls reads the calls back out of a reply in either format.
 #pragma once
 
 #include <optional>
@@ -32,7 +35,8 @@ enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Mistral };
 // Which tools block a ChatML template writes: none, Qwen2/2.5's (a default system message before
 // it when none is given; arguments printed as JSON) or Qwen3's (no default system message;
 // arguments printed as given; a reply after the last user query keeps its reasoning).
-enum class ChatTools { None, Qwen25, Qwen3 };
+// Llama3Json: Llama 3.1/3.2/3.3's JSON calls (family Llama31), the tools in the first user message.
+enum class ChatTools { None, Qwen25, Qwen3, Llama3Json };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
@@ -66,32 +70,39 @@ struct ChatMessage {
 // The rendered prompt text (to be encoded without adding special tokens) of a conversation that
 // alternates user and assistant turns, user first and last, ending with the generation prompt.
 // eos_token closes the replies where the family's template spells it (Llama 2, Mistral).
-// With `tools` (each function's JSON text as tojson prints it), or tool turns or calls in the
-// messages, the template must have a tools block (else Error): then the conversation starts with a
-// user turn and ends with a user or tool turn, tool turns follow an assistant turn with calls or
-// another tool turn, and no two user turns meet.
+// With `tools` (each {"type": "function", "function": {...}} as the request gave it, keys in its
+// order), or tool turns or calls in the messages, the template must have a tools block (else
+// Error): then the conversation starts with a user turn and ends with a user or tool turn, tool
+// turns follow an assistant turn with calls or another tool turn, and no two user turns meet
+// (Llama3Json: at most one call per assistant turn, as its template raises).
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token, const std::vector<std::string>& tools = {});
+                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools = {});
 
-// A reply's calls in the tools block's format: the text before the first <tool_call> (content,
-// without trailing white space), and each <tool_call> block's {"name": ..., "arguments": {...}}
-// (arguments re-written as python_json text, as vLLM's hermes parser writes them). `called` is false, and content the whole text, when
-// there is no block or one is not such JSON (the reply is then plain text, as vLLM's hermes parser
-// treats it). A block left open at the end of the text counts when its JSON is complete.
+// A reply's calls in the template's format (vLLM's parsers' rules). Qwen (hermes): the text before
+// the first <tool_call> is the content (without trailing white space), each block's JSON
+// {"name": ..., "arguments": {...}} a call; a block left open at the end of the text counts when its
+// JSON is complete. Llama3Json: the whole reply (after white space and an optional <|python_tag|>)
+// is one or more {"name": ..., "parameters": {...}} objects separated by ';', the content empty.
+// Arguments are re-written as python_json text. `called` is false, and content the whole text,
+// when the reply holds no call or one is not such JSON (the reply is then plain text).
 struct ParsedToolCalls {
     bool called = false;
     std::string content;
     std::vector<ChatToolCall> calls;
 };
-ParsedToolCalls parse_tool_calls(const std::string& text);
-// Where text that may become a tool call starts: the first "<tool_call>", else the start of a
-// suffix that could still grow into one, else text.size(). A stream sends the text up to there.
-size_t tool_call_hold(const std::string& text);
+ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text);
+// Where text that may become a tool call starts, so a stream sends the text before it. Qwen: the
+// first "<tool_call>", else the start of a suffix that could still grow into one, else
+// text.size(). Llama3Json: 0 while the reply so far is white space or opens with '{' or
+// <|python_tag|> (a call is the whole reply), else text.size().
+size_t tool_call_hold(ChatTools format, const std::string& text);
 
-// JSON text as Python's json.dumps(ensure_ascii=False) writes it (transformers' tojson): ", " and
-// ": " between items, keys in their order. Throws Error past kMaxPythonJsonDepth levels.
-std::string python_json(const nlohmann::ordered_json& j);
+// JSON text as Python's json.dumps(ensure_ascii=False, indent=indent) writes it (transformers'
+// tojson): ", " and ": " between items, keys in their order; with indent >= 0 each item on its
+// own line, "," ending it, `indent` spaces per level (empty objects and arrays stay {} and []).
+// Throws Error past kMaxPythonJsonDepth levels.
+std::string python_json(const nlohmann::ordered_json& j, int indent = -1);
 constexpr int kMaxPythonJsonDepth = 512;
 // The same for one user message.
 std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,

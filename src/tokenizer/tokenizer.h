@@ -72,11 +72,12 @@ public:
     bool has_chat_template() const;
     std::string apply_chat_template(const std::optional<std::string>& system, const std::string& user) const;
     // A whole conversation (chat_template.h: render_conversation), for multi-turn chat.
-    // With `tools` (python_json text of each), the template's tools block (chat_template.h).
+    // With `tools` (the request's function entries), the template's tools block (chat_template.h).
     std::string apply_chat_template(const std::optional<std::string>& system, const std::vector<ChatMessage>& messages,
-                                    const std::vector<std::string>& tools = {}) const;
-    // Whether the chat template renders tools (a tools block shardlm knows: Qwen2.5's, Qwen3's).
-    bool chat_has_tools() const;
+                                    const std::vector<nlohmann::ordered_json>& tools = {}) const;
+    // The chat template's tool format (None: it renders no tools; a tools block shardlm knows:
+    // Qwen2.5's, Qwen3's, Llama 3.1/3.2's).
+    ChatTools chat_tools() const;
     std::string chat_family() const;  // e.g. "chatml"
 
 private:

@@ -880,6 +880,59 @@ TEST_F(Serve, ToolCalls) {
     EXPECT_NE(no.raw.find("no tools block"), std::string::npos) << no.raw;
 }
 
+// Tool calling with Llama 3.2's template (tests/tokenizer/templates/llama32.jinja): the reply is a
+// call as a whole ({"name", "parameters"} JSON), so a stream holds it back until it ends; a reply
+// that is text streams as content; a turn with two calls is refused (the template takes one).
+TEST_F(Serve, LlamaToolCalls) {
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/llama32.jinja");
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+    const json ask = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+    auto request = [&](const std::string& reply, bool stream) {
+        return json{{"messages", ask}, {"tools", tools}, {"max_tokens", 200}, {"temperature", 0},
+                    {"guided_choice", json::array({reply})}, {"stream", stream}};
+    };
+    const std::string call = "{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}";
+    const Reply r = post(srv.port(), "/v1/chat/completions", request(call, false));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& choice = r.body["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.raw;
+    EXPECT_TRUE(choice["message"]["content"].is_null()) << r.raw;
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r.raw;
+    const json& tc = choice["message"]["tool_calls"][0];
+    EXPECT_EQ(tc["function"]["name"], "get_weather");
+    EXPECT_EQ(tc["function"]["arguments"], "{\"city\": \"Paris\"}");
+
+    const StreamedChat sc = streamed_chat(post(srv.port(), "/v1/chat/completions", request(call, true)).raw);
+    EXPECT_EQ(sc.content, "");
+    ASSERT_EQ(sc.calls.size(), 1u);
+    EXPECT_EQ(sc.calls[0]["function"], tc["function"]);
+    EXPECT_EQ(sc.finish, "tool_calls");
+    const StreamedChat text = streamed_chat(post(srv.port(), "/v1/chat/completions", request("It is sunny.", true)).raw);
+    EXPECT_EQ(text.content, "It is sunny.");
+    EXPECT_TRUE(text.calls.empty());
+    EXPECT_EQ(text.finish, "stop");
+
+    // The call and its result in the next turn; two calls in one turn are refused.
+    json more = ask;
+    const json entry = {{"id", tc["id"]}, {"type", "function"}, {"function", tc["function"]}};
+    more.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({entry})}});
+    more.push_back({{"role", "tool"}, {"content", "{\"temp\": 21}"}});
+    const Reply next = post(srv.port(), "/v1/chat/completions",
+                            {{"messages", more}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(next.status, 200) << next.raw;
+    EXPECT_GT(next.body["usage"]["prompt_tokens"].get<int>(), r.body["usage"]["prompt_tokens"].get<int>());
+    more[1]["tool_calls"].push_back(entry);
+    const Reply two = post(srv.port(), "/v1/chat/completions", {{"messages", more}, {"tools", tools}});
+    EXPECT_EQ(two.status, 400) << two.raw;
+    EXPECT_NE(two.raw.find("one call per assistant turn"), std::string::npos) << two.raw;
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // HTTPS with an API key: a self-signed certificate made here (openssl); every route but /health
 // and /metrics answers 401 without the key or with a wrong one, and serves with it.
 TEST_F(Serve, HttpsWithAnApiKey) {

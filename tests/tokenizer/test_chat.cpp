@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "fixtures.h"
 #include "tiny_tokenizer.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -65,7 +66,7 @@ TEST(ChatTemplate, UnknownIsAnError) {
 // block is the content, each block's JSON a call, arguments re-written in Python's spacing; a
 // reply whose block is not such JSON is plain text.
 TEST(ChatTools, ParseToolCalls) {
-    ParsedToolCalls p = parse_tool_calls("Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+    ParsedToolCalls p = parse_tool_calls(ChatTools::Qwen3, "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
                                          "{\"city\":\"Paris\",\"days\":[1,2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
                                          "\"arguments\": {}}\n</tool_call>");
     ASSERT_TRUE(p.called);
@@ -76,7 +77,7 @@ TEST(ChatTools, ParseToolCalls) {
     EXPECT_EQ(p.calls[1].name, "now");
     EXPECT_EQ(p.calls[1].arguments, "{}");
     // A last block left open (the reply ended at max_tokens or on <|im_end|> without the close).
-    p = parse_tool_calls("<tool_call>\n{\"name\": \"now\"}\n");
+    p = parse_tool_calls(ChatTools::Qwen3, "<tool_call>\n{\"name\": \"now\"}\n");
     ASSERT_TRUE(p.called);
     EXPECT_EQ(p.content, "");
     ASSERT_EQ(p.calls.size(), 1u);
@@ -84,7 +85,7 @@ TEST(ChatTools, ParseToolCalls) {
     for (const char* plain : {"No tools needed.", "<tool_call>\n{\"name\": \"now\", \"arguments\": {\n</tool_call>",
                               "<tool_call>\n{\"arguments\": {}}\n</tool_call>", "<tool_call>[1]</tool_call>",
                               "<tool_call>{\"name\": \"f\", \"arguments\": \"x\"}</tool_call>"}) {
-        p = parse_tool_calls(plain);
+        p = parse_tool_calls(ChatTools::Qwen3, plain);
         EXPECT_FALSE(p.called) << plain;
         EXPECT_EQ(p.content, plain);
         EXPECT_TRUE(p.calls.empty()) << plain;
@@ -94,19 +95,19 @@ TEST(ChatTools, ParseToolCalls) {
 // What a stream may send before it knows whether a call starts: up to a "<tool_call>" or a suffix
 // that could still become one.
 TEST(ChatTools, ToolCallHold) {
-    EXPECT_EQ(tool_call_hold(""), 0u);
-    EXPECT_EQ(tool_call_hold("Hello"), 5u);
-    EXPECT_EQ(tool_call_hold("Hello <"), 6u);
-    EXPECT_EQ(tool_call_hold("Hello <tool_c"), 6u);
-    EXPECT_EQ(tool_call_hold("a <tool_call>\n{"), 2u);
-    EXPECT_EQ(tool_call_hold("a < b"), 5u);
-    EXPECT_EQ(tool_call_hold("<tool_calx"), 10u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, ""), 0u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "Hello"), 5u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "Hello <"), 6u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "Hello <tool_c"), 6u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "a <tool_call>\n{"), 2u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "a < b"), 5u);
+    EXPECT_EQ(tool_call_hold(ChatTools::Qwen3, "<tool_calx"), 10u);
 }
 
 // A reply whose arguments nest past python_json's bound is plain text, not a crash.
 TEST(ChatTools, DeepArgumentsAreNoCall) {
     const std::string deep = std::string(5000, '[') + std::string(5000, ']');
-    const ParsedToolCalls p = parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>");
+    const ParsedToolCalls p = parse_tool_calls(ChatTools::Qwen3, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}</tool_call>");
     EXPECT_FALSE(p.called);
     EXPECT_THROW(python_json(nlohmann::ordered_json::parse(deep)), Error);
 }
@@ -120,13 +121,14 @@ TEST(ChatTools, PythonJson) {
 // with a user or tool turn. (The renderings themselves are checked against Jinja in
 // test_reference.cpp.)
 TEST(ChatTools, RefusedWhereTheTemplateOrTheTurnsCannotTakeThem) {
+    const std::vector<nlohmann::ordered_json> kTools = {nlohmann::ordered_json::object()};
     const ChatTemplate plain = recognise_chat_template(tiny_byte_level_config()["chat_template"], "test");
     EXPECT_EQ(plain.tools, ChatTools::None);
     const std::vector<ChatMessage> ask = {{"user", "hi"}};
-    EXPECT_THROW(render_conversation(plain, std::nullopt, ask, "", "", {"{}"}), Error);
+    EXPECT_THROW(render_conversation(plain, std::nullopt, ask, "", "", kTools), Error);
     ChatTemplate q = plain;
     q.tools = ChatTools::Qwen3;
-    EXPECT_NO_THROW(render_conversation(q, std::nullopt, ask, "", "", {"{}"}));
+    EXPECT_NO_THROW(render_conversation(q, std::nullopt, ask, "", "", kTools));
     const ChatToolCall now{"now", "{}"};
     const std::vector<std::vector<ChatMessage>> bad = {
         {{"user", "hi"}, {"tool", "12:00"}},                              // a result nobody asked for
@@ -135,8 +137,92 @@ TEST(ChatTools, RefusedWhereTheTemplateOrTheTurnsCannotTakeThem) {
         {{"user", "hi"}, {"assistant", "", {now}}, {"system", "x"}},      // another role
         {{"user", "hi", {now}}},                                          // a user's call
     };
-    for (const auto& m : bad) EXPECT_THROW(render_conversation(q, std::nullopt, m, "", "", {"{}"}), Error) << m.size();
+    for (const auto& m : bad) EXPECT_THROW(render_conversation(q, std::nullopt, m, "", "", kTools), Error) << m.size();
     ChatTemplate llama;
     llama.family = ChatFamily::Llama3;
-    EXPECT_THROW(render_conversation(llama, std::nullopt, ask, "", "", {"{}"}), Error);
+    EXPECT_THROW(render_conversation(llama, std::nullopt, ask, "", "", kTools), Error);
+}
+
+// Llama 3.1/3.2's templates (the fixtures, as Meta ships them) are recognised with their JSON tool
+// format; a Llama 3.1 template without the tools parts is not. (Their renderings are checked
+// against Jinja in test_reference.cpp.)
+TEST(ChatTools, LlamaTemplatesAreRecognised) {
+    const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/tokenizer/templates";
+    const ChatTemplate l31 = recognise_chat_template(test::read_file(dir + "/llama31_tools.jinja"), "llama31_tools");
+    EXPECT_EQ(l31.family, ChatFamily::Llama31);
+    EXPECT_EQ(l31.tools, ChatTools::Llama3Json);
+    EXPECT_EQ(l31.date_string, "26 Jul 2024");
+    const ChatTemplate l32 = recognise_chat_template(test::read_file(dir + "/llama32.jinja"), "llama32");
+    EXPECT_EQ(l32.family, ChatFamily::Llama31);
+    EXPECT_EQ(l32.tools, ChatTools::Llama3Json);
+    EXPECT_EQ(l32.date_string, "");  // strftime_now: today's
+    const ChatTemplate reduced = recognise_chat_template(test::read_file(dir + "/llama31.jinja"), "llama31");
+    EXPECT_EQ(reduced.family, ChatFamily::Llama31);
+    EXPECT_EQ(reduced.tools, ChatTools::None);
+    // A template whose call writes "arguments" instead of "parameters" is not this format.
+    std::string other = test::read_file(dir + "/llama32.jinja");
+    const size_t at = other.find("'\"parameters\": '");
+    ASSERT_NE(at, std::string::npos);
+    other.replace(at, 16, "'\"arguments\": '");
+    EXPECT_EQ(recognise_chat_template(other, "other").tools, ChatTools::None);
+
+    // Llama takes one call per assistant turn (its template raises on more).
+    const ChatToolCall now{"now", "{}"};
+    const std::vector<ChatMessage> two = {{"user", "hi"}, {"assistant", "", {now, now}}, {"tool", "1"}, {"tool", "2"}};
+    EXPECT_THROW(render_conversation(l32, std::nullopt, two, "", "", {}), Error);
+    const std::vector<ChatMessage> one = {{"user", "hi"}, {"assistant", "x", {now}}, {"tool", "1"}};
+    EXPECT_NE(render_conversation(l32, std::nullopt, one, "", "", {}).find("{\"name\": \"now\", \"parameters\": {}}"),
+              std::string::npos);
+}
+
+// vLLM's llama3_json rules: the whole reply is the calls ("parameters" or "arguments"), after an
+// optional <|python_tag|>, separated by ';'; else it is plain text.
+TEST(ChatTools, ParseLlamaToolCalls) {
+    ParsedToolCalls p = parse_tool_calls(ChatTools::Llama3Json, " {\"name\": \"get_weather\", \"parameters\": "
+                                                                "{\"city\":\"Paris\",\"days\":[1,2]}}\n");
+    ASSERT_TRUE(p.called);
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Paris\", \"days\": [1, 2]}");
+    p = parse_tool_calls(ChatTools::Llama3Json,
+                         "<|python_tag|>{\"name\": \"a\", \"arguments\": {\"s\": \"}{;\\\"\"}}; {\"name\": \"b\", \"parameters\": {}}");
+    ASSERT_TRUE(p.called);
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].name, "a");
+    EXPECT_EQ(p.calls[0].arguments, "{\"s\": \"}{;\\\"\"}");
+    EXPECT_EQ(p.calls[1].name, "b");
+    EXPECT_EQ(p.calls[1].arguments, "{}");
+    for (const char* plain : {"", "  ", "It is sunny.", "Sure: {\"name\": \"a\", \"parameters\": {}}",
+                              "{\"name\": \"a\"}", "{\"name\": \"a\", \"parameters\": [1]}", "{\"parameters\": {}}",
+                              "{\"name\": \"a\", \"parameters\": {}} and more", "{\"name\": \"a\", \"parameters\": {}",
+                              "{\"name\": \"a\", \"parameters\": {}};", "{'name': 'a'}", "<|python_tag|>print(1)"}) {
+        p = parse_tool_calls(ChatTools::Llama3Json, plain);
+        EXPECT_FALSE(p.called) << plain;
+        EXPECT_EQ(p.content, plain);
+        EXPECT_TRUE(p.calls.empty()) << plain;
+    }
+    const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+    EXPECT_FALSE(parse_tool_calls(ChatTools::Llama3Json, "{\"name\": \"f\", \"parameters\": {\"a\": " + deep + "}}").called);
+    // A template without tools reads no calls.
+    EXPECT_FALSE(parse_tool_calls(ChatTools::None, "{\"name\": \"a\", \"parameters\": {}}").called);
+}
+
+// A Llama reply is a call or text as a whole: held while it may still open one.
+TEST(ChatTools, LlamaToolCallHold) {
+    for (const char* held : {"", " \n", "{", "  {\"name\"", "<", "<|py", "<|python_tag|>", "<|python_tag|>{\"na"})
+        EXPECT_EQ(tool_call_hold(ChatTools::Llama3Json, held), 0u) << held;
+    for (const std::string sent : {"Hi", " It is", "<|im", "[1]"})
+        EXPECT_EQ(tool_call_hold(ChatTools::Llama3Json, sent), sent.size()) << sent;
+    EXPECT_EQ(tool_call_hold(ChatTools::None, "<tool_c"), 7u);
+}
+
+// tojson(indent=4) as Python's json.dumps writes it (Llama's tools list).
+TEST(ChatTools, PythonJsonIndented) {
+    const auto j = nlohmann::ordered_json::parse(R"({"b": [1, 2.5, "x\n", []], "a": {"é": null, "t": true}, "e": {}})");
+    EXPECT_EQ(python_json(j, 4),
+              "{\n    \"b\": [\n        1,\n        2.5,\n        \"x\\n\",\n        []\n    ],\n    \"a\": {\n        \"é\": null,\n"
+              "        \"t\": true\n    },\n    \"e\": {}\n}");
+    EXPECT_EQ(python_json(nlohmann::ordered_json::array({1}), 2), "[\n  1\n]");
+    EXPECT_EQ(python_json(nlohmann::ordered_json("s"), 4), "\"s\"");
 }

@@ -70,6 +70,13 @@ const toolConversations = [
     { role: "tool", content: "{\"temp\": 3}" },
     { role: "assistant", content: "No, 3 degrees." },
     { role: "user", content: "And Rome?" }] },
+  // One call (Llama's templates take no more per turn), a result that is JSON, an answer, a question.
+  { system: "You check the weather.", tools: [clock, weather], messages: [
+    { role: "user", content: " Weather in Köln? " },
+    { role: "assistant", content: "", tool_calls: [call("get_weather", { city: "Köln", unit: "c" })] },
+    { role: "tool", content: "{\"temp\": 4, \"sky\": \"grey\"}" },
+    { role: "assistant", content: "4 degrees and grey." },
+    { role: "user", content: "Thanks" }] },
   // Tool turns without the tools list (a client that sends it only once).
   { messages: [
     { role: "user", content: "Time?" },
@@ -85,7 +92,13 @@ const extraTemplates = {
   "qwen25.jinja": "qwen3",
   "smollm2.jinja": "qwen3",
   "llama31.jinja": "llama3",
+  "llama31_tools.jinja": "llama3",
+  "llama32.jinja": "llama3",
 };
+
+// Templates that take today's date (Llama 3.2's strftime_now) are rendered with this one given as
+// date_string, as a server may pass it, so that the reference does not change with the day.
+const fixedDate = "01 Jan 2025";
 
 for (const [name, mod] of Object.entries(models)) {
   const tok = mod.fromPreTrained();
@@ -108,6 +121,7 @@ for (const [name, mod] of Object.entries(models)) {
     try {
       const ctx = { messages, add_generation_prompt: true };
       if (tools) ctx.tools = tools;
+      if (t.date_string) ctx.date_string = t.date_string;
       for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
         const v = tok.getToken(k);
         if (v) ctx[k] = v;
@@ -122,13 +136,15 @@ for (const [name, mod] of Object.entries(models)) {
   if (tok.chat_template) templates.push({ name: "own", source: tok.chat_template });
   for (const [file, owner] of Object.entries(extraTemplates))
     if (owner === name) templates.push({ name: file, source: fs.readFileSync(path.join(src, "templates", file), "utf8") });
+  for (const t of templates) t.date_string = t.source.includes("strftime_now") ? fixedDate : null;
   for (const t of templates) {
     for (const c of chats) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });
       messages.push({ role: "user", content: c.user });
       const { text, error } = render(t, messages);
-      renders.push({ template: t.name, source: t.source, system: c.system ?? null, user: c.user, text, error,
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     user: c.user, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
     for (const c of conversations) {
@@ -136,18 +152,21 @@ for (const [name, mod] of Object.entries(models)) {
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });
       c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
       const { text, error } = render(t, messages);
-      renders.push({ template: t.name, source: t.source, system: c.system ?? null, turns: c.turns, text, error,
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     turns: c.turns, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
   }
   for (const t of templates) {
-    if (!t.source.includes("<tool_call>")) continue;  // templates with a tools block
+    // Templates with a tools block: Qwen's, Llama 3.1/3.2's.
+    if (!t.source.includes("<tool_call>") && !t.source.includes("Given the following functions")) continue;
     for (const c of toolConversations) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });
       messages.push(...c.messages);
       const { text, error } = render(t, messages, c.tools);
-      renders.push({ template: t.name, source: t.source, system: c.system ?? null, tools: c.tools ?? [],
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     tools: c.tools ?? [],
                      messages: c.messages, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }

@@ -151,6 +151,8 @@ std::string metrics_text(Stats& st) {
                "\nshardlm_engine_step_seconds_total{kind=\"decode\"} ", t.decode_ms / 1000.0, "\n"));
     metric("shardlm_engine_prefill_tokens_total", "counter", "Prompt tokens run (not from the prefix cache).",
            one("shardlm_engine_prefill_tokens_total", double(t.prefill_tokens)));
+    metric("shardlm_num_preemptions_total", "counter", "Running sequences sent back to wait for a request of a lower priority value.",
+           one("shardlm_num_preemptions_total", double(t.preemptions)));
     metric("shardlm_spec_decode_draft_tokens_total", "counter", "Tokens proposed by prompt lookup (--speculate).",
            one("shardlm_spec_decode_draft_tokens_total", double(t.draft_tokens)));
     metric("shardlm_spec_decode_accepted_tokens_total", "counter", "Of them, confirmed by the sequences' own choices.",

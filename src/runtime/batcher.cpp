@@ -47,6 +47,8 @@ struct Batcher::Seq {
     int64_t done = 0;     // prompt tokens in its cache
     int64_t dropped = 0;  // positions shifted out of its cache (slide): its next position is length - dropped
     int64_t written = 0;  // positions written to its cache: [0, written) (rejected proposals included)
+    // Preempted: its first `base` generated tokens joined req.prompt, to be run again on its return.
+    int64_t base = 0;
     int32_t last = 0;     // the decode step's input
     int64_t window = 0;   // token penalties' window (0: none)
     std::unique_ptr<RecentTokens> recent;  // while it runs
@@ -141,7 +143,7 @@ std::vector<int32_t> Batcher::ran(const Seq& q) const {
     const std::vector<int32_t>& p = q.req.prompt;
     const std::vector<int32_t>& t = q.res.tokens;
     h.assign(p.begin(), p.begin() + q.done);
-    if (q.done == int64_t(p.size()) && !t.empty()) h.insert(h.end(), t.begin(), t.end() - 1);
+    if (q.done == int64_t(p.size()) && int64_t(t.size()) > q.base) h.insert(h.end(), t.begin() + q.base, t.end() - 1);
     if (std::max(int64_t(h.size()), q.written) > capacity_) h.clear();
     return h;
 }
@@ -194,9 +196,45 @@ void Batcher::share_prefixes() {
         } else if (src >= 0) {
             engine_.copy_kv(src, q.slot, now);
             q.done = now;
-            q.res.cached_tokens = now;
+            if (q.base == 0) q.res.cached_tokens = now;  // (a preempted one's count is its first admission's)
         }
     }
+}
+
+// Priority preemption (vLLM's priority scheduling, recompute mode): the running sequence of the
+// highest priority value above `priority` (the latest admitted of equals) hands its slot back and
+// waits again, by its priority and arrival. What it generated joins its prompt, so on its return
+// the prefill of that prompt ends with the row its next decode step would have given: the same
+// tokens, its sampler's stream going on (with reuse_prefix its old slot's cache may still hold
+// them all). Sequences bound to a slot, scoring their prompt, keeping its logits, or slid are
+// never preempted. Returns whether one was.
+bool Batcher::preempt(int64_t priority, const std::function<bool(size_t, size_t)>& before) {
+    size_t victim = running_.size();
+    for (size_t a = 0; a < running_.size(); ++a) {
+        const Seq& s = *seqs_[running_[a]];
+        if (s.req.priority <= priority || s.req.slot >= 0 || s.req.prompt_logprobs >= 0 || s.req.keep_prompt_logits ||
+            s.dropped > 0)
+            continue;
+        if (victim == running_.size() || s.req.priority >= seqs_[running_[victim]]->req.priority) victim = a;
+    }
+    if (victim == running_.size()) return false;
+    const size_t id = running_[victim];
+    Seq& q = *seqs_[id];
+    running_.erase(running_.begin() + ptrdiff_t(victim));
+    free_slot(q);
+    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<int64_t>());
+    const std::vector<int32_t>& t = q.res.tokens;
+    q.req.prompt.insert(q.req.prompt.end(), t.begin() + q.base, t.end());
+    q.base = int64_t(t.size());
+    q.slot = -1;
+    q.done = q.written = 0;
+    q.fresh = true;
+    q.waits = false;
+    q.recent.reset();  // rebuilt from the prompt on return
+    q.pens = {};
+    waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), id, before), id);
+    timings_.preemptions += 1;
+    return true;
 }
 
 void Batcher::finish(size_t id, const std::string& reason) {
@@ -282,10 +320,13 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     const EngineOptions& eo = engine_.options();
     const int64_t vocab = cfg.vocab, ctx = eo.ctx;
     // Admission by priority (lower first), then in order of arrival; a request bound to a busy
-    // slot holds back those after it.
-    std::stable_sort(waiting_.begin(), waiting_.end(), [&](size_t a, size_t b) {
-        return (seqs_[a] ? seqs_[a]->req.priority : INT64_MIN) < (seqs_[b] ? seqs_[b]->req.priority : INT64_MIN);
-    });
+    // slot holds back those after it. Without a free slot, a running sequence of a higher value
+    // makes way (preempt).
+    const auto before = [&](size_t a, size_t b) {
+        const int64_t pa = seqs_[a] ? seqs_[a]->req.priority : INT64_MIN, pb = seqs_[b] ? seqs_[b]->req.priority : INT64_MIN;
+        return pa < pb || (pa == pb && a < b);
+    };
+    std::sort(waiting_.begin(), waiting_.end(), before);
     while (!waiting_.empty()) {
         const size_t id = waiting_.front();
         if (!seqs_[id] || seqs_[id]->ended) {  // finished before it ran
@@ -298,7 +339,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             waiting_.erase(waiting_.begin());
             continue;
         }
-        if (free_slots_.empty()) break;
+        if (free_slots_.empty() && (q.req.slot >= 0 || !preempt(q.req.priority, before))) break;
         auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
         if (it == free_slots_.end()) break;
         if (q.req.slot < 0 && opt_.reuse_prefix && q.req.prompt_logprobs < 0) {
@@ -314,7 +355,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             }
             q.done = std::min(best, int64_t(p.size()) - 1);  // the last prompt token runs for its logits
         }
-        q.res.cached_tokens = q.done;
+        if (q.base == 0) q.res.cached_tokens = q.done;
         q.slot = *it;
         free_slots_.erase(it);
         running_.push_back(id);
@@ -323,7 +364,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);
         }
-        if (q.req.json) q.json = std::make_unique<JsonAcceptor>(q.req.json);
+        if (q.req.json && !q.json) q.json = std::make_unique<JsonAcceptor>(q.req.json);
     }
     if (running_.empty()) return;
     if (opt_.reuse_prefix) share_prefixes();
@@ -338,7 +379,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     std::vector<Seq*> chunk_seq;
     for (const size_t i : running_) {
         Seq& q = *seqs_[i];
-        if (q.res.tokens.empty()) continue;  // still prefilling
+        if (q.done < int64_t(q.req.prompt.size())) continue;  // still prefilling
         q.last = q.res.tokens.back();
         SeqChunk ch;
         ch.slot = q.slot;
@@ -379,7 +420,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             const int64_t k = std::min({opt_.speculate, rows, tokens, share, left - 1, ctx - 1 - ch.pos});
             if (k <= 0) continue;
             q.spec = q.req.prompt;
-            q.spec.insert(q.spec.end(), q.res.tokens.begin(), q.res.tokens.end());
+            q.spec.insert(q.spec.end(), q.res.tokens.begin() + q.base, q.res.tokens.end());
             const std::vector<int32_t> d = lookup_draft(q.spec.data(), int64_t(q.spec.size()), k);
             if (d.empty()) continue;
             q.spec.assign(1, q.last);

@@ -56,7 +56,8 @@ struct BatchRequest {
     // once the value is complete. Its rows are whole. Null: free text.
     std::shared_ptr<const JsonSchema> json;
     // vLLM's priority: among waiting requests, a lower value is admitted first (then the earlier
-    // arrival). A running sequence is never preempted for it.
+    // arrival); one that finds no free slot preempts the running sequence of the highest value
+    // above its own (Batcher::preempt), which waits again and later goes on with the same tokens.
     int64_t priority = 0;
 };
 
@@ -78,6 +79,7 @@ struct GenerateTimings {
     int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
     int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
     int64_t draft_tokens = 0, accepted_tokens = 0;  // speculate: tokens proposed, and confirmed
+    int64_t preemptions = 0;  // running sequences sent back to wait for a request of a lower priority value
 };
 
 // Called after each step with (request index, new token); for streaming.
@@ -167,6 +169,7 @@ private:
     void free_slot(const Seq& q);
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();
+    bool preempt(int64_t priority, const std::function<bool(size_t, size_t)>& before);
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;

@@ -632,6 +632,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                   value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 1);
         EXPECT_EQ(value("shardlm_requests_running"), 0);
         EXPECT_NE(m->body.find("# TYPE shardlm_generation_tokens_total counter"), std::string::npos);
+        EXPECT_NE(m->body.find("# TYPE shardlm_num_preemptions_total counter"), std::string::npos);
         // Latency histograms, one sample per sequence that made a token: cumulative buckets that
         // end with +Inf at the count, and the same count in each (a later token per sequence
         // for the time per output token: max_tokens 1 requests have none).

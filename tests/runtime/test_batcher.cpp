@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -143,8 +144,9 @@ TEST(Batcher, FinishEndsWaitingAndRunningRequests) {
     EXPECT_THROW(b.add(bad), Error);
 }
 
-// Priorities (vLLM's): waiting requests are admitted lowest priority first, then by arrival; a
-// running one is not preempted; the tokens are each request's own.
+// Priorities (vLLM's): waiting requests are admitted lowest priority first, then by arrival; the
+// first of priority -1 preempts request 0 (priority 0), which comes back before request 3 (the
+// same priority, a later arrival); the tokens are each request's own.
 TEST(Batcher, PrioritiesOrderTheWaitingRequests) {
     TempDir d;
     const ModelConfig cfg = tiny_config(Arch::Llama);
@@ -171,11 +173,93 @@ TEST(Batcher, PrioritiesOrderTheWaitingRequests) {
     EXPECT_EQ(b.waiting(), 4);
     while (b.busy()) b.step(on_token);
     EXPECT_EQ(order, (std::vector<size_t>{0, 2, 4, 3, 1}));
+    EXPECT_EQ(b.timings().preemptions, 1);
     std::vector<SequenceResult> alone;
     for (size_t i = 0; i < 5; ++i) {
         run_all(*s->engine, BatcherOptions{}, {r[i]}, alone);
         EXPECT_EQ(b.result(i).tokens, alone.back().tokens) << i;
     }
+}
+
+// Preemption: a request of a lower priority value that finds every slot taken sends the running
+// sequence of the highest value back to wait; it runs to its end, then the preempted one goes on
+// from what it had made: its tokens (greedy, or seeded draws with penalties) are those it makes
+// alone, its prompt and cached counts its own, with and without the prefix cache (after its end
+// its slot holds all it ran, for a conversation's next turn).
+TEST(Batcher, PreemptedSequencesGoOnWithTheirOwnTokens) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    SingleRank comm;
+    auto s = open_tiny(d.path(), 2, comm);
+    // (The tiny random model's rows are sharp: a presence penalty over the last two tokens keeps
+    // greedy choices moving, and a high temperature makes draws vary.)
+    SamplerOptions greedy, drawn;
+    greedy.temperature = 0;
+    greedy.presence_penalty = 60.0f;
+    greedy.penalty_last_n = 2;
+    drawn.temperature = 1.5f;
+    drawn.presence_penalty = 2.0f;
+    drawn.seed = 7;
+    for (const bool reuse : {false, true}) {
+        BatcherOptions bo;
+        bo.max_running = 1;
+        bo.reuse_prefix = reuse;
+        for (const SamplerOptions& so : {greedy, drawn}) {
+            BatchRequest low = request(make_prompt(7, cfg.vocab, 3), so, 1);
+            low.max_new_tokens = 10;
+            low.ignore_eos = true;
+            low.priority = 2;
+            BatchRequest high = request(make_prompt(6, cfg.vocab, 4), greedy, 2);
+            high.max_new_tokens = 4;
+            high.ignore_eos = true;
+            Batcher b(*s->engine, bo);
+            std::vector<size_t> order;  // the request of each token
+            const TokenCallback on_token = [&](size_t i, int32_t) { order.push_back(i); };
+            b.add(low);
+            while (b.result(0).tokens.size() < 3) b.step(on_token);
+            b.add(high);
+            b.step(on_token);
+            EXPECT_EQ(b.running(), 1);
+            EXPECT_EQ(b.waiting(), 1);
+            while (b.busy()) b.step(on_token);
+            EXPECT_EQ(b.timings().preemptions, 1);
+            EXPECT_EQ(order, (std::vector<size_t>{0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0})) << reuse;
+            std::vector<SequenceResult> alone;
+            run_all(*s->engine, bo, {low}, alone);
+            run_all(*s->engine, bo, {high}, alone);
+            EXPECT_EQ(b.result(0).tokens, alone[0].tokens) << reuse;
+            // Tokens that move (else a resume at the wrong place could give the same ones).
+            EXPECT_GE(std::set<int32_t>(alone[0].tokens.begin(), alone[0].tokens.end()).size(), 3u);
+            EXPECT_EQ(b.result(1).tokens, alone[1].tokens) << reuse;
+            EXPECT_EQ(b.result(0).prompt, low.prompt);
+            EXPECT_EQ(b.result(0).cached_tokens, 0);
+            EXPECT_EQ(b.result(0).stop_reason, "length");
+            if (reuse) {  // its slot holds what it ran after its return: the prompt, all its tokens but the last
+                BatchRequest next = request(low.prompt, greedy, 3);
+                next.prompt.insert(next.prompt.end(), b.result(0).tokens.begin(), b.result(0).tokens.end());
+                const size_t n = b.add(next);
+                while (b.busy()) b.step();
+                EXPECT_EQ(b.result(n).cached_tokens, int64_t(next.prompt.size()) - 1);
+            }
+        }
+    }
+    // Not for an equal or higher value, nor for a request bound to a slot.
+    BatcherOptions one;
+    one.max_running = 1;
+    Batcher b(*s->engine, one);
+    BatchRequest a = request(make_prompt(5, cfg.vocab, 5), greedy, 1);
+    a.priority = 1;
+    b.add(a);
+    b.step();
+    BatchRequest same = a, bound = a;
+    bound.priority = 0;
+    bound.slot = 0;
+    b.add(same);
+    b.add(bound);
+    b.step();
+    EXPECT_EQ(b.timings().preemptions, 0);
+    EXPECT_EQ(b.waiting(), 2);
 }
 
 // stop_ids (vLLM's stop_token_ids): a request ends with "stop" at the first of them it draws, the

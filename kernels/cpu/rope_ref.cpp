@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/rope.h"
@@ -9,7 +10,33 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
     std::vector<float> f(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
         f[size_t(i)] = float(1.0 / std::pow(double(p.theta), double(2 * i) / double(p.head_dim)));
-    if (!p.llama3) return f;
+    if (p.freqs == RopeFreqs::Plain) return f;
+    if (p.freqs == RopeFreqs::Linear) {
+        for (auto& v : f) v = float(double(v) / p.factor);
+        return f;
+    }
+    if (p.freqs == RopeFreqs::Yarn) {
+        // The dimension whose wavelength turns `rotations` times over the original context.
+        const double d = double(p.head_dim), ctx = double(p.original_max_position);
+        auto dim_of = [&](double rotations) {
+            return d * std::log(ctx / (rotations * 2.0 * M_PI)) / (2.0 * std::log(double(p.theta)));
+        };
+        double low = dim_of(p.beta_fast), high = dim_of(p.beta_slow);
+        if (p.truncate) {
+            low = std::floor(low);
+            high = std::ceil(high);
+        }
+        low = std::max(low, 0.0);
+        high = std::min(high, d - 1.0);
+        if (low == high) high += 0.001;
+        for (int64_t i = 0; i < half; ++i) {
+            // ramp 0: the original frequency (extrapolated), 1: slowed by factor (interpolated).
+            const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+            const double v = f[size_t(i)];
+            f[size_t(i)] = float(v / p.factor * ramp + v * (1.0 - ramp));
+        }
+        return f;
+    }
     // Long wavelengths (beyond the original context / low_freq_factor) are slowed by `factor`,
     // short ones (below ... / high_freq_factor) kept, the band between interpolated smoothly.
     const double old_ctx = double(p.original_max_position);

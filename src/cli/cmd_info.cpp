@@ -64,7 +64,8 @@ int cmd_info(const Args& args) {
               << "intermediate      " << c.intermediate << "\n"
               << "vocab             " << c.vocab << "\n"
               << "rope              theta " << c.rope_theta
-              << (c.rope.kind == RopeScaling::Kind::Llama3 ? ", llama3 scaling" : "") << "\n"
+              << (c.rope.kind == RopeScaling::Kind::None ? "" : cat(", ", rope_kind_name(c.rope.kind), " scaling x", c.rope.factor))
+              << "\n"
               << "tied embeddings   " << (c.tie_embeddings ? "yes" : "no") << "\n"
               << "checkpoint        " << ck.file_count() << " file(s), " << gib(double(ck.total_bytes())) << " of tensors, "
               << "torch_dtype " << dtype_name(c.torch_dtype) << "\n"

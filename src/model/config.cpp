@@ -23,6 +23,16 @@ const char* arch_name(Arch a) {
     return "?";
 }
 
+const char* rope_kind_name(RopeScaling::Kind k) {
+    switch (k) {
+        case RopeScaling::Kind::None: return "default";
+        case RopeScaling::Kind::Llama3: return "llama3";
+        case RopeScaling::Kind::Linear: return "linear";
+        case RopeScaling::Kind::Yarn: return "yarn";
+    }
+    return "?";
+}
+
 namespace {
 
 struct Reader {
@@ -73,8 +83,41 @@ void parse_rope(const json& j, const Reader& r, ModelConfig& c) {
     if (rs.contains("rope_type") && rs["rope_type"].is_string()) type = rs["rope_type"].get<std::string>();
     else if (rs.contains("type") && rs["type"].is_string()) type = rs["type"].get<std::string>();
     if (type == "default") return;
+    if (type == "linear" || type == "yarn") {
+        if (!rs.contains("factor") || !rs["factor"].is_number() || !(rs["factor"].get<double>() >= 1.0) ||
+            !std::isfinite(rs["factor"].get<double>()))
+            fail(r.origin, ": ", key, " type \"", type, "\" needs a finite \"factor\" >= 1");
+        c.rope.factor = float(rs["factor"].get<double>());
+    }
+    if (type == "linear") {
+        c.rope.kind = RopeScaling::Kind::Linear;
+        return;
+    }
+    if (type == "yarn") {
+        // vLLM's YaRN: factor as given, the ramp over the original context (rope_scaling's
+        // original_max_position_embeddings, else max_position_embeddings).
+        c.rope.kind = RopeScaling::Kind::Yarn;
+        const double max_pos = r.number_or(j, "max_position_embeddings", 0.0);
+        c.rope.original_max_position = int64_t(r.number_or(rs, "original_max_position_embeddings", max_pos));
+        c.rope.beta_fast = float(r.number_or(rs, "beta_fast", 32.0));
+        c.rope.beta_slow = float(r.number_or(rs, "beta_slow", 1.0));
+        if (rs.contains("truncate")) {
+            if (!rs["truncate"].is_boolean()) fail(r.origin, ": ", key, " \"truncate\" must be true or false");
+            c.rope.truncate = rs["truncate"].get<bool>();
+        }
+        const auto mscale = [&](double m) { return c.rope.factor <= 1.0f ? 1.0 : 0.1 * m * std::log(double(c.rope.factor)) + 1.0; };
+        // HF's default attention factor: 0.1 ln(factor) + 1, or DeepSeek's ratio of two such.
+        const double ms = r.number_or(rs, "mscale", 0.0), ms_all = r.number_or(rs, "mscale_all_dim", 0.0);
+        const double af = r.number_or(rs, "attention_factor", ms != 0.0 && ms_all != 0.0 ? mscale(ms) / mscale(ms_all) : mscale(1.0));
+        c.rope.attention_factor = float(af);
+        if (c.rope.original_max_position <= 0 || !(c.rope.beta_fast > c.rope.beta_slow) || !(c.rope.beta_slow > 0) ||
+            !(af > 0) || !std::isfinite(af))
+            fail(r.origin, ": ", key, " has invalid yarn parameters (original_max_position_embeddings > 0, beta_fast > "
+                 "beta_slow > 0, attention_factor > 0)");
+        return;
+    }
     if (type != "llama3")
-        fail(r.origin, ": ", key, " type \"", type, "\" is not supported (supported: default, llama3)");
+        fail(r.origin, ": ", key, " type \"", type, "\" is not supported (supported: default, llama3, linear, yarn)");
     c.rope.kind = RopeScaling::Kind::Llama3;
     c.rope.factor = float(r.number_or(rs, "factor", 8.0));
     c.rope.low_freq_factor = float(r.number_or(rs, "low_freq_factor", 1.0));

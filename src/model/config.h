@@ -13,15 +13,22 @@ enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
 
 const char* arch_name(Arch a);  // the HF class name, e.g. "Qwen3ForCausalLM"
 
-// RoPE frequency plan. `llama3` rescales the inverse frequencies by wavelength band
-// (HF's _compute_llama3_parameters); `none` is the plain 1/theta^(2i/d).
+// RoPE frequency plan (rope_scaling / rope_parameters). `llama3` rescales the inverse frequencies
+// by wavelength band (HF's _compute_llama3_parameters), `linear` divides them all by factor,
+// `yarn` ramps between both (kernels/cpu/rope.h) and scales attention by attention_factor^2
+// (HF multiplies cos and sin by it); `none` is the plain 1/theta^(2i/d).
 struct RopeScaling {
-    enum class Kind { None, Llama3 } kind = Kind::None;
+    enum class Kind { None, Llama3, Linear, Yarn } kind = Kind::None;
     float factor = 1.0f;
     float low_freq_factor = 1.0f;
     float high_freq_factor = 4.0f;
     int64_t original_max_position = 8192;
+    float beta_fast = 32.0f, beta_slow = 1.0f;  // yarn
+    bool truncate = true;                        // yarn
+    float attention_factor = 1.0f;               // yarn: given, or 0.1 ln(factor) + 1
 };
+
+const char* rope_kind_name(RopeScaling::Kind k);  // "default", "llama3", "linear", "yarn"
 
 // quantization_config of a checkpoint written by `shardlm quantize` (other tools' configs are
 // refused with an error naming them).

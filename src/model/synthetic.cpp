@@ -147,6 +147,13 @@ std::string config_json(const ModelConfig& c) {
         j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope.factor},
                              {"low_freq_factor", c.rope.low_freq_factor}, {"high_freq_factor", c.rope.high_freq_factor},
                              {"original_max_position_embeddings", c.rope.original_max_position}};
+    } else if (c.rope.kind == RopeScaling::Kind::Linear) {
+        j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.factor}};
+    } else if (c.rope.kind == RopeScaling::Kind::Yarn) {
+        j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", c.rope.factor},
+                             {"original_max_position_embeddings", c.rope.original_max_position},
+                             {"beta_fast", c.rope.beta_fast}, {"beta_slow", c.rope.beta_slow},
+                             {"attention_factor", c.rope.attention_factor}};
     } else {
         j["rope_scaling"] = nullptr;
     }

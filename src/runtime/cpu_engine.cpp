@@ -187,7 +187,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
         a.kv_dtype = kv_.shape().dtype;
         a.capacity = kv_.shape().capacity;
         a.row_stride = kv_.row_stride();
-        a.scale = 1.0f / std::sqrt(float(hd));
+        a.scale = attention_scale(cfg_);
         a.k_scales = kv_.k_scales(layer, ch.slot);
         a.v_scales = kv_.v_scales(layer, ch.slot);
         // Flash: tiles of keys reused by a block of queries, which pays in prefill; a one-token

@@ -604,7 +604,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         a.n_heads = nh;
         a.n_kv_heads = nkv;
         a.head_dim = hd;
-        a.scale = 1.0f / std::sqrt(float(hd));
+        a.scale = attention_scale(cfg_);
         a.window = layer_window(c, int64_t(l));
         a.kv = kv_[l];
         a.scratch = b_.attn_scratch;

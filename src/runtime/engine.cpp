@@ -46,12 +46,25 @@ RopeParams rope_params(const ModelConfig& c) {
     RopeParams rp;
     rp.head_dim = c.head_dim;
     rp.theta = c.rope_theta;
-    rp.llama3 = c.rope.kind == RopeScaling::Kind::Llama3;
+    switch (c.rope.kind) {
+        case RopeScaling::Kind::None: rp.freqs = RopeFreqs::Plain; break;
+        case RopeScaling::Kind::Llama3: rp.freqs = RopeFreqs::Llama3; break;
+        case RopeScaling::Kind::Linear: rp.freqs = RopeFreqs::Linear; break;
+        case RopeScaling::Kind::Yarn: rp.freqs = RopeFreqs::Yarn; break;
+    }
     rp.factor = c.rope.factor;
     rp.low_freq_factor = c.rope.low_freq_factor;
     rp.high_freq_factor = c.rope.high_freq_factor;
     rp.original_max_position = c.rope.original_max_position;
+    rp.beta_fast = c.rope.beta_fast;
+    rp.beta_slow = c.rope.beta_slow;
+    rp.truncate = c.rope.truncate;
     return rp;
+}
+
+float attention_scale(const ModelConfig& c) {
+    const float af = c.rope.kind == RopeScaling::Kind::Yarn ? c.rope.attention_factor : 1.0f;
+    return af * af / std::sqrt(float(c.head_dim));
 }
 
 namespace {

@@ -132,8 +132,11 @@ struct CandidateList {
 // k elements ranked before it, so fewer than k in its own slice. Needs k <= the lists' total.
 void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float* vals, int32_t* ids);
 
-// The rotary embedding of a model's config (theta, llama3 rescaling) as the kernels take it.
+// The rotary embedding of a model's config (theta, its rope scaling) as the kernels take it.
 RopeParams rope_params(const ModelConfig& c);
+// The attention's score scale: 1/sqrt(head_dim), times YaRN's attention_factor squared (HF scales
+// cos and sin by it, so q and k each; here the scores are, and the cache keeps unscaled keys).
+float attention_scale(const ModelConfig& c);
 
 // What every backend checks before a step: chunk bounds, positions within the cache, ids within
 // the vocabulary, and the workspace limits. Returns the step's token rows and logit rows.

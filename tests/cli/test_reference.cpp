@@ -46,7 +46,31 @@ ModelConfig llama3_scaled() {
     return c;
 }
 
+// YaRN with theta 1000 over an original context of 1024 positions: the ramp runs from dimension
+// 1 to 6 of 8 (head_dim 16) and 3 to 12 of 16 (Qwen3's 32), so a 20-token run turns kept, ramped
+// and slowed dimensions alike; with its attention factor (scores times its square).
+ModelConfig yarn_scaled(Arch arch) {
+    ModelConfig c = tiny_config(arch);
+    c.rope_theta = 1000;
+    c.rope.kind = RopeScaling::Kind::Yarn;
+    c.rope.factor = 4;
+    c.rope.original_max_position = 1024;
+    c.rope.attention_factor = 1.1386294f;
+    return c;
+}
+
 }  // namespace
+
+TEST(Reference, YarnAndLinearRope) {
+    compare(yarn_scaled(Arch::Qwen3), {DType::F32, 1, 31}, "auto");
+    ModelConfig a = yarn_scaled(Arch::Llama);
+    a.rope.attention_factor = 1.7f;  // large enough to move the logits well past the tolerance
+    compare(a, {DType::BF16, 1, 32}, "auto");
+    ModelConfig l = tiny_config(Arch::Llama);
+    l.rope.kind = RopeScaling::Kind::Linear;
+    l.rope.factor = 2;
+    compare(l, {DType::F32, 1, 33}, "auto");
+}
 
 TEST(Reference, LlamaF32) { compare(tiny_config(Arch::Llama), {DType::F32, 1, 21}, "auto"); }
 TEST(Reference, LlamaScaledRopeBF16Sharded) { compare(llama3_scaled(), {DType::BF16, 2, 22}, "auto"); }

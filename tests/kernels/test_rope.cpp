@@ -49,13 +49,13 @@ TEST(Rope, Llama3Bands) {
     RopeParams p;
     p.head_dim = 64;
     p.theta = 500000;
-    p.llama3 = true;
+    p.freqs = RopeFreqs::Llama3;
     p.factor = 32;
     p.low_freq_factor = 1;
     p.high_freq_factor = 4;
     p.original_max_position = 8192;
     RopeParams plain = p;
-    plain.llama3 = false;
+    plain.freqs = RopeFreqs::Plain;
     const auto f = rope_inv_freq(p), g = rope_inv_freq(plain);
     int high = 0, low = 0, mid = 0;
     for (size_t i = 0; i < f.size(); ++i) {
@@ -75,4 +75,40 @@ TEST(Rope, Llama3Bands) {
     EXPECT_GT(high, 0);
     EXPECT_GT(low, 0);
     EXPECT_GT(mid, 0);
+}
+
+// YaRN (HF's _compute_yarn_parameters, factor as given): values worked out apart from this code
+// (Python, double precision, HF's formula) for Qwen3's yarn settings (head_dim 128, theta 1e6,
+// factor 4 over 32768 positions: the ramp runs from dimension 23 to 40) and for a small head
+// without truncation (the ramp from 12.88 to 20.11, beta 16 and 2). Linear divides every one.
+TEST(Rope, YarnAndLinear) {
+    RopeParams p;
+    p.head_dim = 128;
+    p.theta = 1e6f;
+    p.freqs = RopeFreqs::Yarn;
+    p.factor = 4;
+    p.original_max_position = 32768;
+    const auto f = rope_inv_freq(p);
+    const std::pair<int, double> want[] = {{0, 1.0},           {10, 0.115478198},     {17, 0.0254829675},
+                                           {20, 0.0133352143}, {30, 0.00106436098},   {40, 4.44569853e-05},
+                                           {41, 3.58253143e-05}, {63, 3.1023444e-07}};
+    for (const auto& [i, v] : want) EXPECT_NEAR(f[size_t(i)], v, 2e-6 * v) << i;
+    RopeParams q;
+    q.head_dim = 64;
+    q.theta = 10000;
+    q.freqs = RopeFreqs::Yarn;
+    q.factor = 8;
+    q.original_max_position = 4096;
+    q.beta_fast = 16;
+    q.beta_slow = 2;
+    q.truncate = false;
+    const auto g = rope_inv_freq(q);
+    const std::pair<int, double> want_q[] = {{0, 1.0},  {5, 0.237137371},     {8, 0.1},
+                                             {12, 0.0316227766}, {20, 0.000435575476}, {31, 1.66690179e-05}};
+    for (const auto& [i, v] : want_q) EXPECT_NEAR(g[size_t(i)], v, 2e-6 * v) << i;
+    RopeParams lin = q, plain = q;
+    lin.freqs = RopeFreqs::Linear;
+    plain.freqs = RopeFreqs::Plain;
+    const auto l = rope_inv_freq(lin), base = rope_inv_freq(plain);
+    for (size_t i = 0; i < l.size(); ++i) EXPECT_FLOAT_EQ(l[i], base[i] / 8) << i;
 }

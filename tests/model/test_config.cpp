@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "fixtures.h"
 #include "model/config.h"
@@ -70,6 +72,34 @@ TEST(Config, RopeScalingLlama3AndRopeParameters) {
     EXPECT_FLOAT_EQ(d.rope_theta, 1000000.0f);
 }
 
+// YaRN as Qwen's model cards add it, and as HF reads its options: the original context from
+// rope_scaling (else max_position_embeddings), beta 32/1, attention factor 0.1 ln(factor) + 1
+// unless given (or DeepSeek's mscale ratio); linear takes the factor alone; dynamic NTK is refused.
+TEST(Config, RopeScalingYarnAndLinear) {
+    const ModelConfig a = parse_config(with(R"(, "max_position_embeddings": 40960, "rope_scaling": {"rope_type": "yarn",
+        "factor": 4.0, "original_max_position_embeddings": 32768})"), "x");
+    EXPECT_EQ(a.rope.kind, RopeScaling::Kind::Yarn);
+    EXPECT_FLOAT_EQ(a.rope.factor, 4.0f);
+    EXPECT_EQ(a.rope.original_max_position, 32768);
+    EXPECT_FLOAT_EQ(a.rope.beta_fast, 32.0f);
+    EXPECT_FLOAT_EQ(a.rope.beta_slow, 1.0f);
+    EXPECT_TRUE(a.rope.truncate);
+    EXPECT_NEAR(a.rope.attention_factor, 1.1386294f, 1e-6);
+    EXPECT_STREQ(rope_kind_name(a.rope.kind), "yarn");
+    const ModelConfig b = parse_config(with(R"(, "max_position_embeddings": 8192, "rope_scaling": {"type": "yarn",
+        "factor": 2.0, "beta_fast": 16, "beta_slow": 2, "attention_factor": 1.5, "truncate": false})"), "x");
+    EXPECT_EQ(b.rope.original_max_position, 8192);
+    EXPECT_FLOAT_EQ(b.rope.beta_fast, 16.0f);
+    EXPECT_FLOAT_EQ(b.rope.attention_factor, 1.5f);
+    EXPECT_FALSE(b.rope.truncate);
+    const ModelConfig m = parse_config(with(R"(, "max_position_embeddings": 8192, "rope_scaling": {"type": "yarn",
+        "factor": 40, "mscale": 1.0, "mscale_all_dim": 0.5})"), "x");
+    EXPECT_NEAR(m.rope.attention_factor, (0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1), 1e-6);
+    const ModelConfig l = parse_config(with(R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.0})"), "x");
+    EXPECT_EQ(l.rope.kind, RopeScaling::Kind::Linear);
+    EXPECT_FLOAT_EQ(l.rope.factor, 2.0f);
+}
+
 // Sliding windows as Hugging Face reads them: Mistral on every layer (null: none); Qwen2 only with
 // use_sliding_window, from max_window_layers on (none when that is the layer count); an explicit
 // layer_types list of full layers then sliding ones; other patterns refused.
@@ -117,7 +147,12 @@ TEST(Config, Errors) {
     expect_error(j, "unknown architecture");
     expect_error(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})", "num_hidden_layers");
     expect_error(with(R"(, "num_key_value_heads": 3)"), "num_key_value_heads");
-    expect_error(with(R"(, "rope_scaling": {"type": "yarn", "factor": 4.0})"), "yarn");
+    expect_error(with(R"(, "rope_scaling": {"type": "dynamic", "factor": 4.0})"), "\"dynamic\" is not supported");
+    expect_error(with(R"(, "rope_scaling": {"type": "yarn"})"), "needs a finite \"factor\" >= 1");
+    expect_error(with(R"(, "rope_scaling": {"type": "linear", "factor": 0.5})"), "needs a finite \"factor\" >= 1");
+    expect_error(with(R"(, "rope_scaling": {"type": "yarn", "factor": 4, "beta_fast": 1, "beta_slow": 2})"),
+                 "invalid yarn parameters");
+    expect_error(with(R"(, "rope_scaling": {"type": "yarn", "factor": 4, "truncate": 1})"), "\"truncate\" must be");
     expect_error(with(R"(, "hidden_act": "gelu")"), "hidden_act");
     expect_error(with(R"(, "torch_dtype": "int4")"), "torch_dtype");
     expect_error(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "hidden_size");

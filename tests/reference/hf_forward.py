@@ -111,6 +111,7 @@ class Model:
         eos = cfg.get("eos_token_id")
         self.eos = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
         self.inv_freq = self._rope_inv_freq()
+        self.attention_factor = self._attention_factor()
         self.windows = self._sliding_windows()
 
         ck = Checkpoint(model_dir)
@@ -142,7 +143,7 @@ class Model:
             self.lm_head = ck.get("lm_head.weight")
 
     def _rope_inv_freq(self):
-        """inv_freq[j] = 1 / theta^(2j/d), in float32 like HF (+ llama3/linear scaling)."""
+        """inv_freq[j] = 1 / theta^(2j/d), in float32 like HF (+ llama3/linear/yarn scaling)."""
         cfg = self.cfg
         rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
@@ -154,6 +155,28 @@ class Model:
             return inv
         if rtype == "linear":
             return (inv / F32(rp["factor"])).astype(F32)
+        if rtype == "yarn":
+            # HF _compute_yarn_parameters with the factor as given (vLLM's YaRN): dimensions
+            # below `low` keep their frequency, those above `high` are divided by factor, a
+            # linear ramp in between; low/high are the dimensions turning beta_fast/beta_slow
+            # times over the original context.
+            factor = F32(rp["factor"])
+            orig = rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+            beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+            def dim_of(rotations):
+                return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+            low, high = dim_of(beta_fast), dim_of(beta_slow)
+            if rp.get("truncate", True):
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            if low == high:
+                high += 0.001
+            ramp = np.clip((np.arange(d // 2, dtype=F32) - F32(low)) / F32(high - low), 0, 1).astype(F32)
+            keep = (F32(1) - ramp).astype(F32)  # HF's inv_freq_extrapolation_factor
+            pos = (F32(theta) ** exps).astype(F32)
+            return ((F32(1) / (factor * pos)) * (F32(1) - keep) + (F32(1) / pos) * keep).astype(F32)
         if rtype != "llama3":
             die(f"unsupported rope type {rtype!r}")
         # HF _compute_llama3_parameters: long wavelengths are divided by factor,
@@ -168,6 +191,21 @@ class Model:
         blended = ((F32(1) - smooth) * scaled / F32(factor) + smooth * scaled).astype(F32)
         medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
         return np.where(medium, blended, scaled).astype(F32)
+
+    def _attention_factor(self):
+        """YaRN's factor on cos and sin: given, or 0.1 ln(factor) + 1 (DeepSeek: a ratio of two)."""
+        rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
+        if rp.get("rope_type", rp.get("type")) != "yarn":
+            return 1.0
+        if rp.get("attention_factor") is not None:
+            return rp["attention_factor"]
+
+        def mscale(m):
+            return 1.0 if rp["factor"] <= 1 else 0.1 * m * math.log(rp["factor"]) + 1.0
+
+        if rp.get("mscale") and rp.get("mscale_all_dim"):
+            return mscale(rp["mscale"]) / mscale(rp["mscale_all_dim"])
+        return mscale(1.0)
 
     def _sliding_windows(self):
         """Per-layer sliding window size (None = full causal attention)."""
@@ -201,7 +239,9 @@ class Model:
         # cos/sin tables: freqs = pos (outer) inv_freq, duplicated for both halves.
         freqs = np.outer(np.arange(n, dtype=F32), self.inv_freq).astype(F32)
         emb = np.concatenate([freqs, freqs], axis=-1)
-        cos, sin = np.cos(emb).astype(F32), np.sin(emb).astype(F32)  # [n, D]
+        # HF's attention_scaling (YaRN's attention factor) multiplies both tables.
+        af = F32(self.attention_factor)
+        cos, sin = (np.cos(emb) * af).astype(F32), (np.sin(emb) * af).astype(F32)  # [n, D]
         qi, kj = np.arange(n)[:, None], np.arange(n)[None, :]
         scale = F32(D ** -0.5)
         for L, win in zip(self.layers, self.windows):

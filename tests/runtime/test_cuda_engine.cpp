@@ -120,6 +120,7 @@ struct Case {
     const char* name;
     Arch arch;
     DType dtype;
+    bool yarn = false;  // YaRN rope scaling: its frequencies and attention factor on both engines
 };
 
 const Case kCases[] = {
@@ -128,12 +129,20 @@ const Case kCases[] = {
     {"qwen2_f32", Arch::Qwen2, DType::F32},
     {"qwen3_f32", Arch::Qwen3, DType::F32},
     {"qwen3_bf16", Arch::Qwen3, DType::BF16},
+    {"qwen3_yarn_f32", Arch::Qwen3, DType::F32, true},
 };
 
 class CudaVsCpu : public ::testing::TestWithParam<Case> {
 protected:
     void SetUp() override {
         cfg_ = tiny_config(GetParam().arch);
+        if (GetParam().yarn) {
+            cfg_.rope_theta = 1000;
+            cfg_.rope.kind = RopeScaling::Kind::Yarn;
+            cfg_.rope.factor = 4;
+            cfg_.rope.original_max_position = 1024;
+            cfg_.rope.attention_factor = 1.5f;
+        }
         write_synthetic_checkpoint(dir_.path(), cfg_, {GetParam().dtype, 1, 23});
         // Three sequences of different lengths: variable lengths in one decode batch.
         prompts_ = {make_prompt(11, cfg_.vocab, 1), make_prompt(3, cfg_.vocab, 2), make_prompt(29, cfg_.vocab, 3)};

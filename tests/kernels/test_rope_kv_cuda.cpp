@@ -108,7 +108,7 @@ void check_rope_kv(DType dtype, const Case& c, bool fused = false) {
     RopeParams rp;
     rp.head_dim = hd;
     rp.theta = c.llama3 ? 500000.0f : 1000000.0f;
-    rp.llama3 = c.llama3;
+    rp.freqs = c.llama3 ? RopeFreqs::Llama3 : RopeFreqs::Plain;
     rp.factor = 32;
     const std::vector<float> inv_freq = rope_inv_freq(rp);
 

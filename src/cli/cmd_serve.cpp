@@ -53,12 +53,19 @@ extern "C" void on_signal(int) { g_signalled = 1; }
 // One choice of a request as it forms: the engine loop writes it, the handler thread reads it.
 struct ChoiceState {
     ApiChoice out;     // out.text: the settled text so far, all of it once done
-    size_t sent = 0;   // streaming: how much of out.text went out
+    size_t sent = 0;   // streaming: how much of the content (content() below) went out
+    size_t reasoning_sent = 0;  // streaming: the end of the reasoning that went out, in out.text
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     bool done = false, finish_sent = false;
-    // Streaming: how much of out.text may go out now (api_sendable: with tool calls, not what may
-    // become one).
-    size_t sendable(const ApiRequest& r) const { return api_sendable(r, out.text, done, sent); }
+    // The reply's content so far: out.text past its reasoning (reasoning_span; all of it without).
+    std::string content(const ApiRequest& r) const { return out.text.substr(reasoning_span(r, out.text, done).content); }
+    // Streaming: how much of content() may go out now (api_sendable: with tool calls, not what may
+    // become one), and whether reasoning not yet sent may.
+    size_t sendable(const ApiRequest& r) const { return api_sendable(r, content(r), done, sent); }
+    bool reasoning_due(const ApiRequest& r) const {
+        const ReasoningSpan s = reasoning_span(r, out.text, done);
+        return s.end > std::max(s.begin, reasoning_sent);
+    }
 };
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
@@ -268,7 +275,7 @@ std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser;
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
@@ -303,6 +310,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "--speculate: at most N tokens in a step that carries proposals, its decode tokens included, shared out "
          "among the decoding sequences: verifying costs little while a step fits the CUDA GEMVs' 8 token rows or a "
          "CPU's spare arithmetic (0: no limit but the step's)")
+        ("reasoning-parser", po::value(&reasoning_parser),
+         "qwen3: a chat reply's <think>...</think> part comes as message.reasoning_content (streamed: "
+         "delta.reasoning_content), the rest as its content (vLLM's flag)")
         ("json-whitespace", po::value(&json_whitespace)->default_value(JsonSchema::kDefaultSpace),
          "response_format json_object/json_schema: most whitespace bytes in a row between the JSON's parts, one "
          "line break among them (0: compact JSON, for models that would spend tokens on it)")
@@ -332,6 +342,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
         if (!vm.count("api-key"))
             if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
+        if (vm.count("reasoning-parser") && reasoning_parser != "qwen3")
+            fail("--reasoning-parser \"", reasoning_parser, "\" is not supported (qwen3)");
         if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
         for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
                                          std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
@@ -377,6 +389,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     lim.ctx = engine.options().ctx;
     lim.vocab = s->cfg.vocab;
     lim.penalty_last_n = penalty_last_n;
+    lim.reasoning = !reasoning_parser.empty();
 
     // Rank 0: the HTTP server on its own threads. The guard stops it however this function ends
     // (an error in a step must not leave a joinable thread behind: that would abort the process
@@ -516,7 +529,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
-                            return cs.sendable(req) > cs.sent || cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+                            return cs.sendable(req) > cs.sent || cs.reasoning_due(req) ||
+                                   cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
                             return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
@@ -528,26 +542,34 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::string out;
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
-                            const size_t upto = cs.sendable(req);
+                            const ReasoningSpan rs = reasoning_span(req, cs.out.text, cs.done);
+                            if (rs.end > std::max(rs.begin, cs.reasoning_sent)) {
+                                const size_t from = std::max(rs.begin, cs.reasoning_sent);
+                                out += sse(api_reasoning_chunk(req, job->id, job->created, model_name, c,
+                                                               cs.out.text.substr(from, rs.end - from)));
+                                cs.reasoning_sent = rs.end;
+                            }
+                            const std::string content = cs.out.text.substr(rs.content);
+                            const size_t upto = api_sendable(req, content, cs.done, cs.sent);
                             if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
                                 // The logprobs of the tokens since the last event (their text may be
                                 // held back a while for a stop string, a character's rest or a
                                 // possible tool call).
                                 const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
                                 out += sse(api_chunk(job->req, job->id, job->created, model_name, c,
-                                                     cs.out.text.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0), "",
+                                                     content.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0), "",
                                                      api_logprobs(job->req, *tk, fresh, cs.lps_offset)));
                                 cs.sent = std::max(cs.sent, upto);
                                 cs.lps_sent = cs.out.lps.size();
                                 cs.lps_offset += logprobs_text_bytes(*tk, fresh);
                             }
                             if ((cs.done || job->aborted) && !cs.finish_sent) {
-                                const ParsedToolCalls calls = cs.done ? api_tool_calls(req, cs.out.text) : ParsedToolCalls{};
+                                const ParsedToolCalls calls = cs.done ? api_tool_calls(req, content) : ParsedToolCalls{};
                                 if (calls.called)
                                     out += sse(api_tool_calls_chunk(job->req, job->id, job->created, model_name, c, calls));
                                 out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",
                                                      !cs.done ? "abort" : calls.called ? "tool_calls" : cs.out.finish));
-                                cs.sent = cs.out.text.size();
+                                cs.sent = content.size();
                                 cs.finish_sent = true;
                             }
                         }

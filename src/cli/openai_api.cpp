@@ -108,6 +108,28 @@ std::vector<json> request_tools(const json& body) {
     return out;
 }
 
+// vLLM's chat_template_kwargs: the template variables shardlm's renderings read (others would
+// change a Jinja rendering in ways shardlm does not follow: refused by name).
+ChatKwargs chat_kwargs(const json& body) {
+    ChatKwargs k;
+    if (!body.contains("chat_template_kwargs") || body["chat_template_kwargs"].is_null()) return k;
+    const json& kw = body["chat_template_kwargs"];
+    if (!kw.is_object()) bad("\"chat_template_kwargs\" must be an object");
+    for (auto it = kw.begin(); it != kw.end(); ++it) {
+        if (it.key() == "enable_thinking") {
+            if (!it.value().is_boolean()) bad("\"chat_template_kwargs\": \"enable_thinking\" must be true or false");
+            k.enable_thinking = it.value().get<bool>();
+        } else if (it.key() == "date_string") {
+            if (!it.value().is_string() || it.value().get<std::string>().empty() || it.value().get<std::string>().size() > 64)
+                bad("\"chat_template_kwargs\": \"date_string\" must be a string of 1 to 64 bytes");
+            k.date_string = it.value().get<std::string>();
+        } else {
+            bad("\"chat_template_kwargs\": \"" + it.key() + "\" is not supported (enable_thinking, date_string)");
+        }
+    }
+    return k;
+}
+
 // A chat request's prompt: "messages" (and "tools") rendered with the model's chat template.
 struct ChatPrompt {
     std::vector<int32_t> ids;
@@ -154,7 +176,7 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
     }
     try {
-        p.ids = tok.encode(tok.apply_chat_template(system, messages, tools), EncodeOptions{false});
+        p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, chat_kwargs(body)), EncodeOptions{false});
     } catch (const Error& e) {
         bad(e.what());
     }
@@ -300,8 +322,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         functions = cp.functions;
         tool_choice(body, functions, r);
         r.tool_format = tok.chat_tools();
+        r.reasoning = lim.reasoning;
     } else {
-        for (const char* key : {"tools", "tool_choice"})
+        for (const char* key : {"tools", "tool_choice", "chat_template_kwargs"})
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
@@ -585,7 +608,9 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
     for (size_t c = 0; c < choices.size(); ++c) {
         const ApiChoice& ch = choices[c];
         const size_t p = c / size_t(r.n);
-        const std::string text = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
+        const std::string whole = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
+        const ReasoningSpan rs = reasoning_span(r, whole, true);
+        const std::string text = whole.substr(rs.content);  // the content: past the reasoning
         json choice = {{"index", c}};
         const ParsedToolCalls calls = api_tool_calls(r, text);
         if (calls.called) {
@@ -593,10 +618,13 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
                                  {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
                                  {"tool_calls", tool_calls_json(r, id, c, calls, false)}};
         } else if (r.chat) {
-            choice["message"] = {{"role", "assistant"}, {"content", text}};
+            choice["message"] = {{"role", "assistant"}, {"content", r.reasoning && text.empty() ? json(nullptr) : json(text)}};
         } else {
             choice["text"] = text;
         }
+        if (r.reasoning)
+            choice["message"]["reasoning_content"] =
+                rs.end > rs.begin ? json(whole.substr(rs.begin, rs.end - rs.begin)) : json(nullptr);
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
         choice["finish_reason"] = calls.called ? "tool_calls" : ch.finish;
         out.push_back(choice);
@@ -622,6 +650,43 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
     choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
     json res = envelope(r, id, created, model, json::array({choice}), true);
     if (r.include_usage) res["usage"] = nullptr;  // as OpenAI's: null until the last chunk
+    return res;
+}
+
+ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool done) {
+    ReasoningSpan s;
+    if (!r.reasoning) return s;
+    static const std::string open = "<think>", close = "</think>";
+    const size_t i = std::min(text.size(), text.find_first_not_of(" \t\r\n"));
+    const size_t rest = text.size() - i;
+    if (rest < open.size() || text.compare(i, open.size(), open) != 0) {
+        // Not (yet) opened: all content, unless what there is may still become "<think>".
+        if (!done && rest < open.size() && open.compare(0, rest, text, i, rest) == 0) s.content = text.size();
+        return s;
+    }
+    s.begin = i + open.size();
+    const size_t e = text.find(close, s.begin);
+    if (e != std::string::npos) {
+        s.end = e;
+        s.content = e + close.size();
+        return s;
+    }
+    s.end = s.content = text.size();
+    if (!done)  // a suffix that may become "</think>" is held back
+        for (size_t k = std::min(text.size() - s.begin, close.size() - 1); k > 0; --k)
+            if (text.compare(text.size() - k, k, close, 0, k) == 0) {
+                s.end = text.size() - k;
+                break;
+            }
+    return s;
+}
+
+json api_reasoning_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
+                         size_t index, const std::string& delta) {
+    json choice = {{"index", index}, {"delta", {{"reasoning_content", delta}}}, {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
+    json res = envelope(r, id, created, model, json::array({choice}), true);
+    if (r.include_usage) res["usage"] = nullptr;
     return res;
 }
 

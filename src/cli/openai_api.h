@@ -29,6 +29,7 @@ struct ApiLimits {
     int64_t ctx = 0;             // positions per sequence: prompt + max_tokens must fit
     int64_t vocab = 0;
     int64_t penalty_last_n = 64; // the server's penalty window
+    bool reasoning = false;      // serve --reasoning-parser qwen3: chat replies' <think> part apart
 };
 
 struct ApiRequest {
@@ -71,6 +72,10 @@ struct ApiRequest {
     std::string tool_name;            // Named: the function
     bool parallel_tool_calls = true;  // false: a reply's first call only
     ChatTools tool_format = ChatTools::None;  // the chat template's (Tokenizer::chat_tools)
+    // Chat under serve --reasoning-parser qwen3 (ApiLimits::reasoning): a reply that opens with
+    // <think> reasons until </think>; that text comes as message.reasoning_content (streamed:
+    // delta.reasoning_content), the rest as the content, where tool calls are read.
+    bool reasoning = false;
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -114,7 +119,8 @@ void check_body_depth(const std::string& body);
 // messages of role "tool" and assistant messages with "tool_calls", content as a string or an
 // array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's, Llama 3.1/3.2's); tool_choice
 // "required" or {"type": "function", "function": {"name": ...}} hold the reply to JSON calls
-// (as vLLM does; no other constraint with them). best_of and functions are refused.
+// (as vLLM does; no other constraint with them); chat_template_kwargs with enable_thinking and
+// date_string (others refused). best_of and functions are refused.
 ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim);
 
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
@@ -149,6 +155,19 @@ nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& i
 nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
                          const nlohmann::ordered_json& logprobs = nullptr);
+// Where a reply's reasoning is (ApiRequest::reasoning; vLLM's qwen3 reasoning parser): offsets into
+// the text. The reasoning [begin, end) follows a <think> that opens the reply (after white space)
+// and ends at </think>, or at the end of a reply cut short (vLLM would then give it all as content;
+// here a stream and a whole response agree); the content starts after </think>. Without
+// reasoning, content is 0 and begin == end. Streaming (!done): while the reply may still open with
+// <think>, or may be closing it, that text is held back (content past the text, end before it).
+struct ReasoningSpan {
+    size_t begin = 0, end = 0, content = 0;
+};
+ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool done);
+// A streamed chat response's event with choice `index`'s reasoning delta.
+nlohmann::ordered_json api_reasoning_chunk(const ApiRequest& r, const std::string& id, int64_t created,
+                                           const std::string& model, size_t index, const std::string& delta);
 // A reply's tool calls as the request's tool mode reads them (called false: plain text).
 ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text);
 // How much of a streamed reply may go out as content: all of it without tools; with them, the

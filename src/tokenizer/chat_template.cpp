@@ -362,6 +362,8 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         t.default_system = chatml_default_system(c);
         // Qwen3 keeps only what follows </think> of a reply before the last user turn.
         t.strips_reasoning = has(c, "message.content.split('</think>')[-1].lstrip('~')");
+        t.thinking_switch = has(tight(c), "{{'<|im_start|>assistant~'}}{%ifenable_thinkingisdefinedandenable_thinkingisfalse%}"
+                                          "{{'<think>~~</think>~~'}}{%endif%}");
         recognise_tools(c, t);
         return t;
     }
@@ -400,7 +402,20 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
 
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools) {
+                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
+                                const ChatKwargs& kwargs) {
+    if (!kwargs.date_string.empty() && t.family == ChatFamily::Llama31) {
+        ChatTemplate dated = t;
+        dated.date_string = kwargs.date_string;
+        ChatKwargs rest = kwargs;
+        rest.date_string.clear();
+        return render_conversation(dated, system, messages, bos_token, eos_token, tools, rest);
+    }
+    if (!kwargs.enable_thinking && t.thinking_switch) {
+        ChatKwargs rest = kwargs;
+        rest.enable_thinking = true;
+        return render_conversation(t, system, messages, bos_token, eos_token, tools, rest) + "<think>\n\n</think>\n\n";
+    }
     if (!tools.empty() || tool_turns(messages)) {
         if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "

@@ -45,6 +45,15 @@ struct ChatTemplate {
     std::optional<std::string> tools_system;    // Qwen25 tools: the system message before the tools block
     bool strips_reasoning = false;              // ChatML (Qwen3): earlier replies without <think>...</think>
     std::string date_string;                    // Llama 3.1: "Today Date: ..." (empty: today's date)
+    // ChatML (Qwen3): enable_thinking false opens the reply with an empty <think></think> block.
+    bool thinking_switch = false;
+};
+
+// Template variables a request may set (vLLM's chat_template_kwargs), where the template reads
+// them (elsewhere they change nothing, as in Jinja).
+struct ChatKwargs {
+    bool enable_thinking = true;  // Qwen3: false adds "<think>\n\n</think>\n\n" after the generation prompt
+    std::string date_string;      // Llama 3.1/3.2: "Today Date: ..." (empty: the template's own)
 };
 
 // Recognises `source`; `where` names the file for the error message.
@@ -77,7 +86,8 @@ struct ChatMessage {
 // (Llama3Json: at most one call per assistant turn, as its template raises).
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools = {});
+                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools = {},
+                                const ChatKwargs& kwargs = {});
 
 // A reply's calls in the template's format (vLLM's parsers' rules). Qwen (hermes): the text before
 // the first <tool_call> is the content (without trailing white space), each block's JSON

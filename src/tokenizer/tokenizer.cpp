@@ -321,11 +321,12 @@ std::string Tokenizer::apply_chat_template(const std::optional<std::string>& sys
 
 std::string Tokenizer::apply_chat_template(const std::optional<std::string>& system,
                                            const std::vector<ChatMessage>& messages,
-                                           const std::vector<nlohmann::ordered_json>& tools) const {
+                                           const std::vector<nlohmann::ordered_json>& tools,
+                                           const ChatKwargs& kwargs) const {
     const Impl& m = *impl_;
     if (!m.chat_source) fail(m.config_where, ": no chat_template (the model has no chat format)");
     if (!m.chat) fail(m.chat_error);
-    return render_conversation(*m.chat, system, messages, m.bos_token, m.eos >= 0 ? id_to_token(m.eos) : "", tools);
+    return render_conversation(*m.chat, system, messages, m.bos_token, m.eos >= 0 ? id_to_token(m.eos) : "", tools, kwargs);
 }
 
 ChatTools Tokenizer::chat_tools() const { return impl_->chat ? impl_->chat->tools : ChatTools::None; }

@@ -74,7 +74,8 @@ public:
     // A whole conversation (chat_template.h: render_conversation), for multi-turn chat.
     // With `tools` (the request's function entries), the template's tools block (chat_template.h).
     std::string apply_chat_template(const std::optional<std::string>& system, const std::vector<ChatMessage>& messages,
-                                    const std::vector<nlohmann::ordered_json>& tools = {}) const;
+                                    const std::vector<nlohmann::ordered_json>& tools = {},
+                                    const ChatKwargs& kwargs = {}) const;
     // The chat template's tool format (None: it renders no tools; a tools block shardlm knows:
     // Qwen2.5's, Qwen3's, Llama 3.1/3.2's).
     ChatTools chat_tools() const;

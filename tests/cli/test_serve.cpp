@@ -117,10 +117,10 @@ Reply post_text(int port, const std::string& path, const std::string& body) {
 }
 Reply post(int port, const std::string& path, const json& body) { return post_text(port, path, body.dump()); }
 
-// A streamed chat reply's events, put together: its content deltas, its tool-call entries and
-// the finish reason of its last event.
+// A streamed chat reply's events, put together: its content and reasoning deltas, its tool-call
+// entries and the finish reason of its last event.
 struct StreamedChat {
-    std::string content, finish;
+    std::string content, reasoning, finish;
     json calls = json::array();
 };
 StreamedChat streamed_chat(const std::string& raw) {
@@ -130,6 +130,7 @@ StreamedChat streamed_chat(const std::string& raw) {
         if (line.rfind("data: {", 0) != 0) continue;
         const json d = json::parse(line.substr(6))["choices"][0];
         if (d["delta"].contains("content")) out.content += d["delta"]["content"].get<std::string>();
+        if (d["delta"].contains("reasoning_content")) out.reasoning += d["delta"]["reasoning_content"].get<std::string>();
         if (d["delta"].contains("tool_calls"))
             for (const json& c : d["delta"]["tool_calls"]) out.calls.push_back(c);
         if (!d["finish_reason"].is_null()) out.finish = d["finish_reason"];
@@ -932,6 +933,71 @@ TEST_F(Serve, LlamaToolCalls) {
     EXPECT_EQ(two.status, 400) << two.raw;
     EXPECT_NE(two.raw.find("one call per assistant turn"), std::string::npos) << two.raw;
     EXPECT_EQ(srv.stop(), 0);
+}
+
+// Qwen3's thinking: chat_template_kwargs enable_thinking false closes an empty think block in the
+// prompt (a template with Qwen3's switch); serve --reasoning-parser qwen3 gives a reply's
+// <think>...</think> part as reasoning_content, whole and streamed (its tags split over several
+// tokens here, so the stream holds them back), the rest as content; a reply without it, or cut
+// short inside it; refusals for unknown kwargs and parsers.
+TEST_F(Serve, ThinkingAndReasoningContent) {
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] =
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+        "'\\n'}}{% endfor %}{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if "
+        "enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    "
+        "{%- endif %}\n{%- endif %}";
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser qwen3",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json ask = json::array({{{"role", "user"}, {"content", "Where?"}}});
+    const Reply on = post(srv.port(), "/tokenize", {{"messages", ask}});
+    const Reply off = post(srv.port(), "/tokenize", {{"messages", ask}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    ASSERT_EQ(off.status, 200) << off.raw;
+    EXPECT_GT(off.body["count"].get<int>(), on.body["count"].get<int>());
+    struct Case {
+        std::string reply;
+        json reasoning, content;
+    };
+    const std::vector<Case> cases = {{"<think>\nLet me see.\n</think>\n\nIn Eden.", "\nLet me see.\n", "\n\nIn Eden."},
+                                     {"In Eden.", nullptr, "In Eden."},
+                                     {" <think>cut short", "cut short", nullptr},
+                                     {"<thin", nullptr, "<thin"}};
+    for (const Case& c : cases) {
+        json req = {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {c.reply}}};
+        const Reply r = post(srv.port(), "/v1/chat/completions", req);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        const json& m = r.body["choices"][0]["message"];
+        EXPECT_EQ(m["reasoning_content"], c.reasoning) << c.reply << ": " << r.raw;
+        EXPECT_EQ(m["content"], c.content) << c.reply << ": " << r.raw;
+        req["stream"] = true;
+        const Reply s = post(srv.port(), "/v1/chat/completions", req);
+        ASSERT_EQ(s.status, 200);
+        const StreamedChat sc = streamed_chat(s.raw);
+        EXPECT_EQ(sc.reasoning, c.reasoning.is_null() ? "" : c.reasoning.get<std::string>()) << c.reply << ": " << s.raw;
+        EXPECT_EQ(sc.content, c.content.is_null() ? "" : c.content.get<std::string>()) << c.reply << ": " << s.raw;
+        EXPECT_EQ(sc.finish, "stop");
+    }
+    const Reply bad = post(srv.port(), "/v1/chat/completions", {{"messages", ask}, {"chat_template_kwargs", {{"thinking", true}}}});
+    EXPECT_EQ(bad.status, 400);
+    EXPECT_NE(bad.raw.find("\\\"thinking\\\" is not supported"), std::string::npos) << bad.raw;
+    const Reply type = post(srv.port(), "/v1/chat/completions", {{"messages", ask}, {"chat_template_kwargs", {{"enable_thinking", 0}}}});
+    EXPECT_EQ(type.status, 400) << type.raw;
+    const Reply compl_ = post(srv.port(), "/v1/completions", {{"prompt", "x"}, {"chat_template_kwargs", json::object()}});
+    EXPECT_EQ(compl_.status, 400) << compl_.raw;
+    EXPECT_EQ(srv.stop(), 0);
+    // Without the parser the reply is all content, and there is no reasoning_content.
+    Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("plain.log"));
+    ASSERT_GT(plain.port(), 0) << plain.read_all();
+    const Reply r = post(plain.port(), "/v1/chat/completions",
+                         {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {cases[0].reply}}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"], cases[0].reply);
+    EXPECT_FALSE(r.body["choices"][0]["message"].contains("reasoning_content"));
+    const CommandResult flag = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --reasoning-parser deepseek_r1");
+    EXPECT_NE(flag.exit_code, 0);
+    EXPECT_NE(flag.err.find("--reasoning-parser \"deepseek_r1\" is not supported (qwen3)"), std::string::npos) << flag.err;
 }
 
 // HTTPS with an API key: a self-signed certificate made here (openssl); every route but /health

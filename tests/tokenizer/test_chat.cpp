@@ -226,3 +226,27 @@ TEST(ChatTools, PythonJsonIndented) {
     EXPECT_EQ(python_json(nlohmann::ordered_json::array({1}), 2), "[\n  1\n]");
     EXPECT_EQ(python_json(nlohmann::ordered_json("s"), 4), "\"s\"");
 }
+
+// chat_template_kwargs: Llama's date_string replaces the template's date; enable_thinking false
+// changes only a template with Qwen3's switch (Qwen3's own is checked against Jinja in
+// test_reference.cpp), as Jinja ignores variables a template does not read.
+TEST(ChatTemplate, KwargsWhereTheTemplateReadsThem) {
+    const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/tokenizer/templates";
+    const ChatTemplate l31 = recognise_chat_template(test::read_file(dir + "/llama31_tools.jinja"), "llama31_tools");
+    const std::vector<ChatMessage> ask = {{"user", "hi"}};
+    ChatKwargs dated;
+    dated.date_string = "01 Feb 2026";
+    const std::string text = render_conversation(l31, std::nullopt, ask, "", "", {}, dated);
+    EXPECT_NE(text.find("Today Date: 01 Feb 2026\n"), std::string::npos) << text;
+    EXPECT_EQ(text.find("26 Jul 2024"), std::string::npos) << text;
+    ChatKwargs off;
+    off.enable_thinking = false;
+    EXPECT_EQ(render_conversation(l31, std::nullopt, ask, "", "", {}, off), render_conversation(l31, std::nullopt, ask, "", ""));
+    const ChatTemplate plain = recognise_chat_template(tiny_byte_level_config()["chat_template"], "test");
+    EXPECT_FALSE(plain.thinking_switch);
+    EXPECT_EQ(render_conversation(plain, std::nullopt, ask, "", "", {}, off), render_conversation(plain, std::nullopt, ask, "", ""));
+    ChatTemplate q3 = plain;
+    q3.thinking_switch = true;
+    EXPECT_EQ(render_conversation(q3, std::nullopt, ask, "", "", {}, off),
+              render_conversation(q3, std::nullopt, ask, "", "") + "<think>\n\n</think>\n\n");
+}

@@ -154,15 +154,18 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
             }
             return t;
         };
+        ChatKwargs kwargs;  // (reference.js: Qwen3's enable_thinking false)
+        if (r.contains("kwargs")) kwargs.enable_thinking = r["kwargs"]["enable_thinking"];
         const auto render = [&] {
             if (!turns.empty()) {
-                if (own) return tok_->apply_chat_template(system, turns, tools);
-                return render_conversation(recognised(), system, turns, bos, eos, tools);
+                if (own) return tok_->apply_chat_template(system, turns, tools, kwargs);
+                return render_conversation(recognised(), system, turns, bos, eos, tools, kwargs);
             }
             if (own) return tok_->apply_chat_template(system, user);
             return render_chat(recognised(), system, user, bos);
         };
-        const std::string what = r["template"].get<std::string>() + " system=" + r["system"].dump() +
+        const std::string what = r["template"].get<std::string>() + (r.contains("kwargs") ? " " + r["kwargs"].dump() : "") +
+                                 " system=" + r["system"].dump() +
                                  (r.contains("messages") ? " messages=" + r["messages"].dump()
                                   : turns.empty()        ? " user=" + r["user"].dump()
                                                          : " turns=" + r["turns"].dump());

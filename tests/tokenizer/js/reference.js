@@ -117,9 +117,9 @@ for (const [name, mod] of Object.entries(models)) {
     };
   });
   // The template's text for `messages` with the assistant turn opened, or the error it raises.
-  const render = (t, messages, tools) => {
+  const render = (t, messages, tools, kwargs) => {
     try {
-      const ctx = { messages, add_generation_prompt: true };
+      const ctx = { messages, add_generation_prompt: true, ...(kwargs || {}) };
       if (tools) ctx.tools = tools;
       if (t.date_string) ctx.date_string = t.date_string;
       for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
@@ -168,6 +168,30 @@ for (const [name, mod] of Object.entries(models)) {
       renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
                      tools: c.tools ?? [],
                      messages: c.messages, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+  }
+  // chat_template_kwargs: Qwen3's enable_thinking false (an empty think block opens the reply),
+  // with and without tools.
+  for (const t of templates) {
+    if (!t.source.includes("enable_thinking")) continue;
+    const kwargs = { enable_thinking: false };
+    for (const c of conversations) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
+      const { text, error } = render(t, messages, undefined, kwargs);
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     turns: c.turns, kwargs, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+    for (const c of toolConversations) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      messages.push(...c.messages);
+      const { text, error } = render(t, messages, c.tools, kwargs);
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     tools: c.tools ?? [], messages: c.messages, kwargs, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
   }

@@ -47,6 +47,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("help", "show this help")
         ("model", po::value(&model)->required(), "Hugging Face checkpoint folder with a chat template")
         ("system", po::value<std::string>(), "system message")
+        ("no-thinking", "the template's enable_thinking false (Qwen3: each reply opens with an empty <think> block)")
         ("max-new-tokens", po::value(&max_new)->default_value(512), "most tokens per reply")
         ("ctx", po::value(&ctx)->default_value(0),
          "KV positions for the whole conversation (0: 4096, at most max_position_embeddings); the oldest turns "
@@ -72,6 +73,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     std::unique_ptr<Tokenizer> tok;
     std::unique_ptr<JsonVocab> json_vocab;
     std::optional<std::string> system;
+    ChatKwargs kwargs;  // --no-thinking
     // Phase 1, no collectives inside: flags, and the tokenizer with its template.
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm chat --model DIR [--system TEXT] [flags]  (one user turn per stdin line)",
@@ -100,6 +102,11 @@ int cmd_chat(const Args& args, Communicator& comm) {
         // An unrecognised template, or a system message the template refuses, fails here, before
         // the weights load.
         tok->apply_chat_template(system, std::vector<ChatMessage>{{"user", "x"}});
+        if (vm.count("no-thinking")) {
+            if (!tok->chat_thinking_switch())
+                fail("--no-thinking: this model's chat template has no enable_thinking switch (Qwen3's)");
+            kwargs.enable_thinking = false;
+        }
         if (go.json) json_vocab = std::make_unique<JsonVocab>(json_token_bytes(*tok));
         go.json_vocab = json_vocab.get();
     });
@@ -154,7 +161,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
                 std::vector<int32_t> ids;
                 dropped = 0;
                 for (;;) {
-                    ids = tok->encode(tok->apply_chat_template(system, messages), EncodeOptions{false});
+                    ids = tok->encode(tok->apply_chat_template(system, messages, {}, kwargs), EncodeOptions{false});
                     if (int64_t(ids.size()) + max_new <= ctx_used || messages.size() == 1) break;
                     messages.erase(messages.begin(), messages.begin() + 2);  // the oldest exchange
                     ++dropped;

@@ -41,6 +41,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("prompt-file", po::value<std::string>(), "file with one prompt per line (a batch)")
         ("chat", "wrap each text prompt in the model's chat template (tokenizer_config.json)")
         ("system", po::value<std::string>(), "system message for --chat")
+        ("no-thinking", "with --chat: the template's enable_thinking false (Qwen3: the reply opens with an empty "
+                        "<think> block, so the model answers without reasoning first)")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
         ("min-new-tokens", po::value(&min_new)->default_value(0),
@@ -102,6 +104,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-ids") && (vm.count("chat") || vm.count("system")))
             fail("--chat/--system apply to text prompts (--prompt, --prompt-file), not to --prompt-ids");
         if (vm.count("system") && !vm.count("chat")) fail("--system needs --chat");
+        if (vm.count("no-thinking") && !vm.count("chat")) fail("--no-thinking needs --chat");
         SessionOptions check_flags;
         apply_backend(backend, check_flags);  // validates --device and --attention on every rank
         apply_precision(prec, check_flags);   // and --weights, --kv, --group-size, --keep-fp16
@@ -162,6 +165,11 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ChatOptions chat;
         chat.chat = vm.count("chat") > 0;
         if (vm.count("system")) chat.system = vm["system"].as<std::string>();
+        if (vm.count("no-thinking")) {
+            if (!tok->chat_thinking_switch())
+                fail("--no-thinking: this model's chat template has no enable_thinking switch (Qwen3's)");
+            chat.kwargs.enable_thinking = false;
+        }
         prompts = encode_prompts(*tok, texts, chat);
     });
     if (help) return 0;

@@ -38,7 +38,7 @@ std::vector<std::vector<int32_t>> encode_prompts(const Tokenizer& tok, const std
             if (p.text.empty()) fail("the prompt is empty");
             if (opt.chat) {
                 // The template spells BOS itself where the model wants one.
-                const std::string text = tok.apply_chat_template(opt.system, p.text);
+                const std::string text = tok.apply_chat_template(opt.system, {ChatMessage{"user", p.text}}, {}, opt.kwargs);
                 ids.push_back(tok.encode(text, EncodeOptions{false}));
             } else {
                 ids.push_back(tok.encode(p.text));

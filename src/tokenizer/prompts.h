@@ -24,6 +24,7 @@ std::vector<TextPrompt> read_prompt_file(const std::string& path);
 struct ChatOptions {
     bool chat = false;                  // apply the chat template (then no BOS/EOS is added on top)
     std::optional<std::string> system;  // the system message, with chat only
+    ChatKwargs kwargs;                  // the template's variables (--no-thinking), with chat only
 };
 
 // Ids for each prompt: through the chat template when asked, else with the post-processor's BOS/EOS.

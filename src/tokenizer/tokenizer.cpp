@@ -330,6 +330,7 @@ std::string Tokenizer::apply_chat_template(const std::optional<std::string>& sys
 }
 
 ChatTools Tokenizer::chat_tools() const { return impl_->chat ? impl_->chat->tools : ChatTools::None; }
+bool Tokenizer::chat_thinking_switch() const { return impl_->chat && impl_->chat->thinking_switch; }
 
 std::string Tokenizer::chat_family() const {
     const Impl& m = *impl_;

@@ -79,6 +79,8 @@ public:
     // The chat template's tool format (None: it renders no tools; a tools block shardlm knows:
     // Qwen2.5's, Qwen3's, Llama 3.1/3.2's).
     ChatTools chat_tools() const;
+    // Whether the chat template reads enable_thinking (Qwen3's switch; ChatKwargs).
+    bool chat_thinking_switch() const;
     std::string chat_family() const;  // e.g. "chatml"
 
 private:

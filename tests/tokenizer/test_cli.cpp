@@ -111,6 +111,39 @@ TEST_F(TokenizerCli, GenerateChatAndPromptFile) {
     EXPECT_NE(p.out.find("\n[1] "), std::string::npos) << p.out;
 }
 
+// --no-thinking (generate --chat, chat): Qwen3's enable_thinking false in the prompt's rendering
+// (an empty think block after the generation prompt); a template without the switch refuses it.
+TEST_F(TokenizerCli, NoThinking) {
+    expect_error("generate" + m_ + " --chat --no-thinking --prompt hi", "no enable_thinking switch");
+    expect_error("generate" + m_ + " --no-thinking --prompt hi", "--no-thinking needs --chat");
+    expect_error("chat" + m_ + " --no-thinking", "no enable_thinking switch");
+    json cfg = tiny_byte_level_config();
+    std::string t = cfg["chat_template"];
+    const std::string gen = "{{ '<|im_start|>assistant\\n' }}";
+    ASSERT_NE(t.find(gen), std::string::npos) << t;
+    t.replace(t.find(gen), gen.size(),
+              gen + "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+                    "{% endif %}");
+    cfg["chat_template"] = t;
+    write_file(dir_.file("tokenizer_config.json"), cfg.dump());
+    const Tokenizer q3 = Tokenizer::load(dir_.path());
+    ASSERT_TRUE(q3.chat_thinking_switch());
+    ChatKwargs off;
+    off.enable_thinking = false;
+    const std::vector<ChatMessage> hi = {{"user", "hi"}};
+    const std::string with = q3.apply_chat_template(std::nullopt, hi, {}, off), without = q3.apply_chat_template(std::nullopt, hi);
+    EXPECT_EQ(with, without + "<think>\n\n</think>\n\n");
+    const CommandResult g = run_command(kBin + " generate" + m_ + " --max-new-tokens 2 --temperature 0 --json --chat "
+                                        "--no-thinking --prompt hi");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    EXPECT_EQ(json::parse(g.out)["results"][0]["prompt_tokens"], q3.encode(with, {false}).size());
+    write_file(dir_.file("turn.txt"), "hi\n");
+    const CommandResult c = run_command("<" + dir_.file("turn.txt") + " " + kBin + " chat" + m_ +
+                                        " --max-new-tokens 2 --temperature 0 --json --no-thinking");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_EQ(json::parse(c.out.substr(0, c.out.find('\n')))["prompt_tokens"], q3.encode(with, {false}).size());
+}
+
 TEST_F(TokenizerCli, GenerateErrors) {
     write_file(dir_.file("gap.txt"), "one\n\nthree\n");
     expect_error("generate" + m_ + " --prompt-file " + dir_.file("gap.txt"), "line 2 is empty");

@@ -241,6 +241,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
+            {"think", {r.think_open, r.think_close}},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -266,6 +267,8 @@ BatchRequest batch_request(const json& j) {
     b.stop_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
+    b.think_open = j["think"][0];
+    b.think_close = j["think"][1];
     return b;
 }
 

@@ -323,6 +323,11 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         tool_choice(body, functions, r);
         r.tool_format = tok.chat_tools();
         r.reasoning = lim.reasoning;
+        const int32_t open = tok.token_to_id("<think>"), close = tok.token_to_id("</think>");
+        if (r.reasoning && open >= 0 && close >= 0 && open < lim.vocab && close < lim.vocab && open != close) {
+            r.think_open = open;
+            r.think_close = close;
+        }
     } else {
         for (const char* key : {"tools", "tool_choice", "chat_template_kwargs"})
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");

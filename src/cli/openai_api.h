@@ -76,6 +76,10 @@ struct ApiRequest {
     // <think> reasons until </think>; that text comes as message.reasoning_content (streamed:
     // delta.reasoning_content), the rest as the content, where tool calls are read.
     bool reasoning = false;
+    // With reasoning and a JSON constraint (response_format, guided fields, tool_choice required
+    // or named): the ids of single-token <think> and </think> (-1: none), so that the constraint
+    // holds only after the reasoning (BatchRequest::think_open), as vLLM's does.
+    int32_t think_open = -1, think_close = -1;
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).

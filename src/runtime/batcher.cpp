@@ -58,6 +58,7 @@ struct Batcher::Seq {
     bool ended = false;
     bool fresh = true;   // no chunk of it has run yet (reuse_prefix may still fill its cache)
     bool waits = false;  // this step: for a prefix another sequence is prefilling
+    bool thinking = false;  // between req.think_open and req.think_close: json holds nothing yet
     size_t index = 0;  // for the callbacks
     Seq(BatchRequest r, size_t i, int64_t ctx)
         : req(std::move(r)), sampler(req.sampler, req.stream), done(req.cached), window(penalty_window(req.sampler, ctx)),
@@ -98,6 +99,10 @@ size_t Batcher::add(BatchRequest r) {
     for (const int32_t id : r.stop_ids)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: stop id ", id, " of ", cfg.vocab);
     SHARDLM_CHECK(!r.json || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
+    SHARDLM_CHECK((r.think_open == -1 && r.think_close == -1) ||
+                      (r.think_open >= 0 && r.think_open < cfg.vocab && r.think_close >= 0 && r.think_close < cfg.vocab &&
+                       r.think_open != r.think_close),
+                  "Batcher::add: reasoning tags ", r.think_open, " and ", r.think_close, " of ", cfg.vocab);
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     waiting_.push_back(seqs_.size() - 1);
     return seqs_.size() - 1;
@@ -251,7 +256,11 @@ void Batcher::finish(size_t id, const std::string& reason) {
 }
 
 void Batcher::constrain(const Seq& q, float* row) const {
+    if (q.thinking) return;  // free while it reasons
     const int64_t vocab = engine_.config().vocab;
+    // The first token may open the reasoning instead.
+    const bool may_think = q.req.think_open >= 0 && q.req.think_open < vocab && q.res.tokens.empty();
+    const float think = may_think ? row[q.req.think_open] : 0.0f;
     const std::vector<uint8_t>& ok = opt_.json_vocab->allowed(*q.json);
     const int64_t n = std::min<int64_t>(vocab, int64_t(ok.size()));
     bool any = false;
@@ -263,6 +272,7 @@ void Batcher::constrain(const Seq& q, float* row) const {
     // No token of this vocabulary goes on from here (it lacks the bytes): end the sequence.
     if (!any)
         for (const int64_t id : engine_.config().eos_ids) row[id] = 0.0f;
+    if (may_think) row[q.req.think_open] = think;
 }
 
 void Batcher::row_penalties(Seq& q) const {
@@ -304,7 +314,10 @@ bool Batcher::accept(Seq& q, size_t row, bool cand, const TokenCallback& on_toke
     r.tokens.push_back(id);
     if (q.recent) q.recent->push(id);
     const bool eos = is_eos_id(cfg, id);
-    if (q.json && !eos && (id >= opt_.json_vocab->size() || !q.json->push(opt_.json_vocab->bytes(id))))
+    // Reasoning before a constrained reply: its tokens, the tags included, are not the JSON's.
+    const bool reasoning = q.thinking || (q.json && r.tokens.size() == 1 && id == q.req.think_open);
+    if (reasoning) q.thinking = id != q.req.think_close;
+    if (q.json && !reasoning && !eos && (id >= opt_.json_vocab->size() || !q.json->push(opt_.json_vocab->bytes(id))))
         fail("JSON mode: sequence ", q.index, " drew token ", id, ", which does not continue its JSON value (its logits row was all -inf?)");
     if (on_token) on_token(q.index, id);
     if (eos && !q.req.ignore_eos) r.stop_reason = "eos";

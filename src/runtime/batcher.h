@@ -55,6 +55,11 @@ struct BatchRequest {
     // value of this schema (BatcherOptions::json_vocab's bytes), and the request ends ("stop")
     // once the value is complete. Its rows are whole. Null: free text.
     std::shared_ptr<const JsonSchema> json;
+    // With `json`: reasoning first (vLLM's structured outputs under a reasoning parser): the first
+    // token may also be think_open, and then the sequence is free up to think_close (both ids
+    // of single-token tags, e.g. Qwen3's <think> and </think>); the constraint holds after it.
+    // -1: the constraint holds from the first token.
+    int32_t think_open = -1, think_close = -1;
     // vLLM's priority: among waiting requests, a lower value is admitted first (then the earlier
     // arrival); one that finds no free slot preempts the running sequence of the highest value
     // above its own (Batcher::preempt), which waits again and later goes on with the same tokens.

@@ -1000,6 +1000,51 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
     EXPECT_NE(flag.err.find("--reasoning-parser \"deepseek_r1\" is not supported (qwen3)"), std::string::npos) << flag.err;
 }
 
+// Structured output after reasoning (vLLM's, under a reasoning parser): with single-token <think>
+// and </think> (two of the shipped tokenizer's last merges turned into added tokens here) a
+// response_format reply may open with <think> and is held to JSON only after </think>; a logit
+// bias opens and closes it at once. Without the parser the same bias cannot open it.
+TEST_F(Serve, StructuredOutputAfterReasoning) {
+    json t = json::parse(read_file(model_.file("tokenizer.json")));
+    json& vocab = t["model"]["vocab"];
+    json& merges = t["model"]["merges"];
+    ASSERT_EQ(vocab["asm"], 3070);
+    ASSERT_EQ(vocab["cy"], 3071);
+    ASSERT_EQ(merges[merges.size() - 2], "as m");
+    vocab.erase("asm");
+    vocab.erase("cy");
+    merges.erase(merges.size() - 1);
+    merges.erase(merges.size() - 1);
+    for (const auto& [id, tag] : {std::pair<int, const char*>{3070, "<think>"}, {3071, "</think>"}})
+        t["added_tokens"].push_back({{"id", id}, {"content", tag}, {"single_word", false}, {"lstrip", false},
+                                     {"rstrip", false}, {"normalized", false}, {"special", false}});
+    write_file(model_.file("tokenizer.json"), t.dump());
+    const json ask = json::array({{{"role", "user"}, {"content", "Where?"}}});
+    const json req = {{"messages", ask}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true},
+                      {"response_format", {{"type", "json_object"}}}, {"logit_bias", {{"3070", 50}, {"3071", 100}}}};
+    for (const bool parser : {true, false}) {
+        Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 256" +
+                       (parser ? " --reasoning-parser qwen3" : ""),
+                   logs_.file(parser ? "serve.log" : "plain.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        const Reply r = post(srv.port(), "/v1/chat/completions", req);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        const json& choice = r.body["choices"][0];
+        const json& lps = choice["logprobs"]["content"];
+        ASSERT_GE(lps.size(), 3u) << r.raw;
+        const std::string content = choice["message"]["content"];
+        if (parser) {
+            EXPECT_EQ(lps[0]["token"], "<think>") << r.raw;
+            EXPECT_EQ(lps[1]["token"], "</think>") << r.raw;
+            EXPECT_TRUE(choice["message"]["reasoning_content"].is_null()) << r.raw;  // nothing between the tags
+        } else {
+            EXPECT_NE(lps[0]["token"], "<think>") << r.raw;
+        }
+        EXPECT_EQ(content.substr(0, 1), "{") << r.raw;
+        EXPECT_EQ(srv.stop(), 0);
+    }
+}
+
 // HTTPS with an API key: a self-signed certificate made here (openssl); every route but /health
 // and /metrics answers 401 without the key or with a wrong one, and serves with it.
 TEST_F(Serve, HttpsWithAnApiKey) {

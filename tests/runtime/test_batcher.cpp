@@ -740,6 +740,85 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
     EXPECT_THROW(b.add(r[0]), Error);
 }
 
+// Reasoning before a constrained reply (serve --reasoning-parser): the first token may open it
+// (think_open, whose bytes no JSON value starts with), the sequence is free until think_close, and
+// the JSON constraint holds from there; with speculation the same tokens. Without the tags the
+// opening token is never drawn; a reply that starts with JSON stays constrained throughout.
+TEST(Batcher, ReasoningBeforeAConstrainedReply) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "0", "1", "-", ".", "true", "null",
+                                             "a", "b", "\"k\":", "\"}", "}]", "]}", ", \"", "12", "e5", "\\n", "xyz"};
+    std::vector<std::string> bytes(size_t(cfg.vocab));
+    for (size_t id = 3; id < bytes.size(); ++id) bytes[id] = pieces[id % pieces.size()];  // 0-2: special
+    JsonVocab vocab(bytes);
+    const int32_t open = 24, close = 49;  // both "xyz"
+    ASSERT_EQ(bytes[size_t(open)], "xyz");
+    ASSERT_EQ(bytes[size_t(close)], "xyz");
+    SingleRank comm;
+    const auto json_mode = std::make_shared<const JsonSchema>(json_object_schema());
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    std::vector<BatchRequest> r;
+    for (uint64_t i = 0; i < 3; ++i) {
+        r.push_back(request(make_prompt(5, cfg.vocab, 90 + i), greedy, i));
+        r.back().max_new_tokens = 24;
+        r.back().json = json_mode;
+    }
+    r[0].think_open = r[2].think_open = open;
+    r[0].think_close = r[2].think_close = close;
+    r[0].sampler.logit_bias = r[1].sampler.logit_bias = {{open, 50.0f}, {close, 100.0f}};
+    auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 64;
+        so.max_batch = 3;
+        so.max_logit_rows = 12;
+        so.max_penalties = 8;
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.speculate = speculate;
+        bo.json_vocab = &vocab;
+        return run_all(*s->engine, bo, r, out);
+    };
+    std::vector<SequenceResult> out, spec;
+    run(0, out);
+    run(3, spec);
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(spec[i].tokens, out[i].tokens) << "request " << i;
+    auto json_text = [&](const std::vector<int32_t>& t, size_t from) {
+        std::string text;
+        for (size_t k = from; k < t.size(); ++k) text += bytes[size_t(t[k])];
+        return text;
+    };
+    // Opened (the bias), closed at once (the larger bias), then one JSON value's start or whole.
+    ASSERT_GE(out[0].tokens.size(), 3u);
+    EXPECT_EQ(out[0].tokens[0], open);
+    EXPECT_EQ(out[0].tokens[1], close);
+    JsonAcceptor a;
+    EXPECT_TRUE(a.push(json_text(out[0].tokens, 2))) << json_text(out[0].tokens, 2);
+    EXPECT_EQ(a.complete(), out[0].stop_reason == "stop");
+    // No tags: the same bias cannot open anything; JSON from the first token.
+    EXPECT_NE(out[1].tokens[0], open);
+    JsonAcceptor b;
+    EXPECT_TRUE(b.push(json_text(out[1].tokens, 0))) << json_text(out[1].tokens, 0);
+    // Tags, but a reply that starts with JSON: constrained all along.
+    EXPECT_NE(out[2].tokens[0], open);
+    JsonAcceptor c;
+    EXPECT_TRUE(c.push(json_text(out[2].tokens, 0))) << json_text(out[2].tokens, 0);
+    // Tags out of the vocabulary are refused.
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 32;
+    auto s = open_session(so, comm);
+    BatcherOptions bo;
+    bo.json_vocab = &vocab;
+    Batcher bad(*s->engine, bo);
+    BatchRequest q = r[0];
+    q.think_close = int32_t(cfg.vocab);
+    EXPECT_THROW(bad.add(q), Error);
+}
+
 // On a model that slides over a window on every layer the slot is a ring of window + chunk - 1
 // positions: a freed slot that wrote no more than that keeps its prefix, one that wrapped keeps
 // nothing (its early positions were overwritten).

@@ -10,6 +10,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/shard.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/cpu_engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/session.h"
@@ -36,23 +37,44 @@ int cmd_info(const Args& args) {
     po::options_description d("info options");
     std::string model, kv = "fp16";
     int tp = 1;
-    int64_t ctx = 4096, batch = 1;
+    int64_t ctx = 0, batch = 1;
     d.add_options()("help", "show this help")("model", po::value(&model)->required(), "checkpoint folder")
         ("tp", po::value(&tp)->default_value(1), "tensor-parallel size: print each rank's share")
-        ("ctx", po::value(&ctx)->default_value(4096), "KV positions per sequence, for the memory plan")
+        ("ctx", po::value(&ctx)->default_value(0),
+         "KV positions per sequence, for the memory plan (0: generate's default, 4096 at most max_position_embeddings)")
         ("batch", po::value(&batch)->default_value(1), "sequences, for the memory plan")
         ("kv", po::value(&kv)->default_value("fp16"), "KV-cache precision of the plan: fp32|fp16|bf16|int8");
     po::variables_map vm;
+    // What chat and serve make of the tokenizer's chat template: its family, tool format and
+    // thinking switch, or why there is none.
+    const auto chat_summary = [](const std::string& dir) -> std::string {
+        if (!Tokenizer::exists(dir)) return "none (no tokenizer.json)";
+        try {
+            const Tokenizer tok = Tokenizer::load(dir);
+            if (!tok.has_chat_template()) return "none (tokenizer_config.json has no chat_template)";
+            const ChatTools tools = tok.chat_tools();
+            return tok.chat_family() +
+                   (tools == ChatTools::Qwen25       ? ", tools (Qwen2.5's)"
+                    : tools == ChatTools::Qwen3      ? ", tools (Qwen3's)"
+                    : tools == ChatTools::Llama3Json ? ", tools (Llama 3.1/3.2's JSON)"
+                                                     : ", no tools") +
+                   (tok.chat_thinking_switch() ? ", enable_thinking switch" : "");
+        } catch (const Error& e) {
+            return std::string("unusable: ") + e.what();
+        }
+    };
     if (!parse_args(args, d, vm, "usage: shardlm info --model DIR [--tp N] [--ctx N] [--batch B] [--kv F]")) return 0;
     if (tp < 1) fail("--tp must be >= 1");
     if (batch < 1) fail("--batch must be >= 1");
     // What generate would allocate (its default --prefill-chunk), checked as generate checks it.
     SessionOptions so;
-    so.ctx = ctx;
+    if (ctx < 0) fail("--ctx must be >= 0");
     so.max_batch = batch;
     so.kv = parse_kv_format(kv == "auto" ? "fp16" : kv);
     const DType kv_type = kv_dtype(so.kv);
     const ModelConfig c = load_config(model);
+    set_session_ctx(so, ctx, c, "info");
+    ctx = so.ctx;
     check_context(c, so);
     plan_shard(c, 0, tp);  // a --tp that cannot split the model fails here, before any output
     const Checkpoint ck(model);
@@ -69,6 +91,7 @@ int cmd_info(const Args& args) {
               << "tied embeddings   " << (c.tie_embeddings ? "yes" : "no") << "\n"
               << "checkpoint        " << ck.file_count() << " file(s), " << gib(double(ck.total_bytes())) << " of tensors, "
               << "torch_dtype " << dtype_name(c.torch_dtype) << "\n"
+              << "chat template     " << chat_summary(model) << "\n"
               << "parameters        " << params << "\n"
               << "weights fp32      " << gib(double(params) * 4) << "\n"
               << "weights fp16/bf16 " << gib(double(params) * 2) << "\n";

@@ -128,6 +128,9 @@ TEST_F(TokenizerCli, NoThinking) {
     write_file(dir_.file("tokenizer_config.json"), cfg.dump());
     const Tokenizer q3 = Tokenizer::load(dir_.path());
     ASSERT_TRUE(q3.chat_thinking_switch());
+    const CommandResult info = run_command(kBin + " info" + m_);
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    EXPECT_NE(info.out.find("chat template     chatml, no tools, enable_thinking switch\n"), std::string::npos) << info.out;
     ChatKwargs off;
     off.enable_thinking = false;
     const std::vector<ChatMessage> hi = {{"user", "hi"}};

@@ -119,12 +119,16 @@ ChatKwargs chat_kwargs(const json& body) {
         if (it.key() == "enable_thinking") {
             if (!it.value().is_boolean()) bad("\"chat_template_kwargs\": \"enable_thinking\" must be true or false");
             k.enable_thinking = it.value().get<bool>();
+        } else if (it.key() == "tools_in_user_message") {
+            if (!it.value().is_boolean()) bad("\"chat_template_kwargs\": \"tools_in_user_message\" must be true or false");
+            k.tools_in_user_message = it.value().get<bool>();
         } else if (it.key() == "date_string") {
             if (!it.value().is_string() || it.value().get<std::string>().empty() || it.value().get<std::string>().size() > 64)
                 bad("\"chat_template_kwargs\": \"date_string\" must be a string of 1 to 64 bytes");
             k.date_string = it.value().get<std::string>();
         } else {
-            bad("\"chat_template_kwargs\": \"" + it.key() + "\" is not supported (enable_thinking, date_string)");
+            bad("\"chat_template_kwargs\": \"" + it.key() +
+                "\" is not supported (enable_thinking, date_string, tools_in_user_message)");
         }
     }
     return k;

@@ -153,6 +153,11 @@ const char kLlamaToolsPrompt[] =
     "Given the following functions, please respond with a JSON for a function call with its proper arguments that "
     "best answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
     "argument name and its value}.Do not use variables.\n\n";
+// The same in the system message (tools_in_user_message false).
+const char kLlamaSystemToolsPrompt[] =
+    "You have access to the following functions. To call a function, please respond with JSON for a function call."
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+    "Do not use variables.\n\n";
 
 void recognise_llama_tools(const std::string& canon, ChatTemplate& t) {
     const std::string c = tight(canon);
@@ -167,6 +172,10 @@ void recognise_llama_tools(const std::string& canon, ChatTemplate& t) {
     if (environment && call_ends &&
         has(c, "{%ifnottools_in_user_messageisdefined%}{%settools_in_user_message=true%}{%endif%}") &&
         has(c, "{%iftools_in_user_messageandnottoolsisnone%}") &&
+        has(c, "{%iftoolsisnotnoneandnottools_in_user_message%}{{'You have access to the following functions. To call a "
+               "function, please respond with JSON for a function call.'}}{{'Respond in the format {\"name\": function name, "
+               "\"parameters\": dictionary of argument name and its value}.'}}{{'Do not use variables.~~'}}"
+               "{%fortintools%}{{t|tojson(indent=4)}}{{'~~'}}{%endfor%}{%endif%}{{system_message}}{{'<|eot_id|>'}}") &&
         has(c, "{%setfirst_user_message=messages[0].content|trim%}{%setmessages=messages[1:]%}") &&
         has(c, "{{'<|start_header_id|>user<|end_header_id|>~~'}}{{'Given the following functions, please respond with a "
                "JSON for a function call '}}{{'with its proper arguments that best answers the given prompt.~~'}}{{'Respond "
@@ -277,21 +286,26 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
 std::string today_llama_date();
 
 // A conversation with tools in Llama 3.1/3.2's JSON format (recognise_llama_tools): the tools,
-// tojson(indent=4), lead the first user message; a reply's call is its JSON with "parameters";
+// tojson(indent=4), lead the first user message (or, tools_in_user_message false, the system
+// message's text); a reply's call is its JSON with "parameters";
 // a tool's result comes as an ipython turn, its text through tojson (Jinja's strings are iterable,
 // so the template quotes them).
 std::string render_llama_tools(const ChatTemplate& t, const std::optional<std::string>& system,
                                const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                               const std::vector<nlohmann::ordered_json>& tools) {
+                               const std::vector<nlohmann::ordered_json>& tools, bool tools_in_user_message) {
     check_tool_turns(messages);
     auto header = [](const std::string& role) { return "<|start_header_id|>" + role + "<|end_header_id|>\n\n"; };
     std::string out = bos_token + header("system");
     if (!tools.empty()) out += "Environment: ipython\n";
     out += "Cutting Knowledge Date: December 2023\nToday Date: " +
            (t.date_string.empty() ? today_llama_date() : t.date_string) + "\n\n";
+    if (!tools.empty() && !tools_in_user_message) {
+        out += kLlamaSystemToolsPrompt;
+        for (const nlohmann::ordered_json& tool : tools) out += python_json(tool, 4) + "\n\n";
+    }
     out += (system ? trim_js(*system) : std::string()) + "<|eot_id|>";
     size_t i = 0;
-    if (!tools.empty()) {
+    if (!tools.empty() && tools_in_user_message) {
         out += header("user") + kLlamaToolsPrompt;
         for (const nlohmann::ordered_json& tool : tools) out += python_json(tool, 4) + "\n\n";
         out += trim_js(messages[0].content) + "<|eot_id|>";
@@ -420,7 +434,8 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
         if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
                  "tools, tool calls and tool messages need Qwen2.5's, Qwen3's or Llama 3.1/3.2's");
-        if (t.tools == ChatTools::Llama3Json) return render_llama_tools(t, system, messages, bos_token, tools);
+        if (t.tools == ChatTools::Llama3Json)
+            return render_llama_tools(t, system, messages, bos_token, tools, kwargs.tools_in_user_message);
         return render_chatml_tools(t, system, messages, tools);
     }
     if (messages.empty() || messages.size() % 2 == 0)

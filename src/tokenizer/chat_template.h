@@ -54,6 +54,7 @@ struct ChatTemplate {
 struct ChatKwargs {
     bool enable_thinking = true;  // Qwen3: false adds "<think>\n\n</think>\n\n" after the generation prompt
     std::string date_string;      // Llama 3.1/3.2: "Today Date: ..." (empty: the template's own)
+    bool tools_in_user_message = true;  // Llama 3.1/3.2: false lists the tools in the system message
 };
 
 // Recognises `source`; `where` names the file for the error message.

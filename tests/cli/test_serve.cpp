@@ -908,6 +908,13 @@ TEST_F(Serve, LlamaToolCalls) {
     const json& tc = choice["message"]["tool_calls"][0];
     EXPECT_EQ(tc["function"]["name"], "get_weather");
     EXPECT_EQ(tc["function"]["arguments"], "{\"city\": \"Paris\"}");
+    // chat_template_kwargs tools_in_user_message false: the tools go to the system message instead
+    // (a shorter prompt: the system prompt's wording is shorter).
+    const Reply in_user = post(srv.port(), "/tokenize", {{"messages", ask}, {"tools", tools}});
+    const Reply in_system = post(srv.port(), "/tokenize", {{"messages", ask}, {"tools", tools},
+                                                          {"chat_template_kwargs", {{"tools_in_user_message", false}}}});
+    ASSERT_EQ(in_system.status, 200) << in_system.raw;
+    EXPECT_NE(in_system.body["count"], in_user.body["count"]);
 
     const StreamedChat sc = streamed_chat(post(srv.port(), "/v1/chat/completions", request(call, true)).raw);
     EXPECT_EQ(sc.content, "");

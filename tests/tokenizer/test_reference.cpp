@@ -154,8 +154,11 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
             }
             return t;
         };
-        ChatKwargs kwargs;  // (reference.js: Qwen3's enable_thinking false)
-        if (r.contains("kwargs")) kwargs.enable_thinking = r["kwargs"]["enable_thinking"];
+        ChatKwargs kwargs;  // (reference.js: Qwen3's enable_thinking false, Llama's tools_in_user_message false)
+        if (r.contains("kwargs")) {
+            kwargs.enable_thinking = r["kwargs"].value("enable_thinking", true);
+            kwargs.tools_in_user_message = r["kwargs"].value("tools_in_user_message", true);
+        }
         const auto render = [&] {
             if (!turns.empty()) {
                 if (own) return tok_->apply_chat_template(system, turns, tools, kwargs);

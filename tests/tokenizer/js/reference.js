@@ -172,10 +172,11 @@ for (const [name, mod] of Object.entries(models)) {
     }
   }
   // chat_template_kwargs: Qwen3's enable_thinking false (an empty think block opens the reply),
-  // with and without tools.
+  // with and without tools; Llama's tools_in_user_message false (the tools in the system message).
   for (const t of templates) {
-    if (!t.source.includes("enable_thinking")) continue;
-    const kwargs = { enable_thinking: false };
+    const kwargs = t.source.includes("enable_thinking") ? { enable_thinking: false }
+      : t.source.includes("Given the following functions") ? { tools_in_user_message: false } : null;
+    if (!kwargs) continue;
     for (const c of conversations) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });

@@ -51,6 +51,34 @@ BatchRequest request(const std::vector<int32_t>& prompt, const SamplerOptions& s
     return r;
 }
 
+// A vocabulary of JSON pieces for JSON-mode tests: id i > 2 spells kJsonPieces[i % size] (0-2:
+// special, no bytes).
+const std::vector<std::string> kJsonPieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "0", "1", "-", ".", "true",
+                                              "null", "a", "b", "\"k\":", "\"}", "}]", "]}", ", \"", "12", "e5", "\\n",
+                                              "xyz"};
+std::vector<std::string> json_piece_bytes(int64_t vocab) {
+    std::vector<std::string> bytes(static_cast<size_t>(vocab));
+    for (size_t id = 3; id < bytes.size(); ++id) bytes[id] = kJsonPieces[id % kJsonPieces.size()];
+    return bytes;
+}
+
+// JSON-mode requests through 3 slots (12 logits rows), with `speculate` proposals per step.
+GenerateTimings run_json(const std::string& dir, int64_t ctx, JsonVocab& vocab, int64_t speculate,
+                         const std::vector<BatchRequest>& r, std::vector<SequenceResult>& out) {
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = dir;
+    so.ctx = ctx;
+    so.max_batch = 3;
+    so.max_logit_rows = 12;
+    so.max_penalties = 8;
+    auto s = open_session(so, comm);
+    BatcherOptions bo;
+    bo.speculate = speculate;
+    bo.json_vocab = &vocab;
+    return run_all(*s->engine, bo, r, out);
+}
+
 }  // namespace
 
 // Greedy, top-k, top-p alone (the nucleus path), a whole-row sampler, penalties and logprobs in
@@ -675,10 +703,8 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
     TempDir d;
     const ModelConfig cfg = tiny_config(Arch::Llama);
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
-    const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "0", "1", "-", ".", "true", "null",
-                                             "a", "b", "\"k\":", "\"}", "}]", "]}", ", \"", "12", "e5", "\\n", "xyz"};
-    std::vector<std::string> bytes(size_t(cfg.vocab));
-    for (size_t id = 3; id < bytes.size(); ++id) bytes[id] = pieces[id % pieces.size()];  // 0-2: special
+    const std::vector<std::string>& pieces = kJsonPieces;
+    const std::vector<std::string> bytes = json_piece_bytes(cfg.vocab);
     JsonVocab vocab(bytes);
     SingleRank comm;
     std::vector<BatchRequest> r;
@@ -696,22 +722,9 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
     const int32_t close = int32_t(3 + (1 + pieces.size() - 3 % pieces.size()) % pieces.size());  // an id of "}"
     ASSERT_EQ(bytes[size_t(close)], "}");
     r[5].sampler.logit_bias = {{close, 30.0f}};
-    auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
-        SessionOptions so;
-        so.model_dir = d.path();
-        so.ctx = 96;
-        so.max_batch = 3;
-        so.max_logit_rows = 12;
-        so.max_penalties = 8;
-        auto s = open_session(so, comm);
-        BatcherOptions bo;
-        bo.speculate = speculate;
-        bo.json_vocab = &vocab;
-        return run_all(*s->engine, bo, r, out);
-    };
     std::vector<SequenceResult> out, spec;
-    run(0, out);
-    run(3, spec);
+    run_json(d.path(), 96, vocab, 0, r, out);
+    run_json(d.path(), 96, vocab, 3, r, spec);
     int closed = 0;
     for (size_t i = 0; i < r.size(); ++i) {
         EXPECT_EQ(spec[i].tokens, out[i].tokens) << "request " << i;
@@ -748,10 +761,7 @@ TEST(Batcher, ReasoningBeforeAConstrainedReply) {
     TempDir d;
     const ModelConfig cfg = tiny_config(Arch::Llama);
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
-    const std::vector<std::string> pieces = {"{", "}", "[", "]", "\"", ":", ",", " ", "0", "1", "-", ".", "true", "null",
-                                             "a", "b", "\"k\":", "\"}", "}]", "]}", ", \"", "12", "e5", "\\n", "xyz"};
-    std::vector<std::string> bytes(size_t(cfg.vocab));
-    for (size_t id = 3; id < bytes.size(); ++id) bytes[id] = pieces[id % pieces.size()];  // 0-2: special
+    const std::vector<std::string> bytes = json_piece_bytes(cfg.vocab);
     JsonVocab vocab(bytes);
     const int32_t open = 24, close = 49;  // both "xyz"
     ASSERT_EQ(bytes[size_t(open)], "xyz");
@@ -769,22 +779,9 @@ TEST(Batcher, ReasoningBeforeAConstrainedReply) {
     r[0].think_open = r[2].think_open = open;
     r[0].think_close = r[2].think_close = close;
     r[0].sampler.logit_bias = r[1].sampler.logit_bias = {{open, 50.0f}, {close, 100.0f}};
-    auto run = [&](int64_t speculate, std::vector<SequenceResult>& out) {
-        SessionOptions so;
-        so.model_dir = d.path();
-        so.ctx = 64;
-        so.max_batch = 3;
-        so.max_logit_rows = 12;
-        so.max_penalties = 8;
-        auto s = open_session(so, comm);
-        BatcherOptions bo;
-        bo.speculate = speculate;
-        bo.json_vocab = &vocab;
-        return run_all(*s->engine, bo, r, out);
-    };
     std::vector<SequenceResult> out, spec;
-    run(0, out);
-    run(3, spec);
+    run_json(d.path(), 64, vocab, 0, r, out);
+    run_json(d.path(), 64, vocab, 3, r, spec);
     for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(spec[i].tokens, out[i].tokens) << "request " << i;
     auto json_text = [&](const std::vector<int32_t>& t, size_t from) {
         std::string text;

@@ -57,6 +57,7 @@ int cmd_info(const Args& args) {
                    (tools == ChatTools::Qwen25       ? ", tools (Qwen2.5's)"
                     : tools == ChatTools::Qwen3      ? ", tools (Qwen3's)"
                     : tools == ChatTools::Llama3Json ? ", tools (Llama 3.1/3.2's JSON)"
+                    : tools == ChatTools::MistralJson ? ", tools (Mistral v3's [TOOL_CALLS])"
                                                      : ", no tools") +
                    (tok.chat_thinking_switch() ? ", enable_thinking switch" : "");
         } catch (const Error& e) {

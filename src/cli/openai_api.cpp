@@ -55,8 +55,9 @@ std::string message_text(const json& c, const std::string& where, bool null_ok) 
     return s;
 }
 
-// An assistant message's tool_calls: each {"type": "function", "function": {"name", "arguments"}},
-// the arguments a JSON object or its text, re-written as the template prints them.
+// An assistant message's tool_calls: each {"id", "type": "function", "function": {"name", "arguments"}},
+// the arguments a JSON object or its text, re-written as the template prints them (the id, which
+// only Mistral's templates print, may be left out).
 std::vector<ChatToolCall> message_calls(const json& calls, const std::string& where) {
     if (!calls.is_array()) bad(where + " must be an array");
     std::vector<ChatToolCall> out;
@@ -79,7 +80,9 @@ std::vector<ChatToolCall> message_calls(const json& calls, const std::string& wh
             }
         }
         if (!args.is_object()) bad(where + ": the arguments of \"" + f["name"].get<std::string>() + "\" must be a JSON object");
-        out.push_back({f["name"].get<std::string>(), python_json(args)});
+        const json id = c.value("id", json(nullptr));
+        if (!id.is_null() && !id.is_string()) bad(where + ": a call's \"id\" must be a string");
+        out.push_back({f["name"].get<std::string>(), python_json(args), id.is_string() ? id.get<std::string>() : ""});
     }
     return out;
 }
@@ -160,8 +163,11 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
             if (system || !messages.empty()) bad("a \"system\" message may only come first");
             system = content;
         } else if (role == "user" || role == "assistant" || role == "tool") {
-            messages.emplace_back(role, content, calls ? message_calls(m["tool_calls"], where + ".tool_calls")
-                                                       : std::vector<ChatToolCall>{});
+            const json call_id = m.value("tool_call_id", json(nullptr));
+            if (!call_id.is_null() && !call_id.is_string()) bad(where + ".tool_call_id must be a string");
+            messages.emplace_back(role, content,
+                                  calls ? message_calls(m["tool_calls"], where + ".tool_calls") : std::vector<ChatToolCall>{},
+                                  role == "tool" && call_id.is_string() ? call_id.get<std::string>() : "");
             tool_turns = tool_turns || role == "tool" || calls;
         } else {
             bad("unsupported message role \"" + role + "\" (system, user, assistant, tool)");
@@ -172,7 +178,8 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
     for (size_t i = 0; i < tools.size(); ++i) p.functions.push_back(body["tools"][i]["function"]);
     if (!tok.has_chat_template()) bad("the model has no chat template: use /v1/completions");
     if ((!tools.empty() || tool_turns) && tok.chat_tools() == ChatTools::None)
-        bad("this model's chat template has no tools block shardlm renders (Qwen2.5's, Qwen3's or Llama 3.1/3.2's): "
+        bad("this model's chat template has no tools block shardlm renders (Qwen2.5's, Qwen3's, Llama 3.1/3.2's or "
+            "Mistral v3's): "
             "no \"tools\", tool calls or tool messages");
     if (tools.empty() && !tool_turns) {
         for (size_t i = 0; i < messages.size(); ++i)
@@ -594,15 +601,33 @@ json envelope(const ApiRequest& r, const std::string& id, int64_t created, const
             {"choices", std::move(choices)}};
 }
 
+// Mistral's templates take 9-character call ids back (vLLM draws them at random): nine base-62
+// digits of a hash of the response id, its creation time, the choice and the call, so that they
+// differ between calls, responses and server runs.
+std::string mistral_call_id(const std::string& id, int64_t created, size_t choice, size_t k) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, then a 64-bit finaliser to spread it over the digits
+    for (const char ch : cat(id, "/", created, "/", choice, "/", k)) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+    h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    std::string s(9, '0');
+    for (char& ch : s) {
+        ch = digits[h % 62];
+        h /= 62;
+    }
+    return s;
+}
+
 // A reply's calls as OpenAI's tool_calls entries (ids from the response's and the choice's);
 // `with_index` for a stream's delta.
-json tool_calls_json(const ApiRequest& r, const std::string& id, size_t choice, const ParsedToolCalls& calls,
-                     bool with_index) {
+json tool_calls_json(const ApiRequest& r, const std::string& id, int64_t created, size_t choice,
+                     const ParsedToolCalls& calls, bool with_index) {
     json out = json::array();
     for (size_t k = 0; k < calls.calls.size() && (r.parallel_tool_calls || k == 0); ++k) {
         json c;
         if (with_index) c["index"] = k;
-        c["id"] = cat("call_", id, "_", choice, "_", k);
+        c["id"] = r.tool_format == ChatTools::MistralJson ? mistral_call_id(id, created, choice, k)
+                                                          : cat("call_", id, "_", choice, "_", k);
         c["type"] = "function";
         c["function"] = {{"name", calls.calls[k].name}, {"arguments", calls.calls[k].arguments}};
         out.push_back(c);
@@ -625,7 +650,7 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
         if (calls.called) {
             choice["message"] = {{"role", "assistant"},
                                  {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
-                                 {"tool_calls", tool_calls_json(r, id, c, calls, false)}};
+                                 {"tool_calls", tool_calls_json(r, id, created, c, calls, false)}};
         } else if (r.chat) {
             choice["message"] = {{"role", "assistant"}, {"content", r.reasoning && text.empty() ? json(nullptr) : json(text)}};
         } else {
@@ -733,7 +758,7 @@ size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, siz
 
 json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                           size_t index, const ParsedToolCalls& calls) {
-    json choice = {{"index", index}, {"delta", {{"tool_calls", tool_calls_json(r, id, index, calls, true)}}},
+    json choice = {{"index", index}, {"delta", {{"tool_calls", tool_calls_json(r, id, created, index, calls, true)}}},
                    {"logprobs", nullptr}, {"finish_reason", nullptr}};
     json res = envelope(r, id, created, model, json::array({choice}), true);
     if (r.include_usage) res["usage"] = nullptr;

@@ -283,6 +283,108 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
     return out + "<|im_start|>assistant\n";
 }
 
+// Mistral's v3 templates (v0.3 and Nemo's v3-tekken): the parts that render the turns, the tools
+// list, a reply's calls and a tool's result; `sp` is the space v0.3 writes after each opening
+// control token (Nemo writes none). Revisions differ only in how they check the roles' order.
+bool mistral_v3_template(const std::string& canon, const std::string& sp, bool trims_replies) {
+    const std::string c = tight(canon);
+    const std::string inst = "{%ifloop.lastandsystem_messageisdefined%}{{'[INST]" + sp +
+                             "'+system_message+'~~'+message.content+'[/INST]'}}{%else%}{{'[INST]" + sp +
+                             "'+message.content+'[/INST]'}}{%endif%}";
+    const std::string reply = trims_replies ? "{{' '+message.content|trim+eos_token}}" : "{{message.content+eos_token}}";
+    const std::string tools =
+        "{%iftoolsisnotnoneand(message==user_messages[-1])%}{{'[AVAILABLE_TOOLS]" + sp +
+        "['}}{%fortoolintools%}{%settool=tool.function%}{{'{\"type\": \"function\", \"function\": {'}}"
+        "{%forkey,valintool.items()ifkey!='return'%}{%ifvalisstring%}{{'\"'+key+'\": \"'+val+'\"'}}{%else%}"
+        "{{'\"'+key+'\": '+val|tojson}}{%endif%}{%ifnotloop.last%}{{', '}}{%endif%}{%endfor%}{{'}}'}}"
+        "{%ifnotloop.last%}{{', '}}{%else%}{{']'}}{%endif%}{%endfor%}{{'[/AVAILABLE_TOOLS]'}}{%endif%}";
+    return has(c, "{%setsystem_message=messages[0].content%}{%setloop_messages=messages[1:]%}") &&
+           has(c, "{%settools=none%}") &&
+           has(c, "{%setuser_messages=loop_messages|selectattr('role','equalto','user')|list%}") &&
+           has(c, "{{bos_token}}") && has(c, (tools + inst).c_str()) && has(c, reply.c_str()) &&
+           has(c, ("{{'[TOOL_CALLS]" + sp + "['}}").c_str()) &&
+           has(c, "{%setout=tool_call.function|tojson%}{{out[:-1]}}{%ifnottool_call.idisdefinedortool_call.id|length!=9%}"
+                  "{{raise_exception('Tool call IDs should be alphanumeric strings with length 9!')}}{%endif%}"
+                  "{{', \"id\": \"'+tool_call.id+'\"}'}}{%ifnotloop.last%}{{', '}}{%else%}{{']'+eos_token}}{%endif%}"
+                  "{%endfor%}") &&
+           has(c, "{%ifmessage.contentisdefinedandmessage.content.contentisdefined%}{%setcontent=message.content.content%}"
+                  "{%else%}{%setcontent=message.content%}{%endif%}") &&
+           has(c, ("{{'[TOOL_RESULTS]" + sp + "{\"content\": '+content|string+', '}}").c_str()) &&
+           has(c, "{{'\"call_id\": \"'+message.tool_call_id+'\"}[/TOOL_RESULTS]'}}");
+}
+
+// Characters (code points) in UTF-8 text, as Jinja's length counts them.
+size_t code_points(const std::string& s) {
+    size_t n = 0;
+    for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+    return n;
+}
+
+// A conversation in Mistral's v3 format (mistral_v3_template): the functions' list before the last
+// user turn, the system message on the last turn when it is the user's (the template drops it
+// when a tool result is last), replies with calls as [TOOL_CALLS] and their ids.
+std::string render_mistral_v3(const ChatTemplate& t, const std::optional<std::string>& system,
+                              const std::vector<ChatMessage>& messages, const std::string& bos_token,
+                              const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools) {
+    check_tool_turns(messages);
+    const std::string sp = t.family == ChatFamily::MistralTekken ? "" : " ";
+    // The template's own check: the turns other than calls and results alternate, user first.
+    size_t turn = 0, last_user = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "user") last_user = i;
+        if (m.role == "tool" || !m.tool_calls.empty()) continue;
+        if ((m.role == "user") != (turn++ % 2 == 0))
+            fail("chat turn ", i, " has role \"", m.role, "\": apart from tool calls and results, this model's chat "
+                 "template (Mistral) takes user and assistant turns in turn, user first");
+    }
+    auto check_id = [](const std::string& id, size_t i) {
+        if (code_points(id) != 9)
+            fail("chat turn ", i, ": tool call id \"", id, "\" is not 9 characters long, as this model's chat template "
+                 "(Mistral) requires (a call's \"id\", a tool message's \"tool_call_id\")");
+    };
+    std::string out = bos_token;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "user") {
+            // Python's Jinja compares the messages by value: a user turn equal to the last gets the list too.
+            if (!tools.empty() && m.content == messages[last_user].content) {
+                out += "[AVAILABLE_TOOLS]" + sp + "[";
+                for (size_t k = 0; k < tools.size(); ++k) {
+                    out += "{\"type\": \"function\", \"function\": {";
+                    bool first = true;
+                    for (auto it = tools[k]["function"].begin(); it != tools[k]["function"].end(); ++it) {
+                        if (it.key() == "return") continue;
+                        out += first ? "\"" : ", \"";
+                        first = false;
+                        // A string is printed as it is, unquoted inside the quotes (the template's way).
+                        out += it.key() + "\": " +
+                               (it.value().is_string() ? "\"" + it.value().get<std::string>() + "\"" : python_json(it.value()));
+                    }
+                    out += k + 1 < tools.size() ? "}}, " : "}}]";
+                }
+                out += "[/AVAILABLE_TOOLS]";
+            }
+            out += "[INST]" + sp + (i + 1 == messages.size() && system ? *system + "\n\n" : "") + m.content + "[/INST]";
+        } else if (!m.tool_calls.empty()) {
+            out += "[TOOL_CALLS]" + sp + "[";
+            for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+                const ChatToolCall& call = m.tool_calls[k];
+                check_id(call.id, i);
+                out += "{\"name\": " + python_json(call.name) + ", \"arguments\": " + call.arguments + ", \"id\": \"" +
+                       call.id + "\"}" + (k + 1 < m.tool_calls.size() ? ", " : "]" + eos_token);
+            }
+        } else if (m.role == "assistant") {
+            out += t.family == ChatFamily::MistralTekken ? m.content + eos_token : " " + trim_js(m.content) + eos_token;
+        } else {
+            check_id(m.tool_call_id, i);
+            out += "[TOOL_RESULTS]" + sp + "{\"content\": " + m.content + ", \"call_id\": \"" + m.tool_call_id +
+                   "\"}[/TOOL_RESULTS]";
+        }
+    }
+    return out;
+}
+
 std::string today_llama_date();
 
 // A conversation with tools in Llama 3.1/3.2's JSON format (recognise_llama_tools): the tools,
@@ -347,6 +449,9 @@ const char* chat_family_name(ChatFamily f) {
         case ChatFamily::Llama31: return "llama3.1";
         case ChatFamily::Llama2: return "llama2";
         case ChatFamily::Mistral: return "mistral";
+        case ChatFamily::Mistral2: return "mistral-v0.2";
+        case ChatFamily::Mistral3: return "mistral-v3";
+        case ChatFamily::MistralTekken: return "mistral-v3-tekken";
     }
     return "?";
 }
@@ -406,11 +511,25 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         t.family = ChatFamily::Llama2;
         return t;
     }
+    if (mistral_v3_template(c, " ", true) || mistral_v3_template(c, "", false)) {
+        t.family = mistral_v3_template(c, " ", true) ? ChatFamily::Mistral3 : ChatFamily::MistralTekken;
+        t.tools = ChatTools::MistralJson;
+        return t;
+    }
+    const std::string tc = tight(c);
+    if (has(tc, "{{bos_token}}") && has(tc, "{%setsystem_message=messages[0].content%}{%setloop_messages=messages[1:]%}") &&
+        has(tc, "{%ifloop.firstandsystem_messageisdefined%}{{' [INST] '+system_message+'~~'+message.content+' [/INST]'}}"
+                "{%else%}{{' [INST] '+message.content+' [/INST]'}}{%endif%}") &&
+        has(tc, "{{' '+message.content+eos_token}}")) {
+        t.family = ChatFamily::Mistral2;
+        return t;
+    }
     if (has(c, "{{bos_token}}") && has(c, "'[INST] '+message.content+' [/INST]'") && !has(c, "system")) {
         t.family = ChatFamily::Mistral;
         return t;
     }
-    fail(where, ": unrecognised chat_template (supported families: ChatML/Qwen, Llama 3, Llama 2, Mistral [INST]); "
+    fail(where, ": unrecognised chat_template (supported families: ChatML/Qwen, Llama 3, Llama 2, Mistral v0.1-v0.3 and "
+                "Nemo [INST]); "
                 "render the prompt yourself and pass it with --prompt");
 }
 
@@ -433,7 +552,8 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
     if (!tools.empty() || tool_turns(messages)) {
         if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
-                 "tools, tool calls and tool messages need Qwen2.5's, Qwen3's or Llama 3.1/3.2's");
+                 "tools, tool calls and tool messages need Qwen2.5's, Qwen3's, Llama 3.1/3.2's or Mistral v3's");
+        if (t.tools == ChatTools::MistralJson) return render_mistral_v3(t, system, messages, bos_token, eos_token, tools);
         if (t.tools == ChatTools::Llama3Json)
             return render_llama_tools(t, system, messages, bos_token, tools, kwargs.tools_in_user_message);
         return render_chatml_tools(t, system, messages, tools);
@@ -495,6 +615,17 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
                 else out += m.content + eos_token + " ";
             }
             return out;
+        case ChatFamily::Mistral2:
+            out += bos_token;
+            for (size_t i = 0; i < messages.size(); ++i) {
+                const ChatMessage& m = messages[i];
+                if (m.role == "user") out += " [INST] " + (i == 0 && system ? *system + "\n\n" : "") + m.content + " [/INST]";
+                else out += " " + m.content + eos_token;
+            }
+            return out;
+        case ChatFamily::Mistral3:
+        case ChatFamily::MistralTekken:
+            return render_mistral_v3(t, system, messages, bos_token, eos_token, {});
     }
     return out;
 }
@@ -620,10 +751,57 @@ ParsedToolCalls parse_llama_calls(const std::string& text) {
     }
 }
 
+const std::string kMistralCalls = "[TOOL_CALLS]";
+
+// Mistral's [TOOL_CALLS] (vLLM's mistral parser's rules): the text before the first one is the
+// content; the rest, without the markers, one JSON array of {"name": ..., "arguments": {...}}.
+ParsedToolCalls parse_mistral_calls(const std::string& text) {
+    ParsedToolCalls plain;
+    plain.content = text;
+    const size_t bot = text.find(kMistralCalls);
+    if (bot == std::string::npos) return plain;
+    const std::string rest = replace_literal(text.substr(bot + kMistralCalls.size()), kMistralCalls, "");
+    const size_t at = rest.find_first_not_of(kWhiteSpace);
+    if (at == std::string::npos || rest[at] != '[') return plain;
+    const size_t end = json_object_end(rest, at);
+    if (end == std::string::npos || rest.find_first_not_of(kWhiteSpace, end) != std::string::npos) return plain;
+    nlohmann::ordered_json calls;
+    try {
+        calls = nlohmann::ordered_json::parse(rest.substr(at, end - at));
+    } catch (const nlohmann::json::exception&) {
+        return plain;
+    }
+    ParsedToolCalls r;
+    r.called = true;
+    r.content = text.substr(0, bot);
+    for (const nlohmann::ordered_json& call : calls) {
+        if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
+            call["name"].get<std::string>().empty() || !call.contains("arguments") || !call["arguments"].is_object())
+            return plain;
+        try {
+            r.calls.push_back({call["name"].get<std::string>(), python_json(call["arguments"])});
+        } catch (const Error&) {  // nested too deep to be a call
+            return plain;
+        }
+    }
+    return calls.empty() ? plain : r;
+}
+
+// Where a stream holds text that may open a call marked by `open`: at the marker, else at a suffix
+// that could still grow into it, else nowhere (text.size()).
+size_t hold_at_marker(const std::string& text, const std::string& open) {
+    const size_t at = text.find(open);
+    if (at != std::string::npos) return at;
+    for (size_t k = std::min(text.size(), open.size() - 1); k > 0; --k)
+        if (text.compare(text.size() - k, k, open, 0, k) == 0) return text.size() - k;
+    return text.size();
+}
+
 }  // namespace
 
 ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text) {
     if (format == ChatTools::Llama3Json) return parse_llama_calls(text);
+    if (format == ChatTools::MistralJson) return parse_mistral_calls(text);
     if (format == ChatTools::None) return ParsedToolCalls{false, text, {}};
     return parse_hermes_calls(text);
 }
@@ -637,12 +815,7 @@ size_t tool_call_hold(ChatTools format, const std::string& text) {
         const size_t n = std::min(text.size() - at, kPythonTag.size());
         return text.compare(at, n, kPythonTag, 0, n) == 0 ? 0 : text.size();
     }
-    static const std::string open = "<tool_call>";
-    const size_t at = text.find(open);
-    if (at != std::string::npos) return at;
-    for (size_t k = std::min(text.size(), open.size() - 1); k > 0; --k)
-        if (text.compare(text.size() - k, k, open, 0, k) == 0) return text.size() - k;
-    return text.size();
+    return hold_at_marker(text, format == ChatTools::MistralJson ? kMistralCalls : "<tool_call>");
 }
 
 std::string render_chat(const ChatTemplate& t, const std::optional<std::string>& system, const std::string& user,

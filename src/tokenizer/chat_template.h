@@ -11,6 +11,10 @@
 //   Llama 2                        <s>[INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] (stripped),
 //                                  each reply " reply </s>" (stripped), the next user turn <s>[INST] ...
 //   Mistral v0.1                   <s>[INST] user [/INST]reply</s> [INST] ... (no system message)
+//   Mistral v0.2                   <s> [INST] system\n\nuser [/INST] reply</s> [INST] ... (system on the first turn)
+//   Mistral v0.3 (v3), Nemo        <s>[INST] user[/INST] reply</s>[INST] system\n\nuser[/INST] (system on the
+//   (v3-tekken)                    last turn; Nemo's spelling has no spaces after the control tokens and
+//                                  keeps replies untrimmed)
 //
 // Tool calling (ChatTemplate::tools): ChatML templates with Qwen's tools block (Qwen2/2.5, Qwen3)
 // list the functions' JSON schemas in the system message between <tools></tools>, write a reply's
@@ -18,7 +22,10 @@
 // user turn of <tool_response> blocks. Llama 3.1/3.2/3.3's templates put the functions
 // (tojson(indent=4)) in the first user message after "Environment: ipython" in the system header,
 // write a reply's one call as {"name": ..., "parameters": ...} and a result as an ipython turn.
-// parse_tool_calls reads the calls back out of a reply in either format.
+// Mistral's v3 templates (v0.3, Nemo) list the functions in [AVAILABLE_TOOLS] before the last user
+// turn, write a reply's calls as [TOOL_CALLS] [{"name", "arguments", "id"}, ...] and a result as
+// [TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]; their call ids are 9 characters.
+// parse_tool_calls reads the calls back out of a reply in any of these formats.
 #pragma once
 
 #include <optional>
@@ -30,13 +37,14 @@
 
 namespace shardlm {
 
-enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Mistral };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Mistral, Mistral2, Mistral3, MistralTekken };
 
 // Which tools block a ChatML template writes: none, Qwen2/2.5's (a default system message before
 // it when none is given; arguments printed as JSON) or Qwen3's (no default system message;
 // arguments printed as given; a reply after the last user query keeps its reasoning).
 // Llama3Json: Llama 3.1/3.2/3.3's JSON calls (family Llama31), the tools in the first user message.
-enum class ChatTools { None, Qwen25, Qwen3, Llama3Json };
+// MistralJson: Mistral v3's [TOOL_CALLS] (families Mistral3, MistralTekken).
+enum class ChatTools { None, Qwen25, Qwen3, Llama3Json, MistralJson };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
@@ -61,20 +69,24 @@ struct ChatKwargs {
 ChatTemplate recognise_chat_template(const std::string& source, const std::string& where);
 
 // A function call of an assistant turn: its name and its arguments as the JSON text the template
-// prints (Python's json.dumps spacing: ", " and ": ", as transformers' tojson writes them).
+// prints (Python's json.dumps spacing: ", " and ": ", as transformers' tojson writes them), and
+// its id (only Mistral's templates print it).
 struct ChatToolCall {
     std::string name;
     std::string arguments;
+    std::string id = {};
 };
 
 // One turn of a conversation: role "user" or "assistant", or (templates with tools) "tool", the
-// result of a call; an assistant turn may carry calls.
+// result of a call (tool_call_id: the call's id, which Mistral's templates print); an assistant
+// turn may carry calls.
 struct ChatMessage {
-    ChatMessage(std::string r, std::string c, std::vector<ChatToolCall> calls = {})
-        : role(std::move(r)), content(std::move(c)), tool_calls(std::move(calls)) {}
+    ChatMessage(std::string r, std::string c, std::vector<ChatToolCall> calls = {}, std::string call_id = {})
+        : role(std::move(r)), content(std::move(c)), tool_calls(std::move(calls)), tool_call_id(std::move(call_id)) {}
     std::string role;
     std::string content;
     std::vector<ChatToolCall> tool_calls;
+    std::string tool_call_id;
 };
 
 // The rendered prompt text (to be encoded without adding special tokens) of a conversation that
@@ -84,7 +96,9 @@ struct ChatMessage {
 // order), or tool turns or calls in the messages, the template must have a tools block (else
 // Error): then the conversation starts with a user turn and ends with a user or tool turn, tool
 // turns follow an assistant turn with calls or another tool turn, and no two user turns meet
-// (Llama3Json: at most one call per assistant turn, as its template raises).
+// (Llama3Json: at most one call per assistant turn, as its template raises; MistralJson: every
+// call and tool turn has an id of 9 characters, and the turns other than calls and results
+// alternate user and assistant, as its template raises).
 std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::string& bos_token,
                                 const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools = {},
@@ -95,6 +109,8 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
 // {"name": ..., "arguments": {...}} a call; a block left open at the end of the text counts when its
 // JSON is complete. Llama3Json: the whole reply (after white space and an optional <|python_tag|>)
 // is one or more {"name": ..., "parameters": {...}} objects separated by ';', the content empty.
+// MistralJson: the text before the first [TOOL_CALLS] is the content, what follows it one JSON
+// array of {"name": ..., "arguments": {...}} objects.
 // Arguments are re-written as python_json text. `called` is false, and content the whole text,
 // when the reply holds no call or one is not such JSON (the reply is then plain text).
 struct ParsedToolCalls {
@@ -106,7 +122,8 @@ ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text);
 // Where text that may become a tool call starts, so a stream sends the text before it. Qwen: the
 // first "<tool_call>", else the start of a suffix that could still grow into one, else
 // text.size(). Llama3Json: 0 while the reply so far is white space or opens with '{' or
-// <|python_tag|> (a call is the whole reply), else text.size().
+// <|python_tag|> (a call is the whole reply), else text.size(). MistralJson: as Qwen's, with
+// "[TOOL_CALLS]".
 size_t tool_call_hold(ChatTools format, const std::string& text);
 
 // JSON text as Python's json.dumps(ensure_ascii=False, indent=indent) writes it (transformers'

@@ -942,6 +942,72 @@ TEST_F(Serve, LlamaToolCalls) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// Mistral v0.3's [TOOL_CALLS]: a reply's calls (after text or alone, whole and streamed) with the
+// 9-character ids the template takes back in the next turn; other ids are refused by name.
+TEST_F(Serve, MistralToolCalls) {
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+    const json ask = json::array({{{"role", "user"}, {"content", "Weather in Paris and Oslo?"}}});
+    auto request = [&](const std::string& reply, bool stream) {
+        return json{{"messages", ask}, {"tools", tools}, {"max_tokens", 300}, {"temperature", 0},
+                    {"guided_choice", json::array({reply})}, {"stream", stream}};
+    };
+    const std::string calls = "Sure. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}, "
+                              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]";
+    const Reply r = post(srv.port(), "/v1/chat/completions", request(calls, false));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& choice = r.body["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.raw;
+    EXPECT_EQ(choice["message"]["content"], "Sure. ") << r.raw;
+    const json& tc = choice["message"]["tool_calls"];
+    ASSERT_EQ(tc.size(), 2u) << r.raw;
+    EXPECT_EQ(tc[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+    EXPECT_EQ(tc[1]["function"]["arguments"], "{\"city\": \"Oslo\"}");
+    for (const json& c : tc) {
+        const std::string id = c["id"];
+        EXPECT_EQ(id.size(), 9u) << id;
+        EXPECT_EQ(id.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"), std::string::npos) << id;
+    }
+    EXPECT_NE(tc[0]["id"], tc[1]["id"]);
+
+    const StreamedChat sc = streamed_chat(post(srv.port(), "/v1/chat/completions", request(calls, true)).raw);
+    EXPECT_EQ(sc.content, "Sure. ");
+    ASSERT_EQ(sc.calls.size(), 2u);
+    EXPECT_EQ(sc.calls[1]["function"], tc[1]["function"]);
+    EXPECT_EQ(sc.calls[1]["id"].get<std::string>().size(), 9u);
+    EXPECT_EQ(sc.finish, "tool_calls");
+    const StreamedChat text = streamed_chat(post(srv.port(), "/v1/chat/completions", request("It is [sunny].", true)).raw);
+    EXPECT_EQ(text.content, "It is [sunny].");
+    EXPECT_TRUE(text.calls.empty());
+
+    // The calls and their results in the next turn, by id; an id of another length is refused.
+    json more = ask;
+    json entries = json::array();
+    for (const json& c : tc) entries.push_back({{"id", c["id"]}, {"type", "function"}, {"function", c["function"]}});
+    more.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", entries}});
+    more.push_back({{"role", "tool"}, {"tool_call_id", tc[0]["id"]}, {"content", "{\"temp\": 21}"}});
+    more.push_back({{"role", "tool"}, {"tool_call_id", tc[1]["id"]}, {"content", "{\"temp\": 3}"}});
+    const Reply next = post(srv.port(), "/v1/chat/completions",
+                            {{"messages", more}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(next.status, 200) << next.raw;
+    EXPECT_GT(next.body["usage"]["prompt_tokens"].get<int>(), r.body["usage"]["prompt_tokens"].get<int>());
+    more[2]["tool_call_id"] = "call_1";
+    const Reply bad_id = post(srv.port(), "/v1/chat/completions", {{"messages", more}, {"tools", tools}});
+    EXPECT_EQ(bad_id.status, 400) << bad_id.raw;
+    EXPECT_NE(bad_id.body["error"]["message"].get<std::string>().find("\"call_1\" is not 9 characters"), std::string::npos)
+        << bad_id.raw;
+    more[2]["tool_call_id"] = 7;
+    const Reply not_string = post(srv.port(), "/v1/chat/completions", {{"messages", more}, {"tools", tools}});
+    EXPECT_EQ(not_string.status, 400) << not_string.raw;
+    EXPECT_NE(not_string.raw.find("tool_call_id must be a string"), std::string::npos) << not_string.raw;
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // Qwen3's thinking: chat_template_kwargs enable_thinking false closes an empty think block in the
 // prompt (a template with Qwen3's switch); serve --reasoning-parser qwen3 gives a reply's
 // <think>...</think> part as reasoning_content, whole and streamed (its tags split over several

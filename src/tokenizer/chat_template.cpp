@@ -452,6 +452,7 @@ const char* chat_family_name(ChatFamily f) {
         case ChatFamily::Mistral2: return "mistral-v0.2";
         case ChatFamily::Mistral3: return "mistral-v3";
         case ChatFamily::MistralTekken: return "mistral-v3-tekken";
+        case ChatFamily::DeepSeek: return "deepseek";
     }
     return "?";
 }
@@ -511,12 +512,31 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         t.family = ChatFamily::Llama2;
         return t;
     }
+    const std::string tc = tight(c);
+    // DeepSeek V3's and R1's (the distilled Qwen and Llama models' too): the system message leads,
+    // each turn follows its tag; R1 drops earlier replies' reasoning and opens a new one. (Their
+    // tools blocks are not rendered: no tools.)
+    const std::string user = "{{'<｜User｜>'+message.content}}";
+    const std::string v3_reply = "{{'<｜Assistant｜>'+message.content+'<｜end▁of▁sentence｜>'}}";
+    const std::string r1_reply = "{%setcontent=message.content%}{%if'</think>'incontent%}{%setcontent=content.split('</think>')"
+                                 "[-1]%}{%endif%}{{'<｜Assistant｜>'+content+'<｜end▁of▁sentence｜>'}}";
+    const std::string prompt = "{%ifadd_generation_promptandnotns.is_tool%}{{'<｜Assistant｜>";
+    if (has(tc, "{{bos_token}}{{ns.system_prompt}}") && has(tc, user.c_str()) &&
+        (has(tc, "{%ifmessage.role=='system'%}{%setns.system_prompt=message.content%}{%endif%}") ||
+         has(tc, "{%ifmessage.role=='system'%}{%ifns.is_first_sp%}{%setns.system_prompt=ns.system_prompt+message.content%}"))) {
+        const bool v3 = has(tc, v3_reply.c_str()) && has(tc, (prompt + "'}}{%endif%}").c_str());
+        const bool r1 = has(tc, r1_reply.c_str()) && has(tc, (prompt + "<think>~'}}{%endif%}").c_str());
+        if (v3 != r1) {
+            t.family = ChatFamily::DeepSeek;
+            t.strips_reasoning = t.opens_thinking = r1;
+            return t;
+        }
+    }
     if (mistral_v3_template(c, " ", true) || mistral_v3_template(c, "", false)) {
         t.family = mistral_v3_template(c, " ", true) ? ChatFamily::Mistral3 : ChatFamily::MistralTekken;
         t.tools = ChatTools::MistralJson;
         return t;
     }
-    const std::string tc = tight(c);
     if (has(tc, "{{bos_token}}") && has(tc, "{%setsystem_message=messages[0].content%}{%setloop_messages=messages[1:]%}") &&
         has(tc, "{%ifloop.firstandsystem_messageisdefined%}{{' [INST] '+system_message+'~~'+message.content+' [/INST]'}}"
                 "{%else%}{{' [INST] '+message.content+' [/INST]'}}{%endif%}") &&
@@ -529,7 +549,7 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         return t;
     }
     fail(where, ": unrecognised chat_template (supported families: ChatML/Qwen, Llama 3, Llama 2, Mistral v0.1-v0.3 and "
-                "Nemo [INST]); "
+                "Nemo [INST], DeepSeek V3/R1); "
                 "render the prompt yourself and pass it with --prompt");
 }
 
@@ -617,6 +637,19 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
         case ChatFamily::Mistral3:
         case ChatFamily::MistralTekken:
             return render_mistral_v3(t, system, messages, bos_token, eos_token, {});
+        case ChatFamily::DeepSeek:
+            out += bos_token + (system ? *system : std::string());
+            for (const ChatMessage& m : messages) {
+                if (m.role == "user") {
+                    out += "<｜User｜>" + m.content;
+                    continue;
+                }
+                // R1: content.split('</think>')[-1], what follows the last </think>.
+                const size_t think = t.strips_reasoning ? m.content.rfind("</think>") : std::string::npos;
+                out += "<｜Assistant｜>" + (think == std::string::npos ? m.content : m.content.substr(think + 8)) +
+                       "<｜end▁of▁sentence｜>";
+            }
+            return out + "<｜Assistant｜>" + (t.opens_thinking ? "<think>\n" : "");
     }
     return out;
 }

@@ -15,6 +15,9 @@
 //   Mistral v0.3 (v3), Nemo        <s>[INST] user[/INST] reply</s>[INST] system\n\nuser[/INST] (system on the
 //   (v3-tekken)                    last turn; Nemo's spelling has no spaces after the control tokens and
 //                                  keeps replies untrimmed)
+//   DeepSeek (V3, R1 and its       <｜begin▁of▁sentence｜>system<｜User｜>user<｜Assistant｜>reply<｜end▁of▁sentence｜>
+//   Qwen/Llama distillations)      ...<｜User｜>user<｜Assistant｜> (R1: earlier replies keep what follows their
+//                                  last </think>, and the generation prompt opens <think>\n)
 //
 // Tool calling (ChatTemplate::tools): ChatML templates with Qwen's tools block (Qwen2/2.5, Qwen3)
 // list the functions' JSON schemas in the system message between <tools></tools>, write a reply's
@@ -37,7 +40,7 @@
 
 namespace shardlm {
 
-enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Mistral, Mistral2, Mistral3, MistralTekken };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Mistral, Mistral2, Mistral3, MistralTekken, DeepSeek };
 
 // Which tools block a ChatML template writes: none, Qwen2/2.5's (a default system message before
 // it when none is given; arguments printed as JSON) or Qwen3's (no default system message;
@@ -51,10 +54,12 @@ struct ChatTemplate {
     ChatTools tools = ChatTools::None;
     std::optional<std::string> default_system;  // ChatML: used when no system message is given
     std::optional<std::string> tools_system;    // Qwen25 tools: the system message before the tools block
-    bool strips_reasoning = false;              // ChatML (Qwen3): earlier replies without <think>...</think>
+    bool strips_reasoning = false;              // ChatML (Qwen3), DeepSeek (R1): earlier replies without <think>...</think>
     std::string date_string;                    // Llama 3.1: "Today Date: ..." (empty: today's date)
     // ChatML (Qwen3): enable_thinking false opens the reply with an empty <think></think> block.
     bool thinking_switch = false;
+    // DeepSeek (R1): the generation prompt opens the reasoning ("<think>\n"), so a reply starts in it.
+    bool opens_thinking = false;
 };
 
 // Template variables a request may set (vLLM's chat_template_kwargs), where the template reads

@@ -1068,9 +1068,46 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
     ASSERT_EQ(r.status, 200) << r.raw;
     EXPECT_EQ(r.body["choices"][0]["message"]["content"], cases[0].reply);
     EXPECT_FALSE(r.body["choices"][0]["message"].contains("reasoning_content"));
-    const CommandResult flag = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --reasoning-parser deepseek_r1");
+    const CommandResult flag = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --reasoning-parser granite");
     EXPECT_NE(flag.exit_code, 0);
-    EXPECT_NE(flag.err.find("--reasoning-parser \"deepseek_r1\" is not supported (qwen3)"), std::string::npos) << flag.err;
+    EXPECT_NE(flag.err.find("--reasoning-parser \"granite\" is not supported (qwen3, deepseek_r1)"), std::string::npos)
+        << flag.err;
+}
+
+// DeepSeek R1's template opens the reasoning in the prompt, so under --reasoning-parser
+// deepseek_r1 a reply reasons from its start (after a <think> of its own, if any) to </think>,
+// and is all reasoning without one (vLLM's parser); whole and streamed (the tags split over
+// several tokens here, so the stream holds them back) give the same parts.
+TEST_F(Serve, DeepSeekR1Reasoning) {
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/deepseek_r1.jinja");
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser deepseek_r1",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json ask = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Where?"}}});
+    struct Case {
+        std::string reply;
+        json reasoning, content;
+    };
+    const std::vector<Case> cases = {{"Let me see.\n</think>\n\nIn Eden.", "Let me see.\n", "\n\nIn Eden."},
+                                     {"<think>\nHm.</think>East.", "\nHm.", "East."},
+                                     {"cut short <thi", "cut short <thi", nullptr},
+                                     {"</think>Eden.", nullptr, "Eden."}};  // empty: null
+    for (const Case& c : cases) {
+        json req = {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {c.reply}}};
+        const Reply r = post(srv.port(), "/v1/chat/completions", req);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        const json& m = r.body["choices"][0]["message"];
+        EXPECT_EQ(m["reasoning_content"], c.reasoning) << c.reply << ": " << r.raw;
+        EXPECT_EQ(m["content"], c.content) << c.reply << ": " << r.raw;
+        req["stream"] = true;
+        const StreamedChat sc = streamed_chat(post(srv.port(), "/v1/chat/completions", req).raw);
+        EXPECT_EQ(sc.reasoning, c.reasoning.is_null() ? "" : c.reasoning.get<std::string>()) << c.reply;
+        EXPECT_EQ(sc.content, c.content.is_null() ? "" : c.content.get<std::string>()) << c.reply;
+        EXPECT_EQ(sc.finish, "stop");
+    }
+    EXPECT_EQ(srv.stop(), 0);
 }
 
 // Structured output after reasoning (vLLM's, under a reasoning parser): with single-token <think>

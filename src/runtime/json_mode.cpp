@@ -11,6 +11,7 @@ bool space(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; 
 bool digit(uint8_t b) { return b >= '0' && b <= '9'; }
 bool hex(uint8_t b) { return digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 enum NumState : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };  // where a number is (Frame::aux)
+const char kShortEscapes[] = "\"\\/bfnrt";  // after a '\\' in a string (and 'u')
 }  // namespace
 
 bool JsonAcceptor::Frame::operator<(const Frame& o) const {
@@ -244,6 +245,7 @@ bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& 
         case JsonSchema::Kind::String:
             if (b != '"') return false;
             f.phase = Chars;
+            if (n.pattern >= 0) f.a = schema_->patterns[size_t(n.pattern)].start;
             break;
         case JsonSchema::Kind::Number:
         case JsonSchema::Kind::Integer:
@@ -321,9 +323,32 @@ bool JsonAcceptor::number(Thread& t, uint8_t b, std::vector<Thread>& out) const 
     return step(t, b, out);
 }
 
+// The character a short escape stands for ("\\n": '\n'), 0 for none.
+uint32_t unescaped(uint8_t b) {
+    switch (b) {
+        case '"': case '\\': case '/': return b;
+        case 'b': return 8;
+        case 'f': return 12;
+        case 'n': return 10;
+        case 'r': return 13;
+        case 't': return 9;
+        default: return 0;
+    }
+}
+
 bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     Frame& f = t.stack.back();
     const JsonSchema::Node& n = node(f);
+    // A pattern's DFA (runtime/json_pattern.h): its state is f.a (such a string has no length
+    // limits to count), a character's UTF-8 bits so far f.c. Each byte is taken only where some
+    // character it may begin keeps a match possible; \u escapes are not taken.
+    const PatternDfa* dfa = n.pattern >= 0 ? &schema_->patterns[size_t(n.pattern)] : nullptr;
+    auto step_dfa = [&](uint32_t cp) {
+        const int32_t s = dfa->next(f.a, cp);
+        if (s < 0) return false;
+        f.a = s;
+        return true;
+    };
     // Characters are counted only as far as the limits need (none without limits), so a string's
     // states repeat and their masks are found in JsonVocab's cache.
     const int32_t cap = int32_t(std::max(n.min_count, n.max_count));
@@ -336,40 +361,72 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     switch (f.phase) {
         case Chars:
             if (b == '"') {
-                if (f.a < n.min_count) return false;
+                if (dfa ? !dfa->accept[size_t(f.a)] : f.a < n.min_count) return false;
                 value_end(t);
                 return true;
             }
-            if (n.max_count >= 0 && f.a >= n.max_count) return false;  // no room for another character
+            if (!dfa && n.max_count >= 0 && f.a >= n.max_count) return false;  // no room for another character
             if (b == '\\') {
+                if (dfa && !std::any_of(std::begin(kShortEscapes), std::end(kShortEscapes) - 1,
+                                        [&](char e) { return dfa->next(f.a, unescaped(uint8_t(e))) >= 0; }))
+                    return false;
                 f.phase = Escape;
                 return true;
             }
             if (b < 0x20) return false;  // control characters are escaped
             if (b >= 0x80) {
                 // A character's lead byte: how many continuation bytes follow (no overlong 2-byte
-                // forms, nothing past U+10FFFF).
+                // forms, nothing past U+10FFFF); f.b keeps that count and f.c the bits so far
+                // while the character forms.
                 if (b >= 0xC2 && b <= 0xDF) f.aux = 1;
                 else if (b >= 0xE0 && b <= 0xEF) f.aux = 2;
                 else if (b >= 0xF0 && b <= 0xF4) f.aux = 3;
                 else return false;
+                f.b = f.aux;
+                f.c = int32_t(b & (0x3Fu >> f.aux));
+                if (dfa) {
+                    // The characters of this length it may begin (past the overlong forms' range).
+                    static const uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+                    const uint32_t lo = uint32_t(f.c) << (6 * f.aux);
+                    if (!dfa->any(f.a, std::max(lo, kLeast[f.aux]), lo + (1u << (6 * f.aux)) - 1)) return false;
+                }
                 if (f.a < cap) ++f.a;
                 f.phase = Utf8;
                 return true;
             }
+            if (dfa && !step_dfa(b)) return false;
             return counted();
-        case Utf8:
+        case Utf8: {
             if ((b & 0xC0) != 0x80) return false;
-            if (--f.aux == 0) f.phase = Chars;
+            // The second byte of E0, ED, F0 and F4 is narrower: no overlong 3- and 4-byte forms,
+            // no surrogates, nothing past U+10FFFF.
+            if (f.aux == f.b && ((f.b == 2 && f.c == 0 && b < 0xA0) || (f.b == 2 && f.c == 0xD && b > 0x9F) ||
+                                 (f.b == 3 && f.c == 0 && b < 0x90) || (f.b == 3 && f.c == 4 && b > 0x8F)))
+                return false;
+            const uint32_t bits = (uint32_t(f.c) << 6) | (b & 0x3F);
+            const int rest = f.aux - 1;
+            if (dfa && rest > 0) {
+                const uint32_t lo = bits << (6 * rest);
+                if (!dfa->any(f.a, lo, lo + (1u << (6 * rest)) - 1)) return false;
+            }
+            if (dfa && rest == 0 && !step_dfa(bits)) return false;
+            f.c = rest > 0 ? int32_t(bits) : 0;
+            if (--f.aux == 0) {
+                f.b = 0;
+                f.phase = Chars;
+            }
             return true;
+        }
         case Escape:
             if (b == 'u') {
+                if (dfa) return false;
                 f.phase = Hex;
                 f.aux = 4;
                 f.c = 0;
                 return true;
             }
-            if (b == 0 || !std::strchr("\"\\/bfnrt", b)) return false;
+            if (b == 0 || !std::strchr(kShortEscapes, b)) return false;
+            if (dfa && !step_dfa(unescaped(b))) return false;
             return counted();
         case LowSlash:
             if (b != '\\') return false;
@@ -437,6 +494,10 @@ std::string JsonAcceptor::key(size_t depth, size_t reach) const {
             // at most `reach` to it: states whose distances to the limits are alike that far
             // take the same tokens (so a long bounded string does not make a new state per token).
             const JsonSchema::Node& n = node(f);
+            if (n.pattern >= 0) {  // a's the DFA's state
+                put(f.a);
+                continue;
+            }
             put(n.max_count < 0 ? -1 : std::min(n.max_count - f.a, far));
             put(std::clamp<int64_t>(n.min_count - f.a, 0, far));
         }

@@ -62,9 +62,10 @@ private:
         Lit,                                    // enum or const: texts [a, b) share the first c bytes
     };
     // One open part of the value. Object: a = the first key still allowed, b = the key being read
-    // or whose value is; array: a = items begun; string: a = characters, b = 1 while a low
-    // surrogate's escape is due, c = a \u escape's value so far, aux = hex digits or UTF-8
-    // continuation bytes to go (a and items counted only as far as the limits need).
+    // or whose value is; array: a = items begun; string: a = characters (with a pattern: its DFA
+    // state), b = 1 while a low surrogate's escape is due or a character's continuation bytes in
+    // all while it forms, c = a \u escape's value or that character's bits so far, aux = hex digits
+    // or UTF-8 continuation bytes to go (a and items counted only as far as the limits need).
     struct Frame {
         int32_t node = -1;
         Phase phase = Begin;

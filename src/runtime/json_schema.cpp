@@ -23,7 +23,8 @@ const std::set<std::string> kAnnotations = {"$schema", "$id",      "$comment", "
 // What this compiler holds generation to.
 const std::set<std::string> kSupported = {"type",     "properties", "required",  "additionalProperties", "items",
                                           "minItems", "maxItems",   "minLength", "maxLength",            "enum",
-                                          "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems"};
+                                          "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems",
+                                          "pattern",  "format"};
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
 constexpr size_t kMaxNodes = 20000;
 constexpr int kMaxDepth = 128;        // schema objects inside one another, $refs followed included
@@ -118,7 +119,7 @@ private:
             if (kAnnotations.count(k) || kSupported.count(k)) continue;
             bad(path, cat("keyword \"", k, "\" is not supported (shardlm holds generation to: type, properties, "
                                            "required, additionalProperties, items, minItems, maxItems, minLength, "
-                                           "maxLength, enum, const, anyOf, a single allOf, $ref)"));
+                                           "maxLength, pattern, format, enum, const, anyOf, a single allOf, $ref)"));
         }
         if (s.contains("uniqueItems") && s["uniqueItems"] != json(false)) bad(path + "/uniqueItems", "only false is supported");
         if (s.contains("$ref")) {
@@ -168,7 +169,8 @@ private:
         if (types.empty()) {  // without a type, the keywords present say which kind of value
             if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) types = {"object"};
             else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
-            else if (s.contains("minLength") || s.contains("maxLength")) types = {"string"};
+            else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format"))
+                types = {"string"};
             else return any();
         }
         if (types.size() == 1) return typed(s, types[0], path, depth);
@@ -196,7 +198,25 @@ private:
             if (n.max_count >= 0 && n.max_count < n.min_count) bad(path, cat(hi, " is below ", lo));
             return n;
         };
-        if (t == "string") return add(counted(Kind::String, "minLength", "maxLength"));
+        if (t == "string") {
+            Node n = counted(Kind::String, "minLength", "maxLength");
+            // pattern or format (which apply to strings only): the characters match its DFA.
+            const bool pat = s.contains("pattern"), fmt = s.contains("format");
+            if (!pat && !fmt) return add(std::move(n));
+            const char* key = pat ? "pattern" : "format";
+            if (pat && fmt) bad(path, "\"pattern\" beside \"format\" is not supported");
+            if (n.min_count > 0 || n.max_count >= 0)
+                bad(path, cat("\"", key, "\" beside minLength or maxLength is not supported"));
+            if (!s[key].is_string()) bad(path + "/" + key, "must be a string");
+            const std::string text = s[key];
+            const std::string re = pat ? text : format_pattern(text);
+            if (re.empty())
+                bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, uuid, ipv4, "
+                                          "email, hostname)"));
+            out_.patterns.push_back(compile_pattern(re, cat(what_, ": json_schema at ", path, "/", key)));
+            n.pattern = int32_t(out_.patterns.size() - 1);
+            return add(std::move(n));
+        }
         if (t == "array") {
             Node n = counted(Kind::Array, "minItems", "maxItems");
             if (s.contains("items") && s["items"].is_array())

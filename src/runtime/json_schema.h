@@ -7,14 +7,18 @@
 //   and each required one present; no other keys (additionalProperties is honoured only for an
 //   object without properties, whose keys are then free strings);
 // - numbers and integers are JSON's own (an integer has no fraction and no exponent);
-// - enum and const values are written as their compact JSON texts.
-// Keywords that constrain values beyond this (pattern, format, minimum, oneOf, ...) are refused
-// with an error naming the keyword and where it is, never ignored.
+// - enum and const values are written as their compact JSON texts;
+// - a string's pattern, or its format (runtime/json_pattern.h), is matched by its characters,
+//   which are then written as they are (no \u escapes).
+// Keywords that constrain values beyond this (minimum, oneOf, pattern beside minLength, ...) are
+// refused with an error naming the keyword and where it is, never ignored.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/json_pattern.h"
 
 namespace shardlm {
 
@@ -33,8 +37,10 @@ struct JsonSchema {
         int64_t min_count = 0, max_count = -1;  // Array: items; String: characters (-1: no limit)
         std::vector<std::string> texts;         // Const: the JSON texts allowed, sorted, distinct
         std::vector<int32_t> alts;              // AnyOf: the alternatives
+        int32_t pattern = -1;                   // String: its pattern's DFA in `patterns` (-1: none)
     };
     std::vector<Node> nodes;
+    std::vector<PatternDfa> patterns;
     int32_t root = 0;
     int32_t key = 0;  // a String node without limits: the free keys of objects
     // Whitespace between the value's parts: at most this many bytes in a row, one line break

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -454,6 +455,25 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_GE(complete, 2) << r.raw;
     }
 
+    // A pattern and a format: the strings match them (std::regex checks the completed ones).
+    {
+        const json sc = json::parse(R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "day": {"type": "string", "format": "date"}}, "required": ["code", "day"]})");
+        const json body = {{"prompt", "And God said"}, {"max_tokens", 250}, {"temperature", 1.0}, {"seed", 4}, {"n", 6},
+                           {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "p"}, {"schema", sc}}}}}};
+        const Reply r = post(port, "/v1/completions", body);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        int complete = 0;
+        for (const json& c : r.body["choices"]) {
+            if (c["finish_reason"] != "stop") continue;
+            ++complete;
+            const json v = json::parse(c["text"].get<std::string>());
+            EXPECT_TRUE(std::regex_match(v["code"].get<std::string>(), std::regex("[A-Z]{2}-[0-9]{3}"))) << c["text"];
+            EXPECT_TRUE(std::regex_match(v["day"].get<std::string>(), std::regex("[0-9]{4}-[0-9]{2}-[0-9]{2}"))) << c["text"];
+        }
+        EXPECT_GE(complete, 2) << r.raw;
+    }
+
     // vLLM's guided_choice (and structured_outputs.choice): each text is one of the choices, whole;
     // guided_json is response_format json_schema's.
     {
@@ -558,8 +578,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", 1}}, 400, "\"stream_options\" must be an object");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}}}}, 400, "json_schema needs \"json_schema\": {\"name\"");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"},
-             {"properties", {{"x", {{"type", "string"}, {"pattern", "a+"}}}}}}}}}}}}, 400,
-             "response_format.json_schema.schema: json_schema at #/properties/x: keyword \"pattern\" is not supported");
+             {"properties", {{"x", {{"type", "string"}, {"pattern", "(a)\\1"}}}}}}}}}}}}, 400,
+             "response_format.json_schema.schema: json_schema at #/properties/x/pattern: backreferences are not supported");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "number"}}}}}}}},
              400, "the top value must end by itself");
     error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
@@ -567,7 +587,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"guided_choice", {"a", "ab"}}}, 400, "guided_choice: \"a\" begins \"ab\"");
     error_of({{"prompt", "x"}, {"guided_choice", json::array()}}, 400, "\"guided_choice\" must be an array of 1 to 1024 strings");
     error_of({{"prompt", "x"}, {"guided_json", 5}}, 400, "\"guided_json\" must be a JSON schema");
-    error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"pattern", "x"}}}}, 400, "guided_json: json_schema at #: keyword \"pattern\"");
+    error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"format", "ipv6"}}}}, 400,
+             "guided_json: json_schema at #/format: format \"ipv6\" is not supported");
     error_of({{"prompt", "x"}, {"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}}, 400, "one constraint per request");
     error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= x"}}}}, 400,
              "\"structured_outputs.grammar\" is not supported by shardlm serve (json and choice are)");

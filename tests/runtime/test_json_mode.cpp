@@ -58,6 +58,13 @@ TEST(JsonMode, RefusesWhereTheTextStopsBeingJson) {
     EXPECT_EQ(taken("{\"a\":\"\\u12g4\"}"), 10u);
     EXPECT_EQ(taken("{\"a\":\"\xc3(\"}"), 7u);  // a lead byte without its continuation
     EXPECT_EQ(taken("{\"a\":\"\xff\"}"), 6u);
+    // UTF-8 as RFC 3629 has it: no overlong 3- and 4-byte forms, no surrogates, nothing past U+10FFFF.
+    EXPECT_EQ(taken("{\"a\":\"\xe0\x80\x80\"}"), 7u);
+    EXPECT_EQ(taken("{\"a\":\"\xed\xa0\x80\"}"), 7u);
+    EXPECT_EQ(taken("{\"a\":\"\xf0\x80\x80\x80\"}"), 7u);
+    EXPECT_EQ(taken("{\"a\":\"\xf4\x90\x80\x80\"}"), 7u);
+    const std::string edges = "{\"a\":\"\xe0\xa0\x80\xed\x9f\xbf\xf0\x90\x80\x80\xf4\x8f\xbf\xbf\"}";  // the first and last allowed
+    EXPECT_EQ(taken(edges), edges.size());
     EXPECT_EQ(taken("{} "), 2u);  // nothing after the object
     EXPECT_EQ(taken("{}{}"), 2u);
     const std::string spaces(40, ' ');

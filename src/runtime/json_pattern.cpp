@@ -1,0 +1,526 @@
+#include "runtime/json_pattern.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+
+namespace shardlm {
+namespace {
+
+constexpr uint32_t kMaxCp = 0x10FFFF;
+constexpr int kMaxRepeat = 1000;          // {n,m}: the most copies one quantifier makes
+constexpr size_t kMaxNfaStates = 200000;  // past this a pattern is refused as too large
+
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code point ranges [first, second]
+
+// Sorted, disjoint, adjacent ranges merged.
+Ranges normalise(Ranges r) {
+    std::sort(r.begin(), r.end());
+    Ranges out;
+    for (const auto& x : r) {
+        if (!out.empty() && x.first <= out.back().second + 1) out.back().second = std::max(out.back().second, x.second);
+        else out.push_back(x);
+    }
+    return out;
+}
+
+Ranges complement(const Ranges& r) {
+    Ranges out;
+    uint32_t from = 0;
+    for (const auto& x : normalise(r)) {
+        if (x.first > from) out.push_back({from, x.first - 1});
+        from = x.second + 1;
+    }
+    if (from <= kMaxCp) out.push_back({from, kMaxCp});
+    return out;
+}
+
+// ECMA-262's classes.
+const Ranges kDigits = {{'0', '9'}};
+const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+const Ranges kSpace = {{9, 13},         {' ', ' '},         {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+                       {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+
+// The expression's tree: a set of characters, a sequence (empty: the empty string), a choice,
+// or a repetition of its one kid (max -1: unbounded).
+struct Re {
+    enum Kind : uint8_t { Set, Cat, Alt, Repeat };
+    Kind kind = Cat;
+    Ranges set;
+    std::vector<Re> kids;
+    int min = 0, max = -1;
+};
+
+Re set_of(Ranges r) {
+    Re s;
+    s.kind = Re::Set;
+    s.set = normalise(std::move(r));
+    return s;
+}
+
+class Parser {
+public:
+    Parser(const std::vector<uint32_t>& p, const std::string& where) : p_(p), where_(where) {}
+    Re parse() {
+        Re r = alt();
+        if (more()) bad("a ')' without its '('");
+        return r;
+    }
+
+private:
+    const std::vector<uint32_t>& p_;
+    const std::string& where_;
+    size_t i_ = 0;
+
+    [[noreturn]] void bad(const std::string& msg) const { fail(where_, ": ", msg); }
+    bool more() const { return i_ < p_.size(); }
+    uint32_t peek() const { return p_[i_]; }
+
+    Re alt() {
+        Re first = sequence();
+        if (!more() || peek() != '|') return first;
+        Re a;
+        a.kind = Re::Alt;
+        a.kids.push_back(std::move(first));
+        while (more() && peek() == '|') {
+            ++i_;
+            a.kids.push_back(sequence());
+        }
+        return a;
+    }
+
+    Re sequence() {
+        Re c;
+        while (more() && peek() != '|' && peek() != ')') {
+            Re a = atom();
+            quantify(a);
+            c.kids.push_back(std::move(a));
+        }
+        return c;
+    }
+
+    // {n}, {n,} or {n,m} at i_ (a '{'): read, true; false (i_ unchanged) for a '{' that starts
+    // no quantifier, which ECMA-262 reads as a literal.
+    bool braces(int& lo, int& hi) {
+        size_t j = i_ + 1;
+        auto number = [&](int& v) {
+            const size_t from = j;
+            int64_t x = 0;
+            while (j < p_.size() && p_[j] >= '0' && p_[j] <= '9') x = std::min<int64_t>(x * 10 + (p_[j++] - '0'), 1 << 30);
+            v = int(x);
+            return j > from;
+        };
+        if (!number(lo)) return false;
+        hi = lo;
+        if (j < p_.size() && p_[j] == ',') {
+            ++j;
+            if (!number(hi)) hi = -1;
+        }
+        if (j >= p_.size() || p_[j] != '}') return false;
+        if (hi >= 0 && hi < lo) bad("a quantifier {n,m} with m below n");
+        if (lo > kMaxRepeat || hi > kMaxRepeat) bad(cat("a quantifier past {", kMaxRepeat, "}"));
+        i_ = j + 1;
+        return true;
+    }
+
+    bool quantifier_next() {
+        int lo = 0, hi = 0;
+        const size_t at = i_;
+        const bool q = more() && (peek() == '*' || peek() == '+' || peek() == '?' || (peek() == '{' && braces(lo, hi)));
+        i_ = at;
+        return q;
+    }
+
+    void quantify(Re& a) {
+        int lo = 0, hi = -1;
+        if (!more()) return;
+        if (peek() == '*') ++i_;
+        else if (peek() == '+') lo = 1, ++i_;
+        else if (peek() == '?') hi = 1, ++i_;
+        else if (peek() != '{' || !braces(lo, hi)) return;
+        if (more() && peek() == '?') ++i_;  // lazy: the same strings match
+        if (quantifier_next()) bad("a quantifier after a quantifier");
+        Re r;
+        r.kind = Re::Repeat;
+        r.min = lo;
+        r.max = hi;
+        r.kids.push_back(std::move(a));
+        a = std::move(r);
+    }
+
+    uint32_t hex(int digits) {
+        uint32_t v = 0;
+        for (int k = 0; k < digits; ++k) {
+            if (!more()) bad("a \\x or \\u escape without its hex digits");
+            const uint32_t c = p_[i_++];
+            const int d = c >= '0' && c <= '9' ? int(c - '0') : c >= 'a' && c <= 'f' ? int(c - 'a' + 10)
+                          : c >= 'A' && c <= 'F' ? int(c - 'A' + 10) : -1;
+            if (d < 0) bad("a \\x or \\u escape without its hex digits");
+            v = v * 16 + uint32_t(d);
+        }
+        return v;
+    }
+
+    // After a '\': the characters the escape stands for; *single: it is one character (it may
+    // bound a range in a class).
+    Ranges escape(bool in_class, bool* single = nullptr) {
+        if (!more()) bad("a '\\' at the pattern's end");
+        const uint32_t c = p_[i_++];
+        if (single) *single = true;
+        auto cls = [&](const Ranges& r) {
+            if (single) *single = false;
+            return r;
+        };
+        switch (c) {
+            case 'd': return cls(kDigits);
+            case 'D': return cls(complement(kDigits));
+            case 'w': return cls(kWord);
+            case 'W': return cls(complement(kWord));
+            case 's': return cls(kSpace);
+            case 'S': return cls(complement(kSpace));
+            case 't': return {{9, 9}};
+            case 'n': return {{10, 10}};
+            case 'v': return {{11, 11}};
+            case 'f': return {{12, 12}};
+            case 'r': return {{13, 13}};
+            case '0':
+                if (more() && peek() >= '0' && peek() <= '9') bad("octal escapes are not supported");
+                return {{0, 0}};
+            case 'x': {
+                const uint32_t v = hex(2);
+                return {{v, v}};
+            }
+            case 'u': {
+                const uint32_t v = hex(4);
+                if (v >= 0xD800 && v <= 0xDFFF) bad("surrogate escapes (\\uD800-\\uDFFF) are not supported");
+                return {{v, v}};
+            }
+            case 'b':
+                if (in_class) return {{8, 8}};
+                bad("\\b word boundaries are not supported");
+            case 'B': bad("\\B is not supported");
+            case 'c': bad("\\c control escapes are not supported");
+            case 'p':
+            case 'P': bad("\\p{...} Unicode property classes are not supported");
+            case 'k': bad("backreferences are not supported");
+            default:
+                if (c >= '1' && c <= '9') bad("backreferences are not supported");
+                if (c < 0x80 && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z'))
+                    bad(cat("the escape \\", char(c), " is not supported"));
+                return {{c, c}};  // an escaped punctuation character stands for itself
+        }
+    }
+
+    // After '[': the class up to its ']'.
+    Ranges klass() {
+        bool negate = false;
+        if (more() && peek() == '^') {
+            negate = true;
+            ++i_;
+        }
+        Ranges r;
+        auto item = [&](bool& single) -> Ranges {
+            const uint32_t c = p_[i_++];
+            single = true;
+            return c == '\\' ? escape(true, &single) : Ranges{{c, c}};
+        };
+        for (;;) {
+            if (!more()) bad("a '[' without its ']'");
+            if (peek() == ']') {
+                ++i_;
+                break;
+            }
+            bool single = false;
+            const Ranges first = item(single);
+            if (single && i_ + 1 < p_.size() && peek() == '-' && p_[i_ + 1] != ']') {
+                ++i_;
+                bool single_hi = false;
+                const Ranges last = item(single_hi);
+                if (!single_hi) bad("a class range that ends in a class escape");
+                if (last[0].first < first[0].first) bad("a class range out of order");
+                r.push_back({first[0].first, last[0].first});
+            } else {
+                r.insert(r.end(), first.begin(), first.end());
+            }
+        }
+        return negate ? complement(r) : normalise(r);
+    }
+
+    Re atom() {
+        const uint32_t c = p_[i_++];
+        switch (c) {
+            case '(': {
+                if (more() && peek() == '?') {
+                    if (i_ + 1 < p_.size() && p_[i_ + 1] == ':') {
+                        i_ += 2;
+                    } else if (i_ + 2 < p_.size() && p_[i_ + 1] == '<' && p_[i_ + 2] != '=' && p_[i_ + 2] != '!') {
+                        i_ += 2;  // a named group: the name, then the group
+                        while (more() && peek() != '>') ++i_;
+                        if (!more()) bad("a group name without its '>'");
+                        ++i_;
+                    } else {
+                        bad("lookahead and lookbehind ((?=, (?!, (?<=, (?<!) are not supported");
+                    }
+                }
+                Re inner = alt();
+                if (!more() || peek() != ')') bad("a '(' without its ')'");
+                ++i_;
+                return inner;
+            }
+            case '[': return set_of(klass());
+            case '.': return set_of(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
+            case '^':
+            case '$': bad("the anchors ^ and $ are supported only at the pattern's start and end");
+            case '*':
+            case '+':
+            case '?': bad("a quantifier with nothing to repeat");
+            case '{': {
+                --i_;
+                int lo = 0, hi = 0;
+                if (braces(lo, hi)) bad("a quantifier with nothing to repeat");
+                ++i_;
+                return set_of({{c, c}});
+            }
+            case '\\': return set_of(escape(false));
+            default: return set_of({{c, c}});
+        }
+    }
+};
+
+// Thompson's construction: a state has either one character edge (on -> to) or epsilon edges.
+struct Nfa {
+    struct State {
+        Ranges on;
+        int32_t to = -1;
+        std::vector<int32_t> eps;
+    };
+    std::vector<State> s;
+    const std::string& where;
+    int32_t add() {
+        if (s.size() >= kMaxNfaStates) fail(where, ": the pattern is too large (its repetitions make more than ",
+                                             kMaxNfaStates, " states)");
+        s.emplace_back();
+        return int32_t(s.size() - 1);
+    }
+    // `re` between states from and to.
+    void build(const Re& re, int32_t from, int32_t to) {
+        switch (re.kind) {
+            case Re::Set: {
+                const int32_t x = add();
+                s[size_t(from)].eps.push_back(x);
+                s[size_t(x)].on = re.set;
+                s[size_t(x)].to = to;
+                return;
+            }
+            case Re::Cat: {
+                int32_t cur = from;
+                for (size_t k = 0; k + 1 < re.kids.size(); ++k) {
+                    const int32_t mid = add();
+                    build(re.kids[k], cur, mid);
+                    cur = mid;
+                }
+                if (re.kids.empty()) s[size_t(from)].eps.push_back(to);
+                else build(re.kids.back(), cur, to);
+                return;
+            }
+            case Re::Alt:
+                for (const Re& k : re.kids) build(k, from, to);
+                return;
+            case Re::Repeat: {
+                int32_t cur = from;
+                for (int k = 0; k < re.min; ++k) {
+                    const int32_t mid = add();
+                    build(re.kids[0], cur, mid);
+                    cur = mid;
+                }
+                if (re.max < 0) {
+                    const int32_t loop = add();
+                    s[size_t(cur)].eps.push_back(loop);
+                    build(re.kids[0], loop, loop);
+                    s[size_t(loop)].eps.push_back(to);
+                    return;
+                }
+                for (int k = re.min; k < re.max; ++k) {
+                    s[size_t(cur)].eps.push_back(to);
+                    const int32_t mid = add();
+                    build(re.kids[0], cur, mid);
+                    cur = mid;
+                }
+                s[size_t(cur)].eps.push_back(to);
+                return;
+            }
+        }
+    }
+    // The states reachable from `set` by epsilon edges, sorted.
+    std::vector<int32_t> closure(std::vector<int32_t> set) const {
+        std::vector<uint8_t> seen(s.size(), 0);
+        std::vector<int32_t> todo = set;
+        for (const int32_t x : set) seen[size_t(x)] = 1;
+        while (!todo.empty()) {
+            const int32_t x = todo.back();
+            todo.pop_back();
+            for (const int32_t y : s[size_t(x)].eps)
+                if (!seen[size_t(y)]) {
+                    seen[size_t(y)] = 1;
+                    set.push_back(y);
+                    todo.push_back(y);
+                }
+        }
+        std::sort(set.begin(), set.end());
+        return set;
+    }
+};
+
+std::vector<uint32_t> code_points(const std::string& s, const std::string& where) {
+    std::vector<uint32_t> out;
+    for (size_t i = 0; i < s.size();) {
+        const uint8_t b = uint8_t(s[i]);
+        const int n = b < 0x80 ? 0 : b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : -1;
+        if (n < 0) fail(where, ": the pattern is not UTF-8");
+        uint32_t cp = n == 0 ? b : b & (0x3F >> n);
+        for (int k = 1; k <= n; ++k) {
+            if (i + size_t(k) >= s.size() || (uint8_t(s[i + size_t(k)]) & 0xC0) != 0x80) fail(where, ": the pattern is not UTF-8");
+            cp = (cp << 6) | (uint8_t(s[i + size_t(k)]) & 0x3F);
+        }
+        out.push_back(cp);
+        i += size_t(n) + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
+int32_t PatternDfa::next(int32_t s, uint32_t cp) const {
+    const std::vector<Edge>& e = edges[size_t(s)];
+    auto it = std::upper_bound(e.begin(), e.end(), cp, [](uint32_t c, const Edge& x) { return c < x.lo; });
+    if (it == e.begin()) return -1;
+    --it;
+    return cp <= it->hi ? it->to : -1;
+}
+
+bool PatternDfa::any(int32_t s, uint32_t lo, uint32_t hi) const {
+    const std::vector<Edge>& e = edges[size_t(s)];
+    auto it = std::lower_bound(e.begin(), e.end(), lo, [](const Edge& x, uint32_t c) { return x.hi < c; });
+    return it != e.end() && it->lo <= hi;
+}
+
+PatternDfa compile_pattern(const std::string& pattern, const std::string& where) {
+    std::vector<uint32_t> p = code_points(pattern, where);
+    // ^ and $ anchor the match at the string's ends; without them it may start and end anywhere.
+    const bool head = !p.empty() && p.front() == '^';
+    if (head) p.erase(p.begin());
+    size_t slashes = 0;
+    while (p.size() >= 2 + slashes && p[p.size() - 2 - slashes] == '\\') ++slashes;
+    const bool tail = !p.empty() && p.back() == '$' && slashes % 2 == 0;
+    if (tail) p.pop_back();
+    Re all;
+    Re any;
+    any.kind = Re::Repeat;
+    any.kids.push_back(set_of({{0, kMaxCp}}));
+    if (!head) all.kids.push_back(any);
+    all.kids.push_back(Parser(p, where).parse());
+    if (!tail) all.kids.push_back(any);
+
+    Nfa nfa{{}, where};
+    const int32_t first = nfa.add(), final = nfa.add();
+    nfa.build(all, first, final);
+    // The alphabet's pieces: code point intervals no range of the NFA splits.
+    std::vector<uint32_t> cuts = {0, kMaxCp + 1};
+    for (const Nfa::State& st : nfa.s)
+        for (const auto& r : st.on) {
+            cuts.push_back(r.first);
+            cuts.push_back(r.second + 1);
+        }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+
+    // Subset construction.
+    PatternDfa d;
+    std::map<std::vector<int32_t>, int32_t> ids;
+    std::vector<std::vector<int32_t>> sets;
+    auto id_of = [&](std::vector<int32_t> set) {
+        auto it = ids.find(set);
+        if (it != ids.end()) return it->second;
+        if (sets.size() >= kMaxPatternStates)
+            fail(where, ": the pattern needs more than ", kMaxPatternStates, " automaton states (simplify it)");
+        const int32_t id = int32_t(sets.size());
+        ids.emplace(set, id);
+        d.accept.push_back(std::binary_search(set.begin(), set.end(), final));
+        sets.push_back(std::move(set));
+        d.edges.emplace_back();
+        return id;
+    };
+    d.start = id_of(nfa.closure({first}));
+    for (size_t k = 0; k < sets.size(); ++k) {
+        std::map<size_t, std::vector<int32_t>> moves;  // piece -> NFA states it leads to
+        for (const int32_t x : sets[k]) {
+            const Nfa::State& st = nfa.s[size_t(x)];
+            for (const auto& r : st.on) {
+                const size_t a = size_t(std::lower_bound(cuts.begin(), cuts.end(), r.first) - cuts.begin());
+                const size_t b = size_t(std::lower_bound(cuts.begin(), cuts.end(), r.second + 1) - cuts.begin());
+                for (size_t piece = a; piece < b; ++piece) moves[piece].push_back(st.to);
+            }
+        }
+        for (auto& [piece, to] : moves) {
+            std::sort(to.begin(), to.end());
+            to.erase(std::unique(to.begin(), to.end()), to.end());
+            const int32_t target = id_of(nfa.closure(to));
+            d.edges[k].push_back({cuts[piece], cuts[piece + 1] - 1, target});
+        }
+    }
+    // Live states: those from which an accepting one is reachable. Edges into the others go.
+    const size_t n = d.edges.size();
+    std::vector<std::vector<int32_t>> back(n);
+    for (size_t k = 0; k < n; ++k)
+        for (const PatternDfa::Edge& e : d.edges[k]) back[size_t(e.to)].push_back(int32_t(k));
+    std::vector<uint8_t> live(n, 0);
+    std::vector<int32_t> todo;
+    for (size_t k = 0; k < n; ++k)
+        if (d.accept[k]) {
+            live[k] = 1;
+            todo.push_back(int32_t(k));
+        }
+    while (!todo.empty()) {
+        const int32_t x = todo.back();
+        todo.pop_back();
+        for (const int32_t y : back[size_t(x)])
+            if (!live[size_t(y)]) {
+                live[size_t(y)] = 1;
+                todo.push_back(y);
+            }
+    }
+    if (!live[size_t(d.start)]) fail(where, ": no string matches the pattern");
+    for (std::vector<PatternDfa::Edge>& es : d.edges) {
+        std::vector<PatternDfa::Edge> kept;
+        for (const PatternDfa::Edge& e : es) {
+            if (!live[size_t(e.to)]) continue;
+            if (!kept.empty() && kept.back().to == e.to && kept.back().hi + 1 == e.lo) kept.back().hi = e.hi;
+            else kept.push_back(e);
+        }
+        es = std::move(kept);
+    }
+    return d;
+}
+
+std::string format_pattern(const std::string& format) {
+    // RFC 3339's full-date with days that every year has, and its full-time without leap seconds.
+    const std::string date = "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
+                             "02-(?:0[1-9]|1\\d|2[0-8]))";
+    const std::string time = "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:[Zz]|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
+    const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    const std::string octet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+    if (format == "date") return "^" + date + "$";
+    if (format == "time") return "^" + time + "$";
+    if (format == "date-time") return "^" + date + "[Tt]" + time + "$";
+    if (format == "uuid") return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    if (format == "ipv4") return "^(?:" + octet + "\\.){3}" + octet + "$";
+    if (format == "hostname") return "^" + label + "(?:\\." + label + ")*$";
+    // RFC 5321's dot-string local part (atoms of letters, digits and !#$%&'*+/=?^_`{|}~-) at a
+    // domain of two or more labels.
+    if (format == "email")
+        return "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@" + label + "(?:\\." + label + ")+$";
+    return "";
+}
+
+}  // namespace shardlm

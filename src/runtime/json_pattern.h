@@ -1,0 +1,45 @@
+// JSON Schema's "pattern" (an ECMA-262 regular expression, matched anywhere in the string unless
+// anchored with ^ and $) and "format" (date, time, date-time, uuid, ipv4, email, hostname, spelled
+// as such patterns), compiled into a DFA over code points. The JSON acceptor (runtime/json_mode.h)
+// steps it per character of a string's value, so a structured reply's strings match.
+//
+// The DFA keeps only states from which a match can still be completed ("live"), so a character
+// is taken only when the string can still end well.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+struct PatternDfa {
+    struct Edge {
+        uint32_t lo = 0, hi = 0;  // code points [lo, hi]
+        int32_t to = -1;
+    };
+    std::vector<std::vector<Edge>> edges;  // per state: sorted, disjoint, each into a live state
+    std::vector<uint8_t> accept;           // per state: the string may end here
+    int32_t start = 0;
+    // The state after code point `cp`, -1 when no match could follow.
+    int32_t next(int32_t s, uint32_t cp) const;
+    // Whether some code point in [lo, hi] leads on (a UTF-8 lead byte's characters).
+    bool any(int32_t s, uint32_t lo, uint32_t hi) const;
+};
+
+constexpr size_t kMaxPatternStates = 4096;
+
+// Compiles `pattern`. Syntax: literals and escapes (\t \n \r \f \v \0 \xHH \uHHHH, escaped
+// punctuation), ., classes [...] and [^...] with ranges and \d \D \w \W \s \S, groups (...),
+// (?:...) and (?<name>...), alternation |, quantifiers * + ? {n} {n,} {n,m} (lazy ones match the
+// same strings), ^ at the start and $ at the end. Throws Error naming `where` for anything else
+// (lookaround, backreferences, \b word boundaries, anchors elsewhere, \p classes), for a pattern
+// no string matches, and for one whose DFA would have more than kMaxPatternStates states.
+PatternDfa compile_pattern(const std::string& pattern, const std::string& where);
+
+// The anchored pattern shardlm generates for a "format" (a subset of the format's strings where
+// it is not regular: dates up to the 28th of February, no leap seconds, email addresses of
+// dot-separated atoms), or "" for a format it does not know.
+std::string format_pattern(const std::string& format);
+
+}  // namespace shardlm

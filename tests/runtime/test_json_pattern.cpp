@@ -1,0 +1,181 @@
+// JSON Schema pattern and format: the DFA against std::regex (ECMAScript, the dialect JSON Schema
+// names) on ASCII strings, the formats on hand-picked strings, the refusals, and the acceptor
+// holding a structured reply's strings to them.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <regex>
+
+#include "core/error.h"
+#include "runtime/json_mode.h"
+#include "runtime/json_pattern.h"
+#include "runtime/json_schema.h"
+
+using namespace shardlm;
+
+namespace {
+
+// Whether the DFA matches the whole of `s` (UTF-8).
+bool matches(const PatternDfa& d, const std::string& s) {
+    int32_t st = d.start;
+    for (size_t i = 0; i < s.size();) {
+        const uint8_t b = uint8_t(s[i]);
+        const int n = b < 0x80 ? 0 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+        uint32_t cp = n == 0 ? b : b & (0x3Fu >> n);
+        for (int k = 1; k <= n; ++k) cp = (cp << 6) | (uint8_t(s[i + size_t(k)]) & 0x3F);
+        i += size_t(n) + 1;
+        st = d.next(st, cp);
+        if (st < 0) return false;
+    }
+    return d.accept[size_t(st)] != 0;
+}
+
+std::string error_of(const std::string& pattern) {
+    try {
+        compile_pattern(pattern, "p");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+// Every string of the alphabet up to length 5, and random longer ones, match under the DFA as
+// under std::regex_search (unanchored unless ^ and $ say otherwise).
+TEST(JsonPattern, MatchesAsEcmaScriptRegexDoes) {
+    const std::vector<std::string> patterns = {
+        "a",         "^a",        "a$",          "^a$",          "^ab*c?$",      "^(ab|ba)+$",   "^[a-c]{2,3}$",
+        "^a{2}b{1,}$", "^(?:a|b)*a(?:a|b)$", "^[^ab]*$", "\\d",     "^\\w+\\s\\W?$", "^.{0,3}$",     "^x?$",
+        "^(a|)b$",   "b(?:a)",    "^[\\-.]+$",   "^a\\.b$",      "^[a\\]]+$",    "^\\x61\\u0062$", "^(a*)*b$",
+        "^[^\\d\\s]+$", "^a{0}b$",  "a|b|x",       "^[.-a]$",      "^a+?b??$",     "^\\D\\S$",    "ab{2,}?"};
+    const std::string alphabet = "ab1 .-x]";
+    std::vector<std::string> strings = {""};
+    for (size_t len = 1, from = 0; len <= 5; ++len) {
+        const size_t to = strings.size();
+        for (size_t k = from; k < to; ++k)
+            for (const char c : alphabet) strings.push_back(strings[k] + c);
+        from = to;
+    }
+    std::mt19937 rng(5);
+    for (int k = 0; k < 2000; ++k) {
+        std::string s(size_t(rng() % 14), ' ');
+        for (char& c : s) c = alphabet[rng() % alphabet.size()];
+        strings.push_back(s);
+    }
+    for (const std::string& p : patterns) {
+        const PatternDfa d = compile_pattern(p, "p");
+        const std::regex re(p, std::regex::ECMAScript);
+        size_t hits = 0;
+        for (const std::string& s : strings) {
+            const bool want = std::regex_search(s, re);
+            ASSERT_EQ(matches(d, s), want) << "pattern " << p << " on \"" << s << "\"";
+            hits += want;
+        }
+        EXPECT_GT(hits, 0u) << p;
+    }
+}
+
+// Characters past ASCII are code points; classes and '.' take them whole.
+TEST(JsonPattern, CodePoints) {
+    const PatternDfa d = compile_pattern("^[é-ë]+.東$", "p");
+    EXPECT_TRUE(matches(d, "éêë😀東"));
+    EXPECT_FALSE(matches(d, "eé東"));
+    EXPECT_FALSE(matches(d, "é東"));
+    EXPECT_TRUE(d.any(d.start, 0xE8, 0xEB));
+    EXPECT_FALSE(d.any(d.start, 0x100, 0x1FF));
+    EXPECT_FALSE(matches(compile_pattern("^.$", "p"), "\n"));
+}
+
+TEST(JsonPattern, Formats) {
+    auto ok = [](const char* format, const std::string& s) {
+        return matches(compile_pattern(format_pattern(format), format), s);
+    };
+    EXPECT_TRUE(ok("date", "2024-02-28"));
+    EXPECT_TRUE(ok("date", "1999-12-31"));
+    EXPECT_FALSE(ok("date", "2024-02-30"));
+    EXPECT_FALSE(ok("date", "2024-04-31"));
+    EXPECT_FALSE(ok("date", "2024-13-01"));
+    EXPECT_FALSE(ok("date", "24-01-01"));
+    EXPECT_TRUE(ok("time", "23:59:59Z"));
+    EXPECT_TRUE(ok("time", "08:00:00.125+02:00"));
+    EXPECT_FALSE(ok("time", "24:00:00Z"));
+    EXPECT_FALSE(ok("time", "08:00:00"));  // RFC 3339's full-time has its offset
+    EXPECT_TRUE(ok("date-time", "2026-12-05T01:30:00Z"));
+    EXPECT_FALSE(ok("date-time", "2026-12-05 01:30:00Z"));
+    EXPECT_TRUE(ok("uuid", "123e4567-e89b-12d3-a456-426614174000"));
+    EXPECT_FALSE(ok("uuid", "123e4567e89b12d3a456426614174000"));
+    EXPECT_TRUE(ok("ipv4", "192.168.0.255"));
+    EXPECT_FALSE(ok("ipv4", "192.168.0.256"));
+    EXPECT_FALSE(ok("ipv4", "01.2.3.4"));
+    EXPECT_TRUE(ok("email", "first.last+tag@mail.example.org"));
+    EXPECT_FALSE(ok("email", "a..b@example.org"));
+    EXPECT_FALSE(ok("email", "a@localhost"));
+    EXPECT_TRUE(ok("hostname", "a-b.example"));
+    EXPECT_FALSE(ok("hostname", "-a.example"));
+    EXPECT_FALSE(ok("hostname", std::string(64, 'a')));
+    EXPECT_EQ(format_pattern("uri"), "");
+}
+
+TEST(JsonPattern, RefusesWhatItDoesNotTake) {
+    EXPECT_NE(error_of("a(?=b)").find("p: lookahead and lookbehind"), std::string::npos);
+    EXPECT_NE(error_of("(?<!a)b").find("lookahead and lookbehind"), std::string::npos);
+    EXPECT_NE(error_of("(a)\\1").find("backreferences"), std::string::npos);
+    EXPECT_NE(error_of("\\bword").find("word boundaries"), std::string::npos);
+    EXPECT_NE(error_of("a^b").find("anchors"), std::string::npos);
+    EXPECT_NE(error_of("^a$|^b$").find("anchors"), std::string::npos);
+    EXPECT_NE(error_of("a{3,2}").find("m below n"), std::string::npos);
+    EXPECT_NE(error_of("a{1001}").find("past {1000}"), std::string::npos);
+    EXPECT_NE(error_of("(ab").find("without its ')'"), std::string::npos);
+    EXPECT_NE(error_of("ab)").find("without its '('"), std::string::npos);
+    EXPECT_NE(error_of("[ab").find("without its ']'"), std::string::npos);
+    EXPECT_NE(error_of("*a").find("nothing to repeat"), std::string::npos);
+    EXPECT_NE(error_of("a**").find("a quantifier after a quantifier"), std::string::npos);
+    EXPECT_NE(error_of("[z-a]").find("out of order"), std::string::npos);
+    EXPECT_NE(error_of("\\p{L}").find("\\p{...}"), std::string::npos);
+    EXPECT_NE(error_of("\\q").find("the escape \\q"), std::string::npos);
+    EXPECT_NE(error_of("^[]$").find("no string matches"), std::string::npos);
+    EXPECT_NE(error_of("^(?:a|b)*a(?:a|b){14}$").find("more than 4096 automaton states"), std::string::npos);
+    EXPECT_NE(error_of(std::string("\xff")).find("not UTF-8"), std::string::npos);
+    EXPECT_EQ(error_of("{a}"), "");  // a brace that starts no quantifier is a literal
+    EXPECT_TRUE(matches(compile_pattern("^(?<year>\\d{4})$", "p"), "2026"));  // a named group is a group
+}
+
+// In a structured reply the string's characters follow the DFA byte by byte: a UTF-8 lead byte
+// is taken only when a character it begins can follow, an escape only when its character can,
+// \u escapes never, the closing quote only where the pattern may end.
+TEST(JsonPattern, AcceptorHoldsStringsToIt) {
+    const auto sc = std::make_shared<const JsonSchema>(compile_json_schema(
+        R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-c]{2}\\d$"},
+            "when": {"format": "date"}, "t": {"type": "string", "pattern": "é\\n"}}, "required": ["id"]})",
+        "test"));
+    auto taken = [&](const std::string& text) {
+        JsonAcceptor a(sc);
+        for (size_t i = 0; i < text.size(); ++i)
+            if (!a.push(uint8_t(text[i]))) return i;
+        return text.size();
+    };
+    auto complete = [&](const std::string& text) {
+        JsonAcceptor a(sc);
+        return a.push(text) && a.complete();
+    };
+    EXPECT_TRUE(complete(R"({"id": "ab1"})"));
+    EXPECT_TRUE(complete(R"({"id": "cc0", "when": "2026-12-05"})"));
+    EXPECT_EQ(taken(R"({"id": "ab"})"), 10u);        // the quote comes too early
+    EXPECT_EQ(taken(R"({"id": "abc"})"), 10u);       // c is not a digit
+    EXPECT_EQ(taken(R"({"id": "\u0061b1"})"), 8u);  // \u escapes are not taken
+    EXPECT_EQ(taken(R"({"id": "\n"})"), 8u);        // the pattern takes no newline
+    EXPECT_EQ(taken(R"({"id": "ab1", "when": "2026-02-30"})"), 31u);
+    EXPECT_TRUE(complete("{\"id\": \"ab1\", \"t\": \"x\xc3\xa9\\ny\"}"));
+    EXPECT_EQ(taken("{\"id\": \"ab1\", \"t\": \"\xc3\xa9\\t\"}"), 24u);  // it ends before holding é and a newline
+    EXPECT_EQ(taken("{\"id\": \"ab1\", \"t\": \"\\u00e9"), 21u);          // any character may come, but not by \u
+    EXPECT_EQ(taken("{\"id\": \"\xc3\xa9"), 8u);  // no character from U+00C0 on is in [a-c]
+    // The DFA's state is in the mask key: two strings at different places of it take different tokens.
+    JsonAcceptor one(sc), two(sc);
+    ASSERT_TRUE(one.push(std::string(R"({"id": "a)")));
+    ASSERT_TRUE(two.push(std::string(R"({"id": "ab)")));
+    EXPECT_NE(one.key(4, 6), two.key(4, 6));
+    JsonVocab v({"1", "b", "\""});
+    EXPECT_EQ(v.allowed(one), (std::vector<uint8_t>{0, 1, 0}));
+    EXPECT_EQ(v.allowed(two), (std::vector<uint8_t>{1, 0, 0}));
+}

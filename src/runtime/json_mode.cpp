@@ -206,7 +206,9 @@ bool JsonAcceptor::opens(int32_t id, uint8_t b) const {
         case JsonSchema::Kind::Array: return b == '[';
         case JsonSchema::Kind::String: return b == '"';
         case JsonSchema::Kind::Number:
-        case JsonSchema::Kind::Integer: return b == '-' || digit(b);
+        case JsonSchema::Kind::Integer:
+            if (n.pattern >= 0) return schema_->patterns[size_t(n.pattern)].next(schema_->patterns[size_t(n.pattern)].start, b) >= 0;
+            return b == '-' || digit(b);
         case JsonSchema::Kind::Const:
             return std::any_of(n.texts.begin(), n.texts.end(), [&](const std::string& x) { return uint8_t(x[0]) == b; });
     }
@@ -249,6 +251,13 @@ bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& 
             break;
         case JsonSchema::Kind::Number:
         case JsonSchema::Kind::Integer:
+            if (n.pattern >= 0) {  // an integer in bounds: its text follows their DFA, state in f.a
+                const PatternDfa& d = schema_->patterns[size_t(n.pattern)];
+                f.a = d.next(d.start, b);
+                if (f.a < 0) return false;
+                f.phase = Num;
+                break;
+            }
             if (b == '-') f.aux = Minus;
             else if (b == '0') f.aux = Zero;
             else if (digit(b)) f.aux = Int;
@@ -291,6 +300,17 @@ bool JsonAcceptor::literal(Thread& t, uint8_t b, std::vector<Thread>& out) const
 bool JsonAcceptor::number(Thread& t, uint8_t b, std::vector<Thread>& out) const {
     Frame& f = t.stack.back();
     const bool integer = node(f).kind == JsonSchema::Kind::Integer;
+    if (node(f).pattern >= 0) {  // an integer in bounds: on along the DFA, or ended where it accepts
+        const PatternDfa& d = schema_->patterns[size_t(node(f).pattern)];
+        const int32_t s = d.next(f.a, b);
+        if (s >= 0) {
+            f.a = s;
+            return true;
+        }
+        if (!d.accept[size_t(f.a)]) return false;
+        value_end(t);
+        return step(t, b, out);
+    }
     auto go = [&](uint8_t state) {
         f.aux = state;
         return true;

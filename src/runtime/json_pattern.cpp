@@ -503,6 +503,53 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where)
     return d;
 }
 
+namespace {
+
+// The decimal texts of [lo, hi], both of n digits (leading zeros allowed), lo <= hi.
+std::string digit_range(const std::string& lo, const std::string& hi) {
+    if (lo.empty()) return "";
+    if (lo[0] == hi[0]) return std::string(1, lo[0]) + digit_range(lo.substr(1), hi.substr(1));
+    const size_t rest = lo.size() - 1;
+    if (lo.substr(1) == std::string(rest, '0') && hi.substr(1) == std::string(rest, '9'))
+        return cat("[", lo[0], "-", hi[0], "]", rest ? cat("\\d{", rest, "}") : "");
+    std::string out = "(?:" + std::string(1, lo[0]) + digit_range(lo.substr(1), std::string(rest, '9'));
+    if (hi[0] - lo[0] > 1) out += cat("|[", char(lo[0] + 1), "-", char(hi[0] - 1), "]", rest ? cat("\\d{", rest, "}") : "");
+    return out + "|" + std::string(1, hi[0]) + digit_range(std::string(rest, '0'), hi.substr(1)) + ")";
+}
+
+// The texts of the non-negative integers in [lo, hi] (hi empty: no bound), without leading zeros.
+std::string natural_range(uint64_t lo, std::optional<uint64_t> hi) {
+    const std::string a = std::to_string(lo);
+    const size_t top = hi ? std::to_string(*hi).size() : a.size();
+    std::vector<std::string> parts;
+    for (size_t n = a.size(); n <= top; ++n) {
+        const std::string from = n == a.size() ? a : "1" + std::string(n - 1, '0');
+        const std::string to = hi && n == top ? std::to_string(*hi) : std::string(n, '9');
+        parts.push_back(digit_range(from, to));
+    }
+    if (!hi) parts.push_back(cat("[1-9]\\d{", top, ",}"));  // every longer one
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return "(?:" + out + ")";
+}
+
+}  // namespace
+
+std::string integer_range_pattern(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    // |v| of a negative v as unsigned (INT64_MIN included).
+    auto magnitude = [](int64_t v) { return uint64_t(-(v + 1)) + 1; };
+    std::vector<std::string> parts;
+    if (!lo || *lo < 0) {  // the negatives: "-" and their magnitudes, from |min(hi, -1)| up to |lo|
+        const uint64_t small = hi && *hi < 0 ? magnitude(*hi) : 1;
+        parts.push_back("-" + natural_range(small, lo ? std::optional<uint64_t>(magnitude(*lo)) : std::nullopt));
+    }
+    if (!hi || *hi >= 0)
+        parts.push_back(natural_range(lo && *lo > 0 ? uint64_t(*lo) : 0, hi ? std::optional<uint64_t>(uint64_t(*hi)) : std::nullopt));
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return "^(?:" + out + ")$";
+}
+
 std::string format_pattern(const std::string& format) {
     // RFC 3339's full-date with days that every year has, and its full-time without leap seconds.
     const std::string date = "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"

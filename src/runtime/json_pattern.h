@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,5 +42,9 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where)
 // it is not regular: dates up to the 28th of February, no leap seconds, email addresses of
 // dot-separated atoms), or "" for a format it does not know.
 std::string format_pattern(const std::string& format);
+
+// The anchored pattern of the JSON texts of the integers in [lo, hi] (no leading zeros, no "-0"),
+// either bound left out; lo <= hi.
+std::string integer_range_pattern(std::optional<int64_t> lo, std::optional<int64_t> hi);
 
 }  // namespace shardlm

@@ -1,6 +1,7 @@
 #include "runtime/json_schema.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -19,16 +20,20 @@ using Node = JsonSchema::Node;
 
 // Keywords that only describe: they change nothing a value may be.
 const std::set<std::string> kAnnotations = {"$schema", "$id",      "$comment", "title",    "description", "default",
-                                            "examples", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"};
+                                            "examples", "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                                            "discriminator"};  // (OpenAPI's, beside a oneOf: which property tells them apart)
 // What this compiler holds generation to.
 const std::set<std::string> kSupported = {"type",     "properties", "required",  "additionalProperties", "items",
                                           "minItems", "maxItems",   "minLength", "maxLength",            "enum",
                                           "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems",
-                                          "pattern",  "format"};
+                                          "pattern",  "format",     "oneOf",     "minimum",              "maximum",
+                                          "exclusiveMinimum",       "exclusiveMaximum"};
+const std::vector<std::string> kBounds = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
 constexpr size_t kMaxNodes = 20000;
 constexpr int kMaxDepth = 128;        // schema objects inside one another, $refs followed included
 constexpr int32_t kMaxChoiceDepth = 64;  // anyOf inside anyOf (through $refs too)
+constexpr int kMaxOneOfDepth = 16;       // how deep a oneOf's alternatives are compared
 // Counts past this can never be reached within a context: a maximum is no limit, a minimum is refused.
 constexpr int64_t kMaxCount = int64_t(1) << 30;
 
@@ -57,6 +62,7 @@ public:
         out_.key = add(of(Kind::String));
         out_.root = node(doc_, "#", 0);
         check_cycles();
+        check_one_of();
         prune();
         skip_wrappers();
         check_choice_depth();
@@ -119,7 +125,8 @@ private:
             if (kAnnotations.count(k) || kSupported.count(k)) continue;
             bad(path, cat("keyword \"", k, "\" is not supported (shardlm holds generation to: type, properties, "
                                            "required, additionalProperties, items, minItems, maxItems, minLength, "
-                                           "maxLength, pattern, format, enum, const, anyOf, a single allOf, $ref)"));
+                                           "maxLength, pattern, format, an integer's minimum and maximum, enum, "
+                                           "const, anyOf, oneOf, a single allOf, $ref)"));
         }
         if (s.contains("uniqueItems") && s["uniqueItems"] != json(false)) bad(path + "/uniqueItems", "only false is supported");
         if (s.contains("$ref")) {
@@ -132,14 +139,16 @@ private:
             if (!a.is_array() || a.size() != 1) bad(path + "/allOf", "only an allOf of one schema is supported");
             return node(a[0], path + "/allOf/0", depth + 1);
         }
-        if (s.contains("anyOf")) {
-            only(s, {"anyOf"}, path, "anyOf");
-            const json& a = s["anyOf"];
-            if (!a.is_array() || a.empty()) bad(path + "/anyOf", "must be a non-empty array of schemas");
+        for (const std::string key : {"anyOf", "oneOf"}) {
+            if (!s.contains(key)) continue;
+            only(s, {key}, path, key.c_str());
+            const json& a = s[key];
+            if (!a.is_array() || a.empty()) bad(path + "/" + key, "must be a non-empty array of schemas");
             const int32_t id = add(of(Kind::AnyOf));
             std::vector<int32_t> alts;
-            for (size_t i = 0; i < a.size(); ++i) alts.push_back(node(a[i], cat(path, "/anyOf/", i), depth + 1));
+            for (size_t i = 0; i < a.size(); ++i) alts.push_back(node(a[i], cat(path, "/", key, "/", i), depth + 1));
             out_.nodes[size_t(id)].alts = alts;
+            if (key == "oneOf") one_of_.emplace_back(id, path);
             return id;
         }
         std::vector<std::string> types;
@@ -171,6 +180,8 @@ private:
             else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
             else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format"))
                 types = {"string"};
+            else if (std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); }))
+                types = {"integer"};  // (the integers in the bounds: valid whatever else the schema allows)
             else return any();
         }
         if (types.size() == 1) return typed(s, types[0], path, depth);
@@ -181,10 +192,44 @@ private:
         return id;
     }
 
+    // An integer's bounds from minimum, maximum and their exclusive forms (numbers of at most
+    // 10^18 in size; a fraction rounds inwards).
+    std::pair<std::optional<int64_t>, std::optional<int64_t>> integer_bounds(const json& s, const std::string& path) const {
+        std::optional<int64_t> lo, hi;
+        for (const std::string& k : kBounds) {
+            if (!s.contains(k)) continue;
+            const json& v = s[k];
+            if (!v.is_number()) bad(path + "/" + k, "must be a number");
+            const double x = v.get<double>();
+            if (!(std::fabs(x) <= 1e18)) bad(path + "/" + k, "bounds beyond 10^18 in size are not supported");
+            const bool upper = k == "maximum" || k == "exclusiveMaximum", exclusive = k.rfind("exclusive", 0) == 0;
+            int64_t b = 0;
+            if (v.is_number_integer()) b = v.get<int64_t>() + (exclusive ? (upper ? -1 : 1) : 0);
+            else if (upper) b = int64_t(exclusive ? std::ceil(x) - 1 : std::floor(x));
+            else b = int64_t(exclusive ? std::floor(x) + 1 : std::ceil(x));
+            if (upper) hi = hi ? std::min(*hi, b) : b;
+            else lo = lo ? std::max(*lo, b) : b;
+        }
+        if (lo && hi && *lo > *hi) bad(path, cat("no integer lies in [", *lo, ", ", *hi, "]"));
+        return {lo, hi};
+    }
+
     // A value of one type, from the keywords of `s` that apply to it.
     int32_t typed(const json& s, const std::string& t, const std::string& path, int depth) {
-        if (t == "number") return add(of(Kind::Number));
-        if (t == "integer") return add(of(Kind::Integer));
+        const bool bounded = std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); });
+        if (t == "number") {
+            if (bounded) bad(path, "minimum and maximum are supported on integers, not on numbers");
+            return add(of(Kind::Number));
+        }
+        if (t == "integer") {
+            Node n = of(Kind::Integer);
+            if (bounded) {
+                const auto [lo, hi] = integer_bounds(s, path);
+                out_.patterns.push_back(compile_pattern(integer_range_pattern(lo, hi), cat(what_, ": json_schema at ", path)));
+                n.pattern = int32_t(out_.patterns.size() - 1);
+            }
+            return add(std::move(n));
+        }
         if (t == "boolean" || t == "null") {
             Node n = of(Kind::Const);
             n.texts = t == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"false", "true"};
@@ -289,6 +334,71 @@ private:
 
     // A chain of anyOf and $ref that comes back to itself before any byte would loop for ever.
     // (A depth-first walk with its own stack: the chains of a large schema can be long.)
+    // oneOf is generated as anyOf where no value can match two of its alternatives (a value of
+    // one then matches exactly one): checked once every node is built, as a $ref's may come late.
+    void check_one_of() const {
+        for (const auto& [id, path] : one_of_) {
+            const std::vector<int32_t>& alts = out_.nodes[size_t(id)].alts;
+            for (size_t i = 0; i < alts.size(); ++i)
+                for (size_t j = i + 1; j < alts.size(); ++j)
+                    if (!disjoint(alts[i], alts[j], 0))
+                        bad(path + "/oneOf", cat("alternatives ", i, " and ", j, " may both match a value (shardlm takes a "
+                                                 "oneOf whose alternatives exclude each other: values of different types, "
+                                                 "different constants, or objects with a required property of different "
+                                                 "constant values)"));
+        }
+    }
+    // The bytes a value of node id may begin with.
+    std::bitset<256> first_bytes(int32_t id, int depth) const {
+        std::bitset<256> b;
+        const Node& n = out_.nodes[size_t(id)];
+        switch (n.kind) {
+            case Kind::Object: b.set('{'); break;
+            case Kind::Array: b.set('['); break;
+            case Kind::String: b.set('"'); break;
+            case Kind::Number:
+            case Kind::Integer:
+                b.set('-');
+                for (char c = '0'; c <= '9'; ++c) b.set(uint8_t(c));
+                break;
+            case Kind::Const:
+                for (const std::string& t : n.texts) b.set(uint8_t(t[0]));
+                break;
+            case Kind::AnyOf:
+                if (depth > kMaxOneOfDepth) return b.set();
+                for (const int32_t a : n.alts) b |= first_bytes(a, depth + 1);
+                break;
+        }
+        return b;
+    }
+    // Whether no value matches both nodes, as far as can be shown: different first bytes
+    // (different JSON types), constants with no value in common, or objects whose value of a
+    // property both require cannot match both (a discriminator's constants).
+    bool disjoint(int32_t x, int32_t y, int depth) const {
+        if (depth > kMaxOneOfDepth) return false;
+        if ((first_bytes(x, 0) & first_bytes(y, 0)).none()) return true;
+        const Node &a = out_.nodes[size_t(x)], &b = out_.nodes[size_t(y)];
+        if (a.kind == Kind::AnyOf)
+            return std::all_of(a.alts.begin(), a.alts.end(), [&](int32_t k) { return disjoint(k, y, depth + 1); });
+        if (b.kind == Kind::AnyOf)
+            return std::all_of(b.alts.begin(), b.alts.end(), [&](int32_t k) { return disjoint(x, k, depth + 1); });
+        if (a.kind == Kind::Const && b.kind == Kind::Const) {
+            // Equal texts are one value; numbers are left alone (1 and 1.0 are one value too).
+            auto number = [](const std::string& t) { return t[0] == '-' || (t[0] >= '0' && t[0] <= '9'); };
+            for (const std::string& p : a.texts)
+                for (const std::string& q : b.texts)
+                    if (p == q || (number(p) && number(q))) return false;
+            return true;
+        }
+        if (a.kind == Kind::Object && b.kind == Kind::Object)
+            for (size_t i = 0; i < a.keys.size(); ++i)
+                for (size_t j = 0; j < b.keys.size(); ++j)
+                    if (a.required[i] && b.required[j] && a.keys[i] == b.keys[j] &&
+                        disjoint(a.values[i], b.values[j], depth + 1))
+                        return true;
+        return false;
+    }
+
     void check_cycles() const {
         const std::vector<Node>& nodes = out_.nodes;
         std::vector<uint8_t> mark(nodes.size(), 0);  // 1: on the path, 2: done
@@ -412,6 +522,7 @@ private:
     JsonSchema out_;
     std::map<std::string, int32_t> refs_;
     int32_t any_ = -1;
+    std::vector<std::pair<int32_t, std::string>> one_of_;  // oneOf nodes and their places, to check
 };
 }  // namespace
 

@@ -179,3 +179,67 @@ TEST(JsonPattern, AcceptorHoldsStringsToIt) {
     EXPECT_EQ(v.allowed(one), (std::vector<uint8_t>{0, 1, 0}));
     EXPECT_EQ(v.allowed(two), (std::vector<uint8_t>{1, 0, 0}));
 }
+
+// An integer's bounds as a pattern: every integer from -1500 to 1500 (and the ends of int64)
+// matches exactly when it lies in the range; leading zeros and "-0" never do.
+TEST(JsonPattern, IntegerRanges) {
+    using B = std::optional<int64_t>;
+    const std::vector<std::pair<B, B>> ranges = {
+        {0, std::nullopt}, {1, std::nullopt}, {std::nullopt, -1}, {std::nullopt, 0}, {-5, 5}, {-1000, -10}, {7, 7},
+        {0, 9}, {10, 99}, {1, 100}, {13, 1234}, {-1234, 987}, {std::nullopt, std::nullopt}, {100, std::nullopt},
+        {-99, std::nullopt}, {std::nullopt, 250}, {199, 1001}, {INT64_MIN, INT64_MAX}, {INT64_MAX - 5, std::nullopt}};
+    for (const auto& [lo, hi] : ranges) {
+        const std::string p = integer_range_pattern(lo, hi);
+        const PatternDfa d = compile_pattern(p, "range");
+        for (int64_t v = -1500; v <= 1500; ++v)
+            ASSERT_EQ(matches(d, std::to_string(v)), (!lo || v >= *lo) && (!hi || v <= *hi)) << p << " on " << v;
+        for (const int64_t v : {INT64_MIN, INT64_MIN + 1, INT64_MAX - 6, INT64_MAX - 5, INT64_MAX})
+            EXPECT_EQ(matches(d, std::to_string(v)), (!lo || v >= *lo) && (!hi || v <= *hi)) << p << " on " << v;
+        for (const char* odd : {"-0", "01", "007", "-01", "", "-", "1e3", "1.0"}) EXPECT_FALSE(matches(d, odd)) << p << " on " << odd;
+    }
+}
+
+// In a schema: minimum, maximum and the exclusive forms (fractions round inwards) hold an
+// integer's digits; a number's are refused, as are bounds with nothing between them.
+TEST(JsonPattern, IntegerBoundsInASchema) {
+    const auto sc = std::make_shared<const JsonSchema>(compile_json_schema(
+        R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 150},
+            "k": {"type": "integer", "minimum": -2.5, "maximum": 3.5}, "free": {"maximum": -7}}})",
+        "test"));
+    auto taken = [&](const std::string& text) {
+        JsonAcceptor a(sc);
+        for (size_t i = 0; i < text.size(); ++i)
+            if (!a.push(uint8_t(text[i]))) return i;
+        return text.size();
+    };
+    const std::string ok = R"({"age": 149, "k": -2, "free": -7})";
+    EXPECT_EQ(taken(ok), ok.size());
+    EXPECT_EQ(taken(R"({"age": -1})"), 8u);
+    EXPECT_EQ(taken(R"({"age": 150})"), 10u);  // the 0 that would make 150
+    EXPECT_EQ(taken(R"({"age": 1500})"), 10u);
+    EXPECT_EQ(taken(R"({"age": 07})"), 9u);
+    EXPECT_EQ(taken(R"({"age": 1.5})"), 9u);
+    EXPECT_EQ(taken(R"({"k": -3})"), 7u);
+    EXPECT_EQ(taken(R"({"k": 4})"), 6u);
+    EXPECT_EQ(taken(R"({"free": -6})"), 11u);  // -6 may still become -60: the end is refused
+    auto error_of = [](const std::string& text) {
+        try {
+            compile_json_schema(text, "s");
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 0}}})")
+                  .find("#/properties/x: minimum and maximum are supported on integers, not on numbers"),
+              std::string::npos);
+    EXPECT_EQ(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "minimum": 3, "exclusiveMaximum": 4}}})"),
+              "");  // [3, 3]
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "exclusiveMinimum": 3, "maximum": 3.5}}})")
+                  .find("no integer lies in [4, 3]"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "minimum": 1e30}}})").find("beyond 10^18"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "minimum": "0"}}})").find("must be a number"),
+              std::string::npos);
+}

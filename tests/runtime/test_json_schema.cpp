@@ -60,6 +60,18 @@ bool valid(const json& v, const json& s, const json& root) {
         for (const json& a : s["anyOf"]) any = any || valid(v, a, root);
         if (!any) return false;
     }
+    if (v.is_number()) {
+        const double x = v.get<double>();
+        if ((s.contains("minimum") && x < s["minimum"].get<double>()) || (s.contains("maximum") && x > s["maximum"].get<double>()) ||
+            (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
+            (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()))
+            return false;
+    }
+    if (s.contains("oneOf")) {  // exactly one
+        int matched = 0;
+        for (const json& a : s["oneOf"]) matched += valid(v, a, root);
+        if (matched != 1) return false;
+    }
     if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
     if (s.contains("const") && v != s["const"]) return false;
     if (s.contains("type")) {
@@ -177,8 +189,20 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     EXPECT_NE(error_of(R"({"type": "string", "pattern": "a", "maxLength": 3})").find("\"pattern\" beside minLength or maxLength"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"type": "string", "pattern": 7})").find("#/pattern: must be a string"), std::string::npos);
-    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})").find("\"minimum\""), std::string::npos);
-    EXPECT_NE(error_of(R"({"oneOf": [{"type": "object"}]})").find("\"oneOf\""), std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})").find("not on numbers"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}})").find("\"multipleOf\""),
+              std::string::npos);
+    // oneOf where a value may match two alternatives (the second object is also the first's).
+    EXPECT_NE(error_of(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {"a": {"type": "integer"}}}]})")
+                  .find("#/oneOf: alternatives 0 and 1 may both match a value"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"enum": [1, "x"]}]}}})")
+                  .find("#/properties/v/oneOf: alternatives 0 and 1"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}})")
+                  .find("may both match"),
+              std::string::npos);
     EXPECT_NE(error_of(R"({"type": "number"})").find("the top value must end by itself"), std::string::npos);
     EXPECT_NE(error_of(R"({"anyOf": [{"type": "object"}, {"type": "integer"}]})").find("must end by itself"), std::string::npos);
     EXPECT_NE(error_of(R"({"$ref": "#/$defs/nope"})").find("\"#/$defs/nope\" points at nothing"), std::string::npos);
@@ -352,6 +376,16 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": 4},
            "t": {"type": ["string", "integer", "null"]}}, "required": ["s"]})",
         R"({"type": "object"})",
+        // oneOf: a discriminated union (Pydantic's, with its discriminator annotation) and types apart.
+        R"({"$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+           "required": ["kind"]}, "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+           "required": ["kind", "good"]}}, "type": "object", "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"},
+           {"$ref": "#/$defs/Dog"}], "discriminator": {"propertyName": "kind"}}, "n": {"oneOf": [{"type": "string"},
+           {"type": "integer"}, {"enum": [true, null]}]}}, "required": ["pet", "n"]})",
+        // Integers in bounds (a number left free beside them).
+        R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 12, "maximum": 345},
+           "b": {"type": "array", "items": {"type": "integer", "exclusiveMinimum": -20, "exclusiveMaximum": -3}, "maxItems": 3},
+           "c": {"type": "number"}}, "required": ["a", "b"]})",
         // Strings held to a pattern (anchored or not) and to a format.
         R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]+-\\d{2}$"},
            "day": {"format": "date"}, "has": {"type": "string", "pattern": "b[xy]"}}, "required": ["code", "day"]})",

@@ -242,9 +242,9 @@ std::string tool_schema(const json& functions, const ApiRequest& r) {
     return items.dump();
 }
 
-// vLLM's structured outputs: guided_json and guided_choice (its older fields), or
-// structured_outputs {"json": ...} / {"choice": [...]} (its newer one); one source of constraint
-// per request, response_format's included. Regular expressions and grammars are refused.
+// vLLM's structured outputs: guided_json, guided_choice and guided_regex (its older fields), or
+// structured_outputs {"json": ...} / {"choice": [...]} / {"regex": ...} (its newer one); one
+// source of constraint per request, response_format's included. Grammars are refused.
 void structured_outputs(const json& body, ApiRequest& r) {
     auto given = [&](const json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
     int sources = (r.json_object || !r.json_schema.empty()) ? 1 : 0;
@@ -269,8 +269,21 @@ void structured_outputs(const json& body, ApiRequest& r) {
             bad(e.what());
         }
     };
-    for (const char* k : {"guided_regex", "guided_grammar"})
-        if (given(body, k)) bad(std::string("\"") + k + "\" is not supported by shardlm serve (guided_json and guided_choice are)");
+    auto regex = [&](const json& v, const std::string& name) {
+        if (!v.is_string() || v.get<std::string>().empty()) bad("\"" + name + "\" must be a regular expression (a string)");
+        r.guided_regex = v;
+        try {
+            regex_schema(r.guided_regex, name);
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    };
+    if (given(body, "guided_grammar"))
+        bad("\"guided_grammar\" is not supported by shardlm serve (guided_json, guided_choice and guided_regex are)");
+    if (given(body, "guided_regex")) {
+        ++sources;
+        regex(body["guided_regex"], "guided_regex");
+    }
     if (given(body, "guided_json")) {
         ++sources;
         schema(body["guided_json"], "guided_json");
@@ -288,12 +301,13 @@ void structured_outputs(const json& body, ApiRequest& r) {
             ++sources;
             if (k == "json") schema(it.value(), "structured_outputs.json");
             else if (k == "choice") choice(it.value(), "structured_outputs.choice");
-            else bad("\"structured_outputs." + k + "\" is not supported by shardlm serve (json and choice are)");
+            else if (k == "regex") regex(it.value(), "structured_outputs.regex");
+            else bad("\"structured_outputs." + k + "\" is not supported by shardlm serve (json, choice and regex are)");
         }
     }
     if (sources > 1)
-        bad("one constraint per request: response_format (json_object, json_schema), guided_json, guided_choice or "
-            "structured_outputs");
+        bad("one constraint per request: response_format (json_object, json_schema), guided_json, guided_choice, "
+            "guided_regex or structured_outputs");
 }
 }  // namespace
 
@@ -498,9 +512,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         bad("\"tools\" with tool_choice \"auto\" and a JSON constraint (response_format, guided_json) do not go "
             "together: a tool call is no JSON value");
     if (r.tools == ApiRequest::Tools::Required || r.tools == ApiRequest::Tools::Named) {
-        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty())
+        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty() || !r.guided_regex.empty())
             bad("tool_choice \"required\" or a named function holds the reply to its calls: no other constraint "
-                "(response_format, guided_json, guided_choice) with it");
+                "(response_format, guided_json, guided_choice, guided_regex) with it");
         r.json_schema = tool_schema(functions, r);
         try {
             compile_json_schema(r.json_schema, "the parameters of the tools");

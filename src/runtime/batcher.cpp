@@ -262,6 +262,11 @@ void Batcher::constrain(const Seq& q, float* row) const {
     // The first token may open the reasoning instead.
     const bool may_think = q.req.think_open >= 0 && q.req.think_open < vocab && q.res.tokens.empty();
     const float think = may_think ? row[q.req.think_open] : 0.0f;
+    // A text that may end here but also go on (guided_regex): its end-of-sequence logits stay.
+    const std::vector<int64_t>& ends = engine_.config().eos_ids;
+    std::vector<float> end_logits;
+    if (q.json->may_end() && !q.json->complete())
+        for (const int32_t id : ends) end_logits.push_back(row[id]);
     const std::vector<uint8_t>& ok = opt_.json_vocab->allowed(*q.json);
     const int64_t n = std::min<int64_t>(vocab, int64_t(ok.size()));
     bool any = false;
@@ -273,6 +278,7 @@ void Batcher::constrain(const Seq& q, float* row) const {
     // No token of this vocabulary goes on from here (it lacks the bytes): end the sequence.
     if (!any)
         for (const int64_t id : engine_.config().eos_ids) row[id] = 0.0f;
+    for (size_t k = 0; k < end_logits.size(); ++k) row[ends[k]] = end_logits[k];
     if (may_think) row[q.req.think_open] = think;
 }
 

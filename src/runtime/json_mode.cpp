@@ -90,6 +90,7 @@ bool JsonAcceptor::step(Thread& t, uint8_t b, std::vector<Thread>& out) const {
         case Chars: case Escape: case Hex: case LowSlash: case LowU: case Utf8: return string(t, b, out);
         case Num: return number(t, b, out);
         case Lit: return literal(t, b, out);
+        case Raw: return raw(t, b);
         default: break;
     }
     // Between the structure's parts: whitespace, at most max_space bytes in a row with one line
@@ -211,6 +212,7 @@ bool JsonAcceptor::opens(int32_t id, uint8_t b) const {
             return b == '-' || digit(b);
         case JsonSchema::Kind::Const:
             return std::any_of(n.texts.begin(), n.texts.end(), [&](const std::string& x) { return uint8_t(x[0]) == b; });
+        case JsonSchema::Kind::Text: return true;  // (the root only: start() tells)
     }
     return false;
 }
@@ -269,6 +271,11 @@ bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& 
             f.b = int32_t(n.texts.size());
             t.stack.push_back(f);
             return literal(t, b, out);
+        case JsonSchema::Kind::Text:
+            f.phase = Raw;
+            f.a = schema_->patterns[size_t(n.pattern)].start;
+            t.stack.push_back(f);
+            return raw(t, b);
     }
     t.stack.push_back(f);
     return true;
@@ -343,6 +350,73 @@ bool JsonAcceptor::number(Thread& t, uint8_t b, std::vector<Thread>& out) const 
     return step(t, b, out);
 }
 
+bool JsonAcceptor::utf8_lead(Frame& f, uint8_t b, const PatternDfa* dfa) {
+    // How many continuation bytes follow (no overlong 2-byte forms, nothing past U+10FFFF).
+    if (b >= 0xC2 && b <= 0xDF) f.aux = 1;
+    else if (b >= 0xE0 && b <= 0xEF) f.aux = 2;
+    else if (b >= 0xF0 && b <= 0xF4) f.aux = 3;
+    else return false;
+    f.b = f.aux;
+    f.c = int32_t(b & (0x3Fu >> f.aux));
+    if (!dfa) return true;
+    // The characters of this length it may begin (past the overlong forms' range).
+    static const uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    const uint32_t lo = uint32_t(f.c) << (6 * f.aux);
+    return dfa->any(f.a, std::max(lo, kLeast[f.aux]), lo + (1u << (6 * f.aux)) - 1);
+}
+
+bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa) {
+    if ((b & 0xC0) != 0x80) return false;
+    // The second byte of E0, ED, F0 and F4 is narrower: no overlong 3- and 4-byte forms, no
+    // surrogates, nothing past U+10FFFF.
+    if (f.aux == f.b && ((f.b == 2 && f.c == 0 && b < 0xA0) || (f.b == 2 && f.c == 0xD && b > 0x9F) ||
+                         (f.b == 3 && f.c == 0 && b < 0x90) || (f.b == 3 && f.c == 4 && b > 0x8F)))
+        return false;
+    const uint32_t bits = (uint32_t(f.c) << 6) | (b & 0x3F);
+    const int rest = f.aux - 1;
+    if (dfa && rest > 0) {
+        const uint32_t lo = bits << (6 * rest);
+        if (!dfa->any(f.a, lo, lo + (1u << (6 * rest)) - 1)) return false;
+    }
+    if (dfa && rest == 0) {
+        const int32_t s = dfa->next(f.a, bits);
+        if (s < 0) return false;
+        f.a = s;
+    }
+    f.c = rest > 0 ? int32_t(bits) : 0;
+    if (--f.aux == 0) f.b = 0;
+    return true;
+}
+
+bool JsonAcceptor::raw(Thread& t, uint8_t b) const {
+    Frame& f = t.stack.back();
+    const PatternDfa& d = schema_->patterns[size_t(node(f).pattern)];
+    if (f.aux > 0) {
+        if (!utf8_next(f, b, &d)) return false;
+    } else if (b >= 0x80) {
+        return utf8_lead(f, b, &d);
+    } else {
+        const int32_t s = d.next(f.a, b);
+        if (s < 0) return false;
+        f.a = s;
+    }
+    // Where nothing can follow the text is complete; elsewhere an accepting state may end it.
+    if (f.aux == 0 && d.accept[size_t(f.a)] && d.edges[size_t(f.a)].empty()) value_end(t);
+    return true;
+}
+
+bool JsonAcceptor::may_end() const {
+    const JsonSchema::Node& root = schema_->nodes[size_t(schema_->root)];
+    return std::any_of(threads_.begin(), threads_.end(), [&](const Thread& t) {
+        const Frame& f = t.stack.back();
+        if (t.stack[0].phase == Done) return true;
+        if (root.kind != JsonSchema::Kind::Text) return false;
+        const PatternDfa& d = schema_->patterns[size_t(root.pattern)];
+        if (f.phase == Begin) return d.accept[size_t(d.start)] != 0;  // nothing yet: the empty text
+        return f.phase == Raw && f.aux == 0 && d.accept[size_t(f.a)] != 0;
+    });
+}
+
 // The character a short escape stands for ("\\n": '\n'), 0 for none.
 uint32_t unescaped(uint8_t b) {
     switch (b) {
@@ -395,48 +469,17 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
             }
             if (b < 0x20) return false;  // control characters are escaped
             if (b >= 0x80) {
-                // A character's lead byte: how many continuation bytes follow (no overlong 2-byte
-                // forms, nothing past U+10FFFF); f.b keeps that count and f.c the bits so far
-                // while the character forms.
-                if (b >= 0xC2 && b <= 0xDF) f.aux = 1;
-                else if (b >= 0xE0 && b <= 0xEF) f.aux = 2;
-                else if (b >= 0xF0 && b <= 0xF4) f.aux = 3;
-                else return false;
-                f.b = f.aux;
-                f.c = int32_t(b & (0x3Fu >> f.aux));
-                if (dfa) {
-                    // The characters of this length it may begin (past the overlong forms' range).
-                    static const uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-                    const uint32_t lo = uint32_t(f.c) << (6 * f.aux);
-                    if (!dfa->any(f.a, std::max(lo, kLeast[f.aux]), lo + (1u << (6 * f.aux)) - 1)) return false;
-                }
+                if (!utf8_lead(f, b, dfa)) return false;
                 if (f.a < cap) ++f.a;
                 f.phase = Utf8;
                 return true;
             }
             if (dfa && !step_dfa(b)) return false;
             return counted();
-        case Utf8: {
-            if ((b & 0xC0) != 0x80) return false;
-            // The second byte of E0, ED, F0 and F4 is narrower: no overlong 3- and 4-byte forms,
-            // no surrogates, nothing past U+10FFFF.
-            if (f.aux == f.b && ((f.b == 2 && f.c == 0 && b < 0xA0) || (f.b == 2 && f.c == 0xD && b > 0x9F) ||
-                                 (f.b == 3 && f.c == 0 && b < 0x90) || (f.b == 3 && f.c == 4 && b > 0x8F)))
-                return false;
-            const uint32_t bits = (uint32_t(f.c) << 6) | (b & 0x3F);
-            const int rest = f.aux - 1;
-            if (dfa && rest > 0) {
-                const uint32_t lo = bits << (6 * rest);
-                if (!dfa->any(f.a, lo, lo + (1u << (6 * rest)) - 1)) return false;
-            }
-            if (dfa && rest == 0 && !step_dfa(bits)) return false;
-            f.c = rest > 0 ? int32_t(bits) : 0;
-            if (--f.aux == 0) {
-                f.b = 0;
-                f.phase = Chars;
-            }
+        case Utf8:
+            if (!utf8_next(f, b, dfa)) return false;
+            if (f.aux == 0) f.phase = Chars;
             return true;
-        }
         case Escape:
             if (b == 'u') {
                 if (dfa) return false;

@@ -44,6 +44,9 @@ public:
     // Each byte in turn; false, with the bytes before the failing one taken, at the first refused.
     bool push(const std::string& bytes);
     bool complete() const;
+    // Whether the text may end here (complete, or a guided_regex text in an accepting state that
+    // could also go on: the sequence may then draw an end-of-sequence token).
+    bool may_end() const;
     const std::shared_ptr<const JsonSchema>& schema() const { return schema_; }
     static constexpr size_t kMaxReadings = 64;
     // What the masks of JsonVocab depend on when a token closes at most `depth` containers and
@@ -60,6 +63,7 @@ private:
         Chars, Escape, Hex, LowSlash, LowU, Utf8,  // string (LowSlash/LowU: a low surrogate's "\u" must follow)
         Num,                                    // number or integer: aux says where
         Lit,                                    // enum or const: texts [a, b) share the first c bytes
+        Raw,                                    // guided_regex's text: a = its DFA state
     };
     // One open part of the value. Object: a = the first key still allowed, b = the key being read
     // or whose value is; array: a = items begun; string: a = characters (with a pattern: its DFA
@@ -90,6 +94,13 @@ private:
     bool literal(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool number(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool string(Thread& t, uint8_t b, std::vector<Thread>& out) const;
+    bool raw(Thread& t, uint8_t b) const;
+    // A UTF-8 character's lead byte: f.b = its continuation bytes, f.c = its bits so far, f.aux =
+    // the continuations to go; false for a byte no character starts with or (with a pattern's
+    // DFA, state f.a) one that begins no character the DFA takes.
+    static bool utf8_lead(Frame& f, uint8_t b, const PatternDfa* dfa);
+    // A continuation byte; at the character's last, the DFA steps and f.b, f.c are reset.
+    static bool utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa);
     bool opens(int32_t id, uint8_t b) const;
     // push() without keeping the state when b is refused (then it is spoilt): JsonVocab's walk,
     // which drops such a state.

@@ -405,15 +405,17 @@ bool PatternDfa::any(int32_t s, uint32_t lo, uint32_t hi) const {
     return it != e.end() && it->lo <= hi;
 }
 
-PatternDfa compile_pattern(const std::string& pattern, const std::string& where) {
+PatternDfa compile_pattern(const std::string& pattern, const std::string& where, bool whole) {
     std::vector<uint32_t> p = code_points(pattern, where);
     // ^ and $ anchor the match at the string's ends; without them it may start and end anywhere.
-    const bool head = !p.empty() && p.front() == '^';
+    bool head = !p.empty() && p.front() == '^';
     if (head) p.erase(p.begin());
     size_t slashes = 0;
     while (p.size() >= 2 + slashes && p[p.size() - 2 - slashes] == '\\') ++slashes;
-    const bool tail = !p.empty() && p.back() == '$' && slashes % 2 == 0;
+    bool tail = !p.empty() && p.back() == '$' && slashes % 2 == 0;
     if (tail) p.pop_back();
+    head = head || whole;
+    tail = tail || whole;
     Re all;
     Re any;
     any.kind = Re::Repeat;

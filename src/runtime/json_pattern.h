@@ -36,7 +36,8 @@ constexpr size_t kMaxPatternStates = 4096;
 // same strings), ^ at the start and $ at the end. Throws Error naming `where` for anything else
 // (lookaround, backreferences, \b word boundaries, anchors elsewhere, \p classes), for a pattern
 // no string matches, and for one whose DFA would have more than kMaxPatternStates states.
-PatternDfa compile_pattern(const std::string& pattern, const std::string& where);
+// whole: the match is the whole string, as if the pattern began with ^ and ended with $.
+PatternDfa compile_pattern(const std::string& pattern, const std::string& where, bool whole = false);
 
 // The anchored pattern shardlm generates for a "format" (a subset of the format's strings where
 // it is not regular: dates up to the 28th of February, no leap seconds, email addresses of

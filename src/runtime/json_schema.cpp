@@ -364,6 +364,7 @@ private:
             case Kind::Const:
                 for (const std::string& t : n.texts) b.set(uint8_t(t[0]));
                 break;
+            case Kind::Text: return b.set();  // (guided_regex's root: never inside a schema)
             case Kind::AnyOf:
                 if (depth > kMaxOneOfDepth) return b.set();
                 for (const int32_t a : n.alts) b |= first_bytes(a, depth + 1);
@@ -528,6 +529,19 @@ private:
 
 JsonSchema json_object_schema() {
     return compile_json_schema(R"({"type": "object"})", "JSON mode");
+}
+
+JsonSchema regex_schema(const std::string& pattern, const std::string& what) {
+    JsonSchema s;
+    s.nodes.push_back(of(Kind::String));  // s.key (no objects here)
+    s.patterns.push_back(compile_pattern(pattern, what, true));
+    const PatternDfa& d = s.patterns[0];
+    if (d.accept[size_t(d.start)] && d.edges[size_t(d.start)].empty()) fail(what, ": the pattern matches only the empty text");
+    Node t = of(Kind::Text);
+    t.pattern = 0;
+    s.nodes.push_back(std::move(t));
+    s.root = 1;
+    return s;
 }
 
 JsonSchema choice_schema(std::vector<std::string> choices, const std::string& what) {

@@ -23,7 +23,8 @@
 namespace shardlm {
 
 struct JsonSchema {
-    enum class Kind : uint8_t { Object, Array, String, Number, Integer, Const, AnyOf };
+    // Text: not JSON but raw text matching a pattern whole (vLLM's guided_regex; the root only).
+    enum class Kind : uint8_t { Object, Array, String, Number, Integer, Const, AnyOf, Text };
     struct Node {
         Kind kind = Kind::AnyOf;
         // Object: the property names as JSON strings (quotes and escapes included) in the schema's
@@ -37,7 +38,7 @@ struct JsonSchema {
         int64_t min_count = 0, max_count = -1;  // Array: items; String: characters (-1: no limit)
         std::vector<std::string> texts;         // Const: the JSON texts allowed, sorted, distinct
         std::vector<int32_t> alts;              // AnyOf: the alternatives
-        int32_t pattern = -1;                   // String: its pattern's DFA in `patterns` (-1: none)
+        int32_t pattern = -1;                   // String, Integer, Text: its DFA in `patterns` (-1: none)
     };
     std::vector<Node> nodes;
     std::vector<PatternDfa> patterns;
@@ -64,6 +65,10 @@ JsonSchema json_object_schema();
 // naming `what` for no choices, an empty one, or one that begins another (where the shorter one
 // ends could not be told).
 JsonSchema choice_schema(std::vector<std::string> choices, const std::string& what);
+// vLLM's guided_regex: the whole text (raw, not JSON) matches `pattern` (runtime/json_pattern.h);
+// it may end in any accepting state and must where nothing can follow. Throws Error naming
+// `what` for a pattern compile_pattern refuses or one that matches only the empty text.
+JsonSchema regex_schema(const std::string& pattern, const std::string& what);
 // Compiles a schema given as JSON text (Draft 2020-12 keywords; $ref to "#" and within the
 // document, e.g. "#/$defs/Name"). Throws Error naming `what` (e.g. "--json-schema FILE"), the
 // keyword and its place in the schema, for what it cannot hold generation to.

@@ -474,6 +474,29 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_GE(complete, 2) << r.raw;
     }
 
+    // vLLM's guided_regex (and structured_outputs.regex): each text matches the pattern whole; it
+    // ends where the model draws its end in an accepting state, or where nothing can follow.
+    {
+        const json base = {{"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", 6}, {"n", 8}};
+        json a = base, b = base;
+        a["guided_regex"] = "[A-Z][a-z]{1,6}( [0-9]{1,3})?";
+        b["structured_outputs"] = {{"regex", "(Genesis|Exodus) [1-9]:[1-9]"}};
+        const Reply ra = post(port, "/v1/completions", a), rb = post(port, "/v1/completions", b);
+        ASSERT_EQ(ra.status, 200) << ra.raw;
+        ASSERT_EQ(rb.status, 200) << rb.raw;
+        int early = 0;  // ended by the model in an accepting state that could have gone on
+        for (size_t i = 0; i < 8; ++i) {
+            const json& c = ra.body["choices"][i];
+            early += !std::regex_match(c["text"].get<std::string>(), std::regex("[A-Z][a-z]{6} [0-9]{3}"));
+            EXPECT_EQ(c["finish_reason"], "stop") << ra.raw;
+            EXPECT_TRUE(std::regex_match(c["text"].get<std::string>(), std::regex("[A-Z][a-z]{1,6}( [0-9]{1,3})?"))) << c["text"];
+            const json& d = rb.body["choices"][i];
+            EXPECT_EQ(d["finish_reason"], "stop") << rb.raw;
+            EXPECT_TRUE(std::regex_match(d["text"].get<std::string>(), std::regex("(Genesis|Exodus) [1-9]:[1-9]"))) << d["text"];
+        }
+        EXPECT_GT(early, 0) << ra.raw;
+    }
+
     // vLLM's guided_choice (and structured_outputs.choice): each text is one of the choices, whole;
     // guided_json is response_format json_schema's.
     {
@@ -583,7 +606,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "number"}}}}}}}},
              400, "the top value must end by itself");
     error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
-    error_of({{"prompt", "x"}, {"guided_regex", "a+"}}, 400, "\"guided_regex\" is not supported by shardlm serve");
+    error_of({{"prompt", "x"}, {"guided_grammar", "root ::= x"}}, 400, "\"guided_grammar\" is not supported by shardlm serve");
+    error_of({{"prompt", "x"}, {"guided_regex", "a(?=b)"}}, 400, "guided_regex: lookahead and lookbehind");
+    error_of({{"prompt", "x"}, {"guided_regex", 5}}, 400, "\"guided_regex\" must be a regular expression");
+    error_of({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"a"}}}, 400, "one constraint per request");
     error_of({{"prompt", "x"}, {"guided_choice", {"a", "ab"}}}, 400, "guided_choice: \"a\" begins \"ab\"");
     error_of({{"prompt", "x"}, {"guided_choice", json::array()}}, 400, "\"guided_choice\" must be an array of 1 to 1024 strings");
     error_of({{"prompt", "x"}, {"guided_json", 5}}, 400, "\"guided_json\" must be a JSON schema");
@@ -591,7 +617,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
              "guided_json: json_schema at #/format: format \"ipv6\" is not supported");
     error_of({{"prompt", "x"}, {"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}}, 400, "one constraint per request");
     error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= x"}}}}, 400,
-             "\"structured_outputs.grammar\" is not supported by shardlm serve (json and choice are)");
+             "\"structured_outputs.grammar\" is not supported by shardlm serve (json, choice and regex are)");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text, json_object or json_schema)");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
              "\"stream_options.continuous_usage_stats\" is not supported");

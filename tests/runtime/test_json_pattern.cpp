@@ -243,3 +243,35 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
     EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "minimum": "0"}}})").find("must be a number"),
               std::string::npos);
 }
+
+// guided_regex: raw text matching the pattern whole; it may end in an accepting state and is
+// complete where nothing can follow.
+TEST(JsonPattern, GuidedRegexText) {
+    const auto sc = std::make_shared<const JsonSchema>(regex_schema("(yes|no)|[0-9]{2,3}|é+", "r"));
+    JsonAcceptor a(sc);
+    EXPECT_FALSE(a.may_end());
+    EXPECT_FALSE(JsonAcceptor(a).push(std::string("x")));
+    ASSERT_TRUE(a.push(std::string("12")));
+    EXPECT_TRUE(a.may_end());
+    EXPECT_FALSE(a.complete());
+    ASSERT_TRUE(a.push(std::string("3")));
+    EXPECT_TRUE(a.complete());
+    EXPECT_FALSE(a.push(std::string("4")));
+    JsonAcceptor y(sc);
+    ASSERT_TRUE(y.push(std::string("ye")));
+    EXPECT_FALSE(y.may_end());
+    ASSERT_TRUE(y.push(std::string("s")));
+    EXPECT_TRUE(y.complete());
+    JsonAcceptor e(sc);
+    ASSERT_TRUE(e.push(std::string("\xc3")));
+    EXPECT_FALSE(e.may_end());  // inside a character
+    ASSERT_TRUE(e.push(std::string("\xa9\xc3\xa9")));
+    EXPECT_TRUE(e.may_end());
+    EXPECT_FALSE(JsonAcceptor(e).push(std::string("\xc3\xa8")));  // è: the lead byte is taken, è is not
+    JsonAcceptor opt(std::make_shared<const JsonSchema>(regex_schema("a*", "r")));
+    EXPECT_TRUE(opt.may_end());  // the empty text matches
+    EXPECT_THROW(regex_schema("", "r"), Error);
+    EXPECT_THROW(regex_schema("(a)\\1", "r"), Error);
+    EXPECT_TRUE(matches(compile_pattern("ab", "p", true), "ab"));
+    EXPECT_FALSE(matches(compile_pattern("ab", "p", true), "xab"));
+}

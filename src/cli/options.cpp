@@ -251,6 +251,10 @@ void add_json_options(po::options_description& d, JsonFlags& f) {
         ("json-schema", po::value(&f.schema_file),
          "structured output: each token keeps the text the start of one value of the JSON schema in FILE, and a "
          "sequence ends (\"stop\") when it is complete (OpenAI's response_format json_schema; README lists the keywords)")
+        ("regex", po::value(&f.regex),
+         "each token keeps the text the start of a match of the regular expression PATTERN (the whole text, raw; "
+         "vLLM's guided_regex): a sequence may end (its end-of-sequence token) wherever the match is complete, and "
+         "ends where nothing can follow")
         ("json-whitespace", po::value(&f.whitespace)->default_value(JsonSchema::kDefaultSpace),
          "with --json-object/--json-schema: most whitespace bytes in a row between the JSON's parts, one line "
          "break among them (0: compact JSON, for models that would spend tokens on it)");
@@ -262,10 +266,14 @@ void check_json_whitespace(int n) {
 
 std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
     if (f.object && !f.schema_file.empty()) fail("--json-object and --json-schema exclude each other");
+    if (!f.regex.empty() && (f.object || !f.schema_file.empty()))
+        fail("--regex and ", f.object ? "--json-object" : "--json-schema", " exclude each other");
     check_json_whitespace(f.whitespace);
-    if (!f.object && f.schema_file.empty()) return nullptr;
+    if (!f.object && f.schema_file.empty() && f.regex.empty()) return nullptr;
     JsonSchema s;
-    if (f.object) {
+    if (!f.regex.empty()) {
+        s = regex_schema(f.regex, "--regex");
+    } else if (f.object) {
         s = json_object_schema();
     } else {
         std::string text;
@@ -281,7 +289,7 @@ std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
 }
 
 std::string json_flag(const JsonFlags& f) {
-    return f.object ? "--json-object" : f.schema_file.empty() ? "" : "--json-schema";
+    return f.object ? "--json-object" : !f.schema_file.empty() ? "--json-schema" : !f.regex.empty() ? "--regex" : "";
 }
 
 }  // namespace shardlm

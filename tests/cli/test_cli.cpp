@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -326,6 +327,19 @@ TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
     expect_error(g + "--json-schema " + t.file("s.json") + " --json-object", "--json-object and --json-schema exclude each other");
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1 --json-schema " + t.file("s.json"),
                  "--json-schema needs the model's tokenizer: " + dir_.path());
+    // --regex (vLLM's guided_regex): raw text matching the pattern whole; ended by the model's end
+    // of sequence where the match is complete, or where nothing can follow.
+    const CommandResult rx = run_command(kBin + " generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small "
+                                         "--prompt 'And God said' --regex '(Genesis|Exodus) [0-9]{1,3}:[0-9]{1,3}' "
+                                         "--temperature 1 --seed 3 --batch 4 --max-new-tokens 30 --json");
+    ASSERT_EQ(rx.exit_code, 0) << rx.err;
+    for (const auto& res : nlohmann::json::parse(rx.out)["results"]) {
+        const std::string text = res["text"];
+        EXPECT_TRUE(std::regex_match(text, std::regex("(Genesis|Exodus) [0-9]{1,3}:[0-9]{1,3}"))) << text;
+        EXPECT_TRUE(res["stop_reason"] == "stop" || res["stop_reason"] == "eos") << text;
+    }
+    expect_error(g + "--regex 'a(?=b)'", "--regex: lookahead and lookbehind");
+    expect_error(g + "--regex a --json-object", "--regex and --json-object exclude each other");
 }
 
 // generation_config.json's eos_token_id ends a sequence as config.json's does (instruct

@@ -30,6 +30,14 @@ bool matches(const PatternDfa& d, const std::string& s) {
     return d.accept[size_t(st)] != 0;
 }
 
+// How far the acceptor of schema `sc` takes `text`: its length when all of it.
+size_t bytes_taken(const std::shared_ptr<const JsonSchema>& sc, const std::string& text) {
+    JsonAcceptor a(sc);
+    for (size_t i = 0; i < text.size(); ++i)
+        if (!a.push(uint8_t(text[i]))) return i;
+    return text.size();
+}
+
 std::string error_of(const std::string& pattern) {
     try {
         compile_pattern(pattern, "p");
@@ -149,12 +157,7 @@ TEST(JsonPattern, AcceptorHoldsStringsToIt) {
         R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-c]{2}\\d$"},
             "when": {"format": "date"}, "t": {"type": "string", "pattern": "é\\n"}}, "required": ["id"]})",
         "test"));
-    auto taken = [&](const std::string& text) {
-        JsonAcceptor a(sc);
-        for (size_t i = 0; i < text.size(); ++i)
-            if (!a.push(uint8_t(text[i]))) return i;
-        return text.size();
-    };
+    auto taken = [&](const std::string& text) { return bytes_taken(sc, text); };
     auto complete = [&](const std::string& text) {
         JsonAcceptor a(sc);
         return a.push(text) && a.complete();
@@ -206,12 +209,7 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
         R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 150},
             "k": {"type": "integer", "minimum": -2.5, "maximum": 3.5}, "free": {"maximum": -7}}})",
         "test"));
-    auto taken = [&](const std::string& text) {
-        JsonAcceptor a(sc);
-        for (size_t i = 0; i < text.size(); ++i)
-            if (!a.push(uint8_t(text[i]))) return i;
-        return text.size();
-    };
+    auto taken = [&](const std::string& text) { return bytes_taken(sc, text); };
     const std::string ok = R"({"age": 149, "k": -2, "free": -7})";
     EXPECT_EQ(taken(ok), ok.size());
     EXPECT_EQ(taken(R"({"age": -1})"), 8u);

@@ -12,6 +12,18 @@ bool digit(uint8_t b) { return b >= '0' && b <= '9'; }
 bool hex(uint8_t b) { return digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 enum NumState : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };  // where a number is (Frame::aux)
 const char kShortEscapes[] = "\"\\/bfnrt";  // after a '\\' in a string (and 'u')
+// The character a short escape stands for ("\\n": '\n'), 0 for none.
+uint32_t unescaped(uint8_t b) {
+    switch (b) {
+        case '"': case '\\': case '/': return b;
+        case 'b': return 8;
+        case 'f': return 12;
+        case 'n': return 10;
+        case 'r': return 13;
+        case 't': return 9;
+        default: return 0;
+    }
+}
 }  // namespace
 
 bool JsonAcceptor::Frame::operator<(const Frame& o) const {
@@ -415,19 +427,6 @@ bool JsonAcceptor::may_end() const {
         if (f.phase == Begin) return d.accept[size_t(d.start)] != 0;  // nothing yet: the empty text
         return f.phase == Raw && f.aux == 0 && d.accept[size_t(f.a)] != 0;
     });
-}
-
-// The character a short escape stands for ("\\n": '\n'), 0 for none.
-uint32_t unescaped(uint8_t b) {
-    switch (b) {
-        case '"': case '\\': case '/': return b;
-        case 'b': return 8;
-        case 'f': return 12;
-        case 'n': return 10;
-        case 'r': return 13;
-        case 't': return 9;
-        default: return 0;
-    }
 }
 
 bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {

@@ -9,8 +9,11 @@ namespace shardlm {
 namespace {
 
 constexpr uint32_t kMaxCp = 0x10FFFF;
-constexpr int kMaxRepeat = 1000;          // {n,m}: the most copies one quantifier makes
-constexpr size_t kMaxNfaStates = 200000;  // past this a pattern is refused as too large
+constexpr int kMaxRepeat = 1000;           // {n,m}: the most copies one quantifier makes
+constexpr size_t kMaxNfaStates = 50000;    // past this a pattern is refused as too large
+constexpr int kMaxGroupDepth = 128;        // groups inside groups (the parser recurses per level)
+constexpr size_t kMaxSubsetWork = 4 << 20; // NFA states visited building the DFA: a request's pattern
+                                           // compiles in milliseconds or is refused
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code point ranges [first, second]
 
@@ -77,9 +80,15 @@ private:
     bool more() const { return i_ < p_.size(); }
     uint32_t peek() const { return p_[i_]; }
 
+    int depth_ = 0;
+
     Re alt() {
+        if (++depth_ > kMaxGroupDepth) bad(cat("groups nested deeper than ", kMaxGroupDepth));
         Re first = sequence();
-        if (!more() || peek() != '|') return first;
+        if (!more() || peek() != '|') {
+            --depth_;
+            return first;
+        }
         Re a;
         a.kind = Re::Alt;
         a.kids.push_back(std::move(first));
@@ -87,6 +96,7 @@ private:
             ++i_;
             a.kids.push_back(sequence());
         }
+        --depth_;
         return a;
     }
 
@@ -295,8 +305,12 @@ struct Nfa {
         int32_t to = -1;
         std::vector<int32_t> eps;
     };
+    explicit Nfa(const std::string& w) : where(w) {}
     std::vector<State> s;
     const std::string& where;
+    std::vector<uint32_t> mark;  // closure(): visited when equal to stamp
+    uint32_t stamp = 0;
+    size_t work = 0;             // states visited by closure() so far
     int32_t add() {
         if (s.size() >= kMaxNfaStates) fail(where, ": the pattern is too large (its repetitions make more than ",
                                              kMaxNfaStates, " states)");
@@ -352,21 +366,24 @@ struct Nfa {
             }
         }
     }
-    // The states reachable from `set` by epsilon edges, sorted.
-    std::vector<int32_t> closure(std::vector<int32_t> set) const {
-        std::vector<uint8_t> seen(s.size(), 0);
+    // The states reachable from `set` by epsilon edges, sorted. Costs what it visits.
+    std::vector<int32_t> closure(std::vector<int32_t> set) {
+        if (mark.size() != s.size()) mark.assign(s.size(), 0);
+        ++stamp;
         std::vector<int32_t> todo = set;
-        for (const int32_t x : set) seen[size_t(x)] = 1;
+        for (const int32_t x : set) mark[size_t(x)] = stamp;
         while (!todo.empty()) {
             const int32_t x = todo.back();
             todo.pop_back();
             for (const int32_t y : s[size_t(x)].eps)
-                if (!seen[size_t(y)]) {
-                    seen[size_t(y)] = 1;
+                if (mark[size_t(y)] != stamp) {
+                    mark[size_t(y)] = stamp;
                     set.push_back(y);
                     todo.push_back(y);
                 }
         }
+        work += set.size();
+        if (work > kMaxSubsetWork) fail(where, ": the pattern is too complex to compile (simplify it)");
         std::sort(set.begin(), set.end());
         return set;
     }
@@ -424,7 +441,7 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where,
     all.kids.push_back(Parser(p, where).parse());
     if (!tail) all.kids.push_back(any);
 
-    Nfa nfa{{}, where};
+    Nfa nfa(where);
     const int32_t first = nfa.add(), final = nfa.add();
     nfa.build(all, first, final);
     // The alphabet's pieces: code point intervals no range of the NFA splits.

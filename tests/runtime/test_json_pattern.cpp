@@ -145,6 +145,11 @@ TEST(JsonPattern, RefusesWhatItDoesNotTake) {
     EXPECT_NE(error_of("^[]$").find("no string matches"), std::string::npos);
     EXPECT_NE(error_of("^(?:a|b)*a(?:a|b){14}$").find("more than 4096 automaton states"), std::string::npos);
     EXPECT_NE(error_of(std::string("\xff")).find("not UTF-8"), std::string::npos);
+    // Bounds on the work a request's pattern may cause (each refused in well under a second).
+    EXPECT_NE(error_of(std::string(300, '(') + "a" + std::string(300, ')')).find("groups nested deeper than 128"),
+              std::string::npos);
+    EXPECT_NE(error_of("^(?:a{1000}){50}$").find("too large"), std::string::npos);
+    EXPECT_NE(error_of("^(?:\\w+\\s?){1,100}$").find("too complex to compile"), std::string::npos);
     EXPECT_EQ(error_of("{a}"), "");  // a brace that starts no quantifier is a literal
     EXPECT_TRUE(matches(compile_pattern("^(?<year>\\d{4})$", "p"), "2026"));  // a named group is a group
 }

@@ -27,10 +27,10 @@ uint32_t unescaped(uint8_t b) {
 }  // namespace
 
 bool JsonAcceptor::Frame::operator<(const Frame& o) const {
-    return std::tie(node, phase, aux, a, b, c) < std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c);
+    return std::tie(node, phase, aux, a, b, c, d) < std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c, o.d);
 }
 bool JsonAcceptor::Frame::operator==(const Frame& o) const {
-    return std::tie(node, phase, aux, a, b, c) == std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c);
+    return std::tie(node, phase, aux, a, b, c, d) == std::tie(o.node, o.phase, o.aux, o.a, o.b, o.c, o.d);
 }
 bool JsonAcceptor::Thread::operator<(const Thread& o) const {
     return std::tie(space, newline, stack) < std::tie(o.space, o.newline, o.stack);
@@ -362,7 +362,32 @@ bool JsonAcceptor::number(Thread& t, uint8_t b, std::vector<Thread>& out) const 
     return step(t, b, out);
 }
 
-bool JsonAcceptor::utf8_lead(Frame& f, uint8_t b, const PatternDfa* dfa) {
+bool JsonAcceptor::Gate::fits(int32_t to) const {
+    if (!limits) return true;
+    const JsonSchema::Node& n = *limits;
+    const int64_t c = count + 1, span = n.span;
+    const int64_t lo = std::max<int64_t>(0, n.min_count - c), hi = std::min(span, n.max_count >= 0 ? n.max_count - c : span);
+    const uint8_t* e = n.ends.data() + size_t(to) * size_t(span + 1);
+    for (int64_t k = lo; k <= hi; ++k)
+        if (e[k]) return true;
+    return false;
+}
+
+bool JsonAcceptor::Gate::any(int32_t s, uint32_t lo, uint32_t hi) const {
+    if (!limits) return dfa->any(s, lo, hi);
+    const std::vector<PatternDfa::Edge>& es = dfa->edges[size_t(s)];
+    auto it = std::lower_bound(es.begin(), es.end(), lo, [](const PatternDfa::Edge& x, uint32_t c) { return x.hi < c; });
+    for (; it != es.end() && it->lo <= hi; ++it)
+        if (fits(it->to)) return true;
+    return false;
+}
+
+int32_t JsonAcceptor::Gate::next(int32_t s, uint32_t cp) const {
+    const int32_t t = dfa->next(s, cp);
+    return t >= 0 && fits(t) ? t : -1;
+}
+
+bool JsonAcceptor::utf8_lead(Frame& f, uint8_t b, const Gate* g) {
     // How many continuation bytes follow (no overlong 2-byte forms, nothing past U+10FFFF).
     if (b >= 0xC2 && b <= 0xDF) f.aux = 1;
     else if (b >= 0xE0 && b <= 0xEF) f.aux = 2;
@@ -370,14 +395,14 @@ bool JsonAcceptor::utf8_lead(Frame& f, uint8_t b, const PatternDfa* dfa) {
     else return false;
     f.b = f.aux;
     f.c = int32_t(b & (0x3Fu >> f.aux));
-    if (!dfa) return true;
+    if (!g) return true;
     // The characters of this length it may begin (past the overlong forms' range).
     static const uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
     const uint32_t lo = uint32_t(f.c) << (6 * f.aux);
-    return dfa->any(f.a, std::max(lo, kLeast[f.aux]), lo + (1u << (6 * f.aux)) - 1);
+    return g->any(f.a, std::max(lo, kLeast[f.aux]), lo + (1u << (6 * f.aux)) - 1);
 }
 
-bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa) {
+bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const Gate* g) {
     if ((b & 0xC0) != 0x80) return false;
     // The second byte of E0, ED, F0 and F4 is narrower: no overlong 3- and 4-byte forms, no
     // surrogates, nothing past U+10FFFF.
@@ -386,12 +411,12 @@ bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa) {
         return false;
     const uint32_t bits = (uint32_t(f.c) << 6) | (b & 0x3F);
     const int rest = f.aux - 1;
-    if (dfa && rest > 0) {
+    if (g && rest > 0) {
         const uint32_t lo = bits << (6 * rest);
-        if (!dfa->any(f.a, lo, lo + (1u << (6 * rest)) - 1)) return false;
+        if (!g->any(f.a, lo, lo + (1u << (6 * rest)) - 1)) return false;
     }
-    if (dfa && rest == 0) {
-        const int32_t s = dfa->next(f.a, bits);
+    if (g && rest == 0) {
+        const int32_t s = g->next(f.a, bits);
         if (s < 0) return false;
         f.a = s;
     }
@@ -403,10 +428,11 @@ bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa) {
 bool JsonAcceptor::raw(Thread& t, uint8_t b) const {
     Frame& f = t.stack.back();
     const PatternDfa& d = schema_->patterns[size_t(node(f).pattern)];
+    const Gate g{&d, nullptr, 0};
     if (f.aux > 0) {
-        if (!utf8_next(f, b, &d)) return false;
+        if (!utf8_next(f, b, &g)) return false;
     } else if (b >= 0x80) {
-        return utf8_lead(f, b, &d);
+        return utf8_lead(f, b, &g);
     } else {
         const int32_t s = d.next(f.a, b);
         if (s < 0) return false;
@@ -432,12 +458,14 @@ bool JsonAcceptor::may_end() const {
 bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     Frame& f = t.stack.back();
     const JsonSchema::Node& n = node(f);
-    // A pattern's DFA (runtime/json_pattern.h): its state is f.a (such a string has no length
-    // limits to count), a character's UTF-8 bits so far f.c. Each byte is taken only where some
-    // character it may begin keeps a match possible; \u escapes are not taken.
+    // A pattern's DFA (runtime/json_pattern.h): its state is f.a, the characters f.d (under
+    // length limits), a character's UTF-8 bits so far f.c. Each byte is taken only where some
+    // character it may begin keeps a match within the limits possible; \u escapes are not taken.
     const PatternDfa* dfa = n.pattern >= 0 ? &schema_->patterns[size_t(n.pattern)] : nullptr;
+    const Gate gate{dfa, n.span > 0 ? &n : nullptr, f.d};
+    const Gate* g = dfa ? &gate : nullptr;
     auto step_dfa = [&](uint32_t cp) {
-        const int32_t s = dfa->next(f.a, cp);
+        const int32_t s = gate.next(f.a, cp);
         if (s < 0) return false;
         f.a = s;
         return true;
@@ -445,8 +473,9 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     // Characters are counted only as far as the limits need (none without limits), so a string's
     // states repeat and their masks are found in JsonVocab's cache.
     const int32_t cap = int32_t(std::max(n.min_count, n.max_count));
+    int32_t& count = dfa ? f.d : f.a;
     auto counted = [&] {
-        if (f.a < cap) ++f.a;
+        if (count < cap) ++count;
         f.c = 0;
         f.phase = Chars;
         return true;
@@ -454,30 +483,33 @@ bool JsonAcceptor::string(Thread& t, uint8_t b, std::vector<Thread>&) const {
     switch (f.phase) {
         case Chars:
             if (b == '"') {
-                if (dfa ? !dfa->accept[size_t(f.a)] : f.a < n.min_count) return false;
+                if (count < n.min_count || (dfa && !dfa->accept[size_t(f.a)])) return false;
                 value_end(t);
                 return true;
             }
-            if (!dfa && n.max_count >= 0 && f.a >= n.max_count) return false;  // no room for another character
+            if (n.max_count >= 0 && count >= n.max_count) return false;  // no room for another character
             if (b == '\\') {
                 if (dfa && !std::any_of(std::begin(kShortEscapes), std::end(kShortEscapes) - 1,
-                                        [&](char e) { return dfa->next(f.a, unescaped(uint8_t(e))) >= 0; }))
+                                        [&](char e) { return gate.next(f.a, unescaped(uint8_t(e))) >= 0; }))
                     return false;
                 f.phase = Escape;
                 return true;
             }
             if (b < 0x20) return false;  // control characters are escaped
             if (b >= 0x80) {
-                if (!utf8_lead(f, b, dfa)) return false;
-                if (f.a < cap) ++f.a;
+                if (!utf8_lead(f, b, g)) return false;
+                if (!dfa && count < cap) ++count;  // (a patterned string's counts once it is whole)
                 f.phase = Utf8;
                 return true;
             }
             if (dfa && !step_dfa(b)) return false;
             return counted();
         case Utf8:
-            if (!utf8_next(f, b, dfa)) return false;
-            if (f.aux == 0) f.phase = Chars;
+            if (!utf8_next(f, b, g)) return false;
+            if (f.aux == 0) {
+                if (dfa && count < cap) ++count;
+                f.phase = Chars;
+            }
             return true;
         case Escape:
             if (b == 'u') {
@@ -556,8 +588,12 @@ std::string JsonAcceptor::key(size_t depth, size_t reach) const {
             // at most `reach` to it: states whose distances to the limits are alike that far
             // take the same tokens (so a long bounded string does not make a new state per token).
             const JsonSchema::Node& n = node(f);
-            if (n.pattern >= 0) {  // a's the DFA's state
+            if (n.pattern >= 0) {  // a's the DFA's state, d its characters as far as the limits see them
                 put(f.a);
+                if (n.span > 0) {
+                    put(n.max_count < 0 ? -1 : std::min<int64_t>(n.max_count - f.d, n.span + far));
+                    put(std::clamp<int64_t>(n.min_count - f.d, 0, n.span + far));
+                }
                 continue;
             }
             put(n.max_count < 0 ? -1 : std::min(n.max_count - f.a, far));

@@ -75,6 +75,7 @@ private:
         Phase phase = Begin;
         uint8_t aux = 0;
         int32_t a = 0, b = 0, c = 0;
+        int32_t d = 0;  // a patterned string with length limits: its characters (to the limits)
         bool operator<(const Frame& o) const;
         bool operator==(const Frame& o) const;
     };
@@ -95,12 +96,22 @@ private:
     bool number(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool string(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool raw(Thread& t, uint8_t b) const;
+    // Which characters a patterned text takes next (null: any): those on a DFA edge (state f.a)
+    // into a state that, under a string's length limits, can still end within them.
+    struct Gate {
+        const PatternDfa* dfa = nullptr;
+        const JsonSchema::Node* limits = nullptr;  // a string node with span > 0, or null
+        int64_t count = 0;                         // characters before the next one
+        bool fits(int32_t to) const;
+        bool any(int32_t s, uint32_t lo, uint32_t hi) const;  // some character in [lo, hi] goes on
+        int32_t next(int32_t s, uint32_t cp) const;            // -1 where it does not
+    };
     // A UTF-8 character's lead byte: f.b = its continuation bytes, f.c = its bits so far, f.aux =
-    // the continuations to go; false for a byte no character starts with or (with a pattern's
-    // DFA, state f.a) one that begins no character the DFA takes.
-    static bool utf8_lead(Frame& f, uint8_t b, const PatternDfa* dfa);
+    // the continuations to go; false for a byte no character starts with or (with a gate) one that
+    // begins no character the gate takes.
+    static bool utf8_lead(Frame& f, uint8_t b, const Gate* g);
     // A continuation byte; at the character's last, the DFA steps and f.b, f.c are reset.
-    static bool utf8_next(Frame& f, uint8_t b, const PatternDfa* dfa);
+    static bool utf8_next(Frame& f, uint8_t b, const Gate* g);
     bool opens(int32_t id, uint8_t b) const;
     // push() without keeping the state when b is refused (then it is spoilt): JsonVocab's walk,
     // which drops such a state.

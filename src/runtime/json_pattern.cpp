@@ -522,6 +522,20 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where,
     return d;
 }
 
+std::vector<uint8_t> pattern_ends(const PatternDfa& d, int32_t span) {
+    const size_t n = d.edges.size(), w = size_t(span) + 1;
+    std::vector<uint8_t> ends(n * w, 0);
+    for (size_t s = 0; s < n; ++s) ends[s * w] = d.accept[s];
+    for (size_t k = 1; k < w; ++k)
+        for (size_t s = 0; s < n; ++s)
+            for (const PatternDfa::Edge& e : d.edges[s])
+                if (ends[size_t(e.to) * w + k - 1]) {
+                    ends[s * w + k] = 1;
+                    break;
+                }
+    return ends;
+}
+
 namespace {
 
 // The decimal texts of [lo, hi], both of n digits (leading zeros allowed), lo <= hi.
@@ -582,6 +596,14 @@ std::string format_pattern(const std::string& format) {
     if (format == "uuid") return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
     if (format == "ipv4") return "^(?:" + octet + "\\.){3}" + octet + "$";
     if (format == "hostname") return "^" + label + "(?:\\." + label + ")*$";
+    // RFC 3986's absolute URI with an authority: scheme://host[:port], then a path, query and
+    // fragment of their unreserved, sub-delims, ':' '@' and percent-encoded characters.
+    if (format == "uri") {
+        const std::string pchar = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+        const std::string qchar = "(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})";
+        return "^[A-Za-z][A-Za-z0-9+.-]*://" + label + "(?:\\." + label + ")*(?::\\d{1,5})?(?:/" + pchar + "*)*(?:\\?" +
+               qchar + "*)?(?:#" + qchar + "*)?$";
+    }
     // RFC 5321's dot-string local part (atoms of letters, digits and !#$%&'*+/=?^_`{|}~-) at a
     // domain of two or more labels.
     if (format == "email")

@@ -39,9 +39,14 @@ constexpr size_t kMaxPatternStates = 4096;
 // whole: the match is the whole string, as if the pattern began with ^ and ended with $.
 PatternDfa compile_pattern(const std::string& pattern, const std::string& where, bool whole = false);
 
-// The anchored pattern shardlm generates for a "format" (a subset of the format's strings where
-// it is not regular: dates up to the 28th of February, no leap seconds, email addresses of
-// dot-separated atoms), or "" for a format it does not know.
+// For a string of the pattern under length limits: ends[s * (span + 1) + k] is 1 when an accepting
+// state lies exactly k characters on from state s (k in [0, span]).
+std::vector<uint8_t> pattern_ends(const PatternDfa& d, int32_t span);
+
+// The anchored pattern shardlm generates for a "format" (date, time, date-time, uuid, ipv4,
+// hostname, email, uri; a subset of the format's strings where it is not regular or not simple:
+// dates up to the 28th of February, no leap seconds, email addresses of dot-separated atoms, URIs
+// of the form scheme://host[:port]/path?query#fragment), or "" for a format it does not know.
 std::string format_pattern(const std::string& format);
 
 // The anchored pattern of the JSON texts of the integers in [lo, hi] (no leading zeros, no "-0"),

@@ -34,6 +34,7 @@ constexpr size_t kMaxNodes = 20000;
 constexpr int kMaxDepth = 128;        // schema objects inside one another, $refs followed included
 constexpr int32_t kMaxChoiceDepth = 64;  // anyOf inside anyOf (through $refs too)
 constexpr int kMaxOneOfDepth = 16;       // how deep a oneOf's alternatives are compared
+constexpr int64_t kMaxEndsTable = 16 << 20;  // a pattern's states x lengths under length limits
 // Counts past this can never be reached within a context: a maximum is no limit, a minimum is refused.
 constexpr int64_t kMaxCount = int64_t(1) << 30;
 
@@ -250,16 +251,29 @@ private:
             if (!pat && !fmt) return add(std::move(n));
             const char* key = pat ? "pattern" : "format";
             if (pat && fmt) bad(path, "\"pattern\" beside \"format\" is not supported");
-            if (n.min_count > 0 || n.max_count >= 0)
-                bad(path, cat("\"", key, "\" beside minLength or maxLength is not supported"));
             if (!s[key].is_string()) bad(path + "/" + key, "must be a string");
             const std::string text = s[key];
             const std::string re = pat ? text : format_pattern(text);
             if (re.empty())
                 bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, uuid, ipv4, "
-                                          "email, hostname)"));
+                                          "email, hostname, uri)"));
             out_.patterns.push_back(compile_pattern(re, cat(what_, ": json_schema at ", path, "/", key)));
             n.pattern = int32_t(out_.patterns.size() - 1);
+            if (n.min_count > 0 || n.max_count >= 0) {
+                const PatternDfa& d = out_.patterns.back();
+                const int64_t states = int64_t(d.edges.size());
+                const int64_t span = n.max_count >= 0 ? std::min(n.max_count, n.min_count + states) : n.min_count + states;
+                if ((span + 1) * states > kMaxEndsTable)
+                    bad(path, cat("\"", key, "\" with these length limits needs too large a table (", states,
+                                  " states x ", span + 1, " lengths)"));
+                n.span = int32_t(std::max<int64_t>(span, 1));
+                n.ends = pattern_ends(d, n.span);
+                bool fits = false;
+                for (int64_t k = n.min_count; k <= span; ++k) fits = fits || n.ends[size_t(d.start) * size_t(n.span + 1) + size_t(k)];
+                if (!fits)
+                    bad(path, cat("no string of the ", key, " has ", n.min_count,
+                                  n.max_count >= 0 ? cat(" to ", n.max_count) : std::string(" or more"), " characters"));
+            }
             return add(std::move(n));
         }
         if (t == "array") {

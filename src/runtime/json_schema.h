@@ -9,9 +9,9 @@
 // - numbers and integers are JSON's own (an integer has no fraction and no exponent);
 // - enum and const values are written as their compact JSON texts;
 // - a string's pattern, or its format (runtime/json_pattern.h), is matched by its characters,
-//   which are then written as they are (no \u escapes).
-// Keywords that constrain values beyond this (minimum, oneOf, pattern beside minLength, ...) are
-// refused with an error naming the keyword and where it is, never ignored.
+//   which are then written as they are (no \u escapes), within minLength/maxLength if given.
+// Keywords that constrain values beyond this (a number's minimum, multipleOf, ...) are refused
+// with an error naming the keyword and where it is, never ignored.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,11 @@ struct JsonSchema {
         std::vector<std::string> texts;         // Const: the JSON texts allowed, sorted, distinct
         std::vector<int32_t> alts;              // AnyOf: the alternatives
         int32_t pattern = -1;                   // String, Integer, Text: its DFA in `patterns` (-1: none)
+        // String with a pattern and length limits: pattern_ends() of its DFA up to `span`
+        // characters, which decides whether a state can still end within the limits (span 0:
+        // no limits). Lengths past span add nothing: min_count + the DFA's states reach them all.
+        std::vector<uint8_t> ends;
+        int32_t span = 0;
     };
     std::vector<Node> nodes;
     std::vector<PatternDfa> patterns;

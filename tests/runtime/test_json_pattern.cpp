@@ -122,7 +122,12 @@ TEST(JsonPattern, Formats) {
     EXPECT_TRUE(ok("hostname", "a-b.example"));
     EXPECT_FALSE(ok("hostname", "-a.example"));
     EXPECT_FALSE(ok("hostname", std::string(64, 'a')));
-    EXPECT_EQ(format_pattern("uri"), "");
+    EXPECT_TRUE(ok("uri", "https://example.org:8080/a/b%20c?q=1&r=/x#top"));
+    EXPECT_TRUE(ok("uri", "urn.x://h"));
+    EXPECT_FALSE(ok("uri", "https://exa mple.org"));
+    EXPECT_FALSE(ok("uri", "https://example.org/%zz"));
+    EXPECT_FALSE(ok("uri", "/relative/path"));
+    EXPECT_EQ(format_pattern("ipv6"), "");
 }
 
 TEST(JsonPattern, RefusesWhatItDoesNotTake) {
@@ -277,4 +282,27 @@ TEST(JsonPattern, GuidedRegexText) {
     EXPECT_THROW(regex_schema("(a)\\1", "r"), Error);
     EXPECT_TRUE(matches(compile_pattern("ab", "p", true), "ab"));
     EXPECT_FALSE(matches(compile_pattern("ab", "p", true), "xab"));
+}
+
+// A pattern under minLength/maxLength: each character is taken only where the match can still be
+// completed within the limits (a UTF-8 lead byte too), the quote only within them.
+TEST(JsonPattern, PatternWithinLengthLimits) {
+    const auto sc = std::make_shared<const JsonSchema>(compile_json_schema(
+        R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "^[a-z]+\\d*$", "minLength": 3,
+            "maxLength": 5}, "t": {"type": "string", "pattern": "é", "maxLength": 2}}})",
+        "test"));
+    auto taken = [&](const std::string& text) { return bytes_taken(sc, text); };
+    const std::string ok = R"({"s": "ab12", "t": "é"})";
+    EXPECT_EQ(taken(ok), ok.size());
+    EXPECT_EQ(taken(R"({"s": "ab"})"), 9u);      // too short to close
+    EXPECT_EQ(taken(R"({"s": "abcdef"})"), 12u);  // a sixth character
+    EXPECT_EQ(taken(R"({"s": "1"})"), 7u);        // the pattern's letter first
+    EXPECT_EQ(taken("{\"t\": \"a\xc3\xa9\"}"), 12u);
+    EXPECT_EQ(taken("{\"t\": \"ab"), 8u);           // then only é fits in two characters
+    EXPECT_EQ(taken("{\"t\": \"a\xc3\xa8"), 9u);    // è: its lead byte is é's, the second byte is not
+    // The count is in the mask key where the limits can see it.
+    JsonAcceptor one(sc), two(sc);
+    ASSERT_TRUE(one.push(std::string(R"({"s": "ab)")));
+    ASSERT_TRUE(two.push(std::string(R"({"s": "abc)")));
+    EXPECT_NE(one.key(4, 6), two.key(4, 6));
 }

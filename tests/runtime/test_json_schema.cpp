@@ -183,10 +183,12 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     EXPECT_NE(error_of(R"j({"type": "string", "pattern": "a(?=b)"})j").find("--json-schema s.json: json_schema at #/pattern: "
                                                                            "lookahead and lookbehind"),
               std::string::npos) << error_of(R"j({"type": "string", "pattern": "a(?=b)"})j");
-    EXPECT_NE(error_of(R"({"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}})")
-                  .find("at #/properties/a/format: format \"uri\" is not supported"),
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"a": {"type": "string", "format": "ipv6"}}})")
+                  .find("at #/properties/a/format: format \"ipv6\" is not supported"),
               std::string::npos);
-    EXPECT_NE(error_of(R"({"type": "string", "pattern": "a", "maxLength": 3})").find("\"pattern\" beside minLength or maxLength"),
+    EXPECT_NE(error_of(R"({"type": "string", "pattern": "^a{5}$", "maxLength": 3})").find("no string of the pattern has 0 to 3 characters"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "string", "format": "uuid", "minLength": 40})").find("no string of the format has 40 or more characters"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"type": "string", "pattern": 7})").find("#/pattern: must be a string"), std::string::npos);
     EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})").find("not on numbers"),
@@ -389,6 +391,9 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         // Strings held to a pattern (anchored or not) and to a format.
         R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]+-\\d{2}$"},
            "day": {"format": "date"}, "has": {"type": "string", "pattern": "b[xy]"}}, "required": ["code", "day"]})",
+        // ... and within length limits (a character past ASCII included).
+        R"({"type": "object", "properties": {"w": {"type": "string", "pattern": "^[a-e\u00e9]+\\d*$", "minLength": 3,
+           "maxLength": 6}, "u": {"type": "string", "pattern": "x", "maxLength": 4}}, "required": ["w", "u"]})",
         // Limits further than one token reaches (the mask keys see counts as distances to them).
         R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 12, "maxLength": 16},
            "a": {"type": "array", "items": {"enum": [1, 22]}, "minItems": 11, "maxItems": 13}}, "required": ["s", "a"]})",

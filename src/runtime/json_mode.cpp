@@ -367,10 +367,7 @@ bool JsonAcceptor::Gate::fits(int32_t to) const {
     const JsonSchema::Node& n = *limits;
     const int64_t c = count + 1, span = n.span;
     const int64_t lo = std::max<int64_t>(0, n.min_count - c), hi = std::min(span, n.max_count >= 0 ? n.max_count - c : span);
-    const uint8_t* e = n.ends.data() + size_t(to) * size_t(span + 1);
-    for (int64_t k = lo; k <= hi; ++k)
-        if (e[k]) return true;
-    return false;
+    return lo <= hi && n.ends[size_t(to) * size_t(span + 1) + size_t(lo)] <= hi;
 }
 
 bool JsonAcceptor::Gate::any(int32_t s, uint32_t lo, uint32_t hi) const {

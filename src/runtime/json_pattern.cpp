@@ -522,17 +522,26 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where,
     return d;
 }
 
-std::vector<uint8_t> pattern_ends(const PatternDfa& d, int32_t span) {
+std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span) {
     const size_t n = d.edges.size(), w = size_t(span) + 1;
-    std::vector<uint8_t> ends(n * w, 0);
-    for (size_t s = 0; s < n; ++s) ends[s * w] = d.accept[s];
+    // exact[s * w + k]: an accepting state lies exactly k characters on from s.
+    std::vector<uint8_t> exact(n * w, 0);
+    for (size_t s = 0; s < n; ++s) exact[s * w] = d.accept[s];
     for (size_t k = 1; k < w; ++k)
         for (size_t s = 0; s < n; ++s)
             for (const PatternDfa::Edge& e : d.edges[s])
-                if (ends[size_t(e.to) * w + k - 1]) {
-                    ends[s * w + k] = 1;
+                if (exact[size_t(e.to) * w + k - 1]) {
+                    exact[s * w + k] = 1;
                     break;
                 }
+    std::vector<int32_t> ends(n * w);
+    for (size_t s = 0; s < n; ++s) {
+        int32_t soonest = span + 1;
+        for (size_t k = w; k-- > 0;) {
+            if (exact[s * w + k]) soonest = int32_t(k);
+            ends[s * w + k] = soonest;
+        }
+    }
     return ends;
 }
 

@@ -39,9 +39,10 @@ constexpr size_t kMaxPatternStates = 4096;
 // whole: the match is the whole string, as if the pattern began with ^ and ended with $.
 PatternDfa compile_pattern(const std::string& pattern, const std::string& where, bool whole = false);
 
-// For a string of the pattern under length limits: ends[s * (span + 1) + k] is 1 when an accepting
-// state lies exactly k characters on from state s (k in [0, span]).
-std::vector<uint8_t> pattern_ends(const PatternDfa& d, int32_t span);
+// For a string of the pattern under length limits: ends[s * (span + 1) + k] is the fewest
+// characters k' >= k after which an accepting state can be reached from state s (exactly k'
+// on), span + 1 for none up to span; so "some length in [lo, hi]" is one lookup.
+std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span);
 
 // The anchored pattern shardlm generates for a "format" (date, time, date-time, uuid, ipv4,
 // hostname, email, uri; a subset of the format's strings where it is not regular or not simple:

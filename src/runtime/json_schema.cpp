@@ -34,7 +34,8 @@ constexpr size_t kMaxNodes = 20000;
 constexpr int kMaxDepth = 128;        // schema objects inside one another, $refs followed included
 constexpr int32_t kMaxChoiceDepth = 64;  // anyOf inside anyOf (through $refs too)
 constexpr int kMaxOneOfDepth = 16;       // how deep a oneOf's alternatives are compared
-constexpr int64_t kMaxEndsTable = 16 << 20;  // a pattern's states x lengths under length limits
+constexpr int64_t kMaxEndsTable = 4 << 20;  // a pattern's states x lengths under length limits (bounds its
+                                            // compile time to tens of milliseconds)
 // Counts past this can never be reached within a context: a maximum is no limit, a minimum is refused.
 constexpr int64_t kMaxCount = int64_t(1) << 30;
 
@@ -268,9 +269,7 @@ private:
                                   " states x ", span + 1, " lengths)"));
                 n.span = int32_t(std::max<int64_t>(span, 1));
                 n.ends = pattern_ends(d, n.span);
-                bool fits = false;
-                for (int64_t k = n.min_count; k <= span; ++k) fits = fits || n.ends[size_t(d.start) * size_t(n.span + 1) + size_t(k)];
-                if (!fits)
+                if (n.ends[size_t(d.start) * size_t(n.span + 1) + size_t(n.min_count)] > span)
                     bad(path, cat("no string of the ", key, " has ", n.min_count,
                                   n.max_count >= 0 ? cat(" to ", n.max_count) : std::string(" or more"), " characters"));
             }

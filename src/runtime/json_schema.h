@@ -42,7 +42,7 @@ struct JsonSchema {
         // String with a pattern and length limits: pattern_ends() of its DFA up to `span`
         // characters, which decides whether a state can still end within the limits (span 0:
         // no limits). Lengths past span add nothing: min_count + the DFA's states reach them all.
-        std::vector<uint8_t> ends;
+        std::vector<int32_t> ends;
         int32_t span = 0;
     };
     std::vector<Node> nodes;

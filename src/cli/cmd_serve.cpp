@@ -37,6 +37,7 @@
 #include "core/error.h"
 #include "runtime/batcher.h"
 #include "runtime/generate.h"
+#include "runtime/grammar.h"
 #include "runtime/session.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
@@ -250,6 +251,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
             {"guided_regex", r.guided_regex},
+            {"guided_grammar", r.guided_grammar},
             {"think", {r.think_open, r.think_close, r.think_first}},
             {"prompt_logprobs", r.prompt_logprobs()}};
 }
@@ -638,18 +640,22 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::map<std::string, std::shared_ptr<const JsonSchema>> schemas;
     auto schema_of = [&](const json& j) -> std::shared_ptr<const JsonSchema> {
         if (j["json_object"]) return json_mode;
-        const std::string text = j["json_schema"], regex = j["guided_regex"];
+        const std::string text = j["json_schema"], regex = j["guided_regex"], grammar = j["guided_grammar"];
         const std::vector<std::string> choices = j["guided_choice"];
-        if (text.empty() && choices.empty() && regex.empty()) return nullptr;
+        if (text.empty() && choices.empty() && regex.empty() && grammar.empty()) return nullptr;
         // (no schema text starts with a line break)
-        const std::string key = !text.empty() ? text : !regex.empty() ? "regex\n" + regex : "choice\n" + j["guided_choice"].dump();
+        const std::string key = !text.empty()      ? text
+                                : !regex.empty()   ? "regex\n" + regex
+                                : !grammar.empty() ? "grammar\n" + grammar
+                                                   : "choice\n" + j["guided_choice"].dump();
         auto it = schemas.find(key);
         if (it != schemas.end()) return it->second;
         if (schemas.size() >= 64) schemas.clear();
         return schemas
-            .emplace(key, spaced(!text.empty()    ? compile_json_schema(text, "response_format.json_schema.schema")
-                                 : !regex.empty() ? regex_schema(regex, "guided_regex")
-                                                  : choice_schema(choices, "guided_choice")))
+            .emplace(key, spaced(!text.empty()      ? compile_json_schema(text, "response_format.json_schema.schema")
+                                 : !regex.empty()   ? regex_schema(regex, "guided_regex")
+                                 : !grammar.empty() ? compile_grammar(grammar, "guided_grammar")
+                                                    : choice_schema(choices, "guided_choice")))
             .first->second;
     };
     Batcher batcher(engine, bo);

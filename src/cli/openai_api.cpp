@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 #include "tokenizer/utf8.h"
 
@@ -242,9 +243,10 @@ std::string tool_schema(const json& functions, const ApiRequest& r) {
     return items.dump();
 }
 
-// vLLM's structured outputs: guided_json, guided_choice and guided_regex (its older fields), or
-// structured_outputs {"json": ...} / {"choice": [...]} / {"regex": ...} (its newer one); one
-// source of constraint per request, response_format's included. Grammars are refused.
+// vLLM's structured outputs: guided_json, guided_choice, guided_regex and guided_grammar (its older
+// fields; llama.cpp's "grammar" too), or structured_outputs {"json": ...} / {"choice": [...]} /
+// {"regex": ...} / {"grammar": ...} (its newer one); one source of constraint per request,
+// response_format's included.
 void structured_outputs(const json& body, ApiRequest& r) {
     auto given = [&](const json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
     int sources = (r.json_object || !r.json_schema.empty()) ? 1 : 0;
@@ -278,8 +280,20 @@ void structured_outputs(const json& body, ApiRequest& r) {
             bad(e.what());
         }
     };
-    if (given(body, "guided_grammar"))
-        bad("\"guided_grammar\" is not supported by shardlm serve (guided_json, guided_choice and guided_regex are)");
+    auto grammar = [&](const json& v, const std::string& name) {
+        if (!v.is_string() || v.get<std::string>().empty()) bad("\"" + name + "\" must be a GBNF grammar (a string)");
+        r.guided_grammar = v;
+        try {
+            compile_grammar(r.guided_grammar, name);
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    };
+    for (const char* k : {"guided_grammar", "grammar"})  // (vLLM's name, llama.cpp's)
+        if (given(body, k)) {
+            ++sources;
+            grammar(body[k], k);
+        }
     if (given(body, "guided_regex")) {
         ++sources;
         regex(body["guided_regex"], "guided_regex");
@@ -302,12 +316,13 @@ void structured_outputs(const json& body, ApiRequest& r) {
             if (k == "json") schema(it.value(), "structured_outputs.json");
             else if (k == "choice") choice(it.value(), "structured_outputs.choice");
             else if (k == "regex") regex(it.value(), "structured_outputs.regex");
-            else bad("\"structured_outputs." + k + "\" is not supported by shardlm serve (json, choice and regex are)");
+            else if (k == "grammar") grammar(it.value(), "structured_outputs.grammar");
+            else bad("\"structured_outputs." + k + "\" is not supported by shardlm serve (json, choice, regex and grammar are)");
         }
     }
     if (sources > 1)
         bad("one constraint per request: response_format (json_object, json_schema), guided_json, guided_choice, "
-            "guided_regex or structured_outputs");
+            "guided_regex, guided_grammar (grammar) or structured_outputs");
 }
 }  // namespace
 
@@ -512,9 +527,10 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         bad("\"tools\" with tool_choice \"auto\" and a JSON constraint (response_format, guided_json) do not go "
             "together: a tool call is no JSON value");
     if (r.tools == ApiRequest::Tools::Required || r.tools == ApiRequest::Tools::Named) {
-        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty() || !r.guided_regex.empty())
+        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty() || !r.guided_regex.empty() ||
+            !r.guided_grammar.empty())
             bad("tool_choice \"required\" or a named function holds the reply to its calls: no other constraint "
-                "(response_format, guided_json, guided_choice, guided_regex) with it");
+                "(response_format, guided_json, guided_choice, guided_regex, guided_grammar) with it");
         r.json_schema = tool_schema(functions, r);
         try {
             compile_json_schema(r.json_schema, "the parameters of the tools");

@@ -56,6 +56,7 @@ struct ApiRequest {
     std::string json_schema;
     std::vector<std::string> guided_choice;  // vLLM's guided_choice / structured_outputs.choice (checked)
     std::string guided_regex;                // vLLM's guided_regex / structured_outputs.regex (checked), or empty
+    std::string guided_grammar;  // vLLM's guided_grammar / structured_outputs.grammar, llama.cpp's grammar (GBNF, checked)
     // Completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N (0-20): each
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
@@ -127,8 +128,8 @@ void check_body_depth(const std::string& body);
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
 // [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos,
-// min_tokens, stop_token_ids, priority, guided_json, guided_choice and guided_regex (or
-// structured_outputs with json, choice or regex). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
+// min_tokens, stop_token_ids, priority, guided_json, guided_choice, guided_regex and
+// guided_grammar (or structured_outputs with json, choice, regex or grammar; llama.cpp's grammar). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
 // messages of role "tool" and assistant messages with "tool_calls", content as a string or an
 // array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's, Llama 3.1/3.2's, Mistral v3's); tool_choice
 // "required" or {"type": "function", "function": {"name": ...}} hold the reply to JSON calls

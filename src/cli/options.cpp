@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/mmap_file.h"
 #include "model/synthetic.h"
+#include "runtime/grammar.h"
 
 #include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 
@@ -255,6 +256,11 @@ void add_json_options(po::options_description& d, JsonFlags& f) {
          "each token keeps the text the start of a match of the regular expression PATTERN (the whole text, raw; "
          "vLLM's guided_regex): a sequence may end (its end-of-sequence token) wherever the match is complete, and "
          "ends where nothing can follow")
+        ("grammar", po::value(&f.grammar),
+         "each token keeps the text the start of one of the GBNF grammar TEXT's (llama.cpp's format; its rule "
+         "root is the whole text): a sequence may end (its end-of-sequence token) wherever root is complete, and "
+         "ends where nothing can follow")
+        ("grammar-file", po::value(&f.grammar_file), "--grammar with the grammar in FILE")
         ("json-whitespace", po::value(&f.whitespace)->default_value(JsonSchema::kDefaultSpace),
          "with --json-object/--json-schema: most whitespace bytes in a row between the JSON's parts, one line "
          "break among them (0: compact JSON, for models that would spend tokens on it)");
@@ -264,32 +270,45 @@ void check_json_whitespace(int n) {
     if (n < 0 || n > JsonSchema::kMaxSpace) fail("--json-whitespace must be in [0, ", JsonSchema::kMaxSpace, "]");
 }
 
-std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
-    if (f.object && !f.schema_file.empty()) fail("--json-object and --json-schema exclude each other");
-    if (!f.regex.empty() && (f.object || !f.schema_file.empty()))
-        fail("--regex and ", f.object ? "--json-object" : "--json-schema", " exclude each other");
-    check_json_whitespace(f.whitespace);
-    if (!f.object && f.schema_file.empty() && f.regex.empty()) return nullptr;
-    JsonSchema s;
-    if (!f.regex.empty()) {
-        s = regex_schema(f.regex, "--regex");
-    } else if (f.object) {
-        s = json_object_schema();
-    } else {
-        std::string text;
-        try {
-            text = read_text_file(f.schema_file);
-        } catch (const Error& e) {
-            fail("--json-schema: ", e.what());
-        }
-        s = compile_json_schema(text, "--json-schema " + f.schema_file);
+namespace {
+// The constraint flags given, by name.
+std::vector<std::string> json_sources(const JsonFlags& f) {
+    std::vector<std::string> out;
+    if (!f.regex.empty()) out.push_back("--regex");
+    if (f.object) out.push_back("--json-object");
+    if (!f.schema_file.empty()) out.push_back("--json-schema");
+    if (!f.grammar.empty()) out.push_back("--grammar");
+    if (!f.grammar_file.empty()) out.push_back("--grammar-file");
+    return out;
+}
+
+std::string file_text(const std::string& flag, const std::string& path) {
+    try {
+        return read_text_file(path);
+    } catch (const Error& e) {
+        fail(flag, ": ", e.what());
     }
+}
+}  // namespace
+
+std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f) {
+    const std::vector<std::string> given = json_sources(f);
+    if (given.size() > 1) fail(given[0], " and ", given[1], " exclude each other");
+    check_json_whitespace(f.whitespace);
+    if (given.empty()) return nullptr;
+    JsonSchema s;
+    if (!f.regex.empty()) s = regex_schema(f.regex, "--regex");
+    else if (f.object) s = json_object_schema();
+    else if (!f.grammar.empty()) s = compile_grammar(f.grammar, "--grammar");
+    else if (!f.grammar_file.empty()) s = compile_grammar(file_text("--grammar-file", f.grammar_file), "--grammar-file " + f.grammar_file);
+    else s = compile_json_schema(file_text("--json-schema", f.schema_file), "--json-schema " + f.schema_file);
     s.max_space = f.whitespace;
     return std::make_shared<const JsonSchema>(std::move(s));
 }
 
 std::string json_flag(const JsonFlags& f) {
-    return f.object ? "--json-object" : !f.schema_file.empty() ? "--json-schema" : !f.regex.empty() ? "--regex" : "";
+    const std::vector<std::string> given = json_sources(f);
+    return given.empty() ? "" : given[0];
 }
 
 }  // namespace shardlm

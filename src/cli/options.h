@@ -80,12 +80,14 @@ void set_speculation_rows(SessionOptions& so, int64_t n);
 // JSON mode's vocabulary (runtime/json_mode.h): what each token adds to the text, special tokens
 // nothing (never chosen).
 std::vector<std::string> json_token_bytes(const Tokenizer& tok);
-// --json-object, --json-schema FILE and --regex PATTERN (generate, chat): the JSON schema, or the
-// pattern of raw text (vLLM's guided_regex), each sequence is held to.
+// --json-object, --json-schema FILE, --regex PATTERN, --grammar TEXT and --grammar-file FILE
+// (generate, chat): the JSON schema, the pattern of raw text (vLLM's guided_regex) or the GBNF
+// grammar each sequence is held to.
 struct JsonFlags {
     bool object = false;
     std::string schema_file;
     std::string regex;
+    std::string grammar, grammar_file;  // --grammar TEXT, --grammar-file FILE (runtime/grammar.h)
     int whitespace = JsonSchema::kDefaultSpace;  // --json-whitespace (JsonSchema::max_space)
 };
 // --json-whitespace's check (generate, chat, serve): throws Error naming the flag.
@@ -94,7 +96,7 @@ void add_json_options(po::options_description& d, JsonFlags& f);
 // The schema the flags ask for (JSON mode's for --json-object), null for neither; throws Error
 // naming the flag or the schema's fault. Every rank calls it (each masks its rows alike).
 std::shared_ptr<const JsonSchema> apply_json(const JsonFlags& f);
-// The flag in use, for messages ("--json-object", "--json-schema" or "--regex"); "" for none.
+// The flag in use, for messages ("--json-object", "--regex", "--grammar", ...); "" for none.
 std::string json_flag(const JsonFlags& f);
 // --speculate's bounds.
 constexpr int64_t kMaxSpeculate = 16;

@@ -83,7 +83,7 @@ bool JsonAcceptor::push(const std::string& bytes) {
 void JsonAcceptor::value_end(Thread& t) {
     t.stack.pop_back();
     Frame& p = t.stack.back();
-    p.phase = p.phase == Child ? Done : p.phase == KeyChild ? Colon : After;
+    p.phase = p.phase == Child ? Done : p.phase == KeyChild ? Colon : p.phase == SeqChild ? SeqNext : After;
 }
 
 bool JsonAcceptor::step(Thread& t, uint8_t b, std::vector<Thread>& out) const {
@@ -102,7 +102,8 @@ bool JsonAcceptor::step(Thread& t, uint8_t b, std::vector<Thread>& out) const {
         case Chars: case Escape: case Hex: case LowSlash: case LowU: case Utf8: return string(t, b, out);
         case Num: return number(t, b, out);
         case Lit: return literal(t, b, out);
-        case Raw: return raw(t, b);
+        case Raw: return raw(t, b, &out);
+        case SeqNext: return seq(t, b, out, true);
         default: break;
     }
     // Between the structure's parts: whitespace, at most max_space bytes in a row with one line
@@ -208,27 +209,6 @@ bool JsonAcceptor::structural(Thread& t, uint8_t b, std::vector<Thread>& out) co
     }
 }
 
-// Whether a value of node id can begin with byte b (so that a choice among alternatives copies
-// only the ones that take it).
-bool JsonAcceptor::opens(int32_t id, uint8_t b) const {
-    const JsonSchema::Node& n = schema_->nodes[size_t(id)];
-    switch (n.kind) {
-        case JsonSchema::Kind::AnyOf:
-            return std::any_of(n.alts.begin(), n.alts.end(), [&](int32_t a) { return opens(a, b); });
-        case JsonSchema::Kind::Object: return b == '{';
-        case JsonSchema::Kind::Array: return b == '[';
-        case JsonSchema::Kind::String: return b == '"';
-        case JsonSchema::Kind::Number:
-        case JsonSchema::Kind::Integer:
-            if (n.pattern >= 0) return schema_->patterns[size_t(n.pattern)].next(schema_->patterns[size_t(n.pattern)].start, b) >= 0;
-            return b == '-' || digit(b);
-        case JsonSchema::Kind::Const:
-            return std::any_of(n.texts.begin(), n.texts.end(), [&](const std::string& x) { return uint8_t(x[0]) == b; });
-        case JsonSchema::Kind::Text: return true;  // (the root only: start() tells)
-    }
-    return false;
-}
-
 bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& out) const {
     const JsonSchema::Node& n = schema_->nodes[size_t(id)];
     Frame f;
@@ -287,7 +267,11 @@ bool JsonAcceptor::start(Thread& t, int32_t id, uint8_t b, std::vector<Thread>& 
             f.phase = Raw;
             f.a = schema_->patterns[size_t(n.pattern)].start;
             t.stack.push_back(f);
-            return raw(t, b);
+            return raw(t, b, nullptr);
+        case JsonSchema::Kind::Seq:
+            f.phase = SeqNext;
+            t.stack.push_back(f);
+            return seq(t, b, out, false);
     }
     t.stack.push_back(f);
     return true;
@@ -422,10 +406,53 @@ bool JsonAcceptor::utf8_next(Frame& f, uint8_t b, const Gate* g) {
     return true;
 }
 
-bool JsonAcceptor::raw(Thread& t, uint8_t b) const {
+bool JsonAcceptor::seq(Thread& t, uint8_t b, std::vector<Thread>& out, bool begun) const {
+    const std::vector<int32_t>& parts = node(t.stack.back()).alts;
+    for (int32_t i = t.stack.back().a;; ++i) {
+        if (i == int32_t(parts.size())) {  // every part left may be empty: b follows the sequence
+            if (!begun) return false;
+            value_end(t);
+            return step(t, b, out);
+        }
+        const JsonSchema::Node& p = schema_->nodes[size_t(parts[size_t(i)])];
+        if (!p.first[b]) {
+            if (!p.nullable) return false;
+            continue;
+        }
+        if (!p.nullable) return part(t, i, b, out);
+        // b begins part i, or part i is empty and b begins what follows: two readings.
+        Thread u = t;
+        if (part(u, i, b, out)) out.push_back(std::move(u));
+    }
+}
+
+bool JsonAcceptor::part(Thread& t, int32_t i, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.stack.back();
+    const std::vector<int32_t>& parts = node(f).alts;
+    const int32_t id = parts[size_t(i)];
+    // The last part takes the sequence's place: a repetition (a rule that ends with itself) then
+    // reads any number of items without deepening the stack.
+    if (i + 1 == int32_t(parts.size())) {
+        t.stack.pop_back();
+    } else {
+        f.a = i + 1;
+        f.phase = SeqChild;
+    }
+    if (t.stack.size() >= kMaxFrames) return false;
+    return start(t, id, b, out);
+}
+
+bool JsonAcceptor::raw(Thread& t, uint8_t b, std::vector<Thread>* out) const {
     Frame& f = t.stack.back();
     const PatternDfa& d = schema_->patterns[size_t(node(f).pattern)];
     const Gate g{&d, nullptr, 0};
+    // A grammar's text in an accepting state may end here, b following it: a reading of its own.
+    // (guided_regex's text is the whole one: nothing follows it.)
+    if (out && f.aux == 0 && d.accept[size_t(f.a)] && t.stack.size() > 2) {
+        Thread e = t;
+        value_end(e);
+        if (step(e, b, *out)) out->push_back(std::move(e));
+    }
     if (f.aux > 0) {
         if (!utf8_next(f, b, &g)) return false;
     } else if (b >= 0x80) {
@@ -441,14 +468,24 @@ bool JsonAcceptor::raw(Thread& t, uint8_t b) const {
 }
 
 bool JsonAcceptor::may_end() const {
-    const JsonSchema::Node& root = schema_->nodes[size_t(schema_->root)];
+    // A reading may end where each open part may: a text in an accepting state, a sequence whose
+    // parts left may all be empty (a JSON value's parts never may).
+    auto ends = [&](const Frame& f) {
+        const JsonSchema::Node& n = node(f);
+        switch (f.phase) {
+            case Raw: return f.aux == 0 && schema_->patterns[size_t(n.pattern)].accept[size_t(f.a)] != 0;
+            case SeqNext:
+            case SeqChild:
+                return std::all_of(n.alts.begin() + f.a, n.alts.end(),
+                                   [&](int32_t p) { return schema_->nodes[size_t(p)].nullable; });
+            default: return false;
+        }
+    };
     return std::any_of(threads_.begin(), threads_.end(), [&](const Thread& t) {
-        const Frame& f = t.stack.back();
-        if (t.stack[0].phase == Done) return true;
-        if (root.kind != JsonSchema::Kind::Text) return false;
-        const PatternDfa& d = schema_->patterns[size_t(root.pattern)];
-        if (f.phase == Begin) return d.accept[size_t(d.start)] != 0;  // nothing yet: the empty text
-        return f.phase == Raw && f.aux == 0 && d.accept[size_t(f.a)] != 0;
+        const Phase bottom = t.stack[0].phase;
+        if (bottom == Done) return true;
+        if (bottom == Begin) return schema_->nodes[size_t(schema_->root)].nullable;  // nothing yet: the empty text
+        return std::all_of(t.stack.begin() + 1, t.stack.end(), ends);
     });
 }
 
@@ -624,8 +661,10 @@ JsonVocab::JsonVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) 
 }
 
 const std::vector<uint8_t>& JsonVocab::allowed(const JsonAcceptor& s) {
-    // A token can look no deeper into the open containers than the brackets it closes.
-    std::pair<const JsonSchema*, std::string> k{s.schema().get(), s.key(max_close_, reach_)};
+    // A token can look no deeper into the open containers than the brackets it closes (into a
+    // grammar's parts, as deep as they go).
+    const size_t depth = s.schema()->grammar ? JsonAcceptor::kMaxFrames : max_close_;
+    std::pair<const JsonSchema*, std::string> k{s.schema().get(), s.key(depth, reach_)};
     auto it = masks_.find(k);
     if (it != masks_.end()) return it->second;
     if (masks_.size() >= kMaxMasks) {

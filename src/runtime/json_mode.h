@@ -63,7 +63,8 @@ private:
         Chars, Escape, Hex, LowSlash, LowU, Utf8,  // string (LowSlash/LowU: a low surrogate's "\u" must follow)
         Num,                                    // number or integer: aux says where
         Lit,                                    // enum or const: texts [a, b) share the first c bytes
-        Raw,                                    // guided_regex's text: a = its DFA state
+        Raw,                                    // guided_regex's text, a grammar's terminals: a = its DFA state
+        SeqNext, SeqChild,                      // a grammar's sequence: a = its next part; before it, in the one before
     };
     // One open part of the value. Object: a = the first key still allowed, b = the key being read
     // or whose value is; array: a = items begun; string: a = characters (with a pattern: its DFA
@@ -95,7 +96,15 @@ private:
     bool literal(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool number(Thread& t, uint8_t b, std::vector<Thread>& out) const;
     bool string(Thread& t, uint8_t b, std::vector<Thread>& out) const;
-    bool raw(Thread& t, uint8_t b) const;
+    // out: where a grammar's text may also end before b (null: it may not, as at its start).
+    bool raw(Thread& t, uint8_t b, std::vector<Thread>* out) const;
+    // A sequence's parts from f.a on: b begins one (those before it left empty); `begun`: all
+    // may be left out, b following the sequence (not where the sequence itself begins with b).
+    bool seq(Thread& t, uint8_t b, std::vector<Thread>& out, bool begun) const;
+    // Part i of the sequence on top begins with b (the last one takes the sequence's frame).
+    bool part(Thread& t, int32_t i, uint8_t b, std::vector<Thread>& out) const;
+    // The most frames a reading holds (a grammar's nesting, as deep as the text makes it).
+    static constexpr size_t kMaxFrames = 4096;
     // Which characters a patterned text takes next (null: any): those on a DFA edge (state f.a)
     // into a state that, under a string's length limits, can still end within them.
     struct Gate {
@@ -112,7 +121,7 @@ private:
     static bool utf8_lead(Frame& f, uint8_t b, const Gate* g);
     // A continuation byte; at the character's last, the DFA steps and f.b, f.c are reset.
     static bool utf8_next(Frame& f, uint8_t b, const Gate* g);
-    bool opens(int32_t id, uint8_t b) const;
+    bool opens(int32_t id, uint8_t b) const { return schema_->nodes[size_t(id)].first[b]; }
     // push() without keeping the state when b is refused (then it is spoilt): JsonVocab's walk,
     // which drops such a state.
     bool advance(uint8_t b);

@@ -64,9 +64,11 @@ public:
         out_.key = add(of(Kind::String));
         out_.root = node(doc_, "#", 0);
         check_cycles();
+        settle(out_);
         check_one_of();
         prune();
         skip_wrappers();
+        settle(out_);
         check_choice_depth();
         if (!delimited(out_.root, {}))
             bad("#", "the top value must end by itself (an object, array, string, boolean or null, or an enum of "
@@ -361,36 +363,12 @@ private:
                                                  "constant values)"));
         }
     }
-    // The bytes a value of node id may begin with.
-    std::bitset<256> first_bytes(int32_t id, int depth) const {
-        std::bitset<256> b;
-        const Node& n = out_.nodes[size_t(id)];
-        switch (n.kind) {
-            case Kind::Object: b.set('{'); break;
-            case Kind::Array: b.set('['); break;
-            case Kind::String: b.set('"'); break;
-            case Kind::Number:
-            case Kind::Integer:
-                b.set('-');
-                for (char c = '0'; c <= '9'; ++c) b.set(uint8_t(c));
-                break;
-            case Kind::Const:
-                for (const std::string& t : n.texts) b.set(uint8_t(t[0]));
-                break;
-            case Kind::Text: return b.set();  // (guided_regex's root: never inside a schema)
-            case Kind::AnyOf:
-                if (depth > kMaxOneOfDepth) return b.set();
-                for (const int32_t a : n.alts) b |= first_bytes(a, depth + 1);
-                break;
-        }
-        return b;
-    }
     // Whether no value matches both nodes, as far as can be shown: different first bytes
     // (different JSON types), constants with no value in common, or objects whose value of a
     // property both require cannot match both (a discriminator's constants).
     bool disjoint(int32_t x, int32_t y, int depth) const {
         if (depth > kMaxOneOfDepth) return false;
-        if ((first_bytes(x, 0) & first_bytes(y, 0)).none()) return true;
+        if ((out_.nodes[size_t(x)].first & out_.nodes[size_t(y)].first).none()) return true;
         const Node &a = out_.nodes[size_t(x)], &b = out_.nodes[size_t(y)];
         if (a.kind == Kind::AnyOf)
             return std::all_of(a.alts.begin(), a.alts.end(), [&](int32_t k) { return disjoint(k, y, depth + 1); });
@@ -540,6 +518,93 @@ private:
 };
 }  // namespace
 
+namespace {
+// The bytes that begin the UTF-8 of some code point in [lo, hi].
+std::bitset<256> utf8_leads(uint32_t lo, uint32_t hi) {
+    std::bitset<256> b;
+    for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) b.set(c);
+    // Each lead byte's characters: [first, last] (C2-DF: 2 bytes, E0-EF: 3, F0-F4: 4).
+    for (uint32_t lead = 0xC2; lead <= 0xF4; ++lead) {
+        const int more = lead < 0xE0 ? 1 : lead < 0xF0 ? 2 : 3;
+        const uint32_t bits = lead & (0x3Fu >> more);
+        uint32_t first = bits << (6 * more), last = first + (1u << (6 * more)) - 1;
+        if (more == 2 && first < 0x800) first = 0x800;
+        if (more == 3 && first < 0x10000) first = 0x10000;
+        if (first <= hi && last >= lo) b.set(lead);
+    }
+    return b;
+}
+
+// A node's first bytes and emptiness from its parts' as they stand (one step of settle()).
+void settle_one(const JsonSchema& s, Node& n) {
+    switch (n.kind) {
+        case Kind::Object: n.first.set('{'); break;
+        case Kind::Array: n.first.set('['); break;
+        case Kind::String: n.first.set('"'); break;
+        case Kind::Number:
+        case Kind::Integer:
+        case Kind::Text:
+            if (n.pattern >= 0) {
+                const PatternDfa& d = s.patterns[size_t(n.pattern)];
+                for (const PatternDfa::Edge& e : d.edges[size_t(d.start)]) n.first |= utf8_leads(e.lo, e.hi);
+                n.nullable = n.kind == Kind::Text && d.accept[size_t(d.start)];
+                break;
+            }
+            n.first.set('-');
+            for (char c = '0'; c <= '9'; ++c) n.first.set(uint8_t(c));
+            break;
+        case Kind::Const:
+            for (const std::string& t : n.texts) n.first.set(uint8_t(t[0]));
+            break;
+        case Kind::AnyOf:
+            for (const int32_t a : n.alts) {
+                n.first |= s.nodes[size_t(a)].first;
+                n.nullable = n.nullable || s.nodes[size_t(a)].nullable;
+            }
+            break;
+        case Kind::Seq:
+            n.nullable = true;
+            for (const int32_t a : n.alts) {
+                n.first |= s.nodes[size_t(a)].first;
+                if (!s.nodes[size_t(a)].nullable) {
+                    n.nullable = false;
+                    break;
+                }
+            }
+            break;
+    }
+}
+}  // namespace
+
+void settle(JsonSchema& s) {
+    // A node changes only when a part's does, and only grows (more bytes, empty or not): each
+    // node is settled again when a part of it changed, until none does.
+    std::vector<std::vector<int32_t>> users(s.nodes.size());
+    for (size_t i = 0; i < s.nodes.size(); ++i) {
+        s.nodes[i].first.reset();
+        s.nodes[i].nullable = false;
+        for (const int32_t a : s.nodes[i].alts) users[size_t(a)].push_back(int32_t(i));
+    }
+    std::vector<int32_t> work(s.nodes.size());
+    std::vector<uint8_t> queued(s.nodes.size(), 1);
+    for (size_t i = 0; i < work.size(); ++i) work[i] = int32_t(work.size() - 1 - i);
+    while (!work.empty()) {
+        const int32_t id = work.back();
+        work.pop_back();
+        queued[size_t(id)] = 0;
+        Node& n = s.nodes[size_t(id)];
+        const std::bitset<256> first = n.first;
+        const bool nullable = n.nullable;
+        settle_one(s, n);
+        if (n.first == first && n.nullable == nullable) continue;
+        for (const int32_t u : users[size_t(id)])
+            if (!queued[size_t(u)]) {
+                queued[size_t(u)] = 1;
+                work.push_back(u);
+            }
+    }
+}
+
 JsonSchema json_object_schema() {
     return compile_json_schema(R"({"type": "object"})", "JSON mode");
 }
@@ -554,6 +619,7 @@ JsonSchema regex_schema(const std::string& pattern, const std::string& what) {
     t.pattern = 0;
     s.nodes.push_back(std::move(t));
     s.root = 1;
+    settle(s);
     return s;
 }
 
@@ -573,6 +639,7 @@ JsonSchema choice_schema(std::vector<std::string> choices, const std::string& wh
     c.texts = std::move(choices);
     s.nodes.push_back(std::move(c));
     s.root = 1;
+    settle(s);
     return s;
 }
 

@@ -14,6 +14,7 @@
 // with an error naming the keyword and where it is, never ignored.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,8 +24,9 @@
 namespace shardlm {
 
 struct JsonSchema {
-    // Text: not JSON but raw text matching a pattern whole (vLLM's guided_regex; the root only).
-    enum class Kind : uint8_t { Object, Array, String, Number, Integer, Const, AnyOf, Text };
+    // Text: not JSON but raw text matching a pattern whole (vLLM's guided_regex, or a grammar's
+    // terminals); Seq: a grammar's parts one after another (runtime/grammar.h).
+    enum class Kind : uint8_t { Object, Array, String, Number, Integer, Const, AnyOf, Text, Seq };
     struct Node {
         Kind kind = Kind::AnyOf;
         // Object: the property names as JSON strings (quotes and escapes included) in the schema's
@@ -37,8 +39,12 @@ struct JsonSchema {
         int32_t items = -1;                     // Array: every item's node
         int64_t min_count = 0, max_count = -1;  // Array: items; String: characters (-1: no limit)
         std::vector<std::string> texts;         // Const: the JSON texts allowed, sorted, distinct
-        std::vector<int32_t> alts;              // AnyOf: the alternatives
+        std::vector<int32_t> alts;              // AnyOf: the alternatives; Seq: the parts in order
         int32_t pattern = -1;                   // String, Integer, Text: its DFA in `patterns` (-1: none)
+        // The bytes a value of the node may begin with, and whether it may be empty (a grammar's
+        // parts; a JSON value never is): filled by settle().
+        std::bitset<256> first;
+        bool nullable = false;
         // String with a pattern and length limits: pattern_ends() of its DFA up to `span`
         // characters, which decides whether a state can still end within the limits (span 0:
         // no limits). Lengths past span add nothing: min_count + the DFA's states reach them all.
@@ -53,7 +59,15 @@ struct JsonSchema {
     // among them (room for indentation, none for a model to stall on); 0: compact JSON.
     int max_space = kDefaultSpace;
     static constexpr int kDefaultSpace = 16, kMaxSpace = 64;
+    // A grammar's: its parts nest without bound and a token may end any number of them, so the
+    // masks of runtime/json_mode.h are kept by the whole state (a JSON value's by its innermost
+    // containers).
+    bool grammar = false;
 };
+
+// Fills every node's `first` and `nullable` (to a fixed point: a grammar's rules and a schema's
+// $refs refer back to one another). Every compiler below calls it before it returns.
+void settle(JsonSchema& s);
 
 // How deeply JSON text nests arrays and objects (brackets inside strings not counted; the text
 // need not be valid). Checked before parsing text from outside: nlohmann's dump() and the schema

@@ -340,6 +340,21 @@ TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
     }
     expect_error(g + "--regex 'a(?=b)'", "--regex: lookahead and lookbehind");
     expect_error(g + "--regex a --json-object", "--regex and --json-object exclude each other");
+    // --grammar-file (a GBNF grammar, llama.cpp's --grammar-file): the text is root's, whole.
+    write_file(t.file("verse.gbnf"), "root ::= book \" \" num \":\" num  # a reference\n"
+                                     "book ::= \"Genesis\" | \"Exodus\"\nnum ::= [1-9] [0-9]?\n");
+    const CommandResult gr = run_command(kBin + " generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small "
+                                         "--prompt 'And God said' --grammar-file " + t.file("verse.gbnf") +
+                                         " --temperature 1 --seed 5 --batch 4 --max-new-tokens 30 --json");
+    ASSERT_EQ(gr.exit_code, 0) << gr.err;
+    for (const auto& res : nlohmann::json::parse(gr.out)["results"]) {
+        const std::string text = res["text"];
+        EXPECT_TRUE(std::regex_match(text, std::regex("(Genesis|Exodus) [1-9][0-9]?:[1-9][0-9]?"))) << text;
+        EXPECT_TRUE(res["stop_reason"] == "stop" || res["stop_reason"] == "eos") << text;
+    }
+    expect_error(g + "--grammar 'root ::= x'", "--grammar: line 1: rule x is used but not defined");
+    expect_error(g + "--grammar-file " + t.file("none.gbnf"), "--grammar-file: " + t.file("none.gbnf"));
+    expect_error(g + "--regex a --grammar 'root ::= \"a\"'", "--regex and --grammar exclude each other");
 }
 
 // generation_config.json's eos_token_id ends a sequence as config.json's does (instruct

@@ -497,6 +497,47 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_GT(early, 0) << ra.raw;
     }
 
+    // vLLM's guided_grammar (structured_outputs.grammar, llama.cpp's grammar): GBNF, the text is
+    // root's whole; a recursive one (nested brackets) is balanced in every prefix, and whole where
+    // it stops.
+    {
+        const std::string verse = "root ::= book \" \" num \":\" num\nbook ::= \"Genesis\" | \"Exodus\"\nnum ::= [1-9] [0-9]?";
+        // (brackets the model writes often: 't' opens, 'e' closes)
+        const std::string lists = "root ::= \"t\" item* \"e\"\nitem ::= [a-df-su-z] | root";
+        const json base = {{"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", 4}, {"n", 6}};
+        json a = base, b = base, c = base;
+        a["guided_grammar"] = verse;
+        b["structured_outputs"] = {{"grammar", verse}};
+        c["grammar"] = lists;
+        for (const json* q : {&a, &b}) {
+            const Reply r = post(port, "/v1/completions", *q);
+            ASSERT_EQ(r.status, 200) << r.raw;
+            for (const json& ch : r.body["choices"]) {
+                EXPECT_EQ(ch["finish_reason"], "stop") << r.raw;
+                EXPECT_TRUE(std::regex_match(ch["text"].get<std::string>(), std::regex("(Genesis|Exodus) [1-9][0-9]?:[1-9][0-9]?")))
+                    << ch["text"];
+            }
+        }
+        const Reply r = post(port, "/v1/completions", c);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        int nested = 0;
+        for (const json& ch : r.body["choices"]) {
+            const std::string text = ch["text"];
+            EXPECT_TRUE(std::regex_match(text, std::regex("t[a-z]*"))) << text;
+            int depth = 0, deepest = 0;
+            for (const char x : text) {
+                depth += x == 't' ? 1 : x == 'e' ? -1 : 0;
+                deepest = std::max(deepest, depth);
+                EXPECT_GE(depth, 0) << text;
+            }
+            nested += deepest > 1;
+            if (ch["finish_reason"] == "stop") {
+                EXPECT_EQ(depth, 0) << text;
+            }
+        }
+        EXPECT_GT(nested, 0) << r.raw;
+    }
+
     // vLLM's guided_choice (and structured_outputs.choice): each text is one of the choices, whole;
     // guided_json is response_format json_schema's.
     {
@@ -606,7 +647,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "number"}}}}}}}},
              400, "the top value must end by itself");
     error_of({{"prompt", "x"}, {"response_format", "json"}}, 400, "\"response_format\" must be an object");
-    error_of({{"prompt", "x"}, {"guided_grammar", "root ::= x"}}, 400, "\"guided_grammar\" is not supported by shardlm serve");
+    error_of({{"prompt", "x"}, {"guided_grammar", "root ::= x"}}, 400, "guided_grammar: line 1: rule x is used but not defined");
+    error_of({{"prompt", "x"}, {"grammar", "root ::= root \"a\""}}, 400, "grammar: rule root can begin with itself");
+    error_of({{"prompt", "x"}, {"guided_grammar", 5}}, 400, "\"guided_grammar\" must be a GBNF grammar");
+    error_of({{"prompt", "x"}, {"guided_grammar", "root ::= \"a\""}, {"guided_regex", "a"}}, 400, "one constraint per request");
     error_of({{"prompt", "x"}, {"guided_regex", "a(?=b)"}}, 400, "guided_regex: lookahead and lookbehind");
     error_of({{"prompt", "x"}, {"guided_regex", 5}}, 400, "\"guided_regex\" must be a regular expression");
     error_of({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"a"}}}, 400, "one constraint per request");
@@ -616,8 +660,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"format", "ipv6"}}}}, 400,
              "guided_json: json_schema at #/format: format \"ipv6\" is not supported");
     error_of({{"prompt", "x"}, {"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}}, 400, "one constraint per request");
-    error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= x"}}}}, 400,
-             "\"structured_outputs.grammar\" is not supported by shardlm serve (json, choice and regex are)");
+    error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= \"a"}}}}, 400,
+             "structured_outputs.grammar: line 1: a '\"' without its closing '\"'");
+    error_of({{"prompt", "x"}, {"structured_outputs", {{"structural_tag", "x"}}}}, 400,
+             "\"structured_outputs.structural_tag\" is not supported by shardlm serve (json, choice, regex and grammar are)");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text, json_object or json_schema)");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
              "\"stream_options.continuous_usage_stats\" is not supported");

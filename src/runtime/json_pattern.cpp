@@ -592,6 +592,119 @@ std::string integer_range_pattern(std::optional<int64_t> lo, std::optional<int64
     return "^(?:" + out + ")$";
 }
 
+namespace {
+
+// A non-negative decimal: integer part, fraction digits without trailing zeros, and whether it is
+// an exclusive bound.
+struct Magnitude {
+    uint64_t whole = 0;
+    std::string frac;
+    bool exclusive = false;
+};
+
+// Digit strings D, read as the fraction 0.D (the empty one as 0), within [l, h] (exclusive ends
+// where lx, hx), l and h without trailing zeros; h_any: no upper end below 1. `digits`: the
+// pattern of the non-empty ones (none: nullopt), `empty`: whether the empty one is in.
+struct Fraction {
+    std::optional<std::string> digits;
+    bool empty = false;
+};
+Fraction fraction_range(const std::string& l, bool lx, const std::string& h, bool hx, bool h_any) {
+    // The ends that take no more digits: above 0 with no upper end, or at most 0.
+    if (h_any && l.empty()) return lx ? Fraction{"0*[1-9]\\d*", false} : Fraction{"\\d+", true};
+    if (!h_any && h.empty()) return l.empty() && !lx && !hx ? Fraction{"0+", true} : Fraction{};
+    // Here l or h has a digit to read: the first digit d splits the strings.
+    const bool empty = l.empty() && !lx;  // (h is above 0 here)
+    const char l1 = l.empty() ? '0' : l[0], h1 = h_any ? '9' : h[0];
+    const std::string lrest = l.empty() ? "" : l.substr(1), hrest = h_any ? "" : h.substr(1);
+    if (l1 > h1) return {std::nullopt, empty};
+    std::vector<std::string> parts;
+    auto led = [&](char d, const Fraction& tail) {  // d, then the rest's digits
+        std::string p = std::string(1, d);
+        if (tail.digits && tail.empty) p += "(?:" + *tail.digits + ")?";
+        else if (tail.digits) p += "(?:" + *tail.digits + ")";
+        else if (!tail.empty) return;
+        parts.push_back(p);
+    };
+    if (l1 == h1 && !h_any) {
+        led(l1, fraction_range(lrest, lx, hrest, hx, false));
+    } else {
+        led(l1, fraction_range(lrest, lx, "", false, true));
+        const char from = char(l1 + 1), to = h_any ? '9' : char(h1 - 1);
+        if (from <= to) parts.push_back(cat("[", from, "-", to, "]\\d*"));
+        if (!h_any) led(h1, fraction_range("", false, hrest, hx, false));
+    }
+    if (parts.empty()) return {std::nullopt, empty};
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return {"(?:" + out + ")", empty};
+}
+
+// The texts (no sign) of the non-negative decimals in [a, b] (b absent: no upper end), "" for none.
+std::string magnitude_range(const Magnitude& a, const std::optional<Magnitude>& b) {
+    std::vector<std::string> parts;
+    auto with = [&](uint64_t whole, const Fraction& f) {
+        if (!f.digits && !f.empty) return;
+        std::string p = std::to_string(whole);
+        if (f.digits) p += cat(f.empty ? "(?:\\." : "\\.", "(?:", *f.digits, ")", f.empty ? ")?" : "");
+        parts.push_back(p);
+    };
+    if (b && b->whole < a.whole) return "";
+    if (b && a.whole == b->whole) {
+        with(a.whole, fraction_range(a.frac, a.exclusive, b->frac, b->exclusive, false));
+    } else {
+        with(a.whole, fraction_range(a.frac, a.exclusive, "", false, true));
+        if (!b || b->whole - a.whole >= 2)
+            parts.push_back(natural_range(a.whole + 1, b ? std::optional<uint64_t>(b->whole - 1) : std::nullopt) + "(?:\\.\\d+)?");
+        if (b) with(b->whole, fraction_range("", false, b->frac, b->exclusive, false));
+    }
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return out;
+}
+
+// "-12.50" -> negative, {12, "5"}; throws for other texts.
+std::pair<bool, Magnitude> decimal(const DecimalBound& d) {
+    const std::string& t = d.text;
+    size_t i = t.size() > 0 && t[0] == '-' ? 1 : 0;
+    const size_t dot = t.find('.');
+    const std::string whole = t.substr(i, (dot == std::string::npos ? t.size() : dot) - i);
+    std::string frac = dot == std::string::npos ? "" : t.substr(dot + 1);
+    auto digits = [](const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; };
+    if (!digits(whole) || (dot != std::string::npos && !digits(frac))) fail("the bound ", t, " is not a decimal number");
+    if (whole.size() > 19 || std::stoull(whole) > 1000000000000000000ull) fail("the bound ", t, " is beyond 10^18 in size");
+    while (!frac.empty() && frac.back() == '0') frac.pop_back();
+    return {i == 1, Magnitude{std::stoull(whole), frac, d.exclusive}};
+}
+
+}  // namespace
+
+std::string number_range_pattern(const std::optional<DecimalBound>& lo, const std::optional<DecimalBound>& hi) {
+    std::optional<std::pair<bool, Magnitude>> l, h;
+    if (lo) l = decimal(*lo);
+    if (hi) h = decimal(*hi);
+    auto zero = [](const std::pair<bool, Magnitude>& m) { return m.second.whole == 0 && m.second.frac.empty(); };
+    // -0 is 0: a bound of 0 is non-negative.
+    const bool l_neg = l && l->first && !zero(*l), h_neg = h && h->first && !zero(*h);
+    std::vector<std::string> parts;
+    if (!l || l_neg) {  // the negatives, as "-" and their magnitudes: above |h| (or 0), up to |l|
+        const Magnitude from = h_neg ? h->second : Magnitude{0, "", true};
+        const std::optional<Magnitude> to = l ? std::optional<Magnitude>(l->second) : std::nullopt;
+        const std::string m = magnitude_range(from, to);
+        if (!m.empty()) parts.push_back("-(?:" + m + ")");
+    }
+    if (!h || !h_neg) {  // the non-negatives: from l (or 0) up to h
+        const Magnitude from = l && !l_neg ? l->second : Magnitude{};
+        const std::optional<Magnitude> to = h ? std::optional<Magnitude>(h->second) : std::nullopt;
+        const std::string m = magnitude_range(from, to);
+        if (!m.empty()) parts.push_back(m);
+    }
+    if (parts.empty()) return "";
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return "^(?:" + out + ")$";
+}
+
 std::string format_pattern(const std::string& format) {
     // RFC 3339's full-date with days that every year has, and its full-time without leap seconds.
     const std::string date = "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"

@@ -54,4 +54,17 @@ std::string format_pattern(const std::string& format);
 // either bound left out; lo <= hi.
 std::string integer_range_pattern(std::optional<int64_t> lo, std::optional<int64_t> hi);
 
+// A bound of a number's range: its decimal text ("-12.5", "0.001": an optional '-', digits, an
+// optional fraction; no exponent) and whether the bound itself is left out.
+struct DecimalBound {
+    std::string text;
+    bool exclusive = false;
+};
+
+// The anchored pattern of the JSON texts without an exponent (-?(0|[1-9]\d*)(\.\d+)?) of the
+// numbers in the range, either bound left out (zero only as 0, 0.0, ..., not -0); "" when no
+// number lies in it. Throws Error for a
+// bound that is no such decimal text or past 10^18 in size.
+std::string number_range_pattern(const std::optional<DecimalBound>& lo, const std::optional<DecimalBound>& hi);
+
 }  // namespace shardlm

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bitset>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -218,12 +220,66 @@ private:
         return {lo, hi};
     }
 
+    // A number's bounds from minimum, maximum and their exclusive forms, as decimal texts (a
+    // double's shortest text that reads back as it; at most 10^18 in size and 20 fraction digits).
+    std::pair<std::optional<DecimalBound>, std::optional<DecimalBound>> number_bounds(const json& s, const std::string& path) const {
+        std::optional<DecimalBound> lo, hi;
+        std::optional<double> lo_v, hi_v;
+        for (const std::string& k : kBounds) {
+            if (!s.contains(k)) continue;
+            const json& v = s[k];
+            if (!v.is_number()) bad(path + "/" + k, "must be a number");
+            const double x = v.get<double>();
+            if (!(std::fabs(x) <= 1e18)) bad(path + "/" + k, "bounds beyond 10^18 in size are not supported");
+            const bool upper = k == "maximum" || k == "exclusiveMaximum", exclusive = k.rfind("exclusive", 0) == 0;
+            const DecimalBound b{v.is_number_float() ? decimal_text(x, path + "/" + k) : v.dump(), exclusive};
+            // The tighter bound of two; at equal values the exclusive one.
+            std::optional<DecimalBound>& cur = upper ? hi : lo;
+            std::optional<double>& cur_v = upper ? hi_v : lo_v;
+            if (!cur || (upper ? x < *cur_v : x > *cur_v) || (x == *cur_v && exclusive)) {
+                cur = b;
+                cur_v = x;
+            }
+        }
+        return {lo, hi};
+    }
+    // The shortest decimal text of x that reads back as x, without an exponent.
+    std::string decimal_text(double x, const std::string& path) const {
+        char buf[64];
+        for (int digits = 1; digits <= 17; ++digits) {
+            std::snprintf(buf, sizeof buf, "%.*e", digits - 1, x);
+            if (std::strtod(buf, nullptr) == x) break;
+        }
+        // buf: [-]d.ddde[+-]XX: the digits, shifted by the exponent.
+        std::string t = buf;
+        const size_t e = t.find('e');
+        const int exp = std::atoi(t.c_str() + e + 1);
+        const bool neg = t[0] == '-';
+        std::string digits;
+        for (size_t i = neg ? 1 : 0; i < e; ++i)
+            if (t[i] != '.') digits += t[i];
+        const int point = exp + 1;  // digits before the decimal point
+        if (int(digits.size()) - point > 20) bad(path, "bounds with more than 20 fraction digits are not supported");
+        std::string out;
+        if (point <= 0) out = "0." + std::string(size_t(-point), '0') + digits;
+        else if (point >= int(digits.size())) out = digits + std::string(size_t(point) - digits.size(), '0');
+        else out = digits.substr(0, size_t(point)) + "." + digits.substr(size_t(point));
+        return (neg ? "-" : "") + out;
+    }
+
     // A value of one type, from the keywords of `s` that apply to it.
     int32_t typed(const json& s, const std::string& t, const std::string& path, int depth) {
         const bool bounded = std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); });
         if (t == "number") {
-            if (bounded) bad(path, "minimum and maximum are supported on integers, not on numbers");
-            return add(of(Kind::Number));
+            Node n = of(Kind::Number);
+            if (bounded) {  // the range's texts, without exponents
+                const auto [lo, hi] = number_bounds(s, path);
+                const std::string p = number_range_pattern(lo, hi);
+                if (p.empty()) bad(path, cat("no number lies between the bounds ", lo ? lo->text : "", " and ", hi ? hi->text : ""));
+                out_.patterns.push_back(compile_pattern(p, cat(what_, ": json_schema at ", path)));
+                n.pattern = int32_t(out_.patterns.size() - 1);
+            }
+            return add(std::move(n));
         }
         if (t == "integer") {
             Node n = of(Kind::Integer);

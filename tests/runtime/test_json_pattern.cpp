@@ -212,8 +212,52 @@ TEST(JsonPattern, IntegerRanges) {
     }
 }
 
+// A number's range: every text of up to 5 characters of "-0123.5" (and longer ones at the
+// bounds) is matched exactly when it is a JSON number without exponent within the bounds (zero
+// written with a minus sign left out).
+TEST(JsonPattern, NumberRanges) {
+    using B = std::optional<DecimalBound>;
+    auto in = [](const char* t) { return B(DecimalBound{t, false}); };
+    auto ex = [](const char* t) { return B(DecimalBound{t, true}); };
+    const std::vector<std::pair<B, B>> ranges = {
+        {in("0"), in("1")},      {ex("0"), ex("1")},      {in("0"), std::nullopt}, {ex("0"), std::nullopt},
+        {std::nullopt, in("0")}, {std::nullopt, ex("0")}, {in("-2.5"), in("3.25")}, {ex("-2.5"), ex("3.25")},
+        {in("0.05"), in("0.5")}, {ex("0.05"), in("0.3")}, {in("-1"), ex("-0.25")}, {in("1.5"), in("1.5")},
+        {in("12"), in("320.5")}, {std::nullopt, in("-1.05")}, {in("-0"), ex("0.005")}, {in("0.25"), in("0.3")},
+        {ex("-0.5"), std::nullopt}, {std::nullopt, std::nullopt}};
+    const std::regex json_number("-?(0|[1-9][0-9]*)(\\.[0-9]+)?");
+    std::vector<std::string> texts = {"", "0.0000", "0.0500", "0.04999", "0.05001", "3.2500", "3.2501", "-2.5000",
+                                      "-2.4999", "320.50", "320.51", "0.00499", "0.00500", "-0.0000", "1.50000"};
+    std::vector<std::string> level = {""};
+    for (int n = 0; n < 5; ++n) {
+        std::vector<std::string> next;
+        for (const std::string& t : level)
+            for (const char c : std::string("-0123.5")) next.push_back(t + c);
+        texts.insert(texts.end(), next.begin(), next.end());
+        level.swap(next);
+    }
+    for (const auto& [lo, hi] : ranges) {
+        const std::string p = number_range_pattern(lo, hi);
+        ASSERT_FALSE(p.empty());
+        const PatternDfa d = compile_pattern(p, "range");
+        for (const std::string& t : texts) {
+            bool want = std::regex_match(t, json_number);
+            if (want) {  // (-0, -0.0, ... are 0 written otherwise: not generated)
+                const double v = std::strtod(t.c_str(), nullptr);
+                want = !(v == 0 && t[0] == '-');
+                if (lo) want = want && (lo->exclusive ? v > std::strtod(lo->text.c_str(), nullptr) : v >= std::strtod(lo->text.c_str(), nullptr));
+                if (hi) want = want && (hi->exclusive ? v < std::strtod(hi->text.c_str(), nullptr) : v <= std::strtod(hi->text.c_str(), nullptr));
+            }
+            ASSERT_EQ(matches(d, t), want) << p << " on \"" << t << "\"";
+        }
+    }
+    EXPECT_EQ(number_range_pattern(in("1"), ex("1")), "");
+    EXPECT_EQ(number_range_pattern(in("2"), in("1.5")), "");
+    EXPECT_EQ(number_range_pattern(ex("0"), in("-0")), "");
+}
+
 // In a schema: minimum, maximum and the exclusive forms (fractions round inwards) hold an
-// integer's digits; a number's are refused, as are bounds with nothing between them.
+// integer's digits, and a number's (without exponent); bounds with nothing between them are refused.
 TEST(JsonPattern, IntegerBoundsInASchema) {
     const auto sc = std::make_shared<const JsonSchema>(compile_json_schema(
         R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 150},
@@ -230,6 +274,21 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
     EXPECT_EQ(taken(R"({"k": -3})"), 7u);
     EXPECT_EQ(taken(R"({"k": 4})"), 6u);
     EXPECT_EQ(taken(R"({"free": -6})"), 11u);  // -6 may still become -60: the end is refused
+    // A number's bounds as Pydantic writes them (Field(ge=0, le=1), confloat(gt=0)).
+    const auto num = std::make_shared<const JsonSchema>(compile_json_schema(
+        R"({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
+            "t": {"type": "number", "exclusiveMinimum": 0.5, "minimum": 0.25}}})",
+        "test"));
+    auto took = [&](const std::string& text) { return bytes_taken(num, text); };
+    const std::string fine = R"({"p": 0.75, "t": 0.5001})";
+    EXPECT_EQ(took(fine), fine.size());
+    EXPECT_EQ(took(R"({"p": 1.0, "t": 7})"), std::string(R"({"p": 1.0, "t": 7})").size());
+    EXPECT_EQ(took(R"({"p": 1.5})"), 8u);   // 1. then only zeros
+    EXPECT_EQ(took(R"({"p": 2})"), 6u);
+    EXPECT_EQ(took(R"({"p": -0.1})"), 6u);
+    EXPECT_EQ(took(R"({"p": 1e-3})"), 7u);  // no exponents
+    EXPECT_EQ(took(R"({"t": 0.5})"), 9u);   // 0.5 may still become 0.51: the end is refused
+    EXPECT_EQ(took(R"({"t": 0.4})"), 8u);
     auto error_of = [](const std::string& text) {
         try {
             compile_json_schema(text, "s");
@@ -238,8 +297,11 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
         }
         return std::string();
     };
-    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 0}}})")
-                  .find("#/properties/x: minimum and maximum are supported on integers, not on numbers"),
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 1, "exclusiveMaximum": 1}}})")
+                  .find("#/properties/x: no number lies between the bounds 1 and 1"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 1e-30}}})")
+                  .find("#/properties/x/minimum: bounds with more than 20 fraction digits"),
               std::string::npos);
     EXPECT_EQ(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "minimum": 3, "exclusiveMaximum": 4}}})"),
               "");  // [3, 3]

@@ -191,7 +191,7 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
     EXPECT_NE(error_of(R"({"type": "string", "format": "uuid", "minLength": 40})").find("no string of the format has 40 or more characters"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"type": "string", "pattern": 7})").find("#/pattern: must be a string"), std::string::npos);
-    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})").find("not on numbers"),
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "number", "maximum": "1"}}})").find("#/properties/n/maximum: must be a number"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}})").find("\"multipleOf\""),
               std::string::npos);
@@ -388,6 +388,10 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 12, "maximum": 345},
            "b": {"type": "array", "items": {"type": "integer", "exclusiveMinimum": -20, "exclusiveMaximum": -3}, "maxItems": 3},
            "c": {"type": "number"}}, "required": ["a", "b"]})",
+        // Numbers in bounds (Pydantic's Field(ge=0, le=1), confloat(gt=-2.5, lt=-0.125)).
+        R"({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
+           "q": {"type": "array", "items": {"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": -0.125},
+           "maxItems": 3}}, "required": ["p", "q"]})",
         // Strings held to a pattern (anchored or not) and to a format.
         R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-c]+-\\d{2}$"},
            "day": {"format": "date"}, "has": {"type": "string", "pattern": "b[xy]"}}, "required": ["code", "day"]})",

@@ -202,10 +202,13 @@ bool JsonAcceptor::structural(Thread& t, uint8_t b, std::vector<Thread>& out) co
             }
             if (n.max_count == 0) return false;
             [[fallthrough]];
-        default:  // ArrNext: an item begins (counted as far as the limits need)
-            if (f.a < std::max(n.min_count, n.max_count)) ++f.a;
+        default: {  // ArrNext: an item begins (counted as far as the limits and the tuple's items need)
+            const int64_t tuple = int64_t(n.values.size());
+            const int32_t item = f.a < tuple ? n.values[size_t(f.a)] : n.items;
+            if (f.a < std::max({n.min_count, n.max_count, tuple})) ++f.a;
             f.phase = ArrChild;
-            return start(t, n.items, b, out);
+            return start(t, item, b, out);
+        }
     }
 }
 
@@ -632,6 +635,7 @@ std::string JsonAcceptor::key(size_t depth, size_t reach) const {
             }
             put(n.max_count < 0 ? -1 : std::min(n.max_count - f.a, far));
             put(std::clamp<int64_t>(n.min_count - f.a, 0, far));
+            if (!n.values.empty()) put(std::min<int64_t>(f.a, int64_t(n.values.size())));  // a tuple's next item
         }
     }
     return k;

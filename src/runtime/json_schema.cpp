@@ -28,7 +28,7 @@ const std::set<std::string> kAnnotations = {"$schema", "$id",      "$comment", "
 const std::set<std::string> kSupported = {"type",     "properties", "required",  "additionalProperties", "items",
                                           "minItems", "maxItems",   "minLength", "maxLength",            "enum",
                                           "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems",
-                                          "pattern",  "format",     "oneOf",     "minimum",              "maximum",
+                                          "pattern",  "format",     "oneOf",     "minimum",              "maximum",      "prefixItems",
                                           "exclusiveMinimum",       "exclusiveMaximum"};
 const std::vector<std::string> kBounds = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
@@ -130,8 +130,8 @@ private:
             const std::string& k = it.key();
             if (kAnnotations.count(k) || kSupported.count(k)) continue;
             bad(path, cat("keyword \"", k, "\" is not supported (shardlm holds generation to: type, properties, "
-                                           "required, additionalProperties, items, minItems, maxItems, minLength, "
-                                           "maxLength, pattern, format, an integer's minimum and maximum, enum, "
+                                           "required, additionalProperties, items, prefixItems, minItems, maxItems, "
+                                           "minLength, maxLength, pattern, format, minimum and maximum, enum, "
                                            "const, anyOf, oneOf, a single allOf, $ref)"));
         }
         if (s.contains("uniqueItems") && s["uniqueItems"] != json(false)) bad(path + "/uniqueItems", "only false is supported");
@@ -183,7 +183,8 @@ private:
         }
         if (types.empty()) {  // without a type, the keywords present say which kind of value
             if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) types = {"object"};
-            else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types = {"array"};
+            else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems"))
+                types = {"array"};
             else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format"))
                 types = {"string"};
             else if (std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); }))
@@ -336,9 +337,23 @@ private:
         if (t == "array") {
             Node n = counted(Kind::Array, "minItems", "maxItems");
             if (s.contains("items") && s["items"].is_array())
-                bad(path + "/items", "an array of schemas (tuple items) is not supported");
+                bad(path + "/items", "an array of schemas (draft 7's tuple items) is not supported: write prefixItems");
+            const json none = json::array();
+            const json& prefix = s.contains("prefixItems") ? s["prefixItems"] : none;
+            if (!prefix.is_array()) bad(path + "/prefixItems", "must be an array of schemas");
+            // items: false after prefixItems: no items past the tuple's.
+            const bool closed = prefix.size() > 0 && s.contains("items") && s["items"] == json(false);
+            if (closed) {
+                const int64_t p = int64_t(prefix.size());
+                n.max_count = n.max_count < 0 ? p : std::min(n.max_count, p);
+                if (n.min_count > n.max_count) bad(path, cat("minItems ", n.min_count, " is past the ", p, " prefixItems"));
+            }
             const int32_t id = add(std::move(n));
-            const int32_t items = s.contains("items") ? node(s["items"], path + "/items", depth + 1) : any();
+            std::vector<int32_t> firsts;
+            for (size_t i = 0; i < prefix.size(); ++i)
+                firsts.push_back(node(prefix[i], cat(path, "/prefixItems/", i), depth + 1));
+            const int32_t items = s.contains("items") && !closed ? node(s["items"], path + "/items", depth + 1) : any();
+            out_.nodes[size_t(id)].values = std::move(firsts);
             out_.nodes[size_t(id)].items = items;
             return id;
         }
@@ -483,7 +498,10 @@ private:
         std::vector<uint8_t> ok(nodes.size(), 0);
         auto finite = [&](const Node& n) {
             switch (n.kind) {
-                case Kind::Array: return n.min_count == 0 || ok[size_t(n.items)] != 0;
+                case Kind::Array:  // the items up to min_count: the tuple's, then `items`
+                    for (size_t i = 0; i < n.values.size() && int64_t(i) < n.min_count; ++i)
+                        if (!ok[size_t(n.values[i])]) return false;
+                    return n.min_count <= int64_t(n.values.size()) || ok[size_t(n.items)] != 0;
                 case Kind::Object:
                     for (size_t i = 0; i < n.keys.size(); ++i)
                         if (n.required[i] && !ok[size_t(n.values[i])]) return false;
@@ -502,13 +520,23 @@ private:
             bad("#", "no finite value fits the schema (a required property or item refers back to its own value without end)");
         for (Node& n : nodes) {
             n.alts.erase(std::remove_if(n.alts.begin(), n.alts.end(), [&](int32_t a) { return !ok[size_t(a)]; }), n.alts.end());
+            if (n.kind == Kind::Array) {  // no more items than up to the first that cannot end
+                int64_t most = int64_t(n.values.size());
+                for (size_t i = 0; i < n.values.size(); ++i)
+                    if (!ok[size_t(n.values[i])]) {
+                        most = int64_t(i);
+                        break;
+                    }
+                if (most < int64_t(n.values.size()) || !ok[size_t(n.items)])
+                    n.max_count = n.max_count < 0 ? most : std::min(n.max_count, most);
+                continue;
+            }
             for (size_t i = n.keys.size(); i-- > 0;)
                 if (!ok[size_t(n.values[i])]) {
                     n.keys.erase(n.keys.begin() + ptrdiff_t(i));
                     n.values.erase(n.values.begin() + ptrdiff_t(i));
                     n.required.erase(n.required.begin() + ptrdiff_t(i));
                 }
-            if (n.kind == Kind::Array && !ok[size_t(n.items)]) n.max_count = 0;
             if (n.extra >= 0 && !ok[size_t(n.extra)]) n.extra = -1;
         }
     }

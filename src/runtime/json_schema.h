@@ -3,6 +3,7 @@
 //
 // Generation is held to a subset of what a schema allows, so that every finished text is valid
 // against the schema:
+// - an array's items follow prefixItems (a tuple's), then items;
 // - an object with `properties` gets its keys in the schema's order, each optional one skippable
 //   and each required one present; no other keys (additionalProperties is honoured only for an
 //   object without properties, whose keys are then free strings);
@@ -33,6 +34,7 @@ struct JsonSchema {
         // Object: the property names as JSON strings (quotes and escapes included) in the schema's
         // order, each one's value node and whether it is required; or, without properties, the
         // node of any key's value (extra; -1: no keys at all).
+        // Array: `values` are the first items' nodes (prefixItems, a tuple), `items` the rest's.
         std::vector<std::string> keys;
         std::vector<int32_t> values;
         std::vector<uint8_t> required;

@@ -102,9 +102,12 @@ bool valid(const json& v, const json& s, const json& root) {
                 if (!v.contains(r.get<std::string>())) return false;
     }
     if (v.is_array()) {
-        if (s.contains("items"))
-            for (const json& e : v)
-                if (!valid(e, s["items"], root)) return false;
+        // prefixItems: the first items' schemas; items: the rest's (false: none).
+        const size_t tuple = s.contains("prefixItems") ? s["prefixItems"].size() : 0;
+        for (size_t i = 0; i < v.size(); ++i) {
+            if (i < tuple && !valid(v[i], s["prefixItems"][i], root)) return false;
+            if (i >= tuple && s.contains("items") && (s["items"] == json(false) || !valid(v[i], s["items"], root))) return false;
+        }
         if (s.contains("minItems") && int64_t(v.size()) < s["minItems"].get<int64_t>()) return false;
         if (s.contains("maxItems") && int64_t(v.size()) > s["maxItems"].get<int64_t>()) return false;
     }
@@ -261,6 +264,36 @@ TEST(JsonSchema, RefusesWhatItCannotHoldGenerationTo) {
               "");
 }
 
+// prefixItems (a tuple): each of the first items its own schema, then items' (false: none).
+TEST(JsonSchema, TupleItems) {
+    const std::string pair = R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2,
+                                 "maxItems": 2})";
+    EXPECT_TRUE(complete(pair, R"([1, "ab"])"));
+    EXPECT_EQ(taken(pair, R"([1, 2])"), 4u);
+    EXPECT_EQ(taken(pair, R"(["a", 1])"), 1u);
+    EXPECT_EQ(taken(pair, R"([1])"), 2u);  // two items
+    EXPECT_EQ(taken(pair, R"([1, "a", 3])"), 7u);
+    const std::string open = R"({"prefixItems": [{"const": "x"}], "items": {"type": "boolean"}})";
+    EXPECT_TRUE(complete(open, R"(["x", true, false])"));
+    EXPECT_TRUE(complete(open, R"([])"));
+    EXPECT_EQ(taken(open, R"(["x", "x"])"), 6u);
+    const std::string shut = R"({"type": "array", "prefixItems": [{"const": 1}, {"const": 2}], "items": false})";
+    EXPECT_TRUE(complete(shut, "[1, 2]"));
+    EXPECT_TRUE(complete(shut, "[1]"));
+    EXPECT_EQ(taken(shut, "[1, 2, "), 5u);
+    EXPECT_NE(error_of(R"({"type": "array", "items": [{"type": "integer"}]})").find("#/items: an array of schemas (draft 7's tuple items)"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "prefixItems": {"type": "integer"}})").find("#/prefixItems: must be an array of schemas"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "array", "prefixItems": [true], "items": false, "minItems": 2})").find("minItems 2 is past the 1 prefixItems"),
+              std::string::npos);
+    // A tuple item that can never end (refers back to its own array without end) caps the items before it.
+    const std::string self = R"({"$defs": {"A": {"type": "array", "prefixItems": [{"type": "integer"}, {"$ref": "#/$defs/B"}]},
+        "B": {"type": "array", "prefixItems": [{"$ref": "#/$defs/B"}], "minItems": 1}}, "$ref": "#/$defs/A"})";
+    EXPECT_TRUE(complete(self, "[1]"));
+    EXPECT_EQ(taken(self, "[1, "), 2u);
+}
+
 TEST(JsonSchema, HoldsTheTextToTheSchema) {
     const std::string full = R"({"name": "Bo", "age": -3, "email": null, "tags": ["a", 7, null], "ok": true})";
     EXPECT_TRUE(complete(kPerson, full));
@@ -388,6 +421,11 @@ TEST(JsonSchema, MaskedGenerationIsValidAgainstTheSchema) {
         R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 12, "maximum": 345},
            "b": {"type": "array", "items": {"type": "integer", "exclusiveMinimum": -20, "exclusiveMaximum": -3}, "maxItems": 3},
            "c": {"type": "number"}}, "required": ["a", "b"]})",
+        // Tuples (Pydantic's tuple[int, str] and tuple[bool, ...] with items after the prefix).
+        R"({"type": "object", "properties": {"pair": {"type": "array", "prefixItems": [{"type": "integer"},
+           {"type": "string", "maxLength": 3}], "minItems": 2, "maxItems": 2}, "open": {"prefixItems": [{"enum": ["a", "b"]}],
+           "items": {"type": "boolean"}, "maxItems": 4}, "shut": {"type": "array", "prefixItems": [{"const": 1}, {"const": 2}],
+           "items": false}}, "required": ["pair", "open", "shut"]})",
         // Numbers in bounds (Pydantic's Field(ge=0, le=1), confloat(gt=-2.5, lt=-0.125)).
         R"({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
            "q": {"type": "array", "items": {"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": -0.125},

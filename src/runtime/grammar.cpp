@@ -13,6 +13,8 @@ using Node = JsonSchema::Node;
 
 constexpr int kMaxRepeat = 1000;  // {m,n}: the most copies one repetition makes
 constexpr int kMaxNest = 128;     // groups inside groups (the parser recurses per level)
+constexpr int32_t kMaxLeads = 256;  // rules that begin with rules that begin with ...: the acceptor
+                                    // recurses through them at one byte
 
 // The grammar as written: a rule's alternatives, each a sequence of elements.
 struct Elem;
@@ -467,10 +469,12 @@ private:
         return out;
     }
 
-    // A cycle of leads() would have the acceptor begin a node inside itself for ever.
+    // A cycle of leads() would have the acceptor begin a node inside itself for ever; a long
+    // chain of them, recurse as deep at one byte (bounded by kMaxLeads).
     void check_left_recursion() const {
         const size_t n = out_.nodes.size();
         std::vector<uint8_t> mark(n, 0);  // 1: on the path, 2: done
+        std::vector<int32_t> height(n, 0);  // the longest chain of leads() below a node
         std::vector<std::pair<int32_t, size_t>> path;
         for (size_t s = 0; s < n; ++s) {
             if (mark[s]) continue;
@@ -480,6 +484,12 @@ private:
                 auto& [id, next] = path.back();
                 const std::vector<int32_t> ls = leads(id);
                 if (next == ls.size()) {
+                    for (const int32_t l : ls) height[size_t(id)] = std::max(height[size_t(id)], height[size_t(l)] + 1);
+                    if (height[size_t(id)] > kMaxLeads) {
+                        auto named = std::find_if(path.rbegin(), path.rend(), [&](const auto& p) { return names_.count(p.first) > 0; });
+                        fail(what_, ": rules begin with rules more than ", kMaxLeads, " deep before a character (from rule ",
+                             named != path.rend() ? names_.at(named->first) : std::string("root"), ")");
+                    }
                     mark[size_t(id)] = 2;
                     path.pop_back();
                     continue;

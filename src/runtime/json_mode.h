@@ -104,7 +104,7 @@ private:
     // Part i of the sequence on top begins with b (the last one takes the sequence's frame).
     bool part(Thread& t, int32_t i, uint8_t b, std::vector<Thread>& out) const;
     // The most frames a reading holds (a grammar's nesting, as deep as the text makes it).
-    static constexpr size_t kMaxFrames = 4096;
+    static constexpr size_t kMaxFrames = 1024;
     // Which characters a patterned text takes next (null: any): those on a DFA edge (state f.a)
     // into a state that, under a string's length limits, can still end within them.
     struct Gate {

@@ -54,8 +54,9 @@ std::vector<std::string> strings(const std::string& alphabet, size_t len) {
 
 // A random text the acceptor leads to: at each step one of the bytes it takes (or the end where
 // it may end, with probability 1/4); fails the test where it takes no byte and may not end
-// (a prefix taken that nothing completes).
-std::string walk(const std::shared_ptr<const JsonSchema>& g, std::mt19937& rng, size_t limit) {
+// (a prefix taken that nothing completes), and where it has not ended after 50 x limit bytes
+// unless `endless` (then it stops there).
+std::string walk(const std::shared_ptr<const JsonSchema>& g, std::mt19937& rng, size_t limit, bool endless = false) {
     JsonAcceptor a(g);
     std::string s;
     for (;;) {
@@ -85,7 +86,7 @@ std::string walk(const std::shared_ptr<const JsonSchema>& g, std::mt19937& rng, 
         EXPECT_TRUE(a.push(b));
         s += char(b);
         if (s.size() > 50 * limit) {
-            ADD_FAILURE() << "no end in sight after \"" << s << "\"";
+            if (!endless) ADD_FAILURE() << "no end in sight after \"" << s << "\"";
             return s;
         }
     }
@@ -196,7 +197,9 @@ TEST(Grammar, RecursiveGrammarsMatchTheirRecognisers) {
         const std::string e = walk(arith, rng, 30);
         EXPECT_TRUE(arithmetic(e)) << e;
     }
-    EXPECT_TRUE(takes(brackets, std::string(1000, '(') + std::string(1000, ')')));
+    // Nesting as deep as the acceptor's frames allow (two per level here), and no deeper.
+    EXPECT_TRUE(takes(brackets, std::string(400, '(') + std::string(400, ')')));
+    EXPECT_FALSE(takes(brackets, std::string(1000, '(')));
 }
 
 // A JSON grammar as llama.cpp users write one: every walk is JSON that nlohmann parses.
@@ -268,6 +271,44 @@ TEST(Grammar, TokenMasksKeepTheTextInTheLanguage) {
     }
 }
 
+// Mutated grammars: each compiles or is refused with an Error (never a crash or a hang), and
+// the ones that compile lead random walks that can always go on or end.
+TEST(Grammar, MutatedGrammarsCompileOrAreRefused) {
+    const std::vector<std::string> seeds = {
+        "root ::= item+\nitem ::= \"(\" item* \")\" | [a-c]",
+        "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]+ | \"(\" expr \")\"",
+        "root ::= w (\" \" w){0,3} \".\"?\nw ::= [a-z]{1,4} | \"'\" w \"'\"",
+        "root ::= (x | y)* \"!\"\nx ::= \"ab\" y?\ny ::= [^a-y\\n]",
+    };
+    const std::string alphabet = "()[]|*+?{},-\"\\ \nabxy:=^.#0123";
+    std::mt19937 rng(5);
+    int compiled = 0;
+    for (int k = 0; k < 1500; ++k) {
+        std::string g = seeds[rng() % seeds.size()];
+        for (int m = 0, edits = 1 + int(rng() % 3); m < edits; ++m) {
+            const size_t at = rng() % (g.size() + 1);
+            const char c = alphabet[rng() % alphabet.size()];
+            switch (rng() % 3) {
+                case 0: g.insert(at, 1, c); break;
+                case 1: if (at < g.size()) g.erase(at, 1); break;
+                default: if (at < g.size()) g[at] = c; break;
+            }
+        }
+        std::shared_ptr<const JsonSchema> sc;
+        try {
+            sc = std::make_shared<const JsonSchema>(compile_grammar(g, "g"));
+        } catch (const Error&) {
+            continue;
+        }
+        ++compiled;
+        for (int w = 0; w < 3; ++w) {
+            SCOPED_TRACE(g);
+            walk(sc, rng, 12, true);  // (the walk's way out, closing brackets, need not end these)
+        }
+    }
+    EXPECT_GT(compiled, 150);
+}
+
 TEST(Grammar, BadGrammarsAreRefusedByName) {
     auto has = [](const std::string& text, const std::string& part) {
         const std::string e = error_of(text);
@@ -301,5 +342,8 @@ TEST(Grammar, BadGrammarsAreRefusedByName) {
     std::string big = "root ::=";
     for (int k = 0; k < 11; ++k) big += " x{0,1000}";
     has(big + " \"b\"\nx ::= \"a\"", "more than 20000 nodes");
+    std::string chain = "root ::= r0\n";  // each rule begins with the next: the acceptor would recurse through all
+    for (int k = 0; k < 300; ++k) chain += cat("r", k, " ::= r", k + 1, " \"a\"\n");
+    has(chain + "r300 ::= \"b\"", "rules begin with rules more than 256 deep before a character (from rule r");
     EXPECT_EQ(error_of("root ::= \"a\"   # fine\n"), "");
 }

@@ -706,9 +706,11 @@ std::string number_range_pattern(const std::optional<DecimalBound>& lo, const st
 }
 
 std::string format_pattern(const std::string& format) {
-    // RFC 3339's full-date with days that every year has, and its full-time without leap seconds.
-    const std::string date = "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
-                             "02-(?:0[1-9]|1\\d|2[0-8]))";
+    // RFC 3339's full-date (29 February in leap years: divisible by 4, centuries by 400), and its
+    // full-time without leap seconds.
+    const std::string date = "(?:\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
+                             "02-(?:0[1-9]|1\\d|2[0-8]))|(?:\\d\\d(?:0[48]|[2468][048]|[13579][26])|"
+                             "(?:[02468][048]|[13579][26])00)-02-29)";
     const std::string time = "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:[Zz]|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
     const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
     const std::string octet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
@@ -718,6 +720,23 @@ std::string format_pattern(const std::string& format) {
     if (format == "uuid") return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
     if (format == "ipv4") return "^(?:" + octet + "\\.){3}" + octet + "$";
     if (format == "hostname") return "^" + label + "(?:\\." + label + ")*$";
+    // RFC 4291's text forms as RFC 3986 spells them (no zone): eight groups of 1-4 hex digits,
+    // a run of them written "::", the last two as an IPv4 address.
+    if (format == "ipv6") {
+        const std::string h = "[0-9A-Fa-f]{1,4}", ls32 = "(?:" + h + ":" + h + "|(?:" + octet + "\\.){3}" + octet + ")";
+        auto before = [&](int n) { return "(?:(?:" + h + ":){0," + std::to_string(n) + "}" + h + ")?::"; };
+        return "^(?:(?:" + h + ":){6}" + ls32 + "|::(?:" + h + ":){5}" + ls32 + "|(?:" + h + ")?::(?:" + h + ":){4}" + ls32 +
+               "|" + before(1) + "(?:" + h + ":){3}" + ls32 + "|" + before(2) + "(?:" + h + ":){2}" + ls32 + "|" + before(3) +
+               h + ":" + ls32 + "|" + before(4) + ls32 + "|" + before(5) + h + "|" + before(6) + ")$";
+    }
+    // RFC 3339's duration (ISO 8601: P1Y2M3D, PT4H5M6S, P2W), seconds with a fraction as
+    // Pydantic writes a timedelta.
+    if (format == "duration") {
+        const std::string sec = "\\d+(?:\\.\\d+)?S", min = "\\d+M(?:" + sec + ")?", hour = "\\d+H(?:" + min + ")?";
+        const std::string time = "T(?:" + hour + "|" + min + "|" + sec + ")";
+        const std::string day = "\\d+D", month = "\\d+M(?:" + day + ")?", year = "\\d+Y(?:" + month + ")?";
+        return "^P(?:(?:" + day + "|" + month + "|" + year + ")(?:" + time + ")?|" + time + "|\\d+W)$";
+    }
     // RFC 3986's absolute URI with an authority: scheme://host[:port], then a path, query and
     // fragment of their unreserved, sub-delims, ':' '@' and percent-encoded characters.
     if (format == "uri") {

@@ -44,10 +44,11 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where,
 // on), span + 1 for none up to span; so "some length in [lo, hi]" is one lookup.
 std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span);
 
-// The anchored pattern shardlm generates for a "format" (date, time, date-time, uuid, ipv4,
-// hostname, email, uri; a subset of the format's strings where it is not regular or not simple:
-// dates up to the 28th of February, no leap seconds, email addresses of dot-separated atoms, URIs
-// of the form scheme://host[:port]/path?query#fragment), or "" for a format it does not know.
+// The anchored pattern shardlm generates for a "format" (date, time, date-time, duration, uuid,
+// ipv4, ipv6, hostname, email, uri; a subset of the format's strings where it is not regular or
+// not simple: no leap seconds, email addresses of dot-separated atoms, URIs of the form
+// scheme://host[:port]/path?query#fragment, IPv6 without a zone), or "" for a format it does not
+// know.
 std::string format_pattern(const std::string& format);
 
 // The anchored pattern of the JSON texts of the integers in [lo, hi] (no leading zeros, no "-0"),

@@ -307,7 +307,9 @@ private:
         if (t == "string") {
             Node n = counted(Kind::String, "minLength", "maxLength");
             // pattern or format (which apply to strings only): the characters match its DFA.
-            const bool pat = s.contains("pattern"), fmt = s.contains("format");
+            // (formats that say nothing of the characters, as Pydantic writes SecretStr and bytes: annotations)
+            const bool pat = s.contains("pattern"),
+                       fmt = s.contains("format") && s["format"] != json("password") && s["format"] != json("binary");
             if (!pat && !fmt) return add(std::move(n));
             const char* key = pat ? "pattern" : "format";
             if (pat && fmt) bad(path, "\"pattern\" beside \"format\" is not supported");
@@ -315,8 +317,8 @@ private:
             const std::string text = s[key];
             const std::string re = pat ? text : format_pattern(text);
             if (re.empty())
-                bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, uuid, ipv4, "
-                                          "email, hostname, uri)"));
+                bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, duration, uuid, "
+                                          "ipv4, ipv6, email, hostname, uri; password and binary as plain strings)"));
             out_.patterns.push_back(compile_pattern(re, cat(what_, ": json_schema at ", path, "/", key)));
             n.pattern = int32_t(out_.patterns.size() - 1);
             if (n.min_count > 0 || n.max_count >= 0) {

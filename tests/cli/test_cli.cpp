@@ -320,9 +320,9 @@ TEST_F(Cli, JsonSchemaHoldsTheTextToTheSchema) {
     }
     const std::string g = "generate --model " SHARDLM_SOURCE_DIR "/launch/models/kjv-small --prompt-ids 5 ";
     expect_error(g + "--json-object --json-whitespace 65", "--json-whitespace must be in [0, 64]");
-    write_file(t.file("bad.json"), R"({"type": "object", "properties": {"a": {"type": "string", "format": "ipv6"}}})");
+    write_file(t.file("bad.json"), R"({"type": "object", "properties": {"a": {"type": "string", "format": "iri"}}})");
     expect_error(g + "--json-schema " + t.file("bad.json"),
-                 "--json-schema " + t.file("bad.json") + ": json_schema at #/properties/a/format: format \"ipv6\" is not supported");
+                 "--json-schema " + t.file("bad.json") + ": json_schema at #/properties/a/format: format \"iri\" is not supported");
     expect_error(g + "--json-schema " + t.file("none.json"), "--json-schema: " + t.file("none.json"));
     expect_error(g + "--json-schema " + t.file("s.json") + " --json-object", "--json-object and --json-schema exclude each other");
     expect_error("generate --model " + dir_.path() + " --prompt-ids 1 --json-schema " + t.file("s.json"),

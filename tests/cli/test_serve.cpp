@@ -657,8 +657,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"guided_choice", {"a", "ab"}}}, 400, "guided_choice: \"a\" begins \"ab\"");
     error_of({{"prompt", "x"}, {"guided_choice", json::array()}}, 400, "\"guided_choice\" must be an array of 1 to 1024 strings");
     error_of({{"prompt", "x"}, {"guided_json", 5}}, 400, "\"guided_json\" must be a JSON schema");
-    error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"format", "ipv6"}}}}, 400,
-             "guided_json: json_schema at #/format: format \"ipv6\" is not supported");
+    error_of({{"prompt", "x"}, {"guided_json", {{"type", "string"}, {"format", "iri"}}}}, 400,
+             "guided_json: json_schema at #/format: format \"iri\" is not supported");
     error_of({{"prompt", "x"}, {"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}}, 400, "one constraint per request");
     error_of({{"prompt", "x"}, {"structured_outputs", {{"grammar", "root ::= \"a"}}}}, 400,
              "structured_outputs.grammar: line 1: a '\"' without its closing '\"'");

@@ -127,7 +127,29 @@ TEST(JsonPattern, Formats) {
     EXPECT_FALSE(ok("uri", "https://exa mple.org"));
     EXPECT_FALSE(ok("uri", "https://example.org/%zz"));
     EXPECT_FALSE(ok("uri", "/relative/path"));
-    EXPECT_EQ(format_pattern("ipv6"), "");
+    EXPECT_TRUE(ok("date", "2024-02-29"));
+    EXPECT_TRUE(ok("date", "2000-02-29"));
+    EXPECT_TRUE(ok("date", "1996-02-29"));
+    EXPECT_FALSE(ok("date", "2023-02-29"));
+    EXPECT_FALSE(ok("date", "1900-02-29"));
+    EXPECT_FALSE(ok("date", "2100-02-29"));
+    // Every 29 February of years 0000-2999 as the leap rule says.
+    for (int y = 0; y < 3000; ++y) {
+        char d[16];
+        std::snprintf(d, sizeof d, "%04d-02-29", y);
+        ASSERT_EQ(ok("date", d), (y % 4 == 0 && y % 100 != 0) || y % 400 == 0) << d;
+    }
+    for (const char* a : {"::", "::1", "1::", "2001:db8::8a2e:370:7334", "2001:0db8:0000:0000:0000:ff00:0042:8329",
+                          "::ffff:192.0.2.128", "fe80::1:2:3:4:5:6", "1:2:3:4:5:6:7::", "1:2:3:4:5:6::8", "a::b:c:1.2.3.4"})
+        EXPECT_TRUE(ok("ipv6", a)) << a;
+    for (const char* a : {":", ":::", "1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", "g::", "::1.2.3",
+                          "1:2:3:4:5:6:7:1.2.3.4", "fe80::1%eth0"})
+        EXPECT_FALSE(ok("ipv6", a)) << a;
+    for (const char* d : {"P1Y", "P1Y2M3D", "P2M", "P3D", "PT4H", "PT4H5M6S", "PT0.5S", "P1DT2H3M4.25S", "P2W", "PT5M"})
+        EXPECT_TRUE(ok("duration", d)) << d;
+    for (const char* d : {"P", "PT", "P1H", "PT1D", "P1W2D", "P1DT", "1D", "P1.5D", "PT1S2M", "P1D2M"})
+        EXPECT_FALSE(ok("duration", d)) << d;
+    EXPECT_EQ(format_pattern("uri-reference"), "");
 }
 
 TEST(JsonPattern, RefusesWhatItDoesNotTake) {
@@ -165,7 +187,8 @@ TEST(JsonPattern, RefusesWhatItDoesNotTake) {
 TEST(JsonPattern, AcceptorHoldsStringsToIt) {
     const auto sc = std::make_shared<const JsonSchema>(compile_json_schema(
         R"({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-c]{2}\\d$"},
-            "when": {"format": "date"}, "t": {"type": "string", "pattern": "é\\n"}}, "required": ["id"]})",
+            "when": {"format": "date"}, "t": {"type": "string", "pattern": "é\\n"}, "pw": {"type": "string", "format": "password"},
+            "ip": {"type": "string", "format": "ipv6"}}, "required": ["id"]})",
         "test"));
     auto taken = [&](const std::string& text) { return bytes_taken(sc, text); };
     auto complete = [&](const std::string& text) {
@@ -174,6 +197,8 @@ TEST(JsonPattern, AcceptorHoldsStringsToIt) {
     };
     EXPECT_TRUE(complete(R"({"id": "ab1"})"));
     EXPECT_TRUE(complete(R"({"id": "cc0", "when": "2026-12-05"})"));
+    EXPECT_TRUE(complete(R"({"id": "cc0", "pw": "any \" text", "ip": "::1"})"));  // password: a plain string
+    EXPECT_EQ(taken(R"({"id": "cc0", "ip": "::1:"})"), 25u);  // "::1:" goes on (::1:2), no quote after it
     EXPECT_EQ(taken(R"({"id": "ab"})"), 10u);        // the quote comes too early
     EXPECT_EQ(taken(R"({"id": "abc"})"), 10u);       // c is not a digit
     EXPECT_EQ(taken(R"({"id": "\u0061b1"})"), 8u);  // \u escapes are not taken

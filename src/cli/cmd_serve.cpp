@@ -1,6 +1,8 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health; tool calls for Qwen's and Llama 3.1/3.2's templates), over HTTPS and behind an API key on request,
-// over the continuous-batching scheduler (runtime/batcher.h).
+// /v1/models, /health, /metrics, /tokenize, /detokenize; tool calls for Qwen's, Llama 3.1/3.2's
+// and Mistral v3's templates; JSON schemas, regexes and GBNF grammars for structured output),
+// over HTTPS and behind an API key on request, over the continuous-batching scheduler
+// (runtime/batcher.h).
 //
 // Rank 0 runs the HTTP server: its handler threads parse each request (cli/openai_api.h) and hand
 // it to the engine loop, then wait for its text (streamed as server-sent events with "stream").

@@ -406,7 +406,142 @@ std::vector<uint32_t> code_points(const std::string& s, const std::string& where
     return out;
 }
 
+// The states of d reachable from its start from which an accepting one is reachable, renumbered
+// in the order they are found (the start first), with edges only into them and adjacent ranges
+// into one state merged. Throws Error naming `where` and saying `none` when the start is not one.
+PatternDfa trimmed(const PatternDfa& d, const std::string& where, const char* none) {
+    const size_t n = d.edges.size();
+    std::vector<std::vector<int32_t>> back(n);
+    for (size_t k = 0; k < n; ++k)
+        for (const PatternDfa::Edge& e : d.edges[k]) back[size_t(e.to)].push_back(int32_t(k));
+    std::vector<uint8_t> live(n, 0);
+    std::vector<int32_t> todo;
+    for (size_t k = 0; k < n; ++k)
+        if (d.accept[k]) {
+            live[k] = 1;
+            todo.push_back(int32_t(k));
+        }
+    while (!todo.empty()) {
+        const int32_t x = todo.back();
+        todo.pop_back();
+        for (const int32_t y : back[size_t(x)])
+            if (!live[size_t(y)]) {
+                live[size_t(y)] = 1;
+                todo.push_back(y);
+            }
+    }
+    if (!live[size_t(d.start)]) fail(where, ": ", none);
+    std::vector<int32_t> id(n, -1);
+    std::vector<int32_t> order = {d.start};
+    id[size_t(d.start)] = 0;
+    for (size_t k = 0; k < order.size(); ++k)
+        for (const PatternDfa::Edge& e : d.edges[size_t(order[k])])
+            if (live[size_t(e.to)] && id[size_t(e.to)] < 0) {
+                id[size_t(e.to)] = int32_t(order.size());
+                order.push_back(e.to);
+            }
+    PatternDfa out;
+    out.start = 0;
+    for (const int32_t old : order) {
+        out.accept.push_back(d.accept[size_t(old)]);
+        std::vector<PatternDfa::Edge> kept;
+        for (const PatternDfa::Edge& e : d.edges[size_t(old)]) {
+            if (!live[size_t(e.to)]) continue;
+            const int32_t to = id[size_t(e.to)];
+            if (!kept.empty() && kept.back().to == to && kept.back().hi + 1 == e.lo) kept.back().hi = e.hi;
+            else kept.push_back({e.lo, e.hi, to});
+        }
+        out.edges.push_back(std::move(kept));
+    }
+    return out;
+}
+
 }  // namespace
+
+PatternDfa intersect(const PatternDfa& a, const PatternDfa& b, const std::string& where) {
+    // The product of the two: a state per pair of states met, an edge per overlap of two ranges.
+    PatternDfa d;
+    std::map<std::pair<int32_t, int32_t>, int32_t> ids;
+    std::vector<std::pair<int32_t, int32_t>> pairs;
+    auto id_of = [&](int32_t x, int32_t y) {
+        const auto it = ids.find({x, y});
+        if (it != ids.end()) return it->second;
+        if (pairs.size() >= kMaxPatternStates)
+            fail(where, ": the strings of both need more than ", kMaxPatternStates, " automaton states");
+        const int32_t id = int32_t(pairs.size());
+        ids.emplace(std::make_pair(x, y), id);
+        pairs.push_back({x, y});
+        d.accept.push_back(a.accept[size_t(x)] && b.accept[size_t(y)]);
+        d.edges.emplace_back();
+        return id;
+    };
+    d.start = id_of(a.start, b.start);
+    for (size_t k = 0; k < pairs.size(); ++k) {
+        const std::vector<PatternDfa::Edge>&ea = a.edges[size_t(pairs[k].first)], &eb = b.edges[size_t(pairs[k].second)];
+        for (size_t i = 0, j = 0; i < ea.size() && j < eb.size();) {
+            const uint32_t lo = std::max(ea[i].lo, eb[j].lo), hi = std::min(ea[i].hi, eb[j].hi);
+            if (lo <= hi) {
+                const int32_t to = id_of(ea[i].to, eb[j].to);
+                d.edges[k].push_back({lo, hi, to});
+            }
+            if (ea[i].hi < eb[j].hi) ++i;
+            else ++j;
+        }
+    }
+    return trimmed(d, where, "no string matches both");
+}
+
+PatternDfa multiple_of_dfa(uint64_t p, int q, bool fraction, const std::string& where) {
+    if (p == 0 || q < 0 || q > 9 || p * uint64_t(q + 2) + 4 > kMaxPatternStates)
+        fail(where, ": multipleOf needs more than ", kMaxPatternStates, " automaton states");
+    // Digits read so far, as one decimal number, modulo p: the integer part's states [0, p), then
+    // per fraction digit f in [1, q] another p (after the point, before a digit: the last p).
+    const int32_t P = int32_t(p);
+    auto frac = [&](int32_t r, int f) { return P * (f + 1) + r; };  // f in [0, q]
+    const int32_t start = P * (q + 2), minus = start + 1, zero = start + 2, neg_zero = start + 3;
+    PatternDfa d;
+    d.edges.resize(size_t(neg_zero) + 1);
+    d.accept.assign(d.edges.size(), 0);
+    d.start = start;
+    uint64_t scale = 1;  // 10^q mod p, then 10^(q - f) for the states after f fraction digits
+    for (int k = 0; k < q; ++k) scale = scale * 10 % p;
+    auto digits = [&](int32_t from, int32_t r, auto to) {  // edges on '0'..'9' from r to to((10r + d) mod p)
+        for (uint32_t dgt = 0; dgt <= 9; ++dgt) d.edges[size_t(from)].push_back({'0' + dgt, '0' + dgt, to(int32_t((uint64_t(r) * 10 + dgt) % p))});
+    };
+    for (int32_t r = 0; r < P; ++r) {
+        // The integer part (x * 10^q must be a multiple of p), then '.' (f = 0) where fractions are.
+        d.accept[size_t(r)] = uint64_t(r) * scale % p == 0;
+        digits(r, r, [](int32_t t) { return t; });
+        if (fraction && q > 0) d.edges[size_t(r)].push_back({'.', '.', frac(r, 0)});
+        if (!fraction || q == 0) continue;
+        uint64_t left = scale;  // 10^(q - f)
+        for (int f = 0; f <= q; ++f) {
+            if (f > 0) d.accept[size_t(frac(r, f))] = uint64_t(r) * left % p == 0;
+            if (f < q) digits(frac(r, f), r, [&](int32_t t) { return frac(t, f + 1); });
+            // (10^(q - f - 1) mod p, for the next f)
+            uint64_t next = 1;
+            for (int k = 0; k < q - f - 1; ++k) next = next * 10 % p;
+            left = next;
+        }
+    }
+    // The start: '-', '0' (whole, or before a fraction) or a first digit 1-9; '-' then the same
+    // but for "-0" alone.
+    d.edges[size_t(start)].push_back({'-', '-', minus});
+    d.edges[size_t(start)].push_back({'0', '0', zero});
+    d.edges[size_t(minus)].push_back({'0', '0', neg_zero});
+    for (uint32_t dgt = 1; dgt <= 9; ++dgt) {
+        d.edges[size_t(start)].push_back({'0' + dgt, '0' + dgt, int32_t(dgt % p)});
+        d.edges[size_t(minus)].push_back({'0' + dgt, '0' + dgt, int32_t(dgt % p)});
+    }
+    d.accept[size_t(zero)] = 1;
+    if (fraction && q > 0) {
+        d.edges[size_t(zero)].push_back({'.', '.', frac(0, 0)});
+        d.edges[size_t(neg_zero)].push_back({'.', '.', frac(0, 0)});
+    }
+    for (std::vector<PatternDfa::Edge>& es : d.edges)  // ('.' before the digits)
+        std::sort(es.begin(), es.end(), [](const PatternDfa::Edge& x, const PatternDfa::Edge& y) { return x.lo < y.lo; });
+    return trimmed(d, where, "no number is such a multiple");
+}
 
 int32_t PatternDfa::next(int32_t s, uint32_t cp) const {
     const std::vector<Edge>& e = edges[size_t(s)];
@@ -488,38 +623,7 @@ PatternDfa compile_pattern(const std::string& pattern, const std::string& where,
             d.edges[k].push_back({cuts[piece], cuts[piece + 1] - 1, target});
         }
     }
-    // Live states: those from which an accepting one is reachable. Edges into the others go.
-    const size_t n = d.edges.size();
-    std::vector<std::vector<int32_t>> back(n);
-    for (size_t k = 0; k < n; ++k)
-        for (const PatternDfa::Edge& e : d.edges[k]) back[size_t(e.to)].push_back(int32_t(k));
-    std::vector<uint8_t> live(n, 0);
-    std::vector<int32_t> todo;
-    for (size_t k = 0; k < n; ++k)
-        if (d.accept[k]) {
-            live[k] = 1;
-            todo.push_back(int32_t(k));
-        }
-    while (!todo.empty()) {
-        const int32_t x = todo.back();
-        todo.pop_back();
-        for (const int32_t y : back[size_t(x)])
-            if (!live[size_t(y)]) {
-                live[size_t(y)] = 1;
-                todo.push_back(y);
-            }
-    }
-    if (!live[size_t(d.start)]) fail(where, ": no string matches the pattern");
-    for (std::vector<PatternDfa::Edge>& es : d.edges) {
-        std::vector<PatternDfa::Edge> kept;
-        for (const PatternDfa::Edge& e : es) {
-            if (!live[size_t(e.to)]) continue;
-            if (!kept.empty() && kept.back().to == e.to && kept.back().hi + 1 == e.lo) kept.back().hi = e.hi;
-            else kept.push_back(e);
-        }
-        es = std::move(kept);
-    }
-    return d;
+    return trimmed(d, where, "no string matches the pattern");
 }
 
 std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span) {

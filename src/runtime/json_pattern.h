@@ -39,6 +39,16 @@ constexpr size_t kMaxPatternStates = 4096;
 // whole: the match is the whole string, as if the pattern began with ^ and ended with $.
 PatternDfa compile_pattern(const std::string& pattern, const std::string& where, bool whole = false);
 
+// The strings that both a and b match (a DFA of the same kind). Throws Error naming `where` when
+// there is none, or when it would have more than kMaxPatternStates states.
+PatternDfa intersect(const PatternDfa& a, const PatternDfa& b, const std::string& where);
+
+// The JSON texts without exponent of the multiples of p / 10^q (q <= 9): where `fraction`, with
+// up to q fraction digits, else integers only; not "-0" (zero with a minus and a fraction, as
+// "-0.0", may be). Throws Error naming `where` for a DFA past
+// kMaxPatternStates states (p * (q + 2) + 4 of them).
+PatternDfa multiple_of_dfa(uint64_t p, int q, bool fraction, const std::string& where);
+
 // For a string of the pattern under length limits: ends[s * (span + 1) + k] is the fewest
 // characters k' >= k after which an accepting state can be reached from state s (exactly k'
 // on), span + 1 for none up to span; so "some length in [lo, hi]" is one lookup.

@@ -29,6 +29,7 @@ const std::set<std::string> kSupported = {"type",     "properties", "required", 
                                           "minItems", "maxItems",   "minLength", "maxLength",            "enum",
                                           "const",    "anyOf",      "allOf",     "$ref",                 "uniqueItems",
                                           "pattern",  "format",     "oneOf",     "minimum",              "maximum",      "prefixItems",
+                                          "multipleOf",
                                           "exclusiveMinimum",       "exclusiveMaximum"};
 const std::vector<std::string> kBounds = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
@@ -131,7 +132,7 @@ private:
             if (kAnnotations.count(k) || kSupported.count(k)) continue;
             bad(path, cat("keyword \"", k, "\" is not supported (shardlm holds generation to: type, properties, "
                                            "required, additionalProperties, items, prefixItems, minItems, maxItems, "
-                                           "minLength, maxLength, pattern, format, minimum and maximum, enum, "
+                                           "minLength, maxLength, pattern, format, minimum, maximum, multipleOf, enum, "
                                            "const, anyOf, oneOf, a single allOf, $ref)"));
         }
         if (s.contains("uniqueItems") && s["uniqueItems"] != json(false)) bad(path + "/uniqueItems", "only false is supported");
@@ -187,7 +188,8 @@ private:
                 types = {"array"};
             else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format"))
                 types = {"string"};
-            else if (std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); }))
+            else if (s.contains("multipleOf") ||
+                     std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); }))
                 types = {"integer"};  // (the integers in the bounds: valid whatever else the schema allows)
             else return any();
         }
@@ -244,6 +246,26 @@ private:
         }
         return {lo, hi};
     }
+    // multipleOf m (> 0): m as p / 10^q, the DFA of the multiples' texts (an integer's with no fraction).
+    PatternDfa multiple_of(const json& v, bool integer, const std::string& path) const {
+        if (!v.is_number() || !(v.get<double>() > 0)) bad(path, "must be a number above 0");
+        const double x = v.get<double>();
+        if (x > 1e15) bad(path, "a multipleOf past 10^15 is not supported");
+        std::string text = v.is_number_float() ? decimal_text(x, path) : v.dump();
+        const size_t dot = text.find('.');
+        int q = 0;
+        if (dot != std::string::npos) {
+            q = int(text.size() - dot - 1);
+            text.erase(dot, 1);
+        }
+        if (q > 9) bad(path, "a multipleOf with more than 9 fraction digits is not supported");
+        const uint64_t p = std::stoull(text);
+        if (p * uint64_t(q + 2) + 4 > kMaxPatternStates)
+            bad(path, cat("multipleOf ", v.dump(), " needs more than ", kMaxPatternStates,
+                          " automaton states (at most about ", kMaxPatternStates / uint64_t(q + 2), " units of its last digit)"));
+        return multiple_of_dfa(p, q, !integer, cat(what_, ": json_schema at ", path));
+    }
+
     // The shortest decimal text of x that reads back as x, without an exponent.
     std::string decimal_text(double x, const std::string& path) const {
         char buf[64];
@@ -271,22 +293,28 @@ private:
     // A value of one type, from the keywords of `s` that apply to it.
     int32_t typed(const json& s, const std::string& t, const std::string& path, int depth) {
         const bool bounded = std::any_of(kBounds.begin(), kBounds.end(), [&](const std::string& k) { return s.contains(k); });
-        if (t == "number") {
-            Node n = of(Kind::Number);
-            if (bounded) {  // the range's texts, without exponents
+        if (t == "number" || t == "integer") {
+            // Bounds and multipleOf: the texts (without exponents) of the range, of the multiples,
+            // or of both.
+            const bool integer = t == "integer";
+            Node n = of(integer ? Kind::Integer : Kind::Number);
+            std::optional<PatternDfa> dfa;
+            const std::string where = cat(what_, ": json_schema at ", path);
+            if (bounded && integer) {
+                const auto [lo, hi] = integer_bounds(s, path);
+                dfa = compile_pattern(integer_range_pattern(lo, hi), where);
+            } else if (bounded) {
                 const auto [lo, hi] = number_bounds(s, path);
                 const std::string p = number_range_pattern(lo, hi);
                 if (p.empty()) bad(path, cat("no number lies between the bounds ", lo ? lo->text : "", " and ", hi ? hi->text : ""));
-                out_.patterns.push_back(compile_pattern(p, cat(what_, ": json_schema at ", path)));
-                n.pattern = int32_t(out_.patterns.size() - 1);
+                dfa = compile_pattern(p, where);
             }
-            return add(std::move(n));
-        }
-        if (t == "integer") {
-            Node n = of(Kind::Integer);
-            if (bounded) {
-                const auto [lo, hi] = integer_bounds(s, path);
-                out_.patterns.push_back(compile_pattern(integer_range_pattern(lo, hi), cat(what_, ": json_schema at ", path)));
+            if (s.contains("multipleOf")) {
+                const PatternDfa m = multiple_of(s["multipleOf"], integer, path + "/multipleOf");
+                dfa = dfa ? intersect(*dfa, m, where) : m;
+            }
+            if (dfa) {
+                out_.patterns.push_back(std::move(*dfa));
                 n.pattern = int32_t(out_.patterns.size() - 1);
             }
             return add(std::move(n));
@@ -311,15 +339,20 @@ private:
             const bool pat = s.contains("pattern"),
                        fmt = s.contains("format") && s["format"] != json("password") && s["format"] != json("binary");
             if (!pat && !fmt) return add(std::move(n));
-            const char* key = pat ? "pattern" : "format";
-            if (pat && fmt) bad(path, "\"pattern\" beside \"format\" is not supported");
-            if (!s[key].is_string()) bad(path + "/" + key, "must be a string");
-            const std::string text = s[key];
-            const std::string re = pat ? text : format_pattern(text);
-            if (re.empty())
-                bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, duration, uuid, "
-                                          "ipv4, ipv6, email, hostname, uri; password and binary as plain strings)"));
-            out_.patterns.push_back(compile_pattern(re, cat(what_, ": json_schema at ", path, "/", key)));
+            const char* key = pat ? "pattern" : "format";  // (both: a string matches the two)
+            std::optional<PatternDfa> dfa;
+            for (const char* k : {"pattern", "format"}) {
+                if (!s.contains(k) || (k == std::string("format") && !fmt)) continue;
+                if (!s[k].is_string()) bad(path + "/" + k, "must be a string");
+                const std::string text = s[k];
+                const std::string re = k == std::string("pattern") ? text : format_pattern(text);
+                if (re.empty())
+                    bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, duration, uuid, "
+                                              "ipv4, ipv6, email, hostname, uri; password and binary as plain strings)"));
+                const PatternDfa d = compile_pattern(re, cat(what_, ": json_schema at ", path, "/", k));
+                dfa = dfa ? intersect(*dfa, d, cat(what_, ": json_schema at ", path, ": pattern and format")) : d;
+            }
+            out_.patterns.push_back(std::move(*dfa));
             n.pattern = int32_t(out_.patterns.size() - 1);
             if (n.min_count > 0 || n.max_count >= 0) {
                 const PatternDfa& d = out_.patterns.back();

@@ -7,12 +7,13 @@
 // - an object with `properties` gets its keys in the schema's order, each optional one skippable
 //   and each required one present; no other keys (additionalProperties is honoured only for an
 //   object without properties, whose keys are then free strings);
-// - numbers and integers are JSON's own (an integer has no fraction and no exponent; a number
-//   within minimum/maximum no exponent either);
+// - numbers and integers are JSON's own (an integer has no fraction and no exponent);
 // - enum and const values are written as their compact JSON texts;
-// - a string's pattern, or its format (runtime/json_pattern.h), is matched by its characters,
-//   which are then written as they are (no \u escapes), within minLength/maxLength if given.
-// Keywords that constrain values beyond this (multipleOf, uniqueItems, ...) are refused
+// - a string's pattern, its format, or both (runtime/json_pattern.h), are matched by its characters,
+//   which are then written as they are (no \u escapes), within minLength/maxLength if given;
+// - a number's or an integer's minimum, maximum and multipleOf hold its text (no exponent) to a
+//   DFA of the values allowed.
+// Keywords that constrain values beyond this (uniqueItems, not, ...) are refused
 // with an error naming the keyword and where it is, never ignored.
 #pragma once
 

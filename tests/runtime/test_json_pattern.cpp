@@ -281,6 +281,59 @@ TEST(JsonPattern, NumberRanges) {
     EXPECT_EQ(number_range_pattern(ex("0"), in("-0")), "");
 }
 
+// multipleOf's DFA: every text of up to 6 characters of "-01235." is matched exactly when it is
+// a JSON number without exponent, with at most q fraction digits (none for integers), not "-0",
+// and its value times 10^q a multiple of p.
+TEST(JsonPattern, Multiples) {
+    struct Case {
+        uint64_t p;
+        int q;
+        bool fraction;
+    };
+    const std::vector<Case> cases = {{5, 0, false}, {3, 0, true}, {5, 1, true}, {1, 2, true}, {25, 2, true},
+                                     {7, 0, false}, {15, 1, true}, {1, 0, false}, {4, 1, false}};
+    const std::regex json_number("-?(0|[1-9][0-9]*)(\\.[0-9]+)?");
+    std::vector<std::string> texts = {""}, level = {""};
+    for (int n = 0; n < 6; ++n) {
+        std::vector<std::string> next;
+        for (const std::string& t : level)
+            for (const char c : std::string("-01235.")) next.push_back(t + c);
+        texts.insert(texts.end(), next.begin(), next.end());
+        level.swap(next);
+    }
+    for (const Case& c : cases) {
+        const PatternDfa d = multiple_of_dfa(c.p, c.q, c.fraction, "m");
+        for (const std::string& t : texts) {
+            bool want = std::regex_match(t, json_number) && t != "-0";
+            const size_t dot = t.find('.');
+            const size_t fd = dot == std::string::npos ? 0 : t.size() - dot - 1;
+            if (want && (c.fraction ? fd > size_t(c.q) : fd > 0)) want = false;
+            if (want) {  // the digits as one integer, scaled to q fraction digits
+                std::string digits;
+                for (const char x : t)
+                    if (x >= '0' && x <= '9') digits += x;
+                digits += std::string(size_t(c.q) - fd, '0');
+                want = std::stoull(digits) % c.p == 0;
+            }
+            ASSERT_EQ(matches(d, t), want) << c.p << "/10^" << c.q << " on \"" << t << "\"";
+        }
+    }
+    EXPECT_THROW(multiple_of_dfa(5000, 0, false, "m"), Error);
+}
+
+// intersect(): the strings both DFAs match.
+TEST(JsonPattern, Intersection) {
+    const PatternDfa d = intersect(compile_pattern("^a+$", "x"), compile_pattern("^[ab]{2,3}$", "y"), "both");
+    for (const char* s : {"a", "aa", "aaa", "aaaa", "ab", "ba", ""})
+        EXPECT_EQ(matches(d, s), std::string(s) == "aa" || std::string(s) == "aaa") << s;
+    try {
+        intersect(compile_pattern("^a+$", "x"), compile_pattern("^b+$", "y"), "both");
+        ADD_FAILURE() << "no throw";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("both: no string matches both"), std::string::npos) << e.what();
+    }
+}
+
 // In a schema: minimum, maximum and the exclusive forms (fractions round inwards) hold an
 // integer's digits, and a number's (without exponent); bounds with nothing between them are refused.
 TEST(JsonPattern, IntegerBoundsInASchema) {
@@ -314,6 +367,22 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
     EXPECT_EQ(took(R"({"p": 1e-3})"), 7u);  // no exponents
     EXPECT_EQ(took(R"({"t": 0.5})"), 9u);   // 0.5 may still become 0.51: the end is refused
     EXPECT_EQ(took(R"({"t": 0.4})"), 8u);
+    // multipleOf, with bounds or alone; pattern and format together.
+    const auto mult = std::make_shared<const JsonSchema>(compile_json_schema(
+        R"({"type": "object", "properties": {"five": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 20},
+            "quarter": {"type": "number", "multipleOf": 0.25, "maximum": 1}, "any": {"multipleOf": 3},
+            "mail": {"type": "string", "format": "email", "pattern": "@example\\.org$"}}})",
+        "test"));
+    auto m = [&](const std::string& text) { return bytes_taken(mult, text); };
+    for (const char* ok : {R"({"five": 15})", R"({"five": 0})", R"({"quarter": -2.75})", R"({"quarter": 0.5})", R"({"any": -21})",
+                           R"({"mail": "a.b@example.org"})"})
+        EXPECT_EQ(m(ok), std::string(ok).size()) << ok;
+    EXPECT_EQ(m(R"({"five": 25})"), 10u);   // past the maximum
+    EXPECT_EQ(m(R"({"five": 7})"), 9u);     // 7 begins no multiple of 5 up to 20
+    EXPECT_EQ(m(R"({"quarter": 0.3})"), 14u);
+    EXPECT_EQ(m(R"({"quarter": 1.25})"), 14u);
+    EXPECT_EQ(m(R"({"any": 2.0})"), 9u);    // an integer: no fraction
+    EXPECT_EQ(m(R"({"mail": "a@b.com"})"), 12u);  // after '@' only example.org
     auto error_of = [](const std::string& text) {
         try {
             compile_json_schema(text, "s");
@@ -324,6 +393,21 @@ TEST(JsonPattern, IntegerBoundsInASchema) {
     };
     EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 1, "exclusiveMaximum": 1}}})")
                   .find("#/properties/x: no number lies between the bounds 1 and 1"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0}}})")
+                  .find("#/properties/x/multipleOf: must be a number above 0"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 1e-12}}})")
+                  .find("more than 9 fraction digits"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "multipleOf": 12345}}})")
+                  .find("multipleOf 12345 needs more than 4096 automaton states"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}}})")
+                  .find("no string matches both"),
+              std::string::npos);
+    EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "string", "format": "uuid", "pattern": "^z"}}})")
+                  .find("#/properties/x: pattern and format: no string matches both"),
               std::string::npos);
     EXPECT_NE(error_of(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 1e-30}}})")
                   .find("#/properties/x/minimum: bounds with more than 20 fraction digits"),

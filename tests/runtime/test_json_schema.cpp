@@ -117,7 +117,7 @@ bool valid(const json& v, const json& s, const json& root) {
         if (s.contains("minLength") && n < s["minLength"].get<int64_t>()) return false;
         if (s.contains("maxLength") && n > s["maxLength"].get<int64_t>()) return false;
         // pattern, and format as shardlm spells it, by std::regex (ECMAScript; the texts here are ASCII).
-        for (const std::string re : {s.value("pattern", std::string()), s.contains("format") ? format_pattern(s["format"]) : ""})
+        for (const std::string& re : {s.value("pattern", std::string()), s.contains("format") ? format_pattern(s["format"]) : ""})
             if (!re.empty() && !std::regex_search(v.get<std::string>(), std::regex(re, std::regex::ECMAScript))) return false;
     }
     return true;

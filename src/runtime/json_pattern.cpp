@@ -651,6 +651,13 @@ std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span) {
 
 namespace {
 
+// The parts as alternatives of one pattern: "a|b|c".
+std::string either(const std::vector<std::string>& parts) {
+    std::string out;
+    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+    return out;
+}
+
 // The decimal texts of [lo, hi], both of n digits (leading zeros allowed), lo <= hi.
 std::string digit_range(const std::string& lo, const std::string& hi) {
     if (lo.empty()) return "";
@@ -674,9 +681,7 @@ std::string natural_range(uint64_t lo, std::optional<uint64_t> hi) {
         parts.push_back(digit_range(from, to));
     }
     if (!hi) parts.push_back(cat("[1-9]\\d{", top, ",}"));  // every longer one
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
-    return "(?:" + out + ")";
+    return "(?:" + either(parts) + ")";
 }
 
 }  // namespace
@@ -691,9 +696,7 @@ std::string integer_range_pattern(std::optional<int64_t> lo, std::optional<int64
     }
     if (!hi || *hi >= 0)
         parts.push_back(natural_range(lo && *lo > 0 ? uint64_t(*lo) : 0, hi ? std::optional<uint64_t>(uint64_t(*hi)) : std::nullopt));
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
-    return "^(?:" + out + ")$";
+    return "^(?:" + either(parts) + ")$";
 }
 
 namespace {
@@ -739,9 +742,7 @@ Fraction fraction_range(const std::string& l, bool lx, const std::string& h, boo
         if (!h_any) led(h1, fraction_range("", false, hrest, hx, false));
     }
     if (parts.empty()) return {std::nullopt, empty};
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
-    return {"(?:" + out + ")", empty};
+    return {"(?:" + either(parts) + ")", empty};
 }
 
 // The texts (no sign) of the non-negative decimals in [a, b] (b absent: no upper end), "" for none.
@@ -762,9 +763,7 @@ std::string magnitude_range(const Magnitude& a, const std::optional<Magnitude>& 
             parts.push_back(natural_range(a.whole + 1, b ? std::optional<uint64_t>(b->whole - 1) : std::nullopt) + "(?:\\.\\d+)?");
         if (b) with(b->whole, fraction_range("", false, b->frac, b->exclusive, false));
     }
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
-    return out;
+    return either(parts);
 }
 
 // "-12.50" -> negative, {12, "5"}; throws for other texts.
@@ -804,9 +803,7 @@ std::string number_range_pattern(const std::optional<DecimalBound>& lo, const st
         if (!m.empty()) parts.push_back(m);
     }
     if (parts.empty()) return "";
-    std::string out;
-    for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
-    return "^(?:" + out + ")$";
+    return "^(?:" + either(parts) + ")$";
 }
 
 std::string format_pattern(const std::string& format) {

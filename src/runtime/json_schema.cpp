@@ -201,51 +201,56 @@ private:
         return id;
     }
 
-    // An integer's bounds from minimum, maximum and their exclusive forms (numbers of at most
-    // 10^18 in size; a fraction rounds inwards).
-    std::pair<std::optional<int64_t>, std::optional<int64_t>> integer_bounds(const json& s, const std::string& path) const {
-        std::optional<int64_t> lo, hi;
+    // minimum, maximum and their exclusive forms as given (numbers of at most 10^18 in size).
+    struct Bound {
+        const json* v;
+        std::string path;
+        double x;
+        bool upper, exclusive;
+    };
+    std::vector<Bound> bounds_of(const json& s, const std::string& path) const {
+        std::vector<Bound> out;
         for (const std::string& k : kBounds) {
             if (!s.contains(k)) continue;
             const json& v = s[k];
             if (!v.is_number()) bad(path + "/" + k, "must be a number");
             const double x = v.get<double>();
             if (!(std::fabs(x) <= 1e18)) bad(path + "/" + k, "bounds beyond 10^18 in size are not supported");
-            const bool upper = k == "maximum" || k == "exclusiveMaximum", exclusive = k.rfind("exclusive", 0) == 0;
+            out.push_back({&v, path + "/" + k, x, k == "maximum" || k == "exclusiveMaximum", k.rfind("exclusive", 0) == 0});
+        }
+        return out;
+    }
+
+    // An integer's bounds (a fraction rounds inwards).
+    std::pair<std::optional<int64_t>, std::optional<int64_t>> integer_bounds(const json& s, const std::string& path) const {
+        std::optional<int64_t> lo, hi;
+        for (const Bound& k : bounds_of(s, path)) {
             int64_t b = 0;
-            if (v.is_number_integer()) b = v.get<int64_t>() + (exclusive ? (upper ? -1 : 1) : 0);
-            else if (upper) b = int64_t(exclusive ? std::ceil(x) - 1 : std::floor(x));
-            else b = int64_t(exclusive ? std::floor(x) + 1 : std::ceil(x));
-            if (upper) hi = hi ? std::min(*hi, b) : b;
+            if (k.v->is_number_integer()) b = k.v->get<int64_t>() + (k.exclusive ? (k.upper ? -1 : 1) : 0);
+            else if (k.upper) b = int64_t(k.exclusive ? std::ceil(k.x) - 1 : std::floor(k.x));
+            else b = int64_t(k.exclusive ? std::floor(k.x) + 1 : std::ceil(k.x));
+            if (k.upper) hi = hi ? std::min(*hi, b) : b;
             else lo = lo ? std::max(*lo, b) : b;
         }
         if (lo && hi && *lo > *hi) bad(path, cat("no integer lies in [", *lo, ", ", *hi, "]"));
         return {lo, hi};
     }
 
-    // A number's bounds from minimum, maximum and their exclusive forms, as decimal texts (a
-    // double's shortest text that reads back as it; at most 10^18 in size and 20 fraction digits).
+    // A number's bounds as decimal texts (a double's shortest text that reads back as it, at most
+    // 20 fraction digits); of two on one side the tighter, at equal values the exclusive one.
     std::pair<std::optional<DecimalBound>, std::optional<DecimalBound>> number_bounds(const json& s, const std::string& path) const {
         std::optional<DecimalBound> lo, hi;
         std::optional<double> lo_v, hi_v;
-        for (const std::string& k : kBounds) {
-            if (!s.contains(k)) continue;
-            const json& v = s[k];
-            if (!v.is_number()) bad(path + "/" + k, "must be a number");
-            const double x = v.get<double>();
-            if (!(std::fabs(x) <= 1e18)) bad(path + "/" + k, "bounds beyond 10^18 in size are not supported");
-            const bool upper = k == "maximum" || k == "exclusiveMaximum", exclusive = k.rfind("exclusive", 0) == 0;
-            const DecimalBound b{v.is_number_float() ? decimal_text(x, path + "/" + k) : v.dump(), exclusive};
-            // The tighter bound of two; at equal values the exclusive one.
-            std::optional<DecimalBound>& cur = upper ? hi : lo;
-            std::optional<double>& cur_v = upper ? hi_v : lo_v;
-            if (!cur || (upper ? x < *cur_v : x > *cur_v) || (x == *cur_v && exclusive)) {
-                cur = b;
-                cur_v = x;
-            }
+        for (const Bound& k : bounds_of(s, path)) {
+            std::optional<DecimalBound>& cur = k.upper ? hi : lo;
+            std::optional<double>& cur_v = k.upper ? hi_v : lo_v;
+            if (cur && !(k.upper ? k.x < *cur_v : k.x > *cur_v) && !(k.x == *cur_v && k.exclusive)) continue;
+            cur = DecimalBound{k.v->is_number_float() ? decimal_text(k.x, k.path) : k.v->dump(), k.exclusive};
+            cur_v = k.x;
         }
         return {lo, hi};
     }
+
     // multipleOf m (> 0): m as p / 10^q, the DFA of the multiples' texts (an integer's with no fraction).
     PatternDfa multiple_of(const json& v, bool integer, const std::string& path) const {
         if (!v.is_number() || !(v.get<double>() > 0)) bad(path, "must be a number above 0");

@@ -818,17 +818,25 @@ std::string format_pattern(const std::string& format) {
     if (format == "date") return "^" + date + "$";
     if (format == "time") return "^" + time + "$";
     if (format == "date-time") return "^" + date + "[Tt]" + time + "$";
-    if (format == "uuid") return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
-    if (format == "ipv4") return "^(?:" + octet + "\\.){3}" + octet + "$";
+    const std::string hex = "[0-9a-fA-F]";
+    if (format == "uuid") return "^" + hex + "{8}-" + hex + "{4}-" + hex + "{4}-" + hex + "{4}-" + hex + "{12}$";
+    // Pydantic's UUID1/3/4/5: the version digit, and RFC 4122's variant (8, 9, a or b).
+    if (format.size() == 5 && format.compare(0, 4, "uuid") == 0 && std::string("1345").find(format[4]) != std::string::npos)
+        return "^" + hex + "{8}-" + hex + "{4}-" + format[4] + hex + "{3}-[89abAB]" + hex + "{3}-" + hex + "{12}$";
+    const std::string ipv4 = "(?:" + octet + "\\.){3}" + octet;
+    if (format == "ipv4") return "^" + ipv4 + "$";
     if (format == "hostname") return "^" + label + "(?:\\." + label + ")*$";
     // RFC 4291's text forms as RFC 3986 spells them (no zone): eight groups of 1-4 hex digits,
-    // a run of them written "::", the last two as an IPv4 address.
-    if (format == "ipv6") {
-        const std::string h = "[0-9A-Fa-f]{1,4}", ls32 = "(?:" + h + ":" + h + "|(?:" + octet + "\\.){3}" + octet + ")";
+    // a run of them written "::", the last two as an IPv4 address; Pydantic's IPvAnyAddress is
+    // either kind.
+    if (format == "ipv6" || format == "ipvanyaddress") {
+        const std::string h = hex + "{1,4}", ls32 = "(?:" + h + ":" + h + "|" + ipv4 + ")";
         auto before = [&](int n) { return "(?:(?:" + h + ":){0," + std::to_string(n) + "}" + h + ")?::"; };
-        return "^(?:(?:" + h + ":){6}" + ls32 + "|::(?:" + h + ":){5}" + ls32 + "|(?:" + h + ")?::(?:" + h + ":){4}" + ls32 +
-               "|" + before(1) + "(?:" + h + ":){3}" + ls32 + "|" + before(2) + "(?:" + h + ":){2}" + ls32 + "|" + before(3) +
-               h + ":" + ls32 + "|" + before(4) + ls32 + "|" + before(5) + h + "|" + before(6) + ")$";
+        const std::string v6 = "(?:(?:" + h + ":){6}" + ls32 + "|::(?:" + h + ":){5}" + ls32 + "|(?:" + h + ")?::(?:" + h +
+                               ":){4}" + ls32 + "|" + before(1) + "(?:" + h + ":){3}" + ls32 + "|" + before(2) + "(?:" + h +
+                               ":){2}" + ls32 + "|" + before(3) + h + ":" + ls32 + "|" + before(4) + ls32 + "|" + before(5) + h +
+                               "|" + before(6) + ")";
+        return format == "ipv6" ? "^" + v6 + "$" : "^(?:" + ipv4 + "|" + v6 + ")$";
     }
     // RFC 3339's duration (ISO 8601: P1Y2M3D, PT4H5M6S, P2W), seconds with a fraction as
     // Pydantic writes a timedelta.

@@ -55,7 +55,7 @@ PatternDfa multiple_of_dfa(uint64_t p, int q, bool fraction, const std::string& 
 std::vector<int32_t> pattern_ends(const PatternDfa& d, int32_t span);
 
 // The anchored pattern shardlm generates for a "format" (date, time, date-time, duration, uuid,
-// ipv4, ipv6, hostname, email, uri; a subset of the format's strings where it is not regular or
+// Pydantic's uuid1/uuid3/uuid4/uuid5 and ipvanyaddress, ipv4, ipv6, hostname, email, uri; a subset of the format's strings where it is not regular or
 // not simple: no leap seconds, email addresses of dot-separated atoms, URIs of the form
 // scheme://host[:port]/path?query#fragment, IPv6 without a zone), or "" for a format it does not
 // know.

@@ -340,9 +340,10 @@ private:
         if (t == "string") {
             Node n = counted(Kind::String, "minLength", "maxLength");
             // pattern or format (which apply to strings only): the characters match its DFA.
-            // (formats that say nothing of the characters, as Pydantic writes SecretStr and bytes: annotations)
+            // (formats that say nothing of the characters, as Pydantic writes SecretStr, bytes and Path: annotations)
             const bool pat = s.contains("pattern"),
-                       fmt = s.contains("format") && s["format"] != json("password") && s["format"] != json("binary");
+                       fmt = s.contains("format") && s["format"] != json("password") && s["format"] != json("binary") &&
+                             s["format"] != json("path");
             if (!pat && !fmt) return add(std::move(n));
             const char* key = pat ? "pattern" : "format";  // (both: a string matches the two)
             std::optional<PatternDfa> dfa;
@@ -353,7 +354,8 @@ private:
                 const std::string re = k == std::string("pattern") ? text : format_pattern(text);
                 if (re.empty())
                     bad(path + "/format", cat("format \"", text, "\" is not supported (date, time, date-time, duration, uuid, "
-                                              "ipv4, ipv6, email, hostname, uri; password and binary as plain strings)"));
+                                              "uuid1/3/4/5, ipv4, ipv6, ipvanyaddress, email, hostname, uri; password, "
+                                              "binary and path as plain strings)"));
                 const PatternDfa d = compile_pattern(re, cat(what_, ": json_schema at ", path, "/", k));
                 dfa = dfa ? intersect(*dfa, d, cat(what_, ": json_schema at ", path, ": pattern and format")) : d;
             }

@@ -149,6 +149,14 @@ TEST(JsonPattern, Formats) {
         EXPECT_TRUE(ok("duration", d)) << d;
     for (const char* d : {"P", "PT", "P1H", "PT1D", "P1W2D", "P1DT", "1D", "P1.5D", "PT1S2M", "P1D2M"})
         EXPECT_FALSE(ok("duration", d)) << d;
+    EXPECT_TRUE(ok("uuid4", "123e4567-e89b-42d3-a456-426614174000"));
+    EXPECT_FALSE(ok("uuid4", "123e4567-e89b-12d3-a456-426614174000"));  // version 1
+    EXPECT_FALSE(ok("uuid4", "123e4567-e89b-42d3-c456-426614174000"));  // variant c
+    EXPECT_TRUE(ok("uuid1", "123e4567-e89b-12d3-b456-426614174000"));
+    EXPECT_TRUE(ok("ipvanyaddress", "10.0.0.1"));
+    EXPECT_TRUE(ok("ipvanyaddress", "fe80::1"));
+    EXPECT_FALSE(ok("ipvanyaddress", "10.0.0"));
+    EXPECT_EQ(format_pattern("uuid2"), "");
     EXPECT_EQ(format_pattern("uri-reference"), "");
 }
 

@@ -250,14 +250,18 @@ std::string tool_schema(const json& functions, const ApiRequest& r) {
 void structured_outputs(const json& body, ApiRequest& r) {
     auto given = [&](const json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
     int sources = (r.json_object || !r.json_schema.empty()) ? 1 : 0;
-    auto schema = [&](const json& v, const std::string& name) {
-        if (!v.is_object() && !v.is_boolean() && !v.is_string()) bad("\"" + name + "\" must be a JSON schema (an object or its text)");
-        r.json_schema = v.is_string() ? v.get<std::string>() : v.dump();
+    // A constraint compiled once here, its fault a 400.
+    auto checked = [](const auto& compile) {
         try {
-            compile_json_schema(r.json_schema, name);
+            compile();
         } catch (const Error& e) {
             bad(e.what());
         }
+    };
+    auto schema = [&](const json& v, const std::string& name) {
+        if (!v.is_object() && !v.is_boolean() && !v.is_string()) bad("\"" + name + "\" must be a JSON schema (an object or its text)");
+        r.json_schema = v.is_string() ? v.get<std::string>() : v.dump();
+        checked([&] { compile_json_schema(r.json_schema, name); });
     };
     auto choice = [&](const json& v, const std::string& name) {
         if (!v.is_array() || v.empty() || v.size() > 1024) bad("\"" + name + "\" must be an array of 1 to 1024 strings");
@@ -265,29 +269,17 @@ void structured_outputs(const json& body, ApiRequest& r) {
             if (!c.is_string()) bad("\"" + name + "\" must be an array of 1 to 1024 strings");
             r.guided_choice.push_back(c);
         }
-        try {
-            choice_schema(r.guided_choice, name);
-        } catch (const Error& e) {
-            bad(e.what());
-        }
+        checked([&] { choice_schema(r.guided_choice, name); });
     };
     auto regex = [&](const json& v, const std::string& name) {
         if (!v.is_string() || v.get<std::string>().empty()) bad("\"" + name + "\" must be a regular expression (a string)");
         r.guided_regex = v;
-        try {
-            regex_schema(r.guided_regex, name);
-        } catch (const Error& e) {
-            bad(e.what());
-        }
+        checked([&] { regex_schema(r.guided_regex, name); });
     };
     auto grammar = [&](const json& v, const std::string& name) {
         if (!v.is_string() || v.get<std::string>().empty()) bad("\"" + name + "\" must be a GBNF grammar (a string)");
         r.guided_grammar = v;
-        try {
-            compile_grammar(r.guided_grammar, name);
-        } catch (const Error& e) {
-            bad(e.what());
-        }
+        checked([&] { compile_grammar(r.guided_grammar, name); });
     };
     for (const char* k : {"guided_grammar", "grammar"})  // (vLLM's name, llama.cpp's)
         if (given(body, k)) {

@@ -21,6 +21,16 @@
 namespace shardlm {
 
 namespace {
+
+// What a pre-quantized checkpoint holds and what --weights auto loads it as.
+std::string quant_summary(const QuantConfig& q) {
+    if (!q.present) return "no";
+    const std::string group = q.group_size > 0 ? cat("groups of ", q.group_size) : std::string("one scale per row");
+    if (q.method == QuantMethod::Shardlm) return cat("shardlm ", q.format, ", ", group);
+    return cat(quant_method_name(q.method), " ", q.bits, "-bit, ",
+               q.packed_group > 0 ? cat("groups of ", q.packed_group) : std::string("one group per row"), ": loads as ",
+               q.format, " (", group, ")");
+}
 std::string gib(double bytes) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(3) << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
@@ -92,6 +102,7 @@ int cmd_info(const Args& args) {
               << "tied embeddings   " << (c.tie_embeddings ? "yes" : "no") << "\n"
               << "checkpoint        " << ck.file_count() << " file(s), " << gib(double(ck.total_bytes())) << " of tensors, "
               << "torch_dtype " << dtype_name(c.torch_dtype) << "\n"
+              << "pre-quantized     " << quant_summary(c.quant) << "\n"
               << "chat template     " << chat_summary(model) << "\n"
               << "parameters        " << params << "\n"
               << "weights fp32      " << gib(double(params) * 4) << "\n"

@@ -33,6 +33,15 @@ const char* rope_kind_name(RopeScaling::Kind k) {
     return "?";
 }
 
+const char* quant_method_name(QuantMethod m) {
+    switch (m) {
+        case QuantMethod::Shardlm: return "shardlm";
+        case QuantMethod::Awq: return "awq";
+        case QuantMethod::Gptq: return "gptq";
+    }
+    return "?";
+}
+
 namespace {
 
 struct Reader {
@@ -137,6 +146,107 @@ DType parse_torch_dtype(const json& j, const std::string& origin) {
     fail(origin, ": torch_dtype \"", s, "\" is not supported (float32, float16, bfloat16)");
 }
 
+// An integer field of quantization_config (dflt when absent or null).
+int64_t quant_integer(const json& q, const char* key, int64_t dflt, const std::string& origin) {
+    if (!q.contains(key) || q[key].is_null()) return dflt;
+    if (!q[key].is_number_integer()) fail(origin, ": quantization_config ", key, " must be an integer, got ", q[key].dump());
+    return q[key].get<int64_t>();
+}
+
+std::string quant_string(const json& q, const char* key, const std::string& dflt, const std::string& origin) {
+    if (!q.contains(key) || q[key].is_null()) return dflt;
+    if (!q[key].is_string()) fail(origin, ": quantization_config ", key, " must be a string, got ", q[key].dump());
+    return q[key].get<std::string>();
+}
+
+// The group the INT4 layout repeats a per-channel 4-bit checkpoint's scales over: the largest of
+// 128, 64, 32 that divides every Linear layer's input width (0 when none does).
+int64_t repeat_group(const ModelConfig& c) {
+    for (int64_t g : {128, 64, 32})
+        if (c.hidden % g == 0 && c.intermediate % g == 0 && (c.n_heads * c.head_dim) % g == 0) return g;
+    return 0;
+}
+
+// AutoAWQ's and AutoGPTQ/GPTQModel's quantization_config (the keys as Hugging Face writes them);
+// what the loader cannot read exactly is refused here, naming the key.
+QuantConfig parse_hf_quantization(const json& q, const ModelConfig& c, const std::string& origin, const std::string& method) {
+    QuantConfig out;
+    out.present = true;
+    out.method = method == "awq" ? QuantMethod::Awq : QuantMethod::Gptq;
+    const std::string where = origin + ": quantization_config";
+    out.bits = int(quant_integer(q, "bits", 0, origin));
+    const int64_t group = quant_integer(q, "group_size", -1, origin);
+    if (out.method == QuantMethod::Awq) {
+        const std::string version = quant_string(q, "version", "gemm", origin);
+        std::string lower = version;
+        for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        if (lower != "gemm")
+            fail(where, " version \"", version, "\" is not supported (AWQ checkpoints load in AutoAWQ's \"gemm\" packing)");
+        if (out.bits != 4) fail(where, " bits ", out.bits, " is not supported (AWQ checkpoints load with bits 4)");
+        if (q.contains("zero_point") && !q["zero_point"].is_null() && q["zero_point"] != json(true))
+            fail(where, " zero_point ", q["zero_point"].dump(), " is not supported (AWQ checkpoints load with zero points)");
+    } else {
+        if (out.bits != 4 && out.bits != 8)
+            fail(where, " bits ", out.bits, " is not supported (GPTQ checkpoints load with bits 4 or 8)");
+        const std::string format = quant_string(q, "checkpoint_format", "gptq", origin);
+        if (format != "gptq" && format != "gptq_v2")
+            fail(where, " checkpoint_format \"", format, "\" is not supported (gptq or gptq_v2)");
+        out.zero_offset = format == "gptq" ? 1 : 0;
+        if (q.value("is_marlin_format", false) == true)
+            fail(where, " is_marlin_format: Marlin-packed GPTQ checkpoints are not supported");
+        if (q.contains("dynamic") && !q["dynamic"].is_null() && !q["dynamic"].empty())
+            fail(where, " dynamic: per-module GPTQ overrides are not supported");
+        // desc_act (act-order) alone is not refused: each layer's g_idx is checked as it loads,
+        // and an act-order that left the groups in column order loads.
+    }
+    if (group != -1 && group <= 0) fail(where, " group_size ", group, " must be positive or -1 (one group per output channel)");
+    out.packed_group = group == -1 ? 0 : group;
+    const int64_t dims[] = {c.hidden, c.intermediate, c.n_heads * c.head_dim};
+    for (int64_t d : dims)
+        if (out.packed_group > 0 && d % out.packed_group != 0)
+            fail(where, " group_size ", group, " does not divide a layer's input width (hidden_size ", c.hidden,
+                 ", intermediate_size ", c.intermediate, ", heads x head_dim ", c.n_heads * c.head_dim, ")");
+    if (out.bits == 8) {
+        out.format = "int8";
+        out.group_size = out.packed_group;
+    } else {
+        out.format = "int4";
+        out.group_size = out.packed_group > 0 ? out.packed_group : repeat_group(c);
+        if (out.group_size % 32 != 0 || out.group_size == 0)
+            fail(where, " group_size ", group, ": the INT4 layout takes groups of a multiple of 32 columns",
+                 out.packed_group > 0 ? "" : " dividing every layer's input width");
+    }
+    return out;
+}
+
+QuantConfig parse_quantization(const json& q, const ModelConfig& c, const std::string& origin) {
+    if (!q.is_object()) fail(origin, ": quantization_config must be an object");
+    const std::string method = quant_string(q, "quant_method", "?", origin);
+    if (method == "awq" || method == "gptq") return parse_hf_quantization(q, c, origin, method);
+    if (method != "shardlm")
+        fail(origin, ": quantization_config quant_method \"", method,
+             "\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq) or AutoGPTQ/GPTQModel (gptq) "
+             "load pre-quantized)");
+    QuantConfig out;
+    out.present = true;
+    out.format = quant_string(q, "format", "", origin);
+    if (out.format != "int8" && out.format != "w8a8" && out.format != "int4" && out.format != "w4a8")
+        fail(origin, ": quantization_config format \"", out.format, "\" is not int8, w8a8, int4 or w4a8");
+    if (q.contains("group_size") && !q["group_size"].is_null() && !q["group_size"].is_number())
+        fail(origin, ": key \"group_size\" must be a number, got ", q["group_size"].dump());
+    out.group_size = int64_t(q.value("group_size", 0.0));
+    if (q.contains("keep_fp16") && !q["keep_fp16"].is_null()) {
+        if (!q["keep_fp16"].is_string()) fail(origin, ": quantization_config keep_fp16 must be a string (a regex)");
+        out.keep_fp16 = q["keep_fp16"].get<std::string>();
+    }
+    if (out.group_size < 0 || (out.group_size > 0 && c.hidden % out.group_size != 0))
+        fail(origin, ": quantization_config group_size ", out.group_size, " does not divide hidden_size");
+    if ((out.format == "int4" || out.format == "w4a8") && (out.group_size <= 0 || out.group_size % 32 != 0))
+        fail(origin, ": quantization_config group_size ", out.group_size, " of an ", out.format,
+             " checkpoint is not a multiple of 32");
+    return out;
+}
+
 }  // namespace
 
 ModelConfig parse_config(const std::string& text, const std::string& origin) {
@@ -229,28 +339,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
         }
     }
     c.torch_dtype = parse_torch_dtype(j, origin);
-    if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-        const json& q = j["quantization_config"];
-        if (!q.is_object()) fail(origin, ": quantization_config must be an object");
-        const std::string method = q.value("quant_method", std::string("?"));
-        if (method != "shardlm")
-            fail(origin, ": quantization_config quant_method \"", method,
-                 "\" is not supported (only checkpoints written by `shardlm quantize` load pre-quantized)");
-        c.quant.present = true;
-        c.quant.format = q.value("format", std::string());
-        if (c.quant.format != "int8" && c.quant.format != "w8a8" && c.quant.format != "int4" && c.quant.format != "w4a8")
-            fail(origin, ": quantization_config format \"", c.quant.format, "\" is not int8, w8a8, int4 or w4a8");
-        c.quant.group_size = int64_t(r.number_or(q, "group_size", 0));
-        if (q.contains("keep_fp16") && !q["keep_fp16"].is_null()) {
-            if (!q["keep_fp16"].is_string()) fail(origin, ": quantization_config keep_fp16 must be a string (a regex)");
-            c.quant.keep_fp16 = q["keep_fp16"].get<std::string>();
-        }
-        if (c.quant.group_size < 0 || (c.quant.group_size > 0 && c.hidden % c.quant.group_size != 0))
-            fail(origin, ": quantization_config group_size ", c.quant.group_size, " does not divide hidden_size");
-        if ((c.quant.format == "int4" || c.quant.format == "w4a8") && (c.quant.group_size <= 0 || c.quant.group_size % 32 != 0))
-            fail(origin, ": quantization_config group_size ", c.quant.group_size, " of an ", c.quant.format,
-                 " checkpoint is not a multiple of 32");
-    }
+    if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+        c.quant = parse_quantization(j["quantization_config"], c, origin);
     return c;
 }
 

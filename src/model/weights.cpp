@@ -11,6 +11,7 @@
 #include "core/host_memory.h"
 #include "core/mmap_file.h"
 #include "kernels/cpu/quantize.h"
+#include "model/hf_quant.h"
 
 namespace shardlm {
 
@@ -120,10 +121,13 @@ class Loader {
 public:
     Loader(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadOptions& opt, ModelWeights& out, bool planning)
         : ckpt_(ckpt), cfg_(cfg), opt_(opt), out_(out), planning_(planning) {
-        // A pre-quantized checkpoint's float Linear tensors are those its recorded regex kept.
-        const std::string& keep = cfg.quant.present ? cfg.quant.keep_fp16 : opt.keep_fp16;
+        // A pre-quantized checkpoint's float Linear tensors are those its recorded regex kept; in
+        // an AWQ or GPTQ checkpoint they are the ones stored float, and --keep-fp16 picks which of
+        // those (the vocabulary matrix) stay float.
+        const bool ours = cfg.quant.present && cfg.quant.method == QuantMethod::Shardlm;
+        const std::string& keep = ours ? cfg.quant.keep_fp16 : opt.keep_fp16;
         if (!keep.empty()) {
-            check_keep_fp16(keep, cfg.quant.present ? ckpt.dir() + "/config.json: quantization_config keep_fp16"
+            check_keep_fp16(keep, ours ? ckpt.dir() + "/config.json: quantization_config keep_fp16"
                                                     : std::string("--keep-fp16"));
             keep_ = std::regex(keep, std::regex::ECMAScript);
             has_keep_ = true;
@@ -136,7 +140,7 @@ public:
                      int4 ? ", int4 or w4a8" : ", int8 or w8a8");
             if (opt.group_size != 0 && opt.group_size != cfg.quant.group_size)
                 fail("--group-size ", opt.group_size, " differs from the pre-quantized checkpoint's ", cfg.quant.group_size);
-            if (!opt.keep_fp16.empty() && opt.keep_fp16 != cfg.quant.keep_fp16)
+            if (ours && !opt.keep_fp16.empty() && opt.keep_fp16 != cfg.quant.keep_fp16)
                 fail("--keep-fp16 \"", opt.keep_fp16, "\" differs from the pre-quantized checkpoint's \"", cfg.quant.keep_fp16,
                      "\" (quantize the float checkpoint again to change it)");
             out.format = opt.format != WeightFormat::Auto ? opt.format
@@ -514,12 +518,101 @@ public:
         return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), true));
     }
 
+    // A Linear matrix of an AWQ or GPTQ checkpoint: its packed qweight unpacked (model/hf_quant.h),
+    // or, where the tool left it float (the embedding, lm_head, AutoAWQ's modules_to_not_convert),
+    // the float tensor: the vocabulary matrix quantized to INT8 as a float checkpoint's would be,
+    // unless --keep-fp16 matches it, any other layer kept 16-bit.
+    WeightView hf_quantized(const std::string& name, Block b, bool vocab) {
+        const std::string prefix = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
+        const TensorInfo* packed = ckpt_.find(prefix + ".qweight");
+        if (!packed) {
+            const TensorInfo& t = tensor(name, {b.rows, b.cols});
+            if (vocab && !kept(name) && !kept("lm_head.weight"))
+                return is_int4(out_.format) ? quantize(name, b, 0) : quantize(name, b, out_.group_size);
+            return float_matrix(name, b, float_dtype(t, true));
+        }
+        const char* method = quant_method_name(cfg_.quant.method);
+        if (vocab)
+            fail(packed->file, ": tensor ", prefix, ".qweight: a ", method,
+                 "-quantized vocabulary matrix is not supported (only the layers' Linear matrices)");
+        if (kept(name))
+            fail("--keep-fp16 matches ", name, ", which ", ckpt_.dir(), " holds ", method,
+                 "-quantized (", prefix, ".qweight): only its float tensors can stay float");
+        return unpacked(prefix, b);
+    }
+
+    // A block of an AWQ or GPTQ layer (prefix.qweight, .qzeros, .scales, GPTQ's .g_idx) in the
+    // engine's INT4 layout, or INT8 for 8-bit GPTQ.
+    WeightView unpacked(const std::string& prefix, Block b) {
+        const QuantConfig& qc = cfg_.quant;
+        const int bits = qc.bits, per = 32 / bits;
+        const int64_t group = qc.packed_group > 0 ? qc.packed_group : b.cols;
+        const bool awq = qc.method == QuantMethod::Awq;
+        const std::string qweight = prefix + ".qweight";
+        if (b.rows % (awq ? 8 : per) != 0 || (!awq && b.cols % per != 0))
+            fail(get(qweight).file, ": tensor ", qweight, ": a ", b.rows, " x ", b.cols, " layer does not pack into ",
+                 awq ? "AWQ's" : "GPTQ's", " words of ", per, " codes");
+        if (awq && b.row0 % 8 != 0)
+            fail(qweight, ": the tensor-parallel split at row ", b.row0, " falls inside one of AWQ's words of 8 rows");
+        const PackedShapes sh = packed_shapes(qc.method, bits, b.rows, b.cols, group);
+        PackedLinear m;
+        m.method = qc.method;
+        m.bits = bits;
+        m.rows = b.rows;
+        m.cols = b.cols;
+        m.group = group;
+        m.zero_offset = qc.zero_offset;
+        m.qweight = tensor(qweight, {sh.qweight[0], sh.qweight[1]}, {DType::I32}).data;
+        m.qzeros = tensor(prefix + ".qzeros", {sh.qzeros[0], sh.qzeros[1]}, {DType::I32}).data;
+        const TensorInfo& sc = tensor(prefix + ".scales", {sh.scales[0], sh.scales[1]});
+        m.scale_dtype = sc.dtype;
+        m.scales = sc.data;
+        if (!awq && ckpt_.find(prefix + ".g_idx")) {
+            const TensorInfo& gi = tensor(prefix + ".g_idx", {b.cols}, {DType::I32});
+            const int64_t c = first_permuted_column(gi.data, b.cols, group);
+            if (c >= 0)
+                fail(gi.file, ": tensor ", prefix, ".g_idx puts column ", c, " outside group ", c / group,
+                     ": act-order (desc_act) GPTQ checkpoints are not supported (quantize with desc_act false)");
+        }
+        // The engine's groups: the checkpoint's (INT4 repeats a per-channel scale over groups of
+        // group_size; per-channel INT8 keeps one scale per row of the block).
+        const int64_t g = bits == 4 ? out_.group_size : qc.packed_group > 0 ? qc.packed_group : b.ncols;
+        if (b.col0 % g != 0 || b.ncols % g != 0)
+            fail(qweight, ": group size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
+                 b.col0 + b.ncols, ")");
+        const size_t n = size_t(b.nrows * b.ncols), groups = size_t(b.nrows * (b.ncols / g));
+        if (bits == 4) {
+            converted_ += n / 2 + 2 * groups * sizeof(float);
+            if (planning_) return {DType::U8, nullptr, b.nrows, b.ncols};
+            Buffer q(n / 2), s(groups * sizeof(float)), mn(groups * sizeof(float));
+            unpack_int4(m, b.row0, b.nrows, b.col0, b.ncols, g, q.data(), s.as<float>(), mn.as<float>());
+            const WeightView v = int4_weight_view(q.data(), s.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
+            out_.bytes += q.size() + s.size() + mn.size();
+            out_.owned.push_back(std::move(q));
+            out_.owned.push_back(std::move(s));
+            out_.owned.push_back(std::move(mn));
+            return v;
+        }
+        converted_ += n + groups * sizeof(float);
+        if (planning_) return {DType::I8, nullptr, b.nrows, b.ncols};
+        Buffer q(n), s(groups * sizeof(float));
+        unpack_int8(m, b.row0, b.nrows, b.col0, b.ncols, g, reinterpret_cast<int8_t*>(q.data()), s.as<float>(), qweight);
+        WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
+        v.scales = s.as<float>();
+        v.group_size = g;
+        out_.bytes += q.size() + s.size();
+        out_.owned.push_back(std::move(q));
+        out_.owned.push_back(std::move(s));
+        return v;
+    }
+
     // A Linear layer's matrix, in the format the options ask for. The vocabulary matrix (`vocab`)
     // is INT8 per output channel under int4 (see weights.h).
     WeightView linear_matrix(const std::string& name, Block b, bool vocab = false) {
         if (b.nrows < 0) b.nrows = b.rows;
         if (b.ncols < 0) b.ncols = b.cols;
-        if (cfg_.quant.present) return stored_quantized(name, b, vocab);
+        if (cfg_.quant.present)
+            return cfg_.quant.method == QuantMethod::Shardlm ? stored_quantized(name, b, vocab) : hf_quantized(name, b, vocab);
         if (is_int4(out_.format) && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
         if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
         return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_quantized(out_.format)));

@@ -166,7 +166,7 @@ TEST(Int8, BadInput) {
               std::string::npos);
     // Another tool's quantization config.
     std::string cfg = read_file(m + "/config.json");
-    cfg.replace(cfg.find("\"shardlm\""), 9, "\"gptq\"");
+    cfg.replace(cfg.find("\"shardlm\""), 9, "\"bitsandbytes\"");
     write_file(m + "/config.json", cfg);
-    EXPECT_NE(error_of(m, fmt(WeightFormat::Auto)).find("quant_method \"gptq\" is not supported"), std::string::npos);
+    EXPECT_NE(error_of(m, fmt(WeightFormat::Auto)).find("quant_method \"bitsandbytes\" is not supported"), std::string::npos);
 }

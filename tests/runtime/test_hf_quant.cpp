@@ -1,0 +1,380 @@
+// Hugging Face's pre-quantized checkpoints (AutoAWQ's GEMM packing, AutoGPTQ/GPTQModel's 4 and 8
+// bits) load into the engine's INT4/INT8 layouts exactly. The tests make each layer's truth (codes,
+// zero points, fp16 scales), pack it as the tools do (the packing written here from the tools'
+// description: AWQ's order map [0, 2, 4, 6, 1, 3, 5, 7], GPTQ's columns along a word, zero points
+// less one in AutoGPTQ's format), and hold the loaded weights to the truth's W = (q - z) * s bit for
+// bit, on one rank and on each of two; the whole model to an FP32 checkpoint of those W within float
+// rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "model/safetensors_writer.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+struct Case {
+    std::string method;  // "awq" or "gptq"
+    int bits = 4;
+    int64_t group = 32;  // -1: one group per output channel
+    std::string format = "gptq";  // GPTQ's checkpoint_format
+    std::string name() const {
+        return method + std::to_string(bits) + "_g" + (group < 0 ? "ch" : std::to_string(group)) +
+               (method == "gptq" ? "_" + format : "");
+    }
+};
+
+// One layer [rows, cols] as the tool quantized it.
+struct Truth {
+    int64_t rows = 0, cols = 0, group = 0;
+    std::vector<uint32_t> q;  // [rows, cols]
+    std::vector<uint32_t> z;  // [groups, rows]
+    std::vector<uint16_t> s;  // [groups, rows], fp16
+    float w(int64_t r, int64_t c) const {
+        const size_t k = size_t((c / group) * rows + r);
+        return (float(q[size_t(r * cols + c)]) - float(z[k])) * f16_to_f32(s[k]);
+    }
+};
+
+Truth make_truth(int64_t rows, int64_t cols, const Case& cs, std::mt19937& rng) {
+    Truth t;
+    t.rows = rows;
+    t.cols = cols;
+    t.group = cs.group < 0 ? cols : cs.group;
+    const uint32_t top = (1u << cs.bits) - 1;
+    std::uniform_int_distribution<uint32_t> code(0, top);
+    // AutoGPTQ's format stores z - 1, which cannot hold z = 0; symmetric 8-bit is z = 128.
+    std::uniform_int_distribution<uint32_t> zero(cs.method == "gptq" && cs.format == "gptq" ? 1 : 0, top);
+    // Weights of the synthetic model's size (|w| up to ~0.1): steps of 0.03 .. 0.12 of 2^-bits.
+    const float step = 1.0f / float(1u << cs.bits);
+    std::uniform_real_distribution<float> scale(0.03f * step, 0.12f * step);
+    for (int64_t i = 0; i < rows * cols; ++i) t.q.push_back(code(rng));
+    for (int64_t i = 0; i < (cols / t.group) * rows; ++i) {
+        t.z.push_back(cs.bits == 8 ? 128u : zero(rng));
+        t.s.push_back(f32_to_f16(scale(rng)));
+    }
+    return t;
+}
+
+TensorToWrite words(const std::string& name, std::vector<int64_t> shape, const std::vector<uint32_t>& w) {
+    TensorToWrite t{name, "I32", std::move(shape), std::vector<uint8_t>(w.size() * 4)};
+    std::memcpy(t.bytes.data(), w.data(), t.bytes.size());
+    return t;
+}
+
+// The tensors the tool writes for `prefix` (q_proj etc., without ".weight").
+std::vector<TensorToWrite> pack(const std::string& prefix, const Truth& t, const Case& cs) {
+    const int64_t groups = t.cols / t.group;
+    std::vector<TensorToWrite> out;
+    if (cs.method == "awq") {
+        const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // AutoAWQ: bits 4i hold output order[i] of the eight
+        std::vector<uint32_t> qw(size_t(t.cols * t.rows / 8)), qz(size_t(groups * t.rows / 8));
+        for (int64_t c = 0; c < t.cols; ++c)
+            for (int64_t j = 0; j < t.rows / 8; ++j)
+                for (int i = 0; i < 8; ++i) qw[size_t(c * (t.rows / 8) + j)] |= t.q[size_t((8 * j + order[i]) * t.cols + c)] << (4 * i);
+        for (int64_t k = 0; k < groups; ++k)
+            for (int64_t j = 0; j < t.rows / 8; ++j)
+                for (int i = 0; i < 8; ++i) qz[size_t(k * (t.rows / 8) + j)] |= t.z[size_t(k * t.rows + 8 * j + order[i])] << (4 * i);
+        out.push_back(words(prefix + ".qweight", {t.cols, t.rows / 8}, qw));
+        out.push_back(words(prefix + ".qzeros", {groups, t.rows / 8}, qz));
+    } else {
+        const int per = 32 / cs.bits;
+        const uint32_t off = cs.format == "gptq" ? 1 : 0, mask = (1u << cs.bits) - 1;
+        std::vector<uint32_t> qw(size_t(t.cols / per * t.rows)), qz(size_t(groups * t.rows / per)), gi;
+        for (int64_t i = 0; i < t.cols / per; ++i)
+            for (int64_t r = 0; r < t.rows; ++r)
+                for (int k = 0; k < per; ++k) qw[size_t(i * t.rows + r)] |= t.q[size_t(r * t.cols + i * per + k)] << (cs.bits * k);
+        for (int64_t g = 0; g < groups; ++g)
+            for (int64_t j = 0; j < t.rows / per; ++j)
+                for (int k = 0; k < per; ++k)
+                    qz[size_t(g * t.rows / per + j)] |= ((t.z[size_t(g * t.rows + j * per + k)] - off) & mask) << (cs.bits * k);
+        for (int64_t c = 0; c < t.cols; ++c) gi.push_back(uint32_t(c / t.group));
+        out.push_back(words(prefix + ".qweight", {t.cols / per, t.rows}, qw));
+        out.push_back(words(prefix + ".qzeros", {groups, t.rows / per}, qz));
+        out.push_back(words(prefix + ".g_idx", {t.cols}, gi));
+    }
+    TensorToWrite s{prefix + ".scales", "F16", {groups, t.rows}, std::vector<uint8_t>(t.s.size() * 2)};
+    std::memcpy(s.bytes.data(), t.s.data(), s.bytes.size());
+    out.push_back(std::move(s));
+    return out;
+}
+
+nlohmann::json quant_config(const Case& cs) {
+    if (cs.method == "awq")
+        return {{"quant_method", "awq"}, {"bits", 4}, {"group_size", cs.group}, {"zero_point", true},
+                {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
+    return {{"quant_method", "gptq"}, {"bits", cs.bits}, {"group_size", cs.group}, {"desc_act", false},
+            {"sym", true}, {"checkpoint_format", cs.format}};
+}
+
+const char* const kLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+// `hf`: the checkpoint as the tool writes it (the embedding, norms, biases and lm_head in fp16 as
+// a float checkpoint has them); `ref`: an FP32 checkpoint of the same model with W = (q - z) * s.
+// Returns each layer's truth by its weight's name.
+std::map<std::string, Truth> write_pair(const ModelConfig& cfg, const Case& cs, const std::string& hf,
+                                        const std::string& ref, uint64_t seed,
+                                        const std::function<void(nlohmann::json&)>& edit = {}) {
+    TempDir src;
+    write_synthetic_checkpoint(src.path(), cfg, {DType::F16, 1, seed});
+    std::mt19937 rng{uint32_t(seed)};
+    std::map<std::string, Truth> truth;
+    std::vector<TensorToWrite> a, b;
+    SafetensorsFile f(src.path() + "/model.safetensors");
+    for (const auto& [name, info] : f.tensors()) {
+        if (name.rfind("__pad_", 0) == 0) continue;
+        bool linear = false;
+        for (const char* l : kLinears) linear = linear || name.find(std::string(l) + ".weight") != std::string::npos;
+        if (!linear) {
+            const TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+            a.push_back(t);
+            b.push_back(t);
+            continue;
+        }
+        const Truth t = make_truth(info.shape[0], info.shape[1], cs, rng);
+        for (TensorToWrite& p : pack(name.substr(0, name.size() - 7), t, cs)) a.push_back(std::move(p));
+        TensorToWrite w{name, "F32", info.shape, std::vector<uint8_t>(size_t(t.rows * t.cols) * 4)};
+        for (int64_t r = 0; r < t.rows; ++r)
+            for (int64_t c = 0; c < t.cols; ++c) {
+                const float v = t.w(r, c);
+                std::memcpy(&w.bytes[size_t(r * t.cols + c) * 4], &v, 4);
+            }
+        b.push_back(std::move(w));
+        truth.emplace(name, t);
+    }
+    nlohmann::json config = nlohmann::json::parse(config_json(cfg));
+    write_file(ref + "/config.json", config.dump(2));
+    config["quantization_config"] = quant_config(cs);
+    if (edit) edit(config);
+    write_file(hf + "/config.json", config.dump(2));
+    write_safetensors(hf + "/model.safetensors", a, true);
+    write_safetensors(ref + "/model.safetensors", b, true);
+    return truth;
+}
+
+struct Out {
+    std::vector<std::vector<float>> rows;
+    std::vector<std::vector<int32_t>> tokens;
+};
+
+Out run(const std::string& dir, const LoadOptions& lo, const std::vector<std::vector<int32_t>>& prompts, int64_t chunk) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.load = lo;
+    so.kv = KVFormat::F32;
+    so.max_batch = int64_t(prompts.size());
+    so.ctx = 96;
+    so.prefill_chunk = chunk;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 6;
+    go.prefill_chunk = chunk;
+    go.sampler.temperature = 0;
+    go.keep_prompt_logits = true;
+    const GenerateResult r = generate(*s->engine, prompts, go);
+    Out out;
+    for (const auto& q : r.seqs) {
+        out.rows.push_back(q.prompt_logits);
+        out.tokens.push_back(q.tokens);
+    }
+    return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+const std::vector<Case> kCases = {
+    {"awq", 4, 32},          {"awq", 4, 64},           {"awq", 4, -1},          {"gptq", 4, 32, "gptq"},
+    {"gptq", 4, 64, "gptq_v2"}, {"gptq", 4, -1, "gptq"}, {"gptq", 8, 32, "gptq"}, {"gptq", 8, -1, "gptq_v2"},
+};
+
+}  // namespace
+
+// Every element of every Linear layer, loaded on one rank and sliced for each of two, equals the
+// truth's (q - z) * s exactly, in the layout the format maps to (INT4 for 4 bits, INT8 for 8).
+TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.intermediate = 256;  // two ranks' halves of 128 columns hold whole groups of 64
+    for (const Case& cs : kCases) {
+        TempDir hf, ref;
+        const auto truth = write_pair(cfg, cs, hf.path(), ref.path(), 11);
+        const ModelConfig c = load_config(hf.path());
+        EXPECT_EQ(c.quant.format, cs.bits == 4 ? "int4" : "int8") << cs.name();
+        EXPECT_EQ(c.quant.group_size, cs.group > 0 ? cs.group : cs.bits == 4 ? 64 : 0) << cs.name();
+        const Checkpoint ck(hf.path());
+        for (int tp : {1, 2})
+            for (int rank = 0; rank < tp; ++rank) {
+                const ModelWeights w = load_weights(ck, c, LoadOptions{}, plan_shard(c, rank, tp));
+                EXPECT_EQ(w.format, cs.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8);
+                size_t checked = 0;
+                for (const LayerWeights& L : w.layers)
+                    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+                        const Truth& t = truth.at(l->name);
+                        ASSERT_EQ(l->w.dtype, cs.bits == 4 ? DType::I4 : DType::I8) << l->name;
+                        // Column-parallel layers keep every column and a block of rows; row-parallel
+                        // ones every row and a block of columns.
+                        const bool rows_split = l->w.cols == t.cols;
+                        const int64_t r0 = rows_split ? rank * l->w.rows : 0, c0 = rows_split ? 0 : rank * l->w.cols;
+                        ASSERT_EQ(rows_split ? l->w.rows * tp : l->w.cols * tp, rows_split ? t.rows : t.cols) << l->name;
+                        std::vector<float> row(size_t(l->w.cols));
+                        for (int64_t r = 0; r < l->w.rows; ++r) {
+                            weight_row_to_f32(l->w, r, row.data());
+                            for (int64_t col = 0; col < l->w.cols; ++col, ++checked)
+                                ASSERT_EQ(row[size_t(col)], t.w(r0 + r, c0 + col))
+                                    << cs.name() << " tp " << tp << " rank " << rank << " " << l->name << " (" << r << ", "
+                                    << col << ")";
+                        }
+                    }
+                EXPECT_GT(checked, size_t(0));
+            }
+    }
+}
+
+// The whole model on an AWQ or GPTQ checkpoint computes what FP32 computes on the truth's weights
+// (the vocabulary matrix kept float on both sides): GEMM and GEMV chunks, tokens equal.
+TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
+    for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
+        for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, -1, "gptq"}, Case{"gptq", 8, 32, "gptq"}}) {
+            const ModelConfig cfg = tiny_config(arch);
+            TempDir hf, ref;
+            write_pair(cfg, cs, hf.path(), ref.path(), 21);
+            std::vector<std::vector<int32_t>> prompts;
+            for (int i = 0; i < 3; ++i) prompts.push_back(make_prompt(9 + 13 * i, cfg.vocab, uint64_t(40 + i)));
+            const double tol = cpu_quantized_weights_round() ? 5e-4 : 2e-5;
+            for (int64_t chunk : {16, 3}) {
+                const Out q = run(hf.path(), {WeightFormat::Auto, 0, "lm_head|embed_tokens"}, prompts, chunk);
+                const Out r = run(ref.path(), {WeightFormat::F32, 0, ""}, prompts, chunk);
+                for (size_t i = 0; i < prompts.size(); ++i) {
+                    float scale = 0;
+                    for (float v : r.rows[i]) scale = std::max(scale, std::fabs(v));
+                    EXPECT_LT(max_abs_diff(q.rows[i], r.rows[i]), tol * scale)
+                        << arch_name(arch) << " " << cs.name() << " chunk " << chunk << " prompt " << i;
+                    EXPECT_EQ(q.tokens[i], r.tokens[i]) << arch_name(arch) << " " << cs.name() << " chunk " << chunk;
+                }
+            }
+            // By default the vocabulary matrix is INT8 (as --weights int4/int8 make it): close, not equal.
+            const Out d = run(hf.path(), {}, prompts, 16);
+            const Out r = run(ref.path(), {WeightFormat::F32, 0, ""}, prompts, 16);
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                EXPECT_GT(cosine(d.rows[i], r.rows[i]), 0.999) << arch_name(arch) << " " << cs.name();
+                EXPECT_NE(d.rows[i], r.rows[i]);
+            }
+        }
+}
+
+// W4A8 over an AWQ checkpoint's weights (--weights w4a8): INT8 activations, within their noise of
+// W4A16 on the same weights.
+TEST(HfQuant, AwqRunsAsW4A8) {
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    TempDir hf, ref;
+    write_pair(cfg, {"awq", 4, 32}, hf.path(), ref.path(), 31);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(20, cfg.vocab, 3)};
+    const Out a16 = run(hf.path(), {}, prompts, 16), a8 = run(hf.path(), {WeightFormat::W4A8, 0, ""}, prompts, 16);
+    EXPECT_GT(cosine(a8.rows[0], a16.rows[0]), 0.999);
+    EXPECT_NE(a8.rows[0], a16.rows[0]);
+}
+
+TEST(HfQuant, BadInput) {
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    const std::vector<std::vector<int32_t>> prompt = {{1, 2, 3}};
+    auto refused = [&](const Case& cs, const std::function<void(nlohmann::json&)>& edit, const LoadOptions& lo = {},
+                       const std::function<void(const std::string&)>& damage = {}) {
+        TempDir hf, ref;
+        write_pair(cfg, cs, hf.path(), ref.path(), 5, edit);
+        if (damage) damage(hf.path());
+        return error_of([&] { run(hf.path(), lo, prompt, 16); });
+    };
+    auto set = [](const char* key, nlohmann::json v) {
+        return [key, v](nlohmann::json& c) { c["quantization_config"][key] = v; };
+    };
+    const Case awq{"awq", 4, 32}, gptq{"gptq", 4, 32, "gptq"}, gptq8{"gptq", 8, 32, "gptq"};
+    auto has = [](const std::string& e, const std::string& needle) {
+        EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e << "\nwanted: " << needle;
+    };
+    has(refused(awq, set("version", "gemv")), "quantization_config version \"gemv\" is not supported");
+    has(refused(awq, set("bits", 3)), "quantization_config bits 3 is not supported (AWQ");
+    has(refused(awq, set("zero_point", false)), "quantization_config zero_point false is not supported");
+    has(refused(gptq, set("bits", 2)), "quantization_config bits 2 is not supported (GPTQ checkpoints load with bits 4 or 8)");
+    has(refused(gptq, set("checkpoint_format", "marlin")), "checkpoint_format \"marlin\" is not supported");
+    has(refused(gptq, set("dynamic", {{"-:.*down_proj.*", nlohmann::json::object()}})), "dynamic: per-module GPTQ overrides");
+    has(refused(gptq, set("group_size", 48)), "group_size 48 does not divide a layer's input width");
+    has(refused(gptq, set("group_size", 16)), "group_size 16: the INT4 layout takes groups of a multiple of 32");
+    has(refused(gptq, set("group_size", 0)), "group_size 0 must be positive or -1");
+    has(refused(awq, set("quant_method", "fp8")), "quant_method \"fp8\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq)");
+    // The config says one group a row, the tensors hold groups of 32: qzeros' shape gives it away.
+    has(refused(awq, set("group_size", -1)), "tensor model.layers.0.self_attn.q_proj.qzeros has shape [2, 8], expected [1, 8]");
+    has(refused(gptq, {}, {WeightFormat::F16, 0, ""}), "is pre-quantized (int4); use --weights auto, int4 or w4a8");
+    has(refused(gptq8, {}, {WeightFormat::Int4, 0, ""}), "is pre-quantized (int8); use --weights auto, int8 or w8a8");
+    has(refused(awq, {}, {WeightFormat::Auto, 0, "down_proj"}),
+        "--keep-fp16 matches model.layers.0.mlp.down_proj.weight, which");
+    // Act-order: a g_idx that is not column / group.
+    has(refused(gptq, {}, {},
+                [&](const std::string& dir) {
+                    SafetensorsFile f(dir + "/model.safetensors");
+                    std::vector<TensorToWrite> ts;
+                    for (const auto& [name, info] : f.tensors()) {
+                        if (name.rfind("__pad_", 0) == 0) continue;
+                        TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+                        if (name == "model.layers.1.mlp.up_proj.g_idx") std::swap(t.bytes[0], t.bytes[4 * 40]);  // columns 0 and 40
+                        ts.push_back(std::move(t));
+                    }
+                    write_safetensors(dir + "/model.safetensors", ts, true);
+                }),
+        "tensor model.layers.1.mlp.up_proj.g_idx puts column 0 outside group 0: act-order (desc_act) GPTQ");
+    // Asymmetric 8-bit: one zero point moved off 128.
+    has(refused(gptq8, {}, {},
+                [&](const std::string& dir) {
+                    SafetensorsFile f(dir + "/model.safetensors");
+                    std::vector<TensorToWrite> ts;
+                    for (const auto& [name, info] : f.tensors()) {
+                        if (name.rfind("__pad_", 0) == 0) continue;
+                        TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+                        if (name == "model.layers.0.self_attn.o_proj.qzeros") t.bytes[1] ^= 1;  // row 1: 127 -> 126 stored
+                        ts.push_back(std::move(t));
+                    }
+                    write_safetensors(dir + "/model.safetensors", ts, true);
+                }),
+        "model.layers.0.self_attn.o_proj.qweight: zero point 127 of row 1 and group 0 is not 128");
+    // A packed tensor of the wrong dtype, and one missing.
+    auto rewrite = [](const std::string& dir, const std::function<bool(TensorToWrite&)>& keep) {
+        SafetensorsFile f(dir + "/model.safetensors");
+        std::vector<TensorToWrite> ts;
+        for (const auto& [name, info] : f.tensors()) {
+            if (name.rfind("__pad_", 0) == 0) continue;
+            TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+            if (keep(t)) ts.push_back(std::move(t));
+        }
+        write_safetensors(dir + "/model.safetensors", ts, true);
+    };
+    has(refused(awq, {}, {},
+                [&](const std::string& dir) {
+                    rewrite(dir, [](TensorToWrite& t) {
+                        if (t.name == "model.layers.1.self_attn.v_proj.qweight") t.dtype = "F32";
+                        return true;
+                    });
+                }),
+        "tensor model.layers.1.self_attn.v_proj.qweight has dtype F32 (expected i32)");
+    has(refused(awq, {}, {},
+                [&](const std::string& dir) {
+                    rewrite(dir, [](TensorToWrite& t) { return t.name != "model.layers.0.mlp.gate_proj.qzeros"; });
+                }),
+        "model.layers.0.mlp.gate_proj.qzeros");
+}

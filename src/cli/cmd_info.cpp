@@ -28,7 +28,10 @@ std::string quant_summary(const QuantConfig& q) {
     const std::string group = q.group_size > 0 ? cat("groups of ", q.group_size) : std::string("one scale per row");
     if (q.method == QuantMethod::Shardlm) return cat("shardlm ", q.format, ", ", group);
     return cat(quant_method_name(q.method), " ", q.bits, "-bit, ",
-               q.packed_group > 0 ? cat("groups of ", q.packed_group) : std::string("one group per row"), ": loads as ",
+               q.per_tensor ? std::string("one scale for each matrix")
+               : q.packed_group > 0 ? cat("groups of ", q.packed_group)
+                                    : std::string("one group per row"),
+               ": loads as ",
                q.format, " (", group, ")");
 }
 std::string gib(double bytes) {

@@ -38,6 +38,7 @@ const char* quant_method_name(QuantMethod m) {
         case QuantMethod::Shardlm: return "shardlm";
         case QuantMethod::Awq: return "awq";
         case QuantMethod::Gptq: return "gptq";
+        case QuantMethod::CompressedTensors: return "compressed-tensors";
     }
     return "?";
 }
@@ -167,6 +168,26 @@ int64_t repeat_group(const ModelConfig& c) {
     return 0;
 }
 
+// The engine's groups for a Hugging Face checkpoint's bits and group (0: one per output channel),
+// into out.format and out.group_size; `acts`: the layers' inputs are INT8 per token too.
+void set_hf_layout(QuantConfig& out, const ModelConfig& c, bool acts, const std::string& where) {
+    const int64_t dims[] = {c.hidden, c.intermediate, c.n_heads * c.head_dim};
+    for (int64_t d : dims)
+        if (out.packed_group > 0 && d % out.packed_group != 0)
+            fail(where, " group_size ", out.packed_group, " does not divide a layer's input width (hidden_size ", c.hidden,
+                 ", intermediate_size ", c.intermediate, ", heads x head_dim ", c.n_heads * c.head_dim, ")");
+    if (out.bits == 8) {
+        out.format = acts ? "w8a8" : "int8";
+        out.group_size = out.packed_group;
+        return;
+    }
+    out.format = "int4";
+    out.group_size = out.packed_group > 0 ? out.packed_group : repeat_group(c);
+    if (out.group_size % 32 != 0 || out.group_size == 0)
+        fail(where, " group_size ", out.packed_group > 0 ? out.packed_group : -1, ": the INT4 layout takes groups of a multiple of 32 columns",
+             out.packed_group > 0 ? "" : " dividing every layer's input width");
+}
+
 // AutoAWQ's and AutoGPTQ/GPTQModel's quantization_config (the keys as Hugging Face writes them);
 // what the loader cannot read exactly is refused here, naming the key.
 QuantConfig parse_hf_quantization(const json& q, const ModelConfig& c, const std::string& origin, const std::string& method) {
@@ -201,21 +222,81 @@ QuantConfig parse_hf_quantization(const json& q, const ModelConfig& c, const std
     }
     if (group != -1 && group <= 0) fail(where, " group_size ", group, " must be positive or -1 (one group per output channel)");
     out.packed_group = group == -1 ? 0 : group;
-    const int64_t dims[] = {c.hidden, c.intermediate, c.n_heads * c.head_dim};
-    for (int64_t d : dims)
-        if (out.packed_group > 0 && d % out.packed_group != 0)
-            fail(where, " group_size ", group, " does not divide a layer's input width (hidden_size ", c.hidden,
-                 ", intermediate_size ", c.intermediate, ", heads x head_dim ", c.n_heads * c.head_dim, ")");
-    if (out.bits == 8) {
-        out.format = "int8";
-        out.group_size = out.packed_group;
-    } else {
-        out.format = "int4";
-        out.group_size = out.packed_group > 0 ? out.packed_group : repeat_group(c);
-        if (out.group_size % 32 != 0 || out.group_size == 0)
-            fail(where, " group_size ", group, ": the INT4 layout takes groups of a multiple of 32 columns",
-                 out.packed_group > 0 ? "" : " dividing every layer's input width");
+    set_hf_layout(out, c, false, where);
+    return out;
+}
+
+// llm-compressor's compressed-tensors config: every config group must ask for the same scheme,
+// symmetric integer weights (8 bits "int-quantized", 4 bits "pack-quantized") per channel, group
+// or tensor, and inputs either left float or INT8 per token, dynamic (W8A8: what --weights w8a8
+// computes).
+QuantConfig parse_compressed_tensors(const json& q, const ModelConfig& c, const std::string& origin) {
+    const std::string where = origin + ": quantization_config";
+    QuantConfig out;
+    out.present = true;
+    out.method = QuantMethod::CompressedTensors;
+    const std::string format = quant_string(q, "format", "", origin);
+    if (format != "int-quantized" && format != "pack-quantized")
+        fail(where, " format \"", format, "\" is not supported (compressed-tensors checkpoints load as int-quantized or "
+             "pack-quantized)");
+    auto set_but_not = [&](const json& o, const char* key, const char* what) {
+        if (o.contains(key) && !o[key].is_null() && !(o[key].is_object() && o[key].empty()) && o[key] != json(false))
+            fail(where, " ", key, ": ", what, " is not supported");
+    };
+    set_but_not(q, "kv_cache_scheme", "a quantized KV cache scheme (use --kv int8)");
+    set_but_not(q, "transform_config", "a rotation transform");
+    if (q.contains("sparsity_config") && q["sparsity_config"].is_object() && q["sparsity_config"].contains("format") &&
+        q["sparsity_config"]["format"] != json("dense"))
+        fail(where, " sparsity_config: sparse checkpoints are not supported");
+    if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
+        fail(where, " config_groups: missing or empty");
+    bool first = true, acts = false;
+    for (const auto& [name, g] : q["config_groups"].items()) {
+        const std::string at = where + " config_groups." + name;
+        if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) fail(at, ".weights: missing");
+        const json& w = g["weights"];
+        const std::string type = w.value("type", std::string("int"));
+        const int64_t bits = quant_integer(w, "num_bits", 0, origin);
+        const std::string strategy = quant_string(w, "strategy", "", origin);
+        if (type != "int") fail(at, ".weights type \"", type, "\" is not supported (int)");
+        if (w.value("symmetric", true) != true) fail(at, ".weights symmetric false: asymmetric weights are not supported");
+        if (w.value("dynamic", false) != false) fail(at, ".weights dynamic: not supported");
+        set_but_not(w, "actorder", "act-order");
+        if (bits != (format == "pack-quantized" ? 4 : 8))
+            fail(at, ".weights num_bits ", bits, " is not supported with format ", format,
+                 " (int-quantized: 8, pack-quantized: 4)");
+        int64_t group = 0;
+        if (strategy == "group") {
+            group = quant_integer(w, "group_size", 0, origin);
+            if (group <= 0) fail(at, ".weights group_size must be a positive integer with strategy group");
+        } else if (strategy != "channel" && strategy != "tensor") {
+            fail(at, ".weights strategy \"", strategy, "\" is not supported (channel, group or tensor)");
+        }
+        bool a = false;
+        if (g.contains("input_activations") && !g["input_activations"].is_null()) {
+            const json& in = g["input_activations"];
+            if (!in.is_object() || in.value("type", std::string("int")) != "int" || quant_integer(in, "num_bits", 0, origin) != 8 ||
+                in.value("symmetric", true) != true || in.value("dynamic", false) != true ||
+                quant_string(in, "strategy", "token", origin) != "token")
+                fail(at, ".input_activations: only dynamic symmetric INT8 per token is supported (static or float "
+                     "activation scales are not)");
+            if (bits == 4) fail(at, ".input_activations: 4-bit weights with INT8 inputs are not supported (load W4A16 and add "
+                                "--weights w4a8)");
+            a = true;
+        }
+        set_but_not(g, "output_activations", "output activation quantization");
+        if (first) {
+            out.bits = int(bits);
+            out.packed_group = group;
+            out.per_tensor = strategy == "tensor";
+            acts = a;
+            first = false;
+        } else if (out.bits != bits || out.packed_group != group || out.per_tensor != (strategy == "tensor") || acts != a) {
+            fail(at, ": config groups with different schemes are not supported");
+        }
     }
+    out.zero_offset = out.bits == 4 ? 8 : 0;
+    set_hf_layout(out, c, acts, where);
     return out;
 }
 
@@ -223,10 +304,11 @@ QuantConfig parse_quantization(const json& q, const ModelConfig& c, const std::s
     if (!q.is_object()) fail(origin, ": quantization_config must be an object");
     const std::string method = quant_string(q, "quant_method", "?", origin);
     if (method == "awq" || method == "gptq") return parse_hf_quantization(q, c, origin, method);
+    if (method == "compressed-tensors") return parse_compressed_tensors(q, c, origin);
     if (method != "shardlm")
         fail(origin, ": quantization_config quant_method \"", method,
-             "\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq) or AutoGPTQ/GPTQModel (gptq) "
-             "load pre-quantized)");
+             "\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq), AutoGPTQ/GPTQModel (gptq) "
+             "or llm-compressor (compressed-tensors) load pre-quantized)");
     QuantConfig out;
     out.present = true;
     out.format = quant_string(q, "format", "", origin);

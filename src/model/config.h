@@ -31,11 +31,12 @@ struct RopeScaling {
 const char* rope_kind_name(RopeScaling::Kind k);  // "default", "llama3", "linear", "yarn"
 
 // quantization_config of a pre-quantized checkpoint: one written by `shardlm quantize` (method
-// Shardlm), or a Hugging Face one quantized by AutoAWQ (Awq: 4-bit GEMM packing) or by
-// AutoGPTQ/GPTQModel (Gptq: 4 or 8 bits, without act-order), whose packed Linear layers the loader
-// unpacks into the same INT4/INT8 layouts (model/hf_quant.h). Other tools' configs are refused
-// with an error naming them.
-enum class QuantMethod { Shardlm, Awq, Gptq };
+// Shardlm), or a Hugging Face one quantized by AutoAWQ (Awq: 4-bit GEMM packing), by
+// AutoGPTQ/GPTQModel (Gptq: 4 or 8 bits, without act-order) or by llm-compressor
+// (CompressedTensors: symmetric INT8 "int-quantized", W8A8 with dynamic per-token activations or
+// W8A16, and 4-bit "pack-quantized" W4A16), whose Linear layers the loader unpacks into the same
+// INT4/INT8 layouts (model/hf_quant.h). Other tools' configs are refused with an error naming them.
+enum class QuantMethod { Shardlm, Awq, Gptq, CompressedTensors };
 
 struct QuantConfig {
     bool present = false;
@@ -43,15 +44,18 @@ struct QuantConfig {
     std::string format;       // "int8", "w8a8", "int4" or "w4a8" (Awq/Gptq: "int4", or "int8" for 8-bit GPTQ)
     int64_t group_size = 0;   // 0: one scale per output channel (int8/w8a8); int4: the layers' group
     std::string keep_fp16;    // the --keep-fp16 regex it was quantized with: matching Linear tensors stayed float
-    // Awq/Gptq: the bits, the checkpoint's own group (0: one per output channel, which a 4-bit
-    // layout repeats over groups of group_size) and the offset a GPTQ checkpoint's stored zero
-    // points carry (1 in AutoGPTQ's format, "checkpoint_format": "gptq"; 0 in "gptq_v2").
+    // Hugging Face methods: the bits, the checkpoint's own group (0: one per output channel, which a
+    // 4-bit layout repeats over groups of group_size; per_tensor: one scale for the whole matrix)
+    // and the offset of the zero points: what a GPTQ checkpoint's stored ones lack (1 in AutoGPTQ's
+    // format, "checkpoint_format": "gptq"; 0 in "gptq_v2"), compressed-tensors' 4-bit zero (8: its
+    // codes are the signed values plus 8).
     int bits = 0;
     int64_t packed_group = 0;
+    bool per_tensor = false;
     int zero_offset = 0;
 };
 
-const char* quant_method_name(QuantMethod m);  // "shardlm", "awq", "gptq"
+const char* quant_method_name(QuantMethod m);  // "shardlm", "awq", "gptq", "compressed-tensors"
 
 struct ModelConfig {
     Arch arch = Arch::Llama;

@@ -18,13 +18,17 @@ inline uint32_t word(const uint8_t* p, int64_t i) {
 }
 
 float scale_at(const PackedLinear& m, int64_t group, int64_t row) {
+    const int64_t i = m.per_tensor                                  ? 0
+                      : m.method == QuantMethod::CompressedTensors ? row * (m.cols / m.group) + group
+                                                                   : group * m.rows + row;
     float s;
-    values_to_f32(m.scale_dtype, m.scales + size_t(group * m.rows + row) * dtype_size(m.scale_dtype), 1, &s);
+    values_to_f32(m.scale_dtype, m.scales + size_t(i) * dtype_size(m.scale_dtype), 1, &s);
     return s;
 }
 
 // The zero point of (group, row), with the checkpoint's offset added.
 int zero_at(const PackedLinear& m, int64_t group, int64_t row) {
+    if (m.method == QuantMethod::CompressedTensors) return m.zero_offset;
     if (m.method == QuantMethod::Awq)
         return int((word(m.qzeros, group * (m.rows / 8) + row / 8) >> (4 * kAwqPosition[row % 8])) & 15u);
     const int per = 32 / m.bits;
@@ -43,6 +47,7 @@ constexpr int64_t kTileRows = 16;
 PackedShapes packed_shapes(QuantMethod method, int bits, int64_t rows, int64_t cols, int64_t group) {
     const int64_t groups = cols / group;
     if (method == QuantMethod::Awq) return {{cols, rows / 8}, {groups, rows / 8}, {groups, rows}};
+    if (method == QuantMethod::CompressedTensors) return {{rows, bits == 8 ? cols : cols / 8}, {0, 0}, {rows, groups}};
     const int64_t per = 32 / bits;
     return {{cols / per, rows}, {groups, rows / per}, {groups, rows}};
 }
@@ -74,11 +79,13 @@ void unpack_int4(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col
                     }
                 }
             } else {  // words c/8 .. c/8 + 3 of each row hold the block's columns 0-7, 8-15, 16-23, 24-31
-                const uint8_t* line = m.qweight + 4 * (c / 8) * m.rows;
+                // GPTQ: word (i, R) at i * rows + R; compressed-tensors: at R * cols / 8 + i.
+                const bool ct = m.method == QuantMethod::CompressedTensors;
+                const int64_t step = ct ? 1 : m.rows;
                 for (int64_t r = t0; r < t1; ++r) {
-                    const int64_t R = row0 + r;
-                    const uint32_t w0 = word(line, R), w1 = word(line, m.rows + R), w2 = word(line, 2 * m.rows + R),
-                                   w3 = word(line, 3 * m.rows + R);
+                    const int64_t R = row0 + r, at = ct ? R * (m.cols / 8) + c / 8 : (c / 8) * m.rows + R;
+                    const uint32_t w0 = word(m.qweight, at), w1 = word(m.qweight, at + step),
+                                   w2 = word(m.qweight, at + 2 * step), w3 = word(m.qweight, at + 3 * step);
                     uint8_t* out = codes + r * half + 16 * b;
                     for (int k = 0; k < 8; ++k) {
                         out[k] = uint8_t(nib(w0, k) | nib(w2, k) << 4);
@@ -99,10 +106,18 @@ void unpack_int4(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col
 
 void unpack_int8(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int64_t g,
                  int8_t* q, float* scales, const std::string& name) {
-    SHARDLM_CHECK(m.bits == 8 && m.method == QuantMethod::Gptq && g > 0 && ncols % g == 0 && col0 % g == 0 &&
+    SHARDLM_CHECK(m.bits == 8 && m.method != QuantMethod::Awq && g > 0 && ncols % g == 0 && col0 % g == 0 &&
                       (g == ncols || m.group % g == 0),
                   "unpack_int8: group ", g, " of a block at column ", col0, " (", ncols, " wide)");
     const int64_t vg = ncols / g;
+    if (m.method == QuantMethod::CompressedTensors) {  // int8 as it is: copy the block's rows
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < nrows; ++r) {
+            std::memcpy(q + r * ncols, m.qweight + (row0 + r) * m.cols + col0, size_t(ncols));
+            for (int64_t k = 0; k < vg; ++k) scales[r * vg + k] = scale_at(m, (col0 + k * g) / m.group, row0 + r);
+        }
+        return;
+    }
     // The zero points first: a layer that is not symmetric is refused before anything is written.
     for (int64_t r = 0; r < nrows; ++r)
         for (int64_t src = col0 / m.group; src <= (col0 + ncols - 1) / m.group; ++src)

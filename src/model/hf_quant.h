@@ -13,6 +13,10 @@
 //   word (g, j) holding rows p*j + k at bits b*k, each stored as z - zero_offset (AutoGPTQ's
 //   format subtracts 1); scales [groups, out]; g_idx i32 [in], the group of each column, which
 //   must be c / group (act-order checkpoints permute it: refused by the loader).
+// compressed-tensors (llm-compressor; symmetric only): 4 bits ("pack-quantized") as weight_packed
+//   i32 [out, in / 8], word (r, i) holding columns 8i + k of row r at bits 4k, each the signed
+//   value plus 8 (so z = 8); 8 bits ("int-quantized") as weight i8 [out, in], z = 0; weight_scale
+//   [out, in / group] (one column per channel, or a single value for the whole tensor).
 #pragma once
 
 #include <cstdint>
@@ -32,15 +36,16 @@ struct PackedLinear {
     int bits = 4;
     int64_t rows = 0, cols = 0;
     int64_t group = 0;  // input columns per scale (cols: one per output channel)
+    bool per_tensor = false;  // compressed-tensors' strategy "tensor": one scale
     int zero_offset = 0;
-    const uint8_t* qweight = nullptr;  // little-endian int32 words, any alignment
-    const uint8_t* qzeros = nullptr;
+    const uint8_t* qweight = nullptr;  // little-endian int32 words (compressed-tensors' 8 bits: int8), any alignment
+    const uint8_t* qzeros = nullptr;   // AWQ and GPTQ only
     DType scale_dtype = DType::F16;    // F16, BF16 or F32
     const uint8_t* scales = nullptr;
 };
 
 // The shapes the checkpoint's tensors must have for a layer [rows, cols] ({rows, cols} order of
-// the tensor, as safetensors lists it).
+// the tensor, as safetensors lists it; compressed-tensors has no qzeros).
 struct PackedShapes {
     int64_t qweight[2], qzeros[2], scales[2];
 };
@@ -52,7 +57,7 @@ PackedShapes packed_shapes(QuantMethod method, int bits, int64_t rows, int64_t c
 void unpack_int4(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int64_t g,
                  uint8_t* codes, float* scales, float* mins);
 
-// The same block of an 8-bit GPTQ layer into INT8 with groups of g columns (m.group, or ncols for
+// The same block of an 8-bit GPTQ or compressed-tensors layer into INT8 with groups of g columns (m.group, or ncols for
 // one scale per row): q [nrows, ncols], scales [nrows, ncols / g]. Throws Error naming `name`
 // when a zero point of the block is not 128 (asymmetric 8-bit has no INT8 form here).
 void unpack_int8(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int64_t g,

@@ -524,21 +524,84 @@ public:
     // unless --keep-fp16 matches it, any other layer kept 16-bit.
     WeightView hf_quantized(const std::string& name, Block b, bool vocab) {
         const std::string prefix = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
-        const TensorInfo* packed = ckpt_.find(prefix + ".qweight");
+        // Where the quantized codes are: AWQ's and GPTQ's qweight, compressed-tensors' 4-bit
+        // weight_packed, or its 8-bit weight itself (I8 where the tool left others float).
+        const QuantConfig& qc = cfg_.quant;
+        const std::string codes = qc.method != QuantMethod::CompressedTensors ? prefix + ".qweight"
+                                  : qc.bits == 4                              ? prefix + ".weight_packed"
+                                                                              : name;
+        const TensorInfo* packed = ckpt_.find(codes);
+        if (packed && codes == name && !(packed->dtype_known && packed->dtype == DType::I8)) packed = nullptr;
         if (!packed) {
             const TensorInfo& t = tensor(name, {b.rows, b.cols});
             if (vocab && !kept(name) && !kept("lm_head.weight"))
                 return is_int4(out_.format) ? quantize(name, b, 0) : quantize(name, b, out_.group_size);
             return float_matrix(name, b, float_dtype(t, true));
         }
-        const char* method = quant_method_name(cfg_.quant.method);
+        const char* method = quant_method_name(qc.method);
         if (vocab)
-            fail(packed->file, ": tensor ", prefix, ".qweight: a ", method,
+            fail(packed->file, ": tensor ", codes, ": a ", method,
                  "-quantized vocabulary matrix is not supported (only the layers' Linear matrices)");
         if (kept(name))
-            fail("--keep-fp16 matches ", name, ", which ", ckpt_.dir(), " holds ", method,
-                 "-quantized (", prefix, ".qweight): only its float tensors can stay float");
-        return unpacked(prefix, b);
+            fail("--keep-fp16 matches ", name, ", which ", ckpt_.dir(), " holds ", method, "-quantized (", codes,
+                 "): only its float tensors can stay float");
+        return qc.method == QuantMethod::CompressedTensors ? compressed(prefix, codes, b) : unpacked(prefix, b);
+    }
+
+    // A block of a compressed-tensors layer: `codes` (weight_packed, or the I8 weight) with
+    // weight_scale, and where the tool wrote them weight_shape (must be the layer's), weight_zero_point
+    // (must be all zero: symmetric) and weight_g_idx (must be column / group).
+    WeightView compressed(const std::string& prefix, const std::string& codes, Block b) {
+        const QuantConfig& qc = cfg_.quant;
+        const int64_t group = qc.packed_group > 0 ? qc.packed_group : b.cols;
+        if (qc.bits == 4 && b.cols % 8 != 0)
+            fail(get(codes).file, ": tensor ", codes, ": ", b.cols, " columns do not pack into words of 8 codes");
+        const PackedShapes sh = packed_shapes(qc.method, qc.bits, b.rows, b.cols, group);
+        PackedLinear m;
+        m.method = qc.method;
+        m.bits = qc.bits;
+        m.rows = b.rows;
+        m.cols = b.cols;
+        m.group = group;
+        m.per_tensor = qc.per_tensor;
+        m.zero_offset = qc.zero_offset;
+        m.qweight = tensor(codes, {sh.qweight[0], sh.qweight[1]}, {qc.bits == 4 ? DType::I32 : DType::I8}).data;
+        const std::string scale = prefix + ".weight_scale";
+        std::vector<int64_t> scale_shape{sh.scales[0], sh.scales[1]};
+        if (qc.per_tensor) scale_shape = get(scale).shape.empty() ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+        const TensorInfo& sc = tensor(scale, scale_shape);
+        m.scale_dtype = sc.dtype;
+        m.scales = sc.data;
+        if (const TensorInfo* ws = ckpt_.find(prefix + ".weight_shape")) {
+            get(prefix + ".weight_shape");
+            int64_t dims[2] = {-1, -1};
+            if (ws->shape == std::vector<int64_t>{2} && (ws->dtype_str == "I64" || ws->dtype_str == "I32"))
+                for (int i = 0; i < 2; ++i) {
+                    if (ws->dtype_str == "I64") std::memcpy(&dims[i], ws->data + 8 * i, 8);
+                    else {
+                        int32_t v;
+                        std::memcpy(&v, ws->data + 4 * i, 4);
+                        dims[i] = v;
+                    }
+                }
+            if (dims[0] != b.rows || dims[1] != b.cols)
+                fail(ws->file, ": tensor ", prefix, ".weight_shape is not [", b.rows, ", ", b.cols, "] (I64 or I32)");
+        }
+        if (const TensorInfo* zp = ckpt_.find(prefix + ".weight_zero_point")) {
+            get(prefix + ".weight_zero_point");
+            for (size_t i = 0; i < zp->nbytes; ++i)
+                if (zp->data[i] != 0)
+                    fail(zp->file, ": tensor ", prefix, ".weight_zero_point is not zero: asymmetric compressed-tensors "
+                         "weights are not supported");
+        }
+        if (ckpt_.find(prefix + ".weight_g_idx")) {
+            const TensorInfo& gi = tensor(prefix + ".weight_g_idx", {b.cols}, {DType::I32});
+            const int64_t c = first_permuted_column(gi.data, b.cols, group);
+            if (c >= 0)
+                fail(gi.file, ": tensor ", prefix, ".weight_g_idx puts column ", c, " outside group ", c / group,
+                     ": act-order checkpoints are not supported");
+        }
+        return unpacked_block(m, codes, b);
     }
 
     // A block of an AWQ or GPTQ layer (prefix.qweight, .qzeros, .scales, GPTQ's .g_idx) in the
@@ -574,6 +637,13 @@ public:
                 fail(gi.file, ": tensor ", prefix, ".g_idx puts column ", c, " outside group ", c / group,
                      ": act-order (desc_act) GPTQ checkpoints are not supported (quantize with desc_act false)");
         }
+        return unpacked_block(m, qweight, b);
+    }
+
+    // Block b of the packed layer m (named by its codes tensor) in the INT4 layout, or INT8.
+    WeightView unpacked_block(const PackedLinear& m, const std::string& qweight, Block b) {
+        const QuantConfig& qc = cfg_.quant;
+        const int bits = m.bits;
         // The engine's groups: the checkpoint's (INT4 repeats a per-channel scale over groups of
         // group_size; per-channel INT8 keeps one scale per row of the block).
         const int64_t g = bits == 4 ? out_.group_size : qc.packed_group > 0 ? qc.packed_group : b.ncols;

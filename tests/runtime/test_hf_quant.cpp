@@ -1,10 +1,11 @@
 // Hugging Face's pre-quantized checkpoints (AutoAWQ's GEMM packing, AutoGPTQ/GPTQModel's 4 and 8
-// bits) load into the engine's INT4/INT8 layouts exactly. The tests make each layer's truth (codes,
-// zero points, fp16 scales), pack it as the tools do (the packing written here from the tools'
-// description: AWQ's order map [0, 2, 4, 6, 1, 3, 5, 7], GPTQ's columns along a word, zero points
-// less one in AutoGPTQ's format), and hold the loaded weights to the truth's W = (q - z) * s bit for
-// bit, on one rank and on each of two; the whole model to an FP32 checkpoint of those W within float
-// rounding.
+// bits, llm-compressor's compressed-tensors) load into the engine's INT4/INT8 layouts exactly. The
+// tests make each layer's truth (codes, zero points, 16-bit scales), pack it as the tools do (the
+// packing written here from the tools' description: AWQ's order map [0, 2, 4, 6, 1, 3, 5, 7],
+// GPTQ's columns along a word, zero points less one in AutoGPTQ's format, compressed-tensors' rows
+// of words holding the signed values plus 8), and hold the loaded weights to the truth's
+// W = (q - z) * s bit for bit, on one rank and on each of two; the whole model to an FP32
+// checkpoint of those W within float rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,13 +25,14 @@ using namespace shardlm::test;
 namespace {
 
 struct Case {
-    std::string method;  // "awq" or "gptq"
+    std::string method;  // "awq", "gptq" or "ct" (compressed-tensors)
     int bits = 4;
-    int64_t group = 32;  // -1: one group per output channel
+    int64_t group = 32;  // -1: one group per output channel; -2 (ct): one scale for the tensor
     std::string format = "gptq";  // GPTQ's checkpoint_format
+    bool acts = false;            // ct: INT8 inputs per token (W8A8)
     std::string name() const {
-        return method + std::to_string(bits) + "_g" + (group < 0 ? "ch" : std::to_string(group)) +
-               (method == "gptq" ? "_" + format : "");
+        return method + std::to_string(bits) + "_g" + (group == -1 ? "ch" : group == -2 ? "tensor" : std::to_string(group)) +
+               (method == "gptq" ? "_" + format : "") + (acts ? "_a8" : "");
     }
 };
 
@@ -39,10 +41,10 @@ struct Truth {
     int64_t rows = 0, cols = 0, group = 0;
     std::vector<uint32_t> q;  // [rows, cols]
     std::vector<uint32_t> z;  // [groups, rows]
-    std::vector<uint16_t> s;  // [groups, rows], fp16
+    std::vector<float> s;     // [groups, rows], each exact in the file's 16 bits
     float w(int64_t r, int64_t c) const {
         const size_t k = size_t((c / group) * rows + r);
-        return (float(q[size_t(r * cols + c)]) - float(z[k])) * f16_to_f32(s[k]);
+        return (float(q[size_t(r * cols + c)]) - float(z[k])) * s[k];
     }
 };
 
@@ -51,6 +53,7 @@ Truth make_truth(int64_t rows, int64_t cols, const Case& cs, std::mt19937& rng) 
     t.rows = rows;
     t.cols = cols;
     t.group = cs.group < 0 ? cols : cs.group;
+    const bool ct = cs.method == "ct";
     const uint32_t top = (1u << cs.bits) - 1;
     std::uniform_int_distribution<uint32_t> code(0, top);
     // AutoGPTQ's format stores z - 1, which cannot hold z = 0; symmetric 8-bit is z = 128.
@@ -60,8 +63,10 @@ Truth make_truth(int64_t rows, int64_t cols, const Case& cs, std::mt19937& rng) 
     std::uniform_real_distribution<float> scale(0.03f * step, 0.12f * step);
     for (int64_t i = 0; i < rows * cols; ++i) t.q.push_back(code(rng));
     for (int64_t i = 0; i < (cols / t.group) * rows; ++i) {
-        t.z.push_back(cs.bits == 8 ? 128u : zero(rng));
-        t.s.push_back(f32_to_f16(scale(rng)));
+        // compressed-tensors is symmetric: its 4-bit codes are the value plus 8.
+        t.z.push_back(cs.bits == 8 ? 128u : ct ? 8u : zero(rng));
+        const float v = scale(rng);
+        t.s.push_back(i > 0 && cs.group == -2 ? t.s[0] : ct ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v)));
     }
     return t;
 }
@@ -72,8 +77,50 @@ TensorToWrite words(const std::string& name, std::vector<int64_t> shape, const s
     return t;
 }
 
+TensorToWrite sixteen(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, bool bf16) {
+    TensorToWrite t{name, bf16 ? "BF16" : "F16", std::move(shape), std::vector<uint8_t>(v.size() * 2)};
+    for (size_t i = 0; i < v.size(); ++i) {
+        const uint16_t h = bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+        std::memcpy(&t.bytes[2 * i], &h, 2);
+    }
+    return t;
+}
+
+// compressed-tensors' tensors: the codes in rows (4 bits: words of 8 along a row, the signed
+// value plus 8 at bits 4k; 8 bits: int8 itself), weight_scale [rows, groups] in bf16 (one value
+// for strategy tensor), weight_shape, and the zero points llm-compressor saves (all zero).
+std::vector<TensorToWrite> pack_ct(const std::string& prefix, const Truth& t, const Case& cs) {
+    const int64_t groups = t.cols / t.group;
+    std::vector<TensorToWrite> out;
+    if (cs.bits == 4) {
+        std::vector<uint32_t> qw(size_t(t.rows * t.cols / 8));
+        for (int64_t r = 0; r < t.rows; ++r)
+            for (int64_t c = 0; c < t.cols; ++c) qw[size_t(r * t.cols / 8 + c / 8)] |= t.q[size_t(r * t.cols + c)] << (4 * (c % 8));
+        out.push_back(words(prefix + ".weight_packed", {t.rows, t.cols / 8}, qw));
+        TensorToWrite shape{prefix + ".weight_shape", "I64", {2}, std::vector<uint8_t>(16)};
+        const int64_t dims[2] = {t.rows, t.cols};
+        std::memcpy(shape.bytes.data(), dims, 16);
+        out.push_back(std::move(shape));
+    } else {
+        TensorToWrite w{prefix + ".weight", "I8", {t.rows, t.cols}, std::vector<uint8_t>(size_t(t.rows * t.cols))};
+        for (size_t i = 0; i < w.bytes.size(); ++i) w.bytes[i] = uint8_t(int8_t(int(t.q[i]) - 128));
+        out.push_back(std::move(w));
+        out.push_back({prefix + ".weight_zero_point", "I8", {t.rows, groups}, std::vector<uint8_t>(size_t(t.rows * groups))});
+    }
+    if (cs.group == -2) {
+        out.push_back(sixteen(prefix + ".weight_scale", {1}, {t.s[0]}, true));
+    } else {
+        std::vector<float> s(size_t(t.rows * groups));
+        for (int64_t r = 0; r < t.rows; ++r)
+            for (int64_t k = 0; k < groups; ++k) s[size_t(r * groups + k)] = t.s[size_t(k * t.rows + r)];
+        out.push_back(sixteen(prefix + ".weight_scale", {t.rows, groups}, s, true));
+    }
+    return out;
+}
+
 // The tensors the tool writes for `prefix` (q_proj etc., without ".weight").
 std::vector<TensorToWrite> pack(const std::string& prefix, const Truth& t, const Case& cs) {
+    if (cs.method == "ct") return pack_ct(prefix, t, cs);
     const int64_t groups = t.cols / t.group;
     std::vector<TensorToWrite> out;
     if (cs.method == "awq") {
@@ -103,13 +150,29 @@ std::vector<TensorToWrite> pack(const std::string& prefix, const Truth& t, const
         out.push_back(words(prefix + ".qzeros", {groups, t.rows / per}, qz));
         out.push_back(words(prefix + ".g_idx", {t.cols}, gi));
     }
-    TensorToWrite s{prefix + ".scales", "F16", {groups, t.rows}, std::vector<uint8_t>(t.s.size() * 2)};
-    std::memcpy(s.bytes.data(), t.s.data(), s.bytes.size());
-    out.push_back(std::move(s));
+    out.push_back(sixteen(prefix + ".scales", {groups, t.rows}, t.s, false));
     return out;
 }
 
 nlohmann::json quant_config(const Case& cs) {
+    if (cs.method == "ct") {
+        nlohmann::json weights = {{"num_bits", cs.bits}, {"type", "int"}, {"symmetric", true}, {"dynamic", false},
+                                  {"strategy", cs.group > 0 ? "group" : cs.group == -1 ? "channel" : "tensor"},
+                                  {"group_size", cs.group > 0 ? nlohmann::json(cs.group) : nlohmann::json()},
+                                  {"actorder", nullptr}, {"observer", "minmax"}};
+        nlohmann::json input = cs.acts ? nlohmann::json{{"num_bits", 8}, {"type", "int"}, {"symmetric", true},
+                                                        {"dynamic", true}, {"strategy", "token"}}
+                                       : nlohmann::json();
+        return {{"quant_method", "compressed-tensors"},
+                {"format", cs.bits == 4 ? "pack-quantized" : "int-quantized"},
+                {"quantization_status", "compressed"},
+                {"config_groups",
+                 {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input},
+                               {"output_activations", nullptr}}}}},
+                {"ignore", {"lm_head"}},
+                {"kv_cache_scheme", nullptr},
+                {"sparsity_config", nlohmann::json::object()}};
+    }
     if (cs.method == "awq")
         return {{"quant_method", "awq"}, {"bits", 4}, {"group_size", cs.group}, {"zero_point", true},
                 {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
@@ -192,6 +255,20 @@ Out run(const std::string& dir, const LoadOptions& lo, const std::vector<std::ve
     return out;
 }
 
+// Rewrites a checkpoint's tensors through `keep` (which may change one; false drops it).
+void rewrite_tensors(const std::string& dir, const std::function<bool(TensorToWrite&)>& keep) {
+    std::vector<TensorToWrite> ts;
+    {
+        SafetensorsFile f(dir + "/model.safetensors");
+        for (const auto& [name, info] : f.tensors()) {
+            if (name.rfind("__pad_", 0) == 0) continue;
+            TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+            if (keep(t)) ts.push_back(std::move(t));
+        }
+    }
+    write_safetensors(dir + "/model.safetensors", ts, true);
+}
+
 std::string error_of(const std::function<void()>& f) {
     try {
         f();
@@ -204,7 +281,11 @@ std::string error_of(const std::function<void()>& f) {
 const std::vector<Case> kCases = {
     {"awq", 4, 32},          {"awq", 4, 64},           {"awq", 4, -1},          {"gptq", 4, 32, "gptq"},
     {"gptq", 4, 64, "gptq_v2"}, {"gptq", 4, -1, "gptq"}, {"gptq", 8, 32, "gptq"}, {"gptq", 8, -1, "gptq_v2"},
+    {"ct", 4, 32},           {"ct", 4, -1},            {"ct", 4, -2},           {"ct", 8, -1, "", true},
+    {"ct", 8, 32},           {"ct", 8, -2, "", true},
 };
+
+std::string want_format(const Case& cs) { return cs.bits == 4 ? "int4" : cs.acts ? "w8a8" : "int8"; }
 
 }  // namespace
 
@@ -217,13 +298,13 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
         TempDir hf, ref;
         const auto truth = write_pair(cfg, cs, hf.path(), ref.path(), 11);
         const ModelConfig c = load_config(hf.path());
-        EXPECT_EQ(c.quant.format, cs.bits == 4 ? "int4" : "int8") << cs.name();
+        EXPECT_EQ(c.quant.format, want_format(cs)) << cs.name();
         EXPECT_EQ(c.quant.group_size, cs.group > 0 ? cs.group : cs.bits == 4 ? 64 : 0) << cs.name();
         const Checkpoint ck(hf.path());
         for (int tp : {1, 2})
             for (int rank = 0; rank < tp; ++rank) {
                 const ModelWeights w = load_weights(ck, c, LoadOptions{}, plan_shard(c, rank, tp));
-                EXPECT_EQ(w.format, cs.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8);
+                EXPECT_EQ(weight_format_name(w.format), want_format(cs)) << cs.name();
                 size_t checked = 0;
                 for (const LayerWeights& L : w.layers)
                     for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
@@ -252,7 +333,8 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
 // (the vocabulary matrix kept float on both sides): GEMM and GEMV chunks, tokens equal.
 TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
     for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
-        for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, -1, "gptq"}, Case{"gptq", 8, 32, "gptq"}}) {
+        for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, -1, "gptq"}, Case{"gptq", 8, 32, "gptq"},
+                               Case{"ct", 4, 32}, Case{"ct", 8, -2}}) {
             const ModelConfig cfg = tiny_config(arch);
             TempDir hf, ref;
             write_pair(cfg, cs, hf.path(), ref.path(), 21);
@@ -292,6 +374,18 @@ TEST(HfQuant, AwqRunsAsW4A8) {
     EXPECT_NE(a8.rows[0], a16.rows[0]);
 }
 
+// compressed-tensors' W8A8 (INT8 weights per channel, dynamic INT8 inputs per token) loads as
+// --weights w8a8 by default: within the activations' rounding noise of the same weights as W8A16.
+TEST(HfQuant, CompressedTensorsW8A8RunsWithInt8Activations) {
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    TempDir hf, ref;
+    write_pair(cfg, {"ct", 8, -1, "", true}, hf.path(), ref.path(), 33);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(20, cfg.vocab, 4)};
+    const Out a8 = run(hf.path(), {}, prompts, 16), a16 = run(hf.path(), {WeightFormat::Int8, 0, ""}, prompts, 16);
+    EXPECT_GT(cosine(a8.rows[0], a16.rows[0]), 0.999);
+    EXPECT_NE(a8.rows[0], a16.rows[0]);
+}
+
 TEST(HfQuant, BadInput) {
     const ModelConfig cfg = tiny_config(Arch::Llama);
     const std::vector<std::vector<int32_t>> prompt = {{1, 2, 3}};
@@ -305,10 +399,42 @@ TEST(HfQuant, BadInput) {
     auto set = [](const char* key, nlohmann::json v) {
         return [key, v](nlohmann::json& c) { c["quantization_config"][key] = v; };
     };
-    const Case awq{"awq", 4, 32}, gptq{"gptq", 4, 32, "gptq"}, gptq8{"gptq", 8, 32, "gptq"};
+    const Case awq{"awq", 4, 32}, gptq{"gptq", 4, 32, "gptq"}, gptq8{"gptq", 8, 32, "gptq"}, ct4{"ct", 4, 32},
+        ct8{"ct", 8, -1, "", true};
+    auto group0 = [](const char* part, const char* key, nlohmann::json v) {
+        return [=](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"][part][key] = v; };
+    };
     auto has = [](const std::string& e, const std::string& needle) {
         EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e << "\nwanted: " << needle;
     };
+    has(refused(ct8, set("format", "float-quantized")), "format \"float-quantized\" is not supported (compressed-tensors");
+    has(refused(ct8, group0("weights", "symmetric", false)), "weights symmetric false: asymmetric weights are not supported");
+    has(refused(ct8, group0("weights", "num_bits", 4)), "weights num_bits 4 is not supported with format int-quantized");
+    has(refused(ct8, group0("weights", "strategy", "block")), "weights strategy \"block\" is not supported");
+    has(refused(ct8, group0("weights", "actorder", "group")), "actorder: act-order is not supported");
+    has(refused(ct8, group0("input_activations", "dynamic", false)), "only dynamic symmetric INT8 per token is supported");
+    has(refused(ct8, set("kv_cache_scheme", {{"num_bits", 8}, {"type", "float"}})), "kv_cache_scheme: a quantized KV cache scheme");
+    has(refused(ct4, [](nlohmann::json& c) {
+            c["quantization_config"]["config_groups"]["group_1"] = c["quantization_config"]["config_groups"]["group_0"];
+            c["quantization_config"]["config_groups"]["group_1"]["weights"]["group_size"] = 64;
+        }),
+        "config_groups.group_1: config groups with different schemes are not supported");
+    has(refused(ct8, {}, {},
+                [&](const std::string& dir) {
+                    rewrite_tensors(dir, [](TensorToWrite& t) {
+                        if (t.name == "model.layers.1.mlp.down_proj.weight_zero_point") t.bytes[3] = 1;
+                        return true;
+                    });
+                }),
+        "tensor model.layers.1.mlp.down_proj.weight_zero_point is not zero: asymmetric");
+    has(refused(ct4, {}, {},
+                [&](const std::string& dir) {
+                    rewrite_tensors(dir, [](TensorToWrite& t) {
+                        if (t.name == "model.layers.0.mlp.up_proj.weight_shape") t.bytes[0] ^= 1;
+                        return true;
+                    });
+                }),
+        "tensor model.layers.0.mlp.up_proj.weight_shape is not [160, 64]");
     has(refused(awq, set("version", "gemv")), "quantization_config version \"gemv\" is not supported");
     has(refused(awq, set("bits", 3)), "quantization_config bits 3 is not supported (AWQ");
     has(refused(awq, set("zero_point", false)), "quantization_config zero_point false is not supported");
@@ -328,45 +454,25 @@ TEST(HfQuant, BadInput) {
     // Act-order: a g_idx that is not column / group.
     has(refused(gptq, {}, {},
                 [&](const std::string& dir) {
-                    SafetensorsFile f(dir + "/model.safetensors");
-                    std::vector<TensorToWrite> ts;
-                    for (const auto& [name, info] : f.tensors()) {
-                        if (name.rfind("__pad_", 0) == 0) continue;
-                        TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
-                        if (name == "model.layers.1.mlp.up_proj.g_idx") std::swap(t.bytes[0], t.bytes[4 * 40]);  // columns 0 and 40
-                        ts.push_back(std::move(t));
-                    }
-                    write_safetensors(dir + "/model.safetensors", ts, true);
+                    rewrite_tensors(dir, [](TensorToWrite& t) {
+                        if (t.name == "model.layers.1.mlp.up_proj.g_idx") std::swap(t.bytes[0], t.bytes[4 * 40]);  // columns 0 and 40
+                        return true;
+                    });
                 }),
         "tensor model.layers.1.mlp.up_proj.g_idx puts column 0 outside group 0: act-order (desc_act) GPTQ");
     // Asymmetric 8-bit: one zero point moved off 128.
     has(refused(gptq8, {}, {},
                 [&](const std::string& dir) {
-                    SafetensorsFile f(dir + "/model.safetensors");
-                    std::vector<TensorToWrite> ts;
-                    for (const auto& [name, info] : f.tensors()) {
-                        if (name.rfind("__pad_", 0) == 0) continue;
-                        TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
-                        if (name == "model.layers.0.self_attn.o_proj.qzeros") t.bytes[1] ^= 1;  // row 1: 127 -> 126 stored
-                        ts.push_back(std::move(t));
-                    }
-                    write_safetensors(dir + "/model.safetensors", ts, true);
+                    rewrite_tensors(dir, [](TensorToWrite& t) {
+                        if (t.name == "model.layers.0.self_attn.o_proj.qzeros") t.bytes[1] ^= 1;  // row 1: 127 -> 126 stored
+                        return true;
+                    });
                 }),
         "model.layers.0.self_attn.o_proj.qweight: zero point 127 of row 1 and group 0 is not 128");
     // A packed tensor of the wrong dtype, and one missing.
-    auto rewrite = [](const std::string& dir, const std::function<bool(TensorToWrite&)>& keep) {
-        SafetensorsFile f(dir + "/model.safetensors");
-        std::vector<TensorToWrite> ts;
-        for (const auto& [name, info] : f.tensors()) {
-            if (name.rfind("__pad_", 0) == 0) continue;
-            TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
-            if (keep(t)) ts.push_back(std::move(t));
-        }
-        write_safetensors(dir + "/model.safetensors", ts, true);
-    };
     has(refused(awq, {}, {},
                 [&](const std::string& dir) {
-                    rewrite(dir, [](TensorToWrite& t) {
+                    rewrite_tensors(dir, [](TensorToWrite& t) {
                         if (t.name == "model.layers.1.self_attn.v_proj.qweight") t.dtype = "F32";
                         return true;
                     });
@@ -374,7 +480,7 @@ TEST(HfQuant, BadInput) {
         "tensor model.layers.1.self_attn.v_proj.qweight has dtype F32 (expected i32)");
     has(refused(awq, {}, {},
                 [&](const std::string& dir) {
-                    rewrite(dir, [](TensorToWrite& t) { return t.name != "model.layers.0.mlp.gate_proj.qzeros"; });
+                    rewrite_tensors(dir, [](TensorToWrite& t) { return t.name != "model.layers.0.mlp.gate_proj.qzeros"; });
                 }),
         "model.layers.0.mlp.gate_proj.qzeros");
 }

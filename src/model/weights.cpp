@@ -557,14 +557,7 @@ public:
         if (qc.bits == 4 && b.cols % 8 != 0)
             fail(get(codes).file, ": tensor ", codes, ": ", b.cols, " columns do not pack into words of 8 codes");
         const PackedShapes sh = packed_shapes(qc.method, qc.bits, b.rows, b.cols, group);
-        PackedLinear m;
-        m.method = qc.method;
-        m.bits = qc.bits;
-        m.rows = b.rows;
-        m.cols = b.cols;
-        m.group = group;
-        m.per_tensor = qc.per_tensor;
-        m.zero_offset = qc.zero_offset;
+        PackedLinear m = packed_linear(b, group);
         m.qweight = tensor(codes, {sh.qweight[0], sh.qweight[1]}, {qc.bits == 4 ? DType::I32 : DType::I8}).data;
         const std::string scale = prefix + ".weight_scale";
         std::vector<int64_t> scale_shape{sh.scales[0], sh.scales[1]};
@@ -594,13 +587,7 @@ public:
                     fail(zp->file, ": tensor ", prefix, ".weight_zero_point is not zero: asymmetric compressed-tensors "
                          "weights are not supported");
         }
-        if (ckpt_.find(prefix + ".weight_g_idx")) {
-            const TensorInfo& gi = tensor(prefix + ".weight_g_idx", {b.cols}, {DType::I32});
-            const int64_t c = first_permuted_column(gi.data, b.cols, group);
-            if (c >= 0)
-                fail(gi.file, ": tensor ", prefix, ".weight_g_idx puts column ", c, " outside group ", c / group,
-                     ": act-order checkpoints are not supported");
-        }
+        check_groups_in_order(prefix + ".weight_g_idx", b.cols, group);
         return unpacked_block(m, codes, b);
     }
 
@@ -618,26 +605,39 @@ public:
         if (awq && b.row0 % 8 != 0)
             fail(qweight, ": the tensor-parallel split at row ", b.row0, " falls inside one of AWQ's words of 8 rows");
         const PackedShapes sh = packed_shapes(qc.method, bits, b.rows, b.cols, group);
-        PackedLinear m;
-        m.method = qc.method;
-        m.bits = bits;
-        m.rows = b.rows;
-        m.cols = b.cols;
-        m.group = group;
-        m.zero_offset = qc.zero_offset;
+        PackedLinear m = packed_linear(b, group);
         m.qweight = tensor(qweight, {sh.qweight[0], sh.qweight[1]}, {DType::I32}).data;
         m.qzeros = tensor(prefix + ".qzeros", {sh.qzeros[0], sh.qzeros[1]}, {DType::I32}).data;
         const TensorInfo& sc = tensor(prefix + ".scales", {sh.scales[0], sh.scales[1]});
         m.scale_dtype = sc.dtype;
         m.scales = sc.data;
-        if (!awq && ckpt_.find(prefix + ".g_idx")) {
-            const TensorInfo& gi = tensor(prefix + ".g_idx", {b.cols}, {DType::I32});
-            const int64_t c = first_permuted_column(gi.data, b.cols, group);
-            if (c >= 0)
-                fail(gi.file, ": tensor ", prefix, ".g_idx puts column ", c, " outside group ", c / group,
-                     ": act-order (desc_act) GPTQ checkpoints are not supported (quantize with desc_act false)");
-        }
+        if (!awq) check_groups_in_order(prefix + ".g_idx", b.cols, group);
         return unpacked_block(m, qweight, b);
+    }
+
+    // The fields of a packed layer [b.rows, b.cols] the quantization_config gives (its tensors
+    // are the caller's to find).
+    PackedLinear packed_linear(Block b, int64_t group) const {
+        PackedLinear m;
+        m.method = cfg_.quant.method;
+        m.bits = cfg_.quant.bits;
+        m.rows = b.rows;
+        m.cols = b.cols;
+        m.group = group;
+        m.per_tensor = cfg_.quant.per_tensor;
+        m.zero_offset = cfg_.quant.zero_offset;
+        return m;
+    }
+
+    // GPTQ's g_idx and compressed-tensors' weight_g_idx, where the tool wrote one: each column's
+    // group, which must be column / group (act-order permutes them: refused).
+    void check_groups_in_order(const std::string& name, int64_t cols, int64_t group) {
+        if (!ckpt_.find(name)) return;
+        const TensorInfo& gi = tensor(name, {cols}, {DType::I32});
+        const int64_t c = first_permuted_column(gi.data, cols, group);
+        if (c >= 0)
+            fail(gi.file, ": tensor ", name, " puts column ", c, " outside group ", c / group,
+                 ": act-order checkpoints (GPTQ's desc_act) are not supported");
     }
 
     // Block b of the packed layer m (named by its codes tensor) in the INT4 layout, or INT8.

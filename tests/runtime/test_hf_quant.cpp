@@ -459,7 +459,7 @@ TEST(HfQuant, BadInput) {
                         return true;
                     });
                 }),
-        "tensor model.layers.1.mlp.up_proj.g_idx puts column 0 outside group 0: act-order (desc_act) GPTQ");
+        "tensor model.layers.1.mlp.up_proj.g_idx puts column 0 outside group 0: act-order checkpoints");
     // Asymmetric 8-bit: one zero point moved off 128.
     has(refused(gptq8, {}, {},
                 [&](const std::string& dir) {

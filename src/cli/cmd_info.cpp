@@ -23,7 +23,15 @@ namespace shardlm {
 namespace {
 
 // What a pre-quantized checkpoint holds and what --weights auto loads it as.
-std::string quant_summary(const QuantConfig& q) {
+std::string quant_summary(const ModelConfig& c) {
+    const QuantConfig& q = c.quant;
+    if (c.fp8.present) {
+        const Fp8Weights& f = c.fp8;
+        const std::string blocks = f.block_rows == 0 && f.block_cols == 0 ? std::string("one scale for each matrix")
+                                   : f.block_cols == 0                   ? std::string("one scale per row")
+                                       : cat("a scale per ", f.block_rows, " x ", f.block_cols, " block");
+        return cat("fp8 e4m3, ", blocks, ": loads as bf16 (code x scale; --weights int8, int4, ... quantize from it)");
+    }
     if (!q.present) return "no";
     const std::string group = q.group_size > 0 ? cat("groups of ", q.group_size) : std::string("one scale per row");
     if (q.method == QuantMethod::Shardlm) return cat("shardlm ", q.format, ", ", group);
@@ -105,7 +113,7 @@ int cmd_info(const Args& args) {
               << "tied embeddings   " << (c.tie_embeddings ? "yes" : "no") << "\n"
               << "checkpoint        " << ck.file_count() << " file(s), " << gib(double(ck.total_bytes())) << " of tensors, "
               << "torch_dtype " << dtype_name(c.torch_dtype) << "\n"
-              << "pre-quantized     " << quant_summary(c.quant) << "\n"
+              << "pre-quantized     " << quant_summary(c) << "\n"
               << "chat template     " << chat_summary(model) << "\n"
               << "parameters        " << params << "\n"
               << "weights fp32      " << gib(double(params) * 4) << "\n"

@@ -57,4 +57,23 @@ inline uint16_t f32_to_bf16(float f) {
     return uint16_t(bits >> 16);
 }
 
+// OCP FP8 E4M3 (safetensors' F8_E4M3, "e4m3fn": bias 7, no infinities, S.1111.111 is NaN) ->
+// float, exact.
+inline float e4m3_to_f32(uint8_t b) {
+    const uint32_t sign = uint32_t(b & 0x80) << 24, exp = (b >> 3) & 15u, man = b & 7u;
+    uint32_t bits;
+    if (exp == 15 && man == 7) {
+        bits = sign | 0x7fc00000u;
+    } else if (exp != 0) {
+        bits = sign | ((exp + 120) << 23) | (man << 20);  // rebias 7 -> 127
+    } else {
+        const float v = float(man) * (1.0f / 512.0f);  // subnormal: man * 2^-9
+        std::memcpy(&bits, &v, 4);
+        bits |= sign;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
 }  // namespace shardlm

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -237,8 +239,8 @@ QuantConfig parse_compressed_tensors(const json& q, const ModelConfig& c, const 
     out.method = QuantMethod::CompressedTensors;
     const std::string format = quant_string(q, "format", "", origin);
     if (format != "int-quantized" && format != "pack-quantized")
-        fail(where, " format \"", format, "\" is not supported (compressed-tensors checkpoints load as int-quantized or "
-             "pack-quantized)");
+        fail(where, " format \"", format, "\" is not supported (compressed-tensors checkpoints load as int-quantized, "
+             "pack-quantized or float-quantized)");
     auto set_but_not = [&](const json& o, const char* key, const char* what) {
         if (o.contains(key) && !o[key].is_null() && !(o[key].is_object() && o[key].empty()) && o[key] != json(false))
             fail(where, " ", key, ": ", what, " is not supported");
@@ -300,15 +302,90 @@ QuantConfig parse_compressed_tensors(const json& q, const ModelConfig& c, const 
     return out;
 }
 
-QuantConfig parse_quantization(const json& q, const ModelConfig& c, const std::string& origin) {
+// A [rows, cols] block size of two positive integers.
+std::pair<int64_t, int64_t> block_of(const json& v, const std::string& what) {
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer() ||
+        v[0].get<int64_t>() <= 0 || v[1].get<int64_t>() <= 0)
+        fail(what, " must be two positive integers, got ", v.dump());
+    return {v[0].get<int64_t>(), v[1].get<int64_t>()};
+}
+
+// Hugging Face's "quant_method": "fp8" (FineGrainedFP8: E4M3 weights, a weight_scale_inv per
+// block, activations quantized dynamically, which the engine leaves float).
+Fp8Weights parse_fp8(const json& q, const std::string& origin) {
+    const std::string where = origin + ": quantization_config";
+    const std::string fmt = quant_string(q, "fmt", "e4m3", origin);
+    if (fmt != "e4m3") fail(where, " fmt \"", fmt, "\" is not supported (e4m3)");
+    const std::string acts = quant_string(q, "activation_scheme", "dynamic", origin);
+    if (acts != "dynamic") fail(where, " activation_scheme \"", acts, "\" is not supported (dynamic)");
+    if (!q.contains("weight_block_size") || q["weight_block_size"].is_null())
+        fail(where, ": FP8 without weight_block_size (one scale per tensor) is not supported");
+    Fp8Weights f;
+    f.present = true;
+    f.scale_suffix = "_scale_inv";
+    std::tie(f.block_rows, f.block_cols) = block_of(q["weight_block_size"], where + " weight_block_size");
+    return f;
+}
+
+// compressed-tensors' "float-quantized": E4M3 weights with a weight_scale per channel, block or
+// tensor; inputs dynamic (left float here) or none.
+Fp8Weights parse_ct_fp8(const json& q, const std::string& where, const std::string& origin) {
+    Fp8Weights f;
+    f.present = true;
+    f.scale_suffix = "_scale";
+    bool first = true;
+    for (const auto& [name, g] : q["config_groups"].items()) {
+        const std::string at = where + " config_groups." + name;
+        if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) fail(at, ".weights: missing");
+        const json& w = g["weights"];
+        if (w.value("type", std::string()) != "float" || quant_integer(w, "num_bits", 0, origin) != 8)
+            fail(at, ".weights: float-quantized loads 8-bit float weights (type float, num_bits 8)");
+        const std::string strategy = quant_string(w, "strategy", "", origin);
+        Fp8Weights g8 = f;
+        if (strategy == "channel") {
+            g8.block_rows = 1, g8.block_cols = 0;
+        } else if (strategy == "tensor") {
+            g8.block_rows = 0, g8.block_cols = 0;
+        } else if (strategy == "block") {
+            std::tie(g8.block_rows, g8.block_cols) = block_of(w.value("block_structure", json()), at + ".weights block_structure");
+        } else {
+            fail(at, ".weights strategy \"", strategy, "\" is not supported (channel, block or tensor)");
+        }
+        if (g.contains("input_activations") && !g["input_activations"].is_null() &&
+            g["input_activations"].value("dynamic", false) != true)
+            fail(at, ".input_activations: static activation scales are not supported");
+        if (first) f = g8;
+        else if (g8.block_rows != f.block_rows || g8.block_cols != f.block_cols)
+            fail(at, ": config groups with different schemes are not supported");
+        first = false;
+    }
+    return f;
+}
+
+QuantConfig parse_quantization_ints(const json& q, const ModelConfig& c, const std::string& origin, const std::string& method);
+
+// Reads quantization_config into c.quant (integer formats) or c.fp8 (FP8 weights).
+void parse_quantization(const json& q, ModelConfig& c, const std::string& origin) {
     if (!q.is_object()) fail(origin, ": quantization_config must be an object");
     const std::string method = quant_string(q, "quant_method", "?", origin);
+    if (method == "fp8") {
+        c.fp8 = parse_fp8(q, origin);
+        return;
+    }
+    if (method == "compressed-tensors" && quant_string(q, "format", "", origin) == "float-quantized") {
+        c.fp8 = parse_ct_fp8(q, origin + ": quantization_config", origin);
+        return;
+    }
+    c.quant = parse_quantization_ints(q, c, origin, method);
+}
+
+QuantConfig parse_quantization_ints(const json& q, const ModelConfig& c, const std::string& origin, const std::string& method) {
     if (method == "awq" || method == "gptq") return parse_hf_quantization(q, c, origin, method);
     if (method == "compressed-tensors") return parse_compressed_tensors(q, c, origin);
     if (method != "shardlm")
         fail(origin, ": quantization_config quant_method \"", method,
-             "\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq), AutoGPTQ/GPTQModel (gptq) "
-             "or llm-compressor (compressed-tensors) load pre-quantized)");
+             "\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq), AutoGPTQ/GPTQModel (gptq), "
+             "llm-compressor (compressed-tensors) or in FP8 (fp8) load)");
     QuantConfig out;
     out.present = true;
     out.format = quant_string(q, "format", "", origin);
@@ -422,7 +499,7 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     }
     c.torch_dtype = parse_torch_dtype(j, origin);
     if (j.contains("quantization_config") && !j["quantization_config"].is_null())
-        c.quant = parse_quantization(j["quantization_config"], c, origin);
+        parse_quantization(j["quantization_config"], c, origin);
     return c;
 }
 

@@ -57,6 +57,17 @@ struct QuantConfig {
 
 const char* quant_method_name(QuantMethod m);  // "shardlm", "awq", "gptq", "compressed-tensors"
 
+// FP8 (E4M3) Linear weights with their scales: Hugging Face's "quant_method": "fp8" (Qwen3-*-FP8,
+// DeepSeek's format: a weight_scale_inv per block of weight_block_size) or compressed-tensors'
+// "float-quantized" (a weight_scale per channel, block or tensor). They are a float checkpoint to
+// the loader: each element is code * scale of its block, widened to f32 as it reads a row, then
+// held as the options say (BF16 under --weights auto; int8, int4, ... quantized from those rows).
+struct Fp8Weights {
+    bool present = false;
+    std::string scale_suffix;                // after the weight's name: "_scale_inv" or "_scale"
+    int64_t block_rows = 0, block_cols = 0;  // rows/columns a scale spans; 0: all of them
+};
+
 struct ModelConfig {
     Arch arch = Arch::Llama;
     int64_t hidden = 0;        // hidden_size
@@ -79,6 +90,7 @@ struct ModelConfig {
     int64_t bos_id = -1;
     DType torch_dtype = DType::F32;
     QuantConfig quant;
+    Fp8Weights fp8;
 };
 
 // The sliding window of layer l's attention (0: full attention).

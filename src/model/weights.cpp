@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -207,14 +208,32 @@ public:
         return t;
     }
 
-    // LoadOptions::scales of a tensor [rows, cols] (a vector: rows = its length, cols = 1).
+    // LoadOptions::scales of a tensor [rows, cols] (a vector: rows = its length, cols = 1), and
+    // an FP8 matrix's block scales (ModelConfig::fp8).
     struct Scaling {
         const float* in = nullptr;   // per column: multiply
         const float* out = nullptr;  // per row: divide
-        bool any() const { return in || out; }
+        const uint8_t* fp8 = nullptr;  // the scales of the FP8 codes, [ceil(rows / br), ceil(cols / bc)]
+        DType fp8_dtype = DType::F32;
+        int64_t br = 0, bc = 0;
+        bool any() const { return in || out || fp8; }
     };
-    Scaling scaling(const std::string& name, int64_t rows, int64_t cols) const {
+    Scaling scaling(const std::string& name, int64_t rows, int64_t cols) {
         Scaling s;
+        const TensorInfo& t = ckpt_.get(name);
+        if (is_fp8(t)) {
+            // Its scales: one per block of br x bc (0: the whole dimension), shaped
+            // [ceil(rows / br), ceil(cols / bc)] ([rows, 1] per channel; [1] or [] per tensor).
+            const Fp8Weights& f = cfg_.fp8;
+            s.br = f.block_rows > 0 ? f.block_rows : rows;
+            s.bc = f.block_cols > 0 ? f.block_cols : cols;
+            const std::string sname = name + f.scale_suffix;
+            std::vector<int64_t> shape{(rows + s.br - 1) / s.br, (cols + s.bc - 1) / s.bc};
+            if (f.block_rows == 0 && f.block_cols == 0) shape = get(sname).shape.empty() ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+            const TensorInfo& st = tensor(sname, shape);
+            s.fp8 = st.data;
+            s.fp8_dtype = st.dtype;
+        }
         auto find = [&](const std::map<std::string, std::vector<float>>& m, int64_t n, const char* what) -> const float* {
             auto it = m.find(name);
             if (it == m.end()) return nullptr;
@@ -240,7 +259,23 @@ public:
     static void row_f32(const TensorInfo& t, const Scaling& s, int64_t r, int64_t c0, int64_t c1, int64_t cols,
                         float* out) {
         const size_t first = size_t(r * cols + c0), n = size_t(c1 - c0);
-        values_to_f32(t.dtype, t.data + first * dtype_size(t.dtype), int64_t(n), out);
+        if (s.fp8) {  // code * its block's scale, the scale read once per block, the codes through a table
+            static const std::array<float, 256> table = [] {
+                std::array<float, 256> v{};
+                for (int i = 0; i < 256; ++i) v[size_t(i)] = e4m3_to_f32(uint8_t(i));
+                return v;
+            }();
+            const int64_t ncb = (cols + s.bc - 1) / s.bc;
+            const uint8_t* codes = t.data + size_t(r * cols);
+            for (int64_t c = c0; c < c1;) {
+                const int64_t end = std::min(c1, (c / s.bc + 1) * s.bc);
+                float scale;
+                values_to_f32(s.fp8_dtype, s.fp8 + size_t((r / s.br) * ncb + c / s.bc) * dtype_size(s.fp8_dtype), 1, &scale);
+                for (; c < end; ++c) out[c - c0] = table[codes[c]] * scale;
+            }
+        } else {
+            values_to_f32(t.dtype, t.data + first * dtype_size(t.dtype), int64_t(n), out);
+        }
         if (s.in)
             for (size_t i = 0; i < n; ++i) out[i] *= s.in[c0 + int64_t(i)];
         if (s.out)
@@ -262,9 +297,9 @@ public:
     // in the checkpoint's dtype is a view into the map (zero copy); anything else (a column slice
     // for row-parallel layers, a conversion) is copied, reading only the block's bytes.
     WeightView float_matrix(const std::string& name, Block b, DType want) {
-        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const TensorInfo& t = source(name, {b.rows, b.cols});
         const Scaling sc = scaling(name, b.rows, b.cols);
-        const size_t es = dtype_size(t.dtype), n = size_t(b.nrows * b.ncols);
+        const size_t es = element_size(t), n = size_t(b.nrows * b.ncols);
         const uint8_t* first = t.data + size_t(b.row0 * b.cols + b.col0) * es;
         WeightView v{want, first, b.nrows, b.ncols};
         out_.bytes += n * dtype_size(want);
@@ -287,9 +322,14 @@ public:
                     continue;
                 }
                 row_f32(t, sc, b.row0 + r, b.col0, b.col0 + b.ncols, b.cols, row.data());
-                if (want == DType::F32) std::memcpy(dst, row.data(), row.size() * 4);
-                else
+                if (want == DType::F32) {
+                    std::memcpy(dst, row.data(), row.size() * 4);
+                } else if (want == DType::BF16) {  // one loop per dtype: it vectorises
+                    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+                    for (int64_t i = 0; i < b.ncols; ++i) d[i] = f32_to_bf16(row[size_t(i)]);
+                } else {
                     for (int64_t i = 0; i < b.ncols; ++i) store(want, dst, i, row[size_t(i)]);
+                }
             }
         }
         if (same && opt_.copy_mapped) release_mapped_pages(first, size_t(b.nrows * b.cols) * es);
@@ -303,7 +343,7 @@ public:
     // until released, which put the peak RSS of a BF16 1.7B model quantized to INT8 at ~5.2 GB for
     // 1.7 GB of weights. A later read (a tied embedding's rows) faults them back in.
     static void release_source(const TensorInfo& t, Block b) {
-        const size_t es = dtype_size(t.dtype);
+        const size_t es = element_size(t);
         release_mapped_pages(t.data + size_t(b.row0 * b.cols) * es, size_t(b.nrows * b.cols) * es);
     }
 
@@ -312,7 +352,7 @@ public:
     // over the whole group even when the block holds part of a row (per-channel, row-parallel), so
     // every tensor-parallel size quantizes identically.
     WeightView quantize(const std::string& name, Block b, int64_t group) {
-        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const TensorInfo& t = source(name, {b.rows, b.cols});
         const int64_t g = group > 0 ? group : b.cols;
         if (g != b.cols && (b.col0 % g != 0 || b.ncols % g != 0)) fail(name, ": --group-size ", g, " does not align with the tensor-parallel split");
         const int64_t view_group = g == b.cols ? b.ncols : g;
@@ -358,7 +398,7 @@ public:
     // kernel; a column slice (row-parallel) must start and end on group boundaries, so every
     // tensor-parallel size quantizes identically.
     WeightView quantize4(const std::string& name, Block b) {
-        const TensorInfo& t = tensor(name, {b.rows, b.cols});
+        const TensorInfo& t = source(name, {b.rows, b.cols});
         const int64_t g = out_.group_size;
         if (b.col0 % g != 0 || b.ncols % g != 0)
             fail(name, ": --group-size ", g, " does not align with the tensor-parallel split (columns ", b.col0, "..",
@@ -490,15 +530,36 @@ public:
         return has_keep_ && std::regex_search(name, keep_);
     }
 
-    // The dtype a float (not quantized) matrix is held in.
+    // The dtype a float (not quantized) matrix is held in (FP8 as BF16: it holds code * scale
+    // within half a bf16 step, and the kernels read no FP8).
     DType float_dtype(const TensorInfo& t, bool keep16) const {
-        if (keep16) return t.dtype == DType::F32 ? DType::BF16 : t.dtype;
+        const DType stored = is_fp8(t) ? DType::BF16 : t.dtype;
+        if (keep16) return stored == DType::F32 ? DType::BF16 : stored;
         switch (out_.format) {
             case WeightFormat::F32: return DType::F32;
             case WeightFormat::F16: return DType::F16;
             case WeightFormat::BF16: return DType::BF16;
-            default: return t.dtype;
+            default: return stored;
         }
+    }
+
+    // An FP8 tensor (its dtype is none of DType's: the loader widens it row by row).
+    static bool is_fp8(const TensorInfo& t) { return t.dtype_str == "F8_E4M3"; }
+    static size_t element_size(const TensorInfo& t) { return is_fp8(t) ? 1 : dtype_size(t.dtype); }
+
+    // A Linear matrix as a float source: F32/F16/BF16, or FP8 where the config says so.
+    const TensorInfo& source(const std::string& name, const std::vector<int64_t>& shape) {
+        const TensorInfo& t = get(name);
+        if (!is_fp8(t)) return tensor(name, shape);
+        if (!cfg_.fp8.present)
+            fail(t.file, ": tensor ", name, " is FP8 (F8_E4M3) but ", ckpt_.dir(),
+                 "/config.json has no FP8 quantization_config (quant_method fp8, or compressed-tensors float-quantized)");
+        if (t.shape != shape) {
+            TensorInfo want;
+            want.shape = shape;
+            fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
+        }
+        return t;
     }
 
     // A Linear matrix of a pre-quantized checkpoint, stored as its quantization_config says: packed
@@ -685,7 +746,7 @@ public:
             return cfg_.quant.method == QuantMethod::Shardlm ? stored_quantized(name, b, vocab) : hf_quantized(name, b, vocab);
         if (is_int4(out_.format) && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
         if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
-        return float_matrix(name, b, float_dtype(tensor(name, {b.rows, b.cols}), is_quantized(out_.format)));
+        return float_matrix(name, b, float_dtype(source(name, {b.rows, b.cols}), is_quantized(out_.format)));
     }
 
     // Column-parallel: output rows [row0, row0 + nrows) and their bias entries.

@@ -407,7 +407,7 @@ TEST(HfQuant, BadInput) {
     auto has = [](const std::string& e, const std::string& needle) {
         EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e << "\nwanted: " << needle;
     };
-    has(refused(ct8, set("format", "float-quantized")), "format \"float-quantized\" is not supported (compressed-tensors");
+    has(refused(ct8, set("format", "nvfp4-pack-quantized")), "format \"nvfp4-pack-quantized\" is not supported (compressed-tensors");
     has(refused(ct8, group0("weights", "symmetric", false)), "weights symmetric false: asymmetric weights are not supported");
     has(refused(ct8, group0("weights", "num_bits", 4)), "weights num_bits 4 is not supported with format int-quantized");
     has(refused(ct8, group0("weights", "strategy", "block")), "weights strategy \"block\" is not supported");
@@ -444,7 +444,7 @@ TEST(HfQuant, BadInput) {
     has(refused(gptq, set("group_size", 48)), "group_size 48 does not divide a layer's input width");
     has(refused(gptq, set("group_size", 16)), "group_size 16: the INT4 layout takes groups of a multiple of 32");
     has(refused(gptq, set("group_size", 0)), "group_size 0 must be positive or -1");
-    has(refused(awq, set("quant_method", "fp8")), "quant_method \"fp8\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq)");
+    has(refused(awq, set("quant_method", "bitsandbytes")), "quant_method \"bitsandbytes\" is not supported (checkpoints quantized by shardlm quantize, AutoAWQ (awq)");
     // The config says one group a row, the tensors hold groups of 32: qzeros' shape gives it away.
     has(refused(awq, set("group_size", -1)), "tensor model.layers.0.self_attn.q_proj.qzeros has shape [2, 8], expected [1, 8]");
     has(refused(gptq, {}, {WeightFormat::F16, 0, ""}), "is pre-quantized (int4); use --weights auto, int4 or w4a8");
@@ -483,4 +483,202 @@ TEST(HfQuant, BadInput) {
                     rewrite_tensors(dir, [](TensorToWrite& t) { return t.name != "model.layers.0.mlp.gate_proj.qzeros"; });
                 }),
         "model.layers.0.mlp.gate_proj.qzeros");
+}
+
+// FP8 ------------------------------------------------------------------------------------------
+
+namespace {
+
+// E4M3 from its definition: sign, 4 exponent bits with bias 7 (0: subnormal), 3 mantissa bits.
+float e4m3_ref(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float sign = (b & 0x80) ? -1.0f : 1.0f;
+    return sign * (e == 0 ? std::ldexp(float(m) / 8.0f, -6) : std::ldexp(1.0f + float(m) / 8.0f, e - 7));
+}
+
+struct Fp8Case {
+    std::string method;        // "fp8" (weight_scale_inv per block) or "ct" (compressed-tensors' weight_scale)
+    int64_t br = 0, bc = 0;    // rows/columns a scale spans; 0: all (ct: channel is 1 x 0, tensor 0 x 0)
+    std::string name() const { return method + "_" + std::to_string(br) + "x" + std::to_string(bc); }
+};
+
+nlohmann::json fp8_config(const Fp8Case& fc) {
+    if (fc.method == "fp8")
+        return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                {"weight_block_size", {fc.br, fc.bc}}};
+    nlohmann::json w = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"dynamic", false},
+                        {"strategy", fc.br == 1 && fc.bc == 0 ? "channel" : fc.br == 0 ? "tensor" : "block"}};
+    if (fc.br > 1) w["block_structure"] = {fc.br, fc.bc};
+    return {{"quant_method", "compressed-tensors"}, {"format", "float-quantized"},
+            {"config_groups",
+             {{"group_0",
+               {{"targets", {"Linear"}}, {"weights", w},
+                {"input_activations",
+                 {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"dynamic", true}, {"strategy", "token"}}}}}}},
+            {"ignore", {"lm_head"}}};
+}
+
+// `fp8`: the Linear weights as E4M3 codes (exponents up to 9: |code| <= 7.5) with their scales
+// (f32 for quant_method fp8, bf16 for compressed-tensors); `ref`: FP32 with code * scale. The
+// truth by weight name.
+std::map<std::string, std::vector<float>> write_fp8_pair(const ModelConfig& cfg, const Fp8Case& fc, const std::string& fp8,
+                                                         const std::string& ref, uint64_t seed) {
+    TempDir src;
+    write_synthetic_checkpoint(src.path(), cfg, {DType::BF16, 1, seed});
+    std::mt19937 rng{uint32_t(seed)};
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(0.005f, 0.015f);
+    std::map<std::string, std::vector<float>> truth;
+    std::vector<TensorToWrite> a, b;
+    SafetensorsFile f(src.path() + "/model.safetensors");
+    for (const auto& [name, info] : f.tensors()) {
+        if (name.rfind("__pad_", 0) == 0) continue;
+        bool linear = false;
+        for (const char* l : kLinears) linear = linear || name.find(std::string(l) + ".weight") != std::string::npos;
+        const TensorToWrite same{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
+        if (!linear) {
+            a.push_back(same);
+            b.push_back(same);
+            continue;
+        }
+        const int64_t rows = info.shape[0], cols = info.shape[1];
+        const int64_t br = fc.br > 0 ? fc.br : rows, bc = fc.bc > 0 ? fc.bc : cols;
+        const int64_t nrb = (rows + br - 1) / br, ncb = (cols + bc - 1) / bc;
+        std::vector<float> s(size_t(nrb * ncb));
+        for (float& v : s) v = fc.method == "ct" ? bf16_to_f32(f32_to_bf16(scale(rng))) : scale(rng);
+        TensorToWrite codes{name, "F8_E4M3", {rows, cols}, std::vector<uint8_t>(size_t(rows * cols))};
+        std::vector<float> w(size_t(rows * cols));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+                uint8_t q;
+                do q = uint8_t(byte(rng));
+                while (((q >> 3) & 15) > 9);
+                codes.bytes[size_t(r * cols + c)] = q;
+                w[size_t(r * cols + c)] = e4m3_ref(q) * s[size_t((r / br) * ncb + c / bc)];
+            }
+        a.push_back(std::move(codes));
+        const std::string sname = name + (fc.method == "fp8" ? "_scale_inv" : "_scale");
+        const std::vector<int64_t> sshape =
+            fc.br == 0 && fc.bc == 0 ? std::vector<int64_t>{1} : std::vector<int64_t>{nrb, ncb};
+        if (fc.method == "ct") {
+            a.push_back(sixteen(sname, sshape, s, true));
+        } else {
+            TensorToWrite st{sname, "F32", sshape, std::vector<uint8_t>(s.size() * 4)};
+            std::memcpy(st.bytes.data(), s.data(), st.bytes.size());
+            a.push_back(std::move(st));
+        }
+        TensorToWrite wt{name, "F32", {rows, cols}, std::vector<uint8_t>(w.size() * 4)};
+        std::memcpy(wt.bytes.data(), w.data(), wt.bytes.size());
+        b.push_back(std::move(wt));
+        truth.emplace(name, std::move(w));
+    }
+    nlohmann::json config = nlohmann::json::parse(config_json(cfg));
+    write_file(ref + "/config.json", config.dump(2));
+    config["quantization_config"] = fp8_config(fc);
+    write_file(fp8 + "/config.json", config.dump(2));
+    write_safetensors(fp8 + "/model.safetensors", a, true);
+    write_safetensors(ref + "/model.safetensors", b, true);
+    return truth;
+}
+
+const std::vector<Fp8Case> kFp8Cases = {{"fp8", 128, 128}, {"fp8", 48, 32}, {"ct", 1, 0}, {"ct", 0, 0}, {"ct", 32, 48}};
+
+}  // namespace
+
+TEST(HfQuant, E4m3DecodesAsDefined) {
+    for (int b = 0; b < 256; ++b) {
+        const float v = e4m3_to_f32(uint8_t(b));
+        if ((b & 0x7f) == 0x7f) EXPECT_TRUE(std::isnan(v)) << b;
+        else EXPECT_EQ(v, e4m3_ref(uint8_t(b))) << b;
+    }
+    EXPECT_EQ(e4m3_to_f32(0x38), 1.0f);
+    EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);
+    EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+    EXPECT_EQ(e4m3_to_f32(0xc0), -2.0f);
+    EXPECT_EQ(std::signbit(e4m3_to_f32(0x80)), true);
+}
+
+// Every FP8 layer loads as its codes times their block's scale: exactly under --weights fp32,
+// rounded once to bf16 under auto, on one rank and on each of two.
+TEST(HfQuant, Fp8LayersLoadAsCodeTimesScale) {
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    for (const Fp8Case& fc : kFp8Cases) {
+        TempDir fp8, ref;
+        const auto truth = write_fp8_pair(cfg, fc, fp8.path(), ref.path(), 13);
+        const ModelConfig c = load_config(fp8.path());
+        ASSERT_TRUE(c.fp8.present) << fc.name();
+        EXPECT_FALSE(c.quant.present);
+        const Checkpoint ck(fp8.path());
+        for (WeightFormat f : {WeightFormat::F32, WeightFormat::Auto})
+            for (int tp : {1, 2})
+                for (int rank = 0; rank < tp; ++rank) {
+                    const ModelWeights w = load_weights(ck, c, LoadOptions{f, 0, ""}, plan_shard(c, rank, tp));
+                    for (const LayerWeights& L : w.layers)
+                        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+                            const std::vector<float>& t = truth.at(l->name);
+                            ASSERT_EQ(l->w.dtype, f == WeightFormat::F32 ? DType::F32 : DType::BF16) << l->name;
+                            const int64_t cols = ck.get(l->name).shape[1];
+                            const bool rows_split = l->w.cols == cols;
+                            const int64_t r0 = rows_split ? rank * l->w.rows : 0, c0 = rows_split ? 0 : rank * l->w.cols;
+                            std::vector<float> row(size_t(l->w.cols));
+                            for (int64_t r = 0; r < l->w.rows; ++r) {
+                                weight_row_to_f32(l->w, r, row.data());
+                                for (int64_t k = 0; k < l->w.cols; ++k) {
+                                    const float want = t[size_t((r0 + r) * cols + c0 + k)];
+                                    ASSERT_EQ(row[size_t(k)], f == WeightFormat::F32 ? want : bf16_to_f32(f32_to_bf16(want)))
+                                        << fc.name() << " tp " << tp << " rank " << rank << " " << l->name << " (" << r << ", " << k << ")";
+                                }
+                            }
+                        }
+                }
+    }
+}
+
+// The whole model on an FP8 checkpoint under --weights fp32 is the FP32 checkpoint of its widened
+// weights, bit for bit; quantized on load (int8), the two give the same INT8 model.
+TEST(HfQuant, Fp8ModelIsItsWidenedWeights) {
+    for (const Fp8Case& fc : {Fp8Case{"fp8", 48, 32}, Fp8Case{"ct", 1, 0}}) {
+        const ModelConfig cfg = tiny_config(Arch::Qwen2);
+        TempDir fp8, ref;
+        write_fp8_pair(cfg, fc, fp8.path(), ref.path(), 23);
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(17, cfg.vocab, 8), make_prompt(6, cfg.vocab, 9)};
+        for (WeightFormat f : {WeightFormat::F32, WeightFormat::Int8}) {
+            const Out a = run(fp8.path(), {f, 0, ""}, prompts, 16), b = run(ref.path(), {f, 0, ""}, prompts, 16);
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                EXPECT_EQ(a.rows[i], b.rows[i]) << fc.name() << " " << weight_format_name(f) << " prompt " << i;
+                EXPECT_EQ(a.tokens[i], b.tokens[i]);
+            }
+        }
+        const Out bf = run(fp8.path(), {}, prompts, 16), r = run(ref.path(), {WeightFormat::F32, 0, ""}, prompts, 16);
+        for (size_t i = 0; i < prompts.size(); ++i) EXPECT_GT(cosine(bf.rows[i], r.rows[i]), 0.9999) << fc.name();
+    }
+}
+
+TEST(HfQuant, Fp8BadInput) {
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    auto refused = [&](const Fp8Case& fc, const std::function<void(nlohmann::json&)>& edit) {
+        TempDir fp8, ref;
+        write_fp8_pair(cfg, fc, fp8.path(), ref.path(), 7);
+        nlohmann::json c = nlohmann::json::parse(read_file(fp8.path() + "/config.json"));
+        edit(c);
+        write_file(fp8.path() + "/config.json", c.dump());
+        return error_of([&] { run(fp8.path(), {}, {{1, 2, 3}}, 16); });
+    };
+    auto has = [](const std::string& e, const std::string& needle) {
+        EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e << "\nwanted: " << needle;
+    };
+    const Fp8Case fp8{"fp8", 32, 32}, ct{"ct", 1, 0};
+    auto set = [](const char* key, nlohmann::json v) { return [key, v](nlohmann::json& c) { c["quantization_config"][key] = v; }; };
+    has(refused(fp8, set("fmt", "e5m2")), "quantization_config fmt \"e5m2\" is not supported (e4m3)");
+    has(refused(fp8, set("activation_scheme", "static")), "activation_scheme \"static\" is not supported");
+    has(refused(fp8, set("weight_block_size", nullptr)), "FP8 without weight_block_size (one scale per tensor) is not supported");
+    has(refused(fp8, set("weight_block_size", {128})), "weight_block_size must be two positive integers, got [128]");
+    has(refused(fp8, set("weight_block_size", {64, 32})),
+        "tensor model.layers.0.self_attn.q_proj.weight_scale_inv has shape [2, 2], expected [1, 2]");
+    has(refused(ct, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group"; }),
+        "weights strategy \"group\" is not supported (channel, block or tensor)");
+    has(refused(ct, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"] = false; }),
+        "input_activations: static activation scales are not supported");
+    has(refused(ct, [](nlohmann::json& c) { c.erase("quantization_config"); }),
+        "tensor model.layers.0.self_attn.q_proj.weight is FP8 (F8_E4M3) but");
 }

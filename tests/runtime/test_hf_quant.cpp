@@ -183,6 +183,13 @@ nlohmann::json quant_config(const Case& cs) {
 const char* const kLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 
+// A layer's Linear weight (what the tools quantize), not a norm, bias, embedding or lm_head.
+bool is_linear_weight(const std::string& name) {
+    for (const char* l : kLinears)
+        if (name.find(std::string(l) + ".weight") != std::string::npos) return true;
+    return false;
+}
+
 // `hf`: the checkpoint as the tool writes it (the embedding, norms, biases and lm_head in fp16 as
 // a float checkpoint has them); `ref`: an FP32 checkpoint of the same model with W = (q - z) * s.
 // Returns each layer's truth by its weight's name.
@@ -197,8 +204,7 @@ std::map<std::string, Truth> write_pair(const ModelConfig& cfg, const Case& cs, 
     SafetensorsFile f(src.path() + "/model.safetensors");
     for (const auto& [name, info] : f.tensors()) {
         if (name.rfind("__pad_", 0) == 0) continue;
-        bool linear = false;
-        for (const char* l : kLinears) linear = linear || name.find(std::string(l) + ".weight") != std::string::npos;
+        const bool linear = is_linear_weight(name);
         if (!linear) {
             const TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
             a.push_back(t);
@@ -533,8 +539,7 @@ std::map<std::string, std::vector<float>> write_fp8_pair(const ModelConfig& cfg,
     SafetensorsFile f(src.path() + "/model.safetensors");
     for (const auto& [name, info] : f.tensors()) {
         if (name.rfind("__pad_", 0) == 0) continue;
-        bool linear = false;
-        for (const char* l : kLinears) linear = linear || name.find(std::string(l) + ".weight") != std::string::npos;
+        const bool linear = is_linear_weight(name);
         const TensorToWrite same{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
         if (!linear) {
             a.push_back(same);

@@ -263,7 +263,8 @@ QuantConfig parse_compressed_tensors(const json& q, const ModelConfig& c, const 
         if (type != "int") fail(at, ".weights type \"", type, "\" is not supported (int)");
         if (w.value("symmetric", true) != true) fail(at, ".weights symmetric false: asymmetric weights are not supported");
         if (w.value("dynamic", false) != false) fail(at, ".weights dynamic: not supported");
-        set_but_not(w, "actorder", "act-order");
+        // actorder is not refused here: "static" keeps the groups in column order, and the loader
+        // refuses a weight_g_idx that does not ("group").
         if (bits != (format == "pack-quantized" ? 4 : 8))
             fail(at, ".weights num_bits ", bits, " is not supported with format ", format,
                  " (int-quantized: 8, pack-quantized: 4)");

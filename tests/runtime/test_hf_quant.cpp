@@ -159,7 +159,8 @@ nlohmann::json quant_config(const Case& cs) {
         nlohmann::json weights = {{"num_bits", cs.bits}, {"type", "int"}, {"symmetric", true}, {"dynamic", false},
                                   {"strategy", cs.group > 0 ? "group" : cs.group == -1 ? "channel" : "tensor"},
                                   {"group_size", cs.group > 0 ? nlohmann::json(cs.group) : nlohmann::json()},
-                                  {"actorder", nullptr}, {"observer", "minmax"}};
+                                  {"actorder", cs.bits == 4 ? nlohmann::json("static") : nlohmann::json()},
+                                  {"observer", "minmax"}};
         nlohmann::json input = cs.acts ? nlohmann::json{{"num_bits", 8}, {"type", "int"}, {"symmetric", true},
                                                         {"dynamic", true}, {"strategy", "token"}}
                                        : nlohmann::json();
@@ -417,7 +418,25 @@ TEST(HfQuant, BadInput) {
     has(refused(ct8, group0("weights", "symmetric", false)), "weights symmetric false: asymmetric weights are not supported");
     has(refused(ct8, group0("weights", "num_bits", 4)), "weights num_bits 4 is not supported with format int-quantized");
     has(refused(ct8, group0("weights", "strategy", "block")), "weights strategy \"block\" is not supported");
-    has(refused(ct8, group0("weights", "actorder", "group")), "actorder: act-order is not supported");
+    // Act-order: "group" writes each column's group in weight_g_idx, refused where it is not
+    // column / group ("static" leaves them in order and loads: the layouts test above).
+    has(refused(ct4, group0("weights", "actorder", "group"), {},
+                [&](const std::string& dir) {
+                    std::vector<TensorToWrite> ts;
+                    {
+                        SafetensorsFile f(dir + "/model.safetensors");
+                        for (const auto& [name, info] : f.tensors())
+                            if (name.rfind("__pad_", 0) != 0)
+                                ts.push_back({name, info.dtype_str, info.shape,
+                                              std::vector<uint8_t>(info.data, info.data + info.nbytes)});
+                    }
+                    std::vector<uint32_t> gi;
+                    for (int64_t c = 0; c < 160; ++c) gi.push_back(uint32_t(c / 32));
+                    std::swap(gi[5], gi[100]);
+                    ts.push_back(words("model.layers.0.mlp.down_proj.weight_g_idx", {160}, gi));
+                    write_safetensors(dir + "/model.safetensors", ts, true);
+                }),
+        "tensor model.layers.0.mlp.down_proj.weight_g_idx puts column 5 outside group 0: act-order checkpoints");
     has(refused(ct8, group0("input_activations", "dynamic", false)), "only dynamic symmetric INT8 per token is supported");
     has(refused(ct8, set("kv_cache_scheme", {{"num_bits", 8}, {"type", "float"}})), "kv_cache_scheme: a quantized KV cache scheme");
     has(refused(ct4, [](nlohmann::json& c) {

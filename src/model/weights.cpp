@@ -384,12 +384,27 @@ public:
             }
         }
         release_source(t, b);
-        WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
+        return own_int8(std::move(q), std::move(sc), b.nrows, b.ncols, view_group);
+    }
+
+    // The weights keep the buffers of a quantized block; its view. INT8: codes and scales.
+    WeightView own_int8(Buffer q, Buffer sc, int64_t rows, int64_t cols, int64_t group) {
+        WeightView v{DType::I8, q.data(), rows, cols};
         v.scales = sc.as<float>();
-        v.group_size = view_group;
+        v.group_size = group;
         out_.bytes += q.size() + sc.size();
         out_.owned.push_back(std::move(q));
         out_.owned.push_back(std::move(sc));
+        return v;
+    }
+
+    // INT4: packed codes, scales and mins.
+    WeightView own_int4(Buffer q, Buffer sc, Buffer mn, int64_t rows, int64_t cols, int64_t group) {
+        const WeightView v = int4_weight_view(q.data(), sc.as<float>(), mn.as<float>(), rows, cols, group);
+        out_.bytes += q.size() + sc.size() + mn.size();
+        out_.owned.push_back(std::move(q));
+        out_.owned.push_back(std::move(sc));
+        out_.owned.push_back(std::move(mn));
         return v;
     }
 
@@ -434,12 +449,7 @@ public:
             }
         }
         release_source(t, b);
-        const WeightView v = int4_weight_view(q.data(), sc.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
-        out_.bytes += q.size() + sc.size() + mn.size();
-        out_.owned.push_back(std::move(q));
-        out_.owned.push_back(std::move(sc));
-        out_.owned.push_back(std::move(mn));
-        return v;
+        return own_int4(std::move(q), std::move(sc), std::move(mn), b.nrows, b.ncols, g);
     }
 
     // A block of a pre-quantized tensor: int8 `name` and f32 `name_scale` [rows, groups].
@@ -717,24 +727,13 @@ public:
             if (planning_) return {DType::U8, nullptr, b.nrows, b.ncols};
             Buffer q(n / 2), s(groups * sizeof(float)), mn(groups * sizeof(float));
             unpack_int4(m, b.row0, b.nrows, b.col0, b.ncols, g, q.data(), s.as<float>(), mn.as<float>());
-            const WeightView v = int4_weight_view(q.data(), s.as<float>(), mn.as<float>(), b.nrows, b.ncols, g);
-            out_.bytes += q.size() + s.size() + mn.size();
-            out_.owned.push_back(std::move(q));
-            out_.owned.push_back(std::move(s));
-            out_.owned.push_back(std::move(mn));
-            return v;
+            return own_int4(std::move(q), std::move(s), std::move(mn), b.nrows, b.ncols, g);
         }
         converted_ += n + groups * sizeof(float);
         if (planning_) return {DType::I8, nullptr, b.nrows, b.ncols};
         Buffer q(n), s(groups * sizeof(float));
         unpack_int8(m, b.row0, b.nrows, b.col0, b.ncols, g, reinterpret_cast<int8_t*>(q.data()), s.as<float>(), qweight);
-        WeightView v{DType::I8, q.data(), b.nrows, b.ncols};
-        v.scales = s.as<float>();
-        v.group_size = g;
-        out_.bytes += q.size() + s.size();
-        out_.owned.push_back(std::move(q));
-        out_.owned.push_back(std::move(s));
-        return v;
+        return own_int8(std::move(q), std::move(s), b.nrows, b.ncols, g);
     }
 
     // A Linear layer's matrix, in the format the options ask for. The vocabulary matrix (`vocab`)

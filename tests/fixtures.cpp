@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -14,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/cpu/matmul.h"
+#include "model/safetensors_writer.h"
 
 namespace shardlm::test {
 
@@ -51,6 +54,60 @@ std::string read_file(const std::string& path) {
     std::ostringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+
+LoraModule random_lora_module(const ModelConfig& c, const std::string& module, int64_t rank, uint64_t seed,
+                              const std::string& dtype) {
+    const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+    auto ends = [&](const char* s) {
+        const std::string t(s);
+        return module.size() >= t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0;
+    };
+    int64_t out = 0, in = 0;  // the base matrix [out, in]
+    if (ends("q_proj")) out = q, in = c.hidden;
+    else if (ends("k_proj") || ends("v_proj")) out = kv, in = c.hidden;
+    else if (ends("o_proj")) out = c.hidden, in = q;
+    else if (ends("gate_proj") || ends("up_proj")) out = c.intermediate, in = c.hidden;
+    else if (ends("down_proj")) out = c.hidden, in = c.intermediate;
+    else if (ends("lm_head") || ends("embed_tokens")) out = c.vocab, in = c.hidden;
+    else throw std::runtime_error("random_lora_module: unknown module " + module);
+    LoraModule m;
+    m.module = module;
+    m.rank = rank;
+    m.dtype = dtype;
+    std::mt19937 rng{uint32_t(seed)};
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto value = [&] {
+        const float v = u(rng);
+        return dtype == "BF16" ? bf16_to_f32(f32_to_bf16(v)) : dtype == "F16" ? f16_to_f32(f32_to_f16(v)) : v;
+    };
+    // Linear: A [rank, in], B [out, rank]. Embedding [vocab, hidden]: A [rank, vocab], B [hidden, rank].
+    const size_t na = size_t(rank * (m.embedding() ? out : in)), nb = size_t((m.embedding() ? in : out) * rank);
+    for (size_t i = 0; i < na; ++i) m.a.push_back(value());
+    for (size_t i = 0; i < nb; ++i) m.b.push_back(value());
+    return m;
+}
+
+void write_lora_adapter(const std::string& dir, const std::string& adapter_config, const std::vector<LoraModule>& modules) {
+    std::vector<TensorToWrite> ts;
+    for (const LoraModule& m : modules) {
+        const int64_t rows_b = int64_t(m.b.size()) / m.rank, cols_a = int64_t(m.a.size()) / m.rank;
+        const std::string pre = "base_model.model." + m.module + (m.embedding() ? ".lora_embedding_" : ".lora_");
+        const std::string suf = m.embedding() ? "" : ".weight";
+        for (const auto& [name, shape, v] : {std::make_tuple(pre + "A" + suf, std::vector<int64_t>{m.rank, cols_a}, &m.a),
+                                             std::make_tuple(pre + "B" + suf, std::vector<int64_t>{rows_b, m.rank}, &m.b)}) {
+            const size_t es = m.dtype == "F32" ? 4 : 2;
+            TensorToWrite t{name, m.dtype, shape, std::vector<uint8_t>(v->size() * es)};
+            for (size_t i = 0; i < v->size(); ++i) {
+                const float f = (*v)[i];
+                const uint16_t h = m.dtype == "BF16" ? f32_to_bf16(f) : f32_to_f16(f);
+                std::memcpy(&t.bytes[i * es], es == 4 ? static_cast<const void*>(&f) : static_cast<const void*>(&h), es);
+            }
+            ts.push_back(std::move(t));
+        }
+    }
+    write_file(dir + "/adapter_config.json", adapter_config);
+    write_safetensors(dir + "/adapter_model.safetensors", ts);
 }
 
 GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,

@@ -74,6 +74,23 @@ bool cpu_prefill_rounds();
 // scale of its own, rounds differently from the whole matrix.
 bool cpu_quantized_weights_round();
 
+// One module's LoRA factors as PEFT saves them.
+struct LoraModule {
+    std::string module;  // e.g. "model.layers.0.self_attn.q_proj", or "model.embed_tokens"
+    int64_t rank = 0;
+    // lora_A [rank, in] and lora_B [out, rank]; the embedding's lora_embedding_A [rank, vocab] and
+    // lora_embedding_B [hidden, rank]. Values exact in `dtype`.
+    std::vector<float> a, b;
+    std::string dtype = "F32";  // F32, F16 or BF16
+    bool embedding() const { return module == "model.embed_tokens"; }
+};
+// Random factors of `module` in `cfg`'s shapes (|values| < 0.1, rounded to dtype).
+LoraModule random_lora_module(const ModelConfig& cfg, const std::string& module, int64_t rank, uint64_t seed,
+                              const std::string& dtype = "F32");
+// An adapter folder: dir/adapter_config.json (the text given) and dir/adapter_model.safetensors
+// with each module's base_model.model.<module>.lora_A.weight / lora_B.weight (or lora_embedding_A/B).
+void write_lora_adapter(const std::string& dir, const std::string& adapter_config, const std::vector<LoraModule>& modules);
+
 // Largest |a - b| over two equally long vectors.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 // Cosine similarity of two rows of logits (in double).

@@ -16,6 +16,8 @@ namespace shardlm {
 int cmd_quantize(const Args& args) {
     po::options_description d("quantize options");
     std::string model, out, weights, keep, calib;
+    std::vector<std::string> lora;
+    std::vector<float> lora_scale;
     int64_t group = 0, calib_tokens = 0;
     d.add_options()
         ("help", "show this help")
@@ -25,16 +27,20 @@ int cmd_quantize(const Args& args) {
         ("group-size", po::value(&group)->default_value(0), "scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4/w4a8)")
         ("keep-fp16", po::value(&keep), "keep Linear tensors whose HF name matches this regex unquantized")
         ("calib", po::value(&calib), "int4/w4a8: a text file to calibrate AWQ's activation-aware channel scales on")
-        ("calib-tokens", po::value(&calib_tokens)->default_value(8192), "int4/w4a8: calibration tokens read from --calib");
+        ("calib-tokens", po::value(&calib_tokens)->default_value(8192), "int4/w4a8: calibration tokens read from --calib")
+        ("lora", po::value(&lora)->composing(),
+         "DIR: merge this LoRA adapter (PEFT's folder) into the weights before quantizing (repeatable)")
+        ("lora-scale", po::value(&lora_scale)->composing(), "S: the adapter's weight (default 1; one for all, or one per --lora)");
     po::variables_map vm;
     if (!parse_args(args, d, vm,
                     "usage: shardlm quantize --model DIR --out DIR [--weights int8|w8a8|int4|w4a8] [--group-size G] "
-                    "[--calib FILE]"))
+                    "[--calib FILE] [--lora DIR]"))
         return 0;
     LoadOptions lo;
     lo.format = parse_weight_format(weights);
     lo.group_size = group;
     lo.keep_fp16 = keep;
+    lo.lora = lora_adapters(lora, lora_scale);
     check_quantize(model, out, lo);  // before the calibration below, and the load that writes
     if (!calib.empty()) {
         if (!is_int4(lo.format)) fail("--calib: AWQ channel scales are searched for --weights int4 or w4a8");
@@ -45,6 +51,7 @@ int cmd_quantize(const Args& args) {
         AwqOptions ao;
         ao.group_size = group > 0 ? group : kInt4DefaultGroup;
         ao.keep_fp16 = keep;
+        ao.lora = lo.lora;  // the scales are searched on the merged model
         std::vector<AwqGroup> report;
         lo.scales = awq_scales(model, ids, ao, &report);
         double rtn = 0, awq = 0, cb = 0, ca = 0;

@@ -1,6 +1,7 @@
 #include "cli/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sys/resource.h>
 
 #include <iostream>
@@ -81,13 +82,32 @@ void add_precision_options(po::options_description& d, PrecisionFlags& f) {
          "int4: AWQ-style 4-bit layer weights, INT8 lm_head; w4a8: int4 with INT8 activations)")
         ("kv", po::value(&f.kv)->default_value("auto"), "KV cache auto|fp32|fp16|bf16|int8 (auto: fp32)")
         ("group-size", po::value(&f.group_size)->default_value(0), "quantization scale per group of G inputs (0: per output channel for int8/w8a8, 128 for int4/w4a8)")
-        ("keep-fp16", po::value(&f.keep_fp16), "int8/w8a8/int4/w4a8: keep Linear tensors whose HF name matches this regex in FP16/BF16");
+        ("keep-fp16", po::value(&f.keep_fp16), "int8/w8a8/int4/w4a8: keep Linear tensors whose HF name matches this regex in FP16/BF16")
+        ("lora", po::value(&f.lora)->composing(),
+         "DIR: merge this LoRA adapter (PEFT's folder: adapter_config.json, adapter_model.safetensors) into the float "
+         "weights as they load, before any quantization (repeatable: the adapters add up)")
+        ("lora-scale", po::value(&f.lora_scale)->composing(),
+         "S: the adapter's weight, W + S * (alpha / r) * B A (default 1; one value for every --lora, or one per --lora in order)");
+}
+
+std::vector<LoraAdapter> lora_adapters(const std::vector<std::string>& dirs, const std::vector<float>& scales) {
+    if (!scales.empty() && dirs.empty()) fail("--lora-scale needs a --lora adapter");
+    if (scales.size() > 1 && scales.size() != dirs.size())
+        fail("--lora-scale: ", scales.size(), " scales for ", dirs.size(), " --lora adapters (give one for all, or one each)");
+    std::vector<LoraAdapter> out;
+    for (size_t i = 0; i < dirs.size(); ++i) {
+        const float s = scales.empty() ? 1.0f : scales.size() == 1 ? scales[0] : scales[i];
+        if (!std::isfinite(s)) fail("--lora-scale: ", s, " is not a finite number");
+        out.push_back({dirs[i], s});
+    }
+    return out;
 }
 
 void apply_precision(const PrecisionFlags& f, SessionOptions& so) {
     so.load.format = parse_weight_format(f.weights);
     so.load.group_size = f.group_size;
     so.load.keep_fp16 = f.keep_fp16;
+    so.load.lora = lora_adapters(f.lora, f.lora_scale);
     so.kv = parse_kv_format(f.kv);
     if (f.group_size < 0) fail("--group-size must be >= 0");
     if ((f.group_size > 0 || !f.keep_fp16.empty()) && !is_quantized(so.load.format) && so.load.format != WeightFormat::Auto)

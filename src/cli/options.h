@@ -33,10 +33,17 @@ uint64_t parse_seed(const std::string& s);
 struct PrecisionFlags {
     std::string weights = "auto", kv = "auto", keep_fp16;
     int64_t group_size = 0;
+    std::vector<std::string> lora;  // --lora DIR, repeatable
+    std::vector<float> lora_scale;  // --lora-scale S: none, one for all, or one per --lora
 };
 void add_precision_options(po::options_description& d, PrecisionFlags& f);
 // Into the session's options (throws Error naming the flag on a bad value).
 void apply_precision(const PrecisionFlags& f, SessionOptions& so);
+
+// --lora DIR (repeatable) with --lora-scale S: no scale (1 each), one scale for every adapter, or one
+// per adapter in the order given; throws Error naming --lora-scale otherwise, or for a scale that
+// is not finite. Shared by the commands with precision flags and by quantize.
+std::vector<LoraAdapter> lora_adapters(const std::vector<std::string>& dirs, const std::vector<float>& scales);
 
 // Where and how the engine runs, shared by generate, bench and perplexity.
 struct BackendFlags {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -52,10 +53,19 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     if (w.lm_head.dtype == DType::I8)
         quantized[cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"] = w.lm_head;
 
-    // Tensors that channel scales (AWQ) changed and that are not quantized: norm weights, biases,
-    // Linear matrices kept in 16 bits. They are written as loaded, in F32.
+    // Tensors that channel scales (AWQ) or LoRA adapters changed and that are not quantized: norm
+    // weights, biases (in F32), Linear matrices kept in 16 bits and an untied embedding (in the
+    // dtype they are held in). They are written as loaded.
     std::map<std::string, TensorToWrite> rescaled;
     auto scaled = [&](const std::string& n) { return opt.scales.in.count(n) || opt.scales.out.count(n); };
+    std::set<std::string> merged;
+    if (!opt.lora.empty())
+        for (const std::string& t : LoraSet(opt.lora, ck, cfg).targets()) merged.insert(t);
+    auto as_loaded = [&](const std::string& n, const WeightView& v) {  // a float matrix, in the dtype it is held in
+        const char* dt = v.dtype == DType::F32 ? "F32" : v.dtype == DType::F16 ? "F16" : "BF16";
+        const uint8_t* b = static_cast<const uint8_t*>(v.data);
+        rescaled[n] = {n, dt, {v.rows, v.cols}, std::vector<uint8_t>(b, b + size_t(v.rows * weight_row_bytes(v)))};
+    };
     auto vec = [&](const std::string& n, const std::vector<float>& v) {
         if (!scaled(n)) return;
         const uint8_t* b = reinterpret_cast<const uint8_t*>(v.data());
@@ -68,12 +78,12 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
         vec(pre + ".post_attention_layernorm.weight", L.post_attn_norm);
         for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
             if (!l->bias.empty()) vec(l->name.substr(0, l->name.size() - 7) + ".bias", l->bias);
-            if (l->w.quantized() || !scaled(l->name)) continue;
-            TensorToWrite t{l->name, "F32", {l->w.rows, l->w.cols}, std::vector<uint8_t>(size_t(l->w.rows * l->w.cols) * 4)};
-            for (int64_t r = 0; r < l->w.rows; ++r)
-                weight_row_to_f32(l->w, r, reinterpret_cast<float*>(t.bytes.data()) + r * l->w.cols);
-            rescaled[l->name] = std::move(t);
+            if (!l->w.quantized() && (scaled(l->name) || merged.count(l->name))) as_loaded(l->name, l->w);
         }
+    }
+    if (!cfg.tie_embeddings) {  // a tied vocabulary matrix takes no adapter (model/lora.h)
+        if (merged.count("model.embed_tokens.weight")) as_loaded("model.embed_tokens.weight", w.embed);
+        if (!w.lm_head.quantized() && merged.count("lm_head.weight")) as_loaded("lm_head.weight", w.lm_head);
     }
 
     // Tensors in checkpoint order (sorted by name within each source file), grouped into shards.

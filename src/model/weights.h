@@ -13,6 +13,7 @@
 #include "kernels/cpu/weights_view.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/shard.h"
 
 namespace shardlm {
@@ -76,6 +77,9 @@ struct LoadOptions {
     // page-cache pages the CPU GEMVs stream more slowly (README, "Huge pages"); each tensor's pages
     // of the map are released once copied.
     bool copy_mapped = false;
+    // LoRA adapters merged into the float weights as they load (model/lora.h), before any channel
+    // scaling or quantization; a matrix with an adapter is converted (copied), not mapped.
+    std::vector<LoraAdapter> lora;
 };
 
 struct Linear {

@@ -152,6 +152,7 @@ ChannelScales awq_scales(const std::string& model_dir, const std::vector<int32_t
     SessionOptions so;
     so.model_dir = model_dir;
     so.load.format = WeightFormat::F32;
+    so.load.lora = opt.lora;
     so.kv = KVFormat::F32;
     so.device = Device::Cpu;
     SingleRank comm;

@@ -34,6 +34,7 @@ struct AwqOptions {
     int64_t ctx = 256;                       // calibration tokens per forward window
     int64_t max_loss_rows = 512;             // calibration rows the scale search's loss is measured on
     bool clip = true;                        // also search the clipping (ChannelScales::clip)
+    std::vector<LoraAdapter> lora;           // merged into the float model calibrated on (LoadOptions::lora)
 };
 
 // One scaled group of one layer: which, the alpha chosen and the loss with it and without scaling.

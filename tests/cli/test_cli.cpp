@@ -782,6 +782,39 @@ TEST(CliBasics, MakeModelShardsAreBoundedByTheLayers) {
 }
 
 // quantize --out equal to --model rewrote the source checkpoint in place, exit 0.
+// --lora merges a PEFT adapter as the model loads: scale 0 is the base model exactly, scale 1
+// changes it, and `quantize --lora` writes what `generate --lora` runs (same tokens and logprobs).
+// The flags' misuse is refused by name.
+TEST_F(Cli, LoraAdapters) {
+    const ModelConfig c = tiny_config(Arch::Qwen2);
+    TempDir ad, q;
+    write_lora_adapter(ad.path(),
+                       R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "bias": "none", "target_modules": ["q_proj", "down_proj"]})",
+                       {random_lora_module(c, "model.layers.0.self_attn.q_proj", 2, 1),
+                        random_lora_module(c, "model.layers.1.mlp.down_proj", 2, 2)});
+    const std::string gen = kBin + " generate --model " + dir_.path() +
+                            " --prompt-ids 5,6,7,8 --max-new-tokens 6 --temperature 0 --json --logprobs 0";
+    auto results = [](const CommandResult& r) {
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return nlohmann::json::parse(r.out)["results"];
+    };
+    const auto plain = results(run_command(gen)), zero = results(run_command(gen + " --lora " + ad.path() + " --lora-scale 0"));
+    const auto one = results(run_command(gen + " --lora " + ad.path()));
+    EXPECT_EQ(zero, plain);
+    EXPECT_NE(one[0]["logprobs"], plain[0]["logprobs"]);
+    const CommandResult w =
+        run_command(kBin + " quantize --model " + dir_.path() + " --out " + q.file("m") + " --weights int8 --lora " + ad.path());
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    const std::string gq = kBin + " generate --model " + q.file("m") + " --prompt-ids 5,6,7,8 --max-new-tokens 6 --temperature 0 --json --logprobs 0";
+    EXPECT_EQ(results(run_command(gq)), results(run_command(gen + " --weights int8 --lora " + ad.path())));
+    const std::string bad = "generate --model " + dir_.path() + " --prompt-ids 5 ";
+    expect_error(bad + "--lora " + ad.path() + " --lora-scale 1 --lora-scale 2", "--lora-scale: 2 scales for 1 --lora adapters");
+    expect_error(bad + "--lora-scale 0.5", "--lora-scale needs a --lora adapter");
+    expect_error(bad + "--lora " + ad.file("missing"), "not a folder");
+    expect_error(bad + "--lora " + dir_.path(), "no adapter_config.json");
+    expect_error("generate --model " + q.file("m") + " --prompt-ids 5 --lora " + ad.path(), "is pre-quantized (shardlm)");
+}
+
 TEST_F(Cli, QuantizeRefusesToOverwriteItsSource) {
     const std::string st = read_file(dir_.file("model.safetensors"));
     expect_error("quantize --model " + dir_.path() + " --out " + dir_.path() + " --weights int8", "already holds a checkpoint");

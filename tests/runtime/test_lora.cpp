@@ -1,0 +1,417 @@
+// LoRA adapters (PEFT's folders) merge into the base model's weights as they load: each matrix
+// the adapters touch equals W + sum of scale * B A (the embedding's (B A)^T), computed here in
+// double from the files' values, on one rank and on each of two; the model on base + adapters
+// equals an FP32 checkpoint of the merged weights; quantized loads quantize the merged weights;
+// `shardlm quantize` writes them; and what a merge cannot express is refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "model/quantize_checkpoint.h"
+#include "model/safetensors_writer.h"
+
+using namespace shardlm;
+using namespace shardlm::test;
+
+namespace {
+
+using json = nlohmann::json;
+
+// One adapter as a test writes it: its config, its modules and the scale each module's B A gets
+// (alpha / r, or / sqrt(r), times the --lora-scale), worked out here by hand from the config.
+struct TestAdapter {
+    json config;
+    std::vector<LoraModule> modules;
+    std::map<std::string, double> scale;  // by module
+    float user_scale = 1.0f;
+};
+
+const char* const kLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+json lora_config(int64_t r, double alpha) {
+    return {{"peft_type", "LORA"}, {"r", r}, {"lora_alpha", alpha}, {"bias", "none"}, {"use_rslora", false},
+            {"use_dora", false}, {"fan_in_fan_out", false}, {"modules_to_save", nullptr}, {"task_type", "CAUSAL_LM"},
+            {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
+            {"rank_pattern", json::object()}, {"alpha_pattern", json::object()}};
+}
+
+// Adapter 1: r 4, alpha 8 (scale 2) on every Linear of every layer, with rank_pattern giving
+// down_proj rank 2 (scale 4) and alpha_pattern layer 1's q_proj alpha 3 (scale 0.75); on an untied
+// model also lm_head and the embedding. Factors in BF16 and F16.
+// Adapter 2: rslora, r 4, alpha 2 (scale 1) on layer 0's q_proj and v_proj, --lora-scale 0.5.
+std::vector<TestAdapter> two_adapters(const ModelConfig& c) {
+    std::vector<TestAdapter> out(2);
+    TestAdapter& a = out[0];
+    a.config = lora_config(4, 8);
+    a.config["rank_pattern"] = {{"down_proj", 2}};
+    a.config["alpha_pattern"] = {{"layers.1.self_attn.q_proj", 3}};
+    uint64_t seed = 100;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (const char* lin : kLinears) {
+            const std::string m = "model.layers." + std::to_string(l) + "." + lin;
+            const bool down = std::string(lin) == "mlp.down_proj";
+            a.modules.push_back(random_lora_module(c, m, down ? 2 : 4, seed++, l == 0 ? "BF16" : "F16"));
+            a.scale[m] = down ? 4.0 : (l == 1 && std::string(lin) == "self_attn.q_proj") ? 0.75 : 2.0;
+        }
+    if (!c.tie_embeddings)
+        for (const char* m : {"lm_head", "model.embed_tokens"}) {
+            a.modules.push_back(random_lora_module(c, m, 4, seed++, "BF16"));
+            a.scale[m] = 2.0;
+        }
+    TestAdapter& b = out[1];
+    b.config = lora_config(4, 2);
+    b.config["use_rslora"] = true;
+    b.user_scale = 0.5f;
+    for (const char* m : {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}) {
+        b.modules.push_back(random_lora_module(c, m, 4, seed++, "F32"));
+        b.scale[m] = 0.5 * 2.0 / 2.0;
+    }
+    return out;
+}
+
+// The adapters written under `root` (root/0, root/1, ...), as LoadOptions::lora names them.
+std::vector<LoraAdapter> write_adapters(const std::string& root, const std::vector<TestAdapter>& ads) {
+    std::vector<LoraAdapter> out;
+    for (size_t i = 0; i < ads.size(); ++i) {
+        const std::string dir = root + "/" + std::to_string(i);
+        if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0) throw std::runtime_error("mkdir " + dir);
+        write_lora_adapter(dir, ads[i].config.dump(2), ads[i].modules);
+        out.push_back({dir, ads[i].user_scale});
+    }
+    return out;
+}
+
+// Every tensor of the F32 checkpoint in `base` with the adapters merged in double, rounded once to f32.
+std::map<std::string, std::vector<float>> merged_weights(const std::string& base, const std::vector<TestAdapter>& ads) {
+    std::map<std::string, std::vector<float>> out;
+    SafetensorsFile f(base + "/model.safetensors");
+    for (const auto& [name, t] : f.tensors()) {
+        if (name.rfind("__pad_", 0) == 0) continue;
+        std::vector<double> w(size_t(t.numel()));
+        for (size_t i = 0; i < w.size(); ++i) {
+            float v;
+            std::memcpy(&v, t.data + 4 * i, 4);
+            w[i] = v;
+        }
+        const std::string module = name.substr(0, name.size() - 7);
+        for (const TestAdapter& ad : ads) {
+            if (t.shape.size() != 2) break;
+            for (const LoraModule& m : ad.modules) {
+                if (m.module != module) continue;
+                const int64_t rows = t.shape[0], cols = t.shape[1], r = m.rank;
+                const double s = ad.scale.at(module);
+                for (int64_t i = 0; i < rows; ++i)
+                    for (int64_t j = 0; j < cols; ++j) {
+                        double d = 0;
+                        for (int64_t k = 0; k < r; ++k)
+                            d += m.embedding() ? double(m.b[size_t(j * r + k)]) * m.a[size_t(k * rows + i)]
+                                               : double(m.b[size_t(i * r + k)]) * m.a[size_t(k * cols + j)];
+                        w[size_t(i * cols + j)] += s * d;
+                    }
+            }
+        }
+        std::vector<float> v(w.begin(), w.end());
+        out[name] = std::move(v);
+    }
+    return out;
+}
+
+// An FP32 checkpoint of the merged weights (config copied).
+void write_merged(const std::string& base, const std::string& dir, const std::vector<TestAdapter>& ads) {
+    std::vector<TensorToWrite> ts;
+    for (const auto& [name, v] : merged_weights(base, ads)) {
+        const SafetensorsFile f(base + "/model.safetensors");
+        TensorToWrite t{name, "F32", f.find(name)->shape, std::vector<uint8_t>(v.size() * 4)};
+        std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+        ts.push_back(std::move(t));
+    }
+    write_file(dir + "/config.json", read_file(base + "/config.json"));
+    write_safetensors(dir + "/model.safetensors", ts, true);
+}
+
+// Each matrix of `w` (one rank's slices) with the full tensor's name and the offset of its block.
+struct Slice {
+    std::string name;
+    const WeightView* w;
+    int64_t r0, c0;
+};
+std::vector<Slice> slices(const ModelWeights& w, const ModelConfig& c) {
+    std::vector<Slice> out;
+    const ShardPlan& p = w.plan;
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        const LayerWeights& L = w.layers[l];
+        const int64_t hd = c.head_dim;
+        out.push_back({L.q.name, &L.q.w, p.q_head0 * hd, 0});
+        out.push_back({L.k.name, &L.k.w, p.kv_head0 * hd, 0});
+        out.push_back({L.v.name, &L.v.w, p.kv_head0 * hd, 0});
+        out.push_back({L.o.name, &L.o.w, 0, p.q_head0 * hd});
+        out.push_back({L.gate.name, &L.gate.w, p.inter0, 0});
+        out.push_back({L.up.name, &L.up.w, p.inter0, 0});
+        out.push_back({L.down.name, &L.down.w, 0, p.inter0});
+    }
+    out.push_back({"model.embed_tokens.weight", &w.embed, p.vocab0, 0});
+    if (!c.tie_embeddings) out.push_back({"lm_head.weight", &w.lm_head, p.vocab0, 0});
+    return out;
+}
+
+std::vector<float> row_of(const WeightView& v, int64_t r) {
+    std::vector<float> row(size_t(v.cols));
+    weight_row_to_f32(v, r, row.data());
+    return row;
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+GenerateResult greedy(const std::string& dir, const LoadOptions& lo, const std::vector<std::vector<int32_t>>& prompts) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.load = lo;
+    so.kv = KVFormat::F32;
+    so.max_batch = int64_t(prompts.size());
+    so.ctx = 64;
+    so.prefill_chunk = 8;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    GenerateOptions go;
+    go.max_new_tokens = 6;
+    go.prefill_chunk = 8;
+    go.sampler.temperature = 0;
+    go.keep_prompt_logits = true;
+    return generate(*s->engine, prompts, go);
+}
+
+}  // namespace
+
+// Every element of every matrix an adapter touches, loaded on one rank and on each of two, equals
+// W + sum of scale * B A within f32 rounding of the sum (the loader adds rank products in f32);
+// rank_pattern, alpha_pattern, rslora and --lora-scale each set their module's scale, and the
+// embedding takes (B A)^T. The plan counts the merged matrices as converted bytes.
+TEST(Lora, MergesIntoEveryMatrixOnEveryRank) {
+    for (Arch arch : {Arch::Llama, Arch::Qwen2}) {
+        const ModelConfig c = tiny_config(arch);
+        TempDir base, root;
+        write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 7});
+        const auto ads = two_adapters(c);
+        LoadOptions lo;
+        lo.lora = write_adapters(root.path(), ads);
+        const auto want = merged_weights(base.path(), ads);
+        const Checkpoint ck(base.path());
+        size_t touched = 0;
+        for (const auto& [name, v] : want)
+            for (const TestAdapter& ad : ads)
+                if (ad.scale.count(name.substr(0, name.size() - 7))) {
+                    touched += v.size() * 4;
+                    break;
+                }
+        EXPECT_EQ(converted_weight_bytes(ck, c, lo, plan_shard(c, 0, 1)), touched) << arch_name(c.arch);
+        EXPECT_EQ(converted_weight_bytes(ck, c, LoadOptions{}, plan_shard(c, 0, 1)), 0u);
+        for (int tp : {1, 2})
+            for (int rank = 0; rank < tp; ++rank) {
+                const ModelWeights w = load_weights(ck, c, lo, plan_shard(c, rank, tp));
+                size_t checked = 0;
+                for (const Slice& s : slices(w, c)) {
+                    const std::vector<float>& full = want.at(s.name);
+                    ASSERT_EQ(s.w->dtype, DType::F32) << s.name;
+                    const int64_t full_cols = int64_t(ck.get(s.name).shape[1]);
+                    for (int64_t r = 0; r < s.w->rows; ++r) {
+                        const std::vector<float> row = row_of(*s.w, r);
+                        for (int64_t j = 0; j < s.w->cols; ++j, ++checked) {
+                            const float e = full[size_t((s.r0 + r) * full_cols + s.c0 + j)];
+                            ASSERT_NEAR(row[size_t(j)], e, 2e-7f + 2e-7f * std::fabs(e))
+                                << arch_name(c.arch) << " tp " << tp << " rank " << rank << " " << s.name << " (" << r << ", " << j << ")";
+                        }
+                    }
+                }
+                EXPECT_GT(checked, 0u);
+            }
+    }
+}
+
+// The model on base + adapters computes what an FP32 checkpoint of the merged weights computes:
+// prompt logits within float rounding (the merged weights differ in their last bits), the same
+// greedy tokens. Llama (untied: the embedding and lm_head adapters too) and Qwen2 (biases, tied).
+TEST(Lora, ModelEqualsTheMergedCheckpoint) {
+    for (Arch arch : {Arch::Llama, Arch::Qwen2}) {
+        const ModelConfig c = tiny_config(arch);
+        TempDir base, root, merged;
+        write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 9});
+        const auto ads = two_adapters(c);
+        LoadOptions lo;
+        lo.lora = write_adapters(root.path(), ads);
+        write_merged(base.path(), merged.path(), ads);
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(13, c.vocab, 1), make_prompt(5, c.vocab, 2)};
+        const GenerateResult a = greedy(base.path(), lo, prompts), b = greedy(merged.path(), LoadOptions{}, prompts),
+                             plain = greedy(base.path(), LoadOptions{}, prompts);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_LT(max_abs_diff(a.seqs[i].prompt_logits, b.seqs[i].prompt_logits), 1e-3f) << arch_name(c.arch) << " " << i;
+            EXPECT_EQ(a.seqs[i].tokens, b.seqs[i].tokens) << arch_name(c.arch) << " " << i;
+            // The adapters change the model: far more than the rounding above.
+            EXPECT_GT(max_abs_diff(a.seqs[i].prompt_logits, plain.seqs[i].prompt_logits), 0.05f) << arch_name(c.arch);
+        }
+    }
+}
+
+// INT8 and INT4 loads quantize the merged weights: each dequantized element is within one
+// quantization step of the same format's load of the merged FP32 checkpoint (the two quantize
+// inputs that differ in their last bits, so a code may differ by one).
+TEST(Lora, QuantizedLoadsQuantizeTheMergedWeights) {
+    const ModelConfig c = tiny_config(Arch::Llama);
+    TempDir base, root, merged;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 5});
+    const auto ads = two_adapters(c);
+    const std::vector<LoraAdapter> adapters = write_adapters(root.path(), ads);
+    write_merged(base.path(), merged.path(), ads);
+    const Checkpoint ck_base(base.path()), ck_merged(merged.path());
+    for (WeightFormat f : {WeightFormat::Int8, WeightFormat::Int4}) {
+        LoadOptions lo(f, f == WeightFormat::Int4 ? 32 : 0);
+        const ModelWeights want = load_weights(ck_merged, c, lo, plan_shard(c, 0, 1));
+        lo.lora = adapters;
+        const ModelWeights got = load_weights(ck_base, c, lo, plan_shard(c, 0, 1));
+        const auto ws = slices(want, c), gs = slices(got, c);
+        ASSERT_EQ(ws.size(), gs.size());
+        for (size_t m = 0; m < ws.size(); ++m) {
+            const WeightView& a = *gs[m].w;
+            const WeightView& b = *ws[m].w;
+            ASSERT_EQ(a.dtype, b.dtype) << gs[m].name;
+            for (int64_t r = 0; r < a.rows; ++r) {
+                const std::vector<float> ra = row_of(a, r), rb = row_of(b, r);
+                for (int64_t j = 0; j < a.cols; ++j) {
+                    float step = 0;  // the larger of the two groups' steps (a float matrix: exact)
+                    if (a.quantized()) {
+                        const size_t g = size_t(r * a.n_groups() + j / a.group_size);
+                        step = std::max(a.scales[g], b.scales[g]);
+                    }
+                    ASSERT_LE(std::fabs(ra[size_t(j)] - rb[size_t(j)]), 1.001f * step + 1e-6f)
+                        << weight_format_name(f) << " " << gs[m].name << " (" << r << ", " << j << ")";
+                }
+            }
+        }
+    }
+}
+
+// shardlm quantize --lora writes the merged model: its pre-quantized checkpoint loads as base +
+// adapters loads under the same format, bit for bit, the matrices it keeps float (--keep-fp16, an
+// untied embedding) merged too.
+TEST(Lora, QuantizeWritesTheMergedModel) {
+    const ModelConfig c = tiny_config(Arch::Llama);
+    TempDir base, root, out;
+    write_synthetic_checkpoint(base.path(), c, {DType::BF16, 1, 3});
+    LoadOptions lo(WeightFormat::Int8, 0, "q_proj");
+    lo.lora = write_adapters(root.path(), two_adapters(c));
+    write_quantized_checkpoint(base.path(), out.path() + "/q", lo);
+    const Checkpoint ck_base(base.path()), ck_q(out.path() + "/q");
+    const ModelConfig cq = load_config(out.path() + "/q");
+    const ModelWeights want = load_weights(ck_base, c, lo, plan_shard(c, 0, 1));
+    const ModelWeights got = load_weights(ck_q, cq, LoadOptions{}, plan_shard(c, 0, 1));
+    const auto ws = slices(want, c), gs = slices(got, c);
+    ASSERT_EQ(ws.size(), gs.size());
+    size_t kept = 0;
+    for (size_t m = 0; m < ws.size(); ++m) {
+        ASSERT_EQ(gs[m].w->dtype, ws[m].w->dtype) << gs[m].name;
+        kept += gs[m].w->quantized() ? 0 : 1;
+        for (int64_t r = 0; r < ws[m].w->rows; ++r) ASSERT_EQ(row_of(*gs[m].w, r), row_of(*ws[m].w, r)) << gs[m].name << " row " << r;
+    }
+    EXPECT_EQ(kept, size_t(c.n_layers) + 1);  // the q_proj matrices and the embedding
+}
+
+// What a merge cannot express, and adapters that do not fit the base model, are refused with the
+// file, tensor or key at fault.
+TEST(Lora, BadAdaptersAreRefused) {
+    const ModelConfig c = tiny_config(Arch::Llama);
+    TempDir base, tied;
+    write_synthetic_checkpoint(base.path(), c, {DType::BF16, 1, 3});
+    write_synthetic_checkpoint(tied.path(), tiny_config(Arch::Qwen3), {DType::BF16, 1, 3});
+    const std::string q0 = "model.layers.0.self_attn.q_proj";
+    struct Bad {
+        std::string what;
+        std::function<void(json&, std::vector<LoraModule>&)> edit;
+        std::string needle;
+        std::string model = "";  // another base
+    };
+    const std::vector<Bad> cases = {
+        {"ia3", [](json& j, auto&) { j["peft_type"] = "IA3"; }, "peft_type \"IA3\" is not supported"},
+        {"no type", [](json& j, auto&) { j.erase("peft_type"); }, "no \"peft_type\""},
+        {"r", [](json& j, auto&) { j["r"] = 0; }, "\"r\" must be a positive integer"},
+        {"dora", [](json& j, auto&) { j["use_dora"] = true; }, "DoRA adapters (use_dora) are not supported"},
+        {"fan", [](json& j, auto&) { j["fan_in_fan_out"] = true; }, "fan_in_fan_out"},
+        {"bias", [](json& j, auto&) { j["bias"] = "all"; }, "bias \"all\": adapters that train the base model's biases"},
+        {"save", [](json& j, auto&) { j["modules_to_save"] = {"lm_head"}; }, "\"modules_to_save\" [\"lm_head\"]"},
+        {"regex", [](json& j, auto&) { j["rank_pattern"] = {{"q_proj(", 4}}; }, "rank_pattern key \"q_proj(\" is not a valid regex"},
+        {"rank", [](json& j, auto&) { j["r"] = 8; }, "expected [8, 64] (rank 8 from"},
+        {"pattern rank", [](json& j, auto&) { j["rank_pattern"] = {{"q_proj", 2}}; }, "expected [2, 64] (rank 2 from"},
+        {"shape", [&](json&, auto& ms) { ms[0] = random_lora_module(tiny_config(Arch::Qwen3), q0, 4, 1); },
+         "lora_B.weight has shape [128, 4], expected [64, 4]"},
+        {"layer", [&](json&, auto& ms) { ms[0].module = "model.layers.7.self_attn.q_proj"; }, "has no model.layers.7.self_attn.q_proj.weight"},
+        {"module", [&](json&, auto& ms) { ms[0].module = "model.layers.0.input_layernorm"; }, "is not a module this loader merges into"},
+        {"tied", [&](json&, auto& ms) { ms = {random_lora_module(tiny_config(Arch::Qwen3), "lm_head", 4, 2)}; },
+         "ties its embedding and lm_head", tied.path()},
+    };
+    for (const Bad& b : cases) {
+        TempDir ad;
+        json cfg = lora_config(4, 8);
+        std::vector<LoraModule> ms = {random_lora_module(c, q0, 4, 1)};
+        b.edit(cfg, ms);
+        write_lora_adapter(ad.path(), cfg.dump(), ms);
+        const std::string model = b.model.empty() ? base.path() : b.model;
+        const ModelConfig mc = load_config(model);
+        const Checkpoint ck(model);
+        LoadOptions lo;
+        lo.lora = {{ad.path(), 1.0f}};
+        const std::string e = error_of([&] { load_weights(ck, mc, lo, plan_shard(mc, 0, 1)); });
+        EXPECT_NE(e.find(b.needle), std::string::npos) << b.what << ": " << e;
+    }
+    // Tensors: an unknown one (DoRA's magnitude), A without B, an integer dtype; the files.
+    auto tensor_case = [&](const std::function<void(std::vector<TensorToWrite>&)>& edit, const std::string& needle) {
+        TempDir ad;
+        write_lora_adapter(ad.path(), lora_config(4, 8).dump(), {random_lora_module(c, q0, 4, 1)});
+        std::vector<TensorToWrite> ts;
+        {
+            SafetensorsFile f(ad.file("adapter_model.safetensors"));
+            for (const auto& [name, t] : f.tensors())
+                ts.push_back({name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+        }
+        edit(ts);
+        write_safetensors(ad.file("adapter_model.safetensors"), ts);
+        const Checkpoint ck(base.path());
+        LoadOptions lo;
+        lo.lora = {{ad.path(), 1.0f}};
+        const std::string e = error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); });
+        EXPECT_NE(e.find(needle), std::string::npos) << needle << ": " << e;
+    };
+    tensor_case([&](auto& ts) { ts.push_back({"base_model.model." + q0 + ".lora_magnitude_vector", "F32", {64}, std::vector<uint8_t>(256)}); },
+                "lora_magnitude_vector is not a LoRA factor this loader merges (a DoRA magnitude)");
+    tensor_case([&](auto& ts) { ts.pop_back(); }, q0 + " has lora_A but no lora_B");
+    tensor_case([&](auto& ts) { ts[0].dtype = "I8", ts[0].bytes.resize(ts[0].bytes.size() / 4); }, "has dtype I8 (expected F32, F16 or BF16)");
+    {
+        TempDir ad;
+        const Checkpoint ck(base.path());
+        LoadOptions lo;
+        lo.lora = {{ad.path(), 1.0f}};
+        EXPECT_NE(error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("no adapter_config.json"), std::string::npos);
+        write_file(ad.file("adapter_config.json"), lora_config(4, 8).dump());
+        write_file(ad.file("adapter_model.bin"), "pickle");
+        EXPECT_NE(error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("adapter_model.bin (a PyTorch pickle) is not read"),
+                  std::string::npos);
+        // A pre-quantized base has no float weights to merge into.
+        TempDir q;
+        write_quantized_checkpoint(base.path(), q.path() + "/q", LoadOptions(WeightFormat::Int8));
+        const Checkpoint ckq(q.path() + "/q");
+        const ModelConfig cq = load_config(q.path() + "/q");
+        write_lora_adapter(ad.path(), lora_config(4, 8).dump(), {random_lora_module(c, q0, 4, 1)});
+        EXPECT_NE(error_of([&] { load_weights(ckq, cq, lo, plan_shard(c, 0, 1)); }).find("is pre-quantized (shardlm)"), std::string::npos);
+    }
+}

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "kernels/cpu/matmul.h"
 #include "model/safetensors_writer.h"
 
@@ -108,6 +109,15 @@ void write_lora_adapter(const std::string& dir, const std::string& adapter_confi
     }
     write_file(dir + "/adapter_config.json", adapter_config);
     write_safetensors(dir + "/adapter_model.safetensors", ts);
+}
+
+std::string thrown_error(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
 }
 
 GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,9 @@ LoraModule random_lora_module(const ModelConfig& cfg, const std::string& module,
 // An adapter folder: dir/adapter_config.json (the text given) and dir/adapter_model.safetensors
 // with each module's base_model.model.<module>.lora_A.weight / lora_B.weight (or lora_embedding_A/B).
 void write_lora_adapter(const std::string& dir, const std::string& adapter_config, const std::vector<LoraModule>& modules);
+
+// The message of the shardlm::Error `f` throws, or "" when it returns.
+std::string thrown_error(const std::function<void()>& f);
 
 // Largest |a - b| over two equally long vectors.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);

@@ -276,15 +276,6 @@ void rewrite_tensors(const std::string& dir, const std::function<bool(TensorToWr
     write_safetensors(dir + "/model.safetensors", ts, true);
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
 const std::vector<Case> kCases = {
     {"awq", 4, 32},          {"awq", 4, 64},           {"awq", 4, -1},          {"gptq", 4, 32, "gptq"},
     {"gptq", 4, 64, "gptq_v2"}, {"gptq", 4, -1, "gptq"}, {"gptq", 8, 32, "gptq"}, {"gptq", 8, -1, "gptq_v2"},
@@ -401,7 +392,7 @@ TEST(HfQuant, BadInput) {
         TempDir hf, ref;
         write_pair(cfg, cs, hf.path(), ref.path(), 5, edit);
         if (damage) damage(hf.path());
-        return error_of([&] { run(hf.path(), lo, prompt, 16); });
+        return thrown_error([&] { run(hf.path(), lo, prompt, 16); });
     };
     auto set = [](const char* key, nlohmann::json v) {
         return [key, v](nlohmann::json& c) { c["quantization_config"][key] = v; };
@@ -686,7 +677,7 @@ TEST(HfQuant, Fp8BadInput) {
         nlohmann::json c = nlohmann::json::parse(read_file(fp8.path() + "/config.json"));
         edit(c);
         write_file(fp8.path() + "/config.json", c.dump());
-        return error_of([&] { run(fp8.path(), {}, {{1, 2, 3}}, 16); });
+        return thrown_error([&] { run(fp8.path(), {}, {{1, 2, 3}}, 16); });
     };
     auto has = [](const std::string& e, const std::string& needle) {
         EXPECT_NE(e.find(needle), std::string::npos) << "got: " << e << "\nwanted: " << needle;

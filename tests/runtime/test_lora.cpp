@@ -167,15 +167,6 @@ std::vector<float> row_of(const WeightView& v, int64_t r) {
     return row;
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
 GenerateResult greedy(const std::string& dir, const LoadOptions& lo, const std::vector<std::vector<int32_t>>& prompts) {
     SessionOptions so;
     so.model_dir = dir;
@@ -371,7 +362,7 @@ TEST(Lora, BadAdaptersAreRefused) {
         const Checkpoint ck(model);
         LoadOptions lo;
         lo.lora = {{ad.path(), 1.0f}};
-        const std::string e = error_of([&] { load_weights(ck, mc, lo, plan_shard(mc, 0, 1)); });
+        const std::string e = thrown_error([&] { load_weights(ck, mc, lo, plan_shard(mc, 0, 1)); });
         EXPECT_NE(e.find(b.needle), std::string::npos) << b.what << ": " << e;
     }
     // Tensors: an unknown one (DoRA's magnitude), A without B, an integer dtype; the files.
@@ -389,7 +380,7 @@ TEST(Lora, BadAdaptersAreRefused) {
         const Checkpoint ck(base.path());
         LoadOptions lo;
         lo.lora = {{ad.path(), 1.0f}};
-        const std::string e = error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); });
+        const std::string e = thrown_error([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); });
         EXPECT_NE(e.find(needle), std::string::npos) << needle << ": " << e;
     };
     tensor_case([&](auto& ts) { ts.push_back({"base_model.model." + q0 + ".lora_magnitude_vector", "F32", {64}, std::vector<uint8_t>(256)}); },
@@ -401,10 +392,10 @@ TEST(Lora, BadAdaptersAreRefused) {
         const Checkpoint ck(base.path());
         LoadOptions lo;
         lo.lora = {{ad.path(), 1.0f}};
-        EXPECT_NE(error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("no adapter_config.json"), std::string::npos);
+        EXPECT_NE(thrown_error([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("no adapter_config.json"), std::string::npos);
         write_file(ad.file("adapter_config.json"), lora_config(4, 8).dump());
         write_file(ad.file("adapter_model.bin"), "pickle");
-        EXPECT_NE(error_of([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("adapter_model.bin (a PyTorch pickle) is not read"),
+        EXPECT_NE(thrown_error([&] { load_weights(ck, c, lo, plan_shard(c, 0, 1)); }).find("adapter_model.bin (a PyTorch pickle) is not read"),
                   std::string::npos);
         // A pre-quantized base has no float weights to merge into.
         TempDir q;
@@ -412,6 +403,6 @@ TEST(Lora, BadAdaptersAreRefused) {
         const Checkpoint ckq(q.path() + "/q");
         const ModelConfig cq = load_config(q.path() + "/q");
         write_lora_adapter(ad.path(), lora_config(4, 8).dump(), {random_lora_module(c, q0, 4, 1)});
-        EXPECT_NE(error_of([&] { load_weights(ckq, cq, lo, plan_shard(c, 0, 1)); }).find("is pre-quantized (shardlm)"), std::string::npos);
+        EXPECT_NE(thrown_error([&] { load_weights(ckq, cq, lo, plan_shard(c, 0, 1)); }).find("is pre-quantized (shardlm)"), std::string::npos);
     }
 }

@@ -37,7 +37,7 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 int cmd_chat(const Args& args, Communicator& comm) {
     po::options_description d("chat options");
-    std::string model;
+    std::string model, draft;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
@@ -56,6 +56,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step, the same reply "
          "as without it (0: off)")
+        ("draft-model", po::value(&draft),
+         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
+         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
@@ -120,7 +123,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     so.max_batch = 1;
     so.prefill_chunk = chunk;
     set_speculation_rows(so, speculate);
-    std::unique_ptr<Session> s;
+    std::unique_ptr<Session> s, ds;  // the model, and --draft-model's
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
@@ -130,7 +133,12 @@ int cmd_chat(const Args& args, Communicator& comm) {
         check_context(cfg, so);
         check_logit_bias(go.sampler, cfg.vocab);
         so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
+        if (!draft.empty()) check_draft_model(draft, so, speculate);
         s = open_session(so, comm);
+        if (!draft.empty()) {
+            ds = open_draft_session(draft, so, comm);
+            go.draft = ds->engine.get();
+        }
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
 

@@ -25,7 +25,7 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits;
+    std::string model, prompt_ids, dump_logits, draft;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
@@ -58,6 +58,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
          "speculative decoding by prompt lookup: each sequence verifies up to N tokens that followed an earlier "
          "occurrence of its last words, in one step: the same tokens (greedy or sampled with the same seed), "
          "fewer steps where the text repeats its context (0: off)")
+        ("draft-model", po::value(&draft),
+         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
+         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any; 1 suits a CPU, where verifying "
          "several sequences' proposals costs more than the steps it saves)")
@@ -193,7 +196,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     if (auto_ctx) so.ctx_origin = "the longest prompt (" + std::to_string(longest) + " tokens) + --max-new-tokens " +
                                   std::to_string(max_new);
     go.ctx_origin = so.ctx_origin;
-    std::unique_ptr<Session> s;
+    std::unique_ptr<Session> s, ds;  // the model, and --draft-model's
     // Phase 2: every rank loads its shard.
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
@@ -214,7 +217,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
                                          go.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
         check_generate(cfg, engine_options(so), prompts, go,
                        vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
+        if (!draft.empty()) check_draft_model(draft, so, go.speculate);
         s = open_session(so, comm);
+        if (!draft.empty()) {
+            ds = open_draft_session(draft, so, comm);
+            go.draft = ds->engine.get();
+        }
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.
     run_together(comm, [&] { check_same_request(comm, args, *s); });
@@ -284,6 +292,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (t.context_shifts > 0) std::cerr << "; " << t.context_shifts << " context shifts";
         if (go.speculate > 0)
             std::cerr << "; speculation: " << t.accepted_tokens << " of " << t.draft_tokens << " proposed tokens accepted";
+        if (ds) std::cerr << " (the draft model's steps " << t.draft_ms << " ms of it)";
         std::cerr << "; " << generated << " tokens generated in " << t.total_ms << " ms (" << generated_per_s
                   << " tokens/s)";
         std::cerr << "\n";
@@ -326,6 +335,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
                         {"decode_steps", t.decode_steps},
                         {"draft_tokens", t.draft_tokens},
                         {"accepted_tokens", t.accepted_tokens}};
+        if (ds) j["timings"]["draft_ms"] = t.draft_ms;  // --draft-model's steps, within prefill_ms and decode_ms
         j["batch"] = so.max_batch;
         j["memory"] = {{"weights_bytes", s->engine->weight_bytes()},
                        {"kv_cache_bytes", s->engine->kv_bytes()},

@@ -171,10 +171,12 @@ std::string metrics_text(Stats& st) {
            one("shardlm_engine_prefill_tokens_total", double(t.prefill_tokens)));
     metric("shardlm_num_preemptions_total", "counter", "Running sequences sent back to wait for a request of a lower priority value.",
            one("shardlm_num_preemptions_total", double(t.preemptions)));
-    metric("shardlm_spec_decode_draft_tokens_total", "counter", "Tokens proposed by prompt lookup (--speculate).",
+    metric("shardlm_spec_decode_draft_tokens_total", "counter", "Tokens proposed by prompt lookup or the draft model (--speculate).",
            one("shardlm_spec_decode_draft_tokens_total", double(t.draft_tokens)));
     metric("shardlm_spec_decode_accepted_tokens_total", "counter", "Of them, confirmed by the sequences' own choices.",
            one("shardlm_spec_decode_accepted_tokens_total", double(t.accepted_tokens)));
+    metric("shardlm_spec_decode_draft_seconds_total", "counter", "Time in the draft model's steps (--draft-model; within the engine steps' time).",
+           one("shardlm_spec_decode_draft_seconds_total", t.draft_ms / 1000.0));
     metric("shardlm_time_to_first_token_seconds", "histogram",
            "From a request's arrival to a sequence's first token (queueing and prefill included).",
            st.ttft.text("shardlm_time_to_first_token_seconds"));
@@ -292,7 +294,7 @@ std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, draft;
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
@@ -321,6 +323,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
          "tokens made without it up to rounding (0: off)")
+        ("draft-model", po::value(&draft),
+         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
+         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any)")
         ("speculate-max-tokens", po::value(&speculate_max_tokens)->default_value(8),
@@ -387,7 +392,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     so.prefill_chunk = chunk;
     set_scoring_rows(so);  // echo requests score their prompts
     set_speculation_rows(so, speculate);
-    std::unique_ptr<Session> s;
+    std::unique_ptr<Session> s, ds;  // the model, and --draft-model's
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
@@ -398,7 +403,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
                                         kMaxApiStopTokenIds,
                                     cfg.vocab);
+        if (!draft.empty()) check_draft_model(draft, so, speculate);
         s = open_session(so, comm);
+        if (!draft.empty()) ds = open_draft_session(draft, so, comm);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
@@ -630,6 +637,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.speculate = speculate;
     bo.speculate_max_batch = speculate_max_batch;
     bo.speculate_max_tokens = speculate_max_tokens;
+    bo.draft = ds ? ds->engine.get() : nullptr;
     JsonVocab json_vocab(json_token_bytes(*tok));
     bo.json_vocab = &json_vocab;
     // Every rank: the schemas of JSON-mode and json_schema requests, compiled once per text and

@@ -16,6 +16,7 @@
 #include "core/mmap_file.h"
 #include "model/synthetic.h"
 #include "runtime/grammar.h"
+#include "tokenizer/tokenizer.h"
 
 #include "git_commit.h"  // SHARDLM_GIT_COMMIT, generated at build time
 
@@ -198,6 +199,50 @@ void set_scoring_rows(SessionOptions& so) {
 void set_speculation_rows(SessionOptions& so, int64_t n) {
     if (n <= 0) return;
     so.max_logit_rows = std::max({so.max_logit_rows, so.max_batch, std::min<int64_t>(so.max_batch * (n + 1), so.prefill_chunk)});
+}
+
+namespace {
+// The draft's KV cache holds the target's context: within its max_position_embeddings.
+void check_draft_context(const std::string& draft, const ModelConfig& dc, const SessionOptions& so) {
+    SessionOptions ds = so;
+    ds.model_dir = draft;
+    try {
+        check_context(dc, ds);
+    } catch (const Error& e) {
+        fail("--draft-model ", draft, ": ", e.what());
+    }
+}
+}  // namespace
+
+void check_draft_model(const std::string& draft, const SessionOptions& so, int64_t speculate) {
+    if (speculate <= 0) fail("--draft-model needs --speculate N (the tokens it proposes per step)");
+    const ModelConfig dc = load_config(draft), tc = load_config(so.model_dir);
+    if (Tokenizer::exists(draft) && Tokenizer::exists(so.model_dir)) {
+        // The same file (a family's sizes usually ship one) needs no comparison id by id.
+        if (read_text_file(draft + "/tokenizer.json") == read_text_file(so.model_dir + "/tokenizer.json"))
+            return check_draft_context(draft, dc, so);
+        const Tokenizer dt = Tokenizer::load(draft), tt = Tokenizer::load(so.model_dir);
+        const int32_t n = std::min(dt.vocab_size(), tt.vocab_size());
+        for (int32_t id = 0; id < n; ++id)
+            if (dt.id_to_token(id) != tt.id_to_token(id))
+                fail("--draft-model ", draft, ": token ", id, " is \"", dt.id_to_token(id), "\" there and \"", tt.id_to_token(id),
+                     "\" in ", so.model_dir, ": the draft needs the target's vocabulary");
+    } else if (std::abs(dc.vocab - tc.vocab) > 128) {
+        fail("--draft-model ", draft, ": vocab_size ", dc.vocab, " against the target's ", tc.vocab,
+             " (more than 128 apart: not the same vocabulary)");
+    }
+    check_draft_context(draft, dc, so);
+}
+
+std::unique_ptr<Session> open_draft_session(const std::string& draft, const SessionOptions& so, Communicator& comm) {
+    SessionOptions ds = so;
+    ds.model_dir = draft;
+    const bool quantizing = is_quantized(so.load.format);
+    ds.load = LoadOptions(so.load.format, quantizing ? so.load.group_size : 0, quantizing ? so.load.keep_fp16 : "");
+    ds.load.copy_mapped = so.load.copy_mapped;
+    ds.max_logit_rows = 0;  // one row per slot: a draft step's chunks each end in one
+    ds.max_penalties = 0;   // greedy, unpenalised proposals
+    return open_session(ds, comm);
 }
 
 void broadcast_prompts(Communicator& comm, std::vector<std::vector<int32_t>>& prompts) {

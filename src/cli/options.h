@@ -108,6 +108,15 @@ std::string json_flag(const JsonFlags& f);
 // --speculate's bounds.
 constexpr int64_t kMaxSpeculate = 16;
 
+// --draft-model DIR (speculative decoding with a draft model, runtime/draft_model.h): the checks
+// made before any weights load (throws Error naming the flag or file): --speculate N > 0, a
+// checkpoint there, and the same vocabulary as the target so.model_dir (each id the same token in
+// both tokenizer.json where both have one; else vocabulary sizes within 128, as llama.cpp allows).
+void check_draft_model(const std::string& draft, const SessionOptions& so, int64_t speculate);
+// The draft's session: so's slots, context, device, backend, --weights and --kv (its own
+// --keep-fp16/--group-size only under a quantizing --weights; no --lora), one logits row per slot.
+std::unique_ptr<Session> open_draft_session(const std::string& draft, const SessionOptions& so, Communicator& comm);
+
 // Throws unless every rank runs the same command line on the same model with the same build: a
 // collective (check_same_on_all_ranks), called inside run_together after the session is open.
 void check_same_request(Communicator& comm, const std::vector<std::string>& args, const Session& s);

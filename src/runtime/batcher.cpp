@@ -79,6 +79,12 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     held_.resize(size_t(slots_));
     freed_at_.assign(size_t(slots_), 0);
     capacity_ = kv_capacity(engine.config(), eo);
+    if (opt.draft) {
+        const EngineOptions& de = opt.draft->options();
+        SHARDLM_CHECK(de.max_batch >= slots_ && de.ctx >= eo.ctx, "draft engine: ", de.max_batch, " slots of ", de.ctx,
+                      " positions for ", slots_, " of ", eo.ctx);
+        drafter_ = std::make_unique<DraftModel>(*opt.draft, engine.config().vocab, opt.prefill_chunk);
+    }
 }
 
 Batcher::~Batcher() = default;
@@ -430,19 +436,10 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         for (const size_t i : running_) prefilling += seqs_[i]->done < int64_t(seqs_[i]->req.prompt.size());
         int64_t rows = rows_left - prefilling, tokens = budget_max - int64_t(n_decode) - prefilling;
         if (opt_.speculate_max_tokens > 0) tokens = std::min(tokens, opt_.speculate_max_tokens - int64_t(n_decode) - prefilling);
-        for (size_t c = 0; c < n_decode && rows > 0 && tokens > 0; ++c) {
+        // Decode chunk c becomes its last token and the proposals d, a logits row each.
+        auto verify = [&](size_t c, const std::vector<int32_t>& d) {
             Seq& q = *chunk_seq[c];
             SeqChunk& ch = chunks[c];
-            const int64_t left = q.req.max_new_tokens - int64_t(q.res.tokens.size());  // the last one needs no proposal
-            // Under a step limit each sequence still to come gets its share of what is left.
-            const int64_t share =
-                opt_.speculate_max_tokens > 0 ? std::max<int64_t>(1, tokens / int64_t(n_decode - c)) : tokens;
-            const int64_t k = std::min({opt_.speculate, rows, tokens, share, left - 1, ctx - 1 - ch.pos});
-            if (k <= 0) continue;
-            q.spec = q.req.prompt;
-            q.spec.insert(q.spec.end(), q.res.tokens.begin() + q.base, q.res.tokens.end());
-            const std::vector<int32_t> d = lookup_draft(q.spec.data(), int64_t(q.spec.size()), k);
-            if (d.empty()) continue;
             q.spec.assign(1, q.last);
             q.spec.insert(q.spec.end(), d.begin(), d.end());
             ch.tokens = q.spec.data();
@@ -454,6 +451,44 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             rows -= int64_t(d.size());
             tokens -= int64_t(d.size());
             spec_tokens += int64_t(d.size());
+        };
+        std::vector<DraftModel::Query> queries;  // a draft model's, all at once
+        std::vector<size_t> query_chunk;
+        for (size_t c = 0; c < n_decode && rows > 0 && tokens > 0; ++c) {
+            Seq& q = *chunk_seq[c];
+            const int64_t left = q.req.max_new_tokens - int64_t(q.res.tokens.size());  // the last one needs no proposal
+            // Under a step limit each sequence still to come gets its share of what is left.
+            const int64_t share =
+                opt_.speculate_max_tokens > 0 ? std::max<int64_t>(1, tokens / int64_t(n_decode - c)) : tokens;
+            const int64_t k = std::min({opt_.speculate, rows, tokens, share, left - 1, ctx - 1 - chunks[c].pos});
+            if (k <= 0 || (drafter_ && q.dropped > 0)) continue;
+            q.spec = q.req.prompt;
+            q.spec.insert(q.spec.end(), q.res.tokens.begin() + q.base, q.res.tokens.end());
+            if (drafter_) {  // reserved now, proposed below for all sequences in one go
+                DraftModel::Query dq;
+                dq.slot = q.slot;
+                dq.k = k;
+                queries.push_back(dq);
+                query_chunk.push_back(c);
+                rows -= k;
+                tokens -= k;
+                continue;
+            }
+            const std::vector<int32_t> d = lookup_draft(q.spec.data(), int64_t(q.spec.size()), k);
+            if (!d.empty()) verify(c, d);
+        }
+        if (drafter_ && !queries.empty()) {
+            for (size_t i = 0; i < queries.size(); ++i) {  // q.spec stays put from here on
+                const Seq& q = *chunk_seq[query_chunk[i]];
+                queries[i].seq = q.spec.data();
+                queries[i].n = int64_t(q.spec.size());
+            }
+            drafter_->propose(queries);
+            for (size_t i = 0; i < queries.size(); ++i) {
+                rows += queries[i].k;  // verify() takes what the proposals use
+                tokens += queries[i].k;
+                if (!queries[i].out.empty()) verify(query_chunk[i], queries[i].out);
+            }
         }
         rows_left -= spec_tokens;
     }
@@ -529,7 +564,12 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
     mass_.resize(full ? 0 : cap + size_t(all_rows));
     for (size_t c = 0; c < chunks.size(); ++c)
         chunk_seq[c]->written = std::max(chunk_seq[c]->written, chunks[c].pos + chunks[c].n);
-    const double t0 = now_ms();
+    double t0 = now_ms();
+    if (drafter_) {  // the draft model's steps belong to this step's time
+        t0 -= drafter_->ms() - draft_ms_;
+        timings_.draft_ms += drafter_->ms() - draft_ms_;
+        draft_ms_ = drafter_->ms();
+    }
     bool cand = false;
     if (!full && !nucleus) {
         engine_.forward_top(chunks, k, vals_.data(), ids_.data());

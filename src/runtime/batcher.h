@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/draft_model.h"
 #include "runtime/engine.h"
 #include "runtime/json_mode.h"
 #include "runtime/sampler.h"
@@ -86,6 +87,7 @@ struct GenerateTimings {
     int64_t prefill_tokens = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
     int64_t context_shifts = 0;  // --context-overflow slide: KV shifts made
     int64_t draft_tokens = 0, accepted_tokens = 0;  // speculate: tokens proposed, and confirmed
+    double draft_ms = 0;  // a draft model's steps (counted in prefill_ms / decode_ms too)
     int64_t preemptions = 0;  // running sequences sent back to wait for a request of a lower priority value
 };
 
@@ -133,6 +135,10 @@ struct BatcherOptions {
     // path (the CUDA GEMVs take up to 8 token rows; the CPU's arithmetic grows with every row),
     // so a batch of several sequences shares a few proposals instead of each taking `speculate`.
     int64_t speculate_max_tokens = 0;
+    // A draft model (runtime/draft_model.h) proposes the `speculate` tokens instead of prompt
+    // lookup: its engine, with the batcher's slots and the target's ctx, not owned. Not for a
+    // sequence whose context slid (its positions no longer match its tokens').
+    Engine* draft = nullptr;
     // The vocabulary's bytes for JSON-mode requests (BatchRequest::json), not owned; its
     // masks are kept there between steps. Ids past its size are never taken in JSON mode.
     JsonVocab* json_vocab = nullptr;
@@ -191,6 +197,8 @@ private:
     uint64_t frees_ = 0;
     int64_t capacity_ = 0;  // kv_capacity: a slot that wrote more positions has wrapped
     GenerateTimings timings_;
+    std::unique_ptr<DraftModel> drafter_;  // BatcherOptions::draft set
+    double draft_ms_ = 0;                  // drafter_->ms() counted in timings_ so far
     // The step's buffers: rows of logits or candidates.
     std::vector<float> logits_, vals_;
     std::vector<int32_t> ids_;

@@ -815,6 +815,48 @@ TEST_F(Cli, LoraAdapters) {
     expect_error("generate --model " + q.file("m") + " --prompt-ids 5 --lora " + ad.path(), "is pre-quantized (shardlm)");
 }
 
+// --draft-model: the tokens of generate without speculation (greedy and seeded), fewer steps
+// with the model drafting for itself, the draft's time reported; its misuse refused by name.
+TEST_F(Cli, DraftModel) {
+    const std::string gen = kBin + " generate --model " + dir_.path() + " --prompt-ids '5,6,7,8;9,10' --max-new-tokens 12 --json";
+    for (const std::string sampling : {" --temperature 0", " --temperature 0.8 --seed 9"}) {
+        const CommandResult plain = run_command(gen + sampling), spec = run_command(gen + sampling + " --speculate 3 --draft-model " + dir_.path());
+        ASSERT_EQ(plain.exit_code, 0) << plain.err;
+        ASSERT_EQ(spec.exit_code, 0) << spec.err;
+        const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(spec.out);
+        for (size_t i = 0; i < 2; ++i) EXPECT_EQ(b["results"][i]["tokens"], a["results"][i]["tokens"]) << sampling << " " << i;
+        EXPECT_GT(b["timings"]["draft_tokens"].get<int64_t>(), 0);
+        EXPECT_GT(b["timings"]["draft_ms"].get<double>(), 0.0);
+        if (sampling == " --temperature 0")
+            EXPECT_LT(b["timings"]["decode_steps"].get<int64_t>(), a["timings"]["decode_steps"].get<int64_t>());
+    }
+    TempDir other;
+    ModelConfig c = tiny_config(Arch::Qwen2);
+    c.vocab = 1024;
+    write_synthetic_checkpoint(other.path(), c, {DType::BF16, 1, 5});
+    const std::string bad = "generate --model " + dir_.path() + " --prompt-ids 5 ";
+    expect_error(bad + "--draft-model " + dir_.path(), "--draft-model needs --speculate N");
+    expect_error(bad + "--speculate 2 --draft-model " + other.path(), "vocab_size 1024 against the target's 384");
+    expect_error(bad + "--speculate 2 --draft-model " + other.file("none"), "config.json");
+    expect_error(bad + "--speculate 2 --ctx 100000 --draft-model " + dir_.path(), "max_position_embeddings");
+    // Tokenizers that spell an id differently: the shipped model against a copy with one token renamed.
+    const std::string kjv = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+    TempDir renamed;
+    for (const char* f : {"config.json", "tokenizer_config.json"}) write_file(renamed.file(f), read_file(kjv + "/" + f));
+    ASSERT_EQ(std::system(("ln -s '" + kjv + "/model.safetensors' '" + renamed.file("model.safetensors") + "'").c_str()), 0);
+    nlohmann::json tj = nlohmann::json::parse(read_file(kjv + "/tokenizer.json"));
+    nlohmann::json& vocab = tj["model"]["vocab"];
+    const std::string old_name = vocab.begin().key();
+    const int64_t id = vocab.begin().value();
+    vocab.erase(vocab.begin());
+    vocab["renamed-token"] = id;
+    write_file(renamed.file("tokenizer.json"), tj.dump());
+    expect_error("generate --model " + kjv + " --prompt-ids 5 --speculate 2 --draft-model " + renamed.path(),
+                 "token " + std::to_string(id) + " is \"renamed-token\" there and \"" + old_name + "\" in " + kjv);
+    const CommandResult same = run_command(kBin + " generate --model " + kjv + " --prompt-ids 5,6 --max-new-tokens 4 --speculate 2 --draft-model " + kjv);
+    EXPECT_EQ(same.exit_code, 0) << same.err;
+}
+
 TEST_F(Cli, QuantizeRefusesToOverwriteItsSource) {
     const std::string st = read_file(dir_.file("model.safetensors"));
     expect_error("quantize --model " + dir_.path() + " --out " + dir_.path() + " --weights int8", "already holds a checkpoint");

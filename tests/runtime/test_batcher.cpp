@@ -554,6 +554,78 @@ TEST(Batcher, SpeculationKeepsGreedyTokensInFewerSteps) {
     }
 }
 
+// A draft model (BatcherOptions::draft) proposes instead of prompt lookup, and the tokens stay
+// those of decoding without speculation, greedy and seeded draws, with two slots for three
+// requests (a slot's draft cache then holds another sequence's tokens) and a penalised request.
+// Drafts: the target itself (its greedy proposals are all confirmed: fewer steps), another random
+// model of the shape (few are), and a one-layer model with 64 ids past the target's vocabulary
+// (a proposal ends before such an id).
+TEST(Batcher, DraftModelKeepsTheTokens) {
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    ModelConfig wide = cfg;
+    wide.vocab += 64;
+    wide.n_layers = 1;
+    TempDir d, other, w;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    write_synthetic_checkpoint(other.path(), cfg, {DType::F32, 1, 32});
+    write_synthetic_checkpoint(w.path(), wide, {DType::F32, 1, 33});
+    SingleRank comm;
+    SamplerOptions greedy, sampled, penalised;
+    greedy.temperature = 0;
+    sampled.temperature = 0.9f;
+    sampled.seed = 5;
+    penalised.temperature = 0;
+    penalised.presence_penalty = 60.0f;
+    penalised.penalty_last_n = 2;
+    std::vector<BatchRequest> r = {request(make_prompt(9, cfg.vocab, 81), greedy, 0), request(make_prompt(5, cfg.vocab, 82), sampled, 1),
+                                   request(make_prompt(4, cfg.vocab, 83), greedy, 2), request(make_prompt(6, cfg.vocab, 84), penalised, 3)};
+    for (BatchRequest& q : r) q.max_new_tokens = 20;
+    r[1].max_new_tokens = 12;
+    auto open = [&](const std::string& dir) {
+        SessionOptions so;
+        so.model_dir = dir;
+        so.ctx = 64;
+        so.max_batch = 2;
+        so.prefill_chunk = 16;
+        so.max_logit_rows = 10;
+        so.max_penalties = 16;
+        return open_session(so, comm);
+    };
+    auto target = open(d.path());
+    BatcherOptions bo;
+    bo.prefill_chunk = 16;
+    std::vector<SequenceResult> plain;
+    const GenerateTimings tp = run_all(*target->engine, bo, r, plain);
+    for (const std::string& dir : {d.path(), other.path(), w.path()}) {
+        auto draft = open(dir);
+        bo.speculate = 4;
+        bo.draft = draft->engine.get();
+        std::vector<SequenceResult> spec;
+        const GenerateTimings ts = run_all(*target->engine, bo, r, spec);
+        for (size_t i = 0; i < r.size(); ++i) {
+            EXPECT_EQ(spec[i].tokens, plain[i].tokens) << dir << " request " << i;
+            EXPECT_EQ(spec[i].stop_reason, plain[i].stop_reason) << dir << " request " << i;
+        }
+        EXPECT_GT(ts.draft_tokens, 0) << dir;
+        EXPECT_GT(ts.draft_ms, 0.0) << dir;
+        EXPECT_LE(ts.accepted_tokens, ts.draft_tokens);
+        // The target drafting for itself: its own greedy choices, confirmed but where the
+        // sampled and the penalised requests choose otherwise.
+        if (dir == d.path()) {
+            EXPECT_GE(ts.accepted_tokens * 4, ts.draft_tokens * 3) << ts.accepted_tokens << " of " << ts.draft_tokens;
+            EXPECT_LT(ts.decode_steps * 2, tp.decode_steps) << ts.decode_steps << " steps against " << tp.decode_steps;
+        }
+    }
+    // A draft engine with fewer slots than the batcher runs is a programming error.
+    SessionOptions one;
+    one.model_dir = other.path();
+    one.ctx = 64;
+    one.max_batch = 1;
+    auto small = open_session(one, comm);
+    bo.draft = small->engine.get();
+    EXPECT_THROW(Batcher(*target->engine, bo), Error);
+}
+
 // BatcherOptions::speculate_max_tokens: a step that carries proposals holds at most that many
 // tokens, its decode tokens included, the proposals shared among the sequences; the tokens stay
 // those of decoding without speculation (f32 weights: one kernel path for any row count).

@@ -497,6 +497,45 @@ TEST(TensorParallel, SpeculationGivesTheTokensOfOneRank) {
     }
 }
 
+// A draft model under tensor parallelism (its own shards and collectives on the same ranks): the
+// tokens of one rank without speculation, the target drafting for itself in fewer steps.
+TEST(TensorParallel, DraftModelGivesTheTokensOfOneRank) {
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 59});
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(9, cfg.vocab, 60), make_prompt(7, cfg.vocab, 61)};
+    SamplerOptions greedy, sampled;
+    greedy.temperature = 0;
+    sampled.temperature = 0.8f;
+    sampled.seed = 4;
+    for (const SamplerOptions& sampler : {greedy, sampled}) {
+        auto gen = [&](Communicator& comm, bool draft) {
+            GenerateOptions go;
+            go.max_new_tokens = 20;
+            go.prefill_chunk = 16;
+            go.sampler = sampler;
+            SessionOptions so = tp_options(d.path());
+            so.max_batch = 2;
+            so.ctx = 64;
+            so.prefill_chunk = go.prefill_chunk;
+            so.max_logit_rows = 10;
+            auto s = open_session(so, comm);
+            so.max_logit_rows = 0;
+            auto ds = draft ? open_session(so, comm) : nullptr;
+            go.speculate = draft ? 4 : 0;
+            go.draft = draft ? ds->engine.get() : nullptr;
+            return generate(*s->engine, prompts, go);
+        };
+        SingleRank one;
+        const GenerateResult ref = gen(one, false);
+        const GenerateResult tp = gen(world(), true);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << ", temperature " << sampler.temperature;
+        EXPECT_GT(tp.timings.accepted_tokens, 0);
+        if (sampler.temperature == 0) EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+    }
+}
+
 // Prompt logprobs (echo) under tensor parallelism: every logits row of a scored prompt is
 // gathered whole, and each rank's numbers are one rank's.
 TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {

@@ -1,0 +1,49 @@
+// Draft tokens for speculative decoding from a smaller model of the same vocabulary (vLLM's
+// draft-model speculator, llama.cpp's --model-draft): the draft runs each decoding sequence k
+// tokens ahead, greedily, and the target verifies them in one step (runtime/batcher.h). Greedy
+// proposals are single tokens, so the verifying rule the batcher applies to prompt lookup's
+// keeps the target's tokens exactly as they would be without speculation, seeded draws included.
+//
+// The draft has its own engine with a KV slot per target slot. What each slot's cache holds is
+// tracked as tokens: before proposing, a sequence's tokens are compared with them and only the
+// part after the common start is run (the tokens the last verify step confirmed, a new prompt in
+// full, in chunks), so rejected proposals, reused slots, preempted and resumed sequences and a
+// conversation's later turns need nothing else.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace shardlm {
+
+class DraftModel {
+public:
+    // `draft` runs with at least as many slots as the batcher and the target's ctx; `vocab`: the
+    // target's (proposals at or past it end the proposal). prefill_chunk: tokens per draft step.
+    DraftModel(Engine& draft, int64_t vocab, int64_t prefill_chunk);
+
+    struct Query {
+        int64_t slot = 0;
+        const int32_t* seq = nullptr;  // the sequence so far (prompt and tokens), n >= 1
+        int64_t n = 0;
+        int64_t k = 0;                 // tokens wanted, >= 1
+        std::vector<int32_t> out;      // the proposals (up to k)
+    };
+    // Proposes for every query at once: one draft step per chunk of catching up, then k - 1
+    // single-token steps for all of them.
+    void propose(std::vector<Query>& qs);
+    double ms() const { return ms_; }  // time spent in the draft's steps so far
+
+private:
+    // One draft step over `chunks`; the greedy choice of each want_logits chunk, in order.
+    std::vector<int32_t> run(const std::vector<SeqChunk>& chunks);
+
+    Engine& e_;
+    int64_t vocab_, chunk_;
+    std::vector<std::vector<int32_t>> held_;  // per slot: the tokens its cache holds at [0, size)
+    double ms_ = 0;
+};
+
+}  // namespace shardlm

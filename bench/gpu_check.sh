@@ -343,6 +343,9 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
     --speculate 4 || rc=1
   cpu_vs_dev speculate-sampled "fp32 top-k sampled with --speculate 4" --max-new-tokens 40 --temperature 0.8 \
     --top-k 40 --seed 4 --speculate 4 || rc=1
+  # A draft model (the tiny model drafting for itself): a second engine in the process proposes.
+  cpu_vs_dev speculate-draft "fp32 greedy with --speculate 4 --draft-model (itself)" --max-new-tokens 40 \
+    --temperature 0 --speculate 4 --draft-model "$work/tiny32" || rc=1
   # Logit bias and --min-new-tokens through the device's penalty kernel, sampled from candidates.
   cpu_vs_dev bias "fp32 top-k sampled with logit bias and --min-new-tokens" --max-new-tokens 24 --temperature 0.9 \
     --top-k 40 --seed 3 --logit-bias 5=4 --logit-bias 9=-3 --min-new-tokens 8 || rc=1

@@ -906,3 +906,43 @@ TEST(CudaEngine, AblationLeavesKernelClassesOutAndComesBack) {
     EXPECT_THROW(parse_ablation("", "--ablate"), Error);
     EXPECT_EQ(parse_ablation("o+mlp", "--ablate"), kAblateO | kAblateMlp);
 }
+
+// A draft model on the GPU: a second CUDA engine in the process proposes, the first verifies
+// (graphs captured by both), and the tokens are those the CUDA engine makes alone, greedy and
+// seeded; the target drafting for itself needs fewer steps.
+TEST(CudaEngine, DraftModelKeepsTheTokens) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    so.ctx = 64;
+    so.max_batch = 2;
+    so.prefill_chunk = 16;
+    so.max_logit_rows = 10;
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(9, cfg.vocab, 3), make_prompt(6, cfg.vocab, 4),
+                                                       make_prompt(4, cfg.vocab, 5)};
+    SamplerOptions greedy, sampled;
+    greedy.temperature = 0;
+    sampled.temperature = 0.8f;
+    sampled.seed = 6;
+    for (const SamplerOptions& sampler : {greedy, sampled}) {
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        SessionOptions dso = so;
+        dso.max_logit_rows = 0;
+        auto ds = open_session(dso, comm);
+        GenerateOptions go;
+        go.max_new_tokens = 16;
+        go.prefill_chunk = 16;
+        go.max_running = 2;  // three prompts through two slots
+        go.sampler = sampler;
+        const GenerateResult plain = generate(*s->engine, prompts, go);
+        go.speculate = 4;
+        go.draft = ds->engine.get();
+        const GenerateResult spec = generate(*s->engine, prompts, go);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(spec.seqs[i].tokens, plain.seqs[i].tokens) << "prompt " << i << ", temperature " << sampler.temperature;
+        EXPECT_GT(spec.timings.accepted_tokens, 0);
+        if (sampler.temperature == 0) EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps);
+    }
+}

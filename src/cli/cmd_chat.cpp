@@ -37,7 +37,8 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 int cmd_chat(const Args& args, Communicator& comm) {
     po::options_description d("chat options");
-    std::string model, draft;
+    std::string model;
+    DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
@@ -56,9 +57,6 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step, the same reply "
          "as without it (0: off)")
-        ("draft-model", po::value(&draft),
-         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
-         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
@@ -66,6 +64,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
     add_precision_options(d, prec);
+    add_draft_options(d, draftf);
     add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
@@ -95,6 +94,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         go.prefill_chunk = chunk;
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
+        check_draft_flags(draftf, vm);
+        go.draft_p_min = draftf.p_min;
         if (vm.count("system")) system = vm["system"].as<std::string>();
         go.json = apply_json(json_flags);
         if (!root && sampling.stops.empty() && !go.json) return;
@@ -133,10 +134,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
         check_context(cfg, so);
         check_logit_bias(go.sampler, cfg.vocab);
         so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, false);
-        if (!draft.empty()) check_draft_model(draft, so, speculate);
+        if (!draftf.model.empty()) check_draft_model(draftf.model, so, speculate);
         s = open_session(so, comm);
-        if (!draft.empty()) {
-            ds = open_draft_session(draft, so, comm);
+        if (!draftf.model.empty()) {
+            ds = open_draft_session(draftf.model, so, comm);
             go.draft = ds->engine.get();
         }
     });

@@ -25,7 +25,8 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits, draft;
+    std::string model, prompt_ids, dump_logits;
+    DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
@@ -58,9 +59,6 @@ int cmd_generate(const Args& args, Communicator& comm) {
          "speculative decoding by prompt lookup: each sequence verifies up to N tokens that followed an earlier "
          "occurrence of its last words, in one step: the same tokens (greedy or sampled with the same seed), "
          "fewer steps where the text repeats its context (0: off)")
-        ("draft-model", po::value(&draft),
-         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
-         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any; 1 suits a CPU, where verifying "
          "several sequences' proposals costs more than the steps it saves)")
@@ -89,6 +87,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
     add_precision_options(d, prec);
+    add_draft_options(d, draftf);
     add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
@@ -124,6 +123,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
         go.reuse_prefix = vm.count("prefix-cache") > 0;
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
+        check_draft_flags(draftf, vm);
+        go.draft_p_min = draftf.p_min;
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
         if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
         go.speculate_max_batch = speculate_max_batch;
@@ -217,10 +218,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
                                          go.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
         check_generate(cfg, engine_options(so), prompts, go,
                        vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
-        if (!draft.empty()) check_draft_model(draft, so, go.speculate);
+        if (!draftf.model.empty()) check_draft_model(draftf.model, so, go.speculate);
         s = open_session(so, comm);
-        if (!draft.empty()) {
-            ds = open_draft_session(draft, so, comm);
+        if (!draftf.model.empty()) {
+            ds = open_draft_session(draftf.model, so, comm);
             go.draft = ds->engine.get();
         }
     });

@@ -294,7 +294,8 @@ std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, draft;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser;
+    DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
@@ -323,9 +324,6 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
          "tokens made without it up to rounding (0: off)")
-        ("draft-model", po::value(&draft),
-         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
-         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
         ("speculate-max-batch", po::value(&speculate_max_batch)->default_value(0),
          "--speculate only in steps with at most N decoding sequences (0: any)")
         ("speculate-max-tokens", po::value(&speculate_max_tokens)->default_value(8),
@@ -342,6 +340,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
     add_precision_options(d, prec);
+    add_draft_options(d, draftf);
     add_backend_options(d, backend);
     po::variables_map vm;
     const bool root = comm.rank() == 0;
@@ -359,6 +358,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (port < 0 || port > 65535) fail("--port must be in [0, 65535]");
         if (penalty_last_n < 0) fail("--penalty-last-n must be >= 0");
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
+        check_draft_flags(draftf, vm);
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
         if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
         check_json_whitespace(json_whitespace);
@@ -403,9 +403,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
                                         kMaxApiStopTokenIds,
                                     cfg.vocab);
-        if (!draft.empty()) check_draft_model(draft, so, speculate);
+        if (!draftf.model.empty()) check_draft_model(draftf.model, so, speculate);
         s = open_session(so, comm);
-        if (!draft.empty()) ds = open_draft_session(draft, so, comm);
+        if (!draftf.model.empty()) ds = open_draft_session(draftf.model, so, comm);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
@@ -635,6 +635,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.prefill_chunk = chunk;
     bo.reuse_prefix = !vm.count("no-prefix-cache");
     bo.speculate = speculate;
+    bo.draft_p_min = draftf.p_min;
     bo.speculate_max_batch = speculate_max_batch;
     bo.speculate_max_tokens = speculate_max_tokens;
     bo.draft = ds ? ds->engine.get() : nullptr;

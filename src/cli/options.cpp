@@ -201,6 +201,20 @@ void set_speculation_rows(SessionOptions& so, int64_t n) {
     so.max_logit_rows = std::max({so.max_logit_rows, so.max_batch, std::min<int64_t>(so.max_batch * (n + 1), so.prefill_chunk)});
 }
 
+void add_draft_options(po::options_description& d, DraftFlags& f) {
+    d.add_options()
+        ("draft-model", po::value(&f.model),
+         "DIR: --speculate's proposals from this smaller model of the same vocabulary, run greedily N tokens ahead "
+         "(instead of prompt lookup); loaded with the same --weights, --kv and device")
+        ("draft-p-min", po::value(&f.p_min)->default_value(0.75f, "0.75"),
+         "--draft-model: a proposal ends before a token the draft gives less than this probability (0: always N)");
+}
+
+void check_draft_flags(const DraftFlags& f, const po::variables_map& vm) {
+    if (!(f.p_min >= 0.0f && f.p_min <= 1.0f)) fail("--draft-p-min must be in [0, 1]");
+    if (!vm["draft-p-min"].defaulted() && f.model.empty()) fail("--draft-p-min needs --draft-model");
+}
+
 namespace {
 // The draft's KV cache holds the target's context: within its max_position_embeddings.
 void check_draft_context(const std::string& draft, const ModelConfig& dc, const SessionOptions& so) {

@@ -113,6 +113,14 @@ constexpr int64_t kMaxSpeculate = 16;
 // checkpoint there, and the same vocabulary as the target so.model_dir (each id the same token in
 // both tokenizer.json where both have one; else vocabulary sizes within 128, as llama.cpp allows).
 void check_draft_model(const std::string& draft, const SessionOptions& so, int64_t speculate);
+// --draft-model DIR and --draft-p-min P for generate, chat and serve.
+struct DraftFlags {
+    std::string model;
+    float p_min = 0.75f;
+};
+void add_draft_options(po::options_description& d, DraftFlags& f);
+// Throws Error naming --draft-p-min outside [0, 1], or given without --draft-model.
+void check_draft_flags(const DraftFlags& f, const po::variables_map& vm);
 // The draft's session: so's slots, context, device, backend, --weights and --kv (its own
 // --keep-fp16/--group-size only under a quantizing --weights; no --lora), one logits row per slot.
 std::unique_ptr<Session> open_draft_session(const std::string& draft, const SessionOptions& so, Communicator& comm);

@@ -83,7 +83,7 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
         const EngineOptions& de = opt.draft->options();
         SHARDLM_CHECK(de.max_batch >= slots_ && de.ctx >= eo.ctx, "draft engine: ", de.max_batch, " slots of ", de.ctx,
                       " positions for ", slots_, " of ", eo.ctx);
-        drafter_ = std::make_unique<DraftModel>(*opt.draft, engine.config().vocab, opt.prefill_chunk);
+        drafter_ = std::make_unique<DraftModel>(*opt.draft, engine.config().vocab, opt.prefill_chunk, opt.draft_p_min);
     }
 }
 

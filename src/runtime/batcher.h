@@ -139,6 +139,9 @@ struct BatcherOptions {
     // lookup: its engine, with the batcher's slots and the target's ctx, not owned. Not for a
     // sequence whose context slid (its positions no longer match its tokens').
     Engine* draft = nullptr;
+    // With `draft`: a proposal ends before a token the draft gives less than this probability
+    // (llama.cpp's --draft-p-min; 0: always `speculate` tokens).
+    float draft_p_min = 0.0f;
     // The vocabulary's bytes for JSON-mode requests (BatchRequest::json), not owned; its
     // masks are kept there between steps. Ids past its size are never taken in JSON mode.
     JsonVocab* json_vocab = nullptr;

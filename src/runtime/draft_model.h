@@ -22,7 +22,10 @@ class DraftModel {
 public:
     // `draft` runs with at least as many slots as the batcher and the target's ctx; `vocab`: the
     // target's (proposals at or past it end the proposal). prefill_chunk: tokens per draft step.
-    DraftModel(Engine& draft, int64_t vocab, int64_t prefill_chunk);
+    // p_min > 0 (llama.cpp's --draft-p-min): a proposal ends before a token the draft gives less
+    // than this probability (softmax at temperature 1), so a step verifies only what the draft is
+    // sure of; 0 proposes all k tokens.
+    DraftModel(Engine& draft, int64_t vocab, int64_t prefill_chunk, float p_min = 0.0f);
 
     struct Query {
         int64_t slot = 0;
@@ -37,11 +40,13 @@ public:
     double ms() const { return ms_; }  // time spent in the draft's steps so far
 
 private:
-    // One draft step over `chunks`; the greedy choice of each want_logits chunk, in order.
-    std::vector<int32_t> run(const std::vector<SeqChunk>& chunks);
+    // One draft step over `chunks`: the greedy choice of each want_logits chunk, in order, and
+    // (p_min_ > 0) its probability in `p`.
+    std::vector<int32_t> run(const std::vector<SeqChunk>& chunks, std::vector<double>& p);
 
     Engine& e_;
     int64_t vocab_, chunk_;
+    float p_min_;
     std::vector<std::vector<int32_t>> held_;  // per slot: the tokens its cache holds at [0, size)
     double ms_ = 0;
 };

@@ -218,6 +218,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.speculate_max_batch = opt.speculate_max_batch;
     bo.speculate_max_tokens = opt.speculate_max_tokens;
     bo.draft = opt.draft;
+    bo.draft_p_min = opt.draft_p_min;
     bo.json_vocab = opt.json_vocab;
     Batcher b(engine, bo);
     for (size_t s = 0; s < prompts.size(); ++s) {

@@ -57,6 +57,7 @@ struct GenerateOptions {
     int64_t speculate_max_batch = 0;  // --speculate-max-batch (BatcherOptions::speculate_max_batch)
     int64_t speculate_max_tokens = 0;  // --speculate-max-tokens (BatcherOptions::speculate_max_tokens)
     Engine* draft = nullptr;           // --draft-model's engine (BatcherOptions::draft), not owned
+    float draft_p_min = 0.0f;          // --draft-p-min (BatcherOptions::draft_p_min)
     // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
     // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
     bool ignore_eos = false;

@@ -836,6 +836,8 @@ TEST_F(Cli, DraftModel) {
     write_synthetic_checkpoint(other.path(), c, {DType::BF16, 1, 5});
     const std::string bad = "generate --model " + dir_.path() + " --prompt-ids 5 ";
     expect_error(bad + "--draft-model " + dir_.path(), "--draft-model needs --speculate N");
+    expect_error(bad + "--draft-p-min 0.5", "--draft-p-min needs --draft-model");
+    expect_error(bad + "--speculate 2 --draft-model " + dir_.path() + " --draft-p-min 1.5", "--draft-p-min must be in [0, 1]");
     expect_error(bad + "--speculate 2 --draft-model " + other.path(), "vocab_size 1024 against the target's 384");
     expect_error(bad + "--speculate 2 --draft-model " + other.file("none"), "config.json");
     expect_error(bad + "--speculate 2 --ctx 100000 --draft-model " + dir_.path(), "max_position_embeddings");

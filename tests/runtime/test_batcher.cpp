@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -615,6 +616,23 @@ TEST(Batcher, DraftModelKeepsTheTokens) {
             EXPECT_GE(ts.accepted_tokens * 4, ts.draft_tokens * 3) << ts.accepted_tokens << " of " << ts.draft_tokens;
             EXPECT_LT(ts.decode_steps * 2, tp.decode_steps) << ts.decode_steps << " steps against " << tp.decode_steps;
         }
+    }
+    // A probability floor (--draft-p-min) cuts a proposal before the draft's unsure tokens: fewer
+    // proposed, the same tokens; with a floor of 1 only certainties are proposed.
+    {
+        auto draft = open(d.path());
+        bo.draft = draft->engine.get();
+        int64_t proposed = std::numeric_limits<int64_t>::max();
+        for (const float p_min : {0.0f, 0.9f, 1.0f}) {
+            bo.draft_p_min = p_min;
+            std::vector<SequenceResult> spec;
+            const GenerateTimings ts = run_all(*target->engine, bo, r, spec);
+            for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "p_min " << p_min << " request " << i;
+            EXPECT_LE(ts.draft_tokens, proposed) << "p_min " << p_min;
+            if (p_min > 0) EXPECT_LT(ts.draft_tokens, 62) << "p_min " << p_min;  // 62 without a floor (above)
+            proposed = ts.draft_tokens;
+        }
+        bo.draft_p_min = 0;
     }
     // A draft engine with fewer slots than the batcher runs is a programming error.
     SessionOptions one;

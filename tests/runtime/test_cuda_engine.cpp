@@ -939,10 +939,15 @@ TEST(CudaEngine, DraftModelKeepsTheTokens) {
         const GenerateResult plain = generate(*s->engine, prompts, go);
         go.speculate = 4;
         go.draft = ds->engine.get();
-        const GenerateResult spec = generate(*s->engine, prompts, go);
-        for (size_t i = 0; i < prompts.size(); ++i)
-            EXPECT_EQ(spec.seqs[i].tokens, plain.seqs[i].tokens) << "prompt " << i << ", temperature " << sampler.temperature;
-        EXPECT_GT(spec.timings.accepted_tokens, 0);
-        if (sampler.temperature == 0) EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps);
+        // p_min > 0: the draft's probabilities from the device's nucleus mass (forward_nucleus).
+        for (const float p_min : {0.0f, 0.5f}) {
+            go.draft_p_min = p_min;
+            const GenerateResult spec = generate(*s->engine, prompts, go);
+            for (size_t i = 0; i < prompts.size(); ++i)
+                EXPECT_EQ(spec.seqs[i].tokens, plain.seqs[i].tokens)
+                    << "prompt " << i << ", temperature " << sampler.temperature << ", p_min " << p_min;
+            EXPECT_GT(spec.timings.accepted_tokens, 0) << p_min;
+            if (sampler.temperature == 0) EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps) << p_min;
+        }
     }
 }

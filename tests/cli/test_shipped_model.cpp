@@ -196,6 +196,11 @@ TEST_F(ShippedModel, ChatReusesTheCachedConversation) {
     const std::vector<nlohmann::json> sampled = turns_of("--temperature 1 --seed 9");
     EXPECT_EQ(turns_of("--temperature 1 --seed 9"), sampled);
     EXPECT_NE(sampled[0]["tokens"], turns[0]["tokens"]);
+    // With the model drafting for itself (--draft-model): the same turns, greedy and sampled; the
+    // draft's cache follows the conversation as the target's does.
+    const std::string draft = " --speculate 3 --draft-model " + m.path() + " --draft-p-min 0";
+    EXPECT_EQ(turns_of("--temperature 0" + draft), turns);
+    EXPECT_EQ(turns_of("--temperature 1 --seed 9" + draft), sampled);
 #ifdef SHARDLM_MPIEXEC
     EXPECT_EQ(turns_of("--temperature 1 --seed 9 --threads 1",
                        std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 "),

@@ -122,9 +122,14 @@ std::string thrown_error(const std::function<void()>& f) {
 
 GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
                           int64_t prefill_chunk, WeightFormat wf, KVFormat kv) {
+    return run_greedy(dir, prompts, max_new, prefill_chunk, LoadOptions(wf), kv);
+}
+
+GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
+                          int64_t prefill_chunk, const LoadOptions& lo, KVFormat kv) {
     SessionOptions so;
     so.model_dir = dir;
-    so.load.format = wf;
+    so.load = lo;
     so.kv = kv;
     so.max_batch = int64_t(prompts.size());
     so.prefill_chunk = prefill_chunk;

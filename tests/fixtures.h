@@ -48,6 +48,9 @@ std::string read_file(const std::string& path);
 GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
                           int64_t max_new, int64_t prefill_chunk = 256, WeightFormat wf = WeightFormat::Auto,
                           KVFormat kv = KVFormat::F32);
+// The same with every load option (--lora, --keep-fp16, ...).
+GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
+                          int64_t prefill_chunk, const LoadOptions& lo, KVFormat kv = KVFormat::F32);
 
 // Deterministic pseudo-random prompt of length n over [3, vocab).
 std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed);

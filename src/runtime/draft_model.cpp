@@ -79,10 +79,7 @@ void DraftModel::propose(std::vector<Query>& qs) {
             if (at[i] == q.n) continue;
             const int64_t n = std::min(budget, q.n - at[i]);
             const bool last = at[i] + n == q.n;
-            if (last && rows == 0) {  // no logits row left this step
-                left = true;
-                continue;
-            }
+            if (last && rows == 0) continue;  // no logits row left this step
             SeqChunk ch;
             ch.slot = q.slot;
             ch.tokens = q.seq + at[i];
@@ -94,9 +91,7 @@ void DraftModel::propose(std::vector<Query>& qs) {
             chunks.push_back(ch);
             owner.push_back(i);
         }
-        for (size_t i = 0; i < qs.size(); ++i) left = left || at[i] < qs[i].n;
-        if (chunks.empty()) continue;
-        const std::vector<int32_t> ids = run(chunks, p);
+        const std::vector<int32_t> ids = run(chunks, p);  // never empty: the first query left always fits
         size_t row = 0;
         for (size_t c = 0; c < chunks.size(); ++c) {
             Query& q = qs[owner[c]];

@@ -167,24 +167,6 @@ std::vector<float> row_of(const WeightView& v, int64_t r) {
     return row;
 }
 
-GenerateResult greedy(const std::string& dir, const LoadOptions& lo, const std::vector<std::vector<int32_t>>& prompts) {
-    SessionOptions so;
-    so.model_dir = dir;
-    so.load = lo;
-    so.kv = KVFormat::F32;
-    so.max_batch = int64_t(prompts.size());
-    so.ctx = 64;
-    so.prefill_chunk = 8;
-    SingleRank comm;
-    auto s = open_session(so, comm);
-    GenerateOptions go;
-    go.max_new_tokens = 6;
-    go.prefill_chunk = 8;
-    go.sampler.temperature = 0;
-    go.keep_prompt_logits = true;
-    return generate(*s->engine, prompts, go);
-}
-
 }  // namespace
 
 // Every element of every matrix an adapter touches, loaded on one rank and on each of two, equals
@@ -245,8 +227,9 @@ TEST(Lora, ModelEqualsTheMergedCheckpoint) {
         lo.lora = write_adapters(root.path(), ads);
         write_merged(base.path(), merged.path(), ads);
         const std::vector<std::vector<int32_t>> prompts = {make_prompt(13, c.vocab, 1), make_prompt(5, c.vocab, 2)};
-        const GenerateResult a = greedy(base.path(), lo, prompts), b = greedy(merged.path(), LoadOptions{}, prompts),
-                             plain = greedy(base.path(), LoadOptions{}, prompts);
+        auto greedy = [&](const std::string& dir, const LoadOptions& o) { return run_greedy(dir, prompts, 6, 8, o); };
+        const GenerateResult a = greedy(base.path(), lo), b = greedy(merged.path(), LoadOptions{}),
+                             plain = greedy(base.path(), LoadOptions{});
         for (size_t i = 0; i < prompts.size(); ++i) {
             EXPECT_LT(max_abs_diff(a.seqs[i].prompt_logits, b.seqs[i].prompt_logits), 1e-3f) << arch_name(c.arch) << " " << i;
             EXPECT_EQ(a.seqs[i].tokens, b.seqs[i].tokens) << arch_name(c.arch) << " " << i;

@@ -183,8 +183,14 @@ bool cpu_quantized_weights_round() { return std::string(matmul_isa()) != "scalar
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size()) return INFINITY;
+    // Equal values (infinities of one sign included) differ by 0; a NaN on either side by infinity
+    // (std::max would pass a NaN difference over, and a vector of NaNs would look exact).
     float m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] == b[i]) continue;
+        const float d = std::fabs(a[i] - b[i]);
+        m = std::isnan(d) ? INFINITY : std::max(m, d);
+    }
     return m;
 }
 

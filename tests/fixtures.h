@@ -98,7 +98,8 @@ void write_lora_adapter(const std::string& dir, const std::string& adapter_confi
 // The message of the shardlm::Error `f` throws, or "" when it returns.
 std::string thrown_error(const std::function<void()>& f);
 
-// Largest |a - b| over two equally long vectors.
+// Largest |a - b| over two equally long vectors: infinity for different lengths or a NaN on
+// either side, 0 for equal values (equal infinities too).
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 // Cosine similarity of two rows of logits (in double).
 double cosine(const std::vector<float>& a, const std::vector<float>& b);

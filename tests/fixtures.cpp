@@ -9,14 +9,18 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "kernels/cpu/matmul.h"
+#include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 
 namespace shardlm::test {
@@ -198,6 +202,32 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b) {
     double ab = 0, aa = 0, bb = 0;
     for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
     return ab / std::sqrt(aa * bb);
+}
+
+void write_without_model_prefix(const std::string& src, const std::string& dst) {
+    write_file(dst + "/config.json", read_file(src + "/config.json"));
+    auto strip = [](const std::string& n) { return n.rfind("model.", 0) == 0 ? n.substr(6) : n; };
+    std::set<std::string> files{"model.safetensors"};
+    const std::string index = src + "/model.safetensors.index.json";
+    if (file_exists(index)) {
+        nlohmann::json j = nlohmann::json::parse(read_file(index)), map = nlohmann::json::object();
+        files.clear();
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            if (it.key() == "lm_head.weight") continue;
+            map[strip(it.key())] = it.value();
+            files.insert(it.value().get<std::string>());
+        }
+        j["weight_map"] = map;
+        write_file(dst + "/model.safetensors.index.json", j.dump(2));
+    }
+    for (const std::string& f : files) {
+        std::vector<TensorToWrite> ts;
+        const SafetensorsFile in(src + "/" + f);
+        for (const auto& [name, t] : in.tensors())
+            if (name != "lm_head.weight")
+                ts.push_back({strip(name), t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+        write_safetensors(dst + "/" + f, ts);
+    }
 }
 
 }  // namespace shardlm::test

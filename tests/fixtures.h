@@ -104,4 +104,9 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 // Cosine similarity of two rows of logits (in double).
 double cosine(const std::vector<float>& a, const std::vector<float>& b);
 
+// A copy of checkpoint `src` as the base model class saves it (Qwen3Model, LlamaModel: e.g.
+// Qwen3-Embedding): every tensor name without "model.", no lm_head.weight (for tied models), in
+// the same files and index.
+void write_without_model_prefix(const std::string& src, const std::string& dst);
+
 }  // namespace shardlm::test

@@ -1,5 +1,6 @@
 #include "model/checkpoint.h"
 
+#include <algorithm>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -55,6 +56,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
         const TensorInfo* t = by_name[kv.second]->find(kv.first);
         if (!t) fail(index_path, ": tensor ", kv.first, " is mapped to ", kv.second, " which does not contain it");
     }
+    // Saved from the base model class (Qwen3Model, LlamaModel): no "model." on any name. Index them
+    // as the causal-LM class names them, which is what the loader looks up.
+    const bool any_prefixed = std::any_of(index_.begin(), index_.end(),
+                                          [](const auto& kv) { return kv.first.rfind("model.", 0) == 0; });
+    if (!any_prefixed && index_.count("embed_tokens.weight")) {
+        std::map<std::string, const TensorInfo*> renamed;
+        for (const auto& kv : index_) renamed.emplace("model." + kv.first, kv.second);
+        index_.swap(renamed);
+        prefixed_ = true;
+    }
 }
 
 const TensorInfo* Checkpoint::find(const std::string& name) const {
@@ -64,6 +75,8 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
 
 const TensorInfo& Checkpoint::get(const std::string& name) const {
     const TensorInfo* t = find(name);
+    if (!t && prefixed_ && name.rfind("model.", 0) == 0)  // name it as the files would, not by a name they never use
+        fail(dir_, ": missing tensor ", name.substr(6), " (", name, "; this checkpoint's tensor names lack the \"model.\" prefix)");
     if (!t) fail(dir_, ": missing tensor ", name);
     return *t;
 }

@@ -1,5 +1,8 @@
 // A Hugging Face checkpoint folder: config.json plus model.safetensors, or shards listed by
 // model.safetensors.index.json ({"weight_map": {tensor name: file name}}).
+// A checkpoint saved from the base model class (e.g. Qwen3Model) names its tensors without the
+// "model." prefix ("embed_tokens.weight", "layers.0. ..."); it is indexed under the prefixed names
+// the loader uses, with TensorInfo::name still the file's own name.
 #pragma once
 
 #include <memory>
@@ -22,6 +25,8 @@ public:
     const TensorInfo& get(const std::string& name) const;
     // Every tensor by name (alignment padding excluded).
     const std::map<std::string, const TensorInfo*>& tensors() const { return index_; }
+    // Whether the file's names lacked "model." and were given it here.
+    bool prefixed() const { return prefixed_; }
     size_t file_count() const { return files_.size(); }
     size_t total_bytes() const;
 
@@ -29,6 +34,7 @@ private:
     std::string dir_;
     std::vector<std::unique_ptr<SafetensorsFile>> files_;
     std::map<std::string, const TensorInfo*> index_;
+    bool prefixed_ = false;
 };
 
 }  // namespace shardlm

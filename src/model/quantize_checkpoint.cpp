@@ -20,8 +20,8 @@ namespace shardlm {
 
 namespace {
 
-TensorToWrite copy_tensor(const TensorInfo& t) {
-    return {t.name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
+TensorToWrite copy_tensor(const std::string& name, const TensorInfo& t) {
+    return {name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
 }
 
 }  // namespace
@@ -97,25 +97,17 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
         in_file += t.bytes.size();
         files.back().push_back(std::move(t));
     };
+    // Every tensor the source holds, under the names the loader uses (a base-model checkpoint's
+    // gain "model.": the output is a causal-LM checkpoint).
     std::vector<std::string> names;
-    {
-        // Every tensor the source holds (pads of an earlier quantize excluded).
-        const std::string idx = src + "/model.safetensors.index.json";
-        if (file_exists(idx)) {
-            const auto j = nlohmann::json::parse(read_text_file(idx));
-            for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) names.push_back(it.key());
-        } else {
-            SafetensorsFile f(src + "/model.safetensors");
-            for (const auto& kv : f.tensors()) names.push_back(kv.first);
-        }
-    }
+    for (const auto& kv : ck.tensors()) names.push_back(kv.first);
     for (const auto& name : names) {
         if (name.rfind("__pad_", 0) == 0) continue;
         if (cfg.tie_embeddings && name == "lm_head.weight") continue;  // the embedding is the truth
         auto q = quantized.find(name);
         if (q == quantized.end()) {
             auto r = rescaled.find(name);
-            add(r != rescaled.end() ? std::move(r->second) : copy_tensor(ck.get(name)));
+            add(r != rescaled.end() ? std::move(r->second) : copy_tensor(name, ck.get(name)));
             continue;
         }
         const WeightView& v = q->second;
@@ -163,6 +155,15 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
             const std::string n = e->d_name;
             const bool weights = n.size() > 12 && n.substr(n.size() - 12) == ".safetensors";
             if (n == "." || n == ".." || weights || n == "config.json" || n == "model.safetensors.index.json") continue;
+            // sentence-transformers' module folders (1_Pooling/config.json): how an embedding
+            // model pools (runtime/embed.h).
+            if (file_exists(src + "/" + n + "/config.json")) {
+                ::mkdir((out + "/" + n).c_str(), 0755);
+                std::ofstream f(out + "/" + n + "/config.json", std::ios::binary);
+                f << read_text_file(src + "/" + n + "/config.json");
+                if (!f) fail(out, ": cannot write ", n, "/config.json");
+                continue;
+            }
             if (!file_exists(src + "/" + n)) continue;
             std::ofstream f(out + "/" + n, std::ios::binary);
             f << read_text_file(src + "/" + n);

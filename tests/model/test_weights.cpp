@@ -1,9 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/host_memory.h"
+#include "core/mmap_file.h"
 #include "kernels/cpu/quantize.h"
 #include "fixtures.h"
 #include "model/checkpoint.h"
@@ -17,6 +22,7 @@ using namespace shardlm;
 using shardlm::test::read_file;
 using shardlm::test::ScopedEnv;
 using shardlm::test::TempDir;
+using shardlm::test::write_without_model_prefix;
 using shardlm::test::write_file;
 
 namespace {
@@ -346,6 +352,86 @@ TEST(Weights, ShardedCheckpointHoldsTheSameTensors) {
     const TensorInfo& y = cb.get("model.layers.1.mlp.down_proj.weight");
     ASSERT_EQ(x.nbytes, y.nbytes);
     EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0);
+}
+
+// Checkpoints saved from the base model class (Qwen/Qwen3-Embedding-0.6B as Qwen3Model) lack the
+// "model." prefix; one file or sharded, they hold the same tensors under the prefixed names and
+// run exactly as the causal-LM checkpoint they were copied from.
+TEST(Weights, CheckpointsWithoutTheModelPrefixLoadTheSame) {
+    TempDir one, sharded, one_bare, sharded_bare;
+    const ModelConfig c = tiny_config(Arch::Qwen3);
+    ASSERT_TRUE(c.tie_embeddings);
+    write_synthetic_checkpoint(one.path(), c, {DType::BF16, 1, 7});
+    write_synthetic_checkpoint(sharded.path(), c, {DType::BF16, 3, 7});
+    write_without_model_prefix(one.path(), one_bare.path());
+    write_without_model_prefix(sharded.path(), sharded_bare.path());
+    // A tied lm_head.weight in the source: the copy drops it, as the base class has none.
+    rewrite(one.path(), [](auto& ts) {
+        for (const auto& t : std::vector<TensorToWrite>(ts))
+            if (t.name == "model.embed_tokens.weight") ts.push_back({"lm_head.weight", t.dtype, t.shape, t.bytes});
+    });
+
+    const Checkpoint ref(one.path());
+    EXPECT_FALSE(ref.prefixed());
+    for (const std::string& dir : {one_bare.path(), sharded_bare.path()}) {
+        const Checkpoint ck(dir);
+        EXPECT_TRUE(ck.prefixed()) << dir;
+        EXPECT_EQ(ck.find("embed_tokens.weight"), nullptr) << dir;
+        EXPECT_EQ(ck.tensors().size() + 1, ref.tensors().size()) << dir;  // all but lm_head.weight
+        for (const auto& [name, t] : ck.tensors()) {
+            const TensorInfo* r = ref.find(name);
+            ASSERT_NE(r, nullptr) << dir << ": " << name;
+            ASSERT_EQ(t->nbytes, r->nbytes) << name;
+            EXPECT_EQ(std::memcmp(t->data, r->data, t->nbytes), 0) << dir << ": " << name;
+        }
+    }
+    EXPECT_EQ(Checkpoint(sharded_bare.path()).file_count(), 3u);
+
+    const std::vector<std::vector<int32_t>> prompts = {test::make_prompt(9, c.vocab, 1)};
+    const GenerateResult want = test::run_greedy(one.path(), prompts, 4);
+    for (const std::string& dir : {one_bare.path(), sharded_bare.path()}) {
+        const GenerateResult got = test::run_greedy(dir, prompts, 4);
+        EXPECT_EQ(got.seqs[0].tokens, want.seqs[0].tokens) << dir;
+        EXPECT_EQ(got.seqs[0].prompt_logits, want.seqs[0].prompt_logits) << dir;
+    }
+    // quantize writes it as a causal-LM checkpoint: the prefixed names, the tensors the original's
+    // quantization writes, byte for byte.
+    TempDir q;
+    write_quantized_checkpoint(one.path(), q.file("from_prefixed"), LoadOptions{WeightFormat::Int8, 0, ""});
+    write_quantized_checkpoint(sharded_bare.path(), q.file("from_bare"), LoadOptions{WeightFormat::Int8, 0, ""});
+    const Checkpoint qa(q.file("from_prefixed")), qb(q.file("from_bare"));
+    EXPECT_FALSE(qb.prefixed());
+    ASSERT_EQ(qa.tensors().size(), qb.tensors().size());
+    for (const auto& [name, t] : qa.tensors()) {
+        const TensorInfo* r = qb.find(name);
+        ASSERT_NE(r, nullptr) << name;
+        ASSERT_EQ(t->nbytes, r->nbytes) << name;
+        EXPECT_EQ(std::memcmp(t->data, r->data, t->nbytes), 0) << name;
+    }
+}
+
+// A missing tensor is named as the files would name it: without the prefix where they lack it,
+// with it where they have it, and with it where the names follow neither layout.
+TEST(Weights, MissingTensorsAreNamedInTheFilesLayout) {
+    TempDir src, bare, neither;
+    write_synthetic_checkpoint(src.path(), tiny_config(Arch::Qwen3), {DType::F32, 1, 3});
+    write_without_model_prefix(src.path(), bare.path());
+    write_without_model_prefix(src.path(), neither.path());
+    rewrite(bare.path(), [](auto& ts) {
+        ts.erase(std::remove_if(ts.begin(), ts.end(), [](const TensorToWrite& t) { return t.name == "norm.weight"; }), ts.end());
+    });
+    EXPECT_NE(load_error(bare.path()).find(": missing tensor norm.weight (model.norm.weight; this checkpoint's tensor "
+                                           "names lack the \"model.\" prefix)"),
+              std::string::npos)
+        << load_error(bare.path());
+    rewrite(neither.path(), [](auto& ts) {
+        for (auto& t : ts)
+            if (t.name == "embed_tokens.weight") t.name = "wte.weight";
+    });
+    EXPECT_FALSE(Checkpoint(neither.path()).prefixed());
+    EXPECT_NE(load_error(neither.path()).find(": missing tensor model."), std::string::npos) << load_error(neither.path());
+    EXPECT_EQ(test::thrown_error([&] { Checkpoint(neither.path()).get("model.norm.weight"); }),
+              neither.path() + ": missing tensor model.norm.weight");
 }
 
 // Quantize-on-load (the loader's own vectorised row path) against the reference quantizers run on

@@ -21,6 +21,7 @@ int cmd_bench(const Args& args, Communicator& comm);
 int cmd_make_model(const Args& args);
 int cmd_quantize(const Args& args);
 int cmd_perplexity(const Args& args, Communicator& comm);
+int cmd_embed(const Args& args, Communicator& comm);
 int cmd_tokenize(const Args& args);
 
 }  // namespace shardlm

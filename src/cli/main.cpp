@@ -26,6 +26,7 @@ const char* kUsage =
     "  serve        an OpenAI-compatible HTTP server with continuous batching\n"
     "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
     "  perplexity   teacher-forced perplexity of a token file; compare two precisions\n"
+    "  embed        text embeddings (pooled final hidden states) of inputs\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
     "  quantize     write a pre-quantized INT8 checkpoint\n"
     "  make-model   write a random-weight checkpoint of a built-in shape\n"
@@ -56,6 +57,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args, shard
     if (cmd == "serve") return shardlm::cmd_serve(args, comm);
     if (cmd == "bench") return shardlm::cmd_bench(args, comm);
     if (cmd == "perplexity") return shardlm::cmd_perplexity(args, comm);
+    if (cmd == "embed") return shardlm::cmd_embed(args, comm);
     // Every rank sees the same command line, so these errors are the same on every rank.
     using shardlm::AgreedError;
     using shardlm::cat;

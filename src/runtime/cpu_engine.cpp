@@ -220,7 +220,7 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     add_into(x_.as<float>(), o, T * c.hidden);
 }
 
-void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out) {
     maybe_inject_failure(comm_, "forward");
     const ModelConfig& c = cfg_;
     const StepShape shape = check_step(c, opt_, chunks);
@@ -246,17 +246,26 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
         attention_block(w_.layers[size_t(l)], l, chunks, T);
         mlp_block(w_.layers[size_t(l)], l, T);
     }
-    // Final norm and lm_head only on the rows whose logits are wanted.
-    float* last = last_.as<float>();
+    // The final norm only on the rows whose output is wanted.
     int64_t n = 0;
     row = 0;
     for (const SeqChunk& ch : chunks) {
         row += ch.n;
         const int64_t rows = ch.all_logits ? ch.n : ch.want_logits ? 1 : 0;
-        rmsnorm(x_.as<float>() + (row - rows) * c.hidden, w_.final_norm.data(), last + n * c.hidden, rows, c.hidden,
+        rmsnorm(x_.as<float>() + (row - rows) * c.hidden, w_.final_norm.data(), out + n * c.hidden, rows, c.hidden,
                 c.rms_eps);
         n += rows;
     }
+    return n;
+}
+
+void CpuEngine::forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) { final_rows(chunks, hidden); }
+
+void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    const ModelConfig& c = cfg_;
+    const ShardPlan& p = w_.plan;
+    float* last = last_.as<float>();
+    const int64_t n = final_rows(chunks, last);
     if (n == 0) return;
     // Token penalties on the whole rows, the same on every rank (every rank holds them).
     const std::vector<PenaltyEntry> penalties = step_penalties(chunks);

@@ -37,6 +37,7 @@ public:
     CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator& comm, const EngineOptions& opt);
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
+    void forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) override;
     void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override;
     void copy_kv(int64_t src, int64_t dst, int64_t n) override;
     const ModelConfig& config() const override { return cfg_; }
@@ -53,6 +54,8 @@ public:
     void set_probe(Probe p) { probe_ = std::move(p); }
 
 private:
+    // Embedding, layers and the final norm of the wanted rows into out [rows, hidden]; returns rows.
+    int64_t final_rows(const std::vector<SeqChunk>& chunks, float* out);
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
     void mlp_block(const LayerWeights& L, int64_t layer, int64_t T);
     // W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and

@@ -517,7 +517,7 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
     gemm_->run(l.w, x, T, l.bias, y);
 }
 
-void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits) {
+void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits, bool head) {
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim, nh = plan_.n_q_heads, nkv = plan_.n_kv_heads;
     const int64_t Tm = opt_.max_step_tokens;
@@ -668,12 +668,12 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     rmsnorm_rows_cuda(b_.x, layers_.empty() || fuse ? nullptr : b_.delta, logit_rows, n_logits, final_norm_, b_.last, c.hidden,
                       c.rms_eps, s);
     // (lm_head stays W8A16 under w8a8 and w4a8, as on the CPU.)
-    if (plan_.n_vocab > 0 && !ablated(kAblateLmHead)) linear(CudaLinear{lm_head_, nullptr}, b_.last, n_logits, b_.local, false);
+    if (head && plan_.n_vocab > 0 && !ablated(kAblateLmHead)) linear(CudaLinear{lm_head_, nullptr}, b_.last, n_logits, b_.local, false);
     // Under tensor parallelism each rank now holds its vocabulary slice's logits; forward() gathers
     // them, forward_top() only each slice's candidates.
 }
 
-int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
+int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     maybe_inject_failure(comm_, "forward");
     const StepShape shape = check_step(cfg_, opt_, chunks);
     const int64_t T = shape.tokens, n = shape.logit_rows;
@@ -709,7 +709,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
     // The first step of a shape runs eagerly: it loads the kernels' modules and lets cuBLAS
     // initialise outside any capture. From the second on, the step is captured once and replayed.
     // Capture records, it does not run, so the tables are copied afterwards.
-    const GraphKey key{T, B, max_n, n};
+    const GraphKey key{T, B, max_n, n, head};
     auto it = graphs_.end();
     if (opt_.cuda_graphs && max_n <= kGraphMaxChunk && !eager_once_.insert(key).second) {
         it = graphs_.find(key);
@@ -719,7 +719,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
             recording_ = &g;
             try {
                 g.begin(stream_);
-                run_step(T, B, max_n, n);
+                run_step(T, B, max_n, n, head);
                 g.end();
             } catch (...) {
                 g.abandon();
@@ -735,12 +735,12 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks) {
         it->second->replay(stream_);
     } else {
         CUDA_CHECK(cudaMemcpyAsync(b_.meta, meta_host_.get(), b_.meta_bytes, cudaMemcpyHostToDevice, stream_));
-        run_step(T, B, max_n, n);
+        run_step(T, B, max_n, n, head);
     }
     // Token penalties on this rank's slice of the logits, eagerly after the step (never captured:
     // their count changes from step to step), before anything reads the rows.
     const std::vector<PenaltyEntry> pen = step_penalties(chunks);
-    if (!pen.empty() && plan_.n_vocab > 0) {
+    if (head && !pen.empty() && plan_.n_vocab > 0) {
         std::memcpy(penalty_host_.get(), pen.data(), pen.size() * sizeof(PenaltyEntry));
         CUDA_CHECK(cudaMemcpyAsync(b_.penalties, penalty_host_.get(), pen.size() * sizeof(PenaltyEntry),
                                    cudaMemcpyHostToDevice, stream_));
@@ -784,6 +784,15 @@ void CudaEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
             const float* src = host + (int64_t(rk) * n + i) * vpr;
             std::copy(src, src + nv, logits + i * c.vocab + v0);
         }
+}
+
+void CudaEngine::forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) {
+    const int64_t n = launch(chunks, /*head=*/false);
+    // Every rank holds the whole normed rows: the all-reduces made the residual stream whole.
+    if (n > 0)
+        CUDA_CHECK(cudaMemcpyAsync(hidden, b_.last, size_t(n * cfg_.hidden) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+    wait();
 }
 
 // Eager, between steps (graphs hold positions as inputs, so none is re-captured), and waited for:

@@ -120,6 +120,7 @@ public:
     ~CudaEngine() override;
 
     void forward(const std::vector<SeqChunk>& chunks, float* logits) override;
+    void forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) override;
     void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) override;
     bool forward_nucleus(const std::vector<SeqChunk>& chunks, int64_t k, float temperature, float* vals, int32_t* ids,
                          uint64_t* mass) override;
@@ -144,13 +145,14 @@ public:
 
 private:
     // What a step's launches depend on besides the device-side tables: its token rows, chunks,
-    // longest chunk and logit rows. Steps of one shape replay one graph whatever their tokens,
-    // positions, slots and chunk lengths (the kernels read those from meta_).
+    // longest chunk, logit rows and whether lm_head runs. Steps of one shape replay one graph
+    // whatever their tokens, positions, slots and chunk lengths (the kernels read those from meta_).
     struct GraphKey {
         int64_t tokens, chunks, max_chunk, logit_rows;
+        bool head;
         bool operator<(const GraphKey& o) const {
-            return std::tie(tokens, chunks, max_chunk, logit_rows) <
-                   std::tie(o.tokens, o.chunks, o.max_chunk, o.logit_rows);
+            return std::tie(tokens, chunks, max_chunk, logit_rows, head) <
+                   std::tie(o.tokens, o.chunks, o.max_chunk, o.logit_rows, o.head);
         }
     };
     // Steps whose chunks are at most this long are captured: decode (1) and verify steps of
@@ -164,9 +166,11 @@ private:
 
     void layout(DeviceArena& a, const ModelWeights& w);
     void upload(const ModelWeights& w);
-    int64_t launch(const std::vector<SeqChunk>& chunks);  // queues a step; returns its logit rows
-    void wait();                                           // until the stream is done
-    void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits);
+    // Queues a step; returns its logit rows. head false: the step stops at the final norm (b_.last),
+    // for forward_hidden.
+    int64_t launch(const std::vector<SeqChunk>& chunks, bool head = true);
+    void wait();  // until the stream is done
+    void run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits, bool head);
     void collective(std::function<void()> op);
     // y = x W^T (+ b): GEMV for decode, cuBLAS for prefill; W8A8's INT8 and W4A8's INT4 matrices
     // (int8_product) quantize x first unless int8_acts is false (lm_head, which stays W8A16 as on

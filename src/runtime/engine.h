@@ -80,6 +80,11 @@ public:
     // Runs the chunks; `logits` receives, chunk by chunk in order, n rows for an all_logits chunk
     // and one row for a want_logits chunk: [rows, vocab].
     virtual void forward(const std::vector<SeqChunk>& chunks, float* logits) = 0;
+    // Runs the chunks like forward() but hands back, for the same rows, the final RMSNorm's output
+    // instead of logits: [rows, hidden], what an embedding model pools (runtime/embed.h). No
+    // lm_head runs and no penalties apply. Every rank gets whole rows (the residual stream is
+    // replicated under tensor parallelism).
+    virtual void forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) = 0;
     // Runs the chunks like forward() but hands back only each logits row's first k candidates in
     // the sampler's ranking (runtime/sampler.h): vals and ids [rows, k], 1 <= k <= min(vocab,
     // kMaxTopCandidates). What a sampler with top-k (or greedy) reads, without moving the

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iomanip>
 #include <regex>
+#include <filesystem>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -923,6 +924,85 @@ TEST_F(Cli, BrokenCheckpointsAreNamed) {
     expect_error("generate" + m, "model.safetensors: tensor");
     write_file(dir_.file("model.safetensors"), st.substr(0, 100));
     expect_error("generate" + m, "larger than the file");
+}
+
+// shardlm embed: --prompt-name puts the folder's named prompt before each text (the same vectors as
+// the prefixed text's ids), plain output is one vector per line, quantize keeps the pooling
+// module, two ranks give one rank's vectors; and the flags' errors.
+TEST_F(Cli, Embed) {
+    const std::string kjv = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+    TempDir m;
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+        write_file(m.file(f), read_file(kjv + "/" + f));
+    std::filesystem::create_directories(m.file("pool"));
+    write_file(m.file("modules.json"), R"([{"type":"sentence_transformers.models.Transformer","path":""},
+                                           {"type":"sentence_transformers.models.Pooling","path":"pool"}])");
+    write_file(m.file("pool/config.json"), R"({"pooling_mode_cls_token":false,"pooling_mode_mean_tokens":true})");
+    write_file(m.file("config_sentence_transformers.json"), R"({"prompts":{"query":"Query: ","passage":""}})");
+    auto vectors = [&](const std::string& cmd) {
+        const CommandResult r = run_command(cmd);
+        EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+        std::vector<std::vector<float>> v;
+        const nlohmann::json out = nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
+        EXPECT_EQ(out.value("pooling", ""), "mean") << r.out;
+        EXPECT_EQ(out.value("normalized", true), false) << r.out;  // no Normalize module
+        if (out.contains("data"))
+            for (const auto& d : out["data"]) v.push_back(d["embedding"].get<std::vector<float>>());
+        return v;
+    };
+    const std::string e = kBin + " embed --json --model " + m.path();
+    const auto named = vectors(e + " --prompt-name query --prompt Behold --prompt 'And God said'");
+    const CommandResult ids = run_command(kBin + " tokenize --model " + m.path() + " --json --text 'Query: Behold'");
+    ASSERT_EQ(ids.exit_code, 0) << ids.err;
+    std::string list;
+    const nlohmann::json tokenized = nlohmann::json::parse(ids.out);
+    for (const auto& id : tokenized["ids"]) list += (list.empty() ? "" : ",") + std::to_string(id.get<int>());
+    const auto by_ids = vectors(e + " --prompt-ids " + list);
+    ASSERT_EQ(named.size(), 2u);
+    ASSERT_EQ(by_ids.size(), 1u);
+    EXPECT_LT(max_abs_diff(named[0], by_ids[0]), 1e-5);
+    EXPECT_GT(max_abs_diff(named[0], vectors(e + " --prompt Behold")[0]), 1e-3);  // the prompt mattered
+
+    // Plain output: the vectors, one per line.
+    const CommandResult plain = run_command(kBin + " embed --model " + m.path() + " --prompt-ids '5,6;7' --dimensions 3");
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    std::istringstream lines(plain.out);
+    std::vector<std::vector<float>> rows;
+    for (std::string line; std::getline(lines, line);) {
+        std::istringstream in(line);
+        rows.emplace_back();
+        for (float x; in >> x;) rows.back().push_back(x);
+    }
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_LT(max_abs_diff(rows[0], vectors(e + " --prompt-ids 5,6 --dimensions 3")[0]), 1e-6);
+
+    // A quantized copy keeps the folder's pooling (the json checks say mean, not normalized).
+    const CommandResult q = run_command(kBin + " quantize --model " + m.path() + " --out " + m.file("q8") + " --weights int8");
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    const auto q8 = vectors(kBin + " embed --json --model " + m.file("q8") + " --prompt-ids 5,6");
+    ASSERT_EQ(q8.size(), 1u);
+    EXPECT_LT(max_abs_diff(q8[0], vectors(e + " --prompt-ids 5,6")[0]), 0.05);
+#ifdef SHARDLM_MPIEXEC
+    const auto two = vectors(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+                             kBin + " embed --json --model " + m.path() + " --prompt-name query --prompt Behold --prompt "
+                             "'And God said' --tp 2");
+    ASSERT_EQ(two.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_LT(max_abs_diff(two[i], named[i]), 1e-4) << i;
+#endif
+
+    const std::string b = "embed --model " + m.path();
+    expect_cli_error(b, "an input is required");
+    expect_cli_error(b + " --prompt x --prompt-ids 1", "exclude each other");
+    expect_cli_error(b + " --prompt x --prompt-name doc", "--prompt-name \"doc\": " + m.path() +
+                                                              "/config_sentence_transformers.json has the prompts passage, query");
+    expect_cli_error(b + " --prompt-ids 1 --prompt-name query", "--prompt-name applies to text inputs");
+    expect_cli_error(b + " --prompt x --normalize --no-normalize", "--normalize and --no-normalize exclude each other");
+    expect_cli_error(b + " --prompt x --pooling max", "--pooling \"max\" is not one of last, mean, cls");
+    expect_cli_error(b + " --prompt x --dimensions 9999", "--dimensions 9999 exceeds the model's hidden size");
+    expect_cli_error(b + " --prompt-ids '1,2,3;4' --ctx 2", "input 0 has 3 tokens, more than the context of 2");
+    expect_cli_error("embed --model " + dir_.path() + " --prompt x", "text inputs need the model's tokenizer");
+    write_file(m.file("pool/config.json"), R"({"pooling_mode_max_tokens":true})");
+    expect_cli_error(b + " --prompt x", "pool/config.json: pooling_mode_max_tokens is not supported");
 }
 
 #ifdef SHARDLM_MPIEXEC

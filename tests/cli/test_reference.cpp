@@ -2,6 +2,8 @@
 // (tests/reference/hf_forward.py): same greedy tokens, last-prompt logits within 0.01.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
@@ -97,4 +99,44 @@ TEST(Reference, Qwen2SlidingWindowFromALayer) {
     c.sliding_window = 4;
     c.window_from_layer = 1;
     compare(c, {DType::F32, 1, 29}, "auto", " --prefill-chunk 5");
+}
+
+// shardlm embed's pooled vectors against the reference's final hidden states, pooled alike: three
+// inputs (one longer than --prefill-chunk) through two slots, last/mean/cls, not normalized and
+// normalized; a Llama with untied embeddings, and a tied Qwen3 saved as the base model class
+// (Qwen3-Embedding's layout: no "model." prefix, no lm_head).
+TEST(Reference, EmbeddingsPoolTheFinalHiddenStates) {
+    if (!have_numpy()) GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (apt-get install python3-numpy)";
+    TempDir llama, qwen, bare;
+    write_synthetic_checkpoint(llama.path(), tiny_config(Arch::Llama), {DType::F32, 1, 41});
+    write_synthetic_checkpoint(qwen.path(), tiny_config(Arch::Qwen3), {DType::BF16, 1, 42});
+    write_without_model_prefix(qwen.path(), bare.path());
+    const std::string ids = "5,17,99,3,250,8,42,7,300,11,64,2;9;120,33,4";
+    for (const std::string& dir : {llama.path(), bare.path()})
+        for (const char* pooling : {"last", "mean", "cls"}) {
+            const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
+                                                  dir + " --prompt-ids '" + ids + "' --embed " + pooling);
+            ASSERT_EQ(ref.exit_code, 0) << ref.err;
+            const auto want = nlohmann::json::parse(ref.out)["results"];
+            for (const bool normalize : {false, true}) {
+                const CommandResult ours =
+                    run_command(std::string(SHARDLM_BIN) + " embed --model " + dir + " --prompt-ids '" + ids +
+                                "' --batch 2 --prefill-chunk 5 --json --pooling " + pooling +
+                                (normalize ? " --normalize" : " --no-normalize"));
+                ASSERT_EQ(ours.exit_code, 0) << ours.err;
+                const auto got = nlohmann::json::parse(ours.out);
+                EXPECT_EQ(got["pooling"], pooling);
+                ASSERT_EQ(got["data"].size(), 3u);
+                for (size_t i = 0; i < 3; ++i) {
+                    std::vector<float> w = want[i]["embedding"].get<std::vector<float>>();
+                    if (normalize) {
+                        double sq = 0;
+                        for (float x : w) sq += double(x) * x;
+                        for (float& x : w) x = float(x / std::sqrt(sq));
+                    }
+                    EXPECT_LT(max_abs_diff(got["data"][i]["embedding"].get<std::vector<float>>(), w), 2e-4)
+                        << dir << " " << pooling << (normalize ? " normalized" : "") << " input " << i;
+                }
+            }
+        }
 }

@@ -8,12 +8,16 @@ the tests to check the C++ engine; it needs only python3 + numpy.
 
 Usage:
   hf_forward.py --model DIR --prompt-ids "1,2,3;4,5" --max-new-tokens N [--ctx-check]
+  hf_forward.py --model DIR --prompt-ids "1,2,3;4,5" --embed last|mean|cls
 Prints {"results": [{"tokens": [...], "last_logits": [...]}, ...]} on stdout,
 one entry per ';'-separated prompt. Greedy decoding, full recompute per step.
 --ctx-check additionally requires prompt+new tokens <= max_position_embeddings
 and re-runs the final sequence once, checking causality: the logits at the
 prompt's last position must be unchanged and every generated token must be the
 argmax at its position; adds "ctx_check_max_abs_diff" to each result.
+--embed prints {"results": [{"embedding": [...]}, ...]} instead: the final hidden
+states pooled as sentence-transformers pools them (last token, mean, first
+token), not normalized.
 """
 import argparse
 import json
@@ -64,6 +68,11 @@ class Checkpoint:
             mm = np.memmap(path, dtype=np.uint8, mode="r")
             for name, info in header.items():
                 self.entries[name] = (mm, start, info)
+        # A checkpoint saved from the base model class (Qwen3-Embedding's Qwen3Model) names its
+        # tensors without the "model." prefix; transformers maps them onto the same modules.
+        names = [n for n in self.entries if n != "__metadata__"]
+        if "embed_tokens.weight" in self.entries and not any(n.startswith("model.") for n in names):
+            self.entries = {("model." + n if n != "__metadata__" else n): e for n, e in self.entries.items()}
 
     def has(self, name):
         return name in self.entries
@@ -232,8 +241,8 @@ class Model:
         rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
         return (x * cos + rot * sin).astype(F32)
 
-    def forward(self, ids):
-        """Returns float32 logits [n, vocab] for token ids [n] (positions 0..n-1)."""
+    def forward(self, ids, hidden=False):
+        """Returns float32 logits [n, vocab] for token ids [n] (positions 0..n-1), or with hidden the final norm's output [n, hidden]."""
         n, H, KV, D = len(ids), self.n_heads, self.n_kv, self.head_dim
         x = self.embed[np.asarray(ids)].astype(F32)  # [n, hidden]
         # cos/sin tables: freqs = pos (outer) inv_freq, duplicated for both halves.
@@ -278,6 +287,8 @@ class Model:
                 g = g / (F32(1) + np.exp(-g))  # silu
             x = (x + (g * (hsn @ L["mlp.up_proj"].T)) @ L["mlp.down_proj"].T).astype(F32)
         x = self.rms_norm(x, self.norm)
+        if hidden:
+            return x  # the last hidden state, what AutoModel hands sentence-transformers
         return (x @ self.lm_head.T).astype(F32)
 
     def generate(self, prompt, max_new):
@@ -312,10 +323,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="HF checkpoint directory")
     ap.add_argument("--prompt-ids", required=True, help='prompts, e.g. "1,2,3;4,5"')
-    ap.add_argument("--max-new-tokens", type=int, required=True)
+    ap.add_argument("--max-new-tokens", type=int)
+    ap.add_argument("--embed", choices=("last", "mean", "cls"),
+                    help="print pooled final hidden states instead of generating")
     ap.add_argument("--ctx-check", action="store_true",
                     help="check context length and causal consistency of the result")
     args = ap.parse_args()
+    if (args.max_new_tokens is None) == (args.embed is None):
+        die("give one of --max-new-tokens and --embed")
 
     model = Model(args.model)
     vocab = model.embed.shape[0]
@@ -329,6 +344,11 @@ def main():
             if limit and len(prompt) + args.max_new_tokens > limit:
                 die(f"prompt ({len(prompt)}) + max_new_tokens ({args.max_new_tokens}) "
                     f"exceeds max_position_embeddings ({limit})")
+        if args.embed:
+            h = model.forward(prompt, hidden=True).astype(np.float64)
+            pooled = h[-1] if args.embed == "last" else h[0] if args.embed == "cls" else h.mean(axis=0)
+            results.append({"embedding": [float(v) for v in pooled]})
+            continue
         tokens, last_logits, seq = model.generate(prompt, args.max_new_tokens)
         res = {"tokens": tokens, "last_logits": [float(v) for v in last_logits]}
         if args.ctx_check:

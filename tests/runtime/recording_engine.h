@@ -22,6 +22,10 @@ public:
         record(chunks);
         e_.forward(chunks, logits);
     }
+    void forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) override {
+        record(chunks);
+        e_.forward_hidden(chunks, hidden);
+    }
     void forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) override {
         record(chunks);
         e_.forward_top(chunks, k, vals, ids);

@@ -14,6 +14,7 @@
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
 #include "runtime/cuda_engine.h"
+#include "runtime/embed.h"
 #include "runtime/sampler.h"
 #ifdef SHARDLM_CUDA_EMU
 #include "tests/cuda_emu/emu.h"
@@ -949,5 +950,52 @@ TEST(CudaEngine, DraftModelKeepsTheTokens) {
             EXPECT_GT(spec.timings.accepted_tokens, 0) << p_min;
             if (sampler.temperature == 0) EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps) << p_min;
         }
+    }
+}
+
+// Embeddings on the GPU (forward_hidden: the step stops at the final norm) equal the CPU's, every
+// pooling, through two slots in chunks of 3 (graph-captured steps among them); and a graph
+// captured without lm_head is never replayed for a step that wants logits (nor the reverse).
+TEST(CudaEngine, EmbeddingsMatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    TempDir dir;
+    SessionOptions so = tiny_cuda_model(dir, cfg);
+    std::vector<std::vector<int32_t>> inputs;
+    for (int64_t n : {7, 1, 19, 3}) inputs.push_back(make_prompt(n, cfg.vocab, uint64_t(n) + 40));
+    so.max_batch = 2;
+    so.ctx = 32;
+    so.prefill_chunk = 3;
+    so.max_logit_rows = 3;
+    SessionOptions cpu = so;
+    cpu.device = Device::Cpu;
+    SingleRank comm;
+    auto g = open_session(so, comm);
+    auto c = open_session(cpu, comm);
+    for (const Pooling p : {Pooling::Last, Pooling::Mean, Pooling::Cls}) {
+        EmbedOptions eo;
+        eo.pooling = p;
+        eo.normalize = false;
+        eo.chunk = 3;
+        const auto got = embed(*g->engine, inputs, eo), want = embed(*c->engine, inputs, eo);
+        for (size_t i = 0; i < inputs.size(); ++i)
+            EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4) << pooling_name(p) << " input " << i;
+    }
+    // The same step shape as logits and as hidden states, each replayed from its own graph.
+    const std::vector<int32_t> t = make_prompt(2, cfg.vocab, 9);
+    const std::vector<SeqChunk> step = {{0, t.data(), 2, 0, true}};
+    std::vector<float> hidden(size_t(cfg.hidden)), logits(size_t(cfg.vocab)), want(size_t(cfg.vocab));
+    c->engine->forward(step, want.data());
+    for (int i = 0; i < 3; ++i) g->engine->forward_hidden(step, hidden.data());
+    for (int i = 0; i < 3; ++i) {
+        std::fill(logits.begin(), logits.end(), 0.0f);
+        g->engine->forward(step, logits.data());
+        EXPECT_LT(max_abs_diff(logits, want), 1e-3) << "replay " << i;
+    }
+    for (int i = 0; i < 2; ++i) {
+        std::vector<float> h(size_t(cfg.hidden), 0.0f), hc(size_t(cfg.hidden));
+        g->engine->forward_hidden(step, h.data());
+        c->engine->forward_hidden(step, hc.data());
+        EXPECT_LT(max_abs_diff(h, hc), 1e-4) << "replay " << i;
     }
 }

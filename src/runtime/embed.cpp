@@ -1,0 +1,199 @@
+#include "runtime/embed.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mmap_file.h"
+
+namespace shardlm {
+
+namespace {
+
+using json = nlohmann::json;
+
+json read_json(const std::string& path) {
+    try {
+        return json::parse(read_text_file(path));
+    } catch (const json::exception& e) {
+        fail(path, ": malformed JSON: ", e.what());
+    }
+}
+
+bool flag(const json& j, const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
+
+// The Pooling module's config.json: exactly one mode this runtime pools with.
+Pooling read_pooling(const std::string& path) {
+    const json j = read_json(path);
+    if (!j.is_object()) fail(path, ": not a JSON object");
+    std::vector<std::pair<const char*, Pooling>> on;
+    for (const auto& [key, p] : {std::pair<const char*, Pooling>{"pooling_mode_lasttoken", Pooling::Last},
+                                 {"pooling_mode_mean_tokens", Pooling::Mean},
+                                 {"pooling_mode_cls_token", Pooling::Cls}})
+        if (flag(j, key)) on.emplace_back(key, p);
+    for (const char* key : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens"})
+        if (flag(j, key)) fail(path, ": ", key, " is not supported (pooling: lasttoken, mean_tokens or cls_token)");
+    if (on.size() != 1)
+        fail(path, on.empty() ? ": no pooling mode is set" : ": several pooling modes are set (their concatenation is not supported)",
+             " (one of pooling_mode_lasttoken, pooling_mode_mean_tokens, pooling_mode_cls_token)");
+    // include_prompt false leaves the instruction's tokens out of the pool: only the last token's
+    // state is the same either way.
+    if (j.contains("include_prompt") && j["include_prompt"] == false && on[0].second != Pooling::Last)
+        fail(path, ": include_prompt false is supported with pooling_mode_lasttoken only");
+    return on[0].second;
+}
+
+}  // namespace
+
+Pooling parse_pooling(const std::string& s) {
+    if (s == "last") return Pooling::Last;
+    if (s == "mean") return Pooling::Mean;
+    if (s == "cls") return Pooling::Cls;
+    fail("--pooling \"", s, "\" is not one of last, mean, cls");
+}
+
+const char* pooling_name(Pooling p) { return p == Pooling::Last ? "last" : p == Pooling::Mean ? "mean" : "cls"; }
+
+EmbeddingConfig load_embedding_config(const std::string& dir) {
+    EmbeddingConfig ec;
+    const std::string modules_path = dir + "/modules.json";
+    if (file_exists(modules_path)) {
+        const json mods = read_json(modules_path);
+        if (!mods.is_array()) fail(modules_path, ": not a JSON array of modules");
+        bool pooled = false;
+        ec.normalize = false;  // only a Normalize module normalizes
+        for (const json& m : mods) {
+            const std::string type = m.is_object() && m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : "";
+            const std::string path = m.is_object() && m.contains("path") && m["path"].is_string() ? m["path"].get<std::string>() : "";
+            const std::string kind = type.substr(type.find_last_of('.') + 1);
+            if (kind == "Transformer") {
+                if (!path.empty())
+                    fail(modules_path, ": the Transformer module lives in the subfolder \"", path,
+                         "\"; shardlm reads the model from the folder itself");
+            } else if (kind == "Pooling") {
+                if (pooled) fail(modules_path, ": more than one Pooling module");
+                ec.pooling = read_pooling(dir + "/" + (path.empty() ? "." : path) + "/config.json");
+                ec.pooling_source = (path.empty() ? "" : path + "/") + "config.json";
+                pooled = true;
+            } else if (kind == "Normalize") {
+                ec.normalize = true;
+            } else {
+                fail(modules_path, ": module \"", type.empty() ? m.dump() : type,
+                     "\" is not supported (Transformer, Pooling and Normalize are)");
+            }
+        }
+        if (!pooled) fail(modules_path, ": no Pooling module");
+    }
+    const std::string st_path = dir + "/config_sentence_transformers.json";
+    if (file_exists(st_path)) {
+        const json j = read_json(st_path);
+        if (j.contains("prompts") && j["prompts"].is_object())
+            for (const auto& [name, text] : j["prompts"].items()) {
+                if (!text.is_string()) fail(st_path, ": prompt \"", name, "\" is not a string");
+                ec.prompts[name] = text.get<std::string>();
+            }
+        if (j.contains("default_prompt_name") && j["default_prompt_name"].is_string()) {
+            const std::string name = j["default_prompt_name"];
+            auto it = ec.prompts.find(name);
+            if (it == ec.prompts.end()) fail(st_path, ": default_prompt_name \"", name, "\" is not among its prompts");
+            ec.default_prompt = it->second;
+        }
+    }
+    return ec;
+}
+
+void check_embed_inputs(const ModelConfig& c, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& inputs,
+                        const EmbedOptions& opt) {
+    if (opt.dimensions < 0 || opt.dimensions > c.hidden)
+        fail("dimensions ", opt.dimensions, " is not within [1, ", c.hidden, "] (the model's hidden size)");
+    if (opt.chunk < 1) fail("the prefill chunk must be at least 1");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::vector<int32_t>& in = inputs[i];
+        if (in.empty()) fail("input ", i, " has no tokens");
+        if (int64_t(in.size()) > eo.ctx)
+            fail("input ", i, " has ", in.size(), " tokens, more than the context of ", eo.ctx, " positions (--ctx)");
+        for (const int32_t t : in)
+            if (t < 0 || t >= c.vocab) fail("input ", i, ": token id ", t, " is outside the vocabulary [0, ", c.vocab, ")");
+    }
+}
+
+void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize) {
+    if (dimensions > 0 && size_t(dimensions) < v.size()) v.resize(size_t(dimensions));
+    if (!normalize) return;
+    double sq = 0;
+    for (const float x : v) sq += double(x) * x;
+    const double scale = 1.0 / std::max(std::sqrt(sq), 1e-12);
+    for (float& x : v) x = float(x * scale);
+}
+
+std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
+                                      const EmbedOptions& opt) {
+    const ModelConfig& c = engine.config();
+    const EngineOptions& eo = engine.options();
+    check_embed_inputs(c, eo, inputs, opt);
+    const int64_t H = c.hidden;
+    const int64_t row_cap = eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
+    const bool mean = opt.pooling == Pooling::Mean;
+    struct Slot {
+        int64_t input = -1, pos = 0;
+    };
+    std::vector<Slot> slots(size_t(eo.max_batch));
+    std::vector<std::vector<double>> pooled(inputs.size());
+    std::vector<std::vector<float>> out(inputs.size());
+    std::vector<float> hidden(size_t(row_cap * H));
+    // The tokens an input runs: a causal model's first state sees only the first token.
+    auto end_of = [&](int64_t i) { return opt.pooling == Pooling::Cls ? int64_t(1) : int64_t(inputs[size_t(i)].size()); };
+    size_t next = 0, done = 0;
+    while (done < inputs.size()) {
+        for (Slot& s : slots)
+            if (s.input < 0 && next < inputs.size()) s = Slot{int64_t(next++), 0};
+        std::vector<SeqChunk> chunks;
+        std::vector<size_t> owner;  // each chunk's slot
+        int64_t tokens = 0, rows = 0;
+        for (size_t k = 0; k < slots.size(); ++k) {
+            const Slot& s = slots[k];
+            if (s.input < 0) continue;
+            const int64_t end = end_of(s.input);
+            int64_t n = std::min({end - s.pos, opt.chunk, eo.max_step_tokens - tokens});
+            if (mean) n = std::min(n, row_cap - rows);
+            else if (rows == row_cap) n = std::min(n, end - s.pos - 1);  // no row left for its last token
+            if (n <= 0) continue;
+            SeqChunk ch;
+            ch.slot = int64_t(k);
+            ch.tokens = inputs[size_t(s.input)].data() + s.pos;
+            ch.n = n;
+            ch.pos = s.pos;
+            ch.all_logits = mean;
+            ch.want_logits = !mean && s.pos + n == end;
+            rows += mean ? n : ch.want_logits ? 1 : 0;
+            tokens += n;
+            chunks.push_back(ch);
+            owner.push_back(k);
+        }
+        engine.forward_hidden(chunks, hidden.data());
+        int64_t r = 0;
+        for (size_t k = 0; k < chunks.size(); ++k) {
+            Slot& s = slots[owner[k]];
+            std::vector<double>& acc = pooled[size_t(s.input)];
+            acc.resize(size_t(H), 0.0);
+            const int64_t n_rows = mean ? chunks[k].n : chunks[k].want_logits ? 1 : 0;
+            for (int64_t j = 0; j < n_rows; ++j, ++r)
+                for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += double(hidden[size_t(r * H + h)]);
+            s.pos += chunks[k].n;
+            if (s.pos < end_of(s.input)) continue;
+            const double count = mean ? double(s.pos) : 1.0;
+            std::vector<float>& v = out[size_t(s.input)];
+            v.resize(size_t(H));
+            for (int64_t h = 0; h < H; ++h) v[size_t(h)] = float(acc[size_t(h)] / count);
+            finish_embedding(v, opt.dimensions, opt.normalize);
+            acc = {};
+            s.input = -1;
+            ++done;
+        }
+    }
+    return out;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,60 @@
+// Text embeddings from a decoder model: each input's final hidden states (Engine::forward_hidden)
+// pooled into one vector, as sentence-transformers does for the decoder embedding models
+// (Qwen3-Embedding, gte-Qwen2, e5-mistral: the last token's state, L2-normalized). The model
+// folder's sentence-transformers files say how to pool; shardlm embed and shardlm serve
+// --embeddings run it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace shardlm {
+
+// Last: the input's last token (what a causal model's state sums up); Mean: the average over its
+// tokens; Cls: its first token (for a causal model that state sees the first token alone).
+enum class Pooling { Last, Mean, Cls };
+Pooling parse_pooling(const std::string& s);  // throws Error naming --pooling
+const char* pooling_name(Pooling p);          // "last", "mean", "cls"
+
+// What a sentence-transformers folder says (modules.json, its Pooling module's config.json,
+// config_sentence_transformers.json). Without modules.json: last-token pooling, normalized.
+struct EmbeddingConfig {
+    Pooling pooling = Pooling::Last;
+    bool normalize = true;
+    std::map<std::string, std::string> prompts;  // named instruction prefixes ("query": "Instruct: ...")
+    std::string default_prompt;                  // default_prompt_name's text ("": none)
+    std::string pooling_source = "default";      // the file pooling came from, for messages
+};
+// Throws Error naming the file for what this runtime cannot reproduce: a module other than the
+// Transformer, one Pooling and an optional Normalize (e.g. Dense), a pooling mode other than
+// last/mean/cls, include_prompt false, malformed JSON.
+EmbeddingConfig load_embedding_config(const std::string& model_dir);
+
+struct EmbedOptions {
+    Pooling pooling = Pooling::Last;
+    bool normalize = true;
+    int64_t dimensions = 0;  // keep the first this many dimensions (Matryoshka), before normalizing; 0: all
+    int64_t chunk = 256;     // most tokens of one input per step
+};
+
+// Checks every input before anything runs: not empty, within the engine's context (the error
+// names the input by index), and dimensions within [0, hidden].
+void check_embed_inputs(const ModelConfig& c, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& inputs,
+                        const EmbedOptions& opt);
+
+// A pooled vector as handed out: its first `dimensions` (0: all), then L2-normalized when
+// `normalize` (torch's F.normalize: over max(norm, 1e-12)).
+void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize);
+
+// The inputs' embeddings, [inputs][dimensions or hidden]. The engine's slots take an input each;
+// their chunks share steps of at most max_step_tokens rows (and max_logit_rows output rows), and
+// a slot takes the next input as soon as its own is done. A collective under tensor parallelism:
+// every rank calls it with the same inputs and gets the same vectors.
+std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
+                                      const EmbedOptions& opt);
+
+}  // namespace shardlm

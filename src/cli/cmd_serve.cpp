@@ -1,5 +1,6 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health, /metrics, /tokenize, /detokenize; tool calls for Qwen's, Llama 3.1/3.2's
+// /v1/models, /health, /metrics, /tokenize, /detokenize; with --embeddings /v1/embeddings instead
+// of the text routes; tool calls for Qwen's, Llama 3.1/3.2's
 // and Mistral v3's templates; JSON schemas, regexes and GBNF grammars for structured output),
 // over HTTPS and behind an API key on request, over the continuous-batching scheduler
 // (runtime/batcher.h).
@@ -38,6 +39,7 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "runtime/batcher.h"
+#include "runtime/embed.h"
 #include "runtime/generate.h"
 #include "runtime/grammar.h"
 #include "runtime/session.h"
@@ -187,11 +189,33 @@ std::string metrics_text(Stats& st) {
     return out;
 }
 
+// One /v1/embeddings request (serve --embeddings), shared by its handler thread and the engine
+// loop on rank 0.
+struct EmbedJob {
+    EmbeddingRequest req;
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<std::vector<float>> vectors;
+    bool done = false, aborted = false;
+    double arrived = 0;
+};
+
+void end_embed_job(EmbedJob& job, bool aborted) {
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        job.done = true;
+        job.aborted = aborted;
+    }
+    job.cv.notify_all();
+}
+
 // The handler threads' requests for the engine loop.
 struct Inbox {
     std::mutex m;
     std::condition_variable cv;
     std::deque<std::shared_ptr<Job>> jobs;
+    std::deque<std::shared_ptr<EmbedJob>> embeds;
+    std::vector<std::shared_ptr<EmbedJob>> embedding;  // rank 0: the ones the engine loop runs now
     bool closed = false;
 };
 
@@ -290,11 +314,72 @@ BatchRequest batch_request(const json& j) {
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+// serve --embeddings' engine loop, on every rank: each iteration rank 0 takes every request that
+// came in, broadcasts their inputs (or shutdown), and all ranks embed them together (runtime/embed.h:
+// the slots take the inputs of several requests at once); rank 0 then hands each request its
+// vectors, cut to its dimensions and normalized as it asks.
+void embedding_loop(Communicator& comm, Engine& engine, Inbox& inbox, Stats& stats, const EmbedOptions& eo) {
+    const bool root = comm.rank() == 0;
+    for (;;) {
+        json ctl = {{"inputs", json::array()}, {"shutdown", false}};
+        std::vector<std::shared_ptr<EmbedJob>> jobs;
+        if (root) {
+            std::unique_lock<std::mutex> lk(inbox.m);
+            inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.embeds.empty() || g_signalled; });
+            jobs.assign(inbox.embeds.begin(), inbox.embeds.end());
+            inbox.embeds.clear();
+            inbox.embedding = jobs;
+            if (g_signalled) {
+                inbox.closed = true;
+                ctl["shutdown"] = true;
+            }
+            lk.unlock();
+            for (const auto& job : jobs)
+                for (const auto& in : job->req.inputs) ctl["inputs"].push_back(in);
+        }
+        broadcast_control(comm, ctl);
+        if (ctl["shutdown"]) break;
+        if (ctl["inputs"].empty()) continue;
+        const auto inputs = ctl["inputs"].get<std::vector<std::vector<int32_t>>>();
+        EmbedOptions raw = eo;  // each request cuts and normalizes its own
+        raw.dimensions = 0;
+        raw.normalize = false;
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::vector<std::vector<float>> vecs = embed(engine, inputs, raw);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (!root) continue;
+        size_t at = 0;
+        int64_t tokens = 0;
+        for (const auto& job : jobs) {
+            std::vector<std::vector<float>> mine(vecs.begin() + std::ptrdiff_t(at), vecs.begin() + std::ptrdiff_t(at + job->req.inputs.size()));
+            at += job->req.inputs.size();
+            for (auto& v : mine) finish_embedding(v, job->req.dimensions, job->req.normalize < 0 ? eo.normalize : job->req.normalize == 1);
+            for (const auto& in : job->req.inputs) tokens += int64_t(in.size());
+            {
+                std::lock_guard<std::mutex> lk(job->m);
+                job->vectors = std::move(mine);
+            }
+            end_embed_job(*job, false);
+        }
+        {
+            std::lock_guard<std::mutex> lk(inbox.m);
+            inbox.embedding.clear();
+        }
+        std::lock_guard<std::mutex> lk(stats.m);
+        stats.finished["stop"] += int64_t(jobs.size());
+        stats.prompt_tokens += tokens;
+        stats.steps.prefill_tokens += tokens;
+        stats.steps.prefill_ms += ms;
+        const double end = now_s();
+        for (const auto& job : jobs) stats.e2e.add(end - job->arrived);
+    }
+}
+
 }  // namespace
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -318,6 +403,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("prefill-chunk", po::value(&chunk)->default_value(256), "tokens per step (decode tokens first)")
         ("penalty-last-n", po::value(&penalty_last_n)->default_value(64),
          "tokens the requests' repetition, presence and frequency penalties look back over")
+        ("embeddings",
+         "serve /v1/embeddings instead of the text routes: each input's final hidden states pooled as the folder's "
+         "sentence-transformers files say (else the last token's, normalized), as shardlm embed does")
+        ("pooling", po::value(&pooling), "--embeddings: last, mean or cls instead of the folder's pooling")
         ("no-prefix-cache",
          "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
@@ -346,9 +435,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
     const bool root = comm.rank() == 0;
     bool help = false;
     std::unique_ptr<Tokenizer> tok;
+    EmbeddingConfig ecfg;
+    bool embeddings = false;
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm serve --model DIR [--host H] [--port P] [--batch N] [flags]", root);
         if (help) return;
+        embeddings = vm.count("embeddings") > 0;
         SessionOptions check_flags;
         apply_backend(backend, check_flags);
         apply_precision(prec, check_flags);
@@ -381,6 +473,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         // Every rank: JSON mode's token masks are made where the choices are.
         if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (vm.count("pooling") && !embeddings) fail("--pooling applies to --embeddings");
+        if (embeddings) {
+            if (!draftf.model.empty() || speculate > 0)
+                fail("--embeddings generates no text: --speculate and --draft-model do not apply");
+            ecfg = load_embedding_config(model);
+            if (vm.count("pooling")) ecfg.pooling = parse_pooling(pooling);
+        }
     });
     if (help) return 0;
 
@@ -390,8 +489,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
-    set_scoring_rows(so);  // echo requests score their prompts
-    set_speculation_rows(so, speculate);
+    if (embeddings) {  // mean pooling reads every token's state: a chunk's worth of rows per step
+        so.max_logit_rows = ecfg.pooling == Pooling::Mean ? std::max(batch, chunk) : batch;
+    } else {
+        set_scoring_rows(so);  // echo requests score their prompts
+        set_speculation_rows(so, speculate);
+    }
     std::unique_ptr<Session> s, ds;  // the model, and --draft-model's
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
@@ -400,7 +503,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         check_context(cfg, so);
         // Each row: the penalty window's distinct ids, a request's logit_bias ids, and the
         // end-of-sequence and stop_token_ids min_tokens bans.
-        so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
+        if (!embeddings) so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
                                         kMaxApiStopTokenIds,
                                     cfg.vocab);
         if (!draftf.model.empty()) check_draft_model(draftf.model, so, speculate);
@@ -438,6 +541,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             inbox.closed = true;
             for (auto& job : inbox.jobs) abort_job(*job);
             inbox.jobs.clear();
+            for (auto& job : inbox.embeds) end_embed_job(*job, true);
+            for (auto& job : inbox.embedding) end_embed_job(*job, true);
+            inbox.embeds.clear();
+            inbox.embedding.clear();
         }
         svr->stop();
         if (http.joinable()) http.join();
@@ -510,12 +617,44 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                                    {"max_model_len", lim.ctx}}})}};
             res.set_content(j.dump(), "application/json");
         });
+        svr->Post("/v1/embeddings", [&](const httplib::Request& req, httplib::Response& res) {
+            auto refuse = [&](int status, const std::string& message) {
+                res.status = status;
+                res.set_content(api_error(message, status).dump(), "application/json");
+            };
+            if (!embeddings)
+                return refuse(400, "this server generates text: start shardlm serve with --embeddings (and an "
+                                   "embedding model) to serve /v1/embeddings");
+            auto job = std::make_shared<EmbedJob>();
+            try {
+                check_body_depth(req.body);
+                job->req = parse_embedding_request(json::parse(req.body), *tok, lim, s->cfg.hidden, ecfg.default_prompt);
+            } catch (const json::exception& e) {
+                return refuse(400, std::string("the request body is not valid JSON: ") + e.what());
+            } catch (const ApiError& e) {
+                return refuse(e.status, e.what());
+            }
+            job->arrived = now_s();
+            {
+                std::lock_guard<std::mutex> lk(inbox.m);
+                if (inbox.closed) return refuse(503, "the server is shutting down");
+                inbox.embeds.push_back(job);
+            }
+            inbox.cv.notify_one();
+            std::unique_lock<std::mutex> lk(job->m);
+            job->cv.wait(lk, [&] { return job->done; });
+            if (job->aborted) return refuse(503, "the server is shutting down");
+            res.set_content(api_embedding_response(job->req, name, job->vectors).dump(), "application/json");
+        });
         auto handler = [&](bool chat) {
             return [&, chat](const httplib::Request& req, httplib::Response& res) {
                 auto refuse = [&](int status, const std::string& message) {
                     res.status = status;
                     res.set_content(api_error(message, status).dump(), "application/json");
                 };
+                if (embeddings)
+                    return refuse(400, std::string("this server runs with --embeddings: it serves /v1/embeddings, not ") +
+                                           (chat ? "/v1/chat/completions" : "/v1/completions"));
                 json body;
                 try {
                     check_body_depth(req.body);
@@ -622,7 +761,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });
         std::cerr << "shardlm serve: listening on " << (ssl_cert.empty() ? "http" : "https") << "://" << host << ":"
-                  << bound << " (model " << name << ", " << batch << " slots of " << lim.ctx << " positions, "
+                  << bound << " (model " << name << (embeddings ? std::string(", embeddings, ") + pooling_name(ecfg.pooling) + " pooling" : std::string())
+                  << ", " << batch << " slots of " << lim.ctx << " positions, "
                   << engine.device() << ", tp " << comm.size()
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
     }
@@ -631,6 +771,18 @@ int cmd_serve(const Args& args, Communicator& comm) {
     // when rank 0 has seen one and told the others.
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    if (embeddings) {
+        EmbedOptions eo;
+        eo.pooling = ecfg.pooling;
+        eo.normalize = ecfg.normalize;
+        eo.chunk = chunk;
+        embedding_loop(comm, engine, inbox, stats, eo);
+        if (root) {
+            stop_http();
+            std::cerr << "shardlm serve: stopped" << std::endl;
+        }
+        return 0;
+    }
     BatcherOptions bo;
     bo.prefill_chunk = chunk;
     bo.reuse_prefix = !vm.count("no-prefix-cache");

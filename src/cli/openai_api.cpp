@@ -822,6 +822,105 @@ json api_detokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim
     return {{"prompt", tok.decode(ids)}};
 }
 
+EmbeddingRequest parse_embedding_request(const json& body, const Tokenizer& tok, const ApiLimits& lim, int64_t hidden,
+                                         const std::string& prefix) {
+    if (!body.is_object()) bad("the request body must be a JSON object");
+    if (body.contains("model") && !body["model"].is_null()) {
+        if (!body["model"].is_string()) bad("\"model\" must be a string");
+        if (body["model"].get<std::string>() != lim.model)
+            throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
+                                    lim.model + "`)");
+    }
+    EmbeddingRequest r;
+    if (!body.contains("input")) bad("\"input\" is required");
+    const json& in = body["input"];
+    const char* form = "\"input\" must be a string, an array of token ids, or a list of either";
+    auto ids_of = [&](const json& a) {
+        std::vector<int32_t> ids;
+        for (const json& id : a) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
+                bad(cat("\"input\" token ids must be integers in [0, ", lim.vocab, ")"));
+            ids.push_back(id.get<int32_t>());
+        }
+        return ids;
+    };
+    auto text = [&](const json& t) {
+        try {
+            return tok.encode(prefix + t.get<std::string>());
+        } catch (const Error& e) {
+            bad(e.what());
+        }
+    };
+    if (in.is_string()) {
+        r.inputs.push_back(text(in));
+    } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
+        r.inputs.push_back(ids_of(in));
+    } else if (in.is_array() && !in.empty()) {
+        if (int64_t(in.size()) > kMaxApiEmbeddingInputs)
+            bad(cat("\"input\" holds ", in.size(), " inputs, more than ", kMaxApiEmbeddingInputs));
+        const bool strings = in[0].is_string();
+        for (const json& e : in) {
+            if (strings ? !e.is_string() : !e.is_array()) bad(form);
+            r.inputs.push_back(strings ? text(e) : ids_of(e));
+        }
+    } else {
+        bad(form);
+    }
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+        if (r.inputs[i].empty()) bad(cat("input ", i, " has no tokens"));
+        if (int64_t(r.inputs[i].size()) > lim.ctx)
+            bad(cat("input ", i, " has ", r.inputs[i].size(), " tokens, more than the server's context of ", lim.ctx,
+                    " positions"));
+    }
+    const json fmt = body.value("encoding_format", json("float"));
+    if (fmt != "float" && fmt != "base64") bad("\"encoding_format\" must be \"float\" or \"base64\"");
+    r.base64 = fmt == "base64";
+    if (body.contains("dimensions") && !body["dimensions"].is_null()) {
+        const json& d = body["dimensions"];
+        if (!d.is_number_integer() || d.get<int64_t>() < 1 || d.get<int64_t>() > hidden)
+            bad(cat("\"dimensions\" must be an integer in [1, ", hidden, "] (the model's hidden size)"));
+        r.dimensions = d.get<int64_t>();
+    }
+    if (body.contains("normalize") && !body["normalize"].is_null()) {
+        if (!body["normalize"].is_boolean()) bad("\"normalize\" must be true or false");
+        r.normalize = body["normalize"].get<bool>() ? 1 : 0;
+    }
+    return r;
+}
+
+namespace {
+std::string base64_of(const uint8_t* p, size_t n) {
+    static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = uint32_t(p[i]) << 16 | (i + 1 < n ? uint32_t(p[i + 1]) << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        out += k[v >> 18 & 63];
+        out += k[v >> 12 & 63];
+        out += i + 1 < n ? k[v >> 6 & 63] : '=';
+        out += i + 2 < n ? k[v & 63] : '=';
+    }
+    return out;
+}
+}  // namespace
+
+json api_embedding_response(const EmbeddingRequest& r, const std::string& model, const std::vector<std::vector<float>>& vectors) {
+    json data = json::array();
+    int64_t tokens = 0;
+    for (size_t i = 0; i < vectors.size(); ++i) {
+        json e = {{"object", "embedding"}, {"index", i}};
+        if (r.base64) {
+            // The wire format is little-endian float32, which this host's floats are (x86-64, aarch64).
+            e["embedding"] = base64_of(reinterpret_cast<const uint8_t*>(vectors[i].data()), vectors[i].size() * sizeof(float));
+        } else {
+            e["embedding"] = vectors[i];
+        }
+        data.push_back(std::move(e));
+        tokens += int64_t(r.inputs[i].size());
+    }
+    return {{"object", "list"}, {"data", data}, {"model", model}, {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
+}
+
 json api_error(const std::string& message, int status) {
     return {{"error",
              {{"message", message},

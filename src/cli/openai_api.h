@@ -198,6 +198,26 @@ nlohmann::ordered_json api_tool_calls_chunk(const ApiRequest& r, const std::stri
 // {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
 nlohmann::ordered_json api_tokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);
 nlohmann::ordered_json api_detokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);
+// OpenAI's /v1/embeddings request: "input" a string, an array of token ids, or a list of either
+// (at most kMaxApiEmbeddingInputs), each within the context and not empty; "model" as for the
+// other routes; "encoding_format" float (default) or base64 (each vector's little-endian float32
+// bytes); "dimensions" (Matryoshka: the first N, then normalized if the server normalizes);
+// vLLM's "normalize" (true/false: the server's pooling setting otherwise); "user" ignored. Text
+// inputs are encoded after `prefix` (config_sentence_transformers.json's default prompt).
+// Throws ApiError 400 for a bad field, 404 for another model.
+constexpr int64_t kMaxApiEmbeddingInputs = 2048;
+struct EmbeddingRequest {
+    std::vector<std::vector<int32_t>> inputs;
+    bool base64 = false;
+    int64_t dimensions = 0;  // 0: all
+    int normalize = -1;      // -1: the server's setting, else 0/1
+};
+EmbeddingRequest parse_embedding_request(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim,
+                                         int64_t hidden, const std::string& prefix);
+// The response: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+// "usage": {"prompt_tokens", "total_tokens"}}, a vector per input in order.
+nlohmann::ordered_json api_embedding_response(const EmbeddingRequest& r, const std::string& model,
+                                              const std::vector<std::vector<float>>& vectors);
 // The error object of a refused request.
 nlohmann::ordered_json api_error(const std::string& message, int status);
 // Whether an HTTP Authorization header value carries `key` as its bearer token ("Bearer KEY", the

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -1344,6 +1346,111 @@ TEST_F(Serve, AFailingStepEndsTheServerWithItsError) {
     EXPECT_NE(srv.read_all().find("shardlm: error:"), std::string::npos) << srv.read_all();
 }
 
+// serve --embeddings: /v1/embeddings gives shardlm embed's vectors (mean pooling, normalized and
+// the default prompt before each text, as the folder's sentence-transformers files say), for
+// requests that come together (their inputs share the slots), with dimensions, base64 and
+// normalize false; bad requests and the text routes are refused, and a text server refuses it.
+TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
+    std::filesystem::create_directories(model_.file("1_Pooling"));
+    write_file(model_.file("modules.json"),
+               R"([{"type":"sentence_transformers.models.Transformer","path":""},
+                   {"type":"sentence_transformers.models.Pooling","path":"1_Pooling"},
+                   {"type":"sentence_transformers.models.Normalize","path":"2_Normalize"}])");
+    write_file(model_.file("1_Pooling/config.json"), R"({"pooling_mode_mean_tokens":true})");
+    write_file(model_.file("config_sentence_transformers.json"),
+               R"({"prompts":{"query":"Query: "},"default_prompt_name":"query"})");
+    auto embed_cli = [&](const std::string& flags) {
+        const CommandResult r = run_command(SHARDLM_BIN " embed --model " + model_.path() + " --json --threads 1 " + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        std::vector<std::vector<float>> v;
+        const json out = json::parse(r.out);
+        for (const json& d : out["data"]) v.push_back(d["embedding"].get<std::vector<float>>());
+        return v;
+    };
+    const std::vector<std::string> texts = {"In the beginning God created", "And the LORD said", "Behold"};
+    const auto want = embed_cli("--prompt '" + texts[0] + "' --prompt '" + texts[1] + "' --prompt '" + texts[2] + "'");
+    ASSERT_EQ(want.size(), 3u);
+    auto close = [](const json& got, const std::vector<float>& w) {
+        return max_abs_diff(got.get<std::vector<float>>(), w) < 1e-4;
+    };
+    {
+        Server text(SHARDLM_BIN " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
+        ASSERT_GT(text.port(), 0) << text.read_all();
+        const Reply r = post(text.port(), "/v1/embeddings", {{"input", "Behold"}});
+        EXPECT_EQ(r.status, 400);
+        EXPECT_NE(r.raw.find("--embeddings"), std::string::npos) << r.raw;
+    }
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --embeddings --batch 2 --ctx 64 --prefill-chunk 4 --threads 1",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    EXPECT_NE(srv.read_all().find("embeddings, mean pooling"), std::string::npos) << srv.read_all();
+    const int port = srv.port();
+    // Three requests at once: a list of two texts, one text, and the third text's ids.
+    const std::vector<int32_t> ids = json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() +
+                                                             " --json --text 'Query: Behold'").out)["ids"];
+    std::vector<Reply> replies(3);
+    const std::vector<json> bodies = {{{"input", {texts[0], texts[1]}}, {"model", model_.path().substr(model_.path().find_last_of('/') + 1)}},
+                                      {{"input", texts[2]}},
+                                      {{"input", ids}}};
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < 3; ++i) clients.emplace_back([&, i] { replies[i] = post(port, "/v1/embeddings", bodies[i]); });
+    for (auto& t : clients) t.join();
+    for (const Reply& r : replies) ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(replies[0].body["object"], "list");
+    ASSERT_EQ(replies[0].body["data"].size(), 2u);
+    EXPECT_EQ(replies[0].body["data"][1]["index"], 1);
+    EXPECT_EQ(replies[0].body["data"][1]["object"], "embedding");
+    EXPECT_TRUE(close(replies[0].body["data"][0]["embedding"], want[0]));
+    EXPECT_TRUE(close(replies[0].body["data"][1]["embedding"], want[1]));
+    EXPECT_TRUE(close(replies[1].body["data"][0]["embedding"], want[2]));
+    EXPECT_TRUE(close(replies[2].body["data"][0]["embedding"], want[2]));
+    EXPECT_EQ(replies[2].body["usage"]["prompt_tokens"], ids.size());
+    EXPECT_EQ(replies[2].body["usage"]["total_tokens"], ids.size());
+
+    // dimensions: the first 8, normalized again; normalize false: the pooled state as it is.
+    const Reply cut = post(port, "/v1/embeddings", {{"input", texts[0]}, {"dimensions", 8}});
+    ASSERT_EQ(cut.status, 200) << cut.raw;
+    EXPECT_TRUE(close(cut.body["data"][0]["embedding"], embed_cli("--prompt '" + texts[0] + "' --dimensions 8")[0]));
+    const Reply raw = post(port, "/v1/embeddings", {{"input", texts[0]}, {"normalize", false}});
+    ASSERT_EQ(raw.status, 200) << raw.raw;
+    EXPECT_TRUE(close(raw.body["data"][0]["embedding"], embed_cli("--prompt '" + texts[0] + "' --no-normalize")[0]));
+    // base64: the float32 bytes, little-endian.
+    const Reply b64 = post(port, "/v1/embeddings", {{"input", texts[0]}, {"encoding_format", "base64"}});
+    ASSERT_EQ(b64.status, 200) << b64.raw;
+    const std::string enc = b64.body["data"][0]["embedding"];
+    const std::string k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string bytes;
+    for (size_t i = 0; i + 3 < enc.size(); i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (size_t j = 0; j < 4; ++j) {
+            v <<= 6;
+            if (enc[i + j] == '=') ++pad;
+            else v |= uint32_t(k.find(enc[i + j]));
+        }
+        for (int j = 0; j < 3 - pad; ++j) bytes += char(v >> (16 - 8 * j) & 0xff);
+    }
+    ASSERT_EQ(bytes.size(), want[0].size() * 4);
+    std::vector<float> decoded(want[0].size());
+    std::memcpy(decoded.data(), bytes.data(), bytes.size());
+    EXPECT_LT(max_abs_diff(decoded, want[0]), 1e-4);
+
+    auto refused = [&](const std::string& path, const json& body, int status, const std::string& needle) {
+        const Reply r = post(port, path, body);
+        EXPECT_EQ(r.status, status) << r.raw;
+        EXPECT_NE(r.raw.find(needle), std::string::npos) << r.raw;
+    };
+    refused("/v1/embeddings", {{"input", "x"}, {"encoding_format", "int8"}}, 400, "encoding_format");
+    refused("/v1/embeddings", {{"input", "x"}, {"dimensions", 0}}, 400, "\\\"dimensions\\\" must be an integer in [1, ");
+    refused("/v1/embeddings", {{"input", json::array({json::array(), json::array({1})})}}, 400, "input 0 has no tokens");
+    refused("/v1/embeddings", {{"input", std::vector<int>(65, 5)}}, 400, "65 tokens, more than the server's context of 64");
+    refused("/v1/embeddings", {{"input", {1, 2}}, {"model", "other"}}, 404, "other");
+    refused("/v1/embeddings", {{"input", 5}}, 400, "\\\"input\\\" must be");
+    refused("/v1/completions", {{"prompt", "x"}}, 400, "runs with --embeddings");
+    refused("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400, "runs with --embeddings");
+    EXPECT_EQ(srv.stop(), 0) << srv.read_all();
+}
+
 #ifdef SHARDLM_MPIEXEC
 // Two ranks (tensor parallel): the same completions as one rank, and SIGTERM to mpirun ends both
 // (rank 0 stops the server; mpirun itself reports a job it signalled with a non-zero status).
@@ -1423,5 +1530,26 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
     // SIGTERM to rank 0: every rank stops, and so does mpirun, with status 0.
     EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
     EXPECT_NE(srv.read_all().find("shardlm serve: stopped"), std::string::npos) << srv.read_all();
+}
+// Two ranks serve the embeddings one rank gives.
+TEST_F(Serve, TwoRanksServeTheEmbeddingsOfOne) {
+    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " SHARDLM_BIN
+                                              " serve --model " + model_.path() + " --embeddings --batch 2 --ctx 64",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json body = {{"input", {"In the beginning God created", "And the LORD said", "Behold"}}};
+    const Reply tp = post(srv.port(), "/v1/embeddings", body);
+    ASSERT_EQ(tp.status, 200) << tp.raw;
+    const CommandResult one = run_command(SHARDLM_BIN " embed --model " + model_.path() +
+                                          " --json --threads 1 --prompt 'In the beginning God created' --prompt 'And the "
+                                          "LORD said' --prompt Behold");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    const json want = json::parse(one.out)["data"];
+    for (size_t i = 0; i < 3; ++i)
+        EXPECT_LT(max_abs_diff(tp.body["data"][i]["embedding"].get<std::vector<float>>(),
+                               want[i]["embedding"].get<std::vector<float>>()),
+                  1e-4)
+            << i;
+    EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
 }
 #endif

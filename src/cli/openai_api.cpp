@@ -19,6 +19,26 @@ using json = nlohmann::ordered_json;
 
 [[noreturn]] void bad(const std::string& message) { throw ApiError(400, message); }
 
+// "model", when given, must name the served model (404 otherwise, as OpenAI's API answers).
+void check_model(const json& body, const ApiLimits& lim) {
+    if (!body.contains("model") || body["model"].is_null()) return;
+    if (!body["model"].is_string()) bad("\"model\" must be a string");
+    if (body["model"].get<std::string>() != lim.model)
+        throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
+                                lim.model + "`)");
+}
+
+// A JSON array of token ids for `field` ("prompt", "input"), each within the vocabulary.
+std::vector<int32_t> token_ids(const json& a, const char* field, int64_t vocab) {
+    std::vector<int32_t> ids;
+    for (const json& id : a) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+            bad(cat("\"", field, "\" token ids must be integers in [0, ", vocab, ")"));
+        ids.push_back(id.get<int32_t>());
+    }
+    return ids;
+}
+
 // A number field within [lo, hi] (absent or null: `def`).
 double number(const json& body, const char* key, double def, double lo, double hi) {
     if (!body.contains(key) || body[key].is_null()) return def;
@@ -320,12 +340,7 @@ void structured_outputs(const json& body, ApiRequest& r) {
 
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
     if (!body.is_object()) bad("the request body must be a JSON object");
-    if (body.contains("model") && !body["model"].is_null()) {
-        if (!body["model"].is_string()) bad("\"model\" must be a string");
-        if (body["model"].get<std::string>() != lim.model)
-            throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
-                                    lim.model + "`)");
-    }
+    check_model(body, lim);
     for (const char* key : {"echo", "best_of", "suffix", "functions", "function_call"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         if (std::string(key) == "echo" && !chat) continue;
@@ -367,15 +382,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");
         if (!body.contains("prompt")) bad("\"prompt\" is required");
         const json& p = body["prompt"];
-        auto ids_of = [&](const json& a) {
-            std::vector<int32_t> ids;
-            for (const json& id : a) {
-                if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
-                    bad(cat("\"prompt\" token ids must be integers in [0, ", lim.vocab, ")"));
-                ids.push_back(id.get<int32_t>());
-            }
-            return ids;
-        };
+        auto ids_of = [&](const json& a) { return token_ids(a, "prompt", lim.vocab); };
         const char* form = "\"prompt\" must be a string, an array of token ids, or a list of either";
         if (p.is_string()) {
             texts.push_back(p.get<std::string>());
@@ -825,25 +832,12 @@ json api_detokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim
 EmbeddingRequest parse_embedding_request(const json& body, const Tokenizer& tok, const ApiLimits& lim, int64_t hidden,
                                          const std::string& prefix) {
     if (!body.is_object()) bad("the request body must be a JSON object");
-    if (body.contains("model") && !body["model"].is_null()) {
-        if (!body["model"].is_string()) bad("\"model\" must be a string");
-        if (body["model"].get<std::string>() != lim.model)
-            throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
-                                    lim.model + "`)");
-    }
+    check_model(body, lim);
     EmbeddingRequest r;
     if (!body.contains("input")) bad("\"input\" is required");
     const json& in = body["input"];
     const char* form = "\"input\" must be a string, an array of token ids, or a list of either";
-    auto ids_of = [&](const json& a) {
-        std::vector<int32_t> ids;
-        for (const json& id : a) {
-            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= lim.vocab)
-                bad(cat("\"input\" token ids must be integers in [0, ", lim.vocab, ")"));
-            ids.push_back(id.get<int32_t>());
-        }
-        return ids;
-    };
+    auto ids_of = [&](const json& a) { return token_ids(a, "input", lim.vocab); };
     auto text = [&](const json& t) {
         try {
             return tok.encode(prefix + t.get<std::string>());

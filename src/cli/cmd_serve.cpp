@@ -1,6 +1,6 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
-// /v1/models, /health, /metrics, /tokenize, /detokenize; with --embeddings /v1/embeddings instead
-// of the text routes; tool calls for Qwen's, Llama 3.1/3.2's
+// /v1/models, /health, /metrics, /tokenize, /detokenize; with --embeddings /v1/embeddings, /score
+// and /rerank instead of the text routes; tool calls for Qwen's, Llama 3.1/3.2's
 // and Mistral v3's templates; JSON schemas, regexes and GBNF grammars for structured output),
 // over HTTPS and behind an API key on request, over the continuous-batching scheduler
 // (runtime/batcher.h).
@@ -617,35 +617,59 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                                    {"max_model_len", lim.ctx}}})}};
             res.set_content(j.dump(), "application/json");
         });
-        svr->Post("/v1/embeddings", [&](const httplib::Request& req, httplib::Response& res) {
-            auto refuse = [&](int status, const std::string& message) {
-                res.status = status;
-                res.set_content(api_error(message, status).dump(), "application/json");
+        // The embedding routes: a request's inputs go to the engine loop as one EmbedJob.
+        auto embedding_route = [&](const char* what, std::function<json(const json&)> answer) {
+            return [&, what, answer](const httplib::Request& req, httplib::Response& res) {
+                try {
+                    if (!embeddings)
+                        throw ApiError(400, std::string("this server generates text: start shardlm serve with --embeddings "
+                                                        "(and an embedding model) to serve ") + what);
+                    check_body_depth(req.body);
+                    res.set_content(answer(json::parse(req.body)).dump(), "application/json");
+                } catch (const json::exception& e) {
+                    res.status = 400;
+                    res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
+                                    "application/json");
+                } catch (const ApiError& e) {
+                    res.status = e.status;
+                    res.set_content(api_error(e.what(), e.status).dump(), "application/json");
+                }
             };
-            if (!embeddings)
-                return refuse(400, "this server generates text: start shardlm serve with --embeddings (and an "
-                                   "embedding model) to serve /v1/embeddings");
+        };
+        // Runs the request's inputs; their vectors (ApiError 503 when the server stops first).
+        auto run_embedding = [&](EmbeddingRequest r) {
             auto job = std::make_shared<EmbedJob>();
-            try {
-                check_body_depth(req.body);
-                job->req = parse_embedding_request(json::parse(req.body), *tok, lim, s->cfg.hidden, ecfg.default_prompt);
-            } catch (const json::exception& e) {
-                return refuse(400, std::string("the request body is not valid JSON: ") + e.what());
-            } catch (const ApiError& e) {
-                return refuse(e.status, e.what());
-            }
+            job->req = std::move(r);
             job->arrived = now_s();
             {
                 std::lock_guard<std::mutex> lk(inbox.m);
-                if (inbox.closed) return refuse(503, "the server is shutting down");
+                if (inbox.closed) throw ApiError(503, "the server is shutting down");
                 inbox.embeds.push_back(job);
             }
             inbox.cv.notify_one();
             std::unique_lock<std::mutex> lk(job->m);
             job->cv.wait(lk, [&] { return job->done; });
-            if (job->aborted) return refuse(503, "the server is shutting down");
-            res.set_content(api_embedding_response(job->req, name, job->vectors).dump(), "application/json");
-        });
+            if (job->aborted) throw ApiError(503, "the server is shutting down");
+            return job;
+        };
+        svr->Post("/v1/embeddings", embedding_route("/v1/embeddings", [&](const json& body) {
+            const auto job = run_embedding(parse_embedding_request(body, *tok, lim, s->cfg.hidden, ecfg.default_prompt));
+            return api_embedding_response(job->req, name, job->vectors);
+        }));
+        // vLLM's score and rerank APIs on an embedding model: cosines of normalized embeddings.
+        auto scores = [&](bool rerank) {
+            return embedding_route(rerank ? "/rerank" : "/score", [&, rerank](const json& body) {
+                const ScoreRequest sr = parse_score_request(body, rerank, *tok, lim, query_prompt(ecfg), document_prompt(ecfg));
+                EmbeddingRequest er;
+                er.inputs = sr.inputs;
+                er.normalize = 1;
+                const auto job = run_embedding(std::move(er));
+                return api_score_response(sr, (rerank ? "rerank-" : "score-") + std::to_string(counter++),
+                                          int64_t(std::time(nullptr)), name, job->vectors);
+            });
+        };
+        for (const char* path : {"/score", "/v1/score"}) svr->Post(path, scores(false));
+        for (const char* path : {"/rerank", "/v1/rerank", "/v2/rerank"}) svr->Post(path, scores(true));
         auto handler = [&](bool chat) {
             return [&, chat](const httplib::Request& req, httplib::Response& res) {
                 auto refuse = [&](int status, const std::string& message) {

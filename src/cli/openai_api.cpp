@@ -39,6 +39,25 @@ std::vector<int32_t> token_ids(const json& a, const char* field, int64_t vocab) 
     return ids;
 }
 
+// A text input of the embedding routes, after its instruction prefix.
+std::vector<int32_t> encode_input(const Tokenizer& tok, const std::string& prefix, const std::string& text) {
+    try {
+        return tok.encode(prefix + text);
+    } catch (const Error& e) {
+        bad(e.what());
+    }
+}
+
+// Every input of an embedding route has tokens and fits a slot's context.
+void check_inputs_fit(const std::vector<std::vector<int32_t>>& inputs, const ApiLimits& lim) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].empty()) bad(cat("input ", i, " has no tokens"));
+        if (int64_t(inputs[i].size()) > lim.ctx)
+            bad(cat("input ", i, " has ", inputs[i].size(), " tokens, more than the server's context of ", lim.ctx,
+                    " positions"));
+    }
+}
+
 // A number field within [lo, hi] (absent or null: `def`).
 double number(const json& body, const char* key, double def, double lo, double hi) {
     if (!body.contains(key) || body[key].is_null()) return def;
@@ -838,13 +857,7 @@ EmbeddingRequest parse_embedding_request(const json& body, const Tokenizer& tok,
     const json& in = body["input"];
     const char* form = "\"input\" must be a string, an array of token ids, or a list of either";
     auto ids_of = [&](const json& a) { return token_ids(a, "input", lim.vocab); };
-    auto text = [&](const json& t) {
-        try {
-            return tok.encode(prefix + t.get<std::string>());
-        } catch (const Error& e) {
-            bad(e.what());
-        }
-    };
+    auto text = [&](const json& t) { return encode_input(tok, prefix, t.get<std::string>()); };
     if (in.is_string()) {
         r.inputs.push_back(text(in));
     } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
@@ -860,12 +873,7 @@ EmbeddingRequest parse_embedding_request(const json& body, const Tokenizer& tok,
     } else {
         bad(form);
     }
-    for (size_t i = 0; i < r.inputs.size(); ++i) {
-        if (r.inputs[i].empty()) bad(cat("input ", i, " has no tokens"));
-        if (int64_t(r.inputs[i].size()) > lim.ctx)
-            bad(cat("input ", i, " has ", r.inputs[i].size(), " tokens, more than the server's context of ", lim.ctx,
-                    " positions"));
-    }
+    check_inputs_fit(r.inputs, lim);
     const json fmt = body.value("encoding_format", json("float"));
     if (fmt != "float" && fmt != "base64") bad("\"encoding_format\" must be \"float\" or \"base64\"");
     r.base64 = fmt == "base64";
@@ -913,6 +921,81 @@ json api_embedding_response(const EmbeddingRequest& r, const std::string& model,
         tokens += int64_t(r.inputs[i].size());
     }
     return {{"object", "list"}, {"data", data}, {"model", model}, {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
+}
+
+ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer& tok, const ApiLimits& lim,
+                                 const std::string& query_prefix, const std::string& document_prefix) {
+    if (!body.is_object()) bad("the request body must be a JSON object");
+    check_model(body, lim);
+    ScoreRequest r;
+    r.rerank = rerank;
+    const char* q = rerank ? "query" : "text_1";
+    const char* d = rerank ? "documents" : "text_2";
+    auto texts = [&](const char* key, bool list_only) {
+        if (!body.contains(key)) bad(cat("\"", key, "\" is required"));
+        const json& v = body[key];
+        std::vector<std::string> out;
+        if (v.is_string() && !list_only) return std::vector<std::string>{v.get<std::string>()};
+        if (!v.is_array() || v.empty()) bad(cat("\"", key, "\" must be ", list_only ? "" : "a string or ", "a non-empty list of strings"));
+        if (int64_t(v.size()) > kMaxApiEmbeddingInputs) bad(cat("\"", key, "\" holds more than ", kMaxApiEmbeddingInputs, " texts"));
+        for (const json& t : v) {
+            if (!t.is_string()) bad(cat("\"", key, "\" must be ", list_only ? "" : "a string or ", "a list of strings"));
+            out.push_back(t.get<std::string>());
+        }
+        return out;
+    };
+    if (rerank && (!body.contains(q) || !body[q].is_string())) bad("\"query\" (a string) is required");
+    const std::vector<std::string> first = texts(q, false), second = texts(d, rerank);
+    if (first.size() > 1 && first.size() != second.size())
+        bad(cat("\"text_1\" and \"text_2\" must be as long as each other (", first.size(), " and ", second.size(),
+                ") or \"text_1\" one text"));
+    for (const std::string& t : first) r.inputs.push_back(encode_input(tok, query_prefix, t));
+    for (const std::string& t : second) r.inputs.push_back(encode_input(tok, document_prefix, t));
+    for (size_t i = 0; i < second.size(); ++i) r.pairs.emplace_back(first.size() == 1 ? 0 : i, first.size() + i);
+    check_inputs_fit(r.inputs, lim);
+    if (rerank) {
+        r.documents = second;
+        r.top_n = int64_t(second.size());
+        if (body.contains("top_n") && !body["top_n"].is_null()) {
+            if (!body["top_n"].is_number_integer() || body["top_n"].get<int64_t>() < 1)
+                bad("\"top_n\" must be a positive integer");
+            r.top_n = std::min(r.top_n, body["top_n"].get<int64_t>());
+        }
+        const json ret = body.value("return_documents", json(true));
+        if (!ret.is_boolean()) bad("\"return_documents\" must be true or false");
+        r.return_documents = ret.get<bool>();
+    }
+    return r;
+}
+
+json api_score_response(const ScoreRequest& r, const std::string& id, int64_t created, const std::string& model,
+                        const std::vector<std::vector<float>>& vectors) {
+    std::vector<double> scores;
+    for (const auto& [a, b] : r.pairs) {
+        double dot = 0;
+        for (size_t h = 0; h < vectors[a].size(); ++h) dot += double(vectors[a][h]) * vectors[b][h];
+        scores.push_back(dot);
+    }
+    int64_t tokens = 0;
+    for (const auto& in : r.inputs) tokens += int64_t(in.size());
+    if (!r.rerank) {
+        json data = json::array();
+        for (size_t i = 0; i < scores.size(); ++i) data.push_back({{"index", i}, {"object", "score"}, {"score", scores[i]}});
+        return {{"id", id}, {"object", "list"}, {"created", created}, {"model", model}, {"data", data},
+                {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
+    }
+    std::vector<size_t> order(scores.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    json results = json::array();
+    for (int64_t k = 0; k < r.top_n; ++k) {
+        const size_t i = order[size_t(k)];
+        json e = {{"index", i}};
+        if (r.return_documents) e["document"] = {{"text", r.documents[i]}};
+        e["relevance_score"] = scores[i];
+        results.push_back(std::move(e));
+    }
+    return {{"id", id}, {"model", model}, {"usage", {{"total_tokens", tokens}}}, {"results", results}};
 }
 
 json api_error(const std::string& message, int status) {

@@ -104,6 +104,19 @@ EmbeddingConfig load_embedding_config(const std::string& dir) {
     return ec;
 }
 
+std::string query_prompt(const EmbeddingConfig& ec) {
+    const auto it = ec.prompts.find("query");
+    return it != ec.prompts.end() ? it->second : ec.default_prompt;
+}
+
+std::string document_prompt(const EmbeddingConfig& ec) {
+    for (const char* name : {"document", "passage", "corpus"}) {
+        const auto it = ec.prompts.find(name);
+        if (it != ec.prompts.end()) return it->second;
+    }
+    return ec.default_prompt;
+}
+
 void check_embed_inputs(const ModelConfig& c, const EngineOptions& eo, const std::vector<std::vector<int32_t>>& inputs,
                         const EmbedOptions& opt) {
     if (opt.dimensions < 0 || opt.dimensions > c.hidden)

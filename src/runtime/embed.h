@@ -29,6 +29,11 @@ struct EmbeddingConfig {
     std::string default_prompt;                  // default_prompt_name's text ("": none)
     std::string pooling_source = "default";      // the file pooling came from, for messages
 };
+// The prefixes of sentence-transformers' encode_query and encode_document: the prompt named
+// "query" (else the default one), and the one named "document", "passage" or "corpus" (else the
+// default one).
+std::string query_prompt(const EmbeddingConfig& ec);
+std::string document_prompt(const EmbeddingConfig& ec);
 // Throws Error naming the file for what this runtime cannot reproduce: a module other than the
 // Transformer, one Pooling and an optional Normalize (e.g. Dense), a pooling mode other than
 // last/mean/cls, include_prompt false, malformed JSON.

@@ -1358,7 +1358,7 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
                    {"type":"sentence_transformers.models.Normalize","path":"2_Normalize"}])");
     write_file(model_.file("1_Pooling/config.json"), R"({"pooling_mode_mean_tokens":true})");
     write_file(model_.file("config_sentence_transformers.json"),
-               R"({"prompts":{"query":"Query: "},"default_prompt_name":"query"})");
+               R"({"prompts":{"query":"Query: ","document":"Doc: "},"default_prompt_name":"query"})");
     auto embed_cli = [&](const std::string& flags) {
         const CommandResult r = run_command(SHARDLM_BIN " embed --model " + model_.path() + " --json --threads 1 " + flags);
         EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -1435,6 +1435,42 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
     std::memcpy(decoded.data(), bytes.data(), bytes.size());
     EXPECT_LT(max_abs_diff(decoded, want[0]), 1e-4);
 
+    // /score and /rerank: cosines of the query's embedding (its "query" prompt) and the documents'
+    // ("document" prompt), the most relevant first; top_n, return_documents.
+    const auto docs = embed_cli("--prompt-name document --prompt '" + texts[0] + "' --prompt '" + texts[1] + "' --prompt '" +
+                                texts[2] + "'");
+    const auto query = embed_cli("--prompt-name query --prompt 'Behold'")[0];
+    std::vector<double> cos;
+    for (const auto& dv : docs) {
+        double dot = 0;
+        for (size_t h = 0; h < dv.size(); ++h) dot += double(dv[h]) * query[h];
+        cos.push_back(dot);
+    }
+    const Reply score = post(port, "/score", {{"text_1", "Behold"}, {"text_2", texts}});
+    ASSERT_EQ(score.status, 200) << score.raw;
+    ASSERT_EQ(score.body["data"].size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(score.body["data"][i]["index"], i);
+        EXPECT_NEAR(score.body["data"][i]["score"].get<double>(), cos[i], 1e-4) << i;
+    }
+    const Reply paired = post(port, "/v1/score", {{"text_1", {"Behold", "Behold"}}, {"text_2", {texts[1], texts[2]}}});
+    ASSERT_EQ(paired.status, 200) << paired.raw;
+    EXPECT_NEAR(paired.body["data"][1]["score"].get<double>(), cos[2], 1e-4);
+    std::vector<size_t> best = {0, 1, 2};
+    std::sort(best.begin(), best.end(), [&](size_t a, size_t b) { return cos[a] > cos[b]; });
+    const Reply rr = post(port, "/v1/rerank", {{"query", "Behold"}, {"documents", texts}, {"top_n", 2}});
+    ASSERT_EQ(rr.status, 200) << rr.raw;
+    ASSERT_EQ(rr.body["results"].size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(rr.body["results"][k]["index"], best[k]);
+        EXPECT_EQ(rr.body["results"][k]["document"]["text"], texts[best[k]]);
+        EXPECT_NEAR(rr.body["results"][k]["relevance_score"].get<double>(), cos[best[k]], 1e-4);
+    }
+    const Reply bare = post(port, "/rerank", {{"query", "Behold"}, {"documents", texts}, {"return_documents", false}});
+    ASSERT_EQ(bare.status, 200) << bare.raw;
+    EXPECT_EQ(bare.body["results"].size(), 3u);
+    EXPECT_FALSE(bare.body["results"][0].contains("document"));
+
     auto refused = [&](const std::string& path, const json& body, int status, const std::string& needle) {
         const Reply r = post(port, path, body);
         EXPECT_EQ(r.status, status) << r.raw;
@@ -1446,6 +1482,10 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
     refused("/v1/embeddings", {{"input", std::vector<int>(65, 5)}}, 400, "65 tokens, more than the server's context of 64");
     refused("/v1/embeddings", {{"input", {1, 2}}, {"model", "other"}}, 404, "other");
     refused("/v1/embeddings", {{"input", 5}}, 400, "\\\"input\\\" must be");
+    refused("/score", {{"text_1", {"a", "b"}}, {"text_2", {"a", "b", "c"}}}, 400, "as long as each other (2 and 3)");
+    refused("/rerank", {{"query", "a"}, {"documents", "b"}}, 400, "\\\"documents\\\" must be a non-empty list of strings");
+    refused("/rerank", {{"documents", {"b"}}}, 400, "\\\"query\\\" (a string) is required");
+    refused("/rerank", {{"query", "a"}, {"documents", {"b"}}, {"top_n", 0}}, 400, "top_n");
     refused("/v1/completions", {{"prompt", "x"}}, 400, "runs with --embeddings");
     refused("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400, "runs with --embeddings");
     EXPECT_EQ(srv.stop(), 0) << srv.read_all();

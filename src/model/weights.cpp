@@ -195,7 +195,7 @@ public:
             if (!first || natural_less(name, *first)) first = &name, info = t;
         }
         if (first)
-            fail(info->file, ": tensor ", *first, " is not part of the model ", ckpt_.dir(), "/config.json describes",
+            fail(info->file, ": tensor ", info->name, " is not part of the model ", ckpt_.dir(), "/config.json describes",
                  layer_hint(*first, cfg_.n_layers), "; the checkpoint does not match its config");
     }
 

@@ -432,6 +432,12 @@ TEST(Weights, MissingTensorsAreNamedInTheFilesLayout) {
     EXPECT_NE(load_error(neither.path()).find(": missing tensor model."), std::string::npos) << load_error(neither.path());
     EXPECT_EQ(test::thrown_error([&] { Checkpoint(neither.path()).get("model.norm.weight"); }),
               neither.path() + ": missing tensor model.norm.weight");
+    // A tensor the config does not describe is named as the file names it too.
+    TempDir extra;
+    write_without_model_prefix(src.path(), extra.path());
+    rewrite(extra.path(), [](auto& ts) { ts.push_back({"layers.7.mlp.extra.weight", "F32", {2}, std::vector<uint8_t>(8, 0)}); });
+    EXPECT_NE(load_error(extra.path()).find(": tensor layers.7.mlp.extra.weight is not part of the model"), std::string::npos)
+        << load_error(extra.path());
 }
 
 // Quantize-on-load (the loader's own vectorised row path) against the reference quantizers run on

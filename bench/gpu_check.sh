@@ -5,7 +5,7 @@
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _FUSED_NORM,
 # _GEMV_GRID, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
-# the mission table, `shardlm serve` over HTTP (serve-http), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
+# the mission table, `shardlm serve` over HTTP (serve-http), `shardlm embed` (embed), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
 #   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
@@ -371,6 +371,41 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   exit $rc
 }
 
+s_embed() {  # shardlm embed: the tiny fp32 model's vectors on $DEV == the CPU's (every pooling), then the
+             # bench shape's throughput (16 inputs of --prompt-len tokens, 16 slots; fp16 and int8)
+  [ -f "$work/tiny32/config.json" ] || { echo "no model (models step failed)"; exit 1; }
+  local p rc=0 dir=$SHARDLM_CACHE/$SYN-bf16 w ids
+  for p in last mean cls; do
+    local args=(embed --model "$work/tiny32" --prompt-ids "1,2,3;4,5,6,7,8,9,10;11" --batch 2 --prefill-chunk 3
+                --pooling "$p" --no-normalize --json)
+    echo "-- $p pooling on $DEV"
+    "$BIN/shardlm" "${args[@]}" --device cpu > "$work/emb_cpu_$p.json" &&
+      "$BIN/shardlm" "${args[@]}" --device "$DEV" > "$work/emb_dev_$p.json" &&
+      "$PY" -c '
+import json, sys
+a, b = (json.load(open(f))["data"] for f in sys.argv[1:3])
+d = max(abs(x - y) for u, v in zip(a, b) for x, y in zip(u["embedding"], v["embedding"]))
+print(f"max |cpu - dev| = {d:.2e}")
+sys.exit(0 if len(a) == len(b) == 3 and d < 1e-3 else 1)' "$work/emb_cpu_$p.json" "$work/emb_dev_$p.json" || rc=1
+  done
+  [ $rc = 0 ] || exit 1
+  [ -f "$dir/config.json" ] || { echo "no checkpoint (prepare step failed)"; exit 1; }
+  ids=$("$PY" -c 'import random, sys; random.seed(5); n = int(sys.argv[1]); print(";".join(",".join(str(random.randrange(10, 500)) for _ in range(n)) for _ in range(16)))' "$PL")
+  for w in fp16 int8; do
+    echo "shardlm embed --model $dir --device $DEV --weights $w --batch 16 --prompt-ids <16 x $PL ids> --json"
+    "$BIN/shardlm" embed --model "$dir" --device "$DEV" --weights "$w" --batch 16 --prompt-ids "$ids" --json \
+      > "$work/logs/embed_$w.json" || exit 1
+  done
+  echo "note: $("$PY" -c '
+import json, sys
+out = []
+for w in ("fp16", "int8"):
+    j = json.load(open(sys.argv[1] + "/embed_" + w + ".json"))
+    ms, n = j["embed_ms"], j["tokens"]
+    out.append(f"{w} {n / ms * 1000:.0f} tokens/s ({ms:.1f} ms)")
+print("vectors equal the CPU (last/mean/cls); 16 x " + sys.argv[2] + " tokens: " + ", ".join(out))' "$work/logs" "$PL")"
+}
+
 s_sanitize() {  # EXTRA FLAGS...: memcheck on a short generation (batch of 2 of different lengths)
   # Sampled (the default temperature 0.8, top-k 40): the GPU top-k selection runs too. The model:
   # $SANITIZE_MODEL, else the tiny bf16 Qwen3.
@@ -604,7 +639,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_embed s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -676,6 +711,8 @@ step serve-int8-int8 90 s_serve
 step serve-http 90 s_serve_http
 # Speculative decoding: batch 1 and 4, with and without prompt lookup (verify steps replay graphs).
 step speculate 90 s_speculate
+# Embeddings (shardlm embed): GPU vectors against the CPU's, and the bench shape's throughput.
+step embed 90 s_embed
 step sanitize-queued 90 s_sanitize --kv int8 --batch 1 --prefill-chunk 2 --logprobs 3 --json
 step gemv-r 90 s_gemv_r
 step ncu-step-int8 150 s_ncu_step ncu-step-int8 --weights int8 --kv int8

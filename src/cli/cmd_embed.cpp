@@ -106,6 +106,7 @@ int cmd_embed(const Args& args, Communicator& comm) {
     so.model_dir = model;
     apply_precision(prec, so);
     apply_backend(backend, so);
+    so.load.headless_ok = true;  // an embedding checkpoint may have no lm_head
     so.max_batch = batch == 0 ? std::min<int64_t>(int64_t(inputs.size()), 16) : std::min(batch, int64_t(inputs.size()));
     so.prefill_chunk = chunk;
     // Mean pooling reads every token's state: a chunk's worth of rows per step.

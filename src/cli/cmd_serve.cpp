@@ -490,6 +490,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     so.max_batch = batch;
     so.prefill_chunk = chunk;
     if (embeddings) {  // mean pooling reads every token's state: a chunk's worth of rows per step
+        so.load.headless_ok = true;  // an embedding checkpoint may have no lm_head
         so.max_logit_rows = ecfg.pooling == Pooling::Mean ? std::max(batch, chunk) : batch;
     } else {
         set_scoring_rows(so);  // echo requests score their prompts

@@ -186,6 +186,9 @@ public:
     // rotary inv_freq buffers (older HF Llama checkpoints; recomputed from rope_theta) and, with
     // tied embeddings, an lm_head.weight (the embedding is the truth).
     // The one named is the first in natural order (natural_less): the lowest layer the config lacks.
+    // An untied model whose checkpoint has no lm_head.weight, loaded for embeddings (LoadOptions::headless_ok).
+    bool headless() const { return opt_.headless_ok && !ckpt_.find("lm_head.weight"); }
+
     void check_all_read() const {
         const std::string* first = nullptr;
         const TensorInfo* info = nullptr;
@@ -844,7 +847,12 @@ void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w
     } else {
         const std::string name = "model.embed_tokens.weight";
         w.embed = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), false));
-        w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
+        if (ld.headless()) {
+            w.lm_head = w.embed;
+            w.headless = true;
+        } else {
+            w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
+        }
     }
     ld.check_all_read();
     ld.check_lora_merged();

@@ -80,6 +80,10 @@ struct LoadOptions {
     // LoRA adapters merged into the float weights as they load (model/lora.h), before any channel
     // scaling or quantization; a matrix with an adapter is converted (copied), not mapped.
     std::vector<LoraAdapter> lora;
+    // Embeddings only (shardlm embed, serve --embeddings): an untied checkpoint without
+    // lm_head.weight (an embedding model saved from the base class, e.g. an 8B one) loads without
+    // it (ModelWeights::headless) instead of being refused for the missing tensor.
+    bool headless_ok = false;
 };
 
 struct Linear {
@@ -101,6 +105,9 @@ struct ModelWeights {
     ShardPlan plan;
     WeightView embed;    // [n_vocab, hidden]: vocabulary rows vocab0 ..
     WeightView lm_head;  // [n_vocab, hidden]; the embedding itself when tied
+    // No lm_head in the checkpoint (LoadOptions::headless_ok): lm_head views the embedding only so
+    // that the engines' layouts stay one shape; the engines refuse every step that wants logits.
+    bool headless = false;
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
     WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8/Int4/W4A8 for pre-quantized checkpoints)

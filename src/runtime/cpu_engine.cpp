@@ -262,6 +262,7 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out) {
 void CpuEngine::forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) { final_rows(chunks, hidden); }
 
 void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
+    if (w_.headless) fail(headless_message());
     const ModelConfig& c = cfg_;
     const ShardPlan& p = w_.plan;
     float* last = last_.as<float>();

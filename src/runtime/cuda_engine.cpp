@@ -189,6 +189,7 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     : cfg_(cfg), plan_(w.plan), comm_(comm), opt_(opt), wait_(std::move(wait)) {
     SHARDLM_CHECK(opt.max_batch > 0 && opt.ctx > 0 && opt.max_step_tokens > 0);
     int8_acts_ = quantizes_acts(w.format);
+    headless_ = w.headless;
     // (W8A8/W4A8 products quantize their input in the norm kernel; TP > 1 all-reduces each
     // product's output before it joins the residual stream: both keep the norm kernels.)
     fused_norm_ = !int8_acts_ && plan_.tp == 1 && (opt.fused_norm >= 0 ? opt.fused_norm == 1 : gemv_norm_fused_default());
@@ -674,6 +675,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
 }
 
 int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
+    if (head && headless_) fail(headless_message());
     maybe_inject_failure(comm_, "forward");
     const StepShape shape = check_step(cfg_, opt_, chunks);
     const int64_t T = shape.tokens, n = shape.logit_rows;

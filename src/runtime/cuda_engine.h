@@ -166,6 +166,7 @@ private:
 
     void layout(DeviceArena& a, const ModelWeights& w);
     void upload(const ModelWeights& w);
+    bool headless_ = false;  // ModelWeights::headless: every step that wants logits is refused
     // Queues a step; returns its logit rows. head false: the step stops at the final norm (b_.last),
     // for forward_hidden.
     int64_t launch(const std::vector<SeqChunk>& chunks, bool head = true);

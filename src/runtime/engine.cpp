@@ -42,6 +42,11 @@ void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float*
     }
 }
 
+std::string headless_message() {
+    return "this model was loaded without an lm_head (its checkpoint has no lm_head.weight and does not tie it to "
+           "the embedding): it gives embeddings only (shardlm embed, serve --embeddings), not logits";
+}
+
 RopeParams rope_params(const ModelConfig& c) {
     RopeParams rp;
     rp.head_dim = c.head_dim;

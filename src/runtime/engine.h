@@ -137,6 +137,10 @@ struct CandidateList {
 // k elements ranked before it, so fewer than k in its own slice. Needs k <= the lists' total.
 void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float* vals, int32_t* ids);
 
+// What the engines refuse a step that wants logits with on a model loaded without its lm_head
+// (ModelWeights::headless).
+std::string headless_message();
+
 // The rotary embedding of a model's config (theta, its rope scaling) as the kernels take it.
 RopeParams rope_params(const ModelConfig& c);
 // The attention's score scale: 1/sqrt(head_dim), times YaRN's attention_factor squared (HF scales

@@ -1003,6 +1003,15 @@ TEST_F(Cli, Embed) {
     expect_cli_error("embed --model " + dir_.path() + " --prompt x", "text inputs need the model's tokenizer");
     write_file(m.file("pool/config.json"), R"({"pooling_mode_max_tokens":true})");
     expect_cli_error(b + " --prompt x", "pool/config.json: pooling_mode_max_tokens is not supported");
+    // An untied checkpoint without lm_head.weight: embed runs it, generate refuses the missing tensor.
+    TempDir full, bare;
+    write_synthetic_checkpoint(full.path(), tiny_config(Arch::Llama), {DType::F32, 1, 9});
+    write_without_model_prefix(full.path(), bare.path());
+    const CommandResult a = run_command(kBin + " embed --json --model " + full.path() + " --prompt-ids '5,6,7;8'");
+    const CommandResult h = run_command(kBin + " embed --json --model " + bare.path() + " --prompt-ids '5,6,7;8'");
+    ASSERT_EQ(h.exit_code, 0) << h.err;
+    EXPECT_EQ(nlohmann::json::parse(a.out)["data"], nlohmann::json::parse(h.out)["data"]);
+    expect_cli_error("generate --model " + bare.path() + " --prompt-ids 5,6", "missing tensor lm_head.weight");
 }
 
 #ifdef SHARDLM_MPIEXEC

@@ -999,3 +999,35 @@ TEST(CudaEngine, EmbeddingsMatchTheCpu) {
         EXPECT_LT(max_abs_diff(h, hc), 1e-4) << "replay " << i;
     }
 }
+
+// A checkpoint without its lm_head loaded for embeddings: the GPU gives the CPU's vectors and
+// refuses logits steps, eager or from a graph's shape.
+TEST(CudaEngine, HeadlessModelsGiveEmbeddingsOnly) {
+    SKIP_WITHOUT_GPU();
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    TempDir full, bare;
+    write_synthetic_checkpoint(full.path(), cfg, {DType::F32, 1, 6});
+    write_without_model_prefix(full.path(), bare.path());
+    SessionOptions so;
+    so.model_dir = bare.path();
+    so.device = Device::Cuda;
+    so.load.headless_ok = true;
+    so.max_batch = 2;
+    so.ctx = 32;
+    so.prefill_chunk = 4;
+    SessionOptions cpu = so;
+    cpu.device = Device::Cpu;
+    SingleRank comm;
+    auto g = open_session(so, comm);
+    auto c = open_session(cpu, comm);
+    const std::vector<std::vector<int32_t>> inputs = {make_prompt(9, cfg.vocab, 3), make_prompt(2, cfg.vocab, 4)};
+    EmbedOptions eo;
+    eo.chunk = 4;
+    const auto got = embed(*g->engine, inputs, eo), want = embed(*c->engine, inputs, eo);
+    for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4) << i;
+    std::vector<float> logits(size_t(cfg.vocab));
+    const std::vector<SeqChunk> step = {{0, inputs[1].data(), 1, 0, true}};
+    for (int i = 0; i < 3; ++i)
+        EXPECT_NE(thrown_error([&] { g->engine->forward(step, logits.data()); }).find("loaded without an lm_head"),
+                  std::string::npos);
+}

@@ -79,6 +79,51 @@ TEST(Embed, SlotsAndChunksChangeNothing) {
     }
 }
 
+// An untied checkpoint without lm_head.weight (an embedding model saved from the base class) loads
+// for embeddings only: the same vectors as with its head, every logits step refused by name; the
+// other commands still refuse the missing tensor, and a tied model is unaffected.
+TEST(Embed, HeadlessCheckpointsGiveEmbeddingsOnly) {
+    TempDir full, bare;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    ASSERT_FALSE(cfg.tie_embeddings);
+    write_synthetic_checkpoint(full.path(), cfg, {DType::BF16, 1, 8});
+    write_without_model_prefix(full.path(), bare.path());
+    SessionOptions so;
+    so.max_batch = 2;
+    so.ctx = 32;
+    so.prefill_chunk = 4;
+    SingleRank comm;
+    so.model_dir = bare.path();
+    EXPECT_NE(thrown_error([&] { open_session(so, comm); }).find("missing tensor lm_head.weight"), std::string::npos);
+    so.load.headless_ok = true;
+    auto headless = open_session(so, comm);
+    EXPECT_TRUE(headless->weights.headless);
+    so.model_dir = full.path();
+    auto headed = open_session(so, comm);
+    EXPECT_FALSE(headed->weights.headless);
+    const std::vector<std::vector<int32_t>> inputs = {make_prompt(9, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2)};
+    for (const Pooling p : {Pooling::Last, Pooling::Mean}) {
+        EmbedOptions eo;
+        eo.pooling = p;
+        eo.chunk = 4;
+        const auto a = embed(*headless->engine, inputs, eo), b = embed(*headed->engine, inputs, eo);
+        for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ(a[i], b[i]) << pooling_name(p) << " " << i;
+    }
+    std::vector<float> logits(size_t(cfg.vocab));
+    const std::vector<SeqChunk> step = {{0, inputs[0].data(), 2, 0, true}};
+    EXPECT_NE(thrown_error([&] { headless->engine->forward(step, logits.data()); }).find("loaded without an lm_head"),
+              std::string::npos);
+    std::vector<float> vals(4);
+    std::vector<int32_t> ids(4);
+    EXPECT_NE(thrown_error([&] { headless->engine->forward_top(step, 4, vals.data(), ids.data()); }).find("embeddings only"),
+              std::string::npos);
+    // A tied model has its head whatever the option says.
+    TempDir tied;
+    write_synthetic_checkpoint(tied.path(), tiny_config(Arch::Qwen3), {DType::BF16, 1, 8});
+    so.model_dir = tied.path();
+    EXPECT_FALSE(open_session(so, comm)->weights.headless);
+}
+
 TEST(Embed, RefusesBadInputs) {
     TempDir d;
     const ModelConfig cfg = tiny_config(Arch::Llama);

@@ -314,6 +314,25 @@ BatchRequest batch_request(const json& j) {
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+// A route whose whole answer is `f` of the request's JSON body. A body that is not JSON (or nests
+// too deep), an ApiError and an Error (e.g. an id the tokenizer does not know) become error objects.
+void answer_json(const httplib::Request& req, httplib::Response& res, const std::function<json(const json&)>& f) {
+    try {
+        check_body_depth(req.body);
+        res.set_content(f(json::parse(req.body)).dump(), "application/json");
+    } catch (const json::exception& e) {
+        res.status = 400;
+        res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
+                        "application/json");
+    } catch (const ApiError& e) {
+        res.status = e.status;
+        res.set_content(api_error(e.what(), e.status).dump(), "application/json");
+    } catch (const Error& e) {
+        res.status = 400;
+        res.set_content(api_error(e.what(), 400).dump(), "application/json");
+    }
+}
+
 // serve --embeddings' engine loop, on every rank: each iteration rank 0 takes every request that
 // came in, broadcasts their inputs (or shutdown), and all ranks embed them together (runtime/embed.h:
 // the slots take the inputs of several requests at once); rank 0 then hands each request its
@@ -594,20 +613,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         // vLLM's /tokenize and /detokenize: the server's tokenizer, nothing run.
         auto tokenizer_route = [&](json (*f)(const json&, const Tokenizer&, const ApiLimits&)) {
             return [&, f](const httplib::Request& req, httplib::Response& res) {
-                try {
-                    check_body_depth(req.body);
-                    res.set_content(f(json::parse(req.body), *tok, lim).dump(), "application/json");
-                } catch (const json::exception& e) {
-                    res.status = 400;
-                    res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
-                                    "application/json");
-                } catch (const ApiError& e) {
-                    res.status = e.status;
-                    res.set_content(api_error(e.what(), e.status).dump(), "application/json");
-                } catch (const Error& e) {  // an id the tokenizer does not know
-                    res.status = 400;
-                    res.set_content(api_error(e.what(), 400).dump(), "application/json");
-                }
+                answer_json(req, res, [&](const json& body) { return f(body, *tok, lim); });
             };
         };
         svr->Post("/tokenize", tokenizer_route(api_tokenize));
@@ -621,20 +627,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
         // The embedding routes: a request's inputs go to the engine loop as one EmbedJob.
         auto embedding_route = [&](const char* what, std::function<json(const json&)> answer) {
             return [&, what, answer](const httplib::Request& req, httplib::Response& res) {
-                try {
-                    if (!embeddings)
-                        throw ApiError(400, std::string("this server generates text: start shardlm serve with --embeddings "
-                                                        "(and an embedding model) to serve ") + what);
-                    check_body_depth(req.body);
-                    res.set_content(answer(json::parse(req.body)).dump(), "application/json");
-                } catch (const json::exception& e) {
+                if (!embeddings) {
                     res.status = 400;
-                    res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
+                    res.set_content(api_error(std::string("this server generates text: start shardlm serve with --embeddings "
+                                                          "(and an embedding model) to serve ") + what, 400).dump(),
                                     "application/json");
-                } catch (const ApiError& e) {
-                    res.status = e.status;
-                    res.set_content(api_error(e.what(), e.status).dump(), "application/json");
+                    return;
                 }
+                answer_json(req, res, answer);
             };
         };
         // Runs the request's inputs; their vectors (ApiError 503 when the server stops first).

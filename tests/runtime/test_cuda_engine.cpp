@@ -953,6 +953,18 @@ TEST(CudaEngine, DraftModelKeepsTheTokens) {
     }
 }
 
+namespace {
+// The embedding tests' sessions: `so` (2 slots of 32 positions) on the GPU, and the same on the CPU.
+std::pair<std::unique_ptr<Session>, std::unique_ptr<Session>> gpu_and_cpu_sessions(SessionOptions so, Communicator& comm) {
+    so.max_batch = 2;
+    so.ctx = 32;
+    so.device = Device::Cuda;
+    SessionOptions cpu = so;
+    cpu.device = Device::Cpu;
+    return {open_session(so, comm), open_session(cpu, comm)};
+}
+}  // namespace
+
 // Embeddings on the GPU (forward_hidden: the step stops at the final norm) equal the CPU's, every
 // pooling, through two slots in chunks of 3 (graph-captured steps among them); and a graph
 // captured without lm_head is never replayed for a step that wants logits (nor the reverse).
@@ -963,15 +975,10 @@ TEST(CudaEngine, EmbeddingsMatchTheCpu) {
     SessionOptions so = tiny_cuda_model(dir, cfg);
     std::vector<std::vector<int32_t>> inputs;
     for (int64_t n : {7, 1, 19, 3}) inputs.push_back(make_prompt(n, cfg.vocab, uint64_t(n) + 40));
-    so.max_batch = 2;
-    so.ctx = 32;
     so.prefill_chunk = 3;
     so.max_logit_rows = 3;
-    SessionOptions cpu = so;
-    cpu.device = Device::Cpu;
     SingleRank comm;
-    auto g = open_session(so, comm);
-    auto c = open_session(cpu, comm);
+    auto [g, c] = gpu_and_cpu_sessions(so, comm);
     for (const Pooling p : {Pooling::Last, Pooling::Mean, Pooling::Cls}) {
         EmbedOptions eo;
         eo.pooling = p;
@@ -1010,16 +1017,10 @@ TEST(CudaEngine, HeadlessModelsGiveEmbeddingsOnly) {
     write_without_model_prefix(full.path(), bare.path());
     SessionOptions so;
     so.model_dir = bare.path();
-    so.device = Device::Cuda;
     so.load.headless_ok = true;
-    so.max_batch = 2;
-    so.ctx = 32;
     so.prefill_chunk = 4;
-    SessionOptions cpu = so;
-    cpu.device = Device::Cpu;
     SingleRank comm;
-    auto g = open_session(so, comm);
-    auto c = open_session(cpu, comm);
+    auto [g, c] = gpu_and_cpu_sessions(so, comm);
     const std::vector<std::vector<int32_t>> inputs = {make_prompt(9, cfg.vocab, 3), make_prompt(2, cfg.vocab, 4)};
     EmbedOptions eo;
     eo.chunk = 4;

@@ -230,4 +230,47 @@ void write_without_model_prefix(const std::string& src, const std::string& dst) 
     }
 }
 
+void write_classifier(const std::string& src, const std::string& dst, const std::vector<std::string>& labels,
+                      const std::vector<float>& score) {
+    nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_file(src + "/config.json"));
+    std::string arch = cfg["architectures"][0];
+    arch = arch.substr(0, arch.find("ForCausalLM")) + "ForSequenceClassification";
+    cfg["architectures"] = {arch};
+    cfg["id2label"] = nlohmann::ordered_json::object();
+    for (size_t i = 0; i < labels.size(); ++i) cfg["id2label"][std::to_string(i)] = labels[i];
+    write_file(dst + "/config.json", cfg.dump(2));
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+        if (file_exists(src + "/" + f)) write_file(dst + "/" + f, read_file(src + "/" + f));
+    std::vector<TensorToWrite> ts;
+    const SafetensorsFile in(src + "/model.safetensors");
+    for (const auto& [name, t] : in.tensors())
+        if (name != "lm_head.weight") ts.push_back({name, t.dtype_str, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+    const int64_t hidden = cfg["hidden_size"];
+    EXPECT_EQ(score.size(), labels.size() * size_t(hidden));
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(score.data());
+    ts.push_back({"score.weight", "F32", {int64_t(labels.size()), hidden}, std::vector<uint8_t>(b, b + score.size() * 4)});
+    write_safetensors(dst + "/model.safetensors", ts);
+}
+
+std::vector<float> checkpoint_rows(const std::string& dir, const std::string& name, const std::vector<int32_t>& rows) {
+    const SafetensorsFile in(dir + "/model.safetensors");
+    const auto& t = in.tensors().at(name);
+    const int64_t cols = t.shape.at(1);
+    std::vector<float> out;
+    for (const int32_t r : rows)
+        for (int64_t c = 0; c < cols; ++c) {
+            const size_t i = size_t(r * cols + c);
+            if (t.dtype_str == "F32") {
+                float v;
+                std::memcpy(&v, t.data + i * 4, 4);
+                out.push_back(v);
+            } else {
+                uint16_t h;
+                std::memcpy(&h, t.data + i * 2, 2);
+                out.push_back(bf16_to_f32(h));
+            }
+        }
+    return out;
+}
+
 }  // namespace shardlm::test

@@ -108,5 +108,13 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b);
 // Qwen3-Embedding): every tensor name without "model.", no lm_head.weight (for tied models), in
 // the same files and index.
 void write_without_model_prefix(const std::string& src, const std::string& dst);
+// A sequence-classification copy of the one-file checkpoint in src, as transformers saves
+// <Family>ForSequenceClassification: config.json's architectures and id2label of `labels`, every
+// tensor but lm_head.weight, and score.weight [labels, hidden] F32 = `score`; the tokenizer files
+// come along.
+void write_classifier(const std::string& src, const std::string& dst, const std::vector<std::string>& labels,
+                      const std::vector<float>& score);
+// Rows `rows` of a one-file checkpoint's F32/BF16 matrix `name` as f32, one after the other.
+std::vector<float> checkpoint_rows(const std::string& dir, const std::string& name, const std::vector<int32_t>& rows);
 
 }  // namespace shardlm::test

@@ -22,6 +22,10 @@ int cmd_make_model(const Args& args);
 int cmd_quantize(const Args& args);
 int cmd_perplexity(const Args& args, Communicator& comm);
 int cmd_embed(const Args& args, Communicator& comm);
+int cmd_classify(const Args& args, Communicator& comm);
+// --classifier-tokens' list ("no,yes") as (token, id) pairs of the model's tokenizer (empty list:
+// none); throws Error naming the flag for a token the vocabulary lacks or fewer than two.
+std::vector<std::pair<std::string, int32_t>> classifier_tokens(const std::string& model, const std::string& list);
 int cmd_tokenize(const Args& args);
 
 }  // namespace shardlm

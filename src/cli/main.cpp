@@ -27,6 +27,7 @@ const char* kUsage =
     "  info         describe a checkpoint: shapes, parameters, bytes (per rank with --tp N)\n"
     "  perplexity   teacher-forced perplexity of a token file; compare two precisions\n"
     "  embed        text embeddings (pooled final hidden states) of inputs\n"
+    "  classify     class probabilities, or reranking scores with --query (sequence classifiers)\n"
     "  bench        prefill/decode timings and achieved bandwidth\n"
     "  quantize     write a pre-quantized INT8 checkpoint\n"
     "  make-model   write a random-weight checkpoint of a built-in shape\n"
@@ -58,6 +59,7 @@ int dispatch(const std::string& cmd, const std::vector<std::string>& args, shard
     if (cmd == "bench") return shardlm::cmd_bench(args, comm);
     if (cmd == "perplexity") return shardlm::cmd_perplexity(args, comm);
     if (cmd == "embed") return shardlm::cmd_embed(args, comm);
+    if (cmd == "classify") return shardlm::cmd_classify(args, comm);
     // Every rank sees the same command line, so these errors are the same on every rank.
     using shardlm::AgreedError;
     using shardlm::cat;

@@ -81,6 +81,42 @@ struct Reader {
     }
 };
 
+// A sequence-classification head's labels, as transformers' PretrainedConfig reads them: id2label
+// ({"0": "irrelevant", "1": "relevant"}, every id from 0 up), else num_labels of "LABEL_<i>", else
+// its default of two. problem_type multi_label_classification scores each label on its own.
+void parse_labels(const json& j, const Reader& r, ModelConfig& c) {
+    const int64_t n = r.integer_or("num_labels", -1);
+    if (r.has("id2label")) {
+        const json& m = j["id2label"];
+        if (!m.is_object() || m.empty()) fail(r.origin, ": id2label must be an object of id -> label name");
+        c.labels.assign(m.size(), std::string());
+        std::vector<bool> seen(m.size(), false);
+        for (const auto& [key, name] : m.items()) {
+            size_t used = 0;
+            long long id = -1;
+            try {
+                id = std::stoll(key, &used);
+            } catch (const std::exception&) {
+            }
+            if (used != key.size() || id < 0 || id >= (long long)m.size() || seen[size_t(id)] || !name.is_string())
+                fail(r.origin, ": id2label entry \"", key, "\": ", name.dump(), " is not a label name for an id in [0, ", m.size(), ")");
+            seen[size_t(id)] = true;
+            c.labels[size_t(id)] = name.get<std::string>();
+        }
+        if (n >= 0 && n != int64_t(m.size()))
+            fail(r.origin, ": num_labels ", n, " differs from the ", m.size(), " labels of id2label");
+    } else {
+        if (n == 0 || n < -1) fail(r.origin, ": num_labels must be positive, got ", n);
+        for (int64_t i = 0; i < (n > 0 ? n : 2); ++i) c.labels.push_back("LABEL_" + std::to_string(i));
+    }
+    if (r.has("problem_type")) {
+        const json& p = j["problem_type"];
+        if (p == "multi_label_classification") c.multi_label = true;
+        else if (p != "single_label_classification" && p != "regression")
+            fail(r.origin, ": problem_type ", p.dump(), " is not one of single_label_classification, multi_label_classification, regression");
+    }
+}
+
 // rope_scaling (older transformers) or rope_parameters (newer: also carries rope_theta).
 void parse_rope(const json& j, const Reader& r, ModelConfig& c) {
     c.rope_theta = float(r.number_or(j, "rope_theta", 10000.0));
@@ -424,12 +460,19 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
         !j["architectures"][0].is_string())
         fail(origin, ": missing \"architectures\" list");
     const std::string arch = j["architectures"][0].get<std::string>();
-    if (arch == "LlamaForCausalLM") c.arch = Arch::Llama;
-    else if (arch == "MistralForCausalLM") c.arch = Arch::Mistral;
-    else if (arch == "Qwen2ForCausalLM") c.arch = Arch::Qwen2;
-    else if (arch == "Qwen3ForCausalLM") c.arch = Arch::Qwen3;
-    else fail(origin, ": unknown architecture \"", arch,
-              "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+    c.architecture = arch;
+    const std::pair<const char*, Arch> families[] = {
+        {"Llama", Arch::Llama}, {"Mistral", Arch::Mistral}, {"Qwen2", Arch::Qwen2}, {"Qwen3", Arch::Qwen3}};
+    const std::pair<const char*, Head> heads[] = {
+        {"ForCausalLM", Head::CausalLM}, {"Model", Head::None}, {"ForSequenceClassification", Head::Classifier}};
+    bool known = false;
+    for (const auto& [family, a] : families)
+        for (const auto& [suffix, h] : heads)
+            if (arch == std::string(family) + suffix) c.arch = a, c.head = h, known = true;
+    if (!known)
+        fail(origin, ": unknown architecture \"", arch,
+             "\" (supported: Llama, Mistral, Qwen2 and Qwen3 as ...ForCausalLM, ...Model or ...ForSequenceClassification)");
+    if (c.head == Head::Classifier) parse_labels(j, r, c);
 
     c.hidden = r.positive("hidden_size");
     c.n_layers = r.positive("num_hidden_layers");

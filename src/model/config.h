@@ -13,6 +13,13 @@ enum class Arch { Llama, Mistral, Qwen2, Qwen3 };
 
 const char* arch_name(Arch a);  // the HF class name, e.g. "Qwen3ForCausalLM"
 
+// What sits on the decoder, from the architecture's class: CausalLM's lm_head ("Qwen3ForCausalLM");
+// nothing (the base class, "Qwen3Model": an embedding model's final hidden states); or a
+// sequence-classification head ("Qwen3ForSequenceClassification": score.weight [num_labels,
+// hidden] on the last token's state; rerankers and reward models). Without lm_head a model loads
+// for embed / classify only (LoadOptions::headless_ok).
+enum class Head { CausalLM, None, Classifier };
+
 // RoPE frequency plan (rope_scaling / rope_parameters). `llama3` rescales the inverse frequencies
 // by wavelength band (HF's _compute_llama3_parameters), `linear` divides them all by factor,
 // `yarn` ramps between both (kernels/cpu/rope.h) and scales attention by attention_factor^2
@@ -70,6 +77,10 @@ struct Fp8Weights {
 
 struct ModelConfig {
     Arch arch = Arch::Llama;
+    Head head = Head::CausalLM;
+    std::string architecture;         // architectures[0] as the file says, for messages
+    std::vector<std::string> labels;  // Classifier: id2label in id order (num_labels of them)
+    bool multi_label = false;         // Classifier: problem_type multi_label_classification (sigmoid per label)
     int64_t hidden = 0;        // hidden_size
     int64_t n_layers = 0;      // num_hidden_layers
     int64_t n_heads = 0;       // num_attention_heads

@@ -40,7 +40,9 @@ void write_quantized_checkpoint(const std::string& src, const std::string& out, 
     check_quantize(src, out, opt);  // before the load (the whole model, quantized)
     const ModelConfig cfg = load_config(src);
     const Checkpoint ck(src);
-    const ModelWeights w = load_weights(ck, cfg, opt, plan_shard(cfg, 0, 1));
+    LoadOptions lo = opt;
+    lo.headless_ok = true;  // an embedding or classification checkpoint quantizes as it is (no lm_head)
+    const ModelWeights w = load_weights(ck, cfg, lo, plan_shard(cfg, 0, 1));
     if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) fail(out, ": cannot create: ", std::strerror(errno));
 
     // The quantized views by name; every other tensor is copied from the source.

@@ -186,8 +186,14 @@ public:
     // rotary inv_freq buffers (older HF Llama checkpoints; recomputed from rope_theta) and, with
     // tied embeddings, an lm_head.weight (the embedding is the truth).
     // The one named is the first in natural order (natural_less): the lowest layer the config lacks.
-    // An untied model whose checkpoint has no lm_head.weight, loaded for embeddings (LoadOptions::headless_ok).
-    bool headless() const { return opt_.headless_ok && !ckpt_.find("lm_head.weight"); }
+    // A model loaded without lm_head (ModelWeights::headless): an untied causal LM whose
+    // checkpoint has no lm_head.weight, loaded for embeddings (LoadOptions::headless_ok), or a
+    // base or sequence-classification model (which build() lets load only then).
+    bool headless() const {
+        return cfg_.head != Head::CausalLM || (opt_.headless_ok && !ckpt_.find("lm_head.weight"));
+    }
+    bool headless_ok() const { return opt_.headless_ok; }
+    const std::string& dir() const { return ckpt_.dir(); }
 
     void check_all_read() const {
         const std::string* first = nullptr;
@@ -310,6 +316,17 @@ public:
     }
 
     // Elements [begin, begin + n) of a vector of `full` elements, as f32.
+    // A whole [rows, cols] float tensor as f32 (a classifier's score.weight).
+    std::vector<float> f32_matrix(const std::string& name, int64_t rows, int64_t cols) {
+        const TensorInfo& t = tensor(name, {rows, cols});
+        const Scaling sc = scaling(name, rows, cols);
+        std::vector<float> v(size_t(rows * cols));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cols; ++k) v[size_t(r * cols + k)] = at(t, sc, r, k, cols);
+        out_.bytes += v.size() * 4;
+        return v;
+    }
+
     std::vector<float> vector(const std::string& name, int64_t full, int64_t begin = 0, int64_t n = -1) {
         const TensorInfo& t = tensor(name, {full});
         const Scaling sc = scaling(name, full, 1);
@@ -812,6 +829,10 @@ private:
 void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w) {
     const int64_t hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
     const int64_t q0 = p.q_head0 * hd, nq = p.n_q_heads * hd, kv0 = p.kv_head0 * hd, nkv = p.n_kv_heads * hd;
+    if (c.head != Head::CausalLM && !ld.headless_ok())
+        fail(ld.dir(), "/config.json: ", c.architecture,
+             c.head == Head::Classifier ? " is a sequence-classification model (no lm_head); shardlm classify and serve --rerank run it"
+                                        : " is a base model (no lm_head); shardlm embed and serve --embeddings run it");
     for (int64_t i = 0; i < c.n_layers; ++i) {
         const std::string pre = "model.layers." + std::to_string(i);
         LayerWeights L;
@@ -844,6 +865,7 @@ void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w
         else
             w.lm_head = ld.linear_matrix(name, vocab_rows, /*vocab=*/true);
         w.embed = w.lm_head;
+        w.headless = c.head != Head::CausalLM;  // a tied classifier or base model: the embedding is no lm_head
     } else {
         const std::string name = "model.embed_tokens.weight";
         w.embed = ld.float_matrix(name, vocab_rows, ld.float_dtype(ld.tensor(name, {c.vocab, c.hidden}), false));
@@ -854,6 +876,8 @@ void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w
             w.lm_head = ld.linear_matrix("lm_head.weight", vocab_rows, /*vocab=*/true);
         }
     }
+    // The classifier head is tiny ([num_labels, hidden]) and sensitive: f32, whole on every rank.
+    if (c.head == Head::Classifier) w.score = ld.f32_matrix("score.weight", int64_t(c.labels.size()), c.hidden);
     ld.check_all_read();
     ld.check_lora_merged();
 }

@@ -108,6 +108,9 @@ struct ModelWeights {
     // No lm_head in the checkpoint (LoadOptions::headless_ok): lm_head views the embedding only so
     // that the engines' layouts stay one shape; the engines refuse every step that wants logits.
     bool headless = false;
+    // A sequence-classification model's head (ModelConfig::labels): score.weight [labels, hidden]
+    // as f32, whole on every rank (runtime/classify.h applies it to the last token's state).
+    std::vector<float> score;
     std::vector<float> final_norm;
     std::vector<LayerWeights> layers;
     WeightFormat format = WeightFormat::Auto;  // as loaded (Int8/W8A8/Int4/W4A8 for pre-quantized checkpoints)

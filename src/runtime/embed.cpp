@@ -141,37 +141,35 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
     for (float& x : v) x = float(x * scale);
 }
 
-std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
-                                      const EmbedOptions& opt) {
-    const ModelConfig& c = engine.config();
+std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
+                                            Pooling pooling, int64_t chunk, int64_t width, const PoolStep& step) {
     const EngineOptions& eo = engine.options();
-    check_embed_inputs(c, eo, inputs, opt);
-    const int64_t H = c.hidden;
     const int64_t row_cap = eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
-    const bool mean = opt.pooling == Pooling::Mean;
+    const bool mean = pooling == Pooling::Mean;
+    SHARDLM_CHECK(chunk >= 1 && width >= 1, "pool_inputs: chunk ", chunk, ", width ", width);
     struct Slot {
         int64_t input = -1, pos = 0;
     };
     std::vector<Slot> slots(size_t(eo.max_batch));
     std::vector<std::vector<double>> pooled(inputs.size());
     std::vector<std::vector<float>> out(inputs.size());
-    std::vector<float> hidden(size_t(row_cap * H));
+    std::vector<float> rows(size_t(row_cap * width));
     // The tokens an input runs: a causal model's first state sees only the first token.
-    auto end_of = [&](int64_t i) { return opt.pooling == Pooling::Cls ? int64_t(1) : int64_t(inputs[size_t(i)].size()); };
+    auto end_of = [&](int64_t i) { return pooling == Pooling::Cls ? int64_t(1) : int64_t(inputs[size_t(i)].size()); };
     size_t next = 0, done = 0;
     while (done < inputs.size()) {
         for (Slot& s : slots)
             if (s.input < 0 && next < inputs.size()) s = Slot{int64_t(next++), 0};
         std::vector<SeqChunk> chunks;
         std::vector<size_t> owner;  // each chunk's slot
-        int64_t tokens = 0, rows = 0;
+        int64_t tokens = 0, n_rows = 0;
         for (size_t k = 0; k < slots.size(); ++k) {
             const Slot& s = slots[k];
             if (s.input < 0) continue;
             const int64_t end = end_of(s.input);
-            int64_t n = std::min({end - s.pos, opt.chunk, eo.max_step_tokens - tokens});
-            if (mean) n = std::min(n, row_cap - rows);
-            else if (rows == row_cap) n = std::min(n, end - s.pos - 1);  // no row left for its last token
+            int64_t n = std::min({end - s.pos, chunk, eo.max_step_tokens - tokens});
+            if (mean) n = std::min(n, row_cap - n_rows);
+            else if (n_rows == row_cap) n = std::min(n, end - s.pos - 1);  // no row left for its last token
             if (n <= 0) continue;
             SeqChunk ch;
             ch.slot = int64_t(k);
@@ -180,32 +178,41 @@ std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vec
             ch.pos = s.pos;
             ch.all_logits = mean;
             ch.want_logits = !mean && s.pos + n == end;
-            rows += mean ? n : ch.want_logits ? 1 : 0;
+            n_rows += mean ? n : ch.want_logits ? 1 : 0;
             tokens += n;
             chunks.push_back(ch);
             owner.push_back(k);
         }
-        engine.forward_hidden(chunks, hidden.data());
+        step(chunks, rows.data());
         int64_t r = 0;
         for (size_t k = 0; k < chunks.size(); ++k) {
             Slot& s = slots[owner[k]];
             std::vector<double>& acc = pooled[size_t(s.input)];
-            acc.resize(size_t(H), 0.0);
-            const int64_t n_rows = mean ? chunks[k].n : chunks[k].want_logits ? 1 : 0;
-            for (int64_t j = 0; j < n_rows; ++j, ++r)
-                for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += double(hidden[size_t(r * H + h)]);
+            acc.resize(size_t(width), 0.0);
+            const int64_t chunk_rows = mean ? chunks[k].n : chunks[k].want_logits ? 1 : 0;
+            for (int64_t j = 0; j < chunk_rows; ++j, ++r)
+                for (int64_t h = 0; h < width; ++h) acc[size_t(h)] += double(rows[size_t(r * width + h)]);
             s.pos += chunks[k].n;
             if (s.pos < end_of(s.input)) continue;
             const double count = mean ? double(s.pos) : 1.0;
             std::vector<float>& v = out[size_t(s.input)];
-            v.resize(size_t(H));
-            for (int64_t h = 0; h < H; ++h) v[size_t(h)] = float(acc[size_t(h)] / count);
-            finish_embedding(v, opt.dimensions, opt.normalize);
+            v.resize(size_t(width));
+            for (int64_t h = 0; h < width; ++h) v[size_t(h)] = float(acc[size_t(h)] / count);
             acc = {};
             s.input = -1;
             ++done;
         }
     }
+    return out;
+}
+
+std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
+                                      const EmbedOptions& opt) {
+    check_embed_inputs(engine.config(), engine.options(), inputs, opt);
+    std::vector<std::vector<float>> out =
+        pool_inputs(engine, inputs, opt.pooling, opt.chunk, engine.config().hidden,
+                    [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
+    for (std::vector<float>& v : out) finish_embedding(v, opt.dimensions, opt.normalize);
     return out;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,16 @@ void check_embed_inputs(const ModelConfig& c, const EngineOptions& eo, const std
 // A pooled vector as handed out: its first `dimensions` (0: all), then L2-normalized when
 // `normalize` (torch's F.normalize: over max(norm, 1e-12)).
 void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize);
+
+// One step of pool_inputs: runs the chunks and writes the rows they want (SeqChunk::want_logits /
+// all_logits, in order) into rows [n, width]: Engine::forward_hidden, or logits columns.
+using PoolStep = std::function<void(const std::vector<SeqChunk>& chunks, float* rows)>;
+// The loop embed() runs: each input's rows pooled (not cut, not normalized), [inputs][width]. The
+// engine's slots take an input each; their chunks share steps of at most max_step_tokens rows (and
+// max_logit_rows wanted rows), and a slot takes the next input as soon as its own is done. The
+// inputs must have passed check_embed_inputs.
+std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
+                                            Pooling pooling, int64_t chunk, int64_t width, const PoolStep& step);
 
 // The inputs' embeddings, [inputs][dimensions or hidden]. The engine's slots take an input each;
 // their chunks share steps of at most max_step_tokens rows (and max_logit_rows output rows), and

@@ -43,8 +43,9 @@ void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float*
 }
 
 std::string headless_message() {
-    return "this model was loaded without an lm_head (its checkpoint has no lm_head.weight and does not tie it to "
-           "the embedding): it gives embeddings only (shardlm embed, serve --embeddings), not logits";
+    return "this model was loaded without an lm_head (a base or sequence-classification model, or a checkpoint "
+           "without lm_head.weight that does not tie it to the embedding): it gives embeddings and classifications "
+           "only (shardlm embed and classify, serve --embeddings and --rerank), not logits";
 }
 
 RopeParams rope_params(const ModelConfig& c) {

@@ -189,6 +189,8 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         kept.format = s->weights.format;
         kept.group_size = s->weights.group_size;
         kept.bytes = s->weights.bytes;
+        kept.headless = s->weights.headless;
+        kept.score = std::move(s->weights.score);  // the classifier head runs on the host (runtime/classify.h)
         s->weights = std::move(kept);
 #else
         fail("--device cuda: this build has no CUDA backend");

@@ -57,9 +57,10 @@ std::optional<std::string> config_token(const json& cfg, const char* key) {
     return std::nullopt;
 }
 
-// The ids a TemplateProcessing/RobertaProcessing/... post-processor puts around a single sequence.
+// The ids a TemplateProcessing/RobertaProcessing/... post-processor puts around a single sequence,
+// and its template for a pair (ids, with kPairA / kPairB where the sequences go).
 void read_post_processor(const json& pp, const Tokenizer& tok, std::vector<int32_t>& prefix,
-                         std::vector<int32_t>& suffix, const std::string& where) {
+                         std::vector<int32_t>& suffix, std::vector<int32_t>& pair, const std::string& where) {
     if (pp.is_null()) return;
     if (!pp.is_object() || !pp.contains("type") || !pp["type"].is_string()) fail(where, ": post_processor without a \"type\"");
     const std::string type = pp["type"];
@@ -67,39 +68,48 @@ void read_post_processor(const json& pp, const Tokenizer& tok, std::vector<int32
     if (type == "Sequence") {
         if (!pp.contains("processors") || !pp["processors"].is_array())
             fail(where, ": Sequence post_processor needs a \"processors\" array");
-        for (const auto& p : pp["processors"]) read_post_processor(p, tok, prefix, suffix, where);
+        for (const auto& p : pp["processors"]) read_post_processor(p, tok, prefix, suffix, pair, where);
         return;
     }
     if (type == "TemplateProcessing") {
         if (!pp.contains("single") || !pp["single"].is_array()) fail(where, ": TemplateProcessing needs a \"single\" array");
         const json& specials = pp.contains("special_tokens") ? pp["special_tokens"] : json::object();
-        bool seen_a = false;
-        prefix.clear();
-        suffix.clear();
-        for (const auto& item : pp["single"]) {
-            if (item.contains("Sequence")) {
-                seen_a = true;
-                continue;
+        // One template's ids, kPairA / kPairB for its sequences.
+        auto read_template = [&](const json& items) {
+            std::vector<int32_t> out;
+            for (const auto& item : items) {
+                if (item.contains("Sequence")) {
+                    const json& sq = item["Sequence"];
+                    out.push_back(sq.is_object() && sq.value("id", std::string("A")) == "B" ? kPairB : kPairA);
+                    continue;
+                }
+                if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id"))
+                    fail(where, ": TemplateProcessing item is neither Sequence nor SpecialToken");
+                const std::string name = item["SpecialToken"]["id"];
+                if (specials.contains(name) && specials[name].contains("ids")) {
+                    for (const auto& v : specials[name]["ids"]) out.push_back(v.get<int32_t>());
+                } else {
+                    const int32_t id = tok.token_to_id(name);
+                    if (id < 0) fail(where, ": TemplateProcessing special token \"", name, "\" is not in the vocabulary");
+                    out.push_back(id);
+                }
             }
-            if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id"))
-                fail(where, ": TemplateProcessing item is neither Sequence nor SpecialToken");
-            const std::string name = item["SpecialToken"]["id"];
-            std::vector<int32_t> ids;
-            if (specials.contains(name) && specials[name].contains("ids")) {
-                for (const auto& v : specials[name]["ids"]) ids.push_back(v.get<int32_t>());
-            } else {
-                const int32_t id = tok.token_to_id(name);
-                if (id < 0) fail(where, ": TemplateProcessing special token \"", name, "\" is not in the vocabulary");
-                ids.push_back(id);
-            }
-            auto& dst = seen_a ? suffix : prefix;
-            dst.insert(dst.end(), ids.begin(), ids.end());
-        }
+            return out;
+        };
+        const std::vector<int32_t> single = read_template(pp["single"]);
+        const auto a = std::find(single.begin(), single.end(), kPairA);
+        prefix.assign(single.begin(), a);
+        suffix.assign(a == single.end() ? a : a + 1, single.end());
+        if (pp.contains("pair") && pp["pair"].is_array() && !pp["pair"].empty()) pair = read_template(pp["pair"]);
+        else pair = {kPairA, kPairB};
         return;
     }
     if (type == "RobertaProcessing" || type == "BertProcessing") {
-        prefix = {pp.at("cls").at(1).get<int32_t>()};
-        suffix = {pp.at("sep").at(1).get<int32_t>()};
+        const int32_t cls = pp.at("cls").at(1).get<int32_t>(), sep = pp.at("sep").at(1).get<int32_t>();
+        prefix = {cls};
+        suffix = {sep};
+        pair = type == "RobertaProcessing" ? std::vector<int32_t>{cls, kPairA, sep, sep, kPairB, sep}
+                                           : std::vector<int32_t>{cls, kPairA, sep, kPairB, sep};
         return;
     }
     fail(where, ": unsupported post_processor type \"", type,
@@ -178,7 +188,7 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
         }
 
     m.decoder = Decoder::from_json(j.value("decoder", json()), m.tokens, where);
-    read_post_processor(j.value("post_processor", json()), t, m.prefix, m.suffix, where);
+    read_post_processor(j.value("post_processor", json()), t, m.prefix, m.suffix, m.pair, where);
 
     if (const auto b = config_token(cfg, "bos_token")) {
         m.bos_token = *b;
@@ -198,6 +208,13 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
         m.suffix.clear();
         if (add_bos && m.bos >= 0) m.prefix.push_back(m.bos);
         if (add_eos && m.eos >= 0) m.suffix.push_back(m.eos);
+        // transformers' update_post_processor: the pair is each sequence in the single template.
+        m.pair = m.prefix;
+        m.pair.push_back(kPairA);
+        m.pair.insert(m.pair.end(), m.suffix.begin(), m.suffix.end());
+        m.pair.insert(m.pair.end(), m.prefix.begin(), m.prefix.end());
+        m.pair.push_back(kPairB);
+        m.pair.insert(m.pair.end(), m.suffix.begin(), m.suffix.end());
     }
     m.clean_up = cfg.value("clean_up_tokenization_spaces", false);
 
@@ -223,6 +240,9 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
         if (id < 0 || id >= t.vocab_size()) fail(where, ": post_processor id ", id, " is outside the vocabulary");
     for (int32_t id : m.suffix)
         if (id < 0 || id >= t.vocab_size()) fail(where, ": post_processor id ", id, " is outside the vocabulary");
+    for (int32_t id : m.pair)
+        if (id != kPairA && id != kPairB && (id < 0 || id >= t.vocab_size()))
+            fail(where, ": post_processor id ", id, " is outside the vocabulary");
     return t;
 }
 
@@ -256,6 +276,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
         }
     }
     if (opt.add_special_tokens) ids.insert(ids.end(), m.suffix.begin(), m.suffix.end());
+    return ids;
+}
+
+std::vector<int32_t> Tokenizer::encode_pair(std::string_view a, std::string_view b) const {
+    const std::vector<int32_t> ia = encode(a, {false}), ib = encode(b, {false});
+    std::vector<int32_t> ids;
+    for (const int32_t id : impl_->pair) {
+        if (id == kPairA) ids.insert(ids.end(), ia.begin(), ia.end());
+        else if (id == kPairB) ids.insert(ids.end(), ib.begin(), ib.end());
+        else ids.push_back(id);
+    }
     return ids;
 }
 

@@ -53,6 +53,10 @@ public:
 
     // `text` must be valid UTF-8 (an error names the offending byte offset).
     std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opt = {}) const;
+    // A pair of texts as transformers' tokenizer(a, text_pair=b) encodes it: each without special
+    // tokens, joined by the post-processor's pair template (Llama 3: BOS a BOS b; Qwen: a b). What a
+    // cross-encoder (runtime/classify.h) scores.
+    std::vector<int32_t> encode_pair(std::string_view a, std::string_view b) const;
     // Ids outside [0, vocab_size()) are an error.
     std::string decode(const std::vector<int32_t>& ids, const DecodeOptions& opt = {}) const;
 

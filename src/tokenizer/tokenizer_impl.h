@@ -18,6 +18,9 @@
 
 namespace shardlm {
 
+// Where the sequences go in Impl::pair (ids are >= 0).
+constexpr int32_t kPairA = -1, kPairB = -2;
+
 struct Tokenizer::Impl {
     std::string where;  // the tokenizer.json path, for messages
     Normalizer normalizer;
@@ -30,6 +33,9 @@ struct Tokenizer::Impl {
     std::unordered_map<std::string, int32_t> added_ids;
     std::vector<char> special;         // id -> skipped by skip_special_tokens
     std::vector<int32_t> prefix, suffix;  // post-processor, single sequence
+    // post-processor, a pair of sequences: ids, kPairA / kPairB where the sequences go (without
+    // one, the two sequences one after the other)
+    std::vector<int32_t> pair{kPairA, kPairB};
     int32_t bos = -1, eos = -1;
     std::string bos_token;
     bool clean_up = false;

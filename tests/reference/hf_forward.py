@@ -9,6 +9,7 @@ the tests to check the C++ engine; it needs only python3 + numpy.
 Usage:
   hf_forward.py --model DIR --prompt-ids "1,2,3;4,5" --max-new-tokens N [--ctx-check]
   hf_forward.py --model DIR --prompt-ids "1,2,3;4,5" --embed last|mean|cls
+  hf_forward.py --model DIR --prompt-ids "1,2,3;4,5" --classify
 Prints {"results": [{"tokens": [...], "last_logits": [...]}, ...]} on stdout,
 one entry per ';'-separated prompt. Greedy decoding, full recompute per step.
 --ctx-check additionally requires prompt+new tokens <= max_position_embeddings
@@ -17,7 +18,8 @@ prompt's last position must be unchanged and every generated token must be the
 argmax at its position; adds "ctx_check_max_abs_diff" to each result.
 --embed prints {"results": [{"embedding": [...]}, ...]} instead: the final hidden
 states pooled as sentence-transformers pools them (last token, mean, first
-token), not normalized.
+token), not normalized. --classify prints {"results": [{"logits": [...]}]}: a
+...ForSequenceClassification model's score head on the last token's state.
 """
 import argparse
 import json
@@ -106,6 +108,12 @@ class Model:
             cfg = json.load(f)
         self.cfg = cfg
         arch = (cfg.get("architectures") or [None])[0]
+        # The family's causal-LM class stands for the family; the suffix says what sits on top
+        # (transformers' ...Model has no head, ...ForSequenceClassification a score Linear).
+        self.head = "causal"
+        for suffix, head in (("ForSequenceClassification", "classifier"), ("Model", "base")):
+            if arch and arch.endswith(suffix) and arch[:-len(suffix)] + "ForCausalLM" in ARCHS:
+                arch, self.head = arch[:-len(suffix)] + "ForCausalLM", head
         if arch not in ARCHS:
             die(f"unknown architecture {arch!r} (supported: {', '.join(ARCHS)})")
         self.arch = arch
@@ -146,7 +154,14 @@ class Model:
             self.layers.append(L)
         self.norm = ck.get("model.norm.weight")
         # Tied embeddings: HF's tie_weights() makes lm_head share embed_tokens.
-        if cfg.get("tie_word_embeddings", False):
+        if self.head == "classifier":
+            # LlamaForSequenceClassification: score = Linear(hidden, num_labels, bias=False)
+            self.lm_head = None
+            n_labels = len(cfg["id2label"]) if "id2label" in cfg else cfg.get("num_labels", 2)
+            self.score = ck.get("score.weight", [n_labels, self.hidden])
+        elif self.head == "base":
+            self.lm_head = None
+        elif cfg.get("tie_word_embeddings", False):
             self.lm_head = self.embed
         else:
             self.lm_head = ck.get("lm_head.weight")
@@ -326,11 +341,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--embed", choices=("last", "mean", "cls"),
                     help="print pooled final hidden states instead of generating")
+    ap.add_argument("--classify", action="store_true",
+                    help="print a sequence-classification model's logits at the last token")
     ap.add_argument("--ctx-check", action="store_true",
                     help="check context length and causal consistency of the result")
     args = ap.parse_args()
-    if (args.max_new_tokens is None) == (args.embed is None):
-        die("give one of --max-new-tokens and --embed")
+    if (args.max_new_tokens is not None) + (args.embed is not None) + args.classify != 1:
+        die("give one of --max-new-tokens, --embed and --classify")
 
     model = Model(args.model)
     vocab = model.embed.shape[0]
@@ -344,6 +361,13 @@ def main():
             if limit and len(prompt) + args.max_new_tokens > limit:
                 die(f"prompt ({len(prompt)}) + max_new_tokens ({args.max_new_tokens}) "
                     f"exceeds max_position_embeddings ({limit})")
+        if args.classify:
+            if model.head != "classifier":
+                die("--classify needs a ...ForSequenceClassification model")
+            h = model.forward(prompt, hidden=True).astype(np.float64)
+            logits = model.score.astype(np.float64) @ h[-1]
+            results.append({"logits": [float(v) for v in logits]})
+            continue
         if args.embed:
             h = model.forward(prompt, hidden=True).astype(np.float64)
             pooled = h[-1] if args.embed == "last" else h[0] if args.embed == "cls" else h.mean(axis=0)

@@ -115,7 +115,7 @@ TEST(Embed, HeadlessCheckpointsGiveEmbeddingsOnly) {
               std::string::npos);
     std::vector<float> vals(4);
     std::vector<int32_t> ids(4);
-    EXPECT_NE(thrown_error([&] { headless->engine->forward_top(step, 4, vals.data(), ids.data()); }).find("embeddings only"),
+    EXPECT_NE(thrown_error([&] { headless->engine->forward_top(step, 4, vals.data(), ids.data()); }).find("not logits"),
               std::string::npos);
     // A tied model has its head whatever the option says.
     TempDir tied;

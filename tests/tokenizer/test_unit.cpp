@@ -119,6 +119,32 @@ TEST(SentencePieceBpe, AddBosAndEosFlags) {
     EXPECT_EQ(spell(t, ids), (std::vector<std::string>{"\xE2\x96\x81", "abc", "</s>"}));
 }
 
+// transformers' tokenizer(a, text_pair=b): each text without special tokens, put into the
+// post-processor's pair template (what a cross-encoder reranker scores).
+TEST(PairEncoding, FollowsThePostProcessorsPairTemplate) {
+    const auto cat = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
+        a.insert(a.end(), b.begin(), b.end());
+        return a;
+    };
+    const Tokenizer bl = make(tiny_byte_level_tokenizer(), tiny_byte_level_config());  // ByteLevel: no template
+    EXPECT_EQ(bl.encode_pair("hello", "world"), cat(bl.encode("hello", {false}), bl.encode("world", {false})));
+    json tok = tiny_sp_tokenizer();
+    const Tokenizer flags = make(tok, tiny_sp_config());  // add_bos_token rebuilds: <s> A <s> B
+    const std::vector<int32_t> a = flags.encode("ab", {false}), b = flags.encode("ba", {false});
+    EXPECT_EQ(flags.encode_pair("ab", "ba"), cat(cat({1}, a), cat({1}, b)));
+    tok["post_processor"]["pair"] = json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                                 {{"SpecialToken", {{"id", "</s>"}, {"type_id", 1}}}},
+                                                 {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}});
+    EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(cat({1}, a), cat({2}, b)));
+    tok["post_processor"]["pair"] = json::array();  // no pair template: the two one after the other
+    EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(a, b));
+    tok["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 1}}, {"sep", {"</s>", 2}}};
+    EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(cat({1}, a), cat({2, 2}, cat(b, {2}))));
+    tok["post_processor"]["type"] = "BertProcessing";
+    EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(cat({1}, a), cat({2}, cat(b, {2}))));
+}
+
 TEST(AddedTokens, StripSingleWordAndNormalized) {
     json tok = tiny_byte_level_tokenizer();
     const auto add = [&](int id, const char* content, bool lstrip, bool rstrip, bool single, bool normalized) {

@@ -1,0 +1,97 @@
+#include "runtime/classify.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "runtime/embed.h"
+
+namespace shardlm {
+
+Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
+                           const std::vector<std::pair<std::string, int32_t>>& tokens) {
+    Classifier h;
+    if (!tokens.empty()) {
+        if (w.headless)
+            fail("--classifier-tokens: ", c.architecture, " has no lm_head to read token logits from",
+                 c.head == Head::Classifier ? " (its own score head classifies: leave the flag out)" : "");
+        for (const auto& [name, id] : tokens) {
+            if (id < 0 || id >= c.vocab) fail("--classifier-tokens: \"", name, "\" is not a token of the vocabulary");
+            if (std::find(h.tokens.begin(), h.tokens.end(), id) != h.tokens.end())
+                fail("--classifier-tokens: \"", name, "\" is listed twice");
+            h.labels.push_back(name);
+            h.tokens.push_back(id);
+        }
+        return h;
+    }
+    if (c.head != Head::Classifier)
+        fail(c.architecture, " has no classification head: load a ...ForSequenceClassification checkpoint, or name the "
+             "tokens whose logits are the labels with --classifier-tokens (e.g. no,yes for Qwen3-Reranker)");
+    SHARDLM_CHECK(w.score.size() == c.labels.size() * size_t(c.hidden), "make_classifier: score head of ", w.score.size(),
+                  " values for ", c.labels.size(), " labels");
+    h.labels = c.labels;
+    h.weight = w.score;
+    h.multi_label = c.multi_label;
+    return h;
+}
+
+std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
+                                         const std::vector<std::vector<int32_t>>& inputs, int64_t chunk) {
+    const ModelConfig& c = engine.config();
+    EmbedOptions check;
+    check.chunk = chunk;
+    check_embed_inputs(c, engine.options(), inputs, check);
+    const int64_t n_labels = int64_t(head.labels.size());
+    if (!head.tokens.empty()) {
+        // The logits of the labels' tokens: whole rows from the engine, cut down to those columns.
+        std::vector<float> logits;
+        return pool_inputs(engine, inputs, Pooling::Last, chunk, n_labels,
+                           [&](const std::vector<SeqChunk>& chunks, float* rows) {
+                               const StepShape s = check_step(c, engine.options(), chunks);
+                               logits.resize(size_t(s.logit_rows * c.vocab));
+                               engine.forward(chunks, logits.data());
+                               for (int64_t r = 0; r < s.logit_rows; ++r)
+                                   for (int64_t k = 0; k < n_labels; ++k)
+                                       rows[r * n_labels + k] = logits[size_t(r * c.vocab + head.tokens[size_t(k)])];
+                           });
+    }
+    const std::vector<std::vector<float>> hidden =
+        pool_inputs(engine, inputs, Pooling::Last, chunk, c.hidden,
+                    [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
+    std::vector<std::vector<float>> out(inputs.size(), std::vector<float>(size_t(n_labels)));
+    for (size_t i = 0; i < inputs.size(); ++i)
+        for (int64_t k = 0; k < n_labels; ++k) {
+            double acc = 0;
+            const float* wk = head.weight.data() + k * c.hidden;
+            for (int64_t j = 0; j < c.hidden; ++j) acc += double(wk[j]) * hidden[i][size_t(j)];
+            out[i][size_t(k)] = float(acc);
+        }
+    return out;
+}
+
+std::vector<float> class_probabilities(const Classifier& head, const std::vector<float>& logits) {
+    std::vector<float> p(logits.size());
+    if (head.multi_label || logits.size() == 1) {
+        for (size_t i = 0; i < logits.size(); ++i) p[i] = float(1.0 / (1.0 + std::exp(-double(logits[i]))));
+        return p;
+    }
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(double(logits[i]) - mx);
+    for (size_t i = 0; i < logits.size(); ++i) p[i] = float(std::exp(double(logits[i]) - mx) / sum);
+    return p;
+}
+
+void check_relevance(const Classifier& head) {
+    if (head.labels.size() > 2 || (head.multi_label && head.labels.size() != 1))
+        fail("this classifier has ", head.labels.size(), head.multi_label ? " independent" : "",
+             " labels: a relevance score needs one label (its sigmoid) or two (the second's softmax share)");
+}
+
+float relevance(const Classifier& head, const std::vector<float>& logits) {
+    check_relevance(head);
+    if (logits.size() == 1) return float(1.0 / (1.0 + std::exp(-double(logits[0]))));
+    return float(1.0 / (1.0 + std::exp(double(logits[0]) - double(logits[1]))));  // softmax's second of two
+}
+
+}  // namespace shardlm

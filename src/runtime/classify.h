@@ -1,0 +1,52 @@
+// Sequence classification with a decoder: the last token's final hidden state through a small
+// head. Two kinds of head, as vLLM runs them:
+//   - a *ForSequenceClassification checkpoint's score.weight [num_labels, hidden] (rerankers
+//     such as Qwen3-Reranker's sequence-classification conversions, reward models);
+//   - lm_head rows of a few tokens of a causal LM (vLLM's classifier_from_token): the original
+//     Qwen3-Reranker answers "yes" or "no", and its relevance is softmax(no, yes)'s second.
+// A cross-encoder scores a (query, document) pair as one input (Tokenizer::encode_pair).
+// shardlm classify and shardlm serve --rerank run it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+
+namespace shardlm {
+
+struct Classifier {
+    std::vector<std::string> labels;  // one per output
+    std::vector<float> weight;        // [labels, hidden]: score.weight; empty for a token head
+    std::vector<int32_t> tokens;      // a token head: label i is the logit of token tokens[i]
+    bool multi_label = false;         // probabilities: a sigmoid per label instead of a softmax
+};
+
+// The head of a sequence-classification model (ModelConfig::head Classifier, weights.score), or,
+// with `tokens` ({name, id}) given, one of those tokens' logits for a causal LM. Throws Error naming
+// --classifier-tokens for a token head on a model without lm_head, a token outside the vocabulary
+// or a repeated one, and for a model that has no head and no tokens.
+Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
+                           const std::vector<std::pair<std::string, int32_t>>& tokens);
+
+// Each input's raw logits [inputs][labels] at its last token, `chunk` tokens of an input per step
+// through the engine's slots (runtime/embed.h: pool_inputs). Throws Error for an empty input, one
+// longer than the context, or an id outside the vocabulary (naming the input by index). A
+// collective under tensor parallelism: every rank calls it with the same inputs.
+std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
+                                         const std::vector<std::vector<int32_t>>& inputs, int64_t chunk);
+
+// transformers' text-classification pipeline: a sigmoid per label for one label or a
+// multi-label model, else a softmax over the labels.
+std::vector<float> class_probabilities(const Classifier& head, const std::vector<float>& logits);
+
+// A cross-encoder's relevance of a pair in [0, 1]: sigmoid of a one-label head, the positive
+// (second) label's softmax share of a two-label one ("yes" of (no, yes), LABEL_1). Heads of more
+// labels have no one relevance: check_relevance refuses them.
+void check_relevance(const Classifier& head);
+float relevance(const Classifier& head, const std::vector<float>& logits);
+
+}  // namespace shardlm

@@ -926,6 +926,78 @@ TEST_F(Cli, BrokenCheckpointsAreNamed) {
     expect_error("generate" + m, "larger than the file");
 }
 
+// shardlm classify: a classifier checkpoint whose score rows are two tokens' lm_head rows gives
+// what --classifier-tokens gives on the causal LM; --query scores the pair (query, text) as the
+// tokenizer's pair template joins them; two ranks give one rank's numbers; and the flags' errors.
+TEST_F(Cli, Classify) {
+    const std::string kjv = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+    TempDir m, c;
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) write_file(m.file(f), read_file(kjv + "/" + f));
+    const CommandResult tk = run_command(kBin + " tokenize --model " + m.path() + " --json --text ' the and'");
+    ASSERT_EQ(tk.exit_code, 0) << tk.err;
+    const std::vector<int32_t> two = nlohmann::json::parse(tk.out)["ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(two.size(), 2u);  // " the", " and"
+    write_classifier(m.path(), c.path(), {"the", "and"}, checkpoint_rows(m.path(), "model.embed_tokens.weight", two));
+    auto run = [&](const std::string& cmd) {
+        const CommandResult r = run_command(cmd);
+        EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+        return nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
+    };
+    const std::string texts = " --prompt 'In the beginning' --prompt 'And God said, Let there be light' --json";
+    const auto by_tokens = run(kBin + " classify --model " + m.path() + " --classifier-tokens 'Ġthe,Ġand'" + texts);
+    const auto by_score = run(kBin + " classify --model " + c.path() + texts);
+    ASSERT_EQ(by_score["data"].size(), 2u);
+    EXPECT_EQ(by_score["labels"], nlohmann::json({"the", "and"}));
+    EXPECT_EQ(by_tokens["labels"], nlohmann::json({"Ġthe", "Ġand"}));
+    for (size_t i = 0; i < 2; ++i) {
+        const auto a = by_tokens["data"][i]["logits"].get<std::vector<float>>(), b = by_score["data"][i]["logits"].get<std::vector<float>>();
+        EXPECT_LT(max_abs_diff(a, b), 1e-3) << i;
+        const auto p = by_score["data"][i]["probs"].get<std::vector<float>>();
+        EXPECT_NEAR(p[0] + p[1], 1.0, 1e-5);
+        EXPECT_EQ(by_score["data"][i]["label"], p[0] >= p[1] ? "the" : "and");
+    }
+    // --query: the pair's ids (ByteLevel: query then text) give the same score.
+    const auto pair = run(kBin + " classify --model " + c.path() + " --query 'Who made light?' --prompt 'And God said' --json");
+    std::string list;
+    for (const char* t : {"Who made light?", "And God said"}) {
+        const CommandResult r = run_command(kBin + " tokenize --model " + m.path() + " --json --text '" + t + "'");
+        const nlohmann::json j = nlohmann::json::parse(r.out);
+        for (const auto& id : j["ids"]) list += (list.empty() ? "" : ",") + std::to_string(id.get<int>());
+    }
+    const auto by_ids = run(kBin + " classify --model " + c.path() + " --prompt-ids " + list + " --json");
+    ASSERT_EQ(pair["data"].size(), 1u);
+    EXPECT_EQ(pair["data"][0]["tokens"], by_ids["data"][0]["tokens"]);
+    EXPECT_LT(max_abs_diff(pair["data"][0]["logits"].get<std::vector<float>>(), by_ids["data"][0]["logits"].get<std::vector<float>>()), 1e-6);
+    const float score = pair["data"][0]["score"];
+    EXPECT_NEAR(score, by_ids["data"][0]["probs"][1].get<float>(), 1e-6);
+    const CommandResult plain = run_command(kBin + " classify --model " + c.path() + " --query 'Who made light?' --prompt 'And God said'");
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NEAR(std::stod(plain.out), score, 1e-6) << plain.out;
+    // A quantized classifier keeps its head (score.weight stays F32).
+    const CommandResult q = run_command(kBin + " quantize --model " + c.path() + " --out " + c.file("q8") + " --weights int8");
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    const auto q8 = run(kBin + " classify --model " + c.file("q8") + texts);
+    ASSERT_EQ(q8["data"].size(), 2u);
+    EXPECT_LT(max_abs_diff(q8["data"][0]["logits"].get<std::vector<float>>(), by_score["data"][0]["logits"].get<std::vector<float>>()), 0.1);
+#ifdef SHARDLM_MPIEXEC
+    const auto ranks = run(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kBin +
+                           " classify --model " + c.path() + texts + " --tp 2");
+    ASSERT_EQ(ranks["data"].size(), 2u);
+    for (size_t i = 0; i < 2; ++i)
+        EXPECT_LT(max_abs_diff(ranks["data"][i]["logits"].get<std::vector<float>>(), by_score["data"][i]["logits"].get<std::vector<float>>()), 1e-4);
+#endif
+    expect_cli_error("classify --model " + m.path() + " --prompt x", "has no classification head");
+    expect_cli_error("classify --model " + m.path() + " --prompt x --classifier-tokens 'Ġthe,zzzq'", "--classifier-tokens: \"zzzq\" is not a token");
+    expect_cli_error("classify --model " + m.path() + " --prompt x --classifier-tokens and", "name at least two tokens");
+    expect_cli_error("classify --model " + c.path() + " --prompt x --classifier-tokens 'Ġthe,Ġand'", "no lm_head to read token logits from");
+    expect_cli_error("classify --model " + c.path() + " --prompt-ids 1 --query x", "--query pairs with text inputs");
+    expect_cli_error("classify --model " + c.path(), "an input is required");
+    expect_cli_error("generate --model " + c.path() + " --prompt x", "LlamaForSequenceClassification is a sequence-classification model");
+    TempDir three;
+    write_classifier(m.path(), three.path(), {"a", "b", "c"}, checkpoint_rows(m.path(), "model.embed_tokens.weight", {1, 2, 3}));
+    expect_cli_error("classify --model " + three.path() + " --query q --prompt x", "has 3 labels: a relevance score needs");
+}
+
 // shardlm embed: --prompt-name puts the folder's named prompt before each text (the same vectors as
 // the prefixed text's ids), plain output is one vector per line, quantize keeps the pooling
 // module, two ranks give one rank's vectors; and the flags' errors.

@@ -105,6 +105,36 @@ TEST(Reference, Qwen2SlidingWindowFromALayer) {
 // inputs (one longer than --prefill-chunk) through two slots, last/mean/cls, not normalized and
 // normalized; a Llama with untied embeddings, and a tied Qwen3 saved as the base model class
 // (Qwen3-Embedding's layout: no "model." prefix, no lm_head).
+// shardlm classify against the reference's ...ForSequenceClassification: the score head on the
+// last token's final hidden state, for an untied F32 Llama and a tied BF16 Qwen3 (3 labels each),
+// through 2 slots in chunks of 5.
+TEST(Reference, ClassifiersScoreTheLastToken) {
+    if (!have_numpy()) GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (apt-get install python3-numpy)";
+    const std::string ids = "5,17,99,3,250,8,42,7,300,11,64,2;9;120,33,4";
+    for (const auto& [arch, dtype] : {std::pair<Arch, DType>{Arch::Llama, DType::F32}, {Arch::Qwen3, DType::BF16}}) {
+        TempDir lm, cls;
+        const ModelConfig cfg = tiny_config(arch);
+        write_synthetic_checkpoint(lm.path(), cfg, {dtype, 1, 43});
+        std::vector<float> score(size_t(3 * cfg.hidden));
+        for (size_t i = 0; i < score.size(); ++i) score[i] = float(std::sin(0.37 * double(i))) * 0.2f;
+        write_classifier(lm.path(), cls.path(), {"a", "b", "c"}, score);
+        const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
+                                              cls.path() + " --prompt-ids '" + ids + "' --classify");
+        ASSERT_EQ(ref.exit_code, 0) << ref.err;
+        const auto want = nlohmann::json::parse(ref.out)["results"];
+        const CommandResult ours = run_command(std::string(SHARDLM_BIN) + " classify --model " + cls.path() + " --prompt-ids '" +
+                                               ids + "' --batch 2 --prefill-chunk 5 --json");
+        ASSERT_EQ(ours.exit_code, 0) << ours.err;
+        const auto got = nlohmann::json::parse(ours.out);
+        EXPECT_EQ(got["labels"], nlohmann::json({"a", "b", "c"}));
+        ASSERT_EQ(got["data"].size(), 3u);
+        for (size_t i = 0; i < 3; ++i)
+            EXPECT_LT(max_abs_diff(got["data"][i]["logits"].get<std::vector<float>>(), want[i]["logits"].get<std::vector<float>>()),
+                      2e-4)
+                << arch_name(arch) << " input " << i;
+    }
+}
+
 TEST(Reference, EmbeddingsPoolTheFinalHiddenStates) {
     if (!have_numpy()) GTEST_SKIP() << "/usr/bin/python3 with numpy is needed (apt-get install python3-numpy)";
     TempDir llama, qwen, bare;

@@ -1,6 +1,6 @@
 // shardlm serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,
 // /v1/models, /health, /metrics, /tokenize, /detokenize; with --embeddings /v1/embeddings, /score
-// and /rerank instead of the text routes; tool calls for Qwen's, Llama 3.1/3.2's
+// and /rerank instead of the text routes, with --rerank /classify, /score and /rerank; tool calls for Qwen's, Llama 3.1/3.2's
 // and Mistral v3's templates; JSON schemas, regexes and GBNF grammars for structured output),
 // over HTTPS and behind an API key on request, over the continuous-batching scheduler
 // (runtime/batcher.h).
@@ -39,6 +39,7 @@
 #include "comm/together.h"
 #include "core/error.h"
 #include "runtime/batcher.h"
+#include "runtime/classify.h"
 #include "runtime/embed.h"
 #include "runtime/generate.h"
 #include "runtime/grammar.h"
@@ -337,7 +338,9 @@ void answer_json(const httplib::Request& req, httplib::Response& res, const std:
 // came in, broadcasts their inputs (or shutdown), and all ranks embed them together (runtime/embed.h:
 // the slots take the inputs of several requests at once); rank 0 then hands each request its
 // vectors, cut to its dimensions and normalized as it asks.
-void embedding_loop(Communicator& comm, Engine& engine, Inbox& inbox, Stats& stats, const EmbedOptions& eo) {
+// With --rerank `run` classifies instead (each input's logits) and `eo` is unused.
+using PoolRun = std::function<std::vector<std::vector<float>>(const std::vector<std::vector<int32_t>>&)>;
+void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, const PoolRun& run, const EmbedOptions* eo) {
     const bool root = comm.rank() == 0;
     for (;;) {
         json ctl = {{"inputs", json::array()}, {"shutdown", false}};
@@ -360,11 +363,8 @@ void embedding_loop(Communicator& comm, Engine& engine, Inbox& inbox, Stats& sta
         if (ctl["shutdown"]) break;
         if (ctl["inputs"].empty()) continue;
         const auto inputs = ctl["inputs"].get<std::vector<std::vector<int32_t>>>();
-        EmbedOptions raw = eo;  // each request cuts and normalizes its own
-        raw.dimensions = 0;
-        raw.normalize = false;
         const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<std::vector<float>> vecs = embed(engine, inputs, raw);
+        const std::vector<std::vector<float>> vecs = run(inputs);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (!root) continue;
         size_t at = 0;
@@ -372,7 +372,9 @@ void embedding_loop(Communicator& comm, Engine& engine, Inbox& inbox, Stats& sta
         for (const auto& job : jobs) {
             std::vector<std::vector<float>> mine(vecs.begin() + std::ptrdiff_t(at), vecs.begin() + std::ptrdiff_t(at + job->req.inputs.size()));
             at += job->req.inputs.size();
-            for (auto& v : mine) finish_embedding(v, job->req.dimensions, job->req.normalize < 0 ? eo.normalize : job->req.normalize == 1);
+            if (eo)
+                for (auto& v : mine)
+                    finish_embedding(v, job->req.dimensions, job->req.normalize < 0 ? eo->normalize : job->req.normalize == 1);
             for (const auto& in : job->req.inputs) tokens += int64_t(in.size());
             {
                 std::lock_guard<std::mutex> lk(job->m);
@@ -398,7 +400,7 @@ void embedding_loop(Communicator& comm, Engine& engine, Inbox& inbox, Stats& sta
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -426,6 +428,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "serve /v1/embeddings instead of the text routes: each input's final hidden states pooled as the folder's "
          "sentence-transformers files say (else the last token's, normalized), as shardlm embed does")
         ("pooling", po::value(&pooling), "--embeddings: last, mean or cls instead of the folder's pooling")
+        ("rerank",
+         "serve a sequence classifier instead of the text routes: /classify (each input's label probabilities), "
+         "and /score and /rerank as a cross-encoder's relevance of each (query, document) pair, as shardlm classify "
+         "does (a ...ForSequenceClassification model, or a causal LM with --classifier-tokens)")
+        ("classifier-tokens", po::value(&token_list),
+         "--rerank with a causal LM: the labels are these tokens' logits at the last position, e.g. no,yes "
+         "(Qwen3-Reranker; vLLM's classifier_from_token)")
         ("no-prefix-cache",
          "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
@@ -455,11 +464,15 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bool help = false;
     std::unique_ptr<Tokenizer> tok;
     EmbeddingConfig ecfg;
-    bool embeddings = false;
+    bool embeddings = false, rerank = false;
+    std::vector<std::pair<std::string, int32_t>> label_tokens;
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm serve --model DIR [--host H] [--port P] [--batch N] [flags]", root);
         if (help) return;
         embeddings = vm.count("embeddings") > 0;
+        rerank = vm.count("rerank") > 0;
+        if (embeddings && rerank) fail("--embeddings and --rerank exclude each other (one server pools one way)");
+        if (vm.count("classifier-tokens") && !rerank) fail("--classifier-tokens applies to --rerank");
         SessionOptions check_flags;
         apply_backend(backend, check_flags);
         apply_precision(prec, check_flags);
@@ -499,6 +512,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             ecfg = load_embedding_config(model);
             if (vm.count("pooling")) ecfg.pooling = parse_pooling(pooling);
         }
+        if (rerank) {
+            if (!draftf.model.empty() || speculate > 0) fail("--rerank generates no text: --speculate and --draft-model do not apply");
+            label_tokens = classifier_tokens(model, token_list);
+        }
     });
     if (help) return 0;
 
@@ -511,11 +528,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
     if (embeddings) {  // mean pooling reads every token's state: a chunk's worth of rows per step
         so.load.headless_ok = true;  // an embedding checkpoint may have no lm_head
         so.max_logit_rows = ecfg.pooling == Pooling::Mean ? std::max(batch, chunk) : batch;
+    } else if (rerank) {
+        so.load.headless_ok = true;  // a classification checkpoint has no lm_head
     } else {
         set_scoring_rows(so);  // echo requests score their prompts
         set_speculation_rows(so, speculate);
     }
     std::unique_ptr<Session> s, ds;  // the model, and --draft-model's
+    Classifier head;                 // --rerank
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
@@ -523,12 +543,16 @@ int cmd_serve(const Args& args, Communicator& comm) {
         check_context(cfg, so);
         // Each row: the penalty window's distinct ids, a request's logit_bias ids, and the
         // end-of-sequence and stop_token_ids min_tokens bans.
-        if (!embeddings) so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
+        if (rerank && label_tokens.empty() && cfg.head != Head::Classifier)
+            fail(model, "/config.json: ", cfg.architecture, " has no classification head; --rerank serves a "
+                 "...ForSequenceClassification checkpoint, or a causal LM with --classifier-tokens (e.g. no,yes)");
+        if (!embeddings && !rerank) so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
                                         kMaxApiStopTokenIds,
                                     cfg.vocab);
         if (!draftf.model.empty()) check_draft_model(draftf.model, so, speculate);
         s = open_session(so, comm);
         if (!draftf.model.empty()) ds = open_draft_session(draftf.model, so, comm);
+        if (rerank) head = make_classifier(s->cfg, s->weights, label_tokens);
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
@@ -624,13 +648,18 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                                    {"max_model_len", lim.ctx}}})}};
             res.set_content(j.dump(), "application/json");
         });
-        // The embedding routes: a request's inputs go to the engine loop as one EmbedJob.
-        auto embedding_route = [&](const char* what, std::function<json(const json&)> answer) {
-            return [&, what, answer](const httplib::Request& req, httplib::Response& res) {
-                if (!embeddings) {
+        // The pooling routes: a request's inputs go to the engine loop as one EmbedJob. `needs`
+        // names the flags the route runs under (a server of another kind answers 400 naming them).
+        const char* mode = embeddings ? "--embeddings" : rerank ? "--rerank" : "";
+        auto embedding_route = [&, mode](const char* what, const std::string& needs, std::function<json(const json&)> answer) {
+            return [&, mode, what, needs, answer](const httplib::Request& req, httplib::Response& res) {
+                if (*mode == 0 || needs.find(mode) == std::string::npos) {
                     res.status = 400;
-                    res.set_content(api_error(std::string("this server generates text: start shardlm serve with --embeddings "
-                                                          "(and an embedding model) to serve ") + what, 400).dump(),
+                    res.set_content(api_error(std::string(*mode ? std::string("this server runs with ") + mode
+                                                                : std::string("this server generates text")) +
+                                                  ": start shardlm serve with " + needs + " (and a model for it) to serve " + what,
+                                              400)
+                                        .dump(),
                                     "application/json");
                     return;
                 }
@@ -653,20 +682,42 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (job->aborted) throw ApiError(503, "the server is shutting down");
             return job;
         };
-        svr->Post("/v1/embeddings", embedding_route("/v1/embeddings", [&](const json& body) {
+        svr->Post("/v1/embeddings", embedding_route("/v1/embeddings", "--embeddings", [&](const json& body) {
             const auto job = run_embedding(parse_embedding_request(body, *tok, lim, s->cfg.hidden, ecfg.default_prompt));
             return api_embedding_response(job->req, name, job->vectors);
         }));
-        // vLLM's score and rerank APIs on an embedding model: cosines of normalized embeddings.
-        auto scores = [&](bool rerank) {
-            return embedding_route(rerank ? "/rerank" : "/score", [&, rerank](const json& body) {
-                const ScoreRequest sr = parse_score_request(body, rerank, *tok, lim, query_prompt(ecfg), document_prompt(ecfg));
+        // vLLM's classify API (--rerank): each input's label probabilities.
+        svr->Post("/classify", embedding_route("/classify", "--rerank", [&](const json& body) {
+            const auto job = run_embedding(parse_embedding_request(body, *tok, lim, s->cfg.hidden, ""));
+            std::vector<std::vector<float>> probs;
+            for (const auto& logits : job->vectors) probs.push_back(class_probabilities(head, logits));
+            return api_classify_response(job->req, "classify-" + std::to_string(counter++), int64_t(std::time(nullptr)), name,
+                                         head.labels, probs);
+        }));
+        // vLLM's score and rerank APIs: on an embedding model, cosines of normalized embeddings; on
+        // a classifier (--rerank), the cross-encoder's relevance of each pair.
+        auto scores = [&](bool reranking) {
+            return embedding_route(reranking ? "/rerank" : "/score", "--embeddings or --rerank", [&, reranking](const json& body) {
+                if (rerank) {
+                    try {
+                        check_relevance(head);
+                    } catch (const Error& e) {
+                        throw ApiError(400, e.what());
+                    }
+                }
+                const ScoreRequest sr =
+                    parse_score_request(body, reranking, *tok, lim, query_prompt(ecfg), document_prompt(ecfg), rerank);
                 EmbeddingRequest er;
                 er.inputs = sr.inputs;
                 er.normalize = 1;
                 const auto job = run_embedding(std::move(er));
-                return api_score_response(sr, (rerank ? "rerank-" : "score-") + std::to_string(counter++),
-                                          int64_t(std::time(nullptr)), name, job->vectors);
+                std::vector<double> scores;
+                if (rerank)
+                    for (const auto& logits : job->vectors) scores.push_back(relevance(head, logits));
+                else
+                    scores = cosine_scores(sr, job->vectors);
+                return api_score_response(sr, (reranking ? "rerank-" : "score-") + std::to_string(counter++),
+                                          int64_t(std::time(nullptr)), name, scores);
             });
         };
         for (const char* path : {"/score", "/v1/score"}) svr->Post(path, scores(false));
@@ -677,9 +728,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     res.status = status;
                     res.set_content(api_error(message, status).dump(), "application/json");
                 };
-                if (embeddings)
-                    return refuse(400, std::string("this server runs with --embeddings: it serves /v1/embeddings, not ") +
-                                           (chat ? "/v1/chat/completions" : "/v1/completions"));
+                if (*mode)
+                    return refuse(400, std::string("this server runs with ") + mode + ": it serves " +
+                                           (embeddings ? "/v1/embeddings, /score and /rerank" : "/classify, /score and /rerank") +
+                                           ", not " + (chat ? "/v1/chat/completions" : "/v1/completions"));
                 json body;
                 try {
                     check_body_depth(req.body);
@@ -786,7 +838,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });
         std::cerr << "shardlm serve: listening on " << (ssl_cert.empty() ? "http" : "https") << "://" << host << ":"
-                  << bound << " (model " << name << (embeddings ? std::string(", embeddings, ") + pooling_name(ecfg.pooling) + " pooling" : std::string())
+                  << bound << " (model " << name
+                  << (embeddings ? std::string(", embeddings, ") + pooling_name(ecfg.pooling) + " pooling"
+                      : rerank   ? ", classifier of labels " + json(head.labels).dump()
+                                 : std::string())
                   << ", " << batch << " slots of " << lim.ctx << " positions, "
                   << engine.device() << ", tp " << comm.size()
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
@@ -796,12 +851,18 @@ int cmd_serve(const Args& args, Communicator& comm) {
     // when rank 0 has seen one and told the others.
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
-    if (embeddings) {
+    if (embeddings || rerank) {
         EmbedOptions eo;
         eo.pooling = ecfg.pooling;
         eo.normalize = ecfg.normalize;
         eo.chunk = chunk;
-        embedding_loop(comm, engine, inbox, stats, eo);
+        EmbedOptions raw = eo;  // each request cuts and normalizes its own
+        raw.dimensions = 0;
+        raw.normalize = false;
+        const PoolRun run = [&](const std::vector<std::vector<int32_t>>& inputs) {
+            return rerank ? classify(engine, head, inputs, chunk) : embed(engine, inputs, raw);
+        };
+        embedding_loop(comm, inbox, stats, run, rerank ? nullptr : &eo);
         if (root) {
             stop_http();
             std::cerr << "shardlm serve: stopped" << std::endl;

@@ -924,7 +924,7 @@ json api_embedding_response(const EmbeddingRequest& r, const std::string& model,
 }
 
 ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer& tok, const ApiLimits& lim,
-                                 const std::string& query_prefix, const std::string& document_prefix) {
+                                 const std::string& query_prefix, const std::string& document_prefix, bool cross) {
     if (!body.is_object()) bad("the request body must be a JSON object");
     check_model(body, lim);
     ScoreRequest r;
@@ -949,9 +949,19 @@ ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer&
     if (first.size() > 1 && first.size() != second.size())
         bad(cat("\"text_1\" and \"text_2\" must be as long as each other (", first.size(), " and ", second.size(),
                 ") or \"text_1\" one text"));
-    for (const std::string& t : first) r.inputs.push_back(encode_input(tok, query_prefix, t));
-    for (const std::string& t : second) r.inputs.push_back(encode_input(tok, document_prefix, t));
-    for (size_t i = 0; i < second.size(); ++i) r.pairs.emplace_back(first.size() == 1 ? 0 : i, first.size() + i);
+    if (cross) {
+        for (size_t i = 0; i < second.size(); ++i) {
+            try {
+                r.inputs.push_back(tok.encode_pair(first[first.size() == 1 ? 0 : i], second[i]));
+            } catch (const Error& e) {
+                bad(e.what());
+            }
+        }
+    } else {
+        for (const std::string& t : first) r.inputs.push_back(encode_input(tok, query_prefix, t));
+        for (const std::string& t : second) r.inputs.push_back(encode_input(tok, document_prefix, t));
+        for (size_t i = 0; i < second.size(); ++i) r.pairs.emplace_back(first.size() == 1 ? 0 : i, first.size() + i);
+    }
     check_inputs_fit(r.inputs, lim);
     if (rerank) {
         r.documents = second;
@@ -968,14 +978,18 @@ ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer&
     return r;
 }
 
-json api_score_response(const ScoreRequest& r, const std::string& id, int64_t created, const std::string& model,
-                        const std::vector<std::vector<float>>& vectors) {
+std::vector<double> cosine_scores(const ScoreRequest& r, const std::vector<std::vector<float>>& vectors) {
     std::vector<double> scores;
     for (const auto& [a, b] : r.pairs) {
         double dot = 0;
         for (size_t h = 0; h < vectors[a].size(); ++h) dot += double(vectors[a][h]) * vectors[b][h];
         scores.push_back(dot);
     }
+    return scores;
+}
+
+json api_score_response(const ScoreRequest& r, const std::string& id, int64_t created, const std::string& model,
+                        const std::vector<double>& scores) {
     int64_t tokens = 0;
     for (const auto& in : r.inputs) tokens += int64_t(in.size());
     if (!r.rerank) {
@@ -996,6 +1010,19 @@ json api_score_response(const ScoreRequest& r, const std::string& id, int64_t cr
         results.push_back(std::move(e));
     }
     return {{"id", id}, {"model", model}, {"usage", {{"total_tokens", tokens}}}, {"results", results}};
+}
+
+json api_classify_response(const EmbeddingRequest& r, const std::string& id, int64_t created, const std::string& model,
+                           const std::vector<std::string>& labels, const std::vector<std::vector<float>>& probs) {
+    json data = json::array();
+    int64_t tokens = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        const size_t best = size_t(std::max_element(probs[i].begin(), probs[i].end()) - probs[i].begin());
+        data.push_back({{"index", i}, {"label", labels[best]}, {"probs", probs[i]}, {"num_classes", labels.size()}});
+        tokens += int64_t(r.inputs[i].size());
+    }
+    return {{"id", id}, {"object", "list"}, {"created", created}, {"model", model}, {"data", data},
+            {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
 }
 
 json api_error(const std::string& message, int status) {

@@ -219,26 +219,38 @@ EmbeddingRequest parse_embedding_request(const nlohmann::ordered_json& body, con
 nlohmann::ordered_json api_embedding_response(const EmbeddingRequest& r, const std::string& model,
                                               const std::vector<std::vector<float>>& vectors);
 // vLLM's /score (text_1: a string or a list; text_2: a string or a list, as long as text_1's list)
-// and the Jina/Cohere /rerank (query, documents, top_n, return_documents) on an embedding model:
-// each pair's score is the cosine of the two texts' normalized embeddings. The query side (text_1,
-// query) is encoded after `query_prefix`, the other after `document_prefix` (sentence-transformers'
-// encode_query / encode_document prompts). Throws ApiError as parse_embedding_request.
+// and the Jina/Cohere /rerank (query, documents, top_n, return_documents). On an embedding model
+// (bi-encoder) each pair's score is the cosine of the two texts' normalized embeddings: the query
+// side (text_1, query) is encoded after `query_prefix`, the other after `document_prefix`
+// (sentence-transformers' encode_query / encode_document prompts). With `cross` (a cross-encoder:
+// serve --rerank) each pair is one input, the two texts through the tokenizer's pair template
+// (Tokenizer::encode_pair), scored by the classifier; the prefixes do not apply. Throws ApiError as
+// parse_embedding_request.
 struct ScoreRequest {
     bool rerank = false;
-    std::vector<std::vector<int32_t>> inputs;      // the first side's texts, then the second's
-    std::vector<std::pair<size_t, size_t>> pairs;  // the inputs of each scored pair
+    std::vector<std::vector<int32_t>> inputs;      // bi-encoder: the first side's texts, then the second's;
+                                                   // cross: one per pair
+    std::vector<std::pair<size_t, size_t>> pairs;  // bi-encoder: the inputs of each scored pair
     std::vector<std::string> documents;            // rerank: the documents' texts
     int64_t top_n = 0;                             // rerank: results kept, the best first
     bool return_documents = true;
 };
 ScoreRequest parse_score_request(const nlohmann::ordered_json& body, bool rerank, const Tokenizer& tok,
                                  const ApiLimits& lim, const std::string& query_prefix,
-                                 const std::string& document_prefix);
+                                 const std::string& document_prefix, bool cross = false);
+// A bi-encoder request's pair scores: the cosines of `vectors` (the inputs' normalized embeddings).
+std::vector<double> cosine_scores(const ScoreRequest& r, const std::vector<std::vector<float>>& vectors);
 // /score: {"id", "object": "list", "created", "model", "data": [{"index", "object": "score", "score"}],
 // "usage"}; /rerank: {"id", "model", "usage": {"total_tokens"}, "results": [{"index", "document":
-// {"text"}, "relevance_score"}]}, the most relevant first. `vectors`: the inputs' normalized embeddings.
+// {"text"}, "relevance_score"}]}, the most relevant first. `scores`: one per pair.
 nlohmann::ordered_json api_score_response(const ScoreRequest& r, const std::string& id, int64_t created,
-                                          const std::string& model, const std::vector<std::vector<float>>& vectors);
+                                          const std::string& model, const std::vector<double>& scores);
+// vLLM's /classify response: {"id", "object": "list", "created", "model", "data": [{"index",
+// "label", "probs", "num_classes"}], "usage"}, per input its probabilities over `labels` (the
+// classifier's, from class_probabilities) and the most probable label.
+nlohmann::ordered_json api_classify_response(const EmbeddingRequest& r, const std::string& id, int64_t created,
+                                             const std::string& model, const std::vector<std::string>& labels,
+                                             const std::vector<std::vector<float>>& probs);
 // The error object of a refused request.
 nlohmann::ordered_json api_error(const std::string& message, int status);
 // Whether an HTTP Authorization header value carries `key` as its bearer token ("Bearer KEY", the

@@ -1593,3 +1593,78 @@ TEST_F(Serve, TwoRanksServeTheEmbeddingsOfOne) {
     EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
 }
 #endif
+
+// serve --rerank: /classify gives shardlm classify's probabilities, /score and /rerank its --query
+// relevances (a cross-encoder over the pair template), for a classifier checkpoint and for the
+// causal LM whose two token rows it holds (--classifier-tokens); the other kinds' routes are refused.
+TEST_F(Serve, RerankServesTheClassifiersScores) {
+    TempDir cls;
+    const std::vector<int32_t> two = json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() +
+                                                             " --json --text ' the and'").out)["ids"];
+    ASSERT_EQ(two.size(), 2u);
+    write_classifier(model_.path(), cls.path(), {"no", "yes"}, checkpoint_rows(model_.path(), "model.embed_tokens.weight", two));
+    const std::vector<std::string> docs = {"In the beginning God created", "And the LORD said", "Behold"};
+    const std::string query = "Who created the heaven?";
+    auto cli = [&](const std::string& flags) {
+        const CommandResult r = run_command(SHARDLM_BIN " classify --model " + cls.path() + " --json --threads 1 " + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return json::parse(r.out.empty() ? "{}" : r.out);
+    };
+    std::string each;
+    for (const std::string& d : docs) each += " --prompt '" + d + "'";
+    const json scored = cli("--query '" + query + "'" + each), classed = cli(each);
+    ASSERT_EQ(scored["data"].size(), 3u);
+    {
+        Server text(SHARDLM_BIN " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
+        ASSERT_GT(text.port(), 0) << text.read_all();
+        const Reply r = post(text.port(), "/classify", {{"input", "Behold"}});
+        EXPECT_EQ(r.status, 400);
+        EXPECT_NE(r.raw.find("start shardlm serve with --rerank"), std::string::npos) << r.raw;
+    }
+    for (const bool tokens : {false, true}) {
+        // The causal LM's token logits score as the classifier's rows do (up to rounding).
+        const double tol = tokens ? 1e-3 : 1e-5;
+        Server srv(SHARDLM_BIN " serve --rerank --batch 2 --ctx 64 --prefill-chunk 4 --threads 1 --model " +
+                       (tokens ? model_.path() + " --classifier-tokens 'Ġthe,Ġand'" : cls.path()),
+                   logs_.file(tokens ? "tokens.log" : "rerank.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        EXPECT_NE(srv.read_all().find("classifier of labels"), std::string::npos) << srv.read_all();
+        const int port = srv.port();
+        const Reply c = post(port, "/classify", {{"input", docs}});
+        ASSERT_EQ(c.status, 200) << c.raw;
+        ASSERT_EQ(c.body["data"].size(), 3u);
+        for (size_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(c.body["data"][i]["num_classes"], 2);
+            EXPECT_LT(max_abs_diff(c.body["data"][i]["probs"].get<std::vector<float>>(), classed["data"][i]["probs"].get<std::vector<float>>()),
+                      tol) << i;
+            if (!tokens) EXPECT_EQ(c.body["data"][i]["label"], classed["data"][i]["label"]);
+        }
+        const Reply sc = post(port, "/v1/score", {{"text_1", query}, {"text_2", docs}});
+        ASSERT_EQ(sc.status, 200) << sc.raw;
+        for (size_t i = 0; i < 3; ++i)
+            EXPECT_NEAR(sc.body["data"][i]["score"].get<double>(), scored["data"][i]["score"].get<double>(), tol) << i;
+        const Reply rr = post(port, "/rerank", {{"query", query}, {"documents", docs}, {"top_n", 2}});
+        ASSERT_EQ(rr.status, 200) << rr.raw;
+        ASSERT_EQ(rr.body["results"].size(), 2u);
+        std::vector<size_t> order = {0, 1, 2};
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            return scored["data"][a]["score"].get<double>() > scored["data"][b]["score"].get<double>();
+        });
+        for (size_t k = 0; k < 2; ++k) {
+            EXPECT_EQ(rr.body["results"][k]["index"], order[k]) << k;
+            EXPECT_EQ(rr.body["results"][k]["document"]["text"], docs[order[k]]);
+            EXPECT_NEAR(rr.body["results"][k]["relevance_score"].get<double>(), scored["data"][order[k]]["score"].get<double>(), tol);
+        }
+        const Reply e = post(port, "/v1/embeddings", {{"input", "Behold"}});
+        EXPECT_EQ(e.status, 400);
+        EXPECT_NE(e.raw.find("this server runs with --rerank: start shardlm serve with --embeddings"), std::string::npos) << e.raw;
+        const Reply t = post(port, "/v1/completions", {{"prompt", "Behold"}});
+        EXPECT_EQ(t.status, 400);
+        EXPECT_NE(t.raw.find("serves /classify, /score and /rerank"), std::string::npos) << t.raw;
+    }
+    const CommandResult bad = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --rerank --port 0");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("has no classification head"), std::string::npos) << bad.err;
+    const CommandResult both = run_command(SHARDLM_BIN " serve --model " + cls.path() + " --rerank --embeddings");
+    EXPECT_NE(both.err.find("--embeddings and --rerank exclude each other"), std::string::npos) << both.err;
+}

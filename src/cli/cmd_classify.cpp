@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/pooling_flags.h"
 #include "comm/together.h"
 #include "core/error.h"
 #include "runtime/classify.h"
@@ -39,30 +40,24 @@ std::vector<std::pair<std::string, int32_t>> classifier_tokens(const std::string
 
 int cmd_classify(const Args& args, Communicator& comm) {
     po::options_description d("classify options");
-    std::string model, prompt_ids, query, token_list;
-    std::vector<std::string> texts;
+    std::string model, query, token_list;
+    PoolingFlags in;
     PrecisionFlags prec;
     BackendFlags backend;
-    int64_t ctx = 0, batch = 0, chunk = 256;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "checkpoint folder (a ...ForSequenceClassification model, or a causal LM with --classifier-tokens)")
-        ("prompt", po::value(&texts), "an input text (repeatable; encoded with the model's tokenizer.json)")
-        ("prompt-file", po::value<std::string>(), "file with one input text per line")
-        ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates inputs)")
         ("query", po::value(&query),
          "score each text input as a document for this query: the pair (query, text) through the tokenizer's pair "
          "template, one relevance in [0, 1] each (a cross-encoder reranker)")
         ("classifier-tokens", po::value(&token_list),
          "the labels are these tokens' logits at the last position of a causal LM, e.g. no,yes (Qwen3-Reranker; vLLM's "
          "classifier_from_token)")
-        ("ctx", po::value(&ctx)->default_value(0), "positions per input (0: the longest input)")
-        ("batch", po::value(&batch)->default_value(0), "inputs run side by side (0: all, at most 16)")
-        ("prefill-chunk", po::value(&chunk)->default_value(256), "tokens of one input per forward step")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object: each input's label, probabilities and logits (and score with --query)");
+    add_pooling_options(d, in);
     add_precision_options(d, prec);
     add_backend_options(d, backend);
     po::variables_map vm;
@@ -73,13 +68,8 @@ int cmd_classify(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm classify --model DIR (--prompt TEXT... | --prompt-file F | --prompt-ids IDS) [--query Q] [flags]", root);
         if (help) return;
-        const size_t sources = (texts.empty() ? 0 : 1) + vm.count("prompt-file") + vm.count("prompt-ids");
-        if (sources == 0) fail("an input is required: --prompt TEXT, --prompt-file F or --prompt-ids IDS");
-        if (sources > 1) fail("--prompt, --prompt-file and --prompt-ids exclude each other");
+        check_pooling_flags(vm, in);
         if (vm.count("query") && vm.count("prompt-ids")) fail("--query pairs with text inputs, not with --prompt-ids");
-        if (batch < 0) fail("--batch must be >= 0");
-        if (chunk < 1) fail("--prefill-chunk must be at least 1");
-        if (ctx < 0) fail("--ctx must be >= 0");
         SessionOptions check_flags;
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -88,15 +78,11 @@ int cmd_classify(const Args& args, Communicator& comm) {
         tokens = classifier_tokens(model, token_list);  // every rank: the head's columns
         if (!root) return;
         if (vm.count("prompt-ids")) {
-            inputs = parse_prompt_ids(prompt_ids);
+            inputs = parse_prompt_ids(in.ids);
             return;
         }
-        if (!Tokenizer::exists(model)) fail("text inputs need the model's tokenizer: ", model, "/tokenizer.json does not exist");
-        const Tokenizer tok = Tokenizer::load(model);
-        std::vector<TextPrompt> ps;
-        if (vm.count("prompt-file")) ps = read_prompt_file(vm["prompt-file"].as<std::string>());
-        else
-            for (const std::string& t : texts) ps.push_back({t, "--prompt"});
+        const Tokenizer tok = input_tokenizer(model);
+        const std::vector<TextPrompt> ps = text_inputs(vm, in);
         if (!vm.count("query")) {
             inputs = encode_prompts(tok, ps, ChatOptions{});
             return;
@@ -112,17 +98,7 @@ int cmd_classify(const Args& args, Communicator& comm) {
     if (help) return 0;
     broadcast_prompts(comm, inputs);
 
-    SessionOptions so;
-    so.model_dir = model;
-    apply_precision(prec, so);
-    apply_backend(backend, so);
-    so.load.headless_ok = true;  // a classification checkpoint has no lm_head
-    so.max_batch = batch == 0 ? std::min<int64_t>(int64_t(inputs.size()), 16) : std::min(batch, int64_t(inputs.size()));
-    so.prefill_chunk = chunk;
-    int64_t longest = 0;
-    for (const auto& in : inputs) longest = std::max<int64_t>(longest, int64_t(in.size()));
-    so.ctx = ctx > 0 ? ctx : std::max<int64_t>(longest, 1);
-    if (ctx == 0) so.ctx_origin = "the longest input (" + std::to_string(longest) + " tokens)";
+    const SessionOptions so = pooling_session(model, in, prec, backend, inputs);
     std::unique_ptr<Session> s;
     Classifier head;
     run_together(comm, [&] {
@@ -133,7 +109,7 @@ int cmd_classify(const Args& args, Communicator& comm) {
                  "checkpoint, or name the label tokens with --classifier-tokens (e.g. no,yes for Qwen3-Reranker)");
         check_context(cfg, so);
         EmbedOptions check;
-        check.chunk = chunk;
+        check.chunk = in.chunk;
         check_embed_inputs(cfg, engine_options(so), inputs, check);  // before the weights load
         s = open_session(so, comm);
         head = make_classifier(s->cfg, s->weights, tokens);
@@ -142,11 +118,11 @@ int cmd_classify(const Args& args, Communicator& comm) {
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<float>> logits;
-    run_together(comm, [&] { logits = classify(*s->engine, head, inputs, chunk); });
+    run_together(comm, [&] { logits = classify(*s->engine, head, inputs, in.chunk); });
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!root) return 0;
     int64_t n_tokens = 0;
-    for (const auto& in : inputs) n_tokens += int64_t(in.size());
+    for (const auto& ids : inputs) n_tokens += int64_t(ids.size());
     nlohmann::ordered_json j;
     j["labels"] = head.labels;
     j["tokens"] = n_tokens;

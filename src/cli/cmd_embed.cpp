@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/pooling_flags.h"
 #include "comm/together.h"
 #include "core/error.h"
 #include "runtime/embed.h"
@@ -19,18 +20,15 @@ namespace shardlm {
 
 int cmd_embed(const Args& args, Communicator& comm) {
     po::options_description d("embed options");
-    std::string model, prompt_ids, prompt_name, pooling;
-    std::vector<std::string> texts;
+    std::string model, prompt_name, pooling;
+    PoolingFlags in;
     PrecisionFlags prec;
     BackendFlags backend;
-    int64_t ctx = 0, batch = 0, chunk = 256, dimensions = 0;
+    int64_t dimensions = 0;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
         ("model", po::value(&model)->required(), "checkpoint folder (with sentence-transformers' modules.json, if any)")
-        ("prompt", po::value(&texts), "an input text (repeatable; encoded with the model's tokenizer.json)")
-        ("prompt-file", po::value<std::string>(), "file with one input text per line")
-        ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates inputs)")
         ("prompt-name", po::value(&prompt_name),
          "put config_sentence_transformers.json's prompt of this name before each text (e.g. \"query\"; default: its "
          "default_prompt_name, if any)")
@@ -39,12 +37,10 @@ int cmd_embed(const Args& args, Communicator& comm) {
         ("normalize", "L2-normalize each vector (default: when modules.json has a Normalize module, or has none)")
         ("no-normalize", "do not normalize")
         ("dimensions", po::value(&dimensions)->default_value(0), "keep the first N dimensions (Matryoshka models; 0: all)")
-        ("ctx", po::value(&ctx)->default_value(0), "positions per input (0: the longest input)")
-        ("batch", po::value(&batch)->default_value(0), "inputs run side by side (0: all, at most 16)")
-        ("prefill-chunk", po::value(&chunk)->default_value(256), "tokens of one input per forward step")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object: the vectors with their token counts and the time");
+    add_pooling_options(d, in);
     add_precision_options(d, prec);
     add_backend_options(d, backend);
     po::variables_map vm;
@@ -55,13 +51,8 @@ int cmd_embed(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm embed --model DIR (--prompt TEXT... | --prompt-file F | --prompt-ids IDS) [flags]", root);
         if (help) return;
-        const size_t sources = (texts.empty() ? 0 : 1) + vm.count("prompt-file") + vm.count("prompt-ids");
-        if (sources == 0) fail("an input is required: --prompt TEXT, --prompt-file F or --prompt-ids IDS");
-        if (sources > 1) fail("--prompt, --prompt-file and --prompt-ids exclude each other");
+        check_pooling_flags(vm, in);
         if (vm.count("normalize") && vm.count("no-normalize")) fail("--normalize and --no-normalize exclude each other");
-        if (batch < 0) fail("--batch must be >= 0");
-        if (chunk < 1) fail("--prefill-chunk must be at least 1");
-        if (ctx < 0) fail("--ctx must be >= 0");
         if (dimensions < 0) fail("--dimensions must be >= 0");
         SessionOptions check_flags;
         apply_precision(prec, check_flags);
@@ -72,7 +63,7 @@ int cmd_embed(const Args& args, Communicator& comm) {
         eo.pooling = vm.count("pooling") ? parse_pooling(pooling) : ec.pooling;
         eo.normalize = vm.count("normalize") ? true : vm.count("no-normalize") ? false : ec.normalize;
         eo.dimensions = dimensions;
-        eo.chunk = chunk;
+        eo.chunk = in.chunk;
         std::string prefix = ec.default_prompt;
         if (vm.count("prompt-name")) {
             if (vm.count("prompt-ids")) fail("--prompt-name applies to text inputs, not to --prompt-ids");
@@ -87,34 +78,19 @@ int cmd_embed(const Args& args, Communicator& comm) {
         }
         if (!root) return;
         if (vm.count("prompt-ids")) {
-            inputs = parse_prompt_ids(prompt_ids);
+            inputs = parse_prompt_ids(in.ids);
             return;
         }
-        if (!Tokenizer::exists(model)) fail("text inputs need the model's tokenizer: ", model, "/tokenizer.json does not exist");
-        const Tokenizer tok = Tokenizer::load(model);
-        std::vector<TextPrompt> ps;
-        if (vm.count("prompt-file")) ps = read_prompt_file(vm["prompt-file"].as<std::string>());
-        else
-            for (const std::string& t : texts) ps.push_back({t, "--prompt"});
+        std::vector<TextPrompt> ps = text_inputs(vm, in);
         for (TextPrompt& p : ps) p.text = prefix + p.text;
-        inputs = encode_prompts(tok, ps, ChatOptions{});
+        inputs = encode_prompts(input_tokenizer(model), ps, ChatOptions{});
     });
     if (help) return 0;
     broadcast_prompts(comm, inputs);
 
-    SessionOptions so;
-    so.model_dir = model;
-    apply_precision(prec, so);
-    apply_backend(backend, so);
-    so.load.headless_ok = true;  // an embedding checkpoint may have no lm_head
-    so.max_batch = batch == 0 ? std::min<int64_t>(int64_t(inputs.size()), 16) : std::min(batch, int64_t(inputs.size()));
-    so.prefill_chunk = chunk;
+    SessionOptions so = pooling_session(model, in, prec, backend, inputs);
     // Mean pooling reads every token's state: a chunk's worth of rows per step.
-    so.max_logit_rows = eo.pooling == Pooling::Mean ? std::max(so.max_batch, chunk) : so.max_batch;
-    int64_t longest = 0;
-    for (const auto& in : inputs) longest = std::max<int64_t>(longest, int64_t(in.size()));
-    so.ctx = ctx > 0 ? ctx : std::max<int64_t>(longest, 1);
-    if (ctx == 0) so.ctx_origin = "the longest input (" + std::to_string(longest) + " tokens)";
+    so.max_logit_rows = eo.pooling == Pooling::Mean ? std::max(so.max_batch, in.chunk) : so.max_batch;
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
@@ -131,7 +107,7 @@ int cmd_embed(const Args& args, Communicator& comm) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!root) return 0;
     int64_t tokens = 0;
-    for (const auto& in : inputs) tokens += int64_t(in.size());
+    for (const auto& ids : inputs) tokens += int64_t(ids.size());
     if (vm.count("json")) {
         nlohmann::ordered_json j;
         j["pooling"] = pooling_name(eo.pooling);

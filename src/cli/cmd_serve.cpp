@@ -135,6 +135,9 @@ struct Stats {
     int64_t running = 0, waiting = 0;
     std::map<std::string, int64_t> finished;  // requests by finish reason ("abort": the client left)
     int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    // --embeddings / --rerank: the requests that got their numbers, and their inputs (no sequence
+    // of theirs counts as finished: none generates).
+    int64_t pooling_requests = 0, pooling_inputs = 0;
     GenerateTimings steps;  // the Batcher's running totals
     // Per sequence that made a token: from its request's arrival to its first token, the mean
     // time per later token, and from arrival to its end (seconds).
@@ -157,6 +160,11 @@ std::string metrics_text(Stats& st) {
     for (const char* why : {"stop", "length", "abort"})
         fin += cat("shardlm_sequences_finished_total{finish_reason=\"", why, "\"} ", st.finished[why], "\n");
     metric("shardlm_sequences_finished_total", "counter", "Sequences (a request's choices) that ended, by finish reason.", fin);
+    metric("shardlm_pooling_requests_total", "counter",
+           "Embedding, classification, score and rerank requests answered (--embeddings, --rerank).",
+           one("shardlm_pooling_requests_total", double(st.pooling_requests)));
+    metric("shardlm_pooling_inputs_total", "counter", "Their inputs (texts or pairs), each pooled once.",
+           one("shardlm_pooling_inputs_total", double(st.pooling_inputs)));
     metric("shardlm_prompt_tokens_total", "counter", "Prompt tokens of the ended requests.",
            one("shardlm_prompt_tokens_total", double(st.prompt_tokens)));
     metric("shardlm_prompt_tokens_cached_total", "counter", "Of them, taken from the prefix cache.",
@@ -387,7 +395,8 @@ void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, const PoolRu
             inbox.embedding.clear();
         }
         std::lock_guard<std::mutex> lk(stats.m);
-        stats.finished["stop"] += int64_t(jobs.size());
+        stats.pooling_requests += int64_t(jobs.size());
+        stats.pooling_inputs += int64_t(inputs.size());
         stats.prompt_tokens += tokens;
         stats.steps.prefill_tokens += tokens;
         stats.steps.prefill_ms += ms;

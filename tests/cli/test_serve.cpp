@@ -1661,6 +1661,13 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
         const Reply t = post(port, "/v1/completions", {{"prompt", "Behold"}});
         EXPECT_EQ(t.status, 400);
         EXPECT_NE(t.raw.find("serves /classify, /score and /rerank"), std::string::npos) << t.raw;
+        // /metrics: three requests of 3 inputs each answered; no sequence finished.
+        httplib::Client mc("127.0.0.1", port);
+        const auto m = mc.Get("/metrics");
+        ASSERT_TRUE(m);
+        EXPECT_NE(m->body.find("\nshardlm_pooling_requests_total 3\n"), std::string::npos) << m->body;
+        EXPECT_NE(m->body.find("\nshardlm_pooling_inputs_total 9\n"), std::string::npos) << m->body;
+        EXPECT_NE(m->body.find("\nshardlm_sequences_finished_total{finish_reason=\"stop\"} 0\n"), std::string::npos) << m->body;
     }
     const CommandResult bad = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --rerank --port 0");
     EXPECT_NE(bad.exit_code, 0);

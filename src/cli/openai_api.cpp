@@ -48,6 +48,22 @@ std::vector<int32_t> encode_input(const Tokenizer& tok, const std::string& prefi
     }
 }
 
+// vLLM's truncate_prompt_tokens: k >= 1 keeps the last k tokens of each input, -1 the server's
+// context's worth; absent or null: 0 (none kept out, a longer input is refused).
+int64_t truncation(const json& body, const ApiLimits& lim) {
+    if (!body.contains("truncate_prompt_tokens") || body["truncate_prompt_tokens"].is_null()) return 0;
+    const json& t = body["truncate_prompt_tokens"];
+    if (!t.is_number_integer() || t.get<int64_t>() == 0 || t.get<int64_t>() < -1 || t.get<int64_t>() > lim.ctx)
+        bad(cat("\"truncate_prompt_tokens\" must be -1 (the server's context) or an integer in [1, ", lim.ctx, "]"));
+    return t.get<int64_t>() == -1 ? lim.ctx : t.get<int64_t>();
+}
+
+void truncate_inputs(std::vector<std::vector<int32_t>>& inputs, int64_t keep) {
+    if (keep <= 0) return;
+    for (auto& in : inputs)
+        if (int64_t(in.size()) > keep) in.erase(in.begin(), in.end() - keep);
+}
+
 // Every input of an embedding route has tokens and fits a slot's context.
 void check_inputs_fit(const std::vector<std::vector<int32_t>>& inputs, const ApiLimits& lim) {
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -873,6 +889,7 @@ EmbeddingRequest parse_embedding_request(const json& body, const Tokenizer& tok,
     } else {
         bad(form);
     }
+    truncate_inputs(r.inputs, truncation(body, lim));
     check_inputs_fit(r.inputs, lim);
     const json fmt = body.value("encoding_format", json("float"));
     if (fmt != "float" && fmt != "base64") bad("\"encoding_format\" must be \"float\" or \"base64\"");
@@ -949,10 +966,11 @@ ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer&
     if (first.size() > 1 && first.size() != second.size())
         bad(cat("\"text_1\" and \"text_2\" must be as long as each other (", first.size(), " and ", second.size(),
                 ") or \"text_1\" one text"));
+    const int64_t keep = truncation(body, lim);
     if (cross) {
         for (size_t i = 0; i < second.size(); ++i) {
             try {
-                r.inputs.push_back(tok.encode_pair(first[first.size() == 1 ? 0 : i], second[i]));
+                r.inputs.push_back(tok.encode_pair(first[first.size() == 1 ? 0 : i], second[i], keep));
             } catch (const Error& e) {
                 bad(e.what());
             }
@@ -961,6 +979,7 @@ ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer&
         for (const std::string& t : first) r.inputs.push_back(encode_input(tok, query_prefix, t));
         for (const std::string& t : second) r.inputs.push_back(encode_input(tok, document_prefix, t));
         for (size_t i = 0; i < second.size(); ++i) r.pairs.emplace_back(first.size() == 1 ? 0 : i, first.size() + i);
+        truncate_inputs(r.inputs, keep);
     }
     check_inputs_fit(r.inputs, lim);
     if (rerank) {

@@ -202,8 +202,9 @@ nlohmann::ordered_json api_detokenize(const nlohmann::ordered_json& body, const 
 // (at most kMaxApiEmbeddingInputs), each within the context and not empty; "model" as for the
 // other routes; "encoding_format" float (default) or base64 (each vector's little-endian float32
 // bytes); "dimensions" (Matryoshka: the first N, then normalized if the server normalizes);
-// vLLM's "normalize" (true/false: the server's pooling setting otherwise); "user" ignored. Text
-// inputs are encoded after `prefix` (config_sentence_transformers.json's default prompt).
+// vLLM's "normalize" (true/false: the server's pooling setting otherwise) and
+// "truncate_prompt_tokens" (k: each input's last k tokens; -1: the context's worth); "user"
+// ignored. Text inputs are encoded after `prefix` (config_sentence_transformers.json's default prompt).
 // Throws ApiError 400 for a bad field, 404 for another model.
 constexpr int64_t kMaxApiEmbeddingInputs = 2048;
 struct EmbeddingRequest {
@@ -224,8 +225,10 @@ nlohmann::ordered_json api_embedding_response(const EmbeddingRequest& r, const s
 // side (text_1, query) is encoded after `query_prefix`, the other after `document_prefix`
 // (sentence-transformers' encode_query / encode_document prompts). With `cross` (a cross-encoder:
 // serve --rerank) each pair is one input, the two texts through the tokenizer's pair template
-// (Tokenizer::encode_pair), scored by the classifier; the prefixes do not apply. Throws ApiError as
-// parse_embedding_request.
+// (Tokenizer::encode_pair), scored by the classifier; the prefixes do not apply. vLLM's
+// truncate_prompt_tokens (k, or -1: the context) keeps each text's last k tokens, and of a
+// cross-encoder's pair the query whole and the document's first tokens that fit k. Throws ApiError
+// as parse_embedding_request.
 struct ScoreRequest {
     bool rerank = false;
     std::vector<std::vector<int32_t>> inputs;      // bi-encoder: the first side's texts, then the second's;

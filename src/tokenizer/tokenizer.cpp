@@ -279,8 +279,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
     return ids;
 }
 
-std::vector<int32_t> Tokenizer::encode_pair(std::string_view a, std::string_view b) const {
-    const std::vector<int32_t> ia = encode(a, {false}), ib = encode(b, {false});
+std::vector<int32_t> Tokenizer::encode_pair(std::string_view a, std::string_view b, int64_t max_tokens) const {
+    const std::vector<int32_t> ia = encode(a, {false});
+    std::vector<int32_t> ib = encode(b, {false});
+    if (max_tokens > 0) {
+        // The template's own ids and a (every template here places each sequence once).
+        const int64_t fixed = int64_t(std::count_if(impl_->pair.begin(), impl_->pair.end(), [](int32_t id) { return id >= 0; })) +
+                              int64_t(ia.size());
+        if (fixed + 1 > max_tokens)
+            fail("the first text of the pair takes ", fixed, " tokens with the template's, leaving the second none of ",
+                 max_tokens);
+        if (fixed + int64_t(ib.size()) > max_tokens) ib.resize(size_t(max_tokens - fixed));
+    }
     std::vector<int32_t> ids;
     for (const int32_t id : impl_->pair) {
         if (id == kPairA) ids.insert(ids.end(), ia.begin(), ia.end());

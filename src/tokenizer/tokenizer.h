@@ -56,7 +56,9 @@ public:
     // A pair of texts as transformers' tokenizer(a, text_pair=b) encodes it: each without special
     // tokens, joined by the post-processor's pair template (Llama 3: BOS a BOS b; Qwen: a b). What a
     // cross-encoder (runtime/classify.h) scores.
-    std::vector<int32_t> encode_pair(std::string_view a, std::string_view b) const;
+    // With max_tokens > 0, b loses tokens from its end until the pair fits them (a reranker keeps
+    // its query whole and cuts the document); Error when a alone does not leave b a token.
+    std::vector<int32_t> encode_pair(std::string_view a, std::string_view b, int64_t max_tokens = 0) const;
     // Ids outside [0, vocab_size()) are an error.
     std::string decode(const std::vector<int32_t>& ids, const DecodeOptions& opt = {}) const;
 

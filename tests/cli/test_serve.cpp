@@ -1655,6 +1655,40 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
             EXPECT_EQ(rr.body["results"][k]["document"]["text"], docs[order[k]]);
             EXPECT_NEAR(rr.body["results"][k]["relevance_score"].get<double>(), scored["data"][order[k]]["score"].get<double>(), tol);
         }
+        if (!tokens) {
+            // truncate_prompt_tokens: an input's last k tokens; a pair's query whole and the
+            // document's first tokens (ByteLevel: the pair is query then document).
+            auto ids_of = [&](const std::string& t) {
+                return json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() + " --json --text '" + t + "'").out)["ids"]
+                    .get<std::vector<int32_t>>();
+            };
+            auto by_ids = [&](const std::vector<int32_t>& ids) {
+                std::string list;
+                for (const int32_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+                return cli("--prompt-ids " + list)["data"][0];
+            };
+            const std::vector<int32_t> d0 = ids_of(docs[0]), q = ids_of(query);
+            ASSERT_GT(d0.size(), 4u);
+            const Reply cut = post(port, "/classify", {{"input", docs[0]}, {"truncate_prompt_tokens", 4}});
+            ASSERT_EQ(cut.status, 200) << cut.raw;
+            EXPECT_EQ(cut.body["usage"]["prompt_tokens"], 4);
+            EXPECT_LT(max_abs_diff(cut.body["data"][0]["probs"].get<std::vector<float>>(),
+                                   by_ids(std::vector<int32_t>(d0.end() - 4, d0.end()))["probs"].get<std::vector<float>>()), 1e-5);
+            const int64_t k = int64_t(q.size()) + 2;
+            const Reply pair = post(port, "/score", {{"text_1", query}, {"text_2", docs[0]}, {"truncate_prompt_tokens", k}});
+            ASSERT_EQ(pair.status, 200) << pair.raw;
+            std::vector<int32_t> want = q;
+            want.insert(want.end(), d0.begin(), d0.begin() + 2);
+            EXPECT_NEAR(pair.body["data"][0]["score"].get<double>(), by_ids(want)["probs"][1].get<double>(), 1e-5);
+            for (const json& bad : {json(0), json(-2), json(65), json("4")}) {
+                const Reply r = post(port, "/classify", {{"input", "Behold"}, {"truncate_prompt_tokens", bad}});
+                EXPECT_EQ(r.status, 400) << bad;
+                EXPECT_NE(r.raw.find("truncate_prompt_tokens"), std::string::npos) << r.raw;
+            }
+            const Reply no_room = post(port, "/score", {{"text_1", query}, {"text_2", "x"}, {"truncate_prompt_tokens", 2}});
+            EXPECT_EQ(no_room.status, 400);
+            EXPECT_NE(no_room.raw.find("leaving the second none"), std::string::npos) << no_room.raw;
+        }
         const Reply e = post(port, "/v1/embeddings", {{"input", "Behold"}});
         EXPECT_EQ(e.status, 400);
         EXPECT_NE(e.raw.find("this server runs with --rerank: start shardlm serve with --embeddings"), std::string::npos) << e.raw;
@@ -1665,8 +1699,10 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
         httplib::Client mc("127.0.0.1", port);
         const auto m = mc.Get("/metrics");
         ASSERT_TRUE(m);
-        EXPECT_NE(m->body.find("\nshardlm_pooling_requests_total 3\n"), std::string::npos) << m->body;
-        EXPECT_NE(m->body.find("\nshardlm_pooling_inputs_total 9\n"), std::string::npos) << m->body;
+        EXPECT_NE(m->body.find(tokens ? "\nshardlm_pooling_requests_total 3\n" : "\nshardlm_pooling_requests_total 5\n"),
+                  std::string::npos) << m->body;
+        EXPECT_NE(m->body.find(tokens ? "\nshardlm_pooling_inputs_total 9\n" : "\nshardlm_pooling_inputs_total 11\n"),
+                  std::string::npos) << m->body;
         EXPECT_NE(m->body.find("\nshardlm_sequences_finished_total{finish_reason=\"stop\"} 0\n"), std::string::npos) << m->body;
     }
     const CommandResult bad = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --rerank --port 0");

@@ -143,6 +143,20 @@ TEST(PairEncoding, FollowsThePostProcessorsPairTemplate) {
     EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(cat({1}, a), cat({2, 2}, cat(b, {2}))));
     tok["post_processor"]["type"] = "BertProcessing";
     EXPECT_EQ(make(tok).encode_pair("ab", "ba"), cat(cat({1}, a), cat({2}, cat(b, {2}))));
+    // A limit cuts the second text's end: [CLS] a [SEP] b' [SEP] within it; the first text stays whole.
+    const Tokenizer bert = make(tok);
+    const std::vector<int32_t> long_b = bert.encode("babababa", {false});
+    ASSERT_GT(long_b.size(), 2u);
+    const int64_t room = int64_t(a.size()) + 3 + 2;
+    EXPECT_EQ(bert.encode_pair("ab", "babababa", room),
+              cat(cat({1}, a), cat({2}, cat(std::vector<int32_t>(long_b.begin(), long_b.begin() + 2), {2}))));
+    EXPECT_EQ(bert.encode_pair("ab", "babababa", 1000), bert.encode_pair("ab", "babababa"));
+    try {
+        bert.encode_pair("ab", "ba", int64_t(a.size()) + 3);
+        ADD_FAILURE() << "no error";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("leaving the second none of"), std::string::npos) << e.what();
+    }
 }
 
 TEST(AddedTokens, StripSingleWordAndNormalized) {

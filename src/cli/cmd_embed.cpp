@@ -88,9 +88,7 @@ int cmd_embed(const Args& args, Communicator& comm) {
     if (help) return 0;
     broadcast_prompts(comm, inputs);
 
-    SessionOptions so = pooling_session(model, in, prec, backend, inputs);
-    // Mean pooling reads every token's state: a chunk's worth of rows per step.
-    so.max_logit_rows = eo.pooling == Pooling::Mean ? std::max(so.max_batch, in.chunk) : so.max_batch;
+    const SessionOptions so = pooling_session(model, in, prec, backend, inputs);
     std::unique_ptr<Session> s;
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");

@@ -534,11 +534,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
-    if (embeddings) {  // mean pooling reads every token's state: a chunk's worth of rows per step
-        so.load.headless_ok = true;  // an embedding checkpoint may have no lm_head
-        so.max_logit_rows = ecfg.pooling == Pooling::Mean ? std::max(batch, chunk) : batch;
-    } else if (rerank) {
-        so.load.headless_ok = true;  // a classification checkpoint has no lm_head
+    if (embeddings || rerank) {
+        so.load.headless_ok = true;  // an embedding or classification checkpoint may have no lm_head
     } else {
         set_scoring_rows(so);  // echo requests score their prompts
         set_speculation_rows(so, speculate);

@@ -45,7 +45,7 @@ std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
     if (!head.tokens.empty()) {
         // The logits of the labels' tokens: whole rows from the engine, cut down to those columns.
         std::vector<float> logits;
-        return pool_inputs(engine, inputs, Pooling::Last, chunk, n_labels,
+        return pool_inputs(engine, inputs, Pooling::Last, chunk, n_labels, /*logits=*/true,
                            [&](const std::vector<SeqChunk>& chunks, float* rows) {
                                const StepShape s = check_step(c, engine.options(), chunks);
                                logits.resize(size_t(s.logit_rows * c.vocab));
@@ -56,7 +56,7 @@ std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
                            });
     }
     const std::vector<std::vector<float>> hidden =
-        pool_inputs(engine, inputs, Pooling::Last, chunk, c.hidden,
+        pool_inputs(engine, inputs, Pooling::Last, chunk, c.hidden, /*logits=*/false,
                     [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
     std::vector<std::vector<float>> out(inputs.size(), std::vector<float>(size_t(n_labels)));
     for (size_t i = 0; i < inputs.size(); ++i)

@@ -220,10 +220,10 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     add_into(x_.as<float>(), o, T * c.hidden);
 }
 
-int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out) {
+int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out, bool hidden) {
     maybe_inject_failure(comm_, "forward");
     const ModelConfig& c = cfg_;
-    const StepShape shape = check_step(c, opt_, chunks);
+    const StepShape shape = check_step(c, opt_, chunks, hidden);
     const int64_t T = shape.tokens;
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
@@ -259,14 +259,14 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out) {
     return n;
 }
 
-void CpuEngine::forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) { final_rows(chunks, hidden); }
+void CpuEngine::forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) { final_rows(chunks, hidden, true); }
 
 void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     if (w_.headless) fail(headless_message());
     const ModelConfig& c = cfg_;
     const ShardPlan& p = w_.plan;
     float* last = last_.as<float>();
-    const int64_t n = final_rows(chunks, last);
+    const int64_t n = final_rows(chunks, last, false);
     if (n == 0) return;
     // Token penalties on the whole rows, the same on every rank (every rank holds them).
     const std::vector<PenaltyEntry> penalties = step_penalties(chunks);

@@ -55,7 +55,8 @@ public:
 
 private:
     // Embedding, layers and the final norm of the wanted rows into out [rows, hidden]; returns rows.
-    int64_t final_rows(const std::vector<SeqChunk>& chunks, float* out);
+    // `hidden`: a forward_hidden step (its rows are not bounded by max_logit_rows: check_step).
+    int64_t final_rows(const std::vector<SeqChunk>& chunks, float* out, bool hidden);
     void attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks, int64_t T);
     void mlp_block(const LayerWeights& L, int64_t layer, int64_t T);
     // W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and

@@ -154,7 +154,8 @@ CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const Sh
     b.up = floats(T * size_t(p.n_inter));
     b.qkv = floats(T * size_t(q_dim + 2 * kv_dim));
     b.gate_up = floats(T * size_t(2 * p.n_inter));
-    b.last = floats(L * size_t(c.hidden));
+    const size_t R = size_t(step_out_rows(opt));
+    b.last = floats(R * size_t(c.hidden));
     if (int8_acts) {  // W8A8/W4A8: a layer input quantized per token (and group): int8 values, f32 scales
         const size_t widest = size_t(std::max({c.hidden, q_dim, p.n_inter}));
         b.act_q = static_cast<int8_t*>(a.take(T * widest));
@@ -179,7 +180,7 @@ CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const Sh
     if (penalty_count > 0) b.penalties = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     b.topk_scratch = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(p.n_vocab, 1), kMaxTopCandidates));
     b.attn_scratch = a.take(attention_scratch_bytes(opt.max_batch, p.n_q_heads, hd, kv_capacity(c, opt)));
-    b.meta_bytes = (3 * T + L) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
+    b.meta_bytes = (3 * T + R) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
     b.meta = static_cast<int32_t*>(a.take(b.meta_bytes));
     return b;
 }
@@ -526,7 +527,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     const int32_t* pos = b_.meta + Tm;
     const int32_t* slot = b_.meta + 2 * Tm;
     const int32_t* logit_rows = b_.meta + 3 * Tm;
-    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 3 * Tm + opt_.max_logit_rows);
+    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 3 * Tm + step_out_rows(opt_));
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
     // One-token decode steps at TP=1 with weight-only products: the norms run inside the next GEMV
@@ -677,7 +678,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
 int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     if (head && headless_) fail(headless_message());
     maybe_inject_failure(comm_, "forward");
-    const StepShape shape = check_step(cfg_, opt_, chunks);
+    const StepShape shape = check_step(cfg_, opt_, chunks, /*hidden=*/!head);
     const int64_t T = shape.tokens, n = shape.logit_rows;
     if (T == 0) return 0;
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
@@ -689,7 +690,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     int32_t* pos = ids + Tm;
     int32_t* slot = ids + 2 * Tm;
     int32_t* logit_rows = ids + 3 * Tm;
-    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 3 * Tm + opt_.max_logit_rows);
+    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 3 * Tm + step_out_rows(opt_));
     int64_t row = 0, r = 0, max_n = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
         const SeqChunk& ch = chunks[i];

@@ -69,7 +69,7 @@ struct CudaLayer {
 };
 
 // The step's device buffers, the engine's workspace: [max_step_tokens, width] f32 each unless noted
-// (T = max_step_tokens, L = max_logit_rows).
+// (T = max_step_tokens, L = max_logit_rows, R = step_out_rows: max(T, L)).
 // The kernel classes `bench --ablate` can leave out of a step (CudaEngine::set_ablation).
 constexpr uint32_t kAblateQkv = 1;        // the q/k/v projections (with their norm where fused)
 constexpr uint32_t kAblateAttention = 2;  // RoPE and the cache write, attention and its merge
@@ -84,7 +84,7 @@ struct CudaStepBuffers {
     float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
     float *delta = nullptr, *gate = nullptr, *up = nullptr;
     float *qkv = nullptr, *gate_up = nullptr;  // fused projections' outputs, [T, q+2kv] and [T, 2*inter]
-    float* last = nullptr;      // [L, hidden]
+    float* last = nullptr;      // [R, hidden]: the final norm's rows (a hidden step may want every token's)
     float* local = nullptr;     // [L, n_vocab]: this rank's lm_head rows
     float* padded = nullptr;    // [L, vocab_per_rank] (TP > 1: equal all-gather parts)
     float* gathered = nullptr;  // [tp, L, vocab_per_rank]
@@ -94,13 +94,17 @@ struct CudaStepBuffers {
     void* top_gathered = nullptr;  // [tp] of top (TP > 1)
     void* topk_scratch = nullptr;
     void* attn_scratch = nullptr;
-    int32_t* meta = nullptr;  // the step's tables: ids[T] pos[T] slot[T] logit_rows[L] chunks[max_batch] (AttnChunk)
+    int32_t* meta = nullptr;  // the step's tables: ids[T] pos[T] slot[T] out_rows[R] chunks[max_batch] (AttnChunk)
     size_t meta_bytes = 0;
     uint64_t* mass = nullptr;           // forward_nucleus: [L] total nucleus weights
     uint64_t* mass_gathered = nullptr;  // [tp] of mass (TP > 1)
     float* row_max = nullptr;           // [L] each row's maximum (TP > 1)
     PenaltyEntry* penalties = nullptr;  // a step's token penalties, [L * max_penalties]
 };
+
+// Rows a step's final norm may hand out: a logits step's max_logit_rows, a hidden step's
+// (Engine::forward_hidden) every token of the step.
+inline int64_t step_out_rows(const EngineOptions& opt) { return std::max(opt.max_step_tokens, opt.max_logit_rows); }
 
 // Takes the step buffers of one rank's engine from `a`: CudaEngine's workspace (besides cuBLAS's
 // scratch), and from a sizing arena its bytes before any engine exists (`shardlm info`).

@@ -142,9 +142,11 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
 }
 
 std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
-                                            Pooling pooling, int64_t chunk, int64_t width, const PoolStep& step) {
+                                            Pooling pooling, int64_t chunk, int64_t width, bool logits,
+                                            const PoolStep& step) {
     const EngineOptions& eo = engine.options();
-    const int64_t row_cap = eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
+    // A hidden step may hand out a row per token; a logits step max_logit_rows.
+    const int64_t row_cap = !logits ? eo.max_step_tokens : eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
     const bool mean = pooling == Pooling::Mean;
     SHARDLM_CHECK(chunk >= 1 && width >= 1, "pool_inputs: chunk ", chunk, ", width ", width);
     struct Slot {
@@ -210,7 +212,7 @@ std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vec
                                       const EmbedOptions& opt) {
     check_embed_inputs(engine.config(), engine.options(), inputs, opt);
     std::vector<std::vector<float>> out =
-        pool_inputs(engine, inputs, opt.pooling, opt.chunk, engine.config().hidden,
+        pool_inputs(engine, inputs, opt.pooling, opt.chunk, engine.config().hidden, /*logits=*/false,
                     [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
     for (std::vector<float>& v : out) finish_embedding(v, opt.dimensions, opt.normalize);
     return out;

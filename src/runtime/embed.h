@@ -60,14 +60,15 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
 // all_logits, in order) into rows [n, width]: Engine::forward_hidden, or logits columns.
 using PoolStep = std::function<void(const std::vector<SeqChunk>& chunks, float* rows)>;
 // The loop embed() runs: each input's rows pooled (not cut, not normalized), [inputs][width]. The
-// engine's slots take an input each; their chunks share steps of at most max_step_tokens rows (and
-// max_logit_rows wanted rows), and a slot takes the next input as soon as its own is done. The
-// inputs must have passed check_embed_inputs.
+// engine's slots take an input each; their chunks share steps of at most max_step_tokens rows (and,
+// when `logits` says the step makes logits rows, max_logit_rows wanted rows), and a slot takes the
+// next input as soon as its own is done. The inputs must have passed check_embed_inputs.
 std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
-                                            Pooling pooling, int64_t chunk, int64_t width, const PoolStep& step);
+                                            Pooling pooling, int64_t chunk, int64_t width, bool logits,
+                                            const PoolStep& step);
 
 // The inputs' embeddings, [inputs][dimensions or hidden]. The engine's slots take an input each;
-// their chunks share steps of at most max_step_tokens rows (and max_logit_rows output rows), and
+// their chunks share steps of at most max_step_tokens rows, and
 // a slot takes the next input as soon as its own is done. A collective under tensor parallelism:
 // every rank calls it with the same inputs and gets the same vectors.
 std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,

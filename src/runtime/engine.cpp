@@ -109,7 +109,7 @@ std::vector<PenaltyEntry> step_penalties(const std::vector<SeqChunk>& chunks) {
     return out;
 }
 
-StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks) {
+StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks, bool hidden) {
     StepShape s;
     for (const SeqChunk& ch : chunks) {
         SHARDLM_CHECK(ch.n > 0 && ch.slot >= 0 && ch.slot < opt.max_batch);
@@ -125,7 +125,7 @@ StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::
     }
     SHARDLM_CHECK(s.tokens <= opt.max_step_tokens, "step of ", s.tokens, " tokens exceeds the workspace of ",
                   opt.max_step_tokens);
-    SHARDLM_CHECK(s.logit_rows <= opt.max_logit_rows, "logit rows ", s.logit_rows, " exceed the workspace of ",
+    SHARDLM_CHECK(hidden || s.logit_rows <= opt.max_logit_rows, "logit rows ", s.logit_rows, " exceed the workspace of ",
                   opt.max_logit_rows);
     return s;
 }

@@ -83,7 +83,8 @@ public:
     // Runs the chunks like forward() but hands back, for the same rows, the final RMSNorm's output
     // instead of logits: [rows, hidden], what an embedding model pools (runtime/embed.h). No
     // lm_head runs and no penalties apply. Every rank gets whole rows (the residual stream is
-    // replicated under tensor parallelism).
+    // replicated under tensor parallelism). Its rows are not limited by max_logit_rows: up to one
+    // per token of the step.
     virtual void forward_hidden(const std::vector<SeqChunk>& chunks, float* hidden) = 0;
     // Runs the chunks like forward() but hands back only each logits row's first k candidates in
     // the sampler's ranking (runtime/sampler.h): vals and ids [rows, k], 1 <= k <= min(vocab,
@@ -152,7 +153,10 @@ float attention_scale(const ModelConfig& c);
 struct StepShape {
     int64_t tokens = 0, logit_rows = 0;
 };
-StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks);
+// A hidden step (Engine::forward_hidden) may want a row per token: its rows are bounded by the
+// step's tokens, not by max_logit_rows (no vocabulary-wide buffer holds them).
+StepShape check_step(const ModelConfig& c, const EngineOptions& opt, const std::vector<SeqChunk>& chunks,
+                     bool hidden = false);
 // The step's token penalties (SeqChunk::penalties) in chunk order, each entry's `row` set to its
 // chunk's logits row in the step. For the engines, after check_step.
 std::vector<PenaltyEntry> step_penalties(const std::vector<SeqChunk>& chunks);

@@ -976,7 +976,7 @@ TEST(CudaEngine, EmbeddingsMatchTheCpu) {
     std::vector<std::vector<int32_t>> inputs;
     for (int64_t n : {7, 1, 19, 3}) inputs.push_back(make_prompt(n, cfg.vocab, uint64_t(n) + 40));
     so.prefill_chunk = 3;
-    so.max_logit_rows = 3;
+    so.max_logit_rows = 1;  // mean pooling's hidden steps want up to a row per token past it
     SingleRank comm;
     auto [g, c] = gpu_and_cpu_sessions(so, comm);
     for (const Pooling p : {Pooling::Last, Pooling::Mean, Pooling::Cls}) {
@@ -988,6 +988,12 @@ TEST(CudaEngine, EmbeddingsMatchTheCpu) {
         for (size_t i = 0; i < inputs.size(); ++i)
             EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4) << pooling_name(p) << " input " << i;
     }
+    // A logits step stays within max_logit_rows.
+    std::vector<float> rows(size_t(2 * cfg.vocab));
+    const std::vector<int32_t> two = make_prompt(2, cfg.vocab, 8);
+    SeqChunk all{0, two.data(), 2, 0};
+    all.all_logits = true;
+    EXPECT_NE(thrown_error([&] { g->engine->forward({all}, rows.data()); }).find("logit rows 2 exceed"), std::string::npos);
     // The same step shape as logits and as hidden states, each replayed from its own graph.
     const std::vector<int32_t> t = make_prompt(2, cfg.vocab, 9);
     const std::vector<SeqChunk> step = {{0, t.data(), 2, 0, true}};

@@ -23,7 +23,7 @@ std::vector<std::vector<float>> run_embed(const std::string& dir, const std::vec
     so.max_batch = slots;
     so.ctx = 40;
     so.prefill_chunk = chunk;
-    so.max_logit_rows = eo.pooling == Pooling::Mean ? std::max(slots, chunk) : slots;
+    so.max_logit_rows = slots;  // mean pooling's hidden steps hand out a row per token past it
     SingleRank comm;
     auto s = open_session(so, comm);
     return embed(*s->engine, inputs, eo);

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace shardlm {
 namespace {
@@ -263,24 +264,6 @@ private:
     }
 };
 
-void utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += char(cp);
-    } else if (cp < 0x800) {
-        out += char(0xC0 | (cp >> 6));
-        out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += char(0xE0 | (cp >> 12));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
-    } else {
-        out += char(0xF0 | (cp >> 18));
-        out += char(0x80 | ((cp >> 12) & 0x3F));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
-    }
-}
-
 // A code point as runtime/json_pattern.h reads it literally (in a class too): letters and digits
 // as they are, other ASCII as \xHH, the rest as its UTF-8.
 void regex_char(std::string& out, uint32_t cp) {
@@ -292,7 +275,7 @@ void regex_char(std::string& out, uint32_t cp) {
         out += kHex[cp >> 4];
         out += kHex[cp & 15];
     } else {
-        utf8(out, cp);
+        append_utf8(out, char32_t(cp));
     }
 }
 

@@ -342,66 +342,77 @@ void answer_json(const httplib::Request& req, httplib::Response& res, const std:
     }
 }
 
-// serve --embeddings' engine loop, on every rank: each iteration rank 0 takes every request that
-// came in, broadcasts their inputs (or shutdown), and all ranks embed them together (runtime/embed.h:
-// the slots take the inputs of several requests at once); rank 0 then hands each request its
-// vectors, cut to its dimensions and normalized as it asks.
-// With --rerank `run` classifies instead (each input's logits) and `eo` is unused.
-using PoolRun = std::function<std::vector<std::vector<float>>(const std::vector<std::vector<int32_t>>&)>;
-void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, const PoolRun& run, const EmbedOptions* eo) {
+// serve --embeddings' and --rerank's engine loop, on every rank: each iteration rank 0 takes the
+// requests that came in (waiting for one only when nothing runs) and broadcasts their inputs (or
+// shutdown); every rank queues them in its Pooler and runs one step. Requests take the slots in
+// turn (runtime/embed.h: Pooler), so a short request that arrives during a long one is not held
+// until that one ends. Rank 0 hands each request its vectors when its last input is done: cut to
+// its dimensions and normalized as it asks (embeddings, `eo`), or its logits as they are (--rerank).
+void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, Pooler& pooler, const EmbedOptions* eo) {
     const bool root = comm.rank() == 0;
+    struct Running {
+        std::shared_ptr<EmbedJob> job;
+        std::vector<std::vector<float>> vectors;
+        size_t left = 0;
+    };
+    std::map<int64_t, Running> running;  // rank 0: by request number
+    int64_t next_request = 0;            // every rank numbers the requests in broadcast order
     for (;;) {
-        json ctl = {{"inputs", json::array()}, {"shutdown", false}};
+        json ctl = {{"requests", json::array()}, {"shutdown", false}};
         std::vector<std::shared_ptr<EmbedJob>> jobs;
         if (root) {
             std::unique_lock<std::mutex> lk(inbox.m);
-            inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.embeds.empty() || g_signalled; });
+            if (pooler.idle())
+                inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.embeds.empty() || g_signalled; });
             jobs.assign(inbox.embeds.begin(), inbox.embeds.end());
             inbox.embeds.clear();
-            inbox.embedding = jobs;
+            inbox.embedding.insert(inbox.embedding.end(), jobs.begin(), jobs.end());
             if (g_signalled) {
                 inbox.closed = true;
                 ctl["shutdown"] = true;
             }
             lk.unlock();
-            for (const auto& job : jobs)
-                for (const auto& in : job->req.inputs) ctl["inputs"].push_back(in);
+            for (const auto& job : jobs) ctl["requests"].push_back(job->req.inputs);
         }
         broadcast_control(comm, ctl);
         if (ctl["shutdown"]) break;
-        if (ctl["inputs"].empty()) continue;
-        const auto inputs = ctl["inputs"].get<std::vector<std::vector<int32_t>>>();
+        for (size_t k = 0; k < ctl["requests"].size(); ++k) {
+            auto inputs = ctl["requests"][k].get<std::vector<std::vector<int32_t>>>();
+            const int64_t id = next_request++;
+            if (root) running[id] = Running{jobs[k], std::vector<std::vector<float>>(inputs.size()), inputs.size()};
+            pooler.add(id, std::move(inputs));
+        }
+        if (pooler.idle()) continue;
         const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<std::vector<float>> vecs = run(inputs);
+        std::vector<Pooler::Done> done = pooler.step();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (!root) continue;
-        size_t at = 0;
-        int64_t tokens = 0;
-        for (const auto& job : jobs) {
-            std::vector<std::vector<float>> mine(vecs.begin() + std::ptrdiff_t(at), vecs.begin() + std::ptrdiff_t(at + job->req.inputs.size()));
-            at += job->req.inputs.size();
-            if (eo)
-                for (auto& v : mine)
-                    finish_embedding(v, job->req.dimensions, job->req.normalize < 0 ? eo->normalize : job->req.normalize == 1);
-            for (const auto& in : job->req.inputs) tokens += int64_t(in.size());
-            {
-                std::lock_guard<std::mutex> lk(job->m);
-                job->vectors = std::move(mine);
-            }
-            end_embed_job(*job, false);
-        }
-        {
-            std::lock_guard<std::mutex> lk(inbox.m);
-            inbox.embedding.clear();
-        }
-        std::lock_guard<std::mutex> lk(stats.m);
-        stats.pooling_requests += int64_t(jobs.size());
-        stats.pooling_inputs += int64_t(inputs.size());
-        stats.prompt_tokens += tokens;
-        stats.steps.prefill_tokens += tokens;
+        std::lock_guard<std::mutex> st(stats.m);
+        stats.steps.prefill_tokens += pooler.last_step_tokens();
         stats.steps.prefill_ms += ms;
-        const double end = now_s();
-        for (const auto& job : jobs) stats.e2e.add(end - job->arrived);
+        for (Pooler::Done& d : done) {
+            Running& r = running.at(d.request);
+            EmbedJob& job = *r.job;
+            if (eo) finish_embedding(d.pooled, job.req.dimensions, job.req.normalize < 0 ? eo->normalize : job.req.normalize == 1);
+            r.vectors[size_t(d.index)] = std::move(d.pooled);
+            if (--r.left > 0) continue;
+            int64_t tokens = 0;
+            for (const auto& in : job.req.inputs) tokens += int64_t(in.size());
+            {
+                std::lock_guard<std::mutex> lk(job.m);
+                job.vectors = std::move(r.vectors);
+            }
+            {
+                std::lock_guard<std::mutex> lk(inbox.m);
+                inbox.embedding.erase(std::find(inbox.embedding.begin(), inbox.embedding.end(), r.job));
+            }
+            end_embed_job(job, false);
+            stats.pooling_requests += 1;
+            stats.pooling_inputs += int64_t(job.req.inputs.size());
+            stats.prompt_tokens += tokens;
+            stats.e2e.add(now_s() - job.arrived);
+            running.erase(d.request);
+        }
     }
 }
 
@@ -862,13 +873,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         eo.pooling = ecfg.pooling;
         eo.normalize = ecfg.normalize;
         eo.chunk = chunk;
-        EmbedOptions raw = eo;  // each request cuts and normalizes its own
-        raw.dimensions = 0;
-        raw.normalize = false;
-        const PoolRun run = [&](const std::vector<std::vector<int32_t>>& inputs) {
-            return rerank ? classify(engine, head, inputs, chunk) : embed(engine, inputs, raw);
-        };
-        embedding_loop(comm, inbox, stats, run, rerank ? nullptr : &eo);
+        Pooler pooler = rerank ? classify_pooler(engine, head, chunk) : embed_pooler(engine, eo);
+        embedding_loop(comm, inbox, stats, pooler, rerank ? nullptr : &eo);
         if (root) {
             stop_http();
             std::cerr << "shardlm serve: stopped" << std::endl;

@@ -35,38 +35,47 @@ Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
     return h;
 }
 
-std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
-                                         const std::vector<std::vector<int32_t>>& inputs, int64_t chunk) {
+Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk) {
     const ModelConfig& c = engine.config();
-    EmbedOptions check;
-    check.chunk = chunk;
-    check_embed_inputs(c, engine.options(), inputs, check);
     const int64_t n_labels = int64_t(head.labels.size());
     if (!head.tokens.empty()) {
         // The logits of the labels' tokens: whole rows from the engine, cut down to those columns.
-        std::vector<float> logits;
-        return pool_inputs(engine, inputs, Pooling::Last, chunk, n_labels, /*logits=*/true,
-                           [&](const std::vector<SeqChunk>& chunks, float* rows) {
-                               const StepShape s = check_step(c, engine.options(), chunks);
-                               logits.resize(size_t(s.logit_rows * c.vocab));
-                               engine.forward(chunks, logits.data());
-                               for (int64_t r = 0; r < s.logit_rows; ++r)
-                                   for (int64_t k = 0; k < n_labels; ++k)
-                                       rows[r * n_labels + k] = logits[size_t(r * c.vocab + head.tokens[size_t(k)])];
-                           });
+        return Pooler(engine, Pooling::Last, chunk, n_labels, /*logits=*/true,
+                      [&engine, &head, &c, n_labels, logits = std::vector<float>()](const std::vector<SeqChunk>& chunks,
+                                                                                    float* rows) mutable {
+                          const StepShape s = check_step(c, engine.options(), chunks);
+                          logits.resize(size_t(s.logit_rows * c.vocab));
+                          engine.forward(chunks, logits.data());
+                          for (int64_t r = 0; r < s.logit_rows; ++r)
+                              for (int64_t k = 0; k < n_labels; ++k)
+                                  rows[r * n_labels + k] = logits[size_t(r * c.vocab + head.tokens[size_t(k)])];
+                      });
     }
-    const std::vector<std::vector<float>> hidden =
-        pool_inputs(engine, inputs, Pooling::Last, chunk, c.hidden, /*logits=*/false,
-                    [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
-    std::vector<std::vector<float>> out(inputs.size(), std::vector<float>(size_t(n_labels)));
-    for (size_t i = 0; i < inputs.size(); ++i)
-        for (int64_t k = 0; k < n_labels; ++k) {
-            double acc = 0;
-            const float* wk = head.weight.data() + k * c.hidden;
-            for (int64_t j = 0; j < c.hidden; ++j) acc += double(wk[j]) * hidden[i][size_t(j)];
-            out[i][size_t(k)] = float(acc);
-        }
-    return out;
+    // The score head on each last-token state, in f64 sums.
+    return Pooler(engine, Pooling::Last, chunk, n_labels, /*logits=*/false,
+                  [&engine, &head, &c, n_labels, hidden = std::vector<float>()](const std::vector<SeqChunk>& chunks,
+                                                                                float* rows) mutable {
+                      const StepShape s = check_step(c, engine.options(), chunks, /*hidden=*/true);
+                      hidden.resize(size_t(s.logit_rows * c.hidden));
+                      engine.forward_hidden(chunks, hidden.data());
+                      for (int64_t r = 0; r < s.logit_rows; ++r)
+                          for (int64_t k = 0; k < n_labels; ++k) {
+                              double acc = 0;
+                              const float* wk = head.weight.data() + k * c.hidden;
+                              const float* h = hidden.data() + r * c.hidden;
+                              for (int64_t j = 0; j < c.hidden; ++j) acc += double(wk[j]) * h[j];
+                              rows[r * n_labels + k] = float(acc);
+                          }
+                  });
+}
+
+std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,
+                                         const std::vector<std::vector<int32_t>>& inputs, int64_t chunk) {
+    EmbedOptions check;
+    check.chunk = chunk;
+    check_embed_inputs(engine.config(), engine.options(), inputs, check);
+    Pooler pooler = classify_pooler(engine, head, chunk);
+    return pool_inputs(pooler, inputs);
 }
 
 std::vector<float> class_probabilities(const Classifier& head, const std::vector<float>& logits) {

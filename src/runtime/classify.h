@@ -14,6 +14,7 @@
 
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/embed.h"
 #include "runtime/engine.h"
 
 namespace shardlm {
@@ -31,6 +32,10 @@ struct Classifier {
 // or a repeated one, and for a model that has no head and no tokens.
 Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
                            const std::vector<std::pair<std::string, int32_t>>& tokens);
+
+// A pooler of the head's raw logits at each input's last token, [labels] per input (runtime/embed.h:
+// Pooler; serve --rerank runs it). `head` must outlive it.
+Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk);
 
 // Each input's raw logits [inputs][labels] at its last token, `chunk` tokens of an input per step
 // through the engine's slots (runtime/embed.h: pool_inputs). Throws Error for an empty input, one

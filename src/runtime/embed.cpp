@@ -141,79 +141,113 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
     for (float& x : v) x = float(x * scale);
 }
 
-std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
-                                            Pooling pooling, int64_t chunk, int64_t width, bool logits,
-                                            const PoolStep& step) {
+Pooler::Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step)
+    : engine_(engine), pooling_(pooling), chunk_(chunk), width_(width), step_(std::move(step)) {
     const EngineOptions& eo = engine.options();
+    SHARDLM_CHECK(chunk >= 1 && width >= 1, "Pooler: chunk ", chunk, ", width ", width);
     // A hidden step may hand out a row per token; a logits step max_logit_rows.
-    const int64_t row_cap = !logits ? eo.max_step_tokens : eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
-    const bool mean = pooling == Pooling::Mean;
-    SHARDLM_CHECK(chunk >= 1 && width >= 1, "pool_inputs: chunk ", chunk, ", width ", width);
-    struct Slot {
-        int64_t input = -1, pos = 0;
-    };
-    std::vector<Slot> slots(size_t(eo.max_batch));
-    std::vector<std::vector<double>> pooled(inputs.size());
-    std::vector<std::vector<float>> out(inputs.size());
-    std::vector<float> rows(size_t(row_cap * width));
+    row_cap_ = !logits ? eo.max_step_tokens : eo.max_logit_rows > 0 ? eo.max_logit_rows : eo.max_batch;
+    slots_.resize(size_t(eo.max_batch));
+    rows_.resize(size_t(row_cap_ * width));
+}
+
+void Pooler::add(int64_t request, std::vector<std::vector<int32_t>> inputs) {
+    if (inputs.empty()) return;
+    Waiting w;
+    w.request = request;
+    for (size_t i = 0; i < inputs.size(); ++i) w.inputs.emplace_back(int64_t(i), std::move(inputs[i]));
+    waiting_.push_back(std::move(w));
+}
+
+bool Pooler::idle() const {
+    if (!waiting_.empty()) return false;
+    for (const Slot& s : slots_)
+        if (s.request >= 0) return false;
+    return true;
+}
+
+std::vector<Pooler::Done> Pooler::step() {
+    const EngineOptions& eo = engine_.options();
+    const bool mean = pooling_ == Pooling::Mean;
     // The tokens an input runs: a causal model's first state sees only the first token.
-    auto end_of = [&](int64_t i) { return pooling == Pooling::Cls ? int64_t(1) : int64_t(inputs[size_t(i)].size()); };
-    size_t next = 0, done = 0;
-    while (done < inputs.size()) {
-        for (Slot& s : slots)
-            if (s.input < 0 && next < inputs.size()) s = Slot{int64_t(next++), 0};
-        std::vector<SeqChunk> chunks;
-        std::vector<size_t> owner;  // each chunk's slot
-        int64_t tokens = 0, n_rows = 0;
-        for (size_t k = 0; k < slots.size(); ++k) {
-            const Slot& s = slots[k];
-            if (s.input < 0) continue;
-            const int64_t end = end_of(s.input);
-            int64_t n = std::min({end - s.pos, chunk, eo.max_step_tokens - tokens});
-            if (mean) n = std::min(n, row_cap - n_rows);
-            else if (n_rows == row_cap) n = std::min(n, end - s.pos - 1);  // no row left for its last token
-            if (n <= 0) continue;
-            SeqChunk ch;
-            ch.slot = int64_t(k);
-            ch.tokens = inputs[size_t(s.input)].data() + s.pos;
-            ch.n = n;
-            ch.pos = s.pos;
-            ch.all_logits = mean;
-            ch.want_logits = !mean && s.pos + n == end;
-            n_rows += mean ? n : ch.want_logits ? 1 : 0;
-            tokens += n;
-            chunks.push_back(ch);
-            owner.push_back(k);
-        }
-        step(chunks, rows.data());
-        int64_t r = 0;
-        for (size_t k = 0; k < chunks.size(); ++k) {
-            Slot& s = slots[owner[k]];
-            std::vector<double>& acc = pooled[size_t(s.input)];
-            acc.resize(size_t(width), 0.0);
-            const int64_t chunk_rows = mean ? chunks[k].n : chunks[k].want_logits ? 1 : 0;
-            for (int64_t j = 0; j < chunk_rows; ++j, ++r)
-                for (int64_t h = 0; h < width; ++h) acc[size_t(h)] += double(rows[size_t(r * width + h)]);
-            s.pos += chunks[k].n;
-            if (s.pos < end_of(s.input)) continue;
-            const double count = mean ? double(s.pos) : 1.0;
-            std::vector<float>& v = out[size_t(s.input)];
-            v.resize(size_t(width));
-            for (int64_t h = 0; h < width; ++h) v[size_t(h)] = float(acc[size_t(h)] / count);
-            acc = {};
-            s.input = -1;
-            ++done;
-        }
+    auto end_of = [&](const Slot& s) { return pooling_ == Pooling::Cls ? int64_t(1) : int64_t(s.tokens.size()); };
+    // Free slots take the next input of the request next in turn, so that a later request's
+    // inputs do not wait behind all of an earlier one's.
+    for (Slot& s : slots_) {
+        if (s.request >= 0 || waiting_.empty()) continue;
+        Waiting w = std::move(waiting_.front());
+        waiting_.pop_front();
+        s = Slot{};
+        s.request = w.request;
+        s.index = w.inputs.front().first;
+        s.tokens = std::move(w.inputs.front().second);
+        s.acc.assign(size_t(width_), 0.0);
+        w.inputs.pop_front();
+        if (!w.inputs.empty()) waiting_.push_back(std::move(w));
     }
+    std::vector<SeqChunk> chunks;
+    std::vector<size_t> owner;  // each chunk's slot
+    int64_t tokens = 0, n_rows = 0;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+        const Slot& s = slots_[k];
+        if (s.request < 0) continue;
+        const int64_t end = end_of(s);
+        int64_t n = std::min({end - s.pos, chunk_, eo.max_step_tokens - tokens});
+        if (mean) n = std::min(n, row_cap_ - n_rows);
+        else if (n_rows == row_cap_) n = std::min(n, end - s.pos - 1);  // no row left for its last token
+        if (n <= 0) continue;
+        SeqChunk ch;
+        ch.slot = int64_t(k);
+        ch.tokens = s.tokens.data() + s.pos;
+        ch.n = n;
+        ch.pos = s.pos;
+        ch.all_logits = mean;
+        ch.want_logits = !mean && s.pos + n == end;
+        n_rows += mean ? n : ch.want_logits ? 1 : 0;
+        tokens += n;
+        chunks.push_back(ch);
+        owner.push_back(k);
+    }
+    last_tokens_ = tokens;
+    std::vector<Done> done;
+    if (chunks.empty()) return done;
+    step_(chunks, rows_.data());
+    int64_t r = 0;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+        Slot& s = slots_[owner[k]];
+        const int64_t chunk_rows = mean ? chunks[k].n : chunks[k].want_logits ? 1 : 0;
+        for (int64_t j = 0; j < chunk_rows; ++j, ++r)
+            for (int64_t h = 0; h < width_; ++h) s.acc[size_t(h)] += double(rows_[size_t(r * width_ + h)]);
+        s.pos += chunks[k].n;
+        if (s.pos < end_of(s)) continue;
+        const double count = mean ? double(s.pos) : 1.0;
+        Done d{s.request, s.index, std::vector<float>(size_t(width_))};
+        for (int64_t h = 0; h < width_; ++h) d.pooled[size_t(h)] = float(s.acc[size_t(h)] / count);
+        done.push_back(std::move(d));
+        s = Slot{};
+    }
+    return done;
+}
+
+std::vector<std::vector<float>> pool_inputs(Pooler& pooler, const std::vector<std::vector<int32_t>>& inputs) {
+    SHARDLM_CHECK(pooler.idle(), "pool_inputs: the pooler is busy");
+    pooler.add(0, inputs);
+    std::vector<std::vector<float>> out(inputs.size());
+    while (!pooler.idle())
+        for (Pooler::Done& d : pooler.step()) out[size_t(d.index)] = std::move(d.pooled);
     return out;
+}
+
+Pooler embed_pooler(Engine& engine, const EmbedOptions& opt) {
+    return Pooler(engine, opt.pooling, opt.chunk, engine.config().hidden, /*logits=*/false,
+                  [&engine](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
 }
 
 std::vector<std::vector<float>> embed(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
                                       const EmbedOptions& opt) {
     check_embed_inputs(engine.config(), engine.options(), inputs, opt);
-    std::vector<std::vector<float>> out =
-        pool_inputs(engine, inputs, opt.pooling, opt.chunk, engine.config().hidden, /*logits=*/false,
-                    [&](const std::vector<SeqChunk>& chunks, float* rows) { engine.forward_hidden(chunks, rows); });
+    Pooler pooler = embed_pooler(engine, opt);
+    std::vector<std::vector<float>> out = pool_inputs(pooler, inputs);
     for (std::vector<float>& v : out) finish_embedding(v, opt.dimensions, opt.normalize);
     return out;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -59,13 +60,51 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
 // One step of pool_inputs: runs the chunks and writes the rows they want (SeqChunk::want_logits /
 // all_logits, in order) into rows [n, width]: Engine::forward_hidden, or logits columns.
 using PoolStep = std::function<void(const std::vector<SeqChunk>& chunks, float* rows)>;
-// The loop embed() runs: each input's rows pooled (not cut, not normalized), [inputs][width]. The
-// engine's slots take an input each; their chunks share steps of at most max_step_tokens rows (and,
-// when `logits` says the step makes logits rows, max_logit_rows wanted rows), and a slot takes the
-// next input as soon as its own is done. The inputs must have passed check_embed_inputs.
-std::vector<std::vector<float>> pool_inputs(Engine& engine, const std::vector<std::vector<int32_t>>& inputs,
-                                            Pooling pooling, int64_t chunk, int64_t width, bool logits,
-                                            const PoolStep& step);
+// Pools inputs that arrive over time through the engine's slots (what pool_inputs and serve's
+// embedding loop run): requests queue their inputs, a free slot takes the next input of the
+// request next in turn (round robin, each request's inputs in order), and each step() runs one
+// engine step over the slots' chunks (at most `chunk` tokens of an input, max_step_tokens in all;
+// and with `logits`, max_logit_rows wanted rows) and returns the inputs it finished, pooled (not
+// cut, not normalized). Deterministic: ranks that add the same inputs in the same order run the
+// same steps (a collective under tensor parallelism). The inputs must have passed
+// check_embed_inputs.
+class Pooler {
+public:
+    Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step);
+    void add(int64_t request, std::vector<std::vector<int32_t>> inputs);
+    bool idle() const;  // nothing queued or running
+    struct Done {
+        int64_t request = 0, index = 0;  // the request and its input's index in it
+        std::vector<float> pooled;       // [width]
+    };
+    std::vector<Done> step();
+    int64_t last_step_tokens() const { return last_tokens_; }
+
+private:
+    struct Slot {
+        int64_t request = -1, index = 0, pos = 0;
+        std::vector<int32_t> tokens;
+        std::vector<double> acc;
+    };
+    struct Waiting {
+        int64_t request = 0;
+        std::deque<std::pair<int64_t, std::vector<int32_t>>> inputs;  // (index, tokens), in order
+    };
+    Engine& engine_;
+    Pooling pooling_;
+    int64_t chunk_, width_, row_cap_ = 0, last_tokens_ = 0;
+    PoolStep step_;
+    std::vector<Slot> slots_;
+    std::deque<Waiting> waiting_;  // requests with inputs not yet in a slot, in turn
+    std::vector<float> rows_;      // a step's rows, [row_cap, width]
+};
+
+// Runs an idle pooler over the inputs to the end: each input's pooled rows, [inputs][width] (the
+// loop embed() and classify() run).
+std::vector<std::vector<float>> pool_inputs(Pooler& pooler, const std::vector<std::vector<int32_t>>& inputs);
+// An embedding pooler: the final hidden states (Engine::forward_hidden) pooled as `opt` says, [hidden]
+// per input, not cut or normalized (finish_embedding does that).
+Pooler embed_pooler(Engine& engine, const EmbedOptions& opt);
 
 // The inputs' embeddings, [inputs][dimensions or hidden]. The engine's slots take an input each;
 // their chunks share steps of at most max_step_tokens rows, and

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -1710,4 +1711,45 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
     EXPECT_NE(bad.err.find("has no classification head"), std::string::npos) << bad.err;
     const CommandResult both = run_command(SHARDLM_BIN " serve --model " + cls.path() + " --rerank --embeddings");
     EXPECT_NE(both.err.find("--embeddings and --rerank exclude each other"), std::string::npos) << both.err;
+}
+
+// The pooling routes interleave requests: a short request sent while a long one runs is answered
+// after about two of the long one's inputs (the inputs take the slots in turn), not after all 300:
+// its wait is well under half the long request's time (taken in one run, as a ratio), and both get
+// their vectors.
+TEST_F(Serve, PoolingRequestsTakeTurns) {
+    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --embeddings --batch 1 --ctx 128 --prefill-chunk 2 --threads 1",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const std::string text = "And God said, Let there be light: and there was light. And God saw the light, that it was good.";
+    Reply long_reply;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread client([&] { long_reply = post(port, "/v1/embeddings", {{"input", std::vector<std::string>(300, text)}}); });
+    // Once the long request's steps run, send the short one.
+    httplib::Client mc("127.0.0.1", port);
+    double prefilled = 0;
+    for (int i = 0; i < 500 && prefilled == 0; ++i) {
+        const auto m = mc.Get("/metrics");
+        const std::string key = "\nshardlm_engine_prefill_tokens_total ";
+        const size_t at = m ? m->body.find(key) : std::string::npos;
+        if (at != std::string::npos) prefilled = std::stod(m->body.substr(at + key.size()));
+        if (prefilled == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GT(prefilled, 0);
+    const auto t1 = std::chrono::steady_clock::now();
+    const Reply short_reply = post(port, "/v1/embeddings", {{"input", "Behold"}});
+    const auto t2 = std::chrono::steady_clock::now();
+    client.join();
+    const double short_s = std::chrono::duration<double>(t2 - t1).count(),
+                 long_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(short_s, long_s / 2) << "the short request waited for the long one";
+    ASSERT_EQ(short_reply.status, 200) << short_reply.raw;
+    ASSERT_EQ(long_reply.status, 200) << long_reply.raw;
+    ASSERT_EQ(long_reply.body["data"].size(), 300u);
+    EXPECT_EQ(long_reply.body["data"][299]["embedding"], long_reply.body["data"][0]["embedding"]);
+    const Reply again = post(port, "/v1/embeddings", {{"input", "Behold"}});
+    ASSERT_EQ(again.status, 200);
+    EXPECT_LT(max_abs_diff(again.body["data"][0]["embedding"].get<std::vector<float>>(),
+                           short_reply.body["data"][0]["embedding"].get<std::vector<float>>()), 1e-6);
 }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -82,6 +83,47 @@ TEST(Embed, SlotsAndChunksChangeNothing) {
 // An untied checkpoint without lm_head.weight (an embedding model saved from the base class) loads
 // for embeddings only: the same vectors as with its head, every logits step refused by name; the
 // other commands still refuse the missing tensor, and a tied model is unaffected.
+// Requests take the slots in turn: a request added while another's inputs run gets the next free
+// slot after one more of the earlier one's (round robin), not after all of them, and each input's
+// vector is its own alone.
+TEST(Embed, PoolerTakesRequestsInTurn) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 6});
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.max_batch = 1;
+    so.ctx = 40;
+    so.prefill_chunk = 4;
+    SingleRank comm;
+    auto s = open_session(so, comm);
+    EmbedOptions eo;
+    eo.chunk = 4;
+    eo.normalize = false;
+    std::vector<std::vector<int32_t>> first, second = {make_prompt(5, cfg.vocab, 50)};
+    for (int64_t i = 0; i < 5; ++i) first.push_back(make_prompt(6 + i, cfg.vocab, uint64_t(i) + 20));
+    Pooler pooler = embed_pooler(*s->engine, eo);
+    EXPECT_TRUE(pooler.idle());
+    pooler.add(7, first);
+    std::vector<std::pair<int64_t, int64_t>> order;
+    std::map<std::pair<int64_t, int64_t>, std::vector<float>> got;
+    auto run = [&] {
+        for (Pooler::Done& x : pooler.step()) {
+            order.emplace_back(x.request, x.index);
+            got[{x.request, x.index}] = std::move(x.pooled);
+        }
+    };
+    run();  // the first input's first chunk
+    EXPECT_EQ(pooler.last_step_tokens(), 4);
+    pooler.add(9, second);
+    while (!pooler.idle()) run();
+    const std::vector<std::pair<int64_t, int64_t>> want = {{7, 0}, {7, 1}, {9, 0}, {7, 2}, {7, 3}, {7, 4}};
+    EXPECT_EQ(order, want);
+    const auto a = embed(*s->engine, first, eo), b = embed(*s->engine, second, eo);
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_LT(max_abs_diff(got[{7, int64_t(i)}], a[i]), 1e-5) << i;
+    EXPECT_LT(max_abs_diff(got[{9, 0}], b[0]), 1e-5);
+}
+
 TEST(Embed, HeadlessCheckpointsGiveEmbeddingsOnly) {
     TempDir full, bare;
     const ModelConfig cfg = tiny_config(Arch::Llama);

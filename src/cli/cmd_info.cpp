@@ -101,7 +101,13 @@ int cmd_info(const Args& args) {
     plan_shard(c, 0, tp);  // a --tp that cannot split the model fails here, before any output
     const Checkpoint ck(model);
     const int64_t params = parameter_count(c);
-    std::cout << "architecture      " << arch_name(c.arch) << "\n"
+    std::string labels;
+    for (const std::string& l : c.labels) labels += (labels.empty() ? "" : ", ") + l;
+    std::cout << "architecture      " << c.architecture
+              << (c.head == Head::Classifier ? cat(" (labels: ", labels, c.multi_label ? "; multi-label" : "", ")")
+                  : c.head == Head::None     ? std::string(" (no lm_head: embeddings)")
+                                             : std::string())
+              << "\n"
               << "layers            " << c.n_layers << "\n"
               << "hidden            " << c.hidden << "\n"
               << "heads / kv heads  " << c.n_heads << " / " << c.n_kv_heads << " (head_dim " << c.head_dim << ")\n"

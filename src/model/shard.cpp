@@ -42,7 +42,10 @@ int64_t shard_parameter_count(const ModelConfig& c, const ShardPlan& p) {
     if (c.qkv_bias) layer += q + 2 * kv;
     if (c.qk_norm) layer += 2 * c.head_dim;
     int64_t total = c.n_layers * layer + p.n_vocab * c.hidden + c.hidden;
-    if (!c.tie_embeddings) total += p.n_vocab * c.hidden;
+    // lm_head: its own rows unless tied; none on a base or classification model, whose head (a
+    // classifier's score [labels, hidden]) is whole on every rank.
+    if (!c.tie_embeddings && c.head == Head::CausalLM) total += p.n_vocab * c.hidden;
+    if (c.head == Head::Classifier) total += int64_t(c.labels.size()) * c.hidden;
     return total;
 }
 

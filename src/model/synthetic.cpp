@@ -24,6 +24,7 @@ ModelConfig base(Arch arch, int64_t hidden, int64_t layers, int64_t heads, int64
                  int64_t inter, int64_t vocab, bool tied) {
     ModelConfig c;
     c.arch = arch;
+    c.architecture = arch_name(arch);
     c.hidden = hidden;
     c.n_layers = layers;
     c.n_heads = heads;

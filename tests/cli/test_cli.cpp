@@ -986,6 +986,9 @@ TEST_F(Cli, Classify) {
     for (size_t i = 0; i < 2; ++i)
         EXPECT_LT(max_abs_diff(ranks["data"][i]["logits"].get<std::vector<float>>(), by_score["data"][i]["logits"].get<std::vector<float>>()), 1e-4);
 #endif
+    const CommandResult info = run_command(kBin + " info --model " + c.path());
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    EXPECT_NE(info.out.find("architecture      LlamaForSequenceClassification (labels: the, and)"), std::string::npos) << info.out;
     expect_cli_error("classify --model " + m.path() + " --prompt x", "has no classification head");
     expect_cli_error("classify --model " + m.path() + " --prompt x --classifier-tokens 'Ġthe,zzzq'", "--classifier-tokens: \"zzzq\" is not a token");
     expect_cli_error("classify --model " + m.path() + " --prompt x --classifier-tokens and", "name at least two tokens");

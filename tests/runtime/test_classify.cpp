@@ -48,6 +48,9 @@ TEST(Classify, ScoreHeadsOfLmHeadRowsGiveThoseTokensLogits) {
         EXPECT_FALSE(causal->weights.headless);
         EXPECT_TRUE(seqcls->weights.headless);
         EXPECT_EQ(seqcls->cfg.head, Head::Classifier);
+        // Its parameters: the causal model's, less an untied lm_head, plus the score rows.
+        EXPECT_EQ(parameter_count(seqcls->cfg),
+                  parameter_count(causal->cfg) - (cfg.tie_embeddings ? 0 : cfg.vocab * cfg.hidden) + 2 * cfg.hidden);
         const Classifier by_tokens = make_classifier(causal->cfg, causal->weights, {{"no", 7}, {"yes", 42}});
         const Classifier by_score = make_classifier(seqcls->cfg, seqcls->weights, {});
         EXPECT_EQ(by_score.labels, (std::vector<std::string>{"no", "yes"}));

@@ -40,7 +40,7 @@ std::vector<std::pair<std::string, int32_t>> classifier_tokens(const std::string
 
 int cmd_classify(const Args& args, Communicator& comm) {
     po::options_description d("classify options");
-    std::string model, query, token_list;
+    std::string model, query, token_list, rerank_template;
     PoolingFlags in;
     PrecisionFlags prec;
     BackendFlags backend;
@@ -51,6 +51,9 @@ int cmd_classify(const Args& args, Communicator& comm) {
         ("query", po::value(&query),
          "score each text input as a document for this query: the pair (query, text) through the tokenizer's pair "
          "template, one relevance in [0, 1] each (a cross-encoder reranker)")
+        ("rerank-template", po::value(&rerank_template),
+         "--query: fill the pair into this text, where {query} and {document} stand for the two (llama.cpp's rerank "
+         "template; e.g. Qwen3-Reranker's instruction and chat framing), instead of the tokenizer's pair template")
         ("classifier-tokens", po::value(&token_list),
          "the labels are these tokens' logits at the last position of a causal LM, e.g. no,yes (Qwen3-Reranker; vLLM's "
          "classifier_from_token)")
@@ -70,6 +73,10 @@ int cmd_classify(const Args& args, Communicator& comm) {
         if (help) return;
         check_pooling_flags(vm, in);
         if (vm.count("query") && vm.count("prompt-ids")) fail("--query pairs with text inputs, not with --prompt-ids");
+        if (vm.count("rerank-template")) {
+            if (!vm.count("query")) fail("--rerank-template applies to --query");
+            check_rerank_template(rerank_template, "--rerank-template");
+        }
         SessionOptions check_flags;
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -89,7 +96,7 @@ int cmd_classify(const Args& args, Communicator& comm) {
         }
         for (const TextPrompt& p : ps) {
             try {
-                inputs.push_back(tok.encode_pair(query, p.text));
+                inputs.push_back(encode_scored_pair(tok, rerank_template, query, p.text));
             } catch (const Error& e) {
                 fail(p.origin, " with --query: ", e.what());
             }

@@ -420,7 +420,8 @@ void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, Pooler& pool
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
-    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list;
+    std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list,
+        rerank_template;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -452,6 +453,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "serve a sequence classifier instead of the text routes: /classify (each input's label probabilities), "
          "and /score and /rerank as a cross-encoder's relevance of each (query, document) pair, as shardlm classify "
          "does (a ...ForSequenceClassification model, or a causal LM with --classifier-tokens)")
+        ("rerank-template", po::value(&rerank_template),
+         "--rerank: /score and /rerank fill each pair into this text, where {query} and {document} stand for the two "
+         "(llama.cpp's rerank template; e.g. Qwen3-Reranker's instruction and chat framing), instead of the tokenizer's "
+         "pair template")
         ("classifier-tokens", po::value(&token_list),
          "--rerank with a causal LM: the labels are these tokens' logits at the last position, e.g. no,yes "
          "(Qwen3-Reranker; vLLM's classifier_from_token)")
@@ -493,6 +498,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         rerank = vm.count("rerank") > 0;
         if (embeddings && rerank) fail("--embeddings and --rerank exclude each other (one server pools one way)");
         if (vm.count("classifier-tokens") && !rerank) fail("--classifier-tokens applies to --rerank");
+        if (vm.count("rerank-template")) {
+            if (!rerank) fail("--rerank-template applies to --rerank");
+            check_rerank_template(rerank_template, "--rerank-template");
+        }
         SessionOptions check_flags;
         apply_backend(backend, check_flags);
         apply_precision(prec, check_flags);
@@ -723,7 +732,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     }
                 }
                 const ScoreRequest sr =
-                    parse_score_request(body, reranking, *tok, lim, query_prompt(ecfg), document_prompt(ecfg), rerank);
+                    parse_score_request(body, reranking, *tok, lim, query_prompt(ecfg), document_prompt(ecfg), rerank, rerank_template);
                 EmbeddingRequest er;
                 er.inputs = sr.inputs;
                 er.normalize = 1;

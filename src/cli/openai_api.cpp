@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "runtime/classify.h"
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 #include "tokenizer/utf8.h"
@@ -941,7 +942,8 @@ json api_embedding_response(const EmbeddingRequest& r, const std::string& model,
 }
 
 ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer& tok, const ApiLimits& lim,
-                                 const std::string& query_prefix, const std::string& document_prefix, bool cross) {
+                                 const std::string& query_prefix, const std::string& document_prefix, bool cross,
+                                 const std::string& rerank_template) {
     if (!body.is_object()) bad("the request body must be a JSON object");
     check_model(body, lim);
     ScoreRequest r;
@@ -970,7 +972,7 @@ ScoreRequest parse_score_request(const json& body, bool rerank, const Tokenizer&
     if (cross) {
         for (size_t i = 0; i < second.size(); ++i) {
             try {
-                r.inputs.push_back(tok.encode_pair(first[first.size() == 1 ? 0 : i], second[i], keep));
+                r.inputs.push_back(encode_scored_pair(tok, rerank_template, first[first.size() == 1 ? 0 : i], second[i], keep));
             } catch (const Error& e) {
                 bad(e.what());
             }

@@ -224,8 +224,9 @@ nlohmann::ordered_json api_embedding_response(const EmbeddingRequest& r, const s
 // (bi-encoder) each pair's score is the cosine of the two texts' normalized embeddings: the query
 // side (text_1, query) is encoded after `query_prefix`, the other after `document_prefix`
 // (sentence-transformers' encode_query / encode_document prompts). With `cross` (a cross-encoder:
-// serve --rerank) each pair is one input, the two texts through the tokenizer's pair template
-// (Tokenizer::encode_pair), scored by the classifier; the prefixes do not apply. vLLM's
+// serve --rerank) each pair is one input, the two texts through the tokenizer's pair template or
+// `rerank_template` (runtime/classify.h: encode_scored_pair), scored by the classifier; the
+// prefixes do not apply. vLLM's
 // truncate_prompt_tokens (k, or -1: the context) keeps each text's last k tokens, and of a
 // cross-encoder's pair the query whole and the document's first tokens that fit k. Throws ApiError
 // as parse_embedding_request.
@@ -240,7 +241,8 @@ struct ScoreRequest {
 };
 ScoreRequest parse_score_request(const nlohmann::ordered_json& body, bool rerank, const Tokenizer& tok,
                                  const ApiLimits& lim, const std::string& query_prefix,
-                                 const std::string& document_prefix, bool cross = false);
+                                 const std::string& document_prefix, bool cross = false,
+                                 const std::string& rerank_template = "");
 // A bi-encoder request's pair scores: the cosines of `vectors` (the inputs' normalized embeddings).
 std::vector<double> cosine_scores(const ScoreRequest& r, const std::vector<std::vector<float>>& vectors);
 // /score: {"id", "object": "list", "created", "model", "data": [{"index", "object": "score", "score"}],

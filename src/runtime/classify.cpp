@@ -103,4 +103,28 @@ float relevance(const Classifier& head, const std::vector<float>& logits) {
     return float(1.0 / (1.0 + std::exp(double(logits[0]) - double(logits[1]))));  // softmax's second of two
 }
 
+void check_rerank_template(const std::string& t, const std::string& flag) {
+    for (const char* field : {"{query}", "{document}"}) {
+        const size_t at = t.find(field);
+        if (at == std::string::npos || t.find(field, at + 1) != std::string::npos)
+            fail(flag, ": the template must hold ", field, " once");
+    }
+}
+
+std::vector<int32_t> encode_scored_pair(const Tokenizer& tok, const std::string& rerank_template, const std::string& query,
+                                        const std::string& document, int64_t max_tokens) {
+    if (rerank_template.empty()) return tok.encode_pair(query, document, max_tokens);
+    if (max_tokens > 0) fail("truncation does not apply to a pair filled into a rerank template");
+    // Each placeholder once (check_rerank_template), filled from the template's own positions so
+    // that a query holding "{document}" is left as it is.
+    const std::string& t = rerank_template;
+    const size_t q = t.find("{query}"), d = t.find("{document}");
+    SHARDLM_CHECK(q != std::string::npos && d != std::string::npos, "encode_scored_pair: unchecked template");
+    const bool q_first = q < d;
+    const size_t a = q_first ? q : d, a_len = q_first ? 7 : 10, b = q_first ? d : q, b_len = q_first ? 10 : 7;
+    const std::string text = t.substr(0, a) + (q_first ? query : document) + t.substr(a + a_len, b - a - a_len) +
+                             (q_first ? document : query) + t.substr(b + b_len);
+    return tok.encode(text);
+}
+
 }  // namespace shardlm

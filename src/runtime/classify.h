@@ -16,6 +16,7 @@
 #include "model/weights.h"
 #include "runtime/embed.h"
 #include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace shardlm {
 
@@ -53,5 +54,15 @@ std::vector<float> class_probabilities(const Classifier& head, const std::vector
 // labels have no one relevance: check_relevance refuses them.
 void check_relevance(const Classifier& head);
 float relevance(const Classifier& head, const std::vector<float>& logits);
+
+// A cross-encoder's (query, document) pair as one input. Without a template: the tokenizer's pair
+// template (Tokenizer::encode_pair; max_tokens > 0 cuts the document's end to fit). With a rerank
+// template (llama.cpp's: a text in which {query} and {document} stand for the two, e.g.
+// Qwen3-Reranker's instruction and chat framing): the text filled in and encoded whole, as vLLM
+// encodes a formatted prompt; max_tokens does not apply to it (Error).
+std::vector<int32_t> encode_scored_pair(const Tokenizer& tok, const std::string& rerank_template, const std::string& query,
+                                        const std::string& document, int64_t max_tokens = 0);
+// Throws Error naming `flag` unless the template holds {query} and {document} once each.
+void check_rerank_template(const std::string& t, const std::string& flag);
 
 }  // namespace shardlm

@@ -986,6 +986,17 @@ TEST_F(Cli, Classify) {
     for (size_t i = 0; i < 2; ++i)
         EXPECT_LT(max_abs_diff(ranks["data"][i]["logits"].get<std::vector<float>>(), by_score["data"][i]["logits"].get<std::vector<float>>()), 1e-4);
 #endif
+    // --rerank-template: the pair filled into the text, scored as that text alone.
+    const auto templated = run(kBin + " classify --model " + c.path() +
+                               " --query 'Who made light?' --prompt 'And God said' --json --rerank-template 'Q: {query} D: {document}'");
+    const auto filled = run(kBin + " classify --model " + c.path() + " --prompt 'Q: Who made light? D: And God said' --json");
+    ASSERT_EQ(templated["data"].size(), 1u);
+    EXPECT_EQ(templated["data"][0]["tokens"], filled["data"][0]["tokens"]);
+    EXPECT_NEAR(templated["data"][0]["score"].get<double>(), filled["data"][0]["probs"][1].get<double>(), 1e-6);
+    expect_cli_error("classify --model " + c.path() + " --query q --prompt x --rerank-template '{query}'",
+                     "--rerank-template: the template must hold {document} once");
+    expect_cli_error("classify --model " + c.path() + " --prompt x --rerank-template '{query}{document}'",
+                     "--rerank-template applies to --query");
     const CommandResult info = run_command(kBin + " info --model " + c.path());
     ASSERT_EQ(info.exit_code, 0) << info.err;
     EXPECT_NE(info.out.find("architecture      LlamaForSequenceClassification (labels: the, and)"), std::string::npos) << info.out;

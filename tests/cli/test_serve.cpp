@@ -1706,6 +1706,25 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
                   std::string::npos) << m->body;
         EXPECT_NE(m->body.find("\nshardlm_sequences_finished_total{finish_reason=\"stop\"} 0\n"), std::string::npos) << m->body;
     }
+    {
+        // --rerank-template: /rerank's pairs filled into it, as classify --query fills them.
+        const std::string t = "Q: {query} D: {document}";
+        Server srv(SHARDLM_BIN " serve --rerank --batch 2 --ctx 64 --threads 1 --model " + cls.path() + " --rerank-template '" + t + "'",
+                   logs_.file("template.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        const json want = cli("--query '" + query + "' --rerank-template '" + t + "'" + each);
+        const Reply rr = post(srv.port(), "/rerank", {{"query", query}, {"documents", docs}, {"return_documents", false}});
+        ASSERT_EQ(rr.status, 200) << rr.raw;
+        ASSERT_EQ(rr.body["results"].size(), 3u);
+        for (const json& r : rr.body["results"])
+            EXPECT_NEAR(r["relevance_score"].get<double>(), want["data"][r["index"].get<size_t>()]["score"].get<double>(), 1e-5);
+        EXPECT_GT(std::abs(rr.body["results"][0]["relevance_score"].get<double>() -
+                           scored["data"][rr.body["results"][0]["index"].get<size_t>()]["score"].get<double>()),
+                  1e-6);  // the template mattered
+        const Reply cut = post(srv.port(), "/rerank", {{"query", query}, {"documents", docs}, {"truncate_prompt_tokens", 8}});
+        EXPECT_EQ(cut.status, 400);
+        EXPECT_NE(cut.raw.find("truncation does not apply"), std::string::npos) << cut.raw;
+    }
     const CommandResult bad = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --rerank --port 0");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("has no classification head"), std::string::npos) << bad.err;

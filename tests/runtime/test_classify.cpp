@@ -170,3 +170,22 @@ TEST(Classify, ConfigLabels) {
               }).find("unknown architecture \"GemmaForSequenceClassification\""),
               std::string::npos);
 }
+
+// A rerank template is filled in and encoded whole; {query} and {document} are taken from the
+// template's own positions (in either order, a query that holds "{document}" left as it is); a
+// template without both, or truncation with one, is refused. Without a template, the pair template.
+TEST(Classify, RerankTemplatesFillThePairIn) {
+    const Tokenizer tok = Tokenizer::load(SHARDLM_SOURCE_DIR "/launch/models/kjv-small");
+    const std::string t = "<Query>: {query}\n<Document>: {document}\nAnswer:";
+    EXPECT_EQ(encode_scored_pair(tok, t, "Who?", "In the beginning"), tok.encode("<Query>: Who?\n<Document>: In the beginning\nAnswer:"));
+    EXPECT_EQ(encode_scored_pair(tok, "D {document} Q {query}", "a {document} b", "c"), tok.encode("D c Q a {document} b"));
+    EXPECT_EQ(encode_scored_pair(tok, "", "Who?", "In the beginning"), tok.encode_pair("Who?", "In the beginning"));
+    EXPECT_NE(thrown_error([&] { encode_scored_pair(tok, t, "a", "b", 10); }).find("truncation does not apply"), std::string::npos);
+    EXPECT_NO_THROW(check_rerank_template(t, "--rerank-template"));
+    EXPECT_NE(thrown_error([&] { check_rerank_template("{query} only", "--rerank-template"); })
+                  .find("--rerank-template: the template must hold {document} once"),
+              std::string::npos);
+    EXPECT_NE(thrown_error([&] { check_rerank_template("{query} {document} {query}", "--rerank-template"); })
+                  .find("must hold {query} once"),
+              std::string::npos);
+}

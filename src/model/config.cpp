@@ -533,6 +533,7 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     if (c.window_from_layer >= c.n_layers) c.sliding_window = c.window_from_layer = 0;  // no layer slides
 
     c.bos_id = r.integer_or("bos_token_id", -1);
+    c.pad_id = r.integer_or("pad_token_id", -1);
     if (r.has("eos_token_id")) {
         const json& e = j["eos_token_id"];
         if (e.is_array()) {

@@ -81,6 +81,7 @@ struct ModelConfig {
     std::string architecture;         // architectures[0] as the file says, for messages
     std::vector<std::string> labels;  // Classifier: id2label in id order (num_labels of them)
     bool multi_label = false;         // Classifier: problem_type multi_label_classification (sigmoid per label)
+    int64_t pad_id = -1;              // pad_token_id (-1: none): a Classifier pools the last token that is not it
     int64_t hidden = 0;        // hidden_size
     int64_t n_layers = 0;      // num_hidden_layers
     int64_t n_heads = 0;       // num_attention_heads

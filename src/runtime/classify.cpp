@@ -32,6 +32,7 @@ Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
     h.labels = c.labels;
     h.weight = w.score;
     h.multi_label = c.multi_label;
+    h.pad = c.pad_id >= 0 && c.pad_id < c.vocab ? int32_t(c.pad_id) : -1;
     return h;
 }
 
@@ -51,7 +52,7 @@ Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk) {
                                   rows[r * n_labels + k] = logits[size_t(r * c.vocab + head.tokens[size_t(k)])];
                       });
     }
-    // The score head on each last-token state, in f64 sums.
+    // The score head on each last (non-pad) token's state, in f64 sums.
     return Pooler(engine, Pooling::Last, chunk, n_labels, /*logits=*/false,
                   [&engine, &head, &c, n_labels, hidden = std::vector<float>()](const std::vector<SeqChunk>& chunks,
                                                                                 float* rows) mutable {
@@ -66,7 +67,8 @@ Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk) {
                               for (int64_t j = 0; j < c.hidden; ++j) acc += double(wk[j]) * h[j];
                               rows[r * n_labels + k] = float(acc);
                           }
-                  });
+                  },
+                  head.pad);
 }
 
 std::vector<std::vector<float>> classify(Engine& engine, const Classifier& head,

@@ -25,6 +25,9 @@ struct Classifier {
     std::vector<float> weight;        // [labels, hidden]: score.weight; empty for a token head
     std::vector<int32_t> tokens;      // a token head: label i is the logit of token tokens[i]
     bool multi_label = false;         // probabilities: a sigmoid per label instead of a softmax
+    // A score head reads the last token that is not this id (ModelConfig::pad_id), as transformers'
+    // ...ForSequenceClassification picks its row (an input of pads only: its first token); -1: the last.
+    int32_t pad = -1;
 };
 
 // The head of a sequence-classification model (ModelConfig::head Classifier, weights.score), or,

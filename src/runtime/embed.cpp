@@ -141,8 +141,8 @@ void finish_embedding(std::vector<float>& v, int64_t dimensions, bool normalize)
     for (float& x : v) x = float(x * scale);
 }
 
-Pooler::Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step)
-    : engine_(engine), pooling_(pooling), chunk_(chunk), width_(width), step_(std::move(step)) {
+Pooler::Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step, int32_t pad)
+    : engine_(engine), pooling_(pooling), chunk_(chunk), width_(width), pad_(pad), step_(std::move(step)) {
     const EngineOptions& eo = engine.options();
     SHARDLM_CHECK(chunk >= 1 && width >= 1, "Pooler: chunk ", chunk, ", width ", width);
     // A hidden step may hand out a row per token; a logits step max_logit_rows.
@@ -155,7 +155,15 @@ void Pooler::add(int64_t request, std::vector<std::vector<int32_t>> inputs) {
     if (inputs.empty()) return;
     Waiting w;
     w.request = request;
-    for (size_t i = 0; i < inputs.size(); ++i) w.inputs.emplace_back(int64_t(i), std::move(inputs[i]));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        std::vector<int32_t>& in = inputs[i];
+        if (pad_ >= 0) {
+            size_t end = in.size();
+            while (end > 1 && in[end - 1] == pad_) --end;
+            in.resize(end);
+        }
+        w.inputs.emplace_back(int64_t(i), std::move(in));
+    }
     waiting_.push_back(std::move(w));
 }
 

@@ -70,7 +70,10 @@ using PoolStep = std::function<void(const std::vector<SeqChunk>& chunks, float* 
 // check_embed_inputs.
 class Pooler {
 public:
-    Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step);
+    // pad >= 0: each input ends at its last token that is not `pad` (its first token when all are):
+    // for a causal model the state there is the same with or without what follows it.
+    Pooler(Engine& engine, Pooling pooling, int64_t chunk, int64_t width, bool logits, PoolStep step,
+           int32_t pad = -1);
     void add(int64_t request, std::vector<std::vector<int32_t>> inputs);
     bool idle() const;  // nothing queued or running
     struct Done {
@@ -93,6 +96,7 @@ private:
     Engine& engine_;
     Pooling pooling_;
     int64_t chunk_, width_, row_cap_ = 0, last_tokens_ = 0;
+    int32_t pad_;
     PoolStep step_;
     std::vector<Slot> slots_;
     std::deque<Waiting> waiting_;  // requests with inputs not yet in a slot, in turn

@@ -118,20 +118,37 @@ TEST(Reference, ClassifiersScoreTheLastToken) {
         std::vector<float> score(size_t(3 * cfg.hidden));
         for (size_t i = 0; i < score.size(); ++i) score[i] = float(std::sin(0.37 * double(i))) * 0.2f;
         write_classifier(lm.path(), cls.path(), {"a", "b", "c"}, score);
-        const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
-                                              cls.path() + " --prompt-ids '" + ids + "' --classify");
-        ASSERT_EQ(ref.exit_code, 0) << ref.err;
-        const auto want = nlohmann::json::parse(ref.out)["results"];
-        const CommandResult ours = run_command(std::string(SHARDLM_BIN) + " classify --model " + cls.path() + " --prompt-ids '" +
-                                               ids + "' --batch 2 --prefill-chunk 5 --json");
-        ASSERT_EQ(ours.exit_code, 0) << ours.err;
-        const auto got = nlohmann::json::parse(ours.out);
-        EXPECT_EQ(got["labels"], nlohmann::json({"a", "b", "c"}));
-        ASSERT_EQ(got["data"].size(), 3u);
-        for (size_t i = 0; i < 3; ++i)
-            EXPECT_LT(max_abs_diff(got["data"][i]["logits"].get<std::vector<float>>(), want[i]["logits"].get<std::vector<float>>()),
-                      2e-4)
-                << arch_name(arch) << " input " << i;
+        // Then with a pad_token_id (2) that some inputs end with, one is all pads: the row is the
+        // rightmost other token (the first when there is none).
+        for (const std::string& prompts : {ids, ids + ";7,8,2,2;2,2,2;2,5,2"}) {
+            if (prompts != ids) {
+                nlohmann::json c = nlohmann::json::parse(read_file(cls.file("config.json")));
+                c["pad_token_id"] = 2;
+                write_file(cls.file("config.json"), c.dump());
+            }
+            const CommandResult ref = run_command("/usr/bin/python3 " SHARDLM_SOURCE_DIR "/tests/reference/hf_forward.py --model " +
+                                                  cls.path() + " --prompt-ids '" + prompts + "' --classify");
+            ASSERT_EQ(ref.exit_code, 0) << ref.err;
+            const auto want = nlohmann::json::parse(ref.out)["results"];
+            const CommandResult ours = run_command(std::string(SHARDLM_BIN) + " classify --model " + cls.path() + " --prompt-ids '" +
+                                                   prompts + "' --batch 2 --prefill-chunk 5 --json");
+            ASSERT_EQ(ours.exit_code, 0) << ours.err;
+            const auto got = nlohmann::json::parse(ours.out);
+            EXPECT_EQ(got["labels"], nlohmann::json({"a", "b", "c"}));
+            ASSERT_EQ(got["data"].size(), want.size());
+            for (size_t i = 0; i < want.size(); ++i)
+                EXPECT_LT(max_abs_diff(got["data"][i]["logits"].get<std::vector<float>>(), want[i]["logits"].get<std::vector<float>>()),
+                          2e-4)
+                    << arch_name(arch) << " input " << i << " of " << prompts;
+            if (prompts != ids) {  // "7,8,2,2" reads 8's row: 7,8's logits
+                EXPECT_LT(max_abs_diff(got["data"][3]["logits"].get<std::vector<float>>(), want[3]["logits"].get<std::vector<float>>()), 2e-4);
+                const CommandResult short_one = run_command(std::string(SHARDLM_BIN) + " classify --model " + cls.path() +
+                                                            " --prompt-ids 7,8 --json");
+                EXPECT_LT(max_abs_diff(got["data"][3]["logits"].get<std::vector<float>>(),
+                                       nlohmann::json::parse(short_one.out)["data"][0]["logits"].get<std::vector<float>>()),
+                          1e-5);
+            }
+        }
     }
 }
 

@@ -365,7 +365,13 @@ def main():
             if model.head != "classifier":
                 die("--classify needs a ...ForSequenceClassification model")
             h = model.forward(prompt, hidden=True).astype(np.float64)
-            logits = model.score.astype(np.float64) @ h[-1]
+            # transformers pools the rightmost token that is not pad_token_id (argmax of
+            # index * mask: the first token when all are pads); without one, the last token.
+            pad = model.cfg.get("pad_token_id")
+            last = len(prompt) - 1
+            if pad is not None:
+                last = int(np.argmax(np.arange(len(prompt)) * (np.asarray(prompt) != pad)))
+            logits = model.score.astype(np.float64) @ h[last]
             results.append({"logits": [float(v) for v in logits]})
             continue
         if args.embed:

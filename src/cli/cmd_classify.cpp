@@ -111,9 +111,7 @@ int cmd_classify(const Args& args, Communicator& comm) {
     run_together(comm, [&] {
         maybe_inject_failure(comm, "load");
         const ModelConfig cfg = load_config(model);
-        if (tokens.empty() && cfg.head != Head::Classifier)
-            fail(model, "/config.json: ", cfg.architecture, " has no classification head; load a ...ForSequenceClassification "
-                 "checkpoint, or name the label tokens with --classifier-tokens (e.g. no,yes for Qwen3-Reranker)");
+        check_classifier_config(cfg, !tokens.empty(), model + "/config.json");  // before the weights load
         check_context(cfg, so);
         EmbedOptions check;
         check.chunk = in.chunk;

@@ -569,9 +569,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         check_context(cfg, so);
         // Each row: the penalty window's distinct ids, a request's logit_bias ids, and the
         // end-of-sequence and stop_token_ids min_tokens bans.
-        if (rerank && label_tokens.empty() && cfg.head != Head::Classifier)
-            fail(model, "/config.json: ", cfg.architecture, " has no classification head; --rerank serves a "
-                 "...ForSequenceClassification checkpoint, or a causal LM with --classifier-tokens (e.g. no,yes)");
+        if (rerank) check_classifier_config(cfg, !label_tokens.empty(), model + "/config.json");
         if (!embeddings && !rerank) so.max_penalties = std::min(std::min(penalty_last_n, so.ctx) + kMaxApiLogitBias + int64_t(cfg.eos_ids.size()) +
                                         kMaxApiStopTokenIds,
                                     cfg.vocab);

@@ -8,6 +8,23 @@
 
 namespace shardlm {
 
+namespace {
+
+// The rows a last-token pooling step hands out: one per chunk that ends its input (the engine
+// checks the step itself).
+int64_t last_rows(const std::vector<SeqChunk>& chunks) {
+    return int64_t(std::count_if(chunks.begin(), chunks.end(), [](const SeqChunk& ch) { return ch.want_logits; }));
+}
+
+}  // namespace
+
+void check_classifier_config(const ModelConfig& c, bool have_tokens, const std::string& origin) {
+    if (have_tokens || c.head == Head::Classifier) return;
+    fail(origin.empty() ? "" : origin + ": ", c.architecture,
+         " has no classification head: load a ...ForSequenceClassification checkpoint, or name the tokens whose logits "
+         "are the labels with --classifier-tokens (e.g. no,yes for Qwen3-Reranker)");
+}
+
 Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
                            const std::vector<std::pair<std::string, int32_t>>& tokens) {
     Classifier h;
@@ -24,9 +41,7 @@ Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
         }
         return h;
     }
-    if (c.head != Head::Classifier)
-        fail(c.architecture, " has no classification head: load a ...ForSequenceClassification checkpoint, or name the "
-             "tokens whose logits are the labels with --classifier-tokens (e.g. no,yes for Qwen3-Reranker)");
+    check_classifier_config(c, false);
     SHARDLM_CHECK(w.score.size() == c.labels.size() * size_t(c.hidden), "make_classifier: score head of ", w.score.size(),
                   " values for ", c.labels.size(), " labels");
     h.labels = c.labels;
@@ -44,10 +59,10 @@ Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk) {
         return Pooler(engine, Pooling::Last, chunk, n_labels, /*logits=*/true,
                       [&engine, &head, &c, n_labels, logits = std::vector<float>()](const std::vector<SeqChunk>& chunks,
                                                                                     float* rows) mutable {
-                          const StepShape s = check_step(c, engine.options(), chunks);
-                          logits.resize(size_t(s.logit_rows * c.vocab));
+                          const int64_t n = last_rows(chunks);
+                          logits.resize(size_t(n * c.vocab));
                           engine.forward(chunks, logits.data());
-                          for (int64_t r = 0; r < s.logit_rows; ++r)
+                          for (int64_t r = 0; r < n; ++r)
                               for (int64_t k = 0; k < n_labels; ++k)
                                   rows[r * n_labels + k] = logits[size_t(r * c.vocab + head.tokens[size_t(k)])];
                       });
@@ -56,10 +71,10 @@ Pooler classify_pooler(Engine& engine, const Classifier& head, int64_t chunk) {
     return Pooler(engine, Pooling::Last, chunk, n_labels, /*logits=*/false,
                   [&engine, &head, &c, n_labels, hidden = std::vector<float>()](const std::vector<SeqChunk>& chunks,
                                                                                 float* rows) mutable {
-                      const StepShape s = check_step(c, engine.options(), chunks, /*hidden=*/true);
-                      hidden.resize(size_t(s.logit_rows * c.hidden));
+                      const int64_t n = last_rows(chunks);
+                      hidden.resize(size_t(n * c.hidden));
                       engine.forward_hidden(chunks, hidden.data());
-                      for (int64_t r = 0; r < s.logit_rows; ++r)
+                      for (int64_t r = 0; r < n; ++r)
                           for (int64_t k = 0; k < n_labels; ++k) {
                               double acc = 0;
                               const float* wk = head.weight.data() + k * c.hidden;

@@ -36,6 +36,10 @@ struct Classifier {
 // or a repeated one, and for a model that has no head and no tokens.
 Classifier make_classifier(const ModelConfig& c, const ModelWeights& w,
                            const std::vector<std::pair<std::string, int32_t>>& tokens);
+// What make_classifier refuses first, from the config alone (before any weights load): a model with
+// no classification head and no --classifier-tokens. `origin` (e.g. "DIR/config.json") leads the
+// message when given.
+void check_classifier_config(const ModelConfig& c, bool have_tokens, const std::string& origin = "");
 
 // A pooler of the head's raw logits at each input's last token, [labels] per input (runtime/embed.h:
 // Pooler; serve --rerank runs it). `head` must outlive it.

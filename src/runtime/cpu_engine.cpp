@@ -118,6 +118,16 @@ void CpuEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
     kv_.copy_prefix(src, dst, n);
 }
 
+void CpuEngine::save_kv(int64_t slot, int64_t n, uint8_t* out) {
+    check_kv_io(cfg_, opt_, slot, n);
+    kv_.save_prefix(slot, n, out);
+}
+
+void CpuEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in) {
+    check_kv_io(cfg_, opt_, slot, n);
+    kv_.load_prefix(slot, n, in);
+}
+
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
 
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {

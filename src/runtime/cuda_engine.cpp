@@ -843,6 +843,54 @@ void CudaEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
     }
 }
 
+size_t CudaEngine::kv_position_bytes() const {
+    size_t b = 0;
+    for (const DeviceKVLayer& kv : kv_)
+        b += size_t(2 * kv.n_kv_heads) *
+             (size_t(kv.row_stride) * dtype_size(kv.dtype) + (kv.dtype == DType::I8 ? sizeof(float) : 0));
+    return b;
+}
+
+void CudaEngine::save_kv(int64_t slot, int64_t n, uint8_t* out) {
+    check_kv_io(cfg_, opt_, slot, n);
+    host_copy_kv(slot, n, out, true);
+    wait();  // the caller reads `out` next
+}
+
+void CudaEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in) {
+    check_kv_io(cfg_, opt_, slot, n);
+    host_copy_kv(slot, n, const_cast<uint8_t*>(in), false);
+    // Waited for too: the caller may free `in`, and a load is rare (a request whose prefix left
+    // the slots), next to the prefill it saves.
+    wait();
+}
+
+// The same 2D copies as copy_kv, one end in host memory: per layer, K then V, each its heads' n
+// rows packed, then (INT8) their n scales packed the same way.
+void CudaEngine::host_copy_kv(int64_t slot, int64_t n, uint8_t* host, bool save) {
+    // `heads` runs of `width` bytes, `pitch` apart, starting at `dev`.
+    auto move = [&](uint8_t* dev, size_t pitch, size_t width, int64_t heads) {
+        if (save)
+            CUDA_CHECK(cudaMemcpy2DAsync(host, width, dev, pitch, width, size_t(heads), cudaMemcpyDeviceToHost, stream_));
+        else
+            CUDA_CHECK(cudaMemcpy2DAsync(dev, pitch, host, width, width, size_t(heads), cudaMemcpyHostToDevice, stream_));
+        host += size_t(heads) * width;
+    };
+    for (const DeviceKVLayer& kv : kv_) {
+        const size_t row = size_t(kv.row_stride) * dtype_size(kv.dtype), pitch = size_t(kv.capacity) * row;
+        const size_t spitch = size_t(kv.capacity) * sizeof(float);
+        void* rows[2] = {kv.k, kv.v};
+        float* scales[2] = {kv.k_scales, kv.v_scales};
+        for (int i = 0; i < 2; ++i) {
+            move(static_cast<uint8_t*>(rows[i]) + size_t(slot * kv.n_kv_heads) * pitch, pitch, size_t(n) * row,
+                 kv.n_kv_heads);
+            if (kv.dtype == DType::I8)
+                move(reinterpret_cast<uint8_t*>(scales[i]) + size_t(slot * kv.n_kv_heads) * spitch, spitch,
+                     size_t(n) * sizeof(float), kv.n_kv_heads);
+        }
+    }
+}
+
 static_assert(kTopKMax == kMaxTopCandidates, "the engine hands back what the GPU selection can select");
 
 void CudaEngine::forward_top(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids) {

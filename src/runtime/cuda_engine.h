@@ -131,6 +131,9 @@ public:
     void nucleus_row(int64_t row, float* logits) override;
     void shift_kv(int64_t slot, int64_t keep, int64_t discard, int64_t len) override;
     void copy_kv(int64_t src, int64_t dst, int64_t n) override;
+    size_t kv_position_bytes() const override;
+    void save_kv(int64_t slot, int64_t n, uint8_t* out) override;
+    void load_kv(int64_t slot, int64_t n, const uint8_t* in) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return weight_bytes_; }
@@ -244,6 +247,10 @@ private:
     std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;
     std::set<GraphKey> eager_once_;  // shapes whose first step ran eagerly
     SegmentedGraph* recording_ = nullptr;
+
+    // save_kv / load_kv: positions [0, n) of `slot` to or from host memory laid out as
+    // kv_position_bytes says.
+    void host_copy_kv(int64_t slot, int64_t n, uint8_t* host, bool save);
 };
 
 }  // namespace shardlm

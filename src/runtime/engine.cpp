@@ -161,4 +161,10 @@ void check_copy(const ModelConfig& c, const EngineOptions& opt, int64_t src, int
     SHARDLM_CHECK(n >= 1 && n <= cap, "KV copy: ", n, " positions (capacity ", cap, ")");
 }
 
+void check_kv_io(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t n) {
+    const int64_t cap = kv_capacity(c, opt);
+    SHARDLM_CHECK(slot >= 0 && slot < opt.max_batch, "KV host copy: slot ", slot, " of ", opt.max_batch);
+    SHARDLM_CHECK(n >= 1 && n <= cap, "KV host copy: ", n, " positions (capacity ", cap, ")");
+}
+
 }  // namespace shardlm

@@ -58,6 +58,11 @@ size_t kv_cache_bytes(const KVCacheShape& s) {
     return rows * align_up(size_t(s.head_dim) * es) + (s.dtype == DType::I8 ? rows * sizeof(float) : 0);
 }
 
+size_t kv_position_bytes(const KVCacheShape& s) {
+    const size_t row = align_up(size_t(s.head_dim) * dtype_size(s.dtype)) + (s.dtype == DType::I8 ? sizeof(float) : 0);
+    return size_t(2 * s.n_layers * s.n_kv_heads) * row;
+}
+
 KVCache::KVCache(const KVCacheShape& s, int ranks_on_node) : s_(s) {
     const size_t want = kv_cache_bytes(s);  // checks the sizes below cannot overflow
     const size_t es = dtype_size(s.dtype);
@@ -133,6 +138,28 @@ void KVCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
                 if (s_.dtype == DType::I8)
                     std::memcpy(scales(l, dst, kv) + head, scales(l, src, kv) + head, size_t(n) * sizeof(float));
             }
+}
+
+void KVCache::save_prefix(int64_t slot, int64_t n, uint8_t* out) { host_copy(slot, n, out, true); }
+
+void KVCache::load_prefix(int64_t slot, int64_t n, const uint8_t* in) { host_copy(slot, n, const_cast<uint8_t*>(in), false); }
+
+void KVCache::host_copy(int64_t slot, int64_t n, uint8_t* host, bool save) {
+    SHARDLM_CHECK(n >= 1 && n <= s_.capacity, "KV host copy of ", n, " positions, capacity ", s_.capacity);
+    const size_t row_bytes = size_t(row_stride_) * dtype_size(s_.dtype), rows = size_t(n) * row_bytes;
+    auto move = [&](void* cache, size_t bytes) {
+        if (save) std::memcpy(host, cache, bytes);
+        else std::memcpy(cache, host, bytes);
+        host += bytes;
+    };
+    for (int64_t l = 0; l < s_.n_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv) {
+            uint8_t* b = static_cast<uint8_t*>(block(l, slot, kv));
+            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(b + size_t(h * s_.capacity) * row_bytes, rows);
+            if (s_.dtype != DType::I8) continue;
+            float* sc = scales(l, slot, kv);
+            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(sc + h * s_.capacity, size_t(n) * sizeof(float));
+        }
 }
 
 }  // namespace shardlm

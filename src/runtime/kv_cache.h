@@ -34,6 +34,10 @@ struct KVCacheShape {
 size_t kv_cache_bytes(const KVCacheShape& s);
 // Whether that byte count fits in int64 (a plan for an absurd --ctx x batch would wrap).
 bool kv_cache_fits(const KVCacheShape& s);
+// Bytes of one position of one slot in a host copy of its keys and values (Engine::save_kv): per
+// layer, K then V, each its [n_kv_heads][n] rows of row bytes then, INT8 only, [n_kv_heads][n]
+// f32 scales. The CPU cache and the CUDA engine's lay a copy out alike.
+size_t kv_position_bytes(const KVCacheShape& s);
 
 // What KVCache throws when its memory cannot be had: still a std::bad_alloc, carrying the bytes it
 // asked for, so that open_session can name the flags behind the size. Either the allocator refused
@@ -79,11 +83,16 @@ public:
     // Rows (and INT8 scales) of positions [0, n) of slot src copied into slot dst, every layer.
     // Needs n <= capacity.
     void copy_prefix(int64_t src, int64_t dst, int64_t n);
+    // Rows (and INT8 scales) of positions [0, n) of `slot` to or from a host copy laid out as
+    // kv_position_bytes says (n of them). Needs n <= capacity.
+    void save_prefix(int64_t slot, int64_t n, uint8_t* out);
+    void load_prefix(int64_t slot, int64_t n, const uint8_t* in);
 
 private:
     KVSlotView view(int64_t layer, int64_t slot);
     void* block(int64_t layer, int64_t slot, int kv);
     float* scales(int64_t layer, int64_t slot, int kv);
+    void host_copy(int64_t slot, int64_t n, uint8_t* host, bool save);
     KVCacheShape s_;
     int64_t row_stride_ = 0;
     size_t block_bytes_ = 0;

@@ -41,6 +41,9 @@ public:
         e_.shift_kv(slot, keep, discard, len);
     }
     void copy_kv(int64_t src, int64_t dst, int64_t n) override { e_.copy_kv(src, dst, n); }
+    size_t kv_position_bytes() const override { return e_.kv_position_bytes(); }
+    void save_kv(int64_t slot, int64_t n, uint8_t* out) override { e_.save_kv(slot, n, out); }
+    void load_kv(int64_t slot, int64_t n, const uint8_t* in) override { e_.load_kv(slot, n, in); }
     const ModelConfig& config() const override { return e_.config(); }
     const EngineOptions& options() const override { return e_.options(); }
     size_t weight_bytes() const override { return e_.weight_bytes(); }

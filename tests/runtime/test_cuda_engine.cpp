@@ -365,6 +365,49 @@ TEST_P(CudaVsCpu, CopiedPrefixMatchesTheCpuCopy) {
     }
 }
 
+// Engine::save_kv / load_kv (the prefix cache's host tier) on the GPU: a prefix saved from slot 0
+// to host memory and loaded into slot 1, whose sequence goes on from it, gives the CPU engine's
+// logits for the same, so the 2D copies moved each head's rows (and INT8 scales) both ways. The
+// copy takes the CPU's bytes per position, and saved again it is the bytes it was.
+TEST_P(CudaVsCpu, HostCopyOfAPrefixMatchesTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t V = cfg_.vocab, shared = 17;
+    const auto first = make_prompt(23, V, 33), tail = make_prompt(8, V, 34);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        std::vector<std::vector<float>> out[2];
+        size_t per[2] = {0, 0};
+        for (int gpu = 0; gpu < 2; ++gpu) {
+            SessionOptions so;
+            so.model_dir = dir_.path();
+            so.ctx = 48;
+            so.max_batch = 2;
+            so.kv = kv;
+            so.device = gpu ? Device::Cuda : Device::Cpu;
+            SingleRank comm;
+            auto s = open_session(so, comm);
+            Engine& e = *s->engine;
+            per[gpu] = e.kv_position_bytes();
+            std::vector<float> lg(static_cast<size_t>(V));
+            e.forward({{0, first.data(), int64_t(first.size()), 0, false}}, lg.data());
+            std::vector<uint8_t> saved(size_t(shared) * per[gpu]), again(saved.size());
+            e.save_kv(0, shared, saved.data());
+            e.load_kv(1, shared, saved.data());
+            e.forward({{1, tail.data(), 5, shared, true}}, lg.data());
+            out[gpu].push_back(lg);
+            for (int64_t i = 5; i < 8; ++i) {
+                e.forward({{1, &tail[size_t(i)], 1, shared + i, true}}, lg.data());
+                out[gpu].push_back(lg);
+            }
+            e.save_kv(1, shared, again.data());
+            EXPECT_TRUE(again == saved) << (gpu ? "gpu" : "cpu");
+            EXPECT_THROW(e.save_kv(2, 4, again.data()), Error);
+            EXPECT_THROW(e.load_kv(1, 49, saved.data()), Error);
+        }
+        EXPECT_EQ(per[0], per[1]);
+        expect_steps_close(out[0], out[1], kv);
+    }
+}
+
 // Speculative verify steps (a few tokens per sequence, a logits row for each) are replayed from
 // graphs keyed by the step's shape: a shape seen again replays whatever its tokens, positions and
 // chunk lengths, bit for bit what eager runs give, and within the tolerance of the CPU's.

@@ -233,6 +233,47 @@ TEST_P(EngineInvariants, ContextShiftEqualsPrefillOfTheKeptTokens) {
         }
 }
 
+// Engine::save_kv / load_kv (the prefix cache's host tier): a prefix saved from slot 0 and loaded
+// into slot 1 gives slot 1's sequence the keys and values slot 0's has, so the two go on bit for
+// bit alike (a prompt chunk, then decode steps); saved again, the copy is the bytes it was. A
+// copy takes kv_position_bytes per position, the cache's bytes per slot and position exactly.
+TEST_P(EngineInvariants, HostCopyOfAPrefixContinuesItsSequence) {
+    const int64_t V = cfg_.vocab, ctx = 32, n = 13;
+    const auto prompt = make_prompt(20, V, 51), tail = make_prompt(8, V, 52);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        SessionOptions so;
+        so.model_dir = dir_.path();
+        so.ctx = ctx;
+        so.max_batch = 2;
+        so.kv = kv;
+        SingleRank comm;
+        auto s = open_session(so, comm);
+        Engine& e = *s->engine;
+        const int64_t cap = kv_capacity(s->cfg, e.options());
+        EXPECT_EQ(e.kv_position_bytes() * size_t(2 * cap), e.kv_bytes());
+        std::vector<float> lg(static_cast<size_t>(V));
+        e.forward({{0, prompt.data(), int64_t(prompt.size()), 0, false}}, lg.data());
+        std::vector<uint8_t> saved(size_t(n) * e.kv_position_bytes()), again(saved.size());
+        e.save_kv(0, n, saved.data());
+        e.load_kv(1, n, saved.data());
+        std::vector<float> out[2];
+        for (int64_t slot = 0; slot < 2; ++slot) {
+            e.forward({{slot, tail.data(), 5, n, true}}, lg.data());
+            out[slot] = lg;
+            for (int64_t i = 5; i < 8; ++i) {
+                e.forward({{slot, &tail[size_t(i)], 1, n + i, true}}, lg.data());
+                out[slot].insert(out[slot].end(), lg.begin(), lg.end());
+            }
+        }
+        EXPECT_EQ(out[0], out[1]) << "kv " << kv_name(kv_dtype(kv));
+        e.save_kv(1, n, again.data());
+        EXPECT_EQ(again, saved);
+        EXPECT_THROW(e.save_kv(2, n, again.data()), Error);    // no such slot
+        EXPECT_THROW(e.load_kv(1, 0, saved.data()), Error);    // nothing
+        EXPECT_THROW(e.save_kv(0, cap + 1, nullptr), Error);  // past the cache
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, EngineInvariants, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 

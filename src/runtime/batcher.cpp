@@ -74,6 +74,7 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     SHARDLM_CHECK(opt.prefill_chunk >= 1, "prefill_chunk ", opt.prefill_chunk);
     SHARDLM_CHECK(opt.speculate >= 0 && opt.speculate_max_batch >= 0 && opt.speculate_max_tokens >= 0, "speculate ",
                   opt.speculate, ", max batch ", opt.speculate_max_batch, ", max tokens ", opt.speculate_max_tokens);
+    SHARDLM_CHECK(opt.host_cache_bytes == 0 || opt.reuse_prefix, "host_cache_bytes without reuse_prefix");
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
@@ -167,6 +168,57 @@ void Batcher::free_slot(const Seq& q) {
         freed_at_[size_t(q.slot)] = ++frees_;
     }
     free_slots_.push_back(q.slot);
+}
+
+Batcher::HostPrefix Batcher::save_held(int64_t slot, int64_t kept) {
+    const std::vector<int32_t>& held = held_[size_t(slot)];
+    const size_t per = engine_.kv_position_bytes();
+    // What fits the budget alone (a prefix of a prefix is one too).
+    const int64_t n = std::min<int64_t>(int64_t(held.size()), int64_t(opt_.host_cache_bytes / per));
+    HostPrefix e;
+    if (n <= kept || n < kMinHostPrefix) return e;
+    for (HostPrefix& h : host_)
+        if (int64_t(h.tokens.size()) >= n && std::equal(held.begin(), held.begin() + n, h.tokens.begin())) {
+            h.used = ++host_uses_;  // saved already (with more after it, perhaps)
+            return e;
+        }
+    e.tokens.assign(held.begin(), held.begin() + n);
+    e.kv.resize(size_t(n) * per);
+    engine_.save_kv(slot, n, e.kv.data());
+    timings_.host_saves += 1;
+    return e;
+}
+
+void Batcher::keep_host(HostPrefix e) {
+    // Saves that this one holds whole go; then the least recently used until it fits.
+    for (size_t i = host_.size(); i-- > 0;)
+        if (host_[i].tokens.size() <= e.tokens.size() &&
+            std::equal(host_[i].tokens.begin(), host_[i].tokens.end(), e.tokens.begin())) {
+            host_bytes_ -= host_[i].kv.size();
+            host_.erase(host_.begin() + std::ptrdiff_t(i));
+        }
+    while (!host_.empty() && host_bytes_ + e.kv.size() > opt_.host_cache_bytes) {
+        auto lru = std::min_element(host_.begin(), host_.end(),
+                                    [](const HostPrefix& a, const HostPrefix& b) { return a.used < b.used; });
+        host_bytes_ -= lru->kv.size();
+        host_.erase(lru);
+    }
+    e.used = ++host_uses_;
+    host_bytes_ += e.kv.size();
+    host_.push_back(std::move(e));
+}
+
+int64_t Batcher::host_match(const std::vector<int32_t>& p, size_t& which) const {
+    int64_t best = 0;
+    for (size_t i = 0; i < host_.size(); ++i) {
+        const std::vector<int32_t>& t = host_[i].tokens;
+        const int64_t n = std::mismatch(t.begin(), t.end(), p.begin(), p.end()).first - t.begin();
+        if (n > best) {
+            best = n;
+            which = i;
+        }
+    }
+    return best;
 }
 
 // reuse_prefix between slots, for each running sequence that has not run a chunk yet: it waits
@@ -368,6 +420,9 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         if (free_slots_.empty() && (q.req.slot >= 0 || !preempt(q.req.priority, before))) break;
         auto it = q.req.slot >= 0 ? std::find(free_slots_.begin(), free_slots_.end(), q.req.slot) : free_slots_.end() - 1;
         if (it == free_slots_.end()) break;
+        int64_t load = 0;  // positions to load from the host tier
+        size_t entry = 0;
+        int64_t kept = q.done;  // of the tokens the slot holds, those the request keeps
         if (q.req.slot < 0 && opt_.reuse_prefix && q.req.prompt_logprobs < 0) {
             const std::vector<int32_t>& p = q.req.prompt;
             int64_t best = -1;
@@ -380,7 +435,21 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
                 }
             }
             q.done = std::min(best, int64_t(p.size()) - 1);  // the last prompt token runs for its logits
+            kept = best;  // (the last prompt token's row is written again alike)
+            const int64_t saved = std::min(host_match(p, entry), int64_t(p.size()) - 1);
+            if (saved > q.done) load = saved;
         }
+        // What the slot holds goes to the host tier before anything overwrites it, and joins it
+        // after the load (which may then make room by dropping what it loaded).
+        HostPrefix out = opt_.host_cache_bytes > 0 ? save_held(*it, kept) : HostPrefix{};
+        if (load > 0) {
+            engine_.load_kv(*it, load, host_[entry].kv.data());
+            host_[entry].used = ++host_uses_;
+            timings_.host_loads += 1;
+            timings_.host_tokens += load - q.done;
+            q.done = load;
+        }
+        if (!out.tokens.empty()) keep_host(std::move(out));
         if (q.base == 0) q.res.cached_tokens = q.done;
         q.slot = *it;
         free_slots_.erase(it);

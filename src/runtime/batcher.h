@@ -89,6 +89,9 @@ struct GenerateTimings {
     int64_t draft_tokens = 0, accepted_tokens = 0;  // speculate: tokens proposed, and confirmed
     double draft_ms = 0;  // a draft model's steps (counted in prefill_ms / decode_ms too)
     int64_t preemptions = 0;  // running sequences sent back to wait for a request of a lower priority value
+    // The prefix cache's host tier (BatcherOptions::host_cache_bytes): prefixes saved and loaded,
+    // and the prompt tokens the loads spared.
+    int64_t host_saves = 0, host_loads = 0, host_tokens = 0;
 };
 
 // Called after each step with (request index, new token); for streaming.
@@ -116,6 +119,14 @@ struct BatcherOptions {
     // before it is still prefilling a longer one (kMinPrefixWait tokens or more) it waits for it:
     // a burst of requests with one system prompt prefills it once.
     bool reuse_prefix = false;
+    // The prefix cache's host tier (llama.cpp's --cache-ram, vLLM's KV offloading), 0: none. With
+    // reuse_prefix: before a request takes a free slot whose held tokens it does not reuse whole,
+    // the slot's keys and values are saved to host memory (Engine::save_kv), at most this many
+    // bytes on each rank (the least recently used saves dropped for room); a request whose prompt
+    // starts with more of a saved prefix than any slot holds loads it into its slot
+    // (Engine::load_kv) and prefills after it. More conversations than slots then keep their
+    // earlier turns. Prefixes shorter than kMinHostPrefix are not saved.
+    size_t host_cache_bytes = 0;
     // Speculative decoding by prompt lookup (runtime/speculate.h), 0: off. Each step a decoding
     // sequence runs up to `speculate` proposed tokens after its last one in the same chunk, with a
     // logits row each, and keeps the proposals its own choices confirm (greedy or drawn, token
@@ -150,6 +161,8 @@ struct BatcherOptions {
 // A request waits for another's prefill only to save at least this many tokens of its own: a
 // template's first few tokens in common are not worth a step's delay.
 constexpr int64_t kMinPrefixWait = 32;
+// The shortest prefix the host tier saves: a few tokens prefill faster than a copy is made.
+constexpr int64_t kMinHostPrefix = 16;
 
 class Batcher {
 public:
@@ -173,6 +186,9 @@ public:
     // Drops an ended request's result (a server's memory); its index stays taken.
     void release(size_t id);
     const GenerateTimings& timings() const { return timings_; }
+    // The host tier's saved prefixes and the bytes they take on this rank.
+    int64_t host_prefixes() const { return int64_t(host_.size()); }
+    size_t host_bytes() const { return host_bytes_; }
 
 private:
     struct Seq;
@@ -186,6 +202,20 @@ private:
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();
     bool preempt(int64_t priority, const std::function<bool(size_t, size_t)>& before);
+    // The host tier: a copy of what `slot` holds, unless a request keeps the first `kept` of it
+    // or a saved prefix already holds it all (then none: no tokens); keep_host adds it, dropping
+    // the saves it holds whole and then the least recently used until it fits.
+    // A prefix saved from a slot: its keys and values, and when it was last saved or loaded (a
+    // count of uses).
+    struct HostPrefix {
+        std::vector<int32_t> tokens;
+        std::vector<uint8_t> kv;
+        uint64_t used = 0;
+    };
+    HostPrefix save_held(int64_t slot, int64_t kept);
+    void keep_host(HostPrefix e);
+    // The saved prefix sharing the most tokens with p; returns that count (0: none).
+    int64_t host_match(const std::vector<int32_t>& p, size_t& which) const;
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;
@@ -199,6 +229,10 @@ private:
     std::vector<uint64_t> freed_at_;
     uint64_t frees_ = 0;
     int64_t capacity_ = 0;  // kv_capacity: a slot that wrote more positions has wrapped
+    // host_cache_bytes: prefixes saved from slots; the bytes they take.
+    std::vector<HostPrefix> host_;
+    size_t host_bytes_ = 0;
+    uint64_t host_uses_ = 0;
     GenerateTimings timings_;
     std::unique_ptr<DraftModel> drafter_;  // BatcherOptions::draft set
     double draft_ms_ = 0;                  // drafter_->ms() counted in timings_ so far

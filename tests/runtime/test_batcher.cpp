@@ -389,6 +389,100 @@ TEST(Batcher, PrefixReuseTakesTheLongestHeldPrefix) {
     EXPECT_EQ(reused_tokens, prompt_tokens - 10 - 12 - 21);
 }
 
+// The prefix cache's host tier (BatcherOptions::host_cache_bytes): two conversations through one
+// slot, each prompt then its next turn (its prompt, its reply, a new turn). Without the tier the
+// slot holds only the other conversation, and every turn is prefilled whole. With it, each
+// request that takes the slot first saves what the slot held, and each next turn loads its
+// conversation's keys and values back: it prefills only the new turn, with the tokens and prompt
+// logits of runs without any reuse. Budgets: room for all, for one save at a time (each load
+// comes before the save that drops it), for the first 20 positions of each (a prefix of a prefix
+// is one too), and for less than kMinHostPrefix (nothing saved).
+TEST(Batcher, HostTierKeepsMoreConversationsThanSlots) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 37});
+    SingleRank comm;
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> a = make_prompt(20, cfg.vocab, 41), b = make_prompt(24, cfg.vocab, 43);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        struct Run {
+            std::vector<SequenceResult> res;
+            GenerateTimings t;
+            int64_t prefixes = 0;
+            size_t bytes = 0, per = 0;
+        };
+        // budget: positions the tier may hold (-1: no reuse at all).
+        auto run = [&](int64_t budget) {
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.ctx = 96;
+            so.max_batch = 1;
+            so.prefill_chunk = 8;
+            so.kv = kv;
+            auto s = open_session(so, comm);
+            Run out;
+            out.per = s->engine->kv_position_bytes();
+            BatcherOptions bo;
+            bo.prefill_chunk = 8;
+            bo.reuse_prefix = budget >= 0;
+            bo.host_cache_bytes = size_t(std::max<int64_t>(budget, 0)) * out.per;
+            Batcher bt(*s->engine, bo);
+            std::vector<BatchRequest> r = {request(a, greedy, 0), request(b, greedy, 1)};
+            for (BatchRequest& q : r) bt.add(q);
+            while (bt.busy()) bt.step();
+            r.push_back(request(joined(joined(a, bt.result(0).tokens), {5, 6}), greedy, 2));
+            r.push_back(request(joined(joined(b, bt.result(1).tokens), {7}), greedy, 3));
+            for (size_t i = 2; i < 4; ++i) {
+                r[i].keep_prompt_logits = true;
+                bt.add(r[i]);
+            }
+            while (bt.busy()) bt.step();
+            for (size_t i = 0; i < r.size(); ++i) out.res.push_back(bt.result(i));
+            out.t = bt.timings();
+            out.prefixes = bt.host_prefixes();
+            out.bytes = bt.host_bytes();
+            return out;
+        };
+        const Run fresh = run(-1);
+        ASSERT_EQ(fresh.res[0].tokens.size(), 8u);
+        ASSERT_EQ(fresh.res[1].tokens.size(), 8u);
+        // What a slot holds after a request: its prompt and its tokens but the last.
+        const int64_t held_a = 20 + 7, held_b = 24 + 7, held_a2 = 20 + 8 + 2 + 7;
+        struct Budget {
+            int64_t positions;
+            std::vector<int64_t> cached;
+            int64_t saves, prefixes, bytes;  // (bytes in positions)
+        };
+        const Budget budgets[] = {
+            {0, {0, 0, 0, 0}, 0, 0, 0},  // the slot tier alone: it holds the other conversation
+            {1000, {0, 0, held_a, held_b}, 3, 2, held_b + held_a2},  // a's save held whole by a2's
+            {40, {0, 0, held_a, held_b}, 3, 1, held_a2},
+            {20, {0, 0, 20, 20}, 3, 1, 20},  // a2's first 20 (a's) saved again: a's save had gone
+            {kMinHostPrefix - 1, {0, 0, 0, 0}, 0, 0, 0},
+        };
+        for (const Budget& bu : budgets) {
+            const Run got = run(bu.positions);
+            const std::string what = "kv " + std::string(kv_name(kv_dtype(kv))) + ", budget " + std::to_string(bu.positions);
+            int64_t loaded = 0;
+            for (size_t i = 0; i < 4; ++i) {
+                EXPECT_EQ(fresh.res[i].cached_tokens, 0);
+                EXPECT_EQ(got.res[i].cached_tokens, bu.cached[i]) << "request " << i << ", " << what;
+                EXPECT_EQ(got.res[i].tokens, fresh.res[i].tokens) << "request " << i << ", " << what;
+                EXPECT_LT(max_abs_diff(got.res[i].prompt_logits, fresh.res[i].prompt_logits), 1e-4)
+                    << "request " << i << ", " << what;
+                loaded += bu.cached[i];
+            }
+            EXPECT_EQ(got.t.host_saves, bu.saves) << what;
+            EXPECT_EQ(got.t.host_loads, loaded > 0 ? 2 : 0) << what;
+            EXPECT_EQ(got.t.host_tokens, loaded) << what;
+            EXPECT_EQ(got.t.prefill_tokens, fresh.t.prefill_tokens - loaded) << what;
+            EXPECT_EQ(got.prefixes, bu.prefixes) << what;
+            EXPECT_EQ(got.bytes, size_t(bu.bytes) * got.per) << what;
+        }
+    }
+}
+
 // Prefix sharing between running sequences: four requests arriving together with one 48-token
 // start (a system prompt). The first prefills it; the others wait while it does (it is longer
 // than kMinPrefixWait), copy its keys and values (Engine::copy_kv, INT8 rows with their scales

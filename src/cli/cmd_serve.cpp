@@ -38,6 +38,7 @@
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "runtime/batcher.h"
 #include "runtime/classify.h"
 #include "runtime/embed.h"
@@ -139,6 +140,7 @@ struct Stats {
     // of theirs counts as finished: none generates).
     int64_t pooling_requests = 0, pooling_inputs = 0;
     GenerateTimings steps;  // the Batcher's running totals
+    size_t host_bytes = 0;  // Batcher::host_bytes
     // Per sequence that made a token: from its request's arrival to its first token, the mean
     // time per later token, and from arrival to its end (seconds).
     Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
@@ -180,6 +182,13 @@ std::string metrics_text(Stats& st) {
                "\nshardlm_engine_step_seconds_total{kind=\"decode\"} ", t.decode_ms / 1000.0, "\n"));
     metric("shardlm_engine_prefill_tokens_total", "counter", "Prompt tokens run (not from the prefix cache).",
            one("shardlm_engine_prefill_tokens_total", double(t.prefill_tokens)));
+    metric("shardlm_prefix_cache_host_bytes", "gauge", "Bytes of keys and values the prefix cache keeps in host memory (--cache-ram; rank 0's).",
+           one("shardlm_prefix_cache_host_bytes", double(st.host_bytes)));
+    metric("shardlm_prefix_cache_host_transfers_total", "counter", "Prefixes saved to the host tier and loaded back from it.",
+           cat("shardlm_prefix_cache_host_transfers_total{direction=\"save\"} ", t.host_saves,
+               "\nshardlm_prefix_cache_host_transfers_total{direction=\"load\"} ", t.host_loads, "\n"));
+    metric("shardlm_prefix_cache_host_tokens_total", "counter", "Prompt tokens the host tier's loads spared (within the cached prompt tokens).",
+           one("shardlm_prefix_cache_host_tokens_total", double(t.host_tokens)));
     metric("shardlm_num_preemptions_total", "counter", "Running sequences sent back to wait for a request of a lower priority value.",
            one("shardlm_num_preemptions_total", double(t.preemptions)));
     metric("shardlm_spec_decode_draft_tokens_total", "counter", "Tokens proposed by prompt lookup or the draft model (--speculate).",
@@ -426,7 +435,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
-            speculate_max_tokens = 8;
+            speculate_max_tokens = 8, cache_ram = 0;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -463,6 +472,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("no-prefix-cache",
          "prefill every prompt whole (by default a request takes the free slot whose KV cache holds the longest "
          "start of its prompt, e.g. a shared system prompt or the conversation so far, and prefills only the rest)")
+        ("cache-ram", po::value(&cache_ram)->default_value(0),
+         "the prefix cache's host tier, at most N MiB on each rank (0: none): before a request takes a slot, the "
+         "keys and values that slot holds are saved to host memory, and a later request starting with more of a "
+         "saved prefix than any slot holds loads it back instead of prefilling it, so more conversations than "
+         "--batch keep their earlier turns (llama.cpp's --cache-ram; the least recently used saves go first)")
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
          "tokens made without it up to rounding (0: off)")
@@ -514,6 +528,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
         check_draft_flags(draftf, vm);
         if (speculate_max_batch < 0) fail("--speculate-max-batch must be >= 0");
         if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
+        if (cache_ram < 0 || cache_ram > (int64_t(1) << 40)) fail("--cache-ram must be in [0, 2^40] MiB");
+        if (cache_ram > 0 && vm.count("no-prefix-cache")) fail("--cache-ram is the prefix cache's host tier: not with --no-prefix-cache");
         check_json_whitespace(json_whitespace);
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
         if (!vm.count("api-key"))
@@ -538,11 +554,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (embeddings) {
             if (!draftf.model.empty() || speculate > 0)
                 fail("--embeddings generates no text: --speculate and --draft-model do not apply");
+            if (cache_ram > 0) fail("--cache-ram applies to text generation, not to --embeddings");
             ecfg = load_embedding_config(model);
             if (vm.count("pooling")) ecfg.pooling = parse_pooling(pooling);
         }
         if (rerank) {
             if (!draftf.model.empty() || speculate > 0) fail("--rerank generates no text: --speculate and --draft-model do not apply");
+            if (cache_ram > 0) fail("--cache-ram applies to text generation, not to --rerank");
             label_tokens = classifier_tokens(model, token_list);
         }
     });
@@ -577,6 +595,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         s = open_session(so, comm);
         if (!draftf.model.empty()) ds = open_draft_session(draftf.model, so, comm);
         if (rerank) head = make_classifier(s->cfg, s->weights, label_tokens);
+        // The host tier fills up as prefixes leave the slots: refuse a budget the memory left
+        // after loading could not back (this rank's part of it: the node's ranks each keep one).
+        const HostMemory avail = host_memory_available();
+        const int ranks = s->engine->options().ranks_on_node;
+        if (cache_ram > 0 && avail.bytes != SIZE_MAX && size_t(cache_ram) << 20 > avail.bytes / size_t(ranks))
+            fail("--cache-ram ", cache_ram, " MiB is more than this rank's part of the host memory left after loading: ",
+                 avail.bytes >> 20, " MiB (", avail.source, ")", ranks > 1 ? cat(" / ", ranks, " ranks on the node") : "");
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
@@ -891,6 +916,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     BatcherOptions bo;
     bo.prefill_chunk = chunk;
     bo.reuse_prefix = !vm.count("no-prefix-cache");
+    bo.host_cache_bytes = size_t(cache_ram) << 20;
     bo.speculate = speculate;
     bo.draft_p_min = draftf.p_min;
     bo.speculate_max_batch = speculate_max_batch;
@@ -989,6 +1015,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             stats.running = batcher.running();
             stats.waiting = batcher.waiting();
             stats.steps = batcher.timings();
+            stats.host_bytes = batcher.host_bytes();
         }
         // Ended requests: rank 0 answers them; every rank lets their results go.
         size_t kept = 0;

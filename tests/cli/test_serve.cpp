@@ -1334,6 +1334,98 @@ TEST_F(Serve, BadTlsAndKeyFlagsAreRefused) {
     }
 }
 
+// The prefix cache's host tier (--cache-ram): two conversations through one slot (--batch 1),
+// taking turns. When one takes the slot, what the other left there is saved to host memory; its
+// next turn loads it back and prefills only the rest: its cached tokens cover at least its earlier
+// prompt, where a server without the tier finds the other conversation in the slot and caches
+// nothing; the texts are the same. Two ranks (each saving its own KV heads) answer alike.
+// /metrics counts the saves and loads. Bad --cache-ram values are refused naming the flag.
+TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
+    const std::string a = "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+                          "and darkness was upon the face of the deep.",
+                      b = "And God called the light Day, and the darkness he called Night. And the evening and the "
+                          "morning were the first day.";
+    struct Turns {
+        std::vector<std::string> text;
+        std::vector<int> prompt, cached;
+    };
+    auto turns = [&](int port) {
+        Turns t;
+        auto ask = [&](const std::string& p) {
+            const Reply r = post(port, "/v1/completions", {{"prompt", p}, {"max_tokens", 6}, {"temperature", 0}});
+            EXPECT_EQ(r.status, 200) << r.raw;
+            if (r.status != 200) return std::string();
+            t.text.push_back(r.body["choices"][0]["text"]);
+            t.prompt.push_back(r.body["usage"]["prompt_tokens"]);
+            t.cached.push_back(r.body["usage"]["prompt_tokens_details"]["cached_tokens"]);
+            return t.text.back();
+        };
+        const std::string a1 = ask(a), b1 = ask(b);
+        ask(a + a1 + " And God said");
+        ask(b + b1 + " And God saw");
+        return t;
+    };
+    const std::string base = " serve --model " + model_.path() + " --ctx 256 --batch 1";
+    Turns slots, tier, tp;
+    {
+        Server srv(SHARDLM_BIN + base + " --threads 1", logs_.file("slots.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        slots = turns(srv.port());
+        EXPECT_EQ(srv.stop(), 0);
+    }
+    {
+        Server srv(SHARDLM_BIN + base + " --threads 1 --cache-ram 16", logs_.file("tier.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        tier = turns(srv.port());
+        httplib::Client mc("127.0.0.1", srv.port());
+        const auto m = mc.Get("/metrics");
+        ASSERT_TRUE(m);
+        auto value = [&](const std::string& name) {
+            const size_t at = m->body.find("\n" + name + " ");
+            EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
+            return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
+        };
+        // a saved when b took the slot, b when a's next turn did, that turn when b's next did.
+        EXPECT_EQ(value("shardlm_prefix_cache_host_transfers_total{direction=\"save\"}"), 3);
+        EXPECT_EQ(value("shardlm_prefix_cache_host_transfers_total{direction=\"load\"}"), 2);
+        EXPECT_GT(value("shardlm_prefix_cache_host_bytes"), 0);
+        EXPECT_LE(value("shardlm_prefix_cache_host_bytes"), 16 << 20);
+        EXPECT_GT(value("shardlm_prefix_cache_host_tokens_total"), 0);
+        EXPECT_LE(value("shardlm_prefix_cache_host_tokens_total"), tier.cached[2] + tier.cached[3]);
+        EXPECT_EQ(srv.stop(), 0);
+    }
+    {
+        Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+                       SHARDLM_BIN + base + " --cache-ram 16",
+                   logs_.file("tp.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        tp = turns(srv.port());
+        EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
+    }
+    ASSERT_EQ(slots.text.size(), 4u);
+    ASSERT_EQ(tier.text.size(), 4u);
+    ASSERT_EQ(tp.text.size(), 4u);
+    EXPECT_EQ(tier.text, slots.text);
+    EXPECT_EQ(tp.text, tier.text);
+    EXPECT_EQ(tp.cached, tier.cached);
+    for (size_t i = 2; i < 4; ++i) {
+        EXPECT_LT(slots.cached[i], 4) << i;  // the other conversation's start, at most
+        EXPECT_GE(tier.cached[i], tier.prompt[i - 2]) << i;
+    }
+    const std::string flags = SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--cache-ram -1", "--cache-ram must be in [0, 2^40] MiB"},
+        {"--cache-ram 8 --no-prefix-cache", "--cache-ram is the prefix cache's host tier: not with --no-prefix-cache"},
+        {"--cache-ram 8 --embeddings", "--cache-ram applies to text generation, not to --embeddings"},
+        {"--cache-ram 1099511627776", "--cache-ram 1099511627776 MiB is more than this rank's part of the host memory"},
+    };
+    for (const auto& [f, want] : cases) {
+        const CommandResult r = run_command(flags + f);
+        EXPECT_NE(r.exit_code, 0) << f;
+        EXPECT_NE(r.err.find(want), std::string::npos) << f << ": " << r.err;
+    }
+}
+
 // A step that fails (the test hook makes the engine throw) ends the server with the error on
 // stderr and a non-zero status; the client waiting on it gets a 503 rather than a hung connection.
 TEST_F(Serve, AFailingStepEndsTheServerWithItsError) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "runtime/batcher.h"
 #include "runtime/generate.h"
 
 namespace shardlm {
@@ -71,6 +72,54 @@ ServingRun run_serving(Engine& e, const ServingRequests& r, int64_t slots, int64
     for (size_t i = 0; i < n; ++i)
         if (count[i] > 1) tpot.push_back((last[i] - first[i]) / double(count[i] - 1));
     for (const double t : tpot) out.tpot_mean_ms += t / double(tpot.size());
+    return out;
+}
+
+ConversationRun run_conversations(Engine& e, const ServingRequests& r, int64_t more, int64_t slots, int64_t chunk,
+                                  bool reuse_prefix, size_t host_bytes) {
+    BatcherOptions bo;
+    bo.prefill_chunk = chunk;
+    bo.max_running = slots;
+    bo.reuse_prefix = reuse_prefix;
+    bo.host_cache_bytes = host_bytes;
+    Batcher b(e, bo);
+    auto request = [](std::vector<int32_t> prompt, int64_t max_new, uint64_t stream) {
+        BatchRequest q;
+        q.prompt = std::move(prompt);
+        q.max_new_tokens = max_new;
+        q.sampler.temperature = 0;
+        q.ignore_eos = true;
+        q.stream = stream;
+        return q;
+    };
+    const size_t n = r.prompts.size();
+    for (size_t i = 0; i < n; ++i) b.add(request(r.prompts[i], r.max_new[i], i));
+    while (b.busy()) b.step();
+    const GenerateTimings before = b.timings();
+    const int64_t vocab = e.config().vocab;
+    for (size_t i = 0; i < n; ++i) {
+        std::vector<int32_t> p = r.prompts[i];
+        const std::vector<int32_t>& reply = b.result(i).tokens;
+        p.insert(p.end(), reply.begin(), reply.end());
+        for (int64_t k = 0; k < more; ++k) p.push_back(int32_t((int64_t(i) * 7919 + k * 104729 + 17) % vocab));
+        b.add(request(std::move(p), r.max_new[i], n + i));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<double> first(n, -1);
+    const TokenCallback on_token = [&](size_t id, int32_t) {
+        if (id >= n && first[id - n] < 0)
+            first[id - n] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    while (b.busy()) b.step(on_token);
+    ConversationRun out;
+    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const GenerateTimings& t = b.timings();
+    out.prefilled = t.prefill_tokens - before.prefill_tokens;
+    out.steps = t.prefill_steps + t.decode_steps - before.prefill_steps - before.decode_steps;
+    out.loads = t.host_loads - before.host_loads;
+    for (size_t i = 0; i < n; ++i) out.generated += int64_t(b.result(n + i).tokens.size());
+    std::sort(first.begin(), first.end());
+    out.ttft_p50_ms = n ? first[(n - 1) / 2] : 0.0;
     return out;
 }
 

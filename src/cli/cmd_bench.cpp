@@ -113,7 +113,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
     std::string batch_list = "1", ablate_list;
     std::vector<int64_t> batches;
     std::vector<std::string> ablations;
-    int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0, shared = 0;
+    int64_t prompt_len = 512, gen = 128, reps = 3, requests = 0, shared = 0, conversations = 0;
     int threads = 0;
     d.add_options()
         ("help", "show this help")
@@ -131,6 +131,11 @@ int cmd_bench(const Args& args, Communicator& comm) {
         ("shared-prefix", po::value(&shared)->default_value(0),
          "with --requests: every prompt starts with the same N tokens (a system prompt) before its own, and a "
          "third row runs them continuously batched with the prefix cache (generate --prefix-cache)")
+        ("conversations", po::value(&conversations)->default_value(0),
+         "multi-turn chat instead of ppL/tgN: N conversations of --prompt-len tokens, each replying --gen tokens "
+         "through each --batch's slots, then each one's second turn (its prompt, its reply and --gen tokens of "
+         "its own, replying --gen again), timed without the prefix cache, with it in the slots alone, and with "
+         "its host tier (serve --cache-ram, room for every conversation)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("ablate", po::value(&ablate_list),
@@ -159,6 +164,10 @@ int cmd_bench(const Args& args, Communicator& comm) {
         if (requests > 0 && vm.count("no-kv-cache")) fail("--requests runs generate over the KV cache: not with --no-kv-cache");
         if (shared < 0 || shared > (int64_t(1) << 30)) fail("--shared-prefix must be in [0, 2^30]");
         if (shared > 0 && requests == 0) fail("--shared-prefix needs --requests");
+        if (conversations < 0 || conversations > (int64_t(1) << 20)) fail("--conversations must be in [0, 2^20]");
+        if (conversations > 0 && (requests > 0 || vm.count("no-kv-cache") || !ablate_list.empty()))
+            fail("--conversations excludes --requests, --no-kv-cache and --ablate");
+        if (conversations > 0 && gen > (int64_t(1) << 40)) fail("--gen must be at most 2^40 with --conversations");
         if (!ablate_list.empty() && (requests > 0 || vm.count("no-kv-cache")))
             fail("--ablate times decode steps over the KV cache: not with --requests or --no-kv-cache");
         for (size_t at = 0; at <= ablate_list.size() && !ablate_list.empty();) {  // "attention,qkv+o"
@@ -203,15 +212,18 @@ int cmd_bench(const Args& args, Communicator& comm) {
     const int64_t plen = prompt_len > kMax - shared ? kMax : prompt_len + shared;
     const std::string plen_flags =
         "--prompt-len " + std::to_string(prompt_len) + (shared > 0 ? " + --shared-prefix " + std::to_string(shared) : "");
+    // --conversations: a second turn holds the first prompt, its reply and --gen tokens, then replies.
+    const int64_t gens = conversations > 0 ? 3 * gen : gen;
+    const std::string gen_flags = (conversations > 0 ? " + 3 x --gen " : " + --gen ") + std::to_string(gen);
     run_together(comm, [&] {  // bench has no --ctx: name the flags that set it
         const ModelConfig cfg = load_config(model);
-        if (cfg.max_position > 0 && (plen > cfg.max_position || gen > cfg.max_position - plen))
-            fail(plen_flags, " + --gen ", gen, " exceed the model's max_position_embeddings ", cfg.max_position);
+        if (cfg.max_position > 0 && (plen > cfg.max_position || gens > cfg.max_position - plen))
+            fail(plen_flags, gen_flags, " exceed the model's max_position_embeddings ", cfg.max_position);
     });
     // Saturating: a huge --prompt-len or --gen must not wrap (check_context then refuses the sum
     // under the flags' names, as bench has no --ctx).
-    so.ctx = gen > kMax - plen ? kMax : plen + gen;
-    so.ctx_origin = plen_flags + " + --gen " + std::to_string(gen);
+    so.ctx = gens > kMax - plen ? kMax : plen + gens;
+    so.ctx_origin = plen_flags + gen_flags;
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     so.max_batch = max_batch;
     const bool no_cache = vm.count("no-kv-cache") > 0;
@@ -239,7 +251,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
     const std::string wname = weight_format_name(s->weights.format), kvname = kv_name(e.options().kv);
     const bool json = vm.count("json") > 0;
     if (root && !json) {
-        std::printf("| model | test | batch | weights | kv | ms | tokens/s | GB/s (peak %.1f) |\n", peak);
+        if (conversations > 0) std::printf("| model | test | batch | weights | kv | ms | tokens/s | second turns |\n");
+        else std::printf("| model | test | batch | weights | kv | ms | tokens/s | GB/s (peak %.1f) |\n", peak);
         std::printf("|---|---|---:|---|---|---:|---:|---:|\n");
     }
     double last_checksum = 0;
@@ -259,6 +272,61 @@ int cmd_bench(const Args& args, Communicator& comm) {
                        {"workspace_bytes", e.workspace_bytes()}, {"peak_bytes", cuda ? device_used_bytes() : peak_rss_bytes()}};
         j["build_commit"] = SHARDLM_GIT_COMMIT;
     };
+    if (conversations > 0) {
+        // Every conversation's first prompt is --prompt-len tokens, its replies --gen tokens.
+        ServingRequests first;
+        for (int64_t i = 0; i < conversations; ++i) {
+            std::vector<int32_t> p(static_cast<size_t>(prompt_len));
+            for (int64_t k = 0; k < prompt_len; ++k) p[size_t(k)] = int32_t((i * 1000003 + k * 7919 + 11) % c.vocab);
+            first.prompts.push_back(std::move(p));
+            first.max_new.push_back(gen);
+            first.prompt_tokens += prompt_len;
+        }
+        const int64_t chunk = e.options().max_step_tokens;
+        const size_t host = size_t(conversations) * size_t(prompt_len + 2 * gen) * e.kv_position_bytes();
+        for (const int64_t batch : batches) {
+            struct Mode { const char* name; bool reuse; size_t host; };
+            const Mode modes[] = {{"none", false, 0}, {"slots", true, 0}, {"host", true, host}};
+            for (const Mode& m : modes) {
+                std::vector<double> ms;
+                ConversationRun run;
+                for (int64_t r = 0; r < reps; ++r) {
+                    run = run_conversations(e, first, gen, batch, chunk, m.reuse, m.host);
+                    ms.push_back(run.ms);
+                }
+                if (!root) continue;
+                const Stats st = stats(ms);
+                const std::string test = "conv" + std::to_string(conversations) + "-" + m.name;
+                const double tps = double(run.generated) * 1000.0 / st.mean;
+                if (json) {
+                    nlohmann::ordered_json j;
+                    j["test"] = test;
+                    j["batch"] = batch;
+                    j["conversations"] = conversations;
+                    j["prompt_len"] = prompt_len;
+                    j["gen"] = gen;
+                    j["host_cache_bytes"] = m.host;
+                    j["prefilled_tokens"] = run.prefilled;
+                    j["host_loads"] = run.loads;
+                    j["generated_tokens"] = run.generated;
+                    j["steps"] = run.steps;
+                    j["avg_ms"] = st.mean;
+                    j["stddev_ms"] = st.stddev;
+                    j["tokens_per_s"] = tps;
+                    j["ttft_ms_p50"] = run.ttft_p50_ms;  // of the last repeat
+                    common(j);
+                    std::cout << j.dump() << "\n";
+                } else {
+                    std::printf("| %s | %s | %lld | %s | %s | %.1f +- %.1f | %.2f | %lld prefilled, %lld loads, TTFT p50 %.0f ms |\n",
+                                arch_name(c.arch), test.c_str(), (long long)batch, wname.c_str(), kvname.c_str(), st.mean,
+                                st.stddev, tps, (long long)run.prefilled, (long long)run.loads, run.ttft_p50_ms);
+                }
+                std::fflush(stdout);
+            }
+        }
+        if (root && !json) std::printf("\nbuild %s, %s\n", SHARDLM_GIT_COMMIT, e.device().c_str());
+        return 0;
+    }
     if (requests > 0) {
         const ServingRequests req = serving_requests(requests, prompt_len, gen, c.vocab, 1, shared);
         const int64_t chunk = e.options().max_step_tokens;  // what a static batch's prefill gets too

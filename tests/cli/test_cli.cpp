@@ -1336,6 +1336,32 @@ TEST_F(Cli, BenchServingRows) {
     expect_error("bench --model " + dir_.path() + " --requests 2 --no-kv-cache", "--requests runs generate");
 }
 
+// bench --conversations: four two-turn conversations through two slots. Without the prefix cache
+// every second turn prefills its whole prompt (its first prompt, its reply, 5 new tokens); the
+// slots alone hold other conversations by then (each slot last ran a later one's first turn);
+// the host tier saved every first turn as its slot was taken and loads each back (all of it but
+// the reply's last token, never run), so only the new tokens and that one run.
+TEST_F(Cli, BenchConversationRows) {
+    const CommandResult r = run_command(kBin + " bench --model " + dir_.path() +
+                                        " --conversations 4 --batch 2 --prompt-len 20 --gen 5 -r 1 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<nlohmann::json> rows = json_lines(r.out);
+    ASSERT_EQ(rows.size(), 3u);
+    const char* names[] = {"conv4-none", "conv4-slots", "conv4-host"};
+    const int64_t prefilled[] = {4 * 30, 4 * 30, 4 * 6}, loads[] = {0, 0, 4};
+    for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(rows[i]["test"], names[i]);
+        EXPECT_EQ(rows[i]["batch"], 2);
+        EXPECT_EQ(rows[i]["generated_tokens"], 4 * 5);
+        EXPECT_EQ(rows[i]["prefilled_tokens"], prefilled[i]) << names[i];
+        EXPECT_EQ(rows[i]["host_loads"], loads[i]) << names[i];
+        EXPECT_GT(rows[i]["ttft_ms_p50"].get<double>(), 0.0);
+        EXPECT_EQ(rows[i]["host_cache_bytes"].get<int64_t>() > 0, i == 2);
+    }
+    expect_error("bench --model " + dir_.path() + " --conversations 2 --requests 2", "--conversations excludes --requests");
+    expect_error("bench --model " + dir_.path() + " --conversations -1", "--conversations must be in [0, 2^20]");
+}
+
 // On a model without max_position_embeddings bench added --prompt-len and --gen with signed
 // overflow (undefined behaviour) and reported "--ctx must be at least 1"; a sum that did not
 // overflow was refused as "--ctx N x batch B", a flag bench does not have. The sum saturates and

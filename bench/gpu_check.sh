@@ -5,7 +5,8 @@
 # weights (batch 1 and 4, prompt 512, 128 new tokens; fp16 / int8 / int8 + int8 KV; CUDA graphs on and
 # off; A/B runs of the tuning switches: SHARDLM_PREFILL_TC, _GEMM_STAGE, _FUSED_ROPE, _FUSED_NORM,
 # _GEMV_GRID, _PDL), runs the same shape in plain PyTorch FP16 (bench/torch_baseline.py), the GEMV bandwidth bench,
-# the mission table, `shardlm serve` over HTTP (serve-http), `shardlm embed` (embed), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
+# the mission table, `shardlm serve` over HTTP (serve-http), the prefix cache's host tier (conversations),
+# `shardlm embed` (embed), the GEMV with each rows-per-group choice (gemv-r) and, last and where the
 # runtime allows it, Nsight Compute's counters of the decode GEMV (ncu-gemv) and each kernel's time
 # in a decode step and a prefill, INT8 and FP16 (ncu-step-*), and writes under $OUT:
 #   gpu_check.md         the report: benchmark table (with shardlm / PyTorch ratios), tests, steps
@@ -62,9 +63,9 @@ jsonl=$out/gpu_check.jsonl
 
 # Shapes: the issue's on the GPU; tiny and quick on the CPU.
 if [ "$dry" = 1 ]; then
-  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1 SERVE_REQ=8 SERVE_BATCH=1,4 SERVE_SHARED=8
+  DEV=cpu SYN=tiny PL=16 GEN=4 REPS=1 SERVE_REQ=8 SERVE_BATCH=1,4 SERVE_SHARED=8 CONV=4 CONV_BATCH=2
 else
-  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3 SERVE_REQ=64 SERVE_BATCH=8,32 SERVE_SHARED=128
+  DEV=cuda SYN=qwen3-1.7b PL=512 GEN=128 REPS=3 SERVE_REQ=64 SERVE_BATCH=8,32 SERVE_SHARED=128 CONV=64 CONV_BATCH=8
 fi
 export SHARDLM_CACHE=${SHARDLM_CACHE:-/tmp/shardlm-cache}
 export OMP_WAIT_POLICY=passive
@@ -237,7 +238,7 @@ BIN=$work/bin
 setup_secs=$(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 setup_note+="loader $mode (glibc here ${sys_glibc:-?}, bundle ${PACK_GLIBC:--}); CUDA libraries from ${cuda_path:-nowhere}"
 if [ -n "$setup_fail" ]; then record setup fail "$setup_secs" "$setup_fail; $setup_note"; else record setup pass "$setup_secs" "$setup_note"; fi
-export root work out jsonl dry DEV SYN PL GEN REPS SERVE_REQ SERVE_BATCH SERVE_SHARED PY PYT BIN pack mode
+export root work out jsonl dry DEV SYN PL GEN REPS SERVE_REQ SERVE_BATCH SERVE_SHARED CONV CONV_BATCH PY PYT BIN pack mode
 
 # ---------------------------------------------------------------- step bodies (exported)
 skip() { echo "skip: $*"; exit 77; }
@@ -496,6 +497,21 @@ print("; ".join(out))
 ' "$work/logs/serve.rows")"
 }
 
+s_conversations() {  # bench --conversations: second turns of more conversations than slots, without the
+                     # prefix cache, with the slots' alone and with its host tier (PCIe saves and loads)
+  local args=(bench --synthetic "$SYN" --device "$DEV" --conversations "$CONV" --batch "$CONV_BATCH"
+              --prompt-len "$PL" --gen 16 --weights int8 --kv int8 -r 1 --json)
+  echo "shardlm ${args[*]}"
+  "$BIN/shardlm" "${args[@]}" > "$work/logs/conversations.rows" || exit 1
+  cat "$work/logs/conversations.rows"
+  echo "note: $("$PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("; ".join("%s b%d %.0f ms (%d prefilled, %d loads, TTFT p50 %.0f ms)" % (
+    r["test"], r["batch"], r["avg_ms"], r["prefilled_tokens"], r["host_loads"], r["ttft_ms_p50"]) for r in rows))
+' "$work/logs/conversations.rows")"
+}
+
 s_serve_http() {  # shardlm serve on the device over HTTP (bench/serve_check.py): texts == CPU generate's, echo scores
   "$PY" "$root/bench/serve_check.py" --bin "$BIN/shardlm" --model "$root/launch/models/kjv-small" --device "$DEV"
 }
@@ -639,7 +655,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_speculate s_embed s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_conversations s_speculate s_embed s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -709,6 +725,8 @@ step serve-int8-int8 90 s_serve
 # The HTTP server on the device: concurrent requests, streaming, prefix
 # cache, echo scoring.
 step serve-http 90 s_serve_http
+# The prefix cache's host tier (serve --cache-ram): multi-turn chat through fewer slots.
+step conversations 90 s_conversations
 # Speculative decoding: batch 1 and 4, with and without prompt lookup (verify steps replay graphs).
 step speculate 90 s_speculate
 # Embeddings (shardlm embed): GPU vectors against the CPU's, and the bench shape's throughput.

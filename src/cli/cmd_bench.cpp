@@ -283,7 +283,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
             first.prompt_tokens += prompt_len;
         }
         const int64_t chunk = e.options().max_step_tokens;
-        const size_t host = size_t(conversations) * size_t(prompt_len + 2 * gen) * e.kv_position_bytes();
+        // Room for every conversation's longest save: a second turn's prompt and its reply but the last token.
+        const size_t host = size_t(conversations) * size_t(prompt_len + 3 * gen) * e.kv_position_bytes();
         for (const int64_t batch : batches) {
             struct Mode { const char* name; bool reuse; size_t host; };
             const Mode modes[] = {{"none", false, 0}, {"slots", true, 0}, {"host", true, host}};

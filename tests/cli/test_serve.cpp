@@ -142,6 +142,13 @@ StreamedChat streamed_chat(const std::string& raw) {
     return out;
 }
 
+// A sample's value in /metrics' text (-1, and a failure, when it is not there).
+double metric_value(const std::string& metrics, const std::string& name) {
+    const size_t at = metrics.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << metrics;
+    return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + name.size() + 2));
+}
+
 // generate's text for a prompt (greedy).
 std::string generate_text(const std::string& model, const std::string& flags) {
     const CommandResult r = run_command(SHARDLM_BIN " generate --model " + model + " --json --temperature 0 " + flags);
@@ -715,11 +722,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         httplib::Client mc("127.0.0.1", port);
         const auto m = mc.Get("/metrics");
         ASSERT_TRUE(m);
-        auto value = [&](const std::string& name) {
-            const size_t at = m->body.find("\n" + name + " ");
-            EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
-            return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
-        };
+        auto value = [&](const std::string& name) { return metric_value(m->body, name); };
         EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"length\"}"), 10);
         EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"stop\"}"), 1);
         EXPECT_GT(value("shardlm_prompt_tokens_cached_total"), 0);
@@ -1380,11 +1383,7 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
         httplib::Client mc("127.0.0.1", srv.port());
         const auto m = mc.Get("/metrics");
         ASSERT_TRUE(m);
-        auto value = [&](const std::string& name) {
-            const size_t at = m->body.find("\n" + name + " ");
-            EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
-            return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
-        };
+        auto value = [&](const std::string& name) { return metric_value(m->body, name); };
         // a saved when b took the slot, b when a's next turn did, that turn when b's next did.
         EXPECT_EQ(value("shardlm_prefix_cache_host_transfers_total{direction=\"save\"}"), 3);
         EXPECT_EQ(value("shardlm_prefix_cache_host_transfers_total{direction=\"load\"}"), 2);

@@ -213,8 +213,8 @@ TEST(Batcher, PrioritiesOrderTheWaitingRequests) {
 // Preemption: a request of a lower priority value that finds every slot taken sends the running
 // sequence of the highest value back to wait; it runs to its end, then the preempted one goes on
 // from what it had made: its tokens (greedy, or seeded draws with penalties) are those it makes
-// alone, its prompt and cached counts its own, with and without the prefix cache (after its end
-// its slot holds all it ran, for a conversation's next turn).
+// alone, its prompt and cached counts its own, with and without the prefix cache and its host
+// tier (after its end its slot holds all it ran, for a conversation's next turn).
 TEST(Batcher, PreemptedSequencesGoOnWithTheirOwnTokens) {
     TempDir d;
     const ModelConfig cfg = tiny_config(Arch::Llama);
@@ -229,13 +229,19 @@ TEST(Batcher, PreemptedSequencesGoOnWithTheirOwnTokens) {
     greedy.penalty_last_n = 2;
     drawn.temperature = 1.5f;
     drawn.presence_penalty = 2.0f;
+    drawn.penalty_last_n = 8;  // (the engine's room: 16 penalised ids a row)
     drawn.seed = 7;
-    for (const bool reuse : {false, true}) {
+    // Without the prefix cache, with it, and with its host tier (which saves what the preempted
+    // sequence ran when the other takes its slot, so that its return loads it instead of running
+    // it again: vLLM's swap preemption).
+    for (const int mode : {0, 1, 2}) {
+        const bool reuse = mode > 0;
         BatcherOptions bo;
         bo.max_running = 1;
         bo.reuse_prefix = reuse;
+        bo.host_cache_bytes = mode == 2 ? size_t(1) << 20 : 0;
         for (const SamplerOptions& so : {greedy, drawn}) {
-            BatchRequest low = request(make_prompt(7, cfg.vocab, 3), so, 1);
+            BatchRequest low = request(make_prompt(18, cfg.vocab, 3), so, 1);
             low.max_new_tokens = 10;
             low.ignore_eos = true;
             low.priority = 2;
@@ -254,6 +260,11 @@ TEST(Batcher, PreemptedSequencesGoOnWithTheirOwnTokens) {
             while (b.busy()) b.step(on_token);
             EXPECT_EQ(b.timings().preemptions, 1);
             EXPECT_EQ(order, (std::vector<size_t>{0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0})) << reuse;
+            // Its prompt, the other's, then on its return its prompt and 3 tokens again, or (host
+            // tier) the last of them alone: the 18 + 3 - 1 it had run were loaded back.
+            EXPECT_EQ(b.timings().host_loads, mode == 2 ? 1 : 0);
+            EXPECT_EQ(b.timings().host_tokens, mode == 2 ? 20 : 0);
+            EXPECT_EQ(b.timings().prefill_tokens, 18 + 6 + (mode == 2 ? 1 : 21)) << mode;
             std::vector<SequenceResult> alone;
             run_all(*s->engine, bo, {low}, alone);
             run_all(*s->engine, bo, {high}, alone);

@@ -445,6 +445,71 @@ TEST(TensorParallel, PrefixReuseGivesTheTokensOfOneRank) {
     EXPECT_EQ(tp.timings.prefill_tokens, ref.timings.prefill_tokens - cached);
 }
 
+// The prefix cache's host tier under tensor parallelism: every rank saves and loads its own KV
+// heads' rows at the same admissions (the decisions rest on tokens alone). Two conversations
+// through one slot, each next turn loading its earlier one back, INT8 KV, sampled: every rank's
+// tokens, cached counts and loads are one rank's.
+TEST(TensorParallel, HostTierGivesTheTokensOfOneRank) {
+    ModelConfig cfg = tiny_config(Arch::Llama);
+    cfg.vocab = 389;
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 67});
+    const std::vector<int32_t> a = make_prompt(20, cfg.vocab, 68), b = make_prompt(24, cfg.vocab, 69);
+    struct Out {
+        std::vector<SequenceResult> res;
+        GenerateTimings t;
+    };
+    auto run_turns = [&](Communicator& comm) {
+        SessionOptions so = tp_options(d.path());
+        so.max_batch = 1;
+        so.ctx = 96;
+        so.prefill_chunk = 8;
+        so.kv = KVFormat::Int8;
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.prefill_chunk = 8;
+        bo.reuse_prefix = true;
+        bo.host_cache_bytes = 200 * s->engine->kv_position_bytes();  // (each rank's own heads)
+        Batcher bt(*s->engine, bo);
+        auto request = [](std::vector<int32_t> p, uint64_t stream) {
+            BatchRequest r;
+            r.prompt = std::move(p);
+            r.max_new_tokens = 6;
+            r.sampler.temperature = 0.9f;
+            r.sampler.top_k = 20;
+            r.sampler.seed = 5;
+            r.stream = stream;
+            return r;
+        };
+        bt.add(request(a, 0));
+        bt.add(request(b, 1));
+        while (bt.busy()) bt.step();
+        std::vector<int32_t> a2 = a, b2 = b;
+        a2.insert(a2.end(), bt.result(0).tokens.begin(), bt.result(0).tokens.end());
+        b2.insert(b2.end(), bt.result(1).tokens.begin(), bt.result(1).tokens.end());
+        a2.push_back(7);
+        b2.push_back(9);
+        bt.add(request(a2, 2));
+        bt.add(request(b2, 3));
+        while (bt.busy()) bt.step();
+        Out out;
+        for (size_t i = 0; i < 4; ++i) out.res.push_back(bt.result(i));
+        out.t = bt.timings();
+        return out;
+    };
+    SingleRank one;
+    const Out ref = run_turns(one), tp = run_turns(world());
+    EXPECT_EQ(ref.t.host_loads, 2);
+    EXPECT_EQ(tp.t.host_loads, 2);
+    EXPECT_EQ(tp.t.host_saves, ref.t.host_saves);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(tp.res[i].tokens, ref.res[i].tokens) << "request " << i;
+        EXPECT_EQ(tp.res[i].cached_tokens, ref.res[i].cached_tokens) << "request " << i;
+    }
+    EXPECT_GE(ref.res[2].cached_tokens, 20);
+    EXPECT_GE(ref.res[3].cached_tokens, 24);
+}
+
 // Speculative decoding under tensor parallelism: each rank verifies the same proposals (they
 // come from the tokens alone) with its shard, the rows' slices gathered whole; the tokens, greedy
 // or sampled with penalties, are one rank's without speculation, and proposals were confirmed.

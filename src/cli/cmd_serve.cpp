@@ -624,6 +624,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::thread http;
     // Rank 0: the sequences in the Batcher, by index: their request and choice.
     std::map<size_t, std::pair<std::shared_ptr<Job>, size_t>> jobs;
+    // The flag a pooling server runs with ("": text): at function scope, before the guard, as the
+    // HTTP handlers that read it by reference run on the server's threads until stop_http.
+    const char* mode = embeddings ? "--embeddings" : rerank ? "--rerank" : "";
     // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
     // the server: at the end, or on an error.
     auto stop_http = [&] {
@@ -699,7 +702,6 @@ int cmd_serve(const Args& args, Communicator& comm) {
         });
         // The pooling routes: a request's inputs go to the engine loop as one EmbedJob. `needs`
         // names the flags the route runs under (a server of another kind answers 400 naming them).
-        const char* mode = embeddings ? "--embeddings" : rerank ? "--rerank" : "";
         auto embedding_route = [&, mode](const char* what, const std::string& needs, std::function<json(const json&)> answer) {
             return [&, mode, what, needs, answer](const httplib::Request& req, httplib::Response& res) {
                 if (*mode == 0 || needs.find(mode) == std::string::npos) {

@@ -895,6 +895,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                  : std::string())
                   << ", " << batch << " slots of " << lim.ctx << " positions, "
                   << engine.device() << ", tp " << comm.size()
+                  << (cache_ram > 0 ? cat(", --cache-ram: ", (size_t(cache_ram) << 20) / engine.kv_position_bytes(),
+                                          " positions of ", engine.kv_position_bytes(), " bytes")
+                                    : std::string())
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
     }
 

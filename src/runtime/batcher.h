@@ -202,16 +202,16 @@ private:
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();
     bool preempt(int64_t priority, const std::function<bool(size_t, size_t)>& before);
-    // The host tier: a copy of what `slot` holds, unless a request keeps the first `kept` of it
-    // or a saved prefix already holds it all (then none: no tokens); keep_host adds it, dropping
-    // the saves it holds whole and then the least recently used until it fits.
-    // A prefix saved from a slot: its keys and values, and when it was last saved or loaded (a
-    // count of uses).
+    // A prefix the host tier saved from a slot: its keys and values, and when it was last saved
+    // or loaded (a count of uses).
     struct HostPrefix {
         std::vector<int32_t> tokens;
         std::vector<uint8_t> kv;
         uint64_t used = 0;
     };
+    // A copy of what `slot` holds, unless a request keeps the first `kept` of it or a saved prefix
+    // already holds it all (then none: no tokens); keep_host adds it, dropping the saves it holds
+    // whole and then the least recently used until it fits.
     HostPrefix save_held(int64_t slot, int64_t kept);
     void keep_host(HostPrefix e);
     // The saved prefix sharing the most tokens with p; returns that count (0: none).

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -1380,6 +1381,14 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
         Server srv(SHARDLM_BIN + base + " --threads 1 --cache-ram 16", logs_.file("tier.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         tier = turns(srv.port());
+        // The startup line sizes the tier: the positions that 16 MiB holds.
+        const std::string log = srv.read_all();
+        const size_t at = log.find(", --cache-ram: ");
+        ASSERT_NE(at, std::string::npos) << log;
+        long long positions = 0, bytes = 0;
+        ASSERT_EQ(std::sscanf(log.c_str() + at, ", --cache-ram: %lld positions of %lld bytes", &positions, &bytes), 2) << log;
+        EXPECT_EQ(positions, (16ll << 20) / bytes);
+        EXPECT_GT(positions, 100);
         httplib::Client mc("127.0.0.1", srv.port());
         const auto m = mc.Get("/metrics");
         ASSERT_TRUE(m);

@@ -624,9 +624,26 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::thread http;
     // Rank 0: the sequences in the Batcher, by index: their request and choice.
     std::map<size_t, std::pair<std::shared_ptr<Job>, size_t>> jobs;
-    // The flag a pooling server runs with ("": text): at function scope, before the guard, as the
-    // HTTP handlers that read it by reference run on the server's threads until stop_http.
+    // What the HTTP handlers use by reference lives at function scope, before the guard: they run
+    // on the server's threads until stop_http. The flag a pooling server runs with ("": text).
     const char* mode = embeddings ? "--embeddings" : rerank ? "--rerank" : "";
+    // The pooling routes' requests: runs one's inputs; their vectors (ApiError 503 when the server
+    // stops first). Here too for the handlers that call it from the HTTP threads.
+    auto run_embedding = [&](EmbeddingRequest r) {
+        auto job = std::make_shared<EmbedJob>();
+        job->req = std::move(r);
+        job->arrived = now_s();
+        {
+            std::lock_guard<std::mutex> lk(inbox.m);
+            if (inbox.closed) throw ApiError(503, "the server is shutting down");
+            inbox.embeds.push_back(job);
+        }
+        inbox.cv.notify_one();
+        std::unique_lock<std::mutex> lk(job->m);
+        job->cv.wait(lk, [&] { return job->done; });
+        if (job->aborted) throw ApiError(503, "the server is shutting down");
+        return job;
+    };
     // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
     // the server: at the end, or on an error.
     auto stop_http = [&] {
@@ -716,22 +733,6 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 }
                 answer_json(req, res, answer);
             };
-        };
-        // Runs the request's inputs; their vectors (ApiError 503 when the server stops first).
-        auto run_embedding = [&](EmbeddingRequest r) {
-            auto job = std::make_shared<EmbedJob>();
-            job->req = std::move(r);
-            job->arrived = now_s();
-            {
-                std::lock_guard<std::mutex> lk(inbox.m);
-                if (inbox.closed) throw ApiError(503, "the server is shutting down");
-                inbox.embeds.push_back(job);
-            }
-            inbox.cv.notify_one();
-            std::unique_lock<std::mutex> lk(job->m);
-            job->cv.wait(lk, [&] { return job->done; });
-            if (job->aborted) throw ApiError(503, "the server is shutting down");
-            return job;
         };
         svr->Post("/v1/embeddings", embedding_route("/v1/embeddings", "--embeddings", [&](const json& body) {
             const auto job = run_embedding(parse_embedding_request(body, *tok, lim, s->cfg.hidden, ecfg.default_prompt));

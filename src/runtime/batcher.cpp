@@ -443,7 +443,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         // after the load (which may then make room by dropping what it loaded).
         HostPrefix out = opt_.host_cache_bytes > 0 ? save_held(*it, kept) : HostPrefix{};
         if (load > 0) {
-            engine_.load_kv(*it, load, host_[entry].kv.data());
+            engine_.load_kv(*it, load, host_[entry].kv.data(), int64_t(host_[entry].tokens.size()));
             host_[entry].used = ++host_uses_;
             timings_.host_loads += 1;
             timings_.host_tokens += load - q.done;

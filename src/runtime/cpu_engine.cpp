@@ -119,13 +119,13 @@ void CpuEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
 }
 
 void CpuEngine::save_kv(int64_t slot, int64_t n, uint8_t* out) {
-    check_kv_io(cfg_, opt_, slot, n);
+    check_kv_io(cfg_, opt_, slot, n, n);
     kv_.save_prefix(slot, n, out);
 }
 
-void CpuEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in) {
-    check_kv_io(cfg_, opt_, slot, n);
-    kv_.load_prefix(slot, n, in);
+void CpuEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) {
+    check_kv_io(cfg_, opt_, slot, n, saved);
+    kv_.load_prefix(slot, n, in, saved);
 }
 
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }

@@ -42,7 +42,7 @@ public:
     void copy_kv(int64_t src, int64_t dst, int64_t n) override;
     size_t kv_position_bytes() const override { return shardlm::kv_position_bytes(kv_.shape()); }
     void save_kv(int64_t slot, int64_t n, uint8_t* out) override;
-    void load_kv(int64_t slot, int64_t n, const uint8_t* in) override;
+    void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return w_.bytes; }

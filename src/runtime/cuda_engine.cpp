@@ -852,29 +852,30 @@ size_t CudaEngine::kv_position_bytes() const {
 }
 
 void CudaEngine::save_kv(int64_t slot, int64_t n, uint8_t* out) {
-    check_kv_io(cfg_, opt_, slot, n);
-    host_copy_kv(slot, n, out, true);
+    check_kv_io(cfg_, opt_, slot, n, n);
+    host_copy_kv(slot, n, out, n, true);
     wait();  // the caller reads `out` next
 }
 
-void CudaEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in) {
-    check_kv_io(cfg_, opt_, slot, n);
-    host_copy_kv(slot, n, const_cast<uint8_t*>(in), false);
+void CudaEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) {
+    check_kv_io(cfg_, opt_, slot, n, saved);
+    host_copy_kv(slot, n, const_cast<uint8_t*>(in), saved, false);
     // Waited for too: the caller may free `in`, and a load is rare (a request whose prefix left
     // the slots), next to the prefill it saves.
     wait();
 }
 
-// The same 2D copies as copy_kv, one end in host memory: per layer, K then V, each its heads' n
-// rows packed, then (INT8) their n scales packed the same way.
-void CudaEngine::host_copy_kv(int64_t slot, int64_t n, uint8_t* host, bool save) {
-    // `heads` runs of `width` bytes, `pitch` apart, starting at `dev`.
+// The same 2D copies as copy_kv, one end in host memory: per layer, K then V, each its heads'
+// rows, `stride` positions apart on the host (n of them move), then (INT8) their scales alike.
+void CudaEngine::host_copy_kv(int64_t slot, int64_t n, uint8_t* host, int64_t stride, bool save) {
+    // `heads` runs of `width` bytes, `pitch` apart at `dev` and `width / n * stride` on the host.
     auto move = [&](uint8_t* dev, size_t pitch, size_t width, int64_t heads) {
+        const size_t hpitch = width / size_t(n) * size_t(stride);
         if (save)
-            CUDA_CHECK(cudaMemcpy2DAsync(host, width, dev, pitch, width, size_t(heads), cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaMemcpy2DAsync(host, hpitch, dev, pitch, width, size_t(heads), cudaMemcpyDeviceToHost, stream_));
         else
-            CUDA_CHECK(cudaMemcpy2DAsync(dev, pitch, host, width, width, size_t(heads), cudaMemcpyHostToDevice, stream_));
-        host += size_t(heads) * width;
+            CUDA_CHECK(cudaMemcpy2DAsync(dev, pitch, host, hpitch, width, size_t(heads), cudaMemcpyHostToDevice, stream_));
+        host += size_t(heads) * hpitch;
     };
     for (const DeviceKVLayer& kv : kv_) {
         const size_t row = size_t(kv.row_stride) * dtype_size(kv.dtype), pitch = size_t(kv.capacity) * row;

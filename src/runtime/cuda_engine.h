@@ -133,7 +133,7 @@ public:
     void copy_kv(int64_t src, int64_t dst, int64_t n) override;
     size_t kv_position_bytes() const override;
     void save_kv(int64_t slot, int64_t n, uint8_t* out) override;
-    void load_kv(int64_t slot, int64_t n, const uint8_t* in) override;
+    void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
     size_t weight_bytes() const override { return weight_bytes_; }
@@ -249,8 +249,8 @@ private:
     SegmentedGraph* recording_ = nullptr;
 
     // save_kv / load_kv: positions [0, n) of `slot` to or from host memory laid out as
-    // kv_position_bytes says.
-    void host_copy_kv(int64_t slot, int64_t n, uint8_t* host, bool save);
+    // kv_position_bytes says, for a copy of `stride` positions.
+    void host_copy_kv(int64_t slot, int64_t n, uint8_t* host, int64_t stride, bool save);
 };
 
 }  // namespace shardlm

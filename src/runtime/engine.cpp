@@ -161,10 +161,11 @@ void check_copy(const ModelConfig& c, const EngineOptions& opt, int64_t src, int
     SHARDLM_CHECK(n >= 1 && n <= cap, "KV copy: ", n, " positions (capacity ", cap, ")");
 }
 
-void check_kv_io(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t n) {
+void check_kv_io(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t n, int64_t saved) {
     const int64_t cap = kv_capacity(c, opt);
     SHARDLM_CHECK(slot >= 0 && slot < opt.max_batch, "KV host copy: slot ", slot, " of ", opt.max_batch);
     SHARDLM_CHECK(n >= 1 && n <= cap, "KV host copy: ", n, " positions (capacity ", cap, ")");
+    SHARDLM_CHECK(n <= saved, "KV host copy: ", n, " positions of a copy of ", saved);
 }
 
 }  // namespace shardlm

@@ -114,13 +114,14 @@ public:
     virtual void copy_kv(int64_t src, int64_t dst, int64_t n) = 0;
     // The prefix cache's host tier (BatcherOptions::host_cache_bytes): save_kv copies the keys and
     // values of positions [0, n) of the sequence in `slot` (rows and INT8 scales as they are) to
-    // host memory, n * kv_position_bytes() bytes at `out`, done when it returns; load_kv puts such
-    // a copy back as positions [0, n) of a slot, whose sequence then goes on at position n as if it
-    // had run those tokens (`in` may be freed once it returns). Ordered with the steps; local to
-    // each rank (its own KV heads). 1 <= n <= kv_capacity.
+    // host memory, n * kv_position_bytes() bytes at `out`, done when it returns; load_kv puts the
+    // first n positions of such a copy of `saved` >= n positions back as positions [0, n) of a
+    // slot, whose sequence then goes on at position n as if it had run those tokens (`in` may be
+    // freed once it returns). Ordered with the steps; local to each rank (its own KV heads).
+    // 1 <= n <= kv_capacity.
     virtual size_t kv_position_bytes() const = 0;
     virtual void save_kv(int64_t slot, int64_t n, uint8_t* out) = 0;
-    virtual void load_kv(int64_t slot, int64_t n, const uint8_t* in) = 0;
+    virtual void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) = 0;
     virtual const ModelConfig& config() const = 0;
     virtual const EngineOptions& options() const = 0;
     virtual size_t weight_bytes() const = 0;     // as held by this rank's engine
@@ -182,7 +183,8 @@ void check_shift(const ModelConfig& c, const EngineOptions& opt, int64_t slot, i
                  int64_t len);
 // What every backend checks before Engine::copy_kv: two distinct slots, 1 <= n <= kv_capacity.
 void check_copy(const ModelConfig& c, const EngineOptions& opt, int64_t src, int64_t dst, int64_t n);
-// What every backend checks before Engine::save_kv and load_kv: a slot, 1 <= n <= kv_capacity.
-void check_kv_io(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t n);
+// What every backend checks before Engine::save_kv and load_kv: a slot, 1 <= n <= kv_capacity,
+// and n <= saved (a load's copy; save_kv: saved = n).
+void check_kv_io(const ModelConfig& c, const EngineOptions& opt, int64_t slot, int64_t n, int64_t saved);
 
 }  // namespace shardlm

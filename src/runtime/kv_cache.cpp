@@ -140,25 +140,30 @@ void KVCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
             }
 }
 
-void KVCache::save_prefix(int64_t slot, int64_t n, uint8_t* out) { host_copy(slot, n, out, true); }
+void KVCache::save_prefix(int64_t slot, int64_t n, uint8_t* out) { host_copy(slot, n, out, n, true); }
 
-void KVCache::load_prefix(int64_t slot, int64_t n, const uint8_t* in) { host_copy(slot, n, const_cast<uint8_t*>(in), false); }
+void KVCache::load_prefix(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) {
+    host_copy(slot, n, const_cast<uint8_t*>(in), saved, false);
+}
 
-void KVCache::host_copy(int64_t slot, int64_t n, uint8_t* host, bool save) {
-    SHARDLM_CHECK(n >= 1 && n <= s_.capacity, "KV host copy of ", n, " positions, capacity ", s_.capacity);
-    const size_t row_bytes = size_t(row_stride_) * dtype_size(s_.dtype), rows = size_t(n) * row_bytes;
+// The host side holds `stride` positions per head: n of them move, and the rest are skipped.
+void KVCache::host_copy(int64_t slot, int64_t n, uint8_t* host, int64_t stride, bool save) {
+    SHARDLM_CHECK(n >= 1 && n <= s_.capacity && n <= stride, "KV host copy of ", n, " positions of ", stride,
+                  ", capacity ", s_.capacity);
+    const size_t row_bytes = size_t(row_stride_) * dtype_size(s_.dtype);
+    // n elements of `bytes` each, of a run of `stride` on the host side.
     auto move = [&](void* cache, size_t bytes) {
-        if (save) std::memcpy(host, cache, bytes);
-        else std::memcpy(cache, host, bytes);
-        host += bytes;
+        if (save) std::memcpy(host, cache, size_t(n) * bytes);
+        else std::memcpy(cache, host, size_t(n) * bytes);
+        host += size_t(stride) * bytes;
     };
     for (int64_t l = 0; l < s_.n_layers; ++l)
         for (int kv = 0; kv < 2; ++kv) {
             uint8_t* b = static_cast<uint8_t*>(block(l, slot, kv));
-            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(b + size_t(h * s_.capacity) * row_bytes, rows);
+            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(b + size_t(h * s_.capacity) * row_bytes, row_bytes);
             if (s_.dtype != DType::I8) continue;
             float* sc = scales(l, slot, kv);
-            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(sc + h * s_.capacity, size_t(n) * sizeof(float));
+            for (int64_t h = 0; h < s_.n_kv_heads; ++h) move(sc + h * s_.capacity, sizeof(float));
         }
 }
 

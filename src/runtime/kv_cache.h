@@ -83,16 +83,17 @@ public:
     // Rows (and INT8 scales) of positions [0, n) of slot src copied into slot dst, every layer.
     // Needs n <= capacity.
     void copy_prefix(int64_t src, int64_t dst, int64_t n);
-    // Rows (and INT8 scales) of positions [0, n) of `slot` to or from a host copy laid out as
-    // kv_position_bytes says (n of them). Needs n <= capacity.
+    // Rows (and INT8 scales) of positions [0, n) of `slot` to a host copy laid out as
+    // kv_position_bytes says, or from the first n positions of such a copy of `saved` positions.
+    // Needs n <= capacity.
     void save_prefix(int64_t slot, int64_t n, uint8_t* out);
-    void load_prefix(int64_t slot, int64_t n, const uint8_t* in);
+    void load_prefix(int64_t slot, int64_t n, const uint8_t* in, int64_t saved);
 
 private:
     KVSlotView view(int64_t layer, int64_t slot);
     void* block(int64_t layer, int64_t slot, int kv);
     float* scales(int64_t layer, int64_t slot, int kv);
-    void host_copy(int64_t slot, int64_t n, uint8_t* host, bool save);
+    void host_copy(int64_t slot, int64_t n, uint8_t* host, int64_t stride, bool save);
     KVCacheShape s_;
     int64_t row_stride_ = 0;
     size_t block_bytes_ = 0;

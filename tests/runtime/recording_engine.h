@@ -43,7 +43,7 @@ public:
     void copy_kv(int64_t src, int64_t dst, int64_t n) override { e_.copy_kv(src, dst, n); }
     size_t kv_position_bytes() const override { return e_.kv_position_bytes(); }
     void save_kv(int64_t slot, int64_t n, uint8_t* out) override { e_.save_kv(slot, n, out); }
-    void load_kv(int64_t slot, int64_t n, const uint8_t* in) override { e_.load_kv(slot, n, in); }
+    void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) override { e_.load_kv(slot, n, in, saved); }
     const ModelConfig& config() const override { return e_.config(); }
     const EngineOptions& options() const override { return e_.options(); }
     size_t weight_bytes() const override { return e_.weight_bytes(); }

@@ -401,10 +401,11 @@ TEST(Batcher, PrefixReuseTakesTheLongestHeldPrefix) {
 }
 
 // The prefix cache's host tier (BatcherOptions::host_cache_bytes): two conversations through one
-// slot, each prompt then its next turn (its prompt, its reply, a new turn). Without the tier the
-// slot holds only the other conversation, and every turn is prefilled whole. With it, each
-// request that takes the slot first saves what the slot held, and each next turn loads its
-// conversation's keys and values back: it prefills only the new turn, with the tokens and prompt
+// slot, each prompt then its next turn (its prompt, its reply, a new turn), then a prompt that
+// leaves the first conversation after 18 tokens. Without the tier the slot holds only another
+// conversation, and every prompt is prefilled whole. With it, each request that takes the slot
+// first saves what the slot held, and each next turn loads its conversation's keys and values
+// back (the last one only part of a save): it prefills only the rest, with the tokens and prompt
 // logits of runs without any reuse. Budgets: room for all, for one save at a time (each load
 // comes before the save that drops it), for the first 20 positions of each (a prefix of a prefix
 // is one too), and for less than kMinHostPrefix (nothing saved).
@@ -449,6 +450,15 @@ TEST(Batcher, HostTierKeepsMoreConversationsThanSlots) {
                 bt.add(r[i]);
             }
             while (bt.busy()) bt.step();
+            // A prompt that leaves a's conversation after its first 18 tokens: a load of part of
+            // a save (each head's rows at the save's pitch).
+            std::vector<int32_t> off(a.begin(), a.begin() + 18);
+            off.push_back(int32_t((a[18] + 1) % cfg.vocab));
+            off.push_back(5);
+            r.push_back(request(off, greedy, 4));
+            r[4].keep_prompt_logits = true;
+            bt.add(r[4]);
+            while (bt.busy()) bt.step();
             for (size_t i = 0; i < r.size(); ++i) out.res.push_back(bt.result(i));
             out.t = bt.timings();
             out.prefixes = bt.host_prefixes();
@@ -459,33 +469,36 @@ TEST(Batcher, HostTierKeepsMoreConversationsThanSlots) {
         ASSERT_EQ(fresh.res[0].tokens.size(), 8u);
         ASSERT_EQ(fresh.res[1].tokens.size(), 8u);
         // What a slot holds after a request: its prompt and its tokens but the last.
-        const int64_t held_a = 20 + 7, held_b = 24 + 7, held_a2 = 20 + 8 + 2 + 7;
+        const int64_t held_a = 20 + 7, held_b = 24 + 7, held_a2 = 20 + 8 + 2 + 7, held_b2 = 24 + 8 + 1 + 7;
         struct Budget {
             int64_t positions;
             std::vector<int64_t> cached;
             int64_t saves, prefixes, bytes;  // (bytes in positions)
         };
+        // The last request loads 18 positions of a2's save (or of a2's first 20), and b2's is saved
+        // (replacing b's, or making room by dropping a2's after the load).
         const Budget budgets[] = {
-            {0, {0, 0, 0, 0}, 0, 0, 0},  // the slot tier alone: it holds the other conversation
-            {1000, {0, 0, held_a, held_b}, 3, 2, held_b + held_a2},  // a's save held whole by a2's
-            {40, {0, 0, held_a, held_b}, 3, 1, held_a2},
-            {20, {0, 0, 20, 20}, 3, 1, 20},  // a2's first 20 (a's) saved again: a's save had gone
-            {kMinHostPrefix - 1, {0, 0, 0, 0}, 0, 0, 0},
+            {0, {0, 0, 0, 0, 0}, 0, 0, 0},  // the slot tier alone: it holds the other conversation
+            {1000, {0, 0, held_a, held_b, 18}, 4, 2, held_a2 + held_b2},  // a's save held whole by a2's
+            {40, {0, 0, held_a, held_b, 18}, 4, 1, held_b2},
+            {20, {0, 0, 20, 20, 18}, 4, 1, 20},  // a2's first 20 (a's) saved again: a's save had gone
+            {kMinHostPrefix - 1, {0, 0, 0, 0, 0}, 0, 0, 0},
         };
         for (const Budget& bu : budgets) {
             const Run got = run(bu.positions);
             const std::string what = "kv " + std::string(kv_name(kv_dtype(kv))) + ", budget " + std::to_string(bu.positions);
-            int64_t loaded = 0;
-            for (size_t i = 0; i < 4; ++i) {
+            int64_t loaded = 0, loads = 0;
+            for (size_t i = 0; i < 5; ++i) {
                 EXPECT_EQ(fresh.res[i].cached_tokens, 0);
                 EXPECT_EQ(got.res[i].cached_tokens, bu.cached[i]) << "request " << i << ", " << what;
                 EXPECT_EQ(got.res[i].tokens, fresh.res[i].tokens) << "request " << i << ", " << what;
                 EXPECT_LT(max_abs_diff(got.res[i].prompt_logits, fresh.res[i].prompt_logits), 1e-4)
                     << "request " << i << ", " << what;
                 loaded += bu.cached[i];
+                loads += bu.cached[i] > 0;
             }
             EXPECT_EQ(got.t.host_saves, bu.saves) << what;
-            EXPECT_EQ(got.t.host_loads, loaded > 0 ? 2 : 0) << what;
+            EXPECT_EQ(got.t.host_loads, loads) << what;
             EXPECT_EQ(got.t.host_tokens, loaded) << what;
             EXPECT_EQ(got.t.prefill_tokens, fresh.t.prefill_tokens - loaded) << what;
             EXPECT_EQ(got.prefixes, bu.prefixes) << what;

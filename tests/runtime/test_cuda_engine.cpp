@@ -365,10 +365,11 @@ TEST_P(CudaVsCpu, CopiedPrefixMatchesTheCpuCopy) {
     }
 }
 
-// Engine::save_kv / load_kv (the prefix cache's host tier) on the GPU: a prefix saved from slot 0
-// to host memory and loaded into slot 1, whose sequence goes on from it, gives the CPU engine's
-// logits for the same, so the 2D copies moved each head's rows (and INT8 scales) both ways. The
-// copy takes the CPU's bytes per position, and saved again it is the bytes it was.
+// Engine::save_kv / load_kv (the prefix cache's host tier) on the GPU: the first 17 positions of a
+// 23-position copy of slot 0, loaded into slot 1, whose sequence goes on from them, give the CPU
+// engine's logits for the same, so the 2D copies moved each head's rows (and INT8 scales) both
+// ways at the copy's pitch. The copy takes the CPU's bytes per position, and slot 1 saved again
+// is the bytes of a 17-position copy of slot 0.
 TEST_P(CudaVsCpu, HostCopyOfAPrefixMatchesTheCpu) {
     SKIP_WITHOUT_GPU();
     const int64_t V = cfg_.vocab, shared = 17;
@@ -389,9 +390,12 @@ TEST_P(CudaVsCpu, HostCopyOfAPrefixMatchesTheCpu) {
             per[gpu] = e.kv_position_bytes();
             std::vector<float> lg(static_cast<size_t>(V));
             e.forward({{0, first.data(), int64_t(first.size()), 0, false}}, lg.data());
-            std::vector<uint8_t> saved(size_t(shared) * per[gpu]), again(saved.size());
+            // A longer copy, of which the load takes the first `shared` positions (each head's rows
+            // 23 apart on the host).
+            std::vector<uint8_t> longer(first.size() * per[gpu]), saved(size_t(shared) * per[gpu]), again(saved.size());
+            e.save_kv(0, int64_t(first.size()), longer.data());
             e.save_kv(0, shared, saved.data());
-            e.load_kv(1, shared, saved.data());
+            e.load_kv(1, shared, longer.data(), int64_t(first.size()));
             e.forward({{1, tail.data(), 5, shared, true}}, lg.data());
             out[gpu].push_back(lg);
             for (int64_t i = 5; i < 8; ++i) {
@@ -401,7 +405,8 @@ TEST_P(CudaVsCpu, HostCopyOfAPrefixMatchesTheCpu) {
             e.save_kv(1, shared, again.data());
             EXPECT_TRUE(again == saved) << (gpu ? "gpu" : "cpu");
             EXPECT_THROW(e.save_kv(2, 4, again.data()), Error);
-            EXPECT_THROW(e.load_kv(1, 49, saved.data()), Error);
+            EXPECT_THROW(e.load_kv(1, 49, saved.data(), 49), Error);
+            EXPECT_THROW(e.load_kv(1, shared + 1, saved.data(), shared), Error);
         }
         EXPECT_EQ(per[0], per[1]);
         expect_steps_close(out[0], out[1], kv);

@@ -233,12 +233,13 @@ TEST_P(EngineInvariants, ContextShiftEqualsPrefillOfTheKeptTokens) {
         }
 }
 
-// Engine::save_kv / load_kv (the prefix cache's host tier): a prefix saved from slot 0 and loaded
-// into slot 1 gives slot 1's sequence the keys and values slot 0's has, so the two go on bit for
-// bit alike (a prompt chunk, then decode steps); saved again, the copy is the bytes it was. A
-// copy takes kv_position_bytes per position, the cache's bytes per slot and position exactly.
+// Engine::save_kv / load_kv (the prefix cache's host tier): a copy of 13 positions of slot 0,
+// loaded whole into slot 1 and saved again, is the bytes it was; its first 9 loaded into slot 1
+// are the bytes a copy of slot 0's first 9 holds (each head's rows sit 13 apart in the longer
+// copy), and the two sequences go on from there bit for bit alike (a prompt chunk, then decode
+// steps). A copy takes kv_position_bytes per position, the cache's bytes per slot and position.
 TEST_P(EngineInvariants, HostCopyOfAPrefixContinuesItsSequence) {
-    const int64_t V = cfg_.vocab, ctx = 32, n = 13;
+    const int64_t V = cfg_.vocab, ctx = 32, n = 13, m = 9;
     const auto prompt = make_prompt(20, V, 51), tail = make_prompt(8, V, 52);
     for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
         SessionOptions so;
@@ -250,27 +251,33 @@ TEST_P(EngineInvariants, HostCopyOfAPrefixContinuesItsSequence) {
         auto s = open_session(so, comm);
         Engine& e = *s->engine;
         const int64_t cap = kv_capacity(s->cfg, e.options());
-        EXPECT_EQ(e.kv_position_bytes() * size_t(2 * cap), e.kv_bytes());
+        const size_t per = e.kv_position_bytes();
+        EXPECT_EQ(per * size_t(2 * cap), e.kv_bytes());
         std::vector<float> lg(static_cast<size_t>(V));
         e.forward({{0, prompt.data(), int64_t(prompt.size()), 0, false}}, lg.data());
-        std::vector<uint8_t> saved(size_t(n) * e.kv_position_bytes()), again(saved.size());
+        std::vector<uint8_t> saved(size_t(n) * per), again(saved.size()), first(size_t(m) * per), again_first(first.size());
         e.save_kv(0, n, saved.data());
-        e.load_kv(1, n, saved.data());
+        e.save_kv(0, m, first.data());
+        e.load_kv(1, n, saved.data(), n);
+        e.save_kv(1, n, again.data());
+        EXPECT_TRUE(again == saved);
+        e.load_kv(1, m, saved.data(), n);
+        e.save_kv(1, m, again_first.data());
+        EXPECT_TRUE(again_first == first);
         std::vector<float> out[2];
         for (int64_t slot = 0; slot < 2; ++slot) {
-            e.forward({{slot, tail.data(), 5, n, true}}, lg.data());
+            e.forward({{slot, tail.data(), 5, m, true}}, lg.data());
             out[slot] = lg;
             for (int64_t i = 5; i < 8; ++i) {
-                e.forward({{slot, &tail[size_t(i)], 1, n + i, true}}, lg.data());
+                e.forward({{slot, &tail[size_t(i)], 1, m + i, true}}, lg.data());
                 out[slot].insert(out[slot].end(), lg.begin(), lg.end());
             }
         }
         EXPECT_EQ(out[0], out[1]) << "kv " << kv_name(kv_dtype(kv));
-        e.save_kv(1, n, again.data());
-        EXPECT_EQ(again, saved);
-        EXPECT_THROW(e.save_kv(2, n, again.data()), Error);    // no such slot
-        EXPECT_THROW(e.load_kv(1, 0, saved.data()), Error);    // nothing
-        EXPECT_THROW(e.save_kv(0, cap + 1, nullptr), Error);  // past the cache
+        EXPECT_THROW(e.save_kv(2, n, again.data()), Error);       // no such slot
+        EXPECT_THROW(e.load_kv(1, 0, saved.data(), n), Error);    // nothing
+        EXPECT_THROW(e.load_kv(1, m + 1, first.data(), m), Error);  // more than the copy holds
+        EXPECT_THROW(e.save_kv(0, cap + 1, nullptr), Error);     // past the cache
     }
 }
 

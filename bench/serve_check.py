@@ -5,8 +5,9 @@ Starts the server on the shipped model (FP32 weights and KV cache, so that the d
 tokens are the CPU's), then over HTTP: a completion equal to `shardlm generate --device cpu`;
 six concurrent requests through four slots, each equal to its CPU text; a streamed completion
 equal to the plain one; logprobs of a greedy completion against the same text scored with
-echo and max_tokens 0 (prefix cache and all_logits chunks on the device); SIGTERM ends it with
-status 0. Prints one line per check and exits 1 when any fails.
+echo and max_tokens 0 (prefix cache and all_logits chunks on the device); a conversation's next
+turn loaded back from the prefix cache's host tier (--cache-ram) after other prompts took its slot,
+equal to its CPU text; SIGTERM ends it with status 0. Prints one line per check and exits 1 when any fails.
 
     bench/serve_check.py --bin build/shardlm --model launch/models/kjv-small --device cuda
 """
@@ -43,7 +44,7 @@ def main():
 
     log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
     srv = subprocess.Popen([args.bin, "serve", "--model", args.model, "--device", args.device, "--weights", "fp32",
-                            "--kv", "fp32", "--batch", "4", "--ctx", "512", "--port", "0"],
+                            "--kv", "fp32", "--batch", "4", "--ctx", "512", "--cache-ram", "64", "--port", "0"],
                            stdout=subprocess.DEVNULL, stderr=log)
     port = 0
     deadline = time.time() + 120
@@ -106,7 +107,25 @@ def main():
         b = scored["choices"][0]["logprobs"]["token_logprobs"][3:]
         diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) == 8 else float("inf")
         check("echo scores == generation logprobs", diff < 1e-3, f"max diff {diff} ({a} vs {b})")
-        print(f"note: serve on {args.device}: {len(prompts) + 4} requests, echo vs generation logprob diff {diff:.2e}")
+        # The prefix cache's host tier (--cache-ram): a conversation, then four other prompts one
+        # after another (each takes the slot freed longest ago, so one takes the conversation's,
+        # which saves it to host memory first), then the conversation's next turn: it loads its
+        # earlier turn back (device <- host copies) and answers the CPU's text.
+        first = ("And God said, Let there be light: and there was light. And God saw the light, "
+                 "that it was good: and God divided the light from the darkness.")
+        turn = json.loads(post(port, "/v1/completions", {"prompt": first, "max_tokens": 8, "temperature": 0}))
+        for i, p in enumerate(["And Adam knew", "These are the generations", "Now the serpent", "And Cain talked"]):
+            post(port, "/v1/completions", {"prompt": p, "max_tokens": 4 + i, "temperature": 0})
+        second = first + turn["choices"][0]["text"] + " And"
+        again = json.loads(post(port, "/v1/completions", {"prompt": second, "max_tokens": 8, "temperature": 0}))
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("host tier: next turn loads the earlier one", cached >= turn["usage"]["prompt_tokens"],
+              f"{cached} cached of {again['usage']['prompt_tokens']}")
+        w = cpu_text(args, second, 8)
+        check("host tier: next turn == cpu generate", again["choices"][0]["text"] == w,
+              f"{again['choices'][0]['text']!r} vs {w!r}")
+        print(f"note: serve on {args.device}: {len(prompts) + 10} requests, echo vs generation logprob diff {diff:.2e}, "
+              f"host tier {cached} of {again['usage']['prompt_tokens']} prompt tokens cached")
     except Exception as e:  # a refused connection, an HTTP error, a bad JSON body
         check("requests", False, repr(e))
     srv.terminate()

@@ -843,12 +843,9 @@ void CudaEngine::copy_kv(int64_t src, int64_t dst, int64_t n) {
     }
 }
 
+// The same rows as the CPU cache's (128-byte aligned, f32 scales for INT8): one formula for both.
 size_t CudaEngine::kv_position_bytes() const {
-    size_t b = 0;
-    for (const DeviceKVLayer& kv : kv_)
-        b += size_t(2 * kv.n_kv_heads) *
-             (size_t(kv.row_stride) * dtype_size(kv.dtype) + (kv.dtype == DType::I8 ? sizeof(float) : 0));
-    return b;
+    return shardlm::kv_position_bytes(kv_cache_shape(cfg_, plan_.n_kv_heads, opt_));
 }
 
 void CudaEngine::save_kv(int64_t slot, int64_t n, uint8_t* out) {

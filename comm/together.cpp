@@ -36,15 +36,21 @@ void run_together(Communicator& comm, const std::function<void()>& phase) {
     throw AgreedError(cat("rank ", first, ": ", msg));
 }
 
-void check_same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what) {
-    if (comm.size() == 1) return;
+int first_differing_rank(Communicator& comm, const std::string& value) {
+    if (comm.size() == 1) return -1;
     // Compare fixed-size digests (FNV-1a 64) so ranks never need each other's string lengths.
     uint64_t h = 1469598103934665603ull;
     for (unsigned char c : value) h = (h ^ c) * 1099511628211ull;
     std::vector<uint64_t> all(size_t(comm.size()));
     comm.all_gather(&h, sizeof h, all.data());
     for (int r = 1; r < comm.size(); ++r)
-        if (all[size_t(r)] != all[0]) fail("ranks disagree on ", what, ": rank ", r, " differs from rank 0");
+        if (all[size_t(r)] != all[0]) return r;
+    return -1;
+}
+
+void check_same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what) {
+    const int r = first_differing_rank(comm, value);
+    if (r >= 0) fail("ranks disagree on ", what, ": rank ", r, " differs from rank 0");
 }
 
 void maybe_inject_failure(const Communicator& comm, const char* phase) {

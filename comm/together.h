@@ -23,6 +23,9 @@ void run_together(Communicator& comm, const std::function<void()>& phase);
 // Throws unless every rank passes the same `value` (e.g. a hash of model, flags and build);
 // `what` names it in the error.
 void check_same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what);
+// The lowest rank whose `value` differs from rank 0's, or -1 when all ranks pass the same
+// (a collective: every rank calls it).
+int first_differing_rank(Communicator& comm, const std::string& value);
 
 // Test hook: SHARDLM_FAIL_RANK=r and SHARDLM_FAIL_PHASE=p make rank r throw at phase p
 // ("load", "generate", ...). Does nothing unless both are set and match.

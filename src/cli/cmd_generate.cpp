@@ -10,9 +10,11 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/prefix_cache_file.h"
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/mmap_file.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
@@ -25,14 +27,14 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits;
+    std::string model, prompt_ids, dump_logits, prompt_cache;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
     const std::vector<std::string>& stops = sampling.stops;
     int64_t max_new = 64, ctx = 0, chunk = 256, sinks = 4, batch = 0, logprobs = -1, prompt_logprobs = -1, speculate = 0,
-            min_new = 0, speculate_max_batch = 0, speculate_max_tokens = 8;
+            min_new = 0, speculate_max_batch = 0, speculate_max_tokens = 8, cache_ram = 0;
     std::string overflow = "error";
     int threads = 0, tp = 0;
     d.add_options()
@@ -55,6 +57,15 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("prefix-cache",
          "a prompt takes the free slot whose KV cache holds the longest start of it (left by a sequence "
          "that ended) and prefills only the rest: prompts that share a start, more of them than --batch")
+        ("prompt-cache", po::value(&prompt_cache),
+         "keys and values kept in FILE across runs (llama.cpp's --prompt-cache): a prompt that starts with a prefix "
+         "an earlier run saved loads it instead of prefilling it, and every slot's prompt and tokens are saved there "
+         "at the end (with --prefix-cache; under mpirun rank r keeps FILE.rank<r>; a file made with another model, "
+         "weight or KV format, device or rank count is not used, and replaced)")
+        ("cache-ram", po::value(&cache_ram),
+         "MiB of host memory for saved prefixes per rank (the prefix cache's host tier, as serve --cache-ram; needs "
+         "--prefix-cache or --prompt-cache; default with --prompt-cache: 1024, or half this rank's part of the free "
+         "memory when that is less)")
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: each sequence verifies up to N tokens that followed an earlier "
          "occurrence of its last words, in one step: the same tokens (greedy or sampled with the same seed), "
@@ -120,7 +131,18 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-logprobs") && !vm.count("json")) fail("--prompt-logprobs needs --json (they are reported there)");
         if (vm.count("prompt-logprobs") && prompt_logprobs < 0) fail("--prompt-logprobs must be >= 0");
         go.prompt_logprobs = vm.count("prompt-logprobs") ? prompt_logprobs : -1;
-        go.reuse_prefix = vm.count("prefix-cache") > 0;
+        go.reuse_prefix = vm.count("prefix-cache") > 0 || vm.count("prompt-cache") > 0;
+        if (vm.count("prompt-cache") && prompt_cache.empty()) fail("--prompt-cache needs a file name");
+        if (vm.count("cache-ram")) {
+            if (cache_ram < 0 || cache_ram > (int64_t(1) << 40)) fail("--cache-ram must be in [0, 2^40] MiB");
+            if (!go.reuse_prefix) fail("--cache-ram is the prefix cache's host tier: it needs --prefix-cache or --prompt-cache");
+            if (cache_ram == 0 && !prompt_cache.empty()) fail("--prompt-cache keeps its prefixes in the host tier: --cache-ram 0 leaves it none");
+        }
+        if (!prompt_cache.empty()) {  // every rank's own file, before the load and the run
+            const std::string mine = prefix_file_path(prompt_cache, comm.rank());
+            const std::string why = unwritable_reason(mine);
+            if (!why.empty()) fail("--prompt-cache: cannot write ", mine, ": ", why);
+        }
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
         check_draft_flags(draftf, vm);
@@ -224,9 +246,29 @@ int cmd_generate(const Args& args, Communicator& comm) {
             ds = open_draft_session(draftf.model, so, comm);
             go.draft = ds->engine.get();
         }
+        // The host tier fills up as prefixes leave the slots: a budget the memory left after
+        // loading cannot back is refused, and the default stays within half of it.
+        const HostMemory avail = host_memory_available();
+        const size_t share = avail.bytes == SIZE_MAX ? SIZE_MAX : avail.bytes / size_t(s->engine->options().ranks_on_node);
+        if (vm.count("cache-ram")) {
+            if (share != SIZE_MAX && size_t(cache_ram) << 20 > share)
+                fail("--cache-ram ", cache_ram, " MiB is more than this rank's part of the host memory left after loading: ",
+                     share >> 20, " MiB (", avail.source, ")");
+            go.host_cache_bytes = size_t(cache_ram) << 20;
+        } else if (!prompt_cache.empty()) {
+            go.host_cache_bytes = std::min(size_t(1024) << 20, share / 2);
+        }
     });
     // Phase 3: the ranks must be running the same request on the same model with the same build.
     run_together(comm, [&] { check_same_request(comm, args, *s); });
+    // --prompt-cache: what earlier runs saved joins the host tier, and the tier is saved after.
+    PrefixFileKey cache_key;
+    std::vector<SavedPrefix> saved;
+    if (!prompt_cache.empty()) {
+        cache_key = prefix_file_key(*s, so, comm);
+        saved = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache");
+        go.host_saves = &saved;
+    }
 
     // One text prompt, stdout a terminal, no --json: the text is printed as it forms, never a
     // broken character (the stopping EOS is not printed), nor what may yet be a stop string's start.
@@ -253,6 +295,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     }
     if (!stops.empty()) stop_check = [&](size_t i, int32_t) { return texts[i].stopped(); };
     const GenerateResult r = generate(*s->engine, prompts, go, on_token, stop_check);
+    if (!prompt_cache.empty()) save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache");
     if (!root) return 0;
     // A stop string completed by the decoder's held-back rest still ends the text there.
     std::vector<std::string> stop_reasons;
@@ -335,7 +378,9 @@ int cmd_generate(const Args& args, Communicator& comm) {
                         {"generated_tokens_per_s", generated_per_s},
                         {"decode_steps", t.decode_steps},
                         {"draft_tokens", t.draft_tokens},
-                        {"accepted_tokens", t.accepted_tokens}};
+                        {"accepted_tokens", t.accepted_tokens},
+                        {"host_loads", t.host_loads},     // prefixes loaded from the host tier (--prompt-cache, --cache-ram)
+                        {"host_tokens", t.host_tokens}};  // the prompt tokens those loads spared
         if (ds) j["timings"]["draft_ms"] = t.draft_ms;  // --draft-model's steps, within prefill_ms and decode_ms
         j["batch"] = so.max_batch;
         j["memory"] = {{"weights_bytes", s->engine->weight_bytes()},

@@ -35,6 +35,7 @@
 #include "cli/commands.h"
 #include "cli/openai_api.h"
 #include "cli/options.h"
+#include "cli/prefix_cache_file.h"
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
@@ -430,7 +431,7 @@ void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, Pooler& pool
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
     std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list,
-        rerank_template;
+        rerank_template, cache_file;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -477,6 +478,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "keys and values that slot holds are saved to host memory, and a later request starting with more of a "
          "saved prefix than any slot holds loads it back instead of prefilling it, so more conversations than "
          "--batch keep their earlier turns (llama.cpp's --cache-ram; the least recently used saves go first)")
+        ("cache-file", po::value(&cache_file),
+         "--cache-ram across restarts: the saved prefixes are loaded from FILE at start and, with what every free "
+         "slot holds, written back at shutdown (SIGINT/SIGTERM); under mpirun rank r keeps FILE.rank<r>; a file made "
+         "with another model, weight or KV format, device or rank count is not used, and replaced")
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
          "tokens made without it up to rounding (0: off)")
@@ -530,6 +535,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (speculate_max_tokens < 0) fail("--speculate-max-tokens must be >= 0");
         if (cache_ram < 0 || cache_ram > (int64_t(1) << 40)) fail("--cache-ram must be in [0, 2^40] MiB");
         if (cache_ram > 0 && vm.count("no-prefix-cache")) fail("--cache-ram is the prefix cache's host tier: not with --no-prefix-cache");
+        if (vm.count("cache-file")) {
+            if (cache_ram == 0) fail("--cache-file keeps the host tier across restarts: it needs --cache-ram above 0");
+            if (cache_file.empty()) fail("--cache-file needs a file name");
+            const std::string mine = prefix_file_path(cache_file, comm.rank());  // before the load, not at shutdown
+            const std::string why = unwritable_reason(mine);
+            if (!why.empty()) fail("--cache-file: cannot write ", mine, ": ", why);
+        }
         check_json_whitespace(json_whitespace);
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
         if (!vm.count("api-key"))
@@ -959,6 +971,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
             .first->second;
     };
     Batcher batcher(engine, bo);
+    PrefixFileKey cache_key;  // --cache-file
+    if (!cache_file.empty()) {
+        cache_key = prefix_file_key(*s, so, comm);
+        batcher.restore_host(load_prefix_cache(comm, cache_file, cache_key, "--cache-file"));
+        std::lock_guard<std::mutex> lk(stats.m);
+        stats.host_bytes = batcher.host_bytes();  // /metrics before the first step
+    }
     std::vector<size_t> live;                          // every rank: requests not yet released
     std::map<size_t, std::unique_ptr<StopMatcher>> texts;  // rank 0
     std::vector<std::pair<size_t, std::string>> to_end;    // rank 0: found after a step, sent with the next control
@@ -1057,6 +1076,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             batcher.release(id);
         }
         live.resize(kept);
+    }
+    if (!cache_file.empty()) {  // every rank, its own file (requests still running are not saved)
+        batcher.save_slots();
+        save_prefix_cache(comm, cache_file, cache_key, batcher.take_host(), "--cache-file");
     }
     if (root) {
         stop_http();

@@ -208,6 +208,40 @@ void Batcher::keep_host(HostPrefix e) {
     host_.push_back(std::move(e));
 }
 
+void Batcher::save_slots() {
+    if (opt_.host_cache_bytes == 0) return;
+    // The slot freed longest ago first, so the tier's order of use stays the slots' order.
+    std::vector<int64_t> order(free_slots_);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return freed_at_[size_t(a)] < freed_at_[size_t(b)]; });
+    for (const int64_t slot : order) {
+        HostPrefix e = save_held(slot, 0);
+        if (!e.tokens.empty()) keep_host(std::move(e));
+    }
+}
+
+std::vector<SavedPrefix> Batcher::take_host() {
+    std::sort(host_.begin(), host_.end(), [](const HostPrefix& a, const HostPrefix& b) { return a.used < b.used; });
+    std::vector<SavedPrefix> out;
+    out.reserve(host_.size());
+    for (HostPrefix& h : host_) out.push_back(std::move(static_cast<SavedPrefix&>(h)));
+    host_.clear();
+    host_bytes_ = 0;
+    return out;
+}
+
+int64_t Batcher::restore_host(std::vector<SavedPrefix> saved) {
+    const size_t per = engine_.kv_position_bytes();
+    for (SavedPrefix& p : saved) {
+        SHARDLM_CHECK(!p.tokens.empty() && p.kv.size() == p.tokens.size() * per, "restore_host: a prefix of ",
+                      p.tokens.size(), " tokens with ", p.kv.size(), " bytes of keys and values (", per, " per position)");
+        if (p.kv.size() > opt_.host_cache_bytes) continue;
+        HostPrefix e;
+        static_cast<SavedPrefix&>(e) = std::move(p);
+        keep_host(std::move(e));
+    }
+    return int64_t(host_.size());
+}
+
 int64_t Batcher::host_match(const std::vector<int32_t>& p, size_t& which) const {
     int64_t best = 0;
     for (size_t i = 0; i < host_.size(); ++i) {

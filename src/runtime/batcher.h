@@ -94,6 +94,13 @@ struct GenerateTimings {
     int64_t host_saves = 0, host_loads = 0, host_tokens = 0;
 };
 
+// A prefix the host tier keeps: its tokens, and the keys and values of their positions on this
+// rank as Engine::save_kv lays them out (tokens.size() x kv_position_bytes()).
+struct SavedPrefix {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> kv;
+};
+
 // Called after each step with (request index, new token); for streaming.
 using TokenCallback = std::function<void(size_t, int32_t)>;
 // Called with (request index, new token) for each token that is not an end-of-sequence id, after
@@ -189,6 +196,15 @@ public:
     // The host tier's saved prefixes and the bytes they take on this rank.
     int64_t host_prefixes() const { return int64_t(host_.size()); }
     size_t host_bytes() const { return host_bytes_; }
+    // The host tier across runs (runtime/prefix_file.h). save_slots: what every free slot holds
+    // joins the tier, as if a request were taking the slot (before the process ends).
+    // take_host: the tier's saves, the least recently used first, leaving it empty.
+    // restore_host: saves of an earlier run join the tier in that order (the most recent are
+    // kept when they outgrow the budget; one larger than the budget alone is skipped); returns
+    // the saves the tier then holds. Each kv must be tokens.size() x engine.kv_position_bytes().
+    void save_slots();
+    std::vector<SavedPrefix> take_host();
+    int64_t restore_host(std::vector<SavedPrefix> saved);
 
 private:
     struct Seq;
@@ -202,11 +218,9 @@ private:
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();
     bool preempt(int64_t priority, const std::function<bool(size_t, size_t)>& before);
-    // A prefix the host tier saved from a slot: its keys and values, and when it was last saved
-    // or loaded (a count of uses).
-    struct HostPrefix {
-        std::vector<int32_t> tokens;
-        std::vector<uint8_t> kv;
+    // A prefix the host tier saved from a slot, and when it was last saved or loaded (a count
+    // of uses).
+    struct HostPrefix : SavedPrefix {
         uint64_t used = 0;
     };
     // A copy of what `slot` holds, unless a request keeps the first `kept` of it or a saved prefix

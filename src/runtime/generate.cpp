@@ -214,6 +214,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.slide = opt.slide;
     bo.sink_tokens = opt.sink_tokens;
     bo.reuse_prefix = opt.reuse_prefix;
+    bo.host_cache_bytes = opt.host_cache_bytes;
     bo.speculate = opt.speculate;
     bo.speculate_max_batch = opt.speculate_max_batch;
     bo.speculate_max_tokens = opt.speculate_max_tokens;
@@ -221,6 +222,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     bo.draft_p_min = opt.draft_p_min;
     bo.json_vocab = opt.json_vocab;
     Batcher b(engine, bo);
+    if (opt.host_saves) b.restore_host(std::move(*opt.host_saves));
     for (size_t s = 0; s < prompts.size(); ++s) {
         BatchRequest r;
         r.prompt = prompts[s];
@@ -245,6 +247,10 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     res.timings = b.timings();
     res.timings.total_ms = now_ms() - t0;
     for (size_t s = 0; s < prompts.size(); ++s) res.seqs.push_back(b.result(s));
+    if (opt.host_saves) {
+        b.save_slots();
+        *opt.host_saves = b.take_host();
+    }
     return res;
 }
 

@@ -51,6 +51,12 @@ struct GenerateOptions {
     // (from a sequence that ended earlier in this run) and prefills the rest
     // (BatcherOptions::reuse_prefix). Pays with more prompts than --batch slots sharing a start.
     bool reuse_prefix = false;
+    // With reuse_prefix, the prefix cache's host tier (BatcherOptions::host_cache_bytes; 0: none).
+    size_t host_cache_bytes = 0;
+    // With host_cache_bytes (generate --prompt-cache, runtime/prefix_file.h), not owned: saves of
+    // an earlier run that join the tier before the first request (Batcher::restore_host), and in
+    // their place after the run the tier with every slot's prefix in it (save_slots, take_host).
+    std::vector<SavedPrefix>* host_saves = nullptr;
     // --speculate: each sequence verifies up to this many tokens proposed by prompt lookup per
     // step (BatcherOptions::speculate); 0: off.
     int64_t speculate = 0;

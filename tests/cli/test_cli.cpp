@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <regex>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -152,6 +153,56 @@ TEST_F(Cli, PrefixCacheReusesTheSharedStart) {
         EXPECT_EQ(a[i]["cached_tokens"], 0) << "prompt " << i;
         EXPECT_EQ(b[i]["cached_tokens"], cached[i]) << "prompt " << i;
     }
+}
+
+// --prompt-cache: a second run starts with what the first saved. B leaves A after 18 tokens: it
+// loads part of A's save, then A loads the rest of its own past what B left in the slot.
+TEST_F(Cli, PromptCacheCarriesPrefixesAcrossRuns) {
+    std::string a, b;
+    for (int i = 1; i <= 20; ++i) a += (i > 1 ? "," : "") + std::to_string(i);
+    for (int i = 1; i <= 18; ++i) b += std::to_string(i) + ",";
+    b += "99,100";
+    const std::string file = dir_.file("prompts.kv");
+    const std::string gen = kBin + " generate --model " + dir_.path() + " --max-new-tokens 4 --temperature 0 --batch 1 --json";
+    auto run = [&](const std::string& ids, const std::string& more) {
+        const CommandResult r = run_command(gen + " --prompt-ids '" + ids + "'" + more);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return r;
+    };
+    const auto plain = nlohmann::json::parse(run(b + ";" + a, "").out);
+    const CommandResult first = run(a, " --prompt-cache " + file);
+    EXPECT_NE(first.err.find("--prompt-cache " + file + ": no file yet"), std::string::npos) << first.err;
+    EXPECT_NE(first.err.find("1 prefix, 23 positions"), std::string::npos) << first.err;  // A and its tokens but the last
+    EXPECT_EQ(nlohmann::json::parse(first.out)["results"][0]["cached_tokens"], 0);
+    const CommandResult second = run(b + ";" + a, " --prompt-cache " + file);
+    EXPECT_NE(second.err.find(file + ": 1 prefix, 23 positions"), std::string::npos) << second.err;
+    EXPECT_NE(second.err.find(") loaded"), std::string::npos) << second.err;
+    const auto j = nlohmann::json::parse(second.out);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(j["results"][i]["tokens"], plain["results"][i]["tokens"]) << "prompt " << i;
+    EXPECT_EQ(j["results"][0]["cached_tokens"], 18);
+    EXPECT_EQ(j["results"][1]["cached_tokens"], 19);
+    EXPECT_EQ(j["timings"]["host_loads"], 2);
+    EXPECT_EQ(j["timings"]["host_tokens"], 18 + 1);
+    // Another KV format: not used (named), and replaced by one that the next run of it uses.
+    const CommandResult other = run(a, " --prompt-cache " + file + " --kv int8");
+    EXPECT_NE(other.err.find("not used: kv is fp32 there, int8 here"), std::string::npos) << other.err;
+    EXPECT_EQ(nlohmann::json::parse(other.out)["results"][0]["cached_tokens"], 0);
+    EXPECT_EQ(nlohmann::json::parse(run(a, " --prompt-cache " + file + " --kv int8").out)["results"][0]["cached_tokens"], 19);
+    // Damage is an error naming the file, before any step; so are the flags that leave no tier.
+    {
+        std::ofstream f(dir_.file("not.kv"));
+        f << "{\"a\": 1}\n";
+    }
+    const std::string ids = " --prompt-ids '" + a + "'";
+    expect_error("generate --model " + dir_.path() + ids + " --prompt-cache " + dir_.file("not.kv"),
+                 dir_.file("not.kv") + ": not a shardlm prefix cache");
+    const std::string cut = dir_.file("cut.kv");
+    std::filesystem::copy_file(file, cut);
+    std::filesystem::resize_file(cut, std::filesystem::file_size(file) - 1);
+    expect_error("generate --model " + dir_.path() + ids + " --kv int8 --prompt-cache " + cut, cut + ": damaged prefix cache");
+    expect_error("generate --model " + dir_.path() + ids + " --cache-ram 8", "--cache-ram is the prefix cache's host tier");
+    expect_error("generate --model " + dir_.path() + ids + " --prompt-cache " + file + " --cache-ram 0", "--cache-ram 0 leaves it none");
+    expect_error("generate --model " + dir_.path() + ids + " --prompt-cache " + dir_.file("no/such/dir/f.kv"), "--prompt-cache: cannot write");
 }
 
 TEST_F(Cli, LogprobsInTheJson) {
@@ -828,8 +879,9 @@ TEST_F(Cli, DraftModel) {
         for (size_t i = 0; i < 2; ++i) EXPECT_EQ(b["results"][i]["tokens"], a["results"][i]["tokens"]) << sampling << " " << i;
         EXPECT_GT(b["timings"]["draft_tokens"].get<int64_t>(), 0);
         EXPECT_GT(b["timings"]["draft_ms"].get<double>(), 0.0);
-        if (sampling == " --temperature 0")
+        if (sampling == " --temperature 0") {
             EXPECT_LT(b["timings"]["decode_steps"].get<int64_t>(), a["timings"]["decode_steps"].get<int64_t>());
+        }
     }
     TempDir other;
     ModelConfig c = tiny_config(Arch::Qwen2);
@@ -1119,6 +1171,34 @@ TEST_F(Cli, MpirunGivesTheSameTokens) {
     EXPECT_EQ(a["results"], b["results"]);
     EXPECT_EQ(b["tp"], 2);
     EXPECT_LT(b["memory"]["weights_bytes"].get<double>(), 0.6 * a["memory"]["weights_bytes"].get<double>());
+}
+
+// --prompt-cache under mpirun: each rank keeps its own heads' file, the second run loads what one
+// rank would, and a file made by two ranks is not one rank's.
+TEST_F(Cli, MpirunPromptCacheKeepsAFilePerRank) {
+    std::string a;
+    for (int i = 1; i <= 20; ++i) a += (i > 1 ? "," : "") + std::to_string(i);
+    const std::string file = dir_.file("tp.kv");
+    const std::string args = " generate --model " + dir_.path() + " --prompt-ids '" + a +
+                             "' --max-new-tokens 4 --temperature 0 --kv int8 --json --prompt-cache " + file;
+    const CommandResult first = run_command(mpirun(2) + args), second = run_command(mpirun(2) + args);
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    ASSERT_EQ(second.exit_code, 0) << second.err;
+    EXPECT_TRUE(std::filesystem::exists(file + ".rank1"));
+    const auto x = nlohmann::json::parse(first.out)["results"][0], y = nlohmann::json::parse(second.out)["results"][0];
+    EXPECT_EQ(x["cached_tokens"], 0);
+    EXPECT_EQ(y["cached_tokens"], 19);
+    EXPECT_EQ(y["tokens"], x["tokens"]);
+    // Rank 1's file gone: neither rank uses its file (their choices must agree).
+    std::filesystem::remove(file + ".rank1");
+    const CommandResult lost = run_command(mpirun(2) + args);
+    ASSERT_EQ(lost.exit_code, 0) << lost.err;
+    EXPECT_NE(lost.err.find("rank 1's file (" + file + ".rank1) does not hold what rank 0's does"), std::string::npos) << lost.err;
+    EXPECT_EQ(nlohmann::json::parse(lost.out)["results"][0]["cached_tokens"], 0);
+    const CommandResult one = run_command(kBin + args);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    EXPECT_NE(one.err.find("not used: ranks is 2 there, 1 here"), std::string::npos) << one.err;
+    EXPECT_EQ(nlohmann::json::parse(one.out)["results"][0]["tokens"], x["tokens"]);
 }
 
 // Without the abort the healthy rank would wait in its next collective for good (the test's CTest

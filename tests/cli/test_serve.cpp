@@ -1410,6 +1410,37 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
         tp = turns(srv.port());
         EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
     }
+    // --cache-file: the first turns on one server, the next ones on another started after it ended
+    // (what the slot held at shutdown was saved too).
+    Turns restarted;
+    const std::string file = logs_.file("prefixes.kv");
+    for (int run = 0; run < 2; ++run) {
+        Server srv(SHARDLM_BIN + base + " --threads 1 --cache-ram 16 --cache-file " + file, logs_.file("file.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        auto ask = [&](const std::string& p) {
+            const Reply r = post(srv.port(), "/v1/completions", {{"prompt", p}, {"max_tokens", 6}, {"temperature", 0}});
+            EXPECT_EQ(r.status, 200) << r.raw;
+            if (r.status != 200) return;
+            restarted.text.push_back(r.body["choices"][0]["text"]);
+            restarted.prompt.push_back(r.body["usage"]["prompt_tokens"]);
+            restarted.cached.push_back(r.body["usage"]["prompt_tokens_details"]["cached_tokens"]);
+        };
+        if (run == 0) {
+            ask(a);
+            ask(b);
+        } else if (restarted.text.size() == 2) {
+            ask(a + restarted.text[0] + " And God said");
+            ask(b + restarted.text[1] + " And God saw");
+        }
+        EXPECT_EQ(srv.stop(), 0);
+        const std::string log = srv.read_all();
+        EXPECT_NE(log.find(run == 0 ? "--cache-file " + file + ": no file yet" : "--cache-file " + file + ": 2 prefixes, "),
+                  std::string::npos) << log;
+        EXPECT_NE(log.find(" saved"), std::string::npos) << log;
+    }
+    ASSERT_EQ(restarted.text.size(), 4u);
+    EXPECT_EQ(restarted.text, tier.text);
+    for (size_t i = 2; i < 4; ++i) EXPECT_GE(restarted.cached[i], restarted.prompt[i - 2]) << i;
     ASSERT_EQ(slots.text.size(), 4u);
     ASSERT_EQ(tier.text.size(), 4u);
     ASSERT_EQ(tp.text.size(), 4u);
@@ -1426,6 +1457,8 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
         {"--cache-ram 8 --no-prefix-cache", "--cache-ram is the prefix cache's host tier: not with --no-prefix-cache"},
         {"--cache-ram 8 --embeddings", "--cache-ram applies to text generation, not to --embeddings"},
         {"--cache-ram 1099511627776", "--cache-ram 1099511627776 MiB is more than this rank's part of the host memory"},
+        {"--cache-file " + logs_.file("x.kv"), "--cache-file keeps the host tier across restarts: it needs --cache-ram above 0"},
+        {"--cache-ram 8 --cache-file " + logs_.file("no/such/x.kv"), "--cache-file: cannot write " + logs_.file("no/such/x.kv")},
     };
     for (const auto& [f, want] : cases) {
         const CommandResult r = run_command(flags + f);
@@ -1738,7 +1771,9 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
             EXPECT_EQ(c.body["data"][i]["num_classes"], 2);
             EXPECT_LT(max_abs_diff(c.body["data"][i]["probs"].get<std::vector<float>>(), classed["data"][i]["probs"].get<std::vector<float>>()),
                       tol) << i;
-            if (!tokens) EXPECT_EQ(c.body["data"][i]["label"], classed["data"][i]["label"]);
+            if (!tokens) {
+                EXPECT_EQ(c.body["data"][i]["label"], classed["data"][i]["label"]);
+            }
         }
         const Reply sc = post(port, "/v1/score", {{"text_1", query}, {"text_2", docs}});
         ASSERT_EQ(sc.status, 200) << sc.raw;

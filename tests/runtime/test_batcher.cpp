@@ -13,6 +13,7 @@
 #include "fixtures.h"
 #include "recording_engine.h"
 #include "runtime/batcher.h"
+#include "runtime/prefix_file.h"
 #include "runtime/session.h"
 #include "runtime/speculate.h"
 
@@ -507,6 +508,101 @@ TEST(Batcher, HostTierKeepsMoreConversationsThanSlots) {
     }
 }
 
+// The tier across processes (generate --prompt-cache, serve --cache-file): one engine's saves,
+// the slot's at the end included, written to a file, read back and restored into a new engine's
+// Batcher, where the next turns load them and go on as runs that prefill everything.
+TEST(Batcher, SavedPrefixesGoOnInANewEngine) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 37});
+    SingleRank comm;
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> a = make_prompt(20, cfg.vocab, 41), b = make_prompt(24, cfg.vocab, 43);
+    for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
+        const std::string what = std::string("kv ") + kv_name(kv_dtype(kv));
+        auto open = [&] {
+            SessionOptions so;
+            so.model_dir = d.path();
+            so.ctx = 96;
+            so.max_batch = 1;
+            so.prefill_chunk = 8;
+            so.kv = kv;
+            return open_session(so, comm);
+        };
+        BatcherOptions bo;
+        bo.prefill_chunk = 8;
+        bo.reuse_prefix = true;
+        std::vector<SavedPrefix> saved;
+        std::vector<SequenceResult> first;
+        size_t per = 0;
+        {
+            auto s = open();
+            per = s->engine->kv_position_bytes();
+            bo.host_cache_bytes = 1000 * per;
+            Batcher bt(*s->engine, bo);
+            bt.add(request(a, greedy, 0));
+            while (bt.busy()) bt.step();
+            bt.add(request(b, greedy, 1));  // a is saved as b takes the slot
+            while (bt.busy()) bt.step();
+            EXPECT_EQ(bt.host_prefixes(), 1) << what;
+            bt.save_slots();  // b, from the slot
+            bt.save_slots();  // (held already: no second copy)
+            EXPECT_EQ(bt.timings().host_saves, 2) << what;
+            saved = bt.take_host();
+            EXPECT_EQ(bt.host_prefixes(), 0) << what;
+            EXPECT_EQ(bt.host_bytes(), 0u) << what;
+            first = {bt.result(0), bt.result(1)};
+        }
+        ASSERT_EQ(saved.size(), 2u) << what;
+        EXPECT_EQ(saved[0].tokens, joined(a, {first[0].tokens.begin(), first[0].tokens.end() - 1})) << what;  // the older first
+        EXPECT_EQ(saved[1].tokens, joined(b, {first[1].tokens.begin(), first[1].tokens.end() - 1})) << what;
+        const std::string path = d.file("prefixes.kv");
+        const PrefixFileKey key = {{"model", "tiny"}, {"position_bytes", std::to_string(per)}};
+        write_prefix_file(path, key, saved);
+        std::vector<SavedPrefix> back;
+        std::string why;
+        ASSERT_TRUE(read_prefix_file(path, key, back, why)) << why;
+        ASSERT_EQ(back.size(), 2u);
+        for (size_t i = 0; i < 2; ++i) {
+            EXPECT_EQ(back[i].tokens, saved[i].tokens) << what;
+            EXPECT_EQ(back[i].kv, saved[i].kv) << what;
+        }
+        const std::vector<BatchRequest> next = [&] {
+            std::vector<BatchRequest> r = {request(joined(joined(a, first[0].tokens), {5, 6}), greedy, 2),
+                                           request(joined(joined(b, first[1].tokens), {7}), greedy, 3)};
+            for (BatchRequest& q : r) q.keep_prompt_logits = true;
+            return r;
+        }();
+        auto s = open();
+        std::vector<SequenceResult> fresh, resumed;
+        run_all(*s->engine, BatcherOptions{}, next, fresh);
+        {
+            Batcher bt(*s->engine, bo);
+            EXPECT_EQ(bt.restore_host(back), 2) << what;
+            EXPECT_EQ(bt.host_bytes(), (saved[0].tokens.size() + saved[1].tokens.size()) * per) << what;
+            for (const BatchRequest& q : next) bt.add(q);
+            while (bt.busy()) bt.step();
+            for (size_t i = 0; i < 2; ++i) resumed.push_back(bt.result(i));
+            EXPECT_EQ(bt.timings().host_loads, 2) << what;
+        }
+        for (size_t i = 0; i < 2; ++i) {
+            EXPECT_EQ(resumed[i].cached_tokens, int64_t(saved[i].tokens.size())) << "request " << i << ", " << what;
+            EXPECT_EQ(resumed[i].tokens, fresh[i].tokens) << "request " << i << ", " << what;
+            EXPECT_LT(max_abs_diff(resumed[i].prompt_logits, fresh[i].prompt_logits), 1e-4) << "request " << i << ", " << what;
+        }
+        // A budget that holds a's save but not b's: b's is skipped, not a's dropped for it.
+        BatcherOptions small = bo;
+        small.host_cache_bytes = saved[0].tokens.size() * per;
+        Batcher bt(*s->engine, small);
+        EXPECT_EQ(bt.restore_host(back), 1) << what;
+        EXPECT_EQ(bt.host_bytes(), saved[0].kv.size()) << what;
+        std::vector<SavedPrefix> bad = {saved[0]};
+        bad[0].kv.pop_back();
+        EXPECT_THROW(bt.restore_host(bad), Error) << what;
+    }
+}
+
 // Prefix sharing between running sequences: four requests arriving together with one 48-token
 // start (a system prompt). The first prefills it; the others wait while it does (it is longer
 // than kMinPrefixWait), copy its keys and values (Engine::copy_kv, INT8 rows with their scales
@@ -747,7 +843,9 @@ TEST(Batcher, DraftModelKeepsTheTokens) {
             const GenerateTimings ts = run_all(*target->engine, bo, r, spec);
             for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "p_min " << p_min << " request " << i;
             EXPECT_LE(ts.draft_tokens, proposed) << "p_min " << p_min;
-            if (p_min > 0) EXPECT_LT(ts.draft_tokens, 62) << "p_min " << p_min;  // 62 without a floor (above)
+            if (p_min > 0) {
+                EXPECT_LT(ts.draft_tokens, 62) << "p_min " << p_min;  // 62 without a floor (above)
+            }
             proposed = ts.draft_tokens;
         }
         bo.draft_p_min = 0;

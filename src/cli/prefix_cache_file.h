@@ -1,0 +1,35 @@
+// The prefix cache on disk for the commands (generate --prompt-cache, serve --cache-file): what
+// this session's keys and values depend on, and the load and save every rank makes of its own
+// file (runtime/prefix_file.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/prefix_file.h"
+#include "runtime/session.h"
+
+namespace shardlm {
+
+// The key of this rank's keys and values: the checkpoint (a digest of its config, tensor names,
+// shapes and a sample of each tensor's bytes: a fine-tune of the same model differs), the weight
+// format, group size, --keep-fp16 and --lora flags, the KV format, the device kind, the rank and
+// ranks, and the bytes per position.
+PrefixFileKey prefix_file_key(const Session& s, const SessionOptions& so, const Communicator& comm);
+
+// Every rank reads its file (a damaged one ends every rank, naming it). Unless each rank found one
+// made with its key and all of them hold the same prefixes (the host tier's choices depend on its
+// tokens, and every rank must make the same), all start empty; rank 0 says on stderr what it
+// loaded or why not. `flag` names the flag in those lines ("--prompt-cache").
+std::vector<SavedPrefix> load_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
+                                           const std::string& flag);
+
+// Every rank writes its file; a failure on any rank ends every rank, naming the file.
+void save_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
+                       const std::vector<SavedPrefix>& saved, const std::string& flag);
+
+// Positions and bytes of saves, for the lines above ("3 prefixes, 812 positions (48.0 MB)").
+std::string describe_saves(const std::vector<SavedPrefix>& saved);
+
+}  // namespace shardlm

@@ -264,9 +264,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
     // --prompt-cache: what earlier runs saved joins the host tier, and the tier is saved after.
     PrefixFileKey cache_key;
     std::vector<SavedPrefix> saved;
+    bool cache_used = false;
     if (!prompt_cache.empty()) {
         cache_key = prefix_file_key(*s, so, comm);
-        saved = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache");
+        cache_used = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache", saved);
         go.host_saves = &saved;
     }
 
@@ -295,7 +296,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     }
     if (!stops.empty()) stop_check = [&](size_t i, int32_t) { return texts[i].stopped(); };
     const GenerateResult r = generate(*s->engine, prompts, go, on_token, stop_check);
-    if (!prompt_cache.empty()) save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache");
+    if (!prompt_cache.empty())  // (the saves are the same on every rank, and so is this choice)
+        save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache", !cache_used || r.timings.host_saves > 0);
     if (!root) return 0;
     // A stop string completed by the decoder's held-back rest still ends the text there.
     std::vector<std::string> stop_reasons;

@@ -972,9 +972,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
     };
     Batcher batcher(engine, bo);
     PrefixFileKey cache_key;  // --cache-file
+    bool cache_used = false;
     if (!cache_file.empty()) {
         cache_key = prefix_file_key(*s, so, comm);
-        batcher.restore_host(load_prefix_cache(comm, cache_file, cache_key, "--cache-file"));
+        std::vector<SavedPrefix> saved;
+        cache_used = load_prefix_cache(comm, cache_file, cache_key, "--cache-file", saved);
+        batcher.restore_host(std::move(saved));
         std::lock_guard<std::mutex> lk(stats.m);
         stats.host_bytes = batcher.host_bytes();  // /metrics before the first step
     }
@@ -1079,7 +1082,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     }
     if (!cache_file.empty()) {  // every rank, its own file (requests still running are not saved)
         batcher.save_slots();
-        save_prefix_cache(comm, cache_file, cache_key, batcher.take_host(), "--cache-file");
+        save_prefix_cache(comm, cache_file, cache_key, batcher.take_host(), "--cache-file",
+                          !cache_used || batcher.timings().host_saves > 0);
     }
     if (root) {
         stop_http();

@@ -87,9 +87,8 @@ std::string describe_saves(const std::vector<SavedPrefix>& saved) {
     return cat(saved.size(), saved.size() == 1 ? " prefix, " : " prefixes, ", positions, " positions (", mb, " MB)");
 }
 
-std::vector<SavedPrefix> load_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
-                                           const std::string& flag) {
-    std::vector<SavedPrefix> saved;
+bool load_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key, const std::string& flag,
+                       std::vector<SavedPrefix>& saved) {
     std::string why;
     bool ok = false;
     run_together(comm, [&] { ok = read_prefix_file(prefix_file_path(path, comm.rank()), key, saved, why); });
@@ -107,11 +106,15 @@ std::vector<SavedPrefix> load_prefix_cache(Communicator& comm, const std::string
             std::cerr << "no file yet (written at the end)\n";
     }
     if (differs >= 0 || !ok) saved.clear();
-    return saved;
+    return differs < 0 && ok;
 }
 
 void save_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
-                       const std::vector<SavedPrefix>& saved, const std::string& flag) {
+                       const std::vector<SavedPrefix>& saved, const std::string& flag, bool changed) {
+    if (!changed) {
+        if (comm.rank() == 0) std::cerr << flag << " " << path << ": unchanged\n";
+        return;
+    }
     run_together(comm, [&] { write_prefix_file(prefix_file_path(path, comm.rank()), key, saved); });
     if (comm.rank() == 0) std::cerr << flag << " " << path << ": " << describe_saves(saved) << " saved\n";
 }

@@ -249,6 +249,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
     for (size_t s = 0; s < prompts.size(); ++s) res.seqs.push_back(b.result(s));
     if (opt.host_saves) {
         b.save_slots();
+        res.timings.host_saves = b.timings().host_saves;  // the slots' saves at the end too
         *opt.host_saves = b.take_host();
     }
     return res;

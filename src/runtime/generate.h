@@ -55,7 +55,8 @@ struct GenerateOptions {
     size_t host_cache_bytes = 0;
     // With host_cache_bytes (generate --prompt-cache, runtime/prefix_file.h), not owned: saves of
     // an earlier run that join the tier before the first request (Batcher::restore_host), and in
-    // their place after the run the tier with every slot's prefix in it (save_slots, take_host).
+    // their place after the run the tier with every slot's prefix in it (save_slots, take_host;
+    // the timings' host_saves count those saves too).
     std::vector<SavedPrefix>* host_saves = nullptr;
     // --speculate: each sequence verifies up to this many tokens proposed by prompt lookup per
     // step (BatcherOptions::speculate); 0: off.

@@ -7,12 +7,16 @@ six concurrent requests through four slots, each equal to its CPU text; a stream
 equal to the plain one; logprobs of a greedy completion against the same text scored with
 echo and max_tokens 0 (prefix cache and all_logits chunks on the device); a conversation's next
 turn loaded back from the prefix cache's host tier (--cache-ram) after other prompts took its slot,
-equal to its CPU text; SIGTERM ends it with status 0. Prints one line per check and exits 1 when any fails.
+equal to its CPU text; SIGTERM ends it with status 0 and writes the tier to its --cache-file; a
+second server started on that file answers the conversation's turn again from the loaded keys and
+values, equal to the CPU's text. Prints one line per check and exits 1 when any fails.
 
     bench/serve_check.py --bin build/shardlm --model launch/models/kjv-small --device cuda
 """
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,24 +46,35 @@ def main():
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
 
-    log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
-    srv = subprocess.Popen([args.bin, "serve", "--model", args.model, "--device", args.device, "--weights", "fp32",
-                            "--kv", "fp32", "--batch", "4", "--ctx", "512", "--cache-ram", "64", "--port", "0"],
-                           stdout=subprocess.DEVNULL, stderr=log)
-    port = 0
-    deadline = time.time() + 120
-    tag = "listening on http://127.0.0.1:"
-    while time.time() < deadline and srv.poll() is None:
-        text = open(log.name).read()
-        if tag in text and " " in text.split(tag, 1)[1]:
-            port = int(text.split(tag, 1)[1].split(" ", 1)[0])
-            break
-        time.sleep(0.2)
-    if not port:
+    cache_file = tempfile.NamedTemporaryFile(suffix=".kv", delete=False).name
+    os.unlink(cache_file)  # the server writes it at shutdown
+
+    def start():
+        log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+        srv = subprocess.Popen([args.bin, "serve", "--model", args.model, "--device", args.device, "--weights", "fp32",
+                                "--kv", "fp32", "--batch", "4", "--ctx", "512", "--cache-ram", "64", "--cache-file",
+                                cache_file, "--port", "0"], stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.time() + 120
+        tag = "listening on http://127.0.0.1:"
+        while time.time() < deadline and srv.poll() is None:
+            text = open(log.name).read()
+            if tag in text and " " in text.split(tag, 1)[1]:
+                print(text.strip())
+                return srv, int(text.split(tag, 1)[1].split(" ", 1)[0]), log
+            time.sleep(0.2)
         print("FAIL server did not start:", open(log.name).read()[-2000:])
         srv.kill()
-        return 1
-    print(open(log.name).read().strip())
+        return srv, 0, log
+
+    def stop(srv, log):
+        srv.terminate()
+        try:
+            rc = srv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            rc = -1
+        check("SIGTERM stops it with status 0", rc == 0, f"status {rc}: {open(log.name).read()[-1000:]}")
+
     failed = []
 
     def check(name, ok, detail=""):
@@ -67,6 +82,9 @@ def main():
         if not ok:
             failed.append(name)
 
+    srv, port, log = start()
+    if not port:
+        return 1
     try:
         one = json.loads(post(port, "/v1/completions", {"prompt": "And God said", "max_tokens": 24, "temperature": 0}))
         want = cpu_text(args, "And God said", 24)
@@ -128,13 +146,27 @@ def main():
               f"host tier {cached} of {again['usage']['prompt_tokens']} prompt tokens cached")
     except Exception as e:  # a refused connection, an HTTP error, a bad JSON body
         check("requests", False, repr(e))
-    srv.terminate()
+    stop(srv, log)
+    check("--cache-file written at shutdown", re.search(r"--cache-file \S+: .* saved", open(log.name).read())
+          and os.path.exists(cache_file), open(log.name).read()[-1000:])
+    # A second server on the file: the conversation's turn again, from the keys and values the
+    # first one saved (host -> file -> host -> device).
+    srv, port, log = start()
+    if not port:
+        return 1
     try:
-        rc = srv.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        srv.kill()
-        rc = -1
-    check("SIGTERM stops it with status 0", rc == 0, f"status {rc}: {open(log.name).read()[-1000:]}")
+        loaded = re.search(r"--cache-file \S+: \d+ prefix(es)?, \d+ positions \(.*\) loaded", open(log.name).read())
+        check("--cache-file loaded at start", loaded, open(log.name).read()[-1000:])
+        again2 = json.loads(post(port, "/v1/completions", {"prompt": second, "max_tokens": 8, "temperature": 0}))
+        cached2 = again2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check("--cache-file: the turn after a restart loads it", cached2 >= again2["usage"]["prompt_tokens"] - 1,
+              f"{cached2} cached of {again2['usage']['prompt_tokens']}")
+        check("--cache-file: the turn after a restart == cpu generate", again2["choices"][0]["text"] == w,
+              f"{again2['choices'][0]['text']!r} vs {w!r}")
+    except Exception as e:
+        check("requests after the restart", False, repr(e))
+    stop(srv, log)
+    os.unlink(cache_file)
     return 1 if failed else 0
 
 

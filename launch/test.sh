@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All tests: installs what is missing, builds (with CUDA when nvcc is there), runs every test,
-# then rebuilds the parser and tokenizer tests under AddressSanitizer + UndefinedBehaviorSanitizer
+# runs the serve tests against the CLI compiled with AddressSanitizer, then rebuilds the parser and
+# tokenizer tests under AddressSanitizer + UndefinedBehaviorSanitizer
 # and runs them, then builds the CUDA kernels and engine for the CPU CUDA emulator (tests/cuda_emu,
 # when the CUDA headers are there) and runs their GPU tests on it.
 set -euo pipefail
@@ -11,6 +12,27 @@ echo "== build ($root/build)"
 "$root/launch/build.sh"
 echo "== tests"
 (cd "$root/build" && OMP_WAIT_POLICY=passive ctest --output-on-failure -j "$(nproc)" --timeout 600)
+
+# The serve tests once more against the CLI compiled with AddressSanitizer (its own files; the
+# libraries are the build's): a use after scope or free in serve's HTTP handler threads ends the
+# server and fails its test (~4 min to build, 1 to run on 2 cores). Reports go to
+# build/asan-cli.<pid>, printed on failure; leaks too, but for Open MPI's under mpirun
+# (launch/lsan.supp; the full unwinder, so that their stacks reach Open MPI's libraries).
+echo "== serve tests against the CLI under ASan ($root/build)"
+cmake --build "$root/build" -j "$(nproc)" --target test_serve_asan
+rm -f "$root/build"/asan-cli.*
+if ! (cd "$root/build" && OMP_WAIT_POLICY=passive \
+      ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:protect_shadow_gap=0:log_path=$root/build/asan-cli" \
+      LSAN_OPTIONS="suppressions=$root/launch/lsan.supp:print_suppressions=0" tests/test_serve_asan --gtest_brief=1); then
+  cat "$root/build"/asan-cli.* 2>/dev/null >&2 || true
+  echo "shardlm: the serve tests failed against the CLI built with ASan (build/shardlm_asan_cli)" >&2
+  exit 1
+fi
+if ls "$root/build"/asan-cli.* >/dev/null 2>&1; then  # a report from a process whose test still passed
+  cat "$root/build"/asan-cli.* >&2
+  echo "shardlm: AddressSanitizer reported errors in the CLI (build/shardlm_asan_cli) under the serve tests" >&2
+  exit 1
+fi
 
 echo "== parser tests under ASan/UBSan ($root/build-asan)"
 asan="$root/build-asan"

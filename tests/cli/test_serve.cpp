@@ -1404,11 +1404,15 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
     }
     {
         Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
-                       SHARDLM_BIN + base + " --cache-ram 16",
+                       SHARDLM_BIN + base + " --cache-ram 16 --cache-file " + logs_.file("tp.kv"),
                    logs_.file("tp.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         tp = turns(srv.port());
         EXPECT_EQ(srv.stop(true), 0) << srv.read_all();
+        // Each rank wrote its own heads' file at shutdown.
+        EXPECT_TRUE(std::filesystem::exists(logs_.file("tp.kv"))) << srv.read_all();
+        EXPECT_TRUE(std::filesystem::exists(logs_.file("tp.kv.rank1"))) << srv.read_all();
+        EXPECT_EQ(std::filesystem::file_size(logs_.file("tp.kv")), std::filesystem::file_size(logs_.file("tp.kv.rank1")));
     }
     // --cache-file: the first turns on one server, the next ones on another started after it ended
     // (what the slot held at shutdown was saved too).

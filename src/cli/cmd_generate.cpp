@@ -18,6 +18,7 @@
 #include "core/mmap_file.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
+#include "tokenizer/fim.h"
 #include "tokenizer/prompts.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/tokenizer.h"
@@ -27,7 +28,7 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits, prompt_cache;
+    std::string model, prompt_ids, dump_logits, prompt_cache, suffix;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -47,6 +48,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("no-thinking", "with --chat: the template's enable_thinking false (Qwen3: the reply opens with an empty "
                         "<think> block, so the model answers without reasoning first)")
         ("prompt-ids", po::value(&prompt_ids), "token ids, e.g. \"1,2,3;4,5\" (';' separates a batch)")
+        ("suffix", po::value(&suffix),
+         "fill in the middle: --prompt is the code before the gap, TEXT the code after it, and the model writes "
+         "what goes between (a code model's FIM tokens: Qwen2.5-Coder, StarCoder, SmolLM, DeepSeek-Coder; the "
+         "completions API's \"suffix\")")
         ("max-new-tokens", po::value(&max_new)->default_value(64), "tokens to generate per prompt")
         ("min-new-tokens", po::value(&min_new)->default_value(0),
          "the end-of-sequence tokens are banned until a sequence has this many (stop strings still apply)")
@@ -107,6 +112,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
     std::unique_ptr<Tokenizer> tok;  // rank 0 for text prompts, every rank for --stop (loaded only when needed)
     std::unique_ptr<JsonVocab> json_vocab;  // --json-object, --json-schema
     GenerateOptions go;
+    FimTokens fill;  // --suffix
+    auto is_stop_id = [&](int32_t id) { return std::find(go.stop_ids.begin(), go.stop_ids.end(), id) != go.stop_ids.end(); };
     // Phase 1, no collectives inside: flags and the request (rank 0 reads it).
     run_together(comm, [&] {
         help = !parse_args(args, d, vm, "usage: shardlm generate --model DIR (--prompt TEXT | --prompt-file F | --prompt-ids IDS) [--chat [--system TEXT]] [flags]", root);
@@ -168,10 +175,19 @@ int cmd_generate(const Args& args, Communicator& comm) {
         // every rank reads the text.
         go.json = apply_json(json_flags);
         const bool json_mode = go.json != nullptr;
-        if ((!stops.empty() || json_mode) && !Tokenizer::exists(model))
-            fail(json_mode ? json_flag(json_flags) : "--stop", " needs the model's tokenizer: ", model,
+        const bool fim = vm.count("suffix") > 0;  // every rank stops at the FIM separators
+        if (fim && !vm.count("prompt")) fail("--suffix fills in the middle after --prompt TEXT (the code before the gap): it needs --prompt");
+        if (fim && vm.count("chat")) fail("--suffix and --chat exclude each other (a fill-in-the-middle prompt is no chat)");
+        if ((!stops.empty() || json_mode || fim) && !Tokenizer::exists(model))
+            fail(json_mode ? json_flag(json_flags) : fim ? "--suffix" : "--stop", " needs the model's tokenizer: ", model,
                  "/tokenizer.json does not exist");
-        if (!stops.empty() || json_mode) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (!stops.empty() || json_mode || fim) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (fim) {
+            fill = fim_tokens(*tok);
+            if (!fill.family)
+                fail("--suffix (fill in the middle): ", model, "/tokenizer.json has no FIM tokens (", fim_families_known(), ")");
+            go.stop_ids = fill.stops;
+        }
         if (json_mode) json_vocab = std::make_unique<JsonVocab>(json_token_bytes(*tok));
         go.json_vocab = json_vocab.get();
         if (!root) return;
@@ -196,7 +212,8 @@ int cmd_generate(const Args& args, Communicator& comm) {
                 fail("--no-thinking: this model's chat template has no enable_thinking switch (Qwen3's)");
             chat.kwargs.enable_thinking = false;
         }
-        prompts = encode_prompts(*tok, texts, chat);
+        prompts = fill.family ? std::vector<std::vector<int32_t>>{encode_fim(*tok, fill, texts[0].text, suffix)}
+                              : encode_prompts(*tok, texts, chat);
     });
     if (help) return 0;
     const bool json_out = vm.count("json") > 0;
@@ -237,7 +254,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         }
         check_context(cfg, so);
         so.max_penalties = max_penalties(go.sampler, so.ctx, cfg.vocab, go.slide,
-                                         go.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
+                                         go.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size() + go.stop_ids.size()) : 0);
         check_generate(cfg, engine_options(so), prompts, go,
                        vm.count("prompt-ids") ? "--prompt-ids" : "tokenizer and model disagree");
         if (!draftf.model.empty()) check_draft_model(draftf.model, so, go.speculate);
@@ -289,7 +306,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     StopCheck stop_check;
     if (!texts.empty()) {
         on_token = [&](size_t i, int32_t id) {
-            if (is_eos_id(s->cfg, id)) return;
+            if (is_eos_id(s->cfg, id) || is_stop_id(id)) return;
             texts[i].push(id);
             if (stream) print_settled();
         };
@@ -308,6 +325,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (!texts.empty()) return texts[i].text();
         std::vector<int32_t> ids = r.seqs[i].tokens;  // (--ignore-eos: end-of-sequence ids are not text)
         if (go.ignore_eos) ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int32_t t) { return is_eos_id(s->cfg, t); }), ids.end());
+        if (!ids.empty() && is_stop_id(ids.back())) ids.pop_back();  // a FIM separator is no text
         return generated_text(*tok, ids, r.seqs[i].stop_reason == "eos");
     };
     // With --prompt-ids the text is given too when the folder has a tokenizer that loads; its

@@ -989,9 +989,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (!root) return;
         if (first_token.find(id) == first_token.end()) first_token.emplace(id, now_s());
         if (is_eos_id(s->cfg, t)) return;
+        const auto& [job, c] = jobs.at(id);
+        const std::vector<int32_t>& fim = job->req.fim_stops;  // not text, as an end-of-sequence token
+        if (std::find(fim.begin(), fim.end(), t) != fim.end()) return;
         StopMatcher& m = *texts.at(id);
         if (m.push(t)) to_end.emplace_back(id, "stop");
-        const auto& [job, c] = jobs.at(id);
         {
             std::lock_guard<std::mutex> lk(job->m);
             ApiChoice& out = job->choices[c].out;

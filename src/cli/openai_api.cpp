@@ -10,6 +10,7 @@
 #include "runtime/classify.h"
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
+#include "tokenizer/fim.h"
 #include "tokenizer/utf8.h"
 
 namespace shardlm {
@@ -379,7 +380,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     check_model(body, lim);
     for (const char* key : {"echo", "best_of", "suffix", "functions", "function_call"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
-        if (std::string(key) == "echo" && !chat) continue;
+        if ((std::string(key) == "echo" || std::string(key) == "suffix") && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
     }
     ApiRequest r;
@@ -435,6 +436,17 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         } else {
             bad(form);
         }
+        if (body.contains("suffix") && !body["suffix"].is_null()) {  // fill in the middle
+            if (!body["suffix"].is_string()) bad("\"suffix\" must be a string");
+            if (!r.prompts.empty()) bad("\"suffix\" needs the prompt as text, not token ids");
+            if (body.contains("echo") && body["echo"] == true) bad("\"suffix\" with \"echo\" is not supported");
+            const FimTokens f = fim_tokens(tok);
+            if (!f.family)
+                bad(cat("\"suffix\" (fill in the middle) needs a code model's FIM tokens, and this tokenizer has none (",
+                        fim_families_known(), ")"));
+            for (const std::string& t : texts) r.prompts.push_back(encode_fim(tok, f, t, body["suffix"].get<std::string>()));
+            r.fim_stops = f.stops;
+        }
         if (r.prompts.empty())
             for (const std::string& t : texts) r.prompts.push_back(tok.encode(t));
     }
@@ -477,6 +489,11 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             r.stop_token_ids.push_back(id.get<int32_t>());
         }
     }
+    for (const int32_t id : r.fim_stops)
+        if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), id) == r.stop_token_ids.end()) r.stop_token_ids.push_back(id);
+    if (int64_t(r.stop_token_ids.size()) > kMaxApiStopTokenIds)
+        bad(cat("\"stop_token_ids\" and the FIM separators of \"suffix\" (", r.fim_stops.size(), ") are more than ",
+                kMaxApiStopTokenIds, " token ids"));
     SamplerOptions& so = r.sampler;
     so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
     so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));

@@ -68,6 +68,10 @@ struct ApiRequest {
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
     std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
+    // Completions' "suffix" (fill in the middle, tokenizer/fim.h): each text prompt became the
+    // FIM prompt of it and the suffix, and these separators (among stop_token_ids) end a middle
+    // without being part of its text, as an end-of-sequence token.
+    std::vector<int32_t> fim_stops;
     // Chat with "tools": how replies become tool calls (message.tool_calls, finish_reason
     // "tool_calls"). Auto (tool_choice "auto", the default with tools): the calls in the
     // template's format (Qwen's <tool_call> blocks, Llama's JSON), read out of the reply

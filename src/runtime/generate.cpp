@@ -193,7 +193,8 @@ void check_generate(const ModelConfig& cfg, const EngineOptions& eo, const std::
              " and its cache holds only the newest ", kv_capacity(cfg, eo),
              " positions; raise --ctx instead (up to max_position_embeddings ", cfg.max_position, ")");
     const int64_t room =
-        max_penalties(opt.sampler, ctx, cfg.vocab, opt.slide, opt.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size()) : 0);
+        max_penalties(opt.sampler, ctx, cfg.vocab, opt.slide,
+                      opt.min_new_tokens > 0 ? int64_t(cfg.eos_ids.size() + opt.stop_ids.size()) : 0);
     SHARDLM_CHECK(room <= eo.max_penalties, "the engine has room for ", eo.max_penalties,
                   " penalised tokens per row, the penalty flags need ", room, " (EngineOptions::max_penalties)");
     // Before any step: the engine would refuse the id only in the step that embeds it, after the
@@ -234,6 +235,7 @@ GenerateResult generate(Engine& engine, const std::vector<std::vector<int32_t>>&
         r.keep_prompt_logits = opt.keep_prompt_logits;
         r.ignore_eos = opt.ignore_eos;
         r.min_tokens = opt.min_new_tokens;
+        r.stop_ids = opt.stop_ids;
         r.json = opt.json;
         if (!opt.cached.empty()) {  // prompt s in slot s
             r.slot = int64_t(s);

@@ -68,6 +68,9 @@ struct GenerateOptions {
     // --ignore-eos, --min-new-tokens (BatchRequest::ignore_eos, min_tokens; the latter needs
     // room for the end-of-sequence ids in the engine's penalty rows: max_penalties' `banned`).
     bool ignore_eos = false;
+    // Tokens that end a sequence besides its end-of-sequence ids (BatchRequest::stop_ids; the FIM
+    // separators of generate --suffix).
+    std::vector<int32_t> stop_ids;
     // --json-object / --json-schema: every prompt's text one value of this schema
     // (BatchRequest::json) over these token bytes (not owned); null: off.
     std::shared_ptr<const JsonSchema> json;

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
+#include "model/synthetic.h"
 #include "runtime/json_mode.h"
 
 using namespace shardlm::test;
@@ -172,6 +173,69 @@ protected:
 };
 
 }  // namespace
+
+// Completions' "suffix" on a tokenizer with Qwen2.5-Coder's FIM tokens: generate --suffix's text,
+// plain and streamed; a FIM separator ends the middle without being text; requests that cannot
+// be a FIM prompt are refused.
+TEST_F(Serve, SuffixFillsInTheMiddle) {
+    TempDir code;
+    shardlm::ModelConfig c = shardlm::tiny_config(shardlm::Arch::Qwen2);
+    c.vocab = 3076;
+    shardlm::write_synthetic_checkpoint(code.path(), c, {shardlm::DType::F32, 1, 11});
+    json tok = json::parse(read_file(kModel + "/tokenizer.json"));
+    const std::vector<std::pair<int, std::string>> fim = {
+        {3072, "<|fim_prefix|>"}, {3073, "<|fim_middle|>"}, {3074, "<|fim_suffix|>"}, {3075, "<|fim_pad|>"}};
+    for (const auto& [id, content] : fim)
+        tok["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+    write_file(code.file("tokenizer.json"), tok.dump());
+    write_file(code.file("tokenizer_config.json"), read_file(kModel + "/tokenizer_config.json"));
+    const std::string prefix = "And God said, Let there be", suffix = ": and there was light.";
+    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + code.path() +
+                                        " --json --temperature 0 --max-new-tokens 8 --prompt '" + prefix + "' --suffix '" + suffix + "'");
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const json want = json::parse(g.out)["results"][0];
+    Server srv(SHARDLM_BIN " serve --model " + code.path() + " --threads 1 --ctx 128 --batch 2", logs_.file("fim.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json body = {{"prompt", prefix}, {"suffix", suffix}, {"max_tokens", 8}, {"temperature", 0}};
+    const Reply r = post(srv.port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["text"], want["text"]);
+    EXPECT_EQ(r.body["usage"]["prompt_tokens"], want["prompt_tokens"]);
+    EXPECT_EQ(r.body["usage"]["completion_tokens"], want["tokens"].size());
+    json streamed_body = body;
+    streamed_body["stream"] = true;
+    const Reply st = post(srv.port(), "/v1/completions", streamed_body);
+    std::string text;
+    std::istringstream events(st.raw);
+    for (std::string line; std::getline(events, line);)
+        if (line.rfind("data: {", 0) == 0) text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(text, want["text"]);
+    // <|fim_pad|> forced first: an empty middle, "stop", one completion token; streamed too.
+    json pad = body;
+    pad["logit_bias"] = {{"3075", 100}};
+    const Reply p = post(srv.port(), "/v1/completions", pad);
+    ASSERT_EQ(p.status, 200) << p.raw;
+    EXPECT_EQ(p.body["choices"][0]["text"], "");
+    EXPECT_EQ(p.body["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(p.body["usage"]["completion_tokens"], 1);
+    pad["stream"] = true;
+    const Reply ps = post(srv.port(), "/v1/completions", pad);
+    EXPECT_EQ(ps.raw.find("fim_pad"), std::string::npos) << ps.raw;
+    auto error_of = [&](const json& b, const std::string& part) {
+        const Reply e = post(srv.port(), "/v1/completions", b);
+        EXPECT_EQ(e.status, 400) << e.raw;
+        EXPECT_NE(e.body["error"]["message"].get<std::string>().find(part), std::string::npos) << e.raw;
+    };
+    error_of({{"prompt", {5, 6}}, {"suffix", "x"}}, "\"suffix\" needs the prompt as text, not token ids");
+    error_of({{"prompt", "x"}, {"suffix", 5}}, "\"suffix\" must be a string");
+    error_of({{"prompt", "x"}, {"suffix", "y"}, {"echo", true}}, "\"suffix\" with \"echo\" is not supported");
+    error_of({{"prompt", "x"}, {"suffix", "y"}, {"stop_token_ids", std::vector<int>(16, 5)}},
+             "\"stop_token_ids\" and the FIM separators of \"suffix\" (2) are more than 16");
+    const Reply chat = post(srv.port(), "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"suffix", "y"}});
+    EXPECT_EQ(chat.status, 400) << chat.raw;
+    EXPECT_EQ(srv.stop(), 0);
+}
 
 TEST_F(Serve, CompletionsAreGeneratesText) {
     // (Speculative decoding on: the greedy requests' texts are still generate's, which runs without.)
@@ -647,6 +711,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
     error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
     error_of({{"prompt", "x"}, {"echo", true}, {"stream", true}}, 400, "\"echo\" with \"stream\" is not supported");
+    error_of({{"prompt", "x"}, {"suffix", "y"}}, 400, "\"suffix\" (fill in the middle) needs a code model's FIM tokens, and this tokenizer has none");
     error_of({{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "\"stream_options\" needs \"stream\": true");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, 400,
              "\"stream_options.include_usage\" must be true or false");

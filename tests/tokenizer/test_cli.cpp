@@ -9,6 +9,7 @@
 #include "model/synthetic.h"
 #include "runtime/json_mode.h"
 #include "tiny_tokenizer.h"
+#include "tokenizer/fim.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace shardlm;
@@ -318,4 +319,46 @@ TEST_F(TokenizerCli, ChatErrors) {
     EXPECT_NE(tty.out.find("turn 1 alone takes"), std::string::npos) << tty.out;
     EXPECT_NE(tty.out.find("not sent, the conversation is unchanged"), std::string::npos) << tty.out;
     EXPECT_NE(tty.out.find("{\"turn\":1,"), std::string::npos) << tty.out;
+}
+
+// generate --suffix: the prompt is the FIM prompt of --prompt and the suffix, the tokens are those
+// of its ids given as ids up to a FIM separator, and a separator ends the middle without being text.
+TEST_F(TokenizerCli, SuffixFillsInTheMiddle) {
+    const std::string gen = kBin + " generate" + m_ + " --temperature 0 --max-new-tokens 6 --json";
+    const std::string fill = " --prompt 'def hello(' --suffix ') world'";
+    expect_error("generate" + m_ + fill, "--suffix (fill in the middle): " + dir_.path() + "/tokenizer.json has no FIM tokens");
+    write_tokenizer_files(dir_.path(),
+                          with_special_tokens(tiny_byte_level_tokenizer(), {{353, "<|fim_prefix|>"}, {354, "<|fim_middle|>"},
+                                                                            {355, "<|fim_suffix|>"}, {356, "<|fim_pad|>"}}),
+                          tiny_byte_level_config());
+    const Tokenizer tok = Tokenizer::load(dir_.path());
+    const FimTokens f = fim_tokens(tok);
+    const std::vector<int32_t> want = encode_fim(tok, f, "def hello(", ") world");
+    const CommandResult fim = run_command(gen + fill);
+    ASSERT_EQ(fim.exit_code, 0) << fim.err;
+    const json a = json::parse(fim.out)["results"][0];
+    EXPECT_EQ(a["prompt_tokens"], want.size());
+    std::string ids;
+    for (const int32_t id : want) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    const CommandResult plain = run_command(gen + " --prompt-ids " + ids);
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    std::vector<int32_t> upto = json::parse(plain.out)["results"][0]["tokens"];
+    for (size_t i = 0; i < upto.size(); ++i)
+        if (std::find(f.stops.begin(), f.stops.end(), upto[i]) != f.stops.end()) {
+            upto.resize(i + 1);
+            break;
+        }
+    EXPECT_EQ(a["tokens"].get<std::vector<int32_t>>(), upto);
+    // <|fim_pad|> forced first: the middle ends there, empty.
+    const CommandResult pad = run_command(gen + fill + " --logit-bias 356=100");
+    ASSERT_EQ(pad.exit_code, 0) << pad.err;
+    const json c = json::parse(pad.out)["results"][0];
+    EXPECT_EQ(c["tokens"], json({356}));
+    EXPECT_EQ(c["stop_reason"], "stop");
+    EXPECT_EQ(c["text"], "");
+    const CommandResult text = run_command(kBin + " generate" + m_ + " --temperature 0 --max-new-tokens 6" + fill + " --logit-bias 356=100");
+    ASSERT_EQ(text.exit_code, 0) << text.err;
+    EXPECT_EQ(text.out, "\n");
+    expect_error("generate" + m_ + " --prompt-ids 5,6 --suffix x", "--suffix fills in the middle after --prompt TEXT");
+    expect_error("generate" + m_ + " --chat" + fill, "--suffix and --chat exclude each other");
 }

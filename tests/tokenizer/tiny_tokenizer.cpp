@@ -116,6 +116,13 @@ json tiny_sp_config() {
              "content.strip() + ' [/INST]' }}{% endif %}{% endfor %}"}};
 }
 
+json with_special_tokens(json tok, const std::vector<std::pair<int, std::string>>& added) {
+    for (const auto& [id, content] : added)
+        tok["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+    return tok;
+}
+
 void write_tokenizer_files(const std::string& dir, const json& tok, const json& cfg) {
     write_file(dir + "/tokenizer.json", tok.dump());
     write_file(dir + "/tokenizer_config.json", cfg.dump());

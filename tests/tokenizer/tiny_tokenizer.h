@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +20,9 @@ nlohmann::json tiny_byte_level_config();
 // Prepend/Replace normalizer, byte fallback, Replace/ByteFallback/Fuse/Strip decoder, <s> template.
 nlohmann::json tiny_sp_tokenizer();
 nlohmann::json tiny_sp_config();  // add_bos_token, Llama 2 chat template
+
+// `tok` with these special tokens added (id, content): e.g. a code model's FIM tokens.
+nlohmann::json with_special_tokens(nlohmann::json tok, const std::vector<std::pair<int, std::string>>& added);
 
 // Writes tokenizer.json and tokenizer_config.json into `dir`.
 void write_tokenizer_files(const std::string& dir, const nlohmann::json& tok, const nlohmann::json& cfg);

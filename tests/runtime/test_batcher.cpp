@@ -342,6 +342,17 @@ TEST(Batcher, StopIdsEndTheSequence) {
 }
 
 namespace {
+// The host tier's tests: one slot of 96 positions, prompts in chunks of 8.
+std::unique_ptr<Session> open_one_slot(const std::string& dir, KVFormat kv, Communicator& comm) {
+    SessionOptions so;
+    so.model_dir = dir;
+    so.ctx = 96;
+    so.max_batch = 1;
+    so.prefill_chunk = 8;
+    so.kv = kv;
+    return open_session(so, comm);
+}
+
 std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
@@ -427,13 +438,7 @@ TEST(Batcher, HostTierKeepsMoreConversationsThanSlots) {
         };
         // budget: positions the tier may hold (-1: no reuse at all).
         auto run = [&](int64_t budget) {
-            SessionOptions so;
-            so.model_dir = d.path();
-            so.ctx = 96;
-            so.max_batch = 1;
-            so.prefill_chunk = 8;
-            so.kv = kv;
-            auto s = open_session(so, comm);
+            auto s = open_one_slot(d.path(), kv, comm);
             Run out;
             out.per = s->engine->kv_position_bytes();
             BatcherOptions bo;
@@ -521,15 +526,6 @@ TEST(Batcher, SavedPrefixesGoOnInANewEngine) {
     const std::vector<int32_t> a = make_prompt(20, cfg.vocab, 41), b = make_prompt(24, cfg.vocab, 43);
     for (const KVFormat kv : {KVFormat::F32, KVFormat::Int8}) {
         const std::string what = std::string("kv ") + kv_name(kv_dtype(kv));
-        auto open = [&] {
-            SessionOptions so;
-            so.model_dir = d.path();
-            so.ctx = 96;
-            so.max_batch = 1;
-            so.prefill_chunk = 8;
-            so.kv = kv;
-            return open_session(so, comm);
-        };
         BatcherOptions bo;
         bo.prefill_chunk = 8;
         bo.reuse_prefix = true;
@@ -537,7 +533,7 @@ TEST(Batcher, SavedPrefixesGoOnInANewEngine) {
         std::vector<SequenceResult> first;
         size_t per = 0;
         {
-            auto s = open();
+            auto s = open_one_slot(d.path(), kv, comm);
             per = s->engine->kv_position_bytes();
             bo.host_cache_bytes = 1000 * per;
             Batcher bt(*s->engine, bo);
@@ -574,7 +570,7 @@ TEST(Batcher, SavedPrefixesGoOnInANewEngine) {
             for (BatchRequest& q : r) q.keep_prompt_logits = true;
             return r;
         }();
-        auto s = open();
+        auto s = open_one_slot(d.path(), kv, comm);
         std::vector<SequenceResult> fresh, resumed;
         run_all(*s->engine, BatcherOptions{}, next, fresh);
         {

@@ -7,6 +7,8 @@
 
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
+#include "model/safetensors.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
 #include "runtime/kv_cache.h"
@@ -24,25 +26,44 @@ struct Fnv {
     void add(const std::string& s) { add(s.data(), s.size() + 1); }  // with its end, so "ab","c" != "a","bc"
 };
 
-// The config, every tensor's name, dtype and shape, and 4 KB from the start, the middle and the
-// end of its bytes: any two checkpoints with different weights differ there in practice, and
-// it reads a few pages per tensor, not the gigabytes.
+// A tensor's name, dtype and shape, and 4 KB from the start, the middle and the end of its bytes:
+// any two checkpoints with different weights differ there in practice, and it reads a few pages
+// per tensor, not the gigabytes.
+void add_tensor(Fnv& f, const std::string& name, const TensorInfo& t) {
+    f.add(name);
+    f.add(t.dtype_str);
+    f.add(t.shape_str());
+    constexpr size_t kSample = 4096;
+    const size_t n = std::min(kSample, t.nbytes);
+    f.add(t.data, n);
+    f.add(t.data + (t.nbytes - n) / 2, n);
+    f.add(t.data + t.nbytes - n, n);
+}
+
+std::string hex(const Fnv& f) {
+    char out[17];
+    std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(f.h));
+    return out;
+}
+
 std::string checkpoint_digest(const Session& s) {
     Fnv f;
     f.add(config_json(s.cfg));
-    for (const auto& [name, t] : s.ckpt->tensors()) {
-        f.add(name);
-        f.add(t->dtype_str);
-        f.add(t->shape_str());
-        constexpr size_t kSample = 4096;
-        const size_t n = std::min(kSample, t->nbytes);
-        f.add(t->data, n);
-        f.add(t->data + (t->nbytes - n) / 2, n);
-        f.add(t->data + t->nbytes - n, n);
+    for (const auto& [name, t] : s.ckpt->tensors()) add_tensor(f, name, *t);
+    return hex(f);
+}
+
+// Each --lora adapter: its folder, scale, and a digest of its config and factors as above.
+std::string lora_digests(const std::vector<LoraAdapter>& adapters) {
+    std::string out;
+    for (const LoraAdapter& a : adapters) {
+        Fnv f;
+        f.add(read_text_file(a.dir + "/adapter_config.json"));
+        const SafetensorsFile factors(a.dir + "/adapter_model.safetensors");
+        for (const auto& [name, t] : factors.tensors()) add_tensor(f, name, t);
+        out += (out.empty() ? "" : ", ") + a.dir + " x " + std::to_string(a.scale) + " " + hex(f);
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.h));
-    return hex;
+    return out;
 }
 
 // What every rank's tier would decide on: the tokens of its saves (none when it loads nothing).
@@ -59,8 +80,6 @@ std::string saved_tokens(bool ok, const std::vector<SavedPrefix>& saved) {
 }  // namespace
 
 PrefixFileKey prefix_file_key(const Session& s, const SessionOptions& so, const Communicator& comm) {
-    std::string lora;
-    for (const LoraAdapter& a : so.load.lora) lora += (lora.empty() ? "" : ", ") + a.dir + " x " + std::to_string(a.scale);
     std::string device = s.engine->device();  // "cuda:1 NVIDIA H200": the name, not the index
     if (device.rfind("cuda:", 0) == 0 && device.find(' ') != std::string::npos) device = "cuda " + device.substr(device.find(' ') + 1);
     return {{"layout", "1"},  // Engine::save_kv's; bumped when it changes
@@ -68,7 +87,7 @@ PrefixFileKey prefix_file_key(const Session& s, const SessionOptions& so, const 
             {"weights", weight_format_name(s.weights.format)},
             {"group_size", std::to_string(so.load.group_size)},
             {"keep_fp16", so.load.keep_fp16},
-            {"lora", lora},
+            {"lora", lora_digests(so.load.lora)},
             {"kv", kv_name(s.engine->options().kv)},
             {"device", device},
             {"rank", std::to_string(comm.rank())},

@@ -862,6 +862,20 @@ TEST_F(Cli, LoraAdapters) {
     ASSERT_EQ(w.exit_code, 0) << w.err;
     const std::string gq = kBin + " generate --model " + q.file("m") + " --prompt-ids 5,6,7,8 --max-new-tokens 6 --temperature 0 --json --logprobs 0";
     EXPECT_EQ(results(run_command(gq)), results(run_command(gen + " --weights int8 --lora " + ad.path())));
+    // --prompt-cache keys the adapter by its contents: after it changes, the file is not used.
+    std::string ids;
+    for (int i = 1; i <= 20; ++i) ids += (i > 1 ? "," : "") + std::to_string(i);
+    const std::string cached = kBin + " generate --model " + dir_.path() + " --prompt-ids " + ids +
+                               " --max-new-tokens 4 --temperature 0 --json --lora " + ad.path() + " --prompt-cache " + q.file("p.kv");
+    results(run_command(cached));
+    EXPECT_EQ(results(run_command(cached))[0]["cached_tokens"], 19);
+    write_lora_adapter(ad.path(),
+                       R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "bias": "none", "target_modules": ["q_proj", "down_proj"]})",
+                       {random_lora_module(c, "model.layers.0.self_attn.q_proj", 2, 3),
+                        random_lora_module(c, "model.layers.1.mlp.down_proj", 2, 4)});
+    const CommandResult changed = run_command(cached);
+    EXPECT_NE(changed.err.find("not used: lora is " + ad.path() + " x 1.000000 "), std::string::npos) << changed.err;
+    EXPECT_EQ(results(changed)[0]["cached_tokens"], 0);
     const std::string bad = "generate --model " + dir_.path() + " --prompt-ids 5 ";
     expect_error(bad + "--lora " + ad.path() + " --lora-scale 1 --lora-scale 2", "--lora-scale: 2 scales for 1 --lora adapters");
     expect_error(bad + "--lora-scale 0.5", "--lora-scale needs a --lora adapter");

@@ -996,7 +996,9 @@ TEST(CudaEngine, DraftModelKeepsTheTokens) {
                 EXPECT_EQ(spec.seqs[i].tokens, plain.seqs[i].tokens)
                     << "prompt " << i << ", temperature " << sampler.temperature << ", p_min " << p_min;
             EXPECT_GT(spec.timings.accepted_tokens, 0) << p_min;
-            if (sampler.temperature == 0) EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps) << p_min;
+            if (sampler.temperature == 0) {
+                EXPECT_LT(spec.timings.decode_steps, plain.timings.decode_steps) << p_min;
+            }
         }
     }
 }

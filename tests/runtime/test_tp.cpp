@@ -597,7 +597,9 @@ TEST(TensorParallel, DraftModelGivesTheTokensOfOneRank) {
         for (size_t i = 0; i < prompts.size(); ++i)
             EXPECT_EQ(tp.seqs[i].tokens, ref.seqs[i].tokens) << "prompt " << i << ", temperature " << sampler.temperature;
         EXPECT_GT(tp.timings.accepted_tokens, 0);
-        if (sampler.temperature == 0) EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+        if (sampler.temperature == 0) {
+            EXPECT_LT(tp.timings.decode_steps, ref.timings.decode_steps);
+        }
     }
 }
 

@@ -368,7 +368,21 @@ s_tokens() {  # greedy tokens of the GPU backend == the CPU backend's, fp32 and 
   "$BIN/shardlm" "${ss[@]}" --device cpu > "$work/tok_cpu_schema.json" &&
     "$BIN/shardlm" "${ss[@]}" --device "$DEV" > "$work/tok_dev_schema.json" &&
     "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_schema.json" "$work/tok_dev_schema.json" || rc=1
-  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens; JSON mode; JSON schema)"
+  # --prompt-cache: a second run loads the first's keys and values from the file (device -> host
+  # -> file -> host -> device: Engine::save_kv / load_kv) and gives the CPU's tokens.
+  local pc=(generate --model "$work/tiny32" --prompt-ids "$(seq -s, 1 24)" --max-new-tokens 12 --temperature 0
+            --weights fp32 --kv fp32 --json)
+  echo "-- --prompt-cache on $DEV"
+  rm -f "$work/dev_prompts.kv"
+  "$BIN/shardlm" "${pc[@]}" --device cpu > "$work/tok_cpu_pc.json" &&
+    "$BIN/shardlm" "${pc[@]}" --device "$DEV" --prompt-cache "$work/dev_prompts.kv" > /dev/null &&
+    "$BIN/shardlm" "${pc[@]}" --device "$DEV" --prompt-cache "$work/dev_prompts.kv" > "$work/tok_dev_pc.json" &&
+    "$PY" "$root/bench/gpu_report.py" tokens "$work/tok_cpu_pc.json" "$work/tok_dev_pc.json" &&
+    "$PY" -c 'import json, sys
+c = json.load(open(sys.argv[1]))["results"][0]["cached_tokens"]
+print(f"--prompt-cache: {c} of 24 prompt tokens loaded from the file")
+sys.exit(0 if c == 23 else 1)' "$work/tok_dev_pc.json" || rc=1
+  [ $rc = 0 ] && echo "note: $DEV tokens == cpu tokens (fp32, fp16; graphs on and off; top-p sampled; context shifts; penalties, min-p; queued prompts, logprobs; speculation greedy and sampled; logit bias, min tokens; JSON mode; JSON schema; --prompt-cache)"
   exit $rc
 }
 

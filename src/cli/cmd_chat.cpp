@@ -13,9 +13,12 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/prefix_cache_file.h"
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
+#include "runtime/batcher.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
 #include "tokenizer/prompts.h"
@@ -37,7 +40,7 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 int cmd_chat(const Args& args, Communicator& comm) {
     po::options_description d("chat options");
-    std::string model;
+    std::string model, prompt_cache;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -57,6 +60,11 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step, the same reply "
          "as without it (0: off)")
+        ("prompt-cache", po::value(&prompt_cache),
+         "keys and values kept in FILE across chats: a first turn that starts with a conversation saved there (its "
+         "system prompt, or the same turns) loads it instead of prefilling it, and at the end the conversation is "
+         "saved there (the least recent go beyond 1024 MiB; under mpirun rank r keeps FILE.rank<r>; a file made "
+         "with another model, weight or KV format, device or rank count is not used, and replaced)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
@@ -97,6 +105,12 @@ int cmd_chat(const Args& args, Communicator& comm) {
         check_draft_flags(draftf, vm);
         go.draft_p_min = draftf.p_min;
         if (vm.count("system")) system = vm["system"].as<std::string>();
+        if (vm.count("prompt-cache")) {  // every rank's own file, before the load
+            if (prompt_cache.empty()) fail("--prompt-cache needs a file name");
+            const std::string mine = prefix_file_path(prompt_cache, comm.rank());
+            const std::string why = unwritable_reason(mine);
+            if (!why.empty()) fail("--prompt-cache: cannot write ", mine, ": ", why);
+        }
         go.json = apply_json(json_flags);
         if (!root && sampling.stops.empty() && !go.json) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
@@ -142,6 +156,14 @@ int cmd_chat(const Args& args, Communicator& comm) {
         }
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
+    // --prompt-cache: conversations of earlier chats, the least recently saved first.
+    PrefixFileKey cache_key;
+    std::vector<SavedPrefix> saved;
+    bool cache_used = false;
+    if (!prompt_cache.empty()) {
+        cache_key = prefix_file_key(*s, so, comm);
+        cache_used = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache", saved);
+    }
 
     const int64_t ctx_used = s->engine->options().ctx;
     // A sliding-window ring (kv_capacity < ctx) overwrites old positions: its rows can be reused
@@ -190,7 +212,26 @@ int cmd_chat(const Args& args, Communicator& comm) {
         broadcast_prompts(comm, turn_ids);
         if (turn_ids.empty()) break;
         const std::vector<int32_t>& ids = turn_ids[0];
-        const size_t shared = common_prefix(ids, cache_tokens);
+        size_t shared = common_prefix(ids, cache_tokens);
+        // A saved conversation holding more of this one than the cache does is loaded into it
+        // (every rank alike: the choice depends on tokens alone). Not into a sliding-window ring.
+        int64_t loaded = 0;
+        if (capacity >= ctx_used) {
+            size_t best = shared, which = 0;
+            for (size_t i = 0; i < saved.size(); ++i) {
+                const size_t n = std::min(common_prefix(ids, saved[i].tokens), ids.size() - 1);
+                if (n > best) {
+                    best = n;
+                    which = i;
+                }
+            }
+            if (best > shared && int64_t(best) >= kMinHostPrefix) {
+                s->engine->load_kv(0, int64_t(best), saved[which].kv.data(), int64_t(saved[which].tokens.size()));
+                cache_tokens.assign(saved[which].tokens.begin(), saved[which].tokens.begin() + std::ptrdiff_t(best));
+                loaded = int64_t(best - shared);
+                shared = best;
+            }
+        }
         // (Speculation writes up to --speculate proposals past the tokens kept.)
         const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) + speculate > capacity;
         go.cached = {wrapped ? 0 : int64_t(std::min(shared, ids.size() - 1))};
@@ -226,6 +267,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
             j["turn"] = turn + 1;
             j["prompt_tokens"] = ids.size();
             j["reused_tokens"] = go.cached[0];
+            j["loaded_tokens"] = loaded;  // of them, from --prompt-cache's file
             j["dropped_turns"] = dropped;
             j["tokens"] = q.tokens;
             j["text"] = text->text();
@@ -237,6 +279,35 @@ int cmd_chat(const Args& args, Communicator& comm) {
             std::cout << (stream ? text->text().substr(printed) : text->text()) << std::endl;
             if (dropped > 0) std::cerr << "(dropped the " << dropped << " oldest exchanges to fit --ctx " << ctx_used << ")\n";
         }
+    }
+    if (!prompt_cache.empty()) {
+        // The conversation joins the saves (replacing those it holds whole), the least recent
+        // going beyond the budget; nothing new (or nothing worth a save): the files stay.
+        const size_t budget = size_t(1024) << 20, per = s->engine->kv_position_bytes();
+        const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) + speculate > capacity;
+        const int64_t n = int64_t(cache_tokens.size());
+        bool changed = !cache_used;
+        const bool held = std::any_of(saved.begin(), saved.end(), [&](const SavedPrefix& p) {
+            return common_prefix(cache_tokens, p.tokens) == cache_tokens.size();
+        });
+        if (!wrapped && n >= kMinHostPrefix && size_t(n) * per <= budget && !held) {
+            SavedPrefix cur;
+            cur.tokens = cache_tokens;
+            cur.kv.resize(size_t(n) * per);
+            s->engine->save_kv(0, n, cur.kv.data());
+            saved.erase(std::remove_if(saved.begin(), saved.end(),
+                                       [&](const SavedPrefix& p) { return common_prefix(p.tokens, cur.tokens) == p.tokens.size(); }),
+                        saved.end());
+            saved.push_back(std::move(cur));
+            size_t bytes = 0;
+            for (const SavedPrefix& p : saved) bytes += p.kv.size();
+            while (bytes > budget) {
+                bytes -= saved.front().kv.size();
+                saved.erase(saved.begin());
+            }
+            changed = true;
+        }
+        save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache", changed);
     }
     return 0;
 }

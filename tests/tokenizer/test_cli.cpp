@@ -284,6 +284,41 @@ TEST_F(TokenizerCli, ChatKeepsTheConversationInTheCache) {
     EXPECT_EQ(plain.out, turns[0]["text"].get<std::string>() + "\n" + turns[1]["text"].get<std::string>() + "\n");
 }
 
+// chat --prompt-cache: a later chat starting with the same system prompt loads it from the file,
+// the same first turn loads all of it but its last token, and the replies are those without it.
+TEST_F(TokenizerCli, ChatPromptCacheCarriesTheConversation) {
+    const std::string file = dir_.file("chat.kv");
+    auto chat = [&](const std::string& turn, bool cached) {
+        write_file(dir_.file("turn.txt"), turn + "\n");
+        const CommandResult c = run_command("<" + dir_.file("turn.txt") + " " + kBin + " chat" + m_ +
+                                            " --max-new-tokens 6 --temperature 0 --json --system 'Be brief. Answer in one "
+                                            "line, and stay on the topic.'" + (cached ? " --prompt-cache " + file : ""));
+        EXPECT_EQ(c.exit_code, 0) << c.err;
+        std::istringstream lines(c.out);
+        std::string l;
+        std::getline(lines, l);
+        return std::make_pair(json::parse(l), c.err);
+    };
+    const auto [a, a_err] = chat("hi", true);
+    EXPECT_EQ(a["loaded_tokens"], 0);
+    EXPECT_NE(a_err.find("--prompt-cache " + file + ": no file yet"), std::string::npos) << a_err;
+    EXPECT_NE(a_err.find(" saved"), std::string::npos) << a_err;
+    // Another first turn: the system prompt and the template's start come from the file.
+    const auto [b, b_err] = chat("hello there", true);
+    const auto [b_plain, b_plain_err] = chat("hello there", false);
+    EXPECT_GE(b["loaded_tokens"].get<int>(), 16) << b_err;
+    EXPECT_EQ(b["reused_tokens"], b["loaded_tokens"]);
+    EXPECT_EQ(b["tokens"], b_plain["tokens"]);
+    EXPECT_NE(b_err.find(": 1 prefix, "), std::string::npos) << b_err;  // loaded
+    EXPECT_NE(b_err.find(": 2 prefixes, "), std::string::npos) << b_err;  // saved, with a's
+    // The same first turn again: all of it but its last token, the same reply; nothing new saved.
+    const auto [c, c_err] = chat("hi", true);
+    EXPECT_EQ(c["loaded_tokens"].get<int>(), a["prompt_tokens"].get<int>() - 1);
+    EXPECT_EQ(c["tokens"], a["tokens"]);
+    EXPECT_NE(c_err.find(": unchanged"), std::string::npos) << c_err;
+    expect_error("chat" + m_ + " --prompt-cache " + dir_.file("no/such/dir/x.kv"), "--prompt-cache: cannot write");
+}
+
 TEST_F(TokenizerCli, ChatErrors) {
     TempDir bare;  // a checkpoint without tokenizer files
     write_synthetic_checkpoint(bare.path(), tiny_config(Arch::Qwen2), {DType::F32, 1, 7});

@@ -17,7 +17,6 @@
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
-#include "core/mmap_file.h"
 #include "runtime/batcher.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
@@ -105,12 +104,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
         check_draft_flags(draftf, vm);
         go.draft_p_min = draftf.p_min;
         if (vm.count("system")) system = vm["system"].as<std::string>();
-        if (vm.count("prompt-cache")) {  // every rank's own file, before the load
-            if (prompt_cache.empty()) fail("--prompt-cache needs a file name");
-            const std::string mine = prefix_file_path(prompt_cache, comm.rank());
-            const std::string why = unwritable_reason(mine);
-            if (!why.empty()) fail("--prompt-cache: cannot write ", mine, ": ", why);
-        }
+        if (vm.count("prompt-cache")) check_prefix_cache_path(prompt_cache, "--prompt-cache", comm.rank());
         go.json = apply_json(json_flags);
         if (!root && sampling.stops.empty() && !go.json) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
@@ -157,13 +151,9 @@ int cmd_chat(const Args& args, Communicator& comm) {
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     // --prompt-cache: conversations of earlier chats, the least recently saved first.
-    PrefixFileKey cache_key;
-    std::vector<SavedPrefix> saved;
-    bool cache_used = false;
-    if (!prompt_cache.empty()) {
-        cache_key = prefix_file_key(*s, so, comm);
-        cache_used = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache", saved);
-    }
+    PrefixCacheFile cache;
+    if (!prompt_cache.empty()) cache = open_prefix_cache(comm, *s, so, prompt_cache, "--prompt-cache");
+    std::vector<SavedPrefix>& saved = cache.saved;
 
     const int64_t ctx_used = s->engine->options().ctx;
     // A sliding-window ring (kv_capacity < ctx) overwrites old positions: its rows can be reused
@@ -286,7 +276,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
         const size_t budget = size_t(1024) << 20, per = s->engine->kv_position_bytes();
         const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) + speculate > capacity;
         const int64_t n = int64_t(cache_tokens.size());
-        bool changed = !cache_used;
+        bool changed = !cache.used;
         const bool held = std::any_of(saved.begin(), saved.end(), [&](const SavedPrefix& p) {
             return common_prefix(cache_tokens, p.tokens) == cache_tokens.size();
         });
@@ -307,7 +297,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
             }
             changed = true;
         }
-        save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache", changed);
+        save_prefix_cache(comm, cache, saved, changed);
     }
     return 0;
 }

@@ -139,17 +139,12 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-logprobs") && prompt_logprobs < 0) fail("--prompt-logprobs must be >= 0");
         go.prompt_logprobs = vm.count("prompt-logprobs") ? prompt_logprobs : -1;
         go.reuse_prefix = vm.count("prefix-cache") > 0 || vm.count("prompt-cache") > 0;
-        if (vm.count("prompt-cache") && prompt_cache.empty()) fail("--prompt-cache needs a file name");
         if (vm.count("cache-ram")) {
             if (cache_ram < 0 || cache_ram > (int64_t(1) << 40)) fail("--cache-ram must be in [0, 2^40] MiB");
             if (!go.reuse_prefix) fail("--cache-ram is the prefix cache's host tier: it needs --prefix-cache or --prompt-cache");
             if (cache_ram == 0 && !prompt_cache.empty()) fail("--prompt-cache keeps its prefixes in the host tier: --cache-ram 0 leaves it none");
         }
-        if (!prompt_cache.empty()) {  // every rank's own file, before the load and the run
-            const std::string mine = prefix_file_path(prompt_cache, comm.rank());
-            const std::string why = unwritable_reason(mine);
-            if (!why.empty()) fail("--prompt-cache: cannot write ", mine, ": ", why);
-        }
+        if (vm.count("prompt-cache")) check_prefix_cache_path(prompt_cache, "--prompt-cache", comm.rank());
         if (speculate < 0 || speculate > kMaxSpeculate) fail("--speculate must be in [0, ", kMaxSpeculate, "]");
         go.speculate = speculate;
         check_draft_flags(draftf, vm);
@@ -279,13 +274,10 @@ int cmd_generate(const Args& args, Communicator& comm) {
     // Phase 3: the ranks must be running the same request on the same model with the same build.
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     // --prompt-cache: what earlier runs saved joins the host tier, and the tier is saved after.
-    PrefixFileKey cache_key;
-    std::vector<SavedPrefix> saved;
-    bool cache_used = false;
+    PrefixCacheFile cache;
     if (!prompt_cache.empty()) {
-        cache_key = prefix_file_key(*s, so, comm);
-        cache_used = load_prefix_cache(comm, prompt_cache, cache_key, "--prompt-cache", saved);
-        go.host_saves = &saved;
+        cache = open_prefix_cache(comm, *s, so, prompt_cache, "--prompt-cache");
+        go.host_saves = &cache.saved;
     }
 
     // One text prompt, stdout a terminal, no --json: the text is printed as it forms, never a
@@ -314,7 +306,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     if (!stops.empty()) stop_check = [&](size_t i, int32_t) { return texts[i].stopped(); };
     const GenerateResult r = generate(*s->engine, prompts, go, on_token, stop_check);
     if (!prompt_cache.empty())  // (the saves are the same on every rank, and so is this choice)
-        save_prefix_cache(comm, prompt_cache, cache_key, saved, "--prompt-cache", !cache_used || r.timings.host_saves > 0);
+        save_prefix_cache(comm, cache, cache.saved, !cache.used || r.timings.host_saves > 0);
     if (!root) return 0;
     // A stop string completed by the decoder's held-back rest still ends the text there.
     std::vector<std::string> stop_reasons;

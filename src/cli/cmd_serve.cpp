@@ -537,10 +537,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (cache_ram > 0 && vm.count("no-prefix-cache")) fail("--cache-ram is the prefix cache's host tier: not with --no-prefix-cache");
         if (vm.count("cache-file")) {
             if (cache_ram == 0) fail("--cache-file keeps the host tier across restarts: it needs --cache-ram above 0");
-            if (cache_file.empty()) fail("--cache-file needs a file name");
-            const std::string mine = prefix_file_path(cache_file, comm.rank());  // before the load, not at shutdown
-            const std::string why = unwritable_reason(mine);
-            if (!why.empty()) fail("--cache-file: cannot write ", mine, ": ", why);
+            check_prefix_cache_path(cache_file, "--cache-file", comm.rank());  // before the load, not at shutdown
         }
         check_json_whitespace(json_whitespace);
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
@@ -971,13 +968,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             .first->second;
     };
     Batcher batcher(engine, bo);
-    PrefixFileKey cache_key;  // --cache-file
-    bool cache_used = false;
+    PrefixCacheFile cache;  // --cache-file
     if (!cache_file.empty()) {
-        cache_key = prefix_file_key(*s, so, comm);
-        std::vector<SavedPrefix> saved;
-        cache_used = load_prefix_cache(comm, cache_file, cache_key, "--cache-file", saved);
-        batcher.restore_host(std::move(saved));
+        cache = open_prefix_cache(comm, *s, so, cache_file, "--cache-file");
+        batcher.restore_host(std::move(cache.saved));
         std::lock_guard<std::mutex> lk(stats.m);
         stats.host_bytes = batcher.host_bytes();  // /metrics before the first step
     }
@@ -1084,8 +1078,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     }
     if (!cache_file.empty()) {  // every rank, its own file (requests still running are not saved)
         batcher.save_slots();
-        save_prefix_cache(comm, cache_file, cache_key, batcher.take_host(), "--cache-file",
-                          !cache_used || batcher.timings().host_saves > 0);
+        save_prefix_cache(comm, cache, batcher.take_host(), !cache.used || batcher.timings().host_saves > 0);
     }
     if (root) {
         stop_http();

@@ -106,11 +106,23 @@ std::string describe_saves(const std::vector<SavedPrefix>& saved) {
     return cat(saved.size(), saved.size() == 1 ? " prefix, " : " prefixes, ", positions, " positions (", mb, " MB)");
 }
 
-bool load_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key, const std::string& flag,
-                       std::vector<SavedPrefix>& saved) {
+void check_prefix_cache_path(const std::string& path, const std::string& flag, int rank) {
+    if (path.empty()) fail(flag, " needs a file name");
+    const std::string mine = prefix_file_path(path, rank);
+    const std::string why = unwritable_reason(mine);
+    if (!why.empty()) fail(flag, ": cannot write ", mine, ": ", why);
+}
+
+PrefixCacheFile open_prefix_cache(Communicator& comm, const Session& s, const SessionOptions& so, const std::string& path,
+                                  const std::string& flag) {
+    PrefixCacheFile f;
+    f.path = path;
+    f.flag = flag;
+    f.key = prefix_file_key(s, so, comm);
+    std::vector<SavedPrefix>& saved = f.saved;
     std::string why;
     bool ok = false;
-    run_together(comm, [&] { ok = read_prefix_file(prefix_file_path(path, comm.rank()), key, saved, why); });
+    run_together(comm, [&] { ok = read_prefix_file(prefix_file_path(path, comm.rank()), f.key, saved, why); });
     const int differs = first_differing_rank(comm, saved_tokens(ok, saved));
     if (comm.rank() == 0) {
         std::cerr << flag << " " << path << ": ";
@@ -125,17 +137,17 @@ bool load_prefix_cache(Communicator& comm, const std::string& path, const Prefix
             std::cerr << "no file yet (written at the end)\n";
     }
     if (differs >= 0 || !ok) saved.clear();
-    return differs < 0 && ok;
+    f.used = differs < 0 && ok;
+    return f;
 }
 
-void save_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
-                       const std::vector<SavedPrefix>& saved, const std::string& flag, bool changed) {
+void save_prefix_cache(Communicator& comm, const PrefixCacheFile& f, const std::vector<SavedPrefix>& saved, bool changed) {
     if (!changed) {
-        if (comm.rank() == 0) std::cerr << flag << " " << path << ": unchanged\n";
+        if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": unchanged\n";
         return;
     }
-    run_together(comm, [&] { write_prefix_file(prefix_file_path(path, comm.rank()), key, saved); });
-    if (comm.rank() == 0) std::cerr << flag << " " << path << ": " << describe_saves(saved) << " saved\n";
+    run_together(comm, [&] { write_prefix_file(prefix_file_path(f.path, comm.rank()), f.key, saved); });
+    if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": " << describe_saves(saved) << " saved\n";
 }
 
 }  // namespace shardlm

@@ -18,18 +18,28 @@ namespace shardlm {
 // ranks, and the bytes per position.
 PrefixFileKey prefix_file_key(const Session& s, const SessionOptions& so, const Communicator& comm);
 
-// Every rank reads its file (a damaged one ends every rank, naming it) into `saved` and returns
-// true. Unless each rank found one made with its key and all of them hold the same prefixes (the
-// host tier's choices depend on its tokens, and every rank must make the same), all start empty
-// and return false; rank 0 says on stderr what it loaded or why not. `flag` names the flag in
-// those lines ("--prompt-cache").
-bool load_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key, const std::string& flag,
-                       std::vector<SavedPrefix>& saved);
+// A command's prefix cache file: the path given (rank 0's), the flag that gave it (for messages:
+// "--prompt-cache"), this session's key, the saves read, and whether the file was used.
+struct PrefixCacheFile {
+    std::string path, flag;
+    PrefixFileKey key;
+    std::vector<SavedPrefix> saved;
+    bool used = false;
+};
+
+// Before the weights load: throws Error naming the flag unless this rank's file can be written.
+void check_prefix_cache_path(const std::string& path, const std::string& flag, int rank);
+
+// Every rank reads its file (a damaged one ends every rank, naming it). Unless each rank found one
+// made with its key and all of them hold the same prefixes (the host tier's choices depend on its
+// tokens, and every rank must make the same), all start empty (used false); rank 0 says on
+// stderr what it loaded or why not.
+PrefixCacheFile open_prefix_cache(Communicator& comm, const Session& s, const SessionOptions& so, const std::string& path,
+                                  const std::string& flag);
 
 // Every rank writes its file; a failure on any rank ends every rank, naming the file. `changed`
 // false (the file was used, and the run saved nothing new): the files stay as they are.
-void save_prefix_cache(Communicator& comm, const std::string& path, const PrefixFileKey& key,
-                       const std::vector<SavedPrefix>& saved, const std::string& flag, bool changed = true);
+void save_prefix_cache(Communicator& comm, const PrefixCacheFile& f, const std::vector<SavedPrefix>& saved, bool changed);
 
 // Positions and bytes of saves, for the lines above ("3 prefixes, 812 positions (48.0 MB)").
 std::string describe_saves(const std::vector<SavedPrefix>& saved);

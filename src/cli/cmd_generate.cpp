@@ -65,7 +65,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("prompt-cache", po::value(&prompt_cache),
          "keys and values kept in FILE across runs (llama.cpp's --prompt-cache): a prompt that starts with a prefix "
          "an earlier run saved loads it instead of prefilling it, and every slot's prompt and tokens are saved there "
-         "at the end (with --prefix-cache; under mpirun rank r keeps FILE.rank<r>; a file made with another model, "
+         "at the end (it implies --prefix-cache; under mpirun rank r keeps FILE.rank<r>; a file made with another model, "
          "weight or KV format, device or rank count is not used, and replaced)")
         ("cache-ram", po::value(&cache_ram),
          "MiB of host memory for saved prefixes per rank (the prefix cache's host tier, as serve --cache-ram; needs "

@@ -155,9 +155,11 @@ def main():
     if not port:
         return 1
     try:
+        again2 = json.loads(post(port, "/v1/completions", {"prompt": second, "max_tokens": 8, "temperature": 0}))
+        # (The server prints its load after the listening line, before it takes a request: once
+        # the request is answered the line is there.)
         loaded = re.search(r"--cache-file \S+: \d+ prefix(es)?, \d+ positions \(.*\) loaded", open(log.name).read())
         check("--cache-file loaded at start", loaded, open(log.name).read()[-1000:])
-        again2 = json.loads(post(port, "/v1/completions", {"prompt": second, "max_tokens": 8, "temperature": 0}))
         cached2 = again2["usage"]["prompt_tokens_details"]["cached_tokens"]
         check("--cache-file: the turn after a restart loads it", cached2 >= again2["usage"]["prompt_tokens"] - 1,
               f"{cached2} cached of {again2['usage']['prompt_tokens']}")

@@ -622,6 +622,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
     lim.reasoning = reasoning_parser == "qwen3"         ? ReasoningParser::Qwen3
                     : reasoning_parser == "deepseek_r1" ? ReasoningParser::DeepSeekR1
                                                         : ReasoningParser::None;
+    // --cache-file: every rank reads its file before rank 0 listens, so that "listening" means
+    // the saves are in (they join the Batcher's tier below).
+    PrefixCacheFile cache;
+    if (!cache_file.empty()) cache = open_prefix_cache(comm, *s, so, cache_file, "--cache-file");
 
     // Rank 0: the HTTP server on its own threads. The guard stops it however this function ends
     // (an error in a step must not leave a joinable thread behind: that would abort the process
@@ -968,9 +972,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             .first->second;
     };
     Batcher batcher(engine, bo);
-    PrefixCacheFile cache;  // --cache-file
     if (!cache_file.empty()) {
-        cache = open_prefix_cache(comm, *s, so, cache_file, "--cache-file");
         batcher.restore_host(std::move(cache.saved));
         std::lock_guard<std::mutex> lk(stats.m);
         stats.host_bytes = batcher.host_bytes();  // /metrics before the first step

@@ -44,7 +44,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     BackendFlags backend;
     PrecisionFlags prec;
     SamplingFlags sampling;
-    int64_t max_new = 512, ctx = 0, chunk = 256, speculate = 0;
+    int64_t max_new = 512, ctx = 0, chunk = 256, speculate = 0, cache_ram = 1024;
     int threads = 0, tp = 0;
     d.add_options()
         ("help", "show this help")
@@ -62,8 +62,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
         ("prompt-cache", po::value(&prompt_cache),
          "keys and values kept in FILE across chats: a first turn that starts with a conversation saved there (its "
          "system prompt, or the same turns) loads it instead of prefilling it, and at the end the conversation is "
-         "saved there (the least recent go beyond 1024 MiB; under mpirun rank r keeps FILE.rank<r>; a file made "
+         "saved there (the least recent go beyond --cache-ram; under mpirun rank r keeps FILE.rank<r>; a file made "
          "with another model, weight or KV format, device or rank count is not used, and replaced)")
+        ("cache-ram", po::value(&cache_ram)->default_value(1024),
+         "MiB per rank that the conversations saved in --prompt-cache may take, the least recent going first")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
         ("json", "print one JSON object per turn (text, tokens, reused cache positions, timings) instead of the text");
@@ -105,6 +107,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
         go.draft_p_min = draftf.p_min;
         if (vm.count("system")) system = vm["system"].as<std::string>();
         if (vm.count("prompt-cache")) check_prefix_cache_path(prompt_cache, "--prompt-cache", comm.rank());
+        if (!vm["cache-ram"].defaulted()) {
+            if (!vm.count("prompt-cache")) fail("--cache-ram sizes the conversations kept in --prompt-cache: it needs --prompt-cache");
+            if (cache_ram < 1 || cache_ram > (int64_t(1) << 40)) fail("--cache-ram must be in [1, 2^40] MiB");
+        }
         go.json = apply_json(json_flags);
         if (!root && sampling.stops.empty() && !go.json) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
@@ -273,7 +279,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     if (!prompt_cache.empty()) {
         // The conversation joins the saves (replacing those it holds whole), the least recent
         // going beyond the budget; nothing new (or nothing worth a save): the files stay.
-        const size_t budget = size_t(1024) << 20, per = s->engine->kv_position_bytes();
+        const size_t budget = size_t(cache_ram) << 20, per = s->engine->kv_position_bytes();
         const bool wrapped = capacity < ctx_used && int64_t(cache_tokens.size()) + speculate > capacity;
         const int64_t n = int64_t(cache_tokens.size());
         bool changed = !cache.used;
@@ -289,12 +295,14 @@ int cmd_chat(const Args& args, Communicator& comm) {
                                        [&](const SavedPrefix& p) { return common_prefix(p.tokens, cur.tokens) == p.tokens.size(); }),
                         saved.end());
             saved.push_back(std::move(cur));
-            size_t bytes = 0;
-            for (const SavedPrefix& p : saved) bytes += p.kv.size();
-            while (bytes > budget) {
-                bytes -= saved.front().kv.size();
-                saved.erase(saved.begin());
-            }
+            changed = true;
+        }
+        // Also a file saved under a larger --cache-ram is cut down to this one.
+        size_t bytes = 0;
+        for (const SavedPrefix& p : saved) bytes += p.kv.size();
+        while (bytes > budget) {
+            bytes -= saved.front().kv.size();
+            saved.erase(saved.begin());
             changed = true;
         }
         save_prefix_cache(comm, cache, saved, changed);

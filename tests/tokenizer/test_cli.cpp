@@ -317,6 +317,8 @@ TEST_F(TokenizerCli, ChatPromptCacheCarriesTheConversation) {
     EXPECT_EQ(c["tokens"], a["tokens"]);
     EXPECT_NE(c_err.find(": unchanged"), std::string::npos) << c_err;
     expect_error("chat" + m_ + " --prompt-cache " + dir_.file("no/such/dir/x.kv"), "--prompt-cache: cannot write");
+    expect_error("chat" + m_ + " --cache-ram 64", "--cache-ram sizes the conversations kept in --prompt-cache: it needs --prompt-cache");
+    expect_error("chat" + m_ + " --prompt-cache " + file + " --cache-ram 0", "--cache-ram must be in [1, 2^40] MiB");
 }
 
 TEST_F(TokenizerCli, ChatErrors) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +33,13 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kModel = SHARDLM_SOURCE_DIR "/launch/models/kjv-small";
+
+// The CLI under test: the build's, or the one SHARDLM_TEST_CLI names (launch/test.sh runs these
+// tests once more against the CLI compiled with AddressSanitizer).
+const std::string kCli = [] {
+    const char* env = std::getenv("SHARDLM_TEST_CLI");
+    return std::string(env && *env ? env : SHARDLM_BIN);
+}();
 
 // A `shardlm serve` (or an mpirun of it) in the background on a free port; SIGTERM on destruction.
 class Server {
@@ -153,7 +161,7 @@ double metric_value(const std::string& metrics, const std::string& name) {
 
 // generate's text for a prompt (greedy).
 std::string generate_text(const std::string& model, const std::string& flags) {
-    const CommandResult r = run_command(SHARDLM_BIN " generate --model " + model + " --json --temperature 0 " + flags);
+    const CommandResult r = run_command(kCli + " generate --model " + model + " --json --temperature 0 " + flags);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return json::parse(r.out)["results"][0]["text"];
 }
@@ -191,11 +199,11 @@ TEST_F(Serve, SuffixFillsInTheMiddle) {
     write_file(code.file("tokenizer.json"), tok.dump());
     write_file(code.file("tokenizer_config.json"), read_file(kModel + "/tokenizer_config.json"));
     const std::string prefix = "And God said, Let there be", suffix = ": and there was light.";
-    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + code.path() +
+    const CommandResult g = run_command(kCli + " generate --model " + code.path() +
                                         " --json --temperature 0 --max-new-tokens 8 --prompt '" + prefix + "' --suffix '" + suffix + "'");
     ASSERT_EQ(g.exit_code, 0) << g.err;
     const json want = json::parse(g.out)["results"][0];
-    Server srv(SHARDLM_BIN " serve --model " + code.path() + " --threads 1 --ctx 128 --batch 2", logs_.file("fim.log"));
+    Server srv(kCli + " serve --model " + code.path() + " --threads 1 --ctx 128 --batch 2", logs_.file("fim.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json body = {{"prompt", prefix}, {"suffix", suffix}, {"max_tokens", 8}, {"temperature", 0}};
     const Reply r = post(srv.port(), "/v1/completions", body);
@@ -239,7 +247,7 @@ TEST_F(Serve, SuffixFillsInTheMiddle) {
 
 TEST_F(Serve, CompletionsAreGeneratesText) {
     // (Speculative decoding on: the greedy requests' texts are still generate's, which runs without.)
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 256 --threads 1 --speculate 3",
+    Server srv(kCli + " serve --model " + model_.path() + " --batch 2 --ctx 256 --threads 1 --speculate 3",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const int port = srv.port();
@@ -349,7 +357,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     const Reply lp = post(port, "/v1/completions", lp_req);
     ASSERT_EQ(lp.status, 200) << lp.raw;
     const json& L = lp.body["choices"][0]["logprobs"];
-    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+    const CommandResult g = run_command(kCli + " generate --model " + model_.path() +
                                         " --json --temperature 0 --prompt 'And God said' --max-new-tokens 6 --logprobs 2");
     ASSERT_EQ(g.exit_code, 0) << g.err;
     const json want_lp = json::parse(g.out)["results"][0]["logprobs"];
@@ -386,7 +394,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     {
         const Reply a = post(port, "/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 0}});
         ASSERT_EQ(a.status, 200) << a.raw;
-        const CommandResult ids = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+        const CommandResult ids = run_command(kCli + " generate --model " + model_.path() +
                                               " --json --temperature 0 --prompt-ids 5,6,7 --max-new-tokens 5");
         ASSERT_EQ(ids.exit_code, 0) << ids.err;
         json whole = {5, 6, 7};
@@ -422,7 +430,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         const Reply r = post(port, "/v1/completions", nreq);
         ASSERT_EQ(r.status, 200) << r.raw;
         ASSERT_EQ(r.body["choices"].size(), 3u);
-        const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+        const CommandResult g = run_command(kCli + " generate --model " + model_.path() +
                                             " --json --prompt-ids '5,6,7;5,6,7;5,6,7' --max-new-tokens 6 --temperature 0.9 "
                                             "--top-k 40 --top-p 1 --seed 4");
         ASSERT_EQ(g.exit_code, 0) << g.err;
@@ -456,10 +464,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     // logit_bias: what generate --logit-bias gives; the banned token never comes.
     {
         const std::string g = " generate --model " + model_.path() + " --json --temperature 0 --prompt 'And God said' --max-new-tokens 12";
-        const CommandResult plain = run_command(SHARDLM_BIN + g);
+        const CommandResult plain = run_command(kCli + g);
         ASSERT_EQ(plain.exit_code, 0) << plain.err;
         const int first = json::parse(plain.out)["results"][0]["tokens"][0];
-        const CommandResult biased = run_command(SHARDLM_BIN + g + " --logit-bias " + std::to_string(first) + "=-100 --logit-bias 7=2.5");
+        const CommandResult biased = run_command(kCli + g + " --logit-bias " + std::to_string(first) + "=-100 --logit-bias 7=2.5");
         ASSERT_EQ(biased.exit_code, 0) << biased.err;
         const json want = json::parse(biased.out)["results"][0];
         for (const json& t : want["tokens"]) EXPECT_NE(t.get<int>(), first);
@@ -825,7 +833,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
 // --chat's for the same system message and prompt; a conversation's later turns work; a bad
 // message order is refused.
 TEST_F(Serve, ChatCompletions) {
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("serve.log"));
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json msgs = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "In the beginning"}}});
     const Reply r = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}});
@@ -845,7 +853,7 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_GE(two.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
               r.body["usage"]["prompt_tokens"].get<int>());
     {
-        Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --no-prefix-cache",
+        Server plain(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512 --no-prefix-cache",
                      logs_.file("plain.log"));
         ASSERT_GT(plain.port(), 0) << plain.read_all();
         for (const json& m : {msgs, more}) {
@@ -915,7 +923,7 @@ TEST_F(Serve, ToolCalls) {
     const std::string plain_template = cfg["chat_template"];
     cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
@@ -1040,7 +1048,7 @@ TEST_F(Serve, ToolCalls) {
     // A template without a tools block refuses them.
     cfg["chat_template"] = plain_template;
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("plain.log"));
+    Server plain(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("plain.log"));
     ASSERT_GT(plain.port(), 0) << plain.read_all();
     const Reply no = post(plain.port(), "/v1/chat/completions", {{"messages", ask}, {"tools", tools}});
     EXPECT_EQ(no.status, 400) << no.raw;
@@ -1054,7 +1062,7 @@ TEST_F(Serve, LlamaToolCalls) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
     cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/llama32.jinja");
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
@@ -1113,7 +1121,7 @@ TEST_F(Serve, MistralToolCalls) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
     cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
@@ -1186,7 +1194,7 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
         "enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    "
         "{%- endif %}\n{%- endif %}";
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser qwen3",
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser qwen3",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json ask = json::array({{{"role", "user"}, {"content", "Where?"}}});
@@ -1226,14 +1234,14 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
     EXPECT_EQ(compl_.status, 400) << compl_.raw;
     EXPECT_EQ(srv.stop(), 0);
     // Without the parser the reply is all content, and there is no reasoning_content.
-    Server plain(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("plain.log"));
+    Server plain(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("plain.log"));
     ASSERT_GT(plain.port(), 0) << plain.read_all();
     const Reply r = post(plain.port(), "/v1/chat/completions",
                          {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {cases[0].reply}}});
     ASSERT_EQ(r.status, 200) << r.raw;
     EXPECT_EQ(r.body["choices"][0]["message"]["content"], cases[0].reply);
     EXPECT_FALSE(r.body["choices"][0]["message"].contains("reasoning_content"));
-    const CommandResult flag = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --reasoning-parser granite");
+    const CommandResult flag = run_command(kCli + " serve --model " + model_.path() + " --reasoning-parser granite");
     EXPECT_NE(flag.exit_code, 0);
     EXPECT_NE(flag.err.find("--reasoning-parser \"granite\" is not supported (qwen3, deepseek_r1)"), std::string::npos)
         << flag.err;
@@ -1247,7 +1255,7 @@ TEST_F(Serve, DeepSeekR1Reasoning) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
     cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/deepseek_r1.jinja");
     write_file(model_.file("tokenizer_config.json"), cfg.dump());
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser deepseek_r1",
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser deepseek_r1",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json ask = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Where?"}}});
@@ -1298,7 +1306,7 @@ TEST_F(Serve, StructuredOutputAfterReasoning) {
     const json req = {{"messages", ask}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true},
                       {"response_format", {{"type", "json_object"}}}, {"logit_bias", {{"3070", 50}, {"3071", 100}}}};
     for (const bool parser : {true, false}) {
-        Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 256" +
+        Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256" +
                        (parser ? " --reasoning-parser qwen3" : ""),
                    logs_.file(parser ? "serve.log" : "plain.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1329,7 +1337,7 @@ TEST_F(Serve, HttpsWithAnApiKey) {
     const CommandResult mk = run_command("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -keyout " +
                                          key + " -out " + cert);
     ASSERT_EQ(mk.exit_code, 0) << mk.err;
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --api-key s3cret --ssl-certfile " +
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 64 --api-key s3cret --ssl-certfile " +
                    cert + " --ssl-keyfile " + key,
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1387,7 +1395,7 @@ TEST_F(Serve, HttpsWithAnApiKey) {
 
 // The TLS and key flags' bad values: one line naming the flag or file, before the model loads.
 TEST_F(Serve, BadTlsAndKeyFlagsAreRefused) {
-    const std::string base = SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
+    const std::string base = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
     const std::string missing = logs_.file("nope.pem"), junk = logs_.file("junk.pem");
     write_file(junk, "not a certificate\n");
     const std::vector<std::pair<std::string, std::string>> cases = {
@@ -1437,13 +1445,13 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
     const std::string base = " serve --model " + model_.path() + " --ctx 256 --batch 1";
     Turns slots, tier, tp;
     {
-        Server srv(SHARDLM_BIN + base + " --threads 1", logs_.file("slots.log"));
+        Server srv(kCli + base + " --threads 1", logs_.file("slots.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         slots = turns(srv.port());
         EXPECT_EQ(srv.stop(), 0);
     }
     {
-        Server srv(SHARDLM_BIN + base + " --threads 1 --cache-ram 16", logs_.file("tier.log"));
+        Server srv(kCli + base + " --threads 1 --cache-ram 16", logs_.file("tier.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         tier = turns(srv.port());
         // The startup line sizes the tier: the positions that 16 MiB holds.
@@ -1469,7 +1477,7 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
     }
     {
         Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
-                       SHARDLM_BIN + base + " --cache-ram 16 --cache-file " + logs_.file("tp.kv"),
+                       kCli + base + " --cache-ram 16 --cache-file " + logs_.file("tp.kv"),
                    logs_.file("tp.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         tp = turns(srv.port());
@@ -1484,7 +1492,7 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
     Turns restarted;
     const std::string file = logs_.file("prefixes.kv");
     for (int run = 0; run < 2; ++run) {
-        Server srv(SHARDLM_BIN + base + " --threads 1 --cache-ram 16 --cache-file " + file, logs_.file("file.log"));
+        Server srv(kCli + base + " --threads 1 --cache-ram 16 --cache-file " + file, logs_.file("file.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         auto ask = [&](const std::string& p) {
             const Reply r = post(srv.port(), "/v1/completions", {{"prompt", p}, {"max_tokens", 6}, {"temperature", 0}});
@@ -1520,7 +1528,7 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
         EXPECT_LT(slots.cached[i], 4) << i;  // the other conversation's start, at most
         EXPECT_GE(tier.cached[i], tier.prompt[i - 2]) << i;
     }
-    const std::string flags = SHARDLM_BIN " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
+    const std::string flags = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"--cache-ram -1", "--cache-ram must be in [0, 2^40] MiB"},
         {"--cache-ram 8 --no-prefix-cache", "--cache-ram is the prefix cache's host tier: not with --no-prefix-cache"},
@@ -1539,7 +1547,7 @@ TEST_F(Serve, HostTierKeepsConversationsPastTheSlots) {
 // A step that fails (the test hook makes the engine throw) ends the server with the error on
 // stderr and a non-zero status; the client waiting on it gets a 503 rather than a hung connection.
 TEST_F(Serve, AFailingStepEndsTheServerWithItsError) {
-    Server srv("env SHARDLM_FAIL_RANK=0 SHARDLM_FAIL_PHASE=forward " SHARDLM_BIN " serve --model " + model_.path() +
+    Server srv("env SHARDLM_FAIL_RANK=0 SHARDLM_FAIL_PHASE=forward " + kCli + " serve --model " + model_.path() +
                    " --threads 1 --ctx 64",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1563,7 +1571,7 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
     write_file(model_.file("config_sentence_transformers.json"),
                R"({"prompts":{"query":"Query: ","document":"Doc: "},"default_prompt_name":"query"})");
     auto embed_cli = [&](const std::string& flags) {
-        const CommandResult r = run_command(SHARDLM_BIN " embed --model " + model_.path() + " --json --threads 1 " + flags);
+        const CommandResult r = run_command(kCli + " embed --model " + model_.path() + " --json --threads 1 " + flags);
         EXPECT_EQ(r.exit_code, 0) << r.err;
         std::vector<std::vector<float>> v;
         const json out = json::parse(r.out);
@@ -1577,19 +1585,19 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
         return max_abs_diff(got.get<std::vector<float>>(), w) < 1e-4;
     };
     {
-        Server text(SHARDLM_BIN " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
+        Server text(kCli + " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
         ASSERT_GT(text.port(), 0) << text.read_all();
         const Reply r = post(text.port(), "/v1/embeddings", {{"input", "Behold"}});
         EXPECT_EQ(r.status, 400);
         EXPECT_NE(r.raw.find("--embeddings"), std::string::npos) << r.raw;
     }
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --embeddings --batch 2 --ctx 64 --prefill-chunk 4 --threads 1",
+    Server srv(kCli + " serve --model " + model_.path() + " --embeddings --batch 2 --ctx 64 --prefill-chunk 4 --threads 1",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     EXPECT_NE(srv.read_all().find("embeddings, mean pooling"), std::string::npos) << srv.read_all();
     const int port = srv.port();
     // Three requests at once: a list of two texts, one text, and the third text's ids.
-    const std::vector<int32_t> ids = json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() +
+    const std::vector<int32_t> ids = json::parse(run_command(kCli + " tokenize --model " + model_.path() +
                                                              " --json --text 'Query: Behold'").out)["ids"];
     std::vector<Reply> replies(3);
     const std::vector<json> bodies = {{{"input", {texts[0], texts[1]}}, {"model", model_.path().substr(model_.path().find_last_of('/') + 1)}},
@@ -1698,7 +1706,7 @@ TEST_F(Serve, EmbeddingsAreEmbedsVectors) {
 // Two ranks (tensor parallel): the same completions as one rank, and SIGTERM to mpirun ends both
 // (rank 0 stops the server; mpirun itself reports a job it signalled with a non-zero status).
 TEST_F(Serve, TwoRanksServeWhatOneServes) {
-    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " SHARDLM_BIN
+    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kCli +
                                               " serve --model " + model_.path() + " --batch 2 --ctx 128 --json-whitespace 0",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1724,7 +1732,7 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
                            {{"prompt", {5, 6, 7}}, {"max_tokens", 6}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 4}, {"n", 2},
                             {"logit_bias", {{"9", 3.0}, {"11", -100}}}});
     ASSERT_EQ(two.status, 200) << two.raw;
-    const CommandResult g = run_command(SHARDLM_BIN " generate --model " + model_.path() +
+    const CommandResult g = run_command(kCli + " generate --model " + model_.path() +
                                         " --json --prompt-ids '5,6,7;5,6,7' --max-new-tokens 6 --temperature 0.9 --top-k 40 "
                                         "--top-p 1 --seed 4 --logit-bias 9=3 --logit-bias 11=-100");
     ASSERT_EQ(g.exit_code, 0) << g.err;
@@ -1742,7 +1750,7 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
     const Reply tp_schema = post_text(srv.port(), "/v1/completions", sreq);
     ASSERT_EQ(tp_schema.status, 200) << tp_schema.raw;
     {
-        Server one(SHARDLM_BIN " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1 --json-whitespace 0",
+        Server one(kCli + " serve --model " + model_.path() + " --batch 2 --ctx 128 --threads 1 --json-whitespace 0",
                    logs_.file("one.log"));
         ASSERT_GT(one.port(), 0) << one.read_all();
         const Reply one_json = post(one.port(), "/v1/completions", jreq);
@@ -1776,14 +1784,14 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
 }
 // Two ranks serve the embeddings one rank gives.
 TEST_F(Serve, TwoRanksServeTheEmbeddingsOfOne) {
-    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " SHARDLM_BIN
+    Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kCli +
                                               " serve --model " + model_.path() + " --embeddings --batch 2 --ctx 64",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json body = {{"input", {"In the beginning God created", "And the LORD said", "Behold"}}};
     const Reply tp = post(srv.port(), "/v1/embeddings", body);
     ASSERT_EQ(tp.status, 200) << tp.raw;
-    const CommandResult one = run_command(SHARDLM_BIN " embed --model " + model_.path() +
+    const CommandResult one = run_command(kCli + " embed --model " + model_.path() +
                                           " --json --threads 1 --prompt 'In the beginning God created' --prompt 'And the "
                                           "LORD said' --prompt Behold");
     ASSERT_EQ(one.exit_code, 0) << one.err;
@@ -1802,14 +1810,14 @@ TEST_F(Serve, TwoRanksServeTheEmbeddingsOfOne) {
 // causal LM whose two token rows it holds (--classifier-tokens); the other kinds' routes are refused.
 TEST_F(Serve, RerankServesTheClassifiersScores) {
     TempDir cls;
-    const std::vector<int32_t> two = json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() +
+    const std::vector<int32_t> two = json::parse(run_command(kCli + " tokenize --model " + model_.path() +
                                                              " --json --text ' the and'").out)["ids"];
     ASSERT_EQ(two.size(), 2u);
     write_classifier(model_.path(), cls.path(), {"no", "yes"}, checkpoint_rows(model_.path(), "model.embed_tokens.weight", two));
     const std::vector<std::string> docs = {"In the beginning God created", "And the LORD said", "Behold"};
     const std::string query = "Who created the heaven?";
     auto cli = [&](const std::string& flags) {
-        const CommandResult r = run_command(SHARDLM_BIN " classify --model " + cls.path() + " --json --threads 1 " + flags);
+        const CommandResult r = run_command(kCli + " classify --model " + cls.path() + " --json --threads 1 " + flags);
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return json::parse(r.out.empty() ? "{}" : r.out);
     };
@@ -1818,7 +1826,7 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
     const json scored = cli("--query '" + query + "'" + each), classed = cli(each);
     ASSERT_EQ(scored["data"].size(), 3u);
     {
-        Server text(SHARDLM_BIN " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
+        Server text(kCli + " serve --model " + model_.path() + " --batch 1 --ctx 64 --threads 1", logs_.file("text.log"));
         ASSERT_GT(text.port(), 0) << text.read_all();
         const Reply r = post(text.port(), "/classify", {{"input", "Behold"}});
         EXPECT_EQ(r.status, 400);
@@ -1827,7 +1835,7 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
     for (const bool tokens : {false, true}) {
         // The causal LM's token logits score as the classifier's rows do (up to rounding).
         const double tol = tokens ? 1e-3 : 1e-5;
-        Server srv(SHARDLM_BIN " serve --rerank --batch 2 --ctx 64 --prefill-chunk 4 --threads 1 --model " +
+        Server srv(kCli + " serve --rerank --batch 2 --ctx 64 --prefill-chunk 4 --threads 1 --model " +
                        (tokens ? model_.path() + " --classifier-tokens 'Ġthe,Ġand'" : cls.path()),
                    logs_.file(tokens ? "tokens.log" : "rerank.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1864,7 +1872,7 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
             // truncate_prompt_tokens: an input's last k tokens; a pair's query whole and the
             // document's first tokens (ByteLevel: the pair is query then document).
             auto ids_of = [&](const std::string& t) {
-                return json::parse(run_command(SHARDLM_BIN " tokenize --model " + model_.path() + " --json --text '" + t + "'").out)["ids"]
+                return json::parse(run_command(kCli + " tokenize --model " + model_.path() + " --json --text '" + t + "'").out)["ids"]
                     .get<std::vector<int32_t>>();
             };
             auto by_ids = [&](const std::vector<int32_t>& ids) {
@@ -1913,7 +1921,7 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
     {
         // --rerank-template: /rerank's pairs filled into it, as classify --query fills them.
         const std::string t = "Q: {query} D: {document}";
-        Server srv(SHARDLM_BIN " serve --rerank --batch 2 --ctx 64 --threads 1 --model " + cls.path() + " --rerank-template '" + t + "'",
+        Server srv(kCli + " serve --rerank --batch 2 --ctx 64 --threads 1 --model " + cls.path() + " --rerank-template '" + t + "'",
                    logs_.file("template.log"));
         ASSERT_GT(srv.port(), 0) << srv.read_all();
         const json want = cli("--query '" + query + "' --rerank-template '" + t + "'" + each);
@@ -1929,10 +1937,10 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
         EXPECT_EQ(cut.status, 400);
         EXPECT_NE(cut.raw.find("truncation does not apply"), std::string::npos) << cut.raw;
     }
-    const CommandResult bad = run_command(SHARDLM_BIN " serve --model " + model_.path() + " --rerank --port 0");
+    const CommandResult bad = run_command(kCli + " serve --model " + model_.path() + " --rerank --port 0");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("has no classification head"), std::string::npos) << bad.err;
-    const CommandResult both = run_command(SHARDLM_BIN " serve --model " + cls.path() + " --rerank --embeddings");
+    const CommandResult both = run_command(kCli + " serve --model " + cls.path() + " --rerank --embeddings");
     EXPECT_NE(both.err.find("--embeddings and --rerank exclude each other"), std::string::npos) << both.err;
 }
 
@@ -1941,7 +1949,7 @@ TEST_F(Serve, RerankServesTheClassifiersScores) {
 // its wait is well under half the long request's time (taken in one run, as a ratio), and both get
 // their vectors.
 TEST_F(Serve, PoolingRequestsTakeTurns) {
-    Server srv(SHARDLM_BIN " serve --model " + model_.path() + " --embeddings --batch 1 --ctx 128 --prefill-chunk 2 --threads 1",
+    Server srv(kCli + " serve --model " + model_.path() + " --embeddings --batch 1 --ctx 128 --prefill-chunk 2 --threads 1",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const int port = srv.port();

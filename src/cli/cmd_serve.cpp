@@ -437,6 +437,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
             speculate_max_tokens = 8, cache_ram = 0;
+    double cache_save_every = 0;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -482,6 +483,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "--cache-ram across restarts: the saved prefixes are loaded from FILE at start and, with what every free "
          "slot holds, written back at shutdown (SIGINT/SIGTERM); under mpirun rank r keeps FILE.rank<r>; a file made "
          "with another model, weight or KV format, device or rank count is not used, and replaced")
+        ("cache-save-every", po::value(&cache_save_every)->default_value(0),
+         "also write --cache-file while serving: at most every N seconds, once requests have finished since the "
+         "last write, so that a crash or SIGKILL loses at most that much (0: at shutdown only; each write holds "
+         "the steps for as long as it takes)")
         ("speculate", po::value(&speculate)->default_value(0),
          "speculative decoding by prompt lookup: up to N proposed tokens verified per step and request, the "
          "tokens made without it up to rounding (0: off)")
@@ -538,6 +543,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (vm.count("cache-file")) {
             if (cache_ram == 0) fail("--cache-file keeps the host tier across restarts: it needs --cache-ram above 0");
             check_prefix_cache_path(cache_file, "--cache-file", comm.rank());  // before the load, not at shutdown
+        }
+        if (!vm["cache-save-every"].defaulted()) {
+            if (!vm.count("cache-file")) fail("--cache-save-every writes --cache-file while serving: it needs --cache-file");
+            if (!(cache_save_every >= 0 && cache_save_every <= 1e9)) fail("--cache-save-every must be in [0, 1e9] seconds");
         }
         check_json_whitespace(json_whitespace);
         if (vm.count("api-key") && api_key.empty()) fail("--api-key must not be empty");
@@ -972,7 +981,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
             .first->second;
     };
     Batcher batcher(engine, bo);
+    std::vector<std::vector<int32_t>> written_tokens;  // every rank: the prefixes its file holds (--cache-save-every)
     if (!cache_file.empty()) {
+        for (const SavedPrefix& p : cache.saved) written_tokens.push_back(p.tokens);
         batcher.restore_host(std::move(cache.saved));
         std::lock_guard<std::mutex> lk(stats.m);
         stats.host_bytes = batcher.host_bytes();  // /metrics before the first step
@@ -998,8 +1009,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         }
         job->cv.notify_all();
     };
+    double last_write = now_s();  // rank 0: --cache-save-every
+    int64_t ended_since_write = 0;
     for (;;) {
-        json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}};
+        json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}, {"save", false}};
         std::vector<std::pair<std::shared_ptr<Job>, size_t>> added;  // rank 0: a request's choices in order
         if (root) {
             std::unique_lock<std::mutex> lk(inbox.m);
@@ -1022,6 +1035,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 if (jc.first->gone) to_end.emplace_back(id, "abort");
             for (const auto& [id, why] : to_end) ctl["end"].push_back({id, why});
             to_end.clear();
+            if (cache_save_every > 0 && ended_since_write > 0 && now_s() - last_write >= cache_save_every) {
+                ctl["save"] = true;
+                ended_since_write = 0;
+                last_write = now_s();
+            }
         }
         broadcast_control(comm, ctl);
         for (size_t i = 0; i < ctl["add"].size(); ++i) {
@@ -1035,6 +1053,25 @@ int cmd_serve(const Args& args, Communicator& comm) {
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
         if (ctl["shutdown"]) break;
+        if (ctl["save"]) {
+            // Every rank at the same step: what the free slots hold joins the tier, the tier is
+            // written and goes back in, its order of use kept. A failed write is reported and
+            // serving goes on (every rank gets the same Error from save_prefix_cache).
+            // Saves the same as the last write's (prefixes too short to keep, say) are not written.
+            batcher.save_slots();
+            std::vector<SavedPrefix> saved = batcher.take_host();
+            std::vector<std::vector<int32_t>> tokens;
+            for (const SavedPrefix& p : saved) tokens.push_back(p.tokens);
+            if (tokens != written_tokens) {
+                try {
+                    save_prefix_cache(comm, cache, saved, true);
+                    written_tokens = std::move(tokens);
+                } catch (const Error& e) {
+                    if (root) std::cerr << "shardlm serve: " << e.what() << " (serving goes on)" << std::endl;
+                }
+            }
+            batcher.restore_host(std::move(saved));
+        }
         batcher.step(on_token);
         if (root) {
             std::lock_guard<std::mutex> lk(stats.m);
@@ -1071,6 +1108,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     }
                 }
                 if (why != "abort") finish_choice(*jobs.at(id).first, jobs.at(id).second, m.text(), finish_reason(why), r);
+                ++ended_since_write;
                 jobs.erase(id);
                 texts.erase(id);
             }

@@ -134,7 +134,7 @@ PrefixCacheFile open_prefix_cache(Communicator& comm, const Session& s, const Se
         else if (!why.empty())
             std::cerr << "not used: " << why << " (it is replaced at the end)\n";
         else
-            std::cerr << "no file yet (written at the end)\n";
+            std::cerr << "no file yet\n";
     }
     if (differs >= 0 || !ok) saved.clear();
     f.used = differs < 0 && ok;

@@ -1393,6 +1393,73 @@ TEST_F(Serve, HttpsWithAnApiKey) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// --cache-save-every: the server writes --cache-file while it serves, once requests have ended, so
+// a server killed with SIGKILL (no shutdown write) still leaves the conversations it had: the next
+// server's turn on one of them loads it. Its bad values are refused naming the flag.
+TEST_F(Serve, CacheSaveEveryWritesWhileServing) {
+    const std::string a = "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+                          "and darkness was upon the face of the deep.",
+                      b = "And God called the light Day, and the darkness he called Night.";
+    const std::string file = logs_.file("live.kv"), base = kCli + " serve --model " + model_.path() +
+                                                            " --ctx 256 --batch 1 --threads 1 --cache-ram 16 --cache-file " + file;
+    auto ask = [&](int port, const std::string& p) {
+        const Reply r = post(port, "/v1/completions", {{"prompt", p}, {"max_tokens", 6}, {"temperature", 0}});
+        EXPECT_EQ(r.status, 200) << r.raw;
+        return r;
+    };
+    // Waits up to 60 s for `what` in the server's stderr.
+    auto wait_for = [](const Server& srv, const std::string& what) {
+        for (int i = 0; i < 1200 && srv.read_all().find(what) == std::string::npos; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return srv.read_all().find(what) != std::string::npos;
+    };
+    std::string a1;
+    int a_prompt = 0;
+    {
+        Server srv(base + " --cache-save-every 0.1", logs_.file("live.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        const Reply r = ask(srv.port(), a);
+        ASSERT_EQ(r.status, 200);
+        a1 = r.body["choices"][0]["text"];
+        a_prompt = r.body["usage"]["prompt_tokens"];
+        EXPECT_TRUE(wait_for(srv, "--cache-file " + file + ": 1 prefix, ")) << srv.read_all();
+        ASSERT_EQ(ask(srv.port(), b).status, 200);  // a goes to the tier, b is in the slot
+        EXPECT_TRUE(wait_for(srv, "--cache-file " + file + ": 2 prefixes, ")) << srv.read_all();
+    }  // SIGKILL: no write at shutdown
+    {
+        Server srv(base, logs_.file("after.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        EXPECT_NE(srv.read_all().find("--cache-file " + file + ": 2 prefixes, "), std::string::npos) << srv.read_all();
+        const Reply r = ask(srv.port(), a + a1 + " And God said");
+        ASSERT_EQ(r.status, 200);
+        EXPECT_GE(r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), a_prompt) << r.raw;
+        EXPECT_EQ(srv.stop(), 0);
+    }
+    {  // Two ranks write their files at the same step.
+        const std::string tp = logs_.file("tp.kv");
+        Server srv(std::string(SHARDLM_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kCli +
+                       " serve --model " + model_.path() + " --ctx 256 --batch 1 --cache-ram 16 --cache-file " + tp +
+                       " --cache-save-every 0.1",
+                   logs_.file("tp.log"));
+        ASSERT_GT(srv.port(), 0) << srv.read_all();
+        ASSERT_EQ(ask(srv.port(), a).status, 200);
+        EXPECT_TRUE(wait_for(srv, "--cache-file " + tp + ": 1 prefix, ")) << srv.read_all();
+        EXPECT_TRUE(std::filesystem::exists(tp + ".rank1"));
+        EXPECT_EQ(std::filesystem::file_size(tp), std::filesystem::file_size(tp + ".rank1"));
+    }
+    const std::string flags = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 --cache-ram 8 ";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--cache-save-every 5", "--cache-save-every writes --cache-file while serving: it needs --cache-file"},
+        {"--cache-file " + file + " --cache-save-every -1", "--cache-save-every must be in [0, 1e9] seconds"},
+        {"--cache-file " + file + " --cache-save-every nan", "--cache-save-every must be in [0, 1e9] seconds"},
+    };
+    for (const auto& [f, want] : cases) {
+        const CommandResult r = run_command(flags + f);
+        EXPECT_NE(r.exit_code, 0) << f;
+        EXPECT_NE(r.err.find(want), std::string::npos) << f << ": " << r.err;
+    }
+}
+
 // The TLS and key flags' bad values: one line naming the flag or file, before the model loads.
 TEST_F(Serve, BadTlsAndKeyFlagsAreRefused) {
     const std::string base = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 64 --port 0 ";

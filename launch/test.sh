@@ -6,11 +6,13 @@
 # parsers' tests, then runs the GPU tests on the emulator, plain and under the sanitizers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# Each step's header says when it began, so a slow CI run shows where its time went.
+step() { echo "== $* [at ${SECONDS} s]"; }
 "$root/launch/install_deps.sh"
 
-echo "== build ($root/build)"
+step "build ($root/build)"
 "$root/launch/build.sh"
-echo "== tests"
+step "tests"
 (cd "$root/build" && OMP_WAIT_POLICY=passive ctest --output-on-failure -j "$(nproc)" --timeout 600)
 
 # The serve tests once more against the CLI compiled with AddressSanitizer (its own files; the
@@ -18,7 +20,7 @@ echo "== tests"
 # server and fails its test (~4 min to build, 1 to run on 2 cores). Reports go to
 # build/asan-cli.<pid>, printed on failure; leaks too, but for Open MPI's under mpirun
 # (launch/lsan.supp; the full unwinder, so that their stacks reach Open MPI's libraries).
-echo "== serve tests against the CLI under ASan ($root/build)"
+step "serve tests against the CLI under ASan ($root/build)"
 cmake --build "$root/build" -j "$(nproc)" --target shardlm_asan_cli
 rm -f "$root/build"/asan-cli.*
 if ! (cd "$root/build" && OMP_WAIT_POLICY=passive SHARDLM_TEST_CLI="$root/build/shardlm_asan_cli" \
@@ -49,7 +51,7 @@ if [ "$have_cuda_headers" = 1 ]; then
   emu_flag=ON
   asan_targets+=(test_kernels_cuda test_cuda_engine test_cuda_emu)
 fi
-echo "== parser tests under ASan/UBSan ($asan)"
+step "parser tests under ASan/UBSan ($asan)"
 cmake -S "$root" -B "$asan" -G Ninja -DSHARDLM_SANITIZE=ON -DSHARDLM_CUDA=OFF -DSHARDLM_CUDA_EMU=$emu_flag \
   -DSHARDLM_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$asan" -j "$(nproc)" --target "${asan_targets[@]}"
@@ -60,7 +62,7 @@ ASAN_OPTIONS=detect_leaks=1 "$asan/tests/tokenizer/test_tokenizer" --gtest_brief
 # schedule orders (CTest label cuda_emu). Needs only the CUDA headers (cuda_runtime.h, cublas_v2.h).
 emu="$root/build-emu"
 if [ "$have_cuda_headers" = 1 ]; then
-  echo "== CUDA tests on the CPU CUDA emulator ($emu)"
+  step "CUDA tests on the CPU CUDA emulator ($emu)"
   [ -f "$emu/build.ninja" ] || cmake -S "$root" -B "$emu" -G Ninja -DSHARDLM_CUDA=OFF -DSHARDLM_CUDA_EMU=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   targets=(test_kernels_cuda test_cuda_engine test_cuda_emu)
@@ -75,13 +77,13 @@ if [ "$have_cuda_headers" = 1 ]; then
   # The same tests once more under ASan + UBSan, forward order only, one test per process so that
   # CTest keeps both cores busy to the end (whole binaries split in two shards left one core idle
   # for minutes behind the attention tests).
-  echo "== CUDA kernel and engine tests on the emulator under ASan/UBSan ($asan)"
+  step "CUDA kernel and engine tests on the emulator under ASan/UBSan ($asan)"
   if ! (cd "$asan" && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive ASAN_OPTIONS=detect_leaks=1 \
         ctest --output-on-failure -L cuda_emu -E '[.]reverse$' -j "$(nproc)" --timeout 1800); then
     echo "shardlm: the CUDA tests above failed under ASan/UBSan on the CPU CUDA emulator ($asan)" >&2
     exit 1
   fi
 else
-  echo "== CUDA emulator tests skipped: no CUDA headers (/usr/local/cuda/include)"
+  step "CUDA emulator tests skipped: no CUDA headers (/usr/local/cuda/include)"
 fi
-echo "== all tests passed"
+echo "== all tests passed [${SECONDS} s]"

@@ -239,13 +239,30 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         bad("this model's chat template has no tools block shardlm renders (Qwen2.5's, Qwen3's, Llama 3.1/3.2's or "
             "Mistral v3's): "
             "no \"tools\", tool calls or tool messages");
+    // vLLM's continue_final_message (with add_generation_prompt false): the last message is the
+    // start of the assistant's reply, which the model goes on with.
+    ChatKwargs kwargs = chat_kwargs(body);
+    const json cont = body.value("continue_final_message", json(false)), gen = body.value("add_generation_prompt", json(nullptr));
+    if (!cont.is_boolean()) bad("\"continue_final_message\" must be true or false");
+    if (!gen.is_null() && !gen.is_boolean()) bad("\"add_generation_prompt\" must be true or false");
+    kwargs.continue_final_message = cont.get<bool>();
+    if (kwargs.continue_final_message && gen == json(true))
+        bad("\"continue_final_message\" and \"add_generation_prompt\" cannot both be true");
+    if (!kwargs.continue_final_message && gen == json(false))
+        bad("\"add_generation_prompt\": false is supported with \"continue_final_message\": true only");
     if (tools.empty() && !tool_turns) {
         for (size_t i = 0; i < messages.size(); ++i)
             if ((messages[i].role == "user") != (i % 2 == 0)) bad("messages must alternate user and assistant, user first");
-        if (messages.empty() || messages.back().role != "user") bad("the last message must be the user's");
+        if (kwargs.continue_final_message) {
+            if (messages.empty() || messages.back().role != "assistant")
+                bad("\"continue_final_message\": the last message must be the assistant's reply so far");
+            if (messages.back().content.empty()) bad("\"continue_final_message\": the last message is empty, nothing to go on from");
+        } else if (messages.empty() || messages.back().role != "user") {
+            bad("the last message must be the user's (or, with \"continue_final_message\": true, the assistant's reply so far)");
+        }
     }
     try {
-        p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, chat_kwargs(body)), EncodeOptions{false});
+        p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, kwargs), EncodeOptions{false});
     } catch (const Error& e) {
         bad(e.what());
     }

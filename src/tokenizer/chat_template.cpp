@@ -202,7 +202,8 @@ bool tool_turns(const std::vector<ChatMessage>& messages) {
 }
 
 // The turns of a conversation with tools or tool turns, as both tool formats take them.
-void check_tool_turns(const std::vector<ChatMessage>& messages) {
+// reply_last: the last turn is the start of the assistant's reply (continue_final_message).
+void check_tool_turns(const std::vector<ChatMessage>& messages, bool reply_last = false) {
     if (messages.empty()) fail("a chat conversation needs at least one message");
     for (size_t i = 0; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
@@ -213,7 +214,7 @@ void check_tool_turns(const std::vector<ChatMessage>& messages) {
                  "tool message)");
         if (!m.tool_calls.empty() && m.role != "assistant") fail("chat turn ", i, ": only assistant turns make tool calls");
     }
-    if (messages.back().role == "assistant") fail("a chat conversation ends with a user or tool message");
+    if (messages.back().role == "assistant" && !reply_last) fail("a chat conversation ends with a user or tool message");
 }
 
 // A conversation with tools in Qwen's ChatML format (the templates recognise_tools accepts).
@@ -325,8 +326,9 @@ size_t code_points(const std::string& s) {
 // when a tool result is last), replies with calls as [TOOL_CALLS] and their ids.
 std::string render_mistral_v3(const ChatTemplate& t, const std::optional<std::string>& system,
                               const std::vector<ChatMessage>& messages, const std::string& bos_token,
-                              const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools) {
-    check_tool_turns(messages);
+                              const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
+                              bool reply_last = false) {
+    check_tool_turns(messages, reply_last);
     const std::string sp = t.family == ChatFamily::MistralTekken ? "" : " ";
     // The template's own check: the turns other than calls and results alternate, user first.
     size_t turn = 0, last_user = 0;
@@ -484,6 +486,7 @@ ChatTemplate recognise_chat_template(const std::string& source, const std::strin
         t.strips_reasoning = has(c, "message.content.split('</think>')[-1].lstrip('~')");
         t.thinking_switch = has(tight(c), "{{'<|im_start|>assistant~'}}{%ifenable_thinkingisdefinedandenable_thinkingisfalse%}"
                                           "{{'<think>~~</think>~~'}}{%endif%}");
+        t.final_reply_thinks = has(tight(c), "ifloop.lastor(notloop.lastandreasoning_content)");
         recognise_tools(c, t);
         return t;
     }
@@ -559,7 +562,9 @@ namespace {
 std::string render_turns(const ChatTemplate& t, const std::optional<std::string>& system,
                          const std::vector<ChatMessage>& messages, const std::string& bos_token,
                          const std::string& eos_token, const std::vector<nlohmann::ordered_json>& tools,
-                         bool tools_in_user_message) {
+                         bool tools_in_user_message, bool continue_final) {
+    if (continue_final && (!tools.empty() || tool_turns(messages)))
+        fail("continuing the final message is not supported with tools, tool calls or tool messages");
     if (!tools.empty() || tool_turns(messages)) {
         if (t.tools == ChatTools::None)
             fail("this model's chat template (", chat_family_name(t.family), ") has no tools block shardlm renders: "
@@ -569,7 +574,10 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
             return render_llama_tools(t, system, messages, bos_token, tools, tools_in_user_message);
         return render_chatml_tools(t, system, messages, tools);
     }
-    if (messages.empty() || messages.size() % 2 == 0)
+    if (continue_final && (messages.empty() || messages.size() % 2 == 1 || messages.back().content.empty()))
+        fail("continuing the final message: the conversation alternates user and assistant turns and ends with the "
+             "start of the assistant's reply, not empty (", messages.size(), " turns given)");
+    if (!continue_final && (messages.empty() || messages.size() % 2 == 0))
         fail("a chat conversation alternates user and assistant turns and ends with a user turn (", messages.size(),
              " turns given)");
     for (size_t i = 0; i < messages.size(); ++i)
@@ -581,9 +589,24 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
         case ChatFamily::ChatML: {
             const std::optional<std::string> sys = system ? system : t.default_system;
             if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
-            for (const ChatMessage& m : messages) {
+            for (size_t i = 0; i < messages.size(); ++i) {
+                const ChatMessage& m = messages[i];
                 std::string content = m.content;
                 const size_t think = content.rfind("</think>");
+                if (continue_final && i + 1 == messages.size() && t.final_reply_thinks) {
+                    // Qwen3's last reply: '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' +
+                    // content.lstrip('\n'), the reasoning what lies between the first <think> and </think>.
+                    std::string reasoning;
+                    if (think != std::string::npos) {
+                        reasoning = content.substr(0, content.find("</think>"));
+                        const size_t open = reasoning.rfind("<think>");
+                        if (open != std::string::npos) reasoning = reasoning.substr(open + 7);
+                        content = strip_newlines(content.substr(think + 8), true, false);
+                    }
+                    out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
+                           content + "<|im_end|>\n";
+                    continue;
+                }
                 if (m.role == "assistant" && t.strips_reasoning && think != std::string::npos) {
                     content = content.substr(think + 8);
                     content.erase(0, content.find_first_not_of('\n') == std::string::npos ? content.size()
@@ -591,7 +614,7 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
                 }
                 out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
             }
-            out += "<|im_start|>assistant\n";
+            if (!continue_final) out += "<|im_start|>assistant\n";
             return out;
         }
         case ChatFamily::Llama3:
@@ -607,7 +630,7 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
             }
             for (const ChatMessage& m : messages)
                 out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim_js(m.content) + "<|eot_id|>";
-            out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+            if (!continue_final) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
             return out;
         case ChatFamily::Llama2:
             for (size_t i = 0; i < messages.size(); ++i) {
@@ -636,7 +659,7 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
             return out;
         case ChatFamily::Mistral3:
         case ChatFamily::MistralTekken:
-            return render_mistral_v3(t, system, messages, bos_token, eos_token, {});
+            return render_mistral_v3(t, system, messages, bos_token, eos_token, {}, continue_final);
         case ChatFamily::DeepSeek:
             out += bos_token + (system ? *system : std::string());
             for (const ChatMessage& m : messages) {
@@ -649,6 +672,7 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
                 out += "<｜Assistant｜>" + (think == std::string::npos ? m.content : m.content.substr(think + 8)) +
                        "<｜end▁of▁sentence｜>";
             }
+            if (continue_final) return out;
             return out + "<｜Assistant｜>" + (t.opens_thinking ? "<think>\n" : "");
     }
     return out;
@@ -662,9 +686,24 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
                                 const ChatKwargs& kwargs) {
     ChatTemplate dated = t;
     if (!kwargs.date_string.empty() && t.family == ChatFamily::Llama31) dated.date_string = kwargs.date_string;
+    const std::string text = render_turns(dated, system, messages, bos_token, eos_token, tools,
+                                          kwargs.tools_in_user_message, kwargs.continue_final_message);
+    if (kwargs.continue_final_message) {
+        // transformers: rendered[: rendered.rindex(final) + len(final)], final stripped if not found.
+        std::string last = messages.back().content;
+        size_t at = text.rfind(last);
+        if (at == std::string::npos) {
+            last = trim_js(last);
+            at = last.empty() ? std::string::npos : text.rfind(last);
+        }
+        if (at == std::string::npos)
+            fail("continuing the final message: this model's chat template (", chat_family_name(t.family),
+                 ") does not write the final message's content as it is given, so the reply cannot go on from it");
+        return text.substr(0, at + last.size());
+    }
     // Qwen3's enable_thinking false: an empty think block after the generation prompt.
     const char* after = !kwargs.enable_thinking && t.thinking_switch ? "<think>\n\n</think>\n\n" : "";
-    return render_turns(dated, system, messages, bos_token, eos_token, tools, kwargs.tools_in_user_message) + after;
+    return text + after;
 }
 
 namespace {

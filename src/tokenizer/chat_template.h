@@ -60,6 +60,9 @@ struct ChatTemplate {
     bool thinking_switch = false;
     // DeepSeek (R1): the generation prompt opens the reasoning ("<think>\n"), so a reply starts in it.
     bool opens_thinking = false;
+    // ChatML (Qwen3): a reply after the last user turn that is the last message is written with its
+    // think block, an empty one where it has none (what a continued final message starts with).
+    bool final_reply_thinks = false;
 };
 
 // Template variables a request may set (vLLM's chat_template_kwargs), where the template reads
@@ -68,6 +71,12 @@ struct ChatKwargs {
     bool enable_thinking = true;  // Qwen3: false adds "<think>\n\n</think>\n\n" after the generation prompt
     std::string date_string;      // Llama 3.1/3.2: "Today Date: ..." (empty: the template's own)
     bool tools_in_user_message = true;  // Llama 3.1/3.2: false lists the tools in the system message
+    // Not a template variable, but how the conversation is rendered (vLLM's request field, llama.cpp's
+    // assistant prefill): the last turn is the start of the assistant's reply, which the model goes on
+    // with. Rendered as transformers' apply_chat_template(continue_final_message=True) does: without
+    // the generation prompt, and cut after the last occurrence of that turn's content (or of its
+    // content trimmed, where the template trims it). Not with tools or tool turns.
+    bool continue_final_message = false;
 };
 
 // Recognises `source`; `where` names the file for the error message.
@@ -95,7 +104,8 @@ struct ChatMessage {
 };
 
 // The rendered prompt text (to be encoded without adding special tokens) of a conversation that
-// alternates user and assistant turns, user first and last, ending with the generation prompt.
+// alternates user and assistant turns, user first and last, ending with the generation prompt
+// (kwargs.continue_final_message: assistant last, its content non-empty, no generation prompt).
 // eos_token closes the replies where the family's template spells it (Llama 2, Mistral).
 // With `tools` (each {"type": "function", "function": {...}} as the request gave it, keys in its
 // order), or tool turns or calls in the messages, the template must have a tools block (else

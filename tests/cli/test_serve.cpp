@@ -913,6 +913,62 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// continue_final_message (vLLM's, with add_generation_prompt false): the last message is the start
+// of the assistant's reply and the model goes on from it. The prompt is the ChatML text cut after
+// that message (no <|im_end|>, no new turn), and the reply is what completions give for those
+// ids, streamed or not. Requests that cannot be continued get a 400 naming the field.
+TEST_F(Serve, ContinueFinalMessageGoesOnFromTheReply) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const json msgs = json::array({{{"role", "user"}, {"content", "In the beginning"}}, {{"role", "assistant"}, {"content", "God created"}}});
+    const json req = {{"messages", msgs}, {"continue_final_message", true}, {"add_generation_prompt", false}};
+    const Reply ids = post(srv.port(), "/tokenize", req);
+    const Reply want = post(srv.port(), "/tokenize",
+                            {{"prompt", "<|im_start|>user\nIn the beginning<|im_end|>\n<|im_start|>assistant\nGod created"},
+                             {"add_special_tokens", false}});
+    ASSERT_EQ(ids.status, 200) << ids.raw;
+    EXPECT_EQ(ids.body["tokens"], want.body["tokens"]) << ids.raw << want.raw;
+    json chat = req;
+    chat["max_tokens"] = 8;
+    chat["temperature"] = 0;
+    const Reply r = post(srv.port(), "/v1/chat/completions", chat);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const Reply plain = post(srv.port(), "/v1/completions",
+                             {{"prompt", ids.body["tokens"]}, {"max_tokens", 8}, {"temperature", 0}});
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"], plain.body["choices"][0]["text"]) << r.raw;
+    EXPECT_EQ(r.body["usage"]["prompt_tokens"], ids.body["count"]);
+    chat["stream"] = true;
+    const Reply streamed = post_text(srv.port(), "/v1/chat/completions", chat.dump());
+    std::string text;
+    for (size_t at = streamed.raw.find("data: {"); at != std::string::npos; at = streamed.raw.find("data: {", at + 1)) {
+        const json ev = json::parse(streamed.raw.substr(at + 6, streamed.raw.find('\n', at) - at - 6));
+        if (!ev["choices"].empty()) text += ev["choices"][0]["delta"].value("content", "");
+    }
+    EXPECT_EQ(text, r.body["choices"][0]["message"]["content"]) << streamed.raw;
+    const json user_last = json::array({{{"role", "user"}, {"content", "In the beginning"}}});
+    const json empty_last = json::array({{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", ""}}});
+    const std::vector<std::pair<json, std::string>> cases = {
+        {{{"messages", user_last}, {"continue_final_message", true}},
+         "\"continue_final_message\": the last message must be the assistant's reply so far"},
+        {{{"messages", empty_last}, {"continue_final_message", true}},
+         "\"continue_final_message\": the last message is empty, nothing to go on from"},
+        {{{"messages", msgs}, {"continue_final_message", true}, {"add_generation_prompt", true}},
+         "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true"},
+        {{{"messages", user_last}, {"add_generation_prompt", false}},
+         "\"add_generation_prompt\": false is supported with \"continue_final_message\": true only"},
+        {{{"messages", msgs}, {"continue_final_message", "yes"}}, "\"continue_final_message\" must be true or false"},
+        {{{"messages", msgs}}, "the last message must be the user's (or, with \"continue_final_message\": true, "
+                               "the assistant's reply so far)"},
+    };
+    for (const auto& [body, message] : cases) {
+        const Reply bad = post(srv.port(), "/v1/chat/completions", body);
+        EXPECT_EQ(bad.status, 400) << body.dump();
+        EXPECT_EQ(bad.body["error"]["message"], message) << bad.raw;
+    }
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // Tool calling with a Qwen2.5-style template (tests/tokenizer/templates/qwen25.jinja, whose
 // renderings the tokenizer tests hold to Jinja's): guided_choice makes the shipped model write a
 // call, which comes back as message.tool_calls with finish_reason "tool_calls", whole and

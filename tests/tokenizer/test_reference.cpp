@@ -178,6 +178,7 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
             kwargs.enable_thinking = r["kwargs"].value("enable_thinking", true);
             kwargs.tools_in_user_message = r["kwargs"].value("tools_in_user_message", true);
         }
+        kwargs.continue_final_message = r.value("continue_final", false);  // (reference.js: prefills)
         const auto render = [&] {
             if (!turns.empty()) {
                 if (own) return tok_->apply_chat_template(system, turns, tools, kwargs);
@@ -187,6 +188,7 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
             return render_chat(recognised(), system, user, bos);
         };
         const std::string what = r["template"].get<std::string>() + (r.contains("kwargs") ? " " + r["kwargs"].dump() : "") +
+                                 (kwargs.continue_final_message ? " continue_final_message" : "") +
                                  " system=" + r["system"].dump() +
                                  (r.contains("messages") ? " messages=" + r["messages"].dump()
                                   : turns.empty()        ? " user=" + r["user"].dump()

@@ -49,6 +49,17 @@ const conversations = [
   { turns: ["Is 7 prime?", "<think>\nDivisors: 1 and 7.\n</think>\n\nYes, 7 is prime.", "And 9?"] },
 ];
 
+// Conversations whose last turn is the start of the assistant's reply (vLLM's
+// continue_final_message, llama.cpp's assistant prefill): rendered without the generation prompt
+// and cut after the final message, as transformers' apply_chat_template(continue_final_message=True)
+// does (the last occurrence of its content, or of its content trimmed where the template trims it).
+const prefills = [
+  { turns: ["Tell me a joke.", "Sure! Here is one:"] },
+  { system: "You are terse.", turns: ["  What is 2+2? ", " 4\n", "And 3+3?", "The answer is "] },
+  { turns: ["Is 7 prime?", "<think>\nDivisors: 1 and 7.\n</think>\n\nYes, 7 is prime.", "And 9?", "No,"] },
+  { turns: ["Is 9 prime?", "<think>\nDivisors"] },
+];
+
 // Conversations with tools (OpenAI's chat format as vLLM hands it to the template: each call's
 // arguments an object): the functions listed in the system message, replies with calls (with and
 // without text, one and two calls, one with reasoning), tool results in a row, a later user turn.
@@ -125,16 +136,22 @@ for (const [name, mod] of Object.entries(models)) {
     };
   });
   // The template's text for `messages` with the assistant turn opened, or the error it raises.
-  const render = (t, messages, tools, kwargs) => {
+  const render = (t, messages, tools, kwargs, prefill) => {
     try {
-      const ctx = { messages, add_generation_prompt: true, ...(kwargs || {}) };
+      const ctx = { messages, add_generation_prompt: !prefill, ...(kwargs || {}) };
       if (tools) ctx.tools = tools;
       if (t.date_string) ctx.date_string = t.date_string;
       for (const k of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
         const v = tok.getToken(k);
         if (v) ctx[k] = v;
       }
-      return { text: new Template(t.source).render(ctx), error: null };
+      const text = new Template(t.source).render(ctx);
+      if (!prefill) return { text, error: null };
+      let last = messages[messages.length - 1].content;
+      if (text.lastIndexOf(last) < 0) last = last.trim();
+      const at = text.lastIndexOf(last);
+      if (at < 0) return { text: null, error: "the final message is not in the rendering" };
+      return { text: text.slice(0, at + last.length), error: null };
     } catch (e) {
       return { text: null, error: String(e.message || e) };
     }
@@ -162,6 +179,17 @@ for (const [name, mod] of Object.entries(models)) {
       const { text, error } = render(t, messages);
       renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
                      turns: c.turns, text, error,
+                     ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+  }
+  for (const t of templates) {
+    for (const c of prefills) {
+      const messages = [];
+      if (c.system !== undefined) messages.push({ role: "system", content: c.system });
+      c.turns.forEach((content, i) => messages.push({ role: i % 2 ? "assistant" : "user", content }));
+      const { text, error } = render(t, messages, undefined, undefined, true);
+      renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
+                     turns: c.turns, continue_final: true, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
     }
   }

@@ -250,16 +250,12 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         bad("\"continue_final_message\" and \"add_generation_prompt\" cannot both be true");
     if (!kwargs.continue_final_message && gen == json(false))
         bad("\"add_generation_prompt\": false is supported with \"continue_final_message\": true only");
-    if (tools.empty() && !tool_turns) {
-        for (size_t i = 0; i < messages.size(); ++i)
-            if ((messages[i].role == "user") != (i % 2 == 0)) bad("messages must alternate user and assistant, user first");
-        if (kwargs.continue_final_message) {
-            if (messages.empty() || messages.back().role != "assistant")
-                bad("\"continue_final_message\": the last message must be the assistant's reply so far");
-            if (messages.back().content.empty()) bad("\"continue_final_message\": the last message is empty, nothing to go on from");
-        } else if (messages.empty() || messages.back().role != "user") {
-            bad("the last message must be the user's (or, with \"continue_final_message\": true, the assistant's reply so far)");
-        }
+    // The order of the turns is the template's to check (Llama 2's and Mistral's want them in turn):
+    // an assistant turn last gets a new reply after it, or with continue_final_message goes on.
+    if (kwargs.continue_final_message && tools.empty() && !tool_turns) {
+        if (messages.empty() || messages.back().role != "assistant")
+            bad("\"continue_final_message\": the last message must be the assistant's reply so far");
+        if (messages.back().content.empty()) bad("\"continue_final_message\": the last message is empty, nothing to go on from");
     }
     try {
         p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, kwargs), EncodeOptions{false});

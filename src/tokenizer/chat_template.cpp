@@ -574,43 +574,58 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
             return render_llama_tools(t, system, messages, bos_token, tools, tools_in_user_message);
         return render_chatml_tools(t, system, messages, tools);
     }
-    if (continue_final && (messages.empty() || messages.size() % 2 == 1 || messages.back().content.empty()))
-        fail("continuing the final message: the conversation alternates user and assistant turns and ends with the "
-             "start of the assistant's reply, not empty (", messages.size(), " turns given)");
-    if (!continue_final && (messages.empty() || messages.size() % 2 == 0))
-        fail("a chat conversation alternates user and assistant turns and ends with a user turn (", messages.size(),
-             " turns given)");
-    for (size_t i = 0; i < messages.size(); ++i)
-        if (messages[i].role != (i % 2 == 0 ? "user" : "assistant"))
-            fail("chat turn ", i, " has role \"", messages[i].role, "\" where \"", i % 2 == 0 ? "user" : "assistant",
-                 "\" belongs (the roles alternate, user first)");
+    // Llama 2's and Mistral's templates raise unless the turns alternate, user first; the others
+    // (ChatML, Llama 3, DeepSeek) write user and assistant turns in any order, as OpenAI's API
+    // allows: an assistant greeting first, two user turns in a row, an assistant turn last (a new
+    // reply follows it; with continue_final, the model goes on with it).
+    const bool alternate = t.family == ChatFamily::Llama2 || t.family == ChatFamily::Mistral ||
+                           t.family == ChatFamily::Mistral2 || t.family == ChatFamily::Mistral3 ||
+                           t.family == ChatFamily::MistralTekken;
+    if (std::none_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.role == "user"; }))
+        fail("a chat conversation needs a user turn (", messages.size(), " turns given)");
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const std::string& role = messages[i].role;
+        if (role != "user" && role != "assistant") fail("chat turn ", i, " has role \"", role, "\" (user or assistant)");
+        if (alternate && (role == "user") != (i % 2 == 0))
+            fail("chat turn ", i, " has role \"", role, "\" where \"", i % 2 == 0 ? "user" : "assistant",
+                 "\" belongs (this model's chat template (", chat_family_name(t.family),
+                 ") takes user and assistant turns in turn, user first)");
+    }
+    if (continue_final && (messages.back().role != "assistant" || messages.back().content.empty()))
+        fail("continuing the final message: the conversation ends with the start of the assistant's reply, not empty");
     std::string out;
     switch (t.family) {
         case ChatFamily::ChatML: {
             const std::optional<std::string> sys = system ? system : t.default_system;
             if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
+            // Qwen3: a reply after the last user turn that is not a tool response block is written
+            // with its think block when it is the last message or has reasoning to show.
+            size_t last_query = messages.size() - 1;
+            for (size_t i = messages.size(); i-- > 0;) {
+                const std::string& c = messages[i].content;
+                const bool response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                                      c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+                if (messages[i].role == "user" && !response) {
+                    last_query = i;
+                    break;
+                }
+            }
             for (size_t i = 0; i < messages.size(); ++i) {
                 const ChatMessage& m = messages[i];
-                std::string content = m.content;
+                std::string content = m.content, reasoning;
                 const size_t think = content.rfind("</think>");
-                if (continue_final && i + 1 == messages.size() && t.final_reply_thinks) {
-                    // Qwen3's last reply: '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' +
-                    // content.lstrip('\n'), the reasoning what lies between the first <think> and </think>.
-                    std::string reasoning;
-                    if (think != std::string::npos) {
-                        reasoning = content.substr(0, content.find("</think>"));
-                        const size_t open = reasoning.rfind("<think>");
-                        if (open != std::string::npos) reasoning = reasoning.substr(open + 7);
-                        content = strip_newlines(content.substr(think + 8), true, false);
-                    }
-                    out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
-                           content + "<|im_end|>\n";
-                    continue;
-                }
                 if (m.role == "assistant" && t.strips_reasoning && think != std::string::npos) {
-                    content = content.substr(think + 8);
-                    content.erase(0, content.find_first_not_of('\n') == std::string::npos ? content.size()
-                                                                                          : content.find_first_not_of('\n'));
+                    // content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+                    reasoning = content.substr(0, content.find("</think>"));
+                    const size_t open = reasoning.rfind("<think>");
+                    if (open != std::string::npos) reasoning = reasoning.substr(open + 7);
+                    content = strip_newlines(content.substr(think + 8), true, false);
+                }
+                if (m.role == "assistant" && t.final_reply_thinks && i > last_query &&
+                    (i + 1 == messages.size() || !strip_newlines(reasoning, true, true).empty())) {
+                    out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
+                           strip_newlines(content, true, false) + "<|im_end|>\n";
+                    continue;
                 }
                 out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
             }
@@ -659,7 +674,7 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
             return out;
         case ChatFamily::Mistral3:
         case ChatFamily::MistralTekken:
-            return render_mistral_v3(t, system, messages, bos_token, eos_token, {}, continue_final);
+            return render_mistral_v3(t, system, messages, bos_token, eos_token, {}, true);
         case ChatFamily::DeepSeek:
             out += bos_token + (system ? *system : std::string());
             for (const ChatMessage& m : messages) {

@@ -368,3 +368,46 @@ TEST(ChatTemplate, DeepSeekV3AndR1) {
     EXPECT_THROW(render_conversation(r1, std::nullopt, {{"user", "t?"}, {"assistant", "", {now}}, {"tool", "1"}}, "", "", {}),
                  Error);
 }
+
+// The order of the turns (the renderings themselves are checked against Jinja in
+// test_reference.cpp): ChatML takes them in any order but needs a user turn; Llama 2's template
+// wants them in turn, user first; continuing the final message needs a non-empty assistant turn
+// last, and no tools.
+TEST(ChatTemplate, TurnOrderAndContinuingTheFinalMessage) {
+    const ChatTemplate chatml = recognise_chat_template(tiny_byte_level_config()["chat_template"], "test");
+    auto message = [](auto&& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    const std::vector<ChatMessage> greeting = {{"assistant", "Hello"}, {"user", "hi"}};
+    EXPECT_EQ(render_conversation(chatml, std::nullopt, greeting, "", ""),
+              "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    EXPECT_NE(message([&] { render_conversation(chatml, std::nullopt, {{"assistant", "Hello"}}, "", ""); })
+                  .find("a chat conversation needs a user turn"),
+              std::string::npos);
+    ChatTemplate llama2;
+    llama2.family = ChatFamily::Llama2;
+    EXPECT_NE(message([&] { render_conversation(llama2, std::nullopt, greeting, "<s>", "</s>"); })
+                  .find("chat turn 0 has role \"assistant\" where \"user\" belongs (this model's chat template (llama2)"),
+              std::string::npos);
+    ChatKwargs cont;
+    cont.continue_final_message = true;
+    EXPECT_EQ(render_conversation(chatml, std::nullopt, {{"user", "hi"}, {"assistant", "Sure"}}, "", "", {}, cont),
+              "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nSure");
+    for (const std::vector<ChatMessage>& m :
+         {std::vector<ChatMessage>{{"user", "hi"}}, std::vector<ChatMessage>{{"user", "hi"}, {"assistant", ""}}})
+        EXPECT_NE(message([&] { render_conversation(chatml, std::nullopt, m, "", "", {}, cont); })
+                      .find("continuing the final message: the conversation ends with the start of the assistant's reply"),
+                  std::string::npos);
+    ChatTemplate q = chatml;
+    q.tools = ChatTools::Qwen3;
+    EXPECT_NE(message([&] {
+                  render_conversation(q, std::nullopt, {{"user", "hi"}, {"assistant", "Sure"}}, "", "",
+                                      {nlohmann::ordered_json::object()}, cont);
+              }).find("continuing the final message is not supported with tools"),
+              std::string::npos);
+}

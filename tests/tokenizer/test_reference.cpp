@@ -199,6 +199,18 @@ TEST_P(Reference, ChatTemplatesMatchJinja) {
             EXPECT_EQ(render(), bos + "[INST] <<SYS>>\n\n<</SYS>>\n\n" + trim_js(user) + " [/INST]") << what;
             continue;
         }
+        // Turns without tools in another order than user, assistant, user, ... (reference.js: freeOrder).
+        bool free_order = tools.empty();
+        for (const ChatMessage& m : turns) free_order = free_order && m.tool_calls.empty() && m.role != "tool";
+        bool alternating = true;
+        for (size_t i = 0; i < turns.size(); ++i) alternating = alternating && (turns[i].role == "user") == (i % 2 == 0);
+        if (own && GetParam() == "mistral_nemo" && free_order && !alternating) {
+            // Nemo's template checks the order of the turns that selectattr("tool_calls", "undefined")
+            // keeps: in Python's Jinja (transformers) every turn without calls, so it raises; the JS
+            // engine keeps none and renders. We follow transformers.
+            EXPECT_THROW(render(), Error) << what << " (Python's Jinja raises)";
+            continue;
+        }
         if (!r["error"].is_null()) {
             EXPECT_THROW(render(), Error) << what << " (the template raises: " << r["error"] << ")";
             continue;

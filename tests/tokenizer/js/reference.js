@@ -60,6 +60,19 @@ const prefills = [
   { turns: ["Is 9 prime?", "<think>\nDivisors"] },
 ];
 
+// Turns in any order, as OpenAI's API allows and templates without a check of their own render
+// them: an assistant greeting first, two user turns in a row, two replies in a row (Qwen3 keeps the
+// reasoning of a reply after the last user turn), an assistant turn last (a new reply follows it).
+// Llama 2's and Mistral's templates raise on these.
+const freeOrder = [
+  [{ role: "assistant", content: "Hello! How can I help?" }, { role: "user", content: "Tell me a joke." }],
+  [{ role: "user", content: "Hi" }, { role: "user", content: " Are you there? " }],
+  [{ role: "user", content: "Is 7 prime?" }, { role: "assistant", content: "<think>\nDivisors: 1 and 7.\n</think>\n\nYes." },
+   { role: "assistant", content: "<think>\nMore?\n</think>\n\nAnything else?" }, { role: "user", content: "No" }],
+  [{ role: "user", content: "Is 9 prime?" }, { role: "assistant", content: "<think>\nNo.\n</think>\n\nNo, 3 divides it." }],
+  [{ role: "user", content: "Hi" }, { role: "assistant", content: "Hello" }, { role: "assistant", content: "\nHow are you?" }],
+];
+
 // Conversations with tools (OpenAI's chat format as vLLM hands it to the template: each call's
 // arguments an object): the functions listed in the system message, replies with calls (with and
 // without text, one and two calls, one with reasoning), tool results in a row, a later user turn.
@@ -180,6 +193,17 @@ for (const [name, mod] of Object.entries(models)) {
       renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: c.system ?? null,
                      turns: c.turns, text, error,
                      ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+    }
+  }
+  for (const t of templates) {
+    for (const m of freeOrder) {
+      for (const system of [undefined, "Be kind."]) {
+        const messages = system === undefined ? [...m] : [{ role: "system", content: system }, ...m];
+        const { text, error } = render(t, messages);
+        renders.push({ template: t.name, source: t.source, date_string: t.date_string, system: system ?? null,
+                       tools: [], messages: m, text, error,
+                       ids: text === null ? null : tok.encode(text, { add_special_tokens: false }) });
+      }
     }
   }
   for (const t of templates) {

@@ -242,6 +242,11 @@ bool have_gpu() { return cuda_usable_device_count() > 0; }
 // runs them side by side.
 class AttentionCudaPrefill : public ::testing::TestWithParam<DType> {};
 
+namespace shardlm {
+// The dtype's name in test listings (and CTest's names) rather than its byte.
+static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace shardlm
+
 TEST_P(AttentionCudaPrefill, MatchesCached) {
     if (!have_gpu()) GTEST_SKIP() << "no usable CUDA device";
     const Case cases[] = {

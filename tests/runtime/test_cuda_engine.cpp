@@ -133,6 +133,10 @@ const Case kCases[] = {
     {"qwen3_yarn_f32", Arch::Qwen3, DType::F32, true},
 };
 
+// gtest prints a parameter in test listings, and CTest's names keep it: the name, not the
+// struct's bytes (a pointer among them changed from build to build).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class CudaVsCpu : public ::testing::TestWithParam<Case> {
 protected:
     void SetUp() override {

@@ -217,6 +217,42 @@ void check_tool_turns(const std::vector<ChatMessage>& messages, bool reply_last 
     if (messages.back().role == "assistant" && !reply_last) fail("a chat conversation ends with a user or tool message");
 }
 
+// Qwen3's index of the last user query: the last user turn that is not a wrapped tool response
+// (the last turn if there is none). Replies after it keep their reasoning.
+size_t last_query_index(const std::vector<ChatMessage>& messages) {
+    for (size_t i = messages.size(); i-- > 0;) {
+        const std::string& c = messages[i].content;
+        const bool wrapped = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                             c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        if (messages[i].role == "user" && !wrapped) return i;
+    }
+    return messages.size() - 1;
+}
+
+// A reply split as Qwen3's template splits it: the content after the last </think> (leading
+// newlines dropped) and the reasoning between the last <think> before the first </think> and it
+// (newlines at both ends dropped); no </think>: all content.
+struct SplitReply {
+    std::string content, reasoning;
+};
+SplitReply split_reasoning(const std::string& text) {
+    const size_t first = text.find("</think>");
+    if (first == std::string::npos) return {text, ""};
+    const std::string before = text.substr(0, first);
+    const size_t open = before.rfind("<think>");
+    return {strip_newlines(text.substr(text.rfind("</think>") + 8), true, false),
+            strip_newlines(open == std::string::npos ? before : before.substr(open + 7), true, true)};
+}
+
+// Qwen3's opening of a reply and its text: with its think block (an empty one where it has no
+// reasoning, the content's leading newlines dropped) when it comes after the last query and is the
+// last turn or has reasoning.
+std::string qwen3_reply(const SplitReply& r, bool after_query, bool last) {
+    if (after_query && (last || !r.reasoning.empty()))
+        return "<|im_start|>assistant\n<think>\n" + r.reasoning + "\n</think>\n\n" + strip_newlines(r.content, true, false);
+    return "<|im_start|>assistant\n" + r.content;
+}
+
 // A conversation with tools in Qwen's ChatML format (the templates recognise_tools accepts).
 std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::string>& system,
                                 const std::vector<ChatMessage>& messages, const std::vector<nlohmann::ordered_json>& tools) {
@@ -233,17 +269,7 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
         const std::optional<std::string> sys = system ? system : t.default_system;
         if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
     }
-    // Qwen3: replies after the last user query (not a wrapped tool response) keep their reasoning.
-    size_t last_query = messages.size() - 1;
-    for (size_t i = messages.size(); i-- > 0;) {
-        const std::string& c = messages[i].content;
-        const bool wrapped = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
-                             c.compare(c.size() - 16, 16, "</tool_response>") == 0;
-        if (messages[i].role == "user" && !wrapped) {
-            last_query = i;
-            break;
-        }
-    }
+    const size_t last_query = last_query_index(messages);
     auto calls = [&](const ChatMessage& m, bool newline_first) {
         std::string s;
         for (size_t j = 0; j < m.tool_calls.size(); ++j) {
@@ -265,20 +291,8 @@ std::string render_chatml_tools(const ChatTemplate& t, const std::optional<std::
             if (m.tool_calls.empty()) out += "<|im_start|>assistant\n" + m.content + "<|im_end|>\n";
             else out += "<|im_start|>assistant" + (m.content.empty() ? "" : "\n" + m.content) + calls(m, true) + "<|im_end|>\n";
         } else {
-            std::string content = m.content, reasoning;
-            const size_t first = content.find("</think>");
-            if (first != std::string::npos) {
-                const std::string before = strip_newlines(content.substr(0, first), false, true);
-                const size_t open = before.rfind("<think>");
-                reasoning = strip_newlines(open == std::string::npos ? before : before.substr(open + 7), true, false);
-                content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
-            }
-            if (i > last_query && (i + 1 == messages.size() || !reasoning.empty()))
-                out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
-                       strip_newlines(content, true, false);
-            else
-                out += "<|im_start|>assistant\n" + content;
-            out += calls(m, !content.empty()) + "<|im_end|>\n";
+            const SplitReply r = split_reasoning(m.content);
+            out += qwen3_reply(r, i > last_query, i + 1 == messages.size()) + calls(m, !r.content.empty()) + "<|im_end|>\n";
         }
     }
     return out + "<|im_start|>assistant\n";
@@ -598,36 +612,17 @@ std::string render_turns(const ChatTemplate& t, const std::optional<std::string>
         case ChatFamily::ChatML: {
             const std::optional<std::string> sys = system ? system : t.default_system;
             if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
-            // Qwen3: a reply after the last user turn that is not a tool response block is written
-            // with its think block when it is the last message or has reasoning to show.
-            size_t last_query = messages.size() - 1;
-            for (size_t i = messages.size(); i-- > 0;) {
-                const std::string& c = messages[i].content;
-                const bool response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
-                                      c.compare(c.size() - 16, 16, "</tool_response>") == 0;
-                if (messages[i].role == "user" && !response) {
-                    last_query = i;
-                    break;
-                }
-            }
+            // Qwen3 (final_reply_thinks) writes replies after the last query as its tools block does;
+            // Qwen3 and QwQ (strips_reasoning) keep only the content of the others.
+            const size_t last_query = last_query_index(messages);
             for (size_t i = 0; i < messages.size(); ++i) {
                 const ChatMessage& m = messages[i];
-                std::string content = m.content, reasoning;
-                const size_t think = content.rfind("</think>");
-                if (m.role == "assistant" && t.strips_reasoning && think != std::string::npos) {
-                    // content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
-                    reasoning = content.substr(0, content.find("</think>"));
-                    const size_t open = reasoning.rfind("<think>");
-                    if (open != std::string::npos) reasoning = reasoning.substr(open + 7);
-                    content = strip_newlines(content.substr(think + 8), true, false);
-                }
-                if (m.role == "assistant" && t.final_reply_thinks && i > last_query &&
-                    (i + 1 == messages.size() || !strip_newlines(reasoning, true, true).empty())) {
-                    out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
-                           strip_newlines(content, true, false) + "<|im_end|>\n";
+                if (m.role == "user" || !t.strips_reasoning) {
+                    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
                     continue;
                 }
-                out += "<|im_start|>" + m.role + "\n" + content + "<|im_end|>\n";
+                const SplitReply r = split_reasoning(m.content);
+                out += qwen3_reply(r, t.final_reply_thinks && i > last_query, i + 1 == messages.size()) + "<|im_end|>\n";
             }
             if (!continue_final) out += "<|im_start|>assistant\n";
             return out;

@@ -199,6 +199,9 @@ ChatKwargs chat_kwargs(const json& body) {
 struct ChatPrompt {
     std::vector<int32_t> ids;
     json functions = json::array();  // the request's tools' "function" objects
+    // continue_final_message: the model goes on from the final message, inside its reasoning
+    // when that opens a <think> it does not close (ApiRequest::continued).
+    ApiRequest::Continued continued = ApiRequest::Continued::No;
 };
 
 ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
@@ -256,6 +259,11 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
         if (messages.empty() || messages.back().role != "assistant")
             bad("\"continue_final_message\": the last message must be the assistant's reply so far");
         if (messages.back().content.empty()) bad("\"continue_final_message\": the last message is empty, nothing to go on from");
+        const std::string& c = messages.back().content;
+        const size_t open = c.rfind("<think>"), close = c.rfind("</think>");
+        p.continued = open != std::string::npos && (close == std::string::npos || close < open)
+                          ? ApiRequest::Continued::InReasoning
+                          : ApiRequest::Continued::InContent;
     }
     try {
         p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, kwargs), EncodeOptions{false});
@@ -420,6 +428,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         tool_choice(body, functions, r);
         r.tool_format = tok.chat_tools();
         r.reasoning = lim.reasoning;
+        r.continued = cp.continued;
         const int32_t open = tok.token_to_id("<think>"), close = tok.token_to_id("</think>");
         if (r.reasoning != ReasoningParser::None && open >= 0 && close >= 0 && open < lim.vocab && close < lim.vocab &&
             open != close) {
@@ -427,6 +436,10 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             r.think_close = close;
             r.think_first = r.reasoning == ReasoningParser::DeepSeekR1;
         }
+        // A continued reply is already in its content or its reasoning: the reply does not open
+        // with <think>, and a JSON constraint holds from the first token or after </think>.
+        if (r.continued == ApiRequest::Continued::InContent) r.think_open = r.think_close = -1, r.think_first = false;
+        if (r.continued == ApiRequest::Continued::InReasoning && r.think_close >= 0) r.think_first = true;
     } else {
         for (const char* key : {"tools", "tool_choice", "chat_template_kwargs"})
             if (body.contains(key) && !body[key].is_null()) bad(std::string("\"") + key + "\" is the chat API's");
@@ -786,8 +799,9 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
 
 ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool done) {
     ReasoningSpan s;
-    if (r.reasoning == ReasoningParser::None) return s;
+    if (r.reasoning == ReasoningParser::None || r.continued == ApiRequest::Continued::InContent) return s;
     static const std::string open = "<think>", close = "</think>";
+    const bool first = r.reasoning == ReasoningParser::DeepSeekR1 || r.continued == ApiRequest::Continued::InReasoning;
     const size_t i = std::min(text.size(), text.find_first_not_of(" \t\r\n"));
     const size_t rest = text.size() - i;
     if (rest < open.size() || text.compare(i, open.size(), open) != 0) {
@@ -796,7 +810,7 @@ ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool 
             s.content = text.size();
             return s;
         }
-        if (r.reasoning == ReasoningParser::Qwen3) return s;  // all content
+        if (!first) return s;  // Qwen3's: all content
     } else {
         s.begin = i + open.size();
     }

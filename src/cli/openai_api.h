@@ -88,10 +88,16 @@ struct ApiRequest {
     // message.reasoning_content (streamed: delta.reasoning_content), the rest as the content,
     // where tool calls are read.
     ReasoningParser reasoning = ReasoningParser::None;
+    // continue_final_message: the reply goes on in the final message's content (its reasoning
+    // is not read, whatever the parser), or inside the <think> block that message left open
+    // (reasoning up to </think>, as DeepSeekR1's parser reads a fresh reply).
+    enum class Continued : uint8_t { No, InContent, InReasoning };
+    Continued continued = Continued::No;
     // With reasoning and a JSON constraint (response_format, guided fields, tool_choice required
     // or named): the ids of single-token <think> and </think> (-1: none), so that the constraint
     // holds only after the reasoning (BatchRequest::think_open), as vLLM's does; think_first:
-    // the reply starts inside the reasoning (DeepSeekR1).
+    // the reply starts inside the reasoning (DeepSeekR1, or a reply continued inside it; a reply
+    // continued in its content has no tags: the constraint holds from its first token).
     int32_t think_open = -1, think_close = -1;
     bool think_first = false;
     size_t choices() const { return prompts.size() * size_t(n); }
@@ -178,7 +184,9 @@ nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int
 // the reply (after white space) and ends at </think>, or at the end of a reply cut short (vLLM
 // would then give it all as content; here a stream and a whole response agree). DeepSeekR1: it
 // starts at the reply's start, or after a <think> that opens it, and ends at the first </think>
-// or the reply's end. The content starts after </think>. Without reasoning, content is 0 and
+// or the reply's end. The content starts after </think>. A continued reply (ApiRequest::continued)
+// in content has no reasoning; one inside the reasoning is read as DeepSeekR1 reads a fresh reply,
+// whatever the parser. Without reasoning, content is 0 and
 // begin == end. Streaming (!done): while the reply may still open with <think>, or may be closing
 // it, that text is held back (content past the text, end before it).
 struct ReasoningSpan {

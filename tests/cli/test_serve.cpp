@@ -152,6 +152,26 @@ StreamedChat streamed_chat(const std::string& raw) {
     return out;
 }
 
+// A chat reply's reasoning and content (null: none) under a reasoning parser, whole and streamed
+// (streamed, null is ""); the request's guided_choice makes the model write `reply`.
+void expect_reasoning_parts(int port, json req, const std::string& reply, const json& reasoning, const json& content) {
+    req["max_tokens"] = 100;
+    req["temperature"] = 0;
+    req["guided_choice"] = {reply};
+    const Reply r = post(port, "/v1/chat/completions", req);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& m = r.body["choices"][0]["message"];
+    EXPECT_EQ(m["reasoning_content"], reasoning) << reply << ": " << r.raw;
+    EXPECT_EQ(m["content"], content) << reply << ": " << r.raw;
+    req["stream"] = true;
+    const Reply s = post(port, "/v1/chat/completions", req);
+    ASSERT_EQ(s.status, 200);
+    const StreamedChat sc = streamed_chat(s.raw);
+    EXPECT_EQ(sc.reasoning, reasoning.is_null() ? "" : reasoning.get<std::string>()) << reply << ": " << s.raw;
+    EXPECT_EQ(sc.content, content.is_null() ? "" : content.get<std::string>()) << reply << ": " << s.raw;
+    EXPECT_EQ(sc.finish, "stop");
+}
+
 // A sample's value in /metrics' text (-1, and a failure, when it is not there).
 double metric_value(const std::string& metrics, const std::string& name) {
     const size_t at = metrics.find("\n" + name + " ");
@@ -1257,7 +1277,8 @@ TEST_F(Serve, MistralToolCalls) {
 // prompt (a template with Qwen3's switch); serve --reasoning-parser qwen3 gives a reply's
 // <think>...</think> part as reasoning_content, whole and streamed (its tags split over several
 // tokens here, so the stream holds them back), the rest as content; a reply without it, or cut
-// short inside it; refusals for unknown kwargs and parsers.
+// short inside it; replies continued in the reasoning and in the content; refusals for unknown
+// kwargs and parsers.
 TEST_F(Serve, ThinkingAndReasoningContent) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
     cfg["chat_template"] =
@@ -1282,21 +1303,16 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
                                      {"In Eden.", nullptr, "In Eden."},
                                      {" <think>cut short", "cut short", nullptr},
                                      {"<thin", nullptr, "<thin"}};
-    for (const Case& c : cases) {
-        json req = {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {c.reply}}};
-        const Reply r = post(srv.port(), "/v1/chat/completions", req);
-        ASSERT_EQ(r.status, 200) << r.raw;
-        const json& m = r.body["choices"][0]["message"];
-        EXPECT_EQ(m["reasoning_content"], c.reasoning) << c.reply << ": " << r.raw;
-        EXPECT_EQ(m["content"], c.content) << c.reply << ": " << r.raw;
-        req["stream"] = true;
-        const Reply s = post(srv.port(), "/v1/chat/completions", req);
-        ASSERT_EQ(s.status, 200);
-        const StreamedChat sc = streamed_chat(s.raw);
-        EXPECT_EQ(sc.reasoning, c.reasoning.is_null() ? "" : c.reasoning.get<std::string>()) << c.reply << ": " << s.raw;
-        EXPECT_EQ(sc.content, c.content.is_null() ? "" : c.content.get<std::string>()) << c.reply << ": " << s.raw;
-        EXPECT_EQ(sc.finish, "stop");
-    }
+    for (const Case& c : cases) expect_reasoning_parts(srv.port(), {{"messages", ask}}, c.reply, c.reasoning, c.content);
+    // A reply continued (continue_final_message) goes on in the final message's reasoning when
+    // that leaves a <think> open, else in its content, where a <think> is text.
+    auto continued = [&](const std::string& so_far) {
+        json m = ask;
+        m.push_back({{"role", "assistant"}, {"content", so_far}});
+        return json{{"messages", m}, {"continue_final_message", true}, {"add_generation_prompt", false}};
+    };
+    expect_reasoning_parts(srv.port(), continued("<think>\nLet me"), " see.</think>In Eden.", " see.", "In Eden.");
+    expect_reasoning_parts(srv.port(), continued("Well,"), " <think>no</think>", nullptr, " <think>no</think>");
     const Reply bad = post(srv.port(), "/v1/chat/completions", {{"messages", ask}, {"chat_template_kwargs", {{"thinking", true}}}});
     EXPECT_EQ(bad.status, 400);
     EXPECT_NE(bad.raw.find("\\\"thinking\\\" is not supported"), std::string::npos) << bad.raw;
@@ -1322,7 +1338,7 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
 // DeepSeek R1's template opens the reasoning in the prompt, so under --reasoning-parser
 // deepseek_r1 a reply reasons from its start (after a <think> of its own, if any) to </think>,
 // and is all reasoning without one (vLLM's parser); whole and streamed (the tags split over
-// several tokens here, so the stream holds them back) give the same parts.
+// several tokens here, so the stream holds them back) give the same parts; so do continued replies.
 TEST_F(Serve, DeepSeekR1Reasoning) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
     cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/deepseek_r1.jinja");
@@ -1339,26 +1355,29 @@ TEST_F(Serve, DeepSeekR1Reasoning) {
                                      {"<think>\nHm.</think>East.", "\nHm.", "East."},
                                      {"cut short <thi", "cut short <thi", nullptr},
                                      {"</think>Eden.", nullptr, "Eden."}};  // empty: null
-    for (const Case& c : cases) {
-        json req = {{"messages", ask}, {"max_tokens", 100}, {"temperature", 0}, {"guided_choice", {c.reply}}};
-        const Reply r = post(srv.port(), "/v1/chat/completions", req);
-        ASSERT_EQ(r.status, 200) << r.raw;
-        const json& m = r.body["choices"][0]["message"];
-        EXPECT_EQ(m["reasoning_content"], c.reasoning) << c.reply << ": " << r.raw;
-        EXPECT_EQ(m["content"], c.content) << c.reply << ": " << r.raw;
-        req["stream"] = true;
-        const StreamedChat sc = streamed_chat(post(srv.port(), "/v1/chat/completions", req).raw);
-        EXPECT_EQ(sc.reasoning, c.reasoning.is_null() ? "" : c.reasoning.get<std::string>()) << c.reply;
-        EXPECT_EQ(sc.content, c.content.is_null() ? "" : c.content.get<std::string>()) << c.reply;
-        EXPECT_EQ(sc.finish, "stop");
-    }
+    for (const Case& c : cases) expect_reasoning_parts(srv.port(), {{"messages", ask}}, c.reply, c.reasoning, c.content);
+    // A continued reply is not all reasoning: it goes on in the final message's content, or in
+    // the reasoning that message left open. The template drops a closed think block from a reply,
+    // so such a reply cannot be continued (transformers raises too).
+    auto continued = [&](const std::string& so_far) {
+        json m = ask;
+        m.push_back({{"role", "assistant"}, {"content", so_far}});
+        return json{{"messages", m}, {"continue_final_message", true}, {"add_generation_prompt", false}};
+    };
+    expect_reasoning_parts(srv.port(), continued("Well,"), " in Eden.", nullptr, " in Eden.");
+    const Reply closed = post(srv.port(), "/v1/chat/completions", continued("<think>\nHm.</think>It is"));
+    EXPECT_EQ(closed.status, 400) << closed.raw;
+    EXPECT_NE(closed.raw.find("(deepseek) does not write the final message's content as it is given"), std::string::npos)
+        << closed.raw;
+    expect_reasoning_parts(srv.port(), continued("<think>\nLet me"), " see.</think>Eden.", " see.", "Eden.");
     EXPECT_EQ(srv.stop(), 0);
 }
 
 // Structured output after reasoning (vLLM's, under a reasoning parser): with single-token <think>
 // and </think> (two of the shipped tokenizer's last merges turned into added tokens here) a
 // response_format reply may open with <think> and is held to JSON only after </think>; a logit
-// bias opens and closes it at once. Without the parser the same bias cannot open it.
+// bias opens and closes it at once. Without the parser the same bias cannot open it. A continued
+// reply is held to JSON from its first token, or after the </think> of the reasoning it is in.
 TEST_F(Serve, StructuredOutputAfterReasoning) {
     json t = json::parse(read_file(model_.file("tokenizer.json")));
     json& vocab = t["model"]["vocab"];
@@ -1396,6 +1415,22 @@ TEST_F(Serve, StructuredOutputAfterReasoning) {
             EXPECT_NE(lps[0]["token"], "<think>") << r.raw;
         }
         EXPECT_EQ(content.substr(0, 1), "{") << r.raw;
+        if (parser) {
+            // A reply continued in its content is held to JSON from its first token; one continued
+            // inside its reasoning may close it first, and is held to JSON after that.
+            for (const bool thinking : {false, true}) {
+                json cont = req;
+                cont["messages"].push_back({{"role", "assistant"}, {"content", thinking ? "<think>\nLet" : "Here:"}});
+                cont["continue_final_message"] = true;
+                cont["add_generation_prompt"] = false;
+                const Reply c = post(srv.port(), "/v1/chat/completions", cont);
+                ASSERT_EQ(c.status, 200) << c.raw;
+                const json& m = c.body["choices"][0];
+                EXPECT_EQ(m["logprobs"]["content"][0]["token"], thinking ? "</think>" : "{") << c.raw;
+                EXPECT_EQ(m["message"]["content"].get<std::string>().substr(0, 1), "{") << c.raw;
+                EXPECT_TRUE(m["message"]["reasoning_content"].is_null()) << c.raw;
+            }
+        }
         EXPECT_EQ(srv.stop(), 0);
     }
 }

@@ -64,24 +64,36 @@ struct ChoiceState {
     size_t sent = 0;   // streaming: how much of the content (content() below) went out
     size_t reasoning_sent = 0;  // streaming: the end of the reasoning that went out, in out.text
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
+    std::vector<size_t> args_sent;  // streaming: each begun tool call's arguments bytes out
     bool done = false, finish_sent = false;
     // Streaming: what the text so far holds, worked out once per look. rs: its reasoning
-    // (reasoning_span); content: out.text past it (all of it without); upto: how much of content
-    // may go out now (api_sendable: with tool calls, not what may become one).
+    // (reasoning_span); content: out.text past it (all of it without); calls: the tool calls in
+    // it so far; upto: how much of content may go out now (api_sendable: with tool calls, not
+    // what may become one).
     struct Pending {
         ReasoningSpan rs;
         std::string content;
+        ToolCallsSoFar calls;
         size_t upto = 0;
     };
     Pending pending(const ApiRequest& r) const {
         Pending p;
         p.rs = reasoning_span(r, out.text, done);
         p.content = out.text.substr(p.rs.content);
-        p.upto = api_sendable(r, p.content, done, sent);
+        p.calls = api_tool_calls_so_far(r, p.content, done);
+        p.upto = api_sendable(r, p.calls, p.content, done, sent);
         return p;
     }
     // Whether reasoning not yet sent may go out.
     bool reasoning_due(const Pending& p) const { return p.rs.end > std::max(p.rs.begin, reasoning_sent); }
+    // Whether tool calls or their arguments not yet sent may go out.
+    bool calls_due(const Pending& p) const {
+        if (p.calls.plain) return false;
+        if (p.calls.calls.size() > args_sent.size()) return true;
+        for (size_t k = 0; k < args_sent.size(); ++k)
+            if (p.calls.calls[k].arguments.size() > args_sent[k]) return true;
+        return false;
+    }
 };
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
@@ -847,8 +859,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
                             const ChoiceState::Pending p = cs.pending(req);
-                            return p.upto > cs.sent || cs.reasoning_due(p) || cs.out.lps.size() > cs.lps_sent ||
-                                   (cs.done && !cs.finish_sent);
+                            return p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(p) ||
+                                   cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
                             return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
@@ -881,12 +893,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.lps_sent = cs.out.lps.size();
                                 cs.lps_offset += logprobs_text_bytes(*tk, fresh);
                             }
+                            // Tool calls as they form: a call's name once it is whole, then its
+                            // arguments as the model writes them.
+                            if (!p.calls.plain && !p.calls.calls.empty()) {
+                                const json deltas = api_tool_call_deltas(req, job->id, job->created, c, p.calls.calls, cs.args_sent);
+                                if (!deltas.empty())
+                                    out += sse(api_tool_calls_chunk(req, job->id, job->created, model_name, c, deltas));
+                            }
                             if ((cs.done || job->aborted) && !cs.finish_sent) {
-                                const ParsedToolCalls calls = cs.done ? api_tool_calls(req, content) : ParsedToolCalls{};
-                                if (calls.called)
-                                    out += sse(api_tool_calls_chunk(job->req, job->id, job->created, model_name, c, calls));
+                                const bool called = cs.done && req.tools != ApiRequest::Tools::None && !p.calls.plain;
                                 out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",
-                                                     !cs.done ? "abort" : calls.called ? "tool_calls" : cs.out.finish));
+                                                     !cs.done ? "abort" : called ? "tool_calls" : cs.out.finish));
                                 cs.sent = content.size();
                                 cs.finish_sent = true;
                             }

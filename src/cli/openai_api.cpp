@@ -11,6 +11,7 @@
 #include "runtime/grammar.h"
 #include "runtime/json_schema.h"
 #include "tokenizer/fim.h"
+#include "tokenizer/json_prefix.h"
 #include "tokenizer/utf8.h"
 
 namespace shardlm {
@@ -730,14 +731,19 @@ std::string mistral_call_id(const std::string& id, int64_t created, size_t choic
 
 // A reply's calls as OpenAI's tool_calls entries (ids from the response's and the choice's);
 // `with_index` for a stream's delta.
+// A call's id: Mistral's templates want 9 characters, others take OpenAI's form.
+std::string call_id(const ApiRequest& r, const std::string& id, int64_t created, size_t choice, size_t k) {
+    return r.tool_format == ChatTools::MistralJson ? mistral_call_id(id, created, choice, k)
+                                                   : cat("call_", id, "_", choice, "_", k);
+}
+
 json tool_calls_json(const ApiRequest& r, const std::string& id, int64_t created, size_t choice,
                      const ParsedToolCalls& calls, bool with_index) {
     json out = json::array();
     for (size_t k = 0; k < calls.calls.size() && (r.parallel_tool_calls || k == 0); ++k) {
         json c;
         if (with_index) c["index"] = k;
-        c["id"] = r.tool_format == ChatTools::MistralJson ? mistral_call_id(id, created, choice, k)
-                                                          : cat("call_", id, "_", choice, "_", k);
+        c["id"] = call_id(r, id, created, choice, k);
         c["type"] = "function";
         c["function"] = {{"name", calls.calls[k].name}, {"arguments", calls.calls[k].arguments}};
         out.push_back(c);
@@ -839,42 +845,56 @@ json api_reasoning_chunk(const ApiRequest& r, const std::string& id, int64_t cre
     return res;
 }
 
+ToolCallsSoFar api_tool_calls_so_far(const ApiRequest& r, const std::string& text, bool done) {
+    if (r.tools == ApiRequest::Tools::None) {
+        ToolCallsSoFar plain;
+        plain.plain = true;
+        return plain;
+    }
+    if (r.tools == ApiRequest::Tools::Auto) return tool_calls_so_far(r.tool_format, text, done);
+    if (r.tools == ApiRequest::Tools::Required) return json_array_calls(text, 0, "parameters", done);
+    // Named: the reply is the arguments, held by their schema to JSON, unless it was cut short.
+    ToolCallsSoFar out;
+    const JsonPrefix j = scan_json_prefix(text, 0, done);
+    const bool whole = j.complete && text.find_first_not_of(" \t\r\n", j.end) == std::string::npos;
+    out.plain = !j.valid || (j.complete && !whole) || (done && !whole);
+    if (!out.plain) out.calls.push_back({r.tool_name, j.out});
+    return out;
+}
+
 ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text) {
-    if (r.tools == ApiRequest::Tools::None) return ParsedToolCalls{false, text, {}};
-    if (r.tools == ApiRequest::Tools::Auto) return parse_tool_calls(r.tool_format, text);
-    // Required, Named: the reply is the JSON its schema holds it to, unless it was cut short.
-    ParsedToolCalls out{false, text, {}};
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception&) {
-        return out;
-    }
-    out.called = true;
-    out.content.clear();
-    if (r.tools == ApiRequest::Tools::Named) {
-        out.calls.push_back({r.tool_name, python_json(j)});
-        return out;
-    }
-    for (const json& c : j) {
-        if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters"))
-            return ParsedToolCalls{false, text, {}};
-        out.calls.push_back({c["name"].get<std::string>(), python_json(c["parameters"])});
+    ToolCallsSoFar c = api_tool_calls_so_far(r, text, true);
+    if (c.plain) return ParsedToolCalls{false, text, {}};
+    return ParsedToolCalls{true, std::move(c.content), std::move(c.calls)};
+}
+
+size_t api_sendable(const ApiRequest& r, const ToolCallsSoFar& calls, const std::string& text, bool done, size_t sent) {
+    if (r.tools == ApiRequest::Tools::None || calls.plain) return text.size();
+    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(r.tool_format, text) : 0;
+    return std::max(sent, calls.content.size());
+}
+
+json api_tool_call_deltas(const ApiRequest& r, const std::string& id, int64_t created, size_t choice,
+                          const std::vector<ChatToolCall>& calls, std::vector<size_t>& args_sent) {
+    json out = json::array();
+    for (size_t k = 0; k < calls.size() && (r.parallel_tool_calls || k == 0); ++k) {
+        const std::string& args = calls[k].arguments;
+        if (k < args_sent.size()) {
+            if (args.size() > args_sent[k])
+                out.push_back({{"index", k}, {"function", {{"arguments", args.substr(args_sent[k])}}}});
+        } else {
+            out.push_back({{"index", k}, {"id", call_id(r, id, created, choice, k)}, {"type", "function"},
+                           {"function", {{"name", calls[k].name}, {"arguments", args}}}});
+            args_sent.push_back(0);
+        }
+        args_sent[k] = std::max(args_sent[k], args.size());
     }
     return out;
 }
 
-size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, size_t sent) {
-    if (r.tools == ApiRequest::Tools::None) return text.size();
-    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(r.tool_format, text) : 0;
-    const ParsedToolCalls calls = api_tool_calls(r, text);
-    return calls.called ? std::max(sent, calls.content.size()) : text.size();
-}
-
 json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
-                          size_t index, const ParsedToolCalls& calls) {
-    json choice = {{"index", index}, {"delta", {{"tool_calls", tool_calls_json(r, id, created, index, calls, true)}}},
-                   {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                          size_t index, const json& deltas) {
+    json choice = {{"index", index}, {"delta", {{"tool_calls", deltas}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     json res = envelope(r, id, created, model, json::array({choice}), true);
     if (r.include_usage) res["usage"] = nullptr;
     return res;

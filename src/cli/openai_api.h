@@ -198,14 +198,25 @@ nlohmann::ordered_json api_reasoning_chunk(const ApiRequest& r, const std::strin
                                            const std::string& model, size_t index, const std::string& delta);
 // A reply's tool calls as the request's tool mode reads them (called false: plain text).
 ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text);
-// How much of a streamed reply may go out as content: all of it without tools; with them, the
-// text before what may start a call (Auto) or nothing (Required, Named) until it ends, then the
-// content api_tool_calls leaves (at least `sent`: nothing is taken back).
-size_t api_sendable(const ApiRequest& r, const std::string& text, bool done, size_t sent);
-// The event of choice `index`'s tool calls, all in one delta (each entry with its index, id, name
-// and arguments), sent when the reply has ended; its last event then says "tool_calls".
+// The same as far as a streamed reply goes (tool_calls_so_far): Auto in the template's format,
+// Required an array of {"name", "parameters"}, Named the arguments themselves (the call begun
+// with the first token).
+ToolCallsSoFar api_tool_calls_so_far(const ApiRequest& r, const std::string& text, bool done);
+// How much of a streamed reply may go out as content, given its calls so far: all of it without
+// tools, or once it cannot be calls; else the text before what may start a call (Auto) or nothing
+// (Required, Named) until it ends, then the content before the calls (at least `sent`: nothing
+// is taken back). A reply whose calls went out in part and then turned out not to be calls sends
+// its text as content too, so nothing of it is lost.
+size_t api_sendable(const ApiRequest& r, const ToolCallsSoFar& calls, const std::string& text, bool done, size_t sent);
+// The tool_calls delta entries that bring a stream's calls from what went out to `calls` (vLLM's
+// and OpenAI's streaming form): a call's first entry has its index, id, type and name with the
+// arguments so far, later ones the arguments' new text. args_sent: the bytes of each begun call's
+// arguments sent, updated. Empty: nothing new. Without parallel_tool_calls, the first call only.
+nlohmann::ordered_json api_tool_call_deltas(const ApiRequest& r, const std::string& id, int64_t created, size_t choice,
+                                            const std::vector<ChatToolCall>& calls, std::vector<size_t>& args_sent);
+// The event of choice `index` with those entries; the stream's last event then says "tool_calls".
 nlohmann::ordered_json api_tool_calls_chunk(const ApiRequest& r, const std::string& id, int64_t created,
-                                            const std::string& model, size_t index, const ParsedToolCalls& calls);
+                                            const std::string& model, size_t index, const nlohmann::ordered_json& deltas);
 // vLLM's /tokenize ("prompt" with "add_special_tokens", default true, or chat "messages"):
 // {tokens, count, max_model_len}; /detokenize ("tokens"): {prompt}. Bad fields throw ApiError 400.
 nlohmann::ordered_json api_tokenize(const nlohmann::ordered_json& body, const Tokenizer& tok, const ApiLimits& lim);

@@ -4,6 +4,7 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "tokenizer/json_prefix.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/utf8.h"
 
@@ -743,134 +744,106 @@ std::string python_json(const nlohmann::ordered_json& j, int indent) { return py
 
 namespace {
 
-// Qwen's <tool_call> blocks (vLLM's hermes parser's rules).
-ParsedToolCalls parse_hermes_calls(const std::string& text) {
+const char kWhiteSpace[] = " \t\r\n";
+const std::string kPythonTag = "<|python_tag|>";
+const std::string kMistralCalls = "[TOOL_CALLS]";
+
+ToolCallsSoFar no_calls() {
+    ToolCallsSoFar r;
+    r.plain = true;
+    return r;
+}
+
+// The call a scanned object holds: the root (self -1) or the item `self` of a root array. Its
+// arguments are the first member named in `keys`; without one the call has none (`needed`) or
+// {}. Appends it to `calls` once its name is whole. Bad: it is not, and cannot become, a call.
+enum class CallRead { Bad, Partial, Whole };
+CallRead read_call(const JsonPrefix& j, int self, std::initializer_list<const char*> keys, bool needed,
+                   std::vector<ChatToolCall>& calls) {
+    const char kind = self < 0 ? (j.out.empty() ? '{' : j.out[0]) : j.items[size_t(self)].kind;
+    if (kind != '{') return CallRead::Bad;
+    const bool closed = self < 0 ? j.complete : j.items[size_t(self)].complete;
+    const JsonPrefix::Item *name = nullptr, *args = nullptr;
+    for (const JsonPrefix::Item& it : j.items) {
+        if (it.parent != self) continue;
+        if (!name && it.key == "name") name = &it;
+        for (const char* k : keys)
+            if (!args && it.key == k) args = &it;
+    }
+    if ((name && name->kind != '"') || (args && args->kind != '{')) return CallRead::Bad;
+    if (closed && (!name || (needed && !args))) return CallRead::Bad;
+    if (!name || !name->complete) return CallRead::Partial;
+    const std::string n = nlohmann::ordered_json::parse(j.out.substr(name->begin, name->end - name->begin)).get<std::string>();
+    if (n.empty()) return CallRead::Bad;
+    calls.push_back({n, args ? j.out.substr(args->begin, args->end - args->begin) : closed ? "{}" : ""});
+    return closed ? CallRead::Whole : CallRead::Partial;
+}
+
+// Qwen's <tool_call> blocks (vLLM's hermes parser's rules; a "</tool_call>" inside a string of
+// the JSON does not end the block here, where vLLM's regular expression cuts it there).
+ToolCallsSoFar hermes_calls(const std::string& text, bool done) {
     static const std::string open = "<tool_call>", close = "</tool_call>";
-    ParsedToolCalls plain;
-    plain.content = text;
+    ToolCallsSoFar r;
     size_t at = text.find(open);
-    if (at == std::string::npos) return plain;
-    ParsedToolCalls r;
-    r.called = true;
+    if (at == std::string::npos) return done ? no_calls() : r;
     r.content = text.substr(0, at);
-    r.content.erase(r.content.find_last_not_of(" \t\r\n") + 1);
+    r.content.erase(r.content.find_last_not_of(kWhiteSpace) + 1);
     while (at != std::string::npos) {
-        const size_t b = at + open.size(), e = text.find(close, b);
-        nlohmann::ordered_json call;
-        try {
-            call = nlohmann::ordered_json::parse(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
-        } catch (const nlohmann::json::exception&) {
-            return plain;
-        }
-        if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || call["name"].get<std::string>().empty())
-            return plain;
-        const nlohmann::ordered_json args = call.value("arguments", nlohmann::ordered_json::object());
-        if (!args.is_object()) return plain;
-        try {
-            r.calls.push_back({call["name"].get<std::string>(), python_json(args)});
-        } catch (const Error&) {  // nested too deep to be a call
-            return plain;
-        }
-        at = e == std::string::npos ? e : text.find(open, e + close.size());
+        const JsonPrefix j = scan_json_prefix(text, at + open.size(), done);
+        if (!j.valid || read_call(j, -1, {"arguments"}, false, r.calls) == CallRead::Bad) return no_calls();
+        if (!j.complete) return done ? no_calls() : r;
+        // After the JSON: white space, then </tool_call> (or the reply's end: an open block counts).
+        const size_t e = text.find_first_not_of(kWhiteSpace, j.end);
+        if (e == std::string::npos) return r;
+        const size_t n = std::min(close.size(), text.size() - e);
+        if (text.compare(e, n, close, 0, n) != 0 || (done && n < close.size())) return no_calls();
+        if (n < close.size()) return r;  // "</tool_call>" may be forming
+        at = text.find(open, e + close.size());
     }
     return r;
 }
 
-// One past the '}' that closes the JSON object opening at text[at], npos when the text ends first
-// (brackets counted outside strings; whether it is JSON, the parser says).
-size_t json_object_end(const std::string& text, size_t at) {
-    size_t depth = 0;
-    bool in_string = false;
-    for (size_t i = at; i < text.size(); ++i) {
-        const char c = text[i];
-        if (in_string) {
-            if (c == '\\') ++i;
-            else if (c == '"') in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '{' || c == '[') {
-            ++depth;
-        } else if ((c == '}' || c == ']') && --depth == 0) {
-            return i + 1;
-        }
-    }
-    return std::string::npos;
-}
-
-const char kWhiteSpace[] = " \t\r\n";
-const std::string kPythonTag = "<|python_tag|>";
-
 // Llama 3.1/3.2's JSON calls (vLLM's llama3_json parser's rules): the whole reply, after white
 // space and an optional <|python_tag|>, is one or more {"name": ..., "parameters": {...}} objects
-// ("arguments" also read) separated by ';'. Anything else is plain text.
-ParsedToolCalls parse_llama_calls(const std::string& text) {
-    ParsedToolCalls plain;
-    plain.content = text;
+// ("arguments" also read, the first of the two taken) separated by ';'. Anything else is plain.
+ToolCallsSoFar llama_calls(const std::string& text, bool done) {
+    ToolCallsSoFar r;
     size_t at = text.find_first_not_of(kWhiteSpace);
-    if (at == std::string::npos) return plain;
-    if (text.compare(at, kPythonTag.size(), kPythonTag) == 0) at += kPythonTag.size();
-    ParsedToolCalls r;
-    r.called = true;
+    if (at == std::string::npos) return done ? no_calls() : r;
+    const size_t tag = std::min(kPythonTag.size(), text.size() - at);
+    if (text.compare(at, tag, kPythonTag, 0, tag) == 0) {
+        if (tag < kPythonTag.size()) return done ? no_calls() : r;
+        at += tag;
+    }
     for (;;) {
         at = text.find_first_not_of(kWhiteSpace, at);
-        if (at == std::string::npos || text[at] != '{') return plain;
-        const size_t end = json_object_end(text, at);
-        if (end == std::string::npos) return plain;
-        nlohmann::ordered_json call;
-        try {
-            call = nlohmann::ordered_json::parse(text.substr(at, end - at));
-        } catch (const nlohmann::json::exception&) {
-            return plain;
-        }
-        if (!call.contains("name") || !call["name"].is_string() || call["name"].get<std::string>().empty()) return plain;
-        const char* key = call.contains("parameters") ? "parameters" : "arguments";
-        if (!call.contains(key) || !call[key].is_object()) return plain;
-        try {
-            r.calls.push_back({call["name"].get<std::string>(), python_json(call[key])});
-        } catch (const Error&) {  // nested too deep to be a call
-            return plain;
-        }
-        at = text.find_first_not_of(kWhiteSpace, end);
+        if (at == std::string::npos) return done ? no_calls() : r;
+        if (text[at] != '{') return no_calls();
+        const JsonPrefix j = scan_json_prefix(text, at, done);
+        if (!j.valid || read_call(j, -1, {"parameters", "arguments"}, true, r.calls) == CallRead::Bad) return no_calls();
+        if (!j.complete) return done ? no_calls() : r;
+        at = text.find_first_not_of(kWhiteSpace, j.end);
         if (at == std::string::npos) return r;
-        if (text[at] != ';') return plain;
+        if (text[at] != ';') return no_calls();
         ++at;
     }
 }
 
-const std::string kMistralCalls = "[TOOL_CALLS]";
-
 // Mistral's [TOOL_CALLS] (vLLM's mistral parser's rules): the text before the first one is the
 // content; the rest, without the markers, one JSON array of {"name": ..., "arguments": {...}}.
-ParsedToolCalls parse_mistral_calls(const std::string& text) {
-    ParsedToolCalls plain;
-    plain.content = text;
+ToolCallsSoFar mistral_calls(const std::string& text, bool done) {
     const size_t bot = text.find(kMistralCalls);
-    if (bot == std::string::npos) return plain;
-    const std::string rest = replace_literal(text.substr(bot + kMistralCalls.size()), kMistralCalls, "");
-    const size_t at = rest.find_first_not_of(kWhiteSpace);
-    if (at == std::string::npos || rest[at] != '[') return plain;
-    const size_t end = json_object_end(rest, at);
-    if (end == std::string::npos || rest.find_first_not_of(kWhiteSpace, end) != std::string::npos) return plain;
-    nlohmann::ordered_json calls;
-    try {
-        calls = nlohmann::ordered_json::parse(rest.substr(at, end - at));
-    } catch (const nlohmann::json::exception&) {
-        return plain;
-    }
-    ParsedToolCalls r;
-    r.called = true;
+    if (bot == std::string::npos) return done ? no_calls() : ToolCallsSoFar{};
+    std::string rest = replace_literal(text.substr(bot + kMistralCalls.size()), kMistralCalls, "");
+    if (!done)  // a marker that is forming is not JSON
+        for (size_t k = std::min(rest.size(), kMistralCalls.size() - 1); k > 0; --k)
+            if (rest.compare(rest.size() - k, k, kMistralCalls, 0, k) == 0) {
+                rest.resize(rest.size() - k);
+                break;
+            }
+    ToolCallsSoFar r = json_array_calls(rest, 0, "arguments", done);
     r.content = text.substr(0, bot);
-    for (const nlohmann::ordered_json& call : calls) {
-        if (!call.is_object() || !call.contains("name") || !call["name"].is_string() ||
-            call["name"].get<std::string>().empty() || !call.contains("arguments") || !call["arguments"].is_object())
-            return plain;
-        try {
-            r.calls.push_back({call["name"].get<std::string>(), python_json(call["arguments"])});
-        } catch (const Error&) {  // nested too deep to be a call
-            return plain;
-        }
-    }
-    return calls.empty() ? plain : r;
+    return r;
 }
 
 // Where a stream holds text that may open a call marked by `open`: at the marker, else at a suffix
@@ -885,11 +858,35 @@ size_t hold_at_marker(const std::string& text, const std::string& open) {
 
 }  // namespace
 
+ToolCallsSoFar json_array_calls(const std::string& text, size_t at, const char* args_key, bool done) {
+    ToolCallsSoFar r;
+    at = text.find_first_not_of(kWhiteSpace, at);
+    if (at == std::string::npos) return done ? no_calls() : r;
+    if (text[at] != '[') return no_calls();
+    const JsonPrefix j = scan_json_prefix(text, at, done);
+    if (!j.valid) return no_calls();
+    for (size_t k = 0; k < j.items.size(); ++k) {
+        if (j.items[k].parent != -1) continue;
+        const CallRead c = read_call(j, int(k), {args_key}, true, r.calls);
+        if (c == CallRead::Bad) return no_calls();
+        if (c == CallRead::Partial) break;
+    }
+    if (!j.complete) return done ? no_calls() : r;
+    if (text.find_first_not_of(kWhiteSpace, j.end) != std::string::npos || r.calls.empty()) return no_calls();
+    return r;
+}
+
+ToolCallsSoFar tool_calls_so_far(ChatTools format, const std::string& text, bool done) {
+    if (format == ChatTools::Llama3Json) return llama_calls(text, done);
+    if (format == ChatTools::MistralJson) return mistral_calls(text, done);
+    if (format == ChatTools::None) return no_calls();
+    return hermes_calls(text, done);
+}
+
 ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text) {
-    if (format == ChatTools::Llama3Json) return parse_llama_calls(text);
-    if (format == ChatTools::MistralJson) return parse_mistral_calls(text);
-    if (format == ChatTools::None) return ParsedToolCalls{false, text, {}};
-    return parse_hermes_calls(text);
+    ToolCallsSoFar r = tool_calls_so_far(format, text, true);
+    if (r.plain) return ParsedToolCalls{false, text, {}};
+    return ParsedToolCalls{true, std::move(r.content), std::move(r.calls)};
 }
 
 size_t tool_call_hold(ChatTools format, const std::string& text) {

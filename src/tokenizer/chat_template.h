@@ -123,17 +123,34 @@ std::string render_conversation(const ChatTemplate& t, const std::optional<std::
 // the first <tool_call> is the content (without trailing white space), each block's JSON
 // {"name": ..., "arguments": {...}} a call; a block left open at the end of the text counts when its
 // JSON is complete. Llama3Json: the whole reply (after white space and an optional <|python_tag|>)
-// is one or more {"name": ..., "parameters": {...}} objects separated by ';', the content empty.
-// MistralJson: the text before the first [TOOL_CALLS] is the content, what follows it one JSON
-// array of {"name": ..., "arguments": {...}} objects.
-// Arguments are re-written as python_json text. `called` is false, and content the whole text,
-// when the reply holds no call or one is not such JSON (the reply is then plain text).
+// is one or more {"name": ..., "parameters": {...}} objects separated by ';' ("arguments" read
+// too, the first of the two keys taken), the content empty. MistralJson: the text before the
+// first [TOOL_CALLS] is the content, what follows it one JSON array of {"name": ...,
+// "arguments": {...}} objects.
+// Arguments are re-written as python_json text (json_prefix.h: a repeated key kept). `called` is
+// false, and content the whole text, when the reply holds no call or one is not such JSON (the
+// reply is then plain text).
 struct ParsedToolCalls {
     bool called = false;
     std::string content;
     std::vector<ChatToolCall> calls;
 };
 ParsedToolCalls parse_tool_calls(ChatTools format, const std::string& text);
+// The same read of a reply as far as it goes, for streaming calls as the model writes them
+// (done: the reply has ended; parse_tool_calls is this). calls: those whose name is whole, each
+// with the part of its arguments' text that the reply so far fixes (json_prefix.h), so that a
+// longer reply's calls extend a shorter one's. plain: the text is not calls (streaming: and will
+// not become them, whatever follows). content: with calls, the text before them.
+struct ToolCallsSoFar {
+    bool plain = false;
+    std::string content;
+    std::vector<ChatToolCall> calls;
+};
+ToolCallsSoFar tool_calls_so_far(ChatTools format, const std::string& text, bool done);
+// A reply that is a JSON array (from text[at], after white space) of {"name": ..., args_key:
+// {...}} objects, read so: Mistral's calls after [TOOL_CALLS] ("arguments"), the API's
+// tool_choice "required" ("parameters"). An empty array is no calls.
+ToolCallsSoFar json_array_calls(const std::string& text, size_t at, const char* args_key, bool done);
 // Where text that may become a tool call starts, so a stream sends the text before it. Qwen: the
 // first "<tool_call>", else the start of a suffix that could still grow into one, else
 // text.size(). Llama3Json: 0 while the reply so far is white space or opens with '{' or

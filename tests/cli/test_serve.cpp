@@ -135,7 +135,8 @@ Reply post(int port, const std::string& path, const json& body) { return post_te
 // entries and the finish reason of its last event.
 struct StreamedChat {
     std::string content, reasoning, finish;
-    json calls = json::array();
+    json calls = json::array();  // the tool calls, their deltas merged as OpenAI's clients merge them
+    size_t call_deltas = 0;      // the tool_calls entries the stream held
 };
 StreamedChat streamed_chat(const std::string& raw) {
     StreamedChat out;
@@ -146,7 +147,21 @@ StreamedChat streamed_chat(const std::string& raw) {
         if (d["delta"].contains("content")) out.content += d["delta"]["content"].get<std::string>();
         if (d["delta"].contains("reasoning_content")) out.reasoning += d["delta"]["reasoning_content"].get<std::string>();
         if (d["delta"].contains("tool_calls"))
-            for (const json& c : d["delta"]["tool_calls"]) out.calls.push_back(c);
+            for (const json& c : d["delta"]["tool_calls"]) {
+                // A call's first entry has its index, id, type and name; later ones add arguments.
+                ++out.call_deltas;
+                const size_t k = c["index"];
+                if (k == out.calls.size()) {
+                    EXPECT_TRUE(c.contains("id") && c["type"] == "function" && c["function"].contains("name")) << line;
+                    out.calls.push_back(c);
+                    continue;
+                }
+                EXPECT_LT(k, out.calls.size()) << line;
+                EXPECT_FALSE(c.contains("id") || c["function"].contains("name")) << line;
+                if (k >= out.calls.size()) continue;
+                json& args = out.calls[k]["function"]["arguments"];
+                args = args.get<std::string>() + c["function"]["arguments"].get<std::string>();
+            }
         if (!d["finish_reason"].is_null()) out.finish = d["finish_reason"];
     }
     return out;
@@ -1008,7 +1023,8 @@ TEST_F(Serve, ContinueFinalMessageGoesOnFromTheReply) {
 // Tool calling with a Qwen2.5-style template (tests/tokenizer/templates/qwen25.jinja, whose
 // renderings the tokenizer tests hold to Jinja's): guided_choice makes the shipped model write a
 // call, which comes back as message.tool_calls with finish_reason "tool_calls", whole and
-// streamed (no call text in the content deltas); tool_choice "none" leaves it text; a
+// streamed (no call text in the content deltas; the arguments in pieces as they are written; a
+// call whose text turns out not to be one then comes as content); tool_choice "none" leaves it text; a
 // conversation with the call and its result runs; bad tool requests get a 400 naming the field.
 TEST_F(Serve, ToolCalls) {
     json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
@@ -1043,7 +1059,8 @@ TEST_F(Serve, ToolCalls) {
     EXPECT_EQ(listed.body["count"], r.body["usage"]["prompt_tokens"]);
     EXPECT_GT(listed.body["count"].get<int>(), bare.body["count"].get<int>() + 50);
 
-    // Streamed: content deltas without the call's text, one delta with the call, then the reason.
+    // Streamed: content deltas without the call's text, the call's name once it is whole, its
+    // arguments as the model writes them, then the reason.
     json st = request("Let me look.\n" + call);
     st["stream"] = true;
     const Reply streamed = post(srv.port(), "/v1/chat/completions", st);
@@ -1057,7 +1074,19 @@ TEST_F(Serve, ToolCalls) {
     ASSERT_EQ(calls.size(), 1u) << streamed.raw;
     EXPECT_EQ(calls[0]["index"], 0);
     EXPECT_EQ(calls[0]["function"], tc["function"]);
+    EXPECT_GT(sc.call_deltas, 5u) << streamed.raw;  // the arguments came in pieces
     EXPECT_EQ(reason, "tool_calls");
+    // A call that turns out not to be one (text after its JSON) has gone out in part: the reply's
+    // text then follows as content, so nothing is lost, and the reason is the reply's own.
+    json broken = request(call.substr(0, call.find("\n</tool_call>")) + " and so on");
+    const Reply whole_broken = post(srv.port(), "/v1/chat/completions", broken);
+    ASSERT_EQ(whole_broken.status, 200) << whole_broken.raw;
+    EXPECT_FALSE(whole_broken.body["choices"][0]["message"].contains("tool_calls")) << whole_broken.raw;
+    broken["stream"] = true;
+    const StreamedChat sb = streamed_chat(post(srv.port(), "/v1/chat/completions", broken).raw);
+    EXPECT_EQ(sb.content, whole_broken.body["choices"][0]["message"]["content"]);
+    EXPECT_EQ(sb.calls.size(), 1u);
+    EXPECT_EQ(sb.finish, "stop");
 
     // tool_choice "none": the same reply is text.
     json none = request(call);

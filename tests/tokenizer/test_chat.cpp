@@ -93,6 +93,77 @@ TEST(ChatTools, ParseToolCalls) {
     }
 }
 
+// Calls read while the reply is written (tool_calls_so_far, for streaming): at every prefix of a
+// reply, each call's name is whole and its arguments so far are a prefix of the whole reply's,
+// and neither a call nor its arguments shrink as the reply grows; a reply that turns out not to
+// be calls is plain from the first character that rules them out, and stays so.
+TEST(ChatTools, StreamedCallsGrowIntoTheWholeReply) {
+    struct Case {
+        ChatTools format;
+        std::string reply;
+        size_t calls;  // the whole reply's (0: plain)
+    };
+    const std::vector<Case> cases = {
+        {ChatTools::Qwen3,
+         "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\\u00eds\", \"days\": "
+         "[1, 2.50]}}\n</tool_call>\n<tool_call>\n{\"arguments\": {\"q\": \"</tool_call>\"}, \"name\": \"search\"}\n</tool_call>",
+         2},
+        {ChatTools::Qwen25, "<tool_call>\n{\"name\": \"now\"}\n", 1},
+        {ChatTools::Qwen3, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\nand more", 0},
+        {ChatTools::Qwen3, "<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}</tool_call>", 0},
+        {ChatTools::Llama3Json, "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": [true, null]}}; {\"name\": \"b\", "
+                                "\"arguments\": {}}", 2},
+        {ChatTools::Llama3Json, " {\"name\": \"a\", \"parameters\": {}} and text", 0},
+        {ChatTools::MistralJson, "Sure.[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"k\": \"v\"}, \"id\": \"abcdefghi\"}, "
+                                 "{\"name\": \"g\", \"arguments\": {\"n\": -0.5}}]", 2},
+        {ChatTools::MistralJson, "[TOOL_CALLS] []", 0},
+    };
+    for (const Case& c : cases) {
+        const ParsedToolCalls whole = parse_tool_calls(c.format, c.reply);
+        ASSERT_EQ(whole.called ? whole.calls.size() : 0u, c.calls) << c.reply;
+        std::vector<ChatToolCall> last;
+        bool was_plain = false;
+        for (size_t cut = 0; cut <= c.reply.size(); ++cut) {
+            const ToolCallsSoFar p = tool_calls_so_far(c.format, c.reply.substr(0, cut), false);
+            ASSERT_TRUE(!was_plain || p.plain) << cut << " of " << c.reply;
+            was_plain = p.plain;
+            if (whole.called) {
+                ASSERT_FALSE(p.plain) << cut << " of " << c.reply;
+                ASSERT_LE(p.calls.size(), whole.calls.size());
+            }
+            if (p.plain) continue;  // the calls sent so far stay as they went out
+            ASSERT_GE(p.calls.size(), last.size()) << cut << " of " << c.reply;
+            for (size_t k = 0; k < p.calls.size(); ++k) {
+                if (k < last.size()) {
+                    EXPECT_EQ(p.calls[k].name, last[k].name);
+                    ASSERT_EQ(p.calls[k].arguments.compare(0, last[k].arguments.size(), last[k].arguments), 0)
+                        << cut << " of " << c.reply << ": " << p.calls[k].arguments;
+                }
+                if (whole.called) {
+                    EXPECT_EQ(p.calls[k].name, whole.calls[k].name);
+                    ASSERT_EQ(whole.calls[k].arguments.compare(0, p.calls[k].arguments.size(), p.calls[k].arguments), 0)
+                        << cut << " of " << c.reply << ": " << p.calls[k].arguments;
+                }
+            }
+            last = p.calls;
+        }
+        EXPECT_EQ(was_plain, !whole.called) << c.reply;
+    }
+    // The arguments come as the model writes them: a string's characters, a number once it ends.
+    const std::string r = cases[0].reply;
+    ToolCallsSoFar p = tool_calls_so_far(ChatTools::Qwen3, r.substr(0, r.find("\\u00ed")), false);
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Par");
+    p = tool_calls_so_far(ChatTools::Qwen3, r.substr(0, r.find("2.50") + 3), false);
+    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"París\", \"days\": [1, ");
+    // A "</tool_call>" inside a string does not end the block.
+    EXPECT_EQ(parse_tool_calls(ChatTools::Qwen3, r).calls[1].arguments, "{\"q\": \"</tool_call>\"}");
+    // The second call's name comes after its arguments: it is sent once the name is whole.
+    p = tool_calls_so_far(ChatTools::Qwen3, r.substr(0, r.rfind("\"search")), false);
+    EXPECT_EQ(p.calls.size(), 1u);
+}
+
 // What a stream may send before it knows whether a call starts: up to a "<tool_call>" or a suffix
 // that could still become one.
 TEST(ChatTools, ToolCallHold) {

@@ -40,6 +40,8 @@ const Case kCases[] = {
     {"qwen2_bf16", Arch::Qwen2, DType::BF16, 1, false},
     {"qwen3_f16_sharded", Arch::Qwen3, DType::F16, 3, false},
 };
+// gtest prints a parameter without one as its bytes, a pointer among them (CTest's listing).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class EngineInvariants : public ::testing::TestWithParam<Case> {
 protected:

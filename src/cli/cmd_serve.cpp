@@ -873,9 +873,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
                             const ChoiceState::Pending p = cs.pending(req);
+                            // An event of this choice (continuous_usage_stats: with its usage so far).
+                            auto event = [&](json ev) {
+                                if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
+                                return sse(ev);
+                            };
                             if (cs.reasoning_due(p)) {
                                 const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
-                                out += sse(api_reasoning_chunk(req, job->id, job->created, model_name, c,
+                                out += event(api_reasoning_chunk(req, job->id, job->created, model_name, c,
                                                                cs.out.text.substr(from, p.rs.end - from)));
                                 cs.reasoning_sent = p.rs.end;
                             }
@@ -886,7 +891,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 // held back a while for a stop string, a character's rest or a
                                 // possible tool call).
                                 const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
-                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c,
+                                out += event(api_chunk(job->req, job->id, job->created, model_name, c,
                                                      content.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0), "",
                                                      api_logprobs(job->req, *tk, fresh, cs.lps_offset)));
                                 cs.sent = std::max(cs.sent, upto);
@@ -898,11 +903,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             if (!p.calls.plain && !p.calls.calls.empty()) {
                                 const json deltas = api_tool_call_deltas(req, job->id, job->created, c, p.calls.calls, cs.args_sent);
                                 if (!deltas.empty())
-                                    out += sse(api_tool_calls_chunk(req, job->id, job->created, model_name, c, deltas));
+                                    out += event(api_tool_calls_chunk(req, job->id, job->created, model_name, c, deltas));
                             }
                             if ((cs.done || job->aborted) && !cs.finish_sent) {
                                 const bool called = cs.done && req.tools != ApiRequest::Tools::None && !p.calls.plain;
-                                out += sse(api_chunk(job->req, job->id, job->created, model_name, c, "",
+                                out += event(api_chunk(job->req, job->id, job->created, model_name, c, "",
                                                      !cs.done ? "abort" : called ? "tool_calls" : cs.out.finish));
                                 cs.sent = content.size();
                                 cs.finish_sent = true;
@@ -1014,6 +1019,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (first_token.find(id) == first_token.end()) first_token.emplace(id, now_s());
         if (is_eos_id(s->cfg, t)) return;
         const auto& [job, c] = jobs.at(id);
+        if (job->req.continuous_usage) {  // the tokens so far, the end-of-sequence one included
+            std::lock_guard<std::mutex> lk(job->m);
+            job->choices[c].out.completion_tokens = int64_t(batcher.result(id).tokens.size());
+        }
         const std::vector<int32_t>& fim = job->req.fim_stops;  // not text, as an end-of-sequence token
         if (std::find(fim.begin(), fim.end(), t) != fim.end()) return;
         StopMatcher& m = *texts.at(id);

@@ -589,8 +589,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         }
     }
     structured_outputs(body, r);
-    // OpenAI's stream_options: include_usage (vLLM's continuous_usage_stats, usage in every
-    // chunk, is not offered; other keys are ignored, as unknown fields are).
+    // OpenAI's stream_options: include_usage, and vLLM's continuous_usage_stats (usage in every
+    // chunk, with include_usage only, as vLLM's; other keys are ignored, as unknown fields are).
     if (body.contains("stream_options") && !body["stream_options"].is_null()) {
         const json& so_json = body["stream_options"];
         if (!r.stream) bad("\"stream_options\" needs \"stream\": true");
@@ -598,8 +598,10 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         const json usage = so_json.value("include_usage", json(nullptr));
         if (!usage.is_null() && !usage.is_boolean()) bad("\"stream_options.include_usage\" must be true or false");
         r.include_usage = usage.is_boolean() && usage.get<bool>();
-        if (so_json.value("continuous_usage_stats", json(false)) != json(false))
-            bad("\"stream_options.continuous_usage_stats\" is not supported by shardlm serve");
+        const json continuous = so_json.value("continuous_usage_stats", json(nullptr));
+        if (!continuous.is_null() && !continuous.is_boolean())
+            bad("\"stream_options.continuous_usage_stats\" must be true or false");
+        r.continuous_usage = r.include_usage && continuous == json(true);
     }
     // (guided_choice may hold a reply to raw text, a tool call included; JSON cannot be one.)
     if (r.tools == ApiRequest::Tools::Auto && (r.json_object || !r.json_schema.empty()))
@@ -751,6 +753,13 @@ json tool_calls_json(const ApiRequest& r, const std::string& id, int64_t created
     return out;
 }
 }  // namespace
+
+json api_choice_usage(const ApiRequest& r, size_t choice, int64_t completion_tokens) {
+    const int64_t prompt_tokens = int64_t(r.prompt_of(choice).size());
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}};
+}
 
 json api_response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                   const std::vector<ApiChoice>& choices, const Tokenizer& tok) {

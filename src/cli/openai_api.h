@@ -48,8 +48,9 @@ struct ApiRequest {
     std::vector<std::string> stop;
     bool stream = false;
     // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
-    // and "usage": null in the others.
-    bool include_usage = false;
+    // and "usage": null in the others. With vLLM's continuous_usage_stats as well, the others
+    // carry their choice's usage so far instead (api_choice_usage).
+    bool include_usage = false, continuous_usage = false;
     bool json_object = false;  // response_format {"type": "json_object"}: JSON mode (BatchRequest::json)
     // response_format json_schema, or vLLM's guided_json / structured_outputs.json: the schema's
     // JSON text (checked), or empty.
@@ -173,6 +174,9 @@ nlohmann::ordered_json api_response(const ApiRequest& r, const std::string& id, 
 // usage api_response() would give.
 nlohmann::ordered_json api_usage_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                                const std::vector<ApiChoice>& choices);
+// A streamed event's usage under continuous_usage_stats (vLLM's): the choice's prompt and the
+// tokens it has generated so far (`completion_tokens`).
+nlohmann::ordered_json api_choice_usage(const ApiRequest& r, size_t choice, int64_t completion_tokens);
 // One server-sent event's object of a streamed response: choice `index`'s text delta (with the
 // logprobs of the tokens generated since its last event), and the finish reason in its last one
 // (empty before).

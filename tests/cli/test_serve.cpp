@@ -349,7 +349,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     EXPECT_EQ(text, want);
     EXPECT_EQ(reason, "length");
     // stream_options.include_usage: "usage": null in every chunk, then one with no choices and
-    // the usage the whole response gives, then [DONE].
+    // the usage the whole response gives, then [DONE]; with continuous_usage_stats, each chunk's.
     {
         const json body = {{"prompt", "And God said"}, {"max_tokens", 24},      {"temperature", 0},
                            {"stream", true},           {"stream_options", {{"include_usage", true}}}};
@@ -380,6 +380,28 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], 24);
         // Without it, no usage in the chunks.
         EXPECT_FALSE(json::parse(data[0]).contains("usage"));
+        // vLLM's continuous_usage_stats: every chunk has its choice's usage so far, growing to the
+        // whole response's; without include_usage it does nothing (as vLLM's).
+        json cont = body;
+        cont["stream_options"]["continuous_usage_stats"] = true;
+        std::istringstream cev(post(port, "/v1/completions", cont).raw);
+        std::vector<json> cchunks;
+        for (std::string line; std::getline(cev, line);)
+            if (line.rfind("data: {", 0) == 0) cchunks.push_back(json::parse(line.substr(6)));
+        ASSERT_GE(cchunks.size(), 3u);
+        int64_t last = 0;
+        for (size_t i = 0; i + 1 < cchunks.size(); ++i) {
+            const json& u = cchunks[i]["usage"];
+            ASSERT_TRUE(u.is_object()) << cchunks[i];
+            EXPECT_EQ(u["prompt_tokens"], w.body["usage"]["prompt_tokens"]);
+            EXPECT_GE(u["completion_tokens"].get<int64_t>(), std::max<int64_t>(last, 1)) << cchunks[i];
+            last = u["completion_tokens"];
+            EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int64_t>() + last);
+        }
+        EXPECT_EQ(last, 24);
+        EXPECT_EQ(cchunks.back()["usage"], w.body["usage"]);
+        cont["stream_options"].erase("include_usage");
+        EXPECT_EQ(post(port, "/v1/completions", cont).raw.find("\"usage\""), std::string::npos);
     }
 
     // Token ids as the prompt; sampled requests repeat with their seed.
@@ -784,8 +806,8 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"structured_outputs", {{"structural_tag", "x"}}}}, 400,
              "\"structured_outputs.structural_tag\" is not supported by shardlm serve (json, choice, regex and grammar are)");
     error_of({{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}}, 400, "type \"yaml\" (text, json_object or json_schema)");
-    error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}}, 400,
-             "\"stream_options.continuous_usage_stats\" is not supported");
+    error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", "yes"}}}}, 400,
+             "\"stream_options.continuous_usage_stats\" must be true or false");
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
     error_of({{"prompt", "x"}, {"echo", 1}}, 400, "\"echo\" must be true or false");
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");

@@ -1075,7 +1075,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             live.push_back(id);
             if (!root) continue;
             jobs[id] = added[i];
-            texts[id] = std::make_unique<StopMatcher>(*tok, added[i].first->req.stop);
+            const ApiRequest& req = added[i].first->req;
+            DecodeOptions decode;
+            decode.skip_special_tokens = req.skip_special_tokens;
+            texts[id] = std::make_unique<StopMatcher>(*tok, req.stop, decode, req.include_stop_str);
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
         if (ctl["shutdown"]) break;

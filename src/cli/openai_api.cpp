@@ -405,6 +405,14 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if ((std::string(key) == "echo" || std::string(key) == "suffix") && !chat) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
     }
+    // vLLM's fields that would change the reply: refused by name rather than ignored, as other
+    // unknown fields are.
+    for (const char* key : {"allowed_token_ids", "bad_words", "use_beam_search", "prompt_logprobs",
+                            "return_tokens_as_token_ids", "logits_processors"}) {
+        const json v = body.value(key, json(nullptr));
+        if (v.is_null() || v == false || (v.is_array() && v.empty())) continue;
+        bad(std::string("\"") + key + "\" (vLLM's) is not supported by shardlm serve");
+    }
     ApiRequest r;
     r.chat = chat;
     r.n = integer(body, "n", 1, 1, kMaxApiN);
@@ -562,6 +570,14 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         for (const std::string& x : r.stop)
             if (x.empty()) bad("a \"stop\" string is empty");
     }
+    auto flag = [&](const char* key, bool& out) {
+        const json v = body.value(key, json(nullptr));
+        if (v.is_null()) return;
+        if (!v.is_boolean()) bad(std::string("\"") + key + "\" must be true or false");
+        out = v.get<bool>();
+    };
+    flag("include_stop_str_in_output", r.include_stop_str);
+    flag("skip_special_tokens", r.skip_special_tokens);
     if (body.contains("stream") && !body["stream"].is_null()) {
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];

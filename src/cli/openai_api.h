@@ -46,6 +46,8 @@ struct ApiRequest {
     int64_t max_tokens = 16;
     SamplerOptions sampler;
     std::vector<std::string> stop;
+    bool include_stop_str = false;     // vLLM's include_stop_str_in_output: the text ends after the stop string
+    bool skip_special_tokens = false;  // vLLM's: special tokens left out of the text (here off unless asked)
     bool stream = false;
     // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
     // and "usage": null in the others. With vLLM's continuous_usage_stats as well, the others

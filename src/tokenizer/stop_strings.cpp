@@ -6,8 +6,8 @@
 
 namespace shardlm {
 
-StopMatcher::StopMatcher(const Tokenizer& tok, std::vector<std::string> stops)
-    : tok_(&tok), dec_(tok), stops_(std::move(stops)) {
+StopMatcher::StopMatcher(const Tokenizer& tok, std::vector<std::string> stops, const DecodeOptions& opt, bool keep_stop)
+    : tok_(&tok), dec_(tok, opt), stops_(std::move(stops)), keep_stop_(keep_stop) {
     for (const std::string& s : stops_)
         if (s.empty()) fail("--stop: a stop string must not be empty");
 }
@@ -17,13 +17,14 @@ void StopMatcher::append(const std::string& piece) {
     const size_t before = text_.size();
     text_ += piece;
     // Only a match that ends in the new piece is new: start each search where it could begin.
-    size_t first = std::string::npos;
+    size_t first = std::string::npos, len = 0;  // the earliest match (the first listed there)
     for (const std::string& s : stops_) {
         const size_t from = before >= s.size() - 1 ? before - (s.size() - 1) : 0;
-        first = std::min(first, text_.find(s, from));
+        const size_t at = text_.find(s, from);
+        if (at < first) first = at, len = s.size();
     }
     if (first == std::string::npos) return;
-    text_.resize(first);
+    text_.resize(keep_stop_ ? first + len : first);
     stopped_ = true;
 }
 

@@ -17,8 +17,10 @@ namespace shardlm {
 class StopMatcher {
 public:
     // `stops` may be empty (nothing ever stops: the matcher then only streams the text); none of
-    // them may be empty.
-    StopMatcher(const Tokenizer& tok, std::vector<std::string> stops);
+    // them may be empty. `opt`: how the ids decode (serve's skip_special_tokens). keep_stop: the
+    // text ends after the stop string instead (vLLM's include_stop_str_in_output).
+    StopMatcher(const Tokenizer& tok, std::vector<std::string> stops, const DecodeOptions& opt = {},
+                bool keep_stop = false);
     // Adds a generated id (ids outside the tokenizer's vocabulary decode to nothing, as in
     // generated_text); true once the text holds a stop string. Nothing changes after that.
     bool push(int32_t id);
@@ -26,7 +28,7 @@ public:
     // stop string). Returns whether a stop string was found, now or before.
     bool finish();
     bool stopped() const { return stopped_; }
-    // The text so far, cut before the first stop string once one is found.
+    // The text so far, cut before the first stop string once one is found (after it: keep_stop).
     const std::string& text() const { return text_; }
     // The length of text() that no later id can change: all of it after a stop or finish(), else
     // up to where a proper prefix of some stop string may be starting (streaming prints this much).
@@ -38,6 +40,7 @@ private:
     StreamDecoder dec_;
     std::vector<std::string> stops_;
     std::string text_;
+    bool keep_stop_ = false;
     bool stopped_ = false;
     bool finished_ = false;
 };

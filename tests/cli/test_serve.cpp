@@ -217,6 +217,36 @@ protected:
 
 }  // namespace
 
+// skip_special_tokens (vLLM's; off unless asked, so that tool-call markers stay in the text): a
+// special token (one of the shipped tokenizer's last merges made an added token here) forced by a
+// bias is in the text, or left out of it, whole and streamed.
+TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
+    json t = json::parse(read_file(model_.file("tokenizer.json")));
+    json& merges = t["model"]["merges"];
+    ASSERT_EQ(t["model"]["vocab"]["cy"], 3071);
+    ASSERT_EQ(merges[merges.size() - 1], "c y");
+    t["model"]["vocab"].erase("cy");
+    merges.erase(merges.size() - 1);
+    t["added_tokens"].push_back({{"id", 3071}, {"content", "<|im_start|>"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    write_file(model_.file("tokenizer.json"), t.dump());
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    for (const bool stream : {false, true})
+        for (const bool skip : {false, true}) {
+            const Reply r = post(srv.port(), "/v1/completions",
+                                 {{"prompt", "And God said"}, {"max_tokens", 2}, {"temperature", 0}, {"stream", stream},
+                                  {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", skip}});
+            ASSERT_EQ(r.status, 200) << r.raw;
+            std::string text;
+            if (!stream) text = r.body["choices"][0]["text"];
+            for (size_t at = r.raw.find("data: {"); stream && at != std::string::npos; at = r.raw.find("data: {", at + 1))
+                text += json::parse(r.raw.substr(at + 6, r.raw.find('\n', at) - at - 6))["choices"][0]["text"].get<std::string>();
+            EXPECT_EQ(text, skip ? "" : "<|im_start|><|im_start|>") << r.raw;
+        }
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // Completions' "suffix" on a tokenizer with Qwen2.5-Coder's FIM tokens: generate --suffix's text,
 // plain and streamed; a FIM separator ends the middle without being text; requests that cannot
 // be a FIM prompt are refused.
@@ -329,6 +359,18 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     ASSERT_EQ(cut.status, 200) << cut.raw;
     EXPECT_EQ(cut.body["choices"][0]["text"], want.substr(0, want.find(stop)));
     EXPECT_EQ(cut.body["choices"][0]["finish_reason"], "stop");
+    // vLLM's include_stop_str_in_output: the text ends after it, whole and streamed.
+    for (const bool stream : {false, true}) {
+        const Reply kept = post(port, "/v1/completions",
+                                {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"stop", stop},
+                                 {"include_stop_str_in_output", true}, {"stream", stream}});
+        ASSERT_EQ(kept.status, 200) << kept.raw;
+        std::string text;
+        if (!stream) text = kept.body["choices"][0]["text"];
+        for (size_t at = kept.raw.find("data: {"); stream && at != std::string::npos; at = kept.raw.find("data: {", at + 1))
+            text += json::parse(kept.raw.substr(at + 6, kept.raw.find('\n', at) - at - 6))["choices"][0]["text"].get<std::string>();
+        EXPECT_EQ(text, want.substr(0, want.find(stop) + stop.size())) << kept.raw;
+    }
 
     // Streamed: server-sent events whose deltas make the same text, the last with the reason.
     const Reply streamed = post(port, "/v1/completions",
@@ -809,6 +851,11 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", "yes"}}}}, 400,
              "\"stream_options.continuous_usage_stats\" must be true or false");
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
+    error_of({{"prompt", "x"}, {"include_stop_str_in_output", 1}}, 400, "\"include_stop_str_in_output\" must be true or false");
+    error_of({{"prompt", "x"}, {"skip_special_tokens", "no"}}, 400, "\"skip_special_tokens\" must be true or false");
+    error_of({{"prompt", "x"}, {"allowed_token_ids", {1, 2}}}, 400, "\"allowed_token_ids\" (vLLM's) is not supported");
+    error_of({{"prompt", "x"}, {"bad_words", {"a"}}}, 400, "\"bad_words\" (vLLM's) is not supported");
+    error_of({{"prompt", "x"}, {"prompt_logprobs", 1}}, 400, "\"prompt_logprobs\" (vLLM's) is not supported");
     error_of({{"prompt", "x"}, {"echo", 1}}, 400, "\"echo\" must be true or false");
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
     error_of({{"prompt", "x"}, {"logprobs", true}}, 400, "\"logprobs\" must be an integer");

@@ -1,5 +1,6 @@
 // StopMatcher (tokenizer/stop_strings.h): it stops at the first id whose text completes a stop
-// string, cuts the text before it, and holds back for streaming only what may begin one.
+// string, cuts the text before it (or after it, keep_stop), and holds back for streaming only
+// what may begin one; skip_special_tokens leaves special tokens out of the text.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -35,9 +36,12 @@ TEST(StopMatcher, StopsAtTheFirstIdThatCompletesTheString) {
         for (size_t len = 1; len <= 6 && at + len <= text.size(); ++len) {
             const std::string stop = text.substr(at, len);
             StopMatcher m(t, {stop});
+            StopMatcher keep(t, {stop}, {}, true);  // include_stop_str_in_output
             size_t stopped_at = 0;
             for (size_t i = 0; i < ids.size() && !stopped_at; ++i) {
-                if (m.push(ids[i])) {
+                const bool stopped = m.push(ids[i]);
+                EXPECT_EQ(keep.push(ids[i]), stopped) << stop;
+                if (stopped) {
                     stopped_at = i + 1;
                     break;
                 }
@@ -50,6 +54,7 @@ TEST(StopMatcher, StopsAtTheFirstIdThatCompletesTheString) {
             ASSERT_EQ(stopped_at, first_prefix_with(t, ids, stop)) << stop;
             EXPECT_TRUE(m.stopped());
             EXPECT_EQ(m.text(), text.substr(0, text.find(stop))) << stop;
+            EXPECT_EQ(keep.text(), text.substr(0, text.find(stop) + stop.size())) << stop;
             EXPECT_EQ(m.settled(), m.text().size());
             EXPECT_TRUE(m.push(ids[0]));  // nothing changes after the stop
             EXPECT_EQ(m.text(), text.substr(0, text.find(stop))) << stop;
@@ -63,6 +68,9 @@ TEST(StopMatcher, EarliestOfSeveralAndMultibyteCharacters) {
     for (int32_t id : cat) two.push(id);
     EXPECT_TRUE(two.stopped());
     EXPECT_EQ(two.text(), "the c");
+    StopMatcher kept(t, {"cat ran", "at"}, {}, true);
+    for (int32_t id : cat) kept.push(id);
+    EXPECT_EQ(kept.text(), "the cat");
     // A stop string made of one four-byte character, split over four byte tokens: the decoder
     // settles it with the last byte, and only then does the matcher stop.
     const std::string smile = "\xF0\x9F\x98\x80";
@@ -89,4 +97,16 @@ TEST(StopMatcher, WithoutStopsItOnlyStreamsAndEmptyStopsAreRefused) {
     EXPECT_EQ(m.text(), "a b c");
     EXPECT_EQ(m.settled(), 5u);
     EXPECT_THROW(StopMatcher(t, {"x", ""}), Error);
+    // skip_special_tokens: a special token adds nothing to the text (and cannot complete a stop).
+    std::vector<int32_t> with = t.encode("a b");
+    with.insert(with.begin() + 1, 351);  // <|im_start|>
+    DecodeOptions skip;
+    skip.skip_special_tokens = true;
+    StopMatcher keeps(t, {}), skips(t, {"<|im"}, skip);
+    for (int32_t id : with) {
+        keeps.push(id);
+        EXPECT_FALSE(skips.push(id));
+    }
+    EXPECT_EQ(keeps.text(), "a<|im_start|> b");
+    EXPECT_EQ(skips.text(), "a b");
 }

@@ -116,7 +116,8 @@ int cmd_chat(const Args& args, Communicator& comm) {
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
         if (!tok->has_chat_template())
-            fail(model, "/tokenizer_config.json has no chat_template: shardlm chat needs one (generate takes plain prompts)");
+            fail(model, "/tokenizer_config.json has no chat_template, and there is no chat_template.jinja: shardlm chat "
+                        "needs one (generate takes plain prompts)");
         // An unrecognised template, or a system message the template refuses, fails here, before
         // the weights load.
         tok->apply_chat_template(system, std::vector<ChatMessage>{{"user", "x"}});

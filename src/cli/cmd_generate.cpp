@@ -43,7 +43,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         ("model", po::value(&model)->required(), "Hugging Face checkpoint folder (config.json + safetensors)")
         ("prompt", po::value<std::string>(), "prompt text (encoded with the model's tokenizer.json)")
         ("prompt-file", po::value<std::string>(), "file with one prompt per line (a batch)")
-        ("chat", "wrap each text prompt in the model's chat template (tokenizer_config.json)")
+        ("chat", "wrap each text prompt in the model's chat template (chat_template.jinja or tokenizer_config.json)")
         ("system", po::value<std::string>(), "system message for --chat")
         ("no-thinking", "with --chat: the template's enable_thinking false (Qwen3: the reply opens with an empty "
                         "<think> block, so the model answers without reasoning first)")

@@ -72,7 +72,7 @@ int cmd_info(const Args& args) {
         if (!Tokenizer::exists(dir)) return "none (no tokenizer.json)";
         try {
             const Tokenizer tok = Tokenizer::load(dir);
-            if (!tok.has_chat_template()) return "none (tokenizer_config.json has no chat_template)";
+            if (!tok.has_chat_template()) return "none (no chat_template in tokenizer_config.json, no chat_template.jinja)";
             const ChatTools tools = tok.chat_tools();
             return tok.chat_family() +
                    (tools == ChatTools::Qwen25       ? ", tools (Qwen2.5's)"

@@ -130,11 +130,15 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     if (!file_exists(path)) fail("no tokenizer: ", path, " does not exist (text prompts need the model's tokenizer.json)");
     const std::string cfg_path = dir + "/tokenizer_config.json";
     const std::string cfg = file_exists(cfg_path) ? read_text_file(cfg_path) : std::string();
-    return from_json_text(read_text_file(path), cfg, path, cfg_path);
+    const std::string jinja = dir + "/chat_template.jinja";
+    std::optional<ChatTemplateFile> chat_file;
+    if (file_exists(jinja)) chat_file = ChatTemplateFile{read_text_file(jinja), jinja};
+    return from_json_text(read_text_file(path), cfg, path, cfg_path, chat_file);
 }
 
 Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std::string& config_json,
-                                    const std::string& where, const std::string& config_where) {
+                                    const std::string& where, const std::string& config_where,
+                                    const std::optional<ChatTemplateFile>& chat_file) {
     Tokenizer t;
     Impl& m = *t.impl_;
     m.where = where;
@@ -229,9 +233,14 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
                     m.chat_source = e["template"].get<std::string>();
         }
     }
+    std::string chat_where = config_where;
+    if (chat_file) {
+        m.chat_source = chat_file->text;
+        chat_where = chat_file->where;
+    }
     if (m.chat_source) {
         try {
-            m.chat = recognise_chat_template(*m.chat_source, config_where);
+            m.chat = recognise_chat_template(*m.chat_source, chat_where);
         } catch (const Error& e) {
             m.chat_error = e.what();
         }
@@ -355,7 +364,8 @@ bool Tokenizer::has_chat_template() const { return impl_->chat_source.has_value(
 
 std::string Tokenizer::apply_chat_template(const std::optional<std::string>& system, const std::string& user) const {
     const Impl& m = *impl_;
-    if (!m.chat_source) fail(m.config_where, ": no chat_template (the model has no chat format; drop --chat)");
+    if (!m.chat_source)
+        fail(m.config_where, ": no chat_template, nor a chat_template.jinja beside it (the model has no chat format; drop --chat)");
     if (!m.chat) fail(m.chat_error);
     return render_chat(*m.chat, system, user, m.bos_token);
 }
@@ -365,7 +375,8 @@ std::string Tokenizer::apply_chat_template(const std::optional<std::string>& sys
                                            const std::vector<nlohmann::ordered_json>& tools,
                                            const ChatKwargs& kwargs) const {
     const Impl& m = *impl_;
-    if (!m.chat_source) fail(m.config_where, ": no chat_template (the model has no chat format)");
+    if (!m.chat_source)
+        fail(m.config_where, ": no chat_template, nor a chat_template.jinja beside it (the model has no chat format)");
     if (!m.chat) fail(m.chat_error);
     return render_conversation(*m.chat, system, messages, m.bos_token, m.eos >= 0 ? id_to_token(m.eos) : "", tools, kwargs);
 }

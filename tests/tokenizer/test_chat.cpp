@@ -482,3 +482,31 @@ TEST(ChatTemplate, TurnOrderAndContinuingTheFinalMessage) {
               }).find("continuing the final message is not supported with tools"),
               std::string::npos);
 }
+
+// transformers (since 4.47) saves the chat template as chat_template.jinja beside the tokenizer
+// files, and that file wins over tokenizer_config.json's chat_template: both read so here, and an
+// unrecognised template names the file it came from.
+TEST(ChatTemplate, TheJinjaFileWinsOverTheConfig) {
+    TempDir dir;
+    nlohmann::json cfg = tiny_byte_level_config();
+    const std::string chatml = cfg["chat_template"];
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/llama2.jinja");
+    write_tokenizer_files(dir.path(), tiny_byte_level_tokenizer(), cfg);
+    EXPECT_EQ(Tokenizer::load(dir.path()).chat_family(), "llama2");
+    write_file(dir.file("chat_template.jinja"), chatml);
+    const Tokenizer t = Tokenizer::load(dir.path());
+    EXPECT_EQ(t.chat_family(), "chatml");
+    EXPECT_EQ(t.apply_chat_template(std::nullopt, "hi"), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    // Only the file: the config has none.
+    cfg.erase("chat_template");
+    write_tokenizer_files(dir.path(), tiny_byte_level_tokenizer(), cfg);
+    EXPECT_EQ(Tokenizer::load(dir.path()).chat_family(), "chatml");
+    write_file(dir.file("chat_template.jinja"), "{{ messages }}");
+    try {
+        (void)Tokenizer::load(dir.path()).chat_family();
+        ADD_FAILURE() << "an unrecognised template was taken";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(dir.file("chat_template.jinja") + ": unrecognised chat_template"), std::string::npos)
+            << e.what();
+    }
+}

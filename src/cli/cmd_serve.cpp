@@ -117,6 +117,18 @@ struct Job {
     }
 };
 
+// "temperature 0.6, top_p 0.95, ..." for the defaults that are set.
+std::string describe_defaults(const GenerationDefaults& d) {
+    std::string out;
+    auto add = [&](const char* key, const std::string& v) { out += cat(out.empty() ? " " : ", ", key, " ", v); };
+    if (d.temperature) add("temperature", cat(*d.temperature));
+    if (d.top_p) add("top_p", cat(*d.top_p));
+    if (d.top_k) add("top_k", cat(*d.top_k));
+    if (d.min_p) add("min_p", cat(*d.min_p));
+    if (d.repetition_penalty) add("repetition_penalty", cat(*d.repetition_penalty));
+    return out;
+}
+
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -442,6 +454,8 @@ void embedding_loop(Communicator& comm, Inbox& inbox, Stats& stats, Pooler& pool
 
 int cmd_serve(const Args& args, Communicator& comm) {
     po::options_description d("serve options");
+    std::string generation_config = "auto";
+    GenerationDefaults sampling_defaults;  // --generation-config
     std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list,
         rerank_template, cache_file;
     DraftFlags draftf;
@@ -508,6 +522,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "--speculate: at most N tokens in a step that carries proposals, its decode tokens included, shared out "
          "among the decoding sequences: verifying costs little while a step fits the CUDA GEMVs' 8 token rows or a "
          "CPU's spare arithmetic (0: no limit but the step's)")
+        ("generation-config", po::value(&generation_config)->default_value("auto"),
+         "auto: the model's generation_config.json sets the defaults of temperature, top_p, top_k, min_p and "
+         "repetition_penalty for requests that do not set them (vLLM's default); vllm: the API's own defaults; a "
+         "folder: its generation_config.json")
         ("reasoning-parser", po::value(&reasoning_parser),
          "qwen3: a chat reply's <think>...</think> part comes as message.reasoning_content (streamed: "
          "delta.reasoning_content), the rest as its content; deepseek_r1: the same for a reply that starts in "
@@ -566,6 +584,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
         if (vm.count("reasoning-parser") && reasoning_parser != "qwen3" && reasoning_parser != "deepseek_r1")
             fail("--reasoning-parser \"", reasoning_parser, "\" is not supported (qwen3, deepseek_r1)");
+        if (generation_config != "vllm") {
+            const std::string dir = generation_config == "auto" ? model : generation_config;
+            const std::string file = dir + "/generation_config.json";
+            if (file_exists(file)) sampling_defaults = parse_generation_defaults(read_text_file(file), file);
+            else if (generation_config != "auto")
+                fail("--generation-config ", generation_config, ": ", file, " does not exist (auto, vllm or a folder)");
+        }
         if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
         for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
                                          std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
@@ -643,6 +668,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     lim.reasoning = reasoning_parser == "qwen3"         ? ReasoningParser::Qwen3
                     : reasoning_parser == "deepseek_r1" ? ReasoningParser::DeepSeekR1
                                                         : ReasoningParser::None;
+    lim.defaults = sampling_defaults;
     // --cache-file: every rank reads its file before rank 0 listens, so that "listening" means
     // the saves are in (they join the Batcher's tier below).
     PrefixCacheFile cache;
@@ -944,6 +970,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                           " positions of ", engine.kv_position_bytes(), " bytes")
                                     : std::string())
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
+        if (sampling_defaults.any() && !embeddings && !rerank)  // as vLLM says it
+            std::cerr << "shardlm serve: sampling defaults from generation_config.json:"
+                      << describe_defaults(sampling_defaults) << " (--generation-config vllm: the API's own)" << std::endl;
     }
 
     // The engine loop, on every rank. SIGINT/SIGTERM (mpirun forwards them to every rank) end it

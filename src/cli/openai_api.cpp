@@ -530,17 +530,18 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         bad(cat("\"stop_token_ids\" and the FIM separators of \"suffix\" (", r.fim_stops.size(), ") are more than ",
                 kMaxApiStopTokenIds, " token ids"));
     SamplerOptions& so = r.sampler;
-    so.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
-    so.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));
+    const GenerationDefaults& d = lim.defaults;  // the model's generation_config.json, else the API's
+    so.temperature = float(number(body, "temperature", d.temperature.value_or(1.0), 0.0, 100.0));
+    so.top_p = float(number(body, "top_p", d.top_p.value_or(1.0), 0.0, 1.0));
     if (so.top_p == 0.0f) bad("\"top_p\" must be in (0, 1]");
-    const int64_t top_k = integer(body, "top_k", 0, -1, lim.vocab);
+    const int64_t top_k = integer(body, "top_k", std::min(d.top_k.value_or(0), lim.vocab), -1, lim.vocab);
     so.top_k = top_k < 0 ? 0 : top_k;
-    so.min_p = float(number(body, "min_p", 0.0, 0.0, 1.0));
+    so.min_p = float(number(body, "min_p", d.min_p.value_or(0.0), 0.0, 1.0));
     const int64_t seed = integer(body, "seed", 0, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
     so.seed = uint64_t(seed);
     so.presence_penalty = float(number(body, "presence_penalty", 0.0, -2.0, 2.0));
     so.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
-    so.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 0.01, 100.0));
+    so.repetition_penalty = float(number(body, "repetition_penalty", d.repetition_penalty.value_or(1.0), 0.01, 100.0));
     so.penalty_last_n = lim.penalty_last_n;
     if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
         // {"token id": bias}: ids as decimal strings (JSON keys), biases in [-100, 100].

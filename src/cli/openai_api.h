@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
 #include "runtime/sampler.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -36,6 +37,7 @@ struct ApiLimits {
     int64_t vocab = 0;
     int64_t penalty_last_n = 64; // the server's penalty window
     ReasoningParser reasoning = ReasoningParser::None;  // serve --reasoning-parser: chat replies' reasoning apart
+    GenerationDefaults defaults;  // serve --generation-config: sampling defaults (else the API's)
 };
 
 struct ApiRequest {

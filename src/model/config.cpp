@@ -548,7 +548,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     return c;
 }
 
-void add_generation_eos(ModelConfig& c, const std::string& text, const std::string& origin) {
+namespace {
+json parse_generation_config(const std::string& text, const std::string& origin) {
     json j;
     try {
         j = json::parse(text);
@@ -556,6 +557,36 @@ void add_generation_eos(ModelConfig& c, const std::string& text, const std::stri
         fail(origin, ": not valid JSON (", e.what(), ")");
     }
     if (!j.is_object()) fail(origin, ": must be a JSON object");
+    return j;
+}
+}  // namespace
+
+GenerationDefaults parse_generation_defaults(const std::string& text, const std::string& origin) {
+    const json j = parse_generation_config(text, origin);
+    GenerationDefaults d;
+    auto number = [&](const char* key, double lo, double hi, bool open_lo) -> std::optional<double> {
+        if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+        const json& v = j[key];
+        if (!v.is_number()) fail(origin, ": ", key, " must be a number, not ", v.dump());
+        const double x = v.get<double>();
+        if (!(open_lo ? x > lo : x >= lo) || !(x <= hi))
+            fail(origin, ": ", key, " ", v.dump(), " is outside ", open_lo ? "(" : "[", lo, ", ", hi, "]");
+        return x;
+    };
+    d.temperature = number("temperature", 0.0, 100.0, false);
+    d.top_p = number("top_p", 0.0, 1.0, true);
+    d.min_p = number("min_p", 0.0, 1.0, false);
+    d.repetition_penalty = number("repetition_penalty", 0.01, 100.0, false);
+    if (j.contains("top_k") && !j["top_k"].is_null()) {
+        if (!j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() < -1)
+            fail(origin, ": top_k must be an integer of -1 or more, not ", j["top_k"].dump());
+        d.top_k = j["top_k"].get<int64_t>();
+    }
+    return d;
+}
+
+void add_generation_eos(ModelConfig& c, const std::string& text, const std::string& origin) {
+    const json j = parse_generation_config(text, origin);
     if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
     const json& e = j["eos_token_id"];
     for (const json& v : e.is_array() ? e : json::array({e})) {

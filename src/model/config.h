@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,17 @@ ModelConfig parse_config(const std::string& json_text, const std::string& origin
 ModelConfig load_config(const std::string& model_dir);
 // generation_config.json's eos_token_id (an id or a list, each below c.vocab) joined to c's.
 void add_generation_eos(ModelConfig& c, const std::string& json_text, const std::string& origin);
+
+// The sampling defaults a checkpoint's generation_config.json gives (vLLM's --generation-config
+// auto takes these as the defaults of requests that do not set them): each field when present.
+struct GenerationDefaults {
+    std::optional<double> temperature, top_p, min_p, repetition_penalty;
+    std::optional<int64_t> top_k;  // -1 or 0: off
+    bool any() const { return temperature || top_p || min_p || repetition_penalty || top_k; }
+};
+// Reads them from the JSON text of a generation_config.json; a value of the wrong type or out of
+// the range a request could give is an error naming `origin` and the key.
+GenerationDefaults parse_generation_defaults(const std::string& json_text, const std::string& origin);
 
 // Number of parameters the checkpoint holds (embedding counted once when tied).
 int64_t parameter_count(const ModelConfig& c);

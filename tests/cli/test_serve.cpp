@@ -247,6 +247,56 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// vLLM's --generation-config auto (the default): the model's generation_config.json sets the
+// sampling defaults of requests that leave them out (top_k 1 here: greedy), and a request's own
+// value wins; vllm: the API's defaults (temperature 1). Bad values stop the server, naming them.
+TEST_F(Serve, GenerationConfigSetsTheSamplingDefaults) {
+    write_file(model_.file("generation_config.json"), R"({"temperature": 0.7, "top_k": 1, "top_p": 0.9})");
+    const std::string want = generate_text(model_.path(), "--prompt 'And God said' --max-new-tokens 12");
+    const json ask = {{"prompt", "And God said"}, {"max_tokens", 12}, {"seed", 3}};
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    Reply r = post(srv.port(), "/v1/completions", ask);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["text"], want);
+    json own = ask;
+    own["top_k"] = 0;  // the request's own value: sampled at temperature 0.7 over the whole vocabulary
+    std::set<std::string> texts;
+    for (int seed = 1; seed <= 3; ++seed) {
+        own["seed"] = seed;
+        r = post(srv.port(), "/v1/completions", own);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        texts.insert(r.body["choices"][0]["text"].get<std::string>());
+    }
+    EXPECT_GT(texts.size(), 1u);  // sampled, not greedy
+    EXPECT_EQ(srv.stop(), 0);
+    EXPECT_NE(srv.read_all().find("sampling defaults from generation_config.json: temperature 0.7, top_p 0.9, top_k 1"),
+              std::string::npos)
+        << srv.read_all();
+    Server plain(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128 --generation-config vllm",
+                 logs_.file("plain.log"));
+    ASSERT_GT(plain.port(), 0) << plain.read_all();
+    texts.clear();
+    for (int seed = 1; seed <= 3; ++seed) {
+        json a = ask;
+        a["seed"] = seed;
+        r = post(plain.port(), "/v1/completions", a);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        texts.insert(r.body["choices"][0]["text"].get<std::string>());
+    }
+    EXPECT_GT(texts.size(), 1u);
+    EXPECT_EQ(plain.stop(), 0);
+    write_file(model_.file("generation_config.json"), R"({"top_p": 0})");
+    CommandResult bad = run_command(kCli + " serve --model " + model_.path() + " --threads 1");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("generation_config.json: top_p 0 is outside (0, 1]"), std::string::npos) << bad.err;
+    bad = run_command(kCli + " serve --model " + model_.path() + " --generation-config " + logs_.path());
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("--generation-config " + logs_.path() + ": " + logs_.path() + "/generation_config.json does not exist"),
+              std::string::npos)
+        << bad.err;
+}
+
 // Completions' "suffix" on a tokenizer with Qwen2.5-Coder's FIM tokens: generate --suffix's text,
 // plain and streamed; a FIM separator ends the middle without being text; requests that cannot
 // be a FIM prompt are refused.

@@ -218,3 +218,33 @@ TEST(Config, GenerationConfigAddsEndOfSequenceIds) {
     EXPECT_EQ(error("[1]"), where + "must be a JSON object");
     EXPECT_NE(error("{").find(where + "not valid JSON"), std::string::npos);
 }
+
+// generation_config.json's sampling defaults (serve --generation-config): the fields present, in
+// the ranges a request may give; a bad one names the file and the key.
+TEST(Config, GenerationDefaults) {
+    const GenerationDefaults q = parse_generation_defaults(
+        R"({"bos_token_id": 1, "do_sample": true, "eos_token_id": [2, 3], "temperature": 0.6, "top_k": 20, "top_p": 0.95})",
+        "gen.json");
+    EXPECT_TRUE(q.any());
+    EXPECT_DOUBLE_EQ(*q.temperature, 0.6);
+    EXPECT_DOUBLE_EQ(*q.top_p, 0.95);
+    EXPECT_EQ(*q.top_k, 20);
+    EXPECT_FALSE(q.min_p || q.repetition_penalty);
+    EXPECT_FALSE(parse_generation_defaults(R"({"eos_token_id": 2, "top_p": null})", "gen.json").any());
+    const std::pair<const char*, const char*> bad[] = {
+        {R"({"temperature": "hot"})", "gen.json: temperature must be a number, not \"hot\""},
+        {R"({"temperature": -1})", "gen.json: temperature -1 is outside [0, 100]"},
+        {R"({"top_p": 0})", "gen.json: top_p 0 is outside (0, 1]"},
+        {R"({"repetition_penalty": 0})", "gen.json: repetition_penalty 0 is outside [0.01, 100]"},
+        {R"({"top_k": 1.5})", "gen.json: top_k must be an integer of -1 or more, not 1.5"},
+        {R"([1])", "gen.json: must be a JSON object"},
+    };
+    for (const auto& [text, message] : bad) {
+        try {
+            (void)parse_generation_defaults(text, "gen.json");
+            ADD_FAILURE() << text;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+        }
+    }
+}

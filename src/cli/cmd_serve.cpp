@@ -760,6 +760,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content(R"({"status":"ok"})", "application/json");
         });
+        svr->Get("/version", [](const httplib::Request&, httplib::Response& res) {  // vLLM's
+            res.set_content(json{{"version", SHARDLM_VERSION}}.dump(), "application/json");
+        });
         svr->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics_text(stats), "text/plain; version=0.0.4");
         });

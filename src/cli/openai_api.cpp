@@ -941,7 +941,15 @@ json api_tokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) 
             bad(e.what());
         }
     }
-    return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", lim.ctx}};
+    json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", lim.ctx}};
+    const json strs = body.value("return_token_strs", json(false));
+    if (!strs.is_boolean()) bad("\"return_token_strs\" must be true or false");
+    if (strs == true) {  // vLLM's: each id's vocabulary string (convert_ids_to_tokens)
+        json t = json::array();
+        for (const int32_t id : ids) t.push_back(tok.id_to_token(id));
+        out["token_strs"] = t;
+    }
+    return out;
 }
 
 json api_detokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) {

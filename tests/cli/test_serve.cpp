@@ -945,6 +945,27 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     EXPECT_EQ(back.substr(back.size() - 12), "And God said");
     EXPECT_EQ(post(port, "/detokenize", {{"tokens", {1, -2}}}).status, 400);
     EXPECT_EQ(post(port, "/tokenize", {{"text", "x"}}).status, 400);
+    // return_token_strs (vLLM's): each id's string in tokenizer.json's vocabulary (byte-level "Ġ").
+    const Reply strs = post(port, "/tokenize", {{"prompt", "And God said"}, {"add_special_tokens", false}, {"return_token_strs", true}});
+    ASSERT_EQ(strs.status, 200) << strs.raw;
+    const json vocab = json::parse(read_file(kModel + "/tokenizer.json"))["model"]["vocab"];
+    ASSERT_EQ(strs.body["token_strs"].size(), strs.body["tokens"].size()) << strs.raw;
+    std::string spelled;
+    for (size_t i = 0; i < strs.body["tokens"].size(); ++i) {
+        EXPECT_EQ(vocab[strs.body["token_strs"][i].get<std::string>()], strs.body["tokens"][i]) << strs.raw;
+        spelled += strs.body["token_strs"][i].get<std::string>();
+    }
+    EXPECT_EQ(spelled, "AndĠGodĠsaid");
+    EXPECT_EQ(post(port, "/tokenize", {{"prompt", "x"}, {"return_token_strs", 1}}).status, 400);
+    // /version (vLLM's): the version --version prints.
+    {
+        httplib::Client vc("127.0.0.1", port);
+        const auto v = vc.Get("/version");
+        ASSERT_TRUE(v);
+        const CommandResult cli = run_command(kCli + " --version");
+        EXPECT_NE(cli.out.find("shardlm " + json::parse(v->body)["version"].get<std::string>() + " "), std::string::npos)
+            << v->body << cli.out;
+    }
     // /metrics: Prometheus text with the requests that ended and the prefix cache's share.
     {
         httplib::Client mc("127.0.0.1", port);

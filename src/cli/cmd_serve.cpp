@@ -66,6 +66,7 @@ struct ChoiceState {
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     std::vector<size_t> args_sent;  // streaming: each begun tool call's arguments bytes out
     bool done = false, finish_sent = false;
+    bool role_sent = false;  // streaming chat: the first event, with the role, went out
     // Streaming: what the text so far holds, worked out once per look. rs: its reasoning
     // (reasoning_span); content: out.text past it (all of it without); calls: the tool calls in
     // it so far; upto: how much of content may go out now (api_sendable: with tool calls, not
@@ -888,7 +889,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
                             const ChoiceState::Pending p = cs.pending(req);
-                            return p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(p) ||
+                            return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(p) ||
                                    cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
@@ -907,6 +908,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
                                 return sse(ev);
                             };
+                            if (req.chat && !cs.role_sent) {
+                                out += event(api_role_chunk(req, job->id, job->created, model_name, c));
+                                cs.role_sent = true;
+                            }
                             if (cs.reasoning_due(p)) {
                                 const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
                                 out += event(api_reasoning_chunk(req, job->id, job->created, model_name, c,

@@ -829,6 +829,14 @@ json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, cons
     return res;
 }
 
+json api_role_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model, size_t index) {
+    json choice = {{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
+    json res = envelope(r, id, created, model, json::array({choice}), true);
+    if (r.include_usage) res["usage"] = nullptr;
+    return res;
+}
+
 ReasoningSpan reasoning_span(const ApiRequest& r, const std::string& text, bool done) {
     ReasoningSpan s;
     if (r.reasoning == ReasoningParser::None || r.continued == ApiRequest::Continued::InContent) return s;

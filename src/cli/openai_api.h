@@ -187,6 +187,10 @@ nlohmann::ordered_json api_choice_usage(const ApiRequest& r, size_t choice, int6
 nlohmann::ordered_json api_chunk(const ApiRequest& r, const std::string& id, int64_t created, const std::string& model,
                          size_t index, const std::string& delta, const std::string& finish,
                          const nlohmann::ordered_json& logprobs = nullptr);
+// A streamed chat response's first event for choice `index`: the assistant's role with empty
+// content (OpenAI's and vLLM's first delta, where clients read the role).
+nlohmann::ordered_json api_role_chunk(const ApiRequest& r, const std::string& id, int64_t created,
+                                      const std::string& model, size_t index);
 // Where a reply's reasoning is (ApiRequest::reasoning; vLLM's qwen3 and deepseek_r1 reasoning
 // parsers): offsets into the text. Qwen3: the reasoning [begin, end) follows a <think> that opens
 // the reply (after white space) and ends at </think>, or at the end of a reply cut short (vLLM

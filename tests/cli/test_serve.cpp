@@ -1045,6 +1045,13 @@ TEST_F(Serve, ChatCompletions) {
                                 {{"messages", msgs}, {"max_tokens", 10}, {"temperature", 0}, {"stream", true},
                                  {"stream_options", {{"include_usage", true}}}});
     EXPECT_NE(streamed.raw.find("chat.completion.chunk"), std::string::npos);
+    {  // the first event carries the role (OpenAI's and vLLM's first delta), with empty content
+        const size_t first = streamed.raw.find("data: {");
+        ASSERT_NE(first, std::string::npos) << streamed.raw;
+        const json ev = json::parse(streamed.raw.substr(first + 6, streamed.raw.find('\n', first) - first - 6));
+        EXPECT_EQ(ev["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}})) << ev;
+        EXPECT_EQ(streamed.raw.find("\"role\"", streamed.raw.find('\n', first)), std::string::npos) << "one role event";
+    }
     {
         // The usage event comes last before [DONE], a chunk with no choices.
         const size_t done = streamed.raw.rfind("data: [DONE]"), last = streamed.raw.rfind("data: {", done);

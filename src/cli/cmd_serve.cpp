@@ -87,10 +87,12 @@ struct ChoiceState {
     }
     // Whether reasoning not yet sent may go out.
     bool reasoning_due(const Pending& p) const { return p.rs.end > std::max(p.rs.begin, reasoning_sent); }
-    // Whether tool calls or their arguments not yet sent may go out.
-    bool calls_due(const Pending& p) const {
+    // Whether tool calls or their arguments not yet sent may go out (without parallel_tool_calls,
+    // the first call's only: api_tool_call_deltas sends no other).
+    bool calls_due(const ApiRequest& r, const Pending& p) const {
         if (p.calls.plain) return false;
-        if (p.calls.calls.size() > args_sent.size()) return true;
+        if (std::min(p.calls.calls.size(), r.parallel_tool_calls ? p.calls.calls.size() : size_t(1)) > args_sent.size())
+            return true;
         for (size_t k = 0; k < args_sent.size(); ++k)
             if (p.calls.calls[k].arguments.size() > args_sent[k]) return true;
         return false;
@@ -889,7 +891,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
                             const ChoiceState::Pending p = cs.pending(req);
-                            return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(p) ||
+                            return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(req, p) ||
                                    cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
                         job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {

@@ -1234,6 +1234,17 @@ TEST_F(Serve, ToolCalls) {
     EXPECT_EQ(sb.content, whole_broken.body["choices"][0]["message"]["content"]);
     EXPECT_EQ(sb.calls.size(), 1u);
     EXPECT_EQ(sb.finish, "stop");
+    // Two calls without parallel_tool_calls: the first only, whole and streamed.
+    json two = request(call + "\n" + call);
+    two["parallel_tool_calls"] = false;
+    const Reply whole_two = post(srv.port(), "/v1/chat/completions", two);
+    ASSERT_EQ(whole_two.status, 200) << whole_two.raw;
+    ASSERT_EQ(whole_two.body["choices"][0]["message"]["tool_calls"].size(), 1u) << whole_two.raw;
+    two["stream"] = true;
+    const StreamedChat st2 = streamed_chat(post(srv.port(), "/v1/chat/completions", two).raw);
+    ASSERT_EQ(st2.calls.size(), 1u);
+    EXPECT_EQ(st2.calls[0]["function"], whole_two.body["choices"][0]["message"]["tool_calls"][0]["function"]);
+    EXPECT_EQ(st2.finish, "tool_calls");
 
     // tool_choice "none": the same reply is text.
     json none = request(call);

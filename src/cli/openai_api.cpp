@@ -579,6 +579,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     };
     flag("include_stop_str_in_output", r.include_stop_str);
     flag("skip_special_tokens", r.skip_special_tokens);
+    // Calls in the template's format may be marked by special tokens (Mistral's [TOOL_CALLS],
+    // Llama's <|python_tag|>): kept in the text while tools are on, as vLLM's tool parsers do.
+    if (r.tools == ApiRequest::Tools::Auto) r.skip_special_tokens = false;
     if (body.contains("stream") && !body["stream"].is_null()) {
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];

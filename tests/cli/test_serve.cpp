@@ -219,7 +219,7 @@ protected:
 
 // skip_special_tokens (vLLM's; off unless asked, so that tool-call markers stay in the text): a
 // special token (one of the shipped tokenizer's last merges made an added token here) forced by a
-// bias is in the text, or left out of it, whole and streamed.
+// bias is in the text, or left out of it, whole and streamed; with tools on it stays.
 TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     json t = json::parse(read_file(model_.file("tokenizer.json")));
     json& merges = t["model"]["merges"];
@@ -245,6 +245,25 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
             EXPECT_EQ(text, skip ? "" : "<|im_start|><|im_start|>") << r.raw;
         }
     EXPECT_EQ(srv.stop(), 0);
+    // With tools on, special tokens stay in the text whatever the request says (as vLLM's tool
+    // parsers keep them): Mistral's [TOOL_CALLS] marks the calls.
+    t["added_tokens"].back()["content"] = "[TOOL_CALLS]";
+    write_file(model_.file("tokenizer.json"), t.dump());
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    Server mistral(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("mistral.log"));
+    ASSERT_GT(mistral.port(), 0) << mistral.read_all();
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "now"}}])");
+    for (const bool with_tools : {false, true}) {
+        json ask = {{"messages", {{{"role", "user"}, {"content", "Time?"}}}}, {"max_tokens", 1}, {"temperature", 0},
+                    {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", true}};
+        if (with_tools) ask["tools"] = tools;
+        const Reply r = post(mistral.port(), "/v1/chat/completions", ask);
+        ASSERT_EQ(r.status, 200) << r.raw;
+        EXPECT_EQ(r.body["choices"][0]["message"]["content"], with_tools ? "[TOOL_CALLS]" : "") << r.raw;
+    }
+    EXPECT_EQ(mistral.stop(), 0);
 }
 
 // vLLM's --generation-config auto (the default): the model's generation_config.json sets the

@@ -87,6 +87,12 @@ double number(const json& body, const char* key, double def, double lo, double h
     return x;
 }
 
+bool boolean(const json& body, const char* key, bool def) {
+    if (!body.contains(key) || body[key].is_null()) return def;
+    if (!body[key].is_boolean()) bad(std::string("\"") + key + "\" must be true or false");
+    return body[key].get<bool>();
+}
+
 int64_t integer(const json& body, const char* key, int64_t def, int64_t lo, int64_t hi) {
     if (!body.contains(key) || body[key].is_null()) return def;
     const json& v = body[key];
@@ -571,14 +577,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         for (const std::string& x : r.stop)
             if (x.empty()) bad("a \"stop\" string is empty");
     }
-    auto flag = [&](const char* key, bool& out) {
-        const json v = body.value(key, json(nullptr));
-        if (v.is_null()) return;
-        if (!v.is_boolean()) bad(std::string("\"") + key + "\" must be true or false");
-        out = v.get<bool>();
-    };
-    flag("include_stop_str_in_output", r.include_stop_str);
-    flag("skip_special_tokens", r.skip_special_tokens);
+    r.include_stop_str = boolean(body, "include_stop_str_in_output", false);
+    r.skip_special_tokens = boolean(body, "skip_special_tokens", false);
     // Calls in the template's format may be marked by special tokens (Mistral's [TOOL_CALLS],
     // Llama's <|python_tag|>): kept in the text while tools are on, as vLLM's tool parsers do.
     if (r.tools == ApiRequest::Tools::Auto) r.skip_special_tokens = false;
@@ -953,9 +953,7 @@ json api_tokenize(const json& body, const Tokenizer& tok, const ApiLimits& lim) 
         }
     }
     json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", lim.ctx}};
-    const json strs = body.value("return_token_strs", json(false));
-    if (!strs.is_boolean()) bad("\"return_token_strs\" must be true or false");
-    if (strs == true) {  // vLLM's: each id's vocabulary string (convert_ids_to_tokens)
+    if (boolean(body, "return_token_strs", false)) {  // vLLM's: each id's vocabulary string (convert_ids_to_tokens)
         json t = json::array();
         for (const int32_t id : ids) t.push_back(tok.id_to_token(id));
         out["token_strs"] = t;

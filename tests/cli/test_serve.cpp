@@ -187,6 +187,14 @@ void expect_reasoning_parts(int port, json req, const std::string& reply, const 
     EXPECT_EQ(sc.finish, "stop");
 }
 
+// A streamed completion's text: its events' text deltas joined.
+std::string streamed_text(const std::string& raw) {
+    std::string text;
+    for (size_t at = raw.find("data: {"); at != std::string::npos; at = raw.find("data: {", at + 1))
+        text += json::parse(raw.substr(at + 6, raw.find('\n', at) - at - 6))["choices"][0]["text"].get<std::string>();
+    return text;
+}
+
 // A sample's value in /metrics' text (-1, and a failure, when it is not there).
 double metric_value(const std::string& metrics, const std::string& name) {
     const size_t at = metrics.find("\n" + name + " ");
@@ -238,10 +246,7 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
                                  {{"prompt", "And God said"}, {"max_tokens", 2}, {"temperature", 0}, {"stream", stream},
                                   {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", skip}});
             ASSERT_EQ(r.status, 200) << r.raw;
-            std::string text;
-            if (!stream) text = r.body["choices"][0]["text"];
-            for (size_t at = r.raw.find("data: {"); stream && at != std::string::npos; at = r.raw.find("data: {", at + 1))
-                text += json::parse(r.raw.substr(at + 6, r.raw.find('\n', at) - at - 6))["choices"][0]["text"].get<std::string>();
+            const std::string text = stream ? streamed_text(r.raw) : r.body["choices"][0]["text"].get<std::string>();
             EXPECT_EQ(text, skip ? "" : "<|im_start|><|im_start|>") << r.raw;
         }
     EXPECT_EQ(srv.stop(), 0);
@@ -434,10 +439,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                                 {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"stop", stop},
                                  {"include_stop_str_in_output", true}, {"stream", stream}});
         ASSERT_EQ(kept.status, 200) << kept.raw;
-        std::string text;
-        if (!stream) text = kept.body["choices"][0]["text"];
-        for (size_t at = kept.raw.find("data: {"); stream && at != std::string::npos; at = kept.raw.find("data: {", at + 1))
-            text += json::parse(kept.raw.substr(at + 6, kept.raw.find('\n', at) - at - 6))["choices"][0]["text"].get<std::string>();
+        const std::string text = stream ? streamed_text(kept.raw) : kept.body["choices"][0]["text"].get<std::string>();
         EXPECT_EQ(text, want.substr(0, want.find(stop) + stop.size())) << kept.raw;
     }
 

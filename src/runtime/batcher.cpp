@@ -105,6 +105,12 @@ size_t Batcher::add(BatchRequest r) {
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: logit_bias for token ", id, " of ", cfg.vocab);
     for (const int32_t id : r.stop_ids)
         SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: stop id ", id, " of ", cfg.vocab);
+    for (const int32_t id : r.allowed_ids)
+        SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: allowed id ", id, " of ", cfg.vocab);
+    for (const std::vector<int32_t>& w : r.bad_words) {
+        SHARDLM_CHECK(!w.empty(), "Batcher::add: an empty bad word");
+        for (const int32_t id : w) SHARDLM_CHECK(id >= 0 && id < cfg.vocab, "Batcher::add: bad word id ", id, " of ", cfg.vocab);
+    }
     SHARDLM_CHECK(!r.json || opt_.json_vocab, "Batcher::add: a JSON-mode request without the vocabulary's bytes");
     SHARDLM_CHECK((r.think_open == -1 && r.think_close == -1) ||
                       (r.think_open >= 0 && r.think_open < cfg.vocab && r.think_close >= 0 && r.think_close < cfg.vocab &&
@@ -348,8 +354,30 @@ void Batcher::finish(size_t id, const std::string& reason) {
     }
 }
 
+bool Batcher::masked(const Seq& q) { return q.json || !q.req.allowed_ids.empty() || !q.req.bad_words.empty(); }
+
 void Batcher::constrain(const Seq& q, float* row) const {
-    if (q.thinking) return;  // free while it reasons
+    if (q.json && !q.thinking) constrain_json(q, row);  // free while it reasons
+    const int64_t vocab = engine_.config().vocab;
+    if (!q.req.allowed_ids.empty()) {
+        // Keep the allowed ids' logits, then -inf everywhere and the kept ones back.
+        std::vector<float> keep(q.req.allowed_ids.size());
+        for (size_t i = 0; i < keep.size(); ++i) keep[i] = row[q.req.allowed_ids[i]];
+        std::fill(row, row + vocab, -INFINITY);
+        for (size_t i = 0; i < keep.size(); ++i) row[q.req.allowed_ids[i]] = keep[i];
+    }
+    const std::vector<int32_t>& t = q.res.tokens;
+    for (const std::vector<int32_t>& w : q.req.bad_words) {
+        const size_t before = w.size() - 1;  // the ids that must end the generated tokens
+        if (before <= t.size() && std::equal(w.begin(), w.end() - 1, t.end() - ptrdiff_t(before))) row[w.back()] = -INFINITY;
+    }
+    // Nothing left to draw (the JSON value's ids, or the allowed ones, all banned): end here
+    // rather than draw from a row of -inf. (A row of NaN stays: accept() names it.)
+    if (std::all_of(row, row + vocab, [](float x) { return x == -INFINITY; }))
+        for (const int64_t id : engine_.config().eos_ids) row[id] = 0.0f;
+}
+
+void Batcher::constrain_json(const Seq& q, float* row) const {
     const int64_t vocab = engine_.config().vocab;
     // The first token may open the reasoning instead.
     const bool may_think = q.req.think_open >= 0 && q.req.think_open < vocab && q.res.tokens.empty();
@@ -648,7 +676,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         const Seq& q = *chunk_seq[c];
         const BatchRequest& r = q.req;
         const SamplerOptions& so = r.sampler;
-        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits) || (verify && q.recent) || q.json;
+        full = full || r.logprobs >= 0 || (c >= n_decode && r.keep_prompt_logits) || (verify && q.recent) || masked(q);
         const bool nuc = nucleus_only(so) && (temperature < 0.0f || so.temperature == temperature);
         if (nuc) temperature = so.temperature;
         nucleus = nucleus && nuc;
@@ -706,7 +734,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
                     apply_penalties_ref(logits_.data() + r * size_t(vocab), vocab, 0, q.pens.data(),
                                         int64_t(q.pens.size()));
                 }
-                if (q.json) constrain(q, logits_.data() + r * size_t(vocab));
+                if (masked(q)) constrain(q, logits_.data() + r * size_t(vocab));
                 ++made;
                 if (!accept(q, r, cand, on_token, stop)) {
                     end(q, q.res.stop_reason);
@@ -733,7 +761,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             q.res.prompt_logits.assign(lg, lg + vocab);
         }
         made += c < n_decode;
-        if (q.json) constrain(q, logits_.data() + row * size_t(vocab));
+        if (masked(q)) constrain(q, logits_.data() + row * size_t(vocab));
         if (!accept(q, row++, cand, on_token, stop)) end(q, q.res.stop_reason);
     }
     // Ended sequences hand their slot on (the lowest free slot on top: a sequence's results never

@@ -51,6 +51,14 @@ struct BatchRequest {
     // vLLM's stop_token_ids: any of these ends the sequence ("stop", the token kept, as an
     // end-of-sequence id is); min_tokens bans them too until it is reached.
     std::vector<int32_t> stop_ids;
+    // vLLM's allowed_token_ids: every generated token is one of these ids (distinct; empty: any
+    // id). An end-of-sequence id left out of them never comes: max_new_tokens or a stop ends the
+    // request.
+    std::vector<int32_t> allowed_ids;
+    // vLLM's bad_words, as token sequences (each non-empty): a sequence's last id is banned
+    // wherever the generated tokens (not the prompt's) end with the ids before it, so the
+    // generated tokens never hold the whole sequence; a one-token sequence is banned always.
+    std::vector<std::vector<int32_t>> bad_words;
     // JSON mode and structured output (runtime/json_mode.h; OpenAI's response_format json_object
     // and json_schema): each choice only among the tokens that keep the text the start of one
     // value of this schema (BatcherOptions::json_vocab's bytes), and the request ends ("stop")
@@ -212,8 +220,14 @@ private:
     void end(Seq& q, const std::string& reason);
     // q.pens: the penalties of q's next logits row, from its tokens so far (q.recent set).
     void row_penalties(Seq& q) const;
-    // JSON mode (q.json set): the tokens that would not continue q's object get -inf in `row`.
+    // Whether q's rows are masked (constrain): JSON mode, allowed_ids or bad_words. Its rows are
+    // then whole.
+    static bool masked(const Seq& q);
+    // The tokens q may not take next get -inf in `row`: those that would not continue its JSON
+    // value (JSON mode, q.json set), those not in allowed_ids and those bad_words ban. A row left
+    // with no finite logit ends the sequence (its end-of-sequence ids get 0).
     void constrain(const Seq& q, float* row) const;
+    void constrain_json(const Seq& q, float* row) const;
     void free_slot(const Seq& q);
     std::vector<int32_t> ran(const Seq& q) const;
     void share_prefixes();

@@ -124,6 +124,7 @@ TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t id, int
     };
     TokenLogprobs r;
     r.token = {id, lp(id)};
+    for (int64_t i = 0; i < vocab; ++i) r.rank += topk_before(logits[i], int32_t(i), logits[id], id);
     if (n_top > 0) {
         std::vector<float> vals(static_cast<size_t>(n_top));
         std::vector<int32_t> ids(static_cast<size_t>(n_top));

@@ -59,6 +59,9 @@ struct Logprob {
 struct TokenLogprobs {
     Logprob token;
     std::vector<Logprob> top;
+    // The token's place in the row's ranking, 1 for the first (vLLM's rank): 1 plus the ids
+    // ranked before it.
+    int64_t rank = 1;
 };
 TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t id, int64_t n_top);
 

@@ -1055,6 +1055,144 @@ TEST(Batcher, JsonModeKeepsTheTextOneObject) {
     EXPECT_THROW(b.add(r[0]), Error);
 }
 
+// vLLM's allowed_token_ids and bad_words (BatchRequest::allowed_ids, bad_words). Each greedy
+// token is checked against its own reference: the unmasked logits row after the prompt and the
+// tokens before it (keep_prompt_logits of a request that ends there), with the ids the request
+// bans at that point taken out, gives the token by its argmax. Sampled and speculated runs keep
+// the bans, and speculation keeps the tokens.
+TEST(Batcher, AllowedIdsAndBadWordsBanTokens) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 31});
+    SingleRank comm;
+    SessionOptions so;
+    so.model_dir = d.path();
+    so.ctx = 64;
+    so.max_batch = 3;
+    so.prefill_chunk = 16;
+    so.max_logit_rows = 6;
+    auto s = open_session(so, comm);
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> phrase = make_prompt(6, cfg.vocab, 81);
+    const std::vector<int32_t> prompt = joined(joined(phrase, phrase), phrase);  // prompt lookup finds proposals
+    BatchRequest plain = request(prompt, greedy, 0);
+    plain.max_new_tokens = 12;
+    plain.ignore_eos = true;
+    std::vector<SequenceResult> out;
+    run_all(*s->engine, BatcherOptions{}, {plain}, out);
+    const std::vector<int32_t> free_run = out[0].tokens;
+    ASSERT_EQ(free_run.size(), 12u);
+
+    // Whether a request bans `id` after the generated tokens `t`.
+    auto banned = [](const BatchRequest& q, const std::vector<int32_t>& t, int32_t id) {
+        if (!q.allowed_ids.empty() && std::find(q.allowed_ids.begin(), q.allowed_ids.end(), id) == q.allowed_ids.end())
+            return true;
+        for (const std::vector<int32_t>& w : q.bad_words)
+            if (w.back() == id && w.size() - 1 <= t.size() && std::equal(w.begin(), w.end() - 1, t.end() - ptrdiff_t(w.size() - 1)))
+                return true;
+        return false;
+    };
+    auto check_greedy = [&](const BatchRequest& q, const std::vector<int32_t>& got, const std::string& what) {
+        std::vector<BatchRequest> refs;
+        for (size_t k = 0; k < got.size(); ++k) {
+            BatchRequest r = request(joined(prompt, std::vector<int32_t>(got.begin(), got.begin() + ptrdiff_t(k))), greedy, 0);
+            r.max_new_tokens = 1;
+            r.keep_prompt_logits = true;
+            refs.push_back(r);
+        }
+        std::vector<SequenceResult> rows;
+        run_all(*s->engine, BatcherOptions{}, refs, rows);
+        for (size_t k = 0; k < got.size(); ++k) {
+            const std::vector<int32_t> before(got.begin(), got.begin() + ptrdiff_t(k));
+            int32_t best = -1;
+            for (int32_t id = 0; id < int32_t(cfg.vocab); ++id)
+                if (!banned(q, before, id) && (best < 0 || rows[k].prompt_logits[size_t(id)] > rows[k].prompt_logits[size_t(best)]))
+                    best = id;
+            EXPECT_EQ(got[k], best) << what << ", token " << k;
+        }
+    };
+
+    // Allowed ids that hold the free run's tokens bind nothing; five others bind every token.
+    BatchRequest loose = plain;
+    loose.allowed_ids = free_run;
+    std::sort(loose.allowed_ids.begin(), loose.allowed_ids.end());
+    loose.allowed_ids.erase(std::unique(loose.allowed_ids.begin(), loose.allowed_ids.end()), loose.allowed_ids.end());
+    loose.allowed_ids.push_back(int32_t(cfg.vocab - 1) == free_run[0] ? 0 : int32_t(cfg.vocab - 1));
+    BatchRequest tight = plain;
+    for (int32_t id = 5; tight.allowed_ids.size() < 5; id += 37)
+        if (std::find(free_run.begin(), free_run.end(), id) == free_run.end()) tight.allowed_ids.push_back(id);
+    // Bad words: the free run's third token alone, and the pair of its fifth and sixth.
+    BatchRequest words = plain;
+    words.bad_words = {{free_run[2]}, {free_run[4], free_run[5]}};
+    BatchRequest both = tight;
+    both.bad_words = {{tight.allowed_ids[0]}, {tight.allowed_ids[1], tight.allowed_ids[2]}};
+    const std::vector<BatchRequest> r = {loose, tight, words, both};
+    std::vector<SequenceResult> got, spec;
+    run_all(*s->engine, BatcherOptions{}, r, got);
+    BatcherOptions speculating;
+    speculating.speculate = 3;
+    const GenerateTimings ts = run_all(*s->engine, speculating, r, spec);
+    EXPECT_GT(ts.draft_tokens, 0);
+    EXPECT_EQ(got[0].tokens, free_run);
+    const char* names[] = {"allowed, loose", "allowed, tight", "bad words", "allowed and bad words"};
+    for (size_t i = 0; i < r.size(); ++i) {
+        ASSERT_EQ(got[i].tokens.size(), 12u) << names[i];
+        check_greedy(r[i], got[i].tokens, names[i]);
+        EXPECT_EQ(spec[i].tokens, got[i].tokens) << names[i] << ", speculating";
+    }
+    for (const int32_t t : got[1].tokens)
+        EXPECT_NE(std::find(tight.allowed_ids.begin(), tight.allowed_ids.end(), t), tight.allowed_ids.end()) << t;
+    // The bans bind: the single bad word was the third token, the pair's second the sixth.
+    EXPECT_EQ(std::vector<int32_t>(got[2].tokens.begin(), got[2].tokens.begin() + 2),
+              std::vector<int32_t>(free_run.begin(), free_run.begin() + 2));
+    EXPECT_NE(got[2].tokens[2], free_run[2]);
+
+    // Sampled: never a banned token, over seeds, whole rows or speculating.
+    std::vector<BatchRequest> sampled;
+    for (uint64_t seed = 0; seed < 6; ++seed)
+        for (const BatchRequest& q : {tight, words, both}) {
+            BatchRequest x = q;
+            x.sampler.temperature = 1.5f;
+            x.sampler.top_k = seed % 2 ? 0 : 20;
+            x.sampler.top_p = seed % 3 ? 1.0f : 0.9f;
+            x.sampler.seed = seed;
+            x.stream = seed;
+            sampled.push_back(x);
+        }
+    for (const BatcherOptions& bo : {BatcherOptions{}, speculating}) {
+        std::vector<SequenceResult> drawn;
+        run_all(*s->engine, bo, sampled, drawn);
+        for (size_t i = 0; i < sampled.size(); ++i) {
+            const std::vector<int32_t>& t = drawn[i].tokens;
+            for (size_t k = 0; k < t.size(); ++k)
+                EXPECT_FALSE(banned(sampled[i], std::vector<int32_t>(t.begin(), t.begin() + ptrdiff_t(k)), t[k]))
+                    << "request " << i << ", token " << k;
+        }
+    }
+
+    // Nothing left to draw: the sequence ends on its end-of-sequence id.
+    BatchRequest none = plain;
+    none.ignore_eos = false;
+    none.allowed_ids = {free_run[0]};
+    none.bad_words = {{free_run[0]}};
+    out.clear();
+    run_all(*s->engine, BatcherOptions{}, {none}, out);
+    ASSERT_EQ(out[0].tokens.size(), 1u);
+    EXPECT_EQ(out[0].tokens[0], int32_t(cfg.eos_ids[0]));
+    EXPECT_EQ(out[0].stop_reason, "eos");
+    // Ids past the vocabulary, and an empty bad word.
+    Batcher b(*s->engine, BatcherOptions{});
+    BatchRequest bad = plain;
+    bad.allowed_ids = {int32_t(cfg.vocab)};
+    EXPECT_THROW(b.add(bad), Error);
+    bad = plain;
+    bad.bad_words = {{1}, {}};
+    EXPECT_THROW(b.add(bad), Error);
+    bad.bad_words = {{1, int32_t(cfg.vocab)}};
+    EXPECT_THROW(b.add(bad), Error);
+}
+
 // Reasoning before a constrained reply (serve --reasoning-parser): the first token may open it
 // (think_open, whose bytes no JSON value starts with), the sequence is free until think_close, and
 // the JSON constraint holds from there; with speculation the same tokens. Without the tags the

@@ -392,6 +392,9 @@ TEST(Sampler, LogprobsAreTheLogSoftmax) {
         EXPECT_EQ(r.top[i].id, want_ids[i]) << i;
         EXPECT_NEAR(r.top[i].logprob, want_lp[i], 1e-6) << i;
     }
+    // Ranks: 3 first, then 1 and 5 (tied, the lower id first), 0, the -inf 4, the NaN 2 last.
+    const int64_t want_rank[] = {4, 2, 6, 1, 5, 3};
+    for (int32_t id = 0; id < 6; ++id) EXPECT_EQ(token_logprobs(lg.data(), 6, id, 0).rank, want_rank[id]) << id;
     EXPECT_EQ(token_logprobs(lg.data(), 6, 2, 0).token.logprob, -INFINITY);  // NaN
     EXPECT_EQ(token_logprobs(lg.data(), 6, 4, 0).token.logprob, -INFINITY);
     EXPECT_TRUE(token_logprobs(lg.data(), 6, 0, 0).top.empty());
@@ -407,6 +410,8 @@ TEST(Sampler, LogprobsAreTheLogSoftmax) {
     for (const Logprob& l : all.top) total += std::exp(double(l.logprob));
     EXPECT_NEAR(total, 1.0, 1e-4);
     for (size_t i = 1; i < all.top.size(); ++i) EXPECT_GE(all.top[i - 1].logprob, all.top[i].logprob);
+    for (const size_t i : {size_t(0), size_t(17), all.top.size() - 1})  // the rank is the place in the top list
+        EXPECT_EQ(token_logprobs(wide.data(), int64_t(wide.size()), all.top[i].id, 0).rank, int64_t(i) + 1) << i;
     EXPECT_THROW(token_logprobs(lg.data(), 6, 6, 0), Error);
     EXPECT_THROW(token_logprobs(lg.data(), 6, 0, 7), Error);
 }

@@ -321,6 +321,8 @@ json request_json(const ApiRequest& r, size_t c) {
             {"min_tokens", r.min_tokens},
             {"priority", r.priority},
             {"stop_token_ids", r.stop_token_ids},
+            {"allowed_token_ids", r.allowed_ids},
+            {"bad_words", r.bad_words},
             {"json_object", r.json_object},
             {"json_schema", r.json_schema},
             {"guided_choice", r.guided_choice},
@@ -350,6 +352,8 @@ BatchRequest batch_request(const json& j) {
     b.min_tokens = j["min_tokens"];
     b.priority = j["priority"];
     b.stop_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
+    b.allowed_ids = j["allowed_token_ids"].get<std::vector<int32_t>>();
+    b.bad_words = j["bad_words"].get<std::vector<std::vector<int32_t>>>();
     b.prompt_logprobs = j["prompt_logprobs"];
     b.stream = j["stream"];
     b.think_open = j["think"][0];

@@ -413,8 +413,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     // vLLM's fields that would change the reply: refused by name rather than ignored, as other
     // unknown fields are.
-    for (const char* key : {"allowed_token_ids", "bad_words", "use_beam_search", "prompt_logprobs",
-                            "return_tokens_as_token_ids", "logits_processors"}) {
+    for (const char* key : {"use_beam_search", "return_tokens_as_token_ids", "logits_processors"}) {
         const json v = body.value(key, json(nullptr));
         if (v.is_null() || v == false || (v.is_array() && v.empty())) continue;
         bad(std::string("\"") + key + "\" (vLLM's) is not supported by shardlm serve");
@@ -434,6 +433,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             bad("\"top_logprobs\" is the chat API's; completions take \"logprobs\": N");
         r.logprobs = integer(body, "logprobs", -1, 0, kMaxApiLogprobs);
     }
+    // vLLM's prompt_logprobs: 0-20, not streamed (as vLLM's).
+    r.prompt_lps = integer(body, "prompt_logprobs", -1, 0, kMaxApiLogprobs);
+    if (r.prompt_lps >= 0 && body.value("stream", false) == true) bad("\"prompt_logprobs\" with \"stream\" is not supported");
     std::vector<std::string> texts;  // completions: the prompts given as text ("" for ids)
     json functions = json::array();  // chat: the tools' functions
     if (chat) {
@@ -509,8 +511,9 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     if (n >= lim.ctx)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
     const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    // 0 only with echo: the prompt is scored, nothing generated.
-    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, r.echo ? 0 : 1, std::numeric_limits<int64_t>::max());
+    // 0 only with echo or prompt_logprobs: the prompt is scored, nothing generated.
+    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, r.echo || r.prompt_lps >= 0 ? 0 : 1,
+                           std::numeric_limits<int64_t>::max());
     if (r.max_tokens > lim.ctx - n)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n, " and \"", max_key,
                 "\" asks for ", r.max_tokens, " more"));
@@ -565,6 +568,38 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             so.logit_bias.emplace_back(int32_t(id), v.get<float>());
         }
     }
+    if (body.contains("allowed_token_ids") && !body["allowed_token_ids"].is_null()) {
+        const json& ids = body["allowed_token_ids"];
+        if (!ids.is_array() || ids.empty()) bad("\"allowed_token_ids\" must be a non-empty array of token ids");
+        r.allowed_ids = token_ids(ids, "allowed_token_ids", lim.vocab);
+        std::sort(r.allowed_ids.begin(), r.allowed_ids.end());
+        r.allowed_ids.erase(std::unique(r.allowed_ids.begin(), r.allowed_ids.end()), r.allowed_ids.end());
+    }
+    if (body.contains("bad_words") && !body["bad_words"].is_null()) {
+        // As vLLM reads them: each word's tokens at the start of a text and after a space (its
+        // leading white space dropped), without special tokens; either sequence is banned.
+        const json& words = body["bad_words"];
+        const std::string what = cat("\"bad_words\" must be an array of up to ", kMaxApiBadWords, " strings");
+        if (!words.is_array() || int64_t(words.size()) > kMaxApiBadWords) bad(what);
+        for (const json& w : words) {
+            if (!w.is_string()) bad(what);
+            const std::string word = w.get<std::string>();
+            const size_t from = word.find_first_not_of(" \t\r\n");
+            if (from == std::string::npos) bad("a \"bad_words\" entry is empty");
+            for (const std::string& form : {word.substr(from), " " + word.substr(from)}) {
+                std::vector<int32_t> ids;
+                try {
+                    ids = tok.encode(form, {false});
+                } catch (const Error& e) {
+                    bad(cat("\"bad_words\": ", e.what()));
+                }
+                for (const int32_t id : ids)
+                    if (id >= lim.vocab) bad(cat("\"bad_words\": \"", word, "\" has token ", id, ", past the model's vocabulary"));
+                if (!ids.empty() && std::find(r.bad_words.begin(), r.bad_words.end(), ids) == r.bad_words.end())
+                    r.bad_words.push_back(ids);
+            }
+        }
+    }
     if (body.contains("stop") && !body["stop"].is_null()) {
         const json& s = body["stop"];
         if (s.is_string()) r.stop.push_back(s);
@@ -578,10 +613,17 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             if (x.empty()) bad("a \"stop\" string is empty");
     }
     r.include_stop_str = boolean(body, "include_stop_str_in_output", false);
-    r.skip_special_tokens = boolean(body, "skip_special_tokens", false);
+    r.skip_special_tokens = boolean(body, "skip_special_tokens", true);
     // Calls in the template's format may be marked by special tokens (Mistral's [TOOL_CALLS],
     // Llama's <|python_tag|>): kept in the text while tools are on, as vLLM's tool parsers do.
+    // So are the reasoning parser's tags where they are special tokens: its reader finds them in
+    // the text (vLLM's reads the ids).
     if (r.tools == ApiRequest::Tools::Auto) r.skip_special_tokens = false;
+    if (r.reasoning != ReasoningParser::None)
+        for (const char* tag : {"<think>", "</think>"}) {
+            const int32_t id = tok.token_to_id(tag);
+            if (id >= 0 && tok.is_special(id)) r.skip_special_tokens = false;
+        }
     if (body.contains("stream") && !body["stream"].is_null()) {
         if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false");
         r.stream = body["stream"];
@@ -695,7 +737,9 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
         tokens.push_back(s);
         token_logprobs.push_back(t.token.logprob);
         json best = json::object();
-        for (const Logprob& l : t.top) {
+        // (The prompt's entries may list more than "logprobs" asks: prompt_logprobs's N.)
+        for (size_t i = 0; i < t.top.size() && int64_t(i) < r.logprobs; ++i) {
+            const Logprob& l = t.top[i];
             const std::string k = token_text(tok, l.id);
             if (!best.contains(k)) best[k] = l.logprob;  // the more probable of two ids with one text
         }
@@ -705,6 +749,21 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
         offset += s.size();
     }
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json api_prompt_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& prompt_lps) {
+    json out = json::array({nullptr});
+    for (const TokenLogprobs& t : prompt_lps) {
+        json e = json::object();
+        e[std::to_string(t.token.id)] = {{"logprob", t.token.logprob}, {"rank", t.rank}, {"decoded_token", token_text(tok, t.token.id)}};
+        for (size_t i = 0; i < t.top.size() && int64_t(i) < r.prompt_lps; ++i) {
+            const std::string key = std::to_string(t.top[i].id);
+            if (!e.contains(key))
+                e[key] = {{"logprob", t.top[i].logprob}, {"rank", i + 1}, {"decoded_token", token_text(tok, t.top[i].id)}};
+        }
+        out.push_back(e);
+    }
+    return out;
 }
 
 namespace {
@@ -806,10 +865,13 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
                 rs.end > rs.begin ? json(whole.substr(rs.begin, rs.end - rs.begin)) : json(nullptr);
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
         choice["finish_reason"] = calls.called ? "tool_calls" : ch.finish;
+        if (r.prompt_lps >= 0 && !r.chat) choice["prompt_logprobs"] = api_prompt_logprobs(r, tok, ch.prompt_lps);
         out.push_back(choice);
     }
     json res = envelope(r, id, created, model, std::move(out), false);
     res["usage"] = api_usage(r, choices);
+    // Chat: one prompt, its logprobs beside the choices (as vLLM's).
+    if (r.prompt_lps >= 0 && r.chat && !choices.empty()) res["prompt_logprobs"] = api_prompt_logprobs(r, tok, choices[0].prompt_lps);
     return res;
 }
 

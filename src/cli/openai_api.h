@@ -49,7 +49,9 @@ struct ApiRequest {
     SamplerOptions sampler;
     std::vector<std::string> stop;
     bool include_stop_str = false;     // vLLM's include_stop_str_in_output: the text ends after the stop string
-    bool skip_special_tokens = false;  // vLLM's: special tokens left out of the text (here off unless asked)
+    // vLLM's: special tokens left out of the text (default on, as vLLM's), but kept with tools
+    // on (tool-call markers) or under a reasoning parser whose tags are special tokens.
+    bool skip_special_tokens = true;
     bool stream = false;
     // stream_options.include_usage: a last event before [DONE] with no choices and the usage,
     // and "usage": null in the others. With vLLM's continuous_usage_stats as well, the others
@@ -69,6 +71,11 @@ struct ApiRequest {
     // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text).
     bool echo = false;
     std::vector<std::string> prompt_texts;  // echo: each prompt as sent, or its ids decoded
+    // vLLM's prompt_logprobs (not streamed): each prompt token's logprob, rank and text, with the
+    // N most probable of its row (api_prompt_logprobs); -1: none. max_tokens may then be 0.
+    int64_t prompt_lps = -1;
+    std::vector<int32_t> allowed_ids;              // vLLM's allowed_token_ids (BatchRequest::allowed_ids), sorted
+    std::vector<std::vector<int32_t>> bad_words;   // vLLM's bad_words, as token sequences (BatchRequest::bad_words)
     bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
@@ -107,8 +114,11 @@ struct ApiRequest {
     bool think_first = false;
     size_t choices() const { return prompts.size() * size_t(n); }
     const std::vector<int32_t>& prompt_of(size_t choice) const { return prompts[choice / size_t(n)]; }
-    // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs).
-    int64_t prompt_logprobs() const { return echo && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1; }
+    // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs), for
+    // echo and for prompt_logprobs.
+    int64_t prompt_logprobs() const {
+        return std::max(echo && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1, prompt_lps);
+    }
 };
 
 // The most top logprobs a request may ask for (vLLM's default limit).
@@ -119,6 +129,9 @@ constexpr int64_t kMaxApiLogitBias = 300;
 // The most stop_token_ids one request may give (each one a row of the engine's penalty room, for
 // min_tokens).
 constexpr int64_t kMaxApiStopTokenIds = 16;
+// The most bad_words one request may give (each one or two token sequences the sampler checks
+// every step).
+constexpr int64_t kMaxApiBadWords = 128;
 // The most choices (prompts x n) one request may ask for, and the most n.
 constexpr int64_t kMaxApiChoices = 128, kMaxApiN = 16;
 
@@ -143,7 +156,8 @@ void check_body_depth(const std::string& body);
 // up to 4), stream (with stream_options.include_usage), n (up to 16 choices per prompt, 128 in all), logprobs (completions: 0-20; chat: true, with top_logprobs 0-20),
 // echo (completions, not streamed), logit_bias (up to 300 token ids, as strings, to biases in
 // [-100, 100]), response_format (text, json_object or json_schema), and vLLM's ignore_eos,
-// min_tokens, stop_token_ids, priority, guided_json, guided_choice, guided_regex and
+// min_tokens, stop_token_ids, allowed_token_ids, bad_words, prompt_logprobs, skip_special_tokens,
+// include_stop_str_in_output, priority, guided_json, guided_choice, guided_regex and
 // guided_grammar (or structured_outputs with json, choice, regex or grammar; llama.cpp's grammar). Chat: "tools" (functions), "tool_choice" ("auto" or "none"), "parallel_tool_calls",
 // messages of role "tool" and assistant messages with "tool_calls", content as a string or an
 // array of text parts, for a template with a tools block (Qwen2.5's, Qwen3's, Llama 3.1/3.2's, Mistral v3's); tool_choice
@@ -155,6 +169,12 @@ ApiRequest parse_api_request(const nlohmann::ordered_json& body, bool chat, cons
 // "stop" for an end-of-sequence id or a stop string, "length" for max_tokens.
 std::string finish_reason(const std::string& stop_reason);
 
+// vLLM's prompt_logprobs of one prompt (`prompt_lps`: the entries of its tokens after the
+// first): null for the first token, then per token an object of token ids (as strings) to
+// {logprob, rank, decoded_token}: the prompt token's first, then the r.prompt_lps most probable
+// (ranks 1 to N) that are not it.
+nlohmann::ordered_json api_prompt_logprobs(const ApiRequest& r, const Tokenizer& tok,
+                                           const std::vector<TokenLogprobs>& prompt_lps);
 // A choice's "logprobs" object for generated tokens `lps` (null when the request asked for none).
 // A token's text is its bytes in the decoded text (Tokenizer::token_bytes; invalid UTF-8, part of
 // a character, as U+FFFD; chat adds the raw "bytes"). Completions: tokens, token_logprobs,

@@ -225,9 +225,9 @@ protected:
 
 }  // namespace
 
-// skip_special_tokens (vLLM's; off unless asked, so that tool-call markers stay in the text): a
-// special token (one of the shipped tokenizer's last merges made an added token here) forced by a
-// bias is in the text, or left out of it, whole and streamed; with tools on it stays.
+// skip_special_tokens (vLLM's, default on): a special token (one of the shipped tokenizer's last
+// merges made an added token here) forced by a bias is left out of the text, or in it when the
+// request says false, whole and streamed; with tools on it stays (tool-call markers).
 TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     json t = json::parse(read_file(model_.file("tokenizer.json")));
     json& merges = t["model"]["merges"];
@@ -241,13 +241,13 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     for (const bool stream : {false, true})
-        for (const bool skip : {false, true}) {
+        for (const json skip : {json(nullptr), json(false), json(true)}) {  // null: the default
             const Reply r = post(srv.port(), "/v1/completions",
                                  {{"prompt", "And God said"}, {"max_tokens", 2}, {"temperature", 0}, {"stream", stream},
                                   {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", skip}});
             ASSERT_EQ(r.status, 200) << r.raw;
             const std::string text = stream ? streamed_text(r.raw) : r.body["choices"][0]["text"].get<std::string>();
-            EXPECT_EQ(text, skip ? "" : "<|im_start|><|im_start|>") << r.raw;
+            EXPECT_EQ(text, skip == false ? "<|im_start|><|im_start|>" : "") << r.raw;
         }
     EXPECT_EQ(srv.stop(), 0);
     // With tools on, special tokens stay in the text whatever the request says (as vLLM's tool
@@ -262,13 +262,97 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "now"}}])");
     for (const bool with_tools : {false, true}) {
         json ask = {{"messages", {{{"role", "user"}, {"content", "Time?"}}}}, {"max_tokens", 1}, {"temperature", 0},
-                    {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", true}};
+                    {"logit_bias", {{"3071", 100}}}};
         if (with_tools) ask["tools"] = tools;
         const Reply r = post(mistral.port(), "/v1/chat/completions", ask);
         ASSERT_EQ(r.status, 200) << r.raw;
         EXPECT_EQ(r.body["choices"][0]["message"]["content"], with_tools ? "[TOOL_CALLS]" : "") << r.raw;
     }
     EXPECT_EQ(mistral.stop(), 0);
+}
+
+// vLLM's prompt_logprobs, allowed_token_ids and bad_words (the Batcher's tests check the bans
+// token by token): prompt_logprobs gives echo's logprobs of the prompt with ranks and texts, for
+// completions and chat; allowed ids make a text of those tokens only; a banned word's token is
+// where the free run had it no more, nor anywhere after.
+TEST_F(Serve, PromptLogprobsAllowedIdsAndBadWords) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const json prompt = {5, 6, 7, 300, 41, 9, 1200};
+    const Reply echo = post(port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 3}});
+    ASSERT_EQ(echo.status, 200) << echo.raw;
+    const json& el = echo.body["choices"][0]["logprobs"];
+    for (const int top : {0, 3, 5})
+        for (const bool chat : {false, true}) {
+            json body = {{"prompt_logprobs", top}, {"max_tokens", chat ? 1 : 0}};
+            if (chat) body["messages"] = {{{"role", "user"}, {"content", "And God said"}}};
+            else body["prompt"] = prompt;
+            const Reply r = post(port, chat ? "/v1/chat/completions" : "/v1/completions", body);
+            ASSERT_EQ(r.status, 200) << r.raw;
+            const nlohmann::ordered_json body_in_order = nlohmann::ordered_json::parse(r.raw);  // the server's key order
+            const nlohmann::ordered_json& pl = chat ? body_in_order["prompt_logprobs"] : body_in_order["choices"][0]["prompt_logprobs"];
+            ASSERT_TRUE(pl.is_array()) << r.raw;
+            EXPECT_EQ(pl.size(), r.body["usage"]["prompt_tokens"].get<size_t>()) << r.raw;
+            EXPECT_TRUE(pl[0].is_null());
+            for (size_t i = 1; i < pl.size(); ++i) {
+                const nlohmann::ordered_json& e = pl[i];
+                ASSERT_TRUE(e.is_object() && !e.empty()) << e;
+                const std::string first = e.begin().key();  // the prompt token's entry comes first
+                const nlohmann::ordered_json& own = e.begin().value();
+                std::vector<double> by_rank(size_t(top) + 1, 1.0);
+                for (const auto& [id, v] : e.items()) {
+                    const int64_t rank = v["rank"];
+                    ASSERT_GE(rank, 1) << e;
+                    if (id != first || rank <= top) {
+                        ASSERT_LE(rank, top) << e;
+                        EXPECT_EQ(by_rank[size_t(rank)], 1.0) << "rank " << rank << " twice: " << e;
+                        by_rank[size_t(rank)] = v["logprob"];
+                    }
+                }
+                EXPECT_EQ(e.size(), size_t(top) + (own["rank"] > top)) << e;
+                for (int k = 2; k <= top; ++k) EXPECT_GE(by_rank[size_t(k - 1)], by_rank[size_t(k)]) << e;
+                if (top > 0) EXPECT_GE(by_rank[1], own["logprob"].get<double>()) << e;
+                if (chat) continue;
+                EXPECT_EQ(first, std::to_string(prompt[i].get<int>()));
+                EXPECT_NEAR(own["logprob"].get<double>(), el["token_logprobs"][i].get<double>(), 1e-5) << i;
+                EXPECT_EQ(own["decoded_token"].get<std::string>(), el["tokens"][i].get<std::string>()) << i;
+                if (top == 3)  // echo's top_logprobs by text: the same three
+                    for (const auto& [id, v] : e.items())
+                        if (v["rank"] <= 3) EXPECT_NEAR(el["top_logprobs"][i][v["decoded_token"].get<std::string>()].get<double>(), v["logprob"].get<double>(), 1e-5);
+            }
+            if (!chat) EXPECT_EQ(r.body["choices"][0]["text"], "") << r.raw;
+        }
+    // allowed_token_ids: the text is made of those tokens.
+    const Reply the = post(port, "/tokenize", {{"prompt", " the"}, {"add_special_tokens", false}});
+    const Reply and_ = post(port, "/tokenize", {{"prompt", " and"}, {"add_special_tokens", false}});
+    ASSERT_EQ(the.body["tokens"].size(), 1u) << the.raw;
+    ASSERT_EQ(and_.body["tokens"].size(), 1u) << and_.raw;
+    for (const double temperature : {0.0, 1.0}) {
+        const Reply r = post(port, "/v1/completions",
+                             {{"prompt", "And God said"}, {"max_tokens", 8}, {"temperature", temperature}, {"seed", 3},
+                              {"allowed_token_ids", {the.body["tokens"][0], and_.body["tokens"][0]}}});
+        ASSERT_EQ(r.status, 200) << r.raw;
+        EXPECT_TRUE(std::regex_match(r.body["choices"][0]["text"].get<std::string>(), std::regex("( the| and){8}"))) << r.raw;
+    }
+    // bad_words: the free run's first word token that recurs, banned.
+    const json ask = {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"logprobs", 0}};
+    const Reply free_run = post(port, "/v1/completions", ask);
+    ASSERT_EQ(free_run.status, 200) << free_run.raw;
+    const json& ft = free_run.body["choices"][0]["logprobs"]["tokens"];
+    size_t k = 0;
+    while (k < ft.size() && !std::regex_match(ft[k].get<std::string>(), std::regex(" [a-z]+"))) ++k;
+    ASSERT_LT(k, ft.size()) << free_run.raw;
+    const std::string word = ft[k];
+    json banned = ask;
+    banned["bad_words"] = {word.substr(1)};
+    const Reply r = post(port, "/v1/completions", banned);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& bt = r.body["choices"][0]["logprobs"]["tokens"];
+    ASSERT_GT(bt.size(), k) << r.raw;
+    for (size_t i = 0; i < k; ++i) EXPECT_EQ(bt[i], ft[i]) << i;
+    for (size_t i = k; i < bt.size(); ++i) EXPECT_NE(bt[i], word) << i << ": " << r.raw;
+    EXPECT_EQ(srv.stop(), 0);
 }
 
 // vLLM's --generation-config auto (the default): the model's generation_config.json sets the
@@ -924,9 +1008,14 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
     error_of({{"prompt", "x"}, {"include_stop_str_in_output", 1}}, 400, "\"include_stop_str_in_output\" must be true or false");
     error_of({{"prompt", "x"}, {"skip_special_tokens", "no"}}, 400, "\"skip_special_tokens\" must be true or false");
-    error_of({{"prompt", "x"}, {"allowed_token_ids", {1, 2}}}, 400, "\"allowed_token_ids\" (vLLM's) is not supported");
-    error_of({{"prompt", "x"}, {"bad_words", {"a"}}}, 400, "\"bad_words\" (vLLM's) is not supported");
-    error_of({{"prompt", "x"}, {"prompt_logprobs", 1}}, 400, "\"prompt_logprobs\" (vLLM's) is not supported");
+    error_of({{"prompt", "x"}, {"allowed_token_ids", json::array()}}, 400, "\"allowed_token_ids\" must be a non-empty array");
+    error_of({{"prompt", "x"}, {"allowed_token_ids", {1, 1 << 20}}}, 400, "\"allowed_token_ids\" token ids must be integers in [0, ");
+    error_of({{"prompt", "x"}, {"bad_words", "a"}}, 400, "\"bad_words\" must be an array of up to 128 strings");
+    error_of({{"prompt", "x"}, {"bad_words", {"a", 1}}}, 400, "\"bad_words\" must be an array of up to 128 strings");
+    error_of({{"prompt", "x"}, {"bad_words", {" "}}}, 400, "a \"bad_words\" entry is empty");
+    error_of({{"prompt", "x"}, {"prompt_logprobs", 21}}, 400, "\"prompt_logprobs\" must be in [0, 20], not 21");
+    error_of({{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}}, 400, "\"prompt_logprobs\" with \"stream\" is not supported");
+    error_of({{"prompt", "x"}, {"max_tokens", 0}}, 400, "\"max_tokens\" must be in [1, ");
     error_of({{"prompt", "x"}, {"echo", 1}}, 400, "\"echo\" must be true or false");
     error_of({{"prompt", "x"}, {"logprobs", 21}}, 400, "\"logprobs\" must be in [0, 20]");
     error_of({{"prompt", "x"}, {"logprobs", true}}, 400, "\"logprobs\" must be an integer");
@@ -2120,6 +2209,12 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
     ASSERT_EQ(g.exit_code, 0) << g.err;
     const json gen = json::parse(g.out);
     for (size_t j = 0; j < 2; ++j) EXPECT_EQ(two.body["choices"][j]["text"], gen["results"][j]["text"]) << j;
+    // JSON mode, allowed ids and bad words: every rank masks its rows alike (each loads the
+    // tokenizer): one rank's texts.
+    const json mreq = {{"prompt", "And God said"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 7}, {"n", 3},
+                       {"allowed_token_ids", json::array({5, 6, 7, 9, 41, 300, 1200})}, {"bad_words", {"the", "and"}}};
+    const Reply tp_masks = post(srv.port(), "/v1/completions", mreq);
+    ASSERT_EQ(tp_masks.status, 200) << tp_masks.raw;
     // JSON mode: every rank masks its rows alike (each loads the tokenizer): one rank's texts.
     const json jreq = {{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 5}, {"n", 3},
                        {"response_format", {{"type", "json_object"}}}};
@@ -2138,6 +2233,9 @@ TEST_F(Serve, TwoRanksServeWhatOneServes) {
         const Reply one_json = post(one.port(), "/v1/completions", jreq);
         ASSERT_EQ(one_json.status, 200) << one_json.raw;
         EXPECT_EQ(tp_json.body["choices"], one_json.body["choices"]);
+        const Reply one_masks = post(one.port(), "/v1/completions", mreq);
+        ASSERT_EQ(one_masks.status, 200) << one_masks.raw;
+        EXPECT_EQ(tp_masks.body["choices"], one_masks.body["choices"]);
         const Reply one_schema = post_text(one.port(), "/v1/completions", sreq);
         ASSERT_EQ(one_schema.status, 200) << one_schema.raw;
         EXPECT_EQ(tp_schema.body["choices"], one_schema.body["choices"]);

@@ -413,7 +413,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     // vLLM's fields that would change the reply: refused by name rather than ignored, as other
     // unknown fields are.
-    for (const char* key : {"use_beam_search", "return_tokens_as_token_ids", "logits_processors"}) {
+    for (const char* key : {"use_beam_search", "logits_processors"}) {
         const json v = body.value(key, json(nullptr));
         if (v.is_null() || v == false || (v.is_array() && v.empty())) continue;
         bad(std::string("\"") + key + "\" (vLLM's) is not supported by shardlm serve");
@@ -493,6 +493,14 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         if (r.prompts.empty())
             for (const std::string& t : texts) r.prompts.push_back(tok.encode(t));
     }
+    // vLLM's truncate_prompt_tokens: each prompt's last k tokens (-1: the context's worth; chat's
+    // rendered prompt loses its start). Not with suffix, whose prompt begins with FIM markers.
+    const int64_t keep = truncation(body, lim);
+    if (keep > 0 && body.contains("suffix") && !body["suffix"].is_null())
+        bad("\"truncate_prompt_tokens\" with \"suffix\" is not supported");
+    std::vector<bool> cut;  // which prompts lost tokens (echo then shows what is left)
+    for (const std::vector<int32_t>& p : r.prompts) cut.push_back(keep > 0 && int64_t(p.size()) > keep);
+    truncate_inputs(r.prompts, keep);
     if (int64_t(r.prompts.size()) * r.n > kMaxApiChoices)
         bad(cat(r.prompts.size(), " prompts x \"n\" ", r.n, " asks for more than ", kMaxApiChoices, " choices"));
     int64_t longest = 0;
@@ -506,7 +514,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.echo = body["echo"];
         if (r.echo && body.value("stream", false) == true) bad("\"echo\" with \"stream\" is not supported");
         for (size_t i = 0; r.echo && i < r.prompts.size(); ++i)
-            r.prompt_texts.push_back(texts[i].empty() ? tok.decode(r.prompts[i]) : texts[i]);
+            r.prompt_texts.push_back(texts[i].empty() || cut[i] ? tok.decode(r.prompts[i]) : texts[i]);
     }
     if (n >= lim.ctx)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
@@ -613,6 +621,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
             if (x.empty()) bad("a \"stop\" string is empty");
     }
     r.include_stop_str = boolean(body, "include_stop_str_in_output", false);
+    r.tokens_as_ids = boolean(body, "return_tokens_as_token_ids", false);
     r.skip_special_tokens = boolean(body, "skip_special_tokens", true);
     // Calls in the template's format may be marked by special tokens (Mistral's [TOOL_CALLS],
     // Llama's <|python_tag|>): kept in the text while tools are on, as vLLM's tool parsers do.
@@ -704,9 +713,12 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
 json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset,
                   const std::vector<int32_t>* echo_prompt, const std::vector<TokenLogprobs>* prompt_lps) {
     if (r.logprobs < 0) return nullptr;
+    // vLLM's return_tokens_as_token_ids: "token_id:N" in place of a token's text (its offsets
+    // stay those of the text).
+    auto shown = [&](int32_t id) { return r.tokens_as_ids ? "token_id:" + std::to_string(id) : token_text(tok, id); };
     if (r.chat) {
         auto entry = [&](const Logprob& l) {
-            const std::string raw = tok.token_bytes(l.id);
+            const std::string raw = r.tokens_as_ids ? shown(l.id) : tok.token_bytes(l.id);
             json bytes = json::array();
             for (const char c : raw) bytes.push_back(int(static_cast<unsigned char>(c)));
             return json{{"token", utf8_lossy(raw)}, {"logprob", l.logprob}, {"bytes", bytes}};
@@ -722,31 +734,30 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
     }
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
     if (echo_prompt && !echo_prompt->empty()) {  // echo: the first prompt token has nothing before it
-        const std::string s = token_text(tok, (*echo_prompt)[0]);
-        tokens.push_back(s);
+        tokens.push_back(shown((*echo_prompt)[0]));
         token_logprobs.push_back(nullptr);
         top.push_back(nullptr);
         offsets.push_back(offset);
-        offset += s.size();
+        offset += token_text(tok, (*echo_prompt)[0]).size();
     }
     std::vector<TokenLogprobs> all;
     if (prompt_lps) all = *prompt_lps;
     all.insert(all.end(), lps.begin(), lps.end());
     for (const TokenLogprobs& t : all) {
-        const std::string s = token_text(tok, t.token.id);
+        const std::string s = shown(t.token.id);
         tokens.push_back(s);
         token_logprobs.push_back(t.token.logprob);
         json best = json::object();
         // (The prompt's entries may list more than "logprobs" asks: prompt_logprobs's N.)
         for (size_t i = 0; i < t.top.size() && int64_t(i) < r.logprobs; ++i) {
             const Logprob& l = t.top[i];
-            const std::string k = token_text(tok, l.id);
+            const std::string k = shown(l.id);
             if (!best.contains(k)) best[k] = l.logprob;  // the more probable of two ids with one text
         }
         if (!best.contains(s)) best[s] = t.token.logprob;  // the sampled token is always listed
         top.push_back(best);
         offsets.push_back(offset);
-        offset += s.size();
+        offset += token_text(tok, t.token.id).size();
     }
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }

@@ -49,6 +49,7 @@ struct ApiRequest {
     SamplerOptions sampler;
     std::vector<std::string> stop;
     bool include_stop_str = false;     // vLLM's include_stop_str_in_output: the text ends after the stop string
+    bool tokens_as_ids = false;        // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" (api_logprobs)
     // vLLM's: special tokens left out of the text (default on, as vLLM's), but kept with tools
     // on (tool-call markers) or under a reasoning parser whose tags are special tokens.
     bool skip_special_tokens = true;

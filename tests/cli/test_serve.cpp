@@ -271,11 +271,12 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     EXPECT_EQ(mistral.stop(), 0);
 }
 
-// vLLM's prompt_logprobs, allowed_token_ids and bad_words (the Batcher's tests check the bans
-// token by token): prompt_logprobs gives echo's logprobs of the prompt with ranks and texts, for
-// completions and chat; allowed ids make a text of those tokens only; a banned word's token is
-// where the free run had it no more, nor anywhere after.
-TEST_F(Serve, PromptLogprobsAllowedIdsAndBadWords) {
+// vLLM's prompt_logprobs, allowed_token_ids, bad_words, return_tokens_as_token_ids and
+// truncate_prompt_tokens (the Batcher's tests check the bans token by token): prompt_logprobs
+// gives echo's logprobs of the prompt with ranks and texts, for completions and chat; allowed ids
+// make a text of those tokens only; a banned word's token is where the free run had it no more,
+// nor anywhere after; token ids name the tokens of logprobs; a truncated prompt is its last tokens.
+TEST_F(Serve, VllmSamplingAndLogprobsFields) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const int port = srv.port();
@@ -352,6 +353,50 @@ TEST_F(Serve, PromptLogprobsAllowedIdsAndBadWords) {
     ASSERT_GT(bt.size(), k) << r.raw;
     for (size_t i = 0; i < k; ++i) EXPECT_EQ(bt[i], ft[i]) << i;
     for (size_t i = k; i < bt.size(); ++i) EXPECT_NE(bt[i], word) << i << ": " << r.raw;
+
+    // return_tokens_as_token_ids: the same logprobs, tokens named by id; offsets still the text's.
+    const json lreq = {{"prompt", prompt}, {"max_tokens", 4}, {"echo", true}, {"logprobs", 2}};
+    json as_ids_req = lreq;
+    as_ids_req["return_tokens_as_token_ids"] = true;
+    const Reply by_text = post(port, "/v1/completions", lreq), by_id = post(port, "/v1/completions", as_ids_req);
+    ASSERT_EQ(by_id.status, 200) << by_id.raw;
+    const json &lt = by_text.body["choices"][0]["logprobs"], &li = by_id.body["choices"][0]["logprobs"];
+    ASSERT_EQ(li["tokens"].size(), 11u) << by_id.raw;
+    EXPECT_EQ(li["text_offset"], lt["text_offset"]);
+    EXPECT_EQ(li["token_logprobs"], lt["token_logprobs"]);
+    for (size_t i = 0; i < 7; ++i) EXPECT_EQ(li["tokens"][i], "token_id:" + std::to_string(prompt[i].get<int>())) << i;
+    for (size_t i = 1; i < 11; ++i) {
+        EXPECT_EQ(li["top_logprobs"][i].size(), lt["top_logprobs"][i].size()) << i;
+        for (const auto& [key, v] : li["top_logprobs"][i].items()) EXPECT_EQ(key.rfind("token_id:", 0), 0u) << key;
+    }
+    json chat_ids = {{"messages", {{{"role", "user"}, {"content", "And God said"}}}}, {"max_tokens", 3},
+                     {"logprobs", true}, {"top_logprobs", 1}, {"return_tokens_as_token_ids", true}};
+    const Reply ci = post(port, "/v1/chat/completions", chat_ids);
+    ASSERT_EQ(ci.status, 200) << ci.raw;
+    for (const json& e : ci.body["choices"][0]["logprobs"]["content"]) {
+        const std::string name = e["token"];
+        EXPECT_TRUE(std::regex_match(name, std::regex("token_id:[0-9]+"))) << e;
+        EXPECT_EQ(e["bytes"].size(), name.size()) << e;
+        EXPECT_EQ(e["top_logprobs"][0]["token"].get<std::string>().rfind("token_id:", 0), 0u) << e;
+    }
+
+    // truncate_prompt_tokens: the prompt's last 3 tokens, as if sent alone (echo shows those).
+    const json last3 = {prompt[4], prompt[5], prompt[6]};
+    for (const bool echoed : {false, true}) {
+        const Reply t = post(port, "/v1/completions",
+                             {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"echo", echoed}, {"truncate_prompt_tokens", 3}});
+        const Reply alone = post(port, "/v1/completions", {{"prompt", last3}, {"max_tokens", 5}, {"temperature", 0}, {"echo", echoed}});
+        ASSERT_EQ(t.status, 200) << t.raw;
+        EXPECT_EQ(t.body["choices"][0]["text"], alone.body["choices"][0]["text"]) << t.raw;
+        EXPECT_EQ(t.body["usage"]["prompt_tokens"], 3) << t.raw;
+    }
+    const Reply tc = post(port, "/v1/chat/completions",
+                          {{"messages", {{{"role", "user"}, {"content", "And God said"}}}}, {"max_tokens", 1}, {"truncate_prompt_tokens", 4}});
+    ASSERT_EQ(tc.status, 200) << tc.raw;
+    EXPECT_EQ(tc.body["usage"]["prompt_tokens"], 4) << tc.raw;
+    const Reply tz = post(port, "/v1/completions", {{"prompt", prompt}, {"truncate_prompt_tokens", 0}});
+    EXPECT_EQ(tz.status, 400) << tz.raw;
+    EXPECT_EQ(tz.body["error"]["message"].get<std::string>().rfind("\"truncate_prompt_tokens\" must be -1", 0), 0u) << tz.raw;
     EXPECT_EQ(srv.stop(), 0);
 }
 

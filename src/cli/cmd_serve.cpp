@@ -41,6 +41,7 @@
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "runtime/batcher.h"
+#include "runtime/beam_search.h"
 #include "runtime/classify.h"
 #include "runtime/embed.h"
 #include "runtime/generate.h"
@@ -711,6 +712,81 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (job->aborted) throw ApiError(503, "the server is shutting down");
         return job;
     };
+    // Queues a job for the engine loop and waits for its end; false when the server is
+    // shutting down (then or before it ended).
+    auto run_job = [&](const std::shared_ptr<Job>& job) {
+        {
+            std::lock_guard<std::mutex> lk(inbox.m);
+            if (inbox.closed) return false;
+            inbox.jobs.push_back(job);
+        }
+        inbox.cv.notify_one();
+        std::unique_lock<std::mutex> lk(job->m);
+        job->cv.wait(lk, [&] { return job->done(); });
+        return !job->aborted;
+    };
+    // use_beam_search (runtime/beam_search.h): each step a job of the live beams' sequences,
+    // one token each with their 2 x n most probable next tokens (the prefix cache prefills only
+    // the newest token of each); the n best beams of each prompt are its choices.
+    const std::vector<int32_t> eos_ids(s->cfg.eos_ids.begin(), s->cfg.eos_ids.end());
+    auto beam_search = [&](const Job& job) {
+        const ApiRequest& r = job.req;
+        BeamOptions bo;
+        bo.width = r.n;
+        bo.max_tokens = r.max_tokens;
+        bo.length_penalty = r.length_penalty;
+        bo.eos_ids = eos_ids;
+        bo.stop_ids = r.stop_token_ids;
+        bo.ignore_eos = r.ignore_eos;
+        BeamSearch bs(r.prompts, bo);
+        std::vector<int64_t> cached(r.prompts.size(), 0);  // the first step's, per prompt
+        for (bool first = true; !bs.done(); first = false) {
+            auto step = std::make_shared<Job>();
+            step->req = r;
+            step->req.beam = false;
+            step->req.beam_step = true;
+            step->req.prompts = bs.step();
+            step->req.n = 1;
+            step->req.max_tokens = 1;
+            step->req.min_tokens = 0;
+            step->req.logprobs = std::min<int64_t>(bs.candidates(), lim.vocab);
+            step->req.sampler.temperature = 0;  // the token drawn is not used: its row's logprobs are
+            step->id = job.id + "-step";
+            step->arrived = now_s();
+            step->created = job.created;
+            step->choices.resize(step->req.choices());
+            if (!run_job(step)) throw ApiError(503, "the server is shutting down");
+            std::vector<TokenLogprobs> scored;
+            for (const ChoiceState& cs : step->choices) {
+                if (cs.out.lps.empty()) throw ApiError(500, "use_beam_search: a step's sequence came back without logprobs");
+                scored.push_back(cs.out.lps[0]);
+            }
+            if (first)
+                for (size_t p = 0; p < cached.size(); ++p) cached[p] = step->choices[p].out.cached_tokens;
+            bs.advance(scored);
+        }
+        std::vector<ApiChoice> outs;
+        DecodeOptions decode;
+        decode.skip_special_tokens = r.skip_special_tokens;
+        for (size_t p = 0; p < r.prompts.size(); ++p) {
+            const std::vector<Beam> best = bs.best(p);
+            if (int64_t(best.size()) < r.n)
+                throw ApiError(400, cat("use_beam_search: only ", best.size(), " beams of \"n\" ", r.n, " could be made"));
+            for (const Beam& b : best) {
+                ApiChoice c;
+                std::vector<int32_t> text_ids = b.tokens;
+                // An end-of-sequence id is not text (a stop id is, as without beams).
+                if (b.finish == "stop" && std::find(eos_ids.begin(), eos_ids.end(), b.tokens.back()) != eos_ids.end())
+                    text_ids.pop_back();
+                c.text = tok->decode(text_ids, decode);
+                c.finish = b.finish;
+                c.completion_tokens = int64_t(b.tokens.size());
+                c.cached_tokens = cached[p];
+                outs.push_back(std::move(c));
+            }
+        }
+        return api_response(r, job.id, job.created, name, outs, *tok);
+    };
     // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
     // the server: at the end, or on an error.
     auto stop_http = [&] {
@@ -873,6 +949,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 job->arrived = now_s();
                 job->created = int64_t(std::time(nullptr));
                 job->choices.resize(job->req.choices());
+                if (job->req.beam) {
+                    try {
+                        res.set_content(beam_search(*job).dump(), "application/json");
+                    } catch (const ApiError& e) {
+                        refuse(e.status, e.what());
+                    }
+                    return;
+                }
                 {
                     std::lock_guard<std::mutex> lk(inbox.m);
                     if (inbox.closed) return refuse(503, "the server is shutting down");
@@ -1060,8 +1144,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
     const TokenCallback on_token = [&](size_t id, int32_t t) {
         if (!root) return;
         if (first_token.find(id) == first_token.end()) first_token.emplace(id, now_s());
-        if (is_eos_id(s->cfg, t)) return;
         const auto& [job, c] = jobs.at(id);
+        if (job->req.beam_step) {  // its row's logprobs are all it is for, whatever it drew
+            std::lock_guard<std::mutex> lk(job->m);
+            job->choices[c].out.lps.push_back(batcher.result(id).logprobs.back());
+            return;
+        }
+        if (is_eos_id(s->cfg, t)) return;
         if (job->req.continuous_usage) {  // the tokens so far, the end-of-sequence one included
             std::lock_guard<std::mutex> lk(job->m);
             job->choices[c].out.completion_tokens = int64_t(batcher.result(id).tokens.size());

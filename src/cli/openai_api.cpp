@@ -413,7 +413,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     // vLLM's fields that would change the reply: refused by name rather than ignored, as other
     // unknown fields are.
-    for (const char* key : {"use_beam_search", "logits_processors"}) {
+    for (const char* key : {"logits_processors"}) {
         const json v = body.value(key, json(nullptr));
         if (v.is_null() || v == false || (v.is_array() && v.empty())) continue;
         bad(std::string("\"") + key + "\" (vLLM's) is not supported by shardlm serve");
@@ -689,6 +689,26 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         } catch (const Error& e) {
             bad(e.what());
         }
+    }
+    // use_beam_search: beams scored by their log-probabilities (after penalties and logit_bias;
+    // temperature, top_p, top_k and min_p do not apply), ending at an end-of-sequence or stop id.
+    r.beam = boolean(body, "use_beam_search", false);
+    r.length_penalty = number(body, "length_penalty", 1.0, -10.0, 10.0);
+    if (!r.beam && r.length_penalty != 1.0) bad("\"length_penalty\" is beam search's: it needs \"use_beam_search\": true");
+    if (r.beam) {
+        auto refuse = [](const char* what) { bad(cat("\"use_beam_search\" with ", what, " is not supported")); };
+        if (r.stream) refuse("\"stream\"");
+        if (r.echo) refuse("\"echo\"");
+        if (r.logprobs >= 0) refuse("\"logprobs\"");
+        if (r.prompt_lps >= 0) refuse("\"prompt_logprobs\"");
+        if (!r.stop.empty()) refuse("\"stop\" strings");
+        if (r.min_tokens > 0) refuse("\"min_tokens\"");
+        if (!r.allowed_ids.empty() || !r.bad_words.empty()) refuse("\"allowed_token_ids\" or \"bad_words\"");
+        if (r.tools != ApiRequest::Tools::None) refuse("\"tools\"");
+        if (r.json_object || !r.json_schema.empty() || !r.guided_choice.empty() || !r.guided_regex.empty() ||
+            !r.guided_grammar.empty())
+            refuse("a constraint (response_format, guided_json, guided_choice, guided_regex, guided_grammar)");
+        if (2 * r.n > lim.vocab) bad(cat("\"use_beam_search\": \"n\" ", r.n, " needs twice as many tokens in the vocabulary"));
     }
     try {
         Sampler check(so, 0);  // the sampler's own checks, before any rank runs it

@@ -77,6 +77,13 @@ struct ApiRequest {
     int64_t prompt_lps = -1;
     std::vector<int32_t> allowed_ids;              // vLLM's allowed_token_ids (BatchRequest::allowed_ids), sorted
     std::vector<std::vector<int32_t>> bad_words;   // vLLM's bad_words, as token sequences (BatchRequest::bad_words)
+    // vLLM's use_beam_search (runtime/beam_search.h; not streamed): "n" beams per prompt, the
+    // choices best first, scored with length_penalty (vLLM's, default 1).
+    bool beam = false;
+    double length_penalty = 1.0;
+    // A beam search's scoring step (set by serve, never parsed): the logprobs of the token drawn
+    // are kept even when it is an end-of-sequence or FIM stop token, which has no text.
+    bool beam_step = false;
     bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)

@@ -400,6 +400,74 @@ TEST_F(Serve, VllmSamplingAndLogprobsFields) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// vLLM's use_beam_search (runtime/beam_search.h is checked against exhaustive search): width 1
+// without end-of-sequence ids is greedy; two beams of two tokens are what the rows' logprobs
+// give, worked out here from three scoring requests (ids by return_tokens_as_token_ids); usage;
+// the fields it does not go with are refused.
+TEST_F(Serve, BeamSearchKeepsTheBestBeams) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const json prompt = {5, 6, 7, 300, 41};
+    const Reply greedy = post(port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+    const Reply one = post(port, "/v1/completions",
+                           {{"prompt", prompt}, {"max_tokens", 6}, {"use_beam_search", true}, {"ignore_eos", true}});
+    ASSERT_EQ(one.status, 200) << one.raw;
+    EXPECT_EQ(one.body["choices"][0]["text"], greedy.body["choices"][0]["text"]) << one.raw;
+    // Two beams, two tokens: the first row's 4 best, the 2 best of them go on, each with its 4 best.
+    auto top = [&](const json& ids, int n) {  // id -> logprob of the next token's n best
+        const Reply r = post(port, "/v1/completions", {{"prompt", ids}, {"max_tokens", 1}, {"logprobs", n},
+                                                       {"return_tokens_as_token_ids", true}});
+        std::vector<std::pair<double, int>> out;
+        for (const auto& [key, v] : r.body["choices"][0]["logprobs"]["top_logprobs"][0].items())
+            out.push_back({v.get<double>(), std::stoi(key.substr(9))});
+        std::sort(out.begin(), out.end(), std::greater<>());
+        out.resize(size_t(n));  // (the drawn token is listed too)
+        return out;
+    };
+    std::vector<std::pair<double, std::vector<int>>> beams;
+    const auto first = top(prompt, 4);
+    for (size_t i = 0; i < 2; ++i) {
+        json ids = prompt;
+        ids.push_back(first[i].second);
+        for (const auto& [lp, id] : top(ids, 4)) beams.push_back({first[i].first + lp, {first[i].second, id}});
+    }
+    std::stable_sort(beams.begin(), beams.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    const Reply two = post(port, "/v1/completions",
+                           {{"prompt", prompt}, {"max_tokens", 2}, {"n", 2}, {"use_beam_search", true}, {"ignore_eos", true}});
+    ASSERT_EQ(two.status, 200) << two.raw;
+    ASSERT_EQ(two.body["choices"].size(), 2u) << two.raw;
+    for (size_t j = 0; j < 2; ++j) {
+        const Reply text = post(port, "/detokenize", {{"tokens", beams[j].second}});
+        EXPECT_EQ(two.body["choices"][j]["text"], text.body["prompt"]) << "beam " << j << ": " << two.raw;
+        EXPECT_EQ(two.body["choices"][j]["finish_reason"], "length");
+    }
+    EXPECT_EQ(two.body["usage"]["prompt_tokens"], 5);
+    EXPECT_EQ(two.body["usage"]["completion_tokens"], 4);
+    // Chat, and a list of prompts: n choices per prompt.
+    const Reply chat = post(port, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "And God said"}}}},
+                                                           {"max_tokens", 3}, {"n", 3}, {"use_beam_search", true}});
+    ASSERT_EQ(chat.status, 200) << chat.raw;
+    EXPECT_EQ(chat.body["choices"].size(), 3u);
+    const Reply many = post(port, "/v1/completions", {{"prompt", {"And God said", "In the beginning"}}, {"max_tokens", 3}, {"n", 2},
+                                                      {"use_beam_search", true}, {"length_penalty", 0.5}});
+    ASSERT_EQ(many.status, 200) << many.raw;
+    EXPECT_EQ(many.body["choices"].size(), 4u);
+    EXPECT_NE(many.body["choices"][0]["text"], many.body["choices"][1]["text"]);
+    auto error_of = [&](const json& extra, const std::string& message) {
+        json body = {{"prompt", "x"}, {"use_beam_search", true}};
+        body.update(extra);
+        const Reply r = post(port, "/v1/completions", body);
+        EXPECT_EQ(r.status, 400) << r.raw;
+        EXPECT_EQ(r.body["error"]["message"], message) << r.raw;
+    };
+    error_of({{"stream", true}}, "\"use_beam_search\" with \"stream\" is not supported");
+    error_of({{"logprobs", 1}}, "\"use_beam_search\" with \"logprobs\" is not supported");
+    error_of({{"stop", "x"}}, "\"use_beam_search\" with \"stop\" strings is not supported");
+    error_of({{"use_beam_search", false}, {"length_penalty", 2}}, "\"length_penalty\" is beam search's: it needs \"use_beam_search\": true");
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // vLLM's --generation-config auto (the default): the model's generation_config.json sets the
 // sampling defaults of requests that leave them out (top_k 1 here: greedy), and a request's own
 // value wins; vllm: the API's defaults (temperature 1). Bad values stop the server, naming them.

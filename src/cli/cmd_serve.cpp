@@ -36,6 +36,7 @@
 #include "cli/openai_api.h"
 #include "cli/options.h"
 #include "cli/prefix_cache_file.h"
+#include "cli/responses_api.h"
 #include "comm/communicator.h"
 #include "comm/together.h"
 #include "core/error.h"
@@ -920,8 +921,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
         };
         for (const char* path : {"/score", "/v1/score"}) svr->Post(path, scores(false));
         for (const char* path : {"/rerank", "/v1/rerank", "/v2/rerank"}) svr->Post(path, scores(true));
-        auto handler = [&](bool chat) {
-            return [&, chat](const httplib::Request& req, httplib::Response& res) {
+        // /v1/completions, /v1/chat/completions, and /v1/responses (responses: a chat request
+        // in the Responses API's form, cli/responses_api.h).
+        auto handler = [&](bool chat, bool responses = false) {
+            return [&, chat, responses](const httplib::Request& req, httplib::Response& res) {
                 auto refuse = [&](int status, const std::string& message) {
                     res.status = status;
                     res.set_content(api_error(message, status).dump(), "application/json");
@@ -940,12 +943,21 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     return refuse(e.status, e.what());
                 }
                 auto job = std::make_shared<Job>();
+                const json responses_body = responses ? body : json(nullptr);
                 try {
+                    if (responses) {
+                        body = responses_chat_body(body);
+                        if (body.value("stream", false) == true) body["stream_options"] = {{"include_usage", true}};
+                    }
                     job->req = parse_api_request(body, chat, *tok, lim);
                 } catch (const ApiError& e) {
                     return refuse(e.status, e.what());
                 }
-                job->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
+                job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
+                // The reasoning's tokens for the Responses usage (its text encoded again).
+                auto reasoning_tokens = [tk = tok.get()](const std::string& text) {
+                    return text.empty() ? int64_t(0) : int64_t(tk->encode(text, {false}).size());
+                };
                 job->arrived = now_s();
                 job->created = int64_t(std::time(nullptr));
                 job->choices.resize(job->req.choices());
@@ -967,14 +979,20 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done(); });
                     if (job->aborted) return refuse(503, "the server is shutting down");
-                    res.set_content(api_response(job->req, job->id, job->created, name, job->outs(), *tok).dump(),
-                                    "application/json");
+                    json out = api_response(job->req, job->id, job->created, name, job->outs(), *tok);
+                    if (responses) {
+                        const json& msg = out["choices"][0]["message"];
+                        const std::string reasoning = msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
+                        out = responses_object(out, responses_body, job->id, reasoning_tokens(reasoning));
+                    }
+                    res.set_content(out.dump(), "application/json");
                     return;
                 }
+                const auto rs = responses ? std::make_shared<ResponsesStream>(job->id, job->created, name, responses_body) : nullptr;
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [job, model_name = name, tk = tok.get()](size_t, httplib::DataSink& sink) {
+                    [job, model_name = name, tk = tok.get(), rs, reasoning_tokens, started = false](size_t, httplib::DataSink& sink) mutable {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
@@ -990,13 +1008,16 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             return false;
                         }
                         std::string out;
+                        if (rs && !started) out += rs->start();
+                        started = true;
                         for (size_t c = 0; c < job->choices.size(); ++c) {
                             ChoiceState& cs = job->choices[c];
                             const ChoiceState::Pending p = cs.pending(req);
-                            // An event of this choice (continuous_usage_stats: with its usage so far).
+                            // An event of this choice (continuous_usage_stats: with its usage so
+                            // far), or the Responses events it makes.
                             auto event = [&](json ev) {
                                 if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
-                                return sse(ev);
+                                return rs ? rs->push(ev) : sse(ev);
                             };
                             if (req.chat && !cs.role_sent) {
                                 out += event(api_role_chunk(req, job->id, job->created, model_name, c));
@@ -1037,9 +1058,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.finish_sent = true;
                             }
                         }
-                        if (job->done() && job->req.include_usage && !job->aborted)
+                        if (rs && job->done())
+                            out += rs->end(job->aborted ? json(nullptr) : api_usage_chunk(req, job->id, job->created, model_name, job->outs())["usage"],
+                                           reasoning_tokens(rs->reasoning()));
+                        else if (job->done() && job->req.include_usage && !job->aborted)
                             out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
-                        if (job->done()) out += "data: [DONE]\n\n";
+                        if (job->done() && !rs) out += "data: [DONE]\n\n";
                         if (!out.empty() && !sink.write(out.data(), out.size())) {
                             job->gone = true;
                             return false;
@@ -1054,6 +1078,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         };
         svr->Post("/v1/completions", handler(false));
         svr->Post("/v1/chat/completions", handler(true));
+        svr->Post("/v1/responses", handler(true, true));
         const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });

@@ -1000,7 +1000,14 @@ ParsedToolCalls api_tool_calls(const ApiRequest& r, const std::string& text) {
 
 size_t api_sendable(const ApiRequest& r, const ToolCallsSoFar& calls, const std::string& text, bool done, size_t sent) {
     if (r.tools == ApiRequest::Tools::None || calls.plain) return text.size();
-    if (!done) return r.tools == ApiRequest::Tools::Auto ? tool_call_hold(r.tool_format, text) : 0;
+    if (!done) {
+        if (r.tools != ApiRequest::Tools::Auto) return 0;
+        // White space at the end waits for what follows: before a call the whole reply's content
+        // leaves it out, so the stream's content adds up to the same text.
+        size_t n = tool_call_hold(r.tool_format, text);
+        while (n > sent && std::isspace(static_cast<unsigned char>(text[n - 1]))) --n;
+        return std::max(n, sent);
+    }
     return std::max(sent, calls.content.size());
 }
 

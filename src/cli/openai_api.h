@@ -245,7 +245,8 @@ ToolCallsSoFar api_tool_calls_so_far(const ApiRequest& r, const std::string& tex
 // How much of a streamed reply may go out as content, given its calls so far: all of it without
 // tools, or once it cannot be calls; else the text before what may start a call (Auto) or nothing
 // (Required, Named) until it ends, then the content before the calls (at least `sent`: nothing
-// is taken back). A reply whose calls went out in part and then turned out not to be calls sends
+// is taken back). White space at the end of what may go waits for the text after it (the
+// content before a call leaves it out). A reply whose calls went out in part and then turned out not to be calls sends
 // its text as content too, so nothing of it is lost.
 size_t api_sendable(const ApiRequest& r, const ToolCallsSoFar& calls, const std::string& text, bool done, size_t sent);
 // The tool_calls delta entries that bring a stream's calls from what went out to `calls` (vLLM's

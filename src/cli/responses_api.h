@@ -1,0 +1,78 @@
+// OpenAI's Responses API (POST /v1/responses) on top of the chat path: a request body becomes a
+// chat completions body (responses_chat_body), which parse_api_request checks and serve runs as
+// any chat request; the chat response becomes a response object (responses_object), and a chat
+// stream's events become the Responses stream's (ResponsesStream). Nothing is stored: every
+// request carries its whole conversation in "input" (previous_response_id is refused).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardlm {
+
+// The chat completions body of a Responses request (throws ApiError 400 for what it cannot say):
+// "instructions" a first system message; "input" a string (one user message) or a list of
+// messages ({role: user|system|developer|assistant, content: a string or input_text/output_text
+// parts}), function_call items (an assistant turn's tool_calls, consecutive ones merged into one
+// turn) and function_call_output items (tool messages); reasoning items are dropped (chat
+// templates drop earlier reasoning). "tools" (type function: name, description, parameters) and
+// "tool_choice" (auto, none, required, or {"type": "function", "name"}); "max_output_tokens";
+// "text.format" (text, json_object, json_schema with name and schema) as response_format;
+// temperature, top_p, parallel_tool_calls, stream and vLLM's extra sampling and structured
+// output fields as they are.
+// Refused: previous_response_id, background, include, truncation "auto", reasoning.effort, tools
+// of other types, items of other types; "store" is taken and nothing stored.
+nlohmann::ordered_json responses_chat_body(const nlohmann::ordered_json& body);
+
+// The response object of a finished request from its chat.completion response (one choice):
+// output items reasoning (reasoning_text), message (output_text) and function_call each, status
+// "completed", or "incomplete" with incomplete_details.reason "max_output_tokens" when it was cut
+// by the limit; usage as input/output tokens (output_tokens_details.reasoning_tokens: the
+// reasoning text's tokens re-encoded, `reasoning_tokens`). `request`: the Responses body, whose
+// settings the object repeats.
+nlohmann::ordered_json responses_object(const nlohmann::ordered_json& chat_response, const nlohmann::ordered_json& request,
+                                        const std::string& id, int64_t reasoning_tokens);
+
+// A Responses stream made from the chat stream's events of one choice: response.created and
+// response.in_progress first, then per output item output_item.added, its deltas
+// (reasoning_text.delta, content_part.added and output_text.delta, function_call_arguments.delta)
+// and its done events as the next item begins or the reply ends, and last response.completed
+// (or response.incomplete) with the whole object, or response.failed when the request was
+// aborted. Each event is "event: TYPE\ndata: JSON\n\n" with a sequence_number.
+class ResponsesStream {
+public:
+    ResponsesStream(std::string id, int64_t created, std::string model, nlohmann::ordered_json request);
+    std::string start();
+    // The events of one chat.completion.chunk (deltas of reasoning_content, content and
+    // tool_calls, and the finish reason).
+    std::string push(const nlohmann::ordered_json& chat_chunk);
+    // The last event: `usage` the chat usage object, or null when the request was aborted.
+    std::string end(const nlohmann::ordered_json& usage, int64_t reasoning_tokens);
+    const std::string& reasoning() const { return reasoning_; }
+
+private:
+    enum class Item : uint8_t { None, Reasoning, Message, Call };
+    std::string event(const char* type, nlohmann::ordered_json data);
+    std::string open(Item kind, size_t call = 0);
+    std::string close();
+    nlohmann::ordered_json item_json(Item kind, size_t call, bool done) const;
+    nlohmann::ordered_json chat_message() const;  // what went out, as a chat response's message
+
+    std::string id_, model_;
+    int64_t created_;
+    nlohmann::ordered_json request_;
+    int64_t seq_ = 0;
+    int64_t index_ = -1;  // the open item's output_index
+    Item open_ = Item::None;
+    size_t call_ = 0;  // the open call
+    std::string reasoning_, content_, finish_;
+    struct Call {
+        std::string id, name, arguments;
+    };
+    std::vector<Call> calls_;
+};
+
+}  // namespace shardlm

@@ -932,7 +932,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 if (*mode)
                     return refuse(400, std::string("this server runs with ") + mode + ": it serves " +
                                            (embeddings ? "/v1/embeddings, /score and /rerank" : "/classify, /score and /rerank") +
-                                           ", not " + (chat ? "/v1/chat/completions" : "/v1/completions"));
+                                           ", not " + req.path);
                 json body;
                 try {
                     check_body_depth(req.body);

@@ -39,7 +39,7 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 int cmd_chat(const Args& args, Communicator& comm) {
     po::options_description d("chat options");
-    std::string model, prompt_cache;
+    std::string model, prompt_cache, chat_template;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -72,6 +72,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
     JsonFlags json_flags;
     add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
+    add_chat_template_option(d, chat_template);
     add_precision_options(d, prec);
     add_draft_options(d, draftf);
     add_backend_options(d, backend);
@@ -114,10 +115,10 @@ int cmd_chat(const Args& args, Communicator& comm) {
         go.json = apply_json(json_flags);
         if (!root && sampling.stops.empty() && !go.json) return;
         if (!Tokenizer::exists(model)) fail("shardlm chat needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
-        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
         if (!tok->has_chat_template())
             fail(model, "/tokenizer_config.json has no chat_template, and there is no chat_template.jinja: shardlm chat "
-                        "needs one (generate takes plain prompts)");
+                        "needs one (give it with --chat-template; generate takes plain prompts)");
         // An unrecognised template, or a system message the template refuses, fails here, before
         // the weights load.
         tok->apply_chat_template(system, std::vector<ChatMessage>{{"user", "x"}});

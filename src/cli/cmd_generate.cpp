@@ -28,7 +28,7 @@ namespace shardlm {
 
 int cmd_generate(const Args& args, Communicator& comm) {
     po::options_description d("generate options");
-    std::string model, prompt_ids, dump_logits, prompt_cache, suffix;
+    std::string model, prompt_ids, dump_logits, prompt_cache, suffix, chat_template;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -102,6 +102,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     JsonFlags json_flags;
     add_json_options(d, json_flags);
     add_sampling_options(d, sampling);
+    add_chat_template_option(d, chat_template);
     add_precision_options(d, prec);
     add_draft_options(d, draftf);
     add_backend_options(d, backend);
@@ -124,6 +125,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if (vm.count("prompt-ids") && (vm.count("chat") || vm.count("system")))
             fail("--chat/--system apply to text prompts (--prompt, --prompt-file), not to --prompt-ids");
         if (vm.count("system") && !vm.count("chat")) fail("--system needs --chat");
+        if (vm.count("chat-template") && !vm.count("chat")) fail("--chat-template needs --chat");
         if (vm.count("no-thinking") && !vm.count("chat")) fail("--no-thinking needs --chat");
         SessionOptions check_flags;
         apply_backend(backend, check_flags);  // validates --device and --attention on every rank
@@ -176,7 +178,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         if ((!stops.empty() || json_mode || fim) && !Tokenizer::exists(model))
             fail(json_mode ? json_flag(json_flags) : fim ? "--suffix" : "--stop", " needs the model's tokenizer: ", model,
                  "/tokenizer.json does not exist");
-        if (!stops.empty() || json_mode || fim) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (!stops.empty() || json_mode || fim) tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
         if (fim) {
             fill = fim_tokens(*tok);
             if (!fill.family)
@@ -195,7 +197,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
             return;
         }
         // Text prompts: rank 0 tokenizes and the ids travel like --prompt-ids.
-        if (!tok) tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        if (!tok) tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
         const std::vector<TextPrompt> texts = vm.count("prompt")
             ? std::vector<TextPrompt>{{vm["prompt"].as<std::string>(), "--prompt"}}
             : read_prompt_file(vm["prompt-file"].as<std::string>());
@@ -324,7 +326,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
     // absence (or an unsupported one) leaves "text" null as before.
     if (!tok && Tokenizer::exists(model)) {
         try {
-            tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+            tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
         } catch (const Error&) {
         }
     }

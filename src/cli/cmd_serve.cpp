@@ -466,7 +466,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::string generation_config = "auto";
     GenerationDefaults sampling_defaults;  // --generation-config
     std::string model, host = "127.0.0.1", name, api_key, ssl_cert, ssl_key, reasoning_parser, pooling, token_list,
-        rerank_template, cache_file;
+        rerank_template, cache_file, chat_template;
     DraftFlags draftf;
     BackendFlags backend;
     PrecisionFlags prec;
@@ -544,6 +544,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "line break among them (0: compact JSON, for models that would spend tokens on it)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
         ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
+    add_chat_template_option(d, chat_template);
     add_precision_options(d, prec);
     add_draft_options(d, draftf);
     add_backend_options(d, backend);
@@ -613,7 +614,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         }
         // Every rank: JSON mode's token masks are made where the choices are.
         if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
-        tok = std::make_unique<Tokenizer>(Tokenizer::load(model));
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
+        // A template given here is checked now (one the model ships, when a chat request comes).
+        if (!chat_template.empty()) tok->apply_chat_template(std::nullopt, std::vector<ChatMessage>{{"user", "x"}});
         if (vm.count("pooling") && !embeddings) fail("--pooling applies to --embeddings");
         if (embeddings) {
             if (!draftf.model.empty() || speculate > 0)

@@ -316,6 +316,20 @@ size_t peak_rss_bytes() {
     return size_t(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
+void add_chat_template_option(po::options_description& d, std::string& value) {
+    d.add_options()("chat-template", po::value(&value),
+                    "chat template FILE (or the template's text) in place of the model's (chat_template.jinja, "
+                    "tokenizer_config.json)");
+}
+
+std::optional<Tokenizer::ChatTemplateFile> chat_template_override(const std::string& value) {
+    if (value.empty()) return std::nullopt;
+    if (file_exists(value)) return Tokenizer::ChatTemplateFile{read_text_file(value), value};
+    if (value.find("{{") != std::string::npos || value.find("{%") != std::string::npos)
+        return Tokenizer::ChatTemplateFile{value, "the --chat-template text"};
+    fail("--chat-template ", value, ": no such file, and not a template's text (no {{ or {% in it)");
+}
+
 std::vector<std::string> json_token_bytes(const Tokenizer& tok) {
     std::vector<std::string> out(size_t(tok.vocab_size()));
     for (int32_t id = 0; id < tok.vocab_size(); ++id)

@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,12 @@ void set_scoring_rows(SessionOptions& so);
 // --speculate N: logits rows for every slot's N proposed tokens and its own (within a step's
 // tokens, --prefill-chunk). so.max_batch and so.prefill_chunk set first.
 void set_speculation_rows(SessionOptions& so, int64_t n);
+
+// --chat-template (serve, chat, generate; vLLM's serve flag): a template file, or the template
+// itself (text with "{{" or "{%" in it), in place of the model's; empty: the model's. Throws
+// Error naming the flag for a value that is neither.
+void add_chat_template_option(po::options_description& d, std::string& value);
+std::optional<Tokenizer::ChatTemplateFile> chat_template_override(const std::string& value);
 
 // JSON mode's vocabulary (runtime/json_mode.h): what each token adds to the text, special tokens
 // nothing (never chosen).

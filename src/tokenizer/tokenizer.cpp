@@ -125,14 +125,14 @@ Tokenizer::~Tokenizer() = default;
 
 bool Tokenizer::exists(const std::string& dir) { return file_exists(dir + "/tokenizer.json"); }
 
-Tokenizer Tokenizer::load(const std::string& dir) {
+Tokenizer Tokenizer::load(const std::string& dir, const std::optional<ChatTemplateFile>& chat_template) {
     const std::string path = dir + "/tokenizer.json";
     if (!file_exists(path)) fail("no tokenizer: ", path, " does not exist (text prompts need the model's tokenizer.json)");
     const std::string cfg_path = dir + "/tokenizer_config.json";
     const std::string cfg = file_exists(cfg_path) ? read_text_file(cfg_path) : std::string();
     const std::string jinja = dir + "/chat_template.jinja";
-    std::optional<ChatTemplateFile> chat_file;
-    if (file_exists(jinja)) chat_file = ChatTemplateFile{read_text_file(jinja), jinja};
+    std::optional<ChatTemplateFile> chat_file = chat_template;
+    if (!chat_file && file_exists(jinja)) chat_file = ChatTemplateFile{read_text_file(jinja), jinja};
     return from_json_text(read_text_file(path), cfg, path, cfg_path, chat_file);
 }
 

@@ -42,11 +42,13 @@ public:
     // Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json and
     // DIR/chat_template.jinja (where transformers since 4.47 saves the chat template; it wins over
     // tokenizer_config.json's, as there). Errors name the file.
-    static Tokenizer load(const std::string& dir);
     // A chat template from a file of its own: its text and its name (for messages).
     struct ChatTemplateFile {
         std::string text, where;
     };
+    // `chat_template`: one given outside the folder (vLLM's serve --chat-template), winning over
+    // both of the folder's.
+    static Tokenizer load(const std::string& dir, const std::optional<ChatTemplateFile>& chat_template = std::nullopt);
     // The same from the files' contents (`config_json` may be empty); the names are for messages.
     static Tokenizer from_json_text(const std::string& tokenizer_json, const std::string& config_json,
                                     const std::string& where = "tokenizer.json",

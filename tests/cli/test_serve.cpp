@@ -83,12 +83,14 @@ public:
     // SIGTERM (to the process started, or to the pid the listening line names: rank 0 under
     // mpirun), then the exit status of the process started (-1: it did not end within a minute).
     int stop(bool to_listener = false) {
+        if (pid_ <= 0) return -1;  // it has ended: never kill(-1), which signals every process we may
         pid_t to = pid_;
         if (to_listener) {
             const std::string err = read_all(), tag = ", pid ";
             const size_t at = err.find(tag, err.find("listening on"));
             if (at == std::string::npos) return -2;
             to = pid_t(std::stol(err.substr(at + tag.size())));
+            if (to <= 0) return -2;
         }
         ::kill(to, SIGTERM);
         for (int i = 0; i < 1200; ++i) {
@@ -615,6 +617,51 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     error_of({{"input", {{{"type", "input_image"}}}}},
              "input[0]: items of type \"input_image\" are not supported (message, function_call, function_call_output, reasoning)");
     EXPECT_EQ(srv.stop(), 0);
+}
+
+// --chat-template (vLLM's serve flag; chat and generate --chat take it too): a file, or the
+// template's text, in place of the model's: the prompt is the one a model shipping that template
+// gets; a value that is neither, or a template no renderer knows, stops the server naming it.
+TEST_F(Serve, ChatTemplateFlagReplacesTheModels) {
+    const std::string qwen = SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja";
+    const json chatml = json::parse(read_file(model_.file("tokenizer_config.json")))["chat_template"];
+    const json ask = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}};
+    int servers = 0;  // a log each: a reused one could show the last server's port to the next
+    auto count = [&](const std::string& flags) {
+        Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 " + flags,
+                   logs_.file("serve" + std::to_string(servers++) + ".log"));
+        EXPECT_GT(srv.port(), 0) << flags << ": " << srv.read_all();
+        const Reply r = post(srv.port(), "/tokenize", ask);
+        EXPECT_EQ(r.status, 200) << flags << ": " << r.raw << srv.read_all();
+        EXPECT_EQ(srv.stop(), 0);
+        return r.body.value("tokens", json(nullptr));
+    };
+    const json own = count("");
+    const json by_file = count("--chat-template " + qwen);
+    EXPECT_NE(by_file, own);
+    std::string quoted = "'";  // the text itself, in single quotes for the shell
+    for (const char c : chatml.get<std::string>()) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    EXPECT_EQ(count("--chat-template " + quoted + "'"), own);
+    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+    cfg["chat_template"] = read_file(qwen);
+    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    EXPECT_EQ(count(""), by_file);  // the model shipping it
+    // generate --chat takes it too.
+    const CommandResult g = run_command(kCli + " generate --model " + model_.path() +
+                                        " --chat --prompt 'Weather in Paris?' --max-new-tokens 1 --json --chat-template " + qwen);
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const json gen = json::parse(g.out);
+    EXPECT_EQ(gen["results"][0]["prompt_tokens"], by_file.size()) << g.out;
+    for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+             {"--chat-template /no/such.jinja", "--chat-template /no/such.jinja: no such file, and not a template's text"},
+             {"--chat-template " + model_.file("config.json"), model_.file("config.json")}}) {
+        const CommandResult r = run_command(kCli + " serve --model " + model_.path() + " --threads 1 --port 0 " + flags);
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    }
+    const CommandResult plain = run_command(kCli + " generate --model " + model_.path() + " --prompt x --chat-template " + qwen);
+    EXPECT_NE(plain.exit_code, 0);
+    EXPECT_NE(plain.err.find("--chat-template needs --chat"), std::string::npos) << plain.err;
 }
 
 // vLLM's --generation-config auto (the default): the model's generation_config.json sets the

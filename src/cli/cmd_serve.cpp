@@ -471,7 +471,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     BackendFlags backend;
     PrecisionFlags prec;
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
-            speculate_max_tokens = 8, cache_ram = 0;
+            speculate_max_tokens = 8, cache_ram = 0, stored_responses = int64_t(kMaxStoredResponses);
     double cache_save_every = 0;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
@@ -543,7 +543,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
          "response_format json_object/json_schema: most whitespace bytes in a row between the JSON's parts, one "
          "line break among them (0: compact JSON, for models that would spend tokens on it)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads per rank (0: one per core)")
-        ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)");
+        ("tp", po::value(&tp)->default_value(0), "expected tensor-parallel size: must equal the mpirun rank count (0: any)")
+        ("max-stored-responses", po::value(&stored_responses)->default_value(int64_t(kMaxStoredResponses)),
+         "/v1/responses made with store kept in memory for previous_response_id and GET, the least recently used "
+         "dropped first (0: none kept)");
     add_chat_template_option(d, chat_template);
     add_precision_options(d, prec);
     add_draft_options(d, draftf);
@@ -584,6 +587,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (cache_ram == 0) fail("--cache-file keeps the host tier across restarts: it needs --cache-ram above 0");
             check_prefix_cache_path(cache_file, "--cache-file", comm.rank());  // before the load, not at shutdown
         }
+        if (stored_responses < 0 || stored_responses > (int64_t(1) << 30)) fail("--max-stored-responses must be in [0, 2^30]");
         if (!vm["cache-save-every"].defaulted()) {
             if (!vm.count("cache-file")) fail("--cache-save-every writes --cache-file while serving: it needs --cache-file");
             if (!(cache_save_every >= 0 && cache_save_every <= 1e9)) fail("--cache-save-every must be in [0, 1e9] seconds");
@@ -716,6 +720,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (job->aborted) throw ApiError(503, "the server is shutting down");
         return job;
     };
+    ResponseStore responses_store(size_t(std::max<int64_t>(stored_responses, 0)));  // /v1/responses made with "store" (cli/responses_api.h)
     // Queues a job for the engine loop and waits for its end; false when the server is
     // shutting down (then or before it ended).
     auto run_job = [&](const std::shared_ptr<Job>& job) {
@@ -947,8 +952,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 }
                 auto job = std::make_shared<Job>();
                 const json responses_body = responses ? body : json(nullptr);
+                json conversation;  // responses: the input items with the stored conversation before them
                 try {
                     if (responses) {
+                        body = responses_continue(body, responses_store);
+                        conversation = responses_input_items(body);
                         body = responses_chat_body(body);
                         if (body.value("stream", false) == true) body["stream_options"] = {{"include_usage", true}};
                     }
@@ -987,6 +995,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const json& msg = out["choices"][0]["message"];
                         const std::string reasoning = msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
                         out = responses_object(out, responses_body, job->id, reasoning_tokens(reasoning));
+                        if (out["store"] != false) responses_store.put(job->id, {out, responses_conversation(conversation, out)});
                     }
                     res.set_content(out.dump(), "application/json");
                     return;
@@ -995,7 +1004,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [job, model_name = name, tk = tok.get(), rs, reasoning_tokens, started = false](size_t, httplib::DataSink& sink) mutable {
+                    [job, model_name = name, tk = tok.get(), rs, reasoning_tokens, conversation, store = &responses_store,
+                     started = false](size_t, httplib::DataSink& sink) mutable {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
@@ -1061,9 +1071,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                 cs.finish_sent = true;
                             }
                         }
-                        if (rs && job->done())
+                        if (rs && job->done()) {
                             out += rs->end(job->aborted ? json(nullptr) : api_usage_chunk(req, job->id, job->created, model_name, job->outs())["usage"],
                                            reasoning_tokens(rs->reasoning()));
+                            const json& obj = rs->final_object();
+                            if (!obj.is_null() && obj["store"] != false) store->put(job->id, {obj, responses_conversation(conversation, obj)});
+                        }
                         else if (job->done() && job->req.include_usage && !job->aborted)
                             out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
                         if (job->done() && !rs) out += "data: [DONE]\n\n";
@@ -1082,6 +1095,22 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Post("/v1/completions", handler(false));
         svr->Post("/v1/chat/completions", handler(true));
         svr->Post("/v1/responses", handler(true, true));
+        // A stored response (OpenAI's retrieve and delete).
+        auto stored = [&](bool drop) {
+            return [&, drop](const httplib::Request& req, httplib::Response& res) {
+                const std::string id = req.matches[1];
+                const std::optional<ResponseStore::Entry> e = drop ? std::nullopt : responses_store.get(id);
+                if (drop ? !responses_store.erase(id) : !e) {
+                    res.status = 404;
+                    res.set_content(api_error("no stored response \"" + id + "\"", 404).dump(), "application/json");
+                    return;
+                }
+                res.set_content((drop ? json{{"id", id}, {"object", "response"}, {"deleted", true}} : e->object).dump(),
+                                "application/json");
+            };
+        };
+        svr->Get(R"(/v1/responses/([^/]+))", stored(false));
+        svr->Delete(R"(/v1/responses/([^/]+))", stored(true));
         const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });

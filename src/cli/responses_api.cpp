@@ -32,13 +32,7 @@ json chat_messages(const json& body) {
         if (!body["instructions"].is_string()) bad("\"instructions\" must be a string");
         messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
     }
-    if (!body.contains("input") || body["input"].is_null()) bad("\"input\" is required");
-    const json& input = body["input"];
-    if (input.is_string()) {
-        messages.push_back({{"role", "user"}, {"content", input}});
-        return messages;
-    }
-    if (!input.is_array()) bad("\"input\" must be a string or an array of items");
+    const json input = responses_input_items(body);
     bool calls_open = false;  // the last message is an assistant turn that function_call items join
     for (size_t i = 0; i < input.size(); ++i) {
         const json& item = input[i];
@@ -119,11 +113,80 @@ bool given(const json& body, const char* key) { return body.contains(key) && !bo
 
 }  // namespace
 
+json responses_input_items(const json& body) {
+    if (!body.is_object() || !given(body, "input")) bad("\"input\" is required");
+    const json& input = body["input"];
+    if (input.is_string()) return json::array({{{"role", "user"}, {"content", input}}});
+    if (!input.is_array()) bad("\"input\" must be a string or an array of items");
+    return input;
+}
+
+json responses_conversation(json items, const json& response) {
+    for (const json& item : response["output"]) {
+        const std::string type = item.value("type", "");
+        if (type == "message") {
+            std::string text;
+            for (const json& part : item["content"])
+                if (part.value("type", "") == "output_text") text += part["text"].get<std::string>();
+            items.push_back({{"role", "assistant"}, {"content", text}});
+        } else if (type == "function_call") {
+            items.push_back({{"type", "function_call"}, {"call_id", item["call_id"]}, {"name", item["name"]},
+                             {"arguments", item["arguments"]}});
+        }
+    }
+    return items;
+}
+
+void ResponseStore::put(const std::string& id, Entry e) {
+    std::lock_guard<std::mutex> lk(m_);
+    const auto it = entries_.find(id);
+    if (it != entries_.end()) {
+        order_.erase(it->second.second);
+        entries_.erase(it);
+    }
+    order_.push_front(id);
+    entries_.emplace(id, std::make_pair(std::move(e), order_.begin()));
+    while (entries_.size() > capacity_) {
+        entries_.erase(order_.back());
+        order_.pop_back();
+    }
+}
+
+std::optional<ResponseStore::Entry> ResponseStore::get(const std::string& id) {
+    std::lock_guard<std::mutex> lk(m_);
+    const auto it = entries_.find(id);
+    if (it == entries_.end()) return std::nullopt;
+    order_.splice(order_.begin(), order_, it->second.second);  // read: the most recent now
+    return it->second.first;
+}
+
+bool ResponseStore::erase(const std::string& id) {
+    std::lock_guard<std::mutex> lk(m_);
+    const auto it = entries_.find(id);
+    if (it == entries_.end()) return false;
+    order_.erase(it->second.second);
+    entries_.erase(it);
+    return true;
+}
+
+json responses_continue(const json& body, ResponseStore& store) {
+    if (!body.is_object() || !given(body, "previous_response_id")) return body;
+    if (!body["previous_response_id"].is_string()) bad("\"previous_response_id\" must be a string");
+    const std::string prev = body["previous_response_id"];
+    const std::optional<ResponseStore::Entry> e = store.get(prev);
+    if (!e) throw ApiError(404, "no stored response \"" + prev + "\" (made without \"store\", dropped, or deleted)");
+    json out = body;
+    out.erase("previous_response_id");
+    json input = e->conversation;
+    for (const json& item : responses_input_items(body)) input.push_back(item);
+    out["input"] = input;
+    return out;
+}
+
 json responses_chat_body(const json& body) {
     if (!body.is_object()) bad("the request body must be a JSON object");
-    for (const char* key : {"previous_response_id", "conversation"})
-        if (given(body, key))
-            bad(std::string("\"") + key + "\" is not supported: shardlm serve stores no responses; send the whole conversation as \"input\"");
+    if (given(body, "previous_response_id")) bad("\"previous_response_id\": no stored response to continue");
+    if (given(body, "conversation")) bad("\"conversation\" is not supported (previous_response_id is)");
     if (given(body, "background") && body["background"] != false) bad("\"background\" is not supported");
     if (given(body, "include") && !(body["include"].is_array() && body["include"].empty())) bad("\"include\" is not supported");
     if (given(body, "truncation") && body["truncation"] != "disabled") bad("\"truncation\" \"auto\" is not supported (disabled)");
@@ -212,8 +275,8 @@ json responses_object(const json& chat_response, const json& request, const std:
             {"model", chat_response["model"]},
             {"output", output},
             {"parallel_tool_calls", setting("parallel_tool_calls", true)},
-            {"previous_response_id", nullptr},
-            {"store", false},
+            {"previous_response_id", setting("previous_response_id", nullptr)},
+            {"store", setting("store", true)},
             {"temperature", setting("temperature", nullptr)},
             {"text", setting("text", {{"format", {{"type", "text"}}}})},
             {"tool_choice", setting("tool_choice", "auto")},
@@ -351,8 +414,8 @@ std::string ResponsesStream::end(const json& usage, int64_t reasoning_tokens) {
                        {"model", model_},
                        {"choices", json::array({{{"message", chat_message()}, {"finish_reason", finish_}}})},
                        {"usage", usage}};
-    const json r = responses_object(chat, request_, id_, reasoning_tokens);
-    return out + event(r["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", r}});
+    final_ = responses_object(chat, request_, id_, reasoning_tokens);
+    return out + event(final_["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", final_}});
 }
 
 }  // namespace shardlm

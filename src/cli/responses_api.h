@@ -1,11 +1,18 @@
 // OpenAI's Responses API (POST /v1/responses) on top of the chat path: a request body becomes a
 // chat completions body (responses_chat_body), which parse_api_request checks and serve runs as
 // any chat request; the chat response becomes a response object (responses_object), and a chat
-// stream's events become the Responses stream's (ResponsesStream). Nothing is stored: every
-// request carries its whole conversation in "input" (previous_response_id is refused).
+// stream's events become the Responses stream's (ResponsesStream). Responses made with "store"
+// (the default) are kept in memory (ResponseStore), the latest kMaxStoredResponses of them
+// (serve --max-stored-responses): a
+// request with previous_response_id continues that conversation, and GET and DELETE
+// /v1/responses/{id} read and drop one.
 #pragma once
 
 #include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,9 +30,41 @@ namespace shardlm {
 // "text.format" (text, json_object, json_schema with name and schema) as response_format;
 // temperature, top_p, parallel_tool_calls, stream and vLLM's extra sampling and structured
 // output fields as they are.
-// Refused: previous_response_id, background, include, truncation "auto", reasoning.effort, tools
-// of other types, items of other types; "store" is taken and nothing stored.
+// Refused: previous_response_id (responses_continue resolves it first), background, include,
+// truncation "auto", reasoning.effort, tools of other types, items of other types.
 nlohmann::ordered_json responses_chat_body(const nlohmann::ordered_json& body);
+
+// "input" as a list of items (a string is one user message); throws ApiError 400 for another form.
+nlohmann::ordered_json responses_input_items(const nlohmann::ordered_json& body);
+// The conversation a response leaves, as input items for the next request: its request's
+// (`items`: the earlier conversation and its own input) and then its output's, a message's
+// output_text as an assistant message and function calls as they are (reasoning items left out,
+// as chat templates leave earlier reasoning out).
+nlohmann::ordered_json responses_conversation(nlohmann::ordered_json items, const nlohmann::ordered_json& response);
+
+// The responses kept in memory, the least recently made or read dropped first; safe from any
+// thread. Each: the object (GET /v1/responses/{id}) and the conversation it leaves.
+constexpr size_t kMaxStoredResponses = 1000;
+class ResponseStore {
+public:
+    struct Entry {
+        nlohmann::ordered_json object, conversation;
+    };
+    explicit ResponseStore(size_t capacity = kMaxStoredResponses) : capacity_(capacity) {}
+    void put(const std::string& id, Entry e);
+    std::optional<Entry> get(const std::string& id);
+    bool erase(const std::string& id);
+
+private:
+    std::mutex m_;
+    size_t capacity_;
+    std::list<std::string> order_;  // most recent first
+    std::map<std::string, std::pair<Entry, std::list<std::string>::iterator>> entries_;
+};
+// The request body that continues a stored response: "input" becomes its conversation followed by
+// this request's input items, and previous_response_id goes. Throws ApiError 404 when the store
+// holds no such response (never made with "store", dropped, or deleted).
+nlohmann::ordered_json responses_continue(const nlohmann::ordered_json& body, ResponseStore& store);
 
 // The response object of a finished request from its chat.completion response (one choice):
 // output items reasoning (reasoning_text), message (output_text) and function_call each, status
@@ -52,6 +91,8 @@ public:
     // The last event: `usage` the chat usage object, or null when the request was aborted.
     std::string end(const nlohmann::ordered_json& usage, int64_t reasoning_tokens);
     const std::string& reasoning() const { return reasoning_; }
+    // After end(): the whole response object (null if it failed).
+    const nlohmann::ordered_json& final_object() const { return final_; }
 
 private:
     enum class Item : uint8_t { None, Reasoning, Message, Call };
@@ -73,6 +114,7 @@ private:
         std::string id, name, arguments;
     };
     std::vector<Call> calls_;
+    nlohmann::ordered_json final_;
 };
 
 }  // namespace shardlm

@@ -498,7 +498,7 @@ json without_ids(json output) {
 }
 }  // namespace
 
-// OpenAI's Responses API (/v1/responses) runs the chat path: the same prompt tokens as the chat
+// OpenAI's Responses API (/v1/responses) runs the chat path, and keeps what it made: the same prompt tokens as the chat
 // request it stands for (instructions and developer messages as the system message, text parts,
 // function tools, a later turn's function_call and function_call_output items as the assistant's
 // tool calls and the tool's message), the reply as reasoning, message and function_call items
@@ -599,6 +599,66 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     ASSERT_EQ(nr.body["output"].size(), 1u) << nr.raw;
     EXPECT_EQ(nr.body["output"][0]["content"][0]["text"], "Sunny.");
 
+    // Stored responses (store defaults to true): GET gives the object back; previous_response_id
+    // continues its conversation, the reply's text and call as the assistant's turn, with this
+    // request's instructions; a streamed response is stored too; store false, a deleted id and an
+    // unknown one are not there.
+    httplib::Client http("127.0.0.1", port);
+    const std::string rid = r.body["id"];
+    const auto got = http.Get("/v1/responses/" + rid);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(json::parse(got->body), r.body);
+    json cont = {{"previous_response_id", rid}, {"instructions", "Be brief."}, {"tools", resp_tools}, {"guided_choice", {"Sunny."}},
+                 {"input", {{{"type", "function_call_output"}, {"call_id", call_id}, {"output", "Sunny"}}}}};
+    const Reply cr = post(port, "/v1/responses", cont);
+    ASSERT_EQ(cr.status, 200) << cr.raw;
+    EXPECT_EQ(cr.body["previous_response_id"], rid);
+    json as_chat = chat_req["messages"];
+    as_chat.push_back({{"role", "assistant"}, {"content", msg["content"]},
+                       {"tool_calls", {{{"id", call_id}, {"type", "function"},
+                                        {"function", {{"name", "get_weather"}, {"arguments", out[2]["arguments"]}}}}}}});
+    as_chat.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", "Sunny"}});
+    const Reply counted = post(port, "/tokenize", {{"messages", as_chat}, {"tools", chat_tools}});
+    ASSERT_EQ(counted.status, 200) << counted.raw;
+    EXPECT_EQ(cr.body["usage"]["input_tokens"], counted.body["count"]) << cr.raw;
+    EXPECT_EQ(cr.body["output"][0]["content"][0]["text"], "Sunny.");
+    const std::string sid = ev.back()["response"]["id"];
+    const auto got_streamed = http.Get("/v1/responses/" + sid);
+    ASSERT_TRUE(got_streamed);
+    EXPECT_EQ(got_streamed->status, 200);
+    EXPECT_EQ(json::parse(got_streamed->body)["output"], ev.back()["response"]["output"]);
+    json unstored = resp_req;
+    unstored["store"] = false;
+    const Reply u = post(port, "/v1/responses", unstored);
+    ASSERT_EQ(u.status, 200) << u.raw;
+    EXPECT_EQ(u.body["store"], false);
+    EXPECT_EQ(http.Get("/v1/responses/" + u.body["id"].get<std::string>())->status, 404);
+    const auto deleted = http.Delete("/v1/responses/" + rid);
+    ASSERT_TRUE(deleted);
+    EXPECT_EQ(json::parse(deleted->body), (json{{"id", rid}, {"object", "response"}, {"deleted", true}}));
+    EXPECT_EQ(http.Get("/v1/responses/" + rid)->status, 404);
+    EXPECT_EQ(http.Delete("/v1/responses/" + rid)->status, 404);
+    const Reply gone = post(port, "/v1/responses", cont);
+    EXPECT_EQ(gone.status, 404) << gone.raw;
+    EXPECT_EQ(gone.body["error"]["message"], "no stored response \"" + rid + "\" (made without \"store\", dropped, or deleted)");
+    {
+        // --max-stored-responses 2: the least recently made or read goes first.
+        Server two(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 --max-stored-responses 2", logs_.file("two.log"));
+        ASSERT_GT(two.port(), 0) << two.read_all();
+        httplib::Client c("127.0.0.1", two.port());
+        std::vector<std::string> ids;
+        for (int i = 0; i < 3; ++i) {
+            if (i == 2) EXPECT_EQ(c.Get("/v1/responses/" + ids[0])->status, 200);  // read: the most recent now
+            const Reply made = post(two.port(), "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 1}});
+            ASSERT_EQ(made.status, 200) << made.raw;
+            ids.push_back(made.body["id"]);
+        }
+        EXPECT_EQ(c.Get("/v1/responses/" + ids[0])->status, 200);
+        EXPECT_EQ(c.Get("/v1/responses/" + ids[1])->status, 404);
+        EXPECT_EQ(c.Get("/v1/responses/" + ids[2])->status, 200);
+        EXPECT_EQ(two.stop(), 0);
+    }
+
     // Cut by max_output_tokens: incomplete.
     const Reply cut = post(port, "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 3}, {"temperature", 0}, {"tool_choice", "none"}});
     ASSERT_EQ(cut.status, 200) << cut.raw;
@@ -610,8 +670,6 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
         EXPECT_EQ(e.status, 400) << e.raw;
         EXPECT_EQ(e.body["error"]["message"], message) << e.raw;
     };
-    error_of({{"input", "x"}, {"previous_response_id", "resp_1"}},
-             "\"previous_response_id\" is not supported: shardlm serve stores no responses; send the whole conversation as \"input\"");
     error_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "\"tools[0]\": only function tools are supported, not \"web_search\"");
     error_of({{"instructions", "x"}}, "\"input\" is required");
     error_of({{"input", {{{"type", "input_image"}}}}},

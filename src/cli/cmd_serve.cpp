@@ -963,6 +963,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     job->req = parse_api_request(body, chat, *tok, lim);
                 } catch (const ApiError& e) {
                     return refuse(e.status, e.what());
+                } catch (const json::exception& e) {  // a field of the wrong JSON type the checks did not name
+                    return refuse(400, std::string("a field of the request has the wrong type: ") + e.what());
                 }
                 job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
                 // The reasoning's tokens for the Responses usage (its text encoded again).

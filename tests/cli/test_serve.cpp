@@ -672,6 +672,9 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     };
     error_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "\"tools[0]\": only function tools are supported, not \"web_search\"");
     error_of({{"instructions", "x"}}, "\"input\" is required");
+    const Reply typed = post(port, "/v1/responses", {{"input", {{{"type", 7}}}}});  // a type that is no string
+    EXPECT_EQ(typed.status, 400) << typed.raw;
+    EXPECT_EQ(typed.body["error"]["message"].get<std::string>().rfind("a field of the request has the wrong type: ", 0), 0u) << typed.raw;
     error_of({{"input", {{{"type", "input_image"}}}}},
              "input[0]: items of type \"input_image\" are not supported (message, function_call, function_call_output, reasoning)");
     EXPECT_EQ(srv.stop(), 0);

@@ -785,7 +785,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 ApiChoice c;
                 std::vector<int32_t> text_ids = b.tokens;
                 // An end-of-sequence id is not text (a stop id is, as without beams).
-                if (b.finish == "stop" && std::find(eos_ids.begin(), eos_ids.end(), b.tokens.back()) != eos_ids.end())
+                if (b.finish == "stop" && is_eos_id(s->cfg, b.tokens.back()))
                     text_ids.pop_back();
                 c.text = tok->decode(text_ids, decode);
                 c.finish = b.finish;

@@ -222,6 +222,12 @@ protected:
             "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
         write_file(model_.file("tokenizer_config.json"), cfg.dump());
     }
+    // The model's chat template replaced by the file's (tokenizer_config.json's chat_template).
+    void use_chat_template(const std::string& file) {
+        json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
+        cfg["chat_template"] = read_file(file);
+        write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    }
     TempDir model_, logs_;
 };
 
@@ -256,9 +262,7 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     // parsers keep them): Mistral's [TOOL_CALLS] marks the calls.
     t["added_tokens"].back()["content"] = "[TOOL_CALLS]";
     write_file(model_.file("tokenizer.json"), t.dump());
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
     Server mistral(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("mistral.log"));
     ASSERT_GT(mistral.port(), 0) << mistral.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "now"}}])");
@@ -506,9 +510,7 @@ json without_ids(json output) {
 // carries the same output; a reply cut by max_output_tokens is incomplete; unsupported fields are
 // refused by name.
 TEST_F(Serve, ResponsesApiIsTheChatPath) {
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 --reasoning-parser qwen3", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const int port = srv.port();
@@ -703,9 +705,7 @@ TEST_F(Serve, ChatTemplateFlagReplacesTheModels) {
     std::string quoted = "'";  // the text itself, in single quotes for the shell
     for (const char c : chatml.get<std::string>()) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
     EXPECT_EQ(count("--chat-template " + quoted + "'"), own);
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(qwen);
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(qwen);
     EXPECT_EQ(count(""), by_file);  // the model shipping it
     // generate --chat takes it too.
     const CommandResult g = run_command(kCli + " generate --model " + model_.path() +
@@ -1817,9 +1817,7 @@ TEST_F(Serve, ToolCalls) {
 // call as a whole ({"name", "parameters"} JSON), so a stream holds it back until it ends; a reply
 // that is text streams as content; a turn with two calls is refused (the template takes one).
 TEST_F(Serve, LlamaToolCalls) {
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/llama32.jinja");
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/llama32.jinja");
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
@@ -1876,9 +1874,7 @@ TEST_F(Serve, LlamaToolCalls) {
 // Mistral v0.3's [TOOL_CALLS]: a reply's calls (after text or alone, whole and streamed) with the
 // 9-character ids the template takes back in the next turn; other ids are refused by name.
 TEST_F(Serve, MistralToolCalls) {
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/mistral_v3.jinja");
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
@@ -2006,9 +2002,7 @@ TEST_F(Serve, ThinkingAndReasoningContent) {
 // and is all reasoning without one (vLLM's parser); whole and streamed (the tags split over
 // several tokens here, so the stream holds them back) give the same parts; so do continued replies.
 TEST_F(Serve, DeepSeekR1Reasoning) {
-    json cfg = json::parse(read_file(model_.file("tokenizer_config.json")));
-    cfg["chat_template"] = read_file(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/deepseek_r1.jinja");
-    write_file(model_.file("tokenizer_config.json"), cfg.dump());
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/deepseek_r1.jinja");
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 512 --reasoning-parser deepseek_r1",
                logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();

@@ -67,6 +67,9 @@ struct ChoiceState {
     size_t reasoning_sent = 0;  // streaming: the end of the reasoning that went out, in out.text
     size_t lps_sent = 0, lps_offset = 0;  // streaming: logprob entries out, and their text's bytes
     std::vector<size_t> args_sent;  // streaming: each begun tool call's arguments bytes out
+    // Streaming with echo: the prompt's text went out (its own event, first), and the prompt's
+    // logprobs are in out.prompt_lps (set with the first token, or at the end).
+    bool echo_sent = false, prompt_scored = false;
     bool done = false, finish_sent = false;
     bool role_sent = false;  // streaming chat: the first event, with the role, went out
     // Streaming: what the text so far holds, worked out once per look. rs: its reasoning
@@ -277,6 +280,7 @@ void finish_choice(Job& job, size_t c, const std::string& text, const std::strin
         cs.out.completion_tokens = int64_t(r.tokens.size());
         cs.out.cached_tokens = r.cached_tokens;
         cs.out.prompt_lps = r.prompt_logprobs;
+        cs.prompt_scored = true;
         cs.done = true;
         job.ended += 1;
     }
@@ -1012,6 +1016,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
                             const ChoiceState::Pending p = cs.pending(req);
+                            if (req.echo && !cs.echo_sent) return req.chat || req.logprobs < 0 || cs.prompt_scored;
                             return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(req, p) ||
                                    cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
                         };
@@ -1037,6 +1042,21 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             if (req.chat && !cs.role_sent) {
                                 out += event(api_role_chunk(req, job->id, job->created, model_name, c));
                                 cs.role_sent = true;
+                            }
+                            // echo: completions' prompt text (and its logprobs, once scored) before
+                            // the generated text, whose offsets then go on after it; chat's
+                            // assistant message so far before the reply's content (vLLM's).
+                            if (req.echo && !cs.echo_sent && req.chat) {
+                                if (!req.echo_text.empty())
+                                    out += event(api_chunk(req, job->id, job->created, model_name, c, req.echo_text, "", nullptr));
+                                cs.echo_sent = true;
+                            } else if (req.echo && !cs.echo_sent) {
+                                if (req.logprobs >= 0 && !cs.prompt_scored && !job->aborted) continue;
+                                const std::vector<int32_t>& prompt = req.prompts[c / size_t(req.n)];
+                                out += event(api_chunk(req, job->id, job->created, model_name, c, req.prompt_texts[c / size_t(req.n)], "",
+                                                       api_logprobs(req, *tk, {}, 0, &prompt, &cs.out.prompt_lps)));
+                                cs.lps_offset += tokens_text_bytes(*tk, prompt);
+                                cs.echo_sent = true;
                             }
                             if (cs.reasoning_due(p)) {
                                 const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
@@ -1208,6 +1228,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
             std::lock_guard<std::mutex> lk(job->m);
             job->choices[c].out.lps.push_back(batcher.result(id).logprobs.back());
             return;
+        }
+        if (job->req.echo && !job->req.chat && job->req.stream && !job->choices[c].prompt_scored) {  // the prompt was scored before its first token
+            std::lock_guard<std::mutex> lk(job->m);
+            job->choices[c].out.prompt_lps = batcher.result(id).prompt_logprobs;
+            job->choices[c].prompt_scored = true;
         }
         if (is_eos_id(s->cfg, t)) return;
         if (job->req.continuous_usage) {  // the tokens so far, the end-of-sequence one included

@@ -209,6 +209,7 @@ struct ChatPrompt {
     // continue_final_message: the model goes on from the final message, inside its reasoning
     // when that opens a <think> it does not close (ApiRequest::continued).
     ApiRequest::Continued continued = ApiRequest::Continued::No;
+    std::string last_assistant;  // the final message's content when it is the assistant's
 };
 
 ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
@@ -272,6 +273,7 @@ ChatPrompt chat_prompt(const json& body, const Tokenizer& tok) {
                           ? ApiRequest::Continued::InReasoning
                           : ApiRequest::Continued::InContent;
     }
+    if (!messages.empty() && messages.back().role == "assistant") p.last_assistant = messages.back().content;
     try {
         p.ids = tok.encode(tok.apply_chat_template(system, messages, tools, kwargs), EncodeOptions{false});
     } catch (const Error& e) {
@@ -408,7 +410,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     check_model(body, lim);
     for (const char* key : {"echo", "best_of", "suffix", "functions", "function_call"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
-        if ((std::string(key) == "echo" || std::string(key) == "suffix") && !chat) continue;
+        if (std::string(key) == "echo" || (std::string(key) == "suffix" && !chat)) continue;
         bad(std::string("\"") + key + "\" is not supported by shardlm serve" + (chat ? "'s chat API" : ""));
     }
     // vLLM's fields that would change the reply: refused by name rather than ignored, as other
@@ -438,6 +440,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     if (r.prompt_lps >= 0 && body.value("stream", false) == true) bad("\"prompt_logprobs\" with \"stream\" is not supported");
     std::vector<std::string> texts;  // completions: the prompts given as text ("" for ids)
     json functions = json::array();  // chat: the tools' functions
+    std::string last_assistant;      // chat: the final message's content when it is the assistant's
     if (chat) {
         const ChatPrompt cp = chat_prompt(body, tok);
         r.prompts = {cp.ids};
@@ -446,6 +449,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         r.tool_format = tok.chat_tools();
         r.reasoning = lim.reasoning;
         r.continued = cp.continued;
+        last_assistant = cp.last_assistant;
         const int32_t open = tok.token_to_id("<think>"), close = tok.token_to_id("</think>");
         if (r.reasoning != ReasoningParser::None && open >= 0 && close >= 0 && open < lim.vocab && close < lim.vocab &&
             open != close) {
@@ -509,18 +513,18 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
         longest = std::max(longest, int64_t(ids.size()));
     }
     const int64_t n = longest;
-    if (!chat && body.contains("echo") && !body["echo"].is_null()) {
+    if (body.contains("echo") && !body["echo"].is_null()) {
         if (!body["echo"].is_boolean()) bad("\"echo\" must be true or false");
         r.echo = body["echo"];
-        if (r.echo && body.value("stream", false) == true) bad("\"echo\" with \"stream\" is not supported");
-        for (size_t i = 0; r.echo && i < r.prompts.size(); ++i)
+        if (chat && r.echo) r.echo_text = last_assistant;
+        for (size_t i = 0; r.echo && !chat && i < r.prompts.size(); ++i)
             r.prompt_texts.push_back(texts[i].empty() || cut[i] ? tok.decode(r.prompts[i]) : texts[i]);
     }
     if (n >= lim.ctx)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n));
     const char* max_key = chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     // 0 only with echo or prompt_logprobs: the prompt is scored, nothing generated.
-    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, r.echo || r.prompt_lps >= 0 ? 0 : 1,
+    r.max_tokens = integer(body, max_key, chat ? lim.ctx - n : 16, (r.echo && !chat) || r.prompt_lps >= 0 ? 0 : 1,
                            std::numeric_limits<int64_t>::max());
     if (r.max_tokens > lim.ctx - n)
         bad(cat("This model's maximum context length is ", lim.ctx, " tokens; the prompt has ", n, " and \"", max_key,
@@ -730,6 +734,12 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
     return n;
 }
 
+size_t tokens_text_bytes(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+    size_t n = 0;
+    for (const int32_t id : ids) n += token_text(tok, id).size();
+    return n;
+}
+
 json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t offset,
                   const std::vector<int32_t>* echo_prompt, const std::vector<TokenLogprobs>* prompt_lps) {
     if (r.logprobs < 0) return nullptr;
@@ -877,17 +887,19 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
     for (size_t c = 0; c < choices.size(); ++c) {
         const ApiChoice& ch = choices[c];
         const size_t p = c / size_t(r.n);
-        const std::string whole = (r.echo ? r.prompt_texts[p] : std::string()) + ch.text;
+        const std::string whole = (r.echo && !r.chat ? r.prompt_texts[p] : std::string()) + ch.text;
         const ReasoningSpan rs = reasoning_span(r, whole, true);
         const std::string text = whole.substr(rs.content);  // the content: past the reasoning
         json choice = {{"index", c}};
-        const ParsedToolCalls calls = api_tool_calls(r, text);
+        ParsedToolCalls calls = api_tool_calls(r, text);
+        calls.content = r.echo_text + calls.content;  // chat echo: the assistant's message so far first
         if (calls.called) {
             choice["message"] = {{"role", "assistant"},
                                  {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
                                  {"tool_calls", tool_calls_json(r, id, created, c, calls, false)}};
         } else if (r.chat) {
-            choice["message"] = {{"role", "assistant"}, {"content", r.reasoning != ReasoningParser::None && text.empty() ? json(nullptr) : json(text)}};
+            choice["message"] = {{"role", "assistant"},
+                                 {"content", r.reasoning != ReasoningParser::None && calls.content.empty() ? json(nullptr) : json(calls.content)}};
         } else {
             choice["text"] = text;
         }

@@ -69,9 +69,13 @@ struct ApiRequest {
     // generated token's log-probability and the N most probable of its row; -1: none.
     int64_t logprobs = -1;
     // Completions' "echo": the prompt's text leads the text, and with logprobs its tokens lead
-    // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text).
+    // the list (the first with null logprobs). max_tokens may then be 0 (scoring a text). Chat's:
+    // echo_text leads the content.
     bool echo = false;
     std::vector<std::string> prompt_texts;  // echo: each prompt as sent, or its ids decoded
+    // Chat with echo (vLLM's): the final message's content when it is the assistant's, which
+    // the reply's content then starts with ("" otherwise).
+    std::string echo_text;
     // vLLM's prompt_logprobs (not streamed): each prompt token's logprob, rank and text, with the
     // N most probable of its row (api_prompt_logprobs); -1: none. max_tokens may then be 0.
     int64_t prompt_lps = -1;
@@ -125,7 +129,7 @@ struct ApiRequest {
     // What the engine must score: the prompt tokens' logprobs (BatchRequest::prompt_logprobs), for
     // echo and for prompt_logprobs.
     int64_t prompt_logprobs() const {
-        return std::max(echo && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1, prompt_lps);
+        return std::max(echo && !chat && (logprobs >= 0 || max_tokens == 0) ? std::max<int64_t>(logprobs, 0) : -1, prompt_lps);
     }
 };
 
@@ -196,6 +200,8 @@ nlohmann::ordered_json api_logprobs(const ApiRequest& r, const Tokenizer& tok, c
                             const std::vector<TokenLogprobs>* prompt_lps = nullptr);
 // The bytes the tokens of `lps` take in the completions' text_offset count.
 size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps);
+// The same for token ids (an echoed prompt's).
+size_t tokens_text_bytes(const Tokenizer& tok, const std::vector<int32_t>& ids);
 
 // The whole response of a request that has ended: text_completion or chat.completion, a choice
 // per entry of `choices` (r.choices() of them); its usage counts each prompt once and names the

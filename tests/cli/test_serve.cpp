@@ -955,7 +955,7 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         std::vector<json> cchunks;
         for (std::string line; std::getline(cev, line);)
             if (line.rfind("data: {", 0) == 0) cchunks.push_back(json::parse(line.substr(6)));
-        ASSERT_GE(cchunks.size(), 3u);
+        ASSERT_GE(cchunks.size(), 2u);  // (a loaded machine may merge the text into one chunk)
         int64_t last = 0;
         for (size_t i = 0; i + 1 < cchunks.size(); ++i) {
             const json& u = cchunks[i]["usage"];
@@ -1045,6 +1045,45 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         ASSERT_EQ(c.status, 200) << c.raw;
         EXPECT_EQ(c.body["choices"][0]["text"], "And God said" + want);
         EXPECT_TRUE(c.body["choices"][0]["logprobs"].is_null());
+    }
+    // echo streamed (as vLLM's): each choice's prompt text (and its logprobs) first, then the
+    // generated deltas; the events of a choice add up to the whole response's choice, the
+    // logprobs' entries and text offsets included (the generated ones go on after the prompt's).
+    {
+        auto stream_vs_whole = [&](json body) {
+            const Reply whole = post(port, "/v1/completions", body);
+            ASSERT_EQ(whole.status, 200) << whole.raw;
+            body["stream"] = true;
+            const Reply st = post(port, "/v1/completions", body);
+            ASSERT_EQ(st.status, 200) << st.raw;
+            const json& choices = whole.body["choices"];
+            std::vector<json> merged(choices.size(), json{{"text", ""}, {"logprobs", nullptr}});
+            std::vector<int> events(choices.size(), 0);
+            std::istringstream lines(st.raw);
+            for (std::string line; std::getline(lines, line);) {
+                if (line.rfind("data: {", 0) != 0) continue;
+                const json c = json::parse(line.substr(6))["choices"][0];
+                const size_t i = c["index"];
+                ASSERT_LT(i, merged.size()) << line;
+                const std::string prompt = body["prompt"].is_array() && body["prompt"][0].is_string() ? body["prompt"][i / size_t(body.value("n", 1))] : body["prompt"];
+                if (events[i]++ == 0) EXPECT_EQ(c["text"], prompt) << line;  // the prompt's own event first
+                merged[i]["text"] = merged[i]["text"].get<std::string>() + c["text"].get<std::string>();
+                if (c["logprobs"].is_null()) continue;
+                json& m = merged[i]["logprobs"];
+                if (m.is_null()) m = json{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+                for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+                    for (const json& v : c["logprobs"][key]) m[key].push_back(v);
+            }
+            for (size_t i = 0; i < choices.size(); ++i) {
+                EXPECT_GE(events[i], 2) << st.raw;  // the prompt's, and at least the finish
+                EXPECT_EQ(merged[i]["text"], choices[i]["text"]) << st.raw;
+                EXPECT_EQ(merged[i]["logprobs"], choices[i]["logprobs"]) << st.raw;
+            }
+        };
+        stream_vs_whole({{"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0}, {"echo", true}});
+        stream_vs_whole({{"prompt", {"And God said", "In the beginning"}}, {"max_tokens", 5}, {"temperature", 0.8}, {"seed", 3},
+                         {"n", 2}, {"echo", true}, {"logprobs", 2}});
+        stream_vs_whole({{"prompt", "And God said"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
     }
     // n choices: choice j is prompt's j-th sampler stream, as generate samples the j-th of a
     // batch of copies; a list of prompts gets a choice per prompt; streamed, each choice's deltas
@@ -1342,7 +1381,6 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
     error_of({{"max_tokens", 3}}, 400, "\"prompt\" is required");
     error_of({{"prompt", "x"}, {"max_tokens", 300}}, 400, "maximum context length is 256 tokens");
     error_of({{"prompt", "x"}, {"temperature", -1}}, 400, "\"temperature\" must be in");
-    error_of({{"prompt", "x"}, {"echo", true}, {"stream", true}}, 400, "\"echo\" with \"stream\" is not supported");
     error_of({{"prompt", "x"}, {"suffix", "y"}}, 400, "\"suffix\" (fill in the middle) needs a code model's FIM tokens, and this tokenizer has none");
     error_of({{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, 400, "\"stream_options\" needs \"stream\": true");
     error_of({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, 400,
@@ -1455,10 +1493,10 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
         EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"length\"}"), 10);
         EXPECT_GE(value("shardlm_sequences_finished_total{finish_reason=\"stop\"}"), 1);
         EXPECT_GT(value("shardlm_prompt_tokens_cached_total"), 0);
-        // Every prompt token ran but the cached ones and the last of the text scored with
-        // max_tokens 0 (nothing follows it to predict).
+        // Every prompt token ran but the cached ones and the last of each of the three texts
+        // scored with max_tokens 0 (nothing follows it to predict; echo's whole and streamed).
         EXPECT_EQ(value("shardlm_engine_prefill_tokens_total"),
-                  value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 1);
+                  value("shardlm_prompt_tokens_total") - value("shardlm_prompt_tokens_cached_total") - 3);
         EXPECT_EQ(value("shardlm_requests_running"), 0);
         EXPECT_NE(m->body.find("# TYPE shardlm_generation_tokens_total counter"), std::string::npos);
         EXPECT_NE(m->body.find("# TYPE shardlm_num_preemptions_total counter"), std::string::npos);
@@ -1565,9 +1603,14 @@ TEST_F(Serve, ChatCompletions) {
     EXPECT_EQ(top_alone.body["error"]["message"], "\"top_logprobs\" needs \"logprobs\": true") << top_alone.raw;
     const Reply counted = post(srv.port(), "/tokenize", {{"messages", msgs}});
     EXPECT_EQ(counted.body["count"], r.body["usage"]["prompt_tokens"]) << counted.raw;
-    const Reply echo = post(srv.port(), "/v1/chat/completions", {{"messages", msgs}, {"echo", true}});
-    EXPECT_EQ(echo.status, 400);
-    EXPECT_EQ(echo.body["error"]["message"], "\"echo\" is not supported by shardlm serve's chat API") << echo.raw;
+    // echo with the user's message last: nothing to put first (vLLM's echoes the assistant's only).
+    json echoed = {{"messages", msgs}, {"echo", true}, {"max_tokens", 6}, {"temperature", 0}};
+    const Reply echo = post(srv.port(), "/v1/chat/completions", echoed);
+    ASSERT_EQ(echo.status, 200) << echo.raw;
+    echoed.erase("echo");
+    EXPECT_EQ(echo.body["choices"][0]["message"], post(srv.port(), "/v1/chat/completions", echoed).body["choices"][0]["message"]);
+    echoed["echo"] = "yes";
+    EXPECT_EQ(post(srv.port(), "/v1/chat/completions", echoed).body["error"]["message"], "\"echo\" must be true or false");
     const Reply bad = post(srv.port(), "/v1/chat/completions",
                            {{"messages", json::array({{{"role", "assistant"}, {"content", "x"}}})}});
     EXPECT_EQ(bad.status, 400);
@@ -1609,6 +1652,20 @@ TEST_F(Serve, ContinueFinalMessageGoesOnFromTheReply) {
         if (!ev["choices"].empty()) text += ev["choices"][0]["delta"].value("content", "");
     }
     EXPECT_EQ(text, r.body["choices"][0]["message"]["content"]) << streamed.raw;
+    // echo (vLLM's): the assistant's message so far leads the content, whole and streamed (its
+    // own event, after the role's); the tokens and usage are the same.
+    json echoed = chat;
+    echoed["echo"] = true;
+    echoed.erase("stream");
+    const Reply e = post(srv.port(), "/v1/chat/completions", echoed);
+    ASSERT_EQ(e.status, 200) << e.raw;
+    EXPECT_EQ(e.body["choices"][0]["message"]["content"], "God created" + r.body["choices"][0]["message"]["content"].get<std::string>());
+    EXPECT_EQ(e.body["usage"]["prompt_tokens"], r.body["usage"]["prompt_tokens"]);
+    EXPECT_EQ(e.body["usage"]["completion_tokens"], r.body["usage"]["completion_tokens"]);
+    echoed["stream"] = true;
+    const StreamedChat se = streamed_chat(post(srv.port(), "/v1/chat/completions", echoed).raw);
+    EXPECT_EQ(se.content, e.body["choices"][0]["message"]["content"]);
+    EXPECT_EQ(se.finish, "length");
     const json user_last = json::array({{{"role", "user"}, {"content", "In the beginning"}}});
     const json empty_last = json::array({{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", ""}}});
     const std::vector<std::pair<json, std::string>> cases = {
@@ -1650,7 +1707,7 @@ TEST_F(Serve, ContinueFinalMessageGoesOnFromTheReply) {
 // Tool calling with a Qwen2.5-style template (tests/tokenizer/templates/qwen25.jinja, whose
 // renderings the tokenizer tests hold to Jinja's): guided_choice makes the shipped model write a
 // call, which comes back as message.tool_calls with finish_reason "tool_calls", whole and
-// streamed (no call text in the content deltas; the arguments in pieces as they are written; a
+// streamed (no call text in the content deltas; the arguments as they are written; a
 // call whose text turns out not to be one then comes as content); tool_choice "none" leaves it text; a
 // conversation with the call and its result runs; bad tool requests get a 400 naming the field.
 TEST_F(Serve, ToolCalls) {
@@ -1700,10 +1757,14 @@ TEST_F(Serve, ToolCalls) {
     ASSERT_EQ(calls.size(), 1u) << streamed.raw;
     EXPECT_EQ(calls[0]["index"], 0);
     EXPECT_EQ(calls[0]["function"], tc["function"]);
-    EXPECT_GT(sc.call_deltas, 5u) << streamed.raw;  // the arguments came in pieces
+    // How many pieces the arguments come in depends on how far the engine got between two looks
+    // of the handler (a loaded machine merges them, as vLLM's output collector does): CI saw 3.
+    // That they grow as the model writes them is ChatTools.StreamedCallsGrowIntoTheWholeReply's.
+    EXPECT_GE(sc.call_deltas, 1u) << streamed.raw;
     EXPECT_EQ(reason, "tool_calls");
-    // A call that turns out not to be one (text after its JSON) has gone out in part: the reply's
-    // text then follows as content, so nothing is lost, and the reason is the reply's own.
+    // A call that turns out not to be one (text after its JSON) has gone out in part (unless a
+    // loaded machine merged the whole reply into one look): the reply's text then follows as
+    // content, so nothing is lost, and the reason is the reply's own.
     json broken = request(call.substr(0, call.find("\n</tool_call>")) + " and so on");
     const Reply whole_broken = post(srv.port(), "/v1/chat/completions", broken);
     ASSERT_EQ(whole_broken.status, 200) << whole_broken.raw;
@@ -1711,7 +1772,7 @@ TEST_F(Serve, ToolCalls) {
     broken["stream"] = true;
     const StreamedChat sb = streamed_chat(post(srv.port(), "/v1/chat/completions", broken).raw);
     EXPECT_EQ(sb.content, whole_broken.body["choices"][0]["message"]["content"]);
-    EXPECT_EQ(sb.calls.size(), 1u);
+    EXPECT_LE(sb.calls.size(), 1u);
     EXPECT_EQ(sb.finish, "stop");
     // Two calls without parallel_tool_calls: the first only, whole and streamed.
     json two = request(call + "\n" + call);

@@ -70,6 +70,8 @@ struct ChoiceState {
     // Streaming with echo: the prompt's text went out (its own event, first), and the prompt's
     // logprobs are in out.prompt_lps (set with the first token, or at the end).
     bool echo_sent = false, prompt_scored = false;
+    size_t ids_sent = 0;  // streaming with return_token_ids: the generated ids out
+    bool prompt_ids_sent = false;  // ... and (completions) the prompt's
     bool done = false, finish_sent = false;
     bool role_sent = false;  // streaming chat: the first event, with the role, went out
     // Streaming: what the text so far holds, worked out once per look. rs: its reasoning
@@ -280,6 +282,7 @@ void finish_choice(Job& job, size_t c, const std::string& text, const std::strin
         cs.out.completion_tokens = int64_t(r.tokens.size());
         cs.out.cached_tokens = r.cached_tokens;
         cs.out.prompt_lps = r.prompt_logprobs;
+        cs.out.token_ids = r.tokens;
         cs.prompt_scored = true;
         cs.done = true;
         job.ended += 1;
@@ -794,6 +797,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 c.text = tok->decode(text_ids, decode);
                 c.finish = b.finish;
                 c.completion_tokens = int64_t(b.tokens.size());
+                c.token_ids = b.tokens;
                 c.cached_tokens = cached[p];
                 outs.push_back(std::move(c));
             }
@@ -1011,7 +1015,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 res.set_chunked_content_provider(
                     "text/event-stream",
                     [job, model_name = name, tk = tok.get(), rs, reasoning_tokens, conversation, store = &responses_store,
-                     started = false](size_t, httplib::DataSink& sink) mutable {
+                     started = false, started_ids = false](size_t, httplib::DataSink& sink) mutable {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
                         auto news = [&](const ChoiceState& cs) {
@@ -1037,6 +1041,15 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             // far), or the Responses events it makes.
                             auto event = [&](json ev) {
                                 if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
+                                if (req.return_token_ids) {  // (vLLM's: the prompt's first, then the ids since the last event)
+                                    if (!started_ids && req.chat) ev["prompt_token_ids"] = req.prompts[0];
+                                    json& choice = ev["choices"][0];
+                                    if (!req.chat && !cs.prompt_ids_sent) choice["prompt_token_ids"] = req.prompts[c / size_t(req.n)];
+                                    const std::vector<int32_t>& ids = cs.out.token_ids;
+                                    choice["token_ids"] = std::vector<int32_t>(ids.begin() + ptrdiff_t(std::min(cs.ids_sent, ids.size())), ids.end());
+                                    cs.ids_sent = std::max(cs.ids_sent, ids.size());
+                                    cs.prompt_ids_sent = started_ids = true;
+                                }
                                 return rs ? rs->push(ev) : sse(ev);
                             };
                             if (req.chat && !cs.role_sent) {
@@ -1233,6 +1246,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             std::lock_guard<std::mutex> lk(job->m);
             job->choices[c].out.prompt_lps = batcher.result(id).prompt_logprobs;
             job->choices[c].prompt_scored = true;
+        }
+        if (job->req.return_token_ids) {
+            std::lock_guard<std::mutex> lk(job->m);
+            job->choices[c].out.token_ids.push_back(t);
         }
         if (is_eos_id(s->cfg, t)) return;
         if (job->req.continuous_usage) {  // the tokens so far, the end-of-sequence one included

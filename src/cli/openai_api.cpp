@@ -626,6 +626,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     r.include_stop_str = boolean(body, "include_stop_str_in_output", false);
     r.tokens_as_ids = boolean(body, "return_tokens_as_token_ids", false);
+    r.return_token_ids = boolean(body, "return_token_ids", false);
     r.skip_special_tokens = boolean(body, "skip_special_tokens", true);
     // Calls in the template's format may be marked by special tokens (Mistral's [TOOL_CALLS],
     // Llama's <|python_tag|>): kept in the text while tools are on, as vLLM's tool parsers do.
@@ -909,12 +910,17 @@ json api_response(const ApiRequest& r, const std::string& id, int64_t created, c
         choice["logprobs"] = r.echo ? api_logprobs(r, tok, ch.lps, 0, &r.prompts[p], &ch.prompt_lps) : api_logprobs(r, tok, ch.lps);
         choice["finish_reason"] = calls.called ? "tool_calls" : ch.finish;
         if (r.prompt_lps >= 0 && !r.chat) choice["prompt_logprobs"] = api_prompt_logprobs(r, tok, ch.prompt_lps);
+        if (r.return_token_ids) {
+            if (!r.chat) choice["prompt_token_ids"] = r.prompts[p];
+            choice["token_ids"] = ch.token_ids;
+        }
         out.push_back(choice);
     }
     json res = envelope(r, id, created, model, std::move(out), false);
     res["usage"] = api_usage(r, choices);
     // Chat: one prompt, its logprobs beside the choices (as vLLM's).
     if (r.prompt_lps >= 0 && r.chat && !choices.empty()) res["prompt_logprobs"] = api_prompt_logprobs(r, tok, choices[0].prompt_lps);
+    if (r.return_token_ids && r.chat) res["prompt_token_ids"] = r.prompts[0];
     return res;
 }
 

@@ -50,6 +50,11 @@ struct ApiRequest {
     std::vector<std::string> stop;
     bool include_stop_str = false;     // vLLM's include_stop_str_in_output: the text ends after the stop string
     bool tokens_as_ids = false;        // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" (api_logprobs)
+    // vLLM's return_token_ids: the prompt's ids (completions: each choice's prompt_token_ids;
+    // chat: the response's) and each choice's generated ids (token_ids, the end-of-sequence or
+    // stop id included); streamed, the prompt's with a choice's first event (chat: the stream's)
+    // and the ids since the last event with each event.
+    bool return_token_ids = false;
     // vLLM's: special tokens left out of the text (default on, as vLLM's), but kept with tools
     // on (tool-call markers) or under a reasoning parser whose tags are special tokens.
     bool skip_special_tokens = true;
@@ -153,6 +158,7 @@ struct ApiChoice {
     std::string finish;  // "stop" or "length"
     int64_t completion_tokens = 0, cached_tokens = 0;
     std::vector<TokenLogprobs> lps, prompt_lps;  // when asked ("logprobs"; with echo the prompt's)
+    std::vector<int32_t> token_ids;  // the generated ids (return_token_ids)
 };
 
 // Throws ApiError 400 for a body that nests deeper than kMaxJsonDepth (runtime/json_schema.h):

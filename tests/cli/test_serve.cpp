@@ -403,6 +403,99 @@ TEST_F(Serve, VllmSamplingAndLogprobsFields) {
     const Reply tz = post(port, "/v1/completions", {{"prompt", prompt}, {"truncate_prompt_tokens", 0}});
     EXPECT_EQ(tz.status, 400) << tz.raw;
     EXPECT_EQ(tz.body["error"]["message"].get<std::string>().rfind("\"truncate_prompt_tokens\" must be -1", 0), 0u) << tz.raw;
+
+    // return_token_ids: the prompt's ids and the generated ones (those logprobs name, as many as
+    // usage counts, the end-of-sequence id included); streamed, each choice's (completions) or
+    // the stream's (chat) first event has the prompt's, and the events' ids add up to the whole's.
+    auto ids_of_logprobs = [](const json& lp) {
+        std::vector<int32_t> ids;
+        for (const json& t : lp["tokens"]) ids.push_back(std::stoi(t.get<std::string>().substr(9)));
+        return ids;
+    };
+    const json text_prompt = "And God said";
+    const json want_prompt = post(port, "/tokenize", {{"prompt", text_prompt}}).body["tokens"];
+    json ids_req = {{"prompt", {text_prompt, "In the beginning"}}, {"max_tokens", 6}, {"temperature", 0.9}, {"seed", 2}, {"n", 2},
+                    {"logprobs", 0}, {"return_tokens_as_token_ids", true}, {"return_token_ids", true}};
+    const Reply ri = post(port, "/v1/completions", ids_req);
+    ASSERT_EQ(ri.status, 200) << ri.raw;
+    ASSERT_EQ(ri.body["choices"].size(), 4u);
+    EXPECT_EQ(ri.body["choices"][0]["prompt_token_ids"], want_prompt) << ri.raw;
+    EXPECT_EQ(ri.body["choices"][1]["prompt_token_ids"], want_prompt) << ri.raw;
+    EXPECT_EQ(ri.body["choices"][2]["prompt_token_ids"], post(port, "/tokenize", {{"prompt", "In the beginning"}}).body["tokens"]);
+    int64_t counted = 0;
+    for (const json& c : ri.body["choices"]) {
+        EXPECT_EQ(c["token_ids"].get<std::vector<int32_t>>(), ids_of_logprobs(c["logprobs"])) << c;
+        counted += int64_t(c["token_ids"].size());
+    }
+    EXPECT_EQ(counted, ri.body["usage"]["completion_tokens"]);
+    ids_req["stream"] = true;
+    {
+        const Reply st = post(port, "/v1/completions", ids_req);
+        std::vector<json> ids(4, json::array());
+        std::vector<int> firsts(4, 0);
+        std::istringstream lines(st.raw);
+        for (std::string line; std::getline(lines, line);) {
+            if (line.rfind("data: {", 0) != 0) continue;
+            const json c = json::parse(line.substr(6))["choices"][0];
+            const size_t i = c["index"];
+            ASSERT_LT(i, 4u);
+            ASSERT_TRUE(c.contains("token_ids")) << line;
+            for (const json& id : c["token_ids"]) ids[i].push_back(id);
+            if (c.contains("prompt_token_ids")) {
+                EXPECT_EQ(firsts[i]++, 0) << line;  // the first event of the choice only
+                EXPECT_EQ(c["prompt_token_ids"], ri.body["choices"][i]["prompt_token_ids"]);
+            }
+        }
+        for (size_t i = 0; i < 4; ++i) {
+            EXPECT_EQ(ids[i], ri.body["choices"][i]["token_ids"]) << st.raw;
+            EXPECT_EQ(firsts[i], 1) << st.raw;
+        }
+    }
+    // Chat: a reply the constraint ends (no end-of-sequence id: the constraint ends it).
+    json chat_tok = {{"messages", {{{"role", "user"}, {"content", "And God said"}}}}, {"guided_choice", {"Let there be light"}},
+                     {"max_tokens", 40}, {"return_token_ids", true}};
+    const Reply rc = post(port, "/v1/chat/completions", chat_tok);
+    ASSERT_EQ(rc.status, 200) << rc.raw;
+    EXPECT_EQ(rc.body["prompt_token_ids"], post(port, "/tokenize", {{"messages", chat_tok["messages"]}}).body["tokens"]) << rc.raw;
+    const json& generated = rc.body["choices"][0]["token_ids"];
+    ASSERT_EQ(int64_t(generated.size()), rc.body["usage"]["completion_tokens"].get<int64_t>()) << rc.raw;
+    EXPECT_EQ(rc.body["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(rc.body["choices"][0]["message"]["content"], "Let there be light") << rc.raw;
+    EXPECT_EQ(post(port, "/detokenize", {{"tokens", generated}}).body["prompt"], "Let there be light") << rc.raw;
+    {  // an end-of-sequence id is among them, though not in the text
+        const json cfg = json::parse(read_file(model_.file("config.json")));
+        const int64_t eos = cfg["eos_token_id"].is_array() ? cfg["eos_token_id"][0].get<int64_t>() : cfg["eos_token_id"].get<int64_t>();
+        const Reply re = post(port, "/v1/chat/completions", {{"messages", chat_tok["messages"]}, {"max_tokens", 5}, {"return_token_ids", true},
+                                                              {"logit_bias", {{std::to_string(eos), 100}}}});
+        ASSERT_EQ(re.status, 200) << re.raw;
+        EXPECT_EQ(re.body["choices"][0]["token_ids"], json::array({eos})) << re.raw;
+        EXPECT_EQ(re.body["choices"][0]["message"]["content"], "") << re.raw;
+        EXPECT_EQ(re.body["usage"]["completion_tokens"], 1) << re.raw;
+    }
+    chat_tok["stream"] = true;
+    {
+        const Reply st = post(port, "/v1/chat/completions", chat_tok);
+        json ids = json::array();
+        size_t events = 0, prompts = 0;
+        std::istringstream lines(st.raw);
+        for (std::string line; std::getline(lines, line);) {
+            if (line.rfind("data: {", 0) != 0) continue;
+            const json ev = json::parse(line.substr(6));
+            if (ev.contains("prompt_token_ids")) {
+                EXPECT_EQ(events, 0u) << line;
+                EXPECT_EQ(ev["prompt_token_ids"], rc.body["prompt_token_ids"]);
+                ++prompts;
+            }
+            ++events;
+            for (const json& id : ev["choices"][0]["token_ids"]) ids.push_back(id);
+        }
+        EXPECT_EQ(prompts, 1u);
+        EXPECT_EQ(ids, generated) << st.raw;
+    }
+    chat_tok.erase("stream");
+    chat_tok.erase("return_token_ids");
+    const Reply plain_ids = post(port, "/v1/chat/completions", chat_tok);
+    EXPECT_FALSE(plain_ids.body.contains("prompt_token_ids") || plain_ids.body["choices"][0].contains("token_ids")) << plain_ids.raw;
     EXPECT_EQ(srv.stop(), 0);
 }
 

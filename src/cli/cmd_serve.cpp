@@ -961,7 +961,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 auto job = std::make_shared<Job>();
                 const json responses_body = responses ? body : json(nullptr);
                 json conversation;  // responses: the input items with the stored conversation before them
+                std::string own_id;  // the client's id for the request (X-Request-Id or request_id)
                 try {
+                    own_id = api_request_id(req.get_header_value("X-Request-Id"), body);
+                    if (responses && !own_id.empty() && responses_store.get("resp_" + own_id))
+                        throw ApiError(400, "a stored response already has the id \"resp_" + own_id + "\"");
                     if (responses) {
                         body = responses_continue(body, responses_store);
                         conversation = responses_input_items(body);
@@ -974,7 +978,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 } catch (const json::exception& e) {  // a field of the wrong JSON type the checks did not name
                     return refuse(400, std::string("a field of the request has the wrong type: ") + e.what());
                 }
-                job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter++);
+                if (own_id.empty()) own_id = std::to_string(counter++);
+                job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + own_id;
+                res.set_header("X-Request-Id", own_id);  // (vLLM's --enable-request-id-headers)
                 // The reasoning's tokens for the Responses usage (its text encoded again).
                 auto reasoning_tokens = [tk = tok.get()](const std::string& text) {
                     return text.empty() ? int64_t(0) : int64_t(tk->encode(text, {false}).size());

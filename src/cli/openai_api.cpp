@@ -1271,6 +1271,19 @@ json api_classify_response(const EmbeddingRequest& r, const std::string& id, int
             {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
 }
 
+std::string api_request_id(const std::string& header, const nlohmann::json& body) {
+    auto checked = [](const std::string& id, const char* what) {
+        const bool visible = std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+        if (id.empty() || id.size() > 128 || !visible)
+            bad(cat(what, " must be 1 to 128 visible ASCII characters (no spaces)"));
+        return id;
+    };
+    if (!header.empty()) return checked(header, "the X-Request-Id header");
+    if (!body.is_object() || !body.contains("request_id") || body["request_id"].is_null()) return "";
+    if (!body["request_id"].is_string()) bad("\"request_id\" must be a string");
+    return checked(body["request_id"].get<std::string>(), "\"request_id\"");
+}
+
 json api_error(const std::string& message, int status) {
     return {{"error",
              {{"message", message},

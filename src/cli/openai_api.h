@@ -334,6 +334,10 @@ nlohmann::ordered_json api_classify_response(const EmbeddingRequest& r, const st
                                              const std::vector<std::vector<float>>& probs);
 // The error object of a refused request.
 nlohmann::ordered_json api_error(const std::string& message, int status);
+// A request's own id (vLLM's): the X-Request-Id header's value, else the body's "request_id", else
+// "" (the server numbers it). 1-128 visible ASCII characters; otherwise ApiError 400 naming the
+// header or field. The response's id is it after the route's prefix ("chatcmpl-", "cmpl-", "resp_").
+std::string api_request_id(const std::string& header, const nlohmann::json& body);
 // Whether an HTTP Authorization header value carries `key` as its bearer token ("Bearer KEY", the
 // scheme in any case, as OpenAI's clients send it). The token is compared in time independent of
 // where it differs, so that response times do not give the key away byte by byte.

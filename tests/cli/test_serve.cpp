@@ -775,6 +775,92 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// A request's own id (vLLM's): the X-Request-Id header's, else the body's request_id, after the
+// route's prefix in the response's id (every event's too when streamed), and back in the
+// response's X-Request-Id header; without one the server numbers it. A stored response's id
+// cannot be taken again; malformed ids get a 400 naming the header or field.
+TEST_F(Serve, RequestIdsAreTheClients) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    httplib::Client c("127.0.0.1", srv.port());
+    auto send = [&](const std::string& path, const json& body, const std::string& header) {
+        httplib::Headers h;
+        if (!header.empty()) h.emplace("X-Request-Id", header);
+        httplib::Result r = c.Post(path.c_str(), h, body.dump(), "application/json");
+        EXPECT_TRUE(r) << path;
+        return r;
+    };
+    const json chat = {{"messages", {{{"role", "user"}, {"content", "And God said"}}}}, {"max_tokens", 3}};
+    const json completion = {{"prompt", "And God said"}, {"max_tokens", 3}};
+    struct Case {
+        std::string path;
+        json body;
+        std::string header, id, echoed;
+    };
+    json with_field = completion;
+    with_field["request_id"] = "from-the-body";
+    json chat_field = chat;
+    chat_field["request_id"] = "7f3c2a90-1b2c-4d5e-8f90-123456789abc";
+    const std::vector<Case> cases = {
+        {"/v1/chat/completions", chat, "trace-42", "chatcmpl-trace-42", "trace-42"},
+        {"/v1/chat/completions", chat_field, "", "chatcmpl-7f3c2a90-1b2c-4d5e-8f90-123456789abc", "7f3c2a90-1b2c-4d5e-8f90-123456789abc"},
+        {"/v1/completions", with_field, "", "cmpl-from-the-body", "from-the-body"},
+        {"/v1/completions", with_field, "header-wins", "cmpl-header-wins", "header-wins"},
+        {"/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 3}, {"request_id", "r1"}}, "", "resp_r1", "r1"},
+    };
+    for (const Case& k : cases)
+        for (const bool stream : {false, true}) {
+            json body = k.body;
+            if (stream) body["stream"] = true;
+            if (stream && k.path == "/v1/responses") continue;  // (stored already: taken)
+            const auto r = send(k.path, body, k.header);
+            ASSERT_TRUE(r);
+            ASSERT_EQ(r->status, 200) << r->body;
+            EXPECT_EQ(r->get_header_value("X-Request-Id"), k.echoed) << k.path;
+            if (!stream) {
+                EXPECT_EQ(json::parse(r->body)["id"], k.id) << r->body;
+                continue;
+            }
+            size_t events = 0;
+            std::istringstream lines(r->body);
+            for (std::string line; std::getline(lines, line);) {
+                if (line.rfind("data: {", 0) != 0) continue;
+                EXPECT_EQ(json::parse(line.substr(6))["id"], k.id) << line;
+                ++events;
+            }
+            EXPECT_GT(events, 1u) << r->body;
+        }
+    // The stored response is found by its id, and the id cannot be taken again.
+    EXPECT_EQ(c.Get("/v1/responses/resp_r1")->status, 200);
+    const auto again = send("/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}}, "r1");
+    EXPECT_EQ(again->status, 400);
+    EXPECT_EQ(json::parse(again->body)["error"]["message"], "a stored response already has the id \"resp_r1\"");
+    // Without one: numbered, and the header says which.
+    const auto plain = send("/v1/completions", completion, "");
+    ASSERT_EQ(plain->status, 200);
+    const std::string n = plain->get_header_value("X-Request-Id");
+    EXPECT_FALSE(n.empty());
+    EXPECT_EQ(json::parse(plain->body)["id"], "cmpl-" + n);
+    const std::vector<std::pair<json, std::string>> bad = {
+        {{{"request_id", 5}}, "\"request_id\" must be a string"},
+        {{{"request_id", "two words"}}, "\"request_id\" must be 1 to 128 visible ASCII characters (no spaces)"},
+        {{{"request_id", std::string(129, 'x')}}, "\"request_id\" must be 1 to 128 visible ASCII characters (no spaces)"},
+        {{{"request_id", ""}}, "\"request_id\" must be 1 to 128 visible ASCII characters (no spaces)"},
+    };
+    for (const auto& [field, message] : bad) {
+        json body = completion;
+        body.update(field);
+        const auto r = send("/v1/completions", body, "");
+        EXPECT_EQ(r->status, 400) << body.dump();
+        EXPECT_EQ(json::parse(r->body)["error"]["message"], message) << r->body;
+    }
+    const auto long_header = send("/v1/chat/completions", chat, std::string(200, 'h'));
+    EXPECT_EQ(long_header->status, 400);
+    EXPECT_EQ(json::parse(long_header->body)["error"]["message"],
+              "the X-Request-Id header must be 1 to 128 visible ASCII characters (no spaces)");
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // --chat-template (vLLM's serve flag; chat and generate --chat take it too): a file, or the
 // template's text, in place of the model's: the prompt is the one a model shipping that template
 // gets; a value that is neither, or a template no renderer knows, stops the server naming it.

@@ -329,6 +329,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"ignore_eos", r.ignore_eos},
             {"min_tokens", r.min_tokens},
             {"priority", r.priority},
+            {"cache_salt", r.cache_salt},
             {"stop_token_ids", r.stop_token_ids},
             {"allowed_token_ids", r.allowed_ids},
             {"bad_words", r.bad_words},
@@ -360,6 +361,7 @@ BatchRequest batch_request(const json& j) {
     b.ignore_eos = j["ignore_eos"];
     b.min_tokens = j["min_tokens"];
     b.priority = j["priority"];
+    b.cache_salt = j["cache_salt"];
     b.stop_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
     b.allowed_ids = j["allowed_token_ids"].get<std::vector<int32_t>>();
     b.bad_words = j["bad_words"].get<std::vector<std::vector<int32_t>>>();

@@ -535,6 +535,11 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     r.min_tokens = integer(body, "min_tokens", 0, 0, r.max_tokens);
     r.priority = integer(body, "priority", 0, -(int64_t(1) << 53), int64_t(1) << 53);
+    if (body.contains("cache_salt") && !body["cache_salt"].is_null()) {
+        if (!body["cache_salt"].is_string() || body["cache_salt"].get<std::string>().empty())
+            bad("\"cache_salt\" must be a non-empty string");
+        r.cache_salt = body["cache_salt"];
+    }
     if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
         const json& ids = body["stop_token_ids"];
         const std::string what = cat("\"stop_token_ids\" must be an array of up to ", kMaxApiStopTokenIds, " token ids in [0, ",

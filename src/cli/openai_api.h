@@ -96,6 +96,7 @@ struct ApiRequest {
     bool ignore_eos = false;  // vLLM's: an end-of-sequence token does not end a choice
     int64_t min_tokens = 0;   // vLLM's: no end-of-sequence token before this many (<= max_tokens)
     int64_t priority = 0;     // vLLM's: waiting requests run lowest first (BatchRequest::priority)
+    std::string cache_salt;   // vLLM's: prefixes shared with requests of the same salt only (BatchRequest::cache_salt)
     std::vector<int32_t> stop_token_ids;  // vLLM's: BatchRequest::stop_ids
     // Completions' "suffix" (fill in the middle, tokenizer/fim.h): each text prompt became the
     // FIM prompt of it and the suffix, and these separators (among stop_token_ids) end a middle

@@ -146,8 +146,16 @@ void save_prefix_cache(Communicator& comm, const PrefixCacheFile& f, const std::
         if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": unchanged\n";
         return;
     }
-    run_together(comm, [&] { write_prefix_file(prefix_file_path(f.path, comm.rank()), f.key, saved); });
-    if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": " << describe_saves(saved) << " saved\n";
+    // Prefixes of a cache_salt stay in memory: the file holds no salts, and its prefixes are
+    // shared with every request after a restart.
+    // (A copy only where there are such prefixes to leave out.)
+    const bool salted = std::any_of(saved.begin(), saved.end(), [](const SavedPrefix& p) { return !p.salt.empty(); });
+    std::vector<SavedPrefix> unsalted;
+    for (size_t i = 0; salted && i < saved.size(); ++i)
+        if (saved[i].salt.empty()) unsalted.push_back(saved[i]);
+    const std::vector<SavedPrefix>& out = salted ? unsalted : saved;
+    run_together(comm, [&] { write_prefix_file(prefix_file_path(f.path, comm.rank()), f.key, out); });
+    if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": " << describe_saves(out) << " saved\n";
 }
 
 }  // namespace shardlm

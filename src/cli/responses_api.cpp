@@ -199,7 +199,7 @@ json responses_chat_body(const json& body) {
     for (const char* key : {"model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                             "repetition_penalty", "parallel_tool_calls", "stream", "priority", "chat_template_kwargs",
                             "ignore_eos", "min_tokens", "stop", "stop_token_ids", "logit_bias", "skip_special_tokens",
-                            "guided_json", "guided_choice", "guided_regex", "guided_grammar", "structured_outputs"})
+                            "guided_json", "guided_choice", "guided_regex", "guided_grammar", "structured_outputs", "cache_salt"})
         if (given(body, key)) chat[key] = body[key];
     if (given(body, "max_output_tokens")) chat["max_tokens"] = body["max_output_tokens"];
     if (given(body, "tools")) chat["tools"] = chat_tools(body["tools"]);

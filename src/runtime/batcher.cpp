@@ -78,6 +78,7 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     slots_ = opt.max_running > 0 ? opt.max_running : eo.max_batch;
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
+    held_salt_.resize(size_t(slots_));
     freed_at_.assign(size_t(slots_), 0);
     capacity_ = kv_capacity(engine.config(), eo);
     if (opt.draft) {
@@ -171,6 +172,7 @@ std::vector<int32_t> Batcher::ran(const Seq& q) const {
 void Batcher::free_slot(const Seq& q) {
     if (opt_.reuse_prefix) {
         held_[size_t(q.slot)] = ran(q);
+        held_salt_[size_t(q.slot)] = q.req.cache_salt;
         freed_at_[size_t(q.slot)] = ++frees_;
     }
     free_slots_.push_back(q.slot);
@@ -178,17 +180,19 @@ void Batcher::free_slot(const Seq& q) {
 
 Batcher::HostPrefix Batcher::save_held(int64_t slot, int64_t kept) {
     const std::vector<int32_t>& held = held_[size_t(slot)];
+    const std::string& salt = held_salt_[size_t(slot)];
     const size_t per = engine_.kv_position_bytes();
     // What fits the budget alone (a prefix of a prefix is one too).
     const int64_t n = std::min<int64_t>(int64_t(held.size()), int64_t(opt_.host_cache_bytes / per));
     HostPrefix e;
     if (n <= kept || n < kMinHostPrefix) return e;
     for (HostPrefix& h : host_)
-        if (int64_t(h.tokens.size()) >= n && std::equal(held.begin(), held.begin() + n, h.tokens.begin())) {
+        if (h.salt == salt && int64_t(h.tokens.size()) >= n && std::equal(held.begin(), held.begin() + n, h.tokens.begin())) {
             h.used = ++host_uses_;  // saved already (with more after it, perhaps)
             return e;
         }
     e.tokens.assign(held.begin(), held.begin() + n);
+    e.salt = salt;
     e.kv.resize(size_t(n) * per);
     engine_.save_kv(slot, n, e.kv.data());
     timings_.host_saves += 1;
@@ -198,7 +202,7 @@ Batcher::HostPrefix Batcher::save_held(int64_t slot, int64_t kept) {
 void Batcher::keep_host(HostPrefix e) {
     // Saves that this one holds whole go; then the least recently used until it fits.
     for (size_t i = host_.size(); i-- > 0;)
-        if (host_[i].tokens.size() <= e.tokens.size() &&
+        if (host_[i].salt == e.salt && host_[i].tokens.size() <= e.tokens.size() &&
             std::equal(host_[i].tokens.begin(), host_[i].tokens.end(), e.tokens.begin())) {
             host_bytes_ -= host_[i].kv.size();
             host_.erase(host_.begin() + std::ptrdiff_t(i));
@@ -248,9 +252,10 @@ int64_t Batcher::restore_host(std::vector<SavedPrefix> saved) {
     return int64_t(host_.size());
 }
 
-int64_t Batcher::host_match(const std::vector<int32_t>& p, size_t& which) const {
+int64_t Batcher::host_match(const std::vector<int32_t>& p, const std::string& salt, size_t& which) const {
     int64_t best = 0;
     for (size_t i = 0; i < host_.size(); ++i) {
+        if (host_[i].salt != salt) continue;
         const std::vector<int32_t>& t = host_[i].tokens;
         const int64_t n = std::mismatch(t.begin(), t.end(), p.begin(), p.end()).first - t.begin();
         if (n > best) {
@@ -287,14 +292,15 @@ void Batcher::share_prefixes() {
             }
         };
         for (size_t b = 0; b < running_.size(); ++b) {
-            if (b == a) continue;
             const Seq& s = *seqs_[running_[b]];
+            if (b == a || s.req.cache_salt != q.req.cache_salt) continue;
             consider(ran(s), s.slot);
             const int64_t len = int64_t(s.req.prompt.size());
             if (b < a && s.dropped == 0 && s.done < len)
                 later = std::max(later, common(s.req.prompt.data(), std::min(len, capacity_)));
         }
-        for (const int64_t f : free_slots_) consider(held_[size_t(f)], f);
+        for (const int64_t f : free_slots_)
+            if (held_salt_[size_t(f)] == q.req.cache_salt) consider(held_[size_t(f)], f);
         if (later > now && later >= q.done + kMinPrefixWait) {
             q.waits = true;
         } else if (src >= 0) {
@@ -490,7 +496,9 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             int64_t best = -1;
             for (auto f = free_slots_.end(); f-- != free_slots_.begin();) {  // the lowest first
                 const std::vector<int32_t>& h = held_[size_t(*f)];
-                const int64_t n = std::mismatch(h.begin(), h.end(), p.begin(), p.end()).first - h.begin();
+                const int64_t n = held_salt_[size_t(*f)] != q.req.cache_salt
+                                      ? 0
+                                      : std::mismatch(h.begin(), h.end(), p.begin(), p.end()).first - h.begin();
                 if (n > best || (n == best && freed_at_[size_t(*f)] < freed_at_[size_t(*it)])) {
                     best = n;
                     it = f;
@@ -498,7 +506,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             }
             q.done = std::min(best, int64_t(p.size()) - 1);  // the last prompt token runs for its logits
             kept = best;  // (the last prompt token's row is written again alike)
-            const int64_t saved = std::min(host_match(p, entry), int64_t(p.size()) - 1);
+            const int64_t saved = std::min(host_match(p, q.req.cache_salt, entry), int64_t(p.size()) - 1);
             if (saved > q.done) load = saved;
         }
         // What the slot holds goes to the host tier before anything overwrites it, and joins it
@@ -599,6 +607,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
                 DraftModel::Query dq;
                 dq.slot = q.slot;
                 dq.k = k;
+                dq.salt = q.req.cache_salt;
                 queries.push_back(dq);
                 query_chunk.push_back(c);
                 rows -= k;

@@ -75,6 +75,9 @@ struct BatchRequest {
     // arrival); one that finds no free slot preempts the running sequence of the highest value
     // above its own (Batcher::preempt), which waits again and later goes on with the same tokens.
     int64_t priority = 0;
+    // vLLM's cache_salt: the prefix cache shares keys and values only between requests of the
+    // same salt ("" is one too), so a tenant cannot learn by timing what another's prompts held.
+    std::string cache_salt;
 };
 
 struct SequenceResult {
@@ -107,6 +110,7 @@ struct GenerateTimings {
 struct SavedPrefix {
     std::vector<int32_t> tokens;
     std::vector<uint8_t> kv;
+    std::string salt;  // the cache_salt of the request that ran it
 };
 
 // Called after each step with (request index, new token); for streaming.
@@ -242,8 +246,8 @@ private:
     // whole and then the least recently used until it fits.
     HostPrefix save_held(int64_t slot, int64_t kept);
     void keep_host(HostPrefix e);
-    // The saved prefix sharing the most tokens with p; returns that count (0: none).
-    int64_t host_match(const std::vector<int32_t>& p, size_t& which) const;
+    // The saved prefix of that salt sharing the most tokens with p; returns that count (0: none).
+    int64_t host_match(const std::vector<int32_t>& p, const std::string& salt, size_t& which) const;
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;
@@ -254,6 +258,7 @@ private:
     // reuse_prefix: per slot, the tokens whose keys and values its cache holds at positions
     // [0, size) once its sequence has ended, and when it was freed (a count of frees).
     std::vector<std::vector<int32_t>> held_;
+    std::vector<std::string> held_salt_;  // and the cache_salt of the sequence that ran them
     std::vector<uint64_t> freed_at_;
     uint64_t frees_ = 0;
     int64_t capacity_ = 0;  // kv_capacity: a slot that wrote more positions has wrapped

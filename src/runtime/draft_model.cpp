@@ -11,7 +11,7 @@ namespace shardlm {
 
 DraftModel::DraftModel(Engine& draft, int64_t vocab, int64_t prefill_chunk, float p_min)
     : e_(draft), vocab_(vocab), chunk_(std::min(prefill_chunk, draft.options().max_step_tokens)), p_min_(p_min),
-      held_(size_t(draft.options().max_batch)) {
+      held_(size_t(draft.options().max_batch)), held_salt_(size_t(draft.options().max_batch)) {
     SHARDLM_CHECK(chunk_ >= 1 && p_min >= 0.0f && p_min <= 1.0f, "DraftModel: prefill chunk ", prefill_chunk, ", p_min ", p_min);
 }
 
@@ -64,6 +64,8 @@ void DraftModel::propose(std::vector<Query>& qs) {
         SHARDLM_CHECK(q.slot >= 0 && q.slot < int64_t(held_.size()) && q.n >= 1 && q.k >= 1 && q.n + q.k <= e_.options().ctx + 1,
                       "DraftModel::propose: slot ", q.slot, ", ", q.n, " tokens, k ", q.k);
         std::vector<int32_t>& h = held_[size_t(q.slot)];
+        if (held_salt_[size_t(q.slot)] != q.salt) h.clear();
+        held_salt_[size_t(q.slot)] = q.salt;
         const int64_t same = std::mismatch(h.begin(), h.end(), q.seq, q.seq + q.n).first - h.begin();
         at[i] = std::min(same, q.n - 1);
         h.assign(q.seq, q.seq + at[i]);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -32,6 +33,7 @@ public:
         const int32_t* seq = nullptr;  // the sequence so far (prompt and tokens), n >= 1
         int64_t n = 0;
         int64_t k = 0;                 // tokens wanted, >= 1
+        std::string salt;              // its cache_salt: a slot's cache is shared within one salt only
         std::vector<int32_t> out;      // the proposals (up to k)
     };
     // Proposes for every query at once: one draft step per chunk of catching up, then k - 1
@@ -48,6 +50,7 @@ private:
     int64_t vocab_, chunk_;
     float p_min_;
     std::vector<std::vector<int32_t>> held_;  // per slot: the tokens its cache holds at [0, size)
+    std::vector<std::string> held_salt_;      // and the salt of the sequence that ran them
     double ms_ = 0;
 };
 

@@ -861,6 +861,52 @@ TEST_F(Serve, RequestIdsAreTheClients) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// vLLM's cache_salt (the Batcher's test follows every path of the cache): a prompt served again
+// takes its prefix from the cache only under the salt it ran with (no salt is one too), for
+// completions, chat and the Responses API; the text is the same either way; a salt that is not a
+// non-empty string gets a 400.
+TEST_F(Serve, CacheSaltKeepsTenantsApart) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 2", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const std::string text = "In the beginning God created the heaven and the earth. And the earth was without form";
+    auto cached = [&](const std::string& path, json body, const json& salt) {
+        if (!salt.is_null()) body["cache_salt"] = salt;
+        const Reply r = post(port, path, body);
+        EXPECT_EQ(r.status, 200) << r.raw;
+        const json& u = r.body["usage"];
+        const json& details = u.contains("prompt_tokens_details") ? u["prompt_tokens_details"] : u["input_tokens_details"];
+        return std::make_pair(details["cached_tokens"].get<int64_t>(), r.body);
+    };
+    const json completion = {{"prompt", text}, {"max_tokens", 4}, {"temperature", 0}};
+    const auto first = cached("/v1/completions", completion, "tenant-a");
+    EXPECT_EQ(first.first, 0);
+    const auto again = cached("/v1/completions", completion, "tenant-a");
+    EXPECT_GT(again.first, 0);
+    EXPECT_EQ(again.second["choices"][0]["text"], first.second["choices"][0]["text"]);
+    const auto other = cached("/v1/completions", completion, "tenant-b");
+    EXPECT_EQ(other.first, 0);
+    EXPECT_EQ(other.second["choices"][0]["text"], first.second["choices"][0]["text"]);
+    EXPECT_EQ(cached("/v1/completions", completion, nullptr).first, 0);  // no salt: its own
+    EXPECT_GT(cached("/v1/completions", completion, nullptr).first, 0);
+    EXPECT_GT(cached("/v1/completions", completion, "tenant-b").first, 0);
+    const json chat = {{"messages", {{{"role", "user"}, {"content", text}}}}, {"max_tokens", 2}};
+    EXPECT_EQ(cached("/v1/chat/completions", chat, "tenant-c").first, 0);
+    EXPECT_GT(cached("/v1/chat/completions", chat, "tenant-c").first, 0);
+    EXPECT_EQ(cached("/v1/chat/completions", chat, "tenant-d").first, 0);
+    const json resp = {{"input", text}, {"max_output_tokens", 2}, {"store", false}};
+    EXPECT_GT(cached("/v1/responses", resp, "tenant-c").first, 0);  // chat's prompt, tenant c's prefix
+    EXPECT_EQ(cached("/v1/responses", resp, "tenant-e").first, 0);
+    for (const json& bad : {json(""), json(5)}) {
+        json body = completion;
+        body["cache_salt"] = bad;
+        const Reply r = post(port, "/v1/completions", body);
+        EXPECT_EQ(r.status, 400) << r.raw;
+        EXPECT_EQ(r.body["error"]["message"], "\"cache_salt\" must be a non-empty string") << r.raw;
+    }
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 // --chat-template (vLLM's serve flag; chat and generate --chat take it too): a file, or the
 // template's text, in place of the model's: the prompt is the one a model shipping that template
 // gets; a value that is neither, or a template no renderer knows, stops the server naming it.

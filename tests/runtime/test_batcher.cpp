@@ -651,6 +651,84 @@ TEST(Batcher, BurstPrefillsASharedPrefixOnce) {
     }
 }
 
+// vLLM's cache_salt: keys and values are shared only between requests of one salt ("" is one
+// too), through every path of the prefix cache. A burst of four with one 48-token start: the one
+// of the first's salt copies its prefix, the others of other salts prefill it themselves; then
+// freed slots serve later requests of their salt only. Through one slot and the host tier: a
+// request of another salt finds nothing, while each salt's next request loads its own save. The
+// tokens are those of runs without any reuse.
+TEST(Batcher, CacheSaltKeepsPrefixesApart) {
+    TempDir d;
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 29});
+    SingleRank comm;
+    SamplerOptions greedy;
+    greedy.temperature = 0;
+    const std::vector<int32_t> sys = make_prompt(48, cfg.vocab, 61);
+    auto salted = [&](std::vector<int32_t> prompt, const std::string& salt, uint64_t stream) {
+        BatchRequest q = request(std::move(prompt), greedy, stream);
+        q.cache_salt = salt;
+        return q;
+    };
+    // Phase 1, together: salts a, b, a, "" (the burst); phase 2, once they are done: b, c, "".
+    const std::vector<BatchRequest> burst = {salted(joined(sys, {1}), "a", 0), salted(joined(sys, {2, 3}), "b", 1),
+                                             salted(joined(sys, {4}), "a", 2), salted(joined(sys, {5, 6}), "", 3)};
+    const std::vector<BatchRequest> later = {salted(joined(sys, {7}), "b", 4), salted(joined(sys, {8}), "c", 5),
+                                             salted(joined(sys, {9}), "", 6)};
+    auto run = [&](bool reuse, std::vector<SequenceResult>& out) {
+        SessionOptions so;
+        so.model_dir = d.path();
+        so.ctx = 96;
+        so.max_batch = 4;
+        so.prefill_chunk = 64;
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.prefill_chunk = 64;
+        bo.reuse_prefix = reuse;
+        Batcher b(*s->engine, bo);
+        for (const BatchRequest& q : burst) b.add(q);
+        while (b.busy()) b.step();
+        for (const BatchRequest& q : later) b.add(q);
+        while (b.busy()) b.step();
+        for (size_t i = 0; i < burst.size() + later.size(); ++i) out.push_back(b.result(i));
+    };
+    std::vector<SequenceResult> fresh, shared;
+    run(false, fresh);
+    run(true, shared);
+    const std::vector<int64_t> cached = {0, 0, 48, 0, 48, 0, 48};
+    for (size_t i = 0; i < cached.size(); ++i) {
+        EXPECT_EQ(shared[i].cached_tokens, cached[i]) << "request " << i;
+        EXPECT_EQ(shared[i].tokens, fresh[i].tokens) << "request " << i;
+    }
+
+    // One slot and the host tier: x, then y of the same prompt (nothing: the slot holds x's),
+    // then x's next turn (its save loads), then a prompt of salt w that the tier holds under x
+    // and y only (nothing), then y's prompt again (its save loads).
+    const std::vector<int32_t> p = make_prompt(20, cfg.vocab, 41);
+    auto s = open_one_slot(d.path(), KVFormat::F32, comm);
+    BatcherOptions bo;
+    bo.prefill_chunk = 8;
+    bo.reuse_prefix = true;
+    bo.host_cache_bytes = 1000 * s->engine->kv_position_bytes();
+    Batcher b(*s->engine, bo);
+    auto one = [&](BatchRequest q) {
+        const size_t id = b.add(std::move(q));
+        while (b.busy()) b.step();
+        return b.result(id);
+    };
+    const SequenceResult x = one(salted(p, "x", 0)), y = one(salted(p, "y", 1));
+    EXPECT_EQ(y.tokens, x.tokens);  // the same prompt, greedy
+    EXPECT_EQ(y.cached_tokens, 0);
+    EXPECT_EQ(one(salted(joined(joined(p, x.tokens), {5}), "x", 2)).cached_tokens, 20 + 7);  // x's prompt and tokens but the last
+    const SequenceResult w = one(salted(p, "w", 3));
+    EXPECT_EQ(w.cached_tokens, 0);
+    EXPECT_EQ(w.tokens, x.tokens);
+    const SequenceResult y2 = one(salted(p, "y", 4));
+    EXPECT_EQ(y2.cached_tokens, 20 - 1);  // (the last prompt token runs for its logits)
+    EXPECT_EQ(y2.tokens, x.tokens);
+    EXPECT_EQ(b.timings().host_loads, 2);
+}
+
 // ignore_eos and min_tokens on a model pushed to end at once (+100 on its end-of-sequence id):
 // plain, it stops at its first token; with ignore_eos it runs to max_new_tokens; with min_tokens
 // the end-of-sequence id is banned until then, through candidates (top-k) and whole rows alike.

@@ -188,12 +188,26 @@ json responses_chat_body(const json& body) {
     if (given(body, "previous_response_id")) bad("\"previous_response_id\": no stored response to continue");
     if (given(body, "conversation")) bad("\"conversation\" is not supported (previous_response_id is)");
     if (given(body, "background") && body["background"] != false) bad("\"background\" is not supported");
-    if (given(body, "include") && !(body["include"].is_array() && body["include"].empty())) bad("\"include\" is not supported");
+    // include: message.output_text.logprobs only (the chat request's logprobs, top_logprobs N).
+    bool logprobs = false;
+    if (given(body, "include")) {
+        if (!body["include"].is_array()) bad("\"include\" must be an array");
+        for (const json& v : body["include"]) {
+            if (v != "message.output_text.logprobs")
+                bad("\"include\": " + v.dump() + " is not supported (message.output_text.logprobs is)");
+            logprobs = true;
+        }
+    }
     if (given(body, "truncation") && body["truncation"] != "disabled") bad("\"truncation\" \"auto\" is not supported (disabled)");
     if (given(body, "reasoning") && body["reasoning"].is_object() && given(body["reasoning"], "effort"))
         bad("\"reasoning.effort\" is not supported (a template's switch: chat_template_kwargs enable_thinking)");
-    if (given(body, "top_logprobs") && body["top_logprobs"] != 0) bad("\"top_logprobs\" is not supported by /v1/responses");
+    if (given(body, "top_logprobs") && body["top_logprobs"] != 0 && !logprobs)
+        bad("\"top_logprobs\" needs \"include\": [\"message.output_text.logprobs\"]");
     json chat = json::object();
+    if (logprobs) {
+        chat["logprobs"] = true;
+        if (given(body, "top_logprobs")) chat["top_logprobs"] = body["top_logprobs"];
+    }
     chat["messages"] = chat_messages(body);
     // The sampling fields, OpenAI's and vLLM's extras, as they are.
     for (const char* key : {"model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
@@ -218,13 +232,15 @@ json reasoning_item(const std::string& id, const std::string& text) {
             {"content", json::array({{{"type", "reasoning_text"}, {"text", text}}})}};
 }
 
-json text_part(const std::string& text) {
-    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+// logprobs: the chat response's logprobs.content entries ({token, logprob, bytes, top_logprobs},
+// the Responses API's shape too), every generated token's (vLLM's), or none.
+json text_part(const std::string& text, const json& logprobs = json::array()) {
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}};
 }
 
-json message_item(const std::string& id, const std::string& text, const std::string& status) {
+json message_item(const std::string& id, const std::string& text, const std::string& status, const json& logprobs = json::array()) {
     return {{"id", "msg_" + id}, {"type", "message"}, {"status", status}, {"role", "assistant"},
-            {"content", status == "in_progress" ? json::array() : json::array({text_part(text)})}};
+            {"content", status == "in_progress" ? json::array() : json::array({text_part(text, logprobs)})}};
 }
 
 json call_item(const std::string& id, size_t k, const std::string& call_id, const std::string& name, const std::string& arguments,
@@ -245,8 +261,9 @@ json responses_object(const json& chat_response, const json& request, const std:
         const std::string status = finish == "length" ? "incomplete" : "completed";
         if (msg.contains("reasoning_content") && msg["reasoning_content"].is_string())
             output.push_back(reasoning_item(id, msg["reasoning_content"]));
+        const json lps = choice.contains("logprobs") && choice["logprobs"].is_object() ? choice["logprobs"]["content"] : json::array();
         if (msg["content"].is_string() && !msg["content"].get<std::string>().empty())
-            output.push_back(message_item(id, msg["content"], status));
+            output.push_back(message_item(id, msg["content"], status, lps));
         if (msg.contains("tool_calls"))
             for (size_t k = 0; k < msg["tool_calls"].size(); ++k) {
                 const json& c = msg["tool_calls"][k];
@@ -321,7 +338,7 @@ json ResponsesStream::item_json(Item kind, size_t call, bool done) const {
         if (!done) it["content"] = json::array();
         return it;
     }
-    if (kind == Item::Message) return message_item(id_, content_, status);
+    if (kind == Item::Message) return message_item(id_, content_, status, lps_);
     const Call& c = calls_[call];
     return call_item(id_, call, c.id, c.name, done ? c.arguments : "", done ? "completed" : "in_progress");
 }
@@ -346,9 +363,9 @@ std::string ResponsesStream::close() {
                      {{"item_id", item["id"]}, {"output_index", index_}, {"content_index", 0}, {"text", reasoning_}});
     } else if (open_ == Item::Message) {
         out += event("response.output_text.done", {{"item_id", item["id"]}, {"output_index", index_}, {"content_index", 0},
-                                                   {"text", content_}, {"logprobs", json::array()}});
+                                                   {"text", content_}, {"logprobs", lps_}});
         out += event("response.content_part.done",
-                     {{"item_id", item["id"]}, {"output_index", index_}, {"content_index", 0}, {"part", text_part(content_)}});
+                     {{"item_id", item["id"]}, {"output_index", index_}, {"content_index", 0}, {"part", text_part(content_, lps_)}});
     } else if (open_ == Item::Call) {
         out += event("response.function_call_arguments.done",
                      {{"item_id", item["id"]}, {"output_index", index_}, {"arguments", calls_[call_].arguments}});
@@ -363,6 +380,11 @@ std::string ResponsesStream::push(const json& chunk) {
     if (!chunk.contains("choices") || chunk["choices"].empty()) return out;
     const json& choice = chunk["choices"][0];
     const json& delta = choice.contains("delta") ? choice["delta"] : json::object();
+    if (choice.contains("logprobs") && choice["logprobs"].is_object())
+        for (const json& e : choice["logprobs"]["content"]) {
+            lps_.push_back(e);
+            lps_pending_.push_back(e);
+        }
     if (delta.contains("reasoning_content") && delta["reasoning_content"].is_string() &&
         !delta["reasoning_content"].get<std::string>().empty()) {
         if (open_ != Item::Reasoning) out += open(Item::Reasoning);
@@ -376,7 +398,8 @@ std::string ResponsesStream::push(const json& chunk) {
         const std::string d = delta["content"];
         content_ += d;
         out += event("response.output_text.delta", {{"item_id", "msg_" + id_}, {"output_index", index_}, {"content_index", 0},
-                                                    {"delta", d}, {"logprobs", json::array()}});
+                                                    {"delta", d}, {"logprobs", lps_pending_}});
+        lps_pending_ = json::array();
     }
     if (delta.contains("tool_calls"))
         for (const json& e : delta["tool_calls"]) {
@@ -412,7 +435,7 @@ std::string ResponsesStream::end(const json& usage, int64_t reasoning_tokens) {
     }
     const json chat = {{"created", created_},
                        {"model", model_},
-                       {"choices", json::array({{{"message", chat_message()}, {"finish_reason", finish_}}})},
+                       {"choices", json::array({{{"message", chat_message()}, {"logprobs", {{"content", lps_}}}, {"finish_reason", finish_}}})},
                        {"usage", usage}};
     final_ = responses_object(chat, request_, id_, reasoning_tokens);
     return out + event(final_["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", final_}});

@@ -110,6 +110,9 @@ private:
     Item open_ = Item::None;
     size_t call_ = 0;  // the open call
     std::string reasoning_, content_, finish_;
+    // include message.output_text.logprobs: the chat stream's entries, all of them (lps_), and
+    // those not yet sent with a text delta (lps_pending_: a chunk may bring them without text).
+    nlohmann::ordered_json lps_ = nlohmann::ordered_json::array(), lps_pending_ = nlohmann::ordered_json::array();
     struct Call {
         std::string id, name, arguments;
     };

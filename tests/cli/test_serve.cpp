@@ -760,6 +760,67 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     EXPECT_EQ(cut.body["status"], "incomplete");
     EXPECT_EQ(cut.body["incomplete_details"]["reason"], "max_output_tokens");
     EXPECT_EQ(cut.body["usage"]["output_tokens"], 3);
+    // include message.output_text.logprobs with top_logprobs 2: the chat request's logprobs (every
+    // generated token's, as vLLM's) on the output text; streamed, the text deltas' logprobs add up
+    // to them, and the done event and the last event's response hold them whole.
+    {
+        const std::string said = "It is sunny in Paris today.";
+        const json lreq = {{"input", "Weather in Paris?"}, {"max_output_tokens", 40}, {"guided_choice", {said}},
+                           {"include", {"message.output_text.logprobs"}}, {"top_logprobs", 2}, {"store", false}};
+        const Reply whole = post(port, "/v1/responses", lreq);
+        ASSERT_EQ(whole.status, 200) << whole.raw;
+        const Reply chat_lp = post(port, "/v1/chat/completions",
+                                   {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}, {"max_tokens", 40},
+                                    {"guided_choice", {said}}, {"logprobs", true}, {"top_logprobs", 2}});
+        ASSERT_EQ(chat_lp.status, 200) << chat_lp.raw;
+        ASSERT_EQ(whole.body["output"].size(), 1u) << whole.raw;
+        const json& part = whole.body["output"][0]["content"][0];
+        EXPECT_EQ(part["text"], said);
+        const json& lps = part["logprobs"];
+        // The same tokens and bytes, and logprobs within float noise (the runs differ in what the
+        // prefix cache held).
+        // (-inf, a constraint's masked ids, is null.)
+        auto near = [](const json& x, const json& y) {
+            return x.is_number() && y.is_number() ? std::abs(x.get<double>() - y.get<double>()) <= 1e-4 : x == y;
+        };
+        auto same = [&](const json& a, const json& b) {
+            if (!a.is_array() || !b.is_array() || a.size() != b.size()) return false;
+            for (size_t i = 0; i < a.size(); ++i) {
+                if (a[i]["token"] != b[i]["token"] || a[i]["bytes"] != b[i]["bytes"] || !near(a[i]["logprob"], b[i]["logprob"]) ||
+                    a[i]["top_logprobs"].size() != b[i]["top_logprobs"].size())
+                    return false;
+                for (size_t k = 0; k < a[i]["top_logprobs"].size(); ++k)
+                    if (!near(a[i]["top_logprobs"][k]["logprob"], b[i]["top_logprobs"][k]["logprob"])) return false;
+            }
+            return true;
+        };
+        EXPECT_TRUE(same(lps, chat_lp.body["choices"][0]["logprobs"]["content"])) << whole.raw << chat_lp.raw;
+        ASSERT_GT(lps.size(), 2u) << whole.raw;
+        std::string text;
+        for (const json& e : lps) {
+            text += e["token"].get<std::string>();
+            EXPECT_EQ(e["top_logprobs"].size(), 2u) << e;
+        }
+        EXPECT_EQ(text, said);
+        json sl = lreq;
+        sl["stream"] = true;
+        const Reply st = post(port, "/v1/responses", sl);
+        json from_deltas = json::array(), at_done, at_end;
+        for (const json& e : responses_events(st.raw)) {
+            if (e["type"] == "response.output_text.delta")
+                for (const json& l : e["logprobs"]) from_deltas.push_back(l);
+            if (e["type"] == "response.output_text.done") at_done = e["logprobs"];
+            if (e["type"] == "response.completed") at_end = e["response"]["output"][0]["content"][0]["logprobs"];
+        }
+        EXPECT_TRUE(same(from_deltas, lps)) << st.raw;
+        EXPECT_EQ(at_done, from_deltas) << st.raw;
+        EXPECT_EQ(at_end, from_deltas) << st.raw;
+        // Without include, none.
+        json plain = lreq;
+        plain.erase("include");
+        plain.erase("top_logprobs");
+        EXPECT_EQ(post(port, "/v1/responses", plain).body["output"][0]["content"][0]["logprobs"], json::array());
+    }
     auto error_of = [&](const json& body, const std::string& message) {
         const Reply e = post(port, "/v1/responses", body);
         EXPECT_EQ(e.status, 400) << e.raw;
@@ -767,6 +828,9 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     };
     error_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "\"tools[0]\": only function tools are supported, not \"web_search\"");
     error_of({{"instructions", "x"}}, "\"input\" is required");
+    error_of({{"input", "x"}, {"include", {"file_search_call.results"}}},
+             "\"include\": \"file_search_call.results\" is not supported (message.output_text.logprobs is)");
+    error_of({{"input", "x"}, {"top_logprobs", 2}}, "\"top_logprobs\" needs \"include\": [\"message.output_text.logprobs\"]");
     const Reply typed = post(port, "/v1/responses", {{"input", {{{"type", 7}}}}});  // a type that is no string
     EXPECT_EQ(typed.status, 400) << typed.raw;
     EXPECT_EQ(typed.body["error"]["message"].get<std::string>().rfind("a field of the request has the wrong type: ", 0), 0u) << typed.raw;

@@ -282,7 +282,7 @@ void finish_choice(Job& job, size_t c, const std::string& text, const std::strin
         cs.out.completion_tokens = int64_t(r.tokens.size());
         cs.out.cached_tokens = r.cached_tokens;
         cs.out.prompt_lps = r.prompt_logprobs;
-        cs.out.token_ids = r.tokens;
+        if (job.req.return_token_ids) cs.out.token_ids = r.tokens;  // (a copy only where they are asked)
         cs.prompt_scored = true;
         cs.done = true;
         job.ended += 1;
@@ -799,7 +799,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 c.text = tok->decode(text_ids, decode);
                 c.finish = b.finish;
                 c.completion_tokens = int64_t(b.tokens.size());
-                c.token_ids = b.tokens;
+                if (r.return_token_ids) c.token_ids = b.tokens;
                 c.cached_tokens = cached[p];
                 outs.push_back(std::move(c));
             }

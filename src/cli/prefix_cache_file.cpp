@@ -146,13 +146,14 @@ void save_prefix_cache(Communicator& comm, const PrefixCacheFile& f, const std::
         if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": unchanged\n";
         return;
     }
-    // Prefixes of a cache_salt stay in memory: the file holds no salts, and its prefixes are
-    // shared with every request after a restart.
+    // Prefixes of a cache_salt or a LoRA adapter stay in memory: the file holds neither, and its
+    // prefixes are shared with every request of the base model after a restart.
     // (A copy only where there are such prefixes to leave out.)
-    const bool salted = std::any_of(saved.begin(), saved.end(), [](const SavedPrefix& p) { return !p.salt.empty(); });
+    auto base = [](const SavedPrefix& p) { return p.salt.empty() && p.adapter < 0; };
+    const bool salted = !std::all_of(saved.begin(), saved.end(), base);
     std::vector<SavedPrefix> unsalted;
     for (size_t i = 0; salted && i < saved.size(); ++i)
-        if (saved[i].salt.empty()) unsalted.push_back(saved[i]);
+        if (base(saved[i])) unsalted.push_back(saved[i]);
     const std::vector<SavedPrefix>& out = salted ? unsalted : saved;
     run_together(comm, [&] { write_prefix_file(prefix_file_path(f.path, comm.rank()), f.key, out); });
     if (comm.rank() == 0) std::cerr << f.flag << " " << f.path << ": " << describe_saves(out) << " saved\n";

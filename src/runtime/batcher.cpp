@@ -79,6 +79,7 @@ Batcher::Batcher(Engine& engine, const BatcherOptions& opt) : engine_(engine), o
     for (int64_t i = slots_; i-- > 0;) free_slots_.push_back(i);
     held_.resize(size_t(slots_));
     held_salt_.resize(size_t(slots_));
+    held_adapter_.assign(size_t(slots_), -1);
     freed_at_.assign(size_t(slots_), 0);
     capacity_ = kv_capacity(engine.config(), eo);
     if (opt.draft) {
@@ -173,6 +174,7 @@ void Batcher::free_slot(const Seq& q) {
     if (opt_.reuse_prefix) {
         held_[size_t(q.slot)] = ran(q);
         held_salt_[size_t(q.slot)] = q.req.cache_salt;
+        held_adapter_[size_t(q.slot)] = q.req.adapter;
         freed_at_[size_t(q.slot)] = ++frees_;
     }
     free_slots_.push_back(q.slot);
@@ -181,18 +183,20 @@ void Batcher::free_slot(const Seq& q) {
 Batcher::HostPrefix Batcher::save_held(int64_t slot, int64_t kept) {
     const std::vector<int32_t>& held = held_[size_t(slot)];
     const std::string& salt = held_salt_[size_t(slot)];
+    const int64_t adapter = held_adapter_[size_t(slot)];
     const size_t per = engine_.kv_position_bytes();
     // What fits the budget alone (a prefix of a prefix is one too).
     const int64_t n = std::min<int64_t>(int64_t(held.size()), int64_t(opt_.host_cache_bytes / per));
     HostPrefix e;
     if (n <= kept || n < kMinHostPrefix) return e;
     for (HostPrefix& h : host_)
-        if (h.salt == salt && int64_t(h.tokens.size()) >= n && std::equal(held.begin(), held.begin() + n, h.tokens.begin())) {
+        if (h.salt == salt && h.adapter == adapter && int64_t(h.tokens.size()) >= n && std::equal(held.begin(), held.begin() + n, h.tokens.begin())) {
             h.used = ++host_uses_;  // saved already (with more after it, perhaps)
             return e;
         }
     e.tokens.assign(held.begin(), held.begin() + n);
     e.salt = salt;
+    e.adapter = adapter;
     e.kv.resize(size_t(n) * per);
     engine_.save_kv(slot, n, e.kv.data());
     timings_.host_saves += 1;
@@ -202,7 +206,7 @@ Batcher::HostPrefix Batcher::save_held(int64_t slot, int64_t kept) {
 void Batcher::keep_host(HostPrefix e) {
     // Saves that this one holds whole go; then the least recently used until it fits.
     for (size_t i = host_.size(); i-- > 0;)
-        if (host_[i].salt == e.salt && host_[i].tokens.size() <= e.tokens.size() &&
+        if (host_[i].salt == e.salt && host_[i].adapter == e.adapter && host_[i].tokens.size() <= e.tokens.size() &&
             std::equal(host_[i].tokens.begin(), host_[i].tokens.end(), e.tokens.begin())) {
             host_bytes_ -= host_[i].kv.size();
             host_.erase(host_.begin() + std::ptrdiff_t(i));
@@ -252,10 +256,10 @@ int64_t Batcher::restore_host(std::vector<SavedPrefix> saved) {
     return int64_t(host_.size());
 }
 
-int64_t Batcher::host_match(const std::vector<int32_t>& p, const std::string& salt, size_t& which) const {
+int64_t Batcher::host_match(const std::vector<int32_t>& p, const BatchRequest& r, size_t& which) const {
     int64_t best = 0;
     for (size_t i = 0; i < host_.size(); ++i) {
-        if (host_[i].salt != salt) continue;
+        if (host_[i].salt != r.cache_salt || host_[i].adapter != r.adapter) continue;
         const std::vector<int32_t>& t = host_[i].tokens;
         const int64_t n = std::mismatch(t.begin(), t.end(), p.begin(), p.end()).first - t.begin();
         if (n > best) {
@@ -293,14 +297,15 @@ void Batcher::share_prefixes() {
         };
         for (size_t b = 0; b < running_.size(); ++b) {
             const Seq& s = *seqs_[running_[b]];
-            if (b == a || s.req.cache_salt != q.req.cache_salt) continue;
+            if (b == a || s.req.cache_salt != q.req.cache_salt || s.req.adapter != q.req.adapter) continue;
             consider(ran(s), s.slot);
             const int64_t len = int64_t(s.req.prompt.size());
             if (b < a && s.dropped == 0 && s.done < len)
                 later = std::max(later, common(s.req.prompt.data(), std::min(len, capacity_)));
         }
         for (const int64_t f : free_slots_)
-            if (held_salt_[size_t(f)] == q.req.cache_salt) consider(held_[size_t(f)], f);
+            if (held_salt_[size_t(f)] == q.req.cache_salt && held_adapter_[size_t(f)] == q.req.adapter)
+                consider(held_[size_t(f)], f);
         if (later > now && later >= q.done + kMinPrefixWait) {
             q.waits = true;
         } else if (src >= 0) {
@@ -496,7 +501,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             int64_t best = -1;
             for (auto f = free_slots_.end(); f-- != free_slots_.begin();) {  // the lowest first
                 const std::vector<int32_t>& h = held_[size_t(*f)];
-                const int64_t n = held_salt_[size_t(*f)] != q.req.cache_salt
+                const int64_t n = held_salt_[size_t(*f)] != q.req.cache_salt || held_adapter_[size_t(*f)] != q.req.adapter
                                       ? 0
                                       : std::mismatch(h.begin(), h.end(), p.begin(), p.end()).first - h.begin();
                 if (n > best || (n == best && freed_at_[size_t(*f)] < freed_at_[size_t(*it)])) {
@@ -506,7 +511,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
             }
             q.done = std::min(best, int64_t(p.size()) - 1);  // the last prompt token runs for its logits
             kept = best;  // (the last prompt token's row is written again alike)
-            const int64_t saved = std::min(host_match(p, q.req.cache_salt, entry), int64_t(p.size()) - 1);
+            const int64_t saved = std::min(host_match(p, q.req, entry), int64_t(p.size()) - 1);
             if (saved > q.done) load = saved;
         }
         // What the slot holds goes to the host tier before anything overwrites it, and joins it
@@ -548,6 +553,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         q.last = q.res.tokens.back();
         SeqChunk ch;
         ch.slot = q.slot;
+        ch.adapter = q.req.adapter;
         ch.tokens = &q.last;
         ch.n = 1;
         ch.pos = int64_t(q.res.prompt.size() + q.res.tokens.size()) - 1 - q.dropped;
@@ -652,6 +658,7 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         }
         if (n == 0) continue;
         ch.slot = q.slot;
+        ch.adapter = q.req.adapter;
         ch.tokens = q.req.prompt.data() + q.done;
         ch.n = n;
         ch.pos = q.done;

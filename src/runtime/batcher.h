@@ -78,6 +78,9 @@ struct BatchRequest {
     // vLLM's cache_salt: the prefix cache shares keys and values only between requests of the
     // same salt ("" is one too), so a tenant cannot learn by timing what another's prompts held.
     std::string cache_salt;
+    // The LoRA adapter the sequence runs under (SeqChunk::adapter; -1: the base model). Keys and
+    // values are shared only between sequences of one adapter, as of one salt.
+    int64_t adapter = -1;
 };
 
 struct SequenceResult {
@@ -111,6 +114,7 @@ struct SavedPrefix {
     std::vector<int32_t> tokens;
     std::vector<uint8_t> kv;
     std::string salt;  // the cache_salt of the request that ran it
+    int64_t adapter = -1;  // and its LoRA adapter
 };
 
 // Called after each step with (request index, new token); for streaming.
@@ -247,7 +251,7 @@ private:
     HostPrefix save_held(int64_t slot, int64_t kept);
     void keep_host(HostPrefix e);
     // The saved prefix of that salt sharing the most tokens with p; returns that count (0: none).
-    int64_t host_match(const std::vector<int32_t>& p, const std::string& salt, size_t& which) const;
+    int64_t host_match(const std::vector<int32_t>& p, const BatchRequest& r, size_t& which) const;
     Engine& engine_;
     BatcherOptions opt_;
     int64_t slots_ = 0;
@@ -259,6 +263,7 @@ private:
     // [0, size) once its sequence has ended, and when it was freed (a count of frees).
     std::vector<std::vector<int32_t>> held_;
     std::vector<std::string> held_salt_;  // and the cache_salt of the sequence that ran them
+    std::vector<int64_t> held_adapter_;   // and its LoRA adapter
     std::vector<uint64_t> freed_at_;
     uint64_t frees_ = 0;
     int64_t capacity_ = 0;  // kv_capacity: a slot that wrote more positions has wrapped

@@ -130,6 +130,41 @@ void CpuEngine::load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t save
 
 std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa() + ")"; }
 
+void CpuEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
+    adapters_ = adapters && !adapters->empty() ? adapters : nullptr;
+    int64_t rank = 0;
+    if (adapters_)
+        for (const LoraWeights& a : *adapters_) rank = std::max(rank, a.max_rank);
+    const ShardPlan& p = w_.plan;
+    const int64_t widest = std::max({cfg_.hidden, p.n_q_heads * cfg_.head_dim, p.n_kv_heads * cfg_.head_dim, p.n_inter});
+    const size_t T = size_t(opt_.max_step_tokens);
+    try {
+        lora_t_.assign(adapters_ ? T * size_t(rank) : 0, 0.0f);
+        lora_d_.assign(adapters_ ? T * size_t(widest) : 0, 0.0f);
+    } catch (const std::bad_alloc&) {
+        throw WorkspaceAllocError(opt_.max_step_tokens, T * size_t(widest) * sizeof(float));
+    }
+    ws_bytes_ += (lora_t_.size() + lora_d_.size()) * sizeof(float);
+}
+
+void CpuEngine::add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const float* x, float* y) {
+    for (const LoraRun& r : lora_runs_) {
+        const LoraMatrix& m = (*adapters_)[size_t(r.adapter)].layers[size_t(layer)].*which;
+        if (m.rank == 0) continue;
+        // Two thin products through the f32 kernel: t [n, rank] = x A^T, d [n, out] = t B^T.
+        WeightView a, b;
+        a.data = m.a.data();
+        a.rows = m.rank;
+        a.cols = m.in;
+        b.data = m.b.data();
+        b.rows = m.out;
+        b.cols = m.rank;
+        matmul(x + r.row0 * m.in, r.n, a, nullptr, lora_t_.data());
+        matmul(lora_t_.data(), r.n, b, nullptr, lora_d_.data());
+        add_into(y + r.row0 * m.out, lora_d_.data(), r.n * m.out);
+    }
+}
+
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
     if (!quantizes_acts(w_.format)) return nullptr;
     // Per token, or per group when the weights have finer groups (the kernel needs one group
@@ -166,6 +201,9 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
     linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, qh, T);
+    add_lora(layer, &LoraLayer::q, h, q);
+    add_lora(layer, &LoraLayer::k, h, k);
+    add_lora(layer, &LoraLayer::v, h, v);
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
         rmsnorm_rows(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
@@ -209,6 +247,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     float* o = o_.as<float>();
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
+    add_lora(layer, &LoraLayer::o, attn_.as<float>(), o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
@@ -222,10 +261,13 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
     linears({{&L.gate, g}, {&L.up, u}}, h, qh, T);
+    add_lora(layer, &LoraLayer::gate, h, g);
+    add_lora(layer, &LoraLayer::up, h, u);
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
     linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
+    add_lora(layer, &LoraLayer::down, g, o);
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
@@ -235,6 +277,10 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out, b
     const ModelConfig& c = cfg_;
     const StepShape shape = check_step(c, opt_, chunks, hidden);
     const int64_t T = shape.tokens;
+    const int64_t n_adapters = adapters_ ? int64_t(adapters_->size()) : 0;
+    for (const SeqChunk& ch : chunks)
+        if (ch.adapter < -1 || ch.adapter >= n_adapters)
+            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, " of ", n_adapters, " this engine holds");
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
     // and the all-reduce assembles the full rows.
@@ -252,6 +298,19 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out, b
         row += ch.n;
     }
     if (p.tp > 1) comm_.all_reduce_sum(x, size_t(T * c.hidden));
+    // The step's rows under each adapter, as runs of consecutive chunks of one adapter.
+    lora_runs_.clear();
+    row = 0;
+    for (const SeqChunk& ch : chunks) {
+        if (ch.adapter >= 0) {
+            if (!lora_runs_.empty() && lora_runs_.back().adapter == ch.adapter &&
+                lora_runs_.back().row0 + lora_runs_.back().n == row)
+                lora_runs_.back().n += ch.n;
+            else
+                lora_runs_.push_back({ch.adapter, row, ch.n});
+        }
+        row += ch.n;
+    }
     for (int64_t l = 0; l < c.n_layers; ++l) {
         attention_block(w_.layers[size_t(l)], l, chunks, T);
         mlp_block(w_.layers[size_t(l)], l, T);

@@ -12,6 +12,7 @@
 
 #include "core/buffer.h"
 #include "kernels/cpu/quantize.h"
+#include "model/lora_weights.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 
@@ -56,6 +57,11 @@ public:
     using Probe = std::function<void(int64_t layer, LinearInput which, const float* x, int64_t T, int64_t cols)>;
     void set_probe(Probe p) { probe_ = std::move(p); }
 
+    // LoRA adapters chosen per chunk (SeqChunk::adapter indexes them; this rank's slices, which
+    // must outlive the engine's steps). Sizes the scratch of their products: throws
+    // WorkspaceAllocError when it is refused.
+    void set_adapters(const std::vector<LoraWeights>* adapters);
+
 private:
     // Embedding, layers and the final norm of the wanted rows into out [rows, hidden]; returns rows.
     // `hidden`: a forward_hidden step (its rows are not bounded by max_logit_rows: check_step).
@@ -69,6 +75,9 @@ private:
     // one threaded product over all their rows (one fork and join, not one per layer).
     void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, const QuantizedActs* qx,
                  int64_t T);
+    // y [T, m.out] += (x A^T) B^T of matrix `which` of layer `layer` for the rows of each
+    // adapter run of the step (lora_runs_), after the base product and before any all-reduce.
+    void add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const float* x, float* y);
 
     const ModelConfig& cfg_;
     const ModelWeights& w_;
@@ -86,6 +95,14 @@ private:
     QuantizedActs acts_;  // [n, vocab_per_rank] and [tp, n, vocab_per_rank]
     size_t ws_bytes_ = 0;
     Probe probe_;
+    // set_adapters: the adapters, this step's runs of consecutive rows under one adapter, and
+    // the products' scratch ([max_step_tokens, max rank] and [max_step_tokens, widest output]).
+    struct LoraRun {
+        int64_t adapter, row0, n;
+    };
+    const std::vector<LoraWeights>* adapters_ = nullptr;
+    std::vector<LoraRun> lora_runs_;
+    std::vector<float> lora_t_, lora_d_;
 };
 
 }  // namespace shardlm

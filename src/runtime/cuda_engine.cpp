@@ -679,6 +679,9 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     if (head && headless_) fail(headless_message());
     maybe_inject_failure(comm_, "forward");
     const StepShape shape = check_step(cfg_, opt_, chunks, /*hidden=*/!head);
+    for (const SeqChunk& ch : chunks)
+        if (ch.adapter != -1)
+            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, ": adapters chosen per sequence run on the CPU engine only");
     const int64_t T = shape.tokens, n = shape.logit_rows;
     if (T == 0) return 0;
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),

@@ -69,6 +69,9 @@ struct SeqChunk {
     // `row` fields ignored (the engine numbers the rows), at most EngineOptions::max_penalties.
     const PenaltyEntry* penalties = nullptr;
     int64_t n_penalties = 0;
+    // The LoRA adapter the chunk's sequence runs under (model/lora_weights.h; CpuEngine::
+    // set_adapters numbers them), -1: the base model. The CUDA engine holds none.
+    int64_t adapter = -1;
 };
 
 // The most candidates per row Engine::forward_top hands back (the GPU selection's limit).

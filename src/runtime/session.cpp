@@ -111,11 +111,16 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     const ModelConfig& c = s->cfg;
     check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
+    if (!opt.adapters.empty() && device != Device::Cpu)
+        fail("--lora-modules: adapters chosen per request run on the CPU engine only (--device cpu); on a GPU, merge one "
+             "into the weights with --lora");
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     LoadOptions lo = opt.load;
     lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
     lo.copy_mapped = lo.copy_mapped && device == Device::Cpu;  // the GPU uploads from the map: a copy buys nothing
     s->weights = load_weights(*s->ckpt, c, lo, plan_shard(c, comm.rank(), comm.size()));
+    for (const auto& [name, ad] : opt.adapters)
+        s->adapters.push_back(load_lora_weights(name, ad, *s->ckpt, c, s->weights.plan));
     EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;
@@ -126,7 +131,9 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     eo.ranks_on_node = ranks_on_node(comm);
     if (device == Device::Cpu) {
         try {
-            s->engine = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
+            auto cpu = std::make_unique<CpuEngine>(s->cfg, s->weights, comm, eo);
+            cpu->set_adapters(&s->adapters);
+            s->engine = std::move(cpu);
         } catch (const KVCacheAllocError& e) {
             // Within 2^63 bytes (check_context) but more than the machine gives: name the flags
             // behind the size, not a bare "out of memory" (or a SIGKILL from the OOM killer).

@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/lora_weights.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
@@ -39,6 +40,9 @@ struct SessionOptions {
     int fused_norm = -1;   // EngineOptions::fused_norm
     int gemm_staging = -1;  // EngineOptions::gemm_staging
     int64_t max_penalties = 0;  // EngineOptions::max_penalties (runtime/generate.h: max_penalties)
+    // LoRA adapters kept beside the weights and chosen per sequence (SeqChunk::adapter numbers
+    // them in this order; serve --lora-modules NAME=DIR): the CPU engine only.
+    std::vector<std::pair<std::string, LoraAdapter>> adapters;
 };
 
 struct Session {
@@ -46,6 +50,7 @@ struct Session {
     std::unique_ptr<Checkpoint> ckpt;
     ModelWeights weights;  // on CUDA only the plan, format and byte count stay after the upload
     std::unique_ptr<Communicator> data_comm;  // NCCL under TP on GPUs (declared before the engine that uses it)
+    std::vector<LoraWeights> adapters;  // SessionOptions::adapters, this rank's slices (the engine reads them)
     std::unique_ptr<Engine> engine;
     double load_ms = 0;
 };

@@ -11,10 +11,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
 #include "model/quantize_checkpoint.h"
 #include "model/safetensors_writer.h"
+#include "runtime/batcher.h"
+#include "runtime/session.h"
 
 using namespace shardlm;
 using namespace shardlm::test;
@@ -388,4 +391,164 @@ TEST(Lora, BadAdaptersAreRefused) {
         write_lora_adapter(ad.path(), lora_config(4, 8).dump(), {random_lora_module(c, q0, 4, 1)});
         EXPECT_NE(thrown_error([&] { load_weights(ckq, cq, lo, plan_shard(c, 0, 1)); }).find("is pre-quantized (shardlm)"), std::string::npos);
     }
+}
+
+namespace {
+
+// two_adapters' modules on the layers only (what an adapter chosen per request may target).
+std::vector<TestAdapter> layer_adapters(const ModelConfig& c) {
+    std::vector<TestAdapter> ads = two_adapters(c);
+    for (TestAdapter& a : ads) {
+        std::vector<LoraModule> kept;
+        for (LoraModule& m : a.modules)
+            if (m.module.rfind("model.layers.", 0) == 0) kept.push_back(std::move(m));
+        a.modules = std::move(kept);
+    }
+    return ads;
+}
+
+// Greedy requests through a Batcher on a session of `dir` with these options, all at once.
+std::vector<SequenceResult> batch_greedy(SessionOptions so, const std::vector<std::vector<int32_t>>& prompts,
+                                         const std::vector<int64_t>& adapters, bool reuse = false) {
+    SingleRank comm;
+    so.ctx = 64;
+    so.max_batch = int64_t(prompts.size());
+    so.prefill_chunk = 16;
+    auto s = open_session(so, comm);
+    BatcherOptions bo;
+    bo.prefill_chunk = 16;
+    bo.reuse_prefix = reuse;
+    Batcher b(*s->engine, bo);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        BatchRequest q;
+        q.prompt = prompts[i];
+        q.max_new_tokens = 6;
+        q.sampler.temperature = 0;
+        q.keep_prompt_logits = true;
+        q.adapter = adapters[i];
+        b.add(q);
+    }
+    while (b.busy()) b.step();
+    std::vector<SequenceResult> out;
+    for (size_t i = 0; i < prompts.size(); ++i) out.push_back(b.result(i));
+    return out;
+}
+
+}  // namespace
+
+// Adapters chosen per sequence (serve --lora-modules): in one batch, sequences under adapter 0,
+// adapter 1 and none, in chunks that share steps (prefill chunks of 16 beside decode tokens),
+// each compute what the model with that adapter merged computes (prompt logits within float
+// rounding, the same greedy tokens), and the adapters change the model. Llama (GQA), Qwen2
+// (biases), Qwen3 (q/k norms); FP32 weights, and INT8 weights (adapters in f32 on the quantized
+// base: within INT8's own bounds of the merged INT8 model, which quantizes merged weights).
+TEST(Lora, AdaptersPerSequenceEqualTheirMergedModels) {
+    for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3}) {
+        const ModelConfig c = tiny_config(arch);
+        TempDir base, root;
+        write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 11});
+        const auto ads = layer_adapters(c);
+        const std::vector<LoraAdapter> dirs = write_adapters(root.path(), ads);
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(21, c.vocab, 1), make_prompt(7, c.vocab, 2),
+                                                           make_prompt(21, c.vocab, 1), make_prompt(12, c.vocab, 3),
+                                                           make_prompt(9, c.vocab, 4)};
+        const std::vector<int64_t> which = {0, 1, -1, 0, 1};
+        for (WeightFormat wf : {WeightFormat::Auto, WeightFormat::Int8}) {
+            SessionOptions so;
+            so.model_dir = base.path();
+            so.load = LoadOptions(wf);
+            so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
+            const std::vector<SequenceResult> mixed = batch_greedy(so, prompts, which);
+            so.adapters.clear();
+            std::vector<std::vector<SequenceResult>> merged(3);  // base, a, b
+            merged[0] = batch_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
+            for (size_t a = 0; a < 2; ++a) {
+                so.load.lora = {dirs[a]};
+                merged[a + 1] = batch_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
+            }
+            const std::string what = std::string(arch_name(c.arch)) + (wf == WeightFormat::Int8 ? " int8" : " f32");
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                const SequenceResult& want = merged[size_t(which[i] + 1)][i];
+                float scale = 0;
+                for (float v : want.prompt_logits) scale = std::max(scale, std::fabs(v));
+                // INT8: the merged model quantizes W + BA, this one W and adds BA in f32.
+                const float tol = wf == WeightFormat::Int8 ? 0.05f * scale : 1e-3f;
+                EXPECT_LT(max_abs_diff(mixed[i].prompt_logits, want.prompt_logits), tol) << what << " prompt " << i;
+                if (wf != WeightFormat::Int8) EXPECT_EQ(mixed[i].tokens, want.tokens) << what << " prompt " << i;
+                if (which[i] >= 0)
+                    EXPECT_GT(max_abs_diff(mixed[i].prompt_logits, merged[0][i].prompt_logits), 0.05f) << what << " prompt " << i;
+            }
+        }
+    }
+}
+
+// The prefix cache keeps adapters apart: the same prompt under another adapter (or none) shares
+// no keys and values, under the same adapter it does, and the tokens are those of runs without
+// reuse.
+TEST(Lora, PrefixCacheKeepsAdaptersApart) {
+    const ModelConfig c = tiny_config(Arch::Qwen3);
+    TempDir base, root;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 13});
+    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
+    SessionOptions so;
+    so.model_dir = base.path();
+    so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
+    SingleRank comm;
+    so.ctx = 64;
+    so.max_batch = 1;
+    so.prefill_chunk = 16;
+    auto s = open_session(so, comm);
+    auto run = [&](bool reuse) {
+        BatcherOptions bo;
+        bo.prefill_chunk = 16;
+        bo.reuse_prefix = reuse;
+        Batcher b(*s->engine, bo);
+        const std::vector<int32_t> p = make_prompt(30, c.vocab, 5);
+        std::vector<SequenceResult> out;
+        for (int64_t adapter : {0, 1, 1, -1, 0}) {
+            BatchRequest q;
+            q.prompt = p;
+            q.max_new_tokens = 4;
+            q.sampler.temperature = 0;
+            q.adapter = adapter;
+            const size_t id = b.add(q);
+            while (b.busy()) b.step();
+            out.push_back(b.result(id));
+        }
+        return out;
+    };
+    const std::vector<SequenceResult> fresh = run(false), reused = run(true);
+    // One slot: only b after b finds its keys (the prompt but its last token, which runs for its logits).
+    const std::vector<int64_t> cached = {0, 0, 29, 0, 0};
+    for (size_t i = 0; i < cached.size(); ++i) {
+        EXPECT_EQ(reused[i].cached_tokens, cached[i]) << "request " << i;
+        EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "request " << i;
+    }
+}
+
+// Adapters chosen per request are refused where they cannot run: on the embedding or lm_head
+// (merged only), and an adapter number the engine does not hold.
+TEST(Lora, PerSequenceAdaptersRefuseWhatTheyCannotRun) {
+    const ModelConfig c = tiny_config(Arch::Llama);  // untied
+    TempDir base, ad;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 3});
+    write_lora_adapter(ad.path(), lora_config(4, 8).dump(), {random_lora_module(c, "lm_head", 4, 1)});
+    SessionOptions so;
+    so.model_dir = base.path();
+    so.ctx = 16;
+    so.adapters = {{"head", {ad.path(), 1.0f}}};
+    SingleRank comm;
+    EXPECT_NE(thrown_error([&] { open_session(so, comm); }).find("lm_head: an adapter on the embedding or lm_head is not switched per request"),
+              std::string::npos);
+    so.adapters.clear();
+    auto s = open_session(so, comm);
+    const std::vector<int32_t> p = {5, 6};
+    SeqChunk ch;
+    ch.tokens = p.data();
+    ch.n = 2;
+    ch.want_logits = true;
+    ch.adapter = 0;
+    std::vector<float> logits(size_t(c.vocab));
+    EXPECT_NE(thrown_error([&] { s->engine->forward({ch}, logits.data()); }).find("LoRA adapter 0 of 0 this engine holds"),
+              std::string::npos);
 }

@@ -641,3 +641,66 @@ TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {
         for (size_t j = 0; j < 3; ++j) EXPECT_EQ(tp.prompt_logprobs[t].top[j].id, ref.prompt_logprobs[t].top[j].id) << t;
     }
 }
+
+// LoRA adapters chosen per sequence (serve --lora-modules) under tensor parallelism: each rank
+// holds its slices of the factors (A whole and its rows of B for q/k/v and gate/up, its columns
+// of A and B whole for o and down, whose partial products the all-reduce sums). Sequences under
+// two adapters and none in one batch give one rank's prompt logits and tokens. The CUDA engine
+// holds no adapters (open_session refuses them there).
+TEST(TensorParallel, LoraAdaptersPerSequenceGiveWhatOneRankGives) {
+#ifdef SHARDLM_TP_ON_CUDA
+    GTEST_SKIP() << "adapters chosen per sequence run on the CPU engine only";
+#endif
+    const ModelConfig cfg = tiny_config(Arch::Llama);
+    TempDir d, a0, a1;  // every rank writes its own identical copies
+    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});
+    const std::string config = R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})";
+    std::vector<LoraModule> m0, m1;
+    uint64_t seed = 300;
+    for (int64_t l = 0; l < cfg.n_layers; ++l)
+        for (const char* lin : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                                "mlp.up_proj", "mlp.down_proj"}) {
+            const std::string m = "model.layers." + std::to_string(l) + "." + lin;
+            m0.push_back(random_lora_module(cfg, m, 4, seed++));
+            if (l == 0) m1.push_back(random_lora_module(cfg, m, 4, seed++));
+        }
+    write_lora_adapter(a0.path(), config, m0);
+    write_lora_adapter(a1.path(), config, m1);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(19, cfg.vocab, 1), make_prompt(6, cfg.vocab, 2),
+                                                       make_prompt(11, cfg.vocab, 3), make_prompt(19, cfg.vocab, 1)};
+    const std::vector<int64_t> which = {0, -1, 1, 1};
+    auto gen = [&](Communicator& comm) {
+        SessionOptions so = tp_options(d.path());
+        so.max_batch = int64_t(prompts.size());
+        so.ctx = 48;
+        so.prefill_chunk = 16;
+        so.adapters = {{"a", {a0.path(), 1.0f}}, {"b", {a1.path(), 0.5f}}};
+        auto s = open_session(so, comm);
+        BatcherOptions bo;
+        bo.prefill_chunk = 16;
+        Batcher b(*s->engine, bo);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            BatchRequest q;
+            q.prompt = prompts[i];
+            q.max_new_tokens = 6;
+            q.sampler.temperature = 0;
+            q.keep_prompt_logits = true;
+            q.adapter = which[i];
+            b.add(q);
+        }
+        while (b.busy()) b.step();
+        std::vector<SequenceResult> out;
+        for (size_t i = 0; i < prompts.size(); ++i) out.push_back(b.result(i));
+        return out;
+    };
+    SingleRank one;
+    const std::vector<SequenceResult> ref = gen(one), tp = gen(world());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(tp[i].tokens, ref[i].tokens) << "prompt " << i;
+        float scale = 0;
+        for (float v : ref[i].prompt_logits) scale = std::max(scale, std::fabs(v));
+        EXPECT_LT(max_abs_diff(tp[i].prompt_logits, ref[i].prompt_logits), 1e-4f * scale) << "prompt " << i;
+    }
+    // The first and last prompts are one prompt under two adapters.
+    EXPECT_GT(max_abs_diff(ref[0].prompt_logits, ref[3].prompt_logits), 0.05f);
+}

@@ -330,6 +330,7 @@ json request_json(const ApiRequest& r, size_t c) {
             {"min_tokens", r.min_tokens},
             {"priority", r.priority},
             {"cache_salt", r.cache_salt},
+            {"adapter", r.adapter},
             {"stop_token_ids", r.stop_token_ids},
             {"allowed_token_ids", r.allowed_ids},
             {"bad_words", r.bad_words},
@@ -362,6 +363,7 @@ BatchRequest batch_request(const json& j) {
     b.min_tokens = j["min_tokens"];
     b.priority = j["priority"];
     b.cache_salt = j["cache_salt"];
+    b.adapter = j["adapter"];
     b.stop_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
     b.allowed_ids = j["allowed_token_ids"].get<std::vector<int32_t>>();
     b.bad_words = j["bad_words"].get<std::vector<std::vector<int32_t>>>();
@@ -482,6 +484,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     int64_t batch = 8, ctx = 0, chunk = 256, penalty_last_n = 64, speculate = 0, speculate_max_batch = 0,
             speculate_max_tokens = 8, cache_ram = 0, stored_responses = int64_t(kMaxStoredResponses);
     double cache_save_every = 0;
+    std::vector<std::string> lora_modules;  // --lora-modules NAME=DIR ...
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -489,6 +492,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("host", po::value(&host)->default_value("127.0.0.1"), "address to listen on (0.0.0.0: every interface)")
         ("port", po::value(&port)->default_value(8000), "TCP port (0: any free one; the address is printed on stderr)")
         ("served-model-name", po::value(&name), "the model's name in the API (default: the folder's name)")
+        ("lora-modules", po::value(&lora_modules)->multitoken()->composing(),
+         "NAME=DIR ...: LoRA adapters (PEFT's folders) kept beside the weights; a request whose \"model\" is NAME "
+         "runs under that adapter (vLLM's multi-LoRA serving; the CPU engine; repeatable)")
         ("api-key", po::value(&api_key),
          "answer only requests that send \"Authorization: Bearer KEY\" (/health and /metrics stay open; default: "
          "$SHARDLM_API_KEY, else no key)")
@@ -614,6 +620,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
             else if (generation_config != "auto")
                 fail("--generation-config ", generation_config, ": ", file, " does not exist (auto, vllm or a folder)");
         }
+        for (size_t i = 0; i < lora_modules.size(); ++i) {
+            const std::string& m = lora_modules[i];
+            const size_t eq = m.find('=');
+            if (eq == std::string::npos || eq == 0 || eq + 1 == m.size())
+                fail("--lora-modules \"", m, "\": expected NAME=DIR");
+            for (size_t j = 0; j < i; ++j)
+                if (lora_modules[j].substr(0, lora_modules[j].find('=')) == m.substr(0, eq))
+                    fail("--lora-modules: the name \"", m.substr(0, eq), "\" is given twice");
+        }
+        if (!lora_modules.empty() && (vm.count("embeddings") || vm.count("rerank")))
+            fail("--lora-modules applies to text generation, not to --embeddings or --rerank");
         if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
         for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
                                          std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
@@ -625,6 +642,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
             while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
             name = dir.substr(dir.find_last_of('/') + 1);
         }
+        for (const std::string& m : lora_modules)
+            if (m.substr(0, m.find('=')) == name)
+                fail("--lora-modules: the name \"", name, "\" is the served model's (--served-model-name)");
         // Every rank: JSON mode's token masks are made where the choices are.
         if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
@@ -652,6 +672,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
+    for (const std::string& m : lora_modules) so.adapters.push_back({m.substr(0, m.find('=')), {m.substr(m.find('=') + 1), 1.0f}});
     if (embeddings || rerank) {
         so.load.headless_ok = true;  // an embedding or classification checkpoint may have no lm_head
     } else {
@@ -687,6 +708,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     Engine& engine = *s->engine;
     ApiLimits lim;
     lim.model = name;
+    for (const auto& a : so.adapters) lim.adapters.push_back(a.first);
     lim.ctx = engine.options().ctx;
     lim.vocab = s->cfg.vocab;
     lim.penalty_last_n = penalty_last_n;
@@ -804,7 +826,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 outs.push_back(std::move(c));
             }
         }
-        return api_response(r, job.id, job.created, name, outs, *tok);
+        return api_response(r, job.id, job.created, job.req.model, outs, *tok);
     };
     // Answers whatever has not finished with 503 (so that no handler thread waits on), then stops
     // the server: at the end, or on an error.
@@ -877,9 +899,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Post("/tokenize", tokenizer_route(api_tokenize));
         svr->Post("/detokenize", tokenizer_route(api_detokenize));
         svr->Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
-            const json j = {{"object", "list"},
-                            {"data", json::array({{{"id", name}, {"object", "model"}, {"owned_by", "shardlm"},
-                                                   {"max_model_len", lim.ctx}}})}};
+            json data = json::array({{{"id", name}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", model},
+                                      {"parent", nullptr}, {"max_model_len", lim.ctx}}});
+            // The adapters as vLLM lists them: their folder as root, the base model as parent.
+            for (const auto& [a, ad] : so.adapters)
+                data.push_back({{"id", a}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", ad.dir}, {"parent", name},
+                                {"max_model_len", lim.ctx}});
+            const json j = {{"object", "list"}, {"data", data}};
             res.set_content(j.dump(), "application/json");
         });
         // The pooling routes: a request's inputs go to the engine loop as one EmbedJob. `needs`
@@ -1008,7 +1034,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done(); });
                     if (job->aborted) return refuse(503, "the server is shutting down");
-                    json out = api_response(job->req, job->id, job->created, name, job->outs(), *tok);
+                    json out = api_response(job->req, job->id, job->created, job->req.model, job->outs(), *tok);
                     if (responses) {
                         const json& msg = out["choices"][0]["message"];
                         const std::string reasoning = msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
@@ -1018,11 +1044,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     res.set_content(out.dump(), "application/json");
                     return;
                 }
-                const auto rs = responses ? std::make_shared<ResponsesStream>(job->id, job->created, name, responses_body) : nullptr;
+                const auto rs = responses ? std::make_shared<ResponsesStream>(job->id, job->created, job->req.model, responses_body) : nullptr;
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [job, model_name = name, tk = tok.get(), rs, reasoning_tokens, conversation, store = &responses_store,
+                    [job, model_name = job->req.model, tk = tok.get(), rs, reasoning_tokens, conversation, store = &responses_store,
                      started = false, started_ids = false](size_t, httplib::DataSink& sink) mutable {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;

@@ -22,13 +22,21 @@ using json = nlohmann::ordered_json;
 
 [[noreturn]] void bad(const std::string& message) { throw ApiError(400, message); }
 
-// "model", when given, must name the served model (404 otherwise, as OpenAI's API answers).
-void check_model(const json& body, const ApiLimits& lim) {
-    if (!body.contains("model") || body["model"].is_null()) return;
+// "model", when given, must name the served model, or where `adapters` (the generation routes)
+// one of serve's --lora-modules: returns its index, -1 for the base model. 404 otherwise, as
+// OpenAI's API answers.
+int64_t check_model(const json& body, const ApiLimits& lim, bool adapters = false) {
+    if (!body.contains("model") || body["model"].is_null()) return -1;
     if (!body["model"].is_string()) bad("\"model\" must be a string");
-    if (body["model"].get<std::string>() != lim.model)
-        throw ApiError(404, "The model `" + body["model"].get<std::string>() + "` does not exist (this server runs `" +
-                                lim.model + "`)");
+    const std::string m = body["model"];
+    if (m == lim.model) return -1;
+    for (size_t i = 0; adapters && i < lim.adapters.size(); ++i)
+        if (lim.adapters[i] == m) return int64_t(i);
+    std::string names = "`" + lim.model + "`";
+    for (const std::string& a : lim.adapters) names += ", `" + a + "`";
+    const bool lora = !adapters && std::find(lim.adapters.begin(), lim.adapters.end(), m) != lim.adapters.end();
+    throw ApiError(404, "The model `" + m + "` does not exist (this server runs " + names + ")" +
+                            (lora ? "; LoRA adapters serve the completion and chat routes only" : ""));
 }
 
 // A JSON array of token ids for `field` ("prompt", "input"), each within the vocabulary.
@@ -407,7 +415,7 @@ void structured_outputs(const json& body, ApiRequest& r) {
 
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
     if (!body.is_object()) bad("the request body must be a JSON object");
-    check_model(body, lim);
+    const int64_t adapter = check_model(body, lim, true);
     for (const char* key : {"echo", "best_of", "suffix", "functions", "function_call"}) {
         if (!body.contains(key) || body[key].is_null() || body[key] == false) continue;
         if (std::string(key) == "echo" || (std::string(key) == "suffix" && !chat)) continue;
@@ -422,6 +430,8 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     }
     ApiRequest r;
     r.chat = chat;
+    r.adapter = adapter;
+    r.model = adapter >= 0 ? lim.adapters[size_t(adapter)] : lim.model;
     r.n = integer(body, "n", 1, 1, kMaxApiN);
     if (chat) {
         const json lp = body.value("logprobs", json(nullptr));

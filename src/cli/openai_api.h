@@ -33,6 +33,9 @@ enum class ReasoningParser : uint8_t { None, Qwen3, DeepSeekR1 };
 
 struct ApiLimits {
     std::string model;           // the served model's name ("model" must match it when given)
+    // serve --lora-modules: the adapters' names, which "model" may give instead (generation
+    // routes only); ApiRequest::adapter is its index here.
+    std::vector<std::string> adapters;
     int64_t ctx = 0;             // positions per sequence: prompt + max_tokens must fit
     int64_t vocab = 0;
     int64_t penalty_last_n = 64; // the server's penalty window
@@ -42,6 +45,10 @@ struct ApiLimits {
 
 struct ApiRequest {
     bool chat = false;
+    // The LoRA adapter "model" named (ApiLimits::adapters; BatchRequest::adapter), -1: the base
+    // model; `model` is the name responses give (the adapter's, or the served model's).
+    int64_t adapter = -1;
+    std::string model;
     // Chat: one prompt. Completions: "prompt" a string or ids, or a list of either (a batch).
     std::vector<std::vector<int32_t>> prompts;
     int64_t n = 1;  // choices per prompt: choice c is prompt c / n's (c % n)-th sample

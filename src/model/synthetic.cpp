@@ -251,4 +251,38 @@ void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& c0, c
     }
 }
 
+void write_synthetic_lora(const std::string& dir, const ModelConfig& c, int64_t rank, const SyntheticOptions& opt) {
+    SHARDLM_CHECK(rank >= 1, "LoRA rank ", rank);
+    ::mkdir(dir.c_str(), 0755);
+    {
+        std::ofstream f(dir + "/adapter_config.json");
+        if (!f) fail(dir, ": cannot write adapter_config.json");
+        const nlohmann::json j = {{"peft_type", "LORA"}, {"r", rank}, {"lora_alpha", rank}, {"bias", "none"},
+                                  {"task_type", "CAUSAL_LM"},
+                                  {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}};
+        f << j.dump(2) << "\n";
+    }
+    Rng rng{opt.seed * 0x9e3779b97f4a7c15ull + 7};
+    const int64_t q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+    // x A^T has entries of about |x| / sqrt(rank) with A's spread 1 / sqrt(in); B's spread then sets
+    // the change, 5% of what the base matrix (spread 1 / sqrt(in)) gives.
+    struct Module {
+        const char* name;
+        int64_t out, in;
+    };
+    const Module modules[] = {{"self_attn.q_proj", q_dim, c.hidden},         {"self_attn.k_proj", kv_dim, c.hidden},
+                              {"self_attn.v_proj", kv_dim, c.hidden},        {"self_attn.o_proj", c.hidden, q_dim},
+                              {"mlp.gate_proj", c.intermediate, c.hidden},   {"mlp.up_proj", c.intermediate, c.hidden},
+                              {"mlp.down_proj", c.hidden, c.intermediate}};
+    std::vector<TensorToWrite> ts;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (const Module& m : modules) {
+            const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." + m.name;
+            const float in = 1.0f / std::sqrt(float(m.in));
+            ts.push_back(random_tensor(p + ".lora_A.weight", {rank, m.in}, opt.dtype, rng, in));
+            ts.push_back(random_tensor(p + ".lora_B.weight", {m.out, rank}, opt.dtype, rng, 0.05f * std::sqrt(float(rank)) * in));
+        }
+    write_safetensors(dir + "/adapter_model.safetensors", ts);
+}
+
 }  // namespace shardlm

@@ -33,6 +33,13 @@ int max_synthetic_shards(const ModelConfig& cfg);
 // config.json + safetensors into `dir` (created if missing); opt.shards in [1, max_synthetic_shards].
 void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& cfg, const SyntheticOptions& opt);
 
+// A random LoRA adapter as PEFT saves it (adapter_config.json: r = rank, lora_alpha = rank, so
+// its scale is 1; adapter_model.safetensors) on the q/k/v/o and gate/up/down projections of every
+// layer of `cfg` into `dir` (created if missing), in opt.dtype. Unlike a fresh PEFT adapter (B = 0)
+// both factors are random, B A changing each matrix by about 5% of its own spread: what
+// benchmarks and demos of adapters need. opt.shards is ignored.
+void write_synthetic_lora(const std::string& dir, const ModelConfig& cfg, int64_t rank, const SyntheticOptions& opt);
+
 // The config.json text HF would write for `cfg`.
 std::string config_json(const ModelConfig& cfg);
 

@@ -3177,3 +3177,106 @@ TEST_F(Serve, PoolingRequestsTakeTurns) {
     EXPECT_LT(max_abs_diff(again.body["data"][0]["embedding"].get<std::vector<float>>(),
                            short_reply.body["data"][0]["embedding"].get<std::vector<float>>()), 1e-6);
 }
+
+// serve --lora-modules (vLLM's multi-LoRA serving): a request whose "model" names an adapter runs
+// under it, and computes what a server with that adapter merged (--lora) computes for the base
+// name: the same text and logprobs within float rounding, whole and streamed, with the adapter's
+// name as the response's model. Requests of the base model beside them are unchanged. /v1/models
+// lists the adapters with the base model as parent; the prefix cache keeps adapters apart; an
+// unknown name gets a 404 naming what runs; bad flags stop the server naming them.
+TEST_F(Serve, LoraModulesAreChosenByModel) {
+    const shardlm::ModelConfig c = shardlm::load_config(model_.path());
+    TempDir a, b;
+    const std::string config = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "bias": "none"})";
+    std::vector<LoraModule> ma, mb;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (const char* lin : {"self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"}) {
+            const std::string m = "model.layers." + std::to_string(l) + "." + lin;
+            ma.push_back(random_lora_module(c, m, 2, uint64_t(10 + l)));
+            mb.push_back(random_lora_module(c, m, 2, uint64_t(50 + l)));
+        }
+    write_lora_adapter(a.path(), config, ma);
+    write_lora_adapter(b.path(), config, mb);
+    // FP32 weights: the merged server rounds W + BA once, the other adds BA to W in f32 (in the
+    // model's BF16 the two differ by a BF16 rounding of the merged weights).
+    const std::string base =
+        kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 3 --served-model-name kjv --weights fp32";
+    Server multi(base + " --lora-modules psalms=" + a.path() + " proverbs=" + b.path(), logs_.file("multi.log"));
+    Server merged(base + " --lora " + a.path(), logs_.file("merged.log"));
+    ASSERT_GT(multi.port(), 0) << multi.read_all();
+    ASSERT_GT(merged.port(), 0) << merged.read_all();
+    const std::string text = "In the beginning God created the heaven and the earth. And the earth was";
+    auto complete = [&](int port, const json& model) {
+        json body = {{"prompt", text}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 1}};
+        if (!model.is_null()) body["model"] = model;
+        const Reply r = post(port, "/v1/completions", body);
+        EXPECT_EQ(r.status, 200) << r.raw;
+        return r.body;
+    };
+    const json want = complete(merged.port(), "kjv"), got = complete(multi.port(), "psalms");
+    EXPECT_EQ(got["model"], "psalms");
+    EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
+    const json& gl = got["choices"][0]["logprobs"]["token_logprobs"];
+    const json& wl = want["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(gl.size(), wl.size());
+    for (size_t i = 0; i < gl.size(); ++i) EXPECT_NEAR(gl[i].get<double>(), wl[i].get<double>(), 1e-3) << i;
+    // The base model and the other adapter score the same text otherwise.
+    const json plain = complete(multi.port(), nullptr), other = complete(multi.port(), "proverbs");
+    EXPECT_EQ(plain["model"], "kjv");
+    EXPECT_EQ(other["model"], "proverbs");
+    auto first_lp = [](const json& r) { return r["choices"][0]["logprobs"]["token_logprobs"][0].get<double>(); };
+    EXPECT_GT(std::fabs(first_lp(plain) - first_lp(got)) + std::fabs(first_lp(other) - first_lp(got)), 1e-3);
+    // Chat, streamed: the merged server's reply, every event naming the adapter.
+    const json ask = {{"messages", {{{"role", "user"}, {"content", "Who made the earth?"}}}}, {"max_tokens", 6}, {"temperature", 0}};
+    json ask_a = ask;
+    ask_a["model"] = "psalms";
+    ask_a["stream"] = true;
+    const Reply s = post(multi.port(), "/v1/chat/completions", ask_a);
+    ASSERT_EQ(s.status, 200) << s.raw;
+    EXPECT_EQ(streamed_chat(s.raw).content, post(merged.port(), "/v1/chat/completions", ask).body["choices"][0]["message"]["content"]);
+    EXPECT_NE(s.raw.find("\"model\":\"psalms\""), std::string::npos);
+    EXPECT_EQ(s.raw.find("\"model\":\"kjv\""), std::string::npos);
+    // The prefix cache: a new prompt under psalms again is cached, under the base model or proverbs
+    // not (three slots: each request takes the one its name ran in, else the least recently freed).
+    auto cached = [&](const json& model) {
+        json body = {{"prompt", "And God said, Let there be light: and there was light."}, {"max_tokens", 1}};
+        if (!model.is_null()) body["model"] = model;
+        const Reply r = post(multi.port(), "/v1/completions", body);
+        EXPECT_EQ(r.status, 200) << r.raw;
+        return r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    };
+    EXPECT_EQ(cached("psalms"), 0);
+    EXPECT_GT(cached("psalms"), 0);
+    EXPECT_EQ(cached(nullptr), 0);
+    EXPECT_EQ(cached("proverbs"), 0);
+    EXPECT_GT(cached(nullptr), 0);
+    // /v1/models.
+    httplib::Client cl("127.0.0.1", multi.port());
+    const auto models = cl.Get("/v1/models");
+    ASSERT_TRUE(models);
+    const json list = json::parse(models->body)["data"];
+    ASSERT_EQ(list.size(), 3u) << models->body;
+    EXPECT_EQ(list[0]["id"], "kjv");
+    EXPECT_TRUE(list[0]["parent"].is_null());
+    EXPECT_EQ(list[1]["id"], "psalms");
+    EXPECT_EQ(list[1]["parent"], "kjv");
+    EXPECT_EQ(list[1]["root"], a.path());
+    EXPECT_EQ(list[2]["id"], "proverbs");
+    // An unknown name; an adapter's name on a route it does not serve.
+    const Reply unknown = post(multi.port(), "/v1/completions", {{"prompt", "x"}, {"model", "job"}});
+    EXPECT_EQ(unknown.status, 404) << unknown.raw;
+    EXPECT_EQ(unknown.body["error"]["message"], "The model `job` does not exist (this server runs `kjv`, `psalms`, `proverbs`)");
+    const Reply tok = post(multi.port(), "/tokenize", {{"prompt", "x"}, {"model", "psalms"}});
+    EXPECT_EQ(tok.status, 200) << tok.raw;  // the tokenizer is the base model's for every name
+    EXPECT_EQ(multi.stop(), 0);
+    EXPECT_EQ(merged.stop(), 0);
+    auto refused = [&](const std::string& flags, const std::string& needle) {
+        const CommandResult r = run_command(kCli + " serve --model " + model_.path() + " --threads 1 --port 0 " + flags);
+        EXPECT_NE(r.exit_code, 0) << flags;
+        EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
+    };
+    refused("--lora-modules psalms", "--lora-modules \"psalms\": expected NAME=DIR");
+    refused("--lora-modules x=" + a.path() + " x=" + b.path(), "--lora-modules: the name \"x\" is given twice");
+    refused("--served-model-name kjv --lora-modules kjv=" + a.path(), "the name \"kjv\" is the served model's");
+    refused("--lora-modules x=" + logs_.path(), "no adapter_config.json");
+}

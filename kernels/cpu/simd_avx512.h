@@ -1,5 +1,5 @@
 // AVX-512 helpers shared by the kernel files built with the AVX-512 flags (matmul_avx512.cpp,
-// matmul_amx.cpp, attention_flash_avx512.cpp, rowwise_avx512.cpp). Internal linkage on purpose, as
+// matmul_amx.cpp, attention_flash_avx512.cpp, rowwise_avx512.cpp, lora_avx512.cpp). Internal linkage on purpose, as
 // in simd_avx2.h: each file keeps its own copy, compiled with its own -m flags.
 #pragma once
 

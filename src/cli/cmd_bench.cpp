@@ -107,7 +107,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 int cmd_bench(const Args& args, Communicator& comm) {
     po::options_description d("bench options");
-    std::string model, synthetic;
+    std::string model, synthetic, adapter_dir;
     PrecisionFlags prec;
     BackendFlags backend;
     std::string batch_list = "1", ablate_list;
@@ -137,6 +137,10 @@ int cmd_bench(const Args& args, Communicator& comm) {
          "its own, replying --gen again), timed without the prefix cache, with it in the slots alone, and with "
          "its host tier (serve --cache-ram, room for every conversation)")
         ("threads", po::value(&threads)->default_value(0), "CPU threads (0: one per core)")
+        ("adapter", po::value(&adapter_dir),
+         "DIR: every sequence runs under this LoRA adapter kept beside the weights, as serve --lora-modules keeps "
+         "it (ppL/tgN rows; against --lora DIR, which merges it, and the base model: what choosing adapters per "
+         "request costs)")
         ("no-kv-cache", "baseline: every decode step recomputes the whole sequence from position 0")
         ("ablate", po::value(&ablate_list),
          "CUDA engine, a measurement: after each batch's rows, decode again leaving out each listed kernel class "
@@ -180,6 +184,8 @@ int cmd_bench(const Args& args, Communicator& comm) {
 #endif
             at = end + 1;
         }
+        if (vm.count("adapter") && (requests > 0 || conversations > 0))
+            fail("--adapter times ppL/tgN rows: not with --requests or --conversations");
         SessionOptions check_flags;  // the precision and backend flags, on every rank, before any load
         apply_precision(prec, check_flags);
         apply_backend(backend, check_flags);
@@ -207,6 +213,13 @@ int cmd_bench(const Args& args, Communicator& comm) {
     so.model_dir = model;
     apply_precision(prec, so);
     apply_backend(backend, so);
+    if (!adapter_dir.empty()) so.adapters = {{"bench", {adapter_dir, 1.0f}}};
+    // Every chunk of a ppL/tgN row under --adapter (SeqChunk::adapter), or none.
+    const int64_t adapter = adapter_dir.empty() ? -1 : 0;
+    auto under = [adapter](std::vector<SeqChunk>& ch) -> const std::vector<SeqChunk>& {
+        for (SeqChunk& x : ch) x.adapter = adapter;
+        return ch;
+    };
     // A request's prompt is the shared prefix and then up to --prompt-len tokens of its own.
     constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
     const int64_t plen = prompt_len > kMax - shared ? kMax : prompt_len + shared;
@@ -248,7 +261,9 @@ int cmd_bench(const Args& args, Communicator& comm) {
     // The bandwidth roofline: the GPU's theoretical HBM bandwidth, or on the CPU a measured copy
     // bandwidth (per rank: ranks on one machine share it).
     const double peak = cuda ? device_peak_gbps() : measure_copy_gbps();
-    const std::string wname = weight_format_name(s->weights.format), kvname = kv_name(e.options().kv);
+    const std::string wname = weight_format_name(s->weights.format) +
+                              (s->adapters.empty() ? "" : "+lora r" + std::to_string(s->adapters[0].max_rank)),
+                      kvname = kv_name(e.options().kv);
     const bool json = vm.count("json") > 0;
     if (root && !json) {
         if (conversations > 0) std::printf("| model | test | batch | weights | kv | ms | tokens/s | second turns |\n");
@@ -406,7 +421,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
         auto prefill = [&]() {
             std::vector<SeqChunk> ch;
             for (int64_t b = 0; b < batch; ++b) ch.push_back({b, prompts[size_t(b)].data(), prompt_len, 0, true});
-            e.forward(ch, logits.data());
+            e.forward(under(ch), logits.data());
         };
         std::vector<int32_t> next(static_cast<size_t>(batch)), best_id(static_cast<size_t>(batch));
         std::vector<float> best_val(static_cast<size_t>(batch));
@@ -422,7 +437,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     next[size_t(b)] = int32_t(b % c.vocab);
                     ch.push_back({b, &next[size_t(b)], 1, prompt_len + step, true});
                 }
-                e.forward_top(ch, 1, best_val.data(), best_id.data());
+                e.forward_top(under(ch), 1, best_val.data(), best_id.data());
             }
         }
         // The timed decode: gen steps from the end of the prompt (ms).
@@ -441,7 +456,7 @@ int cmd_bench(const Args& args, Communicator& comm) {
                     ch.push_back({b, seq.data(), int64_t(seq.size()), 0, true});
                 }
                 // As generate decodes greedily: only each row's best candidate comes back.
-                e.forward_top(ch, 1, best_val.data(), best_id.data());
+                e.forward_top(under(ch), 1, best_val.data(), best_id.data());
             }
             for (auto& p : prompts) p.resize(size_t(prompt_len));
             return ms_since(t0);

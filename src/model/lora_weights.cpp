@@ -10,7 +10,7 @@ size_t LoraWeights::bytes() const {
     size_t n = 0;
     for (const LoraLayer& L : layers)
         for (const LoraMatrix* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-            n += (m->a.size() + m->b.size()) * sizeof(float);
+            n += (m->a.size() + m->bt.size()) * sizeof(float);
     return n;
 }
 
@@ -37,7 +37,9 @@ LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, co
         m.a.resize(size_t(d.rank * cols));
         for (int64_t k = 0; k < d.rank; ++k)
             std::copy_n(d.right.begin() + k * full_cols + c0, cols, m.a.begin() + k * cols);
-        m.b.assign(d.left.begin() + r0 * d.rank, d.left.begin() + (r0 + rows) * d.rank);
+        m.bt.resize(size_t(d.rank * rows));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < d.rank; ++k) m.bt[size_t(k * rows + r)] = d.left[size_t((r0 + r) * d.rank + k)];
         w.max_rank = std::max(w.max_rank, d.rank);
     };
     const int64_t q_all = cfg.n_heads * hd, kv_all = cfg.n_kv_heads * hd;

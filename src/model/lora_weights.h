@@ -2,7 +2,8 @@
 // `serve --lora-modules NAME=DIR`), where --lora (model/lora.h) merges them once for every
 // sequence. Each adapter is read from PEFT's folder by LoraSet (the same checks and scales) and
 // held in f32 as this rank's slices of its factors:
-//   y += (x A^T) B^T   with A [r, in] and B [out, r], alpha / r (or / sqrt(r)) and the scale in B.
+//   y += (x A^T) B^T   with A [r, in] and B [out, r], alpha / r (or / sqrt(r)) and the scale in B,
+// kept as B^T [r, out] for kernels/cpu/lora.h.
 // Under tensor parallelism the factors split as their base matrix does (model/shard.h): a
 // column-parallel matrix (q/k/v, gate/up) keeps A whole and its rows of B; a row-parallel one
 // (o, down) its columns of A and B whole, so each rank's x_slice A_slice^T B^T is a partial sum
@@ -25,8 +26,8 @@ namespace shardlm {
 // One matrix's factors on this rank; rank 0 where the adapter leaves the matrix alone.
 struct LoraMatrix {
     int64_t rank = 0, in = 0, out = 0;  // this rank's slice: in columns of x, out rows of y
-    std::vector<float> a;  // [rank, in]
-    std::vector<float> b;  // [out, rank], scaled
+    std::vector<float> a;   // [rank, in]
+    std::vector<float> bt;  // B^T [rank, out], scaled
 };
 
 struct LoraLayer {

@@ -11,6 +11,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -133,35 +134,26 @@ std::string CpuEngine::device() const { return std::string("cpu(") + matmul_isa(
 void CpuEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
     adapters_ = adapters && !adapters->empty() ? adapters : nullptr;
     int64_t rank = 0;
+    adapter_bytes_ = 0;
     if (adapters_)
-        for (const LoraWeights& a : *adapters_) rank = std::max(rank, a.max_rank);
-    const ShardPlan& p = w_.plan;
-    const int64_t widest = std::max({cfg_.hidden, p.n_q_heads * cfg_.head_dim, p.n_kv_heads * cfg_.head_dim, p.n_inter});
+        for (const LoraWeights& a : *adapters_) {
+            rank = std::max(rank, a.max_rank);
+            adapter_bytes_ += a.bytes();
+        }
     const size_t T = size_t(opt_.max_step_tokens);
     try {
         lora_t_.assign(adapters_ ? T * size_t(rank) : 0, 0.0f);
-        lora_d_.assign(adapters_ ? T * size_t(widest) : 0, 0.0f);
     } catch (const std::bad_alloc&) {
-        throw WorkspaceAllocError(opt_.max_step_tokens, T * size_t(widest) * sizeof(float));
+        throw WorkspaceAllocError(opt_.max_step_tokens, T * size_t(rank) * sizeof(float));
     }
-    ws_bytes_ += (lora_t_.size() + lora_d_.size()) * sizeof(float);
+    ws_bytes_ += lora_t_.size() * sizeof(float);
 }
 
 void CpuEngine::add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const float* x, float* y) {
     for (const LoraRun& r : lora_runs_) {
         const LoraMatrix& m = (*adapters_)[size_t(r.adapter)].layers[size_t(layer)].*which;
         if (m.rank == 0) continue;
-        // Two thin products through the f32 kernel: t [n, rank] = x A^T, d [n, out] = t B^T.
-        WeightView a, b;
-        a.data = m.a.data();
-        a.rows = m.rank;
-        a.cols = m.in;
-        b.data = m.b.data();
-        b.rows = m.out;
-        b.cols = m.rank;
-        matmul(x + r.row0 * m.in, r.n, a, nullptr, lora_t_.data());
-        matmul(lora_t_.data(), r.n, b, nullptr, lora_d_.data());
-        add_into(y + r.row0 * m.out, lora_d_.data(), r.n * m.out);
+        lora_add(x + r.row0 * m.in, r.n, m.in, m.a.data(), m.bt.data(), m.rank, m.out, lora_t_.data(), y + r.row0 * m.out);
     }
 }
 

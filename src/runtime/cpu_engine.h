@@ -46,7 +46,8 @@ public:
     void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
-    size_t weight_bytes() const override { return w_.bytes; }
+    // The weights and the adapters' factors (set_adapters), as this rank holds them.
+    size_t weight_bytes() const override { return w_.bytes + adapter_bytes_; }
     size_t kv_bytes() const override { return kv_.bytes(); }
     size_t workspace_bytes() const override { return ws_bytes_; }
     std::string device() const override;
@@ -96,13 +97,14 @@ private:
     size_t ws_bytes_ = 0;
     Probe probe_;
     // set_adapters: the adapters, this step's runs of consecutive rows under one adapter, and
-    // the products' scratch ([max_step_tokens, max rank] and [max_step_tokens, widest output]).
+    // the products' scratch, x A^T ([max_step_tokens, max rank]).
     struct LoraRun {
         int64_t adapter, row0, n;
     };
     const std::vector<LoraWeights>* adapters_ = nullptr;
     std::vector<LoraRun> lora_runs_;
-    std::vector<float> lora_t_, lora_d_;
+    std::vector<float> lora_t_;
+    size_t adapter_bytes_ = 0;
 };
 
 }  // namespace shardlm

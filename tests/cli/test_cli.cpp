@@ -836,6 +836,32 @@ TEST(CliBasics, MakeModelShardsAreBoundedByTheLayers) {
         EXPECT_GT(SafetensorsFile(d.file("m/model-0000" + std::to_string(i) + "-of-00005.safetensors")).tensors().size(), 0u) << i;
 }
 
+// make-model --lora-rank writes a random PEFT adapter for a preset's or a checkpoint's shape,
+// which --lora merges (changing the model) and bench --adapter runs beside the weights; their
+// misuse is refused by name.
+TEST_F(Cli, MakeModelWritesRandomAdapters) {
+    TempDir d;
+    const CommandResult w = run_command(kBin + " make-model --model " + dir_.path() + " --lora-rank 4 --out " + d.file("a"));
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    EXPECT_NE(w.err.find("wrote a random rank-4 LoRA adapter"), std::string::npos) << w.err;
+    const std::string gen = kBin + " generate --model " + dir_.path() + " --prompt-ids 5,6,7,8 --max-new-tokens 3 --temperature 0 --json --logprobs 0";
+    const CommandResult plain = run_command(gen), merged = run_command(gen + " --lora " + d.file("a"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(merged.exit_code, 0) << merged.err;
+    EXPECT_NE(nlohmann::json::parse(merged.out)["results"][0]["logprobs"], nlohmann::json::parse(plain.out)["results"][0]["logprobs"]);
+    const CommandResult b = run_command(kBin + " bench --model " + dir_.path() + " --prompt-len 8 --gen 2 -r 1 --json --adapter " + d.file("a"));
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_NE(b.out.find("\"weights\":\"auto+lora r4\""), std::string::npos) << b.out;
+    ASSERT_EQ(run_command(kBin + " make-model --preset tiny --lora-rank 2 --out " + d.file("t")).exit_code, 0);
+    EXPECT_EQ(run_command(gen + " --lora " + d.file("t")).exit_code, 1);  // the tiny preset's shape is not this model's
+    expect_error("make-model --preset tiny --lora-rank 0 --out " + d.file("x"), "--lora-rank must be in [1, 4096]");
+    expect_error("make-model --model " + dir_.path() + " --out " + d.file("x"), "--model names the base of an adapter: it needs --lora-rank");
+    expect_error("make-model --model " + dir_.path() + " --preset tiny --lora-rank 2 --out " + d.file("x"), "--model and --preset exclude each other");
+    expect_error("make-model --preset tiny --lora-rank 2 --out " + d.file("a"), "already holds an adapter (adapter_config.json)");
+    expect_error("make-model --preset tiny --lora-rank 2 --shards 2 --out " + d.file("x"), "--shards applies to checkpoints");
+    expect_error("bench --model " + dir_.path() + " --requests 2 --adapter " + d.file("a"), "--adapter times ppL/tgN rows");
+}
+
 // quantize --out equal to --model rewrote the source checkpoint in place, exit 0.
 // --lora merges a PEFT adapter as the model loads: scale 0 is the base model exactly, scale 1
 // changes it, and `quantize --lora` writes what `generate --lora` runs (same tokens and logprobs).

@@ -249,7 +249,7 @@ TEST_F(Serve, SkipSpecialTokensLeavesThemOut) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 128", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     for (const bool stream : {false, true})
-        for (const json skip : {json(nullptr), json(false), json(true)}) {  // null: the default
+        for (const json& skip : {json(nullptr), json(false), json(true)}) {  // null: the default
             const Reply r = post(srv.port(), "/v1/completions",
                                  {{"prompt", "And God said"}, {"max_tokens", 2}, {"temperature", 0}, {"stream", stream},
                                   {"logit_bias", {{"3071", 100}}}, {"skip_special_tokens", skip}});

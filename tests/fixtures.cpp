@@ -124,6 +124,26 @@ std::string thrown_error(const std::function<void()>& f) {
     return "";
 }
 
+std::vector<SequenceResult> batch_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                         const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk) {
+    BatcherOptions bo;
+    bo.prefill_chunk = prefill_chunk;
+    Batcher b(engine, bo);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        BatchRequest q;
+        q.prompt = prompts[i];
+        q.max_new_tokens = max_new;
+        q.sampler.temperature = 0;
+        q.keep_prompt_logits = true;
+        q.adapter = adapters[i];
+        b.add(q);
+    }
+    while (b.busy()) b.step();
+    std::vector<SequenceResult> out;
+    for (size_t i = 0; i < prompts.size(); ++i) out.push_back(b.result(i));
+    return out;
+}
+
 GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
                           int64_t prefill_chunk, WeightFormat wf, KVFormat kv) {
     return run_greedy(dir, prompts, max_new, prefill_chunk, LoadOptions(wf), kv);

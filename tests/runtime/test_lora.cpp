@@ -407,31 +407,15 @@ std::vector<TestAdapter> layer_adapters(const ModelConfig& c) {
     return ads;
 }
 
-// Greedy requests through a Batcher on a session of `dir` with these options, all at once.
-std::vector<SequenceResult> batch_greedy(SessionOptions so, const std::vector<std::vector<int32_t>>& prompts,
-                                         const std::vector<int64_t>& adapters, bool reuse = false) {
+// Greedy requests through a Batcher on a session with these options, all at once.
+std::vector<SequenceResult> session_greedy(SessionOptions so, const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<int64_t>& adapters) {
     SingleRank comm;
     so.ctx = 64;
     so.max_batch = int64_t(prompts.size());
     so.prefill_chunk = 16;
     auto s = open_session(so, comm);
-    BatcherOptions bo;
-    bo.prefill_chunk = 16;
-    bo.reuse_prefix = reuse;
-    Batcher b(*s->engine, bo);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        BatchRequest q;
-        q.prompt = prompts[i];
-        q.max_new_tokens = 6;
-        q.sampler.temperature = 0;
-        q.keep_prompt_logits = true;
-        q.adapter = adapters[i];
-        b.add(q);
-    }
-    while (b.busy()) b.step();
-    std::vector<SequenceResult> out;
-    for (size_t i = 0; i < prompts.size(); ++i) out.push_back(b.result(i));
-    return out;
+    return batch_greedy(*s->engine, prompts, adapters, 6, 16);
 }
 
 }  // namespace
@@ -458,13 +442,13 @@ TEST(Lora, AdaptersPerSequenceEqualTheirMergedModels) {
             so.model_dir = base.path();
             so.load = LoadOptions(wf);
             so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
-            const std::vector<SequenceResult> mixed = batch_greedy(so, prompts, which);
+            const std::vector<SequenceResult> mixed = session_greedy(so, prompts, which);
             so.adapters.clear();
             std::vector<std::vector<SequenceResult>> merged(3);  // base, a, b
-            merged[0] = batch_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
+            merged[0] = session_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
             for (size_t a = 0; a < 2; ++a) {
                 so.load.lora = {dirs[a]};
-                merged[a + 1] = batch_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
+                merged[a + 1] = session_greedy(so, prompts, std::vector<int64_t>(prompts.size(), -1));
             }
             const std::string what = std::string(arch_name(c.arch)) + (wf == WeightFormat::Int8 ? " int8" : " f32");
             for (size_t i = 0; i < prompts.size(); ++i) {

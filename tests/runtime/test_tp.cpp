@@ -676,22 +676,7 @@ TEST(TensorParallel, LoraAdaptersPerSequenceGiveWhatOneRankGives) {
         so.prefill_chunk = 16;
         so.adapters = {{"a", {a0.path(), 1.0f}}, {"b", {a1.path(), 0.5f}}};
         auto s = open_session(so, comm);
-        BatcherOptions bo;
-        bo.prefill_chunk = 16;
-        Batcher b(*s->engine, bo);
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            BatchRequest q;
-            q.prompt = prompts[i];
-            q.max_new_tokens = 6;
-            q.sampler.temperature = 0;
-            q.keep_prompt_logits = true;
-            q.adapter = which[i];
-            b.add(q);
-        }
-        while (b.busy()) b.step();
-        std::vector<SequenceResult> out;
-        for (size_t i = 0; i < prompts.size(); ++i) out.push_back(b.result(i));
-        return out;
+        return batch_greedy(*s->engine, prompts, which, 6, 16);
     };
     SingleRank one;
     const std::vector<SequenceResult> ref = gen(one), tp = gen(world());

@@ -123,6 +123,22 @@ bool linear_module(const std::string& module) {
     return std::regex_match(module, re);
 }
 
+// The [rows, cols] of a target matrix as the config shapes it (whatever the checkpoint stores:
+// packed INT4 or a Hub format's qweight), or {-1, -1} for a layer the model does not have.
+std::pair<int64_t, int64_t> module_shape(const ModelConfig& c, const std::string& module) {
+    if (module == "lm_head" || module == "model.embed_tokens") return {c.vocab, c.hidden};
+    static const std::regex re("model\\.layers\\.([0-9]+)\\.(self_attn|mlp)\\.([a-z]+)_proj");
+    std::smatch m;
+    if (!std::regex_match(module, m, re) || m[1].length() > 9 || std::stoll(m[1]) >= c.n_layers) return {-1, -1};
+    const int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+    const std::string p = m[3];
+    if (p == "q") return {q, c.hidden};
+    if (p == "k" || p == "v") return {kv, c.hidden};
+    if (p == "o") return {c.hidden, q};
+    if (p == "down") return {c.hidden, c.intermediate};
+    return {c.intermediate, c.hidden};  // gate, up
+}
+
 std::vector<float> to_f32(const TensorInfo& t) {
     std::vector<float> v(size_t(t.numel()));
     values_to_f32(t.dtype, t.data, t.numel(), v.data());
@@ -184,8 +200,7 @@ LoraSet::LoraSet(const std::vector<LoraAdapter>& adapters, const Checkpoint& bas
                 fail(path, ": tensor ", name, ": the base model ties its embedding and lm_head, and merging an adapter of one "
                      "into the shared matrix would change both; not supported");
             const std::string target = module + ".weight";
-            const TensorInfo* w = base.find(target);
-            if (!w)
+            if (module_shape(cfg, module).first < 0)
                 fail(path, ": tensor ", name, ": the base model ", base.dir(), " has no ", target,
                      " (an adapter for another model?)");
             if (!t.dtype_known || (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16))
@@ -202,10 +217,16 @@ LoraSet::LoraSet(const std::vector<LoraAdapter>& adapters, const Checkpoint& bas
             const char* b_name = fac.embedding ? "lora_embedding_B" : "lora_B";
             if (!fac.a || !fac.b)
                 fail(path, ": ", module, " has ", fac.a ? a_name : b_name, " but no ", fac.a ? b_name : a_name);
-            const TensorInfo& w = base.get(target);
+            // The layers' matrices as the config shapes them (a pre-quantized base stores them
+            // packed or as a Hub format's qweight); the vocabulary matrices as stored (a padded vocabulary).
+            auto [rows, cols] = module_shape(cfg, module);
+            const TensorInfo* stored = base.find(target);
+            if ((fac.embedding || module == "lm_head") && stored && stored->shape.size() == 2) {
+                rows = stored->shape[0];
+                cols = stored->shape[1];
+            }
             const int64_t rank = ac.rank_of(module);
             // Linear: W [out, in] += B [out, r] A [r, in]. Embedding: E [vocab, hidden] += (B [hidden, r] A [r, vocab])^T.
-            const int64_t rows = w.shape.size() == 2 ? w.shape[0] : -1, cols = w.shape.size() == 2 ? w.shape[1] : -1;
             const std::vector<int64_t> want_a = fac.embedding ? std::vector<int64_t>{rank, rows} : std::vector<int64_t>{rank, cols};
             const std::vector<int64_t> want_b = fac.embedding ? std::vector<int64_t>{cols, rank} : std::vector<int64_t>{rows, rank};
             auto check = [&](const TensorInfo* t, const std::vector<int64_t>& want) {
@@ -213,7 +234,7 @@ LoraSet::LoraSet(const std::vector<LoraAdapter>& adapters, const Checkpoint& bas
                 TensorInfo shape;
                 shape.shape = want;
                 fail(path, ": tensor ", t->name, " has shape ", t->shape_str(), ", expected ", shape.shape_str(), " (rank ", rank,
-                     " from ", ac.origin, ", the base model's ", target, " ", w.shape_str(), ")");
+                     " from ", ac.origin, ", the base model's ", target, " [", rows, ", ", cols, "])");
             };
             check(fac.a, want_a);
             check(fac.b, want_b);

@@ -360,6 +360,48 @@ TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
         }
 }
 
+// LoRA adapters chosen per sequence (serve --lora-modules) over a Hub-quantized base (GPTQ and
+// AWQ, whose layers are stored as packed qweight, not as the matrices' shapes): the factors are
+// checked against the config's shapes, and each sequence computes what it computes over the FP32
+// checkpoint of the unpacked weights with the same adapter.
+TEST(HfQuant, AdaptersPerSequenceOverAQuantizedBase) {
+    const ModelConfig cfg = tiny_config(Arch::Qwen2);
+    TempDir ad;
+    std::vector<LoraModule> ms;
+    uint64_t seed = 70;
+    for (int64_t l = 0; l < cfg.n_layers; ++l)
+        for (const char* lin : {"self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"})
+            ms.push_back(random_lora_module(cfg, "model.layers." + std::to_string(l) + "." + lin, 4, seed++));
+    write_lora_adapter(ad.path(), R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})", ms);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(12, cfg.vocab, 1), make_prompt(7, cfg.vocab, 2)};
+    const std::vector<int64_t> which = {0, -1};
+    for (const Case& cs : {Case{"gptq", 4, 32, "gptq"}, Case{"awq", 4, 32}}) {
+        TempDir hf, ref;
+        write_pair(cfg, cs, hf.path(), ref.path(), 23);
+        auto greedy = [&](const std::string& dir, const LoadOptions& lo) {
+            SessionOptions so;
+            so.model_dir = dir;
+            so.load = lo;
+            so.adapters = {{"a", {ad.path(), 1.0f}}};
+            so.ctx = 32;
+            so.max_batch = 2;
+            so.prefill_chunk = 16;
+            SingleRank comm;
+            auto s = open_session(so, comm);
+            return batch_greedy(*s->engine, prompts, which, 5, 16);
+        };
+        const auto q = greedy(hf.path(), {WeightFormat::Auto, 0, "lm_head|embed_tokens"});
+        const auto r = greedy(ref.path(), {WeightFormat::F32, 0, ""});
+        const double tol = cpu_quantized_weights_round() ? 5e-4 : 2e-5;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            float scale = 0;
+            for (float v : r[i].prompt_logits) scale = std::max(scale, std::fabs(v));
+            EXPECT_LT(max_abs_diff(q[i].prompt_logits, r[i].prompt_logits), tol * scale) << cs.name() << " prompt " << i;
+            EXPECT_EQ(q[i].tokens, r[i].tokens) << cs.name() << " prompt " << i;
+        }
+    }
+}
+
 // W4A8 over an AWQ checkpoint's weights (--weights w4a8): INT8 activations, within their noise of
 // W4A16 on the same weights.
 TEST(HfQuant, AwqRunsAsW4A8) {

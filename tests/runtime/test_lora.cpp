@@ -539,3 +539,30 @@ TEST(Lora, PerSequenceAdaptersRefuseWhatTheyCannotRun) {
     EXPECT_NE(thrown_error([&] { s->engine->forward({ch}, logits.data()); }).find("LoRA adapter 0 of 0 this engine holds"),
               std::string::npos);
 }
+
+// A pre-quantized base (shardlm quantize: INT4 packs two columns a byte, so the stored tensors
+// are not the matrices' shapes) takes adapters per sequence as the same format quantized on load
+// does: the factors are checked against the config's shapes, and the tokens and logits are the same.
+TEST(Lora, PerSequenceAdaptersOnAPreQuantizedBase) {
+    const ModelConfig c = tiny_config(Arch::Qwen3);
+    TempDir base, root, q;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 17});
+    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(14, c.vocab, 1), make_prompt(9, c.vocab, 2)};
+    for (WeightFormat wf : {WeightFormat::Int8, WeightFormat::Int4}) {
+        const std::string dir = q.path() + (wf == WeightFormat::Int4 ? "/int4" : "/int8");
+        const LoadOptions lo(wf, wf == WeightFormat::Int4 ? 32 : 0);
+        write_quantized_checkpoint(base.path(), dir, lo);
+        SessionOptions so;
+        so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
+        so.model_dir = dir;
+        const std::vector<SequenceResult> pre = session_greedy(so, prompts, {0, 1});
+        so.model_dir = base.path();
+        so.load = lo;
+        const std::vector<SequenceResult> on_load = session_greedy(so, prompts, {0, 1});
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_EQ(pre[i].tokens, on_load[i].tokens) << i;
+            EXPECT_EQ(pre[i].prompt_logits, on_load[i].prompt_logits) << i;
+        }
+    }
+}

@@ -750,6 +750,10 @@ size_t logprobs_text_bytes(const Tokenizer& tok, const std::vector<TokenLogprobs
     return n;
 }
 
+// A logprob as the API shows it: at least -9999, as vLLM clamps it, so that a constraint's masked
+// ids (-inf) are a number, not JSON's null (which nlohmann writes for an infinity).
+double api_logprob(float l) { return std::max(double(l), -9999.0); }
+
 size_t tokens_text_bytes(const Tokenizer& tok, const std::vector<int32_t>& ids) {
     size_t n = 0;
     for (const int32_t id : ids) n += token_text(tok, id).size();
@@ -767,7 +771,7 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
             const std::string raw = r.tokens_as_ids ? shown(l.id) : tok.token_bytes(l.id);
             json bytes = json::array();
             for (const char c : raw) bytes.push_back(int(static_cast<unsigned char>(c)));
-            return json{{"token", utf8_lossy(raw)}, {"logprob", l.logprob}, {"bytes", bytes}};
+            return json{{"token", utf8_lossy(raw)}, {"logprob", api_logprob(l.logprob)}, {"bytes", bytes}};
         };
         json content = json::array();
         for (const TokenLogprobs& t : lps) {
@@ -792,15 +796,15 @@ json api_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::vector<T
     for (const TokenLogprobs& t : all) {
         const std::string s = shown(t.token.id);
         tokens.push_back(s);
-        token_logprobs.push_back(t.token.logprob);
+        token_logprobs.push_back(api_logprob(t.token.logprob));
         json best = json::object();
         // (The prompt's entries may list more than "logprobs" asks: prompt_logprobs's N.)
         for (size_t i = 0; i < t.top.size() && int64_t(i) < r.logprobs; ++i) {
             const Logprob& l = t.top[i];
             const std::string k = shown(l.id);
-            if (!best.contains(k)) best[k] = l.logprob;  // the more probable of two ids with one text
+            if (!best.contains(k)) best[k] = api_logprob(l.logprob);  // the more probable of two ids with one text
         }
-        if (!best.contains(s)) best[s] = t.token.logprob;  // the sampled token is always listed
+        if (!best.contains(s)) best[s] = api_logprob(t.token.logprob);  // the sampled token is always listed
         top.push_back(best);
         offsets.push_back(offset);
         offset += token_text(tok, t.token.id).size();
@@ -812,11 +816,12 @@ json api_prompt_logprobs(const ApiRequest& r, const Tokenizer& tok, const std::v
     json out = json::array({nullptr});
     for (const TokenLogprobs& t : prompt_lps) {
         json e = json::object();
-        e[std::to_string(t.token.id)] = {{"logprob", t.token.logprob}, {"rank", t.rank}, {"decoded_token", token_text(tok, t.token.id)}};
+        e[std::to_string(t.token.id)] = {{"logprob", api_logprob(t.token.logprob)}, {"rank", t.rank},
+                                         {"decoded_token", token_text(tok, t.token.id)}};
         for (size_t i = 0; i < t.top.size() && int64_t(i) < r.prompt_lps; ++i) {
             const std::string key = std::to_string(t.top[i].id);
             if (!e.contains(key))
-                e[key] = {{"logprob", t.top[i].logprob}, {"rank", i + 1}, {"decoded_token", token_text(tok, t.top[i].id)}};
+                e[key] = {{"logprob", api_logprob(t.top[i].logprob)}, {"rank", i + 1}, {"decoded_token", token_text(tok, t.top[i].id)}};
         }
         out.push_back(e);
     }

@@ -779,7 +779,6 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
         const json& lps = part["logprobs"];
         // The same tokens and bytes, and logprobs within float noise (the runs differ in what the
         // prefix cache held).
-        // (-inf, a constraint's masked ids, is null.)
         auto near = [](const json& x, const json& y) {
             return x.is_number() && y.is_number() ? std::abs(x.get<double>() - y.get<double>()) <= 1e-4 : x == y;
         };
@@ -795,6 +794,15 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
             return true;
         };
         EXPECT_TRUE(same(lps, chat_lp.body["choices"][0]["logprobs"]["content"])) << whole.raw << chat_lp.raw;
+        // A constraint's masked ids (-inf) show as -9999, as vLLM clamps them: numbers, never null.
+        size_t masked = 0;
+        for (const json& e : lps)
+            for (const json& t : e["top_logprobs"]) {
+                ASSERT_TRUE(t["logprob"].is_number()) << e;
+                EXPECT_GE(t["logprob"].get<double>(), -9999.0);
+                masked += t["logprob"] == -9999.0;
+            }
+        EXPECT_GT(masked, 0u) << whole.raw;
         ASSERT_GT(lps.size(), 2u) << whole.raw;
         std::string text;
         for (const json& e : lps) {

@@ -12,6 +12,7 @@
 // shutdown), every rank applies it to its own Batcher, and all run one engine step. Stop strings
 // are matched on rank 0 alone; the request ends on every rank before the next step.
 #include <algorithm>
+#include <set>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -44,6 +45,7 @@
 #include "runtime/batcher.h"
 #include "runtime/beam_search.h"
 #include "runtime/classify.h"
+#include "runtime/cpu_engine.h"
 #include "runtime/embed.h"
 #include "runtime/generate.h"
 #include "runtime/grammar.h"
@@ -262,11 +264,39 @@ void end_embed_job(EmbedJob& job, bool aborted) {
     job.cv.notify_all();
 }
 
+// A LoRA adapter loaded or unloaded while serving (--allow-runtime-lora-updating): the handler
+// waits for the engine loop's answer.
+struct AdapterOp {
+    bool load = true;
+    std::string name, dir;  // dir: a load's
+    int64_t index = -1;     // an unload's: the adapter's index
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    int status = 200;
+    std::string message;
+    void answer(int st, const std::string& msg) {
+        {
+            std::lock_guard<std::mutex> lk(m);
+            status = st;
+            message = msg;
+            done = true;
+        }
+        cv.notify_all();
+    }
+};
+
+// The adapters as /v1/models lists them (a name and its folder), replaced whole as lim.adapters is.
+struct AdapterCard {
+    std::string name, dir;
+};
+
 // The handler threads' requests for the engine loop.
 struct Inbox {
     std::mutex m;
     std::condition_variable cv;
     std::deque<std::shared_ptr<Job>> jobs;
+    std::deque<std::shared_ptr<AdapterOp>> adapter_ops;
     std::deque<std::shared_ptr<EmbedJob>> embeds;
     std::vector<std::shared_ptr<EmbedJob>> embedding;  // rank 0: the ones the engine loop runs now
     bool closed = false;
@@ -485,6 +515,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             speculate_max_tokens = 8, cache_ram = 0, stored_responses = int64_t(kMaxStoredResponses);
     double cache_save_every = 0;
     std::vector<std::string> lora_modules;  // --lora-modules NAME=DIR ...
+    bool runtime_lora = false;              // --allow-runtime-lora-updating
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -495,6 +526,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("lora-modules", po::value(&lora_modules)->multitoken()->composing(),
          "NAME=DIR ...: LoRA adapters (PEFT's folders) kept beside the weights; a request whose \"model\" is NAME "
          "runs under that adapter (vLLM's multi-LoRA serving; the CPU engine; repeatable)")
+        ("allow-runtime-lora-updating", po::bool_switch(&runtime_lora),
+         "serve POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and /v1/unload_lora_adapter {\"lora_name\"} "
+         "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; the CPU engine)")
         ("api-key", po::value(&api_key),
          "answer only requests that send \"Authorization: Bearer KEY\" (/health and /metrics stay open; default: "
          "$SHARDLM_API_KEY, else no key)")
@@ -629,8 +663,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 if (lora_modules[j].substr(0, lora_modules[j].find('=')) == m.substr(0, eq))
                     fail("--lora-modules: the name \"", m.substr(0, eq), "\" is given twice");
         }
-        if (!lora_modules.empty() && (vm.count("embeddings") || vm.count("rerank")))
-            fail("--lora-modules applies to text generation, not to --embeddings or --rerank");
+        if ((!lora_modules.empty() || runtime_lora) && (vm.count("embeddings") || vm.count("rerank")))
+            fail(lora_modules.empty() ? "--allow-runtime-lora-updating" : "--lora-modules",
+                 " applies to text generation, not to --embeddings or --rerank");
         if (ssl_cert.empty() != ssl_key.empty()) fail("--ssl-certfile and --ssl-keyfile go together: give both or neither");
         for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--ssl-certfile", ssl_cert},
                                          std::pair<const char*, const std::string&>{"--ssl-keyfile", ssl_key}})
@@ -706,9 +741,25 @@ int cmd_serve(const Args& args, Communicator& comm) {
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
+    // Adapters loaded while serving join the CPU engine's (open_session refuses them on a GPU).
+    CpuEngine* cpu_engine = dynamic_cast<CpuEngine*>(s->engine.get());
+    run_together(comm, [&] {
+        if (runtime_lora && !cpu_engine)
+            fail("--allow-runtime-lora-updating: LoRA adapters chosen per request run on the CPU engine only (--device cpu)");
+    });
     ApiLimits lim;
     lim.model = name;
-    for (const auto& a : so.adapters) lim.adapters.push_back(a.first);
+    std::shared_ptr<const std::vector<AdapterCard>> adapter_cards;  // /v1/models' (rank 0; atomic_load/store)
+    {
+        std::vector<std::string> names;
+        std::vector<AdapterCard> cards;
+        for (const auto& [a, ad] : so.adapters) {
+            names.push_back(a);
+            cards.push_back({a, ad.dir});
+        }
+        lim.adapters = std::make_shared<const std::vector<std::string>>(std::move(names));
+        adapter_cards = std::make_shared<const std::vector<AdapterCard>>(std::move(cards));
+    }
     lim.ctx = engine.options().ctx;
     lim.vocab = s->cfg.vocab;
     lim.penalty_last_n = penalty_last_n;
@@ -754,10 +805,20 @@ int cmd_serve(const Args& args, Communicator& comm) {
     ResponseStore responses_store(size_t(std::max<int64_t>(stored_responses, 0)));  // /v1/responses made with "store" (cli/responses_api.h)
     // Queues a job for the engine loop and waits for its end; false when the server is
     // shutting down (then or before it ended).
+    // A request parsed under an adapter that was unloaded before it reached the inbox (checked
+    // under the inbox's lock, which an unload takes to drop the name: nothing queued after an
+    // unload runs under its adapter).
+    auto adapter_gone = [&](const ApiRequest& r) {
+        return r.adapter >= 0 && (*adapter_names(lim))[size_t(r.adapter)] != r.model;
+    };
+    const auto gone_message = [](const ApiRequest& r) {
+        return "The model `" + r.model + "` does not exist (its LoRA adapter was unloaded)";
+    };
     auto run_job = [&](const std::shared_ptr<Job>& job) {
         {
             std::lock_guard<std::mutex> lk(inbox.m);
             if (inbox.closed) return false;
+            if (adapter_gone(job->req)) throw ApiError(404, gone_message(job->req));
             inbox.jobs.push_back(job);
         }
         inbox.cv.notify_one();
@@ -838,6 +899,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
             inbox.closed = true;
             for (auto& job : inbox.jobs) abort_job(*job);
             inbox.jobs.clear();
+            for (auto& op : inbox.adapter_ops) op->answer(503, "the server is shutting down");
+            inbox.adapter_ops.clear();
             for (auto& job : inbox.embeds) end_embed_job(*job, true);
             for (auto& job : inbox.embedding) end_embed_job(*job, true);
             inbox.embeds.clear();
@@ -902,12 +965,69 @@ int cmd_serve(const Args& args, Communicator& comm) {
             json data = json::array({{{"id", name}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", model},
                                       {"parent", nullptr}, {"max_model_len", lim.ctx}}});
             // The adapters as vLLM lists them: their folder as root, the base model as parent.
-            for (const auto& [a, ad] : so.adapters)
-                data.push_back({{"id", a}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", ad.dir}, {"parent", name},
-                                {"max_model_len", lim.ctx}});
+            for (const AdapterCard& a : *std::atomic_load(&adapter_cards))
+                if (!a.name.empty())
+                    data.push_back({{"id", a.name}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", a.dir},
+                                    {"parent", name}, {"max_model_len", lim.ctx}});
             const json j = {{"object", "list"}, {"data", data}};
             res.set_content(j.dump(), "application/json");
         });
+        // vLLM's runtime LoRA updates: a load is made by every rank in the engine loop (the name
+        // joins lim.adapters once all have it); an unload drops the name at once, under the inbox's
+        // lock, and the factors go once no sequence runs under them. Success is vLLM's plain text.
+        auto adapter_route = [&](bool load) {
+            return [&, load](const httplib::Request& req, httplib::Response& res) {
+                auto op = std::make_shared<AdapterOp>();
+                op->load = load;
+                try {
+                    check_body_depth(req.body);
+                    const json body = json::parse(req.body);
+                    auto text = [&](const char* key) {
+                        if (!body.is_object() || !body.contains(key) || !body[key].is_string() || body[key].get<std::string>().empty())
+                            throw ApiError(400, std::string("\"") + key + "\" must be a non-empty string");
+                        return body[key].get<std::string>();
+                    };
+                    op->name = text("lora_name");
+                    if (load) op->dir = text("lora_path");
+                    std::lock_guard<std::mutex> lk(inbox.m);
+                    if (inbox.closed) throw ApiError(503, "the server is shutting down");
+                    const auto names = adapter_names(lim);
+                    const auto it = std::find(names->begin(), names->end(), op->name);
+                    if (load && (it != names->end() || op->name == name))
+                        throw ApiError(400, "The lora adapter '" + op->name + "' has already been loaded.");
+                    if (!load) {
+                        if (it == names->end()) throw ApiError(404, "The lora adapter '" + op->name + "' cannot be found.");
+                        op->index = it - names->begin();
+                        std::vector<std::string> kept = *names;
+                        kept[size_t(op->index)].clear();
+                        std::atomic_store(&lim.adapters, std::make_shared<const std::vector<std::string>>(std::move(kept)));
+                        std::vector<AdapterCard> cards = *std::atomic_load(&adapter_cards);
+                        cards[size_t(op->index)] = AdapterCard{};
+                        std::atomic_store(&adapter_cards, std::make_shared<const std::vector<AdapterCard>>(std::move(cards)));
+                    }
+                    inbox.adapter_ops.push_back(op);
+                } catch (const json::exception& e) {
+                    res.status = 400;
+                    res.set_content(api_error(std::string("the request body is not valid JSON: ") + e.what(), 400).dump(),
+                                    "application/json");
+                    return;
+                } catch (const ApiError& e) {
+                    res.status = e.status;
+                    res.set_content(api_error(e.what(), e.status).dump(), "application/json");
+                    return;
+                }
+                inbox.cv.notify_one();
+                std::unique_lock<std::mutex> lk(op->m);
+                op->cv.wait(lk, [&] { return op->done; });
+                res.status = op->status;
+                if (op->status == 200) res.set_content(op->message, "text/plain");
+                else res.set_content(api_error(op->message, op->status).dump(), "application/json");
+            };
+        };
+        if (runtime_lora) {
+            svr->Post("/v1/load_lora_adapter", adapter_route(true));
+            svr->Post("/v1/unload_lora_adapter", adapter_route(false));
+        }
         // The pooling routes: a request's inputs go to the engine loop as one EmbedJob. `needs`
         // names the flags the route runs under (a server of another kind answers 400 naming them).
         auto embedding_route = [&, mode](const char* what, const std::string& needs, std::function<json(const json&)> answer) {
@@ -1027,6 +1147,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 {
                     std::lock_guard<std::mutex> lk(inbox.m);
                     if (inbox.closed) return refuse(503, "the server is shutting down");
+                    if (adapter_gone(job->req)) return refuse(404, gone_message(job->req));
                     inbox.jobs.push_back(job);
                 }
                 inbox.cv.notify_one();
@@ -1304,13 +1425,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
     };
     double last_write = now_s();  // rank 0: --cache-save-every
     int64_t ended_since_write = 0;
+    std::vector<int64_t> unloading;  // adapters unloaded whose factors wait for their last sequence to end
     for (;;) {
-        json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}, {"save", false}};
+        json ctl = {{"add", json::array()}, {"end", json::array()}, {"shutdown", false}, {"save", false},
+                    {"adapters", json::array()}};
         std::vector<std::pair<std::shared_ptr<Job>, size_t>> added;  // rank 0: a request's choices in order
+        std::vector<std::shared_ptr<AdapterOp>> ops;                  // rank 0: ctl["adapters"]' requests
         if (root) {
             std::unique_lock<std::mutex> lk(inbox.m);
             if (!batcher.busy() && to_end.empty())  // idle: wait for work (the other ranks wait in the broadcast)
-                inbox.cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return !inbox.jobs.empty() || g_signalled; });
+                inbox.cv.wait_for(lk, std::chrono::milliseconds(200),
+                                  [&] { return !inbox.jobs.empty() || !inbox.adapter_ops.empty() || g_signalled; });
             while (!inbox.jobs.empty()) {
                 const std::shared_ptr<Job> job = inbox.jobs.front();
                 inbox.jobs.pop_front();
@@ -1318,6 +1443,20 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     added.emplace_back(job, c);
                     ctl["add"].push_back(request_json(job->req, c));
                 }
+            }
+            // (Two loads of one name in flight: the second is refused here, the first's name
+            // being in lim.adapters or in this batch.)
+            std::set<std::string> loading;
+            for (; !inbox.adapter_ops.empty(); inbox.adapter_ops.pop_front()) {
+                const std::shared_ptr<AdapterOp> op = inbox.adapter_ops.front();
+                const auto names = adapter_names(lim);
+                if (op->load && (!loading.insert(op->name).second ||
+                                 std::find(names->begin(), names->end(), op->name) != names->end())) {
+                    op->answer(400, "The lora adapter '" + op->name + "' has already been loaded.");
+                    continue;
+                }
+                ops.push_back(op);
+                ctl["adapters"].push_back({{"load", op->load}, {"name", op->name}, {"dir", op->dir}, {"index", op->index}});
             }
             if (g_signalled) {
                 inbox.closed = true;
@@ -1348,6 +1487,59 @@ int cmd_serve(const Args& args, Communicator& comm) {
             texts[id] = std::make_unique<StopMatcher>(*tok, req.stop, decode, req.include_stop_str);
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
+        // Adapters loaded and unloaded while serving, in order, every rank alike. A load is kept
+        // only where every rank made it (each names its own failure on its stderr; rank 0's
+        // answer names its own, or the rank count that failed).
+        for (size_t k = 0; k < ctl["adapters"].size(); ++k) {
+            const json& a = ctl["adapters"][k];
+            const std::string an = a["name"];
+            if (!a["load"].get<bool>()) {
+                unloading.push_back(a["index"].get<int64_t>());
+                if (root) ops[k]->answer(200, "Success: LoRA adapter '" + an + "' removed successfully.");
+                continue;
+            }
+            std::string err;
+            LoraWeights w;
+            try {
+                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan);
+            } catch (const std::exception& e) {
+                err = e.what();
+                std::cerr << "shardlm serve: rank " << comm.rank() << ": loading LoRA adapter " << an << ": " << err << std::endl;
+            }
+            float ok = err.empty() ? 1.0f : 0.0f;
+            comm.all_reduce_sum(&ok, 1);
+            const int failed = comm.size() - int(ok + 0.5f);
+            if (failed == 0) {
+                s->adapters.push_back(std::move(w));
+                cpu_engine->set_adapters(&s->adapters);
+            }
+            if (!root) continue;
+            if (failed > 0) {
+                ops[k]->answer(400, !err.empty() ? err : cat(failed, " of ", comm.size(), " ranks could not load it (their stderr names why)"));
+                continue;
+            }
+            {
+                std::lock_guard<std::mutex> lk(inbox.m);
+                std::vector<std::string> names = *adapter_names(lim);
+                names.push_back(an);
+                std::atomic_store(&lim.adapters, std::make_shared<const std::vector<std::string>>(std::move(names)));
+                std::vector<AdapterCard> cards = *std::atomic_load(&adapter_cards);
+                cards.push_back({an, a["dir"].get<std::string>()});
+                std::atomic_store(&adapter_cards, std::make_shared<const std::vector<AdapterCard>>(std::move(cards)));
+            }
+            ops[k]->answer(200, "Success: LoRA adapter '" + an + "' added successfully.");
+        }
+        // An unloaded adapter's factors go once no sequence runs or waits under it (the ranks'
+        // Batchers hold the same sequences, so every rank frees it at the same step).
+        for (auto it = unloading.begin(); it != unloading.end();) {
+            if (batcher.uses_adapter(*it)) {
+                ++it;
+                continue;
+            }
+            s->adapters[size_t(*it)] = LoraWeights{};
+            cpu_engine->set_adapters(&s->adapters);
+            it = unloading.erase(it);
+        }
         if (ctl["shutdown"]) break;
         if (ctl["save"]) {
             // Every rank at the same step: what the free slots hold joins the tier, the tier is

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include "core/error.h"
@@ -23,20 +24,23 @@ using json = nlohmann::ordered_json;
 [[noreturn]] void bad(const std::string& message) { throw ApiError(400, message); }
 
 // "model", when given, must name the served model, or where `adapters` (the generation routes)
-// one of serve's --lora-modules: returns its index, -1 for the base model. 404 otherwise, as
-// OpenAI's API answers.
+// one of the adapters (serve --lora-modules, or loaded while serving): returns its index, -1 for
+// the base model. 404 otherwise, as OpenAI's API answers.
 int64_t check_model(const json& body, const ApiLimits& lim, bool adapters = false) {
     if (!body.contains("model") || body["model"].is_null()) return -1;
     if (!body["model"].is_string()) bad("\"model\" must be a string");
     const std::string m = body["model"];
     if (m == lim.model) return -1;
-    for (size_t i = 0; adapters && i < lim.adapters.size(); ++i)
-        if (lim.adapters[i] == m) return int64_t(i);
+    const auto list = adapter_names(lim);
+    for (size_t i = 0; !m.empty() && i < list->size(); ++i)
+        if ((*list)[i] == m) {
+            if (adapters) return int64_t(i);
+            throw ApiError(404, "The model `" + m + "` is a LoRA adapter: adapters serve the completion and chat routes only");
+        }
     std::string names = "`" + lim.model + "`";
-    for (const std::string& a : lim.adapters) names += ", `" + a + "`";
-    const bool lora = !adapters && std::find(lim.adapters.begin(), lim.adapters.end(), m) != lim.adapters.end();
-    throw ApiError(404, "The model `" + m + "` does not exist (this server runs " + names + ")" +
-                            (lora ? "; LoRA adapters serve the completion and chat routes only" : ""));
+    for (const std::string& a : *list)
+        if (!a.empty()) names += ", `" + a + "`";
+    throw ApiError(404, "The model `" + m + "` does not exist (this server runs " + names + ")");
 }
 
 // A JSON array of token ids for `field` ("prompt", "input"), each within the vocabulary.
@@ -413,6 +417,11 @@ void structured_outputs(const json& body, ApiRequest& r) {
 }
 }  // namespace
 
+std::shared_ptr<const std::vector<std::string>> adapter_names(const ApiLimits& lim) {
+    auto list = std::atomic_load(&lim.adapters);
+    return list ? list : std::make_shared<const std::vector<std::string>>();
+}
+
 ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, const ApiLimits& lim) {
     if (!body.is_object()) bad("the request body must be a JSON object");
     const int64_t adapter = check_model(body, lim, true);
@@ -431,7 +440,7 @@ ApiRequest parse_api_request(const json& body, bool chat, const Tokenizer& tok, 
     ApiRequest r;
     r.chat = chat;
     r.adapter = adapter;
-    r.model = adapter >= 0 ? lim.adapters[size_t(adapter)] : lim.model;
+    r.model = adapter >= 0 ? (*adapter_names(lim))[size_t(adapter)] : lim.model;
     r.n = integer(body, "n", 1, 1, kMaxApiN);
     if (chat) {
         const json lp = body.value("logprobs", json(nullptr));

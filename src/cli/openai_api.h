@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,15 +34,20 @@ enum class ReasoningParser : uint8_t { None, Qwen3, DeepSeekR1 };
 
 struct ApiLimits {
     std::string model;           // the served model's name ("model" must match it when given)
-    // serve --lora-modules: the adapters' names, which "model" may give instead (generation
-    // routes only); ApiRequest::adapter is its index here.
-    std::vector<std::string> adapters;
+    // serve --lora-modules and adapters loaded while serving: the adapters' names by their index
+    // (ApiRequest::adapter), which "model" may give instead (generation routes only); "" where
+    // one was unloaded (an index is never reused). Replaced whole, never changed in place: read it
+    // with adapter_names (the engine loop stores a new list while handlers read).
+    std::shared_ptr<const std::vector<std::string>> adapters;
     int64_t ctx = 0;             // positions per sequence: prompt + max_tokens must fit
     int64_t vocab = 0;
     int64_t penalty_last_n = 64; // the server's penalty window
     ReasoningParser reasoning = ReasoningParser::None;  // serve --reasoning-parser: chat replies' reasoning apart
     GenerationDefaults defaults;  // serve --generation-config: sampling defaults (else the API's)
 };
+
+// lim.adapters as it is now (an empty list when there are none).
+std::shared_ptr<const std::vector<std::string>> adapter_names(const ApiLimits& lim);
 
 struct ApiRequest {
     bool chat = false;

@@ -56,9 +56,9 @@ AdapterConfig read_adapter_config(const std::string& dir) {
     a.origin = dir + "/adapter_config.json";
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        fail("--lora ", dir, ": not a folder (expected the folder PEFT's save_pretrained writes)");
+        fail("LoRA adapter ", dir, ": not a folder (expected the folder PEFT's save_pretrained writes)");
     if (!file_exists(a.origin))
-        fail("--lora ", dir, ": no adapter_config.json (expected the folder PEFT's save_pretrained writes)");
+        fail("LoRA adapter ", dir, ": no adapter_config.json (expected the folder PEFT's save_pretrained writes)");
     json j;
     try {
         j = json::parse(read_text_file(a.origin));

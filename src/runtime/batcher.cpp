@@ -126,6 +126,13 @@ size_t Batcher::add(BatchRequest r) {
 
 bool Batcher::busy() const { return !waiting_.empty() || !running_.empty(); }
 
+bool Batcher::uses_adapter(int64_t adapter) const {
+    for (const std::vector<size_t>* list : {&waiting_, &running_})
+        for (const size_t i : *list)
+            if (seqs_[i] && !seqs_[i]->ended && seqs_[i]->req.adapter == adapter) return true;
+    return false;
+}
+
 int64_t Batcher::waiting() const {
     int64_t n = 0;
     for (const size_t i : waiting_) n += seqs_[i] && !seqs_[i]->ended;

@@ -206,6 +206,8 @@ public:
     void step(const TokenCallback& on_token = nullptr, const StopCheck& stop = nullptr);
     const SequenceResult& result(size_t id) const;
     bool ended(size_t id) const;
+    // Whether a request that has not ended runs or waits under LoRA adapter `adapter`.
+    bool uses_adapter(int64_t adapter) const;
     // Drops an ended request's result (a server's memory); its index stays taken.
     void release(size_t id);
     const GenerateTimings& timings() const { return timings_; }

@@ -141,6 +141,7 @@ void CpuEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
             adapter_bytes_ += a.bytes();
         }
     const size_t T = size_t(opt_.max_step_tokens);
+    ws_bytes_ -= lora_t_.size() * sizeof(float);  // (called again as adapters are loaded and unloaded)
     try {
         lora_t_.assign(adapters_ ? T * size_t(rank) : 0, 0.0f);
     } catch (const std::bad_alloc&) {
@@ -271,8 +272,9 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out, b
     const int64_t T = shape.tokens;
     const int64_t n_adapters = adapters_ ? int64_t(adapters_->size()) : 0;
     for (const SeqChunk& ch : chunks)
-        if (ch.adapter < -1 || ch.adapter >= n_adapters)
-            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, " of ", n_adapters, " this engine holds");
+        if (ch.adapter < -1 || ch.adapter >= n_adapters || (ch.adapter >= 0 && (*adapters_)[size_t(ch.adapter)].layers.empty()))
+            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, " of ", n_adapters, " this engine holds",
+                 ch.adapter >= 0 && ch.adapter < n_adapters ? " (unloaded)" : "");
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
     // and the all-reduce assembles the full rows.

@@ -59,8 +59,9 @@ public:
     void set_probe(Probe p) { probe_ = std::move(p); }
 
     // LoRA adapters chosen per chunk (SeqChunk::adapter indexes them; this rank's slices, which
-    // must outlive the engine's steps). Sizes the scratch of their products: throws
-    // WorkspaceAllocError when it is refused.
+    // must outlive the engine's steps; one without layers is unloaded). Sizes the scratch of their
+    // products: throws WorkspaceAllocError when it is refused. Called again after the list changes
+    // (serve's runtime loads), between steps.
     void set_adapters(const std::vector<LoraWeights>* adapters);
 
 private:

@@ -3288,3 +3288,103 @@ TEST_F(Serve, LoraModulesAreChosenByModel) {
     refused("--served-model-name kjv --lora-modules kjv=" + a.path(), "the name \"kjv\" is the served model's");
     refused("--lora-modules x=" + logs_.path(), "no adapter_config.json");
 }
+
+// --allow-runtime-lora-updating (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING): /v1/load_lora_adapter
+// adds an adapter while serving and /v1/unload_lora_adapter removes it. A loaded adapter serves
+// as one given by --lora-modules does; an unloaded name is a 404 at once, while a sequence already
+// running under it finishes as it would have; loaded again, it runs the same and shares no
+// prefix with its earlier self. Misuse gets vLLM's answers; without the flag the routes are not there.
+TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
+    const shardlm::ModelConfig c = shardlm::load_config(model_.path());
+    TempDir a;
+    std::vector<LoraModule> ms;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+        for (const char* lin : {"self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"})
+            ms.push_back(random_lora_module(c, "model.layers." + std::to_string(l) + "." + lin, 2, uint64_t(20 + l)));
+    write_lora_adapter(a.path(), R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "bias": "none"})", ms);
+    const std::string base = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 2 --served-model-name kjv";
+    Server fixed(base + " --lora-modules psalms=" + a.path(), logs_.file("fixed.log"));
+    Server srv(base + " --allow-runtime-lora-updating", logs_.file("runtime.log"));
+    ASSERT_GT(fixed.port(), 0) << fixed.read_all();
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const json ask = {{"model", "psalms"}, {"prompt", "And God said, Let there be"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 0}};
+    auto load = [&](const json& body) { return post(port, "/v1/load_lora_adapter", body); };
+    auto unload = [&](const std::string& n) { return post(port, "/v1/unload_lora_adapter", {{"lora_name", n}}); };
+    EXPECT_EQ(post(port, "/v1/completions", ask).status, 404);
+    const Reply ok = load({{"lora_name", "psalms"}, {"lora_path", a.path()}});
+    EXPECT_EQ(ok.status, 200) << ok.raw;
+    EXPECT_EQ(ok.raw, "Success: LoRA adapter 'psalms' added successfully.");
+    const Reply want = post(fixed.port(), "/v1/completions", ask), got = post(port, "/v1/completions", ask);
+    ASSERT_EQ(got.status, 200) << got.raw;
+    EXPECT_EQ(got.body["model"], "psalms");
+    EXPECT_EQ(got.body["choices"][0]["text"], want.body["choices"][0]["text"]);
+    EXPECT_EQ(got.body["choices"][0]["logprobs"], want.body["choices"][0]["logprobs"]);
+    httplib::Client cl("127.0.0.1", port);
+    auto listed = [&] {
+        const auto m = cl.Get("/v1/models");
+        std::vector<std::string> ids;
+        const json list = json::parse(m->body);  // (a range-for over a temporary's member would dangle)
+        for (const json& d : list["data"]) ids.push_back(d["id"]);
+        return ids;
+    };
+    EXPECT_EQ(listed(), (std::vector<std::string>{"kjv", "psalms"}));
+    // Misuse.
+    const Reply twice = load({{"lora_name", "psalms"}, {"lora_path", a.path()}});
+    EXPECT_EQ(twice.status, 400);
+    EXPECT_EQ(twice.body["error"]["message"], "The lora adapter 'psalms' has already been loaded.");
+    EXPECT_EQ(load({{"lora_name", "kjv"}, {"lora_path", a.path()}}).status, 400);  // the base model's name
+    const Reply missing = load({{"lora_name", "job"}, {"lora_path", logs_.path()}});
+    EXPECT_EQ(missing.status, 400);
+    EXPECT_NE(missing.body["error"]["message"].get<std::string>().find("no adapter_config.json"), std::string::npos) << missing.raw;
+    EXPECT_EQ(load({{"lora_name", "job"}}).body["error"]["message"], "\"lora_path\" must be a non-empty string");
+    EXPECT_EQ(unload("job").status, 404);
+    EXPECT_EQ(listed(), (std::vector<std::string>{"kjv", "psalms"}));
+    // Unloaded while a streamed sequence runs under it: the name goes at once, the sequence ends as
+    // it would have.
+    json streamed = ask;
+    streamed["stream"] = true;
+    streamed["max_tokens"] = 40;
+    streamed.erase("logprobs");
+    json whole = streamed;
+    whole.erase("stream");
+    const std::string full = post(port, "/v1/completions", whole).body["choices"][0]["text"];
+    std::string raw;
+    Reply during;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = streamed.dump();
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        if (raw.empty()) during = unload("psalms");  // at the first event: the sequence runs
+        raw.append(data, n);
+        return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    ASSERT_TRUE(cl.send(req, res, err)) << httplib::to_string(err);
+    EXPECT_EQ(during.status, 200) << during.raw;
+    EXPECT_EQ(during.raw, "Success: LoRA adapter 'psalms' removed successfully.");
+    std::string text;
+    std::istringstream events(raw);
+    for (std::string line; std::getline(events, line);)
+        if (line.rfind("data: {", 0) == 0) text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(text, full);
+    const Reply after = post(port, "/v1/completions", ask);
+    EXPECT_EQ(after.status, 404);
+    EXPECT_EQ(after.body["error"]["message"], "The model `psalms` does not exist (this server runs `kjv`)");
+    EXPECT_EQ(listed(), (std::vector<std::string>{"kjv"}));
+    EXPECT_EQ(unload("psalms").status, 404);
+    // Loaded again: the same replies, and nothing cached from its earlier self.
+    ASSERT_EQ(load({{"lora_name", "psalms"}, {"lora_path", a.path()}}).status, 200);
+    const Reply again = post(port, "/v1/completions", ask);
+    ASSERT_EQ(again.status, 200) << again.raw;
+    EXPECT_EQ(again.body["choices"][0]["text"], want.body["choices"][0]["text"]);
+    EXPECT_EQ(again.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_GT(post(port, "/v1/completions", ask).body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
+    EXPECT_EQ(srv.stop(), 0);
+    // Without the flag the routes are not served.
+    EXPECT_EQ(post(fixed.port(), "/v1/load_lora_adapter", {{"lora_name", "x"}, {"lora_path", a.path()}}).status, 404);
+    EXPECT_EQ(fixed.stop(), 0);
+}

@@ -178,6 +178,11 @@ struct Stats {
     int64_t pooling_requests = 0, pooling_inputs = 0;
     GenerateTimings steps;  // the Batcher's running totals
     size_t host_bytes = 0;  // Batcher::host_bytes
+    // With LoRA adapters (--lora-modules, --allow-runtime-lora-updating): --max-loras, and the
+    // names of the adapters running and waiting, comma-separated (vLLM's lora_requests_info).
+    bool lora = false;
+    int64_t max_loras = 0;
+    std::string running_adapters, waiting_adapters;
     // Per sequence that made a token: from its request's arrival to its first token, the mean
     // time per later token, and from arrival to its end (seconds).
     Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
@@ -234,6 +239,11 @@ std::string metrics_text(Stats& st) {
            one("shardlm_spec_decode_accepted_tokens_total", double(t.accepted_tokens)));
     metric("shardlm_spec_decode_draft_seconds_total", "counter", "Time in the draft model's steps (--draft-model; within the engine steps' time).",
            one("shardlm_spec_decode_draft_seconds_total", t.draft_ms / 1000.0));
+    if (st.lora)
+        metric("shardlm_lora_requests_info", "gauge",
+               "The LoRA adapters of the running and the waiting requests (names, comma-separated), and --max-loras (0: any).",
+               cat("shardlm_lora_requests_info{running_lora_adapters=\"", st.running_adapters, "\",waiting_lora_adapters=\"",
+                   st.waiting_adapters, "\",max_lora=\"", st.max_loras, "\"} 1\n"));
     metric("shardlm_time_to_first_token_seconds", "histogram",
            "From a request's arrival to a sequence's first token (queueing and prefill included).",
            st.ttft.text("shardlm_time_to_first_token_seconds"));
@@ -287,9 +297,39 @@ struct AdapterOp {
 };
 
 // The adapters as /v1/models lists them (a name and its folder), replaced whole as lim.adapters is.
+// parent: --lora-modules' base_model_name, else the served model's name.
 struct AdapterCard {
-    std::string name, dir;
+    std::string name, dir, parent;
 };
+
+// One --lora-modules value: NAME=DIR, or vLLM's JSON form {"name", "path", "base_model_name"?}.
+AdapterCard parse_lora_module(const std::string& m) {
+    if (!m.empty() && m[0] == '{') {
+        json j;
+        try {
+            j = json::parse(m);
+        } catch (const json::exception& e) {
+            fail("--lora-modules '", m, "': not valid JSON: ", e.what());
+        }
+        for (const auto& [key, v] : j.items())
+            if (key != "name" && key != "path" && key != "base_model_name")
+                fail("--lora-modules '", m, "': unknown key \"", key, "\" (name, path, base_model_name)");
+        auto text = [&](const char* key, bool required) {
+            if (!j.contains(key)) {
+                if (required) fail("--lora-modules '", m, "': \"", key, "\" is missing");
+                return std::string();
+            }
+            if (!j[key].is_string() || j[key].get<std::string>().empty())
+                fail("--lora-modules '", m, "': \"", key, "\" must be a non-empty string");
+            return j[key].get<std::string>();
+        };
+        return {text("name", true), text("path", true), text("base_model_name", false)};
+    }
+    const size_t eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size())
+        fail("--lora-modules \"", m, "\": expected NAME=DIR or {\"name\": NAME, \"path\": DIR}");
+    return {m.substr(0, eq), m.substr(eq + 1), ""};
+}
 
 // The handler threads' requests for the engine loop.
 struct Inbox {
@@ -515,7 +555,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
             speculate_max_tokens = 8, cache_ram = 0, stored_responses = int64_t(kMaxStoredResponses);
     double cache_save_every = 0;
     std::vector<std::string> lora_modules;  // --lora-modules NAME=DIR ...
+    std::vector<AdapterCard> lora_cards;    // and as parsed
     bool runtime_lora = false;              // --allow-runtime-lora-updating
+    int64_t max_loras = 0, max_lora_rank = 0;
     int port = 8000, threads = 0, tp = 0, json_whitespace = JsonSchema::kDefaultSpace;
     d.add_options()
         ("help", "show this help")
@@ -525,7 +567,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("served-model-name", po::value(&name), "the model's name in the API (default: the folder's name)")
         ("lora-modules", po::value(&lora_modules)->multitoken()->composing(),
          "NAME=DIR ...: LoRA adapters (PEFT's folders) kept beside the weights; a request whose \"model\" is NAME "
-         "runs under that adapter (vLLM's multi-LoRA serving; the CPU engine; repeatable)")
+         "runs under that adapter (vLLM's multi-LoRA serving; the CPU engine; repeatable). vLLM's JSON form "
+         "'{\"name\": NAME, \"path\": DIR, \"base_model_name\": PARENT}' too (PARENT: /v1/models' parent)")
+        ("max-loras", po::value(&max_loras)->default_value(0),
+         "at most N LoRA adapters among the running sequences (vLLM's; 0: any); a request under another waits, "
+         "and the base model's requests go on past it")
+        ("max-lora-rank", po::value(&max_lora_rank)->default_value(0),
+         "refuse an adapter whose rank is above R, at start and on /v1/load_lora_adapter (vLLM's; 0: any)")
         ("allow-runtime-lora-updating", po::bool_switch(&runtime_lora),
          "serve POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and /v1/unload_lora_adapter {\"lora_name\"} "
          "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; the CPU engine)")
@@ -654,15 +702,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
             else if (generation_config != "auto")
                 fail("--generation-config ", generation_config, ": ", file, " does not exist (auto, vllm or a folder)");
         }
-        for (size_t i = 0; i < lora_modules.size(); ++i) {
-            const std::string& m = lora_modules[i];
-            const size_t eq = m.find('=');
-            if (eq == std::string::npos || eq == 0 || eq + 1 == m.size())
-                fail("--lora-modules \"", m, "\": expected NAME=DIR");
-            for (size_t j = 0; j < i; ++j)
-                if (lora_modules[j].substr(0, lora_modules[j].find('=')) == m.substr(0, eq))
-                    fail("--lora-modules: the name \"", m.substr(0, eq), "\" is given twice");
+        for (const std::string& m : lora_modules) {
+            lora_cards.push_back(parse_lora_module(m));
+            for (size_t j = 0; j + 1 < lora_cards.size(); ++j)
+                if (lora_cards[j].name == lora_cards.back().name)
+                    fail("--lora-modules: the name \"", lora_cards.back().name, "\" is given twice");
         }
+        if (max_loras < 0) fail("--max-loras must be 0 (any) or more");
+        if (max_lora_rank < 0) fail("--max-lora-rank must be 0 (any) or more");
+        for (const char* flag : {"max-loras", "max-lora-rank"})
+            if (!vm[flag].defaulted() && lora_modules.empty() && !runtime_lora)
+                fail("--", flag, " applies to LoRA adapters: give --lora-modules or --allow-runtime-lora-updating");
         if ((!lora_modules.empty() || runtime_lora) && (vm.count("embeddings") || vm.count("rerank")))
             fail(lora_modules.empty() ? "--allow-runtime-lora-updating" : "--lora-modules",
                  " applies to text generation, not to --embeddings or --rerank");
@@ -677,9 +727,10 @@ int cmd_serve(const Args& args, Communicator& comm) {
             while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
             name = dir.substr(dir.find_last_of('/') + 1);
         }
-        for (const std::string& m : lora_modules)
-            if (m.substr(0, m.find('=')) == name)
-                fail("--lora-modules: the name \"", name, "\" is the served model's (--served-model-name)");
+        for (AdapterCard& a : lora_cards) {
+            if (a.name == name) fail("--lora-modules: the name \"", name, "\" is the served model's (--served-model-name)");
+            if (a.parent.empty()) a.parent = name;
+        }
         // Every rank: JSON mode's token masks are made where the choices are.
         if (!Tokenizer::exists(model)) fail("shardlm serve needs the model's tokenizer: ", model, "/tokenizer.json does not exist");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(model, chat_template_override(chat_template)));
@@ -707,7 +758,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     apply_backend(backend, so);
     so.max_batch = batch;
     so.prefill_chunk = chunk;
-    for (const std::string& m : lora_modules) so.adapters.push_back({m.substr(0, m.find('=')), {m.substr(m.find('=') + 1), 1.0f}});
+    for (const AdapterCard& a : lora_cards) so.adapters.push_back({a.name, {a.dir, 1.0f}});
+    so.max_lora_rank = max_lora_rank;
     if (embeddings || rerank) {
         so.load.headless_ok = true;  // an embedding or classification checkpoint may have no lm_head
     } else {
@@ -752,13 +804,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
     std::shared_ptr<const std::vector<AdapterCard>> adapter_cards;  // /v1/models' (rank 0; atomic_load/store)
     {
         std::vector<std::string> names;
-        std::vector<AdapterCard> cards;
-        for (const auto& [a, ad] : so.adapters) {
-            names.push_back(a);
-            cards.push_back({a, ad.dir});
-        }
+        for (const AdapterCard& a : lora_cards) names.push_back(a.name);
         lim.adapters = std::make_shared<const std::vector<std::string>>(std::move(names));
-        adapter_cards = std::make_shared<const std::vector<AdapterCard>>(std::move(cards));
+        adapter_cards = std::make_shared<const std::vector<AdapterCard>>(lora_cards);
     }
     lim.ctx = engine.options().ctx;
     lim.vocab = s->cfg.vocab;
@@ -777,6 +825,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
     // instead of printing the error).
     Inbox inbox;
     Stats stats;
+    stats.lora = !lora_cards.empty() || runtime_lora;
+    stats.max_loras = max_loras;
     std::atomic<uint64_t> counter{0};
     std::unique_ptr<httplib::Server> svr;
     std::thread http;
@@ -968,7 +1018,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             for (const AdapterCard& a : *std::atomic_load(&adapter_cards))
                 if (!a.name.empty())
                     data.push_back({{"id", a.name}, {"object", "model"}, {"owned_by", "shardlm"}, {"root", a.dir},
-                                    {"parent", name}, {"max_model_len", lim.ctx}});
+                                    {"parent", a.parent}, {"max_model_len", lim.ctx}});
             const json j = {{"object", "list"}, {"data", data}};
             res.set_content(j.dump(), "application/json");
         });
@@ -1346,6 +1396,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     bo.speculate_max_batch = speculate_max_batch;
     bo.speculate_max_tokens = speculate_max_tokens;
     bo.draft = ds ? ds->engine.get() : nullptr;
+    bo.max_adapters = max_loras;
     JsonVocab json_vocab(json_token_bytes(*tok));
     bo.json_vocab = &json_vocab;
     // Every rank: the schemas of JSON-mode and json_schema requests, compiled once per text and
@@ -1501,7 +1552,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             std::string err;
             LoraWeights w;
             try {
-                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan);
+                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan, max_lora_rank);
             } catch (const std::exception& e) {
                 err = e.what();
                 std::cerr << "shardlm serve: rank " << comm.rank() << ": loading LoRA adapter " << an << ": " << err << std::endl;
@@ -1524,7 +1575,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 names.push_back(an);
                 std::atomic_store(&lim.adapters, std::make_shared<const std::vector<std::string>>(std::move(names)));
                 std::vector<AdapterCard> cards = *std::atomic_load(&adapter_cards);
-                cards.push_back({an, a["dir"].get<std::string>()});
+                cards.push_back({an, a["dir"].get<std::string>(), name});
                 std::atomic_store(&adapter_cards, std::make_shared<const std::vector<AdapterCard>>(std::move(cards)));
             }
             ops[k]->answer(200, "Success: LoRA adapter '" + an + "' added successfully.");
@@ -1567,6 +1618,19 @@ int cmd_serve(const Args& args, Communicator& comm) {
             stats.waiting = batcher.waiting();
             stats.steps = batcher.timings();
             stats.host_bytes = batcher.host_bytes();
+            if (stats.lora) {
+                auto names = [&](const std::vector<int64_t>& ids) {
+                    std::string out;  // (a Prometheus label value: \\, \" and newlines escaped)
+                    for (const int64_t a : ids) {
+                        if (!out.empty()) out += ',';
+                        for (const char ch : s->adapters[size_t(a)].name)
+                            out += ch == '\\' ? "\\\\" : ch == '"' ? "\\\"" : ch == '\n' ? "\\n" : std::string(1, ch);
+                    }
+                    return out;
+                };
+                stats.running_adapters = names(batcher.running_adapters());
+                stats.waiting_adapters = names(batcher.waiting_adapters());
+            }
         }
         // Ended requests: rank 0 answers them; every rank lets their results go.
         size_t kept = 0;

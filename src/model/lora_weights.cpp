@@ -15,7 +15,7 @@ size_t LoraWeights::bytes() const {
 }
 
 LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, const Checkpoint& base,
-                              const ModelConfig& cfg, const ShardPlan& p) {
+                              const ModelConfig& cfg, const ShardPlan& p, int64_t max_rank) {
     const LoraSet set({ad}, base, cfg);
     for (const std::string& t : set.targets())
         if (t.rfind("model.layers.", 0) != 0)
@@ -55,6 +55,8 @@ LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, co
         take(pre + "mlp.up_proj.weight", cfg.intermediate, cfg.hidden, p.inter0, p.n_inter, 0, cfg.hidden, L.up);
         take(pre + "mlp.down_proj.weight", cfg.hidden, cfg.intermediate, 0, cfg.hidden, p.inter0, p.n_inter, L.down);
     }
+    if (max_rank > 0 && w.max_rank > max_rank)
+        fail("LoRA adapter ", ad.dir, ": rank ", w.max_rank, " is greater than --max-lora-rank ", max_rank);
     return w;
 }
 

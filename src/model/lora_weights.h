@@ -44,8 +44,9 @@ struct LoraWeights {
 };
 
 // Reads adapter `ad` for the base model in `base` and keeps this rank's slices (plan).
-// Throws Error naming the folder, file or tensor (LoraSet's checks, and the targets refused here).
+// Throws Error naming the folder, file or tensor (LoraSet's checks, and the targets refused here),
+// or the rank when one of its matrices' is above max_rank (vLLM's --max-lora-rank; 0: any).
 LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, const Checkpoint& base,
-                              const ModelConfig& cfg, const ShardPlan& plan);
+                              const ModelConfig& cfg, const ShardPlan& plan, int64_t max_rank = 0);
 
 }  // namespace shardlm

@@ -133,6 +133,24 @@ bool Batcher::uses_adapter(int64_t adapter) const {
     return false;
 }
 
+std::vector<int64_t> Batcher::running_adapters() const {
+    std::vector<int64_t> out;
+    for (const size_t i : running_)
+        if (seqs_[i] && !seqs_[i]->ended && seqs_[i]->req.adapter >= 0) out.push_back(seqs_[i]->req.adapter);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+std::vector<int64_t> Batcher::waiting_adapters() const {
+    std::vector<int64_t> out;
+    for (const size_t i : waiting_)
+        if (seqs_[i] && !seqs_[i]->ended && seqs_[i]->req.adapter >= 0) out.push_back(seqs_[i]->req.adapter);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
 int64_t Batcher::waiting() const {
     int64_t n = 0;
     for (const size_t i : waiting_) n += seqs_[i] && !seqs_[i]->ended;
@@ -485,16 +503,27 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         return pa < pb || (pa == pb && a < b);
     };
     std::sort(waiting_.begin(), waiting_.end(), before);
-    while (!waiting_.empty()) {
-        const size_t id = waiting_.front();
+    // max_adapters: the adapters running, and whether a request was passed over for the limit.
+    std::vector<int64_t> adapters = opt_.max_adapters > 0 ? running_adapters() : std::vector<int64_t>{};
+    bool passed_over = false;
+    size_t at = 0;  // waiting_[at] is the next to admit; those before it were passed over
+    while (at < waiting_.size()) {
+        const size_t id = waiting_[at];
         if (!seqs_[id] || seqs_[id]->ended) {  // finished before it ran
-            waiting_.erase(waiting_.begin());
+            waiting_.erase(waiting_.begin() + ptrdiff_t(at));
             continue;
         }
         Seq& q = *seqs_[id];
         if (q.req.max_new_tokens == 0 && q.req.prompt.size() == 1) {  // nothing to score, nothing to generate
             end(q, "length");
-            waiting_.erase(waiting_.begin());
+            waiting_.erase(waiting_.begin() + ptrdiff_t(at));
+            continue;
+        }
+        if (opt_.max_adapters > 0 && q.req.adapter >= 0 &&
+            (passed_over || (int64_t(adapters.size()) >= opt_.max_adapters &&
+                             !std::binary_search(adapters.begin(), adapters.end(), q.req.adapter)))) {
+            passed_over = true;
+            ++at;
             continue;
         }
         if (free_slots_.empty() && (q.req.slot >= 0 || !preempt(q.req.priority, before))) break;
@@ -536,7 +565,9 @@ void Batcher::step(const TokenCallback& on_token, const StopCheck& stop) {
         q.slot = *it;
         free_slots_.erase(it);
         running_.push_back(id);
-        waiting_.erase(waiting_.begin());
+        waiting_.erase(waiting_.begin() + ptrdiff_t(at));
+        if (q.req.adapter >= 0 && !std::binary_search(adapters.begin(), adapters.end(), q.req.adapter))
+            adapters.insert(std::upper_bound(adapters.begin(), adapters.end(), q.req.adapter), q.req.adapter);
         if (adjusts_logits(q.req.sampler) || q.req.min_tokens > 0) {
             q.recent = std::make_unique<RecentTokens>(q.window, vocab);
             for (const int32_t id : q.req.prompt) q.recent->push(id);

@@ -179,6 +179,13 @@ struct BatcherOptions {
     // The vocabulary's bytes for JSON-mode requests (BatchRequest::json), not owned; its
     // masks are kept there between steps. Ids past its size are never taken in JSON mode.
     JsonVocab* json_vocab = nullptr;
+    // vLLM's --max-loras: at most this many LoRA adapters (BatchRequest::adapter other than -1)
+    // among the running sequences (0: any). A waiting request under another adapter is passed
+    // over, and those after it are admitted as they can; once one is passed over, only requests
+    // of the base model pass it, so the running adapters drain and it cannot wait for ever (vLLM
+    // lets later requests under a running adapter pass too). Each adapter in a step runs its own
+    // products, so this bounds a step's LoRA work.
+    int64_t max_adapters = 0;
 };
 
 // A request waits for another's prefill only to save at least this many tokens of its own: a
@@ -208,6 +215,10 @@ public:
     bool ended(size_t id) const;
     // Whether a request that has not ended runs or waits under LoRA adapter `adapter`.
     bool uses_adapter(int64_t adapter) const;
+    // The distinct LoRA adapters of the running sequences, and of the waiting ones, ascending
+    // (-1, the base model, left out): vLLM's lora_requests_info.
+    std::vector<int64_t> running_adapters() const;
+    std::vector<int64_t> waiting_adapters() const;
     // Drops an ended request's result (a server's memory); its index stays taken.
     void release(size_t id);
     const GenerateTimings& timings() const { return timings_; }

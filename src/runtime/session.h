@@ -43,6 +43,7 @@ struct SessionOptions {
     // LoRA adapters kept beside the weights and chosen per sequence (SeqChunk::adapter numbers
     // them in this order; serve --lora-modules NAME=DIR): the CPU engine only.
     std::vector<std::pair<std::string, LoraAdapter>> adapters;
+    int64_t max_lora_rank = 0;  // an adapter of a higher rank is refused (load_lora_weights; 0: any)
 };
 
 struct Session {

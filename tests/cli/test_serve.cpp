@@ -319,16 +319,24 @@ TEST_F(Serve, VllmSamplingAndLogprobsFields) {
                 }
                 EXPECT_EQ(e.size(), size_t(top) + (own["rank"] > top)) << e;
                 for (int k = 2; k <= top; ++k) EXPECT_GE(by_rank[size_t(k - 1)], by_rank[size_t(k)]) << e;
-                if (top > 0) EXPECT_GE(by_rank[1], own["logprob"].get<double>()) << e;
+                if (top > 0) {
+                    EXPECT_GE(by_rank[1], own["logprob"].get<double>()) << e;
+                }
                 if (chat) continue;
                 EXPECT_EQ(first, std::to_string(prompt[i].get<int>()));
                 EXPECT_NEAR(own["logprob"].get<double>(), el["token_logprobs"][i].get<double>(), 1e-5) << i;
                 EXPECT_EQ(own["decoded_token"].get<std::string>(), el["tokens"][i].get<std::string>()) << i;
-                if (top == 3)  // echo's top_logprobs by text: the same three
-                    for (const auto& [id, v] : e.items())
-                        if (v["rank"] <= 3) EXPECT_NEAR(el["top_logprobs"][i][v["decoded_token"].get<std::string>()].get<double>(), v["logprob"].get<double>(), 1e-5);
+                if (top == 3) {  // echo's top_logprobs by text: the same three
+                    for (const auto& [id, v] : e.items()) {
+                        if (v["rank"] <= 3) {
+                            EXPECT_NEAR(el["top_logprobs"][i][v["decoded_token"].get<std::string>()].get<double>(), v["logprob"].get<double>(), 1e-5);
+                        }
+                    }
+                }
             }
-            if (!chat) EXPECT_EQ(r.body["choices"][0]["text"], "") << r.raw;
+            if (!chat) {
+                EXPECT_EQ(r.body["choices"][0]["text"], "") << r.raw;
+            }
         }
     // allowed_token_ids: the text is made of those tokens.
     const Reply the = post(port, "/tokenize", {{"prompt", " the"}, {"add_special_tokens", false}});
@@ -743,7 +751,9 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
         httplib::Client c("127.0.0.1", two.port());
         std::vector<std::string> ids;
         for (int i = 0; i < 3; ++i) {
-            if (i == 2) EXPECT_EQ(c.Get("/v1/responses/" + ids[0])->status, 200);  // read: the most recent now
+            if (i == 2) {
+                EXPECT_EQ(c.Get("/v1/responses/" + ids[0])->status, 200);  // read: the most recent now
+            }
             const Reply made = post(two.port(), "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 1}});
             ASSERT_EQ(made.status, 200) << made.raw;
             ids.push_back(made.body["id"]);
@@ -1363,7 +1373,9 @@ TEST_F(Serve, CompletionsAreGeneratesText) {
                 const size_t i = c["index"];
                 ASSERT_LT(i, merged.size()) << line;
                 const std::string prompt = body["prompt"].is_array() && body["prompt"][0].is_string() ? body["prompt"][i / size_t(body.value("n", 1))] : body["prompt"];
-                if (events[i]++ == 0) EXPECT_EQ(c["text"], prompt) << line;  // the prompt's own event first
+                if (events[i]++ == 0) {
+                    EXPECT_EQ(c["text"], prompt) << line;  // the prompt's own event first
+                }
                 merged[i]["text"] = merged[i]["text"].get<std::string>() + c["text"].get<std::string>();
                 if (c["logprobs"].is_null()) continue;
                 json& m = merged[i]["logprobs"];
@@ -3209,7 +3221,10 @@ TEST_F(Serve, LoraModulesAreChosenByModel) {
     // model's BF16 the two differ by a BF16 rounding of the merged weights).
     const std::string base =
         kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 3 --served-model-name kjv --weights fp32";
-    Server multi(base + " --lora-modules psalms=" + a.path() + " proverbs=" + b.path(), logs_.file("multi.log"));
+    // (proverbs in vLLM's JSON form, with a parent of its own for /v1/models)
+    Server multi(base + " --max-loras 2 --lora-modules psalms=" + a.path() + " '{\"name\": \"proverbs\", \"path\": \"" + b.path() +
+                     "\", \"base_model_name\": \"kjv-base\"}'",
+                 logs_.file("multi.log"));
     Server merged(base + " --lora " + a.path(), logs_.file("merged.log"));
     ASSERT_GT(multi.port(), 0) << multi.read_all();
     ASSERT_GT(merged.port(), 0) << merged.read_all();
@@ -3270,6 +3285,13 @@ TEST_F(Serve, LoraModulesAreChosenByModel) {
     EXPECT_EQ(list[1]["parent"], "kjv");
     EXPECT_EQ(list[1]["root"], a.path());
     EXPECT_EQ(list[2]["id"], "proverbs");
+    EXPECT_EQ(list[2]["parent"], "kjv-base");
+    EXPECT_EQ(list[2]["root"], b.path());
+    // /metrics: vLLM's lora_requests_info, nothing running now.
+    const auto metrics = cl.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_NE(metrics->body.find("shardlm_lora_requests_info{running_lora_adapters=\"\",waiting_lora_adapters=\"\",max_lora=\"2\"} 1"),
+              std::string::npos) << metrics->body;
     // An unknown name; an adapter's name on a route it does not serve.
     const Reply unknown = post(multi.port(), "/v1/completions", {{"prompt", "x"}, {"model", "job"}});
     EXPECT_EQ(unknown.status, 404) << unknown.raw;
@@ -3283,7 +3305,13 @@ TEST_F(Serve, LoraModulesAreChosenByModel) {
         EXPECT_NE(r.exit_code, 0) << flags;
         EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
     };
-    refused("--lora-modules psalms", "--lora-modules \"psalms\": expected NAME=DIR");
+    refused("--lora-modules psalms", "--lora-modules \"psalms\": expected NAME=DIR or {\"name\": NAME, \"path\": DIR}");
+    refused("--lora-modules '{\"name\": \"x\"}'", "--lora-modules '{\"name\": \"x\"}': \"path\" is missing");
+    refused("--lora-modules '{\"name\": \"x\", \"path\": \"" + a.path() + "\", \"scale\": 2}'", "unknown key \"scale\"");
+    refused("--lora-modules '{\"name\": '", "not valid JSON");
+    refused("--max-loras 2", "--max-loras applies to LoRA adapters: give --lora-modules or --allow-runtime-lora-updating");
+    refused("--allow-runtime-lora-updating --max-lora-rank -1", "--max-lora-rank must be 0 (any) or more");
+    refused("--max-lora-rank 1 --lora-modules x=" + a.path(), "LoRA adapter " + a.path() + ": rank 2 is greater than --max-lora-rank 1");
     refused("--lora-modules x=" + a.path() + " x=" + b.path(), "--lora-modules: the name \"x\" is given twice");
     refused("--served-model-name kjv --lora-modules kjv=" + a.path(), "the name \"kjv\" is the served model's");
     refused("--lora-modules x=" + logs_.path(), "no adapter_config.json");
@@ -3304,7 +3332,7 @@ TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
     write_lora_adapter(a.path(), R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "bias": "none"})", ms);
     const std::string base = kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 2 --served-model-name kjv";
     Server fixed(base + " --lora-modules psalms=" + a.path(), logs_.file("fixed.log"));
-    Server srv(base + " --allow-runtime-lora-updating", logs_.file("runtime.log"));
+    Server srv(base + " --allow-runtime-lora-updating --max-lora-rank 2", logs_.file("runtime.log"));
     ASSERT_GT(fixed.port(), 0) << fixed.read_all();
     ASSERT_GT(srv.port(), 0) << srv.read_all();
     const int port = srv.port();
@@ -3338,6 +3366,12 @@ TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
     EXPECT_EQ(missing.status, 400);
     EXPECT_NE(missing.body["error"]["message"].get<std::string>().find("no adapter_config.json"), std::string::npos) << missing.raw;
     EXPECT_EQ(load({{"lora_name", "job"}}).body["error"]["message"], "\"lora_path\" must be a non-empty string");
+    TempDir wide;  // rank 4, above --max-lora-rank 2
+    write_lora_adapter(wide.path(), R"({"peft_type": "LORA", "r": 4, "lora_alpha": 16, "bias": "none"})",
+                       {random_lora_module(c, "model.layers.0.self_attn.q_proj", 4, 7)});
+    const Reply too_wide = load({{"lora_name", "job"}, {"lora_path", wide.path()}});
+    EXPECT_EQ(too_wide.status, 400);
+    EXPECT_EQ(too_wide.body["error"]["message"], "LoRA adapter " + wide.path() + ": rank 4 is greater than --max-lora-rank 2") << too_wide.raw;
     EXPECT_EQ(unload("job").status, 404);
     EXPECT_EQ(listed(), (std::vector<std::string>{"kjv", "psalms"}));
     // Unloaded while a streamed sequence runs under it: the name goes at once, the sequence ends as
@@ -3349,7 +3383,7 @@ TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
     json whole = streamed;
     whole.erase("stream");
     const std::string full = post(port, "/v1/completions", whole).body["choices"][0]["text"];
-    std::string raw;
+    std::string raw, metrics_during;
     Reply during;
     httplib::Request req;
     req.method = "POST";
@@ -3357,7 +3391,12 @@ TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
     req.headers = {{"Content-Type", "application/json"}};
     req.body = streamed.dump();
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-        if (raw.empty()) during = unload("psalms");  // at the first event: the sequence runs
+        if (raw.empty()) {  // at the first event: the sequence runs
+            during = unload("psalms");
+            httplib::Client mc("127.0.0.1", port);
+            const auto m = mc.Get("/metrics");
+            if (m) metrics_during = m->body;
+        }
         raw.append(data, n);
         return true;
     };
@@ -3366,6 +3405,10 @@ TEST_F(Serve, LoraAdaptersLoadAndUnloadWhileServing) {
     ASSERT_TRUE(cl.send(req, res, err)) << httplib::to_string(err);
     EXPECT_EQ(during.status, 200) << during.raw;
     EXPECT_EQ(during.raw, "Success: LoRA adapter 'psalms' removed successfully.");
+    // (/metrics, read once the unload was answered: the step of the first event is counted, and
+    // the sequence runs on under the unloaded adapter)
+    EXPECT_NE(metrics_during.find("shardlm_lora_requests_info{running_lora_adapters=\"psalms\",waiting_lora_adapters=\"\",max_lora=\"0\"} 1"),
+              std::string::npos) << metrics_during;
     std::string text;
     std::istringstream events(raw);
     for (std::string line; std::getline(events, line);)

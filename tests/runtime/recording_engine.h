@@ -15,6 +15,7 @@ public:
         int64_t slot, pos, n;
         std::vector<int32_t> tokens;
         bool all_logits;  // a logits row at every token (perplexity, speculation's verifying chunks)
+        int64_t adapter;  // SeqChunk::adapter
     };
     std::vector<std::vector<Chunk>> steps;
 
@@ -54,7 +55,7 @@ public:
 private:
     void record(const std::vector<SeqChunk>& chunks) {
         std::vector<Chunk> step;
-        for (const SeqChunk& c : chunks) step.push_back({c.slot, c.pos, c.n, {c.tokens, c.tokens + c.n}, c.all_logits});
+        for (const SeqChunk& c : chunks) step.push_back({c.slot, c.pos, c.n, {c.tokens, c.tokens + c.n}, c.all_logits, c.adapter});
         steps.push_back(step);
     }
     Engine& e_;

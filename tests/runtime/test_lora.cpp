@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "runtime/recording_engine.h"
 #include "model/quantize_checkpoint.h"
 #include "model/safetensors_writer.h"
 #include "runtime/batcher.h"
@@ -513,6 +514,87 @@ TEST(Lora, PrefixCacheKeepsAdaptersApart) {
     }
 }
 
+// BatcherOptions::max_adapters (serve --max-loras 1): no step runs two adapters; the base model's
+// requests are admitted past a request that waits for its adapter's turn, and once one waits, later
+// adapter requests wait behind it (none overtakes it under an adapter already running). The
+// sequences' tokens are those of the same requests without the limit, where steps do mix adapters.
+TEST(Lora, MaxAdaptersBoundsTheAdaptersOfAStep) {
+    const ModelConfig c = tiny_config(Arch::Qwen3);
+    TempDir base, root;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 17});
+    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
+    SessionOptions so;
+    so.model_dir = base.path();
+    so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
+    SingleRank comm;
+    so.ctx = 64;
+    so.max_batch = 4;
+    so.prefill_chunk = 64;
+    auto s = open_session(so, comm);
+    const std::vector<int64_t> adapters = {0, 1, -1, 0, 1, -1};
+    struct Run {
+        std::vector<SequenceResult> out;
+        std::vector<int64_t> first, last;  // the step of each request's first and last token
+        size_t most = 0;                   // the most adapters in one step
+        std::vector<int64_t> running, waiting;  // after the first step
+    };
+    auto run = [&](int64_t max_adapters) {
+        test::RecordingEngine e(*s->engine);
+        BatcherOptions bo;
+        bo.prefill_chunk = 64;
+        bo.max_adapters = max_adapters;
+        Batcher b(e, bo);
+        for (size_t i = 0; i < adapters.size(); ++i) {
+            BatchRequest q;
+            q.prompt = make_prompt(8 + int64_t(i), c.vocab, 40 + i);
+            q.max_new_tokens = 5;
+            q.ignore_eos = true;
+            q.sampler.temperature = 0;
+            q.adapter = adapters[i];
+            b.add(q);
+        }
+        Run r;
+        r.first.assign(adapters.size(), -1);
+        r.last.assign(adapters.size(), -1);
+        for (int64_t step = 0; b.busy(); ++step) {
+            b.step([&](size_t id, int32_t) {
+                if (r.first[id] < 0) r.first[id] = step;
+                r.last[id] = step;
+            });
+            if (step == 0) {
+                r.running = b.running_adapters();
+                r.waiting = b.waiting_adapters();
+            }
+        }
+        for (const auto& step : e.steps) {
+            std::vector<int64_t> in_step;
+            for (const auto& ch : step)
+                if (ch.adapter >= 0 && std::find(in_step.begin(), in_step.end(), ch.adapter) == in_step.end())
+                    in_step.push_back(ch.adapter);
+            r.most = std::max(r.most, in_step.size());
+        }
+        for (size_t i = 0; i < adapters.size(); ++i) r.out.push_back(b.result(i));
+        return r;
+    };
+    const Run free = run(0), one = run(1);
+    EXPECT_EQ(free.most, 2u);  // the limit has something to bound
+    EXPECT_EQ(one.most, 1u);
+    // The first step: a's first request and both base-model requests; b and the second a wait.
+    EXPECT_EQ(one.first[0], 0);
+    EXPECT_EQ(one.first[2], 0);
+    EXPECT_EQ(one.first[5], 0);
+    EXPECT_EQ(one.running, std::vector<int64_t>({0}));
+    EXPECT_EQ(one.waiting, std::vector<int64_t>({0, 1}));
+    // Then one adapter at a time, in the order the requests came.
+    EXPECT_GT(one.first[1], one.last[0]);
+    EXPECT_GT(one.first[3], one.last[1]);
+    EXPECT_GT(one.first[4], one.last[3]);
+    for (size_t i = 0; i < adapters.size(); ++i) {
+        EXPECT_EQ(one.out[i].tokens, free.out[i].tokens) << "request " << i;
+        EXPECT_EQ(one.out[i].tokens.size(), 5u) << "request " << i;
+    }
+}
+
 // Adapters chosen per request are refused where they cannot run: on the embedding or lm_head
 // (merged only), and an adapter number the engine does not hold.
 TEST(Lora, PerSequenceAdaptersRefuseWhatTheyCannotRun) {
@@ -527,6 +609,18 @@ TEST(Lora, PerSequenceAdaptersRefuseWhatTheyCannotRun) {
     SingleRank comm;
     EXPECT_NE(thrown_error([&] { open_session(so, comm); }).find("lm_head: an adapter on the embedding or lm_head is not switched per request"),
               std::string::npos);
+    // Above --max-lora-rank (a rank-4 adapter on the layers): refused, naming the folder and both
+    // ranks; at the limit it loads.
+    TempDir layer;
+    write_lora_adapter(layer.path(), lora_config(4, 8).dump(),
+                       {random_lora_module(c, "model.layers.0.self_attn.q_proj", 4, 1)});
+    so.adapters = {{"layer", {layer.path(), 1.0f}}};
+    so.max_lora_rank = 3;
+    EXPECT_NE(thrown_error([&] { open_session(so, comm); }).find("LoRA adapter " + layer.path() + ": rank 4 is greater than --max-lora-rank 3"),
+              std::string::npos);
+    so.max_lora_rank = 4;
+    EXPECT_EQ(open_session(so, comm)->adapters.at(0).max_rank, 4);
+    so.max_lora_rank = 0;
     so.adapters.clear();
     auto s = open_session(so, comm);
     const std::vector<int32_t> p = {5, 6};

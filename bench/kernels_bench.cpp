@@ -5,11 +5,15 @@
 //           (+ scales) / time,
 //           held against the measured copy bandwidth (src/core/membw.h).
 //   prefill: n tokens through all layers (+ lm_head for one token, as the engine does).
+//   lora: LoRA's update (kernels/cpu/lora.h) on every layer matrix at --lora-rank (default 16),
+//         factors in f32 and BF16 timed in turn in each round, for the decode n's and prefill n;
+//         GB/s = factor bytes / time (serve --lora-modules keeps BF16 factors over non-FP32 weights).
 // Build (not part of the CMake build; link against a configured build folder B):
 //   g++ -O3 -std=c++17 -fopenmp -I. -Isrc bench/kernels_bench.cpp B/libshardlm_kernels_cpu.a \
 //       B/libshardlm_core.a -o B/kernels_bench
 // Run: B/kernels_bench [--isa auto|scalar|avx2|avx512|amx] [--what decode,prefill] [--prefill-n 128]
 //                      [--decode-n 1,2,3,4] [--formats int8,w8a8,bf16,int4,w4a8] [--reps 3]
+//                      [--lora-rank 16] (--what lora)
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 
 #include "core/buffer.h"
 #include "core/membw.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/matmul.h"
 
 using namespace shardlm;
@@ -169,6 +174,39 @@ void pass(const Model& m, const std::string& fmt, int64_t n, int64_t head_n, Wor
     }
 }
 
+// LoRA factors of every layer matrix, A [rank, cols] and Bt [rank, rows], in dt.
+struct LoraFactors {
+    DType dt;
+    std::vector<Buffer> a, bt;
+    double bytes = 0;
+};
+
+LoraFactors make_lora(DType dt, int64_t rank) {
+    LoraFactors f{dt, {}, {}, 0};
+    auto fill = [&](std::vector<Buffer>& out, int64_t n, float spread) {
+        out.emplace_back(size_t(n) * dtype_size(dt));
+        for (int64_t i = 0; i < n; ++i) {
+            const float v = float(int(i * 7919 % 2001) - 1000) / 1000.0f * spread;
+            if (dt == DType::F32) out.back().as<float>()[i] = v;
+            else reinterpret_cast<uint16_t*>(out.back().data())[i] = f32_to_bf16(v);
+        }
+        f.bytes += double(n) * double(dtype_size(dt));
+    };
+    for (int l = 0; l < kLayers; ++l)
+        for (const Layer& L : kLayer) {
+            fill(f.a, rank * L.cols, 0.02f);
+            fill(f.bt, rank * L.rows, 0.01f);
+        }
+    return f;
+}
+
+void lora_pass(const LoraFactors& f, int64_t rank, int64_t n, Work& w, std::vector<float>& t, CpuIsa isa) {
+    for (size_t i = 0; i < f.a.size(); ++i) {
+        const Layer& L = kLayer[i % 7];
+        lora_add(w.x.data(), n, L.cols, f.a[i].data(), f.bt[i].data(), f.dt, rank, L.rows, t.data(), w.y.data(), isa);
+    }
+}
+
 std::vector<std::string> split(const std::string& s) {
     std::vector<std::string> out;
     size_t p = 0;
@@ -185,7 +223,7 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
     std::string isa_name = "auto", what = "decode,prefill", formats = "int8,w8a8,bf16", decode_n = "1,2,3,4";
-    int64_t prefill_n = 128;
+    int64_t prefill_n = 128, lora_rank = 16;
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string k = argv[i], v = argv[i + 1];
@@ -195,6 +233,7 @@ int main(int argc, char** argv) {
         else if (k == "--prefill-n") prefill_n = std::stoll(v);
         else if (k == "--decode-n") decode_n = v;
         else if (k == "--reps") reps = std::stoi(v);
+        else if (k == "--lora-rank") lora_rank = std::stoll(v);
     }
     CpuIsa isa = CpuIsa::Auto;
     for (CpuIsa a : cpu_isas_available())
@@ -212,6 +251,29 @@ int main(int argc, char** argv) {
     w.y.assign(size_t(max_n * 151936), 0.0f);
     w.q.resize(w.x.size());
     w.s.resize(w.x.size() / kInt4Group);
+    if (what.find("lora") != std::string::npos) {
+        const LoraFactors f[2] = {make_lora(DType::F32, lora_rank), make_lora(DType::BF16, lora_rank)};
+        std::printf("\n## lora rank %lld on %d matrices: %.1f MB of f32 factors, %.1f MB of bf16\n", (long long)lora_rank,
+                    kLayers * 7, f[0].bytes / 1e6, f[1].bytes / 1e6);
+        std::vector<int64_t> ns = dn;
+        ns.push_back(prefill_n);
+        std::vector<float> t(size_t(max_n * lora_rank));
+        for (const int64_t n : ns) {
+            double best[2] = {1e30, 1e30};
+            lora_pass(f[0], lora_rank, n, w, t, isa);  // warm-up
+            for (int r = 0; r < reps; ++r)
+                for (int k = 0; k < 2; ++k) {  // f32 and bf16 in turn, so the ratio comes from one run
+                    const double t0 = now_s();
+                    lora_pass(f[k], lora_rank, n, w, t, isa);
+                    best[k] = std::min(best[k], now_s() - t0);
+                }
+            std::printf("lora n=%lld: f32 %.2f ms (%.1f GB/s, %.0f%% of read %.1f), bf16 %.2f ms (%.1f GB/s, %.0f%%), "
+                        "bf16/f32 time %.2f\n",
+                        (long long)n, best[0] * 1e3, f[0].bytes / best[0] / 1e9, 100 * f[0].bytes / best[0] / 1e9 / read, read,
+                        best[1] * 1e3, f[1].bytes / best[1] / 1e9, 100 * f[1].bytes / best[1] / 1e9 / read, best[1] / best[0]);
+        }
+        if (what.find("decode") == std::string::npos && what.find("prefill") == std::string::npos) return 0;
+    }
     for (const std::string& fmt : split(formats)) {
         const Model m = make_model(fmt == "bf16"                     ? DType::BF16
                                    : fmt == "int4" || fmt == "w4a8" ? DType::I4

@@ -5,20 +5,37 @@
 // below in and out, so the work is reading A and Bt once per call, and the matmul kernels (built
 // for long rows of one matrix) would spend it on rows of `rank` elements.
 //
-// lora_add_ref is the plain truth; lora_add threads over A's rows and then over blocks of y's
-// columns (vectorised, the AVX-512 build picked at run time), each y element summed over k in the
-// reference's order: only x A^T's dot products are summed in another order.
+// Bt is kept in column tiles (lora_bt_index): tile j holds columns [64j, 64j + 64) of every one of
+// its rank rows, row after row (the last tile as wide as the columns left), so `y += t Bt` reads
+// each tile as one stream; over rank rows of [rank, out] it walked rank streams a few cache lines
+// at a time. With out <= 64 the tiles are the plain [rank, out].
+//
+// The factors are F32, or BF16 (half the bytes a decode step reads; widened to f32 as they are
+// loaded, the sums in f32). lora_add_ref is the plain truth; lora_add threads over A's rows and
+// then over blocks of y's columns (vectorised, the AVX-512 build picked at run time), each y
+// element summed over k in the reference's order: only x A^T's dot products are summed in another
+// order.
 #pragma once
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace shardlm {
 
-void lora_add_ref(const float* x, int64_t n, int64_t in, const float* a, const float* bt, int64_t rank, int64_t out,
-                  float* t, float* y);
-void lora_add(const float* x, int64_t n, int64_t in, const float* a, const float* bt, int64_t rank, int64_t out, float* t,
-              float* y, CpuIsa isa = CpuIsa::Auto);
+constexpr int64_t kLoraTile = 64;
+
+// Where Bt's element (k, o) lies in its column tiles.
+inline int64_t lora_bt_index(int64_t k, int64_t o, int64_t rank, int64_t out) {
+    const int64_t o0 = o / kLoraTile * kLoraTile, w = out - o0 < kLoraTile ? out - o0 : kLoraTile;
+    return rank * o0 + k * w + (o - o0);
+}
+
+// a [rank, in] and bt (column tiles) hold `factors` (DType::F32 or DType::BF16) values.
+void lora_add_ref(const float* x, int64_t n, int64_t in, const void* a, const void* bt, DType factors, int64_t rank,
+                  int64_t out, float* t, float* y);
+void lora_add(const float* x, int64_t n, int64_t in, const void* a, const void* bt, DType factors, int64_t rank,
+              int64_t out, float* t, float* y, CpuIsa isa = CpuIsa::Auto);
 
 }  // namespace shardlm

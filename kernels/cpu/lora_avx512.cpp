@@ -8,11 +8,16 @@
 
 namespace shardlm {
 
-void lora_add_avx512(const float* x, int64_t n, int64_t in, const float* a, const float* bt, int64_t rank, int64_t out,
-                     float* t, float* y) {
+namespace {
+
+// DT: the factors' type (F32 or BF16, widened to f32 as they are loaded: simd_avx512.h's load16).
+template <DType DT>
+void lora_add_t(const float* x, int64_t n, int64_t in, const void* a, const void* bt, int64_t rank, int64_t out, float* t,
+                float* y) {
+    const size_t es = dtype_size(DT);
+    auto row = [es](const void* p, int64_t i) { return static_cast<const uint8_t*>(p) + size_t(i) * es; };
     const bool par = n * rank * (in + out) >= (int64_t(1) << 16);
-    constexpr int64_t kBlock = 512;
-    const int64_t blocks = (out + kBlock - 1) / kBlock;
+    const int64_t tiles = (out + kLoraTile - 1) / kLoraTile;
     const int64_t quads = (rank + 3) / 4;
     const __mmask16 in_tail = mask16(in % 16);
 #pragma omp parallel if (par)
@@ -22,64 +27,73 @@ void lora_add_avx512(const float* x, int64_t n, int64_t in, const float* a, cons
         for (int64_t j = 0; j < n * quads; ++j) {
             const int64_t i = j / quads, k0 = j % quads * 4, kn = std::min<int64_t>(4, rank - k0);
             const float* xr = x + i * in;
-            const float* ak[4];
-            for (int64_t k = 0; k < 4; ++k) ak[k] = a + (k0 + std::min(k, kn - 1)) * in;
+            const void* ak[4];
+            for (int64_t k = 0; k < 4; ++k) ak[k] = row(a, (k0 + std::min(k, kn - 1)) * in);
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
             int64_t c = 0;
             for (; c + 16 <= in; c += 16) {
                 const __m512 xv = _mm512_loadu_ps(xr + c);
-                s0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ak[0] + c), s0);
-                s1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ak[1] + c), s1);
-                s2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ak[2] + c), s2);
-                s3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(ak[3] + c), s3);
+                s0 = _mm512_fmadd_ps(xv, load16<DT>(ak[0], c), s0);
+                s1 = _mm512_fmadd_ps(xv, load16<DT>(ak[1], c), s1);
+                s2 = _mm512_fmadd_ps(xv, load16<DT>(ak[2], c), s2);
+                s3 = _mm512_fmadd_ps(xv, load16<DT>(ak[3], c), s3);
             }
             if (in_tail) {
                 const __m512 xv = _mm512_maskz_loadu_ps(in_tail, xr + c);
-                s0 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(in_tail, ak[0] + c), s0);
-                s1 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(in_tail, ak[1] + c), s1);
-                s2 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(in_tail, ak[2] + c), s2);
-                s3 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(in_tail, ak[3] + c), s3);
+                s0 = _mm512_fmadd_ps(xv, load16m<DT>(ak[0], c, in_tail), s0);
+                s1 = _mm512_fmadd_ps(xv, load16m<DT>(ak[1], c, in_tail), s1);
+                s2 = _mm512_fmadd_ps(xv, load16m<DT>(ak[2], c, in_tail), s2);
+                s3 = _mm512_fmadd_ps(xv, load16m<DT>(ak[3], c, in_tail), s3);
             }
             const float s[4] = {_mm512_reduce_add_ps(s0), _mm512_reduce_add_ps(s1), _mm512_reduce_add_ps(s2),
                                 _mm512_reduce_add_ps(s3)};
             for (int64_t k = 0; k < kn; ++k) t[i * rank + k0 + k] = s[k];
         }
-        // y += t Bt: 64 of y's elements in four registers (four FMA chains), summed over k in k's
-        // order; then 16 at a time, and a masked tail.
+        // y += t Bt over Bt's column tiles (lora.h), each read as one stream: a whole tile's 64 of
+        // y's elements in four registers (four FMA chains), summed over k in k's order; the last
+        // tile 16 at a time, masked.
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t o0 = b * kBlock, len = std::min(kBlock, out - o0);
+        for (int64_t b = 0; b < tiles; ++b) {
+            const int64_t o0 = b * kLoraTile, w = std::min(kLoraTile, out - o0);
+            const void* tile = row(bt, rank * o0);
             for (int64_t i = 0; i < n; ++i) {
                 float* yr = y + i * out + o0;
                 const float* tr = t + i * rank;
-                const float* br = bt + o0;
-                int64_t o = 0;
-                for (; o + 64 <= len; o += 64) {
-                    __m512 y0 = _mm512_loadu_ps(yr + o), y1 = _mm512_loadu_ps(yr + o + 16), y2 = _mm512_loadu_ps(yr + o + 32),
-                           y3 = _mm512_loadu_ps(yr + o + 48);
+                if (w == kLoraTile) {
+                    __m512 y0 = _mm512_loadu_ps(yr), y1 = _mm512_loadu_ps(yr + 16), y2 = _mm512_loadu_ps(yr + 32),
+                           y3 = _mm512_loadu_ps(yr + 48);
                     for (int64_t k = 0; k < rank; ++k) {
                         const __m512 tk = _mm512_set1_ps(tr[k]);
-                        const float* bk = br + k * out + o;
-                        y0 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(bk), y0);
-                        y1 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(bk + 16), y1);
-                        y2 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(bk + 32), y2);
-                        y3 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(bk + 48), y3);
+                        const int64_t bk = k * kLoraTile;
+                        y0 = _mm512_fmadd_ps(tk, load16<DT>(tile, bk), y0);
+                        y1 = _mm512_fmadd_ps(tk, load16<DT>(tile, bk + 16), y1);
+                        y2 = _mm512_fmadd_ps(tk, load16<DT>(tile, bk + 32), y2);
+                        y3 = _mm512_fmadd_ps(tk, load16<DT>(tile, bk + 48), y3);
                     }
-                    _mm512_storeu_ps(yr + o, y0);
-                    _mm512_storeu_ps(yr + o + 16, y1);
-                    _mm512_storeu_ps(yr + o + 32, y2);
-                    _mm512_storeu_ps(yr + o + 48, y3);
+                    _mm512_storeu_ps(yr, y0);
+                    _mm512_storeu_ps(yr + 16, y1);
+                    _mm512_storeu_ps(yr + 32, y2);
+                    _mm512_storeu_ps(yr + 48, y3);
+                    continue;
                 }
-                for (; o < len; o += 16) {
-                    const __mmask16 m = mask16(len - o);
+                for (int64_t o = 0; o < w; o += 16) {
+                    const __mmask16 m = mask16(w - o);
                     __m512 acc = _mm512_maskz_loadu_ps(m, yr + o);
                     for (int64_t k = 0; k < rank; ++k)
-                        acc = _mm512_fmadd_ps(_mm512_set1_ps(tr[k]), _mm512_maskz_loadu_ps(m, br + k * out + o), acc);
+                        acc = _mm512_fmadd_ps(_mm512_set1_ps(tr[k]), load16m<DT>(tile, k * w + o, m), acc);
                     _mm512_mask_storeu_ps(yr + o, m, acc);
                 }
             }
         }
     }
+}
+
+}  // namespace
+
+void lora_add_avx512(const float* x, int64_t n, int64_t in, const void* a, const void* bt, DType factors, int64_t rank,
+                     int64_t out, float* t, float* y) {
+    if (factors == DType::F32) lora_add_t<DType::F32>(x, n, in, a, bt, rank, out, t, y);
+    else lora_add_t<DType::BF16>(x, n, in, a, bt, rank, out, t, y);
 }
 
 }  // namespace shardlm

@@ -1552,7 +1552,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
             std::string err;
             LoraWeights w;
             try {
-                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan, max_lora_rank);
+                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan,
+                                      lora_factor_dtype(s->weights), max_lora_rank);
             } catch (const std::exception& e) {
                 err = e.what();
                 std::cerr << "shardlm serve: rank " << comm.rank() << ": loading LoRA adapter " << an << ": " << err << std::endl;

@@ -1,8 +1,10 @@
 #include "model/lora_weights.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/lora.h"
 
 namespace shardlm {
 
@@ -10,12 +12,19 @@ size_t LoraWeights::bytes() const {
     size_t n = 0;
     for (const LoraLayer& L : layers)
         for (const LoraMatrix* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-            n += (m->a.size() + m->bt.size()) * sizeof(float);
+            n += m->a.size() + m->bt.size();
     return n;
 }
 
+DType lora_factor_dtype(const ModelWeights& w) {
+    const bool f32 = w.format == WeightFormat::F32 ||
+                     (w.format == WeightFormat::Auto && !w.layers.empty() && w.layers[0].q.w.dtype == DType::F32);
+    return f32 ? DType::F32 : DType::BF16;
+}
+
 LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, const Checkpoint& base,
-                              const ModelConfig& cfg, const ShardPlan& p, int64_t max_rank) {
+                              const ModelConfig& cfg, const ShardPlan& p, DType factors, int64_t max_rank) {
+    SHARDLM_CHECK(factors == DType::F32 || factors == DType::BF16, "load_lora_weights: factors of ", dtype_name(factors));
     const LoraSet set({ad}, base, cfg);
     for (const std::string& t : set.targets())
         if (t.rfind("model.layers.", 0) != 0)
@@ -34,12 +43,19 @@ LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, co
         m.rank = d.rank;
         m.in = cols;
         m.out = rows;
-        m.a.resize(size_t(d.rank * cols));
-        for (int64_t k = 0; k < d.rank; ++k)
-            std::copy_n(d.right.begin() + k * full_cols + c0, cols, m.a.begin() + k * cols);
-        m.bt.resize(size_t(d.rank * rows));
+        m.dtype = factors;
+        std::vector<float> a(size_t(d.rank * cols)), bt(size_t(d.rank * rows));
+        for (int64_t k = 0; k < d.rank; ++k) std::copy_n(d.right.begin() + k * full_cols + c0, cols, a.begin() + k * cols);
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t k = 0; k < d.rank; ++k) m.bt[size_t(k * rows + r)] = d.left[size_t((r0 + r) * d.rank + k)];
+            for (int64_t k = 0; k < d.rank; ++k) bt[size_t(lora_bt_index(k, r, d.rank, rows))] = d.left[size_t((r0 + r) * d.rank + k)];
+        auto store = [&](const std::vector<float>& v, std::vector<uint8_t>& out) {
+            out.resize(v.size() * dtype_size(factors));
+            if (factors == DType::F32) std::memcpy(out.data(), v.data(), out.size());
+            else
+                for (size_t i = 0; i < v.size(); ++i) reinterpret_cast<uint16_t*>(out.data())[i] = f32_to_bf16(v[i]);
+        };
+        store(a, m.a);
+        store(bt, m.bt);
         w.max_rank = std::max(w.max_rank, d.rank);
     };
     const int64_t q_all = cfg.n_heads * hd, kv_all = cfg.n_kv_heads * hd;

@@ -133,18 +133,9 @@ bool Batcher::uses_adapter(int64_t adapter) const {
     return false;
 }
 
-std::vector<int64_t> Batcher::running_adapters() const {
+std::vector<int64_t> Batcher::adapters_of(const std::vector<size_t>& list) const {
     std::vector<int64_t> out;
-    for (const size_t i : running_)
-        if (seqs_[i] && !seqs_[i]->ended && seqs_[i]->req.adapter >= 0) out.push_back(seqs_[i]->req.adapter);
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-}
-
-std::vector<int64_t> Batcher::waiting_adapters() const {
-    std::vector<int64_t> out;
-    for (const size_t i : waiting_)
+    for (const size_t i : list)
         if (seqs_[i] && !seqs_[i]->ended && seqs_[i]->req.adapter >= 0) out.push_back(seqs_[i]->req.adapter);
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());

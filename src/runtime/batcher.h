@@ -217,8 +217,8 @@ public:
     bool uses_adapter(int64_t adapter) const;
     // The distinct LoRA adapters of the running sequences, and of the waiting ones, ascending
     // (-1, the base model, left out): vLLM's lora_requests_info.
-    std::vector<int64_t> running_adapters() const;
-    std::vector<int64_t> waiting_adapters() const;
+    std::vector<int64_t> running_adapters() const { return adapters_of(running_); }
+    std::vector<int64_t> waiting_adapters() const { return adapters_of(waiting_); }
     // Drops an ended request's result (a server's memory); its index stays taken.
     void release(size_t id);
     const GenerateTimings& timings() const { return timings_; }
@@ -237,6 +237,7 @@ public:
 
 private:
     struct Seq;
+    std::vector<int64_t> adapters_of(const std::vector<size_t>& list) const;
     bool accept(Seq& q, size_t row, bool cand, const TokenCallback& on_token, const StopCheck& stop);
     void end(Seq& q, const std::string& reason);
     // q.pens: the penalties of q's next logits row, from its tokens so far (q.recent set).

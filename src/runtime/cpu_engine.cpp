@@ -154,7 +154,8 @@ void CpuEngine::add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const floa
     for (const LoraRun& r : lora_runs_) {
         const LoraMatrix& m = (*adapters_)[size_t(r.adapter)].layers[size_t(layer)].*which;
         if (m.rank == 0) continue;
-        lora_add(x + r.row0 * m.in, r.n, m.in, m.a.data(), m.bt.data(), m.rank, m.out, lora_t_.data(), y + r.row0 * m.out);
+        lora_add(x + r.row0 * m.in, r.n, m.in, m.a.data(), m.bt.data(), m.dtype, m.rank, m.out, lora_t_.data(),
+                 y + r.row0 * m.out);
     }
 }
 

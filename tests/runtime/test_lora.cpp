@@ -14,10 +14,10 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
-#include "runtime/recording_engine.h"
 #include "model/quantize_checkpoint.h"
 #include "model/safetensors_writer.h"
 #include "runtime/batcher.h"
+#include "runtime/recording_engine.h"
 #include "runtime/session.h"
 
 using namespace shardlm;
@@ -419,6 +419,21 @@ std::vector<SequenceResult> session_greedy(SessionOptions so, const std::vector<
     return batch_greedy(*s->engine, prompts, adapters, 6, 16);
 }
 
+// An FP32 checkpoint of c's shape in `base` (weights of `seed`) and layer_adapters' two in `root`,
+// opened as adapters "a" and "b" with `slots` slots of 64 positions and steps of `chunk` tokens.
+std::unique_ptr<Session> two_adapter_session(const ModelConfig& c, const TempDir& base, const TempDir& root, uint64_t seed,
+                                             int64_t slots, int64_t chunk, Communicator& comm) {
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, seed});
+    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
+    SessionOptions so;
+    so.model_dir = base.path();
+    so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
+    so.ctx = 64;
+    so.max_batch = slots;
+    so.prefill_chunk = chunk;
+    return open_session(so, comm);
+}
+
 }  // namespace
 
 // Adapters chosen per sequence (serve --lora-modules): in one batch, sequences under adapter 0,
@@ -476,16 +491,8 @@ TEST(Lora, AdaptersPerSequenceEqualTheirMergedModels) {
 TEST(Lora, PrefixCacheKeepsAdaptersApart) {
     const ModelConfig c = tiny_config(Arch::Qwen3);
     TempDir base, root;
-    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 13});
-    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
-    SessionOptions so;
-    so.model_dir = base.path();
-    so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
     SingleRank comm;
-    so.ctx = 64;
-    so.max_batch = 1;
-    so.prefill_chunk = 16;
-    auto s = open_session(so, comm);
+    auto s = two_adapter_session(c, base, root, 13, 1, 16, comm);
     auto run = [&](bool reuse) {
         BatcherOptions bo;
         bo.prefill_chunk = 16;
@@ -521,16 +528,8 @@ TEST(Lora, PrefixCacheKeepsAdaptersApart) {
 TEST(Lora, MaxAdaptersBoundsTheAdaptersOfAStep) {
     const ModelConfig c = tiny_config(Arch::Qwen3);
     TempDir base, root;
-    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 17});
-    const std::vector<LoraAdapter> dirs = write_adapters(root.path(), layer_adapters(c));
-    SessionOptions so;
-    so.model_dir = base.path();
-    so.adapters = {{"a", dirs[0]}, {"b", dirs[1]}};
     SingleRank comm;
-    so.ctx = 64;
-    so.max_batch = 4;
-    so.prefill_chunk = 64;
-    auto s = open_session(so, comm);
+    auto s = two_adapter_session(c, base, root, 17, 4, 64, comm);
     const std::vector<int64_t> adapters = {0, 1, -1, 0, 1, -1};
     struct Run {
         std::vector<SequenceResult> out;
@@ -619,7 +618,18 @@ TEST(Lora, PerSequenceAdaptersRefuseWhatTheyCannotRun) {
     EXPECT_NE(thrown_error([&] { open_session(so, comm); }).find("LoRA adapter " + layer.path() + ": rank 4 is greater than --max-lora-rank 3"),
               std::string::npos);
     so.max_lora_rank = 4;
-    EXPECT_EQ(open_session(so, comm)->adapters.at(0).max_rank, 4);
+    {
+        // The factors are f32 over FP32 weights, BF16 (half the bytes) over any other.
+        auto f32 = open_session(so, comm);
+        EXPECT_EQ(f32->adapters.at(0).max_rank, 4);
+        EXPECT_EQ(f32->adapters[0].layers[0].q.dtype, DType::F32);
+        so.load = LoadOptions(WeightFormat::Int8);
+        auto i8 = open_session(so, comm);
+        EXPECT_EQ(i8->adapters.at(0).layers[0].q.dtype, DType::BF16);
+        EXPECT_EQ(i8->adapters[0].bytes() * 2, f32->adapters[0].bytes());
+        EXPECT_GT(i8->adapters[0].bytes(), 0u);
+        so.load = LoadOptions();
+    }
     so.max_lora_rank = 0;
     so.adapters.clear();
     auto s = open_session(so, comm);

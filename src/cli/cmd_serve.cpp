@@ -179,10 +179,10 @@ struct Stats {
     GenerateTimings steps;  // the Batcher's running totals
     size_t host_bytes = 0;  // Batcher::host_bytes
     // With LoRA adapters (--lora-modules, --allow-runtime-lora-updating): --max-loras, and the
-    // names of the adapters running and waiting, comma-separated (vLLM's lora_requests_info).
+    // names of the adapters running and waiting (vLLM's lora_requests_info).
     bool lora = false;
     int64_t max_loras = 0;
-    std::string running_adapters, waiting_adapters;
+    std::vector<std::string> running_adapters, waiting_adapters;
     // Per sequence that made a token: from its request's arrival to its first token, the mean
     // time per later token, and from arrival to its end (seconds).
     Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
@@ -239,11 +239,20 @@ std::string metrics_text(Stats& st) {
            one("shardlm_spec_decode_accepted_tokens_total", double(t.accepted_tokens)));
     metric("shardlm_spec_decode_draft_seconds_total", "counter", "Time in the draft model's steps (--draft-model; within the engine steps' time).",
            one("shardlm_spec_decode_draft_seconds_total", t.draft_ms / 1000.0));
+    // Names as one label value: comma-separated, with \\, \" and newlines escaped.
+    auto label = [](const std::vector<std::string>& names) {
+        std::string out;
+        for (const std::string& n : names) {
+            if (!out.empty()) out += ',';
+            for (const char ch : n) out += ch == '\\' ? "\\\\" : ch == '"' ? "\\\"" : ch == '\n' ? "\\n" : std::string(1, ch);
+        }
+        return out;
+    };
     if (st.lora)
         metric("shardlm_lora_requests_info", "gauge",
                "The LoRA adapters of the running and the waiting requests (names, comma-separated), and --max-loras (0: any).",
-               cat("shardlm_lora_requests_info{running_lora_adapters=\"", st.running_adapters, "\",waiting_lora_adapters=\"",
-                   st.waiting_adapters, "\",max_lora=\"", st.max_loras, "\"} 1\n"));
+               cat("shardlm_lora_requests_info{running_lora_adapters=\"", label(st.running_adapters), "\",waiting_lora_adapters=\"",
+                   label(st.waiting_adapters), "\",max_lora=\"", st.max_loras, "\"} 1\n"));
     metric("shardlm_time_to_first_token_seconds", "histogram",
            "From a request's arrival to a sequence's first token (queueing and prefill included).",
            st.ttft.text("shardlm_time_to_first_token_seconds"));
@@ -1621,12 +1630,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
             stats.host_bytes = batcher.host_bytes();
             if (stats.lora) {
                 auto names = [&](const std::vector<int64_t>& ids) {
-                    std::string out;  // (a Prometheus label value: \\, \" and newlines escaped)
-                    for (const int64_t a : ids) {
-                        if (!out.empty()) out += ',';
-                        for (const char ch : s->adapters[size_t(a)].name)
-                            out += ch == '\\' ? "\\\\" : ch == '"' ? "\\\"" : ch == '\n' ? "\\n" : std::string(1, ch);
-                    }
+                    std::vector<std::string> out;
+                    for (const int64_t a : ids) out.push_back(s->adapters[size_t(a)].name);
                     return out;
                 };
                 stats.running_adapters = names(batcher.running_adapters());

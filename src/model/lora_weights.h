@@ -9,7 +9,8 @@
 // (o, down) its columns of A and B whole, so each rank's x_slice A_slice^T B^T is a partial sum
 // that the all-reduce after the base product completes. The engine adds the product after the
 // base matrix's, so quantized base weights (--weights int8, w8a8, int4) keep their adapters in
-// BF16, unquantized, as vLLM's keep them in the model's 16-bit type. Refused by name: an adapter on lm_head or the embedding (merge it with --lora).
+// BF16, unquantized, as vLLM keeps them in the model's 16-bit type. Refused by name: an adapter on
+// lm_head or the embedding (merge it with --lora).
 #pragma once
 
 #include <cstdint>

@@ -26,8 +26,9 @@ namespace shardlm {
 
 constexpr int64_t kLoraTile = 64;
 
-// Where Bt's element (k, o) lies in its column tiles.
-inline int64_t lora_bt_index(int64_t k, int64_t o, int64_t rank, int64_t out) {
+// Where Bt's element (k, o) lies in its column tiles. (constexpr: the GPU's kernel,
+// kernels/cuda/lora.h, reads the same layout.)
+constexpr int64_t lora_bt_index(int64_t k, int64_t o, int64_t rank, int64_t out) {
     const int64_t o0 = o / kLoraTile * kLoraTile, w = out - o0 < kLoraTile ? out - o0 : kLoraTile;
     return rank * o0 + k * w + (o - o0);
 }

@@ -45,7 +45,6 @@
 #include "runtime/batcher.h"
 #include "runtime/beam_search.h"
 #include "runtime/classify.h"
-#include "runtime/cpu_engine.h"
 #include "runtime/embed.h"
 #include "runtime/generate.h"
 #include "runtime/grammar.h"
@@ -802,12 +801,6 @@ int cmd_serve(const Args& args, Communicator& comm) {
     });
     run_together(comm, [&] { check_same_request(comm, args, *s); });
     Engine& engine = *s->engine;
-    // Adapters loaded while serving join the CPU engine's (open_session refuses them on a GPU).
-    CpuEngine* cpu_engine = dynamic_cast<CpuEngine*>(s->engine.get());
-    run_together(comm, [&] {
-        if (runtime_lora && !cpu_engine)
-            fail("--allow-runtime-lora-updating: LoRA adapters chosen per request run on the CPU engine only (--device cpu)");
-    });
     ApiLimits lim;
     lim.model = name;
     std::shared_ptr<const std::vector<AdapterCard>> adapter_cards;  // /v1/models' (rank 0; atomic_load/store)
@@ -1558,11 +1551,15 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 if (root) ops[k]->answer(200, "Success: LoRA adapter '" + an + "' removed successfully.");
                 continue;
             }
+            // The engine takes the adapter before the ranks agree (a GPU may have no room for it):
+            // where any rank failed, every rank that took it goes back to the list before.
             std::string err;
-            LoraWeights w;
+            bool added = false;
             try {
-                w = load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg, s->weights.plan,
-                                      lora_factor_dtype(s->weights), max_lora_rank);
+                s->adapters.push_back(load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg,
+                                                        s->weights.plan, lora_factor_dtype(s->weights), max_lora_rank));
+                added = true;
+                engine.set_adapters(&s->adapters);
             } catch (const std::exception& e) {
                 err = e.what();
                 std::cerr << "shardlm serve: rank " << comm.rank() << ": loading LoRA adapter " << an << ": " << err << std::endl;
@@ -1570,9 +1567,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
             float ok = err.empty() ? 1.0f : 0.0f;
             comm.all_reduce_sum(&ok, 1);
             const int failed = comm.size() - int(ok + 0.5f);
-            if (failed == 0) {
-                s->adapters.push_back(std::move(w));
-                cpu_engine->set_adapters(&s->adapters);
+            if (failed > 0 && added) {
+                s->adapters.pop_back();
+                engine.set_adapters(&s->adapters);
             }
             if (!root) continue;
             if (failed > 0) {
@@ -1598,7 +1595,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 continue;
             }
             s->adapters[size_t(*it)] = LoraWeights{};
-            cpu_engine->set_adapters(&s->adapters);
+            engine.set_adapters(&s->adapters);
             it = unloading.erase(it);
         }
         if (ctl["shutdown"]) break;

@@ -271,11 +271,7 @@ int64_t CpuEngine::final_rows(const std::vector<SeqChunk>& chunks, float* out, b
     const ModelConfig& c = cfg_;
     const StepShape shape = check_step(c, opt_, chunks, hidden);
     const int64_t T = shape.tokens;
-    const int64_t n_adapters = adapters_ ? int64_t(adapters_->size()) : 0;
-    for (const SeqChunk& ch : chunks)
-        if (ch.adapter < -1 || ch.adapter >= n_adapters || (ch.adapter >= 0 && (*adapters_)[size_t(ch.adapter)].layers.empty()))
-            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, " of ", n_adapters, " this engine holds",
-                 ch.adapter >= 0 && ch.adapter < n_adapters ? " (unloaded)" : "");
+    check_adapters(chunks, adapters_);
 
     // Vocab-parallel embedding: each rank fills the rows of the ids it holds, zeros elsewhere,
     // and the all-reduce assembles the full rows.

@@ -58,11 +58,9 @@ public:
     using Probe = std::function<void(int64_t layer, LinearInput which, const float* x, int64_t T, int64_t cols)>;
     void set_probe(Probe p) { probe_ = std::move(p); }
 
-    // LoRA adapters chosen per chunk (SeqChunk::adapter indexes them; this rank's slices, which
-    // must outlive the engine's steps; one without layers is unloaded). Sizes the scratch of their
-    // products: throws WorkspaceAllocError when it is refused. Called again after the list changes
-    // (serve's runtime loads), between steps.
-    void set_adapters(const std::vector<LoraWeights>* adapters);
+    // Engine::set_adapters. Sizes the scratch of their products: throws WorkspaceAllocError when
+    // it is refused.
+    void set_adapters(const std::vector<LoraWeights>* adapters) override;
 
 private:
     // Embedding, layers and the final norm of the wanted rows into out [rows, hidden]; returns rows.

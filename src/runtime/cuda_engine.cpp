@@ -18,6 +18,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kv_shift.h"
+#include "kernels/cuda/lora.h"
 #include "kernels/cuda/nucleus.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope_kv.h"
@@ -25,6 +26,7 @@
 #include "kernels/cuda/topk.h"
 #include "kernels/cuda/w4a8.h"
 #include "kernels/cuda/w8a8.h"
+#include "model/lora_weights.h"
 
 namespace shardlm {
 
@@ -180,7 +182,7 @@ CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const Sh
     if (penalty_count > 0) b.penalties = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     b.topk_scratch = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(p.n_vocab, 1), kMaxTopCandidates));
     b.attn_scratch = a.take(attention_scratch_bytes(opt.max_batch, p.n_q_heads, hd, kv_capacity(c, opt)));
-    b.meta_bytes = (3 * T + R) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
+    b.meta_bytes = (4 * T + R) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
     b.meta = static_cast<int32_t*>(a.take(b.meta_bytes));
     return b;
 }
@@ -472,7 +474,8 @@ bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const floa
 }
 
 HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*> ls, int64_t T) const {
-    if (T <= kGemvMaxTokens || ls.size() == 0) return {};
+    // (LoRA's update reads the products' f32 input: b_.h written.)
+    if (T <= kGemvMaxTokens || ls.size() == 0 || lora_step_) return {};
     const HalfInput h = gemm_->input_for((*ls.begin())->w);
     for (const CudaLinear* l : ls) {
         const HalfInput o = gemm_->input_for(l->w);
@@ -526,8 +529,8 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     const int32_t* ids = b_.meta;
     const int32_t* pos = b_.meta + Tm;
     const int32_t* slot = b_.meta + 2 * Tm;
-    const int32_t* logit_rows = b_.meta + 3 * Tm;
-    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 3 * Tm + step_out_rows(opt_));
+    const int32_t* logit_rows = b_.meta + 4 * Tm;
+    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 4 * Tm + step_out_rows(opt_));
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
     // One-token decode steps at TP=1 with weight-only products: the norms run inside the next GEMV
@@ -536,7 +539,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
     // (2026-12-04, Qwen3-1.7B shape, ms/token fused vs norm kernels: FP16 batch 1 1.302 vs 1.357,
     // batch 4 1.839 vs 1.776; INT8 1.056 vs 1.084, 1.745 vs 1.682), where the per-token squares
     // and norm-weight products add to GEMVs that already spend most of their issue slots on FMAs.
-    const bool fuse = norm_in_gemv(T);
+    const bool fuse = norm_in_gemv(T) && !lora_step_;
     const GemvGrid grid = gemv_default_grid();
 
     // Prefill with staging: the first matrix starts dequantizing beside the embedding and the norm.
@@ -569,6 +572,11 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
             qkv_proj(L.qkv, b_.qkv, qkv_ready);
+            if (lora_step_ && !ablated(kAblateQkv)) {
+                const int64_t w = q_dim + 2 * kv_dim;
+                add_lora(int64_t(l), b_.h, T, c.hidden,
+                         {{0, b_.qkv, q_dim, w}, {1, b_.qkv + q_dim, kv_dim, w}, {2, b_.qkv + q_dim + kv_dim, kv_dim, w}});
+            }
             rp.q = b_.qkv;
             rp.k = b_.qkv + q_dim;
             rp.v = b_.qkv + q_dim + kv_dim;
@@ -579,6 +587,11 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             qkv_proj(L.q, b_.q, qkv_ready);
             qkv_proj(L.k, b_.k, qkv_ready && same_acts(L.k, L.q));
             qkv_proj(L.v, b_.v, qkv_ready && same_acts(L.v, L.q));
+            if (lora_step_ && !ablated(kAblateQkv)) {
+                const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
+                add_lora(int64_t(l), b_.h, T, c.hidden,
+                         {{0, b_.q, q_dim, q_dim}, {1, b_.k, kv_dim, kv_dim}, {2, b_.v, kv_dim, kv_dim}});
+            }
             rp.q = b_.q;
             rp.k = b_.k;
             rp.v = b_.v;
@@ -630,7 +643,10 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             gemv_cuda(L.down.w, b_.gate, T, L.down.bias, b_.x, GemvFuse{nullptr, 0.0f, true}, s, grid);
             continue;
         }
-        if (!ablated(kAblateO)) linear(L.o, b_.attn, T, b_.delta);
+        if (!ablated(kAblateO)) {
+            linear(L.o, b_.attn, T, b_.delta);
+            if (lora_step_) add_lora(int64_t(l), b_.attn, T, nh * hd, {{3, b_.delta, c.hidden, c.hidden}});
+        }
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel o_proj
         const HalfInput mlp_in =
             L.gate_up.w.data ? shared_half_input({&L.gate_up}, T) : shared_half_input({&L.gate, &L.up}, T);
@@ -646,10 +662,16 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         const float* down_x = b_.gate;
         if (L.gate_up.w.data) {
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
-            const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) &&
+            // (Not under LoRA: its update goes into gate and up before SwiGLU.)
+            const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) && !lora_step_ &&
                                gemv_swiglu_cuda(L.gate_up.w, b_.h, T, L.gate_up.bias, b_.gate, s);
             if (!fused) {
                 linear(L.gate_up, mlp_x, T, b_.gate_up, true, mlp_ready);
+                if (lora_step_) {
+                    const int64_t inter = plan_.n_inter;
+                    add_lora(int64_t(l), b_.h, T, c.hidden,
+                             {{4, b_.gate_up, inter, 2 * inter}, {5, b_.gate_up + inter, inter, 2 * inter}});
+                }
                 // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;
                 // before a cuBLAS product it writes the product's 16-bit input.
                 down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter;
@@ -661,9 +683,14 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         } else {
             linear(L.gate, mlp_x, T, b_.gate, true, mlp_ready);
             linear(L.up, mlp_x, T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
+            if (lora_step_) {
+                const int64_t inter = plan_.n_inter;
+                add_lora(int64_t(l), b_.h, T, c.hidden, {{4, b_.gate, inter, inter}, {5, b_.up, inter, inter}});
+            }
             silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);
         }
         linear(L.down, down_x, T, b_.delta, true, down_ready);
+        if (lora_step_) add_lora(int64_t(l), b_.gate, T, plan_.n_inter, {{6, b_.delta, c.hidden, c.hidden}});
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
@@ -679,9 +706,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     if (head && headless_) fail(headless_message());
     maybe_inject_failure(comm_, "forward");
     const StepShape shape = check_step(cfg_, opt_, chunks, /*hidden=*/!head);
-    for (const SeqChunk& ch : chunks)
-        if (ch.adapter != -1)
-            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, ": adapters chosen per sequence run on the CPU engine only");
+    check_adapters(chunks, adapters_);
     const int64_t T = shape.tokens, n = shape.logit_rows;
     if (T == 0) return 0;
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
@@ -692,9 +717,11 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     int32_t* ids = meta_host_.as<int32_t>();
     int32_t* pos = ids + Tm;
     int32_t* slot = ids + 2 * Tm;
-    int32_t* logit_rows = ids + 3 * Tm;
-    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 3 * Tm + step_out_rows(opt_));
+    int32_t* adapter = ids + 3 * Tm;
+    int32_t* logit_rows = ids + 4 * Tm;
+    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 4 * Tm + step_out_rows(opt_));
     int64_t row = 0, r = 0, max_n = 0;
+    lora_step_ = false;
     for (size_t i = 0; i < chunks.size(); ++i) {
         const SeqChunk& ch = chunks[i];
         table[i] = AttnChunk{int32_t(ch.slot), int32_t(ch.pos), int32_t(ch.n), int32_t(row)};
@@ -702,7 +729,9 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
             ids[row + j] = ch.tokens[j];
             pos[row + j] = int32_t(ch.pos + j);
             slot[row + j] = int32_t(ch.slot);
+            adapter[row + j] = int32_t(ch.adapter);
         }
+        lora_step_ = lora_step_ || ch.adapter >= 0;
         if (ch.all_logits)
             for (int64_t j = 0; j < ch.n; ++j) logit_rows[r++] = int32_t(row + j);
         else if (ch.want_logits)
@@ -715,7 +744,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     // The first step of a shape runs eagerly: it loads the kernels' modules and lets cuBLAS
     // initialise outside any capture. From the second on, the step is captured once and replayed.
     // Capture records, it does not run, so the tables are copied afterwards.
-    const GraphKey key{T, B, max_n, n, head};
+    const GraphKey key{T, B, max_n, n, head, lora_step_};
     auto it = graphs_.end();
     if (opt_.cuda_graphs && max_n <= kGraphMaxChunk && !eager_once_.insert(key).second) {
         it = graphs_.find(key);
@@ -808,6 +837,103 @@ void CudaEngine::set_ablation(uint32_t mask) {
     ablate_ = mask;
     graphs_.clear();
     eager_once_.clear();
+}
+
+namespace {
+
+// The matrices an adapter may change, in the order of the slot table's middle index (add_lora's
+// `which`).
+constexpr LoraMatrix LoraLayer::*kLoraMatrices[] = {&LoraLayer::q,    &LoraLayer::k,  &LoraLayer::v,   &LoraLayer::o,
+                                                    &LoraLayer::gate, &LoraLayer::up, &LoraLayer::down};
+constexpr int64_t kLoraKinds = 7;
+
+}  // namespace
+
+void CudaEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // no step still reads the factors about to go
+    graphs_.clear();  // their launches are sized by the largest rank, and read the slot table
+    eager_once_.clear();
+    auto reset = [this] {
+        adapters_ = nullptr;
+        lora_factors_.clear();
+        lora_slots_ = DeviceBuffer();
+        ws_bytes_ -= lora_t_.size();
+        lora_t_ = DeviceBuffer();
+        lora_targets_.assign(layers_.size() * kLoraKinds, false);
+        lora_count_ = lora_rank_ = 0;
+        adapter_bytes_ = 0;
+    };
+    reset();
+    if (!adapters || adapters->empty()) return;
+    try {
+        upload_adapters(*adapters);
+    } catch (...) {
+        reset();  // none rather than some: a step never reads a half-made table
+        throw;
+    }
+}
+
+void CudaEngine::upload_adapters(const std::vector<LoraWeights>& adapters) {
+    adapters_ = &adapters;
+    lora_count_ = int64_t(adapters_->size());
+    std::vector<LoraSlot> slots(layers_.size() * kLoraKinds * size_t(lora_count_));
+    for (size_t i = 0; i < adapters_->size(); ++i) {
+        const LoraWeights& ad = (*adapters_)[i];
+        lora_factors_.emplace_back();
+        if (ad.layers.empty()) continue;  // unloaded: its index stays, its chunks are refused
+        SHARDLM_CHECK(ad.layers.size() == layers_.size(), "LoRA adapter ", ad.name, ": ", ad.layers.size(),
+                      " layers for a model of ", layers_.size());
+        lora_rank_ = std::max(lora_rank_, ad.max_rank);
+        // The adapter's factors back to back, each array at a 256-byte offset.
+        auto padded = [](size_t n) { return (n + 255) / 256 * 256; };
+        size_t bytes = 0;
+        for (const LoraLayer& L : ad.layers)
+            for (LoraMatrix LoraLayer::*which : kLoraMatrices) bytes += padded((L.*which).a.size()) + padded((L.*which).bt.size());
+        try {
+            lora_factors_.back() = DeviceBuffer(std::max<size_t>(bytes, 1));
+        } catch (const Error& e) {
+            fail("LoRA adapter ", ad.name, " (", ad.dir, ") on ", device_name_, " (rank ", comm_.rank(), "): ", e.what());
+        }
+        adapter_bytes_ += bytes;
+        uint8_t* base = static_cast<uint8_t*>(lora_factors_.back().get());
+        size_t at = 0;
+        for (size_t l = 0; l < ad.layers.size(); ++l)
+            for (int64_t k = 0; k < kLoraKinds; ++k) {
+                const LoraMatrix& m = ad.layers[l].*kLoraMatrices[k];
+                if (m.rank == 0) continue;
+                lora_dtype_ = m.dtype;  // one type for every adapter over these weights (lora_factor_dtype)
+                LoraSlot& slot = slots[(l * kLoraKinds + size_t(k)) * size_t(lora_count_) + i];
+                slot.a = base + at;
+                CUDA_CHECK(cudaMemcpy(base + at, m.a.data(), m.a.size(), cudaMemcpyHostToDevice));
+                at += padded(m.a.size());
+                slot.bt = base + at;
+                CUDA_CHECK(cudaMemcpy(base + at, m.bt.data(), m.bt.size(), cudaMemcpyHostToDevice));
+                at += padded(m.bt.size());
+                slot.rank = int32_t(m.rank);
+                lora_targets_[l * kLoraKinds + size_t(k)] = true;
+            }
+    }
+    const size_t table = slots.size() * sizeof(LoraSlot), scratch = size_t(kLoraMaxParts * opt_.max_step_tokens * lora_rank_) * sizeof(float);
+    try {
+        lora_slots_ = DeviceBuffer(table);
+        lora_t_ = DeviceBuffer(std::max<size_t>(scratch, sizeof(float)));
+    } catch (const Error& e) {
+        fail("LoRA adapters on ", device_name_, " (rank ", comm_.rank(), "): their table and scratch: ", e.what());
+    }
+    CUDA_CHECK(cudaMemcpy(lora_slots_.get(), slots.data(), table, cudaMemcpyHostToDevice));
+    ws_bytes_ += lora_t_.size();
+}
+
+void CudaEngine::add_lora(int64_t layer, const float* x, int64_t T, int64_t in, std::initializer_list<LoraOut> outs) {
+    LoraParts parts;
+    for (const LoraOut& o : outs) {
+        const int64_t at = layer * kLoraKinds + o.which;
+        if (!lora_targets_[size_t(at)]) continue;
+        parts.p[parts.n++] = LoraPart{static_cast<const LoraSlot*>(lora_slots_.get()) + at * lora_count_, o.y, o.out, o.ldy};
+    }
+    if (parts.n == 0) return;
+    lora_add_cuda(x, T, in, parts, b_.meta + 3 * opt_.max_step_tokens, lora_dtype_, lora_rank_,
+                  static_cast<float*>(lora_t_.get()), stream_);
 }
 
 std::string CudaEngine::gemv_kernels(int64_t tokens) const {

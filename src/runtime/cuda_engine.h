@@ -31,6 +31,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kv_layout.h"
+#include "kernels/cuda/lora.h"
 #include "kernels/cuda/matrix.h"
 #include "kernels/cuda/w8a8.h"
 #include "runtime/cuda_graph.h"
@@ -94,7 +95,7 @@ struct CudaStepBuffers {
     void* top_gathered = nullptr;  // [tp] of top (TP > 1)
     void* topk_scratch = nullptr;
     void* attn_scratch = nullptr;
-    int32_t* meta = nullptr;  // the step's tables: ids[T] pos[T] slot[T] out_rows[R] chunks[max_batch] (AttnChunk)
+    int32_t* meta = nullptr;  // the step's tables: ids[T] pos[T] slot[T] adapter[T] out_rows[R] chunks[max_batch] (AttnChunk)
     size_t meta_bytes = 0;
     uint64_t* mass = nullptr;           // forward_nucleus: [L] total nucleus weights
     uint64_t* mass_gathered = nullptr;  // [tp] of mass (TP > 1)
@@ -136,7 +137,8 @@ public:
     void load_kv(int64_t slot, int64_t n, const uint8_t* in, int64_t saved) override;
     const ModelConfig& config() const override { return cfg_; }
     const EngineOptions& options() const override { return opt_; }
-    size_t weight_bytes() const override { return weight_bytes_; }
+    // The weights and the adapters' factors (set_adapters), as this rank holds them.
+    size_t weight_bytes() const override { return weight_bytes_ + adapter_bytes_; }
     size_t kv_bytes() const override { return kv_bytes_; }
     size_t workspace_bytes() const override { return ws_bytes_; }
     std::string device() const override { return device_name_; }
@@ -149,6 +151,10 @@ public:
     // under graphs and PDL, overlap included, where Nsight Compute times each kernel alone. The
     // logits are then meaningless. Drops the captured graphs (each mask captures its own).
     void set_ablation(uint32_t mask);
+    // Engine::set_adapters: uploads every adapter's factors (one device buffer each, outside the
+    // arena: they come and go while serving) and drops the captured graphs. Throws Error naming
+    // the adapter and the bytes where the device has no room.
+    void set_adapters(const std::vector<LoraWeights>* adapters) override;
 
 private:
     // What a step's launches depend on besides the device-side tables: its token rows, chunks,
@@ -157,9 +163,10 @@ private:
     struct GraphKey {
         int64_t tokens, chunks, max_chunk, logit_rows;
         bool head;
+        bool lora;  // some row runs under an adapter (its kernels read which from meta_)
         bool operator<(const GraphKey& o) const {
-            return std::tie(tokens, chunks, max_chunk, logit_rows, head) <
-                   std::tie(o.tokens, o.chunks, o.max_chunk, o.logit_rows, o.head);
+            return std::tie(tokens, chunks, max_chunk, logit_rows, head, lora) <
+                   std::tie(o.tokens, o.chunks, o.max_chunk, o.logit_rows, o.head, o.lora);
         }
     };
     // Steps whose chunks are at most this long are captured: decode (1) and verify steps of
@@ -198,6 +205,17 @@ private:
     bool int8_product(const DeviceMatrix& w) const {
         return int8_acts_ && (w.dtype == DType::I8 || w.dtype == DType::I4);
     }
+    // set_adapters' uploads, into the state it has reset.
+    void upload_adapters(const std::vector<LoraWeights>& adapters);
+    // The LoRA updates of matrices of one input x [T, in] of `layer` (q/k/v, gate/up: one call),
+    // for the step's rows under an adapter: each LoraOut's y (rows ldy apart) += its matrix's
+    // (`which`: kLoraMatrices' index) update; those no adapter changes are left out.
+    struct LoraOut {
+        int which;
+        float* y;
+        int64_t out, ldy;
+    };
+    void add_lora(int64_t layer, const float* x, int64_t T, int64_t in, std::initializer_list<LoraOut> outs);
     // forward_top, and with temperature set each row's nucleus mass into mass.
     void top_candidates(const std::vector<SeqChunk>& chunks, int64_t k, float* vals, int32_t* ids,
                         const float* temperature, uint64_t* mass);
@@ -243,6 +261,21 @@ private:
     PinnedBuffer top_host_;   // [tp] of b_.top
     PinnedBuffer mass_host_;
     PinnedBuffer penalty_host_;  // b_.penalties' staging copy
+
+    // LoRA adapters (set_adapters): the host list (SeqChunk::adapter is checked against it), each
+    // adapter's factors in its own device buffer, the table of LoraSlot [layer][matrix][adapter]
+    // the kernels read, which (layer, matrix) any adapter changes, the shrink's scratch
+    // [kLoraMaxParts, max_step_tokens, lora_rank_], and whether the step being run has rows under an adapter:
+    // then it runs the norms and SwiGLU apart from the GEMVs and the products from f32 inputs,
+    // since the update reads the products' f32 inputs and adds to their separate outputs.
+    const std::vector<LoraWeights>* adapters_ = nullptr;
+    std::vector<DeviceBuffer> lora_factors_;
+    DeviceBuffer lora_slots_, lora_t_;
+    std::vector<bool> lora_targets_;
+    int64_t lora_count_ = 0, lora_rank_ = 0;
+    DType lora_dtype_ = DType::BF16;
+    size_t adapter_bytes_ = 0;
+    bool lora_step_ = false;
 
     std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;
     std::set<GraphKey> eager_once_;  // shapes whose first step ran eagerly

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/topk.h"
+#include "model/lora_weights.h"
 
 namespace shardlm {
 
@@ -40,6 +41,18 @@ void merge_candidates(const std::vector<CandidateList>& parts, int64_t k, float*
         vals[j] = cand[size_t(j)].first;
         ids[j] = cand[size_t(j)].second;
     }
+}
+
+void Engine::set_adapters(const std::vector<LoraWeights>* adapters) {
+    if (adapters && !adapters->empty()) fail("LoRA adapters chosen per request: the ", device(), " engine runs none");
+}
+
+void check_adapters(const std::vector<SeqChunk>& chunks, const std::vector<LoraWeights>* adapters) {
+    const int64_t n = adapters ? int64_t(adapters->size()) : 0;
+    for (const SeqChunk& ch : chunks)
+        if (ch.adapter < -1 || ch.adapter >= n || (ch.adapter >= 0 && (*adapters)[size_t(ch.adapter)].layers.empty()))
+            fail("chunk of slot ", ch.slot, ": LoRA adapter ", ch.adapter, " of ", n, " this engine holds",
+                 ch.adapter >= 0 && ch.adapter < n ? " (unloaded)" : "");
 }
 
 std::string headless_message() {

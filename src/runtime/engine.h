@@ -20,6 +20,8 @@
 
 namespace shardlm {
 
+struct LoraWeights;  // model/lora_weights.h
+
 // --attention: Flash is the tiled kernel with an online softmax (and split-KV decode on the GPU),
 // Naive the plain per-query passes kept as the fallback and the baseline.
 enum class AttentionImpl { Flash, Naive };
@@ -69,8 +71,8 @@ struct SeqChunk {
     // `row` fields ignored (the engine numbers the rows), at most EngineOptions::max_penalties.
     const PenaltyEntry* penalties = nullptr;
     int64_t n_penalties = 0;
-    // The LoRA adapter the chunk's sequence runs under (model/lora_weights.h; CpuEngine::
-    // set_adapters numbers them), -1: the base model. The CUDA engine holds none.
+    // The LoRA adapter the chunk's sequence runs under (model/lora_weights.h; Engine::set_adapters
+    // numbers them), -1: the base model.
     int64_t adapter = -1;
 };
 
@@ -137,7 +139,17 @@ public:
         (void)tokens;
         return "-";
     }
+    // LoRA adapters chosen per chunk (SeqChunk::adapter indexes them): this rank's slices, which
+    // must outlive the engine's steps; one without layers is unloaded. Called again after the list
+    // changes (serve's runtime loads), between steps. Throws Error where they cannot be held (the
+    // CPU's scratch or the GPU's memory refused); this default, for engines without LoRA, where
+    // any is given.
+    virtual void set_adapters(const std::vector<LoraWeights>* adapters);
 };
+
+// What every backend checks of a step's adapters (SeqChunk::adapter): -1, or an adapter of
+// `adapters` (null: none) that is loaded.
+void check_adapters(const std::vector<SeqChunk>& chunks, const std::vector<LoraWeights>* adapters);
 
 // One rank's ranked candidates of a logits row: its vocabulary slice's first n in the sampler's
 // ranking (values, global ids).

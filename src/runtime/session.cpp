@@ -111,9 +111,6 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     const ModelConfig& c = s->cfg;
     check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
-    if (!opt.adapters.empty() && device != Device::Cpu)
-        fail("--lora-modules: adapters chosen per request run on the CPU engine only (--device cpu); on a GPU, merge one "
-             "into the weights with --lora");
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     LoadOptions lo = opt.load;
     lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
@@ -180,6 +177,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
         }
         try {
             s->engine = std::make_unique<CudaEngine>(s->cfg, s->weights, *data, stream, wait, eo);
+            s->engine->set_adapters(&s->adapters);
         } catch (const DeviceFitError& e) {
             // The engine knows the bytes, the session the flags behind them (a derived --ctx, a
             // --prefill-chunk capped at ctx x batch).

@@ -41,7 +41,7 @@ struct SessionOptions {
     int gemm_staging = -1;  // EngineOptions::gemm_staging
     int64_t max_penalties = 0;  // EngineOptions::max_penalties (runtime/generate.h: max_penalties)
     // LoRA adapters kept beside the weights and chosen per sequence (SeqChunk::adapter numbers
-    // them in this order; serve --lora-modules NAME=DIR): the CPU engine only.
+    // them in this order; serve --lora-modules NAME=DIR).
     std::vector<std::pair<std::string, LoraAdapter>> adapters;
     int64_t max_lora_rank = 0;  // an adapter of a higher rank is refused (load_lora_weights; 0: any)
 };

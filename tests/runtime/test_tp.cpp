@@ -645,12 +645,9 @@ TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {
 // LoRA adapters chosen per sequence (serve --lora-modules) under tensor parallelism: each rank
 // holds its slices of the factors (A whole and its rows of B for q/k/v and gate/up, its columns
 // of A and B whole for o and down, whose partial products the all-reduce sums). Sequences under
-// two adapters and none in one batch give one rank's prompt logits and tokens. The CUDA engine
-// holds no adapters (open_session refuses them there).
+// two adapters and none in one batch give one rank's prompt logits and tokens (on the CUDA
+// engine too: test_tp_cuda).
 TEST(TensorParallel, LoraAdaptersPerSequenceGiveWhatOneRankGives) {
-#ifdef SHARDLM_TP_ON_CUDA
-    GTEST_SKIP() << "adapters chosen per sequence run on the CPU engine only";
-#endif
     const ModelConfig cfg = tiny_config(Arch::Llama);
     TempDir d, a0, a1;  // every rank writes its own identical copies
     write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});

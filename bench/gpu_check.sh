@@ -432,15 +432,32 @@ s_sanitize() {  # EXTRA FLAGS...: memcheck on a short generation (batch of 2 of 
     "$BIN/shardlm" "${args[@]}" || exit 1  # the plumbing, without the sanitizer
     skip "no GPU (the same generate ran on the CPU)"
   fi
-  local cs
+  memcheck "$*" "${args[@]}"
+}
+
+memcheck() {  # LABEL then shardlm's arguments: the command under compute-sanitizer's memcheck
+  local label=$1 cs
+  shift
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer \
        /opt/nvidia/*/compute-sanitizer /opt/nvidia/*/*/compute-sanitizer 2>/dev/null | head -n 1)
   [ -n "$cs" ] || { echo "compute-sanitizer not found"; exit 1; }
   "$cs" --version | tail -n 1
-  "$cs" --tool memcheck --error-exitcode 99 --target-processes all "$BIN/shardlm" "${args[@]}"
+  "$cs" --tool memcheck --error-exitcode 99 --target-processes all "$BIN/shardlm" "$@"
   local rc=$?
-  [ $rc = 0 ] && echo "note: memcheck clean ($*)"
+  [ $rc = 0 ] && echo "note: memcheck clean ($label)"
   exit $rc
+}
+
+s_sanitize_lora() {  # memcheck on bench --adapter: the LoRA kernels eagerly (prefill) and in graphs (decode),
+                     # batches of 1 and 3, on the tiny shape with a rank-4 adapter on every layer matrix
+  local dir=$SHARDLM_CACHE/tiny-lora4
+  [ -f "$dir/adapter_config.json" ] || "$BIN/shardlm" make-model --preset tiny --lora-rank 4 --out "$dir" || exit 1
+  local args=(bench --synthetic tiny --device "$DEV" --prompt-len 16 --gen 4 -r 1 --batch 1,3 --adapter "$dir")
+  if ! have_gpu; then
+    "$BIN/shardlm" "${args[@]}" || exit 1
+    skip "no GPU (the same bench ran on the CPU)"
+  fi
+  memcheck "bench --adapter" "${args[@]}"
 }
 
 s_prepare() {  # the synthetic checkpoint bench --synthetic uses (written once; 3.4 GB for qwen3-1.7b)
@@ -484,6 +501,14 @@ s_bench_ablate() {  # LIST then s_bench's arguments: s_bench with --ablate LIST 
 
 s_bench_nopdl() {  # s_bench without programmatic dependent launch: the A/B of kernels/cuda/launch.h
   SHARDLM_PDL=0 s_bench "$@"
+}
+
+s_bench_lora() {  # NAME: int8 rows with every sequence under a rank-16 adapter on all 196 layer matrices
+  # (make-model --lora-rank: BF16 factors beside INT8 weights, 35 MB a step), against the int8 rows
+  # without (bench-int8-int8-graph): what choosing adapters per request costs a decode step.
+  local dir=$SHARDLM_CACHE/$SYN-lora16
+  [ -f "$dir/adapter_config.json" ] || "$BIN/shardlm" make-model --preset "$SYN" --lora-rank 16 --out "$dir" || exit 1
+  s_bench "$1" 1,4 int8 int8 1 --adapter "$dir"
 }
 
 s_bench_with() {  # "VAR=VALUE ..." then s_bench's arguments: the A/B runs of the decode tuning variables
@@ -669,7 +694,7 @@ s_mission() {
   echo "note: $(grep -c '^| ' "$work/logs/mission.md") table lines"
   exit "$rc"
 }
-export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize s_prepare s_bench s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_conversations s_speculate s_embed s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
+export -f skip have_gpu find_ncu cpu_vs_dev s_env s_version s_test s_models s_tokens s_sanitize memcheck s_sanitize_lora s_prepare s_bench s_bench_lora s_bench_ablate s_bench_nopdl s_bench_with s_serve s_serve_http s_conversations s_speculate s_embed s_torch s_gemv s_ncu s_ncu_step s_gemv_r s_mission
 
 # ---------------------------------------------------------------- the steps
 step env 30 s_env
@@ -705,6 +730,8 @@ step bench-int4-int8-graph 90 s_bench bench-int4-int8-g1 1,4 int4 int8 1
 # The same 4-bit weights with INT8 activations (W4A8: __dp4a decode GEMV; prefill on FP16 tensor
 # cores over the dequantized activations and codes).
 step bench-w4a8-int8-graph 90 s_bench bench-w4a8-int8-g1 1,4 w4a8 int8 1
+# LoRA adapters chosen per request (kernels/cuda/lora.h) on the INT8 rows.
+step bench-int8-int8-graph-lora 90 s_bench_lora bench-int8-int8-g1-lora
 # Prefill attention on the FP32 pipes (SHARDLM_PREFILL_TC=0) against the default rows above, whose
 # prefill runs on tensor cores (kernels/cuda/attention.h): the report's "Prefill attention" table.
 step bench-int8-int8-graph-prefill-fp32 90 s_bench_with SHARDLM_PREFILL_TC=0 "bench-int8-int8-g1-prefill-fp32" 1,4 int8 int8 1
@@ -732,6 +759,7 @@ step sanitize-separate-rope 90 env SHARDLM_FUSED_ROPE=0 bash -c 's_sanitize "$@"
 step sanitize-tiles 90 env SHARDLM_GEMV_GRID=tiles bash -c 's_sanitize "$@"' s_sanitize --kv int8
 step sanitize-norm-kernels 90 env SHARDLM_FUSED_NORM=0 bash -c 's_sanitize "$@"' s_sanitize --weights int8 --kv int8
 step gemv 60 s_gemv
+step sanitize-lora 90 s_sanitize_lora
 step sanitize-graph 90 s_sanitize --kv int8 --repetition-penalty 1.2 --frequency-penalty 0.3 --min-p 0.02
 # Serving throughput (continuous batching vs static batches) and
 # memcheck over queued prompts whose chunks ride with decode tokens.

@@ -6,7 +6,8 @@
 //           held against the measured copy bandwidth (src/core/membw.h).
 //   prefill: n tokens through all layers (+ lm_head for one token, as the engine does).
 //   lora: LoRA's update (kernels/cpu/lora.h) on every layer matrix at --lora-rank (default 16),
-//         factors in f32 and BF16 timed in turn in each round, for the decode n's and prefill n;
+//         factors in f32 and BF16, one call per matrix and one per layer input (lora_add_jobs,
+//         as the engine calls it), timed in turn in each round, for the decode n's and prefill n;
 //         GB/s = factor bytes / time (serve --lora-modules keeps BF16 factors over non-FP32 weights).
 // Build (not part of the CMake build; link against a configured build folder B):
 //   g++ -O3 -std=c++17 -fopenmp -I. -Isrc bench/kernels_bench.cpp B/libshardlm_kernels_cpu.a \
@@ -200,10 +201,27 @@ LoraFactors make_lora(DType dt, int64_t rank) {
     return f;
 }
 
-void lora_pass(const LoraFactors& f, int64_t rank, int64_t n, Work& w, std::vector<float>& t, CpuIsa isa) {
-    for (size_t i = 0; i < f.a.size(); ++i) {
-        const Layer& L = kLayer[i % 7];
-        lora_add(w.x.data(), n, L.cols, f.a[i].data(), f.bt[i].data(), f.dt, rank, L.rows, t.data(), w.y.data(), isa);
+// grouped: one lora_add_jobs call per layer input (q/k/v, o, gate/up, down), as the engine calls
+// it; else one lora_add call per matrix (the engine before 2026-12-07).
+void lora_pass(const LoraFactors& f, int64_t rank, int64_t n, Work& w, std::vector<float>& t, CpuIsa isa, bool grouped) {
+    if (!grouped) {
+        for (size_t i = 0; i < f.a.size(); ++i) {
+            const Layer& L = kLayer[i % 7];
+            lora_add(w.x.data(), n, L.cols, f.a[i].data(), f.bt[i].data(), f.dt, rank, L.rows, t.data(), w.y.data(), isa);
+        }
+        return;
+    }
+    for (size_t l = 0; l < f.a.size(); l += 7) {
+        LoraJob jobs[7];
+        int64_t y_at = 0;
+        for (int m = 0; m < 7; ++m) {
+            const Layer& L = kLayer[m];
+            jobs[m] = LoraJob{w.x.data(), n, L.cols, f.a[l + size_t(m)].data(), f.bt[l + size_t(m)].data(), rank, L.rows,
+                              w.y.data() + y_at, L.rows};
+            y_at += n * L.rows;
+        }
+        for (const auto& [first, count] : {std::pair<int, int>{0, 3}, {3, 1}, {4, 2}, {6, 1}})
+            lora_add_jobs(jobs + first, count, f.dt, t.data(), isa);
     }
 }
 
@@ -257,20 +275,25 @@ int main(int argc, char** argv) {
                     kLayers * 7, f[0].bytes / 1e6, f[1].bytes / 1e6);
         std::vector<int64_t> ns = dn;
         ns.push_back(prefill_n);
-        std::vector<float> t(size_t(max_n * lora_rank));
+        std::vector<float> t(size_t(3 * max_n * lora_rank));
         for (const int64_t n : ns) {
-            double best[2] = {1e30, 1e30};
-            lora_pass(f[0], lora_rank, n, w, t, isa);  // warm-up
+            double best[2][2] = {{1e30, 1e30}, {1e30, 1e30}};  // [grouped][f32, bf16]
+            lora_pass(f[0], lora_rank, n, w, t, isa, true);  // warm-up
             for (int r = 0; r < reps; ++r)
-                for (int k = 0; k < 2; ++k) {  // f32 and bf16 in turn, so the ratio comes from one run
-                    const double t0 = now_s();
-                    lora_pass(f[k], lora_rank, n, w, t, isa);
-                    best[k] = std::min(best[k], now_s() - t0);
-                }
-            std::printf("lora n=%lld: f32 %.2f ms (%.1f GB/s, %.0f%% of read %.1f), bf16 %.2f ms (%.1f GB/s, %.0f%%), "
-                        "bf16/f32 time %.2f\n",
-                        (long long)n, best[0] * 1e3, f[0].bytes / best[0] / 1e9, 100 * f[0].bytes / best[0] / 1e9 / read, read,
-                        best[1] * 1e3, f[1].bytes / best[1] / 1e9, 100 * f[1].bytes / best[1] / 1e9 / read, best[1] / best[0]);
+                for (int g = 0; g < 2; ++g)
+                    for (int k = 0; k < 2; ++k) {  // every variant in turn, so the ratios come from one run
+                        const double t0 = now_s();
+                        lora_pass(f[k], lora_rank, n, w, t, isa, g == 1);
+                        best[g][k] = std::min(best[g][k], now_s() - t0);
+                    }
+            for (int g = 0; g < 2; ++g)
+                std::printf("lora n=%lld %s: f32 %.2f ms (%.1f GB/s, %.0f%% of read %.1f), bf16 %.2f ms (%.1f GB/s, %.0f%%), "
+                            "bf16/f32 time %.2f\n",
+                            (long long)n, g ? "per input " : "per matrix", best[g][0] * 1e3, f[0].bytes / best[g][0] / 1e9,
+                            100 * f[0].bytes / best[g][0] / 1e9 / read, read, best[g][1] * 1e3, f[1].bytes / best[g][1] / 1e9,
+                            100 * f[1].bytes / best[g][1] / 1e9 / read, best[g][1] / best[g][0]);
+            std::printf("lora n=%lld per input / per matrix time: f32 %.2f, bf16 %.2f\n", (long long)n,
+                        best[1][0] / best[0][0], best[1][1] / best[0][1]);
         }
         if (what.find("decode") == std::string::npos && what.find("prefill") == std::string::npos) return 0;
     }

@@ -12,7 +12,7 @@
 //
 // The factors are F32, or BF16 (half the bytes a decode step reads; widened to f32 as they are
 // loaded, the sums in f32). lora_add_ref is the plain truth; lora_add threads over A's rows and
-// then over blocks of y's columns (vectorised, the AVX-512 build picked at run time), each y
+// then over Bt's column tiles (vectorised, the AVX-512 build picked at run time), each y
 // element summed over k in the reference's order: only x A^T's dot products are summed in another
 // order.
 #pragma once
@@ -38,5 +38,22 @@ void lora_add_ref(const float* x, int64_t n, int64_t in, const void* a, const vo
                   int64_t out, float* t, float* y);
 void lora_add(const float* x, int64_t n, int64_t in, const void* a, const void* bt, DType factors, int64_t rank,
               int64_t out, float* t, float* y, CpuIsa isa = CpuIsa::Auto);
+
+// One product of a lora_add_jobs call: y [n, out] (rows ldy apart) += (x [n, in] A^T) Bt.
+struct LoraJob {
+    const float* x = nullptr;
+    int64_t n = 0, in = 0;
+    const void* a = nullptr;
+    const void* bt = nullptr;
+    int64_t rank = 0, out = 0;
+    float* y = nullptr;
+    int64_t ldy = 0;
+};
+// lora_add for several products in one threaded pass: every job's x A^T, one barrier, then every
+// job's y += t Bt, each job's elements summed as lora_add sums them. A decode step's LoRA work is
+// a few hundred small products; one call per layer input (q/k/v or gate/up of every adapter run
+// of the step) forks once where one call per product forked for each. t: scratch of the jobs'
+// sum of n * rank floats. (lora_add is the call of one job.)
+void lora_add_jobs(const LoraJob* jobs, int64_t n_jobs, DType factors, float* t, CpuIsa isa = CpuIsa::Auto);
 
 }  // namespace shardlm

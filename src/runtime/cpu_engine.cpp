@@ -143,20 +143,25 @@ void CpuEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
     const size_t T = size_t(opt_.max_step_tokens);
     ws_bytes_ -= lora_t_.size() * sizeof(float);  // (called again as adapters are loaded and unloaded)
     try {
-        lora_t_.assign(adapters_ ? T * size_t(rank) : 0, 0.0f);
+        lora_t_.assign(adapters_ ? 3 * T * size_t(rank) : 0, 0.0f);  // up to 3 products of one input (q/k/v)
     } catch (const std::bad_alloc&) {
         throw WorkspaceAllocError(opt_.max_step_tokens, T * size_t(rank) * sizeof(float));
     }
     ws_bytes_ += lora_t_.size() * sizeof(float);
 }
 
-void CpuEngine::add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const float* x, float* y) {
-    for (const LoraRun& r : lora_runs_) {
-        const LoraMatrix& m = (*adapters_)[size_t(r.adapter)].layers[size_t(layer)].*which;
-        if (m.rank == 0) continue;
-        lora_add(x + r.row0 * m.in, r.n, m.in, m.a.data(), m.bt.data(), m.dtype, m.rank, m.out, lora_t_.data(),
-                 y + r.row0 * m.out);
-    }
+void CpuEngine::add_lora(int64_t layer, const float* x, std::initializer_list<std::pair<LoraMatrix LoraLayer::*, float*>> ys) {
+    lora_jobs_.clear();
+    DType dt = DType::F32;
+    for (const LoraRun& r : lora_runs_)
+        for (const auto& [which, y] : ys) {
+            const LoraMatrix& m = (*adapters_)[size_t(r.adapter)].layers[size_t(layer)].*which;
+            if (m.rank == 0) continue;
+            dt = m.dtype;  // one type for every adapter over these weights (lora_factor_dtype)
+            lora_jobs_.push_back(LoraJob{x + r.row0 * m.in, r.n, m.in, m.a.data(), m.bt.data(), m.rank, m.out,
+                                         y + r.row0 * m.out, m.out});
+        }
+    if (!lora_jobs_.empty()) lora_add_jobs(lora_jobs_.data(), int64_t(lora_jobs_.size()), dt, lora_t_.data());
 }
 
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
@@ -195,9 +200,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
     linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, qh, T);
-    add_lora(layer, &LoraLayer::q, h, q);
-    add_lora(layer, &LoraLayer::k, h, k);
-    add_lora(layer, &LoraLayer::v, h, v);
+    if (!lora_runs_.empty()) add_lora(layer, h, {{&LoraLayer::q, q}, {&LoraLayer::k, k}, {&LoraLayer::v, v}});
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
         rmsnorm_rows(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
@@ -241,7 +244,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     float* o = o_.as<float>();
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
-    add_lora(layer, &LoraLayer::o, attn_.as<float>(), o);
+    if (!lora_runs_.empty()) add_lora(layer, attn_.as<float>(), {{&LoraLayer::o, o}});
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
@@ -255,13 +258,12 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
     linears({{&L.gate, g}, {&L.up, u}}, h, qh, T);
-    add_lora(layer, &LoraLayer::gate, h, g);
-    add_lora(layer, &LoraLayer::up, h, u);
+    if (!lora_runs_.empty()) add_lora(layer, h, {{&LoraLayer::gate, g}, {&LoraLayer::up, u}});
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
     linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
-    add_lora(layer, &LoraLayer::down, g, o);
+    if (!lora_runs_.empty()) add_lora(layer, g, {{&LoraLayer::down, o}});
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/quantize.h"
 #include "model/lora_weights.h"
 #include "runtime/engine.h"
@@ -75,9 +76,10 @@ private:
     // one threaded product over all their rows (one fork and join, not one per layer).
     void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, const QuantizedActs* qx,
                  int64_t T);
-    // y [T, m.out] += (x A^T) B^T of matrix `which` of layer `layer` for the rows of each
-    // adapter run of the step (lora_runs_), after the base product and before any all-reduce.
-    void add_lora(int64_t layer, LoraMatrix LoraLayer::*which, const float* x, float* y);
+    // For each (matrix, y) of ys (matrices of one input x of layer `layer`: q/k/v, gate/up): y
+    // [T, m.out] += (x A^T) B^T for the rows of each adapter run of the step (lora_runs_), after
+    // the base product and before any all-reduce; all of them in one lora_add_jobs call.
+    void add_lora(int64_t layer, const float* x, std::initializer_list<std::pair<LoraMatrix LoraLayer::*, float*>> ys);
 
     const ModelConfig& cfg_;
     const ModelWeights& w_;
@@ -96,13 +98,14 @@ private:
     size_t ws_bytes_ = 0;
     Probe probe_;
     // set_adapters: the adapters, this step's runs of consecutive rows under one adapter, and
-    // the products' scratch, x A^T ([max_step_tokens, max rank]).
+    // the products' scratch, x A^T ([3, max_step_tokens, max rank]: q/k/v's in one call).
     struct LoraRun {
         int64_t adapter, row0, n;
     };
     const std::vector<LoraWeights>* adapters_ = nullptr;
     std::vector<LoraRun> lora_runs_;
     std::vector<float> lora_t_;
+    std::vector<LoraJob> lora_jobs_;  // add_lora's, kept to reuse their memory
     size_t adapter_bytes_ = 0;
 };
 

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -100,4 +103,70 @@ TEST(LoraAdd, RefusesOtherFactorTypes) {
     const std::vector<uint16_t> f = {0, 0};
     EXPECT_THROW(lora_add(x.data(), 1, 2, f.data(), f.data(), DType::F16, 1, 2, t.data(), y.data()), Error);
     EXPECT_THROW(lora_add_ref(x.data(), 1, 2, f.data(), f.data(), DType::I8, 1, 2, t.data(), y.data()), Error);
+}
+
+// lora_add_jobs: products of different shapes (q/k/v-like parts of one x, another x, a job of rank
+// 0, rows ldy apart inside wider rows) in one call give each one's lora_add bits, on every ISA, in
+// f32 and BF16; small calls (one thread) and large (threaded, tasks split across jobs).
+TEST(LoraAdd, JobsInOneCallEqualEachAlone) {
+    struct Spec {
+        int64_t n, in, rank, out, ldy, col;
+        bool other_x;  // rows of the second input
+    };
+    for (const std::vector<Spec>& specs :
+         {std::vector<Spec>{{1, 37, 5, 150, 240, 0}, {1, 37, 3, 40, 240, 150}, {1, 37, 0, 50, 240, 190}},
+          std::vector<Spec>{{2, 37, 5, 150, 150, 0}, {1, 64, 16, 24, 40, 16, true}},
+          std::vector<Spec>{{64, 512, 16, 513, 513, 0}, {64, 512, 8, 100, 200, 0, true}, {3, 512, 4, 70, 200, 100, true}}}) {
+        for (const DType dt : {DType::F32, DType::BF16}) {
+            for (CpuIsa isa : cpu_isas_available()) {
+                SCOPED_TRACE(std::string(cpu_isa_name(isa)) + " " + dtype_name(dt) + " " + std::to_string(specs.size()) + " jobs");
+                // Two inputs of 64 rows, as wide as the widest job's; outputs of 64 rows of ldy.
+                std::vector<std::vector<float>> xs = {test::rand_vec(64 * 512, 1, 1.0f), test::rand_vec(64 * 512, 2, 1.0f)};
+                std::vector<std::vector<uint8_t>> a, bt;
+                std::vector<std::vector<float>> y0, alone;
+                std::vector<LoraJob> jobs;
+                int64_t t_size = 0;
+                for (size_t j = 0; j < specs.size(); ++j) {
+                    const Spec& s = specs[j];
+                    const size_t es = dtype_size(dt);
+                    auto factors = [&](int64_t count, uint32_t seed) {
+                        const std::vector<float> v = test::rand_vec(size_t(count), seed, 0.3f);
+                        std::vector<uint8_t> b(size_t(count) * es);
+                        for (size_t i = 0; i < v.size(); ++i) {
+                            if (dt == DType::F32) std::memcpy(&b[i * 4], &v[i], 4);
+                            else reinterpret_cast<uint16_t*>(b.data())[i] = f32_to_bf16(v[i]);
+                        }
+                        return b;
+                    };
+                    a.push_back(factors(std::max<int64_t>(s.rank * s.in, 1), uint32_t(10 + j)));
+                    bt.push_back(factors(std::max<int64_t>(s.rank * s.out, 1), uint32_t(20 + j)));
+                    y0.push_back(test::rand_vec(size_t(s.n * s.ldy), uint32_t(30 + j), 2.0f));
+                    t_size += s.n * s.rank;
+                }
+                std::vector<std::vector<float>> got = y0;
+                for (size_t j = 0; j < specs.size(); ++j) {
+                    const Spec& s = specs[j];
+                    jobs.push_back(LoraJob{xs[s.other_x].data(), s.n, s.in, a[j].data(), bt[j].data(), s.rank, s.out,
+                                           got[j].data() + s.col, s.ldy});
+                }
+                std::vector<float> t(size_t(std::max<int64_t>(t_size, 1)));
+                lora_add_jobs(jobs.data(), int64_t(jobs.size()), dt, t.data(), isa);
+                for (size_t j = 0; j < specs.size(); ++j) {
+                    const Spec& s = specs[j];
+                    // Alone: each row through lora_add into a plain [n, out] block, put back in place.
+                    std::vector<float> want = y0[j], block(size_t(s.n * s.out)), tj(size_t(std::max<int64_t>(s.n * s.rank, 1)));
+                    for (int64_t i = 0; i < s.n; ++i)
+                        std::copy_n(want.begin() + i * s.ldy + s.col, s.out, block.begin() + i * s.out);
+                    if (s.rank > 0)
+                        lora_add(xs[s.other_x].data(), s.n, s.in, a[j].data(), bt[j].data(), dt, s.rank, s.out, tj.data(),
+                                 block.data(), isa);
+                    for (int64_t i = 0; i < s.n; ++i)
+                        std::copy_n(block.begin() + i * s.out, s.out, want.begin() + i * s.ldy + s.col);
+                    EXPECT_EQ(std::memcmp(got[j].data(), want.data(), want.size() * 4), 0) << "job " << j;
+                    if (s.rank > 0) EXPECT_NE(got[j], y0[j]) << "job " << j;
+                    else EXPECT_EQ(got[j], y0[j]) << "job " << j;
+                }
+            }
+        }
+    }
 }

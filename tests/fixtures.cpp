@@ -125,9 +125,11 @@ std::string thrown_error(const std::function<void()>& f) {
 }
 
 std::vector<SequenceResult> batch_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                         const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk) {
+                                         const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk,
+                                         int64_t max_adapters) {
     BatcherOptions bo;
     bo.prefill_chunk = prefill_chunk;
+    bo.max_adapters = max_adapters;
     Batcher b(engine, bo);
     for (size_t i = 0; i < prompts.size(); ++i) {
         BatchRequest q;

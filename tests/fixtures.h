@@ -53,9 +53,11 @@ GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<
                           int64_t prefill_chunk, const LoadOptions& lo, KVFormat kv = KVFormat::F32);
 
 // Greedy requests through a Batcher on `engine`, all added at once: request i runs under LoRA
-// adapter adapters[i] (BatchRequest::adapter, -1: none) for max_new tokens, its prompt logits kept.
+// adapter adapters[i] (BatchRequest::adapter, -1: none) for max_new tokens, its prompt logits kept;
+// at most max_adapters adapters among the running sequences (BatcherOptions::max_adapters, 0: any).
 std::vector<SequenceResult> batch_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                         const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk);
+                                         const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk,
+                                         int64_t max_adapters = 0);
 
 // Deterministic pseudo-random prompt of length n over [3, vocab).
 std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed);

@@ -575,11 +575,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
         ("served-model-name", po::value(&name), "the model's name in the API (default: the folder's name)")
         ("lora-modules", po::value(&lora_modules)->multitoken()->composing(),
          "NAME=DIR ...: LoRA adapters (PEFT's folders) kept beside the weights; a request whose \"model\" is NAME "
-         "runs under that adapter (vLLM's multi-LoRA serving; the CPU engine; repeatable). vLLM's JSON form "
+         "runs under that adapter (vLLM's multi-LoRA serving; repeatable). vLLM's JSON form "
          "'{\"name\": NAME, \"path\": DIR, \"base_model_name\": PARENT}' too (PARENT: /v1/models' parent)")
         ("max-loras", po::value(&max_loras)->default_value(0),
          "at most N LoRA adapters among the running sequences (vLLM's; 0: any); a request under another waits, "
-         "and the base model's requests go on past it")
+         "and the base model's requests go on past it. On a GPU, N adapters' factors in device memory, the others "
+         "copied in from host memory when their turn comes")
         ("max-lora-rank", po::value(&max_lora_rank)->default_value(0),
          "refuse an adapter whose rank is above R, at start and on /v1/load_lora_adapter (vLLM's; 0: any)")
         ("allow-runtime-lora-updating", po::bool_switch(&runtime_lora),
@@ -768,6 +769,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     so.prefill_chunk = chunk;
     for (const AdapterCard& a : lora_cards) so.adapters.push_back({a.name, {a.dir, 1.0f}});
     so.max_lora_rank = max_lora_rank;
+    so.max_loras = max_loras;
     if (embeddings || rerank) {
         so.load.headless_ok = true;  // an embedding or classification checkpoint may have no lm_head
     } else {

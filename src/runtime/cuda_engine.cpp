@@ -707,6 +707,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     maybe_inject_failure(comm_, "forward");
     const StepShape shape = check_step(cfg_, opt_, chunks, /*hidden=*/!head);
     check_adapters(chunks, adapters_);
+    seat_adapters(chunks);  // the step's adapters into device slots
     const int64_t T = shape.tokens, n = shape.logit_rows;
     if (T == 0) return 0;
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
@@ -729,7 +730,7 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
             ids[row + j] = ch.tokens[j];
             pos[row + j] = int32_t(ch.pos + j);
             slot[row + j] = int32_t(ch.slot);
-            adapter[row + j] = int32_t(ch.adapter);
+            adapter[row + j] = ch.adapter >= 0 ? int32_t(adapter_slot_[size_t(ch.adapter)]) : -1;  // its slot
         }
         lora_step_ = lora_step_ || ch.adapter >= 0;
         if (ch.all_logits)
@@ -847,6 +848,16 @@ constexpr LoraMatrix LoraLayer::*kLoraMatrices[] = {&LoraLayer::q,    &LoraLayer
                                                     &LoraLayer::gate, &LoraLayer::up, &LoraLayer::down};
 constexpr int64_t kLoraKinds = 7;
 
+// An adapter's factors as one slot holds them: each matrix's A then Bt, at 256-byte offsets.
+size_t padded_bytes(size_t n) { return (n + 255) / 256 * 256; }
+
+size_t slot_layout_bytes(const LoraWeights& ad) {
+    size_t bytes = 0;
+    for (const LoraLayer& L : ad.layers)
+        for (LoraMatrix LoraLayer::*which : kLoraMatrices) bytes += padded_bytes((L.*which).a.size()) + padded_bytes((L.*which).bt.size());
+    return bytes;
+}
+
 }  // namespace
 
 void CudaEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
@@ -860,7 +871,11 @@ void CudaEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
         ws_bytes_ -= lora_t_.size();
         lora_t_ = DeviceBuffer();
         lora_targets_.assign(layers_.size() * kLoraKinds, false);
-        lora_count_ = lora_rank_ = 0;
+        lora_table_.clear();
+        slot_adapter_.clear();
+        adapter_slot_.clear();
+        slot_used_.clear();
+        lora_rank_ = 0;
         adapter_bytes_ = 0;
     };
     reset();
@@ -875,53 +890,111 @@ void CudaEngine::set_adapters(const std::vector<LoraWeights>* adapters) {
 
 void CudaEngine::upload_adapters(const std::vector<LoraWeights>& adapters) {
     adapters_ = &adapters;
-    lora_count_ = int64_t(adapters_->size());
-    std::vector<LoraSlot> slots(layers_.size() * kLoraKinds * size_t(lora_count_));
-    for (size_t i = 0; i < adapters_->size(); ++i) {
-        const LoraWeights& ad = (*adapters_)[i];
-        lora_factors_.emplace_back();
-        if (ad.layers.empty()) continue;  // unloaded: its index stays, its chunks are refused
+    size_t biggest = 0;
+    int64_t loaded = 0;
+    for (const LoraWeights& ad : adapters) {
+        if (ad.layers.empty()) continue;  // unloaded: its number stays, its chunks are refused
         SHARDLM_CHECK(ad.layers.size() == layers_.size(), "LoRA adapter ", ad.name, ": ", ad.layers.size(),
                       " layers for a model of ", layers_.size());
+        ++loaded;
         lora_rank_ = std::max(lora_rank_, ad.max_rank);
-        // The adapter's factors back to back, each array at a 256-byte offset.
-        auto padded = [](size_t n) { return (n + 255) / 256 * 256; };
-        size_t bytes = 0;
-        for (const LoraLayer& L : ad.layers)
-            for (LoraMatrix LoraLayer::*which : kLoraMatrices) bytes += padded((L.*which).a.size()) + padded((L.*which).bt.size());
-        try {
-            lora_factors_.back() = DeviceBuffer(std::max<size_t>(bytes, 1));
-        } catch (const Error& e) {
-            fail("LoRA adapter ", ad.name, " (", ad.dir, ") on ", device_name_, " (rank ", comm_.rank(), "): ", e.what());
-        }
-        adapter_bytes_ += bytes;
-        uint8_t* base = static_cast<uint8_t*>(lora_factors_.back().get());
-        size_t at = 0;
+        biggest = std::max(biggest, slot_layout_bytes(ad));
         for (size_t l = 0; l < ad.layers.size(); ++l)
-            for (int64_t k = 0; k < kLoraKinds; ++k) {
-                const LoraMatrix& m = ad.layers[l].*kLoraMatrices[k];
-                if (m.rank == 0) continue;
-                lora_dtype_ = m.dtype;  // one type for every adapter over these weights (lora_factor_dtype)
-                LoraSlot& slot = slots[(l * kLoraKinds + size_t(k)) * size_t(lora_count_) + i];
-                slot.a = base + at;
-                CUDA_CHECK(cudaMemcpy(base + at, m.a.data(), m.a.size(), cudaMemcpyHostToDevice));
-                at += padded(m.a.size());
-                slot.bt = base + at;
-                CUDA_CHECK(cudaMemcpy(base + at, m.bt.data(), m.bt.size(), cudaMemcpyHostToDevice));
-                at += padded(m.bt.size());
-                slot.rank = int32_t(m.rank);
-                lora_targets_[l * kLoraKinds + size_t(k)] = true;
-            }
+            for (int64_t k = 0; k < kLoraKinds; ++k)
+                if ((ad.layers[l].*kLoraMatrices[k]).rank > 0) {
+                    lora_targets_[l * kLoraKinds + size_t(k)] = true;
+                    lora_dtype_ = (ad.layers[l].*kLoraMatrices[k]).dtype;  // one type for all (lora_factor_dtype)
+                }
     }
-    const size_t table = slots.size() * sizeof(LoraSlot), scratch = size_t(kLoraMaxParts * opt_.max_step_tokens * lora_rank_) * sizeof(float);
+    if (loaded == 0) return;
+    // One slot per loaded adapter, or EngineOptions::max_adapters of them, each as large as the
+    // largest adapter.
+    const int64_t slots = opt_.max_adapters > 0 ? std::min(opt_.max_adapters, loaded) : loaded;
+    for (int64_t i = 0; i < slots; ++i) {
+        try {
+            lora_factors_.emplace_back(std::max<size_t>(biggest, 1));
+        } catch (const Error& e) {
+            fail("LoRA adapters on ", device_name_, " (rank ", comm_.rank(), "): slot ", i + 1, " of ", slots, " (",
+                 biggest, " bytes, the largest adapter's factors", opt_.max_adapters > 0 ? "" : "; --max-loras keeps fewer",
+                 "): ", e.what());
+        }
+    }
+    adapter_bytes_ = size_t(slots) * biggest;
+    lora_table_.assign(layers_.size() * kLoraKinds * size_t(slots), LoraSlot{});
+    slot_adapter_.assign(size_t(slots), -1);
+    adapter_slot_.assign(adapters.size(), -1);
+    slot_used_.assign(size_t(slots), 0);
+    const size_t table = lora_table_.size() * sizeof(LoraSlot);
+    const size_t scratch = size_t(kLoraMaxParts * opt_.max_step_tokens * lora_rank_) * sizeof(float);
     try {
         lora_slots_ = DeviceBuffer(table);
         lora_t_ = DeviceBuffer(std::max<size_t>(scratch, sizeof(float)));
     } catch (const Error& e) {
         fail("LoRA adapters on ", device_name_, " (rank ", comm_.rank(), "): their table and scratch: ", e.what());
     }
-    CUDA_CHECK(cudaMemcpy(lora_slots_.get(), slots.data(), table, cudaMemcpyHostToDevice));
     ws_bytes_ += lora_t_.size();
+    // Every adapter has a slot: all of them now, in order. Else they come in as steps need them.
+    if (slots == loaded) {
+        int64_t slot = 0;
+        for (size_t i = 0; i < adapters.size(); ++i)
+            if (!adapters[i].layers.empty()) place_adapter(slot++, int64_t(i));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(lora_slots_.get(), lora_table_.data(), table, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaEngine::place_adapter(int64_t slot, int64_t adapter) {
+    const LoraWeights& ad = (*adapters_)[size_t(adapter)];
+    const int64_t slots = int64_t(slot_adapter_.size());
+    if (slot_adapter_[size_t(slot)] >= 0) adapter_slot_[size_t(slot_adapter_[size_t(slot)])] = -1;
+    // In stream order: the copies wait for the steps queued before, which may still read the slot.
+    uint8_t* base = static_cast<uint8_t*>(lora_factors_[size_t(slot)].get());
+    size_t at = 0;
+    for (size_t l = 0; l < ad.layers.size(); ++l)
+        for (int64_t k = 0; k < kLoraKinds; ++k) {
+            const LoraMatrix& m = ad.layers[l].*kLoraMatrices[k];
+            LoraSlot& e = lora_table_[(l * kLoraKinds + size_t(k)) * size_t(slots) + size_t(slot)];
+            e = LoraSlot{};
+            if (m.rank == 0) continue;
+            e.a = base + at;
+            CUDA_CHECK(cudaMemcpyAsync(base + at, m.a.data(), m.a.size(), cudaMemcpyHostToDevice, stream_));
+            at += padded_bytes(m.a.size());
+            e.bt = base + at;
+            CUDA_CHECK(cudaMemcpyAsync(base + at, m.bt.data(), m.bt.size(), cudaMemcpyHostToDevice, stream_));
+            at += padded_bytes(m.bt.size());
+            e.rank = int32_t(m.rank);
+        }
+    slot_adapter_[size_t(slot)] = adapter;
+    adapter_slot_[size_t(adapter)] = slot;
+}
+
+void CudaEngine::seat_adapters(const std::vector<SeqChunk>& chunks) {
+    std::vector<int64_t> step;  // the step's adapters
+    for (const SeqChunk& ch : chunks)
+        if (ch.adapter >= 0 && std::find(step.begin(), step.end(), ch.adapter) == step.end()) step.push_back(ch.adapter);
+    if (step.empty()) return;
+    const int64_t slots = int64_t(slot_adapter_.size());
+    if (int64_t(step.size()) > slots)
+        fail("a step under ", step.size(), " LoRA adapters: ", device_name_, " holds ", slots,
+             " at once (--max-loras; the batcher keeps to it)");
+    ++lora_clock_;
+    for (int64_t a : step)
+        if (adapter_slot_[size_t(a)] >= 0) slot_used_[size_t(adapter_slot_[size_t(a)])] = lora_clock_;
+    bool moved = false;
+    for (int64_t a : step) {
+        if (adapter_slot_[size_t(a)] >= 0) continue;
+        // The least recently used slot: never one of this step's, whose marks are the clock's
+        // newest (fewer than `slots` of them so far, as step <= slots).
+        int64_t victim = 0;
+        for (int64_t s = 1; s < slots; ++s)
+            if (slot_used_[size_t(s)] < slot_used_[size_t(victim)]) victim = s;
+        place_adapter(victim, a);
+        slot_used_[size_t(victim)] = lora_clock_;
+        ++lora_copies_;
+        moved = true;
+    }
+    if (moved)
+        CUDA_CHECK(cudaMemcpyAsync(lora_slots_.get(), lora_table_.data(), lora_table_.size() * sizeof(LoraSlot),
+                                   cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaEngine::add_lora(int64_t layer, const float* x, int64_t T, int64_t in, std::initializer_list<LoraOut> outs) {
@@ -929,7 +1002,8 @@ void CudaEngine::add_lora(int64_t layer, const float* x, int64_t T, int64_t in, 
     for (const LoraOut& o : outs) {
         const int64_t at = layer * kLoraKinds + o.which;
         if (!lora_targets_[size_t(at)]) continue;
-        parts.p[parts.n++] = LoraPart{static_cast<const LoraSlot*>(lora_slots_.get()) + at * lora_count_, o.y, o.out, o.ldy};
+        parts.p[parts.n++] =
+            LoraPart{static_cast<const LoraSlot*>(lora_slots_.get()) + at * int64_t(slot_adapter_.size()), o.y, o.out, o.ldy};
     }
     if (parts.n == 0) return;
     lora_add_cuda(x, T, in, parts, b_.meta + 3 * opt_.max_step_tokens, lora_dtype_, lora_rank_,

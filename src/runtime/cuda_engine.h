@@ -146,6 +146,9 @@ public:
     std::string gemv_kernels(int64_t tokens) const override;
     // Step graphs captured so far (one per step shape seen twice); tests and bench report it.
     size_t graphs_captured() const { return graphs_.size(); }
+    // Adapters copied into a device slot when a step needed them (EngineOptions::max_adapters
+    // below the adapters loaded), since construction; tests report it.
+    int64_t adapter_copies() const { return lora_copies_; }
     // A measurement, not a mode (`bench --ablate`): the steps leave out the kernels of the classes
     // in `mask` (kAblate*), so that a step's time with and without them gives their marginal cost
     // under graphs and PDL, overlap included, where Nsight Compute times each kernel alone. The
@@ -205,8 +208,14 @@ private:
     bool int8_product(const DeviceMatrix& w) const {
         return int8_acts_ && (w.dtype == DType::I8 || w.dtype == DType::I4);
     }
-    // set_adapters' uploads, into the state it has reset.
+    // set_adapters' slots and uploads, into the state it has reset.
     void upload_adapters(const std::vector<LoraWeights>& adapters);
+    // Copies adapter `adapter`'s factors into device slot `slot` (on the stream, after the steps
+    // queued before) and rewrites the slot's entries of lora_table_ (the caller copies it over).
+    void place_adapter(int64_t slot, int64_t adapter);
+    // Before a step: every adapter of its chunks into a slot, replacing the least recently used
+    // ones that it does not use; refuses a step of more adapters than slots.
+    void seat_adapters(const std::vector<SeqChunk>& chunks);
     // The LoRA updates of matrices of one input x [T, in] of `layer` (q/k/v, gate/up: one call),
     // for the step's rows under an adapter: each LoraOut's y (rows ldy apart) += its matrix's
     // (`which`: kLoraMatrices' index) update; those no adapter changes are left out.
@@ -262,20 +271,29 @@ private:
     PinnedBuffer mass_host_;
     PinnedBuffer penalty_host_;  // b_.penalties' staging copy
 
-    // LoRA adapters (set_adapters): the host list (SeqChunk::adapter is checked against it), each
-    // adapter's factors in its own device buffer, the table of LoraSlot [layer][matrix][adapter]
-    // the kernels read, which (layer, matrix) any adapter changes, the shrink's scratch
-    // [kLoraMaxParts, max_step_tokens, lora_rank_], and whether the step being run has rows under an adapter:
-    // then it runs the norms and SwiGLU apart from the GEMVs and the products from f32 inputs,
-    // since the update reads the products' f32 inputs and adds to their separate outputs.
+    // LoRA adapters (set_adapters): the host list (SeqChunk::adapter is checked against it); the
+    // device slots, each a buffer as large as the largest adapter's factors (one per loaded
+    // adapter, or EngineOptions::max_adapters of them); the table of LoraSlot [layer][matrix]
+    // [slot] the kernels read (the step's tables give each row's slot) and its host copy; which
+    // adapter each slot holds and the slot of each adapter (-1: none), each slot's last step
+    // (lora_clock_) for replacing the least recently used; which (layer, matrix) any adapter
+    // changes; the shrink's scratch [kLoraMaxParts, max_step_tokens, lora_rank_]; and whether the
+    // step being run has rows under an adapter: then it runs the norms and SwiGLU apart from the
+    // GEMVs and the products from f32 inputs, since the update reads the products' f32 inputs and
+    // adds to their separate outputs.
     const std::vector<LoraWeights>* adapters_ = nullptr;
     std::vector<DeviceBuffer> lora_factors_;
     DeviceBuffer lora_slots_, lora_t_;
+    std::vector<LoraSlot> lora_table_;
+    std::vector<int64_t> slot_adapter_, adapter_slot_;
+    std::vector<uint64_t> slot_used_;
+    uint64_t lora_clock_ = 0;
     std::vector<bool> lora_targets_;
-    int64_t lora_count_ = 0, lora_rank_ = 0;
+    int64_t lora_rank_ = 0;
     DType lora_dtype_ = DType::BF16;
     size_t adapter_bytes_ = 0;
     bool lora_step_ = false;
+    int64_t lora_copies_ = 0;
 
     std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;
     std::set<GraphKey> eager_once_;  // shapes whose first step ran eagerly

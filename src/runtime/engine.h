@@ -57,6 +57,12 @@ struct EngineOptions {
     // Token penalties (SeqChunk::penalties): the most distinct ids one logits row may list, what
     // the CUDA engine reserves room for up front (0: no penalties).
     int64_t max_penalties = 0;
+    // LoRA adapters chosen per sequence (set_adapters): the most whose factors the CUDA engine
+    // keeps in device memory at once (vLLM's --max-loras: its GPU slots; the others wait in host
+    // memory and are copied in when a step needs them, replacing the least recently used); a step
+    // may run at most this many. 0: every adapter resident. The CPU engine reads host memory: no
+    // limit there.
+    int64_t max_adapters = 0;
 };
 
 struct SeqChunk {

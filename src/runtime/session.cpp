@@ -90,6 +90,7 @@ EngineOptions engine_options(const SessionOptions& opt) {
     eo.max_step_tokens = std::max(step, opt.max_batch);
     eo.kv = kv_dtype(opt.kv);
     eo.max_penalties = opt.max_penalties;
+    eo.max_adapters = opt.max_loras;
     return eo;
 }
 

@@ -44,6 +44,7 @@ struct SessionOptions {
     // them in this order; serve --lora-modules NAME=DIR).
     std::vector<std::pair<std::string, LoraAdapter>> adapters;
     int64_t max_lora_rank = 0;  // an adapter of a higher rank is refused (load_lora_weights; 0: any)
+    int64_t max_loras = 0;      // EngineOptions::max_adapters (serve --max-loras)
 };
 
 struct Session {

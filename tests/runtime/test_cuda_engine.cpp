@@ -1097,25 +1097,26 @@ TEST(CudaEngine, HeadlessModelsGiveEmbeddingsOnly) {
 
 namespace {
 
-// Two PEFT adapters for c in `root`: "a" of rank 4 on every layer matrix, "b" of rank 2 on layer
+// Three PEFT adapters for c in `root`: "a" of rank 4 on every layer matrix, "b" of rank 2 on layer
 // 0's q, v, o, up and down only (so the step's other matrices run no update kernels, and a
-// slot of "a" beside one of rank 0 in "b").
+// slot of "a" beside one of rank 0 in "b"), "c" of rank 3 on every layer matrix.
 std::vector<std::pair<std::string, LoraAdapter>> gpu_test_adapters(const ModelConfig& c, const TempDir& root) {
-    std::vector<LoraModule> a, b;
+    std::vector<LoraModule> a, b, cc;
     uint64_t seed = 900;
     for (int64_t l = 0; l < c.n_layers; ++l)
         for (const char* lin : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
             const std::string m = "model.layers." + std::to_string(l) + "." + lin;
             a.push_back(random_lora_module(c, m, 4, seed++));
+            cc.push_back(random_lora_module(c, m, 3, seed++));
             const std::string s = lin;
             if (l == 0 && s != "self_attn.k_proj" && s != "mlp.gate_proj") b.push_back(random_lora_module(c, m, 2, seed++));
         }
-    std::filesystem::create_directories(root.path() + "/a");
-    std::filesystem::create_directories(root.path() + "/b");
+    for (const char* n : {"a", "b", "c"}) std::filesystem::create_directories(root.path() + "/" + n);
     write_lora_adapter(root.path() + "/a", R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})", a);
     write_lora_adapter(root.path() + "/b", R"({"peft_type": "LORA", "r": 2, "lora_alpha": 2, "bias": "none"})", b);
-    return {{"a", {root.path() + "/a", 1.0f}}, {"b", {root.path() + "/b", 1.0f}}};
+    write_lora_adapter(root.path() + "/c", R"({"peft_type": "LORA", "r": 3, "lora_alpha": 6, "bias": "none"})", cc);
+    return {{"a", {root.path() + "/a", 1.0f}}, {"b", {root.path() + "/b", 1.0f}}, {"c", {root.path() + "/c", 1.0f}}};
 }
 
 }  // namespace
@@ -1195,8 +1196,8 @@ TEST(CudaEngine, LoraAdaptersComeAndGo) {
     std::vector<float> lg(size_t(c.vocab)), plain(size_t(c.vocab));
     const std::vector<int32_t> p = make_prompt(5, c.vocab, 7);
     SeqChunk ch{0, p.data(), 5, 0, true};
-    ch.adapter = 2;
-    EXPECT_NE(thrown_error([&] { s->engine->forward({ch}, lg.data()); }).find("LoRA adapter 2 of 2"), std::string::npos);
+    ch.adapter = 3;
+    EXPECT_NE(thrown_error([&] { s->engine->forward({ch}, lg.data()); }).find("LoRA adapter 3 of 3"), std::string::npos);
     s->adapters[1] = LoraWeights{};
     s->engine->set_adapters(&s->adapters);
     ch.adapter = 1;
@@ -1214,4 +1215,59 @@ TEST(CudaEngine, LoraAdaptersComeAndGo) {
     auto s2 = open_session(none, comm);
     s2->engine->forward({{0, p.data(), 5, 0, true}}, plain.data());
     EXPECT_EQ(lg, plain);
+}
+
+// serve --max-loras N on the GPU (EngineOptions::max_adapters): N device slots for three adapters,
+// the others copied in from host memory as the batcher's turns need them (the least recently used
+// slot replaced). Every sequence computes what it computes with every adapter resident, bit for
+// bit, through prefill and graph-replayed decode; and a step under more adapters than slots is
+// refused by name.
+TEST(CudaEngine, LoraSlotsCopyAdaptersInAsStepsNeedThem) {
+    SKIP_WITHOUT_GPU();
+    const ModelConfig c = tiny_config(Arch::Llama);
+    TempDir base, root;
+    write_synthetic_checkpoint(base.path(), c, {DType::F32, 1, 41});
+    const auto adapters = gpu_test_adapters(c, root);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(21, c.vocab, 1), make_prompt(7, c.vocab, 2),
+                                                       make_prompt(12, c.vocab, 3), make_prompt(9, c.vocab, 4),
+                                                       make_prompt(21, c.vocab, 1), make_prompt(15, c.vocab, 5)};
+    const std::vector<int64_t> which = {0, 1, 2, -1, 2, 0};
+    SingleRank comm;
+    auto open = [&](int64_t slots) {
+        SessionOptions so;
+        so.model_dir = base.path();
+        so.device = Device::Cuda;
+        so.adapters = adapters;
+        so.max_loras = slots;
+        so.kv = KVFormat::F32;
+        so.ctx = 64;
+        so.max_batch = 3;
+        so.prefill_chunk = 16;
+        return open_session(so, comm);
+    };
+    for (const int64_t n : {int64_t(1), int64_t(2)}) {
+        SCOPED_TRACE(std::to_string(n) + " slots");
+        auto all = open(0), few = open(n);
+        const std::vector<SequenceResult> want = batch_greedy(*all->engine, prompts, which, 6, 16, n),
+                                          got = batch_greedy(*few->engine, prompts, which, 6, 16, n);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+            EXPECT_EQ(got[i].prompt_logits, want[i].prompt_logits) << "prompt " << i;
+        }
+        auto* engine = dynamic_cast<CudaEngine*>(few->engine.get());
+        ASSERT_NE(engine, nullptr);
+        EXPECT_EQ(dynamic_cast<CudaEngine*>(all->engine.get())->adapter_copies(), 0);
+        // Each of the three adapters came in at least once, and with one slot one came back.
+        EXPECT_GE(engine->adapter_copies(), n == 1 ? 4 : 3);
+        EXPECT_LT(engine->weight_bytes(), all->engine->weight_bytes());
+        // Two adapters in one step on one slot: refused, naming the limit.
+        if (n == 1) {
+            std::vector<float> lg(size_t(2 * c.vocab));
+            SeqChunk x{0, prompts[0].data(), 3, 0, true}, y{1, prompts[1].data(), 3, 0, true};
+            x.adapter = 0;
+            y.adapter = 1;
+            EXPECT_NE(thrown_error([&] { few->engine->forward({x, y}, lg.data()); }).find("holds 1 at once (--max-loras"),
+                      std::string::npos);
+        }
+    }
 }

@@ -13,7 +13,9 @@
 //
 // Two kernels, Punica's shrink and expand (its BGMV: one launch for every adapter of the step, the
 // adapter read per row, so a captured decode graph replays whatever adapters its rows run under):
-//   shrink: t[part, i, k] = x[i] . A_s[k], one warp per (part, row, k), for k < rank_s;
+//   shrink: t[part, i, k] = x[i] . A_s[k], one block per (row, k, part) for k < rank_s, its
+//           threads splitting the `in` terms (16-byte loads where in is a multiple of 8: then every
+//           slot's A must start 16-byte aligned, as cudaMalloc and the engine's slots place it);
 //   expand: y[i, o] += sum over k < rank_s of t[part, i, k] Bt_s[k, o], one thread per (part, row,
 //           o), in k's order from y's value (the CPU reference's order; only the dot products of
 //           the shrink are summed in another one).

@@ -140,18 +140,22 @@ TEST(LoraCuda, RowsUnderTheirOwnAdaptersMatchTheReference) {
         // Three parts of one input, as q|k|v: a fused row of 96 + 40 + 40 columns, each part with its
         // own adapters' factors (adapter 1 leaves k alone), the expand's blocks past k's and v's
         // columns idle.
-        const PartSpec q{96, 0, {make_factors(dt, 3, in, 96, 4), make_factors(dt, 6, in, 96, 5)}};
-        const PartSpec k{40, 96, {make_factors(dt, 3, in, 40, 6), Factors{}}};
-        const PartSpec v{40, 136, {make_factors(dt, 3, in, 40, 7), make_factors(dt, 6, in, 40, 8)}};
-        check(dt, in, 176, {q, k, v}, {1, 0, -1, 1, 0}, 6);
+        // (in 37: the shrink's scalar loads; 96: its 16-byte loads.)
+        for (const int64_t w : {in, int64_t(96)}) {
+            const PartSpec q{96, 0, {make_factors(dt, 3, w, 96, 4), make_factors(dt, 6, w, 96, 5)}};
+            const PartSpec k{40, 96, {make_factors(dt, 3, w, 40, 6), Factors{}}};
+            const PartSpec v{40, 136, {make_factors(dt, 3, w, 40, 7), make_factors(dt, 6, w, 40, 8)}};
+            check(dt, w, 176, {q, k, v}, {1, 0, -1, 1, 0}, 6);
+        }
     }
 }
 
 TEST(LoraCuda, PrefillRowsMatchTheReference) {
     if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
-    // 70 rows, two adapters of rank 16 over a 300-wide input into 192 and 64 columns (gate|up-like,
-    // whole tiles), in runs as the batcher lays out chunks.
-    const int64_t in = 300;
+    // 70 rows, two adapters of rank 16 over a 320-wide input (the shrink's 16-byte loads, 40 per
+    // row for 128 threads) into 192 and 64 columns (gate|up-like, whole tiles), in runs as the
+    // batcher lays out chunks.
+    const int64_t in = 320;
     const PartSpec gate{192, 0, {make_factors(DType::BF16, 16, in, 192, 4), make_factors(DType::BF16, 16, in, 192, 5)}};
     const PartSpec up{64, 192, {make_factors(DType::BF16, 16, in, 64, 6), make_factors(DType::BF16, 16, in, 64, 7)}};
     std::vector<int32_t> rows;

@@ -83,31 +83,13 @@ void expand_tile(const LoraJob& J, int64_t b, const float* t) {
     }
 }
 
-template <DType DT>
-void lora_add_jobs_t(const LoraJob* jobs, int64_t n_jobs, float* t) {
-    const LoraTasks plan(jobs, n_jobs);
-    const int64_t shrinks = plan.shrink_tasks(), expands = plan.expand_tasks();
-#pragma omp parallel if (plan.threaded)
-    {
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < shrinks; ++g) {
-            const auto [j, q] = LoraTasks::find(plan.shrink_end, g);
-            const int64_t quads = (jobs[j].rank + 3) / 4;
-            shrink_quad<DT>(jobs[j], q / quads, q % quads * 4, t + plan.t_at[size_t(j)]);
-        }
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < expands; ++g) {
-            const auto [j, b] = LoraTasks::find(plan.expand_end, g);
-            expand_tile<DT>(jobs[j], b, t + plan.t_at[size_t(j)]);
-        }
-    }
-}
-
 }  // namespace
 
-void lora_add_jobs_avx512(const LoraJob* jobs, int64_t n_jobs, DType factors, float* t) {
-    if (factors == DType::F32) lora_add_jobs_t<DType::F32>(jobs, n_jobs, t);
-    else lora_add_jobs_t<DType::BF16>(jobs, n_jobs, t);
+void lora_add_jobs_avx512(const LoraJob* jobs, const LoraTaskPlan& plan, DType factors, float* t) {
+    if (factors == DType::F32)
+        run_lora_tasks(jobs, plan, t, shrink_quad<DType::F32>, expand_tile<DType::F32>);
+    else
+        run_lora_tasks(jobs, plan, t, shrink_quad<DType::BF16>, expand_tile<DType::BF16>);
 }
 
 }  // namespace shardlm

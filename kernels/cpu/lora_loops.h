@@ -68,23 +68,10 @@ void lora_expand_tile(const LoraJob& J, int64_t b, const float* t) {
 }
 
 template <typename F>
-void lora_add_jobs_loops(const LoraJob* jobs, int64_t n_jobs, float* t) {
-    const LoraTasks plan(jobs, n_jobs);
-    const int64_t shrinks = plan.shrink_tasks(), expands = plan.expand_tasks();
-#pragma omp parallel if (plan.threaded)
-    {
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < shrinks; ++g) {
-            const auto [j, q] = LoraTasks::find(plan.shrink_end, g);
-            const int64_t quads = (jobs[j].rank + 3) / 4;
-            lora_shrink_quad<F>(jobs[j], q / quads, q % quads * 4, t + plan.t_at[size_t(j)]);
-        }
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < expands; ++g) {
-            const auto [j, b] = LoraTasks::find(plan.expand_end, g);
-            lora_expand_tile<F>(jobs[j], b, t + plan.t_at[size_t(j)]);
-        }
-    }
+void lora_add_jobs_loops(const LoraJob* jobs, const LoraTaskPlan& plan, float* t) {
+    run_lora_tasks(
+        jobs, plan, t, [](const LoraJob& J, int64_t i, int64_t k0, float* tj) { lora_shrink_quad<F>(J, i, k0, tj); },
+        [](const LoraJob& J, int64_t b, const float* tj) { lora_expand_tile<F>(J, b, tj); });
 }
 
 }  // namespace

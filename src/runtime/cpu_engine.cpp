@@ -200,7 +200,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
     linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, qh, T);
-    if (!lora_runs_.empty()) add_lora(layer, h, {{&LoraLayer::q, q}, {&LoraLayer::k, k}, {&LoraLayer::v, v}});
+    add_lora(layer, h, {{&LoraLayer::q, q}, {&LoraLayer::k, k}, {&LoraLayer::v, v}});
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
         rmsnorm_rows(k, L.k_norm.data(), k, T * nkv, hd, c.rms_eps);
@@ -244,7 +244,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     float* o = o_.as<float>();
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
-    if (!lora_runs_.empty()) add_lora(layer, attn_.as<float>(), {{&LoraLayer::o, o}});
+    add_lora(layer, attn_.as<float>(), {{&LoraLayer::o, o}});
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
@@ -258,12 +258,12 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     float* u = up_.as<float>();
     const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
     linears({{&L.gate, g}, {&L.up, u}}, h, qh, T);
-    if (!lora_runs_.empty()) add_lora(layer, h, {{&LoraLayer::gate, g}, {&LoraLayer::up, u}});
+    add_lora(layer, h, {{&LoraLayer::gate, g}, {&LoraLayer::up, u}});
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
     linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
-    if (!lora_runs_.empty()) add_lora(layer, g, {{&LoraLayer::down, o}});
+    add_lora(layer, g, {{&LoraLayer::down, o}});
     comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }

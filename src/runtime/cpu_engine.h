@@ -78,7 +78,8 @@ private:
                  int64_t T);
     // For each (matrix, y) of ys (matrices of one input x of layer `layer`: q/k/v, gate/up): y
     // [T, m.out] += (x A^T) B^T for the rows of each adapter run of the step (lora_runs_), after
-    // the base product and before any all-reduce; all of them in one lora_add_jobs call.
+    // the base product and before any all-reduce; all of them in one lora_add_jobs call (none
+    // in a step without adapter runs).
     void add_lora(int64_t layer, const float* x, std::initializer_list<std::pair<LoraMatrix LoraLayer::*, float*>> ys);
 
     const ModelConfig& cfg_;

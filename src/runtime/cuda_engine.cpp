@@ -118,6 +118,21 @@ bool same_acts(const CudaLinear& b, const CudaLinear& a) {
            act_group(b.w) == act_group(a.w);
 }
 
+// The step's tables at their offsets in one block: CudaStepBuffers::meta on the device, and its
+// pinned staging copy the host fills (T = max_step_tokens, R = step_out_rows; take_step_buffers
+// sizes the block).
+struct StepTables {
+    int32_t *ids, *pos, *slot;
+    int32_t* adapter;  // each row's LoRA adapter slot (CudaEngine::seat_adapters), -1: none
+    int32_t* logit_rows;
+    AttnChunk* chunks;  // [max_batch]
+};
+StepTables step_tables(int32_t* meta, const EngineOptions& opt) {
+    const int64_t T = opt.max_step_tokens;
+    return {meta, meta + T, meta + 2 * T, meta + 3 * T, meta + 4 * T,
+            reinterpret_cast<AttnChunk*>(meta + 4 * T + step_out_rows(opt))};
+}
+
 }  // namespace
 
 uint32_t parse_ablation(const std::string& names, const std::string& flag) {
@@ -182,7 +197,7 @@ CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const Sh
     if (penalty_count > 0) b.penalties = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     b.topk_scratch = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(p.n_vocab, 1), kMaxTopCandidates));
     b.attn_scratch = a.take(attention_scratch_bytes(opt.max_batch, p.n_q_heads, hd, kv_capacity(c, opt)));
-    b.meta_bytes = (4 * T + R) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);
+    b.meta_bytes = (4 * T + R) * sizeof(int32_t) + size_t(opt.max_batch) * sizeof(AttnChunk);  // StepTables
     b.meta = static_cast<int32_t*>(a.take(b.meta_bytes));
     return b;
 }
@@ -525,12 +540,12 @@ void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y
 void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_logits, bool head) {
     const ModelConfig& c = cfg_;
     const int64_t hd = c.head_dim, nh = plan_.n_q_heads, nkv = plan_.n_kv_heads;
-    const int64_t Tm = opt_.max_step_tokens;
-    const int32_t* ids = b_.meta;
-    const int32_t* pos = b_.meta + Tm;
-    const int32_t* slot = b_.meta + 2 * Tm;
-    const int32_t* logit_rows = b_.meta + 4 * Tm;
-    const AttnChunk* chunks = reinterpret_cast<const AttnChunk*>(b_.meta + 4 * Tm + step_out_rows(opt_));
+    const StepTables tables = step_tables(b_.meta, opt_);
+    const int32_t* ids = tables.ids;
+    const int32_t* pos = tables.pos;
+    const int32_t* slot = tables.slot;
+    const int32_t* logit_rows = tables.logit_rows;
+    const AttnChunk* chunks = tables.chunks;
     cudaStream_t s = stream_;
     const size_t act = size_t(T * c.hidden);
     // One-token decode steps at TP=1 with weight-only products: the norms run inside the next GEMV
@@ -572,7 +587,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             // One projection into [T, q | k | v]; RoPE reads the parts in place and writes q packed.
             const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
             qkv_proj(L.qkv, b_.qkv, qkv_ready);
-            if (lora_step_ && !ablated(kAblateQkv)) {
+            if (!ablated(kAblateQkv)) {
                 const int64_t w = q_dim + 2 * kv_dim;
                 add_lora(int64_t(l), b_.h, T, c.hidden,
                          {{0, b_.qkv, q_dim, w}, {1, b_.qkv + q_dim, kv_dim, w}, {2, b_.qkv + q_dim + kv_dim, kv_dim, w}});
@@ -587,7 +602,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             qkv_proj(L.q, b_.q, qkv_ready);
             qkv_proj(L.k, b_.k, qkv_ready && same_acts(L.k, L.q));
             qkv_proj(L.v, b_.v, qkv_ready && same_acts(L.v, L.q));
-            if (lora_step_ && !ablated(kAblateQkv)) {
+            if (!ablated(kAblateQkv)) {
                 const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
                 add_lora(int64_t(l), b_.h, T, c.hidden,
                          {{0, b_.q, q_dim, q_dim}, {1, b_.k, kv_dim, kv_dim}, {2, b_.v, kv_dim, kv_dim}});
@@ -645,7 +660,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         }
         if (!ablated(kAblateO)) {
             linear(L.o, b_.attn, T, b_.delta);
-            if (lora_step_) add_lora(int64_t(l), b_.attn, T, nh * hd, {{3, b_.delta, c.hidden, c.hidden}});
+            add_lora(int64_t(l), b_.attn, T, nh * hd, {{3, b_.delta, c.hidden, c.hidden}});
         }
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel o_proj
         const HalfInput mlp_in =
@@ -667,11 +682,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
                                gemv_swiglu_cuda(L.gate_up.w, b_.h, T, L.gate_up.bias, b_.gate, s);
             if (!fused) {
                 linear(L.gate_up, mlp_x, T, b_.gate_up, true, mlp_ready);
-                if (lora_step_) {
-                    const int64_t inter = plan_.n_inter;
-                    add_lora(int64_t(l), b_.h, T, c.hidden,
-                             {{4, b_.gate_up, inter, 2 * inter}, {5, b_.gate_up + inter, inter, 2 * inter}});
-                }
+                const int64_t inter = plan_.n_inter;
+                add_lora(int64_t(l), b_.h, T, c.hidden,
+                         {{4, b_.gate_up, inter, 2 * inter}, {5, b_.gate_up + inter, inter, 2 * inter}});
                 // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;
                 // before a cuBLAS product it writes the product's 16-bit input.
                 down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter;
@@ -683,14 +696,12 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         } else {
             linear(L.gate, mlp_x, T, b_.gate, true, mlp_ready);
             linear(L.up, mlp_x, T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
-            if (lora_step_) {
-                const int64_t inter = plan_.n_inter;
-                add_lora(int64_t(l), b_.h, T, c.hidden, {{4, b_.gate, inter, inter}, {5, b_.up, inter, inter}});
-            }
+            const int64_t inter = plan_.n_inter;
+            add_lora(int64_t(l), b_.h, T, c.hidden, {{4, b_.gate, inter, inter}, {5, b_.up, inter, inter}});
             silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);
         }
         linear(L.down, down_x, T, b_.delta, true, down_ready);
-        if (lora_step_) add_lora(int64_t(l), b_.gate, T, plan_.n_inter, {{6, b_.delta, c.hidden, c.hidden}});
+        add_lora(int64_t(l), b_.gate, T, plan_.n_inter, {{6, b_.delta, c.hidden, c.hidden}});
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel down_proj
     }
     // Final norm (with the last layer's residual) and lm_head on the wanted rows only.
@@ -713,14 +724,14 @@ int64_t CudaEngine::launch(const std::vector<SeqChunk>& chunks, bool head) {
     SHARDLM_CHECK(int64_t(chunks.size()) <= opt_.max_batch, "a step of ", chunks.size(),
                   " chunks exceeds the engine's ", opt_.max_batch, " slots");
 
-    // The step's tables, at fixed offsets of one pinned block (see meta_host_).
-    const int64_t Tm = opt_.max_step_tokens;
-    int32_t* ids = meta_host_.as<int32_t>();
-    int32_t* pos = ids + Tm;
-    int32_t* slot = ids + 2 * Tm;
-    int32_t* adapter = ids + 3 * Tm;
-    int32_t* logit_rows = ids + 4 * Tm;
-    AttnChunk* table = reinterpret_cast<AttnChunk*>(ids + 4 * Tm + step_out_rows(opt_));
+    // The step's tables, in their pinned staging block.
+    const StepTables tables = step_tables(meta_host_.as<int32_t>(), opt_);
+    int32_t* ids = tables.ids;
+    int32_t* pos = tables.pos;
+    int32_t* slot = tables.slot;
+    int32_t* adapter = tables.adapter;
+    int32_t* logit_rows = tables.logit_rows;
+    AttnChunk* table = tables.chunks;
     int64_t row = 0, r = 0, max_n = 0;
     lora_step_ = false;
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -939,7 +950,13 @@ void CudaEngine::upload_adapters(const std::vector<LoraWeights>& adapters) {
         for (size_t i = 0; i < adapters.size(); ++i)
             if (!adapters[i].layers.empty()) place_adapter(slot++, int64_t(i));
     }
-    CUDA_CHECK(cudaMemcpyAsync(lora_slots_.get(), lora_table_.data(), table, cudaMemcpyHostToDevice, stream_));
+    upload_slot_table();
+}
+
+void CudaEngine::upload_slot_table() {
+    // (From pageable memory: staged before the call returns, so lora_table_ may change after.)
+    CUDA_CHECK(cudaMemcpyAsync(lora_slots_.get(), lora_table_.data(), lora_table_.size() * sizeof(LoraSlot),
+                               cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaEngine::place_adapter(int64_t slot, int64_t adapter) {
@@ -992,12 +1009,11 @@ void CudaEngine::seat_adapters(const std::vector<SeqChunk>& chunks) {
         ++lora_copies_;
         moved = true;
     }
-    if (moved)
-        CUDA_CHECK(cudaMemcpyAsync(lora_slots_.get(), lora_table_.data(), lora_table_.size() * sizeof(LoraSlot),
-                                   cudaMemcpyHostToDevice, stream_));
+    if (moved) upload_slot_table();
 }
 
 void CudaEngine::add_lora(int64_t layer, const float* x, int64_t T, int64_t in, std::initializer_list<LoraOut> outs) {
+    if (!lora_step_) return;
     LoraParts parts;
     for (const LoraOut& o : outs) {
         const int64_t at = layer * kLoraKinds + o.which;
@@ -1006,7 +1022,7 @@ void CudaEngine::add_lora(int64_t layer, const float* x, int64_t T, int64_t in, 
             LoraPart{static_cast<const LoraSlot*>(lora_slots_.get()) + at * int64_t(slot_adapter_.size()), o.y, o.out, o.ldy};
     }
     if (parts.n == 0) return;
-    lora_add_cuda(x, T, in, parts, b_.meta + 3 * opt_.max_step_tokens, lora_dtype_, lora_rank_,
+    lora_add_cuda(x, T, in, parts, step_tables(b_.meta, opt_).adapter, lora_dtype_, lora_rank_,
                   static_cast<float*>(lora_t_.get()), stream_);
 }
 

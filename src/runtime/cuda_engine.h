@@ -213,11 +213,13 @@ private:
     // Copies adapter `adapter`'s factors into device slot `slot` (on the stream, after the steps
     // queued before) and rewrites the slot's entries of lora_table_ (the caller copies it over).
     void place_adapter(int64_t slot, int64_t adapter);
+    // lora_table_ to the device's copy, on the stream.
+    void upload_slot_table();
     // Before a step: every adapter of its chunks into a slot, replacing the least recently used
     // ones that it does not use; refuses a step of more adapters than slots.
     void seat_adapters(const std::vector<SeqChunk>& chunks);
     // The LoRA updates of matrices of one input x [T, in] of `layer` (q/k/v, gate/up: one call),
-    // for the step's rows under an adapter: each LoraOut's y (rows ldy apart) += its matrix's
+    // for the step's rows under an adapter (nothing in a step without any): each LoraOut's y (rows ldy apart) += its matrix's
     // (`which`: kLoraMatrices' index) update; those no adapter changes are left out.
     struct LoraOut {
         int which;

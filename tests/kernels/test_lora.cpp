@@ -111,7 +111,7 @@ TEST(LoraAdd, RefusesOtherFactorTypes) {
 TEST(LoraAdd, JobsInOneCallEqualEachAlone) {
     struct Spec {
         int64_t n, in, rank, out, ldy, col;
-        bool other_x;  // rows of the second input
+        bool other_x = false;  // rows of the second input
     };
     for (const std::vector<Spec>& specs :
          {std::vector<Spec>{{1, 37, 5, 150, 240, 0}, {1, 37, 3, 40, 240, 150}, {1, 37, 0, 50, 240, 190}},
@@ -163,8 +163,11 @@ TEST(LoraAdd, JobsInOneCallEqualEachAlone) {
                     for (int64_t i = 0; i < s.n; ++i)
                         std::copy_n(block.begin() + i * s.out, s.out, want.begin() + i * s.ldy + s.col);
                     EXPECT_EQ(std::memcmp(got[j].data(), want.data(), want.size() * 4), 0) << "job " << j;
-                    if (s.rank > 0) EXPECT_NE(got[j], y0[j]) << "job " << j;
-                    else EXPECT_EQ(got[j], y0[j]) << "job " << j;
+                    if (s.rank > 0) {
+                        EXPECT_NE(got[j], y0[j]) << "job " << j;
+                    } else {
+                        EXPECT_EQ(got[j], y0[j]) << "job " << j;
+                    }
                 }
             }
         }

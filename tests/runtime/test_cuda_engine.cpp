@@ -1171,7 +1171,9 @@ TEST(CudaEngine, LoraAdaptersPerSequenceMatchTheCpu) {
             EXPECT_LT(max_abs_diff(gpu[i].prompt_logits, cpu[i].prompt_logits), k.tol * scale) << "prompt " << i;
             // (W8A8's greedy runs may part at a near-tie, as without adapters: a quantization step
             // of some layer's input rounding the other way. Its logits are held to the bound.)
-            if (k.weights != WeightFormat::W8A8) EXPECT_EQ(gpu[i].tokens, cpu[i].tokens) << "prompt " << i;
+            if (k.weights != WeightFormat::W8A8) {
+                EXPECT_EQ(gpu[i].tokens, cpu[i].tokens) << "prompt " << i;
+            }
             EXPECT_EQ(eager[i].tokens, gpu[i].tokens) << "prompt " << i;
             EXPECT_EQ(eager[i].prompt_logits, gpu[i].prompt_logits) << "prompt " << i;
         }

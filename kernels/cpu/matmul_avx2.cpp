@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 

@@ -25,9 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
-#include <vector>
 
-#include "core/buffer.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 
@@ -410,16 +408,15 @@ void i16_gemm_rows(const I16Acts& a, const WeightView& w, const float* bias, flo
 
 // Group sums of x [T][ng] into a per-thread buffer.
 const float* group_sums(const float* x, int64_t n, int64_t cols, int64_t g_len) {
-    thread_local std::vector<float> sums;
     const int64_t ng = cols / g_len;
-    sums.assign(size_t(n * ng), 0.0f);
+    float* sums = reinterpret_cast<float*>(kernel_scratch(ScratchSlot::GroupSums, size_t(n * ng) * 4));
     for (int64_t t = 0; t < n; ++t)
         for (int64_t g = 0; g < ng; ++g) {
             __m512 a = _mm512_setzero_ps();
             for (int64_t k = g * g_len; k < (g + 1) * g_len; k += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(x + t * cols + k));
-            sums[size_t(t * ng + g)] = _mm512_reduce_add_ps(a);
+            sums[t * ng + g] = _mm512_reduce_add_ps(a);
         }
-    return sums.data();
+    return sums;
 }
 
 // The 32 codes of the 16 bytes at p as two vectors of f32 (columns 0..15 and 16..31 of the block).
@@ -491,14 +488,13 @@ const float* i4_chunk_order(const float* x, int64_t n, int64_t cols) {
         }
     };
     static const Order order;
-    thread_local std::vector<float> xp;
-    xp.resize(size_t(n * cols));
+    float* xp = reinterpret_cast<float*>(kernel_scratch(ScratchSlot::Reordered, size_t(n * cols) * 4));
     for (int64_t t = 0; t < n; ++t)
         for (int64_t c0 = 0; c0 < cols; c0 += kI4Chunk)
             for (int k = 0; k < 8; ++k)
-                _mm512_storeu_ps(xp.data() + t * cols + c0 + 16 * k,
+                _mm512_storeu_ps(xp + t * cols + c0 + 16 * k,
                                  _mm512_i32gather_ps(_mm512_load_si512(order.col + 16 * k), x + t * cols + c0, 4));
-    return xp.data();
+    return xp;
 }
 
 template <int R, int T>

@@ -9,18 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/buffer.h"
 #include "core/dtype.h"
+#include "kernels/cpu/scratch.h"
 
 namespace shardlm {
 namespace {
 
-// Per-thread scratch of the kernels (128-byte aligned), grown on demand and kept between calls.
-inline uint8_t* scratch(size_t bytes) {
-    thread_local Buffer buf;
-    if (buf.size() < bytes) buf = Buffer(bytes);
-    return buf.data();
-}
+// The per-thread packing scratch of the kernels (scratch.h).
+inline uint8_t* scratch(size_t bytes) { return kernel_scratch(ScratchSlot::Panels, bytes); }
 
 template <DType DT>
 constexpr size_t elem_size() {

@@ -287,9 +287,13 @@ int cmd_generate(const Args& args, Communicator& comm) {
     const bool text_prompts = vm.count("prompt-ids") == 0;
     const bool stream = root && text_prompts && !json_out && prompts.size() == 1 && ::isatty(STDOUT_FILENO);
     // Each sequence's text as it forms, where it is streamed or checked for --stop strings.
+    // A completion's text continues its prompt's (SentencePiece's leading space kept, as vLLM's
+    // completions give it); a chat reply is a message of its own.
+    DecodeOptions decode;
+    decode.continuation = vm.count("chat") == 0;
     std::vector<StopMatcher> texts;
     if (stream || !stops.empty())
-        for (size_t i = 0; i < prompts.size(); ++i) texts.emplace_back(*tok, stops);
+        for (size_t i = 0; i < prompts.size(); ++i) texts.emplace_back(*tok, stops, decode);
     size_t printed = 0;
     auto print_settled = [&] {
         const StopMatcher& m = texts[0];
@@ -320,7 +324,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         std::vector<int32_t> ids = r.seqs[i].tokens;  // (--ignore-eos: end-of-sequence ids are not text)
         if (go.ignore_eos) ids.erase(std::remove_if(ids.begin(), ids.end(), [&](int32_t t) { return is_eos_id(s->cfg, t); }), ids.end());
         if (!ids.empty() && is_stop_id(ids.back())) ids.pop_back();  // a FIM separator is no text
-        return generated_text(*tok, ids, r.seqs[i].stop_reason == "eos");
+        return generated_text(*tok, ids, r.seqs[i].stop_reason == "eos", decode);
     };
     // With --prompt-ids the text is given too when the folder has a tokenizer that loads; its
     // absence (or an unsupported one) leaves "text" null as before.

@@ -923,6 +923,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         std::vector<ApiChoice> outs;
         DecodeOptions decode;
         decode.skip_special_tokens = r.skip_special_tokens;
+        decode.continuation = !r.chat;  // a completion continues its prompt's text (as below)
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<Beam> best = bs.best(p);
             if (int64_t(best.size()) < r.n)
@@ -1539,6 +1540,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
             const ApiRequest& req = added[i].first->req;
             DecodeOptions decode;
             decode.skip_special_tokens = req.skip_special_tokens;
+            // A completion continues its prompt's text: SentencePiece's leading space stays, as in
+            // vLLM's completions; a chat reply is a message of its own.
+            decode.continuation = !req.chat;
             texts[id] = std::make_unique<StopMatcher>(*tok, req.stop, decode, req.include_stop_str);
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());

@@ -172,7 +172,7 @@ void Normalizer::add(const json& j, const std::string& where) {
     }
 }
 
-std::string Normalizer::normalize(std::string_view text) const {
+std::string Normalizer::normalize(std::string_view text, bool prepend) const {
     std::string s(text);
     for (const Step& st : steps_) {
         switch (st.kind) {
@@ -182,7 +182,7 @@ std::string Normalizer::normalize(std::string_view text) const {
             case Kind::NFKD: s = unicode_normalize(s, "NFKD"); break;
             case Kind::Prepend:
                 // HF and the reference leave an empty section empty.
-                if (!s.empty()) s = st.a + s;
+                if (prepend && !s.empty()) s = st.a + s;
                 break;
             case Kind::Replace: s = st.regex ? st.regex->replace_all(s, st.b) : replace_literal(s, st.a, st.b); break;
             case Kind::Strip: s = strip(s, st.left, st.right); break;

@@ -19,8 +19,9 @@ public:
     // Unsupported types are an error naming the type.
     static Normalizer from_json(const nlohmann::json& j, const std::string& where);
 
-    // `text` must be valid UTF-8; the result is valid UTF-8.
-    std::string normalize(std::string_view text) const;
+    // `text` must be valid UTF-8; the result is valid UTF-8. `prepend` false skips the Prepend
+    // steps (EncodeOptions::prefix_space at the start of a text).
+    std::string normalize(std::string_view text, bool prepend = true) const;
     bool empty() const { return steps_.empty(); }
 
 private:

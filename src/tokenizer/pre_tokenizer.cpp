@@ -129,7 +129,7 @@ void split_pieces(const Finder& f, SplitBehavior behavior, bool invert, std::vec
         const std::string_view p = pieces[k];
         for (const auto& [b, e] : split_segments(p, behavior, invert, f)) {
             out.emplace_back(p.substr(b, e - b));
-            out_origin.push_back(origin[k] && b == 0);
+            out_origin.push_back(b == 0 ? origin[k] : 0);  // the first piece keeps the origin's kind
         }
     }
     pieces.swap(out);
@@ -209,15 +209,16 @@ void PreTokenizer::apply(const Step& s, std::vector<std::string>& pieces, std::v
             break;
         case Kind::ByteLevel:
             if (s.add_prefix_space)
-                for (auto& p : pieces)
-                    if (p.empty() || p[0] != ' ') p.insert(p.begin(), ' ');
+                for (size_t k = 0; k < pieces.size(); ++k)
+                    if (origin[k] != kOriginNoSpace && (pieces[k].empty() || pieces[k][0] != ' ')) pieces[k].insert(0, " ");
             if (s.regex) split_pieces(RegexFinder{*s.regex}, SplitBehavior::Isolated, false, pieces, origin);
             break;
         case Kind::Metaspace:
             for (size_t k = 0; k < pieces.size(); ++k) {
                 std::string& p = pieces[k];
                 p = replace_literal(p, " ", s.replacement);
-                const bool prepend = s.prepend == Step::Prepend::Always || (s.prepend == Step::Prepend::First && origin[k]);
+                const bool prepend = origin[k] != kOriginNoSpace &&
+                                     (s.prepend == Step::Prepend::Always || (s.prepend == Step::Prepend::First && origin[k]));
                 if (prepend && p.compare(0, s.replacement.size(), s.replacement) != 0) p.insert(0, s.replacement);
             }
             if (s.metaspace_split)
@@ -227,7 +228,7 @@ void PreTokenizer::apply(const Step& s, std::vector<std::string>& pieces, std::v
 }
 
 void PreTokenizer::split(std::string_view section, bool at_origin,
-                         const std::function<void(std::string_view)>& on_word) const {
+                         const std::function<void(std::string_view)>& on_word, bool prefix_space) const {
     if (steps_.empty()) {
         if (!section.empty()) on_word(section);
         return;
@@ -247,7 +248,7 @@ void PreTokenizer::split(std::string_view section, bool at_origin,
         return;
     }
     std::vector<std::string> pieces{std::string(section)};
-    std::vector<char> origin{char(at_origin)};
+    std::vector<char> origin{!at_origin ? kNotOrigin : prefix_space ? kOrigin : kOriginNoSpace};
     for (const Step& s : steps_) apply(s, pieces, origin);
     for (const auto& p : pieces)
         if (!p.empty()) on_word(p);

@@ -25,8 +25,10 @@ public:
 
     // Calls on_word for each word of `section`, in order (the view lives until the call returns).
     // `at_origin`: the section starts at the first byte of the input (Metaspace's prepend_scheme
-    // "first" only prepends there).
-    void split(std::string_view section, bool at_origin, const std::function<void(std::string_view)>& on_word) const;
+    // "first" only prepends there). `prefix_space` false: the word at the origin gets no prefix
+    // space from Metaspace or ByteLevel (EncodeOptions::prefix_space).
+    void split(std::string_view section, bool at_origin, const std::function<void(std::string_view)>& on_word,
+               bool prefix_space = true) const;
     // The same, appending the words to `out`.
     void split(std::string_view section, bool at_origin, std::vector<std::string>& out) const;
 
@@ -49,6 +51,8 @@ private:
         bool individual_digits = false;   // Digits
     };
     void add(const nlohmann::json& j, const std::string& where);
+    // origin[k]: kNotOrigin, kOrigin, or kOriginNoSpace (the text's first word, without prefix space).
+    static constexpr char kNotOrigin = 0, kOrigin = 1, kOriginNoSpace = 2;
     void apply(const Step& s, std::vector<std::string>& pieces, std::vector<char>& origin) const;
     std::vector<Step> steps_;
     bool byte_level_ = false;

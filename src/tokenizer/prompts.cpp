@@ -51,14 +51,15 @@ std::vector<std::vector<int32_t>> encode_prompts(const Tokenizer& tok, const std
     return ids;
 }
 
-std::string generated_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, bool stopped_on_eos) {
+std::string generated_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, bool stopped_on_eos,
+                           const DecodeOptions& opt) {
     std::vector<int32_t> ids;
     const size_t n = stopped_on_eos && !tokens.empty() ? tokens.size() - 1 : tokens.size();
     // A model's embedding table is often padded past the tokenizer's vocabulary; like HF, ids
     // without a token decode to nothing rather than failing the whole generation.
     for (size_t i = 0; i < n; ++i)
         if (tokens[i] >= 0 && tokens[i] < tok.vocab_size()) ids.push_back(tokens[i]);
-    return tok.decode(ids);
+    return tok.decode(ids, opt);
 }
 
 }  // namespace shardlm

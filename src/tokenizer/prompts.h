@@ -33,7 +33,8 @@ std::vector<std::vector<int32_t>> encode_prompts(const Tokenizer& tok, const std
 
 // The text of generated tokens: a final EOS (when the sequence stopped on it) is left out; other
 // special tokens are kept, as HF's decode does by default; ids past the tokenizer's vocabulary
-// (padding rows of the embedding) are skipped.
-std::string generated_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, bool stopped_on_eos);
+// (padding rows of the embedding) are skipped. `opt`: e.g. continuation for a completion.
+std::string generated_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, bool stopped_on_eos,
+                           const DecodeOptions& opt = {});
 
 }  // namespace shardlm

@@ -30,7 +30,7 @@ size_t clean_cut(const std::string& s) {
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, const DecodeOptions& opt) : tok_(&tok), opt_(opt) {
     clean_ = opt.clean_up_spaces.value_or(tok.impl_->clean_up);
-    strip_left_ = tok.impl_->decoder.strip_start();
+    strip_left_ = opt.continuation ? 0 : tok.impl_->decoder.strip_start();
 }
 
 std::string StreamDecoder::push(int32_t id) {
@@ -39,7 +39,7 @@ std::string StreamDecoder::push(int32_t id) {
         fail("token id ", id, " is outside the vocabulary [0, ", tok_->vocab_size(), ")");
     if (opt_.skip_special_tokens && m.special[size_t(id)]) return {};
     std::string text;
-    utf8_.push(m.decoder.piece(id, first_), text);
+    utf8_.push(m.decoder.piece(id, first_ && !opt_.continuation), text);
     first_ = false;
     return clean_stage(strip_stage(std::move(text), false), false);
 }
@@ -49,7 +49,7 @@ std::string StreamDecoder::finish() {
     utf8_.finish(text);
     std::string out = clean_stage(strip_stage(std::move(text), true), true);
     first_ = true;
-    strip_left_ = tok_->impl_->decoder.strip_start();
+    strip_left_ = opt_.continuation ? 0 : tok_->impl_->decoder.strip_start();
     return out;
 }
 

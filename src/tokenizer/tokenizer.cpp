@@ -256,8 +256,8 @@ Tokenizer Tokenizer::from_json_text(const std::string& tokenizer_json, const std
 }
 
 void Tokenizer::Impl::encode_section(std::string_view section, bool at_origin, std::vector<int32_t>& out,
-                                     BpeModel::Scratch& scratch) const {
-    pre_tokenizer.split(section, at_origin, [&](std::string_view w) { model->encode_word(w, out, scratch); });
+                                     BpeModel::Scratch& scratch, bool prefix_space) const {
+    pre_tokenizer.split(section, at_origin, [&](std::string_view w) { model->encode_word(w, out, scratch); }, prefix_space);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& opt) const {
@@ -273,15 +273,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
             continue;
         }
         const std::string_view section = text.substr(seg.begin, seg.end - seg.begin);
-        const std::string normalized = m.normalizer.empty() ? std::string(section) : m.normalizer.normalize(section);
+        const bool space = opt.prefix_space || seg.begin != 0;  // only the text's start goes without it
+        const std::string normalized = m.normalizer.empty() ? std::string(section) : m.normalizer.normalize(section, space);
         if (m.normalized_matcher.empty()) {
-            m.encode_section(normalized, seg.begin == 0, ids, scratch);
+            m.encode_section(normalized, seg.begin == 0, ids, scratch, space);
             continue;
         }
         for (const Segment& s2 : m.normalized_matcher.split(normalized)) {
             if (s2.token >= 0) ids.push_back(m.added[size_t(s2.token)].id);
             else m.encode_section(std::string_view(normalized).substr(s2.begin, s2.end - s2.begin),
-                                  seg.begin == 0 && s2.begin == 0, ids, scratch);
+                                  seg.begin == 0 && s2.begin == 0, ids, scratch, space || s2.begin != 0);
         }
     }
     if (opt.add_special_tokens) ids.insert(ids.end(), m.suffix.begin(), m.suffix.end());
@@ -316,7 +317,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, const DecodeOptio
     for (int32_t id : ids) {
         if (id < 0 || id >= vocab_size()) fail("token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
         if (opt.skip_special_tokens && m.special[size_t(id)]) continue;
-        bytes += m.decoder.piece(id, first);
+        bytes += m.decoder.piece(id, first && !opt.continuation);
         first = false;
     }
     std::string text = utf8_lossy(bytes);
@@ -325,7 +326,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, const DecodeOptio
     std::string sc_utf8;
     append_utf8(sc_utf8, sc);
     size_t b = 0, e = text.size();
-    for (int k = 0; k < m.decoder.strip_start() && text.compare(b, sc_utf8.size(), sc_utf8) == 0 && b < e; ++k)
+    const int strip_start = opt.continuation ? 0 : m.decoder.strip_start();
+    for (int k = 0; k < strip_start && text.compare(b, sc_utf8.size(), sc_utf8) == 0 && b < e; ++k)
         b += sc_utf8.size();
     for (int k = 0; k < m.decoder.strip_stop() && e >= b + sc_utf8.size() &&
                     text.compare(e - sc_utf8.size(), sc_utf8.size(), sc_utf8) == 0; ++k)

@@ -27,6 +27,11 @@ namespace shardlm {
 
 struct EncodeOptions {
     bool add_special_tokens = true;  // the post-processor's BOS/EOS (not special tokens in the text)
+    // The space a SentencePiece-style tokenizer puts before the text (a normalizer's Prepend,
+    // Metaspace's prepend_scheme, ByteLevel's add_prefix_space). false: the text is encoded as the
+    // continuation of a line, without it (mistral_common's _encode_infilling and Code Llama's
+    // infilling suffix); only the start of the text is concerned.
+    bool prefix_space = true;
 };
 
 struct DecodeOptions {
@@ -35,6 +40,10 @@ struct DecodeOptions {
     bool skip_special_tokens = false;
     // transformers' clean_up_tokenization; unset: as tokenizer_config.json says (absent: off).
     std::optional<bool> clean_up_spaces;
+    // The ids continue a text (a completion after its prompt, a fill-in-the-middle's middle): the
+    // first token is decoded as any later one, and SentencePiece's leading space stays, as vLLM's
+    // incremental detokenizer gives it after the prompt's tokens (" Paris" after "... is").
+    bool continuation = false;
 };
 
 class Tokenizer {

@@ -44,8 +44,9 @@ struct Tokenizer::Impl {
     std::string chat_error;
     std::string config_where;
 
-    void encode_section(std::string_view section, bool at_origin, std::vector<int32_t>& out,
-                        BpeModel::Scratch& scratch) const;
+    // at_origin: the section starts the text; prefix_space: EncodeOptions::prefix_space.
+    void encode_section(std::string_view section, bool at_origin, std::vector<int32_t>& out, BpeModel::Scratch& scratch,
+                        bool prefix_space = true) const;
 };
 
 }  // namespace shardlm

@@ -399,3 +399,29 @@ TEST_F(TokenizerCli, SuffixFillsInTheMiddle) {
     expect_error("generate" + m_ + " --prompt-ids 5,6 --suffix x", "--suffix fills in the middle after --prompt TEXT");
     expect_error("generate" + m_ + " --chat" + fill, "--suffix and --chat exclude each other");
 }
+
+// Code Llama's FIM (a SentencePiece tokenizer): the suffix without its leading space, ▁<EOT> ends
+// the middle, and the middle's text keeps a leading space (a completion continues its prompt's
+// text, as vLLM's completions give it).
+TEST_F(TokenizerCli, CodeLlamaFillKeepsTheMiddlesLeadingSpace) {
+    const std::string eot = "\xE2\x96\x81<EOT>";
+    write_tokenizer_files(dir_.path(),
+                          with_special_tokens(tiny_sp_tokenizer(), {{300, "\xE2\x96\x81<PRE>"}, {301, "\xE2\x96\x81<SUF>"},
+                                                                    {302, "\xE2\x96\x81<MID>"}, {303, eot}}),
+                          tiny_sp_config());
+    const Tokenizer tok = Tokenizer::load(dir_.path());
+    const int32_t hello = tok.token_to_id("\xE2\x96\x81hello");
+    const std::string gen = kBin + " generate" + m_ + " --temperature 0 --json --prompt 'x =' --suffix 'world'";
+    const CommandResult r = run_command(gen + " --max-new-tokens 1 --logit-bias " + std::to_string(hello) + "=100");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json a = json::parse(r.out)["results"][0];
+    EXPECT_EQ(a["prompt_tokens"], encode_fim(tok, fim_tokens(tok), "x =", "world").size());
+    EXPECT_EQ(a["tokens"], json({hello}));
+    EXPECT_EQ(a["text"], " hello");
+    const CommandResult end = run_command(gen + " --max-new-tokens 4 --logit-bias 303=100");
+    ASSERT_EQ(end.exit_code, 0) << end.err;
+    const json b = json::parse(end.out)["results"][0];
+    EXPECT_EQ(b["tokens"], json({303}));
+    EXPECT_EQ(b["stop_reason"], "stop");
+    EXPECT_EQ(b["text"], "");
+}

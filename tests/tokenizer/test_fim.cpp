@@ -8,6 +8,7 @@
 
 using namespace shardlm;
 using namespace shardlm::test;
+using json = nlohmann::json;
 
 namespace {
 
@@ -75,4 +76,42 @@ TEST(Fim, DeepSeekTokensAfterTheBos) {
     EXPECT_EQ(f.stops, (std::vector<int32_t>{303}));
     EXPECT_EQ(encode_fim(tok, f, "hello", "world"),
               joined({{1, 300}, tok.encode("hello", {false}), {301}, tok.encode("world", {false}), {302}}));
+}
+
+// Code Llama: <s>▁<PRE> prefix ▁<SUF>suffix ▁<MID> (transformers' CodeLlamaTokenizer and Meta's
+// reference): the prefix with SentencePiece's space, the suffix without it; ▁<EOT> ends the middle.
+TEST(Fim, CodeLlamaSuffixWithoutTheLeadingSpace) {
+    const std::string pre = "\xE2\x96\x81<PRE>", suf = "\xE2\x96\x81<SUF>", mid = "\xE2\x96\x81<MID>", eot = "\xE2\x96\x81<EOT>";
+    const Tokenizer tok = Tokenizer::from_json_text(
+        with_special_tokens(tiny_sp_tokenizer(), {{300, pre}, {301, suf}, {302, mid}, {303, eot}}).dump(),
+        tiny_sp_config().dump());
+    const FimTokens f = fim_tokens(tok);
+    ASSERT_NE(f.family, nullptr);
+    EXPECT_STREQ(f.family, "codellama");
+    EXPECT_EQ(f.stops, (std::vector<int32_t>{303}));
+    EXPECT_FALSE(f.suffix_first);
+    auto id = [&](const char* t) { return tok.token_to_id(t); };
+    // "hello" -> ▁hello; "world" (no space) -> w or l d, where "▁wor" would come with the space.
+    const std::vector<int32_t> want{1, 300, id("\xE2\x96\x81hello"), 301, id("w"), id("or"), id("l"), id("d"), 302};
+    EXPECT_EQ(encode_fim(tok, f, "hello", "world"), want);
+    EXPECT_NE(tok.encode("world", {false})[0], id("w"));
+}
+
+// Mistral (Codestral): <s>[SUFFIX]suffix[PREFIX] prefix, no middle token (mistral_common's
+// encode_fim); the middle ends at the end-of-sequence token.
+TEST(Fim, MistralSuffixFirst) {
+    json t = with_special_tokens(tiny_sp_tokenizer(), {{300, "[PREFIX]"}, {301, "[SUFFIX]"}});
+    t["normalizer"] = nullptr;  // Mistral's tokenizer.json: Metaspace, prepend_scheme "first"
+    t["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
+    const Tokenizer tok = Tokenizer::from_json_text(t.dump(), tiny_sp_config().dump());
+    const FimTokens f = fim_tokens(tok);
+    ASSERT_NE(f.family, nullptr);
+    EXPECT_STREQ(f.family, "mistral");
+    EXPECT_TRUE(f.suffix_first);
+    EXPECT_EQ(f.middle, -1);
+    EXPECT_TRUE(f.stops.empty());
+    auto id = [&](const char* s) { return tok.token_to_id(s); };
+    const std::vector<int32_t> want{1, 301, id("w"), id("or"), id("l"), id("d"), 300, id("\xE2\x96\x81hello")};
+    EXPECT_EQ(encode_fim(tok, f, "hello", "world"), want);
+    EXPECT_EQ(encode_fim(tok, f, "", ""), (std::vector<int32_t>{1, 301, 300}));
 }

@@ -69,7 +69,10 @@ TEST(StreamDecoder, RandomIdsMatchDecode) {
             std::vector<int32_t> ids(size_t(rng() % 24));
             for (auto& id : ids) id = int32_t(rng() % uint32_t(t.vocab_size()));
             for (bool skip : {false, true})
-                ASSERT_EQ(join(stream(t, ids, {skip, std::nullopt})), t.decode(ids, {skip, std::nullopt})) << json(ids).dump();
+                for (bool continuation : {false, true}) {
+                    const DecodeOptions opt{skip, std::nullopt, continuation};
+                    ASSERT_EQ(join(stream(t, ids, opt)), t.decode(ids, opt)) << json(ids).dump();
+                }
         }
     }
 }
@@ -97,4 +100,31 @@ TEST(StreamDecoder, TrailingStripIsHeldBack) {
     const auto chunks = stream(t, ids);
     EXPECT_EQ(join(chunks), t.decode(ids));
     EXPECT_EQ(t.decode(ids), "hello ");
+}
+
+// A completion's text continues its prompt's: SentencePiece's leading space stays (vLLM's
+// completions: " Paris" after "The capital of France is"), where a text decoded alone drops it.
+TEST(StreamDecoder, ContinuationKeepsTheLeadingSpace) {
+    for (const char* pre : {"normalizer", "metaspace"}) {
+        json tok = tiny_sp_tokenizer();
+        if (std::string(pre) == "metaspace") {  // Mistral's layout: no normalizer, Metaspace "first"
+            tok["normalizer"] = nullptr;
+            tok["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
+        }
+        const Tokenizer t = make(tok, tiny_sp_config());
+        const std::vector<int32_t> ids = t.encode("hello world", {false});
+        ASSERT_EQ(t.id_to_token(ids[0]), "\xE2\x96\x81hello") << pre;
+        DecodeOptions opt;
+        EXPECT_EQ(t.decode(ids, opt), "hello world") << pre;
+        opt.continuation = true;
+        EXPECT_EQ(t.decode(ids, opt), " hello world") << pre;
+        EXPECT_EQ(join(stream(t, ids, opt)), " hello world") << pre;
+        // Without the prefix space, the text decodes to itself either way.
+        EncodeOptions bare;
+        bare.add_special_tokens = false;
+        bare.prefix_space = false;
+        const std::vector<int32_t> cont = t.encode("hello world", bare);
+        EXPECT_EQ(t.id_to_token(cont[0]), "h") << pre;
+        EXPECT_EQ(t.decode(cont, opt), "hello world") << pre;
+    }
 }

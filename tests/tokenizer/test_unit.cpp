@@ -110,6 +110,38 @@ TEST(SentencePieceBpe, StringMergesByteFallbackAndTemplate) {
     EXPECT_EQ(t.eos_id(), 2);
 }
 
+// EncodeOptions::prefix_space false: the start of the text without SentencePiece's space, from a
+// normalizer's Prepend or Metaspace (prepend_scheme first or always); a section after an added
+// token keeps what the tokenizer gives it.
+TEST(SentencePieceBpe, NoPrefixSpaceAtTheStart) {
+    EncodeOptions bare;
+    bare.add_special_tokens = false;
+    bare.prefix_space = false;
+    const std::vector<std::string> start{"h", "el", "lo", "\xE2\x96\x81wor", "l", "d"};
+    for (const char* scheme : {"normalizer", "first", "always"}) {
+        json tok = tiny_sp_tokenizer();
+        if (std::string(scheme) != "normalizer") {
+            tok["normalizer"] = nullptr;
+            tok["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", scheme}, {"split", false}};
+        }
+        const Tokenizer t = make(tok, tiny_sp_config());
+        EXPECT_EQ(spell(t, t.encode("hello world", bare)), start) << scheme;
+        EXPECT_EQ(spell(t, t.encode("hello world", {false})),
+                  (std::vector<std::string>{"\xE2\x96\x81hello", "\xE2\x96\x81wor", "l", "d"})) << scheme;
+        // After an added token: the normalizer's Prepend and "always" prepend there, "first" not.
+        const std::string after = std::string(scheme) == "first" ? "h" : "\xE2\x96\x81h";
+        EXPECT_EQ(spell(t, t.encode("ab</s>h", bare)).back(), after) << scheme;
+        EXPECT_EQ(spell(t, t.encode("ab</s>h", bare)).front(), "ab") << scheme;
+    }
+    // A ByteLevel add_prefix_space likewise.
+    json bl = tiny_byte_level_tokenizer();
+    const Tokenizer plain = make(bl);
+    bl["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+    const Tokenizer spaced = make(bl);
+    EXPECT_EQ(spaced.encode("ab", {false}), plain.encode(" ab", {false}));
+    EXPECT_EQ(spaced.encode("ab", bare), plain.encode("ab", {false}));
+}
+
 TEST(SentencePieceBpe, AddBosAndEosFlags) {
     json cfg = tiny_sp_config();
     cfg["add_eos_token"] = true;

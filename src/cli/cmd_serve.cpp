@@ -120,6 +120,13 @@ struct Job {
     bool aborted = false;  // the server is shutting down: the client gets a 503 (or "abort" events)
     std::atomic<bool> gone{false};  // the client went away: end the request
     double arrived = 0;  // seconds (steady clock) when its handler took it
+    // A background response (the Responses API's "background"): no handler waits for it. The
+    // engine loop calls on_done once when it ends (ended or aborted), without m held; it stores
+    // the response and sets `stored`. `started`: it has made its first token (in_progress);
+    // `cancelled`: POST /v1/responses/{id}/cancel asked for its end (with gone).
+    std::function<void(Job&)> on_done;
+    std::atomic<bool> started{false};
+    bool cancelled = false, stored = false, done_called = false;
     bool done() const { return aborted || ended == choices.size(); }
     std::vector<ApiChoice> outs() const {  // the choices as they stand (the caller holds m)
         std::vector<ApiChoice> o;
@@ -339,6 +346,39 @@ AdapterCard parse_lora_module(const std::string& m) {
     return {m.substr(0, eq), m.substr(eq + 1), ""};
 }
 
+// The background responses still running (the Responses API's "background"), by id: the job
+// and its queued response object, which GET /v1/responses/{id} gives with the status of the
+// moment. Safe from any thread.
+class BackgroundJobs {
+public:
+    void put(const std::string& id, std::shared_ptr<Job> job, json queued) {
+        std::lock_guard<std::mutex> lk(m_);
+        jobs_[id] = {std::move(job), std::move(queued)};
+    }
+    void erase(const std::string& id) {
+        std::lock_guard<std::mutex> lk(m_);
+        jobs_.erase(id);
+    }
+    std::shared_ptr<Job> job(const std::string& id) {
+        std::lock_guard<std::mutex> lk(m_);
+        const auto it = jobs_.find(id);
+        return it == jobs_.end() ? nullptr : it->second.first;
+    }
+    // The object as it stands: "queued" until the job's first token, then "in_progress".
+    std::optional<json> object(const std::string& id) {
+        std::lock_guard<std::mutex> lk(m_);
+        const auto it = jobs_.find(id);
+        if (it == jobs_.end()) return std::nullopt;
+        json o = it->second.second;
+        if (it->second.first->started) o["status"] = "in_progress";
+        return o;
+    }
+
+private:
+    std::mutex m_;
+    std::map<std::string, std::pair<std::shared_ptr<Job>, json>> jobs_;
+};
+
 // The handler threads' requests for the engine loop.
 struct Inbox {
     std::mutex m;
@@ -349,6 +389,18 @@ struct Inbox {
     std::vector<std::shared_ptr<EmbedJob>> embedding;  // rank 0: the ones the engine loop runs now
     bool closed = false;
 };
+
+// After a change to a job's state: its on_done, once, when it is done; then its waiters.
+void job_ended(Job& job) {
+    bool call = false;
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        call = job.on_done && job.done() && !job.done_called;
+        job.done_called = job.done_called || call;
+    }
+    if (call) job.on_done(job);
+    job.cv.notify_all();
+}
 
 void finish_choice(Job& job, size_t c, const std::string& text, const std::string& finish, const SequenceResult& r) {
     {
@@ -365,7 +417,7 @@ void finish_choice(Job& job, size_t c, const std::string& text, const std::strin
         cs.done = true;
         job.ended += 1;
     }
-    job.cv.notify_all();
+    job_ended(job);
 }
 
 void abort_job(Job& job) {
@@ -373,7 +425,7 @@ void abort_job(Job& job) {
         std::lock_guard<std::mutex> lk(job.m);
         job.aborted = true;
     }
-    job.cv.notify_all();
+    job_ended(job);
 }
 
 // Rank 0's control message to every rank, as JSON text.
@@ -857,6 +909,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         return job;
     };
     ResponseStore responses_store(size_t(std::max<int64_t>(stored_responses, 0)));  // /v1/responses made with "store" (cli/responses_api.h)
+    BackgroundJobs background_jobs;  // those made with "background" until they end
     // Queues a job for the engine loop and waits for its end; false when the server is
     // shutting down (then or before it ended).
     // A request parsed under an adapter that was unloaded before it reached the inbox (checked
@@ -1191,6 +1244,41 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 job->arrived = now_s();
                 job->created = int64_t(std::time(nullptr));
                 job->choices.resize(job->req.choices());
+                // "background": answered at once with the response queued; the engine loop stores
+                // the response when it ends (on_done), under its id in the store and the list of
+                // running ones until then.
+                const bool background = responses && responses_body.value("background", false) == true;
+                json queued;
+                if (background) {
+                    queued = responses_queued(responses_body, job->id, job->created, job->req.model);
+                    job->on_done = [store = &responses_store, running = &background_jobs, tk = tok.get(), responses_body,
+                                    conversation, reasoning_tokens](Job& j) {
+                        json out;
+                        bool cancelled = false, aborted = false;
+                        {
+                            std::lock_guard<std::mutex> lk(j.m);
+                            out = api_response(j.req, j.id, j.created, j.req.model, j.outs(), *tk);
+                            // (A cancel that came as it was ending leaves it as it ended.)
+                            cancelled = j.cancelled && std::any_of(j.choices.begin(), j.choices.end(),
+                                                                   [](const ChoiceState& cs) { return cs.out.finish == "abort"; });
+                            aborted = j.aborted;
+                        }
+                        const json& msg = out["choices"][0]["message"];
+                        const std::string reasoning =
+                            msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
+                        out = responses_object(out, responses_body, j.id, reasoning_tokens(reasoning));
+                        if (cancelled) {
+                            out["status"] = "cancelled";
+                        } else if (aborted) {
+                            out["status"] = "failed";
+                            out["error"] = {{"code", "server_error"}, {"message", "the server shut down before the response was complete"}};
+                        }
+                        store->put(j.id, {out, responses_conversation(conversation, out)});
+                        running->erase(j.id);
+                        std::lock_guard<std::mutex> lk(j.m);
+                        j.stored = true;
+                    };
+                }
                 if (job->req.beam) {
                     try {
                         res.set_content(beam_search(*job).dump(), "application/json");
@@ -1203,9 +1291,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     std::lock_guard<std::mutex> lk(inbox.m);
                     if (inbox.closed) return refuse(503, "the server is shutting down");
                     if (adapter_gone(job->req)) return refuse(404, gone_message(job->req));
+                    if (background) {  // (before the engine loop can see it: it may end at once)
+                        responses_store.put(job->id, {queued, json(nullptr)});
+                        background_jobs.put(job->id, job, queued);
+                    }
                     inbox.jobs.push_back(job);
                 }
                 inbox.cv.notify_one();
+                if (background) return res.set_content(queued.dump(), "application/json");
                 if (!job->req.stream) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done(); });
@@ -1340,10 +1433,19 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Post("/v1/completions", handler(false));
         svr->Post("/v1/chat/completions", handler(true));
         svr->Post("/v1/responses", handler(true, true));
-        // A stored response (OpenAI's retrieve and delete).
+        // A stored response (OpenAI's retrieve and delete); a background one still running is
+        // read with its status of the moment, and cannot be deleted before it ends.
         auto stored = [&](bool drop) {
             return [&, drop](const httplib::Request& req, httplib::Response& res) {
                 const std::string id = req.matches[1];
+                if (const std::optional<json> running = background_jobs.object(id)) {
+                    if (!drop) return res.set_content(running->dump(), "application/json");
+                    res.status = 400;
+                    return res.set_content(api_error("the response \"" + id + "\" is still running in the background: "
+                                                     "cancel it (POST /v1/responses/" + id + "/cancel) or wait for it first", 400)
+                                               .dump(),
+                                           "application/json");
+                }
                 const std::optional<ResponseStore::Entry> e = drop ? std::nullopt : responses_store.get(id);
                 if (drop ? !responses_store.erase(id) : !e) {
                     res.status = 404;
@@ -1356,6 +1458,29 @@ int cmd_serve(const Args& args, Communicator& comm) {
         };
         svr->Get(R"(/v1/responses/([^/]+))", stored(false));
         svr->Delete(R"(/v1/responses/([^/]+))", stored(true));
+        // OpenAI's cancel: a background response ends where it stands (status "cancelled", its
+        // output so far); one that has ended is given as it is; a response made without
+        // "background" cannot be cancelled.
+        svr->Post(R"(/v1/responses/([^/]+)/cancel)", [&](const httplib::Request& req, httplib::Response& res) {
+            const std::string id = req.matches[1];
+            auto refuse = [&](int status, const std::string& message) {
+                res.status = status;
+                res.set_content(api_error(message, status).dump(), "application/json");
+            };
+            if (const std::shared_ptr<Job> job = background_jobs.job(id)) {
+                std::unique_lock<std::mutex> lk(job->m);
+                job->cancelled = !job->done();
+                job->gone = true;  // the engine loop ends it at its next step
+                inbox.cv.notify_one();
+                if (!job->cv.wait_for(lk, std::chrono::seconds(120), [&] { return job->stored; }))
+                    return refuse(503, "the response \"" + id + "\" did not end within 120 s of its cancel");
+            }
+            const std::optional<ResponseStore::Entry> e = responses_store.get(id);
+            if (!e) return refuse(404, "no stored response \"" + id + "\"");
+            if (e->object.value("background", false) != true)
+                return refuse(400, "the response \"" + id + "\" was not made in the background: only background responses can be cancelled");
+            res.set_content(e->object.dump(), "application/json");
+        });
         const int bound = port == 0 ? svr->bind_to_any_port(host) : (svr->bind_to_port(host, port) ? port : -1);
         if (bound < 0) fail("serve: cannot listen on ", host, ":", port);
         http = std::thread([&] { svr->listen_after_bind(); });
@@ -1448,6 +1573,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         if (!root) return;
         if (first_token.find(id) == first_token.end()) first_token.emplace(id, now_s());
         const auto& [job, c] = jobs.at(id);
+        job->started = true;  // (a background response is "in_progress" from its first token)
         if (job->req.beam_step) {  // its row's logprobs are all it is for, whatever it drew
             std::lock_guard<std::mutex> lk(job->m);
             job->choices[c].out.lps.push_back(batcher.result(id).logprobs.back());
@@ -1668,7 +1794,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         first_token.erase(first);
                     }
                 }
-                if (why != "abort") finish_choice(*jobs.at(id).first, jobs.at(id).second, m.text(), finish_reason(why), r);
+                // An abort ends a background response too (cancelled, or its client's output kept).
+                if (why != "abort" || jobs.at(id).first->on_done)
+                    finish_choice(*jobs.at(id).first, jobs.at(id).second, m.text(), why == "abort" ? "abort" : finish_reason(why), r);
                 ++ended_since_write;
                 jobs.erase(id);
                 texts.erase(id);

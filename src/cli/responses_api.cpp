@@ -175,6 +175,9 @@ json responses_continue(const json& body, ResponseStore& store) {
     const std::string prev = body["previous_response_id"];
     const std::optional<ResponseStore::Entry> e = store.get(prev);
     if (!e) throw ApiError(404, "no stored response \"" + prev + "\" (made without \"store\", dropped, or deleted)");
+    if (responses_running(e->object))
+        throw ApiError(400, "the response \"" + prev + "\" is still running in the background: wait until GET "
+                            "/v1/responses/" + prev + " says it is complete");
     json out = body;
     out.erase("previous_response_id");
     json input = e->conversation;
@@ -187,7 +190,13 @@ json responses_chat_body(const json& body) {
     if (!body.is_object()) bad("the request body must be a JSON object");
     if (given(body, "previous_response_id")) bad("\"previous_response_id\": no stored response to continue");
     if (given(body, "conversation")) bad("\"conversation\" is not supported (previous_response_id is)");
-    if (given(body, "background") && body["background"] != false) bad("\"background\" is not supported");
+    if (given(body, "background")) {
+        if (!body["background"].is_boolean()) bad("\"background\" must be true or false");
+        if (body["background"] == true && given(body, "store") && body["store"] == false)
+            bad("\"background\" needs \"store\": true (a background response is read with GET /v1/responses/{id})");
+        if (body["background"] == true && given(body, "stream") && body["stream"] == true)
+            bad("\"background\" with \"stream\" is not supported (poll GET /v1/responses/{id})");
+    }
     // include: message.output_text.logprobs only (the chat request's logprobs, top_logprobs N).
     bool logprobs = false;
     if (given(body, "include")) {
@@ -285,6 +294,7 @@ json responses_object(const json& chat_response, const json& request, const std:
             {"object", "response"},
             {"created_at", chat_response["created"]},
             {"status", cut ? "incomplete" : "completed"},
+            {"background", setting("background", false)},
             {"error", nullptr},
             {"incomplete_details", cut ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
             {"instructions", setting("instructions", nullptr)},
@@ -302,6 +312,16 @@ json responses_object(const json& chat_response, const json& request, const std:
             {"truncation", "disabled"},
             {"usage", usage},
             {"metadata", setting("metadata", json::object())}};
+}
+
+json responses_queued(const json& request, const std::string& id, int64_t created, const std::string& model) {
+    json r = responses_object({{"created", created}, {"model", model}, {"choices", json::array()}}, request, id, 0);
+    r["status"] = "queued";
+    return r;
+}
+
+bool responses_running(const json& object) {
+    return object.value("status", "") == "queued" || object.value("status", "") == "in_progress";
 }
 
 ResponsesStream::ResponsesStream(std::string id, int64_t created, std::string model, json request)

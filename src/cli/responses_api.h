@@ -5,7 +5,9 @@
 // (the default) are kept in memory (ResponseStore), the latest kMaxStoredResponses of them
 // (serve --max-stored-responses): a
 // request with previous_response_id continues that conversation, and GET and DELETE
-// /v1/responses/{id} read and drop one.
+// /v1/responses/{id} read and drop one. A request with "background" is answered at once with
+// the response queued; it is stored when it ends, GET reads its status meanwhile, and POST
+// /v1/responses/{id}/cancel ends it.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +32,9 @@ namespace shardlm {
 // "text.format" (text, json_object, json_schema with name and schema) as response_format;
 // temperature, top_p, parallel_tool_calls, stream and vLLM's extra sampling and structured
 // output fields as they are.
-// Refused: previous_response_id (responses_continue resolves it first), background, include,
-// truncation "auto", reasoning.effort, tools of other types, items of other types.
+// "background" true (with store, without stream) is checked here and run by serve.
+// Refused: previous_response_id (responses_continue resolves it first), include, truncation
+// "auto", reasoning.effort, tools of other types, items of other types.
 nlohmann::ordered_json responses_chat_body(const nlohmann::ordered_json& body);
 
 // "input" as a list of items (a string is one user message); throws ApiError 400 for another form.
@@ -65,6 +68,13 @@ private:
 // this request's input items, and previous_response_id goes. Throws ApiError 404 when the store
 // holds no such response (never made with "store", dropped, or deleted).
 nlohmann::ordered_json responses_continue(const nlohmann::ordered_json& body, ResponseStore& store);
+
+// A background response before it completes (status "queued"; serve's GET says "in_progress"
+// from its first token): no output, no usage, the request's settings.
+nlohmann::ordered_json responses_queued(const nlohmann::ordered_json& request, const std::string& id, int64_t created,
+                                        const std::string& model);
+// Whether a stored response object is a background one still queued or in progress.
+bool responses_running(const nlohmann::ordered_json& object);
 
 // The response object of a finished request from its chat.completion response (one choice):
 // output items reasoning (reasoning_text), message (output_text) and function_call each, status

@@ -610,6 +610,101 @@ json without_ids(json output) {
 // with the chat response's texts; streamed, the deltas add up to those items and the last event
 // carries the same output; a reply cut by max_output_tokens is incomplete; unsupported fields are
 // refused by name.
+// "background": the response comes back at once, queued; GET reads it while it runs and once it
+// has ended (what the same request gives without background); a cancel ends it where it stands;
+// what cannot be done to a running or a non-background response is refused by name; a shutdown
+// with one running stops cleanly.
+TEST_F(Serve, ResponsesInTheBackground) {
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 --batch 1", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    httplib::Client http("127.0.0.1", port);
+    auto get = [&](const std::string& id) {
+        const auto r = http.Get("/v1/responses/" + id);
+        return r ? json::parse(r->body) : json();
+    };
+    const json req = {{"input", "And God said"}, {"max_output_tokens", 24}, {"temperature", 0}, {"store", false}};
+    const Reply plain = post(port, "/v1/responses", req);
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    json breq = req;
+    breq["background"] = true;
+    breq.erase("store");
+    const Reply b = post(port, "/v1/responses", breq);
+    ASSERT_EQ(b.status, 200) << b.raw;
+    EXPECT_EQ(b.body["status"], "queued");
+    EXPECT_EQ(b.body["background"], true);
+    EXPECT_TRUE(b.body["output"].empty());
+    const std::string id = b.body["id"];
+    json got;
+    for (int i = 0; i < 600; ++i) {
+        got = get(id);
+        if (got.value("status", "") != "queued" && got.value("status", "") != "in_progress") break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(got["status"], plain.body["status"]) << got.dump();
+    EXPECT_EQ(got["output"][0]["content"][0]["text"], plain.body["output"][0]["content"][0]["text"]) << got.dump();
+    EXPECT_EQ(got["usage"]["output_tokens"], 24);
+    EXPECT_EQ(got["background"], true);
+    // Its conversation goes on, as a stored response's.
+    const Reply next = post(port, "/v1/responses", {{"previous_response_id", id}, {"input", "And?"}, {"max_output_tokens", 2}});
+    EXPECT_EQ(next.status, 200) << next.raw;
+    // An ended one is given as it is by a cancel.
+    const auto again = http.Post("/v1/responses/" + id + "/cancel", "", "application/json");
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->status, 200);
+    EXPECT_EQ(json::parse(again->body)["status"], plain.body["status"]);
+
+    // One behind a long request in the only slot (four sequences of 900 tokens): not continued,
+    // not deleted while it waits; cancelled, it ends with what it made.
+    std::thread blocker([&] {
+        post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 900}, {"ignore_eos", true}, {"n", 4}, {"temperature", 0}});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    json longer = breq;
+    longer["max_output_tokens"] = 900;
+    longer["ignore_eos"] = true;
+    const Reply l = post(port, "/v1/responses", longer);
+    ASSERT_EQ(l.status, 200) << l.raw;
+    const std::string lid = l.body["id"];
+    const Reply early = post(port, "/v1/responses", {{"previous_response_id", lid}, {"input", "And?"}});
+    EXPECT_EQ(early.status, 400) << early.raw;
+    EXPECT_NE(early.body["error"]["message"].get<std::string>().find("is still running in the background"), std::string::npos) << early.raw;
+    const auto del = http.Delete("/v1/responses/" + lid);
+    ASSERT_TRUE(del);
+    EXPECT_EQ(del->status, 400) << del->body;
+    const json waiting = get(lid);  // (the slot is the blocker's for a second or more)
+    EXPECT_EQ(waiting["status"], "queued") << waiting.dump();
+    EXPECT_TRUE(waiting["output"].empty());
+    const auto cancel = http.Post("/v1/responses/" + lid + "/cancel", "", "application/json");
+    ASSERT_TRUE(cancel);
+    ASSERT_EQ(cancel->status, 200) << cancel->body;
+    const json c = json::parse(cancel->body);
+    EXPECT_EQ(c["status"], "cancelled") << c.dump();
+    EXPECT_LT(c["usage"]["output_tokens"].get<int>(), 900);
+    EXPECT_EQ(get(lid), c);
+    blocker.join();
+
+    // Refused: a non-background response's cancel, an unknown id's, background without store or
+    // with stream.
+    const Reply stored = post(port, "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 1}});
+    ASSERT_EQ(stored.status, 200) << stored.raw;
+    const auto sync = http.Post("/v1/responses/" + stored.body["id"].get<std::string>() + "/cancel", "", "application/json");
+    ASSERT_TRUE(sync);
+    EXPECT_EQ(sync->status, 400);
+    EXPECT_NE(sync->body.find("was not made in the background"), std::string::npos) << sync->body;
+    EXPECT_EQ(http.Post("/v1/responses/resp_nothing/cancel", "", "application/json")->status, 404);
+    const Reply unstored = post(port, "/v1/responses", {{"input", "x"}, {"background", true}, {"store", false}});
+    EXPECT_EQ(unstored.status, 400);
+    EXPECT_NE(unstored.raw.find("\\\"background\\\" needs \\\"store\\\": true"), std::string::npos) << unstored.raw;
+    const Reply streamed = post(port, "/v1/responses", {{"input", "x"}, {"background", true}, {"stream", true}});
+    EXPECT_EQ(streamed.status, 400) << streamed.raw;
+    // Shutting down with one running: a clean stop.
+    const Reply running = post(port, "/v1/responses", longer);
+    ASSERT_EQ(running.status, 200) << running.raw;
+    EXPECT_EQ(srv.stop(), 0) << srv.read_all();
+}
+
 TEST_F(Serve, ResponsesApiIsTheChatPath) {
     use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 --reasoning-parser qwen3", logs_.file("serve.log"));

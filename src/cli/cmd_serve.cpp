@@ -1470,8 +1470,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (const std::shared_ptr<Job> job = background_jobs.job(id)) {
                 std::unique_lock<std::mutex> lk(job->m);
                 job->cancelled = !job->done();
-                job->gone = true;  // the engine loop ends it at its next step
-                inbox.cv.notify_one();
+                job->gone = true;  // the engine loop ends it at its next step (or within 200 ms when idle)
                 if (!job->cv.wait_for(lk, std::chrono::seconds(120), [&] { return job->stored; }))
                     return refuse(503, "the response \"" + id + "\" did not end within 120 s of its cancel");
             }

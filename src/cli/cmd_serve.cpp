@@ -346,6 +346,16 @@ AdapterCard parse_lora_module(const std::string& m) {
     return {m.substr(0, eq), m.substr(eq + 1), ""};
 }
 
+// How a request's generated ids become its text: skip_special_tokens as it asks, and a
+// completion continuing its prompt's text (SentencePiece's leading space kept, as in vLLM's
+// completions) where a chat reply is a message of its own.
+DecodeOptions text_decoding(const ApiRequest& r) {
+    DecodeOptions d;
+    d.skip_special_tokens = r.skip_special_tokens;
+    d.continuation = !r.chat;
+    return d;
+}
+
 // The background responses still running (the Responses API's "background"), by id: the job
 // and its queued response object, which GET /v1/responses/{id} gives with the status of the
 // moment. Safe from any thread.
@@ -974,9 +984,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             bs.advance(scored);
         }
         std::vector<ApiChoice> outs;
-        DecodeOptions decode;
-        decode.skip_special_tokens = r.skip_special_tokens;
-        decode.continuation = !r.chat;  // a completion continues its prompt's text (as below)
+        const DecodeOptions decode = text_decoding(r);
         for (size_t p = 0; p < r.prompts.size(); ++p) {
             const std::vector<Beam> best = bs.best(p);
             if (int64_t(best.size()) < r.n)
@@ -1241,6 +1249,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 auto reasoning_tokens = [tk = tok.get()](const std::string& text) {
                     return text.empty() ? int64_t(0) : int64_t(tk->encode(text, {false}).size());
                 };
+                // The response object of the whole chat response (waited for, or in the background).
+                auto as_response = [responses_body, reasoning_tokens](const json& chat_out, const std::string& id) {
+                    const json& msg = chat_out["choices"][0]["message"];
+                    const std::string reasoning =
+                        msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
+                    return responses_object(chat_out, responses_body, id, reasoning_tokens(reasoning));
+                };
                 job->arrived = now_s();
                 job->created = int64_t(std::time(nullptr));
                 job->choices.resize(job->req.choices());
@@ -1251,8 +1266,8 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 json queued;
                 if (background) {
                     queued = responses_queued(responses_body, job->id, job->created, job->req.model);
-                    job->on_done = [store = &responses_store, running = &background_jobs, tk = tok.get(), responses_body,
-                                    conversation, reasoning_tokens](Job& j) {
+                    job->on_done = [store = &responses_store, running = &background_jobs, tk = tok.get(), conversation,
+                                    as_response](Job& j) {
                         json out;
                         bool cancelled = false, aborted = false;
                         {
@@ -1263,10 +1278,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                                                                    [](const ChoiceState& cs) { return cs.out.finish == "abort"; });
                             aborted = j.aborted;
                         }
-                        const json& msg = out["choices"][0]["message"];
-                        const std::string reasoning =
-                            msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
-                        out = responses_object(out, responses_body, j.id, reasoning_tokens(reasoning));
+                        out = as_response(out, j.id);
                         if (cancelled) {
                             out["status"] = "cancelled";
                         } else if (aborted) {
@@ -1305,9 +1317,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     if (job->aborted) return refuse(503, "the server is shutting down");
                     json out = api_response(job->req, job->id, job->created, job->req.model, job->outs(), *tok);
                     if (responses) {
-                        const json& msg = out["choices"][0]["message"];
-                        const std::string reasoning = msg.value("reasoning_content", json(nullptr)).is_string() ? msg["reasoning_content"].get<std::string>() : "";
-                        out = responses_object(out, responses_body, job->id, reasoning_tokens(reasoning));
+                        out = as_response(out, job->id);
                         if (out["store"] != false) responses_store.put(job->id, {out, responses_conversation(conversation, out)});
                     }
                     res.set_content(out.dump(), "application/json");
@@ -1663,12 +1673,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (!root) continue;
             jobs[id] = added[i];
             const ApiRequest& req = added[i].first->req;
-            DecodeOptions decode;
-            decode.skip_special_tokens = req.skip_special_tokens;
-            // A completion continues its prompt's text: SentencePiece's leading space stays, as in
-            // vLLM's completions; a chat reply is a message of its own.
-            decode.continuation = !req.chat;
-            texts[id] = std::make_unique<StopMatcher>(*tok, req.stop, decode, req.include_stop_str);
+            texts[id] = std::make_unique<StopMatcher>(*tok, req.stop, text_decoding(req), req.include_stop_str);
         }
         for (const json& e : ctl["end"]) batcher.finish(e[0].get<size_t>(), e[1].get<std::string>());
         // Adapters loaded and unloaded while serving, in order, every rank alike. A load is kept

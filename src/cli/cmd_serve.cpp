@@ -107,6 +107,13 @@ struct ChoiceState {
     }
 };
 
+// A stream's own state (what went out of each choice is in its job's choices): the Responses
+// events' builder (null for a chat or completions stream), and whether its first events went out.
+struct StreamState {
+    std::shared_ptr<ResponsesStream> rs;
+    bool started = false, started_ids = false;
+};
+
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
 // the engine loop on rank 0.
 struct Job {
@@ -127,6 +134,11 @@ struct Job {
     std::function<void(Job&)> on_done;
     std::atomic<bool> started{false};
     bool cancelled = false, stored = false, done_called = false;
+    // A background response made with "stream": its Responses events so far, one per entry (entry
+    // k has sequence_number k; the store keeps them once it ends). Whichever reader comes (the
+    // POST's stream, a GET with ?stream=true) makes the events due, under m; on_done the last.
+    std::shared_ptr<StreamState> bg_stream;
+    std::shared_ptr<std::vector<std::string>> events;
     bool done() const { return aborted || ended == choices.size(); }
     std::vector<ApiChoice> outs() const {  // the choices as they stand (the caller holds m)
         std::vector<ApiChoice> o;
@@ -516,6 +528,137 @@ BatchRequest batch_request(const json& j) {
 }
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+// Whether a choice of the job has something its stream has not sent (the caller holds job.m).
+bool stream_news(const Job& job) {
+    const ApiRequest& req = job.req;
+    return std::any_of(job.choices.begin(), job.choices.end(), [&](const ChoiceState& cs) {
+        const ChoiceState::Pending p = cs.pending(req);
+        if (req.echo && !cs.echo_sent) return req.chat || req.logprobs < 0 || cs.prompt_scored;
+        return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(req, p) ||
+               cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
+    });
+}
+
+// A stream's events since its last call, each choice's (its role, echo, reasoning, text with
+// logprobs, tool calls and finish), the Responses stream's first ones before them; not the
+// ending (usage, the Responses stream's last event, [DONE]). The caller holds job.m.
+std::string stream_events(Job& job, StreamState& st, const Tokenizer& tk) {
+    const ApiRequest& req = job.req;
+    const std::string& model_name = req.model;
+    std::string out;
+    if (st.rs && !st.started) out += st.rs->start(bool(job.bg_stream));
+    st.started = true;
+    for (size_t c = 0; c < job.choices.size(); ++c) {
+        ChoiceState& cs = job.choices[c];
+        const ChoiceState::Pending p = cs.pending(req);
+        // An event of this choice (continuous_usage_stats: with its usage so far), or the
+        // Responses events it makes.
+        auto event = [&](json ev) {
+            if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
+            if (req.return_token_ids) {  // (vLLM's: the prompt's first, then the ids since the last event)
+                if (!st.started_ids && req.chat) ev["prompt_token_ids"] = req.prompts[0];
+                json& choice = ev["choices"][0];
+                if (!req.chat && !cs.prompt_ids_sent) choice["prompt_token_ids"] = req.prompts[c / size_t(req.n)];
+                const std::vector<int32_t>& ids = cs.out.token_ids;
+                choice["token_ids"] = std::vector<int32_t>(ids.begin() + ptrdiff_t(std::min(cs.ids_sent, ids.size())), ids.end());
+                cs.ids_sent = std::max(cs.ids_sent, ids.size());
+                cs.prompt_ids_sent = st.started_ids = true;
+            }
+            return st.rs ? st.rs->push(ev) : sse(ev);
+        };
+        if (req.chat && !cs.role_sent) {
+            out += event(api_role_chunk(req, job.id, job.created, model_name, c));
+            cs.role_sent = true;
+        }
+        // echo: completions' prompt text (and its logprobs, once scored) before the generated
+        // text, whose offsets then go on after it; chat's assistant message so far before the
+        // reply's content (vLLM's).
+        if (req.echo && !cs.echo_sent && req.chat) {
+            if (!req.echo_text.empty()) out += event(api_chunk(req, job.id, job.created, model_name, c, req.echo_text, "", nullptr));
+            cs.echo_sent = true;
+        } else if (req.echo && !cs.echo_sent) {
+            if (req.logprobs >= 0 && !cs.prompt_scored && !job.aborted) continue;
+            const std::vector<int32_t>& prompt = req.prompts[c / size_t(req.n)];
+            out += event(api_chunk(req, job.id, job.created, model_name, c, req.prompt_texts[c / size_t(req.n)], "",
+                                   api_logprobs(req, tk, {}, 0, &prompt, &cs.out.prompt_lps)));
+            cs.lps_offset += tokens_text_bytes(tk, prompt);
+            cs.echo_sent = true;
+        }
+        if (cs.reasoning_due(p)) {
+            const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
+            out += event(api_reasoning_chunk(req, job.id, job.created, model_name, c, cs.out.text.substr(from, p.rs.end - from)));
+            cs.reasoning_sent = p.rs.end;
+        }
+        const std::string& content = p.content;
+        const size_t upto = p.upto;
+        if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
+            // The logprobs of the tokens since the last event (their text may be held back a while
+            // for a stop string, a character's rest or a possible tool call).
+            const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
+            out += event(api_chunk(req, job.id, job.created, model_name, c, content.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0),
+                                   "", api_logprobs(req, tk, fresh, cs.lps_offset)));
+            cs.sent = std::max(cs.sent, upto);
+            cs.lps_sent = cs.out.lps.size();
+            cs.lps_offset += logprobs_text_bytes(tk, fresh);
+        }
+        // Tool calls as they form: a call's name once it is whole, then its arguments as the
+        // model writes them.
+        if (!p.calls.plain && !p.calls.calls.empty()) {
+            const json deltas = api_tool_call_deltas(req, job.id, job.created, c, p.calls.calls, cs.args_sent);
+            if (!deltas.empty()) out += event(api_tool_calls_chunk(req, job.id, job.created, model_name, c, deltas));
+        }
+        if ((cs.done || job.aborted) && !cs.finish_sent) {
+            const bool called = cs.done && req.tools != ApiRequest::Tools::None && !p.calls.plain;
+            out += event(api_chunk(req, job.id, job.created, model_name, c, "", !cs.done ? "abort" : called ? "tool_calls" : cs.out.finish));
+            cs.sent = content.size();
+            cs.finish_sent = true;
+        }
+    }
+    return out;
+}
+
+// Adds a Responses stream's text to a background response's events, one entry per event (an
+// event's data is one line of JSON, so "\n\n" ends each).
+void log_events(std::vector<std::string>& log, const std::string& text) {
+    for (size_t at = 0; at < text.size();) {
+        const size_t end = text.find("\n\n", at);
+        const size_t next = end == std::string::npos ? text.size() : end + 2;
+        log.push_back(text.substr(at, next - at));
+        at = next;
+    }
+}
+
+// A background response's stream from after sequence number `after`: its events as they come
+// (each reader makes those due from the job, under its lock), until it is stored. A reader that
+// goes away leaves the response running.
+std::function<bool(size_t, httplib::DataSink&)> background_stream(std::shared_ptr<Job> job, int64_t after, const Tokenizer& tk) {
+    return [job = std::move(job), next = size_t(after + 1), tk = &tk](size_t, httplib::DataSink& sink) mutable {
+        std::unique_lock<std::mutex> lk(job->m);
+        job->cv.wait_for(lk, std::chrono::milliseconds(200),
+                         [&] { return job->stored || next < job->events->size() || stream_news(*job); });
+        if (!sink.is_writable()) return false;
+        if (!job->stored) log_events(*job->events, stream_events(*job, *job->bg_stream, *tk));
+        std::string out;
+        for (; next < job->events->size(); ++next) out += (*job->events)[next];
+        const bool end = job->stored;
+        lk.unlock();
+        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+        if (end) sink.done();
+        return true;
+    };
+}
+
+// A stored background response's events after sequence number `after`, all at once.
+std::function<bool(size_t, httplib::DataSink&)> stored_stream(std::shared_ptr<const std::vector<std::string>> events, int64_t after) {
+    return [events = std::move(events), after](size_t, httplib::DataSink& sink) {
+        std::string out;
+        for (size_t k = size_t(after + 1); k < events->size(); ++k) out += (*events)[k];
+        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+        sink.done();
+        return true;
+    };
+}
 
 // A route whose whole answer is `f` of the request's JSON body. A body that is not JSON (or nests
 // too deep), an ApiError and an Error (e.g. an id the tokenizer does not know) become error objects.
@@ -1266,6 +1409,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 json queued;
                 if (background) {
                     queued = responses_queued(responses_body, job->id, job->created, job->req.model);
+                    // With "stream": its events, made from now on by whichever reader comes.
+                    if (job->req.stream) {
+                        job->bg_stream = std::make_shared<StreamState>();
+                        job->bg_stream->rs = std::make_shared<ResponsesStream>(job->id, job->created, job->req.model, responses_body);
+                        job->events = std::make_shared<std::vector<std::string>>();
+                    }
                     job->on_done = [store = &responses_store, running = &background_jobs, tk = tok.get(), conversation,
                                     as_response](Job& j) {
                         json out;
@@ -1273,6 +1422,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         {
                             std::lock_guard<std::mutex> lk(j.m);
                             out = api_response(j.req, j.id, j.created, j.req.model, j.outs(), *tk);
+                            if (j.bg_stream) log_events(*j.events, stream_events(j, *j.bg_stream, *tk));  // (what no reader made)
                             // (A cancel that came as it was ending leaves it as it ended.)
                             cancelled = j.cancelled && std::any_of(j.choices.begin(), j.choices.end(),
                                                                    [](const ChoiceState& cs) { return cs.out.finish == "abort"; });
@@ -1285,7 +1435,11 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             out["status"] = "failed";
                             out["error"] = {{"code", "server_error"}, {"message", "the server shut down before the response was complete"}};
                         }
-                        store->put(j.id, {out, responses_conversation(conversation, out)});
+                        if (j.bg_stream) {  // its last events carry the object the store keeps
+                            std::lock_guard<std::mutex> lk(j.m);
+                            log_events(*j.events, j.bg_stream->rs->finish(out));
+                        }
+                        store->put(j.id, {out, responses_conversation(conversation, out), j.events});
                         running->erase(j.id);
                         std::lock_guard<std::mutex> lk(j.m);
                         j.stored = true;
@@ -1304,13 +1458,17 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     if (inbox.closed) return refuse(503, "the server is shutting down");
                     if (adapter_gone(job->req)) return refuse(404, gone_message(job->req));
                     if (background) {  // (before the engine loop can see it: it may end at once)
-                        responses_store.put(job->id, {queued, json(nullptr)});
+                        responses_store.put(job->id, {queued, json(nullptr), nullptr});
                         background_jobs.put(job->id, job, queued);
                     }
                     inbox.jobs.push_back(job);
                 }
                 inbox.cv.notify_one();
-                if (background) return res.set_content(queued.dump(), "application/json");
+                if (background && !job->req.stream) return res.set_content(queued.dump(), "application/json");
+                if (background) {  // (its first events say "queued"; the stream goes on from there)
+                    res.set_header("Cache-Control", "no-cache");
+                    return res.set_chunked_content_provider("text/event-stream", background_stream(job, -1, *tok));
+                }
                 if (!job->req.stream) {
                     std::unique_lock<std::mutex> lk(job->m);
                     job->cv.wait(lk, [&] { return job->done(); });
@@ -1318,112 +1476,32 @@ int cmd_serve(const Args& args, Communicator& comm) {
                     json out = api_response(job->req, job->id, job->created, job->req.model, job->outs(), *tok);
                     if (responses) {
                         out = as_response(out, job->id);
-                        if (out["store"] != false) responses_store.put(job->id, {out, responses_conversation(conversation, out)});
+                        if (out["store"] != false) responses_store.put(job->id, {out, responses_conversation(conversation, out), nullptr});
                     }
                     res.set_content(out.dump(), "application/json");
                     return;
                 }
-                const auto rs = responses ? std::make_shared<ResponsesStream>(job->id, job->created, job->req.model, responses_body) : nullptr;
+                const auto st = std::make_shared<StreamState>();
+                if (responses) st->rs = std::make_shared<ResponsesStream>(job->id, job->created, job->req.model, responses_body);
                 res.set_header("Cache-Control", "no-cache");
                 res.set_chunked_content_provider(
                     "text/event-stream",
-                    [job, model_name = job->req.model, tk = tok.get(), rs, reasoning_tokens, conversation, store = &responses_store,
-                     started = false, started_ids = false](size_t, httplib::DataSink& sink) mutable {
+                    [job, model_name = job->req.model, tk = tok.get(), st, reasoning_tokens, conversation,
+                     store = &responses_store](size_t, httplib::DataSink& sink) {
                         std::unique_lock<std::mutex> lk(job->m);
                         const ApiRequest& req = job->req;
-                        auto news = [&](const ChoiceState& cs) {
-                            const ChoiceState::Pending p = cs.pending(req);
-                            if (req.echo && !cs.echo_sent) return req.chat || req.logprobs < 0 || cs.prompt_scored;
-                            return (req.chat && !cs.role_sent) || p.upto > cs.sent || cs.reasoning_due(p) || cs.calls_due(req, p) ||
-                                   cs.out.lps.size() > cs.lps_sent || (cs.done && !cs.finish_sent);
-                        };
-                        job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
-                            return job->aborted || std::any_of(job->choices.begin(), job->choices.end(), news);
-                        });
+                        job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return job->aborted || stream_news(*job); });
                         if (!sink.is_writable()) {
                             job->gone = true;
                             return false;
                         }
-                        std::string out;
-                        if (rs && !started) out += rs->start();
-                        started = true;
-                        for (size_t c = 0; c < job->choices.size(); ++c) {
-                            ChoiceState& cs = job->choices[c];
-                            const ChoiceState::Pending p = cs.pending(req);
-                            // An event of this choice (continuous_usage_stats: with its usage so
-                            // far), or the Responses events it makes.
-                            auto event = [&](json ev) {
-                                if (req.continuous_usage) ev["usage"] = api_choice_usage(req, c, cs.out.completion_tokens);
-                                if (req.return_token_ids) {  // (vLLM's: the prompt's first, then the ids since the last event)
-                                    if (!started_ids && req.chat) ev["prompt_token_ids"] = req.prompts[0];
-                                    json& choice = ev["choices"][0];
-                                    if (!req.chat && !cs.prompt_ids_sent) choice["prompt_token_ids"] = req.prompts[c / size_t(req.n)];
-                                    const std::vector<int32_t>& ids = cs.out.token_ids;
-                                    choice["token_ids"] = std::vector<int32_t>(ids.begin() + ptrdiff_t(std::min(cs.ids_sent, ids.size())), ids.end());
-                                    cs.ids_sent = std::max(cs.ids_sent, ids.size());
-                                    cs.prompt_ids_sent = started_ids = true;
-                                }
-                                return rs ? rs->push(ev) : sse(ev);
-                            };
-                            if (req.chat && !cs.role_sent) {
-                                out += event(api_role_chunk(req, job->id, job->created, model_name, c));
-                                cs.role_sent = true;
-                            }
-                            // echo: completions' prompt text (and its logprobs, once scored) before
-                            // the generated text, whose offsets then go on after it; chat's
-                            // assistant message so far before the reply's content (vLLM's).
-                            if (req.echo && !cs.echo_sent && req.chat) {
-                                if (!req.echo_text.empty())
-                                    out += event(api_chunk(req, job->id, job->created, model_name, c, req.echo_text, "", nullptr));
-                                cs.echo_sent = true;
-                            } else if (req.echo && !cs.echo_sent) {
-                                if (req.logprobs >= 0 && !cs.prompt_scored && !job->aborted) continue;
-                                const std::vector<int32_t>& prompt = req.prompts[c / size_t(req.n)];
-                                out += event(api_chunk(req, job->id, job->created, model_name, c, req.prompt_texts[c / size_t(req.n)], "",
-                                                       api_logprobs(req, *tk, {}, 0, &prompt, &cs.out.prompt_lps)));
-                                cs.lps_offset += tokens_text_bytes(*tk, prompt);
-                                cs.echo_sent = true;
-                            }
-                            if (cs.reasoning_due(p)) {
-                                const size_t from = std::max(p.rs.begin, cs.reasoning_sent);
-                                out += event(api_reasoning_chunk(req, job->id, job->created, model_name, c,
-                                                               cs.out.text.substr(from, p.rs.end - from)));
-                                cs.reasoning_sent = p.rs.end;
-                            }
-                            const std::string& content = p.content;
-                            const size_t upto = p.upto;
-                            if (upto > cs.sent || cs.out.lps.size() > cs.lps_sent) {
-                                // The logprobs of the tokens since the last event (their text may be
-                                // held back a while for a stop string, a character's rest or a
-                                // possible tool call).
-                                const std::vector<TokenLogprobs> fresh(cs.out.lps.begin() + ptrdiff_t(cs.lps_sent), cs.out.lps.end());
-                                out += event(api_chunk(job->req, job->id, job->created, model_name, c,
-                                                     content.substr(cs.sent, upto > cs.sent ? upto - cs.sent : 0), "",
-                                                     api_logprobs(job->req, *tk, fresh, cs.lps_offset)));
-                                cs.sent = std::max(cs.sent, upto);
-                                cs.lps_sent = cs.out.lps.size();
-                                cs.lps_offset += logprobs_text_bytes(*tk, fresh);
-                            }
-                            // Tool calls as they form: a call's name once it is whole, then its
-                            // arguments as the model writes them.
-                            if (!p.calls.plain && !p.calls.calls.empty()) {
-                                const json deltas = api_tool_call_deltas(req, job->id, job->created, c, p.calls.calls, cs.args_sent);
-                                if (!deltas.empty())
-                                    out += event(api_tool_calls_chunk(req, job->id, job->created, model_name, c, deltas));
-                            }
-                            if ((cs.done || job->aborted) && !cs.finish_sent) {
-                                const bool called = cs.done && req.tools != ApiRequest::Tools::None && !p.calls.plain;
-                                out += event(api_chunk(job->req, job->id, job->created, model_name, c, "",
-                                                     !cs.done ? "abort" : called ? "tool_calls" : cs.out.finish));
-                                cs.sent = content.size();
-                                cs.finish_sent = true;
-                            }
-                        }
+                        std::string out = stream_events(*job, *st, *tk);
+                        const std::shared_ptr<ResponsesStream>& rs = st->rs;
                         if (rs && job->done()) {
                             out += rs->end(job->aborted ? json(nullptr) : api_usage_chunk(req, job->id, job->created, model_name, job->outs())["usage"],
                                            reasoning_tokens(rs->reasoning()));
                             const json& obj = rs->final_object();
-                            if (!obj.is_null() && obj["store"] != false) store->put(job->id, {obj, responses_conversation(conversation, obj)});
+                            if (!obj.is_null() && obj["store"] != false) store->put(job->id, {obj, responses_conversation(conversation, obj), nullptr});
                         }
                         else if (job->done() && job->req.include_usage && !job->aborted)
                             out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
@@ -1444,10 +1522,41 @@ int cmd_serve(const Args& args, Communicator& comm) {
         svr->Post("/v1/chat/completions", handler(true));
         svr->Post("/v1/responses", handler(true, true));
         // A stored response (OpenAI's retrieve and delete); a background one still running is
-        // read with its status of the moment, and cannot be deleted before it ends.
+        // read with its status of the moment, and cannot be deleted before it ends. One made in
+        // the background with "stream" is streamed again with ?stream=true: its events after
+        // sequence number starting_after, then those to come while it runs.
         auto stored = [&](bool drop) {
             return [&, drop](const httplib::Request& req, httplib::Response& res) {
                 const std::string id = req.matches[1];
+                if (!drop && req.has_param("stream") && req.get_param_value("stream") == "true") {
+                    int64_t after = -1;
+                    if (req.has_param("starting_after")) {
+                        const std::string v = req.get_param_value("starting_after");
+                        char* end = nullptr;
+                        after = std::strtoll(v.c_str(), &end, 10);
+                        if (v.empty() || *end != '\0' || after < 0 || after > (int64_t(1) << 40)) {
+                            res.status = 400;
+                            return res.set_content(api_error("starting_after must be a sequence number (0 or more), not \"" + v + "\"", 400).dump(),
+                                                   "application/json");
+                        }
+                    }
+                    const std::shared_ptr<Job> job = background_jobs.job(id);
+                    const std::optional<ResponseStore::Entry> e = job ? std::nullopt : responses_store.get(id);
+                    if (!job && !e) {
+                        res.status = 404;
+                        return res.set_content(api_error("no stored response \"" + id + "\"", 404).dump(), "application/json");
+                    }
+                    if (job ? !job->bg_stream : !e->events) {
+                        res.status = 400;
+                        return res.set_content(api_error("the response \"" + id + "\" was not made with \"background\" and \"stream\": "
+                                                         "only those can be streamed again", 400)
+                                                   .dump(),
+                                               "application/json");
+                    }
+                    res.set_header("Cache-Control", "no-cache");
+                    return res.set_chunked_content_provider("text/event-stream",
+                                                            job ? background_stream(job, after, *tok) : stored_stream(e->events, after));
+                }
                 if (const std::optional<json> running = background_jobs.object(id)) {
                     if (!drop) return res.set_content(running->dump(), "application/json");
                     res.status = 400;

@@ -194,8 +194,6 @@ json responses_chat_body(const json& body) {
         if (!body["background"].is_boolean()) bad("\"background\" must be true or false");
         if (body["background"] == true && given(body, "store") && body["store"] == false)
             bad("\"background\" needs \"store\": true (a background response is read with GET /v1/responses/{id})");
-        if (body["background"] == true && given(body, "stream") && body["stream"] == true)
-            bad("\"background\" with \"stream\" is not supported (poll GET /v1/responses/{id})");
     }
     // include: message.output_text.logprobs only (the chat request's logprobs, top_logprobs N).
     bool logprobs = false;
@@ -344,10 +342,11 @@ json ResponsesStream::chat_message() const {
     return msg;
 }
 
-std::string ResponsesStream::start() {
+std::string ResponsesStream::start(bool queued) {
     json r = responses_object({{"created", created_}, {"model", model_}, {"choices", json::array()}}, request_, id_, 0);
-    r["status"] = "in_progress";
+    r["status"] = queued ? "queued" : "in_progress";
     std::string out = event("response.created", {{"response", r}});
+    r["status"] = "in_progress";
     return out + event("response.in_progress", {{"response", r}});  // (in this order: each takes the next number)
 }
 
@@ -459,6 +458,15 @@ std::string ResponsesStream::end(const json& usage, int64_t reasoning_tokens) {
                        {"usage", usage}};
     final_ = responses_object(chat, request_, id_, reasoning_tokens);
     return out + event(final_["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", final_}});
+}
+
+std::string ResponsesStream::finish(const json& object) {
+    std::string out = close();
+    final_ = object;
+    const std::string status = object.value("status", "");
+    if (status == "cancelled") return out;
+    return out + event(status == "incomplete" ? "response.incomplete" : status == "failed" ? "response.failed" : "response.completed",
+                       {{"response", object}});
 }
 
 }  // namespace shardlm

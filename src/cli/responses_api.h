@@ -6,13 +6,15 @@
 // (serve --max-stored-responses): a
 // request with previous_response_id continues that conversation, and GET and DELETE
 // /v1/responses/{id} read and drop one. A request with "background" is answered at once with
-// the response queued; it is stored when it ends, GET reads its status meanwhile, and POST
-// /v1/responses/{id}/cancel ends it.
+// the response queued (or, with "stream", its events as they come); it is stored when it ends,
+// GET reads its status meanwhile (or, with ?stream=true&starting_after=N, its events after N),
+// and POST /v1/responses/{id}/cancel ends it.
 #pragma once
 
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -32,7 +34,7 @@ namespace shardlm {
 // "text.format" (text, json_object, json_schema with name and schema) as response_format;
 // temperature, top_p, parallel_tool_calls, stream and vLLM's extra sampling and structured
 // output fields as they are.
-// "background" true (with store, without stream) is checked here and run by serve.
+// "background" true (with store) is checked here and run by serve.
 // Refused: previous_response_id (responses_continue resolves it first), include, truncation
 // "auto", reasoning.effort, tools of other types, items of other types.
 nlohmann::ordered_json responses_chat_body(const nlohmann::ordered_json& body);
@@ -52,6 +54,9 @@ class ResponseStore {
 public:
     struct Entry {
         nlohmann::ordered_json object, conversation;
+        // A background response made with "stream": its events, entry k the one of sequence_number
+        // k (GET /v1/responses/{id}?stream=true&starting_after=N gives those after N again).
+        std::shared_ptr<const std::vector<std::string>> events;
     };
     explicit ResponseStore(size_t capacity = kMaxStoredResponses) : capacity_(capacity) {}
     void put(const std::string& id, Entry e);
@@ -94,12 +99,19 @@ nlohmann::ordered_json responses_object(const nlohmann::ordered_json& chat_respo
 class ResponsesStream {
 public:
     ResponsesStream(std::string id, int64_t created, std::string model, nlohmann::ordered_json request);
-    std::string start();
+    // The first events (response.created, response.in_progress); `queued`: a background
+    // response's, whose created event says "queued".
+    std::string start(bool queued = false);
     // The events of one chat.completion.chunk (deltas of reasoning_content, content and
     // tool_calls, and the finish reason).
     std::string push(const nlohmann::ordered_json& chat_chunk);
     // The last event: `usage` the chat usage object, or null when the request was aborted.
     std::string end(const nlohmann::ordered_json& usage, int64_t reasoning_tokens);
+    // The last events when the whole object is made elsewhere (a background response's, which
+    // the store keeps): the open item closed, then response.completed, response.incomplete or
+    // response.failed with `object`, by its status; a cancelled one's stream ends with its last
+    // item (the API has no event for a cancel).
+    std::string finish(const nlohmann::ordered_json& object);
     const std::string& reasoning() const { return reasoning_; }
     // After end(): the whole response object (null if it failed).
     const nlohmann::ordered_json& final_object() const { return final_; }

@@ -685,8 +685,7 @@ TEST_F(Serve, ResponsesInTheBackground) {
     EXPECT_EQ(get(lid), c);
     blocker.join();
 
-    // Refused: a non-background response's cancel, an unknown id's, background without store or
-    // with stream.
+    // Refused: a non-background response's cancel, an unknown id's, background without store.
     const Reply stored = post(port, "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 1}});
     ASSERT_EQ(stored.status, 200) << stored.raw;
     const auto sync = http.Post("/v1/responses/" + stored.body["id"].get<std::string>() + "/cancel", "", "application/json");
@@ -697,12 +696,153 @@ TEST_F(Serve, ResponsesInTheBackground) {
     const Reply unstored = post(port, "/v1/responses", {{"input", "x"}, {"background", true}, {"store", false}});
     EXPECT_EQ(unstored.status, 400);
     EXPECT_NE(unstored.raw.find("\\\"background\\\" needs \\\"store\\\": true"), std::string::npos) << unstored.raw;
-    const Reply streamed = post(port, "/v1/responses", {{"input", "x"}, {"background", true}, {"stream", true}});
-    EXPECT_EQ(streamed.status, 400) << streamed.raw;
     // Shutting down with one running: a clean stop.
     const Reply running = post(port, "/v1/responses", longer);
     ASSERT_EQ(running.status, 200) << running.raw;
     EXPECT_EQ(srv.stop(), 0) << srv.read_all();
+}
+
+// A response made in the background with "stream": its events come as they would without
+// background (numbered from 0, created saying "queued"), and GET with ?stream=true gives them again
+// from any sequence number, while it runs or once it has ended; a reader that goes away leaves it
+// running; a cancelled one's stream ends after its last item, and its object says cancelled.
+TEST_F(Serve, ResponsesStreamedInTheBackground) {
+    use_chat_template(SHARDLM_SOURCE_DIR "/tests/tokenizer/templates/qwen25.jinja");
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 1024 --batch 1", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    httplib::Client http("127.0.0.1", port);
+    http.set_read_timeout(120, 0);
+    auto get = [&](const std::string& path) {
+        const auto r = http.Get(path.c_str());
+        return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string());
+    };
+    // A stream read until `enough` says so (the reader then goes away), or to its end.
+    auto read_until = [&](const std::string& method, const std::string& path, const json& body,
+                          const std::function<bool(const std::string&)>& enough) {
+        httplib::Request rq;
+        rq.method = method;
+        rq.path = path;
+        if (!body.is_null()) {
+            rq.body = body.dump();
+            rq.set_header("Content-Type", "application/json");
+        }
+        std::string raw;
+        rq.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+            raw.append(data, n);
+            return !enough(raw);
+        };
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(120, 0);
+        c.send(rq);
+        return raw;
+    };
+    auto text_of = [](const std::vector<json>& ev) {
+        std::string t;
+        for (const json& e : ev)
+            if (e["type"] == "response.output_text.delta") t += e["delta"].get<std::string>();
+        return t;
+    };
+    const json req = {{"input", "And God said"}, {"max_output_tokens", 24}, {"temperature", 0}, {"store", false}};
+    const Reply plain = post(port, "/v1/responses", req);
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    json breq = req;
+    breq["background"] = true;
+    breq["stream"] = true;
+    breq.erase("store");
+    const Reply b = post(port, "/v1/responses", breq);
+    ASSERT_EQ(b.status, 200) << b.raw;
+    const std::vector<json> ev = responses_events(b.raw);
+    ASSERT_GE(ev.size(), 4u) << b.raw;
+    for (size_t k = 0; k < ev.size(); ++k) EXPECT_EQ(ev[k]["sequence_number"], k) << b.raw;
+    EXPECT_EQ(ev[0]["type"], "response.created");
+    EXPECT_EQ(ev[0]["response"]["status"], "queued");
+    EXPECT_EQ(ev[0]["response"]["background"], true);
+    EXPECT_EQ(ev[1]["type"], "response.in_progress");
+    EXPECT_EQ(ev.back()["type"], plain.body["status"] == "incomplete" ? "response.incomplete" : "response.completed");
+    EXPECT_EQ(text_of(ev), plain.body["output"][0]["content"][0]["text"]) << b.raw;
+    const std::string id = ev[0]["response"]["id"];
+    const auto whole = get("/v1/responses/" + id);
+    ASSERT_EQ(whole.first, 200) << whole.second;
+    EXPECT_EQ(json::parse(whole.second), ev.back()["response"]);
+    EXPECT_EQ(without_ids(json::parse(whole.second)["output"]), without_ids(plain.body["output"]));
+    // Streamed again: all of it, or from after a sequence number.
+    EXPECT_EQ(get("/v1/responses/" + id + "?stream=true").second, b.raw);
+    const auto after3 = get("/v1/responses/" + id + "?stream=true&starting_after=3");
+    EXPECT_EQ(responses_events(after3.second), std::vector<json>(ev.begin() + 4, ev.end()));
+    for (const char* bad : {"-1", "x", "3x", ""}) {
+        const auto r = get("/v1/responses/" + id + "?stream=true&starting_after=" + bad);
+        EXPECT_EQ(r.first, 400) << bad;
+        EXPECT_NE(r.second.find("starting_after must be a sequence number"), std::string::npos) << r.second;
+    }
+    const Reply sync = post(port, "/v1/responses", {{"input", "And God said"}, {"max_output_tokens", 1}});
+    const auto not_background = get("/v1/responses/" + sync.body["id"].get<std::string>() + "?stream=true");
+    EXPECT_EQ(not_background.first, 400);
+    EXPECT_NE(not_background.second.find("was not made with \\\"background\\\" and \\\"stream\\\""), std::string::npos)
+        << not_background.second;
+    EXPECT_EQ(get("/v1/responses/resp_nothing?stream=true").first, 404);
+
+    // A long one whose first reader goes away after its first text: it runs on to its end, and a
+    // second reader goes on from where the first stopped.
+    json longer = breq;
+    longer["max_output_tokens"] = 600;
+    longer["ignore_eos"] = true;
+    const std::string first = read_until("POST", "/v1/responses", longer,
+                                         [](const std::string& raw) { return raw.find("response.output_text.delta") != std::string::npos; });
+    const std::vector<json> head = responses_events(first.substr(0, first.rfind("\n\n") + 2));
+    ASSERT_GE(head.size(), 3u) << first;
+    const std::string lid = head[0]["response"]["id"];
+    const int64_t last = head.back()["sequence_number"];
+    const auto rest = get("/v1/responses/" + lid + "?stream=true&starting_after=" + std::to_string(last));
+    ASSERT_EQ(rest.first, 200);
+    const std::vector<json> tail = responses_events(rest.second);
+    ASSERT_FALSE(tail.empty());
+    EXPECT_EQ(tail[0]["sequence_number"], last + 1);
+    EXPECT_EQ(tail.back()["type"], "response.incomplete");
+    EXPECT_EQ(tail.back()["response"]["usage"]["output_tokens"], 600);
+    std::vector<json> all = head;
+    all.insert(all.end(), tail.begin(), tail.end());
+    EXPECT_EQ(all, responses_events(get("/v1/responses/" + lid + "?stream=true").second));
+
+    // Cancelled behind a long request in the only slot: its stream holds what it made and no
+    // last event; its object says cancelled.
+    std::thread blocker([&] {
+        post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 900}, {"ignore_eos", true}, {"n", 4}, {"temperature", 0}});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string queued = read_until("POST", "/v1/responses", longer,
+                                          [](const std::string& raw) { return raw.find("response.in_progress") != std::string::npos; });
+    const std::vector<json> qhead = responses_events(queued.substr(0, queued.rfind("\n\n") + 2));
+    ASSERT_FALSE(qhead.empty()) << queued;
+    const std::string qid = qhead[0]["response"]["id"];
+    const auto cancel = http.Post("/v1/responses/" + qid + "/cancel", "", "application/json");
+    ASSERT_TRUE(cancel);
+    ASSERT_EQ(cancel->status, 200) << cancel->body;
+    EXPECT_EQ(json::parse(cancel->body)["status"], "cancelled");
+    const std::vector<json> qev = responses_events(get("/v1/responses/" + qid + "?stream=true").second);
+    ASSERT_GE(qev.size(), 2u);
+    for (const json& e : qev) {
+        EXPECT_NE(e["type"], "response.completed");
+        EXPECT_NE(e["type"], "response.incomplete");
+        EXPECT_NE(e["type"], "response.failed");
+    }
+    EXPECT_EQ(text_of(qev), json::parse(cancel->body)["output"].empty()
+                                ? std::string()
+                                : json::parse(cancel->body)["output"][0]["content"][0]["text"].get<std::string>());
+    blocker.join();
+    // Shutting down with one streaming in the background (behind the long request again): its
+    // reader gets response.failed.
+    std::thread blocker2([&] {
+        post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 900}, {"ignore_eos", true}, {"n", 4}, {"temperature", 0}});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::string failed;
+    std::thread reader([&] { failed = read_until("POST", "/v1/responses", longer, [](const std::string&) { return false; }); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(srv.stop(), 0) << srv.read_all();
+    reader.join();
+    blocker2.join();
+    EXPECT_NE(failed.find("event: response.failed"), std::string::npos) << failed.substr(failed.size() > 2000 ? failed.size() - 2000 : 0);
 }
 
 TEST_F(Serve, ResponsesApiIsTheChatPath) {

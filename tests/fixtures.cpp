@@ -22,6 +22,7 @@
 #include "kernels/cpu/matmul.h"
 #include "model/safetensors.h"
 #include "model/safetensors_writer.h"
+#include "runtime/sampler.h"
 
 namespace shardlm::test {
 
@@ -170,6 +171,42 @@ GenerateResult run_greedy(const std::string& dir, const std::vector<std::vector<
     go.sampler.temperature = 0.0f;
     go.keep_prompt_logits = true;
     return generate(*s->engine, prompts, go);
+}
+
+std::string batch_invariance_mismatch(const std::function<std::unique_ptr<Session>()>& open, int64_t vocab) {
+    const std::vector<int32_t> a = make_prompt(9, vocab, 7), b = make_prompt(120, vocab, 8), c = make_prompt(4, vocab, 9);
+    const int64_t V = vocab, steps = 5;
+    const size_t row_bytes = size_t(V) * sizeof(float);
+    // Alone.
+    std::vector<std::vector<float>> alone;
+    std::vector<int32_t> seq = a;
+    {
+        auto s = open();
+        std::vector<float> lg(static_cast<size_t>(V));
+        s->engine->forward({{0, a.data(), int64_t(a.size()), 0, true}}, lg.data());
+        alone.push_back(lg);
+        for (int64_t i = 0; i < steps; ++i) {
+            seq.push_back(argmax(lg.data(), V));
+            s->engine->forward({{0, &seq.back(), 1, int64_t(seq.size()) - 1, true}}, lg.data());
+            alone.push_back(lg);
+        }
+    }
+    // Shared: b whole beside a's first 4 tokens, then a's other 5 beside c, then decode steps with
+    // a between c and b (their tokens whatever they are: the last of each, again and again).
+    auto s = open();
+    std::vector<float> lg(static_cast<size_t>(3 * V));
+    s->engine->forward({{1, b.data(), int64_t(b.size()), 0, true}, {0, a.data(), 4, 0, false}}, lg.data());
+    s->engine->forward({{0, a.data() + 4, 5, 4, true}, {2, c.data(), int64_t(c.size()), 0, true}}, lg.data());
+    if (std::memcmp(lg.data(), alone[0].data(), row_bytes) != 0) return "prefill";
+    for (int64_t i = 0; i < steps; ++i) {
+        const int64_t pos = int64_t(a.size()) + i;
+        s->engine->forward({{2, &c.back(), 1, int64_t(c.size()) + i, true},
+                            {0, &seq[size_t(pos)], 1, pos, true},
+                            {1, &b.back(), 1, int64_t(b.size()) + i, true}},
+                           lg.data());
+        if (std::memcmp(lg.data() + V, alone[size_t(i + 1)].data(), row_bytes) != 0) return "decode step " + std::to_string(i);
+    }
+    return "";
 }
 
 std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed) {

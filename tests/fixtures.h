@@ -59,6 +59,12 @@ std::vector<SequenceResult> batch_greedy(Engine& engine, const std::vector<std::
                                          const std::vector<int64_t>& adapters, int64_t max_new, int64_t prefill_chunk,
                                          int64_t max_adapters = 0);
 
+// Batch invariance: a sequence's logits alone (its prompt in one chunk, then a token a step) and in
+// steps shared with two others (its prompt cut into other chunks beside theirs, its decode tokens
+// between theirs), through sessions that `open` makes (max_batch >= 3, ctx >= 32). The first row
+// that differs in any bit ("prefill", "decode step N"), or "" when none does.
+std::string batch_invariance_mismatch(const std::function<std::unique_ptr<Session>()>& open, int64_t vocab);
+
 // Deterministic pseudo-random prompt of length n over [3, vocab).
 std::vector<int32_t> make_prompt(int64_t n, int64_t vocab, uint64_t seed);
 

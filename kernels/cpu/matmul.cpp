@@ -281,6 +281,70 @@ void int8_acts_product(const QuantizedActs& a, const MatmulOut* outs, int count,
                    [&](int i, int64_t r0, int64_t r1) { rows(p, *outs[i].w, outs[i].bias, outs[i].y, r0, r1); });
 }
 
+// Batch-invariant products (matmul's `batch_invariant`). Every kernel here computes each token's
+// sums on their own (its own accumulators, the same walk along k, whatever the row tile), so a
+// token's outputs depend on the other tokens of a call only through the kernel chosen by their
+// number: GEMV or GEMM, f32 or INT16 activations, AVX-512 or AMX tiles. These paths choose by the
+// weights alone: the GEMVs over blocks of at most kGemvMaxN tokens, each block over a chunk of
+// rows that the block before left in L2; INT8 and INT4 weights always on INT16 activations (the
+// GEMV of i16_rows takes any n); W8A8 as usual (below); never the AMX tiles. Prefill pays for it
+// (the GEMMs' register blocking is gone); decode runs the kernels it would run anyway, except
+// INT8 at 1-2 tokens on INT16 activations (memory-bound either way).
+constexpr int64_t kInvariantChunkBytes = int64_t(256) << 10;
+
+// fn(t0, nb, ra, rb) for every block [t0, t0 + nb) of n tokens (nb <= kGemvMaxN) over every chunk
+// [ra, rb) of the rows [r0, r1); chunks of a multiple of 4 rows, so tiles keep their place.
+template <class F>
+void token_blocks(const WeightView& w, int64_t n, int64_t r0, int64_t r1, F fn) {
+    const int64_t chunk = std::max<int64_t>(4, kInvariantChunkBytes / std::max<int64_t>(1, weight_row_bytes(w)) / 4 * 4);
+    for (int64_t ra = r0; ra < r1; ra += chunk)
+        for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxN) fn(t0, std::min(kGemvMaxN, n - t0), ra, std::min(r1, ra + chunk));
+}
+
+// The variant a batch-invariant product runs: the resolved one, AVX-512 for AMX.
+CpuIsa invariant_isa(CpuIsa isa) {
+    const CpuIsa v = cpu_isa_resolve(isa);
+    return v == CpuIsa::Amx ? CpuIsa::Avx512 : v;
+}
+
+void invariant_int8_product(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa) {
+    const WeightView& w0 = *outs[0].w;
+    const CpuIsa v = invariant_isa(isa);
+    // The scalar kernels take a token at a time. W8A8's GEMVs and GEMMs (AVX2's INT16 GEMM too) all
+    // sum each internal group exactly in INT32, scale it and add the groups in the same order, so
+    // their usual dispatch is invariant as it is (MatmulBatchInvariant.Int8Activations checks it).
+    // W4A8's GEMV and GEMM differ in their mins' share: its GEMV over token blocks.
+    if (a.n <= 0 || w0.cols == 0 || v == CpuIsa::Scalar || w0.dtype != DType::I4) return int8_acts_product(a, outs, count, v);
+    using Rows = void (*)(const W8A8Prep&, const WeightView&, const float*, float*, int64_t, int64_t);
+    Rows rows = nullptr;
+#if defined(SHARDLM_HAVE_AVX512)
+    if (v == CpuIsa::Avx512) rows = w4a8_rows_avx512;
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+    if (v == CpuIsa::Avx2) rows = w4a8_rows_avx2;
+#endif
+    SHARDLM_CHECK(rows, "matmul: no ", cpu_isa_name(v), " kernel in this build");
+    // Each block's activations prepared as a call of its own tokens would prepare them.
+    const int64_t blocks = (a.n + kGemvMaxN - 1) / kGemvMaxN, ga = a.group_size > 0 ? a.group_size : a.cols;
+    std::vector<PrepStore> stores(static_cast<size_t>(blocks));
+    std::vector<W8A8Prep> preps(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t t0 = b * kGemvMaxN;
+        QuantizedActs ab = a;
+        ab.q = a.q + t0 * a.cols;
+        ab.scales = a.scales + t0 * (a.cols / ga);
+        ab.n = std::min(kGemvMaxN, a.n - t0);
+        preps[size_t(b)] = prepare(ab, w0, stores[size_t(b)]);
+        prepare_i4(ab, preps[size_t(b)], stores[size_t(b)]);
+    }
+    for_row_ranges(outs, count, a.n, [&](int i, int64_t r0, int64_t r1) {
+        const WeightView& w = *outs[i].w;
+        token_blocks(w, a.n, r0, r1, [&](int64_t t0, int64_t, int64_t ra, int64_t rb) {
+            rows(preps[size_t(t0 / kGemvMaxN)], w, outs[i].bias, outs[i].y + t0 * w.rows, ra, rb);
+        });
+    });
+}
+
 // The INT16-activation product (i16_acts_rounded) of one variant: x rounded by `to_i16`, once for
 // all outputs (threaded when large), then `rows` over each output's rows.
 using ActsToI16 = void (*)(const float*, int64_t, int64_t, int16_t*, float*, int64_t, float*);
@@ -308,14 +372,43 @@ using I16Rows = void (*)(const I16Acts&, const WeightView&, const float*, float*
     });
 }
 
+void invariant_float_product(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
+    const WeightView& w = *outs[0].w;
+    const CpuIsa v = invariant_isa(isa);
+    // INT16 activations wherever this variant has them for these weights (i16_gemv_usable's shape
+    // test: the GEMV takes any number of tokens).
+    const bool i16 = v != CpuIsa::Scalar && i16_gemv_usable(kI16MinN, w);
+    using Rows = void (*)(const float*, int64_t, const WeightView&, const float*, float*, int64_t, int64_t);
+    Rows rows = matmul_rows_scalar;
+#if defined(SHARDLM_HAVE_AVX512)
+    if (v == CpuIsa::Avx512) {
+        if (i16) return i16_product(x, n, outs, count, acts_to_i16_avx512, i16_gemv_rows_avx512);
+        rows = matmul_rows_avx512;
+    }
+#endif
+#if defined(SHARDLM_HAVE_AVX2)
+    if (v == CpuIsa::Avx2) {
+        if (i16) return i16_product(x, n, outs, count, acts_to_i16_avx2, i16_gemv_rows_avx2);
+        rows = matmul_rows_avx2;
+    }
+#endif
+    for_row_ranges(outs, count, n, [&](int i, int64_t r0, int64_t r1) {
+        const WeightView& wi = *outs[i].w;
+        token_blocks(wi, n, r0, r1, [&](int64_t t0, int64_t nb, int64_t ra, int64_t rb) {
+            rows(x + t0 * wi.cols, nb, wi, outs[i].bias, outs[i].y + t0 * wi.rows, ra, rb);
+        });
+    });
+}
+
 // matmul once its arguments are checked, for outputs of one family (one_family).
-void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
+void float_acts_product(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa, bool invariant) {
     if (n <= 0) return;
     const WeightView& w = *outs[0].w;  // dtype, cols and group size: the same for all outputs
     if (w.cols == 0) {
         for (int i = 0; i < count; ++i) bias_only(n, outs[i]);
         return;
     }
+    if (invariant) return invariant_float_product(x, n, outs, count, isa);
     switch (cpu_isa_resolve(isa)) {
 #if defined(SHARDLM_HAVE_AMX)
         case CpuIsa::Amx:
@@ -390,17 +483,17 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
     matmul(x, n, w, bias, y, CpuIsa::Auto);
 }
 
-void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa, bool batch_invariant) {
     check_weight_view(w);
     const MatmulOut o{&w, bias, y};
-    float_acts_product(x, n, &o, 1, isa);
+    float_acts_product(x, n, &o, 1, isa, batch_invariant);
 }
 
-void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa) {
+void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa, bool batch_invariant) {
     for (int i = 0; i < count; ++i) check_weight_view(*outs[i].w);
     if (count <= 0) return;
-    if (one_family(outs, count)) return float_acts_product(x, n, outs, count, isa);
-    for (int i = 0; i < count; ++i) float_acts_product(x, n, &outs[i], 1, isa);
+    if (one_family(outs, count)) return float_acts_product(x, n, outs, count, isa, batch_invariant);
+    for (int i = 0; i < count; ++i) float_acts_product(x, n, &outs[i], 1, isa, batch_invariant);
 }
 
 void matmul_w8a8(const QuantizedActs& a, const WeightView& w, const float* bias, float* y, CpuIsa isa) {
@@ -415,14 +508,15 @@ void matmul_w4a8(const QuantizedActs& a, const WeightView& w, const float* bias,
     int8_acts_product(a, &o, 1, isa);
 }
 
-void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa) {
+void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa, bool batch_invariant) {
     for (int i = 0; i < count; ++i) {
         if (outs[i].w->dtype == DType::I4) check_w4a8(a, *outs[i].w);
         else check_w8a8(a, *outs[i].w);
     }
     if (count <= 0) return;
-    if (one_family(outs, count)) return int8_acts_product(a, outs, count, isa);
-    for (int i = 0; i < count; ++i) int8_acts_product(a, &outs[i], 1, isa);
+    const auto product = batch_invariant ? invariant_int8_product : int8_acts_product;
+    if (one_family(outs, count)) return product(a, outs, count, isa);
+    for (int i = 0; i < count; ++i) product(a, &outs[i], 1, isa);
 }
 
 }  // namespace shardlm

@@ -21,7 +21,8 @@ namespace shardlm {
 
 void matmul_ref(const float* x, int64_t n, const WeightView& w, const float* bias, float* y);
 void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y);
-void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa);
+void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, CpuIsa isa,
+            bool batch_invariant = false);
 
 // y [a.n, w.rows] = sum over groups of (INT32 dot of a.q and w's int8) * a_scale * w_scale, + bias.
 // w must be I8 with w.cols == a.cols; the two group sizes must divide one another (the dot runs
@@ -50,8 +51,16 @@ struct MatmulOut {
 // the same bits as one call per weight: when the weights share dtype, row length and group size
 // (a layer's q/k/v or gate/up), their rows are one threaded run and the activations are prepared
 // once; otherwise one call each.
-void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto);
-void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto);
+//
+// batch_invariant: each token's outputs are the same bits whatever other tokens the call holds
+// (a sequence's logits then do not depend on the sequences batched with it, vLLM's batch
+// invariance): one kind of kernel for every number of tokens, chosen by the weights alone (the
+// GEMVs over blocks of tokens, INT8 and INT4 weights always on INT16 activations, no AMX tiles;
+// W8A8 keeps its kernels, all exact in INT32 per group). Prefill runs slower; decode about as fast.
+void matmul_multi(const float* x, int64_t n, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto,
+                  bool batch_invariant = false);
+void matmul_int8_acts_multi(const QuantizedActs& a, const MatmulOut* outs, int count, CpuIsa isa = CpuIsa::Auto,
+                            bool batch_invariant = false);
 // Which variant `matmul` uses on this CPU ("avx512", "avx2", "scalar").
 const char* matmul_isa();
 

@@ -1129,6 +1129,11 @@ void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, f
     else gemm ? i16_gemm_rows<false>(a, w, bias, y, r0, r1) : i16_rows<false>(a, w, bias, y, r0, r1);
 }
 
+void i16_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1) {
+    if (w.dtype == DType::I4) i16_rows<true>(a, w, bias, y, r0, r1);
+    else i16_rows<false>(a, w, bias, y, r0, r1);
+}
+
 void matmul_rows_avx512(const float* x, int64_t n, const WeightView& w, const float* bias, float* y, int64_t r0,
                         int64_t r1) {
     switch (w.dtype) {

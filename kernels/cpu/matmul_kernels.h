@@ -217,9 +217,12 @@ inline int64_t i16_acts_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
 void acts_to_i16_avx512(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group = 0,
                         float* xsum = nullptr);
 void i16_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
+// The GEMV of i16_rows_* for any number of tokens (never the GEMM): matmul's batch-invariant path.
+void i16_gemv_rows_avx512(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 void acts_to_i16_avx2(const float* x, int64_t n, int64_t cols, int16_t* q, float* scales, int64_t group = 0,
                       float* xsum = nullptr);
 void i16_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
+void i16_gemv_rows_avx2(const I16Acts& a, const WeightView& w, const float* bias, float* y, int64_t r0, int64_t r1);
 
 // quantize_acts_int8 for tokens [t0, t1): the rounding of quantize.h, bit for bit.
 void quantize_acts_avx2(const float* x, int64_t t0, int64_t t1, int64_t cols, int64_t g, int8_t* q, float* scales);

@@ -121,6 +121,9 @@ void add_backend_options(po::options_description& d, BackendFlags& f) {
         ("attention", po::value(&f.attention)->default_value("flash"),
          "flash|naive (flash: tiled kernel with online softmax, split-KV decode on the GPU; naive: plain passes)")
         ("no-cuda-graph", po::bool_switch(&f.no_cuda_graph), "CUDA: run decode and verify steps eagerly instead of replaying captured graphs")
+        ("batch-invariant", po::bool_switch(&f.batch_invariant),
+         "CPU: each sequence's logits the same bits whatever other sequences share its steps and however its prompt "
+         "is cut into chunks (one kernel per weight format for every batch size; slower prefill)")
         ("no-mmap", po::bool_switch(&f.no_mmap),
          "CPU: copy the weights kept as stored into memory (huge pages) instead of reading them through the file map: "
          "faster decode, slower start");
@@ -130,6 +133,7 @@ void apply_backend(const BackendFlags& f, SessionOptions& so) {
     so.device = parse_device(f.device);
     so.attention = parse_attention(f.attention);
     so.cuda_graphs = !f.no_cuda_graph;
+    so.batch_invariant = f.batch_invariant;
     so.load.copy_mapped = f.no_mmap;
 }
 

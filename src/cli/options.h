@@ -49,7 +49,7 @@ std::vector<LoraAdapter> lora_adapters(const std::vector<std::string>& dirs, con
 // Where and how the engine runs, shared by generate, bench and perplexity.
 struct BackendFlags {
     std::string device = "auto", attention = "flash";
-    bool no_cuda_graph = false, no_mmap = false;
+    bool no_cuda_graph = false, no_mmap = false, batch_invariant = false;
 };
 void add_backend_options(po::options_description& d, BackendFlags& f);
 void apply_backend(const BackendFlags& f, SessionOptions& so);  // throws Error naming the flag

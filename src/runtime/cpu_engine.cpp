@@ -164,6 +164,18 @@ void CpuEngine::add_lora(int64_t layer, const float* x, std::initializer_list<st
     if (!lora_jobs_.empty()) lora_add_jobs(lora_jobs_.data(), int64_t(lora_jobs_.size()), dt, lora_t_.data());
 }
 
+void CpuEngine::row_parallel_sum(float* o, size_t n) {
+    const int tp = comm_.size();
+    if (!opt_.batch_invariant || tp <= 2) return comm_.all_reduce_sum(o, n);
+    rank_parts_.resize(n * size_t(tp));
+    comm_.all_gather(o, n * sizeof(float), rank_parts_.data());
+    std::copy(rank_parts_.begin(), rank_parts_.begin() + ptrdiff_t(n), o);
+    for (int r = 1; r < tp; ++r) {
+        const float* part = rank_parts_.data() + size_t(r) * n;
+        for (size_t i = 0; i < n; ++i) o[i] += part[i];
+    }
+}
+
 const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_t cols, int64_t group) {
     if (!quantizes_acts(w_.format)) return nullptr;
     // Per token, or per group when the weights have finer groups (the kernel needs one group
@@ -182,8 +194,9 @@ void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> 
     for (const auto& [l, y] : ls)
         (qx && (l->w.dtype == DType::I8 || l->w.dtype == DType::I4) ? int8_outs : float_outs)
             .push_back(MatmulOut{&l->w, l->bias_ptr(), y});
-    if (!int8_outs.empty()) matmul_int8_acts_multi(*qx, int8_outs.data(), int(int8_outs.size()));
-    if (!float_outs.empty()) matmul_multi(x, T, float_outs.data(), int(float_outs.size()));
+    const bool inv = opt_.batch_invariant;
+    if (!int8_outs.empty()) matmul_int8_acts_multi(*qx, int8_outs.data(), int(int8_outs.size()), CpuIsa::Auto, inv);
+    if (!float_outs.empty()) matmul_multi(x, T, float_outs.data(), int(float_outs.size()), CpuIsa::Auto, inv);
 }
 
 void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std::vector<SeqChunk>& chunks,
@@ -237,7 +250,9 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
         a.v_scales = kv_.v_scales(layer, ch.slot);
         // Flash: tiles of keys reused by a block of queries, which pays in prefill; a one-token
         // decode chunk has no block to reuse them, and the per-query kernel is faster there.
-        if (opt_.attention == AttentionImpl::Flash && ch.n > 1) attention_cached_flash(a);
+        // Batch-invariant: the per-query kernel for every chunk, whose each query's work is the
+        // same however many queries the chunk holds.
+        if (opt_.attention == AttentionImpl::Flash && ch.n > 1 && !opt_.batch_invariant) attention_cached_flash(a);
         else attention_cached(a);
         row += ch.n;
     }
@@ -245,7 +260,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
     linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
     add_lora(layer, attn_.as<float>(), {{&LoraLayer::o, o}});
-    comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
+    row_parallel_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
 
@@ -264,7 +279,7 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     float* o = o_.as<float>();
     linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
     add_lora(layer, g, {{&LoraLayer::down, o}});
-    comm_.all_reduce_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
+    row_parallel_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);
 }
 
@@ -333,7 +348,7 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     // Token penalties on the whole rows, the same on every rank (every rank holds them).
     const std::vector<PenaltyEntry> penalties = step_penalties(chunks);
     if (p.tp == 1) {
-        matmul(last, n, w_.lm_head, nullptr, logits);
+        matmul(last, n, w_.lm_head, nullptr, logits, CpuIsa::Auto, opt_.batch_invariant);
         apply_penalties_ref(logits, c.vocab, 0, penalties.data(), int64_t(penalties.size()));
         return;
     }
@@ -343,7 +358,7 @@ void CpuEngine::forward(const std::vector<SeqChunk>& chunks, float* logits) {
     float* local = local_logits_.data();
     if (p.n_vocab > 0) {
         float* tmp = gathered_.data();  // scratch until the gather below
-        matmul(last, n, w_.lm_head, nullptr, tmp);
+        matmul(last, n, w_.lm_head, nullptr, tmp, CpuIsa::Auto, opt_.batch_invariant);
         for (int64_t i = 0; i < n; ++i) {
             std::copy(tmp + i * p.n_vocab, tmp + (i + 1) * p.n_vocab, local + i * vpr);
             std::fill(local + i * vpr + p.n_vocab, local + (i + 1) * vpr, 0.0f);

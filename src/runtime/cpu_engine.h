@@ -81,6 +81,11 @@ private:
     // the base product and before any all-reduce; all of them in one lora_add_jobs call (none
     // in a step without adapter runs).
     void add_lora(int64_t layer, const float* x, std::initializer_list<std::pair<LoraMatrix LoraLayer::*, float*>> ys);
+    // The all-reduce of a row-parallel product's n partial sums (o_proj, down_proj). With
+    // batch_invariant and more than two ranks: gathered and summed in rank order here, since MPI's
+    // all-reduce may choose its algorithm, and so the order of its sums, by the message's size (the
+    // step's token count); two ranks' sum is one addition either way.
+    void row_parallel_sum(float* o, size_t n);
 
     const ModelConfig& cfg_;
     const ModelWeights& w_;
@@ -107,6 +112,7 @@ private:
     std::vector<LoraRun> lora_runs_;
     std::vector<float> lora_t_;
     std::vector<LoraJob> lora_jobs_;  // add_lora's, kept to reuse their memory
+    std::vector<float> rank_parts_;   // row_parallel_sum's gathered parts, [tp][n]
     size_t adapter_bytes_ = 0;
 };
 

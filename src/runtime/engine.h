@@ -35,6 +35,10 @@ struct EngineOptions {
     DType kv = DType::F32;
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;  // CUDA: replay decode steps from captured graphs
+    // CPU: each sequence's logits the same bits whatever else its step holds (the other sequences,
+    // how its prompt was cut into chunks): matmul's batch_invariant kernels and the per-query
+    // attention for every chunk. The CUDA engine refuses it.
+    bool batch_invariant = false;
     // CUDA decode: the RoPE prologue run inside the split-KV attention kernel (1) or as its own
     // kernel before it (0); -1: the SHARDLM_FUSED_ROPE environment variable, 1 when unset. Changes
     // no result.

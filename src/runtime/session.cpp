@@ -112,6 +112,9 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     const ModelConfig& c = s->cfg;
     check_context(c, opt);
     const Device device = resolve_device(opt.device, comm);
+    if (opt.batch_invariant && device == Device::Cuda)
+        fail("--batch-invariant: the CUDA engine's kernels are not batch-invariant (its GEMMs and GEMVs differ); "
+             "run it with --device cpu");
     s->ckpt = std::make_unique<Checkpoint>(opt.model_dir);
     LoadOptions lo = opt.load;
     lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
@@ -122,6 +125,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;
+    eo.batch_invariant = opt.batch_invariant;
     eo.cuda_graphs = opt.cuda_graphs;
     eo.fused_rope = opt.fused_rope;
     eo.fused_norm = opt.fused_norm;

@@ -36,6 +36,7 @@ struct SessionOptions {
     Device device = Device::Cpu;  // the CLI defaults to auto; library users choose
     AttentionImpl attention = AttentionImpl::Flash;
     bool cuda_graphs = true;
+    bool batch_invariant = false;  // EngineOptions::batch_invariant
     int fused_rope = -1;   // EngineOptions::fused_rope
     int fused_norm = -1;   // EngineOptions::fused_norm
     int gemm_staging = -1;  // EngineOptions::gemm_staging

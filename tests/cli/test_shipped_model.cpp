@@ -100,6 +100,27 @@ nlohmann::json generate_json(const std::string& flags, const std::string& launch
 }
 }  // namespace
 
+// --batch-invariant on the real model: a prompt's tokens and log-probabilities, bit for bit in
+// their JSON text, alone and as the last of four prompts run together, with its prefill cut into
+// chunks of 3 and with 2 slots, for INT8 weights and cache (whose ordinary kernels change with the
+// step's size) and BF16 weights.
+TEST_F(ShippedModel, BatchInvariantGenerate) {
+    const std::string prompts = dir_->file("four.txt");
+    write_file(prompts, "Blessed are the\nAnd the LORD spake unto Moses, saying\nAnd God said\nIn the beginning\n");
+    for (const char* weights : {"--weights int8 --kv int8", "--weights bf16 --kv fp32"}) {
+        const std::string flags = std::string(weights) + " --batch-invariant --logprobs 2";
+        const nlohmann::json alone = generate_json(flags);
+        for (const char* how : {"", " --prefill-chunk 3", " --batch 2"}) {
+            const CommandResult r = run_command(SHARDLM_BIN " generate --model " + kModel + " --prompt-file " + prompts +
+                                                " --temperature 0 --json --max-new-tokens 40 " + flags + how);
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            const nlohmann::json last = nlohmann::json::parse(r.out)["results"][3];
+            EXPECT_EQ(last["logprobs"].dump(), alone["logprobs"].dump()) << weights << how;
+            EXPECT_EQ(last["text"], alone["text"]) << weights << how;
+        }
+    }
+}
+
 // --stop on the real model's greedy text: the sequence ends at the token that completes the stop
 // string (its tokens a prefix of the unstopped run's, one more than needed to reach the string's
 // start), the text ends before it, stop_reason "stop"; the earliest of two stops wins; a string

@@ -157,6 +157,29 @@ TEST_P(EngineInvariants, ChunkedPrefillEqualsOneShot) {
     }
 }
 
+// --batch-invariant: a sequence's logits are the same bits alone, one chunk at a time, and in
+// steps shared with other sequences, its prompt cut into other chunks and its decode tokens
+// beside others', for every weight format (each takes its own kernels).
+TEST_P(EngineInvariants, BatchInvariantLogitsAreTheSameBits) {
+    for (const LoadOptions& lo : {LoadOptions(), LoadOptions(WeightFormat::Int8), LoadOptions(WeightFormat::W8A8),
+                                  LoadOptions(WeightFormat::Int4, 32), LoadOptions(WeightFormat::W4A8, 32)}) {
+        SingleRank comm;  // (the sessions keep a reference to it)
+        const std::string mismatch = batch_invariance_mismatch(
+            [&] {
+                SessionOptions so;
+                so.model_dir = dir_.path();
+                so.load = lo;
+                so.kv = KVFormat::Int8;
+                so.max_batch = 3;
+                so.ctx = 160;
+                so.batch_invariant = true;
+                return open_session(so, comm);
+            },
+            cfg_.vocab);
+        EXPECT_EQ(mismatch, "") << weight_format_name(lo.format);
+    }
+}
+
 TEST_P(EngineInvariants, FlashAndNaiveAttentionAgree) {
     // A prompt longer than one flash tile of keys, prefilled in chunks that attend to a cached
     // prefix, then decode steps: the two CPU attention paths on the same cache.

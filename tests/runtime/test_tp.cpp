@@ -306,6 +306,52 @@ TEST(TensorParallel, PenaltiesGiveTheTokensOfOneRank) {
     }
 }
 
+// --batch-invariant under tensor parallelism: each sequence's logits the same bits alone and in
+// shared steps (batch_invariance_mismatch) on the ranks' sharded products, whose partial sums
+// are added in rank order whatever the step's size. The CUDA engine refuses the flag.
+TEST(TensorParallel, BatchInvariantLogits) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.intermediate = 256;  // W4A8's groups of 32 whole on each of 4 ranks
+    TempDir d;
+    write_synthetic_checkpoint(d.path(), cfg, {DType::BF16, 1, 47});
+    for (const LoadOptions& lo : {LoadOptions(), LoadOptions(WeightFormat::Int8), LoadOptions(WeightFormat::W4A8, 32)}) {
+        auto open = [&] {
+            SessionOptions so = tp_options(d.path());
+            so.load = lo;
+            so.kv = KVFormat::Int8;
+            so.max_batch = 3;
+            so.ctx = 160;
+            so.batch_invariant = true;
+            return open_session(so, world());
+        };
+#ifdef SHARDLM_TP_ON_CUDA
+        try {
+            open();
+            ADD_FAILURE() << "the CUDA engine took --batch-invariant";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("--batch-invariant"), std::string::npos) << e.what();
+        }
+#else
+        EXPECT_EQ(batch_invariance_mismatch(open, cfg.vocab), "") << weight_format_name(lo.format);
+        // And the ranks' sums are the product's: one rank's logits within the rounding compare_tp
+        // allows for INT8 caches (the ranks' INT16 activations have scales of their own).
+        const std::vector<int32_t> prompt = make_prompt(9, cfg.vocab, 7);
+        std::vector<float> tp(size_t(cfg.vocab)), alone(tp.size());
+        open()->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, tp.data());
+        SessionOptions so = tp_options(d.path());
+        so.load = lo;
+        so.kv = KVFormat::Int8;
+        so.ctx = 32;
+        so.batch_invariant = true;
+        SingleRank one;
+        open_session(so, one)->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, alone.data());
+        float scale = 0;
+        for (float v : alone) scale = std::max(scale, std::fabs(v));
+        EXPECT_LT(max_abs_diff(tp, alone), 3e-3 * scale) << weight_format_name(lo.format);
+#endif
+    }
+}
+
 // --context-overflow slide under tensor parallelism: each rank shifts its own KV heads
 // (Engine::shift_kv) at the same steps, so generation sliding through several context shifts
 // (Qwen3: q/k norms; an INT8 cache: requantized keys) gives the tokens of one rank.

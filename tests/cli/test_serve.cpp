@@ -1096,6 +1096,39 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
 // route's prefix in the response's id (every event's too when streamed), and back in the
 // response's X-Request-Id header; without one the server numbers it. A stored response's id
 // cannot be taken again; malformed ids get a 400 naming the header or field.
+// serve --batch-invariant: a request's logprobs are the same bits alone and among others sent at
+// the same moment (continuous batching puts its prefill and decode tokens in steps with theirs,
+// however they fall), streamed or not.
+TEST_F(Serve, BatchInvariantRepliesDoNotDependOnTheOthers) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 2 --ctx 256 --batch 4 --prefill-chunk 8 "
+                      "--weights int8 --kv int8 --batch-invariant",
+               logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    const json req = {{"prompt", "And God said"}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 2}, {"ignore_eos", true}};
+    const Reply alone = post(port, "/v1/completions", req);
+    ASSERT_EQ(alone.status, 200) << alone.raw;
+    const json& want = alone.body["choices"][0]["logprobs"];
+    for (int round = 0; round < 3; ++round) {
+        std::vector<Reply> others(3);
+        std::vector<std::thread> threads;
+        const char* prompts[] = {"In the beginning God created the heaven and the earth.", "Blessed are the",
+                                 "And the LORD spake unto Moses, saying"};
+        for (int i = 0; i < 3; ++i)
+            threads.emplace_back([&, i] {
+                others[size_t(i)] = post(port, "/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", 30 + 7 * i}, {"temperature", 0},
+                                                                   {"ignore_eos", true}});
+            });
+        std::this_thread::sleep_for(std::chrono::milliseconds(5 * round));
+        const Reply shared = post(port, "/v1/completions", req);
+        for (std::thread& t : threads) t.join();
+        ASSERT_EQ(shared.status, 200) << shared.raw;
+        EXPECT_EQ(shared.body["choices"][0]["logprobs"], want) << "round " << round;
+        for (const Reply& o : others) EXPECT_EQ(o.status, 200) << o.raw;
+    }
+    EXPECT_EQ(srv.stop(), 0);
+}
+
 TEST_F(Serve, RequestIdsAreTheClients) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();

@@ -529,6 +529,12 @@ BatchRequest batch_request(const json& j) {
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+// An error answer: the status and OpenAI's error object naming it.
+void send_error(httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(api_error(message, status).dump(), "application/json");
+}
+
 // Whether a choice of the job has something its stream has not sent (the caller holds job.m).
 bool stream_news(const Job& job) {
     const ApiRequest& req = job.req;
@@ -1348,10 +1354,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         // in the Responses API's form, cli/responses_api.h).
         auto handler = [&](bool chat, bool responses = false) {
             return [&, chat, responses](const httplib::Request& req, httplib::Response& res) {
-                auto refuse = [&](int status, const std::string& message) {
-                    res.status = status;
-                    res.set_content(api_error(message, status).dump(), "application/json");
-                };
+                auto refuse = [&](int status, const std::string& message) { send_error(res, status, message); };
                 if (*mode)
                     return refuse(400, std::string("this server runs with ") + mode + ": it serves " +
                                            (embeddings ? "/v1/embeddings, /score and /rerank" : "/classify, /score and /rerank") +
@@ -1534,43 +1537,26 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         const std::string v = req.get_param_value("starting_after");
                         char* end = nullptr;
                         after = std::strtoll(v.c_str(), &end, 10);
-                        if (v.empty() || *end != '\0' || after < 0 || after > (int64_t(1) << 40)) {
-                            res.status = 400;
-                            return res.set_content(api_error("starting_after must be a sequence number (0 or more), not \"" + v + "\"", 400).dump(),
-                                                   "application/json");
-                        }
+                        if (v.empty() || *end != '\0' || after < 0 || after > (int64_t(1) << 40))
+                            return send_error(res, 400, "starting_after must be a sequence number (0 or more), not \"" + v + "\"");
                     }
                     const std::shared_ptr<Job> job = background_jobs.job(id);
                     const std::optional<ResponseStore::Entry> e = job ? std::nullopt : responses_store.get(id);
-                    if (!job && !e) {
-                        res.status = 404;
-                        return res.set_content(api_error("no stored response \"" + id + "\"", 404).dump(), "application/json");
-                    }
-                    if (job ? !job->bg_stream : !e->events) {
-                        res.status = 400;
-                        return res.set_content(api_error("the response \"" + id + "\" was not made with \"background\" and \"stream\": "
-                                                         "only those can be streamed again", 400)
-                                                   .dump(),
-                                               "application/json");
-                    }
+                    if (!job && !e) return send_error(res, 404, "no stored response \"" + id + "\"");
+                    if (job ? !job->bg_stream : !e->events)
+                        return send_error(res, 400, "the response \"" + id + "\" was not made with \"background\" and \"stream\": "
+                                                    "only those can be streamed again");
                     res.set_header("Cache-Control", "no-cache");
                     return res.set_chunked_content_provider("text/event-stream",
                                                             job ? background_stream(job, after, *tok) : stored_stream(e->events, after));
                 }
                 if (const std::optional<json> running = background_jobs.object(id)) {
                     if (!drop) return res.set_content(running->dump(), "application/json");
-                    res.status = 400;
-                    return res.set_content(api_error("the response \"" + id + "\" is still running in the background: "
-                                                     "cancel it (POST /v1/responses/" + id + "/cancel) or wait for it first", 400)
-                                               .dump(),
-                                           "application/json");
+                    return send_error(res, 400, "the response \"" + id + "\" is still running in the background: "
+                                                "cancel it (POST /v1/responses/" + id + "/cancel) or wait for it first");
                 }
                 const std::optional<ResponseStore::Entry> e = drop ? std::nullopt : responses_store.get(id);
-                if (drop ? !responses_store.erase(id) : !e) {
-                    res.status = 404;
-                    res.set_content(api_error("no stored response \"" + id + "\"", 404).dump(), "application/json");
-                    return;
-                }
+                if (drop ? !responses_store.erase(id) : !e) return send_error(res, 404, "no stored response \"" + id + "\"");
                 res.set_content((drop ? json{{"id", id}, {"object", "response"}, {"deleted", true}} : e->object).dump(),
                                 "application/json");
             };
@@ -1582,10 +1568,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
         // "background" cannot be cancelled.
         svr->Post(R"(/v1/responses/([^/]+)/cancel)", [&](const httplib::Request& req, httplib::Response& res) {
             const std::string id = req.matches[1];
-            auto refuse = [&](int status, const std::string& message) {
-                res.status = status;
-                res.set_content(api_error(message, status).dump(), "application/json");
-            };
+            auto refuse = [&](int status, const std::string& message) { send_error(res, status, message); };
             if (const std::shared_ptr<Job> job = background_jobs.job(id)) {
                 std::unique_lock<std::mutex> lk(job->m);
                 job->cancelled = !job->done();

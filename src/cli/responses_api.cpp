@@ -445,19 +445,19 @@ std::string ResponsesStream::push(const json& chunk) {
 }
 
 std::string ResponsesStream::end(const json& usage, int64_t reasoning_tokens) {
-    std::string out = close();
-    if (usage.is_null()) {  // aborted
+    if (usage.is_null()) {  // aborted: response.failed, and no object to keep
         json r = responses_object({{"created", created_}, {"model", model_}, {"choices", json::array()}}, request_, id_, 0);
         r["status"] = "failed";
         r["error"] = {{"code", "server_error"}, {"message", "the server is shutting down"}};
-        return out + event("response.failed", {{"response", r}});
+        const std::string out = finish(r);
+        final_ = nullptr;
+        return out;
     }
     const json chat = {{"created", created_},
                        {"model", model_},
                        {"choices", json::array({{{"message", chat_message()}, {"logprobs", {{"content", lps_}}}, {"finish_reason", finish_}}})},
                        {"usage", usage}};
-    final_ = responses_object(chat, request_, id_, reasoning_tokens);
-    return out + event(final_["status"] == "incomplete" ? "response.incomplete" : "response.completed", {{"response", final_}});
+    return finish(responses_object(chat, request_, id_, reasoning_tokens));
 }
 
 std::string ResponsesStream::finish(const json& object) {

@@ -315,36 +315,31 @@ TEST(TensorParallel, BatchInvariantLogits) {
     TempDir d;
     write_synthetic_checkpoint(d.path(), cfg, {DType::BF16, 1, 47});
     for (const LoadOptions& lo : {LoadOptions(), LoadOptions(WeightFormat::Int8), LoadOptions(WeightFormat::W4A8, 32)}) {
-        auto open = [&] {
+        auto open = [&](Communicator& comm) {
             SessionOptions so = tp_options(d.path());
             so.load = lo;
             so.kv = KVFormat::Int8;
             so.max_batch = 3;
             so.ctx = 160;
             so.batch_invariant = true;
-            return open_session(so, world());
+            return open_session(so, comm);
         };
 #ifdef SHARDLM_TP_ON_CUDA
         try {
-            open();
+            open(world());
             ADD_FAILURE() << "the CUDA engine took --batch-invariant";
         } catch (const Error& e) {
             EXPECT_NE(std::string(e.what()).find("--batch-invariant"), std::string::npos) << e.what();
         }
 #else
-        EXPECT_EQ(batch_invariance_mismatch(open, cfg.vocab), "") << weight_format_name(lo.format);
+        EXPECT_EQ(batch_invariance_mismatch([&] { return open(world()); }, cfg.vocab), "") << weight_format_name(lo.format);
         // And the ranks' sums are the product's: one rank's logits within the rounding compare_tp
         // allows for INT8 caches (the ranks' INT16 activations have scales of their own).
         const std::vector<int32_t> prompt = make_prompt(9, cfg.vocab, 7);
         std::vector<float> tp(size_t(cfg.vocab)), alone(tp.size());
-        open()->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, tp.data());
-        SessionOptions so = tp_options(d.path());
-        so.load = lo;
-        so.kv = KVFormat::Int8;
-        so.ctx = 32;
-        so.batch_invariant = true;
         SingleRank one;
-        open_session(so, one)->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, alone.data());
+        open(world())->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, tp.data());
+        open(one)->engine->forward({{0, prompt.data(), int64_t(prompt.size()), 0, true}}, alone.data());
         float scale = 0;
         for (float v : alone) scale = std::max(scale, std::fabs(v));
         EXPECT_LT(max_abs_diff(tp, alone), 3e-3 * scale) << weight_format_name(lo.format);

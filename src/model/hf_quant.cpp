@@ -140,10 +140,73 @@ void unpack_int8(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col
     }
 }
 
-int64_t first_permuted_column(const uint8_t* g_idx, int64_t cols, int64_t group) {
-    for (int64_t c = 0; c < cols; ++c)
-        if (int64_t(int32_t(word(g_idx, c))) != c / group) return c;
-    return -1;
+std::vector<int32_t> act_order(const uint8_t* g_idx, int64_t cols, int64_t group, const std::string& name) {
+    const int64_t groups = cols / group;
+    bool in_order = true;
+    std::vector<int64_t> count(size_t(groups), 0);
+    for (int64_t c = 0; c < cols; ++c) {
+        const int64_t g = int64_t(int32_t(word(g_idx, c)));
+        if (g < 0 || g >= groups) fail(name, ": column ", c, " is in group ", g, ", outside 0..", groups - 1);
+        in_order = in_order && g == c / group;
+        ++count[size_t(g)];
+    }
+    if (in_order) return {};
+    for (int64_t g = 0; g < groups; ++g)
+        if (count[size_t(g)] != group)
+            fail(name, ": group ", g, " holds ", count[size_t(g)], " columns, not the group size ", group,
+                 " (act-order with static groups of another size is not supported)");
+    // A counting sort: each group's columns in their column order.
+    std::vector<int64_t> next(static_cast<size_t>(groups));
+    for (int64_t g = 0; g < groups; ++g) next[size_t(g)] = g * group;
+    std::vector<int32_t> order(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) order[size_t(next[size_t(int32_t(word(g_idx, c)))]++)] = int32_t(c);
+    return order;
+}
+
+std::vector<uint8_t> reorder_codes(const PackedLinear& m, const int32_t* order) {
+    SHARDLM_CHECK(m.method != QuantMethod::Awq, "reorder_codes: AWQ has no act-order");
+    const bool ct = m.method == QuantMethod::CompressedTensors;
+    if (ct && m.bits == 8) {  // int8 [rows, cols]: a gather of each row
+        std::vector<uint8_t> out(size_t(m.rows * m.cols));
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t j = 0; j < m.cols; ++j) out[size_t(r * m.cols + j)] = m.qweight[r * m.cols + order[j]];
+        return out;
+    }
+    const int bits = m.bits, per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1;
+    const int64_t words_per_row = m.cols / per;
+    std::vector<uint8_t> out(size_t(m.rows * words_per_row) * 4);
+    if (ct) {  // weight_packed [rows, cols / 8]: word (r, i) holds columns 8i + k of row r
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t i = 0; i < words_per_row; ++i) {
+                uint32_t w = 0;
+                for (int k = 0; k < per; ++k) {
+                    const int64_t c = order[i * per + k];
+                    w |= ((word(m.qweight, r * words_per_row + c / per) >> (bits * (c % per))) & mask) << (bits * k);
+                }
+                std::memcpy(&out[size_t(r * words_per_row + i) * 4], &w, 4);
+            }
+        return out;
+    }
+    // GPTQ's qweight [cols / per, rows]: word (i, r) holds columns per*i + k of row r. Each new
+    // word-row takes its columns from `per` source word-rows, read along the rows.
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < words_per_row; ++i) {
+        uint8_t* line = &out[size_t(i * m.rows) * 4];
+        for (int k = 0; k < per; ++k) {
+            const int64_t c = order[i * per + k];
+            const uint8_t* src = m.qweight + 4 * (c / per) * m.rows;
+            const int shift = bits * int(c % per);
+            for (int64_t r = 0; r < m.rows; ++r) {
+                uint32_t w = k == 0 ? 0 : word(line, r);
+                w |= ((word(src, r) >> shift) & mask) << (bits * k);
+                std::memcpy(line + 4 * r, &w, 4);
+            }
+        }
+    }
+    return out;
 }
 
 }  // namespace shardlm

@@ -11,8 +11,8 @@
 // GPTQ (b = 4 or 8 bits, p = 32 / b codes a word): qweight i32 [in / p, out]; word (i, r) holds
 //   columns p*i .. p*i + p - 1 of row r, column p*i + k at bits b*k; qzeros i32 [groups, out / p],
 //   word (g, j) holding rows p*j + k at bits b*k, each stored as z - zero_offset (AutoGPTQ's
-//   format subtracts 1); scales [groups, out]; g_idx i32 [in], the group of each column, which
-//   must be c / group (act-order checkpoints permute it: refused by the loader).
+//   format subtracts 1); scales [groups, out]; g_idx i32 [in], the group of each column: c / group,
+//   or under act-order (desc_act) an order of the tool's own (see act_order).
 // compressed-tensors (llm-compressor; symmetric only): 4 bits ("pack-quantized") as weight_packed
 //   i32 [out, in / 8], word (r, i) holding columns 8i + k of row r at bits 4k, each the signed
 //   value plus 8 (so z = 8); 8 bits ("int-quantized") as weight i8 [out, in], z = 0; weight_scale
@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "model/config.h"
@@ -63,7 +64,18 @@ void unpack_int4(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col
 void unpack_int8(const PackedLinear& m, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int64_t g,
                  int8_t* q, float* scales, const std::string& name);
 
-// The first column whose g_idx is not c / group, or -1 when every one is (g_idx: i32 [cols]).
-int64_t first_permuted_column(const uint8_t* g_idx, int64_t cols, int64_t group);
+// Act-order (GPTQ's desc_act, compressed-tensors' actorder "group"): the tool quantized the input
+// columns in an order of its own (the Hessian's diagonal, largest first), and g_idx (i32 [cols])
+// gives each column's group, `group` columns to a group. Returns the columns sorted by group
+// (stably): order[j] is the input column that goes to position j, so that the reordered layer's
+// columns run in groups of `group` as the unpackers want, and reading its input x[order[j]] gives
+// the layer's product. Empty when g_idx is c / group already. Throws Error naming `name` when a
+// group index is out of range or a group does not hold exactly `group` columns.
+std::vector<int32_t> act_order(const uint8_t* g_idx, int64_t cols, int64_t group, const std::string& name);
+
+// m's codes (qweight; compressed-tensors' weight_packed, or its I8 weight) with the input columns
+// moved into `order` (act_order's), packed as m packs them: point m.qweight at the result, and
+// the scales and zero points, already one per group, read as they are. Threaded.
+std::vector<uint8_t> reorder_codes(const PackedLinear& m, const int32_t* order);
 
 }  // namespace shardlm

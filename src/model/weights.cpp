@@ -639,7 +639,7 @@ public:
     // or, where the tool left it float (the embedding, lm_head, AutoAWQ's modules_to_not_convert),
     // the float tensor: the vocabulary matrix quantized to INT8 as a float checkpoint's would be,
     // unless --keep-fp16 matches it, any other layer kept 16-bit.
-    WeightView hf_quantized(const std::string& name, Block b, bool vocab) {
+    WeightView hf_quantized(const std::string& name, Block b, bool vocab, std::vector<int32_t>* order) {
         const std::string prefix = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
         // Where the quantized codes are: AWQ's and GPTQ's qweight, compressed-tensors' 4-bit
         // weight_packed, or its 8-bit weight itself (I8 where the tool left others float).
@@ -662,13 +662,13 @@ public:
         if (kept(name))
             fail("--keep-fp16 matches ", name, ", which ", ckpt_.dir(), " holds ", method, "-quantized (", codes,
                  "): only its float tensors can stay float");
-        return qc.method == QuantMethod::CompressedTensors ? compressed(prefix, codes, b) : unpacked(prefix, b);
+        return qc.method == QuantMethod::CompressedTensors ? compressed(prefix, codes, b, order) : unpacked(prefix, b, order);
     }
 
     // A block of a compressed-tensors layer: `codes` (weight_packed, or the I8 weight) with
     // weight_scale, and where the tool wrote them weight_shape (must be the layer's), weight_zero_point
-    // (must be all zero: symmetric) and weight_g_idx (must be column / group).
-    WeightView compressed(const std::string& prefix, const std::string& codes, Block b) {
+    // (must be all zero: symmetric) and weight_g_idx (act-order: the input columns' order into *order).
+    WeightView compressed(const std::string& prefix, const std::string& codes, Block b, std::vector<int32_t>* order) {
         const QuantConfig& qc = cfg_.quant;
         const int64_t group = qc.packed_group > 0 ? qc.packed_group : b.cols;
         if (qc.bits == 4 && b.cols % 8 != 0)
@@ -704,13 +704,12 @@ public:
                     fail(zp->file, ": tensor ", prefix, ".weight_zero_point is not zero: asymmetric compressed-tensors "
                          "weights are not supported");
         }
-        check_groups_in_order(prefix + ".weight_g_idx", b.cols, group);
-        return unpacked_block(m, codes, b);
+        return unpacked_block(m, codes, b, prefix + ".weight_g_idx", order);
     }
 
     // A block of an AWQ or GPTQ layer (prefix.qweight, .qzeros, .scales, GPTQ's .g_idx) in the
-    // engine's INT4 layout, or INT8 for 8-bit GPTQ.
-    WeightView unpacked(const std::string& prefix, Block b) {
+    // engine's INT4 layout, or INT8 for 8-bit GPTQ (act-order: the input columns' order into *order).
+    WeightView unpacked(const std::string& prefix, Block b, std::vector<int32_t>* order) {
         const QuantConfig& qc = cfg_.quant;
         const int bits = qc.bits, per = 32 / bits;
         const int64_t group = qc.packed_group > 0 ? qc.packed_group : b.cols;
@@ -728,8 +727,7 @@ public:
         const TensorInfo& sc = tensor(prefix + ".scales", {sh.scales[0], sh.scales[1]});
         m.scale_dtype = sc.dtype;
         m.scales = sc.data;
-        if (!awq) check_groups_in_order(prefix + ".g_idx", b.cols, group);
-        return unpacked_block(m, qweight, b);
+        return unpacked_block(m, qweight, b, awq ? std::string() : prefix + ".g_idx", order);
     }
 
     // The fields of a packed layer [b.rows, b.cols] the quantization_config gives (its tensors
@@ -746,21 +744,28 @@ public:
         return m;
     }
 
-    // GPTQ's g_idx and compressed-tensors' weight_g_idx, where the tool wrote one: each column's
-    // group, which must be column / group (act-order permutes them: refused).
-    void check_groups_in_order(const std::string& name, int64_t cols, int64_t group) {
-        if (!ckpt_.find(name)) return;
-        const TensorInfo& gi = tensor(name, {cols}, {DType::I32});
-        const int64_t c = first_permuted_column(gi.data, cols, group);
-        if (c >= 0)
-            fail(gi.file, ": tensor ", name, " puts column ", c, " outside group ", c / group,
-                 ": act-order checkpoints (GPTQ's desc_act) are not supported");
-    }
-
-    // Block b of the packed layer m (named by its codes tensor) in the INT4 layout, or INT8.
-    WeightView unpacked_block(const PackedLinear& m, const std::string& qweight, Block b) {
+    // Block b of the packed layer m (named by its codes tensor) in the INT4 layout, or INT8. Where
+    // the checkpoint has the group index `g_idx` (GPTQ's g_idx, compressed-tensors' weight_g_idx)
+    // and it is act-order's, the columns are sorted by group first (model/hf_quant.h act_order),
+    // the block taken from the sorted layer, and the block's columns' order handed to *order for
+    // the engine, which reads the input in it (the scales stay per group: exact).
+    WeightView unpacked_block(PackedLinear m, const std::string& qweight, Block b, const std::string& g_idx,
+                              std::vector<int32_t>* order) {
         const QuantConfig& qc = cfg_.quant;
         const int bits = m.bits;
+        std::vector<uint8_t> reordered;
+        if (!g_idx.empty() && ckpt_.find(g_idx)) {
+            const TensorInfo& gi = tensor(g_idx, {m.cols}, {DType::I32});
+            std::vector<int32_t> o = act_order(gi.data, m.cols, m.group, gi.file + ": tensor " + g_idx);
+            if (!o.empty()) {
+                SHARDLM_CHECK(order, "an act-order layer where none can be: ", qweight);
+                if (!planning_) {
+                    reordered = reorder_codes(m, o.data());
+                    m.qweight = reordered.data();
+                }
+                order->assign(o.begin() + b.col0, o.begin() + b.col0 + b.ncols);
+            }
+        }
         // The engine's groups: the checkpoint's (INT4 repeats a per-channel scale over groups of
         // group_size; per-channel INT8 keeps one scale per row of the block).
         const int64_t g = bits == 4 ? out_.group_size : qc.packed_group > 0 ? qc.packed_group : b.ncols;
@@ -784,11 +789,13 @@ public:
 
     // A Linear layer's matrix, in the format the options ask for. The vocabulary matrix (`vocab`)
     // is INT8 per output channel under int4 (see weights.h).
-    WeightView linear_matrix(const std::string& name, Block b, bool vocab = false) {
+    // An act-order layer's input order goes to *order (see Linear::input_order).
+    WeightView linear_matrix(const std::string& name, Block b, bool vocab = false, std::vector<int32_t>* order = nullptr) {
         if (b.nrows < 0) b.nrows = b.rows;
         if (b.ncols < 0) b.ncols = b.cols;
         if (cfg_.quant.present)
-            return cfg_.quant.method == QuantMethod::Shardlm ? stored_quantized(name, b, vocab) : hf_quantized(name, b, vocab);
+            return cfg_.quant.method == QuantMethod::Shardlm ? stored_quantized(name, b, vocab)
+                                                             : hf_quantized(name, b, vocab, order);
         if (is_int4(out_.format) && !kept(name)) return vocab ? quantize(name, b, 0) : quantize4(name, b);
         if (is_int8(out_.format) && !kept(name)) return quantize(name, b, out_.group_size);
         return float_matrix(name, b, float_dtype(source(name, {b.rows, b.cols}), is_quantized(out_.format)));
@@ -798,7 +805,8 @@ public:
     Linear column_parallel(const std::string& prefix, int64_t out, int64_t in, bool bias, int64_t row0, int64_t nrows) {
         Linear l;
         l.name = prefix + ".weight";
-        l.w = linear_matrix(l.name, {out, in, row0, nrows, 0, in});
+        l.w = linear_matrix(l.name, {out, in, row0, nrows, 0, in}, false, &l.input_order);
+        if (!l.input_order.empty()) l.input_width = in;
         if (bias) l.bias = vector(prefix + ".bias", out, row0, nrows);
         return l;
     }
@@ -807,7 +815,8 @@ public:
     Linear row_parallel(const std::string& prefix, int64_t out, int64_t in, int64_t col0, int64_t ncols) {
         Linear l;
         l.name = prefix + ".weight";
-        l.w = linear_matrix(l.name, {out, in, 0, out, col0, ncols});
+        l.w = linear_matrix(l.name, {out, in, 0, out, col0, ncols}, false, &l.input_order);
+        if (!l.input_order.empty()) l.input_width = in;
         return l;
     }
 

@@ -91,6 +91,13 @@ struct Linear {
     WeightView w;  // [out, in]
     std::vector<float> bias;  // empty when the layer has none
     const float* bias_ptr() const { return bias.empty() ? nullptr : bias.data(); }
+    // Act-order GPTQ or compressed-tensors (model/hf_quant.h act_order): w's columns sorted by
+    // their group, column j reading element input_order[j] ([w.cols]) of the whole input, of
+    // input_width elements. A row-parallel layer split over ranks reads every rank's part of its
+    // input (in rank order: the engine gathers them), since its groups mix the ranks' columns.
+    // Empty: column j reads element j of this rank's input, as usual.
+    std::vector<int32_t> input_order;
+    int64_t input_width = 0;
 };
 
 struct LayerWeights {

@@ -84,8 +84,13 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
         alloc_vec(local_logits_, L, p.vocab_per_rank);
         alloc_vec(gathered_, L * size_t(p.tp), p.vocab_per_rank);
         alloc_vec(tok_pos_, T, 1);
+        const int64_t ordered = widest_input_order(w);
+        if (ordered > 0) {
+            alloc_vec(ordered_, T, ordered);
+            if (p.tp > 1) alloc_vec(order_parts_, T, ordered);
+        }
         if (quantizes_acts(w.format)) {
-            const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter});
+            const int64_t widest = std::max({cfg.hidden, q_dim, p.n_inter, ordered});
             alloc_vec(act_q_, T, widest);
             alloc_vec(act_scales_, T, widest);  // at most one scale per element
         }
@@ -94,18 +99,29 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     } catch (const std::length_error&) {
         throw WorkspaceAllocError(opt.max_step_tokens, asking);
     }
-    SHARDLM_CHECK(ws_bytes_ == cpu_workspace_bytes(cfg, p, opt_, quantizes_acts(w.format)),
+    SHARDLM_CHECK(ws_bytes_ == cpu_workspace_bytes(cfg, p, opt_, quantizes_acts(w.format), widest_input_order(w)),
                   "CpuEngine: the workspace (", ws_bytes_, " bytes) is not what cpu_workspace_bytes plans");
 }
 
-size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts) {
+int64_t widest_input_order(const ModelWeights& w) {
+    int64_t widest = 0;
+    for (const LayerWeights& L : w.layers)
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) widest = std::max(widest, l->input_width);
+    return widest;
+}
+
+size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts,
+                           int64_t ordered_width) {
     const size_t T = size_t(opt.max_step_tokens), L = size_t(opt.max_logit_rows > 0 ? opt.max_logit_rows : opt.max_batch);
     const size_t q_dim = size_t(p.n_q_heads * c.head_dim), kv_dim = size_t(p.n_kv_heads * c.head_dim);
     const size_t hidden = size_t(c.hidden), inter = size_t(p.n_inter), vpr = size_t(p.vocab_per_rank);
     // x h o, q attn, k v, gate up: f32 rows of the step; positions; last hidden rows and logits.
     size_t b = T * (3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter) * sizeof(float) + T * sizeof(int64_t);
     b += L * hidden * sizeof(float) + L * vpr * (1 + size_t(p.tp)) * sizeof(float);
-    if (int8_acts) b += T * size_t(std::max({c.hidden, p.n_q_heads * c.head_dim, p.n_inter})) * (1 + sizeof(float));
+    const size_t ordered = size_t(ordered_width);
+    b += T * ordered * (p.tp > 1 ? 2 : 1) * sizeof(float);
+    if (int8_acts)
+        b += T * size_t(std::max({c.hidden, p.n_q_heads * c.head_dim, p.n_inter, ordered_width})) * (1 + sizeof(float));
     return b;
 }
 
@@ -186,10 +202,49 @@ const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_
     return &acts_;
 }
 
-void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x,
-                        const QuantizedActs* qx, int64_t T) {
+void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, int64_t T,
+                        int64_t cols) {
+    // Act-order layers read x in their order: one reordered copy for the layers that share one
+    // (GPTQ orders a layer's columns by its input's statistics: q/k/v alike, gate/up alike).
+    std::vector<std::pair<const Linear*, float*>> todo(ls), same, rest;
+    while (!todo.empty()) {
+        const Linear& first = *todo.front().first;
+        same.clear();
+        rest.clear();
+        for (const auto& l : todo) (l.first->input_order == first.input_order ? same : rest).push_back(l);
+        if (first.input_order.empty()) products(same, x, T, cols);
+        else products(same, reorder_input(x, T, cols, first), T, int64_t(first.input_order.size()));
+        todo.swap(rest);
+    }
+}
+
+const float* CpuEngine::reorder_input(const float* x, int64_t T, int64_t cols, const Linear& l) {
+    const std::vector<int32_t>& order = l.input_order;
+    const int64_t width = int64_t(order.size());
+    const float* src = x;
+    int64_t rank_stride = 0;       // a gathered element (t, c): src[(c / cols) * rank_stride + t * cols + c % cols]
+    if (l.input_width != cols) {  // a row-parallel layer over ranks: each rank's [T, cols] part, in rank order
+        SHARDLM_CHECK(l.input_width == cols * comm_.size(), "reorder_input: ", l.name, " reads ", l.input_width,
+                      " elements, ", comm_.size(), " ranks hold ", cols, " each");
+        comm_.all_gather(x, size_t(T * cols) * sizeof(float), order_parts_.data());
+        src = order_parts_.data();
+        rank_stride = T * cols;
+    }
+    float* out = ordered_.data();
+#pragma omp parallel for schedule(static) if (T * width >= kParallelMinElems)
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < width; ++j) {
+            const int64_t c = order[size_t(j)];
+            out[t * width + j] = src[(c / cols) * rank_stride + t * cols + c % cols];
+        }
+    return out;
+}
+
+void CpuEngine::products(const std::vector<std::pair<const Linear*, float*>>& ls, const float* x, int64_t T,
+                         int64_t cols) {
     // Products of INT8 activations (qx) for the I8/I4 layers, of float ones for 16-bit layers kept
     // by --keep-fp16; matmul_*_multi runs one call per layer where the weights differ in kind.
+    const QuantizedActs* qx = quantize_input(x, T, cols, ls.front().first->w.group_size);
     std::vector<MatmulOut> int8_outs, float_outs;
     for (const auto& [l, y] : ls)
         (qx && (l->w.dtype == DType::I8 || l->w.dtype == DType::I4) ? int8_outs : float_outs)
@@ -211,8 +266,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
 
     rmsnorm_rows(x_.as<float>(), L.input_norm.data(), h, T, c.hidden, c.rms_eps);
     if (probe_) probe_(layer, LinearInput::Qkv, h, T, c.hidden);
-    const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.q.w.group_size);
-    linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, qh, T);
+    linears({{&L.q, q}, {&L.k, k}, {&L.v, v}}, h, T, c.hidden);
     add_lora(layer, h, {{&LoraLayer::q, q}, {&LoraLayer::k, k}, {&LoraLayer::v, v}});
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k, before RoPE
         rmsnorm_rows(q, L.q_norm.data(), q, T * nh, hd, c.rms_eps);
@@ -258,7 +312,7 @@ void CpuEngine::attention_block(const LayerWeights& L, int64_t layer, const std:
     }
     float* o = o_.as<float>();
     if (probe_) probe_(layer, LinearInput::O, attn_.as<float>(), T, q_dim);
-    linears({{&L.o, o}}, attn_.as<float>(), quantize_input(attn_.as<float>(), T, q_dim, L.o.w.group_size), T);
+    linears({{&L.o, o}}, attn_.as<float>(), T, q_dim);
     add_lora(layer, attn_.as<float>(), {{&LoraLayer::o, o}});
     row_parallel_sum(o, size_t(T * c.hidden));  // row-parallel o_proj
     add_into(x_.as<float>(), o, T * c.hidden);
@@ -271,13 +325,12 @@ void CpuEngine::mlp_block(const LayerWeights& L, int64_t layer, int64_t T) {
     if (probe_) probe_(layer, LinearInput::GateUp, h, T, c.hidden);
     float* g = gate_.as<float>();
     float* u = up_.as<float>();
-    const QuantizedActs* qh = quantize_input(h, T, c.hidden, L.gate.w.group_size);
-    linears({{&L.gate, g}, {&L.up, u}}, h, qh, T);
+    linears({{&L.gate, g}, {&L.up, u}}, h, T, c.hidden);
     add_lora(layer, h, {{&LoraLayer::gate, g}, {&LoraLayer::up, u}});
     silu_mul_rows(g, u, g, T, w_.plan.n_inter);
     if (probe_) probe_(layer, LinearInput::Down, g, T, w_.plan.n_inter);
     float* o = o_.as<float>();
-    linears({{&L.down, o}}, g, quantize_input(g, T, w_.plan.n_inter, L.down.w.group_size), T);
+    linears({{&L.down, o}}, g, T, w_.plan.n_inter);
     add_lora(layer, g, {{&LoraLayer::down, o}});
     row_parallel_sum(o, size_t(T * c.hidden));  // row-parallel down_proj
     add_into(x_.as<float>(), o, T * c.hidden);

@@ -30,8 +30,13 @@ struct WorkspaceAllocError : std::bad_alloc {
 
 // The step workspace's bytes of a rank's CpuEngine with these options (opt.max_logit_rows 0:
 // max_batch), known before any engine exists (`shardlm info`); the engine checks its buffers
-// against it.
-size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts);
+// against it. `ordered_width`: the widest act-order input of the weights (widest_input_order;
+// 0 where none is, or not yet known).
+size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts,
+                           int64_t ordered_width = 0);
+
+// The widest whole input (Linear::input_width) of w's act-order layers, 0 where none is.
+int64_t widest_input_order(const ModelWeights& w);
 
 class CpuEngine final : public Engine {
 public:
@@ -72,10 +77,15 @@ private:
     // W8A8/W4A8: x is quantized per token (or group) once (quantize_input) and
     // reused by every INT8/INT4 layer reading the same x; layers kept in 16 bits read x as floats.
     const QuantizedActs* quantize_input(const float* x, int64_t T, int64_t cols, int64_t group);
-    // The layers that read the same x (q/k/v, gate/up, or one layer alone), y = x * W^T (+ b) each:
-    // one threaded product over all their rows (one fork and join, not one per layer).
-    void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, const QuantizedActs* qx,
-                 int64_t T);
+    // The layers that read the same x [T, cols] (q/k/v, gate/up, or one layer alone), y = x * W^T
+    // (+ b) each: one threaded product over all their rows (one fork and join, not one per layer)
+    // for the layers that read x in one order (act-order layers: their input_order).
+    void linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, int64_t T, int64_t cols);
+    void products(const std::vector<std::pair<const Linear*, float*>>& ls, const float* x, int64_t T, int64_t cols);
+    // x [T, cols] in act-order layer l's input order: [T, l.input_order.size()] in ordered_. A
+    // row-parallel layer split over ranks reads every rank's columns: gathered first (into
+    // order_parts_).
+    const float* reorder_input(const float* x, int64_t T, int64_t cols, const Linear& l);
     // For each (matrix, y) of ys (matrices of one input x of layer `layer`: q/k/v, gate/up): y
     // [T, m.out] += (x A^T) B^T for the rows of each adapter run of the step (lora_runs_), after
     // the base product and before any all-reduce; all of them in one lora_add_jobs call (none
@@ -113,6 +123,9 @@ private:
     std::vector<float> lora_t_;
     std::vector<LoraJob> lora_jobs_;  // add_lora's, kept to reuse their memory
     std::vector<float> rank_parts_;   // row_parallel_sum's gathered parts, [tp][n]
+    // Act-order layers' inputs in their order [max_step_tokens, at most the widest input], and
+    // (several ranks) the ranks' parts of a row-parallel input, [tp][max_step_tokens][its columns].
+    std::vector<float> ordered_, order_parts_;
     size_t adapter_bytes_ = 0;
 };
 

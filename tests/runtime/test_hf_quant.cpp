@@ -1,13 +1,12 @@
 // Hugging Face's pre-quantized checkpoints (AutoAWQ's GEMM packing, AutoGPTQ/GPTQModel's 4 and 8
-// bits, llm-compressor's compressed-tensors) load into the engine's INT4/INT8 layouts exactly. The
-// tests make each layer's truth (codes, zero points, 16-bit scales), pack it as the tools do (the
-// packing written here from the tools' description: AWQ's order map [0, 2, 4, 6, 1, 3, 5, 7],
-// GPTQ's columns along a word, zero points less one in AutoGPTQ's format, compressed-tensors' rows
-// of words holding the signed values plus 8), and hold the loaded weights to the truth's
+// bits, llm-compressor's compressed-tensors; act-order too) load into the engine's INT4/INT8
+// layouts exactly. The tests make each layer's truth (codes, zero points, 16-bit scales, groups),
+// pack it as the tools do (hf_quant_writer.h), and hold the loaded weights to the truth's
 // W = (q - z) * s bit for bit, on one rank and on each of two; the whole model to an FP32
 // checkpoint of those W within float rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -17,6 +16,7 @@
 
 #include "core/error.h"
 #include "fixtures.h"
+#include "hf_quant_writer.h"
 #include "model/safetensors_writer.h"
 
 using namespace shardlm;
@@ -24,214 +24,8 @@ using namespace shardlm::test;
 
 namespace {
 
-struct Case {
-    std::string method;  // "awq", "gptq" or "ct" (compressed-tensors)
-    int bits = 4;
-    int64_t group = 32;  // -1: one group per output channel; -2 (ct): one scale for the tensor
-    std::string format = "gptq";  // GPTQ's checkpoint_format
-    bool acts = false;            // ct: INT8 inputs per token (W8A8)
-    std::string name() const {
-        return method + std::to_string(bits) + "_g" + (group == -1 ? "ch" : group == -2 ? "tensor" : std::to_string(group)) +
-               (method == "gptq" ? "_" + format : "") + (acts ? "_a8" : "");
-    }
-};
-
-// One layer [rows, cols] as the tool quantized it.
-struct Truth {
-    int64_t rows = 0, cols = 0, group = 0;
-    std::vector<uint32_t> q;  // [rows, cols]
-    std::vector<uint32_t> z;  // [groups, rows]
-    std::vector<float> s;     // [groups, rows], each exact in the file's 16 bits
-    float w(int64_t r, int64_t c) const {
-        const size_t k = size_t((c / group) * rows + r);
-        return (float(q[size_t(r * cols + c)]) - float(z[k])) * s[k];
-    }
-};
-
-Truth make_truth(int64_t rows, int64_t cols, const Case& cs, std::mt19937& rng) {
-    Truth t;
-    t.rows = rows;
-    t.cols = cols;
-    t.group = cs.group < 0 ? cols : cs.group;
-    const bool ct = cs.method == "ct";
-    const uint32_t top = (1u << cs.bits) - 1;
-    std::uniform_int_distribution<uint32_t> code(0, top);
-    // AutoGPTQ's format stores z - 1, which cannot hold z = 0; symmetric 8-bit is z = 128.
-    std::uniform_int_distribution<uint32_t> zero(cs.method == "gptq" && cs.format == "gptq" ? 1 : 0, top);
-    // Weights of the synthetic model's size (|w| up to ~0.1): steps of 0.03 .. 0.12 of 2^-bits.
-    const float step = 1.0f / float(1u << cs.bits);
-    std::uniform_real_distribution<float> scale(0.03f * step, 0.12f * step);
-    for (int64_t i = 0; i < rows * cols; ++i) t.q.push_back(code(rng));
-    for (int64_t i = 0; i < (cols / t.group) * rows; ++i) {
-        // compressed-tensors is symmetric: its 4-bit codes are the value plus 8.
-        t.z.push_back(cs.bits == 8 ? 128u : ct ? 8u : zero(rng));
-        const float v = scale(rng);
-        t.s.push_back(i > 0 && cs.group == -2 ? t.s[0] : ct ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v)));
-    }
-    return t;
-}
-
-TensorToWrite words(const std::string& name, std::vector<int64_t> shape, const std::vector<uint32_t>& w) {
-    TensorToWrite t{name, "I32", std::move(shape), std::vector<uint8_t>(w.size() * 4)};
-    std::memcpy(t.bytes.data(), w.data(), t.bytes.size());
-    return t;
-}
-
-TensorToWrite sixteen(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, bool bf16) {
-    TensorToWrite t{name, bf16 ? "BF16" : "F16", std::move(shape), std::vector<uint8_t>(v.size() * 2)};
-    for (size_t i = 0; i < v.size(); ++i) {
-        const uint16_t h = bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-        std::memcpy(&t.bytes[2 * i], &h, 2);
-    }
-    return t;
-}
-
-// compressed-tensors' tensors: the codes in rows (4 bits: words of 8 along a row, the signed
-// value plus 8 at bits 4k; 8 bits: int8 itself), weight_scale [rows, groups] in bf16 (one value
-// for strategy tensor), weight_shape, and the zero points llm-compressor saves (all zero).
-std::vector<TensorToWrite> pack_ct(const std::string& prefix, const Truth& t, const Case& cs) {
-    const int64_t groups = t.cols / t.group;
-    std::vector<TensorToWrite> out;
-    if (cs.bits == 4) {
-        std::vector<uint32_t> qw(size_t(t.rows * t.cols / 8));
-        for (int64_t r = 0; r < t.rows; ++r)
-            for (int64_t c = 0; c < t.cols; ++c) qw[size_t(r * t.cols / 8 + c / 8)] |= t.q[size_t(r * t.cols + c)] << (4 * (c % 8));
-        out.push_back(words(prefix + ".weight_packed", {t.rows, t.cols / 8}, qw));
-        TensorToWrite shape{prefix + ".weight_shape", "I64", {2}, std::vector<uint8_t>(16)};
-        const int64_t dims[2] = {t.rows, t.cols};
-        std::memcpy(shape.bytes.data(), dims, 16);
-        out.push_back(std::move(shape));
-    } else {
-        TensorToWrite w{prefix + ".weight", "I8", {t.rows, t.cols}, std::vector<uint8_t>(size_t(t.rows * t.cols))};
-        for (size_t i = 0; i < w.bytes.size(); ++i) w.bytes[i] = uint8_t(int8_t(int(t.q[i]) - 128));
-        out.push_back(std::move(w));
-        out.push_back({prefix + ".weight_zero_point", "I8", {t.rows, groups}, std::vector<uint8_t>(size_t(t.rows * groups))});
-    }
-    if (cs.group == -2) {
-        out.push_back(sixteen(prefix + ".weight_scale", {1}, {t.s[0]}, true));
-    } else {
-        std::vector<float> s(size_t(t.rows * groups));
-        for (int64_t r = 0; r < t.rows; ++r)
-            for (int64_t k = 0; k < groups; ++k) s[size_t(r * groups + k)] = t.s[size_t(k * t.rows + r)];
-        out.push_back(sixteen(prefix + ".weight_scale", {t.rows, groups}, s, true));
-    }
-    return out;
-}
-
-// The tensors the tool writes for `prefix` (q_proj etc., without ".weight").
-std::vector<TensorToWrite> pack(const std::string& prefix, const Truth& t, const Case& cs) {
-    if (cs.method == "ct") return pack_ct(prefix, t, cs);
-    const int64_t groups = t.cols / t.group;
-    std::vector<TensorToWrite> out;
-    if (cs.method == "awq") {
-        const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // AutoAWQ: bits 4i hold output order[i] of the eight
-        std::vector<uint32_t> qw(size_t(t.cols * t.rows / 8)), qz(size_t(groups * t.rows / 8));
-        for (int64_t c = 0; c < t.cols; ++c)
-            for (int64_t j = 0; j < t.rows / 8; ++j)
-                for (int i = 0; i < 8; ++i) qw[size_t(c * (t.rows / 8) + j)] |= t.q[size_t((8 * j + order[i]) * t.cols + c)] << (4 * i);
-        for (int64_t k = 0; k < groups; ++k)
-            for (int64_t j = 0; j < t.rows / 8; ++j)
-                for (int i = 0; i < 8; ++i) qz[size_t(k * (t.rows / 8) + j)] |= t.z[size_t(k * t.rows + 8 * j + order[i])] << (4 * i);
-        out.push_back(words(prefix + ".qweight", {t.cols, t.rows / 8}, qw));
-        out.push_back(words(prefix + ".qzeros", {groups, t.rows / 8}, qz));
-    } else {
-        const int per = 32 / cs.bits;
-        const uint32_t off = cs.format == "gptq" ? 1 : 0, mask = (1u << cs.bits) - 1;
-        std::vector<uint32_t> qw(size_t(t.cols / per * t.rows)), qz(size_t(groups * t.rows / per)), gi;
-        for (int64_t i = 0; i < t.cols / per; ++i)
-            for (int64_t r = 0; r < t.rows; ++r)
-                for (int k = 0; k < per; ++k) qw[size_t(i * t.rows + r)] |= t.q[size_t(r * t.cols + i * per + k)] << (cs.bits * k);
-        for (int64_t g = 0; g < groups; ++g)
-            for (int64_t j = 0; j < t.rows / per; ++j)
-                for (int k = 0; k < per; ++k)
-                    qz[size_t(g * t.rows / per + j)] |= ((t.z[size_t(g * t.rows + j * per + k)] - off) & mask) << (cs.bits * k);
-        for (int64_t c = 0; c < t.cols; ++c) gi.push_back(uint32_t(c / t.group));
-        out.push_back(words(prefix + ".qweight", {t.cols / per, t.rows}, qw));
-        out.push_back(words(prefix + ".qzeros", {groups, t.rows / per}, qz));
-        out.push_back(words(prefix + ".g_idx", {t.cols}, gi));
-    }
-    out.push_back(sixteen(prefix + ".scales", {groups, t.rows}, t.s, false));
-    return out;
-}
-
-nlohmann::json quant_config(const Case& cs) {
-    if (cs.method == "ct") {
-        nlohmann::json weights = {{"num_bits", cs.bits}, {"type", "int"}, {"symmetric", true}, {"dynamic", false},
-                                  {"strategy", cs.group > 0 ? "group" : cs.group == -1 ? "channel" : "tensor"},
-                                  {"group_size", cs.group > 0 ? nlohmann::json(cs.group) : nlohmann::json()},
-                                  {"actorder", cs.bits == 4 ? nlohmann::json("static") : nlohmann::json()},
-                                  {"observer", "minmax"}};
-        nlohmann::json input = cs.acts ? nlohmann::json{{"num_bits", 8}, {"type", "int"}, {"symmetric", true},
-                                                        {"dynamic", true}, {"strategy", "token"}}
-                                       : nlohmann::json();
-        return {{"quant_method", "compressed-tensors"},
-                {"format", cs.bits == 4 ? "pack-quantized" : "int-quantized"},
-                {"quantization_status", "compressed"},
-                {"config_groups",
-                 {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input},
-                               {"output_activations", nullptr}}}}},
-                {"ignore", {"lm_head"}},
-                {"kv_cache_scheme", nullptr},
-                {"sparsity_config", nlohmann::json::object()}};
-    }
-    if (cs.method == "awq")
-        return {{"quant_method", "awq"}, {"bits", 4}, {"group_size", cs.group}, {"zero_point", true},
-                {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
-    return {{"quant_method", "gptq"}, {"bits", cs.bits}, {"group_size", cs.group}, {"desc_act", false},
-            {"sym", true}, {"checkpoint_format", cs.format}};
-}
-
-const char* const kLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-
-// A layer's Linear weight (what the tools quantize), not a norm, bias, embedding or lm_head.
-bool is_linear_weight(const std::string& name) {
-    for (const char* l : kLinears)
-        if (name.find(std::string(l) + ".weight") != std::string::npos) return true;
-    return false;
-}
-
-// `hf`: the checkpoint as the tool writes it (the embedding, norms, biases and lm_head in fp16 as
-// a float checkpoint has them); `ref`: an FP32 checkpoint of the same model with W = (q - z) * s.
-// Returns each layer's truth by its weight's name.
-std::map<std::string, Truth> write_pair(const ModelConfig& cfg, const Case& cs, const std::string& hf,
-                                        const std::string& ref, uint64_t seed,
-                                        const std::function<void(nlohmann::json&)>& edit = {}) {
-    TempDir src;
-    write_synthetic_checkpoint(src.path(), cfg, {DType::F16, 1, seed});
-    std::mt19937 rng{uint32_t(seed)};
-    std::map<std::string, Truth> truth;
-    std::vector<TensorToWrite> a, b;
-    SafetensorsFile f(src.path() + "/model.safetensors");
-    for (const auto& [name, info] : f.tensors()) {
-        if (name.rfind("__pad_", 0) == 0) continue;
-        const bool linear = is_linear_weight(name);
-        if (!linear) {
-            const TensorToWrite t{name, info.dtype_str, info.shape, std::vector<uint8_t>(info.data, info.data + info.nbytes)};
-            a.push_back(t);
-            b.push_back(t);
-            continue;
-        }
-        const Truth t = make_truth(info.shape[0], info.shape[1], cs, rng);
-        for (TensorToWrite& p : pack(name.substr(0, name.size() - 7), t, cs)) a.push_back(std::move(p));
-        TensorToWrite w{name, "F32", info.shape, std::vector<uint8_t>(size_t(t.rows * t.cols) * 4)};
-        for (int64_t r = 0; r < t.rows; ++r)
-            for (int64_t c = 0; c < t.cols; ++c) {
-                const float v = t.w(r, c);
-                std::memcpy(&w.bytes[size_t(r * t.cols + c) * 4], &v, 4);
-            }
-        b.push_back(std::move(w));
-        truth.emplace(name, t);
-    }
-    nlohmann::json config = nlohmann::json::parse(config_json(cfg));
-    write_file(ref + "/config.json", config.dump(2));
-    config["quantization_config"] = quant_config(cs);
-    if (edit) edit(config);
-    write_file(hf + "/config.json", config.dump(2));
-    write_safetensors(hf + "/model.safetensors", a, true);
-    write_safetensors(ref + "/model.safetensors", b, true);
-    return truth;
-}
+using Case = HfQuantCase;
+using Truth = HfQuantTruth;
 
 struct Out {
     std::vector<std::vector<float>> rows;
@@ -281,6 +75,9 @@ const std::vector<Case> kCases = {
     {"gptq", 4, 64, "gptq_v2"}, {"gptq", 4, -1, "gptq"}, {"gptq", 8, 32, "gptq"}, {"gptq", 8, -1, "gptq_v2"},
     {"ct", 4, 32},           {"ct", 4, -1},            {"ct", 4, -2},           {"ct", 8, -1, "", true},
     {"ct", 8, 32},           {"ct", 8, -2, "", true},
+    // Act-order: each layer's columns sorted by group on load, the input read in that order.
+    {"gptq", 4, 32, "gptq", false, true}, {"gptq", 8, 32, "gptq_v2", false, true}, {"ct", 4, 32, "", false, true},
+    {"ct", 8, 32, "", true, true},
 };
 
 std::string want_format(const Case& cs) { return cs.bits == 4 ? "int4" : cs.acts ? "w8a8" : "int8"; }
@@ -288,7 +85,9 @@ std::string want_format(const Case& cs) { return cs.bits == 4 ? "int4" : cs.acts
 }  // namespace
 
 // Every element of every Linear layer, loaded on one rank and sliced for each of two, equals the
-// truth's (q - z) * s exactly, in the layout the format maps to (INT4 for 4 bits, INT8 for 8).
+// truth's (q - z) * s exactly, in the layout the format maps to (INT4 for 4 bits, INT8 for 8). An
+// act-order layer's columns are sorted by group, each rank's block of a row-parallel one taken
+// from the sorted columns, and input_order names the column each came from.
 TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     cfg.intermediate = 256;  // two ranks' halves of 128 columns hold whole groups of 64
@@ -313,11 +112,20 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
                         const bool rows_split = l->w.cols == t.cols;
                         const int64_t r0 = rows_split ? rank * l->w.rows : 0, c0 = rows_split ? 0 : rank * l->w.cols;
                         ASSERT_EQ(rows_split ? l->w.rows * tp : l->w.cols * tp, rows_split ? t.rows : t.cols) << l->name;
+                        // Act-order: the block's columns come from anywhere in the layer's input.
+                        ASSERT_EQ(l->input_order.size(), cs.act_order ? size_t(l->w.cols) : size_t(0)) << cs.name() << " " << l->name;
+                        EXPECT_EQ(l->input_width, cs.act_order ? t.cols : 0) << l->name;
+                        std::vector<int32_t> order = l->input_order;
+                        std::vector<bool> seen(size_t(t.cols), false);
+                        for (int32_t c : order) seen.at(size_t(c)) = true;
+                        EXPECT_EQ(std::count(seen.begin(), seen.end(), true), int64_t(order.size())) << l->name;
+                        if (order.empty())
+                            for (int64_t c = 0; c < l->w.cols; ++c) order.push_back(int32_t(c0 + c));
                         std::vector<float> row(size_t(l->w.cols));
                         for (int64_t r = 0; r < l->w.rows; ++r) {
                             weight_row_to_f32(l->w, r, row.data());
                             for (int64_t col = 0; col < l->w.cols; ++col, ++checked)
-                                ASSERT_EQ(row[size_t(col)], t.w(r0 + r, c0 + col))
+                                ASSERT_EQ(row[size_t(col)], t.w(r0 + r, order[size_t(col)]))
                                     << cs.name() << " tp " << tp << " rank " << rank << " " << l->name << " (" << r << ", "
                                     << col << ")";
                         }
@@ -328,11 +136,13 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
 }
 
 // The whole model on an AWQ or GPTQ checkpoint computes what FP32 computes on the truth's weights
-// (the vocabulary matrix kept float on both sides): GEMM and GEMV chunks, tokens equal.
+// (the vocabulary matrix kept float on both sides): GEMM and GEMV chunks, tokens equal. Act-order
+// layers read their input in their columns' order.
 TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
     for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
         for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, -1, "gptq"}, Case{"gptq", 8, 32, "gptq"},
-                               Case{"ct", 4, 32}, Case{"ct", 8, -2}}) {
+                               Case{"ct", 4, 32}, Case{"ct", 8, -2}, Case{"gptq", 4, 32, "gptq", false, true},
+                               Case{"ct", 8, 32, "", false, true}}) {
             const ModelConfig cfg = tiny_config(arch);
             TempDir hf, ref;
             write_pair(cfg, cs, hf.path(), ref.path(), 21);
@@ -451,25 +261,29 @@ TEST(HfQuant, BadInput) {
     has(refused(ct8, group0("weights", "symmetric", false)), "weights symmetric false: asymmetric weights are not supported");
     has(refused(ct8, group0("weights", "num_bits", 4)), "weights num_bits 4 is not supported with format int-quantized");
     has(refused(ct8, group0("weights", "strategy", "block")), "weights strategy \"block\" is not supported");
-    // Act-order: "group" writes each column's group in weight_g_idx, refused where it is not
-    // column / group ("static" leaves them in order and loads: the layouts test above).
-    has(refused(ct4, group0("weights", "actorder", "group"), {},
-                [&](const std::string& dir) {
-                    std::vector<TensorToWrite> ts;
-                    {
-                        SafetensorsFile f(dir + "/model.safetensors");
-                        for (const auto& [name, info] : f.tensors())
-                            if (name.rfind("__pad_", 0) != 0)
-                                ts.push_back({name, info.dtype_str, info.shape,
-                                              std::vector<uint8_t>(info.data, info.data + info.nbytes)});
-                    }
-                    std::vector<uint32_t> gi;
-                    for (int64_t c = 0; c < 160; ++c) gi.push_back(uint32_t(c / 32));
-                    std::swap(gi[5], gi[100]);
-                    ts.push_back(words("model.layers.0.mlp.down_proj.weight_g_idx", {160}, gi));
-                    write_safetensors(dir + "/model.safetensors", ts, true);
-                }),
-        "tensor model.layers.0.mlp.down_proj.weight_g_idx puts column 5 outside group 0: act-order checkpoints");
+    // Act-order: a weight_g_idx whose groups are not all group_size columns (column 5 moved from
+    // group 0 to 3), and one naming a group past the last.
+    auto g_idx_of = [&](const char* name, int64_t cols, std::function<void(std::vector<uint32_t>&)> change) {
+        return [=](const std::string& dir) {
+            rewrite_tensors(dir, [&](TensorToWrite& t) {
+                if (t.name != name) return true;
+                std::vector<uint32_t> gi(static_cast<size_t>(cols));
+                std::memcpy(gi.data(), t.bytes.data(), t.bytes.size());
+                change(gi);
+                t = words(name, {cols}, gi);
+                return true;
+            });
+        };
+    };
+    const Case ct4_act{"ct", 4, 32, "", false, true}, gptq_act{"gptq", 4, 32, "gptq", false, true};
+    const std::string moved = refused(ct4_act, {}, {},
+                                      g_idx_of("model.layers.0.mlp.down_proj.weight_g_idx", 160,
+                                               [](std::vector<uint32_t>& gi) { gi[5] = (gi[5] + 1) % 5; }));
+    has(moved, "tensor model.layers.0.mlp.down_proj.weight_g_idx: group ");
+    has(moved, " columns, not the group size 32 (act-order with static groups of another size is not supported)");
+    has(refused(gptq_act, {}, {},
+                g_idx_of("model.layers.1.mlp.up_proj.g_idx", 64, [](std::vector<uint32_t>& gi) { gi[40] = 2; })),
+        "tensor model.layers.1.mlp.up_proj.g_idx: column 40 is in group 2, outside 0..1");
     has(refused(ct8, group0("input_activations", "dynamic", false)), "only dynamic symmetric INT8 per token is supported");
     has(refused(ct8, set("kv_cache_scheme", {{"num_bits", 8}, {"type", "float"}})), "kv_cache_scheme: a quantized KV cache scheme");
     has(refused(ct4, [](nlohmann::json& c) {
@@ -509,15 +323,6 @@ TEST(HfQuant, BadInput) {
     has(refused(gptq8, {}, {WeightFormat::Int4, 0, ""}), "is pre-quantized (int8); use --weights auto, int8 or w8a8");
     has(refused(awq, {}, {WeightFormat::Auto, 0, "down_proj"}),
         "--keep-fp16 matches model.layers.0.mlp.down_proj.weight, which");
-    // Act-order: a g_idx that is not column / group.
-    has(refused(gptq, {}, {},
-                [&](const std::string& dir) {
-                    rewrite_tensors(dir, [](TensorToWrite& t) {
-                        if (t.name == "model.layers.1.mlp.up_proj.g_idx") std::swap(t.bytes[0], t.bytes[4 * 40]);  // columns 0 and 40
-                        return true;
-                    });
-                }),
-        "tensor model.layers.1.mlp.up_proj.g_idx puts column 0 outside group 0: act-order checkpoints");
     // Asymmetric 8-bit: one zero point moved off 128.
     has(refused(gptq8, {}, {},
                 [&](const std::string& dir) {

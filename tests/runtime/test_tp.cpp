@@ -11,6 +11,7 @@
 #include "core/host_memory.h"
 #include "model/shard.h"
 #include "fixtures.h"
+#include "hf_quant_writer.h"
 #include "mpi_world.h"
 #include "runtime/batcher.h"
 #include "runtime/sampler.h"
@@ -136,6 +137,41 @@ TEST(TensorParallel, Int4Weights) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("_proj.weight: --group-size 32 does not align with the tensor-parallel split"),
                   std::string::npos) << e.what();
+    }
+}
+
+// Act-order GPTQ (4 bits) and compressed-tensors (W8A8) split over ranks: a row-parallel layer's
+// groups hold columns from every rank's part of its input, so each rank gathers the whole input
+// and reads its share of the columns sorted by group (Linear::input_order); column-parallel
+// layers read the hidden state every rank holds in their order. TP=N gives the tokens of one rank.
+// The CUDA engine refuses act-order layers.
+TEST(TensorParallel, ActOrderCheckpoints) {
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.intermediate = 256;  // 4 ranks: 64 columns of down_proj and 32 of o_proj each, whole groups of 32
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(23, cfg.vocab, 1), make_prompt(5, cfg.vocab, 2)};
+    for (const HfQuantCase& cs : {HfQuantCase{"gptq", 4, 32, "gptq", false, true}, HfQuantCase{"ct", 8, 32, "", true, true}}) {
+        TempDir hf, ref;
+        write_pair(cfg, cs, hf.path(), ref.path(), 53);
+#ifdef SHARDLM_TP_ON_CUDA
+        const std::string e = thrown_error([&] { run(hf.path(), world(), prompts, KVFormat::F32, {}); });
+        EXPECT_NE(e.find("_proj.weight is act-order (GPTQ's desc_act"), std::string::npos) << e;
+#else
+        SingleRank one;
+        const auto a = run(hf.path(), one, prompts, KVFormat::F32, {});
+        const auto b = run(hf.path(), world(), prompts, KVFormat::F32, {});
+        // INT8 activations (W8A8) are quantized per group of the sorted columns, each rank its own
+        // groups: the groups of one rank; INT4's int16 rounding (cpu_quantized_weights_round) is on
+        // a scale per token and rank.
+        const double tol = cs.acts || cpu_quantized_weights_round() ? 2e-3 : 1e-4;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_EQ(b.result.seqs[i].tokens, a.result.seqs[i].tokens) << cs.name() << " prompt " << i;
+            float scale = 0;
+            for (float v : a.result.seqs[i].prompt_logits) scale = std::max(scale, std::fabs(v));
+            EXPECT_LT(max_abs_diff(b.result.seqs[i].prompt_logits, a.result.seqs[i].prompt_logits), tol * scale)
+                << cs.name() << " prompt " << i;
+        }
+        EXPECT_LT(double(b.weight_bytes) / double(a.weight_bytes), 1.0 / world().size() + 0.05) << cs.name();
+#endif
     }
 }
 

@@ -173,7 +173,8 @@ TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
 // LoRA adapters chosen per sequence (serve --lora-modules) over a Hub-quantized base (GPTQ and
 // AWQ, whose layers are stored as packed qweight, not as the matrices' shapes): the factors are
 // checked against the config's shapes, and each sequence computes what it computes over the FP32
-// checkpoint of the unpacked weights with the same adapter.
+// checkpoint of the unpacked weights with the same adapter (act-order too: the adapters read the
+// input in its own order).
 TEST(HfQuant, AdaptersPerSequenceOverAQuantizedBase) {
     const ModelConfig cfg = tiny_config(Arch::Qwen2);
     TempDir ad;
@@ -185,7 +186,7 @@ TEST(HfQuant, AdaptersPerSequenceOverAQuantizedBase) {
     write_lora_adapter(ad.path(), R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})", ms);
     const std::vector<std::vector<int32_t>> prompts = {make_prompt(12, cfg.vocab, 1), make_prompt(7, cfg.vocab, 2)};
     const std::vector<int64_t> which = {0, -1};
-    for (const Case& cs : {Case{"gptq", 4, 32, "gptq"}, Case{"awq", 4, 32}}) {
+    for (const Case& cs : {Case{"gptq", 4, 32, "gptq"}, Case{"awq", 4, 32}, Case{"gptq", 4, 32, "gptq", false, true}}) {
         TempDir hf, ref;
         write_pair(cfg, cs, hf.path(), ref.path(), 23);
         auto greedy = [&](const std::string& dir, const LoadOptions& lo) {

@@ -39,8 +39,8 @@ std::string quant_summary(const ModelConfig& c) {
                q.per_tensor ? std::string("one scale for each matrix")
                : q.packed_group > 0 ? cat("groups of ", q.packed_group)
                                     : std::string("one group per row"),
-               ": loads as ",
-               q.format, " (", group, ")");
+               q.act_order ? ", act-order" : "", ": loads as ", q.format, " (", group,
+               q.act_order ? "; the columns sorted by group, CPU engine only)" : ")");
 }
 std::string gib(double bytes) {
     std::ostringstream os;

@@ -255,8 +255,10 @@ QuantConfig parse_hf_quantization(const json& q, const ModelConfig& c, const std
             fail(where, " is_marlin_format: Marlin-packed GPTQ checkpoints are not supported");
         if (q.contains("dynamic") && !q["dynamic"].is_null() && !q["dynamic"].empty())
             fail(where, " dynamic: per-module GPTQ overrides are not supported");
-        // desc_act (act-order) alone is not refused: each layer's g_idx is checked as it loads,
-        // and an act-order that left the groups in column order loads.
+        // desc_act (act-order): each layer's g_idx is read as it loads (static_groups leaves the
+        // groups in column order).
+        out.act_order = q.contains("desc_act") && q["desc_act"] == json(true) &&
+                        !(q.contains("static_groups") && q["static_groups"] == json(true));
     }
     if (group != -1 && group <= 0) fail(where, " group_size ", group, " must be positive or -1 (one group per output channel)");
     out.packed_group = group == -1 ? 0 : group;
@@ -299,8 +301,9 @@ QuantConfig parse_compressed_tensors(const json& q, const ModelConfig& c, const 
         if (type != "int") fail(at, ".weights type \"", type, "\" is not supported (int)");
         if (w.value("symmetric", true) != true) fail(at, ".weights symmetric false: asymmetric weights are not supported");
         if (w.value("dynamic", false) != false) fail(at, ".weights dynamic: not supported");
-        // actorder is not refused here: "static" keeps the groups in column order, and the loader
-        // refuses a weight_g_idx that does not ("group").
+        // actorder: "group" writes each column's group in weight_g_idx, in an order of its own
+        // (the loader sorts them); "static" and "weight" keep the groups in column order.
+        if (w.contains("actorder") && w["actorder"] == json("group")) out.act_order = true;
         if (bits != (format == "pack-quantized" ? 4 : 8))
             fail(at, ".weights num_bits ", bits, " is not supported with format ", format,
                  " (int-quantized: 8, pack-quantized: 4)");

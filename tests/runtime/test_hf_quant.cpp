@@ -96,6 +96,7 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
         const auto truth = write_pair(cfg, cs, hf.path(), ref.path(), 11);
         const ModelConfig c = load_config(hf.path());
         EXPECT_EQ(c.quant.format, want_format(cs)) << cs.name();
+        EXPECT_EQ(c.quant.act_order, cs.act_order) << cs.name();  // (what shardlm info says)
         EXPECT_EQ(c.quant.group_size, cs.group > 0 ? cs.group : cs.bits == 4 ? 64 : 0) << cs.name();
         const Checkpoint ck(hf.path());
         for (int tp : {1, 2})

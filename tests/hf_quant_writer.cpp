@@ -27,7 +27,9 @@ TensorToWrite sixteen(const std::string& name, std::vector<int64_t> shape, const
 
 namespace {
 
-HfQuantTruth make_truth(int64_t rows, int64_t cols, const HfQuantCase& cs, std::mt19937& rng) {
+// `by_group`: the columns in the order the tool quantized them (act-order; else column order).
+HfQuantTruth make_truth(int64_t rows, int64_t cols, const HfQuantCase& cs, const std::vector<int64_t>& by_group,
+                        std::mt19937& rng) {
     HfQuantTruth t;
     t.rows = rows;
     t.cols = cols;
@@ -41,9 +43,6 @@ HfQuantTruth make_truth(int64_t rows, int64_t cols, const HfQuantCase& cs, std::
     const float step = 1.0f / float(1u << cs.bits);
     std::uniform_real_distribution<float> scale(0.03f * step, 0.12f * step);
     for (int64_t i = 0; i < rows * cols; ++i) t.q.push_back(code(rng));
-    std::vector<int64_t> by_group(static_cast<size_t>(cols));  // the columns in the order the tool quantized them
-    for (int64_t c = 0; c < cols; ++c) by_group[size_t(c)] = c;
-    if (cs.act_order) std::shuffle(by_group.begin(), by_group.end(), rng);
     t.g_idx.resize(size_t(cols));
     for (int64_t j = 0; j < cols; ++j) t.g_idx[size_t(by_group[size_t(j)])] = uint32_t(j / t.group);
     for (int64_t i = 0; i < (cols / t.group) * rows; ++i) {
@@ -169,6 +168,7 @@ std::map<std::string, HfQuantTruth> write_pair(const ModelConfig& cfg, const HfQ
     write_synthetic_checkpoint(src.path(), cfg, {DType::F16, 1, seed});
     std::mt19937 rng{uint32_t(seed)};
     std::map<std::string, HfQuantTruth> truth;
+    std::map<std::string, std::vector<int64_t>> orders;  // by_group of each input
     std::vector<TensorToWrite> a, b;
     SafetensorsFile f(src.path() + "/model.safetensors");
     for (const auto& [name, info] : f.tensors()) {
@@ -180,7 +180,18 @@ std::map<std::string, HfQuantTruth> write_pair(const ModelConfig& cfg, const HfQ
             b.push_back(t);
             continue;
         }
-        const HfQuantTruth t = make_truth(info.shape[0], info.shape[1], cs, rng);
+        // The order the tool quantized the columns in: one per input (q/k/v, gate/up) unless apart.
+        std::string input = name;
+        for (const char* part : {"q_proj", "k_proj", "v_proj"})
+            if (!cs.orders_apart && input.find(part) != std::string::npos) input.replace(input.find(part), 6, "qkv");
+        for (const char* part : {"gate_proj", "up_proj"})
+            if (!cs.orders_apart && input.find(part) != std::string::npos) input.replace(input.find(part), std::strlen(part), "gate_up");
+        std::vector<int64_t>& by_group = orders[input];
+        if (by_group.empty()) {
+            for (int64_t c = 0; c < info.shape[1]; ++c) by_group.push_back(c);
+            if (cs.act_order) std::shuffle(by_group.begin(), by_group.end(), rng);
+        }
+        const HfQuantTruth t = make_truth(info.shape[0], info.shape[1], cs, by_group, rng);
         for (TensorToWrite& p : pack(name.substr(0, name.size() - 7), t, cs)) a.push_back(std::move(p));
         TensorToWrite w{name, "F32", info.shape, std::vector<uint8_t>(size_t(t.rows * t.cols) * 4)};
         for (int64_t r = 0; r < t.rows; ++r)

@@ -26,11 +26,15 @@ struct HfQuantCase {
     std::string format = "gptq";  // GPTQ's checkpoint_format
     bool acts = false;            // ct: INT8 inputs per token (W8A8)
     // gptq and ct: act-order (desc_act; actorder "group"): the groups gather the columns in a
-    // random order of their own, g_idx saying which group each column is in.
+    // random order of their own, g_idx saying which group each column is in. One order for the
+    // layers of one input (q/k/v, gate/up), as GPTQ's (the order of the input's Hessian diagonal);
+    // `orders_apart`: each layer its own.
     bool act_order = false;
+    bool orders_apart = false;
     std::string name() const {
         return method + std::to_string(bits) + "_g" + (group == -1 ? "ch" : group == -2 ? "tensor" : std::to_string(group)) +
-               (method == "gptq" ? "_" + format : "") + (acts ? "_a8" : "") + (act_order ? "_act" : "");
+               (method == "gptq" ? "_" + format : "") + (acts ? "_a8" : "") + (act_order ? "_act" : "") +
+               (orders_apart ? "_apart" : "");
     }
 };
 

@@ -138,12 +138,13 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
 
 // The whole model on an AWQ or GPTQ checkpoint computes what FP32 computes on the truth's weights
 // (the vocabulary matrix kept float on both sides): GEMM and GEMV chunks, tokens equal. Act-order
-// layers read their input in their columns' order.
+// layers read their input in their columns' order (one copy for q/k/v and one for gate/up, or
+// one each where their orders differ).
 TEST(HfQuant, ModelComputesWhatFp32ComputesOnTheUnpackedWeights) {
     for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3})
         for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, -1, "gptq"}, Case{"gptq", 8, 32, "gptq"},
                                Case{"ct", 4, 32}, Case{"ct", 8, -2}, Case{"gptq", 4, 32, "gptq", false, true},
-                               Case{"ct", 8, 32, "", false, true}}) {
+                               Case{"gptq", 4, 32, "gptq", false, true, true}, Case{"ct", 8, 32, "", false, true}}) {
             const ModelConfig cfg = tiny_config(arch);
             TempDir hf, ref;
             write_pair(cfg, cs, hf.path(), ref.path(), 21);

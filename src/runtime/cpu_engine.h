@@ -125,7 +125,8 @@ private:
     std::vector<float> rank_parts_;   // row_parallel_sum's gathered parts, [tp][n]
     // Act-order layers' inputs in their order [max_step_tokens, at most the widest input], and
     // (several ranks) the ranks' parts of a row-parallel input, [tp][max_step_tokens][its columns].
-    std::vector<float> ordered_, order_parts_;
+    // (Buffers: 128-byte aligned, as the products' other inputs are.)
+    Buffer ordered_, order_parts_;
     size_t adapter_bytes_ = 0;
 };
 

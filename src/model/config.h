@@ -40,7 +40,7 @@ const char* rope_kind_name(RopeScaling::Kind k);  // "default", "llama3", "linea
 
 // quantization_config of a pre-quantized checkpoint: one written by `shardlm quantize` (method
 // Shardlm), or a Hugging Face one quantized by AutoAWQ (Awq: 4-bit GEMM packing), by
-// AutoGPTQ/GPTQModel (Gptq: 4 or 8 bits, without act-order) or by llm-compressor
+// AutoGPTQ/GPTQModel (Gptq: 4 or 8 bits, act-order too) or by llm-compressor
 // (CompressedTensors: symmetric INT8 "int-quantized", W8A8 with dynamic per-token activations or
 // W8A16, and 4-bit "pack-quantized" W4A16), whose Linear layers the loader unpacks into the same
 // INT4/INT8 layouts (model/hf_quant.h). Other tools' configs are refused with an error naming them.

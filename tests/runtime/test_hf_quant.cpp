@@ -219,12 +219,15 @@ TEST(HfQuant, AdaptersPerSequenceOverAQuantizedBase) {
 // W4A16 on the same weights.
 TEST(HfQuant, AwqRunsAsW4A8) {
     const ModelConfig cfg = tiny_config(Arch::Llama);
-    TempDir hf, ref;
-    write_pair(cfg, {"awq", 4, 32}, hf.path(), ref.path(), 31);
-    const std::vector<std::vector<int32_t>> prompts = {make_prompt(20, cfg.vocab, 3)};
-    const Out a16 = run(hf.path(), {}, prompts, 16), a8 = run(hf.path(), {WeightFormat::W4A8, 0, ""}, prompts, 16);
-    EXPECT_GT(cosine(a8.rows[0], a16.rows[0]), 0.999);
-    EXPECT_NE(a8.rows[0], a16.rows[0]);
+    // (And act-order GPTQ: its activations quantized per group of the reordered input.)
+    for (const Case& cs : {Case{"awq", 4, 32}, Case{"gptq", 4, 32, "gptq", false, true}}) {
+        TempDir hf, ref;
+        write_pair(cfg, cs, hf.path(), ref.path(), 31);
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(20, cfg.vocab, 3)};
+        const Out a16 = run(hf.path(), {}, prompts, 16), a8 = run(hf.path(), {WeightFormat::W4A8, 0, ""}, prompts, 16);
+        EXPECT_GT(cosine(a8.rows[0], a16.rows[0]), 0.999) << cs.name();
+        EXPECT_NE(a8.rows[0], a16.rows[0]) << cs.name();
+    }
 }
 
 // compressed-tensors' W8A8 (INT8 weights per channel, dynamic INT8 inputs per token) loads as

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "comm/together.h"
@@ -68,6 +69,7 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     };
     const ShardPlan& p = w.plan;
     const int64_t q_dim = p.n_q_heads * cfg.head_dim, kv_dim = p.n_kv_heads * cfg.head_dim;
+    const int64_t ordered = widest_input_order(w);  // act-order inputs (0: none)
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     const size_t L = size_t(opt_.max_logit_rows);
     try {
@@ -84,7 +86,6 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
         alloc_vec(local_logits_, L, p.vocab_per_rank);
         alloc_vec(gathered_, L * size_t(p.tp), p.vocab_per_rank);
         alloc_vec(tok_pos_, T, 1);
-        const int64_t ordered = widest_input_order(w);
         if (ordered > 0) {
             alloc(ordered_, T, ordered);
             if (p.tp > 1) alloc(order_parts_, T, ordered);
@@ -99,7 +100,7 @@ CpuEngine::CpuEngine(const ModelConfig& cfg, const ModelWeights& w, Communicator
     } catch (const std::length_error&) {
         throw WorkspaceAllocError(opt.max_step_tokens, asking);
     }
-    SHARDLM_CHECK(ws_bytes_ == cpu_workspace_bytes(cfg, p, opt_, quantizes_acts(w.format), widest_input_order(w)),
+    SHARDLM_CHECK(ws_bytes_ == cpu_workspace_bytes(cfg, p, opt_, quantizes_acts(w.format), ordered),
                   "CpuEngine: the workspace (", ws_bytes_, " bytes) is not what cpu_workspace_bytes plans");
 }
 
@@ -205,16 +206,16 @@ const QuantizedActs* CpuEngine::quantize_input(const float* x, int64_t T, int64_
 void CpuEngine::linears(std::initializer_list<std::pair<const Linear*, float*>> ls, const float* x, int64_t T,
                         int64_t cols) {
     // Act-order layers read x in their order: one reordered copy for the layers that share one
-    // (GPTQ orders a layer's columns by its input's statistics: q/k/v alike, gate/up alike).
-    std::vector<std::pair<const Linear*, float*>> todo(ls), same, rest;
-    while (!todo.empty()) {
-        const Linear& first = *todo.front().first;
-        same.clear();
-        rest.clear();
-        for (const auto& l : todo) (l.first->input_order == first.input_order ? same : rest).push_back(l);
-        if (first.input_order.empty()) products(same, x, T, cols);
-        else products(same, reorder_input(x, T, cols, first), T, int64_t(first.input_order.size()));
-        todo.swap(rest);
+    // (GPTQ orders a layer's columns by its input's statistics: q/k/v alike, gate/up alike). Each
+    // distinct order once, at its first layer; other models have one, the empty one.
+    for (auto it = ls.begin(); it != ls.end(); ++it) {
+        const std::vector<int32_t>& order = it->first->input_order;
+        if (std::any_of(ls.begin(), it, [&](const auto& l) { return l.first->input_order == order; })) continue;
+        same_input_.clear();
+        std::copy_if(it, ls.end(), std::back_inserter(same_input_),
+                     [&](const auto& l) { return l.first->input_order == order; });
+        if (order.empty()) products(same_input_, x, T, cols);
+        else products(same_input_, reorder_input(x, T, cols, *it->first), T, int64_t(order.size()));
     }
 }
 

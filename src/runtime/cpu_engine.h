@@ -127,6 +127,7 @@ private:
     // (several ranks) the ranks' parts of a row-parallel input, [tp][max_step_tokens][its columns].
     // (Buffers: 128-byte aligned, as the products' other inputs are.)
     Buffer ordered_, order_parts_;
+    std::vector<std::pair<const Linear*, float*>> same_input_;  // linears' layers of one input order
     size_t adapter_bytes_ = 0;
 };
 

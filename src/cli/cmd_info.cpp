@@ -40,7 +40,7 @@ std::string quant_summary(const ModelConfig& c) {
                : q.packed_group > 0 ? cat("groups of ", q.packed_group)
                                     : std::string("one group per row"),
                q.act_order ? ", act-order" : "", ": loads as ", q.format, " (", group,
-               q.act_order ? "; the columns sorted by group, CPU engine only)" : ")");
+               q.act_order ? "; the columns sorted by group, each layer's input gathered into their order)" : ")");
 }
 std::string gib(double bytes) {
     std::ostringstream os;
@@ -138,6 +138,8 @@ int cmd_info(const Args& args) {
               << " (the CUDA engine adds cuBLAS's prefill scratch)"
 #endif
               << "\n";
+    // Act-order layers gather their input into their columns' order (the widest whole input).
+    const int64_t ordered = c.quant.act_order ? std::max({c.hidden, c.n_heads * c.head_dim, c.intermediate}) : 0;
     if (capacity < ctx)
         std::cout << "  (every layer slides over a window of " << c.sliding_window << ": the cache is a ring of "
                   << capacity << " positions per sequence at --prefill-chunk " << so.prefill_chunk << ")\n";
@@ -159,11 +161,11 @@ int cmd_info(const Args& args) {
                   << gib(double(n - layer_params) + double(untied_embed) + 4.0 * double(p.n_vocab) +
                          double(layer_params) * (0.5 + 8.0 / double(kInt4DefaultGroup)))
                   << " int4/w4a8; KV cache "
-                  << gib(double(kv_cache_bytes(ks))) << "; workspace " << mib(double(cpu_workspace_bytes(c, p, eo, false)))
+                  << gib(double(kv_cache_bytes(ks))) << "; workspace " << mib(double(cpu_workspace_bytes(c, p, eo, false, ordered)))
                   << " cpu";
 #ifdef SHARDLM_HAVE_CUDA
         DeviceArena sizing;
-        take_step_buffers(sizing, c, p, eo, false);
+        take_step_buffers(sizing, c, p, eo, false, ordered);
         std::cout << ", " << mib(double(sizing.used())) << " cuda";
 #endif
         std::cout << "\n";

@@ -63,7 +63,7 @@ struct QuantConfig {
     int zero_offset = 0;
     // GPTQ's desc_act without static_groups, compressed-tensors' actorder "group": the layers'
     // g_idx put their columns in groups of an order of the tool's own, which the loader sorts
-    // (model/hf_quant.h act_order; the CPU engine only). What `shardlm info` says: the loader
+    // (model/hf_quant.h act_order; the engines gather each layer's input into that order). What `shardlm info` says: the loader
     // goes by each layer's g_idx, whatever this says.
     bool act_order = false;
 };

@@ -940,4 +940,11 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& c, const Lo
     return w;
 }
 
+int64_t widest_input_order(const ModelWeights& w) {
+    int64_t widest = 0;
+    for (const LayerWeights& L : w.layers)
+        for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) widest = std::max(widest, l->input_width);
+    return widest;
+}
+
 }  // namespace shardlm

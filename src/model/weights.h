@@ -126,6 +126,10 @@ struct ModelWeights {
     std::vector<Buffer> owned;  // converted or realigned matrices
 };
 
+// The widest whole input (Linear::input_width) of w's act-order layers, 0 where none is: the
+// engines' gather buffers.
+int64_t widest_input_order(const ModelWeights& w);
+
 // Throws Error naming `what` unless `re` (a --keep-fp16 regex) compiles as the loader compiles it
 // (ECMAScript). The loader runs it; AWQ calibration, which matches the regex itself after a float
 // load and a forward pass, runs it before them.

@@ -35,9 +35,6 @@ struct WorkspaceAllocError : std::bad_alloc {
 size_t cpu_workspace_bytes(const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt, bool int8_acts,
                            int64_t ordered_width = 0);
 
-// The widest whole input (Linear::input_width) of w's act-order layers, 0 where none is.
-int64_t widest_input_order(const ModelWeights& w);
-
 class CpuEngine final : public Engine {
 public:
     // Throws WorkspaceAllocError when the step workspace is refused (KVCacheAllocError for the cache).

@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gather.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kv_shift.h"
 #include "kernels/cuda/lora.h"
@@ -37,12 +38,13 @@ size_t matrix_bytes(const WeightView& w) { return size_t(w.rows) * size_t(weight
 size_t scale_count(const WeightView& w) { return w.quantized() ? size_t(w.rows * w.n_groups()) : 0; }
 
 // Whether Linear layers reading the same input can be one matrix of stacked rows: same element
-// type, columns and INT8/INT4 groups, and biases on all or none.
+// type, columns, INT8/INT4 groups and act-order column order, and biases on all or none.
 bool fusable(std::initializer_list<const Linear*> ls) {
     const Linear& a = **ls.begin();
     for (const Linear* l : ls)
         if (l->w.dtype != a.w.dtype || l->w.cols != a.w.cols || l->bias.empty() != a.bias.empty() ||
-            (a.w.quantized() && l->w.group_size != a.w.group_size))
+            (a.w.quantized() && l->w.group_size != a.w.group_size) || l->input_order != a.input_order ||
+            l->input_width != a.input_width)
             return false;
     return true;
 }
@@ -154,7 +156,7 @@ uint32_t parse_ablation(const std::string& names, const std::string& flag) {
 }
 
 CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt,
-                                  bool int8_acts) {
+                                  bool int8_acts, int64_t ordered_width) {
     SHARDLM_CHECK(opt.max_step_tokens > 0 && opt.max_logit_rows > 0 && opt.max_batch > 0);
     const int64_t hd = c.head_dim, q_dim = p.n_q_heads * hd, kv_dim = p.n_kv_heads * hd;
     auto floats = [&](size_t n) { return a.take_n<float>(n); };
@@ -193,6 +195,12 @@ CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const Sh
         b.mass_gathered = static_cast<uint64_t*>(a.take(size_t(p.tp) * L * sizeof(uint64_t)));
         b.row_max = floats(L);
     }
+    if (ordered_width > 0) {
+        // (A rank's act-order layer reads at most ordered_width columns; the parts of a split
+        // row-parallel input add up to its whole width.)
+        b.ordered = floats(T * size_t(ordered_width));
+        if (p.tp > 1) b.order_parts = floats(T * size_t(ordered_width));
+    }
     const size_t penalty_count = L * size_t(opt.max_penalties);
     if (penalty_count > 0) b.penalties = static_cast<PenaltyEntry*>(a.take(penalty_count * sizeof(PenaltyEntry)));
     b.topk_scratch = a.take(topk_scratch_bytes(int64_t(L), std::max<int64_t>(p.n_vocab, 1), kMaxTopCandidates));
@@ -210,7 +218,10 @@ CudaEngine::CudaEngine(const ModelConfig& cfg, const ModelWeights& w, Communicat
     headless_ = w.headless;
     // (W8A8/W4A8 products quantize their input in the norm kernel; TP > 1 all-reduces each
     // product's output before it joins the residual stream: both keep the norm kernels.)
-    fused_norm_ = !int8_acts_ && plan_.tp == 1 && (opt.fused_norm >= 0 ? opt.fused_norm == 1 : gemv_norm_fused_default());
+    // (Act-order layers read their input gathered into their own order, which the norm inside
+    // the GEMV does not write.)
+    fused_norm_ = !int8_acts_ && plan_.tp == 1 && widest_input_order(w) == 0 &&
+                  (opt.fused_norm >= 0 ? opt.fused_norm == 1 : gemv_norm_fused_default());
     SHARDLM_CHECK(opt.kv == DType::F32 || opt.kv == DType::F16 || opt.kv == DType::BF16 || opt.kv == DType::I8);
     if (opt_.max_logit_rows <= 0) opt_.max_logit_rows = opt.max_batch;
     if (!stream) {
@@ -325,10 +336,16 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
         if (v.dtype == DType::I4) m.mins = floats(scale_count(v));
         return m;
     };
+    auto order = [&](CudaLinear& d, const Linear& l) {
+        if (l.input_order.empty()) return;
+        d.order = a.take_n<int32_t>(l.input_order.size());
+        d.order_width = l.input_width;
+    };
     auto linear = [&](const Linear& l) {
         CudaLinear d;
         d.w = matrix(l.w);
         d.bias = l.bias.empty() ? nullptr : floats(l.bias.size());
+        order(d, l);
         return d;
     };
     auto fused = [&](std::initializer_list<const Linear*> ls) {
@@ -336,6 +353,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
         const WeightView v = stacked(ls);
         d.w = matrix(v);
         d.bias = (*ls.begin())->bias.empty() ? nullptr : floats(size_t(v.rows));
+        order(d, **ls.begin());  // (fusable: one order for all)
         return d;
     };
     // Weights.
@@ -393,7 +411,7 @@ void CudaEngine::layout(DeviceArena& a, const ModelWeights& w) {
 
     // Workspace.
     mark = a.used();
-    b_ = take_step_buffers(a, cfg_, plan_, opt_, int8_acts_);
+    b_ = take_step_buffers(a, cfg_, plan_, opt_, int8_acts_, widest_input_order(w));
     ws_bytes_ += a.used() - mark;
 }
 
@@ -408,9 +426,13 @@ void CudaEngine::upload(const ModelWeights& w) {
         if (v.quantized()) up.copy(const_cast<float*>(d.scales), v.scales, scale_count(v) * sizeof(float));
         if (v.dtype == DType::I4) up.copy(const_cast<float*>(d.mins), v.mins, scale_count(v) * sizeof(float));
     };
+    auto order = [&](const CudaLinear& d, const Linear& l) {
+        if (d.order) up.copy(const_cast<int32_t*>(d.order), l.input_order.data(), l.input_order.size() * sizeof(int32_t));
+    };
     auto linear = [&](const CudaLinear& d, const Linear& l) {
         matrix(d.w, l.w);
         if (d.bias) vec(d.bias, l.bias);
+        order(d, l);
     };
     // The parts' rows one after the other; INT8/INT4 scales (and mins) and biases follow their rows.
     auto fused = [&](const CudaLinear& d, std::initializer_list<const Linear*> ls) {
@@ -426,6 +448,7 @@ void CudaEngine::upload(const ModelWeights& w) {
             if (d.bias) up.copy(const_cast<float*>(d.bias) + row, l->bias.data(), l->bias.size() * sizeof(float));
             row += v.rows;
         }
+        order(d, **ls.begin());
     };
     matrix(embed_, w.embed);
     if (lm_head_.data != embed_.data) matrix(lm_head_, w.lm_head);
@@ -480,7 +503,8 @@ void CudaEngine::collective(std::function<void()> op) {
 
 bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
     const ModelConfig& c = cfg_;
-    if (int8_product(next.w) && act_group(next.w) == c.hidden) {
+    // (An act-order projection quantizes its gathered input itself.)
+    if (int8_product(next.w) && act_group(next.w) == c.hidden && !next.order) {
         add_rmsnorm_quantize_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, b_.act_q, b_.act_scales, stream_);
         return true;
     }
@@ -494,11 +518,27 @@ HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*>
     const HalfInput h = gemm_->input_for((*ls.begin())->w);
     for (const CudaLinear* l : ls) {
         const HalfInput o = gemm_->input_for(l->w);
-        // (W8A8/W4A8 products take int8 activations, not this.)
-        if (!o.data || o.type != h.type || o.interleave_c != h.interleave_c || int8_product(l->w))
+        // (W8A8/W4A8 products take int8 activations, not this; act-order ones their gathered input.)
+        if (!o.data || o.type != h.type || o.interleave_c != h.interleave_c || int8_product(l->w) || l->order)
             return {};
     }
     return h;
+}
+
+const float* CudaEngine::ordered_input(const CudaLinear& l, const float* x, int64_t T) {
+    if (!l.order) return x;
+    const int64_t cols = l.w.cols, parts = l.order_width / cols;
+    SHARDLM_CHECK(parts * cols == l.order_width && (parts == 1 || parts == plan_.tp), "CudaEngine: an act-order layer of ",
+                  cols, " columns reads ", l.order_width, " elements over ", plan_.tp, " ranks");
+    const float* src = x;
+    if (parts > 1) {
+        // A row-parallel layer split over ranks: its groups mix every rank's columns.
+        float* all = b_.order_parts;
+        collective([this, x, all, T, cols] { comm_.all_gather(x, size_t(T * cols) * sizeof(float), all); });
+        src = all;
+    }
+    gather_columns_cuda(src, T, cols, parts, l.order, cols, b_.ordered, stream_);
+    return b_.ordered;
 }
 
 void CudaEngine::linear(const CudaLinear& l, const float* x, int64_t T, float* y, bool int8_acts, bool acts_ready) {
@@ -580,7 +620,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         auto qkv_proj = [&](const CudaLinear& lin, float* y, bool ready) {
             if (ablated(kAblateQkv)) return;
             if (fuse) gemv_cuda(lin.w, b_.x, T, lin.bias, y, in_norm, s, grid);
-            else linear(lin, qkv_x, T, y, true, ready);
+            else linear(lin, ordered_input(lin, qkv_x, T), T, y, true, ready);
         };
         RopeKVParams rp;
         if (L.qkv.w.data) {
@@ -659,7 +699,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             continue;
         }
         if (!ablated(kAblateO)) {
-            linear(L.o, b_.attn, T, b_.delta);
+            linear(L.o, ordered_input(L.o, b_.attn, T), T, b_.delta);
             add_lora(int64_t(l), b_.attn, T, nh * hd, {{3, b_.delta, c.hidden, c.hidden}});
         }
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel o_proj
@@ -669,6 +709,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             mlp_in.data && add_rmsnorm_half_cuda(b_.x, b_.delta, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
         const float* mlp_x = mlp_half ? nullptr : b_.h;
         const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, b_.delta, L.post_attn_norm, T);
+        if (L.gate_up.w.data && !ablated(kAblateMlp)) mlp_x = ordered_input(L.gate_up, mlp_x, T);
         if (ablated(kAblateMlp)) {
             if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });
             continue;
@@ -679,7 +720,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             // Decode: SwiGLU in the GEMV's epilogue (one kernel); else the projection, then SwiGLU.
             // (Not under LoRA: its update goes into gate and up before SwiGLU.)
             const bool fused = T <= kGemvMaxTokens && !int8_product(L.gate_up.w) && !lora_step_ &&
-                               gemv_swiglu_cuda(L.gate_up.w, b_.h, T, L.gate_up.bias, b_.gate, s);
+                               gemv_swiglu_cuda(L.gate_up.w, mlp_x, T, L.gate_up.bias, b_.gate, s);
             if (!fused) {
                 linear(L.gate_up, mlp_x, T, b_.gate_up, true, mlp_ready);
                 const int64_t inter = plan_.n_inter;
@@ -687,20 +728,21 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
                          {{4, b_.gate_up, inter, 2 * inter}, {5, b_.gate_up + inter, inter, 2 * inter}});
                 // Under W8A8/W4A8 with per-token scales for down, SwiGLU quantizes its own output;
                 // before a cuBLAS product it writes the product's 16-bit input.
-                down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter;
+                down_ready = int8_product(L.down.w) && act_group(L.down.w) == plan_.n_inter && !L.down.order;
                 const HalfInput down_in = down_ready ? HalfInput{} : shared_half_input({&L.down}, T);
                 if (down_ready) silu_mul_rows_quantize_cuda(b_.gate_up, T, plan_.n_inter, b_.gate, b_.act_q, b_.act_scales, s);
                 else if (down_in.data && silu_mul_rows_half_cuda(b_.gate_up, T, plan_.n_inter, down_in, s)) down_x = nullptr;
                 else silu_mul_rows_cuda(b_.gate_up, T, plan_.n_inter, b_.gate, s);
             }
         } else {
-            linear(L.gate, mlp_x, T, b_.gate, true, mlp_ready);
-            linear(L.up, mlp_x, T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
+            // (Act-order: each gathers its own input, the two orders may differ.)
+            linear(L.gate, ordered_input(L.gate, mlp_x, T), T, b_.gate, true, mlp_ready);
+            linear(L.up, ordered_input(L.up, mlp_x, T), T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
             const int64_t inter = plan_.n_inter;
             add_lora(int64_t(l), b_.h, T, c.hidden, {{4, b_.gate, inter, inter}, {5, b_.up, inter, inter}});
             silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);
         }
-        linear(L.down, down_x, T, b_.delta, true, down_ready);
+        linear(L.down, ordered_input(L.down, down_x, T), T, b_.delta, true, down_ready);
         add_lora(int64_t(l), b_.gate, T, plan_.n_inter, {{6, b_.delta, c.hidden, c.hidden}});
         if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });  // row-parallel down_proj
     }

@@ -55,6 +55,11 @@ struct DeviceFitError : Error {
 struct CudaLinear {
     DeviceMatrix w;  // [out, in]
     const float* bias = nullptr;
+    // Act-order layers (Linear::input_order): w's column j reads element order[j] ([w.cols]) of
+    // the whole input of order_width elements, wider than w.cols where a row-parallel layer is
+    // split over ranks (CudaEngine::ordered_input gathers it). Null: column j reads element j.
+    const int32_t* order = nullptr;
+    int64_t order_width = 0;
 };
 
 struct CudaLayer {
@@ -100,6 +105,10 @@ struct CudaStepBuffers {
     uint64_t* mass = nullptr;           // forward_nucleus: [L] total nucleus weights
     uint64_t* mass_gathered = nullptr;  // [tp] of mass (TP > 1)
     float* row_max = nullptr;           // [L] each row's maximum (TP > 1)
+    // Act-order layers' inputs: [T, widest w.cols of them] in their columns' order, and (TP > 1)
+    // every rank's part of a row-parallel layer's input, [tp][T, part].
+    float* ordered = nullptr;
+    float* order_parts = nullptr;
     PenaltyEntry* penalties = nullptr;  // a step's token penalties, [L * max_penalties]
 };
 
@@ -109,9 +118,10 @@ inline int64_t step_out_rows(const EngineOptions& opt) { return std::max(opt.max
 
 // Takes the step buffers of one rank's engine from `a`: CudaEngine's workspace (besides cuBLAS's
 // scratch), and from a sizing arena its bytes before any engine exists (`shardlm info`).
-// opt.max_logit_rows > 0 (the engine's resolved value).
+// opt.max_logit_rows > 0 (the engine's resolved value). `ordered_width`: the widest whole input
+// of the act-order layers (widest_input_order; 0: none).
 CudaStepBuffers take_step_buffers(DeviceArena& a, const ModelConfig& c, const ShardPlan& p, const EngineOptions& opt,
-                                  bool int8_acts);
+                                  bool int8_acts, int64_t ordered_width = 0);
 
 class CudaEngine final : public Engine {
 public:
@@ -200,6 +210,9 @@ private:
     // instead of two). Returns whether it did: pass that as linear()'s acts_ready for every
     // projection of h_.
     bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T);
+    // x, or where l is act-order x's columns in l's order (b_.ordered), gathered after an
+    // all-gather of every rank's part where l is a row-parallel layer split over ranks: l's input.
+    const float* ordered_input(const CudaLinear& l, const float* x, int64_t T);
     // Steps of more than kGemvMaxTokens rows (cuBLAS products): the 16-bit input the products in
     // `ls` share (CublasGemm::input_for), so that the kernel producing it writes it there and the
     // products skip their conversion; data null when they take none or not the same one.
@@ -245,7 +258,7 @@ private:
     std::unique_ptr<CublasInt8Gemm> int8_gemm_;  // W8A8 prefill (W4A8 prefill runs gemm_)
     bool int8_acts_ = false;                      // W8A8 or W4A8 (the layers' only quantized type)
     bool fused_rope_ = false;  // EngineOptions::fused_rope, resolved
-    bool fused_norm_ = false;  // EngineOptions::fused_norm, resolved (and only at TP=1, weight-only)
+    bool fused_norm_ = false;  // EngineOptions::fused_norm, resolved (and only at TP=1, weight-only, no act-order)
     // Whether a step of T token rows runs its norms inside the GEMVs (run_step).
     bool norm_in_gemv(int64_t T) const { return fused_norm_ && T == 1; }
     bool staging_ = false;     // EngineOptions::gemm_staging, resolved (INT8 W8A16 weights only)

@@ -120,12 +120,6 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     lo.ranks_on_node = ranks_on_node(comm);  // they convert their slices from the same host memory
     lo.copy_mapped = lo.copy_mapped && device == Device::Cpu;  // the GPU uploads from the map: a copy buys nothing
     s->weights = load_weights(*s->ckpt, c, lo, plan_shard(c, comm.rank(), comm.size()));
-    if (device == Device::Cuda)
-        for (const LayerWeights& L : s->weights.layers)
-            for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-                if (!l->input_order.empty())
-                    fail(opt.model_dir, ": ", l->name, " is act-order (GPTQ's desc_act: its groups of columns in an order "
-                         "of their own), which the CUDA engine does not run; run it with --device cpu");
     for (const auto& [name, ad] : opt.adapters)
         s->adapters.push_back(load_lora_weights(name, ad, *s->ckpt, c, s->weights.plan, lora_factor_dtype(s->weights), opt.max_lora_rank));
     EngineOptions eo = engine_options(opt);

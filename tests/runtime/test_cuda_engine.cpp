@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "fixtures.h"
+#include "hf_quant_writer.h"
 #include "kernels/cpu/nucleus.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/device.h"
@@ -509,6 +510,41 @@ SessionOptions tiny_cuda_model(const TempDir& dir, const ModelConfig& cfg) {
     return so;
 }
 }  // namespace
+
+// Act-order checkpoints (GPTQ 4 and 8 bits, compressed-tensors W8A8; tests/hf_quant_writer.h):
+// each layer's input gathered into its columns' order (kernels/cuda/gather.h), as the CPU engine
+// does. q/k/v and gate/up share one order as GPTQ writes them (stacked matrices, one gather), or
+// each has its own (orders_apart: the projections run apart, each gathering). Prefill through
+// cuBLAS and (chunks of 4) through the GEMVs; graphs replay what eager steps run.
+TEST(CudaEngine, ActOrderCheckpointsMatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const ModelConfig cfg = tiny_config(Arch::Qwen3);
+    const std::vector<std::vector<int32_t>> prompts = {make_prompt(11, cfg.vocab, 1), make_prompt(3, cfg.vocab, 2),
+                                                       make_prompt(29, cfg.vocab, 3)};
+    for (const HfQuantCase& cs : {HfQuantCase{"gptq", 4, 32, "gptq", false, true},
+                                  HfQuantCase{"gptq", 4, 32, "gptq", false, true, true},
+                                  HfQuantCase{"gptq", 8, 32, "gptq", false, true}, HfQuantCase{"ct", 8, 32, "", true, true}}) {
+        SCOPED_TRACE(cs.name());
+        TempDir hf, ref;
+        write_pair(cfg, cs, hf.path(), ref.path(), 61);
+        RunOptions cpu, gpu, chunked, eager;
+        gpu.device = chunked.device = eager.device = Device::Cuda;
+        chunked.prefill_chunk = 4;
+        eager.graphs = false;
+        const Trace a = trace(hf.path(), prompts, cpu), b = trace(hf.path(), prompts, gpu),
+                    c = trace(hf.path(), prompts, chunked), d = trace(hf.path(), prompts, eager);
+        ASSERT_TRUE(all_finite(b) && all_finite(c));
+        const float scale = std::max(1.0f, max_abs(a));
+        // The bounds of the formats' own tests: cuBLAS prefill rounds to f16 (Int4WeightsMatchTheCpuInt4),
+        // INT8 activations may round a step the other way (W8A8MatchesTheCpuW8A8).
+        EXPECT_LT(max_diff(a, b), (cs.acts ? 2e-2f : 2e-3f) * scale);
+        EXPECT_LT(max_diff(a, c), (cs.acts ? 2e-2f : cpu_quantized_weights_round() ? 5e-4f : 1e-4f) * scale);
+        if (!cs.acts) {
+            EXPECT_EQ(a.tokens, c.tokens);
+        }
+        EXPECT_EQ(max_diff(b, d), 0.0f);  // the same kernels with the same launch shapes
+    }
+}
 
 TEST(CudaEngine, RefusesWhatItCannotRun) {
     SKIP_WITHOUT_GPU();

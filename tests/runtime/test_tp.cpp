@@ -143,8 +143,8 @@ TEST(TensorParallel, Int4Weights) {
 // Act-order GPTQ (4 bits) and compressed-tensors (W8A8) split over ranks: a row-parallel layer's
 // groups hold columns from every rank's part of its input, so each rank gathers the whole input
 // and reads its share of the columns sorted by group (Linear::input_order); column-parallel
-// layers read the hidden state every rank holds in their order. TP=N gives the tokens of one rank.
-// The CUDA engine refuses act-order layers.
+// layers read the hidden state every rank holds in their order. TP=N gives the tokens of one rank,
+// on both engines (the CUDA engine's all-gather runs between its graph segments).
 TEST(TensorParallel, ActOrderCheckpoints) {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     cfg.intermediate = 256;  // 4 ranks: 64 columns of down_proj and 32 of o_proj each, whole groups of 32
@@ -152,17 +152,19 @@ TEST(TensorParallel, ActOrderCheckpoints) {
     for (const HfQuantCase& cs : {HfQuantCase{"gptq", 4, 32, "gptq", false, true}, HfQuantCase{"ct", 8, 32, "", true, true}}) {
         TempDir hf, ref;
         write_pair(cfg, cs, hf.path(), ref.path(), 53);
-#ifdef SHARDLM_TP_ON_CUDA
-        const std::string e = thrown_error([&] { run(hf.path(), world(), prompts, KVFormat::F32, {}); });
-        EXPECT_NE(e.find("_proj.weight is act-order (GPTQ's desc_act"), std::string::npos) << e;
-#else
         SingleRank one;
         const auto a = run(hf.path(), one, prompts, KVFormat::F32, {});
         const auto b = run(hf.path(), world(), prompts, KVFormat::F32, {});
+#ifdef SHARDLM_TP_ON_CUDA
+        // The GPU's prefill GEMMs round to f16 (compare_tp); INT8 activations are quantized per
+        // group of the sorted columns, each rank its own groups, and may round a step the other way.
+        const double tol = cs.acts ? 2e-3 : 5e-4;
+#else
         // INT8 activations (W8A8) are quantized per group of the sorted columns, each rank its own
         // groups: the groups of one rank; INT4's int16 rounding (cpu_quantized_weights_round) is on
         // a scale per token and rank.
         const double tol = cs.acts || cpu_quantized_weights_round() ? 2e-3 : 1e-4;
+#endif
         for (size_t i = 0; i < prompts.size(); ++i) {
             EXPECT_EQ(b.result.seqs[i].tokens, a.result.seqs[i].tokens) << cs.name() << " prompt " << i;
             float scale = 0;
@@ -171,7 +173,6 @@ TEST(TensorParallel, ActOrderCheckpoints) {
                 << cs.name() << " prompt " << i;
         }
         EXPECT_LT(double(b.weight_bytes) / double(a.weight_bytes), 1.0 / world().size() + 0.05) << cs.name();
-#endif
     }
 }
 

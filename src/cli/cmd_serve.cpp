@@ -116,9 +116,41 @@ struct StreamState {
 
 // One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
 // the engine loop on rank 0.
+// The Responses API's ids in use. A response holds its id from its request until its Job is
+// gone (by then a stored one is in the store), so that two requests never run under one id: the
+// store alone knows only the responses that ended (or were put there queued). Safe from any thread.
+class ResponseIds {
+public:
+    class Hold {
+    public:
+        Hold(ResponseIds& ids, std::string id) : ids_(ids), id_(std::move(id)) {}
+        ~Hold() {
+            std::lock_guard<std::mutex> lk(ids_.m_);
+            ids_.held_.erase(id_);
+        }
+        Hold(const Hold&) = delete;
+        Hold& operator=(const Hold&) = delete;
+
+    private:
+        ResponseIds& ids_;
+        std::string id_;
+    };
+    // `id` held for as long as the Hold lives; null where another request holds it.
+    std::unique_ptr<Hold> hold(const std::string& id) {
+        std::lock_guard<std::mutex> lk(m_);
+        if (!held_.insert(id).second) return nullptr;
+        return std::make_unique<Hold>(*this, id);
+    }
+
+private:
+    std::mutex m_;
+    std::set<std::string> held_;
+};
+
 struct Job {
     ApiRequest req;
     std::string id;
+    std::unique_ptr<ResponseIds::Hold> id_hold;  // a response's (ResponseIds)
     int64_t created = 0;
     std::mutex m;
     std::condition_variable cv;
@@ -1038,6 +1070,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
     // Rank 0: the HTTP server on its own threads. The guard stops it however this function ends
     // (an error in a step must not leave a joinable thread behind: that would abort the process
     // instead of printing the error).
+    ResponseIds response_ids;  // (before everything that holds a Job)
     Inbox inbox;
     Stats stats;
     stats.lora = !lora_cards.empty() || runtime_lora;
@@ -1374,8 +1407,14 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 std::string own_id;  // the client's id for the request (X-Request-Id or request_id)
                 try {
                     own_id = api_request_id(req.get_header_value("X-Request-Id"), body);
-                    if (responses && !own_id.empty() && responses_store.get("resp_" + own_id))
-                        throw ApiError(400, "a stored response already has the id \"resp_" + own_id + "\"");
+                    if (responses && !own_id.empty()) {
+                        // Held first, then looked up: a request that held the id before has
+                        // stored its response by the time it lets the id go.
+                        job->id_hold = response_ids.hold("resp_" + own_id);
+                        if (!job->id_hold) throw ApiError(400, "a response with the id \"resp_" + own_id + "\" is running");
+                        if (responses_store.get("resp_" + own_id))
+                            throw ApiError(400, "a stored response already has the id \"resp_" + own_id + "\"");
+                    }
                     if (responses) {
                         body = responses_continue(body, responses_store);
                         conversation = responses_input_items(body);
@@ -1388,7 +1427,13 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 } catch (const json::exception& e) {  // a field of the wrong JSON type the checks did not name
                     return refuse(400, std::string("a field of the request has the wrong type: ") + e.what());
                 }
-                if (own_id.empty()) own_id = std::to_string(counter++);
+                while (own_id.empty()) {
+                    own_id = std::to_string(counter++);
+                    // (A client may have taken the number as its own id.)
+                    if (!responses) break;
+                    job->id_hold = response_ids.hold("resp_" + own_id);
+                    if (!job->id_hold || responses_store.get("resp_" + own_id)) own_id.clear();
+                }
                 job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + own_id;
                 res.set_header("X-Request-Id", own_id);  // (vLLM's --enable-request-id-headers)
                 // The reasoning's tokens for the Responses usage (its text encoded again).

@@ -10,11 +10,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1092,10 +1094,6 @@ TEST_F(Serve, ResponsesApiIsTheChatPath) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
-// A request's own id (vLLM's): the X-Request-Id header's, else the body's request_id, after the
-// route's prefix in the response's id (every event's too when streamed), and back in the
-// response's X-Request-Id header; without one the server numbers it. A stored response's id
-// cannot be taken again; malformed ids get a 400 naming the header or field.
 // serve --batch-invariant: a request's logprobs are the same bits alone and among others sent at
 // the same moment (continuous batching puts its prefill and decode tokens in steps with theirs,
 // however they fall), streamed or not.
@@ -1129,6 +1127,11 @@ TEST_F(Serve, BatchInvariantRepliesDoNotDependOnTheOthers) {
     EXPECT_EQ(srv.stop(), 0);
 }
 
+// A request's own id (vLLM's): the X-Request-Id header's, else the body's request_id, after the
+// route's prefix in the response's id (every event's too when streamed), and back in the
+// response's X-Request-Id header; without one the server numbers it. A response's id cannot be
+// taken again, neither once stored nor while it runs; malformed ids get a 400 naming the header
+// or field.
 TEST_F(Serve, RequestIdsAreTheClients) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1185,6 +1188,40 @@ TEST_F(Serve, RequestIdsAreTheClients) {
     const auto again = send("/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}}, "r1");
     EXPECT_EQ(again->status, 400);
     EXPECT_EQ(json::parse(again->body)["error"]["message"], "a stored response already has the id \"resp_r1\"");
+    // A running one's too (not stored yet): the first is held in its first event, its reader
+    // blocked, until the second has been refused.
+    std::mutex m;
+    std::condition_variable cv;
+    bool first_event = false, refused = false;
+    std::thread first([&] {
+        httplib::Request rq;
+        rq.method = "POST";
+        rq.path = "/v1/responses";
+        rq.body = json{{"input", "And God said"}, {"max_output_tokens", 8}, {"stream", true}, {"request_id", "live"}}.dump();
+        rq.set_header("Content-Type", "application/json");
+        rq.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+            std::unique_lock<std::mutex> lk(m);
+            first_event = true;
+            cv.notify_all();
+            return cv.wait_for(lk, std::chrono::seconds(60), [&] { return refused; });
+        };
+        httplib::Client fc("127.0.0.1", srv.port());
+        fc.set_read_timeout(120, 0);
+        fc.send(rq);
+    });
+    {
+        std::unique_lock<std::mutex> lk(m);
+        EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return first_event; }));
+    }
+    const auto twin = send("/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}}, "live");
+    {
+        std::lock_guard<std::mutex> lk(m);
+        refused = true;
+        cv.notify_all();
+    }
+    first.join();
+    EXPECT_EQ(twin->status, 400);
+    EXPECT_EQ(json::parse(twin->body)["error"]["message"], "a response with the id \"resp_live\" is running");
     // Without one: numbered, and the header says which.
     const auto plain = send("/v1/completions", completion, "");
     ASSERT_EQ(plain->status, 200);

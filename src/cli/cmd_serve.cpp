@@ -179,18 +179,6 @@ struct Job {
     }
 };
 
-// "temperature 0.6, top_p 0.95, ..." for the defaults that are set.
-std::string describe_defaults(const GenerationDefaults& d) {
-    std::string out;
-    auto add = [&](const char* key, const std::string& v) { out += cat(out.empty() ? " " : ", ", key, " ", v); };
-    if (d.temperature) add("temperature", cat(*d.temperature));
-    if (d.top_p) add("top_p", cat(*d.top_p));
-    if (d.top_k) add("top_k", cat(*d.top_k));
-    if (d.min_p) add("min_p", cat(*d.min_p));
-    if (d.repetition_penalty) add("repetition_penalty", cat(*d.repetition_penalty));
-    return out;
-}
-
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -947,13 +935,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             if (const char* env = std::getenv("SHARDLM_API_KEY")) api_key = env;
         if (vm.count("reasoning-parser") && reasoning_parser != "qwen3" && reasoning_parser != "deepseek_r1")
             fail("--reasoning-parser \"", reasoning_parser, "\" is not supported (qwen3, deepseek_r1)");
-        if (generation_config != "vllm") {
-            const std::string dir = generation_config == "auto" ? model : generation_config;
-            const std::string file = dir + "/generation_config.json";
-            if (file_exists(file)) sampling_defaults = parse_generation_defaults(read_text_file(file), file);
-            else if (generation_config != "auto")
-                fail("--generation-config ", generation_config, ": ", file, " does not exist (auto, vllm or a folder)");
-        }
+        sampling_defaults = load_generation_defaults(generation_config, model);
         for (const std::string& m : lora_modules) {
             lora_cards.push_back(parse_lora_module(m));
             for (size_t j = 0; j + 1 < lora_cards.size(); ++j)
@@ -1643,7 +1625,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                   << ", pid " << ::getpid() << (api_key.empty() ? "" : ", API key required") << ")" << std::endl;
         if (sampling_defaults.any() && !embeddings && !rerank)  // as vLLM says it
             std::cerr << "shardlm serve: sampling defaults from generation_config.json:"
-                      << describe_defaults(sampling_defaults) << " (--generation-config vllm: the API's own)" << std::endl;
+                      << describe_generation_defaults(sampling_defaults) << " (--generation-config vllm: the API's own)" << std::endl;
     }
 
     // The engine loop, on every rank. SIGINT/SIGTERM (mpirun forwards them to every rank) end it

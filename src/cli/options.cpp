@@ -156,8 +156,42 @@ void add_sampling_options(po::options_description& d, SamplingFlags& f) {
          "ID=BIAS: add BIAS (-100 .. 100) to token ID's logit before sampling, with the penalties (repeatable; "
          "-100 all but bans the token, 100 all but forces it)")
         ("seed", po::value(&f.seed)->default_value("0"), "sampling seed, 0 .. 2^64-1")
+        ("generation-config", po::value(&f.generation_config)->default_value("auto"),
+         "auto: the model's generation_config.json sets temperature, top-k, top-p, min-p and repetition-penalty "
+         "where these flags are not given (vLLM's default); vllm: the defaults above; a folder: its generation_config.json")
         ("stop", po::value(&f.stops)->composing(),
          "stop a sequence once its text contains STR (repeatable); the text ends before it");
+}
+
+GenerationDefaults load_generation_defaults(const std::string& value, const std::string& model_dir) {
+    if (value == "vllm") return {};
+    const std::string file = (value == "auto" ? model_dir : value) + "/generation_config.json";
+    if (file_exists(file)) return parse_generation_defaults(read_text_file(file), file);
+    if (value != "auto") fail("--generation-config ", value, ": ", file, " does not exist (auto, vllm or a folder)");
+    return {};
+}
+
+std::string describe_generation_defaults(const GenerationDefaults& d) {
+    std::string out;
+    auto add = [&](const char* key, const std::string& v) { out += cat(out.empty() ? " " : ", ", key, " ", v); };
+    if (d.temperature) add("temperature", cat(*d.temperature));
+    if (d.top_p) add("top_p", cat(*d.top_p));
+    if (d.top_k) add("top_k", cat(*d.top_k));
+    if (d.min_p) add("min_p", cat(*d.min_p));
+    if (d.repetition_penalty) add("repetition_penalty", cat(*d.repetition_penalty));
+    return out;
+}
+
+GenerationDefaults apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir) {
+    const GenerationDefaults d = load_generation_defaults(f.generation_config, model_dir);
+    GenerationDefaults used;
+    auto left = [&](const char* flag) { return vm.count(flag) == 0 || vm[flag].defaulted(); };
+    if (d.temperature && left("temperature")) f.temperature = float(*(used.temperature = d.temperature));
+    if (d.top_k && left("top-k")) f.top_k = std::max<int64_t>(*(used.top_k = d.top_k), 0);
+    if (d.top_p && left("top-p")) f.top_p = float(*(used.top_p = d.top_p));
+    if (d.min_p && left("min-p")) f.min_p = float(*(used.min_p = d.min_p));
+    if (d.repetition_penalty && left("repetition-penalty")) f.repetition = float(*(used.repetition_penalty = d.repetition_penalty));
+    return used;
 }
 
 SamplerOptions apply_sampling(const SamplingFlags& f) {

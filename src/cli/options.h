@@ -54,10 +54,18 @@ struct BackendFlags {
 void add_backend_options(po::options_description& d, BackendFlags& f);
 void apply_backend(const BackendFlags& f, SessionOptions& so);  // throws Error naming the flag
 
+// --generation-config VALUE (serve, generate and chat; vLLM's flag): "auto" reads MODEL_DIR's
+// generation_config.json where there is one, "vllm" none (the built-in defaults), a folder its
+// generation_config.json, which must exist. Throws Error naming the flag or the file and key.
+GenerationDefaults load_generation_defaults(const std::string& value, const std::string& model_dir);
+// " temperature 0.6, top_p 0.95, ..." for the defaults that are set.
+std::string describe_generation_defaults(const GenerationDefaults& d);
+
 // Sampling, token penalties and stop strings, shared by generate and chat.
 struct SamplingFlags {
     float temperature = 0.8f, top_p = 0.95f, min_p = 0.0f;
     int64_t top_k = 40;
+    std::string generation_config = "auto";  // --generation-config (apply_generation_defaults)
     std::string seed = "0";
     float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
     int64_t penalty_last_n = 64;
@@ -65,6 +73,10 @@ struct SamplingFlags {
     std::vector<std::string> logit_bias;  // ID=BIAS each
 };
 void add_sampling_options(po::options_description& d, SamplingFlags& f);
+// The model's sampling defaults (--generation-config, load_generation_defaults) into the flags the
+// command line left at their built-in defaults, as vLLM's LLM.generate takes them: temperature,
+// top-k (-1 or 0: all), top-p, min-p and repetition-penalty. Returns those it set.
+GenerationDefaults apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir);
 // Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).
 SamplerOptions apply_sampling(const SamplingFlags& f);
 

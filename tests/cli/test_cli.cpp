@@ -430,6 +430,38 @@ TEST_F(Cli, GenerationConfigEndOfSequenceIdsStopGeneration) {
     expect_error("generate --model " + dir_.path() + " --prompt-ids 5", dir_.file("generation_config.json") + ": eos_token_id 1000000");
 }
 
+// generation_config.json's sampling defaults (vLLM's --generation-config auto) for the flags not
+// given: top_k 1 turns a sampled run greedy, and rank 0 says which it took; flags given keep their
+// values; vllm keeps the built-in defaults; a value out of range, or a folder without the file, is
+// an error naming it.
+TEST_F(Cli, GenerationConfigSetsTheSamplingDefaults) {
+    const std::string m = kBin + " generate --model " + dir_.path() + " --prompt-ids 5,6,7 --max-new-tokens 12 --json --seed 3";
+    auto tokens = [&](const std::string& flags, std::string* err = nullptr) {
+        const CommandResult r = run_command(m + flags);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        if (err) *err = r.err;
+        return r.exit_code == 0 ? nlohmann::json::parse(r.out)["results"][0]["tokens"] : nlohmann::json();
+    };
+    const auto greedy = tokens(" --temperature 0"), sampled = tokens("");
+    ASSERT_NE(sampled, greedy) << "seed 3 draws the greedy tokens: another seed is needed";
+    write_file(dir_.file("generation_config.json"), R"({"temperature": 0.7, "top_k": 1})");
+    std::string err;
+    EXPECT_EQ(tokens("", &err), greedy);
+    EXPECT_NE(err.find("shardlm generate: sampling defaults from generation_config.json: temperature 0.7, top_k 1"),
+              std::string::npos) << err;
+    EXPECT_EQ(tokens(" --temperature 0.8 --top-k 40"), sampled);
+    EXPECT_EQ(tokens(" --generation-config vllm", &err), sampled);
+    EXPECT_EQ(err.find("sampling defaults"), std::string::npos) << err;
+    TempDir other;
+    write_file(other.file("generation_config.json"), R"({"top_k": -1})");
+    EXPECT_NE(tokens(" --generation-config " + other.path() + " --temperature 0.7"), greedy);  // -1: all tokens
+    write_file(dir_.file("generation_config.json"), R"({"top_p": 0})");
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 5", dir_.file("generation_config.json") + ": top_p 0 is outside (0, 1]");
+    TempDir empty;
+    expect_error("generate --model " + dir_.path() + " --prompt-ids 5 --generation-config " + empty.path(),
+                 "--generation-config " + empty.path() + ": " + empty.path() + "/generation_config.json does not exist");
+}
+
 // --ignore-eos and --min-new-tokens on a model pushed to end at once (its end-of-sequence id 2
 // biased by +100).
 TEST_F(Cli, IgnoreEosAndMinNewTokens) {

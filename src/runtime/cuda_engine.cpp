@@ -640,8 +640,9 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         } else {
             // q, k and v share one quantized input when they share its grouping (else each quantizes).
             qkv_proj(L.q, b_.q, qkv_ready);
-            qkv_proj(L.k, b_.k, qkv_ready && same_acts(L.k, L.q));
-            qkv_proj(L.v, b_.v, qkv_ready && same_acts(L.v, L.q));
+            // (An act-order projection quantizes its gathered input itself.)
+            qkv_proj(L.k, b_.k, qkv_ready && same_acts(L.k, L.q) && !L.k.order);
+            qkv_proj(L.v, b_.v, qkv_ready && same_acts(L.v, L.q) && !L.v.order);
             if (!ablated(kAblateQkv)) {
                 const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
                 add_lora(int64_t(l), b_.h, T, c.hidden,
@@ -737,7 +738,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         } else {
             // (Act-order: each gathers its own input, the two orders may differ.)
             linear(L.gate, ordered_input(L.gate, mlp_x, T), T, b_.gate, true, mlp_ready);
-            linear(L.up, ordered_input(L.up, mlp_x, T), T, b_.up, true, mlp_ready && same_acts(L.up, L.gate));
+            linear(L.up, ordered_input(L.up, mlp_x, T), T, b_.up, true, mlp_ready && same_acts(L.up, L.gate) && !L.up.order);
             const int64_t inter = plan_.n_inter;
             add_lora(int64_t(l), b_.h, T, c.hidden, {{4, b_.gate, inter, inter}, {5, b_.up, inter, inter}});
             silu_mul_cuda(b_.gate, b_.up, b_.gate, T * plan_.n_inter, s);

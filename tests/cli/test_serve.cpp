@@ -10,13 +10,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1129,9 +1127,9 @@ TEST_F(Serve, BatchInvariantRepliesDoNotDependOnTheOthers) {
 
 // A request's own id (vLLM's): the X-Request-Id header's, else the body's request_id, after the
 // route's prefix in the response's id (every event's too when streamed), and back in the
-// response's X-Request-Id header; without one the server numbers it. A response's id cannot be
-// taken again, neither once stored nor while it runs; malformed ids get a 400 naming the header
-// or field.
+// response's X-Request-Id header; without one the server numbers it. A stored response's id
+// cannot be taken again (ARunningResponsesIdIsTaken: nor a running one's); malformed ids get a
+// 400 naming the header or field.
 TEST_F(Serve, RequestIdsAreTheClients) {
     Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256", logs_.file("serve.log"));
     ASSERT_GT(srv.port(), 0) << srv.read_all();
@@ -1188,40 +1186,6 @@ TEST_F(Serve, RequestIdsAreTheClients) {
     const auto again = send("/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}}, "r1");
     EXPECT_EQ(again->status, 400);
     EXPECT_EQ(json::parse(again->body)["error"]["message"], "a stored response already has the id \"resp_r1\"");
-    // A running one's too (not stored yet): the first is held in its first event, its reader
-    // blocked, until the second has been refused.
-    std::mutex m;
-    std::condition_variable cv;
-    bool first_event = false, refused = false;
-    std::thread first([&] {
-        httplib::Request rq;
-        rq.method = "POST";
-        rq.path = "/v1/responses";
-        rq.body = json{{"input", "And God said"}, {"max_output_tokens", 8}, {"stream", true}, {"request_id", "live"}}.dump();
-        rq.set_header("Content-Type", "application/json");
-        rq.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-            std::unique_lock<std::mutex> lk(m);
-            first_event = true;
-            cv.notify_all();
-            return cv.wait_for(lk, std::chrono::seconds(60), [&] { return refused; });
-        };
-        httplib::Client fc("127.0.0.1", srv.port());
-        fc.set_read_timeout(120, 0);
-        fc.send(rq);
-    });
-    {
-        std::unique_lock<std::mutex> lk(m);
-        EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return first_event; }));
-    }
-    const auto twin = send("/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}}, "live");
-    {
-        std::lock_guard<std::mutex> lk(m);
-        refused = true;
-        cv.notify_all();
-    }
-    first.join();
-    EXPECT_EQ(twin->status, 400);
-    EXPECT_EQ(json::parse(twin->body)["error"]["message"], "a response with the id \"resp_live\" is running");
     // Without one: numbered, and the header says which.
     const auto plain = send("/v1/completions", completion, "");
     ASSERT_EQ(plain->status, 200);
@@ -1245,6 +1209,41 @@ TEST_F(Serve, RequestIdsAreTheClients) {
     EXPECT_EQ(long_header->status, 400);
     EXPECT_EQ(json::parse(long_header->body)["error"]["message"],
               "the X-Request-Id header must be 1 to 128 visible ASCII characters (no spaces)");
+    EXPECT_EQ(srv.stop(), 0);
+}
+
+// A running response's id is taken too, stored or not: in the only slot a long completion runs,
+// the response "live" waits behind it (the metrics say so), and a second "live" is refused. The
+// store alone knew only responses that had ended: this one, not stored, it would never know.
+TEST_F(Serve, ARunningResponsesIdIsTaken) {
+    Server srv(kCli + " serve --model " + model_.path() + " --threads 1 --ctx 256 --batch 1", logs_.file("serve.log"));
+    ASSERT_GT(srv.port(), 0) << srv.read_all();
+    const int port = srv.port();
+    httplib::Client http("127.0.0.1", port);
+    auto until = [&](const std::string& name) {  // the gauge reaches 1 (within 60 s)
+        for (int i = 0; i < 6000; ++i) {
+            const auto m = http.Get("/metrics");
+            if (m && metric_value(m->body, name) == 1) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return false;
+    };
+    Reply blocker, first;
+    std::thread b([&] {
+        blocker = post(port, "/v1/completions", {{"prompt", "And God said"}, {"max_tokens", 200}, {"ignore_eos", true}});
+    });
+    EXPECT_TRUE(until("shardlm_requests_running"));
+    std::thread f([&] {
+        first = post(port, "/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}, {"store", false}, {"request_id", "live"}});
+    });
+    EXPECT_TRUE(until("shardlm_requests_waiting"));
+    const Reply twin = post(port, "/v1/responses", {{"input", "x"}, {"max_output_tokens", 1}, {"request_id", "live"}});
+    b.join();
+    f.join();
+    EXPECT_EQ(blocker.status, 200) << blocker.raw;
+    EXPECT_EQ(first.status, 200) << first.raw;
+    EXPECT_EQ(twin.status, 400) << twin.raw;
+    EXPECT_EQ(twin.body["error"]["message"], "a response with the id \"resp_live\" is running") << twin.raw;
     EXPECT_EQ(srv.stop(), 0);
 }
 

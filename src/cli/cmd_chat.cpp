@@ -99,12 +99,7 @@ int cmd_chat(const Args& args, Communicator& comm) {
         if (ctx < 0) fail("--ctx must be >= 0");
         check_tp_flag(tp, comm);
         set_threads(threads);
-        // (vLLM's: the model's sampling defaults where the flags are not given.)
-        const GenerationDefaults model_defaults = apply_generation_defaults(sampling, vm, model);
-        if (root && model_defaults.any())
-            std::cerr << "shardlm chat: sampling defaults from generation_config.json:"
-                      << describe_generation_defaults(model_defaults)
-                      << " (flags override them; --generation-config vllm: the built-in ones)" << std::endl;
+        apply_generation_defaults(sampling, vm, model, "chat", root);
         go.sampler = apply_sampling(sampling);
         go.max_new_tokens = max_new;
         go.prefill_chunk = chunk;

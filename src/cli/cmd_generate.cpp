@@ -162,12 +162,7 @@ int cmd_generate(const Args& args, Communicator& comm) {
         set_threads(threads);
         go.max_new_tokens = max_new;
         go.prefill_chunk = chunk;
-        // (vLLM's: the model's sampling defaults where the flags are not given.)
-        const GenerationDefaults model_defaults = apply_generation_defaults(sampling, vm, model);
-        if (root && model_defaults.any())
-            std::cerr << "shardlm generate: sampling defaults from generation_config.json:"
-                      << describe_generation_defaults(model_defaults)
-                      << " (flags override them; --generation-config vllm: the built-in ones)" << std::endl;
+        apply_generation_defaults(sampling, vm, model, "generate", root);
         go.sampler = apply_sampling(sampling);  // validates the sampling flags on every rank
         go.keep_prompt_logits = !dump_logits.empty();
         if (overflow != "error" && overflow != "slide")

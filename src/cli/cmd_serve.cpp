@@ -114,8 +114,6 @@ struct StreamState {
     bool started = false, started_ids = false;
 };
 
-// One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
-// the engine loop on rank 0.
 // The Responses API's ids in use. A response holds its id from its request until its Job is
 // gone (by then a stored one is in the store), so that two requests never run under one id: the
 // store alone knows only the responses that ended (or were put there queued). Safe from any thread.
@@ -147,6 +145,8 @@ private:
     std::set<std::string> held_;
 };
 
+// One HTTP request (its prompts x n choices, a sequence each), shared by its handler thread and
+// the engine loop on rank 0.
 struct Job {
     ApiRequest req;
     std::string id;
@@ -1387,16 +1387,20 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 const json responses_body = responses ? body : json(nullptr);
                 json conversation;  // responses: the input items with the stored conversation before them
                 std::string own_id;  // the client's id for the request (X-Request-Id or request_id)
+                // A response's id held for the job: "" where it is, else why not. Held first, then
+                // looked up: a request that held the id before stored its response before letting go.
+                auto hold_response_id = [&](const std::string& id) -> std::string {
+                    job->id_hold = response_ids.hold(id);
+                    if (!job->id_hold) return "a response with the id \"" + id + "\" is running";
+                    if (!responses_store.get(id)) return "";
+                    job->id_hold.reset();
+                    return "a stored response already has the id \"" + id + "\"";
+                };
                 try {
                     own_id = api_request_id(req.get_header_value("X-Request-Id"), body);
-                    if (responses && !own_id.empty()) {
-                        // Held first, then looked up: a request that held the id before has
-                        // stored its response by the time it lets the id go.
-                        job->id_hold = response_ids.hold("resp_" + own_id);
-                        if (!job->id_hold) throw ApiError(400, "a response with the id \"resp_" + own_id + "\" is running");
-                        if (responses_store.get("resp_" + own_id))
-                            throw ApiError(400, "a stored response already has the id \"resp_" + own_id + "\"");
-                    }
+                    if (responses && !own_id.empty())
+                        if (const std::string taken = hold_response_id("resp_" + own_id); !taken.empty())
+                            throw ApiError(400, taken);
                     if (responses) {
                         body = responses_continue(body, responses_store);
                         conversation = responses_input_items(body);
@@ -1409,12 +1413,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                 } catch (const json::exception& e) {  // a field of the wrong JSON type the checks did not name
                     return refuse(400, std::string("a field of the request has the wrong type: ") + e.what());
                 }
-                while (own_id.empty()) {
+                while (own_id.empty()) {  // (a client may have taken the number as its own id)
                     own_id = std::to_string(counter++);
-                    // (A client may have taken the number as its own id.)
-                    if (!responses) break;
-                    job->id_hold = response_ids.hold("resp_" + own_id);
-                    if (!job->id_hold || responses_store.get("resp_" + own_id)) own_id.clear();
+                    if (responses && !hold_response_id("resp_" + own_id).empty()) own_id.clear();
                 }
                 job->id = (responses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + own_id;
                 res.set_header("X-Request-Id", own_id);  // (vLLM's --enable-request-id-headers)

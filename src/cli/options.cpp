@@ -182,7 +182,8 @@ std::string describe_generation_defaults(const GenerationDefaults& d) {
     return out;
 }
 
-GenerationDefaults apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir) {
+void apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir,
+                               const std::string& command, bool say) {
     const GenerationDefaults d = load_generation_defaults(f.generation_config, model_dir);
     GenerationDefaults used;
     auto left = [&](const char* flag) { return vm.count(flag) == 0 || vm[flag].defaulted(); };
@@ -191,7 +192,10 @@ GenerationDefaults apply_generation_defaults(SamplingFlags& f, const po::variabl
     if (d.top_p && left("top-p")) f.top_p = float(*(used.top_p = d.top_p));
     if (d.min_p && left("min-p")) f.min_p = float(*(used.min_p = d.min_p));
     if (d.repetition_penalty && left("repetition-penalty")) f.repetition = float(*(used.repetition_penalty = d.repetition_penalty));
-    return used;
+    if (say && used.any())
+        std::cerr << "shardlm " << command << ": sampling defaults from generation_config.json:"
+                  << describe_generation_defaults(used) << " (flags override them; --generation-config vllm: the built-in ones)"
+                  << std::endl;
 }
 
 SamplerOptions apply_sampling(const SamplingFlags& f) {

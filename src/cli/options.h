@@ -75,8 +75,10 @@ struct SamplingFlags {
 void add_sampling_options(po::options_description& d, SamplingFlags& f);
 // The model's sampling defaults (--generation-config, load_generation_defaults) into the flags the
 // command line left at their built-in defaults, as vLLM's LLM.generate takes them: temperature,
-// top-k (-1 or 0: all), top-p, min-p and repetition-penalty. Returns those it set.
-GenerationDefaults apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir);
+// top-k (-1 or 0: all), top-p, min-p and repetition-penalty. With `say`, names those it set on
+// stderr as "shardlm COMMAND: ...".
+void apply_generation_defaults(SamplingFlags& f, const po::variables_map& vm, const std::string& model_dir,
+                               const std::string& command, bool say);
 // Into the sampler's options (throws Error naming the flag on a bad value, --stop's included).
 SamplerOptions apply_sampling(const SamplingFlags& f);
 

@@ -217,16 +217,15 @@ const float* CpuEngine::reorder_input(const float* x, int64_t T, int64_t cols, c
     const std::vector<int32_t>& order = l.input_order;
     const int64_t width = int64_t(order.size());
     const float* src = x;
-    bool parts = false;            // src holds every rank's [T, cols] part, in rank order
-    if (l.input_width != cols) {  // a row-parallel layer split over ranks
-        SHARDLM_CHECK(l.input_width == cols * comm_.size(), "reorder_input: ", l.name, " reads ", l.input_width,
-                      " elements, ", comm_.size(), " ranks hold ", cols, " each");
+    const int64_t parts = l.input_width / cols;  // every rank's [T, cols] part, in rank order
+    SHARDLM_CHECK(parts * cols == l.input_width && (parts == 1 || parts == comm_.size()), "reorder_input: ", l.name,
+                  " reads ", l.input_width, " elements, ", comm_.size(), " ranks hold ", cols, " each");
+    if (parts > 1) {  // a row-parallel layer split over ranks
         comm_.all_gather(x, size_t(T * cols) * sizeof(float), order_parts_.data());
         src = order_parts_.as<float>();
-        parts = true;
     }
     float* out = ordered_.as<float>();
-    gather_columns(src, T, cols, parts ? comm_.size() : 1, order.data(), width, out);
+    gather_columns(src, T, cols, parts, order.data(), width, out);
     return out;
 }
 

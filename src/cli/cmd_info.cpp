@@ -138,8 +138,9 @@ int cmd_info(const Args& args) {
               << " (the CUDA engine adds cuBLAS's prefill scratch)"
 #endif
               << "\n";
-    // Act-order layers gather their input into their columns' order (the widest whole input).
-    const int64_t ordered = c.quant.act_order ? std::max({c.hidden, c.n_heads * c.head_dim, c.intermediate}) : 0;
+    // Act-order layers gather their input into their columns' order (the widest whole input; never
+    // down_proj's, whose gate and up make it in that order: LayerWeights::inter_rows).
+    const int64_t ordered = c.quant.act_order ? std::max(c.hidden, c.n_heads * c.head_dim) : 0;
     if (capacity < ctx)
         std::cout << "  (every layer slides over a window of " << c.sliding_window << ": the cache is a ring of "
                   << capacity << " positions per sequence at --prefill-chunk " << so.prefill_chunk << ")\n";

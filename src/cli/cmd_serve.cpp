@@ -1813,7 +1813,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
             bool added = false;
             try {
                 s->adapters.push_back(load_lora_weights(an, {a["dir"].get<std::string>(), 1.0f}, *s->ckpt, s->cfg,
-                                                        s->weights.plan, lora_factor_dtype(s->weights), max_lora_rank));
+                                                        s->weights, lora_factor_dtype(s->weights), max_lora_rank));
                 added = true;
                 engine.set_adapters(&s->adapters);
             } catch (const std::exception& e) {

@@ -46,12 +46,14 @@ struct LoraWeights {
     size_t bytes() const;
 };
 
-// Reads adapter `ad` for the base model in `base` and keeps this rank's slices (plan).
+// Reads adapter `ad` for the base model in `base` and keeps this rank's slices of it: those of
+// `weights`, this rank's base weights (their plan, and the order of an act-order layer's
+// intermediate: LayerWeights::inter_rows).
 // Throws Error naming the folder, file or tensor (LoraSet's checks, and the targets refused here),
 // or the rank when one of its matrices' is above max_rank (vLLM's --max-lora-rank; 0: any).
 // factors: F32, or BF16 (lora_factor_dtype).
 LoraWeights load_lora_weights(const std::string& name, const LoraAdapter& ad, const Checkpoint& base,
-                              const ModelConfig& cfg, const ShardPlan& plan, DType factors = DType::F32,
+                              const ModelConfig& cfg, const ModelWeights& weights, DType factors = DType::F32,
                               int64_t max_rank = 0);
 
 // The factors' type over these base weights: F32 over FP32 weights (--weights fp32, or auto on an

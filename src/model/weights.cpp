@@ -811,6 +811,54 @@ public:
         return l;
     }
 
+    // Column-parallel without a bias, the output rows `rows` (indices into the whole output) in that
+    // order: gate/up making the intermediate in an act-order down_proj's sorted order (build). The
+    // whole matrix is converted and the rows copied out; its buffers go once they are.
+    Linear column_parallel_rows(const std::string& prefix, int64_t out, int64_t in, const std::vector<int32_t>& rows) {
+        Linear l;
+        l.name = prefix + ".weight";
+        const int64_t n = int64_t(rows.size());
+        if (planning_) {  // what is kept: n rows as converted, every block of n rows alike
+            const size_t before = converted_;
+            l.w = linear_matrix(l.name, {out, in, 0, n, 0, in}, false, &l.input_order);
+            converted_ = before + size_t(n) * row_bytes_with_scales(l.w);
+        } else {
+            const size_t owned = out_.owned.size(), bytes = out_.bytes;
+            const WeightView whole = linear_matrix(l.name, {out, in, 0, out, 0, in}, false, &l.input_order);
+            const size_t rb = size_t(weight_row_bytes(whole)), groups = size_t(whole.n_groups());
+            const bool i4 = whole.dtype == DType::I4;
+            Buffer q(size_t(n) * rb), sc(whole.quantized() ? size_t(n) * groups * sizeof(float) : 0),
+                mn(i4 ? size_t(n) * groups * sizeof(float) : 0);
+            for (int64_t r = 0; r < n; ++r) {
+                const int64_t from = rows[size_t(r)];
+                SHARDLM_CHECK(from >= 0 && from < out, "row ", from, " of ", out, " rows of ", l.name);
+                std::memcpy(q.data() + size_t(r) * rb, static_cast<const uint8_t*>(whole.data) + size_t(from) * rb, rb);
+                if (whole.quantized())
+                    std::copy_n(whole.scales + size_t(from) * groups, groups, sc.as<float>() + size_t(r) * groups);
+                if (i4) std::copy_n(whole.mins + size_t(from) * groups, groups, mn.as<float>() + size_t(r) * groups);
+            }
+            out_.owned.erase(out_.owned.begin() + std::ptrdiff_t(owned), out_.owned.end());
+            out_.bytes = bytes;
+            if (i4) {
+                l.w = own_int4(std::move(q), std::move(sc), std::move(mn), n, in, whole.group_size);
+            } else if (whole.dtype == DType::I8) {
+                l.w = own_int8(std::move(q), std::move(sc), n, in, whole.group_size);
+            } else {
+                l.w = WeightView{whole.dtype, q.data(), n, in};
+                out_.bytes += q.size();
+                out_.owned.push_back(std::move(q));
+            }
+        }
+        if (!l.input_order.empty()) l.input_width = in;
+        return l;
+    }
+
+    // Bytes a row of w takes as converted, its scales (and INT4 mins) included.
+    static size_t row_bytes_with_scales(const WeightView& w) {
+        const size_t scales = w.quantized() ? size_t(w.n_groups()) * sizeof(float) * (w.dtype == DType::I4 ? 2 : 1) : 0;
+        return size_t(weight_row_bytes(w)) + scales;
+    }
+
     // Row-parallel: input columns [col0, col0 + ncols); the partial sums are all-reduced.
     Linear row_parallel(const std::string& prefix, int64_t out, int64_t in, int64_t col0, int64_t ncols) {
         Linear l;
@@ -855,9 +903,21 @@ void build(Loader& ld, const ModelConfig& c, const ShardPlan& p, ModelWeights& w
             L.q_norm = ld.vector(pre + ".self_attn.q_norm.weight", hd);
             L.k_norm = ld.vector(pre + ".self_attn.k_norm.weight", hd);
         }
-        L.gate = ld.column_parallel(pre + ".mlp.gate_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
-        L.up = ld.column_parallel(pre + ".mlp.up_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
+        // An act-order down_proj reads its block of the intermediate in its columns' order (sorted
+        // by group), which takes in the whole intermediate, every rank's part. Gate and up make
+        // those elements instead, in that order (SwiGLU is elementwise): down then reads this
+        // rank's own part as it lies, with no gather and, split over ranks, no all-gather.
         L.down = ld.row_parallel(pre + ".mlp.down_proj", c.hidden, c.intermediate, p.inter0, p.n_inter);
+        if (!L.down.input_order.empty()) {
+            L.inter_rows = std::move(L.down.input_order);
+            L.down.input_order.clear();
+            L.down.input_width = 0;
+            L.gate = ld.column_parallel_rows(pre + ".mlp.gate_proj", c.intermediate, c.hidden, L.inter_rows);
+            L.up = ld.column_parallel_rows(pre + ".mlp.up_proj", c.intermediate, c.hidden, L.inter_rows);
+        } else {
+            L.gate = ld.column_parallel(pre + ".mlp.gate_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
+            L.up = ld.column_parallel(pre + ".mlp.up_proj", c.intermediate, c.hidden, false, p.inter0, p.n_inter);
+        }
         w.layers.push_back(std::move(L));
     }
     w.final_norm = ld.vector("model.norm.weight", c.hidden);

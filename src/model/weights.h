@@ -105,6 +105,10 @@ struct LayerWeights {
     std::vector<float> q_norm, k_norm;              // [head_dim], Qwen3 only
     Linear q, k, v, o;                              // q [n_heads*hd, hidden], k/v [n_kv*hd, hidden], o [hidden, n_heads*hd]
     Linear gate, up, down;                          // gate/up [inter, hidden], down [hidden, inter]
+    // Where down_proj is act-order: the elements of the whole intermediate that gate/up's rows
+    // make and down's columns read, in this order (down's sorted columns' order, this rank's
+    // block of it), down itself then without an input_order. Empty: elements inter0 .. in order.
+    std::vector<int32_t> inter_rows;
 };
 
 // Shapes below are this rank's slices (see model/shard.h); with one rank, the whole model.

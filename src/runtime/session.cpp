@@ -121,7 +121,7 @@ std::unique_ptr<Session> open_session(const SessionOptions& opt, Communicator& c
     lo.copy_mapped = lo.copy_mapped && device == Device::Cpu;  // the GPU uploads from the map: a copy buys nothing
     s->weights = load_weights(*s->ckpt, c, lo, plan_shard(c, comm.rank(), comm.size()));
     for (const auto& [name, ad] : opt.adapters)
-        s->adapters.push_back(load_lora_weights(name, ad, *s->ckpt, c, s->weights.plan, lora_factor_dtype(s->weights), opt.max_lora_rank));
+        s->adapters.push_back(load_lora_weights(name, ad, *s->ckpt, c, s->weights, lora_factor_dtype(s->weights), opt.max_lora_rank));
     EngineOptions eo = engine_options(opt);
     eo.max_logit_rows = std::min(opt.max_logit_rows, eo.max_step_tokens);  // a step's rows at most
     eo.attention = opt.attention;

@@ -87,7 +87,8 @@ std::string want_format(const Case& cs) { return cs.bits == 4 ? "int4" : cs.acts
 // Every element of every Linear layer, loaded on one rank and sliced for each of two, equals the
 // truth's (q - z) * s exactly, in the layout the format maps to (INT4 for 4 bits, INT8 for 8). An
 // act-order layer's columns are sorted by group, each rank's block of a row-parallel one taken
-// from the sorted columns, and input_order names the column each came from.
+// from the sorted columns, and input_order names the column each came from; except down_proj's,
+// which gate and up make in that order (LayerWeights::inter_rows: their rows, down's columns).
 TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     cfg.intermediate = 256;  // two ranks' halves of 128 columns hold whole groups of 64
@@ -104,7 +105,12 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
                 const ModelWeights w = load_weights(ck, c, LoadOptions{}, plan_shard(c, rank, tp));
                 EXPECT_EQ(weight_format_name(w.format), want_format(cs)) << cs.name();
                 size_t checked = 0;
-                for (const LayerWeights& L : w.layers)
+                for (const LayerWeights& L : w.layers) {
+                    // Act-order: down_proj's block of its sorted columns, in order; distinct elements.
+                    ASSERT_EQ(L.inter_rows.size(), cs.act_order ? size_t(L.down.w.cols) : size_t(0)) << cs.name();
+                    std::vector<bool> made(size_t(c.intermediate), false);
+                    for (int32_t e : L.inter_rows) made.at(size_t(e)) = true;
+                    EXPECT_EQ(std::count(made.begin(), made.end(), true), int64_t(L.inter_rows.size())) << cs.name();
                     for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
                         const Truth& t = truth.at(l->name);
                         ASSERT_EQ(l->w.dtype, cs.bits == 4 ? DType::I4 : DType::I8) << l->name;
@@ -113,10 +119,13 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
                         const bool rows_split = l->w.cols == t.cols;
                         const int64_t r0 = rows_split ? rank * l->w.rows : 0, c0 = rows_split ? 0 : rank * l->w.cols;
                         ASSERT_EQ(rows_split ? l->w.rows * tp : l->w.cols * tp, rows_split ? t.rows : t.cols) << l->name;
-                        // Act-order: the block's columns come from anywhere in the layer's input.
-                        ASSERT_EQ(l->input_order.size(), cs.act_order ? size_t(l->w.cols) : size_t(0)) << cs.name() << " " << l->name;
-                        EXPECT_EQ(l->input_width, cs.act_order ? t.cols : 0) << l->name;
-                        std::vector<int32_t> order = l->input_order;
+                        // Act-order: the block's columns come from anywhere in the layer's input (down's
+                        // input is made in its order instead).
+                        const bool down = l == &L.down, made_in_order = l == &L.gate || l == &L.up;
+                        const bool gathers = cs.act_order && !down;
+                        ASSERT_EQ(l->input_order.size(), gathers ? size_t(l->w.cols) : size_t(0)) << cs.name() << " " << l->name;
+                        EXPECT_EQ(l->input_width, gathers ? t.cols : 0) << l->name;
+                        std::vector<int32_t> order = down ? L.inter_rows : l->input_order;
                         std::vector<bool> seen(size_t(t.cols), false);
                         for (int32_t c : order) seen.at(size_t(c)) = true;
                         EXPECT_EQ(std::count(seen.begin(), seen.end(), true), int64_t(order.size())) << l->name;
@@ -125,12 +134,14 @@ TEST(HfQuant, LayersUnpackExactlyOnEveryRank) {
                         std::vector<float> row(size_t(l->w.cols));
                         for (int64_t r = 0; r < l->w.rows; ++r) {
                             weight_row_to_f32(l->w, r, row.data());
+                            const int64_t tr = made_in_order && !L.inter_rows.empty() ? L.inter_rows[size_t(r)] : r0 + r;
                             for (int64_t col = 0; col < l->w.cols; ++col, ++checked)
-                                ASSERT_EQ(row[size_t(col)], t.w(r0 + r, order[size_t(col)]))
+                                ASSERT_EQ(row[size_t(col)], t.w(tr, order[size_t(col)]))
                                     << cs.name() << " tp " << tp << " rank " << rank << " " << l->name << " (" << r << ", "
                                     << col << ")";
                         }
                     }
+                }
                 EXPECT_GT(checked, size_t(0));
             }
     }

@@ -140,11 +140,12 @@ TEST(TensorParallel, Int4Weights) {
     }
 }
 
-// Act-order GPTQ (4 bits) and compressed-tensors (W8A8) split over ranks: a row-parallel layer's
-// groups hold columns from every rank's part of its input, so each rank gathers the whole input
-// and reads its share of the columns sorted by group (Linear::input_order); column-parallel
-// layers read the hidden state every rank holds in their order. TP=N gives the tokens of one rank,
-// on both engines (the CUDA engine's all-gather runs between its graph segments).
+// Act-order GPTQ (4 bits) and compressed-tensors (W8A8) split over ranks: o_proj's groups hold
+// columns from every rank's part of its input, so each rank gathers the whole input and reads its
+// share of the columns sorted by group (Linear::input_order); down_proj reads the block of the
+// intermediate that its rank's gate/up rows make in its order (LayerWeights::inter_rows);
+// column-parallel layers read the hidden state every rank holds in their order. TP=N gives the
+// tokens of one rank, on both engines (the CUDA engine's all-gather runs between its graph segments).
 TEST(TensorParallel, ActOrderCheckpoints) {
     ModelConfig cfg = tiny_config(Arch::Qwen3);
     cfg.intermediate = 256;  // 4 ranks: 64 columns of down_proj and 32 of o_proj each, whole groups of 32
@@ -724,43 +725,61 @@ TEST(TensorParallel, PromptLogprobsAreThoseOfOneRank) {
 // holds its slices of the factors (A whole and its rows of B for q/k/v and gate/up, its columns
 // of A and B whole for o and down, whose partial products the all-reduce sums). Sequences under
 // two adapters and none in one batch give one rank's prompt logits and tokens (on the CUDA
-// engine too: test_tp_cuda).
+// engine too: test_tp_cuda). Over a float base, and over an act-order GPTQ one, whose gate and
+// up make each rank's intermediate in down_proj's order (LayerWeights::inter_rows): the slices
+// of gate/up's B and down's A follow it.
 TEST(TensorParallel, LoraAdaptersPerSequenceGiveWhatOneRankGives) {
-    const ModelConfig cfg = tiny_config(Arch::Llama);
-    TempDir d, a0, a1;  // every rank writes its own identical copies
-    write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});
-    const std::string config = R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})";
-    std::vector<LoraModule> m0, m1;
-    uint64_t seed = 300;
-    for (int64_t l = 0; l < cfg.n_layers; ++l)
-        for (const char* lin : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                                "mlp.up_proj", "mlp.down_proj"}) {
-            const std::string m = "model.layers." + std::to_string(l) + "." + lin;
-            m0.push_back(random_lora_module(cfg, m, 4, seed++));
-            if (l == 0) m1.push_back(random_lora_module(cfg, m, 4, seed++));
+    auto check = [](const ModelConfig& cfg, const std::string& dir, double tol, const std::string& what) {
+        TempDir a0, a1;  // every rank writes its own identical copies
+        const std::string config = R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none"})";
+        std::vector<LoraModule> m0, m1;
+        uint64_t seed = 300;
+        for (int64_t l = 0; l < cfg.n_layers; ++l)
+            for (const char* lin : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+                const std::string m = "model.layers." + std::to_string(l) + "." + lin;
+                m0.push_back(random_lora_module(cfg, m, 4, seed++));
+                if (l == 0) m1.push_back(random_lora_module(cfg, m, 4, seed++));
+            }
+        write_lora_adapter(a0.path(), config, m0);
+        write_lora_adapter(a1.path(), config, m1);
+        const std::vector<std::vector<int32_t>> prompts = {make_prompt(19, cfg.vocab, 1), make_prompt(6, cfg.vocab, 2),
+                                                           make_prompt(11, cfg.vocab, 3), make_prompt(19, cfg.vocab, 1)};
+        const std::vector<int64_t> which = {0, -1, 1, 1};
+        auto gen = [&](Communicator& comm) {
+            SessionOptions so = tp_options(dir);
+            so.max_batch = int64_t(prompts.size());
+            so.ctx = 48;
+            so.prefill_chunk = 16;
+            so.adapters = {{"a", {a0.path(), 1.0f}}, {"b", {a1.path(), 0.5f}}};
+            auto s = open_session(so, comm);
+            return batch_greedy(*s->engine, prompts, which, 6, 16);
+        };
+        SingleRank one;
+        const std::vector<SequenceResult> ref = gen(one), tp = gen(world());
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_EQ(tp[i].tokens, ref[i].tokens) << what << " prompt " << i;
+            float scale = 0;
+            for (float v : ref[i].prompt_logits) scale = std::max(scale, std::fabs(v));
+            EXPECT_LT(max_abs_diff(tp[i].prompt_logits, ref[i].prompt_logits), tol * scale) << what << " prompt " << i;
         }
-    write_lora_adapter(a0.path(), config, m0);
-    write_lora_adapter(a1.path(), config, m1);
-    const std::vector<std::vector<int32_t>> prompts = {make_prompt(19, cfg.vocab, 1), make_prompt(6, cfg.vocab, 2),
-                                                       make_prompt(11, cfg.vocab, 3), make_prompt(19, cfg.vocab, 1)};
-    const std::vector<int64_t> which = {0, -1, 1, 1};
-    auto gen = [&](Communicator& comm) {
-        SessionOptions so = tp_options(d.path());
-        so.max_batch = int64_t(prompts.size());
-        so.ctx = 48;
-        so.prefill_chunk = 16;
-        so.adapters = {{"a", {a0.path(), 1.0f}}, {"b", {a1.path(), 0.5f}}};
-        auto s = open_session(so, comm);
-        return batch_greedy(*s->engine, prompts, which, 6, 16);
+        // The first and last prompts are one prompt under two adapters.
+        EXPECT_GT(max_abs_diff(ref[0].prompt_logits, ref[3].prompt_logits), 0.05f) << what;
     };
-    SingleRank one;
-    const std::vector<SequenceResult> ref = gen(one), tp = gen(world());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_EQ(tp[i].tokens, ref[i].tokens) << "prompt " << i;
-        float scale = 0;
-        for (float v : ref[i].prompt_logits) scale = std::max(scale, std::fabs(v));
-        EXPECT_LT(max_abs_diff(tp[i].prompt_logits, ref[i].prompt_logits), 1e-4f * scale) << "prompt " << i;
+    {
+        const ModelConfig cfg = tiny_config(Arch::Llama);
+        TempDir d;
+        write_synthetic_checkpoint(d.path(), cfg, {DType::F32, 1, 57});
+        check(cfg, d.path(), 1e-4, "float");
     }
-    // The first and last prompts are one prompt under two adapters.
-    EXPECT_GT(max_abs_diff(ref[0].prompt_logits, ref[3].prompt_logits), 0.05f);
+    ModelConfig cfg = tiny_config(Arch::Qwen3);
+    cfg.intermediate = 256;  // 4 ranks: 64 columns of down_proj each, whole groups of 32
+    TempDir hf, ref;
+    write_pair(cfg, HfQuantCase{"gptq", 4, 32, "gptq", false, true}, hf.path(), ref.path(), 59);
+#ifdef SHARDLM_TP_ON_CUDA
+    const double tol = 5e-4;  // as ActOrderCheckpoints
+#else
+    const double tol = cpu_quantized_weights_round() ? 2e-3 : 1e-4;
+#endif
+    check(cfg, hf.path(), tol, "act-order gptq");
 }

@@ -262,53 +262,49 @@ void bench_swiglu(cudaStream_t stream, int reps) {
 // Act-order checkpoints (GPTQ desc_act): the engine gathers each projection's input into its
 // columns' order before the GEMV. The GEMV alone against gather + GEMV in one replayed graph (the
 // gather's launch and its dependency included, as decode runs them), on the interleaved INT4
-// groups of 128 that GPTQ's 4 bits load as. A Qwen3-1.7B step gathers four inputs per layer:
-// q/k/v's, o_proj's and gate/up's (2048 columns each) and down_proj's (6144).
+// groups of 128 that GPTQ's 4 bits load as. A Qwen3-1.7B step gathers three inputs per layer, of
+// 2048 columns each: q/k/v's, o_proj's and gate/up's (down_proj's input is made in its order:
+// LayerWeights::inter_rows).
 void bench_gather(cudaStream_t stream, int reps) {
     std::printf("\n## act-order input gather (decode, i4-g128-interleaved): gemv vs gather + gemv\n\n");
     std::printf("| shape | n | gemv us | gather + gemv us | the gather adds us |\n|---|---|---|---|---|\n");
     const Weights& wt = kWeights[8];
     const int64_t ns[] = {1, 4, 8};
-    double added[2][3] = {};  // [2048-column input, 6144][n]
-    int which = 0;
-    for (const Shape& s : {kShapes[0], kShapes[3]}) {
-        const size_t w_bytes = weight_bytes(wt, s.rows, s.cols), s_bytes = scale_bytes(wt, s.rows, s.cols, wt.group);
-        const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
-        std::vector<std::unique_ptr<DevBuf>> mats;
-        for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
-        DevBuf x(size_t(kGemvMaxTokens * s.cols) * 4), xo(size_t(kGemvMaxTokens * s.cols) * 4),
-            y(size_t(kGemvMaxTokens * s.rows) * 4), order(size_t(s.cols) * 4);
-        std::vector<int32_t> perm(static_cast<size_t>(s.cols));
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
-        CUDA_CHECK(cudaMemcpy(order.p, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-        for (int k = 0; k < 3; ++k) {
-            const int64_t n = ns[k];
-            auto run = [&](bool gather) {
-                return time_graph_ms(
-                    [&](int i) {
-                        const float* in = static_cast<const float*>(x.p);
-                        if (gather) {
-                            gather_columns_cuda(in, n, s.cols, 1, static_cast<const int32_t*>(order.p), s.cols,
-                                                static_cast<float*>(xo.p), stream);
-                            in = static_cast<const float*>(xo.p);
-                        }
-                        const DeviceMatrix w = matrix_at(*mats[size_t(i % copies)], wt, s.rows, s.cols, wt.group);
-                        gemv_cuda(w, in, n, nullptr, static_cast<float*>(y.p), stream);
-                    },
-                    std::max(copies, 32), reps, stream);
-            };
-            const double plain = run(false), gathered = run(true);
-            added[which][k] = (gathered - plain) * 1e3;
-            std::printf("| %s | %lld | %.1f | %.1f | %.1f |\n", s.name, (long long)n, plain * 1e3, gathered * 1e3,
-                        added[which][k]);
-            std::fflush(stdout);
-        }
-        ++which;
+    double added[3] = {};  // [n]
+    const Shape& s = kShapes[0];
+    const size_t w_bytes = weight_bytes(wt, s.rows, s.cols), s_bytes = scale_bytes(wt, s.rows, s.cols, wt.group);
+    const int copies = int(std::max<size_t>(2, (kColdBytes + w_bytes - 1) / w_bytes));
+    std::vector<std::unique_ptr<DevBuf>> mats;
+    for (int i = 0; i < copies; ++i) mats.push_back(std::make_unique<DevBuf>(w_bytes + s_bytes));
+    DevBuf x(size_t(kGemvMaxTokens * s.cols) * 4), xo(size_t(kGemvMaxTokens * s.cols) * 4),
+        y(size_t(kGemvMaxTokens * s.rows) * 4), order(size_t(s.cols) * 4);
+    std::vector<int32_t> perm(static_cast<size_t>(s.cols));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+    CUDA_CHECK(cudaMemcpy(order.p, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+    for (int k = 0; k < 3; ++k) {
+        const int64_t n = ns[k];
+        auto run = [&](bool gather) {
+            return time_graph_ms(
+                [&](int i) {
+                    const float* in = static_cast<const float*>(x.p);
+                    if (gather) {
+                        gather_columns_cuda(in, n, s.cols, 1, static_cast<const int32_t*>(order.p), s.cols,
+                                            static_cast<float*>(xo.p), stream);
+                        in = static_cast<const float*>(xo.p);
+                    }
+                    const DeviceMatrix w = matrix_at(*mats[size_t(i % copies)], wt, s.rows, s.cols, wt.group);
+                    gemv_cuda(w, in, n, nullptr, static_cast<float*>(y.p), stream);
+                },
+                std::max(copies, 32), reps, stream);
+        };
+        const double plain = run(false), gathered = run(true);
+        added[k] = (gathered - plain) * 1e3;
+        std::printf("| %s | %lld | %.1f | %.1f | %.1f |\n", s.name, (long long)n, plain * 1e3, gathered * 1e3, added[k]);
+        std::fflush(stdout);
     }
-    std::printf("\nper Qwen3-1.7B decode step (28 layers x (3 x 2048 + 1 x 6144 columns)):");
-    for (int k = 0; k < 3; ++k)
-        std::printf(" n=%lld %.1f us;", (long long)ns[k], 28.0 * (3.0 * added[0][k] + added[1][k]));
+    std::printf("\nper Qwen3-1.7B decode step (28 layers x 3 gathers of 2048 columns):");
+    for (int k = 0; k < 3; ++k) std::printf(" n=%lld %.1f us;", (long long)ns[k], 28.0 * 3.0 * added[k]);
     std::printf("\n");
 }
 

@@ -114,9 +114,10 @@ struct StreamState {
     bool started = false, started_ids = false;
 };
 
-// The Responses API's ids in use. A response holds its id from its request until its Job is
-// gone (by then a stored one is in the store), so that two requests never run under one id: the
-// store alone knows only the responses that ended (or were put there queued). Safe from any thread.
+// The Responses API's ids in use. A response holds its id from its request until it is answered
+// (a stored one is then in the store; a background one is there from the start), so that two
+// requests never run under one id: the store alone knows only the responses that ended (or were
+// put there queued). Safe from any thread.
 class ResponseIds {
 public:
     class Hold {
@@ -1509,6 +1510,7 @@ int cmd_serve(const Args& args, Communicator& comm) {
                         out = as_response(out, job->id);
                         if (out["store"] != false) responses_store.put(job->id, {out, responses_conversation(conversation, out), nullptr});
                     }
+                    job->id_hold.reset();  // (stored where it is kept: a client may take the id again once answered)
                     res.set_content(out.dump(), "application/json");
                     return;
                 }
@@ -1534,6 +1536,9 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             const json& obj = rs->final_object();
                             if (!obj.is_null() && obj["store"] != false) store->put(job->id, {obj, responses_conversation(conversation, obj), nullptr});
                         }
+                        // The id goes before the last events: the job itself lives on with this
+                        // provider until the server is done with the connection's response.
+                        if (job->done()) job->id_hold.reset();
                         else if (job->done() && job->req.include_usage && !job->aborted)
                             out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
                         if (job->done() && !rs) out += "data: [DONE]\n\n";

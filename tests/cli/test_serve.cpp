@@ -1244,6 +1244,15 @@ TEST_F(Serve, ARunningResponsesIdIsTaken) {
     EXPECT_EQ(first.status, 200) << first.raw;
     EXPECT_EQ(twin.status, 400) << twin.raw;
     EXPECT_EQ(twin.body["error"]["message"], "a response with the id \"resp_live\" is running") << twin.raw;
+    // An answered response that was not stored leaves its id free, streamed too: the client may
+    // take it again at once (the hold goes before the last byte; fails where a hold outlives it).
+    for (int i = 0; i < 10; ++i)
+        for (const bool stream : {false, true}) {
+            json body = {{"input", "x"}, {"max_output_tokens", 2}, {"store", false}, {"request_id", "again"}};
+            if (stream) body["stream"] = true;
+            const Reply r = post(port, "/v1/responses", body);
+            EXPECT_EQ(r.status, 200) << "try " << i << (stream ? " streamed: " : ": ") << r.raw;
+        }
     EXPECT_EQ(srv.stop(), 0);
 }
 

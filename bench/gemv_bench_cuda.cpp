@@ -262,9 +262,10 @@ void bench_swiglu(cudaStream_t stream, int reps) {
 // Act-order checkpoints (GPTQ desc_act): the engine gathers each projection's input into its
 // columns' order before the GEMV. The GEMV alone against gather + GEMV in one replayed graph (the
 // gather's launch and its dependency included, as decode runs them), on the interleaved INT4
-// groups of 128 that GPTQ's 4 bits load as. A Qwen3-1.7B step gathers three inputs per layer, of
-// 2048 columns each: q/k/v's, o_proj's and gate/up's (down_proj's input is made in its order:
-// LayerWeights::inter_rows).
+// groups of 128 that GPTQ's 4 bits load as. A Qwen3-1.7B step gathers o_proj's input (2048
+// columns) in each layer, and q/k/v's and gate/up's too where they are not stacked (orders that
+// differ; stacked, the norm writes their input in order); down_proj's input is made in its order
+// (LayerWeights::inter_rows).
 void bench_gather(cudaStream_t stream, int reps) {
     std::printf("\n## act-order input gather (decode, i4-g128-interleaved): gemv vs gather + gemv\n\n");
     std::printf("| shape | n | gemv us | gather + gemv us | the gather adds us |\n|---|---|---|---|---|\n");
@@ -303,8 +304,10 @@ void bench_gather(cudaStream_t stream, int reps) {
         std::printf("| %s | %lld | %.1f | %.1f | %.1f |\n", s.name, (long long)n, plain * 1e3, gathered * 1e3, added[k]);
         std::fflush(stdout);
     }
-    std::printf("\nper Qwen3-1.7B decode step (28 layers x 3 gathers of 2048 columns):");
-    for (int k = 0; k < 3; ++k) std::printf(" n=%lld %.1f us;", (long long)ns[k], 28.0 * 3.0 * added[k]);
+    std::printf("\nper Qwen3-1.7B decode step, 28 layers x 1 gather of 2048 columns (3 where q/k/v and gate/up are "
+                "not stacked):");
+    for (int k = 0; k < 3; ++k)
+        std::printf(" n=%lld %.1f us (%.1f);", (long long)ns[k], 28.0 * added[k], 28.0 * 3.0 * added[k]);
     std::printf("\n");
 }
 

@@ -48,9 +48,11 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, floa
 }
 
 // x += delta (when delta is set), then y = rmsnorm(x) * w; the second pass re-reads the x this
-// same thread just wrote.
+// same thread just wrote. With `order`, y[j] = rmsnorm(x)[order[j]] * w[order[j]]: the second pass
+// reads the elements other threads wrote, seen after block_inv_rms's __syncthreads (y never
+// aliases x then).
 __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* __restrict__ w, float* y,
-                                   int64_t dim, float eps) {
+                                   int64_t dim, float eps, const int32_t* __restrict__ order) {
     pdl_wait();
     pdl_launch_dependents();
     float* xr = x + int64_t(blockIdx.x) * dim;
@@ -67,6 +69,13 @@ __global__ void add_rmsnorm_kernel(float* x, const float* delta, const float* __
         for (int64_t i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
     }
     const float inv = block_inv_rms(ss, dim, eps);
+    if (order) {
+        for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+            const int64_t o = order[i];
+            yr[i] = (xr[o] * inv) * w[o];
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = (xr[i] * inv) * w[i];
 }
 
@@ -117,6 +126,9 @@ struct NormArgs {
     // When half.data is set, y is also (or, with y null, only) written as a prefill GEMM's 16-bit
     // input (half_input.h).
     HalfInput half = {};
+    // When set (with write_x, y and neither q nor half): y[b, j] = the normed row's element
+    // order[j] (an act-order projection's input order, gather.h), read back from x once written.
+    const int32_t* order = nullptr;
 };
 
 template <int V>
@@ -163,6 +175,15 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(NormArgs a) {
         }
     }
     const float inv = block_inv_rms(ss, a.dim, a.eps);
+    if (a.order) {  // (x's row as written above, every thread's part seen after the barrier)
+        const float* xs = a.x + r * a.dim;
+        float* ys = a.y + int64_t(blockIdx.x) * a.dim;
+        for (int64_t i = threadIdx.x; i < a.dim; i += kThreads) {
+            const int64_t o = a.order[i];
+            ys[i] = (xs[o] * inv) * a.w[o];
+        }
+        return;
+    }
     float4* yr = a.y ? reinterpret_cast<float4*>(a.y + int64_t(blockIdx.x) * a.dim) : nullptr;
     float amax = 0.0f;  // fmaxf ignores a NaN like the CPU's std::max(amax, |x|)
 #pragma unroll
@@ -220,12 +241,15 @@ void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_
 }
 
 void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
-                      float eps, cudaStream_t stream) {
+                      float eps, cudaStream_t stream, const int32_t* order) {
     if (rows == 0) return;
     check_rows(rows, "add_rmsnorm_cuda");
-    if (launch_norm_vec(NormArgs{x, delta, nullptr, w, y, dim, eps, true}, rows, stream)) return;
+    SHARDLM_CHECK(!order || (y && y != x), "add_rmsnorm_cuda: an ordered output must not be x");
+    NormArgs a{x, delta, nullptr, w, y, dim, eps, true};
+    a.order = order;
+    if (launch_norm_vec(a, rows, stream)) return;
     launch_kernel("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream,
-                  x, delta, w, y, dim, eps);
+                  x, delta, w, y, dim, eps, order);
 }
 
 void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
@@ -237,7 +261,7 @@ void add_rmsnorm_quantize_cuda(float* x, const float* delta, const float* w, flo
     a.q = q;
     a.q_scales = q_scales;
     if (launch_norm_vec(a, rows, stream)) return;
-    add_rmsnorm_cuda(x, delta, w, y, rows, dim, eps, stream);
+    add_rmsnorm_cuda(x, delta, w, y, rows, dim, eps, stream, nullptr);
     quantize_acts_cuda(y, rows, dim, dim, q, q_scales, stream);
 }
 

@@ -15,8 +15,11 @@ void rmsnorm_cuda(const float* x, const float* w, float* y, int64_t rows, int64_
 
 // The residual step of a decoder layer fused with the next norm: x += delta (skipped when delta
 // is null), then y = rmsnorm(x) * w, over `rows` rows of `dim`. x is updated in place.
+// With `order` (device int32 [dim], each in [0, dim)): y's element j is the normed row's element
+// order[j], the bits that gather_columns_cuda(y, rows, dim, 1, order, dim, ...) after the plain
+// norm writes: an act-order projection's input without its gather (y must not alias x).
 void add_rmsnorm_cuda(float* x, const float* delta, const float* w, float* y, int64_t rows, int64_t dim,
-                      float eps, cudaStream_t stream);
+                      float eps, cudaStream_t stream, const int32_t* order = nullptr);
 
 // add_rmsnorm_cuda that also quantizes y per row for a W8A8 projection: q [rows, dim] and
 // q_scales [rows], bit for bit what quantize_acts_cuda(y, rows, dim, dim, ...) writes, in the same

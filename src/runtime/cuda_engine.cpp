@@ -501,14 +501,18 @@ void CudaEngine::collective(std::function<void()> op) {
     else op();
 }
 
-bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T) {
+bool CudaEngine::norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T, bool sole) {
     const ModelConfig& c = cfg_;
-    // (An act-order projection quantizes its gathered input itself.)
+    h_order_ = nullptr;
+    // (An act-order projection quantizes its ordered input itself.)
     if (int8_product(next.w) && act_group(next.w) == c.hidden && !next.order) {
         add_rmsnorm_quantize_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, b_.act_q, b_.act_scales, stream_);
         return true;
     }
-    add_rmsnorm_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, stream_);
+    // An act-order projection that alone reads h_ takes the norm in its order: one kernel, not
+    // two (not under LoRA, whose updates read h_ in its natural order).
+    if (next.order && sole && !lora_step_ && next.order_width == c.hidden && next.w.cols == c.hidden) h_order_ = next.order;
+    add_rmsnorm_cuda(b_.x, delta, w, b_.h, T, c.hidden, c.rms_eps, stream_, h_order_);
     return false;
 }
 
@@ -526,6 +530,10 @@ HalfInput CudaEngine::shared_half_input(std::initializer_list<const CudaLinear*>
 }
 
 const float* CudaEngine::ordered_input(const CudaLinear& l, const float* x, int64_t T) {
+    if (x == b_.h && h_order_) {  // the norm wrote it in its reader's order (norm_for)
+        SHARDLM_CHECK(l.order == h_order_, "CudaEngine: a projection reads the norm written in another's order");
+        return x;
+    }
     if (!l.order) return x;
     const int64_t cols = l.w.cols, parts = l.order_width / cols;
     SHARDLM_CHECK(parts * cols == l.order_width && (parts == 1 || parts == plan_.tp), "CudaEngine: an act-order layer of ",
@@ -613,7 +621,7 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
             const HalfInput qkv_in =
                 L.qkv.w.data ? shared_half_input({&L.qkv}, T) : shared_half_input({&L.q, &L.k, &L.v}, T);
             qkv_half = qkv_in.data && add_rmsnorm_half_cuda(b_.x, d, L.input_norm, T, c.hidden, c.rms_eps, qkv_in, s);
-            qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T);
+            qkv_ready = !qkv_half && norm_for(L.qkv.w.data ? L.qkv : L.q, d, L.input_norm, T, L.qkv.w.data != nullptr);
         }
         const float* qkv_x = qkv_half ? nullptr : b_.h;
         const GemvFuse in_norm{L.input_norm, c.rms_eps, false};
@@ -709,7 +717,8 @@ void CudaEngine::run_step(int64_t T, int64_t n_chunks, int64_t max_n, int64_t n_
         const bool mlp_half =
             mlp_in.data && add_rmsnorm_half_cuda(b_.x, b_.delta, L.post_attn_norm, T, c.hidden, c.rms_eps, mlp_in, s);
         const float* mlp_x = mlp_half ? nullptr : b_.h;
-        const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, b_.delta, L.post_attn_norm, T);
+        const bool mlp_ready = !mlp_half && norm_for(L.gate_up.w.data ? L.gate_up : L.gate, b_.delta, L.post_attn_norm, T,
+                                                     L.gate_up.w.data != nullptr);
         if (L.gate_up.w.data && !ablated(kAblateMlp)) mlp_x = ordered_input(L.gate_up, mlp_x, T);
         if (ablated(kAblateMlp)) {
             if (plan_.tp > 1) collective([this, act] { comm_.all_reduce_sum(b_.delta, act, DType::F32); });

@@ -208,10 +208,12 @@ private:
     // The residual add and the norm into h_ before projection `next`; under W8A8/W4A8, when next
     // takes per-token activation scales, the norm also quantizes h_ into act_q_ / act_scales_ (one kernel
     // instead of two). Returns whether it did: pass that as linear()'s acts_ready for every
-    // projection of h_.
-    bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T);
+    // projection of h_. Where next is act-order and reads h_ alone (`sole`: stacked q/k/v or
+    // gate/up), the norm writes h_ in next's order instead of a gather kernel after it (h_order_).
+    bool norm_for(const CudaLinear& next, const float* delta, const float* w, int64_t T, bool sole = false);
     // x, or where l is act-order x's columns in l's order (b_.ordered), gathered after an
     // all-gather of every rank's part where l is a row-parallel layer split over ranks: l's input.
+    // h_ written in l's order by norm_for is l's input as it is.
     const float* ordered_input(const CudaLinear& l, const float* x, int64_t T);
     // Steps of more than kGemvMaxTokens rows (cuBLAS products): the 16-bit input the products in
     // `ls` share (CublasGemm::input_for), so that the kernel producing it writes it there and the
@@ -308,6 +310,8 @@ private:
     DType lora_dtype_ = DType::BF16;
     size_t adapter_bytes_ = 0;
     bool lora_step_ = false;
+    // The order norm_for last wrote h_ in (an act-order projection's device order), null: natural.
+    const int32_t* h_order_ = nullptr;
     int64_t lora_copies_ = 0;
 
     std::map<GraphKey, std::unique_ptr<SegmentedGraph>> graphs_;

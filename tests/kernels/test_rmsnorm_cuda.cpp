@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gather.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gather.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/w8a8.h"
 #include "tests/kernels/cuda_test_util.h"
@@ -78,6 +80,40 @@ TEST(RmsNormCuda, AddRmsNormUpdatesResidualAndNorms) {
             for (size_t i = 0; i < sum.size(); ++i)
                 ASSERT_EQ(got_x[i], sum[i]) << "residual dim " << dim << " delta " << with_delta << " at " << i;
             expect_close(dy.download(), ref, dim, with_delta ? "add_rmsnorm" : "add_rmsnorm without delta");
+        }
+    }
+}
+
+// The norm that writes its output in an act-order projection's input order: bit for bit the plain
+// norm followed by gather_columns_cuda (x's residual too), on every shape of both paths (an order
+// that reverses the row and then swaps neighbours: every element moves, across threads and float4s),
+// and within the reference's bounds of rmsnorm_ref followed by the CPU gather.
+TEST(RmsNormCuda, AddRmsNormInAnOrderIsTheNormGathered) {
+    if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA device";
+    for (const auto& s : kShapes) {
+        const int64_t rows = s[0], dim = s[1];
+        const std::vector<float> x = test::rand_vec(size_t(rows * dim), uint32_t(dim + 7), 4.0f);
+        const std::vector<float> delta = test::rand_vec(x.size(), uint32_t(dim + 8), 2.0f);
+        const std::vector<float> w = norm_weights(dim);
+        std::vector<int32_t> order(static_cast<size_t>(dim));
+        for (int64_t j = 0; j < dim; ++j) order[size_t(j)] = int32_t(dim - 1 - ((j ^ 1) < dim ? (j ^ 1) : j));
+        for (const bool with_delta : {true, false}) {
+            const float* d = nullptr;
+            DeviceBuffer<float> dd(delta), dw(w), plain_x(x), plain_y(x.size()), gathered(x.size()), ox(x), oy(x.size());
+            DeviceBuffer<int32_t> dorder(order);
+            if (with_delta) d = dd.get();
+            add_rmsnorm_cuda(plain_x.get(), d, dw.get(), plain_y.get(), rows, dim, kEps, nullptr);
+            gather_columns_cuda(plain_y.get(), rows, dim, 1, dorder.get(), dim, gathered.get(), nullptr);
+            add_rmsnorm_cuda(ox.get(), d, dw.get(), oy.get(), rows, dim, kEps, nullptr, dorder.get());
+            const std::string what = "dim " + std::to_string(dim) + (with_delta ? " with delta" : " without");
+            ASSERT_EQ(ox.download(), plain_x.download()) << what;
+            ASSERT_EQ(oy.download(), gathered.download()) << what;
+            std::vector<float> sum = x, normed(x.size()), ref(x.size());
+            if (with_delta)
+                for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
+            rmsnorm_ref(sum.data(), w.data(), normed.data(), rows, dim, kEps);
+            gather_columns(normed.data(), rows, dim, 1, order.data(), dim, ref.data());
+            expect_close(oy.download(), ref, dim, "add_rmsnorm in an order");
         }
     }
 }

@@ -1536,12 +1536,12 @@ int cmd_serve(const Args& args, Communicator& comm) {
                             const json& obj = rs->final_object();
                             if (!obj.is_null() && obj["store"] != false) store->put(job->id, {obj, responses_conversation(conversation, obj), nullptr});
                         }
-                        // The id goes before the last events: the job itself lives on with this
-                        // provider until the server is done with the connection's response.
-                        if (job->done()) job->id_hold.reset();
                         else if (job->done() && job->req.include_usage && !job->aborted)
                             out += sse(api_usage_chunk(job->req, job->id, job->created, model_name, job->outs()));
                         if (job->done() && !rs) out += "data: [DONE]\n\n";
+                        // The id goes before the last events: the job itself lives on with this
+                        // provider until the server is done with the connection's response.
+                        if (job->done()) job->id_hold.reset();
                         if (!out.empty() && !sink.write(out.data(), out.size())) {
                             job->gone = true;
                             return false;
